@@ -1,0 +1,1 @@
+"""One module per ``ridgeline`` subcommand; each exposes ``register(subparsers)``."""

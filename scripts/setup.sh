@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: system prerequisites, then the project's virtualenv.
+# Fast when already done: each step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PY:-python3}
+
+# 1. System prerequisites (eBPF: distro bcc, kernel headers, tracefs). Never fatal:
+#    without them Ridgeline still runs, the eBPF probes report why they are unavailable.
+if [ -x scripts/setup-ebpf.sh ]; then
+    bash scripts/setup-ebpf.sh || echo "ridgeline setup: eBPF prerequisites unavailable (see above); continuing without eBPF" >&2
+fi
+if [ -x scripts/setup-native.sh ]; then
+    bash scripts/setup-native.sh || echo "ridgeline setup: native build tools unavailable; continuing" >&2
+fi
+
+# 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
+stamp="$VENV/.ridgeline-installed"
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+    "$VENV/bin/python" -m pip install -q -e '.[test]'
+    touch "$stamp"
+fi
+
+# 3. Let the venv import the distro's bcc module (python3-bpfcc), never PyPI's unrelated `bcc`.
+if [ -x scripts/link-bcc.sh ]; then
+    bash scripts/link-bcc.sh "$VENV" || true
+fi
+
+# 4. Native parts (CUPTI injection library), when the project has them.
+if [ -f probes/native/Makefile ]; then
+    make -s -C probes/native || echo "ridgeline setup: native library build failed (see above); CUPTI probe unavailable" >&2
+fi
