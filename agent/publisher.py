@@ -1,0 +1,224 @@
+"""The agent's ZeroMQ stream: one publishing socket, msgpack envelopes, never blocking.
+
+Contract:
+
+* Messages are two frames: ``[topic, envelope]``. ``topic`` is the ASCII topic name
+  (``window``, ``events``, ``sched``, ``device``, ``engine``, ``health``) so subscribers
+  filter with ``SUBSCRIBE``; ``envelope`` is ``aggregator.wire.encode_envelope(topic,
+  seq, payload, host, ts_ns)``, with ``seq`` counting from 0 per topic for the life of the
+  publisher, so a subscriber counts gaps.
+* :meth:`Publisher.publish` never blocks. The socket is an XPUB with ``XPUB_NODROP`` and a
+  send high-water mark: when a subscriber's queue is full the send fails at once
+  (``zmq.Again``), the message is dropped and counted per topic. (A plain PUB drops
+  silently, which would hide the loss from the agent's own counters.) The sequence
+  number is consumed by a dropped message too, so the gap shows at the subscriber.
+* A tcp bind to an address that is not loopback is refused with :class:`InputError`
+  unless a CURVE server secret key is configured; with CURVE, a ZAP authenticator
+  admits only the client public keys found in the allowed-clients folder.
+* :meth:`Publisher.service` drains subscription frames the socket receives (without
+  trusting their content: anything malformed is counted in ``bad_frames``).
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Callable
+
+import zmq
+
+from probes.errors import InputError
+
+TOPICS = ("window", "events", "sched", "device", "engine", "health")
+
+
+def _tcp_host(endpoint: str) -> str:
+    rest = endpoint[len("tcp://"):]
+    # tcp://[::1]:7411, tcp://127.0.0.1:7411, tcp://*:7411, tcp://eth0:7411
+    if rest.startswith("["):
+        return rest[1:rest.index("]")]
+    return rest.rsplit(":", 1)[0]
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for ``ipc://`` and for tcp endpoints bound to a loopback address only."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = _tcp_host(endpoint)
+    if host in ("localhost", "lo"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False   # '*', an interface name or a host name: may face the network
+
+
+def _read_secret_key(path: str) -> tuple[bytes, bytes]:
+    """(public, secret) Z85 keys from a zmq.auth secret certificate or a bare key file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="ascii")
+    except OSError as exc:
+        raise InputError(f"publisher.curve_secret_key_file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"publisher.curve_secret_key_file {path}: not a Z85 key file") from None
+    if "secret-key" in text:
+        import zmq.auth
+        try:
+            public, secret = zmq.auth.load_certificate(p)
+        except Exception as exc:   # zmq.auth raises several types for a bad file
+            raise InputError(f"publisher.curve_secret_key_file {path}: bad certificate ({exc})") from None
+        if not secret:
+            raise InputError(f"publisher.curve_secret_key_file {path}: certificate holds no secret key")
+        return public, secret
+    key = text.strip().encode()
+    if len(key) != 40:
+        raise InputError(f"publisher.curve_secret_key_file {path}: expected a 40-character Z85 secret key")
+    try:
+        public = zmq.curve_public(key)
+    except zmq.ZMQError as exc:
+        raise InputError(f"publisher.curve_secret_key_file {path}: invalid key ({exc})") from None
+    return public, key
+
+
+def _default_encoder():
+    from aggregator import wire
+    return wire.encode_envelope
+
+
+class Publisher:
+    """Bind, publish, count. Construct with the ``[publisher]`` config values."""
+
+    def __init__(self, endpoint: str, host: str = "", sndhwm: int = 1000,
+                 curve_secret_key_file: str = "", curve_allowed_clients_dir: str = "",
+                 encode: Callable | None = None, context: zmq.Context | None = None):
+        self.endpoint = endpoint
+        self.host = host or socket.gethostname()
+        self._encode = encode or _default_encoder()
+        self.seq = {t: 0 for t in TOPICS}
+        self.sent = {t: 0 for t in TOPICS}
+        self.drops = {t: 0 for t in TOPICS}
+        self.errors = 0
+        self.bytes_sent = 0
+        self.bad_frames = 0
+        self.subscriptions = 0
+        self.curve = bool(curve_secret_key_file)
+        self._auth = None
+        if not is_loopback(endpoint) and not self.curve:
+            raise InputError(
+                f"refusing to publish on {endpoint} in the clear: a non-loopback bind needs CURVE keys "
+                "(set publisher.curve_secret_key_file and publisher.curve_allowed_clients_dir)")
+        if self.curve and not curve_allowed_clients_dir:
+            raise InputError("publisher.curve_allowed_clients_dir must name the folder of allowed client keys")
+        self._own_ctx = context is None
+        self.ctx = context or zmq.Context()
+        sock = self.ctx.socket(zmq.XPUB)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, sndhwm)
+            sock.setsockopt(zmq.RCVHWM, 1000)
+            sock.setsockopt(zmq.XPUB_NODROP, 1)
+            # Subscriber handshakes and subscription frames are small; a peer sending a
+            # huge frame is cut off instead of making the agent allocate it.
+            sock.setsockopt(zmq.MAXMSGSIZE, 64 * 1024)
+            if self.curve:
+                public, secret = _read_secret_key(curve_secret_key_file)
+                allowed = Path(curve_allowed_clients_dir)
+                if not allowed.is_dir():
+                    raise InputError(f"publisher.curve_allowed_clients_dir {allowed}: not a folder")
+                from zmq.auth.thread import ThreadAuthenticator
+                self._auth = ThreadAuthenticator(self.ctx)
+                self._auth.start()
+                self._auth.configure_curve(domain="*", location=str(allowed))
+                sock.setsockopt(zmq.CURVE_SERVER, 1)
+                sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+                sock.setsockopt(zmq.ZAP_DOMAIN, b"ridgeline")
+            if endpoint.startswith("ipc://"):
+                Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                raise InputError(f"cannot bind {endpoint}: {exc}") from None
+            if endpoint.startswith("ipc://"):
+                # Readable by the owner and its group only (the tmpfiles dir is 0750 too).
+                try:
+                    os.chmod(endpoint[len("ipc://"):], 0o660)
+                except OSError:
+                    pass
+        except BaseException:
+            sock.close(0)
+            self._stop_auth()
+            if self._own_ctx:
+                self.ctx.term()
+            raise
+        self.sock = sock
+
+    def _stop_auth(self):
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    def publish(self, topic: str, payload, ts_ns: int | None = None) -> bool:
+        """Encode and send without blocking; False when dropped (counted)."""
+        seq = self.seq.get(topic)
+        if seq is None:
+            raise ValueError(f"unknown topic {topic!r}")
+        self.seq[topic] = seq + 1
+        try:
+            env = self._encode(topic, seq, payload, self.host, ts_ns if ts_ns is not None else time.time_ns())
+        except Exception:
+            self.errors += 1
+            self.drops[topic] += 1
+            raise
+        try:
+            self.sock.send_multipart((topic.encode(), env), flags=zmq.NOBLOCK, copy=len(env) < 65536)
+        except zmq.Again:
+            self.drops[topic] += 1
+            return False
+        except zmq.ZMQError:
+            self.errors += 1
+            self.drops[topic] += 1
+            return False
+        self.sent[topic] += 1
+        self.bytes_sent += len(env)
+        return True
+
+    def service(self, max_frames: int = 1000) -> int:
+        """Drain subscription frames (non-blocking); returns how many were read."""
+        n = 0
+        while n < max_frames:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            except zmq.ZMQError:
+                self.bad_frames += 1
+                break
+            n += 1
+            # XPUB delivers b"\x01topic" (subscribe) or b"\x00topic" (unsubscribe).
+            if frame[:1] == b"\x01":
+                self.subscriptions += 1
+            elif frame[:1] == b"\x00":
+                self.subscriptions = max(0, self.subscriptions - 1)
+            else:
+                self.bad_frames += 1
+        return n
+
+    def counters(self) -> dict:
+        return {"sent": dict(self.sent), "drops": dict(self.drops), "errors": self.errors,
+                "bytes_sent": self.bytes_sent, "bad_frames": self.bad_frames,
+                "subscriptions": self.subscriptions}
+
+    def close(self) -> None:
+        sock = getattr(self, "sock", None)
+        if sock is not None:
+            sock.close(0)
+            self.sock = None
+        self._stop_auth()
+        if self._own_ctx and not self.ctx.closed:
+            self.ctx.term()

@@ -1,0 +1,286 @@
+"""Time windows: what the probes saw in the last ``window_s``, folded into one record.
+
+Contract: a :class:`WindowBuilder` receives probe data as it is polled
+(:meth:`~WindowBuilder.add_events` for columnar :class:`probes.events.Trace` batches,
+:meth:`~WindowBuilder.add_sched`, :meth:`~WindowBuilder.add_device`,
+:meth:`~WindowBuilder.add_engine` for plain dicts) and :meth:`~WindowBuilder.close`
+returns the window record (a plain dict of str/int/float/list/dict, ready for
+``aggregator.wire.encode_window``) and starts the next window empty.
+
+Windows are arrival-time windows: a batch belongs to the window open when it was polled,
+whatever clock its timestamps use (CUPTI, a replay, a simulator each have their own), so
+no source's clock has to agree with the agent's. Within a window, figures are computed
+from the events' own timestamps: ``span_ns`` (first start to last end on that GPU),
+``busy_ns`` (union of kernel intervals), ``idle_ns`` = span - busy.
+
+Record layout (keys with units in their names):
+
+* ``start_ns``, ``end_ns``, ``duration_ns``: the window on the agent's wall clock.
+* ``sources``: where the events came from (``"replay"``, ``"simulated"``, ``"cupti"``).
+* ``gpus``: one entry per (GPU, served process): ``device``, ``pid``, ``gpu`` (name),
+  ``kernels``, ``kernel_time_ns``, ``busy_ns``, ``span_ns``, ``idle_ns``,
+  ``copy_bytes`` (by direction name), ``launch``/``sync`` latency (``count``,
+  ``p50_ns``, ``p99_ns``), ``phases`` (per phase name: ``kernels``,
+  ``kernel_time_ns``, ``time_share_pct`` and, where the roofline module can compute
+  them, ``flops``, ``bytes``, ``achieved_flops_per_s``, ``achieved_bytes_per_s``,
+  ``arithmetic_intensity``, ``pct_of_peak_flops``, ``pct_of_peak_bytes``, ``verdict``,
+  ``evidence``, ``work_source``), ``ceilings`` (when known) and ``phase_source``.
+* ``device``: the latest device sample per GPU; ``engine``: the latest engine figures;
+  ``sched``: the latest scheduling figures (each as the probe delivered them, plain).
+* ``verdict``: the window's verdict from ``aggregator.verdict`` where it can judge.
+* ``agent``: the agent's own cost and counters, as given to :meth:`close`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
+                           Trace)
+
+log = logging.getLogger("ridgeline.windows")
+
+_KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
+
+
+def plain(obj):
+    """Convert numpy scalars/arrays (and nested containers) into msgpack-ready Python."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.names:
+            return {n: obj[n].tolist() for n in obj.dtype.names}
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "__dataclass_fields__"):
+        return plain({k: getattr(obj, k) for k in obj.__dataclass_fields__})
+    return obj
+
+
+def busy_ns(starts: np.ndarray, ends: np.ndarray) -> int:
+    """Length of the union of intervals [start, end) (overlapping streams count once)."""
+    if len(starts) == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    s = starts[order]
+    e = np.maximum.accumulate(ends[order])
+    # A new busy run starts where a start lies past every earlier end.
+    new_run = np.empty(len(s), dtype=bool)
+    new_run[0] = True
+    new_run[1:] = s[1:] > e[:-1]
+    run_id = np.cumsum(new_run) - 1
+    run_start = s[new_run]
+    run_end = np.zeros(len(run_start), dtype=np.int64)
+    np.maximum.at(run_end, run_id, e)
+    return int(np.sum(run_end - run_start))
+
+
+def _latency(api: np.ndarray, categories: tuple[int, ...]) -> dict:
+    sel = api[np.isin(api["category"], categories)] if len(api) else api
+    if not len(sel):
+        return {"count": 0, "p50_ns": None, "p99_ns": None}
+    d = (sel["end_ns"] - sel["start_ns"]).astype(np.int64)
+    p50, p99 = np.percentile(d, [50, 99])
+    return {"count": int(len(d)), "p50_ns": int(p50), "p99_ns": int(p99)}
+
+
+def concat_traces(parts: list[Trace]) -> Trace:
+    """One Trace from batches of one source (they share its name table)."""
+    if len(parts) == 1:
+        return parts[0]
+    arrays = {k: np.concatenate([getattr(p, k) for p in parts]) for k in _KINDS}
+    meta = dict(parts[-1].meta)
+    return Trace(arrays["kernels"], arrays["copies"], arrays["api"], arrays["ranges"], arrays["cpu_ops"],
+                 parts[0].names, parts[0].devices, meta)
+
+
+def _phase_figures(trace: Trace) -> tuple[dict, str]:
+    """Per-phase figures of one GPU/process slice, via the phase mapper and roofline
+    modules where they are installed; kernel time and counts always."""
+    k = trace.kernels
+    dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+    total = int(dur.sum())
+    phase_codes = None
+    source = "none"
+    phase_names = {0: "unknown"}
+    pmap = None
+    try:
+        from aggregator import phases as _phases
+        phase_names = _phases.PHASE_NAMES
+        pmap = _phases.map_phases(trace)
+        phase_codes = np.asarray(pmap.kernel_phase)
+        source = "phases"
+    except ImportError:
+        pass
+    except Exception as exc:   # a mapper failure loses the phase split, not the window
+        log.debug("phase mapping failed: %s", exc)
+        source = f"phases failed: {type(exc).__name__}"
+    if phase_codes is None or len(phase_codes) != len(k):
+        phase_codes = np.zeros(len(k), dtype=np.uint8)
+    out: dict[str, dict] = {}
+    for code in np.unique(phase_codes).tolist():
+        m = phase_codes == code
+        t = int(dur[m].sum())
+        out[phase_names.get(code, str(code))] = {
+            "kernels": int(m.sum()), "kernel_time_ns": t,
+            "time_share_pct": 100.0 * t / total if total else 0.0,
+        }
+    if pmap is not None:
+        extra = _roofline(trace, pmap)
+        for name, figs in extra.items():
+            if name in out:
+                out[name].update({kk: vv for kk, vv in figs.items() if kk not in ("kernels", "kernel_time_ns")})
+        if extra:
+            source += "+roofline"
+    return out, source
+
+
+def _roofline(trace: Trace, pmap) -> dict:
+    try:
+        from aggregator import roofline
+    except ImportError:
+        return {}
+    try:
+        res = roofline.phase_summary(trace, pmap)
+    except Exception as exc:
+        log.debug("roofline failed: %s", exc)
+        return {}
+    if isinstance(res, dict):
+        # {phase_name: figures} or {"phases": {...}}
+        res = res.get("phases", res)
+        return {str(k): plain(v) for k, v in res.items() if isinstance(v, dict)}
+    if isinstance(res, list):
+        return {str(r.get("phase")): plain(r) for r in res if isinstance(r, dict)}
+    return {}
+
+
+def _ceilings(gpu_name: str) -> dict | None:
+    try:
+        from aggregator import ceilings
+        c = ceilings.from_device_name(gpu_name) if gpu_name else None
+    except Exception:
+        return None
+    if c is None:
+        return None
+    return {"gpu": c.gpu, "hbm_bytes_per_s": c.hbm_bytes_per_s, "flops_per_s": plain(dict(c.flops_per_s))}
+
+
+def gpu_figures(trace: Trace) -> list[dict]:
+    """Figures per (device, pid) of one source's events in one window."""
+    k, c, a = trace.kernels, trace.copies, trace.api
+    devices = {d.index: d for d in trace.devices}
+    keys = set()
+    if len(k):
+        keys |= set(zip(k["device"].tolist(), k["pid"].tolist()))
+    if len(c):
+        keys |= set(zip(c["device"].tolist(), c["pid"].tolist()))
+    out = []
+    for dev, pid in sorted(keys):
+        km = k[(k["device"] == dev) & (k["pid"] == pid)] if len(k) else k
+        cm = c[(c["device"] == dev) & (c["pid"] == pid)] if len(c) else c
+        # API calls carry no device: those of the process (or all of them when the
+        # source does not know pids) describe its launch thread(s).
+        am = a[a["pid"] == pid] if (len(a) and pid >= 0) else a
+        starts = np.concatenate([km["start_ns"], cm["start_ns"]])
+        ends = np.concatenate([km["end_ns"], cm["end_ns"]])
+        span = int(ends.max() - starts.min()) if len(starts) else 0
+        busy = busy_ns(km["start_ns"], km["end_ns"])
+        copy_bytes: dict[str, int] = {}
+        if len(cm):
+            for d in np.unique(cm["direction"]).tolist():
+                copy_bytes[COPY_DIRECTION_NAMES.get(d, str(d))] = int(cm["bytes"][cm["direction"] == d].sum())
+        sub = Trace(km, cm, am, trace.ranges, trace.cpu_ops, trace.names, trace.devices, trace.meta)
+        phases, phase_source = _phase_figures(sub)
+        dev_obj = devices.get(dev)
+        name = dev_obj.name if dev_obj else ""
+        out.append({
+            "device": int(dev), "pid": int(pid), "gpu": name,
+            "kernels": int(len(km)),
+            "kernel_time_ns": int((km["end_ns"] - km["start_ns"]).sum()) if len(km) else 0,
+            "busy_ns": busy, "span_ns": span, "idle_ns": max(0, span - busy),
+            "copy_bytes": copy_bytes,
+            "launch": _latency(am, (API_LAUNCH, API_GRAPH_LAUNCH)),
+            "sync": _latency(am, (API_SYNC,)),
+            "phases": phases, "phase_source": phase_source,
+            "ceilings": _ceilings(name),
+        })
+    return out
+
+
+@dataclass
+class WindowBuilder:
+    """Accumulates one window of probe data; :meth:`close` emits it and starts afresh."""
+    host: str = ""
+    events: dict = field(default_factory=dict)      # source key -> list[Trace]
+    sched: dict = field(default_factory=dict)
+    device: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
+    records: int = 0
+
+    def add_events(self, trace: Trace, source: str = "") -> None:
+        key = source or trace.meta.get("source", "") or "events"
+        self.events.setdefault((key, id(trace.names)), []).append(trace)
+        self.records += len(trace.kernels) + len(trace.copies) + len(trace.api)
+
+    def add_sched(self, data: dict, source: str = "sched") -> None:
+        self.sched[source] = data
+        self.records += 1
+
+    def add_device(self, data: dict, source: str = "nvml") -> None:
+        self.device[source] = data
+        self.records += 1
+
+    def add_engine(self, data: dict, source: str = "engine") -> None:
+        self.engine[source] = data
+        self.records += 1
+
+    def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
+        gpus: list[dict] = []
+        sources = []
+        for (src, _), parts in self.events.items():
+            sources.append(src)
+            try:
+                figs = gpu_figures(concat_traces(parts))
+            except Exception as exc:   # one bad batch loses its own figures only
+                log.warning("window: events from %s could not be folded: %s", src, exc)
+                continue
+            for g in figs:
+                g["source"] = src
+            gpus.extend(figs)
+        window = {
+            "start_ns": int(start_ns), "end_ns": int(end_ns), "duration_ns": int(end_ns - start_ns),
+            "host": self.host, "sources": sorted(set(sources)),
+            "gpus": gpus,
+            "device": plain(self.device), "engine": plain(self.engine), "sched": plain(self.sched),
+            "agent": plain(agent or {}),
+        }
+        window["verdict"] = verdict_of(window)
+        self.events = {}
+        self.records = 0
+        # Device/engine/sched keep their latest sample: a slow scraper still shows its
+        # last value; the sample's own timestamp (if any) tells its age.
+        return window
+
+
+def verdict_of(window: dict):
+    """The verdict module's judgement of a window, or None where it cannot judge."""
+    try:
+        from aggregator import verdict
+    except ImportError:
+        return None
+    fn = getattr(verdict, "window_verdict", None) or getattr(verdict, "judge_window", None)
+    if fn is None:
+        return None
+    try:
+        return plain(fn(window))
+    except Exception as exc:
+        log.debug("verdict failed: %s", exc)
+        return {"verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
