@@ -1,0 +1,559 @@
+"""Normalised serving-engine figures from vLLM / SGLang Prometheus scrapes (pure).
+
+Input: flat samples of one scrape (:class:`probes.prom_text.Exposition`). Output:
+
+* :func:`snapshot` -- one scrape reduced to the families Ridgeline uses, engine-neutral
+  names, V0/V1/SGLang naming differences and ``ray_vllm:`` / ``sglang_`` prefixes
+  resolved, ``_created`` series ignored, ranks aggregated (DP ranks and ``engine`` labels
+  summed, TP/PP duplicates collapsed by max; reference/engine-metrics.md section 6).
+* :func:`window_figures` -- the figures of one window from consecutive snapshots: all
+  rates, ratios and percentiles come from *deltas* between scrapes, never from lifetime
+  counters; a counter or bucket that goes down is a reset (server restart): the new value
+  is taken as the delta since the reset and the window is flagged ``restarted``.
+* :func:`lifetime_figures` -- the same figures over the server's lifetime (what one
+  scrape can say; used by ``ridgeline scrape``), flagged ``since_start``.
+* :func:`histogram_quantile` -- quantiles from cumulative buckets. A quantile in the first
+  bucket is reported as "at most b0", one in ``+Inf`` as "more than b_last"; only a
+  quantile between two finite bounds is interpolated (Prometheus' linear rule).
+
+Latencies are in seconds (``_s``): the engines' buckets are seconds and converting them
+adds nothing. Ratios are 0..1 (``_ratio``).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable
+
+ENGINE_RE = re.compile(r"^(?:ray_)?(vllm|sglang)[:_](.+)$")
+
+# Labels whose values repeat one scheduler view (tensor/pipeline ranks, process ids):
+# collapse by max; everything else (engine/DP rank, finished_reason, Ray replica) sums.
+_DUPLICATE_DIMS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "pid"})
+
+# Canonical histogram -> candidate family names per engine, first found wins.
+HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "ttft_s": {"vllm": ("time_to_first_token_seconds",), "sglang": ("time_to_first_token_seconds",)},
+    "itl_s": {"vllm": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
+              "sglang": ("inter_token_latency_seconds", "time_per_output_token_seconds")},
+    "queue_time_s": {"vllm": ("request_queue_time_seconds",), "sglang": ("queue_time_seconds",)},
+    "prefill_time_s": {"vllm": ("request_prefill_time_seconds",), "sglang": ()},
+    "decode_time_s": {"vllm": ("request_decode_time_seconds",), "sglang": ()},
+    "e2e_latency_s": {"vllm": ("e2e_request_latency_seconds",), "sglang": ("e2e_request_latency_seconds",)},
+    "iteration_tokens": {"vllm": ("iteration_tokens_total",), "sglang": ()},
+}
+
+# Canonical counter -> candidate families (looked up with and without ``_total``).
+COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "preemptions": {"vllm": ("num_preemptions",), "sglang": ("num_retracted_requests",)},
+    "prefix_cache_queries": {"vllm": ("prefix_cache_queries", "gpu_prefix_cache_queries"),
+                             "sglang": ("prompt_tokens",)},
+    "prefix_cache_hits": {"vllm": ("prefix_cache_hits", "gpu_prefix_cache_hits"), "sglang": ("cached_tokens",)},
+    "prompt_tokens": {"vllm": ("prompt_tokens",), "sglang": ("prompt_tokens",)},
+    "generation_tokens": {"vllm": ("generation_tokens",), "sglang": ("generation_tokens",)},
+    "requests_finished": {"vllm": ("request_success",), "sglang": ("num_requests",)},
+}
+
+GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
+    "num_running": {"vllm": ("num_requests_running",), "sglang": ("num_running_reqs",)},
+    "num_waiting": {"vllm": ("num_requests_waiting",), "sglang": ("num_queue_reqs",)},
+    "num_swapped": {"vllm": ("num_requests_swapped",), "sglang": ()},
+    "kv_used_tokens": {"vllm": (), "sglang": ("num_used_tokens",)},
+    "kv_pool_tokens": {"vllm": (), "sglang": ("max_total_num_tokens",)},
+    "generation_throughput_tokens_per_s": {"vllm": ("avg_generation_throughput_toks_per_s",),
+                                           "sglang": ("gen_throughput",)},
+    "prompt_throughput_tokens_per_s": {"vllm": ("avg_prompt_throughput_toks_per_s",), "sglang": ()},
+}
+# Max over all ranks: the fullest rank binds.
+KV_USAGE = {"vllm": ("kv_cache_usage_perc", "gpu_cache_usage_perc"), "sglang": ("token_usage",)}
+
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+# --------------------------------------------------------------------------- snapshot
+
+def _split(name: str) -> tuple[str, str] | None:
+    m = ENGINE_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _aggregate(series: list[tuple[dict, float]]) -> float | None:
+    """Sum over DP/engine/other labels after collapsing TP/PP duplicates by max."""
+    if not series:
+        return None
+    groups: dict[tuple, float] = {}
+    for labels, v in series:
+        if math.isnan(v):
+            continue
+        key = tuple(sorted((k, x) for k, x in labels.items() if k not in _DUPLICATE_DIMS))
+        groups[key] = max(groups.get(key, -math.inf), v)
+    return sum(groups.values()) if groups else None
+
+
+def detect_engine(samples: Iterable) -> str | None:
+    """``vllm`` or ``sglang`` (by the prefix most series carry), None when neither."""
+    counts = {"vllm": 0, "sglang": 0}
+    for s in samples:
+        sp = _split(s.name)
+        if sp:
+            counts[sp[0]] += 1
+    best = max(counts, key=counts.get)
+    return best if counts[best] else None
+
+
+def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
+    """Reduce one parsed scrape to engine-neutral families (see module docstring).
+
+    Returns a plain dict: ``engine``, ``ts_ns``, ``endpoint``, ``version_hint``,
+    ``gauges``, ``counters``, ``histograms`` (``bounds`` finite ascending, ``cumulative``
+    counts per bound plus +Inf last, ``count``, ``sum``), ``sources`` (canonical figure ->
+    exposed family name), ``model_names``, ``bad_lines``.
+    """
+    samples = expo.samples
+    engine = detect_engine(samples)
+    fams: dict[str, list[tuple[dict, float]]] = {}
+    model_names: set[str] = set()
+    schema_035 = False
+    for s in samples:
+        sp = _split(s.name)
+        if not sp or sp[0] != engine:
+            continue
+        suffix = sp[1]
+        if suffix.endswith("_created"):
+            continue  # a Unix timestamp, never a counter value (reference section 1.3)
+        fams.setdefault(suffix, []).append((s.labels, s.value))
+        mn = s.labels.get("model_name")
+        if mn is None and engine == "sglang" and "name" in s.labels:
+            mn, schema_035 = s.labels["name"], True
+        if mn is not None:
+            model_names.add(mn)
+    # Raw exposed name for each suffix, for the ``sources`` map.
+    prefix_of: dict[str, str] = {}
+    for s in samples:
+        sp = _split(s.name)
+        if sp and sp[0] == engine and sp[1] not in prefix_of:
+            prefix_of[sp[1]] = s.name[: len(s.name) - len(sp[1])]
+
+    def src(suffix: str) -> str:
+        return prefix_of.get(suffix, f"{engine}:") + suffix
+
+    snap: dict[str, Any] = {"engine": engine, "ts_ns": ts_ns, "endpoint": endpoint,
+                            "gauges": {}, "counters": {}, "histograms": {}, "sources": {},
+                            "model_names": sorted(model_names), "bad_lines": getattr(expo, "bad_lines", 0)}
+    if engine is None:
+        snap["version_hint"] = None
+        return snap
+
+    for canon, per in GAUGES.items():
+        for fam in per.get(engine, ()):
+            v = _aggregate(fams.get(fam, []))
+            if v is not None:
+                snap["gauges"][canon] = v
+                snap["sources"][canon] = src(fam)
+                break
+    for fam in KV_USAGE[engine]:
+        vals = [v for _, v in fams.get(fam, []) if not math.isnan(v)]
+        if vals:
+            snap["gauges"]["kv_usage_ratio"] = max(vals)
+            snap["sources"]["kv_usage_ratio"] = src(fam)
+            break
+    if engine == "vllm":
+        pool = _vllm_pool_tokens(fams.get("cache_config_info", []))
+        if pool is not None:
+            snap["gauges"]["kv_pool_tokens"] = pool
+            snap["sources"]["kv_pool_tokens"] = src("cache_config_info") + " num_gpu_blocks*block_size"
+        hr = [v for _, v in fams.get("gpu_prefix_cache_hit_rate", [])]
+        if hr and max(hr) >= 0:  # -1 = prefix caching off (reference section 1.5)
+            snap["gauges"]["prefix_cache_hit_rate_gauge_ratio"] = max(hr)
+            snap["sources"]["prefix_cache_hit_rate_gauge_ratio"] = src("gpu_prefix_cache_hit_rate")
+    else:
+        hr = [v for _, v in fams.get("cache_hit_rate", [])]
+        if hr:
+            v = max(hr) * (0.01 if schema_035 else 1.0)  # 0.3.5 exposed a percentage
+            snap["gauges"]["prefix_cache_hit_rate_gauge_ratio"] = v
+            snap["sources"]["prefix_cache_hit_rate_gauge_ratio"] = src("cache_hit_rate")
+        if "num_retracted_reqs" in fams:
+            snap["gauges"]["retracted_requests_last_tick"] = _aggregate(fams["num_retracted_reqs"])
+            snap["sources"]["retracted_requests_last_tick"] = src("num_retracted_reqs")
+        gx = fams.get("gpu_execution_seconds_total") or fams.get("gpu_execution_seconds")
+        if gx:
+            for labels, v in gx:
+                cat = labels.get("category", "other")
+                key = f"gpu_execution_{cat}_s"
+                snap["counters"][key] = snap["counters"].get(key, 0.0) + v
+            snap["sources"]["gpu_execution_s"] = src("gpu_execution_seconds_total")
+
+    for canon, per in COUNTERS.items():
+        for fam in per.get(engine, ()):
+            for name in (fam + "_total", fam):
+                if name in fams:
+                    v = _aggregate(fams[name])
+                    if v is not None:
+                        snap["counters"][canon] = v
+                        snap["sources"][canon] = src(name)
+                    break
+            if canon in snap["counters"]:
+                break
+    if engine == "vllm" and snap["sources"].get("prefix_cache_queries", "").endswith("gpu_prefix_cache_queries_total"):
+        help_text = expo.helps.get(snap["sources"]["prefix_cache_queries"], "") if hasattr(expo, "helps") else ""
+        snap["prefix_cache_unit"] = "blocks" if "block" in help_text.lower() else "tokens"
+    else:
+        snap["prefix_cache_unit"] = "tokens" if "prefix_cache_queries" in snap["counters"] else None
+
+    for canon, per in HISTOGRAMS.items():
+        for fam in per.get(engine, ()):
+            h = _histogram(fams, fam)
+            if h is not None:
+                snap["histograms"][canon] = h
+                snap["sources"][canon] = src(fam)
+                break
+    snap["version_hint"] = _version_hint(engine, fams, expo)
+    return snap
+
+
+def _vllm_pool_tokens(series: list[tuple[dict, float]]) -> float | None:
+    total = 0.0
+    found = False
+    for labels, _ in series:
+        try:
+            if labels.get("kv_cache_size_tokens") not in (None, "None"):
+                total += float(labels["kv_cache_size_tokens"])
+            else:
+                total += float(labels["num_gpu_blocks"]) * float(labels["block_size"])
+            found = True
+        except (KeyError, ValueError):
+            continue
+    return total if found else None
+
+
+def _histogram(fams: dict, fam: str) -> dict | None:
+    buckets = fams.get(fam + "_bucket")
+    if not buckets:
+        return None
+    by_le: dict[float, list] = {}
+    for labels, v in buckets:
+        try:
+            le = float(labels["le"].replace("+Inf", "inf"))
+        except (KeyError, ValueError):
+            continue
+        rest = {k: x for k, x in labels.items() if k != "le"}
+        by_le.setdefault(le, []).append((rest, v))
+    if math.inf not in by_le:
+        return None
+    les = sorted(by_le)
+    cum = [_aggregate(by_le[le]) or 0.0 for le in les]
+    count = _aggregate(fams.get(fam + "_count", [])) or cum[-1]
+    total = _aggregate(fams.get(fam + "_sum", [])) or 0.0
+    return {"bounds": les[:-1], "cumulative": cum, "count": count, "sum": total}
+
+
+def _version_hint(engine: str, fams: dict, expo: Any) -> str:
+    helps = getattr(expo, "helps", {})
+    if engine == "sglang":
+        if any("engine_type" in lab for s in fams.values() for lab, _ in s[:1]):
+            return "sglang>=0.4.4"
+        return "sglang"
+    if "avg_prompt_throughput_toks_per_s" in fams and "prompt_tokens_total" not in fams:
+        return "vllm-0.2.x"
+    if "inter_token_latency_seconds_bucket" in fams:
+        return "vllm-v1>=0.11"
+    if "kv_cache_usage_perc" in fams:
+        return "vllm-v1>=0.9"
+    if any("model execution batches" in h for k, h in helps.items() if k.endswith("num_requests_running")):
+        return "vllm-v1"
+    return "vllm-v0"
+
+
+# --------------------------------------------------------------------------- histograms
+
+def histogram_delta(a: dict | None, b: dict) -> tuple[dict, bool]:
+    """``b - a`` bucket by bucket; a reset (any count going down, or a different bucket
+    layout) returns ``b`` itself as the delta and ``True``."""
+    if a is None:
+        return b, False
+    if a["bounds"] != b["bounds"]:
+        return b, True
+    cum = [y - x for x, y in zip(a["cumulative"], b["cumulative"])]
+    cnt = b["count"] - a["count"]
+    if cnt < 0 or any(c < 0 for c in cum):
+        return b, True
+    return {"bounds": b["bounds"], "cumulative": cum, "count": cnt, "sum": b["sum"] - a["sum"]}, False
+
+
+def histogram_add(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return b
+    if a["bounds"] != b["bounds"]:  # layouts differ between versions: never merge
+        return b
+    return {"bounds": b["bounds"], "cumulative": [x + y for x, y in zip(a["cumulative"], b["cumulative"])],
+            "count": a["count"] + b["count"], "sum": a["sum"] + b["sum"]}
+
+
+def histogram_quantile(h: dict, q: float) -> dict:
+    """Quantile ``q`` of cumulative buckets, with the bucket it fell in.
+
+    Returns ``{"q", "value", "kind", "lower_bound", "upper_bound"}``; ``kind`` is
+    ``interpolated`` (between two finite bounds), ``first_bucket`` (``value`` None, it is at
+    most ``upper_bound``; 0 exactly when the first bound is 0), ``above_last_bucket``
+    (``value`` None, more than ``lower_bound``) or ``no_data``.
+    """
+    bounds, cum = h["bounds"], h["cumulative"]
+    n = cum[-1] if cum else 0
+    if not n or n <= 0:
+        return {"q": q, "value": None, "kind": "no_data", "lower_bound": None, "upper_bound": None}
+    r = q * n
+    for i, c in enumerate(cum):
+        if c >= r and c > 0:
+            break
+    if i >= len(bounds):
+        return {"q": q, "value": None, "kind": "above_last_bucket",
+                "lower_bound": bounds[-1] if bounds else None, "upper_bound": None}
+    hi = bounds[i]
+    if i == 0:
+        return {"q": q, "value": 0.0 if hi <= 0 else None, "kind": "first_bucket",
+                "lower_bound": None, "upper_bound": hi}
+    lo = bounds[i - 1]
+    c_lo = cum[i - 1]
+    value = lo + (hi - lo) * (r - c_lo) / (cum[i] - c_lo) if cum[i] > c_lo else hi
+    return {"q": q, "value": value, "kind": "interpolated", "lower_bound": lo, "upper_bound": hi}
+
+
+def histogram_summary(h: dict | None, quantiles: tuple[float, ...] = QUANTILES) -> dict | None:
+    """Count, mean and quantiles of a (delta) histogram; None when absent."""
+    if h is None:
+        return None
+    n = h["count"]
+    out = {"count": n, "mean": (h["sum"] / n) if n > 0 else None,
+           "first_bucket_upper": h["bounds"][0] if h["bounds"] else None,
+           "last_bucket_upper": h["bounds"][-1] if h["bounds"] else None}
+    for q in quantiles:
+        out[f"p{round(q * 100):d}"] = histogram_quantile(h, q)
+    return out
+
+
+# --------------------------------------------------------------------------- windows
+
+def _pair_deltas(a: dict, b: dict) -> tuple[dict, dict, bool]:
+    """Counter and histogram deltas from snapshot a to b, resets handled per series.
+
+    A series absent from ``a`` counts from zero (Prometheus series start at 0 when first
+    exposed); one that went down restarted, and its value in ``b`` is the delta.
+    """
+    changed = a.get("engine") != b.get("engine")
+    restarted = changed
+    dc: dict[str, float] = {}
+    for k, vb in b["counters"].items():
+        va = None if changed else a["counters"].get(k)
+        if va is None:
+            dc[k] = vb
+        elif vb < va:
+            dc[k], restarted = vb, True
+        else:
+            dc[k] = vb - va
+    dh: dict[str, dict] = {}
+    for k, hb in b["histograms"].items():
+        d, reset = histogram_delta(None if changed else a["histograms"].get(k), hb)
+        restarted |= reset
+        dh[k] = d
+    return dc, dh, restarted
+
+
+def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
+    """Figures of one window from the snapshots scraped in it (oldest first).
+
+    ``previous`` is the last snapshot of the previous window (the baseline for deltas);
+    without it, deltas start at the first scrape of this window. With a single snapshot
+    and no baseline, only gauges are known (delta figures are None).
+    """
+    if not scrapes:
+        raise ValueError("window_figures needs at least one snapshot")
+    seq = ([previous] if previous is not None else []) + list(scrapes)
+    cur = seq[-1]
+    dc: dict[str, float] = {}
+    dh: dict[str, dict] = {}
+    restarted = False
+    for a, b in zip(seq, seq[1:]):
+        c, h, r = _pair_deltas(a, b)
+        restarted |= r
+        for k, v in c.items():
+            dc[k] = dc.get(k, 0.0) + v
+        for k, v in h.items():
+            dh[k] = histogram_add(dh.get(k), v)
+    have_delta = len(seq) > 1
+    dt_s = (cur["ts_ns"] - seq[0]["ts_ns"]) / 1e9 if have_delta else None
+    g = cur["gauges"]
+    kv_samples = [s["gauges"]["kv_usage_ratio"] for s in scrapes if "kv_usage_ratio" in s["gauges"]]
+    fig: dict[str, Any] = {
+        "engine": cur["engine"],
+        "endpoint": cur.get("endpoint"),
+        "model_names": cur.get("model_names", []),
+        "version_hint": cur.get("version_hint"),
+        "ts_ns": cur["ts_ns"],
+        "interval_s": dt_s,
+        "scrapes": len(scrapes),
+        "restarted": restarted,
+        "since_start": False,
+        "kv_usage_ratio": g.get("kv_usage_ratio"),
+        "kv_usage_max_ratio": max(kv_samples) if kv_samples else None,
+        "kv_pool_tokens": g.get("kv_pool_tokens"),
+        "kv_used_tokens": g.get("kv_used_tokens") if "kv_used_tokens" in g else (
+            g["kv_usage_ratio"] * g["kv_pool_tokens"] if "kv_usage_ratio" in g and "kv_pool_tokens" in g else None),
+        "num_running_requests": g.get("num_running"),
+        "num_waiting_requests": g.get("num_waiting"),
+        "num_waiting_change": (g["num_waiting"] - seq[0]["gauges"]["num_waiting"])
+        if have_delta and "num_waiting" in g and "num_waiting" in seq[0]["gauges"] else None,
+        "preemptions_total": cur["counters"].get("preemptions"),
+        "generation_throughput_tokens_per_s": g.get("generation_throughput_tokens_per_s"),
+        "prompt_throughput_tokens_per_s": g.get("prompt_throughput_tokens_per_s"),
+    }
+    fig.update(_delta_figures(cur, dc if have_delta else None, dh if have_delta else None, dt_s))
+    fig["sources"] = dict(cur.get("sources", {}))
+    return fig
+
+
+def lifetime_figures(snap: dict) -> dict:
+    """Figures one scrape can give on its own: gauges now, and ratios/percentiles over the
+    server's lifetime (counters since start), flagged ``since_start``."""
+    zero = {"engine": snap["engine"], "ts_ns": snap["ts_ns"], "gauges": {},
+            "counters": {k: 0.0 for k in snap["counters"]},
+            "histograms": {k: {"bounds": h["bounds"], "cumulative": [0.0] * len(h["cumulative"]),
+                               "count": 0.0, "sum": 0.0} for k, h in snap["histograms"].items()}}
+    fig = window_figures([snap], zero)
+    fig["since_start"] = True
+    fig["interval_s"] = None
+    fig["preemption_rate_per_s"] = None
+    fig["steps_per_s"] = None
+    fig["num_waiting_change"] = None
+    # V0 only exposes the allocator's cumulative hit rate as a gauge.
+    if fig["prefix_cache_hit_ratio"] is None and "prefix_cache_hit_rate_gauge_ratio" in snap["gauges"]:
+        fig["prefix_cache_hit_ratio"] = snap["gauges"]["prefix_cache_hit_rate_gauge_ratio"]
+        fig["prefix_cache_hit_source"] = "gauge"
+    return fig
+
+
+def _delta_figures(cur: dict, dc: dict | None, dh: dict | None, dt_s: float | None) -> dict:
+    out: dict[str, Any] = {}
+    if dc is None:
+        dc, dh = {}, {}
+    pre = dc.get("preemptions")
+    out["preemptions"] = pre
+    out["preemption_rate_per_s"] = pre / dt_s if pre is not None and dt_s else None
+    fin = dc.get("requests_finished")
+    out["requests_finished"] = fin
+    out["preemptions_per_finished_request"] = pre / fin if pre is not None and fin else None
+    if cur["engine"] == "sglang" and "preemptions" not in cur["counters"]:
+        out["preemption_source"] = "gauge" if "retracted_requests_last_tick" in cur["gauges"] else None
+    else:
+        out["preemption_source"] = "counter" if "preemptions" in cur["counters"] else None
+    q, h = dc.get("prefix_cache_queries"), dc.get("prefix_cache_hits")
+    out["prefix_cache_queries"] = q
+    out["prefix_cache_hits"] = h
+    out["prefix_cache_unit"] = cur.get("prefix_cache_unit")
+    out["prefix_cache_hit_ratio"] = min(1.0, max(0.0, h / q)) if q and h is not None and q > 0 else None
+    out["prefix_cache_hit_source"] = "counter_delta" if out["prefix_cache_hit_ratio"] is not None else None
+    out["prompt_tokens"] = dc.get("prompt_tokens")
+    out["generation_tokens"] = dc.get("generation_tokens")
+    for canon in HISTOGRAMS:
+        out[canon] = histogram_summary(dh.get(canon)) if canon in dh else None
+    # Prefill vs decode share.
+    pf, dd = dh.get("prefill_time_s"), dh.get("decode_time_s")
+    out["prefill_time_share_ratio"] = None
+    out["prefill_time_share_kind"] = None
+    if pf is not None and dd is not None and pf["sum"] + dd["sum"] > 0:
+        out["prefill_time_share_ratio"] = pf["sum"] / (pf["sum"] + dd["sum"])
+        out["prefill_time_share_kind"] = "request_wall_time"  # summed over concurrent requests
+    gx = {k: v for k, v in dc.items() if k.startswith("gpu_execution_")}
+    if gx:
+        pre_s = sum(v for k, v in gx.items() if ("extend" in k or "prefill" in k))
+        dec_s = sum(v for k, v in gx.items() if "decode" in k)
+        tot = sum(gx.values())
+        if tot > 0:
+            out["prefill_time_share_ratio"] = pre_s / tot
+            out["decode_gpu_time_share_ratio"] = dec_s / tot
+            out["prefill_time_share_kind"] = "gpu_time"
+    it = dh.get("iteration_tokens")
+    if it is not None and it["count"] > 0:
+        out["tokens_per_step"] = it["sum"] / it["count"]
+        out["steps"] = it["count"]
+        out["steps_per_s"] = it["count"] / dt_s if dt_s else None
+    else:
+        out["tokens_per_step"] = out["steps"] = out["steps_per_s"] = None
+    return out
+
+
+# --------------------------------------------------------------------------- records
+
+_RECORD_KEYS = (
+    "kv_usage_ratio", "kv_usage_max_ratio", "kv_pool_tokens", "kv_used_tokens",
+    "num_running_requests", "num_waiting_requests", "num_waiting_change",
+    "preemptions", "preemption_rate_per_s", "preemptions_total", "prefix_cache_hit_ratio",
+    "prefill_time_share_ratio", "prefill_time_share_kind", "tokens_per_step", "steps_per_s",
+    "generation_throughput_tokens_per_s", "prompt_throughput_tokens_per_s",
+)
+
+
+def _pick(summary: dict | None, key: str) -> dict | None:
+    return None if summary is None else summary.get(key)
+
+
+def engine_record(fig: dict) -> dict:
+    """Flat record of one engine window for the wire's window record: scalars with units,
+    latency percentiles as ``<hist>_p50_s`` plus their ``_kind`` (interpolated,
+    first_bucket, above_last_bucket) and bounds, and ``source`` naming the endpoint and the
+    exposed families each figure came from."""
+    rec: dict[str, Any] = {"engine": fig["engine"], "restarted": fig["restarted"],
+                           "since_start": fig["since_start"], "interval_s": fig["interval_s"]}
+    for k in _RECORD_KEYS:
+        rec[k] = fig.get(k)
+    for hist in ("queue_time_s", "ttft_s", "itl_s"):
+        s = fig.get(hist)
+        base = hist[:-2]
+        rec[f"{base}_count"] = None if s is None else s["count"]
+        rec[f"{base}_mean_s"] = None if s is None else s["mean"]
+        for p in ("p50", "p90", "p99"):
+            qd = _pick(s, p)
+            rec[f"{base}_{p}_s"] = None if qd is None else qd["value"]
+            rec[f"{base}_{p}_kind"] = None if qd is None else qd["kind"]
+            rec[f"{base}_{p}_lower_s"] = None if qd is None else qd["lower_bound"]
+            rec[f"{base}_{p}_upper_s"] = None if qd is None else qd["upper_bound"]
+    rec["source"] = {"probe": "engine", "endpoint": fig.get("endpoint"), "families": fig.get("sources", {})}
+    return rec
+
+
+def prometheus_samples(rec: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
+    """``(name, labels, value)`` for the agent's /metrics, Prometheus-style names with units.
+
+    Only numeric, known figures; quantiles that are bounds rather than values are exposed
+    as their bound with a ``bound`` label (``le`` / ``gt``) so a dashboard cannot mistake
+    them for measurements.
+    """
+    base = {"engine": str(rec.get("engine"))}
+    base.update(labels or {})
+    out = []
+    scal = {
+        "kv_usage_ratio": "ridgeline_engine_kv_usage_ratio",
+        "kv_usage_max_ratio": "ridgeline_engine_kv_usage_max_ratio",
+        "kv_pool_tokens": "ridgeline_engine_kv_pool_tokens",
+        "num_running_requests": "ridgeline_engine_running_requests",
+        "num_waiting_requests": "ridgeline_engine_waiting_requests",
+        "preemption_rate_per_s": "ridgeline_engine_preemptions_per_second",
+        "preemptions_total": "ridgeline_engine_preemptions_total",
+        "prefix_cache_hit_ratio": "ridgeline_engine_prefix_cache_hit_ratio",
+        "prefill_time_share_ratio": "ridgeline_engine_prefill_time_share_ratio",
+        "tokens_per_step": "ridgeline_engine_tokens_per_step",
+    }
+    for k, name in scal.items():
+        v = rec.get(k)
+        if v is not None:
+            out.append((name, dict(base), float(v)))
+    for hist in ("queue_time", "ttft", "itl"):
+        for p in ("p50", "p90", "p99"):
+            kind = rec.get(f"{hist}_{p}_kind")
+            lab = dict(base, quantile=p[1:])
+            if kind == "interpolated":
+                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="value"), float(rec[f"{hist}_{p}_s"])))
+            elif kind == "first_bucket":
+                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="le"), float(rec[f"{hist}_{p}_upper_s"])))
+            elif kind == "above_last_bucket":
+                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="gt"), float(rec[f"{hist}_{p}_lower_s"])))
+    return out
