@@ -1,0 +1,337 @@
+"""Engine probe: scrapes the Prometheus ``/metrics`` endpoint of vLLM / SGLang servers.
+
+Endpoints are configured (URLs) or discovered from target processes: the TCP ports a
+served process (or one of its ancestors: vLLM's API server is the parent of the engine
+core that holds the GPU, SGLang's HTTP server the parent of its schedulers) listens on,
+read from ``/proc/<pid>/net/tcp{,6}`` joined with the socket inodes in
+``/proc/<pid>/fd``. A discovered port is kept only if its ``/metrics`` carries ``vllm:``
+or ``sglang:`` series.
+
+Scraping runs on a background thread with a real HTTP client (httpx), a per-request
+timeout and exponential back-off per endpoint; ``poll()`` only drains what was scraped.
+Each scrape is returned as the raw parsed exposition plus its timestamp; normalising is
+the aggregator's job (:mod:`aggregator.engine_metrics`), so this module stays thin.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import httpx
+
+from . import prom_text
+from .errors import InputError
+from .probe import Availability, Probe
+
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_BACKOFF_MAX_S = 60.0
+_TCP_LISTEN = "0A"
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+def backoff_delay_s(failures: int, base_s: float, max_s: float) -> float:
+    """Delay before the next try after ``failures`` consecutive failures: base, 2x, 4x, ... capped."""
+    if failures <= 0:
+        return base_s
+    return min(max_s, base_s * (2 ** (failures - 1)))
+
+
+def _decode_addr(hexaddr: str) -> str:
+    if len(hexaddr) == 8:
+        return socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(hexaddr, 16)))
+    words = [int(hexaddr[i:i + 8], 16) for i in range(0, 32, 8)]
+    return socket.inet_ntop(socket.AF_INET6, struct.pack("<4I", *words))
+
+
+def parse_proc_net_tcp(text: str) -> list[tuple[str, int, str, int]]:
+    """``/proc/net/tcp`` or ``tcp6`` text -> ``(local_ip, local_port, state_hex, inode)`` rows."""
+    rows = []
+    for line in text.splitlines()[1:]:
+        f = line.split()
+        if len(f) < 10 or ":" not in f[1]:
+            continue
+        addr, port = f[1].rsplit(":", 1)
+        try:
+            rows.append((_decode_addr(addr), int(port, 16), f[3].upper(), int(f[9])))
+        except (ValueError, OSError, struct.error):
+            continue
+    return rows
+
+
+def listening_endpoints(rows: Iterable[tuple[str, int, str, int]], inodes: set[int]) -> list[tuple[str, int]]:
+    """Listening ``(host, port)`` among the rows whose socket inode the process owns; a
+    wildcard or loopback bind is reached through 127.0.0.1."""
+    out = []
+    for ip, port, state, inode in rows:
+        if state != _TCP_LISTEN or inode not in inodes:
+            continue
+        host = "127.0.0.1" if ip in ("0.0.0.0", "::", "127.0.0.1", "::1", "::ffff:127.0.0.1") else ip
+        if (host, port) not in out:
+            out.append((host, port))
+    return out
+
+
+def metrics_url(host: str, port: int) -> str:
+    h = f"[{host}]" if ":" in host else host
+    return f"http://{h}:{port}/metrics"
+
+
+# --------------------------------------------------------------------------- /proc glue
+
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets process ``pid`` has open (empty when not readable)."""
+    out: set[int] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        entries = list(fd_dir.iterdir())
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            t = os.readlink(e)
+        except OSError:
+            continue
+        if t.startswith("socket:["):
+            out.add(int(t[8:-1]))
+    return out
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: fields start after the last ')'
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def related_pids(pid: int, max_up: int = 3) -> list[int]:
+    """``pid`` and up to ``max_up`` ancestors (stopping before init)."""
+    out = [pid]
+    cur = pid
+    for _ in range(max_up):
+        p = _ppid(cur)
+        if not p or p <= 1:
+            break
+        out.append(p)
+        cur = p
+    return out
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    """Listening TCP endpoints of ``pid`` (IPv4 and IPv6), from /proc."""
+    inodes = socket_inodes(pid)
+    if not inodes:
+        return []
+    rows: list = []
+    for name in ("tcp", "tcp6"):
+        try:
+            rows += parse_proc_net_tcp(Path(f"/proc/{pid}/net/{name}").read_text())
+        except OSError:
+            continue
+    return listening_endpoints(rows, inodes)
+
+
+# --------------------------------------------------------------------------- HTTP
+
+def fetch(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> str:
+    """GET ``url`` and return its text; raises :class:`InputError` with one line on failure."""
+    try:
+        if client is None:
+            with httpx.Client(timeout=timeout_s, follow_redirects=True) as c:
+                r = c.get(url)
+        else:
+            r = client.get(url, timeout=timeout_s)
+    except httpx.InvalidURL as exc:
+        raise InputError(f"{url}: invalid URL ({exc})") from None
+    except httpx.UnsupportedProtocol as exc:
+        raise InputError(f"{url}: unsupported URL ({exc})") from None
+    except httpx.TimeoutException:
+        raise InputError(f"{url}: no answer within {timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise InputError(f"{url}: cannot reach ({type(exc).__name__}: {exc})") from None
+    if r.status_code != 200:
+        raise InputError(f"{url}: HTTP {r.status_code}")
+    return r.text
+
+
+def scrape(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> dict:
+    """One scrape: ``{"endpoint", "ts_ns", "exposition"}`` (a :class:`prom_text.Exposition`)."""
+    text = fetch(url, timeout_s, client)
+    ts = time.time_ns()
+    return {"endpoint": url, "ts_ns": ts, "exposition": prom_text.parse(text)}
+
+
+def is_engine_exposition(expo: prom_text.Exposition) -> bool:
+    return any(s.name.startswith(("vllm:", "sglang:", "ray_vllm:", "sglang_")) for s in expo.samples) or any(
+        n.startswith(("vllm:", "sglang:", "ray_vllm:")) for n in expo.types)
+
+
+class _Endpoint:
+    __slots__ = ("url", "failures", "next_s", "last_error", "discovered")
+
+    def __init__(self, url: str, discovered: bool = False):
+        self.url = url
+        self.failures = 0
+        self.next_s = 0.0
+        self.last_error: str | None = None
+        self.discovered = discovered
+
+
+class EngineProbe(Probe):
+    """Scrapes configured and discovered engine endpoints every ``interval_s``.
+
+    ``poll()`` returns ``{"scrapes": [{"endpoint", "ts_ns", "exposition"}, ...],
+    "errors": [{"endpoint", "error"}, ...]}`` collected since the last poll, or None.
+    """
+
+    name = "engine"
+    optional = True
+
+    def __init__(self, urls: Iterable[str] = (), pids: Iterable[int] = (), interval_s: float = DEFAULT_INTERVAL_S,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+                 discover: bool = True, max_queued: int = 256):
+        super().__init__()
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.discover = discover
+        self._endpoints: dict[str, _Endpoint] = {u: _Endpoint(u) for u in urls}
+        self._pids: set[int] = set(pids)
+        self._rejected: set[str] = set()  # discovered ports that are not engine endpoints
+        self._queue: collections.deque = collections.deque()
+        self._errors: list[dict] = []
+        self._max_queued = max_queued
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client: httpx.Client | None = None
+
+    def set_pids(self, pids: Iterable[int]) -> None:
+        """Replace the served processes whose listening ports are searched (thread-safe)."""
+        with self._lock:
+            self._pids = set(pids)
+
+    def endpoints(self) -> list[str]:
+        with self._lock:
+            return list(self._endpoints)
+
+    def check(self) -> Availability:
+        if self._endpoints:
+            return Availability(True, f"{len(self._endpoints)} configured endpoint(s)")
+        if self.discover and self._pids:
+            return Availability(True, f"discovering endpoints of {len(self._pids)} process(es)")
+        if self.discover:
+            return Availability(True, "no endpoint yet; discovering from target processes",
+                                "set engine.urls in the config to scrape a known endpoint")
+        return Availability(False, "no engine endpoint configured and discovery is off",
+                            "set engine.urls (e.g. http://127.0.0.1:8000/metrics) or enable discovery")
+
+    def start(self) -> None:
+        self._client = httpx.Client(timeout=self.timeout_s, follow_redirects=True)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ridgeline-engine", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            if self.discover:
+                try:
+                    self.discover_once()
+                except Exception:
+                    self.errors += 1
+            self.scrape_due(t0)
+            self._stop.wait(max(0.05, self.interval_s - (time.monotonic() - t0)))
+
+    def discover_once(self) -> list[str]:
+        """Look for engine endpoints among the listening ports of the target processes."""
+        with self._lock:
+            pids = list(self._pids)
+            known = set(self._endpoints) | self._rejected
+        found = []
+        for pid in pids:
+            for p in related_pids(pid):
+                for host, port in listening_ports(p):
+                    url = metrics_url(host, port)
+                    if url in known:
+                        continue
+                    known.add(url)
+                    try:
+                        res = scrape(url, self.timeout_s, self._client)
+                    except InputError:
+                        with self._lock:
+                            self._rejected.add(url)
+                        continue
+                    with self._lock:
+                        if is_engine_exposition(res["exposition"]):
+                            self._endpoints[url] = _Endpoint(url, discovered=True)
+                            self._push(res)
+                            found.append(url)
+                        else:
+                            self._rejected.add(url)
+        return found
+
+    def scrape_due(self, now_s: float | None = None) -> None:
+        """Scrape every endpoint whose back-off has expired (the thread calls this)."""
+        now_s = time.monotonic() if now_s is None else now_s
+        for ep in list(self._endpoints.values()):
+            if ep.next_s > now_s:
+                continue
+            try:
+                res = scrape(ep.url, self.timeout_s, self._client)
+            except InputError as exc:
+                ep.failures += 1
+                ep.last_error = str(exc)
+                ep.next_s = now_s + backoff_delay_s(ep.failures, self.interval_s, self.backoff_max_s)
+                self.errors += 1
+                with self._lock:
+                    self._errors.append({"endpoint": ep.url, "error": str(exc), "failures": ep.failures})
+                    del self._errors[:-64]
+                continue
+            ep.failures = 0
+            ep.last_error = None
+            ep.next_s = now_s
+            with self._lock:
+                self._push(res)
+
+    def _push(self, res: dict) -> None:
+        if len(self._queue) >= self._max_queued:
+            self._queue.popleft()
+            self.drops += 1
+        self._queue.append(res)
+        self.records += 1
+        if res["exposition"].bad_lines:
+            self.errors += res["exposition"].bad_lines
+
+    def poll(self) -> dict | None:
+        with self._lock:
+            if not self._queue and not self._errors:
+                return None
+            out = {"scrapes": list(self._queue), "errors": list(self._errors)}
+            self._queue.clear()
+            self._errors.clear()
+        return out
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 5)
+            self._thread = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def counters(self) -> dict:
+        c = super().counters()
+        c["endpoints"] = len(self._endpoints)
+        c["endpoints_failing"] = sum(1 for e in self._endpoints.values() if e.failures)
+        return c
