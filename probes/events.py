@@ -52,9 +52,10 @@ RANGE_USER_ANNOTATION = 1      # record_function / user annotation on the CPU ti
 RANGE_GPU_ANNOTATION = 2       # the GPU-side projection of a user annotation (Kineto)
 RANGE_NVTX = 3                 # NVTX push/pop or start/end range (CUPTI MARKER)
 RANGE_PROFILER_STEP = 4        # ProfilerStep#N
+RANGE_CUDA_SYNC = 5            # GPU-side wait of a synchronisation (Kineto "cuda_sync")
 RANGE_OTHER = 9
 RANGE_KIND_NAMES = {RANGE_USER_ANNOTATION: "user_annotation", RANGE_GPU_ANNOTATION: "gpu_user_annotation",
-                    RANGE_NVTX: "nvtx", RANGE_PROFILER_STEP: "profiler_step", RANGE_OTHER: "other"}
+                    RANGE_NVTX: "nvtx", RANGE_PROFILER_STEP: "profiler_step", RANGE_CUDA_SYNC: "cuda_sync", RANGE_OTHER: "other"}
 
 KERNEL_DTYPE = np.dtype([
     ("start_ns", "<i8"),
