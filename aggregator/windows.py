@@ -224,6 +224,9 @@ class WindowBuilder:
     device: dict = field(default_factory=dict)
     engine: dict = field(default_factory=dict)
     records: int = 0
+    engine_errors: int = 0
+    _scrapes: dict = field(default_factory=dict)       # endpoint -> snapshots this window
+    _engine_prev: dict = field(default_factory=dict)   # endpoint -> last snapshot before
 
     def add_events(self, trace: Trace, source: str = "") -> None:
         key = source or trace.meta.get("source", "") or "events"
@@ -239,10 +242,43 @@ class WindowBuilder:
         self.records += 1
 
     def add_engine(self, data: dict, source: str = "engine") -> None:
+        """Engine data: raw scrapes (``{"scrapes": [{endpoint, ts_ns, exposition}]}``
+        from the engine probe) are reduced with :mod:`aggregator.engine_metrics` when the
+        window closes (rates from deltas between scrapes); other dicts are kept as given."""
+        scrapes = data.get("scrapes") if isinstance(data, dict) else None
+        if isinstance(scrapes, list):
+            from aggregator import engine_metrics
+            for s in scrapes:
+                try:
+                    snap = engine_metrics.snapshot(s["exposition"], s["ts_ns"], s.get("endpoint"))
+                except Exception as exc:   # one bad scrape loses itself only
+                    log.debug("engine scrape not usable: %s", exc)
+                    self.engine_errors += 1
+                    continue
+                if snap.get("engine") is None:
+                    self.engine_errors += 1
+                    continue
+                self._scrapes.setdefault(s.get("endpoint") or source, []).append(snap)
+                self.records += 1
+            return
         self.engine[source] = data
         self.records += 1
 
+    def _engine_close(self) -> None:
+        from aggregator import engine_metrics
+        for endpoint, snaps in self._scrapes.items():
+            try:
+                fig = engine_metrics.window_figures(snaps, self._engine_prev.get(endpoint))
+                self.engine[endpoint] = engine_metrics.engine_record(fig)
+            except Exception as exc:
+                log.debug("engine figures failed for %s: %s", endpoint, exc)
+                self.engine_errors += 1
+            self._engine_prev[endpoint] = snaps[-1]
+        self._scrapes = {}
+
     def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
+        if self._scrapes:
+            self._engine_close()
         gpus: list[dict] = []
         sources = []
         for (src, _), parts in self.events.items():

@@ -1,0 +1,106 @@
+"""``ridgeline tail``: print the agent's stream, decoded, and report sequence gaps."""
+from __future__ import annotations
+
+import sys
+import time
+
+from probes.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tail", help="print decoded records from the agent's stream")
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:7411", help="agent endpoint (default: %(default)s)")
+    p.add_argument("--topic", action="append", metavar="T",
+                   help="only this topic (repeatable): window, events, sched, device, engine, health")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (NDJSON)")
+    p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N records (0: never)")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="S",
+                   help="give up after S seconds without a record (0: wait forever)")
+    p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
+    p.set_defaults(func=run)
+
+
+def jsonable(obj):
+    """Decoded payloads as JSON-able values: arrays as lists, bytes as their length."""
+    import numpy as np
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return {"bytes": len(obj)}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.names:
+            return {"records": int(len(obj)), "fields": list(obj.dtype.names)}
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if hasattr(obj, "kernels") and hasattr(obj, "names"):   # a Trace (event batch)
+        return {"kernels": len(obj.kernels), "copies": len(obj.copies), "api": len(obj.api),
+                "ranges": len(obj.ranges)}
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
+
+
+def summary(msg) -> str:
+    p = msg.payload
+    if msg.topic == "window" and isinstance(p, dict):
+        gpus = p.get("gpus", [])
+        kern = sum(g.get("kernels", 0) for g in gpus)
+        a = p.get("agent", {})
+        v = p.get("verdict")
+        vs = v.get("verdict") if isinstance(v, dict) else v
+        return (f"{len(gpus)} gpu/process, {kern} kernels, verdict={vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
+                f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
+    if msg.topic == "health" and isinstance(p, dict):
+        return (f"cpu={p.get('cpu_pct', 0):.1f}% rss={p.get('rss_bytes', 0) / 2**20:.0f}MiB "
+                f"records/s={p.get('records_per_s', 0):.0f} drops={p.get('drops', 0)}+{p.get('publisher_drops', 0)}")
+    import orjson
+    text = orjson.dumps(jsonable(p), option=orjson.OPT_NON_STR_KEYS).decode()
+    return text if len(text) < 200 else text[:197] + "..."
+
+
+def run(args) -> int:
+    import orjson
+
+    from agent.subscriber import Subscriber
+    if args.count < 0:
+        raise InputError("--count must be >= 0")
+    sub = Subscriber(args.endpoint, topics=args.topic or (),
+                     server_public_key=args.server_key.encode() if args.server_key else None)
+    out = sys.stdout
+    n = 0
+    last = time.monotonic()
+    try:
+        while not args.count or n < args.count:
+            msg = sub.receive(0.5)
+            if msg is None:
+                if args.timeout and time.monotonic() - last > args.timeout:
+                    print(f"ridgeline tail: no record for {args.timeout:g} s from {args.endpoint}", file=sys.stderr)
+                    return 1
+                continue
+            last = time.monotonic()
+            if msg.gap:
+                print(f"ridgeline tail: gap on {msg.topic}: {msg.gap} message(s) missing before seq {msg.seq}",
+                      file=sys.stderr, flush=True)
+            if msg.restarted:
+                print(f"ridgeline tail: {msg.topic} sequence restarted at {msg.seq} (agent restarted)",
+                      file=sys.stderr, flush=True)
+            if args.json:
+                rec = {"topic": msg.topic, "seq": msg.seq, "host": msg.host, "ts_ns": msg.ts_ns,
+                       "gap": msg.gap, "payload": jsonable(msg.payload)}
+                out.write(orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+            else:
+                out.write(f"{msg.topic:<7} #{msg.seq:<6} {msg.host} {summary(msg)}\n")
+            out.flush()
+            n += 1
+    finally:
+        if sub.bad:
+            print(f"ridgeline tail: {sub.bad} undecodable message(s) skipped", file=sys.stderr)
+        gaps = sum(sub.seq.gaps.values())
+        if gaps:
+            print(f"ridgeline tail: {gaps} message(s) missing in total "
+                  + ", ".join(f"{t}={g}" for t, g in sub.seq.gaps.items()), file=sys.stderr)
+        sub.close()
+    return 0

@@ -1,0 +1,204 @@
+"""Recordings of the agent's stream: a framed file of wire envelopes, and its loader.
+
+File format (version 1; all integers little-endian)::
+
+    magic   8 bytes   b"RLREC\\x00\\x01\\n"   (MAGIC; "RidgeLine RECording", format 1)
+    frames  repeated until end of file:
+        recv_ns   u64   wall-clock time the recorder received the message (ns)
+        length    u32   length of the envelope in bytes (at most MAX_FRAME_BYTES)
+        envelope  bytes exactly as published: aggregator.wire.encode_envelope(...)
+
+The envelope carries its topic, per-topic sequence number, host and timestamp, so a
+recording is a byte-exact copy of the stream: ``ridgeline tail`` semantics (gaps,
+restarts) apply to it unchanged. A recorder killed mid-write leaves a truncated last
+frame; the loader keeps every complete frame and reports the truncation.
+
+Contract:
+
+* :func:`is_recording(path)`: True when the file starts with :data:`MAGIC` (so an
+  analyzer can dispatch on file magic: Kineto traces start with ``{`` or gzip's
+  ``\\x1f\\x8b``).
+* :class:`RecordingWriter`: append frames; flushes per frame so a kill loses at most one.
+* :func:`iter_frames(path)`: ``(recv_ns, envelope_bytes)`` per complete frame.
+* :func:`load_recording(path) -> Recording`: ``trace`` (a :class:`probes.events.Trace`
+  merging every ``events`` batch, names re-interned into one table), ``windows`` (the
+  decoded ``window`` payloads, in order), ``messages`` per topic, ``gaps`` per topic,
+  ``restarts``, ``truncated``. Raises :class:`InputError` (one line, naming the file)
+  for a file that is not a recording or whose frames do not decode.
+* :func:`load_trace(path) -> Trace`: just the merged trace, the same call shape as
+  :func:`probes.kineto.load_trace`.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from probes.errors import InputError
+from probes.events import Trace, NameTable
+
+MAGIC = b"RLREC\x00\x01\n"
+_HEAD = struct.Struct("<QI")
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+
+def is_recording(path: str | Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+class RecordingWriter:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self._f = open(self.path, "wb")
+        except OSError as exc:
+            raise InputError(f"{self.path}: cannot write recording: {exc.strerror}") from None
+        self._f.write(MAGIC)
+        self.frames = 0
+        self.bytes = len(MAGIC)
+
+    def write(self, envelope: bytes, recv_ns: int) -> None:
+        if len(envelope) > MAX_FRAME_BYTES:
+            raise ValueError("envelope larger than a recording frame may be")
+        self._f.write(_HEAD.pack(recv_ns, len(envelope)))
+        self._f.write(envelope)
+        self._f.flush()
+        self.frames += 1
+        self.bytes += _HEAD.size + len(envelope)
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def iter_frames(path: str | Path, report: dict | None = None):
+    """Yield ``(recv_ns, envelope)``; sets ``report["truncated"]`` on a cut-off tail."""
+    p = Path(path)
+    try:
+        f = open(p, "rb")
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read recording: {exc.strerror}") from None
+    with f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise InputError(f"{p}: not a ridgeline recording (bad magic)")
+        while True:
+            head = f.read(_HEAD.size)
+            if not head:
+                return
+            if len(head) < _HEAD.size:
+                if report is not None:
+                    report["truncated"] = True
+                return
+            recv_ns, n = _HEAD.unpack(head)
+            if n > MAX_FRAME_BYTES:
+                raise InputError(f"{p}: corrupt recording: frame of {n} bytes at offset {f.tell() - _HEAD.size}")
+            env = f.read(n)
+            if len(env) < n:
+                if report is not None:
+                    report["truncated"] = True
+                return
+            yield recv_ns, env
+
+
+@dataclass
+class Recording:
+    path: str
+    trace: Trace
+    windows: list = field(default_factory=list)
+    messages: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)
+    restarts: int = 0
+    truncated: bool = False
+    hosts: list = field(default_factory=list)
+
+
+_KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
+
+
+def merge_traces(batches: list[Trace], meta: dict | None = None) -> Trace:
+    """One Trace from batches with different name tables: names are re-interned into a
+    single table and every ``name_id`` (and CPU-op dims/types id) remapped, vectorised."""
+    names = NameTable()
+    devices: dict[int, object] = {}
+    parts = {k: [] for k in _KINDS}
+    for b in batches:
+        remap = np.fromiter((names.intern(s) for s in b.names), dtype=np.int64, count=len(b.names))
+        for d in b.devices:
+            devices.setdefault(d.index, d)
+        for k in _KINDS:
+            a = getattr(b, k)
+            if not len(a):
+                continue
+            a = a.copy()
+            for col in ("name_id", "input_dims_id", "input_types_id"):
+                if col in a.dtype.names:
+                    ids = a[col]
+                    ok = (ids >= 0) & (ids < len(remap))
+                    ids[ok] = remap[ids[ok]]
+                    ids[~ok] = -1
+            parts[k].append(a)
+    arrays = {}
+    for k in _KINDS:
+        empty_ = getattr(Trace(), k)
+        arrays[k] = np.concatenate(parts[k]) if parts[k] else empty_
+    return Trace(arrays["kernels"], arrays["copies"], arrays["api"], arrays["ranges"], arrays["cpu_ops"],
+                 names, [devices[i] for i in sorted(devices)], dict(meta or {})).sorted()
+
+
+def load_recording(path: str | Path) -> Recording:
+    from aggregator import wire
+
+    from .subscriber import SeqTracker, envelope_field
+    p = Path(path)
+    report: dict = {}
+    seq = SeqTracker()
+    batches: list[Trace] = []
+    windows: list = []
+    messages: dict[str, int] = {}
+    hosts: set[str] = set()
+    sources: set[str] = set()
+    for i, (_, env_bytes) in enumerate(iter_frames(p, report)):
+        try:
+            env = wire.decode_envelope(env_bytes)
+        except InputError as exc:
+            raise InputError(f"{p}: frame {i}: {exc}") from None
+        except Exception as exc:
+            raise InputError(f"{p}: frame {i} does not decode ({type(exc).__name__})") from None
+        topic = envelope_field(env, "topic") or envelope_field(env, "kind")
+        payload = envelope_field(env, "payload")
+        messages[topic] = messages.get(topic, 0) + 1
+        hosts.add(envelope_field(env, "host", "") or "")
+        seq.see(topic, int(envelope_field(env, "seq")))
+        try:
+            if topic == "events":
+                t = payload if isinstance(payload, Trace) else wire.decode_event_batch(payload)
+                sources.add(t.meta.get("source", ""))
+                batches.append(t)
+            elif topic == "window":
+                w = wire.decode_window(payload) if not isinstance(payload, dict) else payload
+                windows.append(w)
+        except InputError as exc:
+            raise InputError(f"{p}: frame {i} ({topic}): {exc}") from None
+    meta = {"path": str(p), "format": "ridgeline-recording", "sources": sorted(s for s in sources if s)}
+    if any(s == "simulated" or "sim" in s for s in sources):
+        meta["simulated"] = True
+    trace = merge_traces(batches, meta)
+    return Recording(str(p), trace, windows, messages, dict(seq.gaps), seq.restarts,
+                     bool(report.get("truncated")), sorted(h for h in hosts if h))
+
+
+def load_trace(path: str | Path) -> Trace:
+    """The merged event trace of a recording (see :func:`load_recording`)."""
+    return load_recording(path).trace
