@@ -1,0 +1,71 @@
+"""``ridgeline top``: live view of the agent's windows (see :mod:`agent.top`)."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def register(sub) -> None:
+    p = sub.add_parser("top", help="live terminal view of the agent's windows")
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:7411", help="agent endpoint (default: %(default)s)")
+    p.add_argument("--once", action="store_true", help="print one window and exit")
+    p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit after S seconds (0: run until ^C)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="with --once/--duration: give up after S seconds without a window (default: %(default)s)")
+    p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from agent.subscriber import Subscriber
+    from agent.top import TopState, render
+    console = Console()
+    sub = Subscriber(args.endpoint, topics=("window",),
+                     server_public_key=args.server_key.encode() if args.server_key else None)
+    state = TopState(endpoint=args.endpoint)
+    t0 = time.monotonic()
+    last_msg = t0
+    bounded = args.once or args.duration
+    live = None
+    interactive = console.is_terminal and not args.once
+    try:
+        while True:
+            now = time.monotonic()
+            if args.duration and now - t0 >= args.duration:
+                break
+            msg = sub.receive(0.25)
+            if msg is None:
+                if bounded and time.monotonic() - last_msg > args.timeout:
+                    print(f"ridgeline top: no window from {args.endpoint} for {args.timeout:g} s "
+                          "(is `ridgeline agent` running?)", file=sys.stderr)
+                    return 1
+                continue
+            last_msg = time.monotonic()
+            state.windows += 1
+            state.gaps = dict(sub.seq.gaps)
+            state.restarts = sub.seq.restarts
+            state.bad = sub.bad
+            if not isinstance(msg.payload, dict):
+                continue
+            view = render(msg.payload, state)
+            if args.once:
+                console.print(view)
+                return 0
+            if interactive:
+                if live is None:
+                    live = Live(view, console=console, refresh_per_second=4, screen=False)
+                    live.start()
+                else:
+                    live.update(view)
+            else:
+                # No terminal (a pipe, CI, the demo's log): print each window as a frame.
+                console.print(view)
+                console.rule()
+    finally:
+        if live is not None:
+            live.stop()
+        sub.close()
+    return 0

@@ -1,0 +1,193 @@
+"""The live terminal view of the agent's windows (``ridgeline top``), built with rich.
+
+Contract: :func:`render(window, state)` turns one decoded window record (and the
+subscriber's :class:`TopState`: gaps, last health) into a rich renderable; it never
+reads a socket, so it is tested with literal windows. Per GPU and served process, per
+phase: time share, achieved TB/s and TFLOP/s as bars against the GPU's ceilings,
+arithmetic intensity, verdict; the engine's KV-cache watermark as a bar with the 85%
+alert line, queue time, TTFT and ITL; the launch threads' on-CPU / run-queue / blocked
+time; the agent's own cost and drops. Every source that is simulated or replayed says so
+in the header.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rich.console import Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+KV_ALERT_RATIO = 0.85
+BAR_WIDTH = 24
+
+
+@dataclass
+class TopState:
+    windows: int = 0
+    gaps: dict = field(default_factory=dict)
+    restarts: int = 0
+    bad: int = 0
+    endpoint: str = ""
+
+
+def bar(fraction: float | None, width: int = BAR_WIDTH, mark: float | None = None) -> Text:
+    """A horizontal bar of ``fraction`` (0..1, clipped) with an optional marker line."""
+    t = Text()
+    if fraction is None:
+        return Text("n/a".ljust(width), style="dim")
+    f = max(0.0, min(1.0, fraction))
+    filled = int(round(f * width))
+    mark_at = int(round(mark * width)) if mark is not None else -1
+    for i in range(width):
+        ch = "█" if i < filled else "·"
+        style = "green" if f < 0.5 else ("yellow" if f < (mark or 0.85) else "red")
+        if i == mark_at:
+            t.append("│", style="bold red")
+        else:
+            t.append(ch, style=style if i < filled else "dim")
+    return t
+
+
+def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    try:
+        return f"{v * scale:.{digits}f}{unit}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _ms(s) -> str:
+    return _fmt(s, " ms", 1e3, 1) if isinstance(s, (int, float)) else "-"
+
+
+def _peak_flops(ceil: dict | None) -> float | None:
+    if not ceil:
+        return None
+    f = ceil.get("flops_per_s") or {}
+    return f.get("bf16") or f.get("fp16") or (max(f.values()) if f else None)
+
+
+def _verdict_text(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, dict):
+        return str(v.get("verdict") or v.get("face") or v.get("name") or "-")
+    return str(v)
+
+
+def gpu_table(g: dict) -> Table:
+    ceil = g.get("ceilings") or {}
+    peak_bw = ceil.get("hbm_bytes_per_s")
+    peak_fl = _peak_flops(ceil)
+    span = g.get("span_ns") or 0
+    busy = (g.get("busy_ns", 0) / span) if span else None
+    title = (f"GPU {g.get('device')} {g.get('gpu') or ''}  pid {g.get('pid') if g.get('pid', -1) >= 0 else '?'}  "
+             f"[{g.get('source', '')}]  kernels {g.get('kernels', 0)}  busy {_fmt(busy, '%', 100, 0)}  "
+             f"launch p50 {_fmt(((g.get('launch') or {}).get('p50_ns')), ' µs', 1e-3)}")
+    t = Table(title=escape(title), title_justify="left", expand=False, pad_edge=False)
+    t.add_column("phase")
+    t.add_column("time", justify="right")
+    t.add_column(f"TB/s (peak {_fmt(peak_bw, '', 1e-12, 2)})")
+    t.add_column("TB/s", justify="right")
+    t.add_column(f"TFLOP/s (peak {_fmt(peak_fl, '', 1e-12, 0)})")
+    t.add_column("TFLOP/s", justify="right")
+    t.add_column("FLOP/B", justify="right")
+    t.add_column("verdict")
+    for ph, f in sorted((g.get("phases") or {}).items(), key=lambda kv: -kv[1].get("kernel_time_ns", 0)):
+        bw = f.get("achieved_bytes_per_s")
+        fl = f.get("achieved_flops_per_s")
+        t.add_row(ph, _fmt(f.get("time_share_pct"), "%", 1, 0),
+                  bar(bw / peak_bw if (bw is not None and peak_bw) else None), _fmt(bw, "", 1e-12, 2),
+                  bar(fl / peak_fl if (fl is not None and peak_fl) else None), _fmt(fl, "", 1e-12, 1),
+                  _fmt(f.get("arithmetic_intensity"), "", 1, 1), _verdict_text(f.get("verdict")))
+    return t
+
+
+def engine_panel(engine: dict) -> Panel | None:
+    rows = []
+    for src, e in (engine or {}).items():
+        if not isinstance(e, dict):
+            continue
+        kv = e.get("kv_usage_ratio")
+        line = Text(f"{src}: KV ")
+        line.append_text(bar(kv, mark=KV_ALERT_RATIO))
+        line.append(f" {_fmt(kv, '%', 100, 0)} (alert at {KV_ALERT_RATIO:.0%})")
+        if kv is not None and kv >= KV_ALERT_RATIO:
+            line.append("  KV ALERT", style="bold red")
+        rows.append(line)
+        rows.append(Text(
+            f"  queue p50 {_ms(e.get('queue_time_p50_s'))} p99 {_ms(e.get('queue_time_p99_s'))}   "
+            f"TTFT p50 {_ms(e.get('ttft_p50_s'))} p99 {_ms(e.get('ttft_p99_s'))}   "
+            f"ITL p50 {_ms(e.get('itl_p50_s'))} p99 {_ms(e.get('itl_p99_s'))}   "
+            f"running {_fmt(e.get('num_running_requests'), '', 1, 0)} waiting {_fmt(e.get('num_waiting_requests'), '', 1, 0)}"
+            f"   preemptions/s {_fmt(e.get('preemption_rate_per_s'), '', 1, 2)}"))
+    if not rows:
+        return None
+    return Panel(Group(*rows), title="engine", title_align="left")
+
+
+def _sched_threads(sched: dict) -> list[dict]:
+    """Thread rows from whatever the scheduling probe delivered (list or dict of threads)."""
+    out = []
+    for src, data in (sched or {}).items():
+        threads = data.get("threads") if isinstance(data, dict) else None
+        if isinstance(threads, dict):
+            threads = [dict(v, tid=k) if isinstance(v, dict) else {"tid": k} for k, v in threads.items()]
+        for th in threads or []:
+            if isinstance(th, dict):
+                out.append(th)
+    return out
+
+
+def sched_panel(sched: dict) -> Panel | None:
+    threads = _sched_threads(sched)
+    if not threads:
+        return None
+    t = Table(expand=False, pad_edge=False)
+    for c in ("pid", "tid", "comm", "on-CPU", "run-queue", "blocked"):
+        t.add_column(c)
+    for th in sorted(threads, key=lambda x: -(x.get("runq_ns") or x.get("run_queue_ns") or 0))[:8]:
+        t.add_row(str(th.get("pid", "")), str(th.get("tid", "")), str(th.get("comm", "")),
+                  _fmt(th.get("on_cpu_ns") or th.get("oncpu_ns"), " ms", 1e-6),
+                  _fmt(th.get("runq_ns") or th.get("run_queue_ns"), " ms", 1e-6),
+                  _fmt(th.get("blocked_ns") or th.get("off_cpu_ns"), " ms", 1e-6))
+    return Panel(t, title="launch threads (per window)", title_align="left")
+
+
+def agent_line(a: dict, state: TopState) -> Text:
+    gaps = sum(state.gaps.values())
+    probes = a.get("probes") or {}
+    drops = ", ".join(f"{n} {c.get('drops', 0)}" for n, c in probes.items()) or "none"
+    t = Text(f"agent: {_fmt(a.get('cpu_pct'), '% CPU', 1, 1)}, RSS {_fmt(a.get('rss_bytes'), ' MiB', 1 / 2**20, 0)}, "
+             f"{_fmt(a.get('records_per_s'), ' rec/s', 1, 0)}; drops: {drops}; stream drops "
+             f"{a.get('publisher_drops', 0)}; gaps seen {gaps}")
+    if a.get("bpf_run_time_ns") is not None:
+        t.append(f"; BPF run time {_fmt(a['bpf_run_time_ns'], ' ms', 1e-6)}")
+    if state.restarts:
+        t.append(f"; agent restarts seen {state.restarts}", style="yellow")
+    return t
+
+
+def render(window: dict, state: TopState | None = None):
+    state = state or TopState()
+    sources = window.get("sources") or []
+    head = Text(f"ridgeline top — {window.get('host', '')}  window {window.get('duration_ns', 0) / 1e9:.2f} s  "
+                f"#{state.windows}  verdict: {_verdict_text(window.get('verdict'))}", style="bold")
+    if any(s in ("simulated", "replay") or "sim" in s for s in sources):
+        head.append(f"   [{'/'.join(s.upper() for s in sources)} DATA — not a live GPU]", style="bold magenta")
+    parts = [head]
+    gpus = window.get("gpus") or []
+    if not gpus:
+        parts.append(Text("no GPU events in this window", style="dim"))
+    for g in gpus[:8]:
+        parts.append(gpu_table(g))
+    if len(gpus) > 8:
+        parts.append(Text(f"... and {len(gpus) - 8} more GPU/process pairs", style="dim"))
+    for p in (engine_panel(window.get("engine") or {}), sched_panel(window.get("sched") or {})):
+        if p is not None:
+            parts.append(p)
+    parts.append(agent_line(window.get("agent") or {}, state))
+    return Group(*parts)
