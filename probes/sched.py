@@ -1,0 +1,269 @@
+"""Scheduling probe: on-CPU, run-queue wait and blocked time of every thread of the target processes.
+
+Why: a decode step stalls when the thread that launches kernels is not running,
+preempted and waiting in the run queue or blocked; the GPU trace cannot show it, the
+scheduler can.
+
+Kernel side (``sched_bpf.c``, bcc): raw tracepoints ``sched_switch``, ``sched_wakeup``,
+``sched_wakeup_new``, ``sched_process_exit``; targets (tgids) in a bitmap map that the
+agent changes at run time (:meth:`SchedProbe.add_target` / :meth:`remove_target`); per
+thread, cumulative totals aggregated in the kernel; thread exits, forks (with
+``follow_forks``) and optional slow run-queue events through the BPF ring buffer. Only
+raw tracepoint arguments and task_struct offsets from the running kernel's BTF are used
+(the distro headers may belong to another kernel). Time the BPF side could not see (an
+event hidden from tracing, e.g. switches to and from threads of a VM agent that the
+sandbox kernel never traces) is reported as ``unattributed_ns`` and counted in ``gaps``.
+
+User side: :meth:`SchedProbe.poll` (non-blocking) reads the whole thread map with one
+batch lookup, drains the ring buffer, and returns one window of per-thread rows
+(:data:`probes.sched_accounting.WINDOW_DTYPE`) computed by the pure accounting in
+:mod:`probes.sched_accounting`.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import bpf as bpfmod
+from . import btf
+from . import proc
+from .probe import Availability, Probe
+from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WINDOW_DTYPE,
+                               WindowAccountant, hist_by_tgid)
+
+BPF_SOURCE = Path(__file__).with_name("sched_bpf.c")
+# Raw tracepoint argument layouts the program relies on (checked against BTF before loading).
+RAW_LAYOUT = {
+    "sched_switch": ["_Bool", "task_struct*", "task_struct*", "unsigned int"],
+    "sched_wakeup": ["task_struct*"],
+    "sched_wakeup_new": ["task_struct*"],
+    "sched_process_exit": ["task_struct*"],
+}
+CFG_SLOW_RUNQ_NS, CFG_FOLLOW_FORKS, CFG_DISCOVER, CFG_RB_FLAGS = range(4)
+C_EVENTS_LOST, C_THREADS_LOST, C_GAPS, C_EVENTS = range(4)
+_MAX_PENDING_EVENTS = 65536   # ring-buffer records held between two polls; beyond: dropped, counted
+
+
+def raw_layout_problem(types=None) -> str | None:
+    """None when the running kernel's raw sched tracepoints have the layouts the program reads."""
+    try:
+        for tp, want in RAW_LAYOUT.items():
+            got = btf.tracepoint_params(tp, types)
+            if got[:len(want)] != want:
+                return f"raw tracepoint {tp} has arguments {got}, expected {want}"
+        btf.member_offset("task_struct", "pid", types)
+        btf.member_offset("task_struct", "tgid", types)
+    except btf.BTFError as exc:
+        return str(exc)
+    return None
+
+
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 4194304
+
+
+class SchedProbe(Probe):
+    """Per-thread scheduling accounting for a run-time-changeable set of processes.
+
+    ``pids``: initial targets. ``follow_forks``: children of targets become targets.
+    ``slow_runq_ns``: also report each run-queue wait at least this long as an event.
+    ``discover_s``: after a target is added, threads met at a wakeup or switch-in are
+    recognised by reading their tgid for this long (afterwards, only at their own
+    switch-out, which costs the untracked hot path nothing).
+    """
+
+    name = "sched"
+    optional = True
+
+    def __init__(self, pids=(), *, follow_forks: bool = False, slow_runq_ns: int = 0,
+                 max_threads: int = 16384, rb_pages: int = 64, discover_s: float = 1.0):
+        super().__init__()
+        self._initial = [int(p) for p in pids]
+        self.follow_forks = follow_forks
+        self.slow_runq_ns = int(slow_runq_ns)
+        self.max_threads = max_threads
+        self.rb_pages = rb_pages
+        self.discover_s = discover_s
+        self.bpf = None
+        self.compile_s = 0.0
+        self._targets: set[int] = set()
+        self._acct = WindowAccountant()
+        self._pending: list[bytes] = []
+        self._discover_until = 0.0
+        self._last_read_ns = 0
+        self._polls = 0
+        self._forks: list[int] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def check(self) -> Availability:
+        a = bpfmod.availability()
+        if not a.ok:
+            return a
+        problem = raw_layout_problem()
+        if problem:
+            return Availability(False, problem, "this kernel's scheduler tracepoints differ; please report it")
+        return Availability(True)
+
+    def start(self) -> None:
+        if self.bpf is not None:
+            return
+        bcc = bpfmod.import_bcc()
+        words = (_pid_max() + 63) // 64
+        flags = [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
+                 f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
+                 f"-DTARGET_WORDS={words}", f"-DMAX_THREADS={self.max_threads}",
+                 f"-DRB_PAGES={self.rb_pages}", "-w"]
+        t0 = time.perf_counter()
+        self.bpf = bcc.BPF(text=BPF_SOURCE.read_text(), cflags=flags)  # RAW_TRACEPOINT_PROBE auto-attaches
+        self.compile_s = time.perf_counter() - t0
+        self._threads = self.bpf["threads"]
+        self._bits = self.bpf["targets"]
+        self._config = self.bpf["config"]
+        self._counters = self.bpf["counters"]
+        self.bpf["events"].open_ring_buffer(self._on_event)
+        self._set(CFG_SLOW_RUNQ_NS, self.slow_runq_ns)
+        self._set(CFG_FOLLOW_FORKS, 1 if self.follow_forks else 0)
+        self._last_read_ns = time.monotonic_ns()
+        for pid in self._initial:
+            self.add_target(pid)
+
+    def stop(self) -> None:
+        if self.bpf is None:
+            return
+        try:
+            self.bpf.cleanup()
+        finally:
+            self.bpf = None
+
+    # ------------------------------------------------------------------ targets
+    def _set(self, idx: int, val: int) -> None:
+        self._config[ct.c_int(idx)] = ct.c_uint64(int(val))
+
+    def _set_bit(self, tgid: int, on: bool) -> None:
+        w = ct.c_int(tgid >> 6)
+        cur = self._bits[w].value
+        bit = 1 << (tgid & 63)
+        self._bits[w] = ct.c_uint64((cur | bit) if on else (cur & ~bit))
+
+    @property
+    def targets(self) -> set[int]:
+        return set(self._targets)
+
+    def add_target(self, tgid: int) -> None:
+        """Track every thread of process ``tgid`` from its next scheduler event on."""
+        tgid = int(tgid)
+        if self.bpf is None:
+            self._initial.append(tgid)
+            return
+        if tgid in self._targets or tgid <= 0:
+            return
+        self._targets.add(tgid)
+        self._set_bit(tgid, True)
+        self._set(CFG_DISCOVER, 1)
+        self._discover_until = time.monotonic() + self.discover_s
+
+    def remove_target(self, tgid: int) -> None:
+        """Stop tracking ``tgid`` and delete its threads' entries (their partial window is dropped)."""
+        tgid = int(tgid)
+        if self.bpf is None or tgid not in self._targets:
+            return
+        self._targets.discard(tgid)
+        self._set_bit(tgid, False)
+        keys, vals = self._read()
+        for k in keys[vals["tgid"] == tgid]:
+            try:
+                del self._threads[ct.c_uint64(int(k))]
+            except KeyError:
+                pass
+        self._acct.forget_tgid(tgid)
+
+    # ------------------------------------------------------------------ reading
+    def _on_event(self, _ctx, data, size):
+        # Ring-buffer callback: copy and return (decoding happens in poll, columnar).
+        if len(self._pending) >= _MAX_PENDING_EVENTS:
+            self.drops += 1
+            return
+        self._pending.append(ct.string_at(data, size))
+
+    def _read(self):
+        return bpfmod.read_map(self._threads, np.dtype("<u8"), THREAD_DTYPE, self.max_threads)
+
+    def _counter(self, i: int) -> int:
+        return int(sum(v for v in self._counters[ct.c_int(i)]))
+
+    def poll(self) -> dict | None:
+        """One window since the previous poll: per-thread rows, histograms, events. Never blocks."""
+        if self.bpf is None:
+            return None
+        self._polls += 1
+        self.bpf.ring_buffer_consume()
+        pending, self._pending = self._pending, []
+        keys, rows = self._read()
+        now_ns = time.monotonic_ns()
+        exits = [p for p in pending if len(p) == THREAD_DTYPE.itemsize]
+        evs = [p for p in pending if len(p) == EVENT_DTYPE.itemsize]
+        exit_rows = np.frombuffer(b"".join(exits), dtype=THREAD_DTYPE) if exits else np.zeros(0, THREAD_DTYPE)
+        exit_rows = exit_rows[exit_rows["ev_type"] == EV_EXIT]
+        ev_rows = np.frombuffer(b"".join(evs), dtype=EVENT_DTYPE) if evs else np.zeros(0, EVENT_DTYPE)
+        # Threads whose last switch was never seen (hidden) but that are gone: finalise them.
+        if self._polls % 8 == 0 and len(rows):
+            gone = np.array([not os.path.exists(f"/proc/{int(r['tgid'])}/task/{int(r['tid'])}") for r in rows])
+            if gone.any():
+                for k in keys[gone]:
+                    try:
+                        del self._threads[ct.c_uint64(int(k))]
+                    except KeyError:
+                        pass
+                exit_rows = np.concatenate([exit_rows, rows[gone]])
+                rows = rows[~gone]
+        window = self._acct.window(rows, exit_rows, now_ns)
+        forks = ev_rows[ev_rows["ev_type"] == EV_FORK]
+        for f in forks:   # children of targets (follow_forks): track the new process as a whole
+            if int(f["tgid"]) not in self._targets:
+                self._targets.add(int(f["tgid"]))
+                self._set_bit(int(f["tgid"]), True)
+        if self._discover_until and time.monotonic() >= self._discover_until:
+            self._set(CFG_DISCOVER, 0)
+            self._discover_until = 0.0
+        start_ns, self._last_read_ns = self._last_read_ns, now_ns
+        self.records += len(window) + len(ev_rows)
+        return {
+            "kind": "sched",
+            "window_start_ns": start_ns,
+            "window_end_ns": now_ns,
+            "threads": window,
+            "runq_hist": hist_by_tgid(window),
+            "slow_runq": ev_rows[ev_rows["ev_type"] == EV_SLOW_RUNQ],
+            "forks": forks,
+            "counters": self.counters(),
+        }
+
+    def counters(self) -> dict:
+        c = super().counters()
+        if self.bpf is not None:
+            c["events_lost"] = self._counter(C_EVENTS_LOST)
+            c["threads_lost"] = self._counter(C_THREADS_LOST)
+            c["gaps"] = self._counter(C_GAPS)
+            c["events"] = self._counter(C_EVENTS)
+            c["drops"] = self.drops + c["events_lost"] + c["threads_lost"]
+            c["bpf_programs"] = bpfmod.prog_stats(self.bpf)
+        return c
+
+
+def sched_window_to_dicts(window: np.ndarray) -> list[dict]:
+    """Plain dicts of WINDOW_DTYPE rows (for JSON); the histogram as a list of slot counts."""
+    out = []
+    for r in window:
+        d = {name: (r[name].decode(errors="replace") if name == "comm" else
+                    bool(r[name]) if name == "exited" else
+                    [int(x) for x in r[name]] if name == "runq_hist" else int(r[name]))
+             for name in WINDOW_DTYPE.names}
+        out.append(d)
+    return out

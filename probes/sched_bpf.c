@@ -1,0 +1,289 @@
+/* Ridgeline scheduling probe (bcc). Loaded by probes/sched.py, which passes:
+ *   TS_PID, TS_TGID   task_struct member offsets from the running kernel's BTF
+ *                     (never from the kernel headers: on VM kernels they are another version)
+ *   TARGET_WORDS      size of the target bitmap in u64 words (pid_max / 64, rounded up)
+ *   MAX_THREADS       capacity of the per-thread map
+ *   RB_PAGES          ring-buffer pages (exit, fork and slow-run-queue events)
+ *
+ * Raw tracepoints: sched_switch(bool preempt, prev, next, unsigned prev_state),
+ * sched_wakeup(p), sched_wakeup_new(p), sched_process_exit(p, group_dead); layouts are
+ * checked against BTF before loading. The per-thread map is keyed by the task_struct
+ * pointer, which the raw arguments carry, so an event for a task that is not tracked costs
+ * one hash lookup and no kernel memory read. Targets are a bitmap indexed by tgid (an array
+ * lookup). tid/tgid are read from task_struct (BTF offsets) only when a thread is first met
+ * outside its own context (a new thread, or while `discover` is on after a target was added).
+ *
+ * Per thread the value holds cumulative totals that are never cleared in the kernel: user
+ * space reads the whole map with one batch lookup per window and takes differences (the
+ * read-and-clear is done by differencing, which costs the hot path nothing). A thread's last
+ * totals go to the ring buffer when it exits, then its entry is deleted.
+ */
+#include <uapi/linux/ptrace.h>
+
+#define S_UNKNOWN  0
+#define S_ONCPU    1
+#define S_RUNNABLE 2
+#define S_BLOCKED  3
+
+#define EV_EXIT      1
+#define EV_FORK      2
+#define EV_SLOW_RUNQ 3
+
+#define TASK_DEAD_STATE 0x80
+#define RQ_SLOTS 32
+
+#define CFG_SLOW_RUNQ_NS 0   /* emit EV_SLOW_RUNQ for run-queue waits >= this (0 = off) */
+#define CFG_FOLLOW_FORKS 1   /* adopt child processes of targets */
+#define CFG_DISCOVER     2   /* read tgid of unknown tasks at switch-in/wakeup */
+#define CFG_RB_FLAGS     3   /* ring-buffer output flags (BPF_RB_NO_WAKEUP = 1) */
+
+#define C_EVENTS_LOST    0   /* ring buffer full */
+#define C_THREADS_LOST   1   /* per-thread map full */
+#define C_GAPS           2   /* transitions whose preceding event was never seen */
+#define C_EVENTS         3   /* events emitted to the ring buffer */
+
+struct thread_t {
+    u32 ev_type;         /* EV_EXIT when sent to the ring buffer */
+    u32 tid;
+    u32 tgid;
+    u32 cpu;             /* cpu of the last switch-in */
+    u64 ts;              /* time of the last transition (CLOCK_MONOTONIC ns) */
+    u64 oncpu_ns;
+    u64 runq_ns;         /* runnable, not running (after a wakeup or a preemption) */
+    u64 runq_preempt_ns; /* the part of runq_ns that followed an involuntary switch */
+    u64 blocked_ns;      /* voluntary switch-out -> wakeup */
+    u64 unattributed_ns; /* interval whose opening event was never seen */
+    u64 runq_max_ns;
+    u64 nvcsw;
+    u64 nivcsw;
+    u64 migrations;
+    u64 wakeups;
+    u64 slices;
+    u64 gaps;
+    u8  state;
+    u8  preempted;       /* runnable because preempted (not woken) */
+    u8  exiting;
+    u8  pad[5];
+    char comm[16];
+    u32 hist[RQ_SLOTS];  /* run-queue wait, bcc log2 slots of microseconds */
+};
+
+struct ev_t {            /* EV_FORK, EV_SLOW_RUNQ */
+    u32 ev_type;
+    u32 tid;
+    u32 tgid;
+    u32 cpu;
+    u64 ts;
+    u64 value;           /* EV_SLOW_RUNQ: wait ns; EV_FORK: parent tgid */
+};
+
+BPF_ARRAY(targets, u64, TARGET_WORDS);
+BPF_HASH(threads, u64, struct thread_t, MAX_THREADS);
+BPF_ARRAY(config, u64, 4);
+BPF_PERCPU_ARRAY(counters, u64, 4);
+BPF_RINGBUF_OUTPUT(events, RB_PAGES);
+
+static __always_inline u64 cfg(int i) {
+    u64 *v = config.lookup(&i);
+    return v ? *v : 0;
+}
+
+static __always_inline void bump(int i) {
+    u64 *c = counters.lookup(&i);
+    if (c)
+        (*c)++;
+}
+
+static __always_inline int is_target(u32 tgid) {
+    int w = tgid >> 6;
+    u64 *bits = targets.lookup(&w);
+    return bits && (*bits & (1ULL << (tgid & 63)));
+}
+
+static __always_inline u32 rd32(u64 task, int off) {
+    u32 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)(task + off));
+    return v;
+}
+
+static __always_inline void emit_ev(u32 type, u32 tid, u32 tgid, u64 ts, u64 value) {
+    struct ev_t ev = {};
+    ev.ev_type = type; ev.tid = tid; ev.tgid = tgid;
+    ev.cpu = bpf_get_smp_processor_id(); ev.ts = ts; ev.value = value;
+    if (events.ringbuf_output(&ev, sizeof(ev), cfg(CFG_RB_FLAGS)) == 0)
+        bump(C_EVENTS);
+    else
+        bump(C_EVENTS_LOST);
+}
+
+/* Create the entry of a thread first met now; returns it or NULL (map full). */
+static __always_inline struct thread_t *track(u64 task, u32 tid, u32 tgid, u8 state, u64 now, int current) {
+    struct thread_t t = {};
+    t.tid = tid; t.tgid = tgid; t.state = state; t.ts = now;
+    t.cpu = bpf_get_smp_processor_id();
+    if (current)
+        bpf_get_current_comm(&t.comm, sizeof(t.comm));
+    if (threads.update(&task, &t) != 0) {
+        bump(C_THREADS_LOST);
+        return 0;
+    }
+    return threads.lookup(&task);
+}
+
+static __always_inline void switch_in(struct thread_t *s, u64 now) {
+    if (s->state == S_RUNNABLE) {
+        u64 d = now - s->ts;
+        s->runq_ns += d;
+        if (s->preempted)
+            s->runq_preempt_ns += d;
+        if (d > s->runq_max_ns)
+            s->runq_max_ns = d;
+        u32 slot = bpf_log2l(d / 1000);
+        if (slot >= RQ_SLOTS)
+            slot = RQ_SLOTS - 1;
+        s->hist[slot]++;
+        u64 thr = cfg(CFG_SLOW_RUNQ_NS);
+        if (thr && d >= thr)
+            emit_ev(EV_SLOW_RUNQ, s->tid, s->tgid, now, d);
+    } else if (s->state == S_BLOCKED || s->state == S_ONCPU) {
+        /* the wakeup (or our own switch-out) was not observed: keep the interval, don't guess its split */
+        s->unattributed_ns += now - s->ts;
+        s->gaps++;
+        bump(C_GAPS);
+    }
+    u32 cpu = bpf_get_smp_processor_id();
+    if (s->slices && cpu != s->cpu)
+        s->migrations++;
+    s->cpu = cpu;
+    s->slices++;
+    s->state = S_ONCPU;
+    s->ts = now;
+}
+
+RAW_TRACEPOINT_PROBE(sched_switch) {
+    /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state) */
+    u64 prev = ctx->args[1], next = ctx->args[2];
+    u64 now = 0;
+    u64 id = bpf_get_current_pid_tgid();     /* current == prev here */
+    u32 tgid = id >> 32;
+
+    /* ---- prev: switching out (always in its own context, so never hidden) ---- */
+    if (tgid && is_target(tgid)) {
+        now = bpf_ktime_get_ns();
+        u32 tid = (u32)id;
+        unsigned int pstate = (unsigned int)ctx->args[3];
+        /* The kernel's rule for nivcsw: preempted, or still TASK_RUNNING (yield, a wakeup
+           that raced the block). Everything else is a voluntary switch. */
+        int involuntary = ((int)ctx->args[0] & 1) || pstate == 0;
+        struct thread_t *s = threads.lookup(&prev);
+        if (s && s->tid != tid) {            /* stale entry of a dead task at a reused address */
+            threads.delete(&prev);
+            s = 0;
+        }
+        if (!s)
+            s = track(prev, tid, tgid, S_UNKNOWN, now, 1);
+        if (s) {
+            if (s->state == S_ONCPU) {
+                s->oncpu_ns += now - s->ts;
+            } else if (s->state != S_UNKNOWN) {
+                s->unattributed_ns += now - s->ts;   /* switch-in not observed */
+                s->gaps++;
+                bump(C_GAPS);
+            }
+            if (involuntary) {
+                s->nivcsw++;
+                s->state = S_RUNNABLE;
+                s->preempted = 1;
+            } else {
+                s->nvcsw++;
+                s->state = S_BLOCKED;
+            }
+            s->ts = now;
+            if ((s->slices & 63) == 1)           /* thread names change (pthread_setname_np) */
+                bpf_get_current_comm(&s->comm, sizeof(s->comm));
+            if (pstate & TASK_DEAD_STATE) {      /* the last switch of an exiting thread */
+                s->ev_type = EV_EXIT;
+                if (events.ringbuf_output(s, sizeof(*s), 0) == 0)
+                    bump(C_EVENTS);
+                else
+                    bump(C_EVENTS_LOST);
+                threads.delete(&prev);
+            }
+        }
+    }
+
+    /* ---- next: switching in ---- */
+    struct thread_t *n = threads.lookup(&next);
+    if (!n && cfg(CFG_DISCOVER)) {
+        u32 ntgid = rd32(next, TS_TGID);
+        if (ntgid && is_target(ntgid)) {
+            if (!now)
+                now = bpf_ktime_get_ns();
+            /* first seen switching in: its wait before this is unknown */
+            n = track(next, rd32(next, TS_PID), ntgid, S_UNKNOWN, now, 0);
+        }
+    }
+    if (n) {
+        if (!now)
+            now = bpf_ktime_get_ns();
+        switch_in(n, now);
+    }
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sched_wakeup) {
+    u64 p = ctx->args[0];
+    struct thread_t *s = threads.lookup(&p);
+    if (!s) {
+        if (!cfg(CFG_DISCOVER))
+            return 0;
+        u32 tgid = rd32(p, TS_TGID);
+        if (!tgid || !is_target(tgid))
+            return 0;
+        s = track(p, rd32(p, TS_PID), tgid, S_UNKNOWN, bpf_ktime_get_ns(), 0);
+        if (!s)
+            return 0;
+    }
+    u64 now = bpf_ktime_get_ns();
+    if (s->state == S_BLOCKED) {
+        s->blocked_ns += now - s->ts;
+        s->wakeups++;
+    } else if (s->state != S_UNKNOWN) {
+        return 0;   /* on CPU or already queued (ttwu_runnable): not a transition */
+    }
+    s->state = S_RUNNABLE;
+    s->preempted = 0;
+    s->ts = now;
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sched_wakeup_new) {
+    u64 p = ctx->args[0];
+    u32 ptgid = bpf_get_current_pid_tgid() >> 32;     /* runs in the parent */
+    if (!is_target(ptgid))
+        return 0;
+    u32 tgid = rd32(p, TS_TGID);
+    u32 tid = rd32(p, TS_PID);
+    u64 now = bpf_ktime_get_ns();
+    if (tgid != ptgid && !is_target(tgid)) {
+        if (!cfg(CFG_FOLLOW_FORKS))
+            return 0;
+        /* a child process: user space adds it to the targets; track it from now on */
+        emit_ev(EV_FORK, tid, tgid, now, ptgid);
+    }
+    struct thread_t *s = track(p, tid, tgid, S_RUNNABLE, now, 0);
+    if (s)
+        bpf_get_current_comm(&s->comm, sizeof(s->comm));   /* inherits the parent's name until it sets its own */
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(sched_process_exit) {
+    /* TP_PROTO(struct task_struct *p, bool group_dead) (6.18; older kernels: (p)). Runs in p. */
+    u64 p = ctx->args[0];
+    struct thread_t *s = threads.lookup(&p);
+    if (s) {
+        s->exiting = 1;
+        bpf_get_current_comm(&s->comm, sizeof(s->comm));
+    }
+    return 0;
+}
