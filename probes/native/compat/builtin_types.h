@@ -1,0 +1,1 @@
+/* intentionally empty: see cuda.h in this folder */

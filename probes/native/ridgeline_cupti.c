@@ -1,0 +1,1297 @@
+/* libridgeline_cupti.so: CUPTI injection library for Ridgeline.
+ *
+ * Loaded by the CUDA driver from CUDA_INJECTION64_PATH at cuInit, which calls
+ * InitializeInjection(). It collects CUPTI activity records and ships them, raw, to
+ * the Ridgeline agent over a local unix socket. The agent decodes them (probes/cupti).
+ *
+ * Rules this file keeps (the served process must never be endangered):
+ *  - libcupti is dlopen'ed, never linked: a missing or unusable libcupti/driver logs
+ *    one clear line and the application runs on untouched.
+ *  - CUPTI's buffer callbacks only copy and return. They never call Python, never
+ *    block on I/O, never call back into CUPTI's flush. A bounded pool takes the copy;
+ *    when it is full the buffer is dropped and counted.
+ *  - One sender thread of our own does all socket work with non-blocking calls;
+ *    an absent, slow or restarting agent costs dropped (and counted) records, never
+ *    a stall. It reconnects on its own.
+ *  - No cuptiFinalize (a shared process may have other CUPTI users; finalize poisons
+ *    CUPTI for the rest of the process). Another subscriber (torch.profiler, Nsight)
+ *    is detected and reported; we then stay passive instead of stealing its callbacks.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <cupti_result.h>
+#include <cupti_version.h>
+#include <cupti_activity.h>
+#include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ridgeline_wire.h"
+
+#define RL_EXPORT __attribute__((visibility("default")))
+
+/* Layouts the agent decodes with cupti-python's dtypes; a header change that moves
+ * them must fail the build, not corrupt decoding. */
+_Static_assert(sizeof(CUpti_ActivityKernel13) == 248, "Kernel13 layout");
+_Static_assert(offsetof(CUpti_ActivityKernel13, name) == 104, "kernel name offset");
+_Static_assert(sizeof(CUpti_ActivityAPI) == 40, "API layout");
+_Static_assert(sizeof(CUpti_ActivityMarker2) == 56, "Marker2 layout");
+_Static_assert(offsetof(CUpti_ActivityMarker2, name) == 40, "marker name offset");
+_Static_assert(offsetof(CUpti_ActivityMarker2, domain) == 48, "marker domain offset");
+_Static_assert(sizeof(CUpti_ActivityExternalCorrelation) == 24, "ExternalCorrelation layout");
+_Static_assert(sizeof(rl_frame_t) == 16 && sizeof(rl_batch_t) % 8 == 0 && sizeof(rl_hello_t) % 8 == 0, "wire");
+
+#define RL_KIND_MAX 64
+#define RL_NAME_MAX_LEN 4096
+#define RL_STATUS_MAX 2048
+
+/* ------------------------------------------------------------------------------------ */
+/* libcupti entry points, resolved with dlsym                                            */
+
+typedef CUptiResult (*fn_GetVersion)(uint32_t *);
+typedef CUptiResult (*fn_RegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
+typedef CUptiResult (*fn_Kind)(CUpti_ActivityKind);
+typedef CUptiResult (*fn_GetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
+typedef CUptiResult (*fn_GetNumDropped)(CUcontext, uint32_t, size_t *);
+typedef CUptiResult (*fn_FlushAll)(uint32_t);
+typedef CUptiResult (*fn_FlushPeriod)(uint32_t);
+typedef CUptiResult (*fn_EnableApi)(CUpti_CallbackId, uint8_t);
+typedef CUptiResult (*fn_Enable8)(uint8_t);
+typedef CUptiResult (*fn_Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
+typedef CUptiResult (*fn_Subscribe2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+typedef CUptiResult (*fn_Unsubscribe)(CUpti_SubscriberHandle);
+typedef CUptiResult (*fn_StructSize)(CUpti_ActivityKind, uint32_t, size_t *);
+typedef CUptiResult (*fn_GetResultString)(CUptiResult, const char **);
+typedef CUptiResult (*fn_RegisterCallbacks2)(CUpti_SubscriberHandle, CUpti_BuffersCallbackRequestFunc_v2,
+                                             CUpti_BuffersCallbackCompleteFunc_v2);
+typedef CUptiResult (*fn_Kind2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
+typedef CUptiResult (*fn_EnableApi2)(CUpti_SubscriberHandle, CUpti_CallbackId, uint8_t);
+typedef int (*fn_NvtxInit)(void *);
+
+static struct {
+    void *lib;
+    fn_GetVersion GetVersion;
+    fn_RegisterCallbacks RegisterCallbacks;
+    fn_Kind Enable, Disable;
+    fn_GetNextRecord GetNextRecord;
+    fn_GetNumDropped GetNumDropped;
+    fn_FlushAll FlushAll;
+    fn_FlushPeriod FlushPeriod;
+    fn_EnableApi EnableRuntimeApi, EnableDriverApi;
+    fn_Enable8 EnableLatencyTimestamps;
+    fn_Subscribe Subscribe;
+    fn_Subscribe2 Subscribe2;
+    fn_Unsubscribe Unsubscribe;
+    fn_StructSize StructSize;
+    fn_GetResultString GetResultString;
+    fn_RegisterCallbacks2 RegisterCallbacks2;
+    fn_Kind2 Enable2, Disable2;
+    fn_EnableApi2 EnableRuntimeApi2, EnableDriverApi2;
+} C;
+
+/* ------------------------------------------------------------------------------------ */
+/* configuration (environment, read once)                                               */
+
+static struct {
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    size_t buffer_bytes;        /* size of each buffer handed to CUPTI and of each pool slot */
+    unsigned pool_slots;
+    unsigned max_cupti_buffers; /* CUPTI buffers outstanding at once; beyond: CUPTI drops */
+    unsigned flush_ms;
+    unsigned reconnect_ms;
+    unsigned stall_ms;          /* abandon a connection that accepts nothing for this long */
+    int graph_level;
+    int initial_mode;
+    unsigned kernel_sample_every;
+    int quiet;
+    int exit_flush;
+} cfg;
+
+/* ------------------------------------------------------------------------------------ */
+/* state                                                                                 */
+
+enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2 };
+
+typedef struct {
+    uint8_t *data;       /* rl_section_t headers + records */
+    size_t used;
+    uint64_t records;
+    uint64_t seq;
+    uint32_t n_sections;
+    uint32_t n_devices;
+    uint32_t devices[RL_MAX_DEVICES];
+    int state;
+} slot_t;
+
+typedef struct {
+    uintptr_t ptr;
+    uint32_t off;
+    uint32_t len;
+} name_ent_t;
+
+static pthread_mutex_t g_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_pool_cond = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t g_names_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_status_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static slot_t *g_slots;
+static size_t g_slot_cap;
+static uint64_t g_seq;
+
+static name_ent_t *g_names;      /* open addressing on ptr */
+static uint32_t g_names_cap;     /* power of two */
+static uint32_t g_names_count;
+static uint32_t *g_name_order;   /* entry indices in insertion order */
+static uint32_t g_names_max;
+static char *g_strings;
+static size_t g_strings_used, g_strings_cap, g_strings_max;
+
+static uint32_t g_rec_size[RL_KIND_MAX]; /* 0 = unknown kind */
+static int g_walk_with_cupti;
+
+static atomic_int g_initialized;
+static atomic_int g_active;           /* collection set up, sender may run */
+static atomic_int g_sender_running;
+static atomic_int g_stop;
+static atomic_int g_mode;
+static atomic_uint g_sample_every;
+static atomic_uint g_flags;
+static uint32_t g_cupti_version;
+static pthread_t g_sender;
+static CUpti_SubscriberHandle g_sub;
+static int g_multi;
+static int g_test_mode;
+static int g_pid;
+static atomic_int g_outstanding_buffers;
+static atomic_uint_fast64_t g_kernel_counter;
+
+static struct {
+    atomic_uint_fast64_t dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send, sampled_out,
+        names_dropped, walk_errors, records_in, records_sent, batches_sent, connects, buffers_refused;
+} K;
+
+static char g_status[RL_STATUS_MAX];
+
+/* ------------------------------------------------------------------------------------ */
+/* logging and status                                                                    */
+
+static void rl_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void rl_log(const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    /* The status text travels to the agent in HELLO; stderr is for the operator. */
+    pthread_mutex_lock(&g_status_lock);
+    size_t used = strlen(g_status);
+    if (used + strlen(line) + 2 < sizeof g_status) {
+        memcpy(g_status + used, line, strlen(line));
+        g_status[used + strlen(line)] = '\n';
+        g_status[used + strlen(line) + 1] = 0;
+    }
+    pthread_mutex_unlock(&g_status_lock);
+    if (!cfg.quiet) {
+        char out[560];
+        int n = snprintf(out, sizeof out, "ridgeline-cupti[%d]: %s\n", (int)getpid(), line);
+        if (n > 0) {
+            ssize_t w = write(2, out, (size_t)n < sizeof out ? (size_t)n : sizeof out - 1);
+            (void)w;
+        }
+    }
+}
+
+static const char *cupti_err(CUptiResult r) {
+    const char *s = NULL;
+    if (C.GetResultString && C.GetResultString(r, &s) == CUPTI_SUCCESS && s) return s;
+    return "unknown CUPTI error";
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static long env_long(const char *name, long dflt, long lo, long hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*end || x < lo || x > hi) return dflt;
+    return x;
+}
+
+static void read_config(void) {
+    const char *p = getenv("RIDGELINE_SOCKET");
+    snprintf(cfg.socket_path, sizeof cfg.socket_path, "%s", (p && *p) ? p : "/run/ridgeline/cupti.sock");
+    cfg.buffer_bytes = (size_t)env_long("RIDGELINE_BUFFER_BYTES", 4 << 20, 64 << 10, 256 << 20) & ~(size_t)7;
+    cfg.pool_slots = (unsigned)env_long("RIDGELINE_POOL_SLOTS", 8, 1, 1024);
+    cfg.max_cupti_buffers = (unsigned)env_long("RIDGELINE_MAX_CUPTI_BUFFERS", 32, 2, 4096);
+    cfg.flush_ms = (unsigned)env_long("RIDGELINE_FLUSH_MS", 500, 0, 60000);
+    cfg.reconnect_ms = (unsigned)env_long("RIDGELINE_RECONNECT_MS", 1000, 10, 600000);
+    cfg.stall_ms = (unsigned)env_long("RIDGELINE_STALL_MS", 2000, 10, 600000);
+    cfg.graph_level = (int)env_long("RIDGELINE_GRAPH_LEVEL", 0, 0, 1);
+    const char *m = getenv("RIDGELINE_MODE");
+    cfg.initial_mode = (m && (!strcmp(m, "deep") || !strcmp(m, "deep-dive"))) ? RL_MODE_DEEP : RL_MODE_ALWAYS_ON;
+    cfg.kernel_sample_every = (unsigned)env_long("RIDGELINE_KERNEL_SAMPLE_EVERY", 1, 1, 1000000);
+    cfg.quiet = (int)env_long("RIDGELINE_QUIET", 0, 0, 1);
+    cfg.exit_flush = (int)env_long("RIDGELINE_EXIT_FLUSH", 1, 0, 1);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* interned names (kernel names, NVTX names and domains: CUPTI-owned memory)             */
+
+static int names_alloc(void) {
+    g_names_max = (uint32_t)env_long("RIDGELINE_MAX_NAMES", 65536, 16, 1 << 22);
+    g_names_cap = 1;
+    while (g_names_cap < g_names_max * 2) g_names_cap <<= 1;
+    g_names = calloc(g_names_cap, sizeof *g_names);
+    g_name_order = calloc(g_names_max, sizeof *g_name_order);
+    g_strings_max = (size_t)env_long("RIDGELINE_MAX_NAME_BYTES", 16 << 20, 4096, 1 << 30);
+    g_strings_cap = 256 << 10;
+    g_strings = malloc(g_strings_cap);
+    return g_names && g_name_order && g_strings ? 0 : -1;
+}
+
+/* Caller holds g_names_lock. */
+static void intern_ptr(uintptr_t ptr) {
+    if (!ptr) return;
+    uint32_t mask = g_names_cap - 1;
+    uint32_t h = (uint32_t)((ptr >> 3) * 0x9E3779B97F4A7C15ull >> 32) & mask;
+    while (g_names[h].ptr) {
+        if (g_names[h].ptr == ptr) return;
+        h = (h + 1) & mask;
+    }
+    if (g_names_count >= g_names_max) {
+        atomic_fetch_add(&K.names_dropped, 1);
+        return;
+    }
+    const char *s = (const char *)ptr;
+    size_t len = strnlen(s, RL_NAME_MAX_LEN);
+    if (g_strings_used + len > g_strings_cap) {
+        size_t want = g_strings_cap;
+        while (want < g_strings_used + len) want *= 2;
+        if (want > g_strings_max) {
+            atomic_fetch_add(&K.names_dropped, 1);
+            return;
+        }
+        char *n = realloc(g_strings, want);
+        if (!n) {
+            atomic_fetch_add(&K.names_dropped, 1);
+            return;
+        }
+        g_strings = n;
+        g_strings_cap = want;
+    }
+    memcpy(g_strings + g_strings_used, s, len);
+    g_names[h].ptr = ptr;
+    g_names[h].off = (uint32_t)g_strings_used;
+    g_names[h].len = (uint32_t)len;
+    g_strings_used += len;
+    g_name_order[g_names_count++] = h;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* record sizes and the buffer walk                                                      */
+
+static void sizes_from_header(void) {
+    memset(g_rec_size, 0, sizeof g_rec_size);
+    g_rec_size[CUPTI_ACTIVITY_KIND_KERNEL] = sizeof(CUpti_ActivityKernel13);
+    g_rec_size[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL] = sizeof(CUpti_ActivityKernel13);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MEMCPY] = sizeof(CUpti_ActivityMemcpy7);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MEMSET] = sizeof(CUpti_ActivityMemset5);
+    g_rec_size[CUPTI_ACTIVITY_KIND_RUNTIME] = sizeof(CUpti_ActivityAPI);
+    g_rec_size[CUPTI_ACTIVITY_KIND_DRIVER] = sizeof(CUpti_ActivityAPI);
+    g_rec_size[CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API] = sizeof(CUpti_ActivityAPI);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MARKER] = sizeof(CUpti_ActivityMarker2);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MARKER_DATA] = sizeof(CUpti_ActivityMarkerData2);
+    g_rec_size[CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION] = sizeof(CUpti_ActivityExternalCorrelation);
+    g_rec_size[CUPTI_ACTIVITY_KIND_GRAPH_TRACE] = sizeof(CUpti_ActivityGraphTrace2);
+}
+
+/* Sizes for the libcupti actually loaded. CUPTI >= 13.0 tells us; an older one (a
+ * libcupti.so.12 that torch already loaded) is walked with its own GetNextRecord. */
+static void sizes_for_runtime(uint32_t version) {
+    if (version == CUPTI_API_VERSION) {
+        sizes_from_header();
+        return;
+    }
+    if (C.StructSize && version >= 130000) {
+        memset(g_rec_size, 0, sizeof g_rec_size);
+        int ok = 1;
+        static const CUpti_ActivityKind kinds[] = {
+            CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+            CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
+            CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API, CUPTI_ACTIVITY_KIND_MARKER, CUPTI_ACTIVITY_KIND_MARKER_DATA,
+            CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_GRAPH_TRACE};
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            size_t s = 0;
+            if (C.StructSize(kinds[i], 0, &s) != CUPTI_SUCCESS || s == 0 || s % 8) ok = 0;
+            else g_rec_size[kinds[i]] = (uint32_t)s;
+        }
+        if (ok) return;
+    }
+    g_walk_with_cupti = 1;
+    atomic_fetch_or(&g_flags, RL_FLAG_WALK_WITH_CUPTI);
+}
+
+/* Size of the record at p, or 0 when the walk must stop. */
+static size_t record_size(uint8_t *buf, size_t valid, uint8_t *p) {
+    size_t left = valid - (size_t)(p - buf);
+    if (left < 8) return 0;
+    if (g_walk_with_cupti && C.GetNextRecord) {
+        CUpti_Activity *rec = (CUpti_Activity *)p;
+        /* GetNextRecord advances from the record it was given. */
+        if (C.GetNextRecord(buf, valid, &rec) != CUPTI_SUCCESS) return left; /* last record */
+        return (size_t)((uint8_t *)rec - p);
+    }
+    int32_t kind;
+    memcpy(&kind, p, 4);
+    if (kind <= 0 || kind >= RL_KIND_MAX || g_rec_size[kind] == 0 || g_rec_size[kind] > left) return 0;
+    return g_rec_size[kind];
+}
+
+static void note_device(slot_t *s, uint32_t dev) {
+    for (uint32_t i = 0; i < s->n_devices; i++)
+        if (s->devices[i] == dev) return;
+    if (s->n_devices < RL_MAX_DEVICES) s->devices[s->n_devices++] = dev;
+}
+
+static uint64_t count_records(uint8_t *buf, size_t valid) {
+    uint64_t n = 0;
+    uint8_t *p = buf;
+    size_t sz;
+    while ((size_t)(p - buf) < valid && (sz = record_size(buf, valid, p)) != 0) {
+        n++;
+        p += sz;
+    }
+    return n;
+}
+
+static void start_sender_if_needed(void);
+
+/* The completed-buffer path: copy records into a pool slot grouped by kind, intern the
+ * new name pointers, hand the slot to the sender, return. Never blocks on I/O. */
+static void process_buffer(uint8_t *buf, size_t valid) {
+    if (!buf || valid == 0 || !g_slots) return;
+    if (getpid() != g_pid) {
+        /* forked child: our sender thread did not survive the fork */
+        g_pid = getpid();
+        atomic_store(&g_sender_running, 0);
+    }
+    start_sender_if_needed();
+
+    slot_t *slot = NULL;
+    pthread_mutex_lock(&g_pool_lock);
+    for (unsigned i = 0; i < cfg.pool_slots; i++)
+        if (g_slots[i].state == SLOT_FREE) {
+            slot = &g_slots[i];
+            slot->state = SLOT_FILLING;
+            break;
+        }
+    pthread_mutex_unlock(&g_pool_lock);
+    if (!slot) {
+        atomic_fetch_add(&K.dropped_pool_full, count_records(buf, valid));
+        return;
+    }
+
+    /* pass 1: count per kind */
+    uint32_t counts[RL_KIND_MAX] = {0};
+    uint32_t sizes[RL_KIND_MAX] = {0};
+    uint8_t *p = buf, *end = buf + valid;
+    size_t sz = 0;
+    int cut = 0;
+    while (p < end) {
+        sz = record_size(buf, valid, p);
+        if (!sz) {
+            cut = 1;
+            break;
+        }
+        int32_t kind;
+        memcpy(&kind, p, 4);
+        if (kind <= 0 || kind >= RL_KIND_MAX || (sizes[kind] && sizes[kind] != sz)) {
+            cut = 1;
+            break;
+        }
+        sizes[kind] = (uint32_t)sz;
+        counts[kind]++;
+        p += sz;
+    }
+    if (cut) atomic_fetch_add(&K.walk_errors, 1);
+    uint8_t *walk_end = p;
+
+    /* lay out sections */
+    size_t offs[RL_KIND_MAX];
+    size_t used = 0;
+    uint32_t nsec = 0;
+    unsigned every = atomic_load(&g_sample_every);
+    if (!every) every = 1;
+    for (int k = 1; k < RL_KIND_MAX; k++) {
+        if (!counts[k]) continue;
+        offs[k] = used + sizeof(rl_section_t);
+        used = offs[k] + (size_t)counts[k] * sizes[k];
+        nsec++;
+    }
+    if (used > g_slot_cap) { /* cannot happen: sections add 16 B per kind to a buffer <= slot */
+        pthread_mutex_lock(&g_pool_lock);
+        slot->state = SLOT_FREE;
+        pthread_mutex_unlock(&g_pool_lock);
+        atomic_fetch_add(&K.dropped_pool_full, count_records(buf, valid));
+        return;
+    }
+
+    /* pass 2: copy, intern names, sample kernels in always-on mode */
+    uint32_t kept[RL_KIND_MAX] = {0};
+    uint64_t sampled = 0;
+    slot->n_devices = 0;
+    pthread_mutex_lock(&g_names_lock);
+    for (p = buf; p < walk_end; p += sz) {
+        int32_t kind;
+        memcpy(&kind, p, 4);
+        sz = sizes[kind];
+        if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+            if (every > 1 && (atomic_fetch_add(&g_kernel_counter, 1) % every) != 0) {
+                sampled++;
+                continue;
+            }
+            uintptr_t nm;
+            memcpy(&nm, p + offsetof(CUpti_ActivityKernel13, name), sizeof nm);
+            intern_ptr(nm);
+            uint32_t dev;
+            memcpy(&dev, p + offsetof(CUpti_ActivityKernel13, deviceId), 4);
+            note_device(slot, dev);
+        } else if (kind == CUPTI_ACTIVITY_KIND_MARKER) {
+            uintptr_t nm, dom;
+            memcpy(&nm, p + offsetof(CUpti_ActivityMarker2, name), sizeof nm);
+            memcpy(&dom, p + offsetof(CUpti_ActivityMarker2, domain), sizeof dom);
+            intern_ptr(nm);
+            intern_ptr(dom);
+        } else if (kind == CUPTI_ACTIVITY_KIND_MEMCPY || kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            uint32_t dev;
+            memcpy(&dev, p + offsetof(CUpti_ActivityMemcpy7, deviceId), 4);
+            note_device(slot, dev);
+        }
+        memcpy(slot->data + offs[kind] + (size_t)kept[kind] * sz, p, sz);
+        kept[kind]++;
+    }
+    pthread_mutex_unlock(&g_names_lock);
+
+    /* section headers (sampling may have left a kernel section shorter: compact) */
+    size_t w = 0;
+    uint64_t total = 0;
+    nsec = 0;
+    for (int k = 1; k < RL_KIND_MAX; k++) {
+        if (!counts[k] || !kept[k]) continue;
+        rl_section_t h = {(uint32_t)k, sizes[k], kept[k], 0};
+        size_t bytes = (size_t)kept[k] * sizes[k];
+        memmove(slot->data + w + sizeof h, slot->data + offs[k], bytes);
+        memcpy(slot->data + w, &h, sizeof h);
+        w += sizeof h + bytes;
+        total += kept[k];
+        nsec++;
+    }
+    if (sampled) atomic_fetch_add(&K.sampled_out, sampled);
+    atomic_fetch_add(&K.records_in, total);
+    slot->used = w;
+    slot->records = total;
+    slot->n_sections = nsec;
+
+    pthread_mutex_lock(&g_pool_lock);
+    slot->seq = ++g_seq;
+    slot->state = nsec ? SLOT_READY : SLOT_FREE;
+    pthread_cond_signal(&g_pool_cond);
+    pthread_mutex_unlock(&g_pool_lock);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* CUPTI buffer callbacks                                                                */
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *max_records = 0;
+    *size = 0;
+    *buffer = NULL;
+    /* Bounded: past the cap CUPTI drops records and counts them (reported as dropped_cupti). */
+    if (atomic_fetch_add(&g_outstanding_buffers, 1) >= (int)cfg.max_cupti_buffers) {
+        atomic_fetch_sub(&g_outstanding_buffers, 1);
+        atomic_fetch_add(&K.buffers_refused, 1);
+        return;
+    }
+    void *b = NULL;
+    if (posix_memalign(&b, 8, cfg.buffer_bytes) != 0) {
+        atomic_fetch_sub(&g_outstanding_buffers, 1);
+        atomic_fetch_add(&K.buffers_refused, 1);
+        return;
+    }
+    *buffer = b;
+    *size = cfg.buffer_bytes;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
+                                      size_t valid) {
+    (void)size;
+    process_buffer(buffer, valid);
+    if (C.GetNumDropped) {
+        size_t dropped = 0;
+        if (C.GetNumDropped(ctx, stream_id, &dropped) == CUPTI_SUCCESS && dropped)
+            atomic_fetch_add(&K.dropped_cupti, dropped);
+    }
+    if (buffer) {
+        free(buffer);
+        atomic_fetch_sub(&g_outstanding_buffers, 1);
+    }
+}
+
+static void CUPTIAPI buffer_requested2(uint8_t **buffer, size_t *size, size_t *max_records,
+                                       CUpti_BufferCallbackRequestInfo *info) {
+    (void)info;
+    buffer_requested(buffer, size, max_records);
+}
+
+static void CUPTIAPI buffer_completed2(uint8_t *buffer, size_t size, size_t valid,
+                                       CUpti_BufferCallbackCompleteInfo *info) {
+    (void)info;
+    (void)size;
+    process_buffer(buffer, valid);
+    if (buffer) {
+        free(buffer);
+        atomic_fetch_sub(&g_outstanding_buffers, 1);
+    }
+}
+
+static void CUPTIAPI subscriber_callback(void *ud, CUpti_CallbackDomain d, CUpti_CallbackId id, const void *data) {
+    (void)ud; (void)d; (void)id; (void)data; /* we enable no callbacks; the handle only claims/probes CUPTI */
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* which API calls are recorded: launch, graph launch and synchronisation only            */
+
+typedef struct {
+    uint32_t domain, cbid, category;
+    const char *name;
+    int deep_only;
+} cbid_ent_t;
+
+#define RT(n, cat) {RL_DOMAIN_RUNTIME, CUPTI_RUNTIME_TRACE_CBID_##n, cat, #n, 0}
+#define DR(n, cat) {RL_DOMAIN_DRIVER, CUPTI_DRIVER_TRACE_CBID_##n, cat, #n, 1}
+static const cbid_ent_t CBIDS[] = {
+    RT(cudaLaunchKernel_v7000, RL_API_LAUNCH),
+    RT(cudaLaunchKernel_ptsz_v7000, RL_API_LAUNCH),
+    RT(cudaLaunchKernelExC_v11060, RL_API_LAUNCH),
+    RT(cudaLaunchKernelExC_ptsz_v11060, RL_API_LAUNCH),
+    RT(cudaLaunchCooperativeKernel_v9000, RL_API_LAUNCH),
+    RT(cudaLaunchCooperativeKernel_ptsz_v9000, RL_API_LAUNCH),
+    RT(__cudaLaunchKernel_v13000, RL_API_LAUNCH),
+    RT(__cudaLaunchKernel_ptsz_v13000, RL_API_LAUNCH),
+    RT(cudaGraphLaunch_v10000, RL_API_GRAPH_LAUNCH),
+    RT(cudaGraphLaunch_ptsz_v10000, RL_API_GRAPH_LAUNCH),
+    RT(cudaStreamSynchronize_v3020, RL_API_SYNC),
+    RT(cudaStreamSynchronize_ptsz_v7000, RL_API_SYNC),
+    RT(cudaDeviceSynchronize_v3020, RL_API_SYNC),
+    RT(cudaEventSynchronize_v3020, RL_API_SYNC),
+    RT(cudaThreadSynchronize_v3020, RL_API_SYNC),
+    DR(cuLaunchKernel, RL_API_LAUNCH),
+    DR(cuLaunchKernel_ptsz, RL_API_LAUNCH),
+    DR(cuLaunchKernelEx, RL_API_LAUNCH),
+    DR(cuLaunchKernelEx_ptsz, RL_API_LAUNCH),
+    DR(cuLaunchCooperativeKernel, RL_API_LAUNCH),
+    DR(cuLaunchCooperativeKernel_ptsz, RL_API_LAUNCH),
+    DR(cuGraphLaunch, RL_API_GRAPH_LAUNCH),
+    DR(cuGraphLaunch_ptsz, RL_API_GRAPH_LAUNCH),
+    DR(cuStreamSynchronize, RL_API_SYNC),
+    DR(cuStreamSynchronize_ptsz, RL_API_SYNC),
+    DR(cuCtxSynchronize, RL_API_SYNC),
+    DR(cuEventSynchronize, RL_API_SYNC),
+};
+#define N_CBIDS (sizeof CBIDS / sizeof CBIDS[0])
+
+/* ------------------------------------------------------------------------------------ */
+/* enabling activity kinds (v1 global API, or v2 per-subscriber in multi-subscriber mode) */
+
+static CUptiResult kind_set(CUpti_ActivityKind k, int on) {
+    if (g_multi) return on ? C.Enable2(g_sub, k, NULL) : C.Disable2(g_sub, k, NULL);
+    return on ? C.Enable(k) : C.Disable(k);
+}
+
+static CUptiResult api_set(const cbid_ent_t *e, int on) {
+    if (e->domain == RL_DOMAIN_RUNTIME) {
+        if (g_multi && C.EnableRuntimeApi2) return C.EnableRuntimeApi2(g_sub, e->cbid, (uint8_t)on);
+        if (C.EnableRuntimeApi) return C.EnableRuntimeApi(e->cbid, (uint8_t)on);
+    } else {
+        if (g_multi && C.EnableDriverApi2) return C.EnableDriverApi2(g_sub, e->cbid, (uint8_t)on);
+        if (C.EnableDriverApi) return C.EnableDriverApi(e->cbid, (uint8_t)on);
+    }
+    return CUPTI_ERROR_NOT_SUPPORTED;
+}
+
+static void report_enable(const char *what, int kind, CUptiResult r) {
+    if (r == CUPTI_SUCCESS) return;
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED || r == CUPTI_ERROR_NOT_COMPATIBLE) {
+        atomic_fetch_or(&g_flags, RL_FLAG_CONFLICT);
+        rl_log("conflict: enabling %s %d failed (%s): another CUPTI user holds activity tracing", what, kind,
+               cupti_err(r));
+    } else {
+        rl_log("enabling %s %d failed: %s (%d)", what, kind, cupti_err(r), (int)r);
+    }
+}
+
+/* Switch collection mode. Called from InitializeInjection and from the sender thread on
+ * a CONTROL message, never from a CUPTI callback. */
+static void apply_mode(int mode, int initial) {
+    static const CUpti_ActivityKind always[] = {
+        CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+        CUPTI_ACTIVITY_KIND_MARKER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
+    atomic_store(&g_mode, mode);
+    if (!C.lib || g_test_mode || (atomic_load(&g_flags) & RL_FLAG_CONFLICT)) return;
+    if (initial) {
+        for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
+            report_enable("activity kind", always[i], kind_set(always[i], 1));
+        int missing_api = 0;
+        for (size_t i = 0; i < N_CBIDS; i++)
+            if (!CBIDS[i].deep_only) {
+                CUptiResult r = api_set(&CBIDS[i], 1);
+                if (r == CUPTI_ERROR_NOT_SUPPORTED) missing_api = 1;
+                else if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) report_enable("runtime cbid", CBIDS[i].cbid, r);
+                /* other errors: a cbid this libcupti does not know (older CUDA); harmless */
+            }
+        if (missing_api)
+            rl_log("this libcupti cannot filter API records by cbid: launch threads and launch latency unavailable");
+    }
+    int deep = mode == RL_MODE_DEEP;
+    if (!initial || deep) {
+        report_enable("activity kind", CUPTI_ACTIVITY_KIND_MARKER_DATA, kind_set(CUPTI_ACTIVITY_KIND_MARKER_DATA, deep));
+        for (size_t i = 0; i < N_CBIDS; i++)
+            if (CBIDS[i].deep_only) (void)api_set(&CBIDS[i], deep);
+        if (C.EnableLatencyTimestamps) (void)C.EnableLatencyTimestamps((uint8_t)deep);
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* sender thread                                                                         */
+
+typedef struct {
+    uint8_t *buf;
+    size_t cap, len, sent;
+    uint64_t records;
+    uint64_t started_ms, progress_ms;
+} outmsg_t;
+
+static int grow(outmsg_t *m, size_t need) {
+    if (m->len + need <= m->cap) return 0;
+    size_t c = m->cap ? m->cap : 1 << 16;
+    while (c < m->len + need) c *= 2;
+    uint8_t *n = realloc(m->buf, c);
+    if (!n) return -1;
+    m->buf = n;
+    m->cap = c;
+    return 0;
+}
+
+static int put(outmsg_t *m, const void *p, size_t n) {
+    if (grow(m, n + 8)) return -1;
+    memcpy(m->buf + m->len, p, n);
+    m->len += n;
+    return 0;
+}
+
+static int pad8(outmsg_t *m) {
+    static const uint8_t z[8] = {0};
+    size_t r = m->len % 8;
+    return r ? put(m, z, 8 - r) : 0;
+}
+
+static void frame_begin(outmsg_t *m, uint16_t type) {
+    rl_frame_t f = {RL_MAGIC, type, RL_PROTO_VERSION, 0, 0};
+    m->len = m->sent = 0;
+    m->records = 0;
+    put(m, &f, sizeof f);
+}
+
+static void frame_end(outmsg_t *m) {
+    uint32_t body = (uint32_t)(m->len - sizeof(rl_frame_t));
+    memcpy(m->buf + offsetof(rl_frame_t, length), &body, 4);
+}
+
+static void build_hello(outmsg_t *m) {
+    char comm[256] = {0};
+    FILE *f = fopen("/proc/self/comm", "r");
+    if (f) {
+        if (!fgets(comm, sizeof comm, f)) comm[0] = 0;
+        fclose(f);
+        comm[strcspn(comm, "\n")] = 0;
+    }
+    char status[RL_STATUS_MAX];
+    pthread_mutex_lock(&g_status_lock);
+    memcpy(status, g_status, sizeof status);
+    pthread_mutex_unlock(&g_status_lock);
+    uint32_t n_sizes = 0;
+    for (int k = 0; k < RL_KIND_MAX; k++) n_sizes += g_rec_size[k] != 0;
+    rl_hello_t h = {(uint32_t)g_pid, g_cupti_version, CUPTI_API_VERSION, (uint32_t)atomic_load(&g_mode),
+                    atomic_load(&g_flags), atomic_load(&g_sample_every), (uint32_t)strlen(comm),
+                    (uint32_t)strlen(status), n_sizes, (uint32_t)N_CBIDS};
+    frame_begin(m, RL_MSG_HELLO);
+    put(m, &h, sizeof h);
+    put(m, comm, h.comm_len);
+    pad8(m);
+    put(m, status, h.status_len);
+    pad8(m);
+    for (int k = 0; k < RL_KIND_MAX; k++)
+        if (g_rec_size[k]) {
+            rl_kind_size_t ks = {(uint32_t)k, g_rec_size[k]};
+            put(m, &ks, sizeof ks);
+        }
+    for (size_t i = 0; i < N_CBIDS; i++) {
+        rl_cbid_t c = {CBIDS[i].domain, CBIDS[i].cbid, CBIDS[i].category, (uint32_t)strlen(CBIDS[i].name)};
+        put(m, &c, sizeof c);
+        put(m, CBIDS[i].name, c.name_len);
+        pad8(m);
+    }
+    frame_end(m);
+}
+
+static uint32_t g_names_sent; /* names already sent on the current connection (sender thread only) */
+
+static int build_batch(outmsg_t *m, slot_t *s) {
+    frame_begin(m, RL_MSG_BATCH);
+    rl_batch_t b;
+    memset(&b, 0, sizeof b);
+    b.pid = (uint32_t)g_pid;
+    b.cupti_version = g_cupti_version;
+    b.seq = s->seq;
+    b.mode = (uint32_t)atomic_load(&g_mode);
+    b.flags = atomic_load(&g_flags);
+    b.kernel_sample_every = atomic_load(&g_sample_every);
+    b.n_devices = s->n_devices;
+    b.n_sections = s->n_sections;
+    b.records = s->records;
+    b.dropped_cupti = atomic_load(&K.dropped_cupti);
+    b.dropped_pool_full = atomic_load(&K.dropped_pool_full);
+    b.dropped_no_agent = atomic_load(&K.dropped_no_agent);
+    b.dropped_send = atomic_load(&K.dropped_send);
+    b.sampled_out = atomic_load(&K.sampled_out);
+    b.names_dropped = atomic_load(&K.names_dropped);
+    b.walk_errors = atomic_load(&K.walk_errors);
+    memcpy(b.device_ids, s->devices, sizeof b.device_ids);
+    size_t hdr_at = m->len;
+    if (put(m, &b, sizeof b)) return -1;
+    pthread_mutex_lock(&g_names_lock);
+    uint32_t upto = g_names_count;
+    for (uint32_t i = g_names_sent; i < upto; i++) {
+        name_ent_t *e = &g_names[g_name_order[i]];
+        rl_name_t n = {(uint64_t)e->ptr, e->len, 0};
+        if (put(m, &n, sizeof n) || put(m, g_strings + e->off, e->len) || pad8(m)) {
+            pthread_mutex_unlock(&g_names_lock);
+            return -1;
+        }
+    }
+    pthread_mutex_unlock(&g_names_lock);
+    uint32_t n_names = upto - g_names_sent;
+    memcpy(m->buf + hdr_at + offsetof(rl_batch_t, n_names), &n_names, 4);
+    if (put(m, s->data, s->used)) return -1;
+    frame_end(m);
+    m->records = s->records;
+    g_names_sent = upto; /* if this message is later abandoned the connection is closed and all names resent */
+    return 0;
+}
+
+static int connect_agent(void) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_un a;
+    memset(&a, 0, sizeof a);
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, cfg.socket_path, strlen(cfg.socket_path));
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        /* EAGAIN (backlog full) and EINPROGRESS are treated as "not now": retry later */
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void handle_control(const uint8_t *body, uint32_t len) {
+    if (len < sizeof(rl_control_t)) return;
+    rl_control_t c;
+    memcpy(&c, body, sizeof c);
+    if (c.kernel_sample_every) atomic_store(&g_sample_every, c.kernel_sample_every > 1000000 ? 1000000 : c.kernel_sample_every);
+    if ((c.mode == RL_MODE_ALWAYS_ON || c.mode == RL_MODE_DEEP) && (int)c.mode != atomic_load(&g_mode))
+        apply_mode((int)c.mode, 0);
+}
+
+/* Reads whatever control bytes are there; returns -1 when the agent closed. */
+static int read_control(int fd, uint8_t *in, size_t *in_len, size_t in_cap) {
+    for (;;) {
+        ssize_t r = recv(fd, in + *in_len, in_cap - *in_len, MSG_DONTWAIT);
+        if (r == 0) return -1;
+        if (r < 0) return (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) ? 0 : -1;
+        *in_len += (size_t)r;
+        for (;;) {
+            if (*in_len < sizeof(rl_frame_t)) break;
+            rl_frame_t f;
+            memcpy(&f, in, sizeof f);
+            if (f.magic != RL_MAGIC || f.length > in_cap - sizeof f) return -1; /* not our agent */
+            if (*in_len < sizeof f + f.length) break;
+            if (f.type == RL_MSG_CONTROL) handle_control(in + sizeof f, f.length);
+            memmove(in, in + sizeof f + f.length, *in_len - sizeof f - f.length);
+            *in_len -= sizeof f + f.length;
+        }
+        if (*in_len == in_cap) return -1;
+    }
+}
+
+static void *sender_main(void *arg) {
+    (void)arg;
+    int fd = -1;
+    uint64_t next_connect = 0;
+    outmsg_t msg = {0};
+    int pending = 0;
+    uint8_t in[256];
+    size_t in_len = 0;
+    while (!atomic_load(&g_stop)) {
+        uint64_t now = now_ms();
+        if (fd < 0 && now >= next_connect) {
+            fd = connect_agent();
+            next_connect = now + cfg.reconnect_ms;
+            if (fd >= 0) {
+                atomic_fetch_add(&K.connects, 1);
+                g_names_sent = 0;
+                in_len = 0;
+                build_hello(&msg);
+                msg.started_ms = msg.progress_ms = now;
+                pending = 1;
+            }
+        }
+        if (!pending) {
+            /* take the oldest ready slot */
+            slot_t *s = NULL;
+            pthread_mutex_lock(&g_pool_lock);
+            for (unsigned i = 0; i < cfg.pool_slots; i++)
+                if (g_slots[i].state == SLOT_READY && (!s || g_slots[i].seq < s->seq)) s = &g_slots[i];
+            if (!s) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 50 * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                    ts.tv_sec++;
+                    ts.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&g_pool_cond, &g_pool_lock, &ts);
+            }
+            pthread_mutex_unlock(&g_pool_lock);
+            if (s) {
+                if (fd < 0) {
+                    atomic_fetch_add(&K.dropped_no_agent, s->records);
+                } else if (build_batch(&msg, s) == 0) {
+                    msg.started_ms = msg.progress_ms = now_ms();
+                    pending = 1;
+                } else {
+                    atomic_fetch_add(&K.dropped_send, s->records); /* out of memory for the message */
+                }
+                pthread_mutex_lock(&g_pool_lock);
+                s->state = SLOT_FREE;
+                pthread_mutex_unlock(&g_pool_lock);
+            }
+        }
+        if (fd >= 0 && pending) {
+            ssize_t w = send(fd, msg.buf + msg.sent, msg.len - msg.sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0) {
+                msg.sent += (size_t)w;
+                msg.progress_ms = now_ms();
+                if (msg.sent == msg.len) {
+                    pending = 0;
+                    if (msg.records) {
+                        atomic_fetch_add(&K.records_sent, msg.records);
+                        atomic_fetch_add(&K.batches_sent, 1);
+                    }
+                }
+            } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                atomic_fetch_add(&K.dropped_send, msg.records);
+                pending = 0;
+                close(fd);
+                fd = -1;
+            } else if (now_ms() - msg.progress_ms > cfg.stall_ms) {
+                /* agent accepts nothing: give up on it; the next connection starts clean */
+                atomic_fetch_add(&K.dropped_send, msg.records);
+                pending = 0;
+                close(fd);
+                fd = -1;
+            }
+        }
+        if (fd >= 0 && read_control(fd, in, &in_len, sizeof in) < 0) {
+            if (pending) atomic_fetch_add(&K.dropped_send, msg.records);
+            pending = 0;
+            close(fd);
+            fd = -1;
+        }
+        if (fd >= 0 && pending && msg.sent < msg.len) {
+            struct pollfd pfd = {fd, POLLOUT | POLLIN, 0};
+            (void)poll(&pfd, 1, 20);
+        } else if (fd < 0 && pending) {
+            pending = 0;
+        }
+    }
+    if (fd >= 0) close(fd);
+    free(msg.buf);
+    return NULL;
+}
+
+static pthread_mutex_t g_start_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void start_sender_if_needed(void) {
+    if (atomic_load(&g_sender_running) || !atomic_load(&g_active)) return;
+    pthread_mutex_lock(&g_start_lock);
+    if (!atomic_load(&g_sender_running)) {
+        atomic_store(&g_stop, 0);
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setstacksize(&at, 256 << 10);
+        /* Block every signal in our thread: the application's handlers must run on its own threads. */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        if (pthread_create(&g_sender, &at, sender_main, NULL) == 0) atomic_store(&g_sender_running, 1);
+        else rl_log("cannot start the sender thread; records will be dropped");
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&at);
+    }
+    pthread_mutex_unlock(&g_start_lock);
+}
+
+static int alloc_pool(void) {
+    g_slot_cap = cfg.buffer_bytes + RL_KIND_MAX * sizeof(rl_section_t);
+    g_slots = calloc(cfg.pool_slots, sizeof *g_slots);
+    if (!g_slots) return -1;
+    for (unsigned i = 0; i < cfg.pool_slots; i++) {
+        g_slots[i].data = malloc(g_slot_cap);
+        if (!g_slots[i].data) return -1;
+    }
+    return names_alloc();
+}
+
+static void at_fork_child(void) {
+    /* Threads do not survive fork; the first buffer completed in the child restarts the sender. */
+    atomic_store(&g_sender_running, 0);
+    g_pid = getpid();
+}
+
+static void at_exit(void) {
+    if (!atomic_load(&g_active)) return;
+    /* Completed buffers only (flag 0): a forced flush hands back running kernels with end=0. */
+    if (cfg.exit_flush && C.FlushAll && !g_test_mode) (void)C.FlushAll(0);
+    /* give the sender a short, bounded chance to ship what is queued */
+    uint64_t until = now_ms() + 300;
+    while (now_ms() < until && atomic_load(&g_sender_running)) {
+        int busy = 0;
+        pthread_mutex_lock(&g_pool_lock);
+        for (unsigned i = 0; i < cfg.pool_slots; i++) busy |= g_slots[i].state != SLOT_FREE;
+        pthread_mutex_unlock(&g_pool_lock);
+        if (!busy) break;
+        usleep(5000);
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* loading libcupti                                                                      */
+
+static void *self_dir_lib(const char *name, char *tried, size_t tried_cap) {
+    Dl_info info;
+    if (!dladdr((void *)&self_dir_lib, &info) || !info.dli_fname) return NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s", info.dli_fname);
+    char *slash = strrchr(path, '/');
+    if (!slash) return NULL;
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", name);
+    size_t u = strlen(tried);
+    snprintf(tried + u, tried_cap - u, "%s%s", u ? ", " : "", path);
+    return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void *load_cupti(char *why, size_t why_cap) {
+    static const char *sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
+    char tried[1536] = {0};
+    void *h;
+    const char *env = getenv("RIDGELINE_LIBCUPTI");
+    if (env && *env) {
+        h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+        snprintf(why, why_cap, "RIDGELINE_LIBCUPTI=%s cannot be loaded: %s", env, dlerror());
+        return NULL;
+    }
+    /* One CUPTI instance per process: reuse a libcupti the application already loaded
+     * (torch links one); a second copy would collide with its subscriber. */
+    for (size_t i = 0; i < 3; i++)
+        if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD))) return h;
+    for (size_t i = 0; i < 3; i++) {
+        size_t u = strlen(tried);
+        snprintf(tried + u, sizeof tried - u, "%s%s", u ? ", " : "", sonames[i]);
+        if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_LOCAL))) return h;
+    }
+    if ((h = self_dir_lib("libcupti.so.13", tried, sizeof tried))) return h;
+    static const char *paths[] = {"/usr/local/cuda/extras/CUPTI/lib64/libcupti.so",
+                                  "/usr/local/cuda/lib64/libcupti.so"};
+    for (size_t i = 0; i < 2; i++) {
+        size_t u = strlen(tried);
+        snprintf(tried + u, sizeof tried - u, ", %s", paths[i]);
+        if ((h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL))) return h;
+    }
+    snprintf(why, why_cap, "libcupti not found (tried %s; set RIDGELINE_LIBCUPTI)", tried);
+    return NULL;
+}
+
+#define SYM(field, name) (C.field = (__typeof__(C.field))dlsym(C.lib, name))
+
+static int resolve_cupti(char *why, size_t why_cap) {
+    SYM(GetVersion, "cuptiGetVersion");
+    SYM(RegisterCallbacks, "cuptiActivityRegisterCallbacks");
+    SYM(Enable, "cuptiActivityEnable");
+    SYM(Disable, "cuptiActivityDisable");
+    SYM(GetNextRecord, "cuptiActivityGetNextRecord");
+    SYM(GetNumDropped, "cuptiActivityGetNumDroppedRecords");
+    SYM(FlushAll, "cuptiActivityFlushAll");
+    SYM(FlushPeriod, "cuptiActivityFlushPeriod");
+    SYM(EnableRuntimeApi, "cuptiActivityEnableRuntimeApi");
+    SYM(EnableDriverApi, "cuptiActivityEnableDriverApi");
+    SYM(EnableLatencyTimestamps, "cuptiActivityEnableLatencyTimestamps");
+    SYM(Subscribe, "cuptiSubscribe");
+    SYM(Subscribe2, "cuptiSubscribe_v2");
+    SYM(Unsubscribe, "cuptiUnsubscribe");
+    SYM(StructSize, "cuptiActivityGetStructSize");
+    SYM(GetResultString, "cuptiGetResultString");
+    SYM(RegisterCallbacks2, "cuptiActivityRegisterCallbacks_v2");
+    SYM(Enable2, "cuptiActivityEnable_v2");
+    SYM(Disable2, "cuptiActivityDisable_v2");
+    SYM(EnableRuntimeApi2, "cuptiActivityEnableRuntimeApi_v2");
+    SYM(EnableDriverApi2, "cuptiActivityEnableDriverApi_v2");
+    if (!C.GetVersion || !C.RegisterCallbacks || !C.Enable || !C.Disable || !C.GetNextRecord || !C.Subscribe ||
+        !C.Unsubscribe) {
+        snprintf(why, why_cap, "the loaded libcupti lacks the activity API entry points");
+        return -1;
+    }
+    return 0;
+}
+
+/* Claim or probe CUPTI. Returns 0 when we may trace, 1 on a conflict (reported). */
+static int claim_cupti(void) {
+    char old[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
+    CUptiResult r;
+    if (C.Subscribe2 && C.RegisterCallbacks2 && C.Enable2 && C.Disable2) {
+        /* Multi-subscriber mode (CUDA >= 13.2 with r610+ drivers): coexist with torch.profiler. */
+        CUpti_SubscriberParams p;
+        memset(&p, 0, sizeof p);
+        p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+        p.subscriberName = "ridgeline";
+        p.oldSubscriberName = old;
+        p.oldSubscriberSize = sizeof old;
+        p.allowMultipleSubscribers = 1;
+        r = C.Subscribe2(&g_sub, subscriber_callback, NULL, &p);
+        if (r == CUPTI_SUCCESS) {
+            g_multi = 1;
+            atomic_fetch_or(&g_flags, RL_FLAG_MULTI_SUBSCRIBER);
+            return 0;
+        }
+        if (r != CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+            rl_log("CUPTI collection off: cuptiSubscribe_v2 failed: %s (%d) (no usable CUDA driver?)", cupti_err(r), (int)r);
+            return 2;
+        }
+        /* Legacy single-subscriber CUPTI: is anyone else there? */
+        memset(old, 0, sizeof old);
+        p.allowMultipleSubscribers = 0;
+        r = C.Subscribe2(&g_sub, subscriber_callback, NULL, &p);
+    } else {
+        r = C.Subscribe(&g_sub, subscriber_callback, NULL);
+    }
+    if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+        atomic_fetch_or(&g_flags, RL_FLAG_CONFLICT);
+        rl_log("conflict: another CUPTI subscriber is active (%s); Ridgeline stays passive to not break it",
+               old[0] ? old : "name unknown");
+        return 1;
+    }
+    if (r != CUPTI_SUCCESS) {
+        rl_log("CUPTI collection off: cuptiSubscribe failed: %s (%d) (no usable CUDA driver?)", cupti_err(r), (int)r);
+        return 2;
+    }
+    /* Release at once: holding the single legacy subscriber would make torch.profiler's
+     * one-shot subscribe fail later and silently yield no GPU events. The v1 activity API
+     * we use next is process-global and needs no subscriber. */
+    (void)C.Unsubscribe(g_sub);
+    g_sub = NULL;
+    return 0;
+}
+
+static int setup_collection(void) {
+    CUptiResult r;
+    if (g_multi) r = C.RegisterCallbacks2(g_sub, buffer_requested2, buffer_completed2);
+    else r = C.RegisterCallbacks(buffer_requested, buffer_completed);
+    if (r != CUPTI_SUCCESS) {
+        report_enable("buffer callbacks", 0, r);
+        return -1;
+    }
+    if (cfg.graph_level) {
+        /* Global and irreversible (CUPTI cannot return to node level): configuration only. */
+        r = kind_set(CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 1);
+        if (r == CUPTI_SUCCESS) atomic_fetch_or(&g_flags, RL_FLAG_GRAPH_LEVEL);
+        else report_enable("activity kind", CUPTI_ACTIVITY_KIND_GRAPH_TRACE, r);
+    }
+    apply_mode(cfg.initial_mode, 1);
+    if (C.FlushPeriod && cfg.flush_ms) (void)C.FlushPeriod(cfg.flush_ms);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* exported entry points                                                                 */
+
+static int common_init(void) {
+    read_config();
+    g_pid = getpid();
+    atomic_store(&g_sample_every, cfg.kernel_sample_every);
+    atomic_store(&g_mode, cfg.initial_mode);
+    if (alloc_pool()) {
+        rl_log("out of memory for the record pool; Ridgeline CUPTI collection off");
+        return -1;
+    }
+    return 0;
+}
+
+/* Called by the CUDA driver during cuInit. Always returns 1: whatever happens here, the
+ * application continues, with or without Ridgeline. */
+RL_EXPORT int InitializeInjection(void) {
+    if (atomic_exchange(&g_initialized, 1)) return 1;
+    const char *dis = getenv("RIDGELINE_DISABLE");
+    if (dis && *dis && strcmp(dis, "0")) return 1;
+    if (common_init()) return 1;
+    char why[2048] = {0};
+    if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
+        atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
+        rl_log("CUPTI collection off: %s; the application runs without Ridgeline", why);
+        return 1;
+    }
+    if (resolve_cupti(why, sizeof why)) {
+        atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
+        rl_log("CUPTI collection off: %s", why);
+        return 1;
+    }
+    CUptiResult r = C.GetVersion(&g_cupti_version);
+    if (r != CUPTI_SUCCESS) {
+        atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
+        rl_log("CUPTI collection off: cuptiGetVersion failed: %s (%d) (no usable CUDA driver?)", cupti_err(r), (int)r);
+        return 1;
+    }
+    sizes_for_runtime(g_cupti_version);
+    Dl_info di;
+    rl_log("using %s (CUPTI version %u, headers %u)",
+           dladdr((void *)C.GetVersion, &di) && di.dli_fname ? di.dli_fname : "libcupti", g_cupti_version,
+           (unsigned)CUPTI_API_VERSION);
+    int claim = claim_cupti();
+    if (claim == 2) return 1;
+    if (claim == 0 && setup_collection() != 0) atomic_fetch_or(&g_flags, RL_FLAG_CONFLICT);
+    pthread_atfork(NULL, NULL, at_fork_child);
+    atexit(at_exit);
+    atomic_store(&g_active, 1);
+    start_sender_if_needed(); /* also on conflict: the agent learns why there is no data */
+    return 1;
+}
+
+/* NVTX_INJECTION64_PATH may name this library: forward NVTX to the libcupti we use, so
+ * NVTX ranges arrive as MARKER records in the same CUPTI instance. */
+RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
+    char why[2048] = {0};
+    if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
+        rl_log("NVTX forwarding off: %s", why);
+        return 0;
+    }
+    fn_NvtxInit f = (fn_NvtxInit)dlsym(C.lib, "InitializeInjectionNvtx2");
+    if (!f) {
+        rl_log("NVTX forwarding off: libcupti has no InitializeInjectionNvtx2");
+        return 0;
+    }
+    return f(get_export_table);
+}
+
+/* ---- test entry points: drive the buffer path without a GPU (tests/test_native_cupti.py) ---- */
+
+/* Sets the library up as if CUPTI were there (record sizes from the compiled-in headers)
+ * and starts the sender. socket_path NULL keeps RIDGELINE_SOCKET / the default. */
+RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_version) {
+    if (atomic_exchange(&g_initialized, 1)) return -1;
+    if (common_init()) return -1;
+    if (socket_path) snprintf(cfg.socket_path, sizeof cfg.socket_path, "%s", socket_path);
+    g_test_mode = 1;
+    g_cupti_version = cupti_version;
+    sizes_from_header();
+    atomic_fetch_or(&g_flags, RL_FLAG_TEST_MODE);
+    pthread_atfork(NULL, NULL, at_fork_child);
+    atomic_store(&g_active, 1);
+    start_sender_if_needed();
+    return 0;
+}
+
+/* Exactly what CUPTI's completed-buffer callback does with a buffer (the buffer stays the caller's). */
+RL_EXPORT void ridgeline_test_buffer_completed(uint8_t *buffer, size_t valid_size) { process_buffer(buffer, valid_size); }
+
+/* Counters, in this order: dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send,
+ * sampled_out, names_dropped, walk_errors, records_in, records_sent, batches_sent, connects,
+ * buffers_refused, mode, flags, kernel_sample_every. Returns how many were written. */
+RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
+    uint64_t v[] = {atomic_load(&K.dropped_cupti), atomic_load(&K.dropped_pool_full), atomic_load(&K.dropped_no_agent),
+                    atomic_load(&K.dropped_send), atomic_load(&K.sampled_out), atomic_load(&K.names_dropped),
+                    atomic_load(&K.walk_errors), atomic_load(&K.records_in), atomic_load(&K.records_sent),
+                    atomic_load(&K.batches_sent), atomic_load(&K.connects), atomic_load(&K.buffers_refused),
+                    (uint64_t)atomic_load(&g_mode), atomic_load(&g_flags), atomic_load(&g_sample_every)};
+    int m = (int)(sizeof v / sizeof v[0]);
+    if (n < m) m = n;
+    for (int i = 0; i < m; i++) out[i] = v[i];
+    return m;
+}
+
+/* 1 when every pool slot is free (all handed to the sender and sent or dropped). */
+RL_EXPORT int ridgeline_test_pool_idle(void) {
+    int busy = 0;
+    pthread_mutex_lock(&g_pool_lock);
+    for (unsigned i = 0; g_slots && i < cfg.pool_slots; i++) busy |= g_slots[i].state != SLOT_FREE;
+    pthread_mutex_unlock(&g_pool_lock);
+    return !busy;
+}
+
+/* The status lines (the reasons logged so far). */
+RL_EXPORT size_t ridgeline_test_status(char *out, size_t cap) {
+    pthread_mutex_lock(&g_status_lock);
+    size_t n = strlen(g_status);
+    if (cap) {
+        size_t c = n < cap - 1 ? n : cap - 1;
+        memcpy(out, g_status, c);
+        out[c] = 0;
+    }
+    pthread_mutex_unlock(&g_status_lock);
+    return n;
+}
+
+/* Record sizes the library uses, for the agent-side cross-check in tests. */
+RL_EXPORT uint32_t ridgeline_test_record_size(uint32_t kind) { return kind < RL_KIND_MAX ? g_rec_size[kind] : 0; }
+
+RL_EXPORT void ridgeline_test_shutdown(void) {
+    if (!atomic_load(&g_sender_running)) return;
+    atomic_store(&g_stop, 1);
+    pthread_mutex_lock(&g_pool_lock);
+    pthread_cond_broadcast(&g_pool_cond);
+    pthread_mutex_unlock(&g_pool_lock);
+    pthread_join(g_sender, NULL);
+    atomic_store(&g_sender_running, 0);
+}

@@ -1,0 +1,129 @@
+/* Wire format between libridgeline_cupti.so (in the served process) and the agent's
+ * CUPTI probe (probes/cupti/protocol.py mirrors every struct here; keep them in step).
+ *
+ * A stream of frames over a unix-domain SOCK_STREAM socket. Every integer is
+ * little-endian (the only byte order CUDA hosts run), every variable-length part is
+ * padded to 8 bytes so the agent can view record sections with numpy without copying.
+ *
+ *   frame   = rl_frame_t (16 B) + body (length bytes)
+ *   HELLO   = rl_hello_t + comm (padded) + status text (padded)
+ *             + n_sizes * rl_kind_size_t + n_cbids * (rl_cbid_t + name (padded))
+ *   BATCH   = rl_batch_t + n_names * (rl_name_t + bytes (padded))
+ *             + n_sections * (rl_section_t + count * record_size bytes)
+ *   CONTROL = rl_control_t                                   (agent -> library)
+ *
+ * Record sections hold CUPTI activity records exactly as CUPTI wrote them, grouped by
+ * kind (the library walks the buffer once to find kernel-name pointers anyway, and
+ * grouping lets the agent decode each kind with one numpy view instead of a Python
+ * walk). Name pointers inside records stay raw; rl_name_t maps them to strings.
+ */
+#ifndef RIDGELINE_WIRE_H
+#define RIDGELINE_WIRE_H
+#include <stdint.h>
+
+#define RL_MAGIC 0x31434C52u /* "RLC1" as little-endian bytes */
+#define RL_PROTO_VERSION 1
+#define RL_MAX_DEVICES 16
+
+enum {
+    RL_MSG_HELLO = 1,
+    RL_MSG_BATCH = 2,
+    RL_MSG_CONTROL = 3,
+};
+
+/* Collection modes the agent can switch between without restarting the process. */
+enum {
+    RL_MODE_ALWAYS_ON = 0, /* kernels, copies, launch/sync runtime API, NVTX ranges, external ids */
+    RL_MODE_DEEP = 1,      /* + driver launch API, NVTX payloads, queued/submitted timestamps, no sampling */
+};
+
+/* rl_hello_t.flags / rl_batch_t.flags */
+enum {
+    RL_FLAG_GRAPH_LEVEL = 1u << 0,       /* GRAPH_TRACE enabled: one record per graph launch */
+    RL_FLAG_MULTI_SUBSCRIBER = 1u << 1,  /* CUPTI multi-subscriber (v2) mode */
+    RL_FLAG_CONFLICT = 1u << 2,          /* another CUPTI subscriber holds CUPTI: we stay passive */
+    RL_FLAG_NO_CUPTI = 1u << 3,          /* libcupti not usable in this process */
+    RL_FLAG_TEST_MODE = 1u << 4,         /* driven by ridgeline_test_* entry points */
+    RL_FLAG_WALK_WITH_CUPTI = 1u << 5,   /* record sizes taken from cuptiActivityGetNextRecord */
+};
+
+/* API categories, numerically equal to probes/events.py API_* constants. */
+enum { RL_API_OTHER = 0, RL_API_LAUNCH = 1, RL_API_GRAPH_LAUNCH = 2, RL_API_SYNC = 3 };
+/* API domains, numerically equal to probes/events.py API_DOMAIN_*. */
+enum { RL_DOMAIN_RUNTIME = 1, RL_DOMAIN_DRIVER = 2 };
+
+typedef struct {
+    uint32_t magic;
+    uint16_t type;
+    uint16_t proto;
+    uint32_t length; /* body bytes */
+    uint32_t reserved;
+} rl_frame_t;
+
+typedef struct {
+    uint32_t pid;
+    uint32_t cupti_version;      /* cuptiGetVersion() of the libcupti in use, 0 if none */
+    uint32_t header_api_version; /* CUPTI_API_VERSION the library was compiled against */
+    uint32_t mode;
+    uint32_t flags;
+    uint32_t kernel_sample_every;
+    uint32_t comm_len;
+    uint32_t status_len;
+    uint32_t n_sizes;
+    uint32_t n_cbids;
+} rl_hello_t;
+
+typedef struct {
+    uint32_t kind;
+    uint32_t size;
+} rl_kind_size_t;
+
+typedef struct {
+    uint32_t domain;
+    uint32_t cbid;
+    uint32_t category;
+    uint32_t name_len;
+} rl_cbid_t;
+
+typedef struct {
+    uint32_t pid;
+    uint32_t cupti_version;
+    uint64_t seq;
+    uint32_t mode;
+    uint32_t flags;
+    uint32_t kernel_sample_every;
+    uint32_t n_devices;
+    uint32_t n_names;
+    uint32_t n_sections;
+    uint64_t records;            /* records in this batch */
+    /* cumulative counters since the library started */
+    uint64_t dropped_cupti;      /* CUPTI's own dropped-record count */
+    uint64_t dropped_pool_full;  /* records dropped: no free pool slot */
+    uint64_t dropped_no_agent;   /* records dropped: agent socket absent */
+    uint64_t dropped_send;       /* records dropped: agent too slow, connection abandoned */
+    uint64_t sampled_out;        /* kernel records skipped by always-on sampling (not a loss) */
+    uint64_t names_dropped;      /* names not interned: table full */
+    uint64_t walk_errors;        /* buffers cut short: unknown record kind */
+    uint32_t device_ids[RL_MAX_DEVICES];
+} rl_batch_t;
+
+typedef struct {
+    uint64_t ptr;
+    uint32_t len;
+    uint32_t reserved;
+} rl_name_t;
+
+typedef struct {
+    uint32_t kind;
+    uint32_t record_size;
+    uint32_t count;
+    uint32_t reserved;
+} rl_section_t;
+
+typedef struct {
+    uint32_t mode;
+    uint32_t kernel_sample_every; /* 0 = leave unchanged */
+    uint32_t reserved[2];
+} rl_control_t;
+
+#endif
