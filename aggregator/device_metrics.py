@@ -1,0 +1,138 @@
+"""Device (NVML/GPM) figures of one window, folded from the NVML probe's samples (pure).
+
+The NVML probe (:mod:`probes.nvml`) delivers one record per GPU per sample interval;
+a window may hold several. :func:`window_figures` folds them per GPU: the latest memory
+state, means and maxima of the rates and utilisations, energy used in the window from
+the cumulative energy counter, NVLink bytes/s from the cumulative byte counters (or GPM's
+rates), and every clock-event reason seen.
+
+Busy-time (``gpu_busy_time_pct``) is kept beside ``gpm_dram_bw_util_pct`` on purpose: the
+first says a kernel was running, the second how much of the bandwidth it used.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+_MEAN_MAX = ("gpu_busy_time_pct", "memory_busy_time_pct", "power_w", "temperature_c",
+             "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "gpm_sm_util_pct", "gpm_sm_occupancy_pct",
+             "gpm_any_tensor_util_pct", "gpm_hmma_tensor_util_pct", "gpm_dram_bw_util_pct",
+             "gpm_fp64_util_pct", "gpm_fp32_util_pct", "gpm_fp16_util_pct",
+             "gpm_nvlink_rx_bytes_per_s", "gpm_nvlink_tx_bytes_per_s")
+_LAST = ("gpu_name", "gpu_uuid", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
+         "memory_reserved_bytes", "processes", "power_limit_w", "sm_clock_max_mhz", "mem_clock_max_mhz")
+
+
+def _max_key(k: str) -> str:
+    """``power_w`` -> ``power_max_w``: the unit stays last."""
+    for unit in ("_bytes_per_s", "_pct", "_w", "_c"):
+        if k.endswith(unit):
+            return k[: -len(unit)] + "_max" + unit
+    return k + "_max"
+
+
+def _vals(recs: list[dict], k: str) -> list[float]:
+    return [r[k] for r in recs if r.get(k) is not None]
+
+
+def _counter_rate(recs: list[dict], k: str) -> float | None:
+    pts = [(r["ts_ns"], r[k]) for r in recs if r.get(k) is not None and r.get("ts_ns") is not None]
+    if len(pts) < 2:
+        return None
+    (t0, v0), (t1, v1) = pts[0], pts[-1]
+    if t1 <= t0 or v1 < v0:  # counter reset (driver reload): no rate this window
+        return None
+    return (v1 - v0) / ((t1 - t0) / 1e9)
+
+
+def fold(recs: list[dict]) -> dict:
+    """Window figures of one GPU from its samples (oldest first)."""
+    if not recs:
+        raise ValueError("fold needs at least one device record")
+    last = recs[-1]
+    out: dict[str, Any] = {"gpu_index": last.get("gpu_index"), "samples": len(recs),
+                           "start_ts_ns": recs[0].get("ts_ns"), "end_ts_ns": last.get("ts_ns")}
+    for k in _LAST:
+        out[k] = last.get(k)
+    for k in _MEAN_MAX:
+        v = _vals(recs, k)
+        out[k] = sum(v) / len(v) if v else None
+        out[_max_key(k)] = max(v) if v else None
+    out["memory_used_max_bytes"] = max(_vals(recs, "memory_used_bytes"), default=None)
+    for k in ("sm_clock_mhz", "mem_clock_mhz"):
+        v = _vals(recs, k)
+        out[k] = sum(v) / len(v) if v else None
+        out[k.replace("_mhz", "_min_mhz")] = min(v) if v else None
+    reasons: list[str] = []
+    slowed = 0
+    for r in recs:
+        for name in r.get("clock_event_reasons") or []:
+            if name not in reasons:
+                reasons.append(name)
+        slowed += bool(r.get("clock_slowdown"))
+    out["clock_event_reasons"] = reasons
+    out["clock_slowdown_ratio"] = slowed / len(recs)
+    e = [(r["ts_ns"], r["energy_total_j"]) for r in recs if r.get("energy_total_j") is not None]
+    out["energy_j"] = (e[-1][1] - e[0][1]) if len(e) >= 2 and e[-1][1] >= e[0][1] else None
+    out["nvlink_tx_bytes_per_s"] = _counter_rate(recs, "nvlink_tx_total_bytes")
+    out["nvlink_rx_bytes_per_s"] = _counter_rate(recs, "nvlink_rx_total_bytes")
+    if out["nvlink_tx_bytes_per_s"] is None:
+        out["nvlink_tx_bytes_per_s"] = out["gpm_nvlink_tx_bytes_per_s"]
+    if out["nvlink_rx_bytes_per_s"] is None:
+        out["nvlink_rx_bytes_per_s"] = out["gpm_nvlink_rx_bytes_per_s"]
+    out["gpm"] = any(r.get("source", "").endswith("+gpm") for r in recs)
+    out["source"] = "nvml+gpm" if out["gpm"] else "nvml"
+    return out
+
+
+def window_figures(records: Iterable[dict]) -> dict[int, dict]:
+    """``{gpu_index: fold(samples of that GPU)}`` from a window's NVML records."""
+    by: dict[int, list[dict]] = {}
+    for r in records:
+        if isinstance(r, dict) and r.get("gpu_index") is not None:
+            by.setdefault(int(r["gpu_index"]), []).append(r)
+    return {i: fold(sorted(rs, key=lambda r: r.get("ts_ns") or 0)) for i, rs in by.items()}
+
+
+def device_record(fig: dict) -> dict:
+    """Flat record of one GPU's window figures for the wire (units in keys, ``source``)."""
+    rec = {k: v for k, v in fig.items() if k != "processes"}
+    procs = fig.get("processes")
+    rec["processes"] = None if procs is None else [dict(p) for p in procs]
+    rec["source"] = {"probe": "nvml", "gpm": fig.get("gpm", False),
+                     "note": "gpu_busy_time_pct is a busy-time fraction, not a use fraction; "
+                             "see gpm_dram_bw_util_pct"}
+    return rec
+
+
+_PROM = {
+    "memory_used_bytes": "ridgeline_gpu_memory_used_bytes",
+    "memory_total_bytes": "ridgeline_gpu_memory_total_bytes",
+    "memory_reserved_bytes": "ridgeline_gpu_memory_reserved_bytes",
+    "gpu_busy_time_pct": "ridgeline_gpu_busy_time_percent",
+    "gpm_dram_bw_util_pct": "ridgeline_gpu_dram_bandwidth_utilization_percent",
+    "gpm_sm_occupancy_pct": "ridgeline_gpu_sm_occupancy_percent",
+    "gpm_any_tensor_util_pct": "ridgeline_gpu_tensor_utilization_percent",
+    "sm_clock_mhz": "ridgeline_gpu_sm_clock_mhz",
+    "power_w": "ridgeline_gpu_power_watts",
+    "energy_j": "ridgeline_gpu_energy_joules",
+    "temperature_c": "ridgeline_gpu_temperature_celsius",
+    "pcie_tx_bytes_per_s": "ridgeline_gpu_pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_s": "ridgeline_gpu_pcie_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_s": "ridgeline_gpu_nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_s": "ridgeline_gpu_nvlink_rx_bytes_per_second",
+    "clock_slowdown_ratio": "ridgeline_gpu_clock_slowdown_ratio",
+}
+
+
+def prometheus_samples(fig: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
+    """``(name, labels, value)`` per known figure; per-process memory as its own series."""
+    base = {"gpu": str(fig.get("gpu_index")), "gpu_name": str(fig.get("gpu_name"))}
+    base.update(labels or {})
+    out = [(name, dict(base), float(fig[k])) for k, name in _PROM.items() if fig.get(k) is not None]
+    for p in fig.get("processes") or []:
+        if p.get("gpu_memory_used_bytes") is not None:
+            out.append(("ridgeline_gpu_process_memory_used_bytes", dict(base, pid=str(p["pid"])),
+                        float(p["gpu_memory_used_bytes"])))
+    for name in fig.get("clock_event_reasons") or []:
+        out.append(("ridgeline_gpu_clock_event_reason", dict(base, reason=name), 1.0))
+    return out

@@ -1,0 +1,354 @@
+"""The window verdict: which cost face binds this GPU and served process now (pure).
+
+One verdict per window, per (GPU, served process), naming the binding face and the
+numbers behind it. The candidate verdicts, checked in this order (the first that holds
+wins; every other condition that also held is listed under ``also``):
+
+1. ``kv-capacity-bound`` (face ``memory-capacity``): KV usage at or above the watermark
+   (85% of the pool), or preemptions in the window, or waiting requests growing while KV
+   usage is at or above ``kv_full_ratio``. Capacity first: once the pool is full the
+   engine stops admitting or starts evicting, whatever the GPU's speed.
+2. ``host-bound`` (face ``host``): the GPU idles (idle share of its busy span at least
+   ``gpu_idle_min_ratio``) while the launch thread is off-CPU: waiting in the run queue or
+   blocked for at least ``host_wait_min_ratio`` of the window, and longer than it ran.
+3. ``launch-bound`` (face ``launch``): the GPU idles while the launch thread is on-CPU for
+   at least ``launch_busy_min_ratio`` of the window: it cannot issue work fast enough
+   (Python overhead, many tiny kernels, no CUDA graphs).
+4. ``queue-bound`` (face ``queue``): requests wait (``num_waiting >= 1`` and mean queue
+   time at least ``queue_time_min_s``) while KV has room and the dominant phase is below
+   both ceilings: the scheduler's batch limits, not the GPU, hold requests back.
+5. ``memory-bandwidth-bound`` (face ``bandwidth``, usually decode): the dominant phase's
+   roofline verdict is memory-bound, or it reaches ``bandwidth_bound_min_pct`` of peak
+   HBM bytes/s.
+6. ``compute-bound`` (face ``compute``, usually prefill): the dominant phase's roofline
+   verdict is compute-bound, or it reaches ``compute_bound_min_pct`` of peak FLOP/s.
+7. ``undetermined``: not enough evidence (says which inputs were missing).
+
+"GPU utilisation" (NVML's busy-time fraction) is never evidence of headroom: a GPU "100%
+busy" can use a few percent of its bandwidth. It appears in ``figures`` only beside
+GPM's DRAM-bandwidth utilisation, and no rule reads it.
+
+Inputs are plain: per-phase roofline dicts (``aggregator.roofline.phase_summary`` keys),
+engine figures (:func:`aggregator.engine_metrics.engine_record`), device figures
+(:mod:`aggregator.device_metrics`), the launch thread's scheduling figures
+(``on_cpu_ns``, ``runq_wait_ns``, ``blocked_ns``) and the GPU's busy/idle time.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KV_CAPACITY = "kv-capacity-bound"
+HOST = "host-bound"
+LAUNCH = "launch-bound"
+QUEUE = "queue-bound"
+BANDWIDTH = "memory-bandwidth-bound"
+COMPUTE = "compute-bound"
+UNDETERMINED = "undetermined"
+
+FACES = {KV_CAPACITY: "memory-capacity", HOST: "host", LAUNCH: "launch", QUEUE: "queue",
+         BANDWIDTH: "bandwidth", COMPUTE: "compute", UNDETERMINED: None}
+VERDICTS = tuple(FACES)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Verdict thresholds; every one can be overridden (agent config ``[verdict]``).
+
+    kv_watermark_ratio: KV usage (0..1) at or above which the window is KV-capacity-bound.
+    kv_full_ratio: KV usage above which growing waiting requests mean the pool cannot
+        admit them (vLLM reserves blocks per admitted request, so "full" comes before 100%).
+    preemptions_min: preemptions in one window that count as "preemptions rising".
+    waiting_growth_min: increase of waiting requests over the window that counts as growing.
+    gpu_idle_min_ratio: GPU idle time / (busy + idle) above which idle gaps matter.
+    host_wait_min_ratio: (run-queue wait + blocked) / window for the launch thread to be
+        held back by the host.
+    launch_busy_min_ratio: on-CPU / window for the launch thread to count as saturated.
+    queue_time_min_s: mean queue time (s) that counts as queueing.
+    waiting_min: waiting requests that count as a queue.
+    bandwidth_bound_min_pct / compute_bound_min_pct: % of the peak HBM bytes/s or FLOP/s
+        that marks a phase as at its ceiling when the roofline verdict is absent.
+    """
+    kv_watermark_ratio: float = 0.85
+    kv_full_ratio: float = 0.75
+    preemptions_min: float = 1.0
+    waiting_growth_min: float = 1.0
+    gpu_idle_min_ratio: float = 0.20
+    host_wait_min_ratio: float = 0.20
+    launch_busy_min_ratio: float = 0.50
+    queue_time_min_s: float = 0.5
+    waiting_min: float = 1.0
+    bandwidth_bound_min_pct: float = 50.0
+    compute_bound_min_pct: float = 50.0
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+@dataclass
+class VerdictInputs:
+    """What one (GPU, served process) window offers to judge; any part may be missing."""
+    window_ns: int
+    device: int | None = None
+    pid: int | None = None
+    phases: dict[str, dict] = field(default_factory=dict)   # phase name -> phase_summary dict
+    gpu_busy_ns: int | None = None
+    gpu_idle_ns: int | None = None
+    engine: dict | None = None          # engine_metrics.engine_record keys
+    device_figures: dict | None = None  # device_metrics window figures for this GPU
+    launch_thread: dict | None = None   # on_cpu_ns, runq_wait_ns, blocked_ns (+ tid, comm)
+
+
+def _g(d: dict | None, k: str):
+    return None if d is None else d.get(k)
+
+
+def _dominant_phase(phases: dict[str, dict]) -> tuple[str | None, dict | None]:
+    best, best_t = None, -1
+    for name, p in phases.items():
+        if name not in ("prefill", "decode", "mixed"):
+            continue
+        t = p.get("kernel_time_ns") or 0
+        if t > best_t:
+            best, best_t = name, t
+    return (best, phases[best]) if best else (None, None)
+
+
+def _verdict_text(p: dict | None) -> str:
+    return str((p or {}).get("verdict") or "").lower()
+
+
+def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
+    if p is None:
+        return False
+    pct = p.get("pct_of_peak_bytes")
+    return "memory" in _verdict_text(p) or (pct is not None and pct >= th.bandwidth_bound_min_pct)
+
+
+def _at_compute(p: dict | None, th: Thresholds) -> bool:
+    if p is None:
+        return False
+    pct = p.get("pct_of_peak_flops")
+    return "compute" in _verdict_text(p) or (pct is not None and pct >= th.compute_bound_min_pct)
+
+
+def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
+    """The verdict of one window (see the module docstring for the rules and their order).
+
+    Returns ``{"device", "pid", "verdict", "face", "phase", "reasons": [str],
+    "also": [verdict names that also held], "figures": {...}, "missing": [str]}``.
+    """
+    e, d, lt = inp.engine, inp.device_figures, inp.launch_thread
+    phase_name, phase = _dominant_phase(inp.phases)
+    figures: dict[str, Any] = {"window_ns": inp.window_ns}
+    missing: list[str] = []
+    held: list[tuple[str, list[str]]] = []
+
+    # --- KV capacity
+    kv = _g(e, "kv_usage_max_ratio")
+    kv = _g(e, "kv_usage_ratio") if kv is None else kv
+    pre = _g(e, "preemptions")
+    wchg = _g(e, "num_waiting_change")
+    waiting = _g(e, "num_waiting_requests")
+    if e is None:
+        missing.append("engine metrics")
+    figures.update({"kv_usage_ratio": kv, "kv_pool_tokens": _g(e, "kv_pool_tokens"), "preemptions": pre,
+                    "preemption_rate_per_s": _g(e, "preemption_rate_per_s"),
+                    "num_waiting_requests": waiting, "num_waiting_change": wchg,
+                    "queue_time_mean_s": _g(e, "queue_time_mean_s"),
+                    "prefix_cache_hit_ratio": _g(e, "prefix_cache_hit_ratio")})
+    why: list[str] = []
+    if kv is not None and kv >= th.kv_watermark_ratio:
+        why.append(f"KV usage {kv:.1%} >= watermark {th.kv_watermark_ratio:.0%}")
+    if pre is not None and pre >= th.preemptions_min:
+        rate = _g(e, "preemption_rate_per_s")
+        why.append(f"{pre:.0f} preemptions in the window" + (f" ({rate:.2f}/s)" if rate is not None else ""))
+    if wchg is not None and wchg >= th.waiting_growth_min and kv is not None and kv >= th.kv_full_ratio:
+        why.append(f"waiting requests +{wchg:.0f} (now {waiting:.0f}) while KV usage {kv:.1%} >= {th.kv_full_ratio:.0%}")
+    if why:
+        held.append((KV_CAPACITY, why))
+
+    # --- GPU idle vs the launch thread
+    idle_ratio = None
+    if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
+        idle_ratio = inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns)
+    else:
+        missing.append("GPU busy/idle time")
+    figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": idle_ratio})
+    if lt is None:
+        missing.append("launch-thread scheduling")
+    else:
+        figures["launch_thread"] = {k: lt.get(k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
+    if idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio and lt is not None and inp.window_ns > 0:
+        on = lt.get("on_cpu_ns") or 0
+        rq = lt.get("runq_wait_ns") or 0
+        bl = lt.get("blocked_ns") or 0
+        off = rq + bl
+        w = inp.window_ns
+        if off / w >= th.host_wait_min_ratio and off > on:
+            held.append((HOST, [f"GPU idle {idle_ratio:.0%} of its span",
+                                f"launch thread off-CPU {off / w:.0%} of the window "
+                                f"(run queue {rq / w:.0%}, blocked {bl / w:.0%}) vs on-CPU {on / w:.0%}"]))
+        if on / w >= th.launch_busy_min_ratio:
+            held.append((LAUNCH, [f"GPU idle {idle_ratio:.0%} of its span",
+                                  f"launch thread on-CPU {on / w:.0%} of the window (run queue {rq / w:.0%}, "
+                                  f"blocked {bl / w:.0%})"]))
+
+    # --- roofline position of the dominant phase
+    if phase is None:
+        missing.append("per-phase roofline")
+    else:
+        figures["phase"] = {k: phase.get(k) for k in (
+            "kernel_time_ns", "achieved_flops_per_s", "achieved_bytes_per_s", "arithmetic_intensity",
+            "pct_of_peak_flops", "pct_of_peak_bytes", "verdict")}
+    at_bw, at_cp = _at_bandwidth(phase, th), _at_compute(phase, th)
+
+    # --- queue
+    qmean = _g(e, "queue_time_mean_s")
+    if (waiting is not None and waiting >= th.waiting_min and qmean is not None and qmean >= th.queue_time_min_s
+            and (kv is None or kv < th.kv_watermark_ratio) and not at_bw and not at_cp):
+        ceil = ""
+        if phase is not None:
+            ceil = (f"; {phase_name} at {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s and "
+                    f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s")
+        held.append((QUEUE, [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s",
+                             (f"KV usage {kv:.1%} below watermark" if kv is not None else "KV usage unknown") + ceil]))
+
+    if phase is not None:
+        bw = (f"{phase_name}: {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak HBM bytes/s "
+              f"({(phase.get('achieved_bytes_per_s') or 0) / 1e12:.2f} TB/s), intensity "
+              f"{phase.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {phase.get('verdict')}")
+        cp = (f"{phase_name}: {phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s "
+              f"({(phase.get('achieved_flops_per_s') or 0) / 1e12:.1f} TFLOP/s), intensity "
+              f"{phase.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {phase.get('verdict')}")
+        if at_bw:
+            held.append((BANDWIDTH, [bw]))
+        if at_cp:
+            held.append((COMPUTE, [cp]))
+
+    # Busy-time beside bandwidth use: shown, never judged on.
+    if d is not None:
+        figures["gpu_busy_time_pct"] = d.get("gpu_busy_time_pct")
+        figures["dram_bw_util_pct"] = d.get("gpm_dram_bw_util_pct")
+        figures["sm_occupancy_pct"] = d.get("gpm_sm_occupancy_pct")
+        figures["tensor_util_pct"] = d.get("gpm_any_tensor_util_pct")
+        figures["clock_event_reasons"] = d.get("clock_event_reasons")
+    else:
+        missing.append("device metrics")
+
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    held.sort(key=lambda h: order[h[0]])
+    if held:
+        name, reasons = held[0]
+    else:
+        name, reasons = UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")]
+    phase_of = phase_name if name in (BANDWIDTH, COMPUTE, QUEUE) else None
+    return {"device": inp.device, "pid": inp.pid, "verdict": name, "face": FACES[name], "phase": phase_of,
+            "reasons": reasons, "also": [h[0] for h in held[1:]], "figures": figures, "missing": missing,
+            "thresholds": asdict(th)}
+
+
+# --------------------------------------------------------------------------- window glue
+
+def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = None) -> dict | None:
+    """Pick the launch thread of ``pid`` from scheduling-probe output (a list of per-thread
+    dicts, or a dict holding one under ``threads``): ``launch_tid`` if given, else the
+    thread with the most kernel launches (uprobe counters), else the busiest on-CPU."""
+    threads = sched
+    if isinstance(sched, dict):
+        threads = sched.get("threads")
+        if threads is None:
+            for v in sched.values():
+                if isinstance(v, (list, dict)):
+                    r = launch_thread_figures(v, pid, launch_tid)
+                    if r is not None:
+                        return r
+            return None
+    if not isinstance(threads, list):
+        return None
+    cand = [t for t in threads if isinstance(t, dict) and "on_cpu_ns" in t
+            and (pid is None or t.get("pid") in (None, pid))]
+    if not cand:
+        return None
+    if launch_tid is not None:
+        for t in cand:
+            if t.get("tid") == launch_tid:
+                return t
+    return max(cand, key=lambda t: (t.get("launches") or 0, t.get("on_cpu_ns") or 0))
+
+
+def _device_for(window: dict, device: int) -> dict | None:
+    from aggregator import device_metrics
+    for data in (window.get("device") or {}).values():
+        recs = data.get("devices") if isinstance(data, dict) else data
+        if isinstance(recs, list):
+            fig = device_metrics.window_figures(recs).get(device)
+            if fig is not None:
+                return fig
+        elif isinstance(data, dict) and device in data:
+            return data[device]
+    return None
+
+
+def _engine_for(window: dict) -> dict | None:
+    """The engine record of the window (the binding one when several endpoints: highest KV)."""
+    recs = []
+    for data in (window.get("engine") or {}).values():
+        if not isinstance(data, dict):
+            continue
+        if "endpoints" in data and isinstance(data["endpoints"], dict):
+            recs += [r for r in data["endpoints"].values() if isinstance(r, dict)]
+        elif "engine" in data:
+            recs.append(data)
+    if not recs:
+        return None
+    return max(recs, key=lambda r: (r.get("kv_usage_max_ratio") or r.get("kv_usage_ratio") or 0))
+
+
+def window_verdict(window: dict, th: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
+    """Verdicts for every (GPU, process) of a window record (``aggregator.windows`` layout)."""
+    engine = _engine_for(window)
+    out = []
+    for g in window.get("gpus") or []:
+        dev = g.get("device")
+        inp = VerdictInputs(
+            window_ns=int(window.get("duration_ns") or g.get("span_ns") or 0),
+            device=dev, pid=g.get("pid"), phases=g.get("phases") or {},
+            gpu_busy_ns=g.get("busy_ns"), gpu_idle_ns=g.get("idle_ns"),
+            engine=engine, device_figures=_device_for(window, dev) if dev is not None else None,
+            launch_thread=launch_thread_figures(window.get("sched") or None, g.get("pid")),
+        )
+        out.append(judge(inp, th))
+    if not out and engine is not None:
+        out.append(judge(VerdictInputs(window_ns=int(window.get("duration_ns") or 0), engine=engine), th))
+    return out
+
+
+def verdict_record(v: dict) -> dict:
+    """Flat record of one verdict for the wire and /metrics (numbers with units, sources)."""
+    f = v["figures"]
+    rec = {"device": v["device"], "pid": v["pid"], "verdict": v["verdict"], "face": v["face"],
+           "phase": v["phase"], "reasons": list(v["reasons"]), "also": list(v["also"]),
+           "missing": list(v["missing"])}
+    for k in ("kv_usage_ratio", "preemptions", "num_waiting_requests", "queue_time_mean_s", "gpu_idle_ratio",
+              "gpu_busy_time_pct", "dram_bw_util_pct"):
+        rec[k] = f.get(k)
+    p = f.get("phase") or {}
+    rec["phase_pct_of_peak_bytes"] = p.get("pct_of_peak_bytes")
+    rec["phase_pct_of_peak_flops"] = p.get("pct_of_peak_flops")
+    lt = f.get("launch_thread") or {}
+    for k in ("on_cpu_ns", "runq_wait_ns", "blocked_ns"):
+        rec[f"launch_thread_{k}"] = lt.get(k)
+    rec["source"] = {"engine": "engine" if f.get("kv_usage_ratio") is not None else None,
+                     "device": "nvml" if "gpu_busy_time_pct" in f else None,
+                     "sched": "sched" if lt else None,
+                     "roofline": "roofline" if p else None}
+    return rec
+
+
+def prometheus_samples(v: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
+    """One-hot ``ridgeline_verdict_info{verdict=...}`` per known verdict (1 for the current)."""
+    base = {"device": str(v.get("device")), "pid": str(v.get("pid"))}
+    base.update(labels or {})
+    return [("ridgeline_verdict_info", dict(base, verdict=name, face=str(FACES[name])),
+             1.0 if v["verdict"] == name else 0.0) for name in VERDICTS]
