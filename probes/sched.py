@@ -121,13 +121,13 @@ class SchedProbe(Probe):
                  f"-DTARGET_WORDS={words}", f"-DMAX_THREADS={self.max_threads}",
                  f"-DRB_PAGES={self.rb_pages}", "-w"]
         t0 = time.perf_counter()
-        self.bpf = bcc.BPF(text=BPF_SOURCE.read_text(), cflags=flags)  # RAW_TRACEPOINT_PROBE auto-attaches
+        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(), cflags=flags)  # RAW_TRACEPOINT_PROBE auto-attaches
         self.compile_s = time.perf_counter() - t0
-        self._threads = self.bpf["threads"]
-        self._bits = self.bpf["targets"]
-        self._config = self.bpf["config"]
-        self._counters = self.bpf["counters"]
-        self.bpf["events"].open_ring_buffer(self._on_event)
+        self._threads = self.bpf[b"threads"]
+        self._bits = self.bpf[b"targets"]
+        self._config = self.bpf[b"config"]
+        self._counters = self.bpf[b"counters"]
+        self.bpf[b"events"].open_ring_buffer(self._on_event)
         self._set(CFG_SLOW_RUNQ_NS, self.slow_runq_ns)
         self._set(CFG_FOLLOW_FORKS, 1 if self.follow_forks else 0)
         self._last_read_ns = time.monotonic_ns()
