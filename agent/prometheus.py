@@ -197,7 +197,15 @@ class WindowCollector:
                                      g.get("source") or "", ph], {"verdict": str(f["verdict"])})
         yield info
         v = w.get("verdict")
-        if isinstance(v, dict):
+        if isinstance(v, list):
+            win = InfoMetricFamily("ridgeline_verdict", "verdict per GPU and served process (latest window)",
+                                   labels=["device", "pid"])
+            for x in v[:MAX_SERIES_PER_FAMILY]:
+                if isinstance(x, dict) and x.get("verdict"):
+                    win.add_metric([str(x.get("device")), str(x.get("pid"))],
+                                   {"verdict": str(x["verdict"]), "face": str(x.get("face") or "")})
+            yield win
+        elif isinstance(v, dict):
             label = v.get("verdict") or v.get("face") or v.get("name")
             if label:
                 win = InfoMetricFamily("ridgeline_window_verdict", "the latest window's overall verdict")

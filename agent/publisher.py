@@ -133,7 +133,7 @@ class Publisher:
                 from zmq.auth.thread import ThreadAuthenticator
                 self._auth = ThreadAuthenticator(self.ctx)
                 self._auth.start()
-                self._auth.configure_curve(domain="*", location=str(allowed))
+                self._auth.configure_curve(domain="ridgeline", location=str(allowed))
                 sock.setsockopt(zmq.CURVE_SERVER, 1)
                 sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
                 sock.setsockopt(zmq.CURVE_SECRETKEY, secret)

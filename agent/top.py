@@ -73,6 +73,9 @@ def _peak_flops(ceil: dict | None) -> float | None:
 def _verdict_text(v) -> str:
     if v is None:
         return "-"
+    if isinstance(v, list):
+        return ", ".join(f"gpu{x.get('device')}/{x.get('pid')}: {x.get('verdict')}" if isinstance(x, dict) else str(x)
+                         for x in v) or "-"
     if isinstance(v, dict):
         return str(v.get("verdict") or v.get("face") or v.get("name") or "-")
     return str(v)

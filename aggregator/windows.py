@@ -44,6 +44,7 @@ from probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTIO
 log = logging.getLogger("ridgeline.windows")
 
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
+MAX_DEVICE_SAMPLES = 256
 
 
 def plain(obj):
@@ -103,63 +104,32 @@ def concat_traces(parts: list[Trace]) -> Trace:
 
 
 def _phase_figures(trace: Trace) -> tuple[dict, str]:
-    """Per-phase figures of one GPU/process slice, via the phase mapper and roofline
-    modules where they are installed; kernel time and counts always."""
+    """Per-phase figures of one GPU/process slice: the phase mapper and roofline of
+    :func:`aggregator.analysis.analyze_trace` (FLOPs, bytes, achieved rates against the
+    ceilings, verdict, evidence) where they can run; kernel time and counts always."""
     k = trace.kernels
-    dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+    dur = np.maximum(k["end_ns"] - k["start_ns"], 0).astype(np.int64)
     total = int(dur.sum())
-    phase_codes = None
-    source = "none"
-    phase_names = {0: "unknown"}
-    pmap = None
     try:
-        from aggregator import phases as _phases
-        phase_names = _phases.PHASE_NAMES
-        pmap = _phases.map_phases(trace)
-        phase_codes = np.asarray(pmap.kernel_phase)
-        source = "phases"
+        from aggregator import analysis
+        res = analysis.analyze_trace(trace)
+        phases = {}
+        for name, f in (res.get("phases") or {}).items():
+            f = plain(f)
+            share = f.get("share_of_gpu_time_ratio")
+            f["time_share_pct"] = 100.0 * share if isinstance(share, (int, float)) else (
+                100.0 * f.get("kernel_time_ns", 0) / total if total else 0.0)
+            phases[str(name)] = f
+        if phases or not len(k):
+            return phases, "analysis"
+        source = "analysis: no phases"
     except ImportError:
-        pass
-    except Exception as exc:   # a mapper failure loses the phase split, not the window
-        log.debug("phase mapping failed: %s", exc)
-        source = f"phases failed: {type(exc).__name__}"
-    if phase_codes is None or len(phase_codes) != len(k):
-        phase_codes = np.zeros(len(k), dtype=np.uint8)
-    out: dict[str, dict] = {}
-    for code in np.unique(phase_codes).tolist():
-        m = phase_codes == code
-        t = int(dur[m].sum())
-        out[phase_names.get(code, str(code))] = {
-            "kernels": int(m.sum()), "kernel_time_ns": t,
-            "time_share_pct": 100.0 * t / total if total else 0.0,
-        }
-    if pmap is not None:
-        extra = _roofline(trace, pmap)
-        for name, figs in extra.items():
-            if name in out:
-                out[name].update({kk: vv for kk, vv in figs.items() if kk not in ("kernels", "kernel_time_ns")})
-        if extra:
-            source += "+roofline"
-    return out, source
-
-
-def _roofline(trace: Trace, pmap) -> dict:
-    try:
-        from aggregator import roofline
-    except ImportError:
-        return {}
-    try:
-        res = roofline.phase_summary(trace, pmap)
-    except Exception as exc:
-        log.debug("roofline failed: %s", exc)
-        return {}
-    if isinstance(res, dict):
-        # {phase_name: figures} or {"phases": {...}}
-        res = res.get("phases", res)
-        return {str(k): plain(v) for k, v in res.items() if isinstance(v, dict)}
-    if isinstance(res, list):
-        return {str(r.get("phase")): plain(r) for r in res if isinstance(r, dict)}
-    return {}
+        source = "none"
+    except Exception as exc:   # a mapper/roofline failure loses the phase split, not the window
+        log.debug("phase analysis failed: %s", exc)
+        source = f"analysis failed: {type(exc).__name__}: {exc}"[:200]
+    return ({"unknown": {"kernels": int(len(k)), "kernel_time_ns": total, "time_share_pct": 100.0 if total else 0.0}}
+            if len(k) else {}), source
 
 
 def _ceilings(gpu_name: str) -> dict | None:
@@ -225,6 +195,7 @@ class WindowBuilder:
     engine: dict = field(default_factory=dict)
     records: int = 0
     engine_errors: int = 0
+    _device_recs: dict = field(default_factory=dict)   # source -> device samples this window
     _scrapes: dict = field(default_factory=dict)       # endpoint -> snapshots this window
     _engine_prev: dict = field(default_factory=dict)   # endpoint -> last snapshot before
 
@@ -238,6 +209,15 @@ class WindowBuilder:
         self.records += 1
 
     def add_device(self, data: dict, source: str = "nvml") -> None:
+        """Device samples: ``{"devices": [record, ...]}`` accumulate over the window (the
+        verdict folds them per GPU); any other dict replaces the previous one."""
+        recs = data.get("devices") if isinstance(data, dict) else None
+        if isinstance(recs, list):
+            self._device_recs.setdefault(source, []).extend(recs)
+            # Bounded: a window never holds more than the newest samples per source.
+            del self._device_recs[source][:-MAX_DEVICE_SAMPLES]
+            self.records += len(recs)
+            return
         self.device[source] = data
         self.records += 1
 
@@ -279,6 +259,9 @@ class WindowBuilder:
     def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
         if self._scrapes:
             self._engine_close()
+        for src, recs in self._device_recs.items():
+            self.device[src] = {"devices": recs}
+        self._device_recs = {}
         gpus: list[dict] = []
         sources = []
         for (src, _), parts in self.events.items():

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Install (or with --uninstall remove) the Ridgeline agent as a systemd service:
+#   /opt/ridgeline/venv             dedicated virtualenv holding ridgeline and its pinned deps
+#   /etc/systemd/system/ridgeline.service
+#   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0750)
+#   /etc/ridgeline/agent.toml       default config (kept if already there, kept on uninstall)
+#
+# Options:
+#   --root DIR     install under DIR instead of / (tests, image builds); touches nothing else
+#   --uninstall    remove what install put there (config stays; remove it by hand)
+#   --python PY    interpreter for the virtualenv (default: python3)
+# Environment: RIDGELINE_PIP_ARGS extra pip arguments (tests use "--no-deps --no-build-isolation").
+set -euo pipefail
+
+ROOT=/
+UNINSTALL=0
+PY=python3
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --root) ROOT=${2:?--root needs a folder}; shift 2 ;;
+        --root=*) ROOT=${1#--root=}; shift ;;
+        --uninstall) UNINSTALL=1; shift ;;
+        --python) PY=${2:?--python needs an interpreter}; shift 2 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "install.sh: error: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+R=${ROOT%/}
+PREFIX="$R/opt/ridgeline"
+UNIT="$R/etc/systemd/system/ridgeline.service"
+TMPF="$R/etc/tmpfiles.d/ridgeline.conf"
+CONF="$R/etc/ridgeline/agent.toml"
+LIVE=0
+if [ "$R" = "" ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then LIVE=1; fi
+
+if [ "$UNINSTALL" = 1 ]; then
+    if [ "$LIVE" = 1 ]; then
+        systemctl disable --now ridgeline.service 2>/dev/null || true
+    fi
+    rm -f "$UNIT" "$TMPF"
+    rm -rf "$PREFIX"
+    if [ "$LIVE" = 1 ]; then systemctl daemon-reload; fi
+    echo "ridgeline: uninstalled from ${ROOT}; config kept at $CONF"
+    exit 0
+fi
+
+if [ "$R" = "" ] && [ "$(id -u)" != 0 ]; then
+    echo "install.sh: error: installing into / needs root (or use --root DIR)" >&2
+    exit 2
+fi
+
+install -d -m 0755 "$PREFIX" "$(dirname "$UNIT")" "$(dirname "$TMPF")"
+install -d -m 0750 "$(dirname "$CONF")"
+if [ ! -x "$PREFIX/venv/bin/python" ]; then
+    "$PY" -m venv "$PREFIX/venv"
+fi
+# shellcheck disable=SC2086
+"$PREFIX/venv/bin/python" -m pip install -q ${RIDGELINE_PIP_ARGS:-} "$SRC"
+install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
+install -m 0644 "$SRC/systemd/ridgeline.conf" "$TMPF"
+if [ ! -e "$CONF" ]; then
+    install -m 0640 "$SRC/agent/data/agent.toml" "$CONF"
+fi
+if [ "$LIVE" = 1 ]; then
+    systemd-tmpfiles --create "$TMPF" || true
+    systemctl daemon-reload
+    echo "ridgeline: installed. Start it with: systemctl enable --now ridgeline"
+else
+    echo "ridgeline: installed under $ROOT"
+fi
