@@ -13,3 +13,9 @@ Modules: :mod:`.hardware` (GPU ceilings and memory), :mod:`.model` (model shapes
 events), :mod:`.metrics` (vLLM V1 Prometheus metrics), :mod:`.kineto_writer` (trace
 file), :mod:`.probe` (live stream into the agent).
 """
+
+
+def make_probe(section: dict):
+    """The agent registry's factory (``[probes.simulator]`` section -> probe)."""
+    from .probe import make_probe as _make
+    return _make(section)

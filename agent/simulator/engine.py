@@ -37,7 +37,7 @@ from .kvpool import KvPool
 from .metrics import SimMetrics
 from .model import SimModel, load_model
 from .scheduler import Request, Scheduler, SchedulerConfig
-from .workload import Workload, draw
+from .workload import Requests, Workload, draw
 
 # CUPTI runtime callback ids (cupti_runtime_cbid.h): cudaLaunchKernel_v7000,
 # cudaMemcpyAsync_v3020, cudaStreamSynchronize_v3020.
@@ -54,7 +54,7 @@ DTOH_COPY_NS = 2_000
 @dataclass
 class SimConfig:
     gpu: str = "h100"
-    model: str = "llama-3.1-8b"
+    model: str = "llama-3-8b"
     engine: str = "vllm"
     workload: Workload = field(default_factory=Workload)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -105,6 +105,7 @@ class SimEngine:
         self.sched = Scheduler(cfg.scheduler, self.pool, cfg.workload.shared_prefix_tokens)
         self.requests = draw(cfg.workload, seed)
         self._next_req = 0
+        self._laps = 1
         self.clock_ns = 0
         self.gpu_free_ns = 0
         self.step_index = 0
@@ -117,7 +118,8 @@ class SimEngine:
         self._buf: dict[str, list[np.ndarray]] = {"kernels": [], "api": [], "copies": [], "ranges": []}
         self._buf_kernels = 0
         self.steps: deque[StepRecord] = deque(maxlen=keep_steps)
-        self.finished: list[Request] = []
+        self.finished: deque[Request] = deque(maxlen=keep_steps)
+        self.finished_total = 0
         self.aborted = 0
         self.dropped_kernels = 0
         self.emitted_kernels = 0
@@ -166,6 +168,37 @@ class SimEngine:
                 n += 1
         self._update_gauges()
         return n
+
+    def extend(self) -> None:
+        """Append another run of the workload (the next seed), starting where the
+        current one's arrivals end, so a live source can run indefinitely. Requests
+        already admitted are dropped from the table, keeping memory flat."""
+        w = self.cfg.workload
+        more = draw(w, self.seed + self._laps)
+        offset = int(self._laps * (sum(d for d, _ in w.recorded_rate) if w.recorded_rate else w.duration_s) * 1e9)
+        self._laps += 1
+        rest = slice(self._next_req, None)
+        self.requests = Requests(np.concatenate([self.requests.arrival_ns[rest], more.arrival_ns + offset]),
+                                 np.concatenate([self.requests.prompt_len[rest], more.prompt_len]),
+                                 np.concatenate([self.requests.output_len[rest], more.output_len]))
+        self._next_req = 0
+
+    def forward(self, q_lens, ctx_lens=None) -> StepRecord:
+        """One step of a fixed shape, outside the scheduler (a profiled forward pass:
+        ``q_lens[i]`` new tokens of sequence i on ``ctx_lens[i]`` cached ones)."""
+        q = np.asarray(q_lens, dtype=np.int64)
+        ctx = np.zeros_like(q) if ctx_lens is None else np.asarray(ctx_lens, dtype=np.int64)
+        shape = StepShape(q, ctx, np.ones(len(q), dtype=bool))
+        plan = plan_step(self.conv, self.model, self.gpu, self.cfg.efficiency, shape)
+        now = self.clock_ns
+        end_cpu, gpu_start, gpu_end = self._emit(plan, shape, [])
+        dec = int(q[(q == 1) & (ctx > 0)].sum())
+        rec = StepRecord(now, end_cpu, gpu_start, gpu_end, shape.tokens, shape.tokens - dec, dec, shape.sequences,
+                         0, 0, 0.0, 0, len(plan.dur_ns), float(plan.flops.sum()), float(plan.bytes.sum()))
+        self.steps.append(rec)
+        self.clock_ns = end_cpu
+        self.step_index += 1
+        return rec
 
     def drain(self) -> Trace:
         """The events emitted since the last drain, as one Trace (source ``simulated``)."""
@@ -251,6 +284,7 @@ class SimEngine:
             if r.generated >= r.output:
                 self.sched.finish(r)
                 self.finished.append(r)
+                self.finished_total += 1
                 if m:
                     m.success("length")
                     m.e2e.observe((t_tok - r.arrival_ns) / 1e9)

@@ -22,7 +22,7 @@ class KvPool:
     prefix_blocks: int = 0
 
     @classmethod
-    def sized(cls, memory_bytes: float, weight_bytes: float, kv_bytes_per_token: int, *,
+    def sized(cls, memory_bytes: float, weight_bytes: float, kv_bytes_per_token: float, *,
               gpu_memory_utilization: float = 0.9, activation_reserve_bytes: float = 2e9,
               block_size: int = 16, kv_cache_bytes: float | None = None) -> "KvPool":
         budget = kv_cache_bytes if kv_cache_bytes is not None else \

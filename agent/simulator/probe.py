@@ -1,0 +1,138 @@
+"""The simulated engine as a live probe: columnar event batches on the agent's clock.
+
+:class:`SimulatorProbe` follows :mod:`probes.probe`. ``start()`` builds a
+:class:`~agent.simulator.engine.SimEngine` whose simulated clock is anchored to the wall
+clock (``time.time_ns()`` at start) and advances at ``speed`` times real time; each
+``poll()`` runs the steps that are due and returns ``{"kind": "events", "trace": Trace,
+"engine": {"scrapes": [...]}}``: the kernels, copies, launch/sync API calls and step
+annotations emitted since the previous poll (``trace.meta["source"] == "simulated"``)
+and, once per ``scrape_interval_s``, one scrape of the engine's own vLLM V1 metrics in
+the engine probe's format (``{"endpoint", "ts_ns", "exposition"}``), or ``None`` when
+nothing is due. With ``serve_metrics`` the same metrics are served over HTTP on
+127.0.0.1 (``metrics_port``), so the engine probe can scrape them as a real server's.
+
+The workload runs indefinitely (another seeded run of arrivals is appended when one
+ends). Events not polled pile up in a bounded buffer; past it, steps are dropped and
+counted (``drops``). :meth:`restart_process` simulates the served process exiting and a
+new one appearing (new pid, fresh engine state and counters).
+"""
+from __future__ import annotations
+
+import time
+
+from probes import prom_text
+from probes.probe import Availability, Probe
+
+from .engine import SimConfig, SimEngine
+from .scheduler import SchedulerConfig
+from .workload import Workload
+
+
+class SimulatorProbe(Probe):
+    name = "simulator"
+    optional = True
+
+    def __init__(self, gpu: str = "h100", model: str = "llama-3-8b", rate_per_s: float = 4.0, seed: int = 0,
+                 engine: str = "vllm", speed: float = 1.0, serve_metrics: bool = False, scrape_interval_s: float = 1.0,
+                 config: SimConfig | None = None, device: int = 0, pid: int = 90_000,
+                 max_buffer_kernels: int = 2_000_000, name: str = "simulator", **_ignored):
+        super().__init__(name=name)
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self.config = config or SimConfig(
+            gpu=gpu, model=model, engine=engine, device=device, pid=pid, tid=pid,
+            workload=Workload(rate_per_s=rate_per_s, duration_s=600.0),
+            scheduler=SchedulerConfig(), max_buffer_kernels=max_buffer_kernels)
+        self.seed, self.speed = seed, speed
+        self.serve_metrics = serve_metrics
+        self.scrape_interval_ns = int(scrape_interval_s * 1e9)
+        self.engine: SimEngine | None = None
+        self.metrics_port: int | None = None
+        self._t0_mono = 0
+        self._sim_offset_ns = 0
+        self._next_scrape_ns = 0
+        self.restarts = 0
+        self._drops_before = 0
+
+    def check(self) -> Availability:
+        try:
+            from .hardware import gpu_spec
+            from .model import load_model
+            gpu_spec(self.config.gpu)
+            load_model(self.config.model)
+        except Exception as exc:
+            return Availability(False, f"simulator cannot run: {exc}", "pick a GPU and model the tables know")
+        return Availability(True, "SIMULATED load source (no GPU needed)")
+
+    def _new_engine(self, seed: int) -> SimEngine:
+        cfg = self.config
+        cfg.time_base_ns = time.time_ns() - self._sim_now()   # simulated t maps to the wall clock
+        return SimEngine(cfg, seed=seed, metrics=True, keep_steps=4096)
+
+    def _sim_now(self) -> int:
+        return int((time.monotonic_ns() - self._t0_mono) * self.speed) if self._t0_mono else 0
+
+    def start(self) -> None:
+        if self.engine is not None:
+            return
+        self._t0_mono = time.monotonic_ns()
+        self.engine = self._new_engine(self.seed)
+        if self.serve_metrics:
+            self.metrics_port = self.engine.metrics.serve(0)
+
+    def restart_process(self) -> None:
+        """The served process exits and a new one (next pid) takes its place."""
+        if self.engine is None:
+            return
+        old = self.engine
+        self._drops_before += old.dropped_kernels
+        if old.metrics:
+            old.metrics.close()
+        self.restarts += 1
+        self.config.pid += 1
+        self.config.tid += 1
+        self._t0_mono, self._sim_offset_ns = time.monotonic_ns(), 0
+        self.engine = self._new_engine(self.seed + 1000 * self.restarts)
+        if self.serve_metrics:
+            self.metrics_port = self.engine.metrics.serve(0)
+
+    def poll(self):
+        eng = self.engine
+        if eng is None:
+            return None
+        now = self._sim_now()
+        if eng._next_req >= len(eng.requests.arrival_ns):
+            eng.extend()
+        eng.run_until(now)
+        trace = eng.drain()
+        out = {}
+        if len(trace.kernels) or len(trace.api):
+            self.records += len(trace.kernels) + len(trace.api) + len(trace.copies)
+            out = {"kind": "events", "trace": trace}
+        if now >= self._next_scrape_ns:
+            self._next_scrape_ns = now + self.scrape_interval_ns
+            text = eng.metrics.text().decode()
+            scrape = {"endpoint": f"simulated://pid{eng.cfg.pid}/metrics", "ts_ns": eng.cfg.time_base_ns + now,
+                      "exposition": prom_text.parse(text)}
+            if out:
+                out["engine"] = {"scrapes": [scrape], "errors": []}
+            else:
+                out = {"scrapes": [scrape], "errors": []}
+        return out or None
+
+    def stop(self) -> None:
+        if self.engine is not None and self.engine.metrics:
+            self.engine.metrics.close()
+        if self.engine is not None:
+            self._drops_before += self.engine.dropped_kernels
+        self.engine = None
+
+    def counters(self) -> dict:
+        drops = self._drops_before + (self.engine.dropped_kernels if self.engine else 0)
+        return {"records": self.records, "drops": drops, "errors": self.errors, "restarts": self.restarts,
+                "simulated": True}
+
+
+def make_probe(section: dict) -> SimulatorProbe:
+    """The agent's factory: a probe from the ``[probes.simulator]`` config section."""
+    return SimulatorProbe(**dict(section))
