@@ -1,0 +1,780 @@
+"""Phase mapping: label every forward step, and every kernel, prefill / decode / mixed / other / unknown.
+
+Layered method (shared design notes, section 4); the strongest evidence available decides
+and is recorded:
+
+1. **Engine step annotations** (``use_annotations=True``): vLLM
+   ``execute_context_N(T_S)_generation_M(G)`` and the detailed form
+   ``execute_{total}_context_N(sq..sk..sqsq..sqsk..)_generation_M(sq..sk..sqsq..sqsk..)``,
+   SGLang ``step[DECODE bs=N]`` / ``step[EXTEND bs=N toks=T]`` (and other forward modes),
+   NVTX or user ranges named ``prefill``/``decode``. They give the step boundaries and token
+   counts (mixed steps: the prefill/decode token split). GPU-side copies of a range are
+   preferred; a CPU-side range is mapped to the kernels whose launching API call it
+   contains (correlation id). ProfilerStep ranges only give weak boundaries.
+2. **Step segmentation** from the kernels alone (:mod:`aggregator.steps`).
+3. **Per-step evidence** without annotations: tokens from the grid.x of per-token
+   kernels, attention-kernel signatures and their grids, GEMV vs small/large-tile GEMM,
+   GEMM rows from the CPU operator's ``Input Dims`` (linked by External id), training
+   signals (backward and optimizer kernels, autograd CPU ops) => other, convolution
+   kernels without any transformer kernel => other. Conflicting evidence => unknown.
+
+The signature table is data (``aggregator/data/kernel_signatures.toml``). All per-kernel
+work is numpy over the kernel arrays; Python loops run over steps and distinct names only.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggregator.signatures import (GRID_QUERY_BLOCKS, GRID_TOKENS, HINT_DECODE, HINT_MIXED, HINT_OTHER,
+                                   HINT_PREFILL, LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX,
+                                   ROLE_CONV, ROLE_GEMM, ROLE_GEMV, ROLE_PER_TOKEN, ROLE_TRAINING,
+                                   SMALL_TILE, STRENGTH_NAMES, STRONG, WEAK, KernelClasses, Signature,
+                                   classify_kernels, short_name)
+from aggregator.steps import (kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
+                              segment_kernels)
+from probes.kineto import kernel_cpu_op_index
+from probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
+                           Trace)
+
+UNKNOWN, PREFILL, DECODE, MIXED, OTHER = 0, 1, 2, 3, 4
+PHASE_NAMES = {UNKNOWN: "unknown", PREFILL: "prefill", DECODE: "decode", MIXED: "mixed", OTHER: "other"}
+
+
+@dataclass
+class Step:
+    """One forward step: its span on one device, its label and the evidence behind it.
+
+    ``prefill_tokens``/``decode_tokens``: tokens of each kind in the step when known (a
+    mixed step from an annotation carries both), else None. ``evidence``: human-readable
+    strings, the deciding one first. ``source``: "annotation" or "kernels".
+    """
+    index: int
+    start_ns: int
+    end_ns: int
+    device: int
+    phase: int
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    source: str = "kernels"
+    kernels: int = 0
+
+    @property
+    def phase_name(self) -> str:
+        return PHASE_NAMES[self.phase]
+
+
+@dataclass
+class PhaseMap:
+    """Result of :func:`map_phases`. Arrays are aligned with ``trace.kernels``.
+
+    ``kernel_phase`` (uint8, phase codes), ``kernel_step`` (int32 index into ``steps``,
+    -1 = in no step), ``kernel_evidence`` (int32 index into ``evidence_names``: the
+    evidence that decided the kernel's label).
+    """
+    steps: list[Step]
+    kernel_phase: np.ndarray
+    kernel_step: np.ndarray
+    kernel_evidence: np.ndarray
+    evidence_names: list[str]
+
+    def evidence_of(self, kernel_index: int) -> str:
+        return self.evidence_names[int(self.kernel_evidence[kernel_index])]
+
+    def kernel_time_ns_by_phase(self, kernels: np.ndarray) -> dict[str, int]:
+        """Total kernel duration per phase name (kernels: the trace's kernel array)."""
+        dur = (kernels["end_ns"] - kernels["start_ns"]).astype(np.int64)
+        tot = np.bincount(self.kernel_phase, weights=dur, minlength=len(PHASE_NAMES))
+        return {PHASE_NAMES[i]: int(tot[i]) for i in PHASE_NAMES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer 1: step annotations
+
+@dataclass(frozen=True)
+class StepAnnotation:
+    """What an engine's step annotation says (token counts None where it does not say)."""
+    phase: int
+    prefill_tokens: int | None
+    decode_tokens: int | None
+    prefill_requests: int | None
+    decode_requests: int | None
+    engine: str
+
+    def describe(self, text: str) -> str:
+        parts = []
+        if self.prefill_tokens:
+            parts.append(f"{self.prefill_tokens} prefill tokens")
+        if self.decode_tokens:
+            parts.append(f"{self.decode_tokens} decode tokens")
+        if self.phase == DECODE and not self.decode_tokens and self.decode_requests:
+            parts.append(f"{self.decode_requests} decode requests")
+        tail = ", ".join(parts) if parts else PHASE_NAMES[self.phase]
+        return f"annotation {text}: {tail} => {PHASE_NAMES[self.phase]}"
+
+
+_VLLM = re.compile(r"^execute_context_(\d+)(?:\((\d+)(?:_(\d+))?\))?_generation_(\d+)(?:\((\d+)\))?$")
+_VLLM_DETAILED = re.compile(
+    r"^execute_(\d+)_context_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
+    r"_generation_(\d+)\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)$")
+_SGLANG = re.compile(r"^step\[(\w+) bs=(\d+)(?: toks=(\d+))?(?: [^\]]*)?\]$")
+_NAMED = re.compile(r"^(?:(prefill|extend|context)|(decode|generation))(?:\b|_|\[|\s|$)", re.IGNORECASE)
+
+
+def _label(prefill_tokens: int, decode_tokens: int) -> int:
+    if prefill_tokens > 0 and decode_tokens > 0:
+        return MIXED
+    if prefill_tokens > 0:
+        return PREFILL
+    if decode_tokens > 0:
+        return DECODE
+    return UNKNOWN
+
+
+def parse_step_annotation(text: str) -> StepAnnotation | None:
+    """Parse an engine step annotation; None when ``text`` is not one.
+
+    vLLM ``execute_context_{n}({tokens}_{sum len^2})_generation_{m}({tokens})`` (vllm PR
+    #22496) and the detailed ``execute_{total}_context_{n}(sq..)_generation_{m}(sq..)``
+    (PR #37524, where ``sq`` is the sum of query tokens); SGLang ``step[MODE bs=N]`` with
+    ``toks=T`` for EXTEND (``run_model`` span); ranges named ``prefill``/``extend``/``decode``
+    (NVTX or record_function) give the phase without token counts.
+    """
+    t = text.strip()
+    m = _VLLM_DETAILED.match(t)
+    if m:
+        ctx_req, ctx_sq, gen_req, gen_sq = int(m.group(2)), int(m.group(3)), int(m.group(7)), int(m.group(8))
+        p = ctx_sq if ctx_req else 0
+        d = gen_sq if gen_req else 0
+        return StepAnnotation(_label(p, d) if (p or d) else _label(ctx_req, gen_req), p, d, ctx_req, gen_req,
+                              "vllm-detailed")
+    m = _VLLM.match(t)
+    if m:
+        ctx_req, gen_req = int(m.group(1)), int(m.group(4))
+        p = int(m.group(2)) if m.group(2) is not None else None
+        d = int(m.group(5)) if m.group(5) is not None else None
+        if p is None and d is None:
+            # Legacy form without parentheses: execute_context_{tokens}_generation_{tokens}.
+            p, d = ctx_req, gen_req
+            ctx_req = gen_req = None
+            return StepAnnotation(_label(p, d), p, d, None, None, "vllm")
+        p = p if p is not None else (0 if ctx_req == 0 else None)
+        d = d if d is not None else (0 if gen_req == 0 else None)
+        phase = _label(p or (ctx_req if p is None else 0), d or (gen_req if d is None else 0))
+        return StepAnnotation(phase, p, d, ctx_req, gen_req, "vllm")
+    m = _SGLANG.match(t)
+    if m:
+        mode, bs = m.group(1).upper(), int(m.group(2))
+        toks = int(m.group(3)) if m.group(3) is not None else None
+        if mode in ("EXTEND", "PREFILL", "DRAFT_EXTEND"):
+            return StepAnnotation(PREFILL, toks, 0, bs, 0, "sglang")
+        if mode in ("DECODE", "TARGET_VERIFY", "DRAFT_DECODE"):
+            # One new token per request in plain decode; verify steps carry several.
+            return StepAnnotation(DECODE, 0, bs if mode == "DECODE" else None, 0, bs, "sglang")
+        if mode == "MIXED":
+            return StepAnnotation(MIXED, None, None, None, None, "sglang")
+        return StepAnnotation(UNKNOWN, None, None, None, None, "sglang")   # IDLE, DUMMY_FIRST, ...
+    m = _NAMED.match(t)
+    if m:
+        return StepAnnotation(PREFILL if m.group(1) else DECODE, None, None, None, None, "named range")
+    return None
+
+
+def _is_profiler_step(name: str) -> bool:
+    return name.startswith("ProfilerStep#")
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU-operator evidence: GEMM rows (tokens) from Input Dims; training operators.
+
+_GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1, "aten::_scaled_mm": 0, "aten::linear": 0, "aten::matmul": 0}
+_PARENT_OPS = ("aten::linear", "aten::matmul")
+_TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
+                          r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
+
+
+def _dims(trace: Trace, dims_id: int):
+    if dims_id < 0:
+        return None
+    try:
+        return json.loads(trace.names[dims_id])
+    except (ValueError, IndexError):
+        return None
+
+
+def _gemm_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Per kernel: GEMM rows M, tokens per sequence S (-1 unknown) from the launching CPU op.
+
+    The kernel links to its innermost CPU op (``probes.kineto.kernel_cpu_op_index``:
+    External id, or the enclosing op for older Kineto). For aten::mm/addmm/_scaled_mm/
+    linear/matmul, M is the row count of the activation operand. S comes from an
+    enclosing aten::linear/matmul whose input is [batch, seq, hidden] (HF models); vLLM
+    flattens tokens, so S stays unknown there. Also returns, per kernel, an index into a
+    list of texts ("aten::mm [888, 2880]") naming the operand behind the figure.
+    """
+    k, ops = trace.kernels, trace.cpu_ops
+    rows = np.full(len(k), -1, dtype=np.int64)
+    seq = np.full(len(k), -1, dtype=np.int64)
+    src = np.full(len(k), -1, dtype=np.int64)
+    texts: list[str] = []
+    if not len(k) or not len(ops):
+        return rows, seq, src, texts
+    uniq_ids = np.unique(ops["name_id"][ops["name_id"] >= 0])
+    op_names = [trace.names[int(i)] for i in uniq_ids]
+    gemm_name_ids = uniq_ids[np.isin(np.array(op_names, dtype=object), list(_GEMM_OPS))] if len(op_names) else uniq_ids
+    parent_name_ids = uniq_ids[np.isin(np.array(op_names, dtype=object), list(_PARENT_OPS))] if len(op_names) else uniq_ids
+    g = np.flatnonzero(np.isin(ops["name_id"], gemm_name_ids) & (ops["input_dims_id"] >= 0))
+    if not len(g):
+        return rows, seq, src, texts
+    # Rows per distinct (op name, dims) pair: each parsed once.
+    pairs, inv = np.unique(np.stack([ops["name_id"][g], ops["input_dims_id"][g]], axis=1), axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    pm = np.full(len(pairs), -1, dtype=np.int64)
+    ps = np.full(len(pairs), -1, dtype=np.int64)
+    pt = np.full(len(pairs), -1, dtype=np.int64)
+    for j, (nid, did) in enumerate(pairs.tolist()):
+        d = _dims(trace, did)
+        which = _GEMM_OPS.get(trace.names[nid], 0)
+        if isinstance(d, list) and len(d) > which and isinstance(d[which], list) and len(d[which]) >= 2 \
+                and all(isinstance(x, int) for x in d[which]):
+            shape = d[which]
+            pm[j] = int(np.prod(shape[:-1]))
+            if len(shape) == 3:
+                ps[j] = shape[1]
+            texts.append(f"{trace.names[nid]} {json.dumps(shape)}")
+            pt[j] = len(texts) - 1
+    op_m, op_s, op_t = pm[inv], ps[inv], pt[inv]
+    # S from an enclosing aten::linear/matmul on the same thread (time containment).
+    par = np.flatnonzero(np.isin(ops["name_id"], parent_name_ids) & (ops["input_dims_id"] >= 0))
+    parent_text: dict[int, int] = {}
+    for key in {(int(a), int(b)) for a, b in zip(ops["pid"][g], ops["tid"][g])} if len(par) else ():
+        on_par = par[(ops["pid"][par] == key[0]) & (ops["tid"][par] == key[1])]
+        on_g = np.flatnonzero((ops["pid"][g] == key[0]) & (ops["tid"][g] == key[1]) & (op_s < 0))
+        if not len(on_par) or not len(on_g):
+            continue
+        on_par = on_par[np.argsort(ops["start_ns"][on_par], kind="stable")]
+        pos = np.searchsorted(ops["start_ns"][on_par], ops["start_ns"][g[on_g]], side="right") - 1
+        cand = on_par[np.maximum(pos, 0)]
+        ok = (pos >= 0) & (ops["end_ns"][cand] >= ops["end_ns"][g[on_g]])
+        for j, c in zip(on_g[ok].tolist(), cand[ok].tolist()):
+            did = int(ops["input_dims_id"][c])
+            if did not in parent_text:
+                d = _dims(trace, did)
+                if isinstance(d, list) and d and isinstance(d[0], list) and len(d[0]) == 3 \
+                        and all(isinstance(x, int) for x in d[0]):
+                    texts.append(f"{trace.names[int(ops['name_id'][c])]} {json.dumps(d[0])}")
+                    parent_text[did] = len(texts) - 1
+                else:
+                    parent_text[did] = -1
+            t = parent_text[did]
+            if t >= 0:
+                op_s[j] = int(texts[t].rsplit("[", 1)[1].split(",")[1])
+                op_t[j] = t
+    # Kernel -> launching CPU op (External id, or the enclosing op for older Kineto).
+    op_of_kernel = kernel_cpu_op_index(trace)
+    slot = np.full(len(ops), -1, dtype=np.int64)
+    slot[g] = np.arange(len(g))
+    j = np.full(len(k), -1, dtype=np.int64)
+    linked = op_of_kernel >= 0
+    j[linked] = slot[op_of_kernel[linked]]
+    ok = j >= 0
+    rows[ok], seq[ok], src[ok] = op_m[j[ok]], op_s[j[ok]], op_t[j[ok]]
+    return rows, seq, src, texts
+
+
+def _training_launched(trace: Trace, launch: np.ndarray) -> np.ndarray:
+    """Per kernel: launched from inside an autograd/backward/optimizer CPU op."""
+    k, ops = trace.kernels, trace.cpu_ops
+    out = np.zeros(len(k), dtype=bool)
+    if not len(ops) or not len(k):
+        return out
+    ids = trace.names.ids_matching(_TRAINING_OP)
+    t = np.flatnonzero(np.isin(ops["name_id"], ids))
+    if not len(t):
+        return out
+    hit = kernels_in_cpu_ranges(trace, ops["start_ns"][t], ops["end_ns"][t], ops["pid"][t], ops["tid"][t], launch=launch)
+    out[hit >= 0] = True
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer 3: per-step evidence from kernels
+
+@dataclass
+class _Vote:
+    phase: int
+    strength: int
+    text: str
+    cls: str
+    sig: int = -1        # signature that carried the vote (per-kernel evidence), -1 none
+
+
+def _phase_word(p: int) -> str:
+    return PHASE_NAMES[p]
+
+
+def _grid_text(k: np.ndarray, i: int) -> str:
+    return f"[{int(k['grid_x'][i])},{int(k['grid_y'][i])},{int(k['grid_z'][i])}]"
+
+
+class _StepFacts:
+    """Per-step aggregates of the kernel classes, computed with numpy for all steps at once."""
+
+    def __init__(self, trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, n_steps: int,
+                 rows: np.ndarray, seq: np.ndarray, training_launch: np.ndarray):
+        k = trace.kernels
+        self.n = n_steps
+        in_step = kernel_step >= 0
+        st = kernel_step[in_step]
+        idx = np.flatnonzero(in_step)
+        nsig = len(kc.signatures)
+        sig = kc.sig[in_step]
+        has = sig >= 0
+        key = st[has].astype(np.int64) * nsig + sig[has]
+        self.sig_count = np.bincount(key, minlength=n_steps * nsig).reshape(n_steps, nsig) if n_steps else \
+            np.zeros((0, nsig), dtype=np.int64)
+        # Grid extremes per (step, signature): the kernel with the largest and smallest grid.x.
+        gx = k["grid_x"][idx][has]
+        ki = idx[has]
+        self.max_example = {}
+        self.min_gx = {}
+        if len(key):
+            o = np.lexsort((gx, key))
+            ks, last = key[o], np.r_[key[o][1:] != key[o][:-1], True]
+            first = np.r_[True, key[o][1:] != key[o][:-1]]
+            for kk, kmax, kmin in zip(ks[last].tolist(), ki[o][last].tolist(), gx[o][first].tolist()):
+                self.max_example[kk] = kmax
+                self.min_gx[kk] = kmin
+        self.nsig = nsig
+        role = kc.role[in_step]
+        self.role_count = {r: np.bincount(st[role == r], minlength=n_steps) for r in
+                           (ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_PER_TOKEN, ROLE_GEMM, ROLE_GEMV,
+                            ROLE_TRAINING, ROLE_CONV)}
+        tile = kc.tile_min[in_step]
+        gemm = role == ROLE_GEMM
+        self.small_tile = np.bincount(st[gemm & (tile > 0) & (tile <= SMALL_TILE)], minlength=n_steps)
+        self.large_tile = np.bincount(st[gemm & (tile >= LARGE_TILE)], minlength=n_steps)
+        self.tiled = np.bincount(st[gemm & (tile > 0)], minlength=n_steps)
+        self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
+        # GEMM rows from CPU ops.
+        r = rows[in_step]
+        s = seq[in_step]
+        self.max_rows = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(self.max_rows, st, r)
+        self.max_seq = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(self.max_seq, st, s)
+        self.seq_known = np.bincount(st[s >= 0], minlength=n_steps)
+        self.rows_example = np.full(n_steps, -1, dtype=np.int64)
+        if len(st):
+            o = np.lexsort((r, st))
+            last = np.r_[st[o][1:] != st[o][:-1], True]
+            sel = last & (r[o] >= 0)
+            self.rows_example[st[o][sel]] = idx[o][sel]
+            so = np.lexsort((s, st))
+            lasts = np.r_[st[so][1:] != st[so][:-1], True] & (s[so] >= 0)
+            self.seq_example = np.full(n_steps, -1, dtype=np.int64)
+            self.seq_example[st[so][lasts]] = idx[so][lasts]
+        else:
+            self.seq_example = np.full(n_steps, -1, dtype=np.int64)
+
+
+def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src: tuple) -> list[_Vote]:
+    """Votes of step ``j``: attention, tokens, GEMM, training, non-LLM."""
+    k = trace.kernels
+    votes: list[_Vote] = []
+    sigs: list[Signature] = kc.signatures
+    present = np.flatnonzero(f.sig_count[j])
+    att_votes: list[_Vote] = []
+    for s_i in present.tolist():
+        s = sigs[s_i]
+        n = int(f.sig_count[j, s_i])
+        key = j * f.nsig + s_i
+        ex = f.max_example.get(key, -1)
+        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else s.label
+        if s.role in ("attention", "attention_aux"):
+            gx_max = int(k["grid_x"][ex]) if ex >= 0 else -1
+            if s.grid_rule == "query_blocks" and gx_max > 0:
+                if gx_max > 1:
+                    att_votes.append(_Vote(PREFILL, STRONG, f"{name} grid {_grid_text(k, ex)}: {gx_max} query blocks "
+                                           f"per sequence => prefill", "attention", s_i))
+                elif s.phase in ("decode", "neutral"):
+                    att_votes.append(_Vote(DECODE, WEAK, f"{name} grid {_grid_text(k, ex)}: one query block "
+                                           f"(x{n}) => decode-like", "attention", s_i))
+                else:
+                    att_votes.append(_Vote(UNKNOWN, 0, f"{name} grid {_grid_text(k, ex)}: one query block: short "
+                                           f"query, prefill or decode", "attention", s_i))
+            elif s.phase in ("prefill", "decode", "mixed"):
+                ph = {"prefill": PREFILL, "decode": DECODE, "mixed": MIXED}[s.phase]
+                att_votes.append(_Vote(ph, {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}[s.strength],
+                                       f"{name} x{n}: {s.label} => {s.phase}", "attention", s_i))
+    # Attention class: prefill and decode attention kernels side by side => mixed.
+    p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
+    d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
+    if p >= MEDIUM and d >= MEDIUM:
+        pv = next(v for v in att_votes if v.phase == PREFILL and v.strength == p)
+        dv = next(v for v in att_votes if v.phase == DECODE and v.strength == d)
+        votes.append(_Vote(MIXED, STRONG, f"prefill and decode attention in one step ({pv.text}; {dv.text}) => mixed",
+                           "attention"))
+    else:
+        votes.extend(v for v in att_votes if v.phase != UNKNOWN)
+        votes.extend(_Vote(UNKNOWN, 0, v.text, "note") for v in att_votes if v.phase == UNKNOWN)
+    # Tokens: grid.x of per-token kernels (strong ones preferred).
+    tok = _tokens(j, f, kc, trace)
+    if tok is not None:
+        t, text = tok
+        if t == 1:
+            votes.append(_Vote(DECODE, MEDIUM, f"{text}: one token in the step => decode", "tokens"))
+        else:
+            votes.append(_Vote(UNKNOWN, 0, f"{text}: {t} tokens in the step", "tokens"))
+    # GEMM: GEMV share, rows from CPU ops, tile sizes.
+    n_gemv = int(f.role_count[ROLE_GEMV][j])
+    n_gemm = int(f.role_count[ROLE_GEMM][j])
+    if n_gemv:
+        s_i = next(s for s in present.tolist() if sigs[s].role == "gemv")
+        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else "GEMV"
+        if n_gemv * 2 >= n_gemv + n_gemm:
+            votes.append(_Vote(DECODE, STRONG, f"{name} GEMV: {n_gemv} of {n_gemv + n_gemm} GEMMs are "
+                               f"matrix-vector => decode", "gemm", s_i))
+        else:
+            votes.append(_Vote(UNKNOWN, 0, f"{name} GEMV x{n_gemv} among {n_gemv + n_gemm} GEMMs (LM head or "
+                               f"small op, not decisive)", "note"))
+    if f.seq_known[j] and f.seq_example[j] >= 0:
+        s_max = int(f.max_seq[j])
+        if s_max > 1:
+            votes.append(_Vote(PREFILL, MEDIUM, f"{_rows_text(int(f.seq_example[j]), rows_src[0], rows_src[1], trace)}: "
+                               f"{s_max} tokens per sequence => prefill", "gemm_rows"))
+        elif s_max == 1:
+            votes.append(_Vote(DECODE, MEDIUM, f"{_rows_text(int(f.seq_example[j]), rows_src[0], rows_src[1], trace)}: one new token "
+                               f"per sequence => decode", "gemm_rows"))
+    elif f.max_rows[j] > 0:
+        m = int(f.max_rows[j])
+        txt = _rows_text(int(f.rows_example[j]), rows_src[0], rows_src[1], trace)
+        if m <= 16:
+            votes.append(_Vote(DECODE, WEAK, f"{txt}: at most {m} GEMM rows (tokens) => decode-leaning", "gemm_rows"))
+        elif m >= 512:
+            votes.append(_Vote(PREFILL, WEAK, f"{txt}: {m} GEMM rows (tokens) => prefill-leaning", "gemm_rows"))
+        else:
+            votes.append(_Vote(UNKNOWN, 0, f"{txt}: {m} GEMM rows (tokens)", "note"))
+    tiled = int(f.tiled[j])
+    if tiled:
+        small, large = int(f.small_tile[j]), int(f.large_tile[j])
+        if small * 2 > tiled:
+            votes.append(_Vote(DECODE, WEAK, f"{small} of {tiled} GEMMs use small tiles (<= {SMALL_TILE} rows/cols) "
+                               f"=> decode-leaning", "gemm_tile"))
+        elif large * 2 > tiled:
+            votes.append(_Vote(PREFILL, WEAK, f"{large} of {tiled} GEMMs use large tiles (>= {LARGE_TILE}) "
+                               f"=> prefill-leaning", "gemm_tile"))
+    # Training.
+    n_train = int(f.role_count[ROLE_TRAINING][j])
+    if n_train:
+        s_i = next(s for s in present.tolist() if sigs[s].role == "training")
+        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
+        votes.append(_Vote(OTHER, STRONG, f"{n_train} training kernels ({name}: {sigs[s_i].label}) => other (not "
+                           f"inference)", "training", s_i))
+    if f.training_launch[j]:
+        votes.append(_Vote(OTHER, STRONG, f"{int(f.training_launch[j])} kernels launched from autograd/backward/"
+                           f"optimizer CPU ops => other (not inference)", "training"))
+    # Convolutions without any transformer-layer kernel.
+    n_conv = int(f.role_count[ROLE_CONV][j])
+    if n_conv and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_PER_TOKEN][j]):
+        s_i = next(s for s in present.tolist() if sigs[s].role == "conv")
+        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else "convolution"
+        votes.append(_Vote(OTHER, MEDIUM, f"{n_conv} convolution/pooling kernels (e.g. {name}) and no attention or "
+                           f"KV-cache kernel => other (not LLM inference)", "conv", s_i))
+    return votes
+
+
+def _rows_text(kernel_index: int, src: np.ndarray, texts: list[str], trace: Trace) -> str:
+    """Evidence text naming the CPU op and input dims behind a GEMM-rows vote."""
+    t = int(src[kernel_index]) if kernel_index >= 0 else -1
+    if t >= 0:
+        return texts[t]
+    return f"{short_name(trace.names[int(trace.kernels['name_id'][kernel_index])])} (CPU op dims)"
+
+
+def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int, str] | None:
+    """Tokens in step j from per-token kernels (grid.x), strongest family first."""
+    best = None
+    for s_i in np.flatnonzero(f.sig_count[j]).tolist():
+        s = kc.signatures[s_i]
+        if s.grid_rule != "tokens":
+            continue
+        key = j * f.nsig + s_i
+        ex = f.max_example.get(key, -1)
+        if ex < 0 or trace.kernels["grid_x"][ex] <= 0:
+            continue
+        gmax, gmin = int(trace.kernels["grid_x"][ex]), int(f.min_gx.get(key, -1))
+        rank = {"strong": 3, "medium": 2, "weak": 1}[s.strength]
+        name = short_name(trace.names[int(trace.kernels["name_id"][ex])])
+        text = (f"{name} grid {_grid_text(trace.kernels, ex)}" if gmin == gmax
+                else f"{name} grid.x {gmin}..{gmax}")
+        if best is None or rank > best[0]:
+            best = (rank, gmax, text)
+    return (best[1], best[2]) if best else None
+
+
+def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list[_Vote], str | None]:
+    """Label from votes. Returns (phase, deciding votes, conflict text or None)."""
+    other = [v for v in votes if v.phase == OTHER and v.strength >= STRONG]
+    if other:
+        return OTHER, other, None
+    inf = [v for v in votes if v.phase in (PREFILL, DECODE, MIXED)]
+    strong_att = [v for v in inf if v.cls == "attention" and v.strength >= STRONG and v.phase != UNKNOWN]
+    if training_context and not strong_att:
+        return OTHER, [_Vote(OTHER, MEDIUM, training_context, "training")], None
+    firm = [v for v in inf if v.strength >= MEDIUM]
+    mixed = [v for v in firm if v.phase == MIXED]
+    if mixed:
+        return MIXED, mixed, None
+    dirs = {v.phase for v in firm}
+    if len(dirs) > 1:
+        pv = max((v for v in firm if v.phase == PREFILL), key=lambda v: v.strength)
+        dv = max((v for v in firm if v.phase == DECODE), key=lambda v: v.strength)
+        return UNKNOWN, [], f"conflicting evidence: {pv.text} / {dv.text} => unknown"
+    if dirs:
+        ph = dirs.pop()
+        return ph, sorted((v for v in firm if v.phase == ph), key=lambda v: -v.strength), None
+    weak = [v for v in inf if v.strength == WEAK]
+    wdirs = {v.phase for v in weak}
+    if len(wdirs) == 1 and len({v.cls for v in weak}) >= 2:
+        ph = wdirs.pop()
+        return ph, weak, None
+    conv = [v for v in votes if v.phase == OTHER]
+    if conv:
+        return OTHER, conv, None
+    return UNKNOWN, [], None
+
+
+# ---------------------------------------------------------------------------------------------
+
+def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
+    """GPU-side copies of one annotation (one per stream) merged: (name_id, ext, device) -> span."""
+    r = trace.ranges[sel]
+    if not len(r):
+        return [], np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), []
+    key = np.stack([r["name_id"].astype(np.int64), r["external_id"], r["device"].astype(np.int64)], axis=1)
+    # A missing external id must not merge distinct ranges: give each its own key.
+    key[:, 1] = np.where(r["external_id"] >= 0, r["external_id"], -1 - np.arange(len(r)))
+    uk, inv = np.unique(key, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    starts = np.full(len(uk), np.iinfo(np.int64).max, dtype=np.int64)
+    ends = np.full(len(uk), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(starts, inv, r["start_ns"])
+    np.maximum.at(ends, inv, r["end_ns"])
+    return [int(x) for x in uk[:, 0]], starts, ends, uk[:, 2].astype(np.int32), [int(x) for x in uk[:, 1]]
+
+
+def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
+    """Label every step and kernel of ``trace`` (see the module docstring for the method).
+
+    ``use_annotations=False`` ignores every range (engine annotations, NVTX, ProfilerStep)
+    and decides from kernel events (and CPU operators) alone.
+    """
+    k = trace.kernels
+    n = len(k)
+    kc = classify_kernels(trace)
+    launch = launch_index(trace)
+    names = trace.names
+    kernel_step = np.full(n, -1, dtype=np.int32)
+    steps: list[Step] = []
+    ann_of_step: dict[int, tuple[StepAnnotation, str]] = {}
+    hint = None
+
+    if use_annotations and len(trace.ranges) and n:
+        r = trace.ranges
+        parsed: dict[int, StepAnnotation] = {}
+        for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist():
+            text = names[i]
+            if not _is_profiler_step(text) and len(text) < 512:
+                a = parse_step_annotation(text)
+                if a is not None:
+                    parsed[i] = a
+        ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
+        gpu_sel = np.flatnonzero((r["kind"] == RANGE_GPU_ANNOTATION) & np.isin(r["name_id"], ann_ids) & (r["device"] >= 0))
+        # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
+        # GPU copy, or kernels the copy's window misses) by launch correlation.
+        cpu_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_USER_ANNOTATION, RANGE_NVTX)) & np.isin(r["name_id"], ann_ids))
+        name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
+        hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
+        free = hit_gpu < 0
+        hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
+                                        r["tid"][cpu_sel], launch=launch, candidates=free)
+        # One step per (range, device) that holds kernels.
+        # One step per (annotation, device): the GPU-side copy and the CPU range of one
+        # annotation (same name and external id) are the same step.
+        g_ext = np.asarray(g_ext_ids, dtype=np.int64)
+        c_ext = np.where(r["external_id"][cpu_sel] >= 0, r["external_id"][cpu_sel], -(10 ** 12) - np.arange(len(cpu_sel)))
+        step_of_key: dict[tuple[int, int, int], int] = {}
+        for src, hits, nid_of, ext_of in (("GPU-side range", hit_gpu, lambda h: name_ids[h], lambda h: int(g_ext[h])),
+                                          ("CPU range, kernels by launch correlation", hit_cpu,
+                                           lambda h: int(r["name_id"][cpu_sel[h]]), lambda h: int(c_ext[h]))):
+            on = np.flatnonzero(hits >= 0)
+            if not len(on):
+                continue
+            pair = np.stack([hits[on].astype(np.int64), k["device"][on].astype(np.int64)], axis=1)
+            up, inv = np.unique(pair, axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
+            last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
+            np.minimum.at(first, inv, k["start_ns"][on])
+            np.maximum.at(last, inv, k["end_ns"][on])
+            idx_of_u = np.empty(len(up), dtype=np.int32)
+            for u, (h, dev) in enumerate(up.tolist()):
+                nid = nid_of(h)
+                key = (nid, ext_of(h), int(dev))
+                j = step_of_key.get(key)
+                if j is not None:
+                    st = steps[j]
+                    st.start_ns, st.end_ns = min(st.start_ns, int(first[u])), max(st.end_ns, int(last[u]))
+                    if src.startswith("CPU") and "some kernels" not in st.evidence[0]:
+                        st.evidence[0] = st.evidence[0][:-1] + "; some kernels by CPU range and launch correlation)"
+                else:
+                    text = names[nid]
+                    ann = parsed[nid]
+                    j = len(steps)
+                    steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
+                                      phase=ann.phase, prefill_tokens=ann.prefill_tokens,
+                                      decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
+                                      source="annotation"))
+                    ann_of_step[j] = (ann, text)
+                    step_of_key[key] = j
+                idx_of_u[u] = j
+            kernel_step[on] = idx_of_u[inv]
+        # ProfilerStep ranges: weak boundaries for the kernels left over.
+        ps_ids = np.array([i for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist()
+                           if _is_profiler_step(names[i])], dtype=np.int64)
+        ps_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_PROFILER_STEP))
+                                & np.isin(r["name_id"], ps_ids))
+        if len(ps_sel):
+            gp = ps_sel[r["device"][ps_sel] >= 0]
+            cp = ps_sel[r["device"][ps_sel] < 0]
+            _, p_start, p_end, p_dev, _ = _merge_gpu_copies(trace, gp)
+            hint = kernels_in_gpu_ranges(trace, p_start, p_end, p_dev).astype(np.int64)
+            # Kernels between GPU-side windows form their own groups (-2 - preceding window
+            # position): a window edge on the GPU timeline is a real boundary. -1 stays
+            # "no information" (devices without GPU-side windows, CPU-mapped misses).
+            for dev in np.unique(p_dev).tolist():
+                w = np.sort(p_start[p_dev == dev])
+                out = np.flatnonzero((hint < 0) & (k["device"] == dev))
+                hint[out] = -2 - np.searchsorted(w, k["start_ns"][out], side="right")
+            rest = hint == -1
+            hc = kernels_in_cpu_ranges(trace, r["start_ns"][cp], r["end_ns"][cp], r["pid"][cp], r["tid"][cp],
+                                       launch=launch, candidates=rest)
+            hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
+
+    leftover = kernel_step < 0
+    seg = segment_kernels(trace, kc, mask=leftover, hint=hint)
+    base = len(steps)
+    for i, sgm in enumerate(seg.segments):
+        why = sgm.reasons[0] if sgm.reasons else ""
+        steps.append(Step(index=base + i, start_ns=sgm.start_ns, end_ns=sgm.end_ns, device=sgm.device, phase=UNKNOWN,
+                          evidence=[], source="kernels"))
+        steps[-1]._boundary = why  # type: ignore[attr-defined]
+    kernel_step[leftover] = np.where(seg.kernel_step[leftover] >= 0, seg.kernel_step[leftover] + base, -1)
+
+    # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
+    rows, seq, rows_at, rows_texts = _gemm_rows(trace)
+    trained = _training_launched(trace, launch)
+    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained)
+    training_ctx = _training_context(trace, kc, trained)
+    counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
+    decisive_sig = np.full(len(steps), -1, dtype=np.int32)
+    for st in steps:
+        st.kernels = int(counts[st.index])
+        votes = _step_votes(st.index, facts, trace, kc, (rows_at, rows_texts))
+        ctx = training_ctx.get(st.device)
+        if st.source == "annotation":
+            a, _ = ann_of_step[st.index]
+            ph, dec, conflict = _decide(votes, None)
+            if conflict:
+                st.evidence.append(f"kernel evidence inconclusive: {conflict}")
+            elif dec and ph == st.phase:
+                st.evidence.append("kernel evidence agrees: " + "; ".join(v.text for v in dec[:3]))
+            elif dec:
+                st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
+                                   + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
+            tok = _tokens(st.index, facts, kc, trace)
+            if tok is not None and a.prefill_tokens is not None and a.decode_tokens is not None:
+                total = (a.prefill_tokens or 0) + (a.decode_tokens or 0)
+                if tok[0] != total:
+                    st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
+            continue
+        ph, dec, conflict = _decide(votes, ctx)
+        st.phase = ph
+        boundary = getattr(st, "_boundary", "")
+        if conflict:
+            st.evidence.append(conflict)
+        elif dec:
+            st.evidence.extend(v.text for v in dec)
+            decisive_sig[st.index] = next((v.sig for v in dec if v.sig >= 0), -1)
+        else:
+            st.evidence.append("no phase evidence in the step's kernels => unknown")
+        used = set(st.evidence)
+        st.evidence.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
+        if boundary:
+            st.evidence.append(f"step starts: {boundary}")
+        tok = _tokens(st.index, facts, kc, trace)
+        t = tok[0] if tok is not None else None
+        if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
+            t = int(facts.max_rows[st.index])
+        if st.phase == PREFILL:
+            st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
+        elif st.phase == DECODE:
+            st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
+    for st in steps:
+        if hasattr(st, "_boundary"):
+            del st._boundary
+
+    # Per-kernel arrays.
+    phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
+    look = np.where(kernel_step >= 0, kernel_step, len(steps))
+    kernel_phase = phase_of_step[look]
+    evidence_names: list[str] = ["in no step (no annotation range or kernel segment holds it)"]
+    step_code = np.zeros(len(steps) + 1, dtype=np.int32)
+    for st in steps:
+        evidence_names.append(f"step {st.index} {st.phase_name}: {st.evidence[0]}")
+        step_code[st.index] = len(evidence_names) - 1
+    kernel_evidence = step_code[look]
+    kernel_evidence[kernel_step < 0] = 0
+    # Kernels whose own signature carried the step's deciding vote cite themselves.
+    own = (kernel_step >= 0) & (kc.sig >= 0)
+    own &= kc.sig == np.r_[decisive_sig, -2][look]
+    if own.any():
+        pairs = np.unique(np.stack([kernel_step[own], kc.sig[own]], axis=1), axis=0)
+        code_of = {}
+        for stp, s_i in pairs.tolist():
+            st = steps[stp]
+            evidence_names.append(f"{kc.signatures[s_i].label}: {st.evidence[0]} (step {stp})")
+            code_of[(stp, s_i)] = len(evidence_names) - 1
+        key = kernel_step[own].astype(np.int64) * (len(kc.signatures) + 1) + kc.sig[own]
+        lut_keys = np.array([a * (len(kc.signatures) + 1) + b for a, b in code_of], dtype=np.int64)
+        lut_vals = np.array(list(code_of.values()), dtype=np.int32)
+        o = np.argsort(lut_keys)
+        kernel_evidence[own] = lut_vals[o][np.searchsorted(lut_keys[o], key)]
+    return PhaseMap(steps=steps, kernel_phase=kernel_phase, kernel_step=kernel_step,
+                    kernel_evidence=kernel_evidence.astype(np.int32), evidence_names=evidence_names)
+
+
+def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:
+    """Devices whose kernels include training work anywhere in the trace, with the evidence."""
+    k = trace.kernels
+    out: dict[int, str] = {}
+    is_train = kc.role == ROLE_TRAINING
+    for dev in np.unique(k["device"][is_train | trained]).tolist():
+        nk = int((is_train & (k["device"] == dev)).sum())
+        nl = int((trained & (k["device"] == dev)).sum())
+        parts = []
+        if nk:
+            parts.append(f"{nk} backward/optimizer kernels")
+        if nl:
+            parts.append(f"{nl} kernels launched from autograd/optimizer CPU ops")
+        out[int(dev)] = (f"device {dev} runs a training loop ({', '.join(parts)} in the trace) and this step has no "
+                         f"inference-only attention kernel => other (not inference)")
+    return out

@@ -1,0 +1,217 @@
+"""Kernel-name signatures: what a kernel's name (and launch grid) says about the phase.
+
+The table lives in ``aggregator/data/kernel_signatures.toml`` (one entry per kernel family,
+with the source file that defines it and a trace where it was seen). This module loads it
+and classifies the kernels of a :class:`probes.events.Trace` column-wise: names are
+matched once per distinct kernel name (``NameTable.ids_matching``), and every per-kernel
+array is then a gather by ``name_id`` (``np.isin`` / fancy indexing), never a Python loop
+over kernels.
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from probes.errors import InputError
+from probes.events import NameTable, Trace
+
+DATA_FILE = Path(__file__).parent / "data" / "kernel_signatures.toml"
+
+# Roles (uint8 codes, 0 = no signature matched).
+ROLE_NONE = 0
+ROLE_ATTENTION = 1
+ROLE_ATTENTION_AUX = 2
+ROLE_PER_TOKEN = 3
+ROLE_GEMM = 4
+ROLE_GEMV = 5
+ROLE_SAMPLING = 6
+ROLE_TRAINING = 7
+ROLE_CONV = 8
+ROLE_COLLECTIVE = 9
+ROLE_CODES = {"attention": ROLE_ATTENTION, "attention_aux": ROLE_ATTENTION_AUX, "per_token": ROLE_PER_TOKEN,
+              "gemm": ROLE_GEMM, "gemv": ROLE_GEMV, "sampling": ROLE_SAMPLING, "training": ROLE_TRAINING,
+              "conv": ROLE_CONV, "collective": ROLE_COLLECTIVE}
+
+# Phase hints; numerically identical to aggregator.phases labels (0 = neutral/unknown).
+HINT_NEUTRAL, HINT_PREFILL, HINT_DECODE, HINT_MIXED, HINT_OTHER = 0, 1, 2, 3, 4
+HINT_CODES = {"neutral": HINT_NEUTRAL, "prefill": HINT_PREFILL, "decode": HINT_DECODE,
+              "mixed": HINT_MIXED, "other": HINT_OTHER}
+
+WEAK, MEDIUM, STRONG = 1, 2, 3
+STRENGTH_CODES = {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}
+STRENGTH_NAMES = {v: k for k, v in STRENGTH_CODES.items()}
+
+GRID_NONE, GRID_QUERY_BLOCKS, GRID_TOKENS, GRID_TILE = 0, 1, 2, 3
+GRID_CODES = {"": GRID_NONE, "query_blocks": GRID_QUERY_BLOCKS, "tokens": GRID_TOKENS, "tile": GRID_TILE}
+
+# GEMM tile spelled in the kernel name; the first group pair is the (M, N) tile.
+# Patterns from reference/kernel-signatures.md section 8 (cuBLAS xmma, CUTLASS, nvjet,
+# hipBLASLt macro tiles, trtllm-gen bmm, Ampere sgemm).
+_TILE_PATTERNS = [re.compile(p) for p in (
+    r"tilesize(\d+)x(\d+)x\d+",
+    r"nvjet_\w*?tst_(\d+)x(\d+)",
+    r"MT(\d+)x(\d+)x\d+",
+    r"_t(\d+)x(\d+)x\d+",
+    r"gemm\w*?_(\d+)x(\d+)_\d+x\d+_(?:tn|nt|nn|tt)",
+    r"gemm_(\d+)x(\d+)_",
+)]
+SMALL_TILE = 16     # min(tile M, tile N) <= 16: built for a handful of token rows
+LARGE_TILE = 64     # min(tile M, tile N) >= 64: built for many rows
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One kernel family from the data file."""
+    id: str
+    pattern: str
+    role: str
+    phase: str
+    strength: str
+    label: str
+    source: str
+    seen: str = ""
+    grid_rule: str = ""
+    step_end: bool = False
+
+
+@dataclass
+class KernelClasses:
+    """Per-kernel classification, every array aligned with ``trace.kernels``.
+
+    ``sig``: index into ``signatures`` (-1 = none); ``role``/``hint``/``strength``/``grid_rule``:
+    the codes above; ``tile_min``: min(tile M, tile N) parsed from GEMM names (-1 unknown);
+    ``step_end``: sampling-type kernel that closes a step.
+    """
+    signatures: list[Signature]
+    sig: np.ndarray
+    role: np.ndarray
+    hint: np.ndarray
+    strength: np.ndarray
+    grid_rule: np.ndarray
+    tile_min: np.ndarray
+    step_end: np.ndarray
+
+
+def parse_tile(name: str) -> tuple[int, int] | None:
+    """(M, N) tile from a GEMM kernel name, or None when the name spells none."""
+    for rx in _TILE_PATTERNS:
+        m = rx.search(name)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def load_signatures(path: str | Path | None = None) -> list[Signature]:
+    """Read and validate the signature table (raises InputError naming the file and entry)."""
+    p = Path(path) if path is not None else DATA_FILE
+    try:
+        with open(p, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise InputError(f"{p}: cannot read kernel signatures: {e}") from None
+    out: list[Signature] = []
+    seen_ids: set[str] = set()
+    for i, entry in enumerate(doc.get("signature", [])):
+        where = f"{p}: signature #{i + 1} ({entry.get('id', '?')})"
+        for key in ("id", "pattern", "role", "phase", "strength", "label", "source"):
+            if not isinstance(entry.get(key), str) or not entry[key]:
+                raise InputError(f"{where}: missing or empty '{key}'")
+        if entry["role"] not in ROLE_CODES:
+            raise InputError(f"{where}: unknown role {entry['role']!r}")
+        if entry["phase"] not in HINT_CODES:
+            raise InputError(f"{where}: unknown phase {entry['phase']!r}")
+        if entry["strength"] not in STRENGTH_CODES:
+            raise InputError(f"{where}: unknown strength {entry['strength']!r}")
+        if entry.get("grid_rule", "") not in GRID_CODES:
+            raise InputError(f"{where}: unknown grid_rule {entry['grid_rule']!r}")
+        if entry["id"] in seen_ids:
+            raise InputError(f"{where}: duplicate id")
+        try:
+            re.compile(entry["pattern"])
+        except re.error as e:
+            raise InputError(f"{where}: bad pattern: {e}") from None
+        seen_ids.add(entry["id"])
+        out.append(Signature(id=entry["id"], pattern=entry["pattern"], role=entry["role"], phase=entry["phase"],
+                             strength=entry["strength"], label=entry["label"], source=entry["source"],
+                             seen=entry.get("seen", ""), grid_rule=entry.get("grid_rule", ""),
+                             step_end=bool(entry.get("step_end", False))))
+    if not out:
+        raise InputError(f"{p}: no [[signature]] entries")
+    return out
+
+
+@lru_cache(maxsize=4)
+def _default_signatures() -> tuple[Signature, ...]:
+    return tuple(load_signatures())
+
+
+def match_name_ids(names: NameTable, name_ids: np.ndarray, signatures: list[Signature]) -> np.ndarray:
+    """Signature index for each id in ``name_ids`` (first match wins; -1 none).
+
+    Matching runs over a sub-table of just these names, so the cost is one regex search per
+    distinct kernel name and signature, independent of the number of kernel events.
+    """
+    name_ids = np.asarray(name_ids, dtype=np.int64)
+    sub = NameTable(names[int(i)] if i >= 0 else "" for i in name_ids)
+    # NameTable interns: equal strings share a slot; map back through positions.
+    pos = np.array([sub.lookup(names[int(i)] if i >= 0 else "") for i in name_ids], dtype=np.int64)
+    sub_sig = np.full(len(sub), -1, dtype=np.int32)
+    for k, s in enumerate(signatures):
+        hit = sub.ids_matching(s.pattern)
+        free = hit[sub_sig[hit] < 0]
+        sub_sig[free] = k
+    return sub_sig[pos] if len(pos) else np.empty(0, dtype=np.int32)
+
+
+def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) -> KernelClasses:
+    """Classify every kernel of ``trace`` by its name (vectorised over kernels)."""
+    sigs = list(signatures) if signatures is not None else list(_default_signatures())
+    k = trace.kernels
+    n = len(k)
+    uniq, inverse = np.unique(k["name_id"], return_inverse=True) if n else (np.empty(0, np.int32), np.empty(0, np.int64))
+    uniq_sig = match_name_ids(trace.names, uniq, sigs)
+    role_of = np.array([ROLE_CODES[s.role] for s in sigs] + [ROLE_NONE], dtype=np.uint8)
+    hint_of = np.array([HINT_CODES[s.phase] for s in sigs] + [HINT_NEUTRAL], dtype=np.uint8)
+    strength_of = np.array([STRENGTH_CODES[s.strength] for s in sigs] + [0], dtype=np.uint8)
+    grid_of = np.array([GRID_CODES[s.grid_rule] for s in sigs] + [GRID_NONE], dtype=np.uint8)
+    end_of = np.array([s.step_end for s in sigs] + [False], dtype=bool)
+    # Tiles: parsed once per distinct GEMM name.
+    uniq_tile = np.full(len(uniq), -1, dtype=np.int32)
+    for j in np.flatnonzero((uniq_sig >= 0) & (grid_of[uniq_sig] == GRID_TILE)):
+        t = parse_tile(trace.names[int(uniq[j])])
+        if t is not None:
+            uniq_tile[j] = min(t)
+    sig = uniq_sig[inverse] if n else np.empty(0, dtype=np.int32)
+    look = np.where(sig >= 0, sig, len(sigs))
+    return KernelClasses(signatures=sigs, sig=sig.astype(np.int32), role=role_of[look], hint=hint_of[look],
+                         strength=strength_of[look], grid_rule=grid_of[look],
+                         tile_min=uniq_tile[inverse] if n else np.empty(0, dtype=np.int32), step_end=end_of[look])
+
+
+def short_name(name: str, limit: int = 60) -> str:
+    """Readable kernel name for evidence strings: return type, templates and arguments dropped."""
+    base = name.replace("(anonymous namespace)::", "")
+    if ">::type " in base:          # std::enable_if<...>::type ns::kernel<...>(...)
+        base = base.split(">::type ", 1)[1]
+    if base.startswith("void "):
+        base = base[5:]
+    cut = len(base)
+    for ch in "<(":
+        i = base.find(ch)
+        if i > 0:
+            cut = min(cut, i)
+    parts = base[:cut].strip().split("::")
+    last = parts[-1]
+    if last in ("Kernel", "Kernel2", "device_kernel") and cut < len(base) and base[cut] == "<":
+        # cutlass::Kernel2<cutlass_80_..._gemm_...>: the template argument is the real name.
+        m = re.match(r"<\s*(?:void\s+)?([\w:]+)", base[cut:])
+        if m:
+            last = m.group(1).split("::")[-1]
+    elif last in ("kernel",) and len(parts) > 1:
+        last = f"{parts[-2]}::{last}"
+    return (last or name)[:limit]

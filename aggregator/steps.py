@@ -1,0 +1,259 @@
+"""Forward-step structure of a kernel timeline.
+
+A *step* is one launch set of the engine (one forward pass over all layers for a batch);
+it is the unit that gets a phase label. Steps come from two places:
+
+* annotation ranges: :func:`kernels_in_gpu_ranges` (the GPU-side copy of a range, e.g.
+  Kineto ``gpu_user_annotation``) and :func:`kernels_in_cpu_ranges` (a CPU-side range,
+  mapped to the kernels whose launching API call it contains, by correlation id: CPU
+  windows are not GPU windows);
+* the kernels alone: :func:`segment_kernels` cuts the timeline of each device where an
+  engine step visibly ends (idle gap on the GPU, the token count of the per-token kernels
+  changes, a sampling kernel closes the step, the per-layer pattern restarts, a CUDA graph
+  is launched again, or a weak hint such as a ProfilerStep range changes).
+
+Everything is columnar: per-kernel ``int32`` step ids, computed with numpy over all
+kernels; Python loops only run over boundary candidates (at most a few per step).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggregator.signatures import (GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses)
+from probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
+
+# Idle time on a device that ends a step whatever else is seen: a forward step never
+# leaves the GPU idle this long between two of its own kernels unless the host stalls,
+# and a stall that long is itself worth a new step. Also relative to the trace's own
+# median inter-kernel gap (eager-mode traces have long gaps everywhere: the B200 vLLM
+# step has gaps up to 2.6 ms inside one step, median 76 us).
+GAP_MIN_NS = 5_000_000
+GAP_MEDIAN_FACTOR = 50
+# Layer-pattern restart: an interval between two consecutive attention launches longer
+# than the usual per-layer interval by this many kernels (and by a quarter) holds the end
+# of one step and the start of the next (LM head, sampling, embedding).
+PATTERN_MIN_EXTRA = 2
+PATTERN_MIN_REPEATS = 3
+
+
+@dataclass
+class Segment:
+    """One step found from the kernels: device, time span and why it starts where it does."""
+    device: int
+    start_ns: int
+    end_ns: int
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Segmentation:
+    """``kernel_step``: per-kernel index into ``segments`` (-1: not segmented)."""
+    kernel_step: np.ndarray
+    segments: list[Segment]
+
+
+def kernels_in_gpu_ranges(trace: Trace, starts_ns: np.ndarray, ends_ns: np.ndarray,
+                          devices: np.ndarray, candidates: np.ndarray | None = None) -> np.ndarray:
+    """Index of the GPU-side range holding each kernel (by start time, same device), or -1.
+
+    Ranges of one device are expected not to overlap (engine steps do not); where they do,
+    the latest-starting range that contains the kernel wins.
+    """
+    k = trace.kernels
+    out = np.full(len(k), -1, dtype=np.int32)
+    if not len(k) or not len(starts_ns):
+        return out
+    sel = np.ones(len(k), dtype=bool) if candidates is None else candidates.copy()
+    for dev in np.unique(devices):
+        r = np.flatnonzero(devices == dev)
+        r = r[np.argsort(starts_ns[r], kind="stable")]
+        on = np.flatnonzero(sel & (k["device"] == dev))
+        if not len(on):
+            continue
+        pos = np.searchsorted(starts_ns[r], k["start_ns"][on], side="right") - 1
+        ok = pos >= 0
+        hit = np.full(len(on), -1, dtype=np.int64)
+        hit[ok] = r[pos[ok]]
+        ok &= k["start_ns"][on] < np.where(hit >= 0, ends_ns[np.maximum(hit, 0)], 0)
+        out[on[ok]] = hit[ok]
+    return out
+
+
+def launch_index(trace: Trace) -> np.ndarray:
+    """For each kernel, the index of the API record that launched it (same correlation id), or -1."""
+    k, a = trace.kernels, trace.api
+    out = np.full(len(k), -1, dtype=np.int64)
+    if not len(k) or not len(a):
+        return out
+    launches = np.flatnonzero(np.isin(a["category"], (API_LAUNCH, API_GRAPH_LAUNCH)) & (a["correlation_id"] >= 0))
+    if not len(launches):
+        launches = np.flatnonzero(a["correlation_id"] >= 0)
+    order = launches[np.argsort(a["correlation_id"][launches], kind="stable")]
+    corr = a["correlation_id"][order]
+    pos = np.searchsorted(corr, k["correlation_id"])
+    pos_c = np.minimum(pos, len(corr) - 1)
+    ok = (k["correlation_id"] >= 0) & (pos < len(corr)) & (corr[pos_c] == k["correlation_id"])
+    out[ok] = order[pos_c[ok]]
+    return out
+
+
+def kernels_in_cpu_ranges(trace: Trace, starts_ns: np.ndarray, ends_ns: np.ndarray, pids: np.ndarray,
+                          tids: np.ndarray, launch: np.ndarray | None = None,
+                          candidates: np.ndarray | None = None) -> np.ndarray:
+    """Index of the CPU-side range whose thread launched each kernel inside it, or -1.
+
+    The launch is the runtime/driver API record with the kernel's correlation id; it must
+    start inside the range on the range's (pid, tid). Kernels whose launch record is
+    missing (e.g. launched before the profiler started) stay -1.
+    """
+    k, a = trace.kernels, trace.api
+    out = np.full(len(k), -1, dtype=np.int32)
+    if not len(k) or not len(starts_ns):
+        return out
+    li = launch_index(trace) if launch is None else launch
+    sel = li >= 0
+    if candidates is not None:
+        sel &= candidates
+    ks = np.flatnonzero(sel)
+    if not len(ks):
+        return out
+    api_start = a["start_ns"][li[ks]]
+    api_pid = a["pid"][li[ks]]
+    api_tid = a["tid"][li[ks]]
+    for pid, tid in {(int(p), int(t)) for p, t in zip(pids.tolist(), tids.tolist())}:
+        r = np.flatnonzero((pids == pid) & (tids == tid))
+        r = r[np.argsort(starts_ns[r], kind="stable")]
+        on = np.flatnonzero((api_pid == pid) & (api_tid == tid))
+        if not len(on):
+            continue
+        pos = np.searchsorted(starts_ns[r], api_start[on], side="right") - 1
+        ok = pos >= 0
+        hit = np.where(ok, r[np.maximum(pos, 0)], -1)
+        ok &= api_start[on] < ends_ns[np.maximum(hit, 0)]
+        out[ks[on[ok]]] = hit[ok]
+    return out
+
+
+def _idle_gaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """GPU idle time between kernel i and i+1 (kernels ordered by start; overlap counts as 0)."""
+    if len(start) < 2:
+        return np.empty(0, dtype=np.int64)
+    busy_until = np.maximum.accumulate(end)[:-1]
+    return np.maximum(start[1:] - busy_until, 0)
+
+
+def _cut_at_largest_gap(cut: np.ndarray, reason: list, gaps: np.ndarray, lo: int, hi: int, why: str) -> None:
+    """Mark a boundary after kernel j (lo <= j < hi) where the idle gap is largest."""
+    if hi <= lo:
+        return
+    j = lo + int(np.argmax(gaps[lo:hi]))
+    if not cut[j]:
+        cut[j] = True
+        reason[j] = why
+    elif why not in reason[j]:
+        reason[j] += "; " + why
+
+
+def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | None = None,
+                    hint: np.ndarray | None = None, hint_name: str = "profiler step") -> Segmentation:
+    """Cut the kernels selected by ``mask`` into steps, per device, from the kernels alone.
+
+    ``hint`` (optional, per kernel, -1 = no information) is a weak grouping such as the ProfilerStep
+    range each kernel fell in; a change of hint between consecutive kernels is a boundary.
+    Boundaries, each recorded as the reason its step starts:
+
+    * idle gap >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR x median gap of the device);
+    * the grid.x of the KV-cache-write kernels (= tokens in the step) changes: cut at the
+      largest idle gap between the two launches;
+    * a sampling kernel (runs once at the end of a step) followed by more layer kernels:
+      cut at the largest idle gap after it;
+    * the per-layer pattern restarts: an interval between consecutive attention launches
+      that holds clearly more kernels than the usual per-layer interval: cut at its
+      largest idle gap;
+    * a CUDA graph launched again (same graph id seen earlier in the current step);
+    * the hint changes.
+    """
+    k = trace.kernels
+    n = len(k)
+    kernel_step = np.full(n, -1, dtype=np.int32)
+    segments: list[Segment] = []
+    sel = np.ones(n, dtype=bool) if mask is None else mask
+    if not sel.any():
+        return Segmentation(kernel_step, segments)
+    for dev in np.unique(k["device"][sel]):
+        idx = np.flatnonzero(sel & (k["device"] == dev))
+        idx = idx[np.lexsort((idx, k["start_ns"][idx]))]
+        m = len(idx)
+        s, e = k["start_ns"][idx], k["end_ns"][idx]
+        gaps = _idle_gaps(s, e)
+        cut = np.zeros(max(m - 1, 0), dtype=bool)
+        reason: list = [""] * max(m - 1, 0)
+        if m > 1:
+            med = float(np.median(gaps))
+            thr = max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * med)
+            for j in np.flatnonzero(gaps >= thr):
+                cut[j] = True
+                reason[j] = f"GPU idle {gaps[j] / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)"
+            role = classes.role[idx]
+            # Token count change of the KV-cache writes (strong per-token kernels only:
+            # they run once per layer on exactly the step's tokens).
+            tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (classes.grid_rule[idx] == GRID_TOKENS)
+                                 & (classes.strength[idx] == STRONG) & (k["grid_x"][idx] > 0))
+            if len(tok) > 1:
+                gx = k["grid_x"][idx][tok]
+                for c in np.flatnonzero(gx[1:] != gx[:-1]):
+                    _cut_at_largest_gap(cut, reason, gaps, int(tok[c]), int(tok[c + 1]),
+                                        f"tokens per step change ({int(gx[c])} -> {int(gx[c + 1])}, KV-cache write grid.x)")
+            layer = np.flatnonzero((role == ROLE_ATTENTION) | (role == ROLE_PER_TOKEN))
+            # Sampling closes a step when layer kernels follow it.
+            ends = np.flatnonzero(classes.step_end[idx])
+            if len(ends) and len(layer):
+                nxt = np.searchsorted(layer, ends, side="right")
+                for j, q in zip(ends.tolist(), nxt.tolist()):
+                    if q < len(layer):
+                        _cut_at_largest_gap(cut, reason, gaps, j, int(layer[q]), "previous step ended with a sampling kernel")
+            # Layer pattern restart.
+            att = np.flatnonzero(role == ROLE_ATTENTION)
+            if len(att) > PATTERN_MIN_REPEATS:
+                d = np.diff(att)
+                vals, counts = np.unique(d, return_counts=True)
+                per_layer = int(vals[np.argmax(counts)])
+                if counts.max() >= PATTERN_MIN_REPEATS:
+                    limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
+                    for c in np.flatnonzero(d > limit):
+                        _cut_at_largest_gap(cut, reason, gaps, int(att[c]), int(att[c + 1]),
+                                            f"layer pattern restarts ({int(d[c])} kernels between attention launches, "
+                                            f"{per_layer} per layer)")
+            # CUDA graph relaunch: a graph id already seen in the current step.
+            gid = k["graph_id"][idx]
+            corr = k["correlation_id"][idx]
+            first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1]) | (gid[1:] != gid[:-1]))))
+            seen: set[int] = set()
+            for j in first.tolist():
+                g = int(gid[j])
+                if j > 0 and cut[j - 1]:
+                    seen = set()
+                if g in seen and j > 0:
+                    cut[j - 1] = True
+                    reason[j - 1] = (reason[j - 1] + "; " if reason[j - 1] else "") + f"CUDA graph {g} launched again"
+                    seen = set()
+                seen.add(g)
+            if hint is not None:
+                # Only hinted kernels count: a kernel outside every hint range (another
+                # thread's launch, an orphan) says nothing about where the step ends.
+                hk = np.flatnonzero(hint[idx] != -1)
+                if len(hk) > 1:
+                    hv = hint[idx][hk]
+                    for c in np.flatnonzero(hv[1:] != hv[:-1]):
+                        _cut_at_largest_gap(cut, reason, gaps, int(hk[c]), int(hk[c + 1]), f"{hint_name} boundary")
+        starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
+        stops = np.concatenate((starts[1:], [m]))
+        base = len(segments)
+        step_of = np.repeat(np.arange(len(starts), dtype=np.int32) + base, stops - starts)
+        kernel_step[idx] = step_of
+        for a0, b0 in zip(starts.tolist(), stops.tolist()):
+            why = "first kernel on the device" if a0 == 0 else reason[a0 - 1]
+            segments.append(Segment(device=int(dev), start_ns=int(s[a0]), end_ns=int(e[a0:b0].max()), reasons=[why]))
+    return Segmentation(kernel_step, segments)
