@@ -94,7 +94,7 @@ def figures_json(fig: dict) -> dict:
 
 def _fmt_q(qd: dict, unit: str) -> str:
     k = qd["kind"]
-    if k == "interpolated":
+    if k == "interpolated" or qd.get("value") is not None:
         return f"{qd['value'] * (1000 if unit == 's' else 1):.3g}{'ms' if unit == 's' else ''}"
     if k == "first_bucket":
         return f"<={qd['upper_bound'] * (1000 if unit == 's' else 1):g}{'ms' if unit == 's' else ''}"

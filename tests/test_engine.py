@@ -1,0 +1,137 @@
+"""Engine probe: real HTTP scrapes over loopback, back-off, /proc port discovery."""
+import os
+import socket
+import time
+
+import pytest
+
+from aggregator import engine_metrics as em
+from engine_samples import V011, V026, MetricsServer, advance, free_port, sample_text
+from probes import engine
+from probes.errors import InputError
+
+
+@pytest.mark.parametrize("name,engine_name,kv", [(V011, "vllm", 0.0), (V026, "vllm", 0.38849487785658)])
+def test_scrape_real_samples_over_loopback(name, engine_name, kv):
+    text = sample_text(name)
+    with MetricsServer(text) as srv:
+        res = engine.scrape(srv.url, timeout_s=5)
+    assert res["endpoint"] == srv.url and res["exposition"].bad_lines == 0
+    s = em.snapshot(res["exposition"], res["ts_ns"], srv.url)
+    assert s["engine"] == engine_name and s["gauges"]["kv_usage_ratio"] == pytest.approx(kv)
+    assert engine.is_engine_exposition(res["exposition"])
+
+
+def test_fetch_errors_are_one_line_input_errors():
+    with pytest.raises(InputError, match="cannot reach"):
+        engine.fetch(f"http://127.0.0.1:{free_port()}/metrics", timeout_s=2)
+    with MetricsServer("nope", status=503) as srv:
+        with pytest.raises(InputError, match="HTTP 503"):
+            engine.fetch(srv.url)
+    with pytest.raises(InputError):
+        engine.fetch("ftp://127.0.0.1/metrics")
+
+
+def test_timeout_is_enforced():
+    # A listening socket that never answers: the request must give up at the timeout.
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match="no answer within 0.3 s"):
+            engine.fetch(f"http://127.0.0.1:{s.getsockname()[1]}/metrics", timeout_s=0.3)
+        assert time.monotonic() - t0 < 3
+    finally:
+        s.close()
+
+
+def test_backoff_delay_doubles_and_caps():
+    assert [engine.backoff_delay_s(n, 5, 60) for n in range(6)] == [5, 5, 10, 20, 40, 60]
+
+
+def test_probe_backoff_on_failing_endpoint():
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    p = engine.EngineProbe(urls=[url], interval_s=1.0, timeout_s=1.0, backoff_max_s=8, discover=False)
+    p._client = None
+    p.scrape_due(100.0)
+    ep = p._endpoints[url]
+    assert ep.failures == 1 and ep.next_s == 101.0
+    p.scrape_due(100.5)          # backing off: not retried
+    assert ep.failures == 1
+    p.scrape_due(101.0)
+    assert ep.failures == 2 and ep.next_s == 103.0
+    out = p.poll()
+    assert out["scrapes"] == [] and len(out["errors"]) == 2 and "cannot reach" in out["errors"][0]["error"]
+    assert p.counters()["errors"] == 2 and p.counters()["endpoints_failing"] == 1
+
+
+def test_probe_thread_scrapes_sequence_and_recovers():
+    base = sample_text(V011)
+    with MetricsServer(base) as srv:
+        p = engine.EngineProbe(urls=[srv.url], interval_s=0.1, timeout_s=2, discover=False)
+        assert p.check().ok
+        p.start()
+        try:
+            deadline = time.monotonic() + 10
+            got = []
+            while time.monotonic() < deadline and len(got) < 2:
+                out = p.poll()
+                if out:
+                    got += out["scrapes"]
+                time.sleep(0.05)
+            srv.text = advance(base, counters={"vllm:num_preemptions_total": 3})
+            later = []
+            while time.monotonic() < deadline and not later:
+                out = p.poll()
+                later += [r for r in (out or {}).get("scrapes", [])
+                          if em.snapshot(r["exposition"], r["ts_ns"])["counters"]["preemptions"] == 3]
+                time.sleep(0.05)
+        finally:
+            p.stop()
+            p.stop()   # idempotent
+    assert len(got) >= 2 and later
+    snaps = [em.snapshot(r["exposition"], r["ts_ns"]) for r in got + later]
+    f = em.window_figures(snaps[1:], snaps[0])
+    assert f["preemptions"] == 3 and not f["restarted"]
+    assert p.counters()["records"] >= 3 and p.counters()["drops"] == 0
+
+
+def test_parse_proc_net_tcp_literal():
+    text = (
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 100 0 0 10 0\n"
+        "   1: 0100007F:AE2C 0100007F:1F40 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0 20 4 30 10 -1\n"
+        "   2: 0100007F:0BB8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0 100 0 0 10 0\n")
+    rows = engine.parse_proc_net_tcp(text)
+    assert rows[0] == ("0.0.0.0", 8000, "0A", 4242)
+    assert rows[1] == ("127.0.0.1", 44588, "01", 4343)
+    # Only listening sockets the process owns; 0.0.0.0 is reached through loopback.
+    assert engine.listening_endpoints(rows, {4242, 4343}) == [("127.0.0.1", 8000)]
+    v6 = ("  sl  local_address                         remote_address                        st ...\n"
+          "   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A "
+          "00000000:00000000 00:00000000 00000000     0        0 5555 1 0\n")
+    rows6 = engine.parse_proc_net_tcp(v6)
+    assert rows6 == [("::", 8080, "0A", 5555)]
+    assert engine.listening_endpoints(rows6, {5555}) == [("127.0.0.1", 8080)]
+
+
+def test_discovery_finds_our_own_metrics_port():
+    base = sample_text(V011)
+    with MetricsServer(base) as srv, MetricsServer("process_cpu_seconds_total 1\n") as other:
+        ports = engine.listening_ports(os.getpid())
+        assert ("127.0.0.1", srv.port) in ports and ("127.0.0.1", other.port) in ports
+        p = engine.EngineProbe(pids=[os.getpid()], interval_s=1, timeout_s=2)
+        p._client = None
+        found = p.discover_once()
+        assert srv.url in found and other.url not in found     # only engine endpoints kept
+        assert p.endpoints() == [srv.url]
+        assert p.discover_once() == []                          # nothing new the second time
+        out = p.poll()
+        assert out["scrapes"][0]["endpoint"] == srv.url
+
+
+def test_check_without_endpoints():
+    assert not engine.EngineProbe(discover=False).check().ok
+    av = engine.EngineProbe().check()
+    assert av.ok and "discover" in av.reason
