@@ -82,7 +82,7 @@ def _step_dict(s, names: dict, work: StepWork | None, kernels: int, busy: int) -
 
 
 def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | None = None,
-                  context_len: int | None = None, use_annotations: bool = True,
+                  context_len: int | None = None, tensor_parallel: int = 1, use_annotations: bool = True,
                   ceilings_path: str | Path | None = None, phase_map=None) -> dict:
     """Full analysis of one trace (see module docs). ``phase_map`` may be given (tests,
     or a caller that already mapped phases); otherwise :func:`map_phases` is called."""
@@ -102,7 +102,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     step_work: dict[int, StepWork] = {}
     if model is not None:
         for s in steps:
-            w = step_work_from_model(model, s.prefill_tokens, s.decode_tokens, context_len)
+            w = step_work_from_model(model, s.prefill_tokens, s.decode_tokens, context_len, tensor_parallel)
             if w is not None:
                 step_work[int(s.index)] = w
     gaps = roofline._device_gaps(trace)
@@ -147,6 +147,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
         "launch_latency": roofline.launch_latency(trace, join=join),
         "copies": roofline.copy_traffic(trace),
         "work": {"shapes_kernels": int(kw.known.sum()), "shapes_notes": kw.notes,
-                 "model": model.to_dict() if model else None, "context_len": context_len},
+                 "model": model.to_dict() if model else None, "context_len": context_len,
+                 "tensor_parallel": tensor_parallel},
         "annotations_used": bool(use_annotations),
     }

@@ -401,13 +401,15 @@ class StepWork:
 
 
 def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_tokens: int | None,
-                         context_len: int | None = None) -> StepWork | None:
+                         context_len: int | None = None, tensor_parallel: int = 1) -> StepWork | None:
     """Analytic work of one forward step, or ``None`` when the token counts are unknown.
 
     ``context_len``: tokens each sequence holds (prompt length for prefill sequences,
     context length for decoding ones). Without it, attention score FLOPs and the decode
     KV read are left out and the notes say so: a step's token count alone does not tell
-    how the tokens split into sequences.
+    how the tokens split into sequences. ``tensor_parallel``: GPUs the model is split
+    over; one GPU's share is taken as 1/N of every term (weights, heads and KV are
+    sharded; the replicated norms and embeddings are negligible).
     """
     if prefill_tokens is None and decode_tokens is None:
         return None
@@ -456,6 +458,9 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
             notes.append("decode KV-cache read left out (context lengths unknown; pass --context-len)")
     parts["attention_flops"] = shape.attention_flops(attn_pairs)
     parts["kv_read_bytes"] = kv_read
+    if tensor_parallel > 1:
+        parts = {k2: v / tensor_parallel for k2, v in parts.items()}
+        notes.append(f"one GPU's share of tensor parallelism {tensor_parallel} (1/{tensor_parallel} of each term)")
     flops = parts["linear_flops"] + parts["lm_head_flops"] + parts["attention_flops"]
     bytes_ = (parts["weight_bytes"] + parts["kv_write_bytes"] + parts["kv_read_bytes"]
               + parts["activation_bytes"])

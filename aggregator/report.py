@@ -1,0 +1,124 @@
+"""Terminal rendering of an analysis dict (:func:`aggregator.analysis.analyze_trace`).
+
+:func:`render` prints with rich: a header naming the GPU and its ceilings (with the
+datasheet), a per-phase table (share of GPU time, kernels, achieved TFLOP/s and TB/s
+against the ceilings, intensity vs ridge, verdict), the evidence per phase, the steps,
+idle gaps, launch latency and copy traffic. Pure formatting: no figure is computed here.
+"""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _fmt(x, scale=1.0, digits=1, unit=""):
+    if x is None:
+        return "-"
+    return f"{x / scale:,.{digits}f}{unit}"
+
+
+def _ns(x):
+    if x is None:
+        return "-"
+    if x >= 1e9:
+        return f"{x / 1e9:.2f} s"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f} ms"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f} us"
+    return f"{x:.0f} ns"
+
+
+def _bytes(x):
+    if x is None:
+        return "-"
+    for unit, s in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= s:
+            return f"{x / s:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+VERDICT_STYLE = {"memory-bound": "bold blue", "compute-bound": "bold green",
+                 "latency/launch-bound": "bold yellow", "host-bound": "bold red",
+                 "undetermined": "dim"}
+
+
+def render(doc: dict, console: Console | None = None) -> None:
+    c = console or Console()
+    if console is None and not c.is_terminal:
+        c = Console(width=120)      # piped or captured: a fixed, readable width
+    g = doc["gpu"]
+    c.print(f"[bold]{doc.get('trace') or 'trace'}[/bold]")
+    if g.get("key"):
+        peak = g["flops_per_s"]
+        c.print(f"GPU: {g.get('device_name') or g['name']} -> ceilings [bold]{g['name']}[/bold] "
+                f"({g['ceilings_from']}): {g['hbm_bytes_per_s'] / 1e12:.2f} TB/s, "
+                + ", ".join(f"{k} {v / 1e12:,.0f} TF/s" for k, v in peak.items() if k in ("fp32", "bf16", "fp8", "fp4")))
+        c.print(f"  source: {g['source'].get('document', '?')} ({g['source'].get('date', 'undated')})",
+                style="dim")
+    else:
+        c.print(f"GPU: {g.get('device_name') or '?'}: no ceilings ({g['ceilings_from']})", style="yellow")
+    c.print(f"{doc['kernels']:,} kernels, {_ns(doc['kernel_time_ns'])} of kernel time in a "
+            f"{_ns(doc['span_ns'])} span")
+
+    t = Table(title="Phases", title_justify="left")
+    for col, w in (("phase", 7), ("GPU time", 8), ("kernels", 7), ("TFLOP/s", 7), ("TB/s", 6),
+                   ("FLOP/B", 6), ("idle", 4), ("verdict", 12)):
+        t.add_column(col, justify="left" if col in ("phase", "verdict") else "right", min_width=w)
+    for name, p in doc["phases"].items():
+        share = p.get("share_of_gpu_time_ratio")
+        t.add_row(
+            name, f"{_ns(p['busy_ns'])} ({_fmt(share, 0.01, 0, '%')})", f"{p['kernels']:,}",
+            f"{_fmt(p['achieved_flops_per_s'], 1e12, 1)} ({_fmt(p['pct_of_peak_flops'], 1, 0, '%')})",
+            f"{_fmt(p['achieved_bytes_per_s'], 1e12, 2)} ({_fmt(p['pct_of_peak_bytes'], 1, 0, '%')})",
+            f"{_fmt(p['arithmetic_intensity'], 1, 1)} ({_fmt(p['ridge_point'], 1, 0)})",
+            _fmt(p["idle_ratio"], 0.01, 0, "%"),
+            f"[{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]")
+    t.caption = "TFLOP/s and TB/s over busy time (% of peak); FLOP/B (ridge point); idle = GPU idle in the phase's steps"
+    c.print(t)
+    for name, p in doc["phases"].items():
+        c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]: "
+                + "; ".join(p["evidence"]))
+
+    steps = doc["steps"]
+    if steps:
+        st = Table(title=f"Steps ({len(steps)})", title_justify="left")
+        for col, w in (("#", 3), ("phase", 7), ("start", 9), ("duration", 9), ("kernels", 7),
+                       ("busy", 9), ("tokens p/d", 10)):
+            st.add_column(col, no_wrap=True, min_width=w)
+        st.add_column("evidence", no_wrap=True, overflow="ellipsis", max_width=60)
+        t0 = min(s["start_ns"] for s in steps)
+        shown = steps if len(steps) <= 20 else steps[:10] + steps[-10:]
+        for s in shown:
+            tok = s.get("tokens")
+            tok_s = "-" if not tok else f"{tok.get('prefill') if tok.get('prefill') is not None else '?'}/" \
+                                        f"{tok.get('decode') if tok.get('decode') is not None else '?'}"
+            st.add_row(str(s["index"]), s["phase"], _ns(s["start_ns"] - t0), _ns(s["end_ns"] - s["start_ns"]),
+                       str(s["kernels"]), _ns(s["busy_ns"]), tok_s, "; ".join(s["evidence"]))
+        if len(steps) > 20:
+            st.caption = f"first and last 10 of {len(steps)} steps; all in --json"
+        c.print(st)
+
+    it = Table(title="GPU idle gaps (between kernels)", title_justify="left")
+    for col in ("dev", "span", "idle", "gaps", "p50", "p90", "p99", "max"):
+        it.add_column(col, no_wrap=True)
+    for dev, d in doc["idle_gaps"].items():
+        it.add_row(dev, _ns(d["span_ns"]), f"{_ns(d['idle_ns'])} ({_fmt(d['idle_ratio'], 0.01, 0, '%')})",
+                   str(d["gaps"]), _ns(d["gap_p50_ns"]), _ns(d["gap_p90_ns"]), _ns(d["gap_p99_ns"]),
+                   _ns(d["gap_max_ns"]))
+        it.caption = "gaps by length: " + ", ".join(f"{k} {v}" for k, v in d["gap_histogram"].items())
+    c.print(it)
+    ll = doc["launch_latency"]
+    if ll["kernels"]:
+        c.print(f"Launch latency (API call start -> kernel start, {ll['kernels']:,} kernels): "
+                f"p50 {_ns(ll['p50_ns'])}, p90 {_ns(ll['p90_ns'])}, p99 {_ns(ll['p99_ns'])}")
+    else:
+        c.print("Launch latency: no kernel has a launch API record", style="dim")
+    if doc["copies"]:
+        ct = Table(title="Copy traffic", title_justify="left")
+        for col in ("kind", "direction", "count", "bytes", "time", "achieved"):
+            ct.add_column(col)
+        for r in doc["copies"]:
+            ct.add_row(r["kind"], r["direction"], f"{r['count']:,}", _bytes(r["bytes"]), _ns(r["time_ns"]),
+                       "-" if r["achieved_bytes_per_s"] is None else f"{r['achieved_bytes_per_s'] / 1e9:.1f} GB/s")
+        c.print(ct)
