@@ -57,7 +57,7 @@ _Static_assert(sizeof(CUpti_ActivityMarker2) == 56, "Marker2 layout");
 _Static_assert(offsetof(CUpti_ActivityMarker2, name) == 40, "marker name offset");
 _Static_assert(offsetof(CUpti_ActivityMarker2, domain) == 48, "marker domain offset");
 _Static_assert(sizeof(CUpti_ActivityExternalCorrelation) == 24, "ExternalCorrelation layout");
-_Static_assert(sizeof(rl_frame_t) == 16 && sizeof(rl_batch_t) % 8 == 0 && sizeof(rl_hello_t) % 8 == 0, "wire");
+_Static_assert(sizeof(rl_frame_t) == 16 && sizeof(rl_batch_t) == 168 && sizeof(rl_hello_t) == 40, "wire");
 
 #define RL_KIND_MAX 64
 #define RL_NAME_MAX_LEN 4096
@@ -1028,6 +1028,10 @@ static void *load_cupti(char *why, size_t why_cap) {
     static const char *sonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
     char tried[1536] = {0};
     void *h;
+    /* One CUPTI instance per process: reuse a libcupti the application already loaded
+     * (torch links one); a second copy would collide with its subscriber. */
+    for (size_t i = 0; i < 3; i++)
+        if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD))) return h;
     const char *env = getenv("RIDGELINE_LIBCUPTI");
     if (env && *env) {
         h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
@@ -1035,10 +1039,6 @@ static void *load_cupti(char *why, size_t why_cap) {
         snprintf(why, why_cap, "RIDGELINE_LIBCUPTI=%s cannot be loaded: %s", env, dlerror());
         return NULL;
     }
-    /* One CUPTI instance per process: reuse a libcupti the application already loaded
-     * (torch links one); a second copy would collide with its subscriber. */
-    for (size_t i = 0; i < 3; i++)
-        if ((h = dlopen(sonames[i], RTLD_NOW | RTLD_NOLOAD))) return h;
     for (size_t i = 0; i < 3; i++) {
         size_t u = strlen(tried);
         snprintf(tried + u, sizeof tried - u, "%s%s", u ? ", " : "", sonames[i]);

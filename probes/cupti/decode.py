@@ -1,0 +1,366 @@
+"""Decode raw CUPTI record sections into the columnar event model, one injected process at a time.
+
+Pure numpy, no CUPTI, no sockets: input is what :func:`probes.cupti.protocol.parse_batch`
+returns, output is :mod:`probes.events` arrays. Each section is decoded right when its
+message arrives (a section is one CUPTI buffer, a few MiB, so the column copies stay
+in cache); joins across sections happen in :meth:`ProcessDecoder.take`.
+
+Joins (by CUPTI correlation id, within one process):
+* API record -> kernel/copy: launching thread (``tid``) and launch latency
+  (kernel start - API call start, both on the CUPTI clock).
+* EXTERNAL_CORRELATION -> kernel/API: ``external_id`` (the framework op id Kineto or
+  Ridgeline pushed).
+API and external-correlation records are kept for a while (bounded) because CUPTI
+delivers per-thread API buffers and device kernel buffers independently; a kernel whose
+API record has not arrived by the time it is handed on keeps ``tid == -1`` and is
+counted in ``unjoined_kernels``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from probes.cupti import layouts as L
+from probes.cupti.protocol import Batch, Hello
+from probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_OTHER, COPY_DTYPE,
+                           COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
+                           RANGE_DTYPE, RANGE_NVTX, NameTable, Trace, empty)
+
+_I8 = np.int64
+_I4 = np.int32
+
+
+def _nz(a: np.ndarray) -> np.ndarray:
+    """CUPTI writes 0 for "no graph": the event model says -1."""
+    out = a.astype(_I8)
+    out[out == 0] = MISSING
+    return out
+
+
+def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int) -> np.ndarray:
+    """Kernel records (any ``activity_kernelN_dtype`` view) -> KERNEL_DTYPE."""
+    n = len(v)
+    out = np.empty(n, KERNEL_DTYPE)
+    out["start_ns"] = v["start"]
+    out["end_ns"] = v["end"]
+    out["device"] = v["device_id"]
+    out["stream"] = v["stream_id"]
+    out["context"] = v["context_id"]
+    out["correlation_id"] = v["correlation_id"]
+    out["external_id"] = MISSING
+    for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        out[f] = v[f]
+    out["registers"] = v["registers_per_thread"]
+    out["shared_mem_bytes"] = v["static_shared_memory"].astype(_I4) + v["dynamic_shared_memory"]
+    out["name_id"] = name_ids
+    out["graph_id"] = _nz(v["graph_id"])
+    out["graph_node_id"] = _nz(v["graph_node_id"])
+    out["pid"] = pid
+    out["tid"] = MISSING
+    return out
+
+
+def decode_copies(v: np.ndarray, kind: int, pid: int) -> np.ndarray:
+    """MEMCPY or MEMSET records -> COPY_DTYPE (memcpy direction keeps CUPTI's numbering)."""
+    n = len(v)
+    out = np.empty(n, COPY_DTYPE)
+    out["start_ns"] = v["start"]
+    out["end_ns"] = v["end"]
+    out["device"] = v["device_id"]
+    out["stream"] = v["stream_id"]
+    out["correlation_id"] = v["correlation_id"]
+    if kind == L.KIND_MEMCPY:
+        out["kind"] = COPY_KIND_MEMCPY
+        out["direction"] = v["copy_kind"]
+    else:
+        out["kind"] = COPY_KIND_MEMSET
+        out["direction"] = COPY_UNKNOWN
+    out["bytes"] = v["bytes"]
+    out["graph_id"] = _nz(v["graph_id"])
+    out["pid"] = pid
+    out["tid"] = MISSING
+    out["name_id"] = MISSING
+    return out
+
+
+class ProcessDecoder:
+    """Decoding state of one injected process: its name table, layouts, and join carry.
+
+    ``names`` is the process's :class:`NameTable` (one source = one process); ids stay
+    valid for the life of the decoder, across reconnections of the library.
+    """
+
+    def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16):
+        self.pid = pid
+        self.names = NameTable()
+        self.hello: Hello | None = None
+        self.cupti_version = 0
+        self.layout_sources: dict[int, str] = {}
+        self.max_carry = max_carry
+        self.max_open_markers = max_open_markers
+        self._ptrs = np.empty(0, np.uint64)       # sorted CUPTI name pointers
+        self._ptr_ids = np.empty(0, _I4)
+        self._cbid_cat: dict[int, np.ndarray] = {}
+        self._cbid_name: dict[int, np.ndarray] = {}
+        self._kernels: list[np.ndarray] = []
+        self._copies: list[np.ndarray] = []
+        self._api: list[np.ndarray] = []
+        self._ext: list[np.ndarray] = []          # (correlation_id, external_id) pairs
+        self._marker_starts: list[np.ndarray] = []
+        self._marker_ends: list[np.ndarray] = []
+        self._api_carry = empty(API_DTYPE)
+        self._ext_carry = np.empty(0, [("correlation_id", _I8), ("external_id", _I8)])
+        self._open = np.empty(0, _MARKER_START_DTYPE)
+        self.counters = {"records": 0, "kernels": 0, "copies": 0, "api": 0, "ranges": 0,
+                         "undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0,
+                         "unmatched_marker_ends": 0, "open_markers_dropped": 0}
+        self.library_counters: dict[str, int] = {}
+        self.devices: set[int] = set()
+        self.mode = 0
+        self.flags = 0
+
+    # -- set-up from the library's HELLO ------------------------------------------------
+    def set_hello(self, hello: Hello) -> None:
+        self.hello = hello
+        self.cupti_version = hello.cupti_version
+        self.mode, self.flags = hello.mode, hello.flags
+        for domain in (API_DOMAIN_RUNTIME, API_DOMAIN_DRIVER):
+            entries = [(cb, cat, nm) for (d, cb), (cat, nm) in hello.cbids.items() if d == domain]
+            size = max((cb for cb, _, _ in entries), default=-1) + 1
+            cat = np.full(max(size, 1), API_OTHER, np.uint8)
+            nid = np.full(max(size, 1), MISSING, _I4)
+            for cb, c, nm in entries:
+                cat[cb] = c
+                nid[cb] = self.names.intern(nm)
+            self._cbid_cat[domain], self._cbid_name[domain] = cat, nid
+
+    # -- names --------------------------------------------------------------------------
+    def add_names(self, names: dict[int, str]) -> None:
+        if not names:
+            return
+        ptrs = np.fromiter(names.keys(), np.uint64, len(names))
+        ids = np.fromiter((self.names.intern(s) for s in names.values()), _I4, len(names))
+        allp = np.concatenate([self._ptrs, ptrs])
+        alli = np.concatenate([self._ptr_ids, ids])
+        # a pointer sent again (after a reconnect) keeps its newest string
+        order = np.argsort(allp, kind="stable")
+        allp, alli = allp[order], alli[order]
+        last = np.ones(len(allp), bool)
+        last[:-1] = allp[1:] != allp[:-1]
+        self._ptrs, self._ptr_ids = allp[last], alli[last]
+
+    def name_ids(self, ptrs: np.ndarray) -> np.ndarray:
+        """Name ids for raw CUPTI pointers; MISSING for NULL or never-sent pointers."""
+        p = ptrs.astype(np.uint64, copy=False)
+        if len(self._ptrs) == 0:
+            out = np.full(len(p), MISSING, _I4)
+        else:
+            pos = np.searchsorted(self._ptrs, p)
+            pos[pos == len(self._ptrs)] = 0
+            hit = self._ptrs[pos] == p
+            out = np.where(hit, self._ptr_ids[pos], MISSING).astype(_I4)
+        bad = (out == MISSING) & (p != 0)
+        if bad.any():
+            self.counters["unresolved_names"] += int(bad.sum())
+        return out
+
+    # -- one message --------------------------------------------------------------------
+    def add_batch(self, batch: Batch) -> int:
+        """Decode one BATCH message; returns the records decoded."""
+        h = batch.header
+        self.cupti_version = int(h["cupti_version"]) or self.cupti_version
+        self.mode, self.flags = int(h["mode"]), int(h["flags"])
+        self.library_counters = {k: int(h[k]) for k in
+                                 ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
+                                  "sampled_out", "names_dropped", "walk_errors")}
+        self.devices.update(int(d) for d in h["device_ids"][:int(h["n_devices"])])
+        self.add_names(batch.names)
+        n_done = 0
+        for s in batch.sections:
+            dtype, source = L.layout_for(s.kind, s.record_size, self.cupti_version)
+            if dtype is None:
+                self.counters["undecodable_records"] += s.count
+                self.layout_sources[s.kind] = source
+                continue
+            self.layout_sources[s.kind] = source
+            v = np.frombuffer(s.data, dtype, s.count)
+            n_done += s.count
+            if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
+                self._kernels.append(decode_kernels(v, self.name_ids(v["name"]), self.pid))
+            elif s.kind in (L.KIND_MEMCPY, L.KIND_MEMSET):
+                self._copies.append(decode_copies(v, s.kind, self.pid))
+            elif s.kind in (L.KIND_RUNTIME, L.KIND_DRIVER, L.KIND_INTERNAL_LAUNCH_API):
+                self._api.append(self._decode_api(v, s.kind))
+            elif s.kind == L.KIND_EXTERNAL_CORRELATION:
+                e = np.empty(len(v), self._ext_carry.dtype)
+                e["correlation_id"] = v["correlation_id"]
+                e["external_id"] = v["external_id"].astype(_I8)
+                self._ext.append(e)
+            elif s.kind == L.KIND_MARKER:
+                self._decode_markers(v)
+            else:
+                n_done -= s.count   # MARKER_DATA, GRAPH_TRACE: carried, not modelled yet
+                self.counters["undecodable_records"] += s.count
+        self.counters["records"] += n_done
+        return n_done
+
+    def _decode_api(self, v: np.ndarray, kind: int) -> np.ndarray:
+        domain = API_DOMAIN_DRIVER if kind == L.KIND_DRIVER else API_DOMAIN_RUNTIME
+        out = np.empty(len(v), API_DTYPE)
+        out["start_ns"] = v["start"]
+        out["end_ns"] = v["end"]
+        out["pid"] = self.pid
+        out["tid"] = v["thread_id"]
+        out["correlation_id"] = v["correlation_id"]
+        out["external_id"] = MISSING
+        cb = v["cbid"].astype(np.int64)
+        out["cbid"] = cb
+        out["domain"] = domain
+        cat = self._cbid_cat.get(domain)
+        if cat is None:
+            out["category"] = API_OTHER
+            out["name_id"] = MISSING
+        else:
+            inside = cb < len(cat)
+            idx = np.where(inside, cb, 0)
+            out["category"] = np.where(inside, cat[idx], API_OTHER)
+            out["name_id"] = np.where(inside, self._cbid_name[domain][idx], MISSING)
+        return out
+
+    def _decode_markers(self, v: np.ndarray) -> None:
+        flags = v["flags_"]
+        oid = v["object_id"]
+        pt = oid["pt"] if "pt" in (oid.dtype.names or ()) else oid
+        is_thread = v["object_kind"] == L.MARKER_OBJECT_THREAD
+        starts = (flags & (L.MARKER_FLAG_START | L.MARKER_FLAG_INSTANTANEOUS)) != 0
+        if starts.any():
+            s = v[starts]
+            st = np.empty(len(s), _MARKER_START_DTYPE)
+            st["id"] = s["id"]
+            st["start_ns"] = s["timestamp"]
+            st["name_id"] = self.name_ids(s["name"])
+            st["tid"] = np.where(is_thread[starts], pt["thread_id"][starts], MISSING)
+            st["instant"] = (s["flags_"] & L.MARKER_FLAG_INSTANTANEOUS) != 0
+            self._marker_starts.append(st)
+        ends = (flags & L.MARKER_FLAG_END) != 0
+        if ends.any():
+            e = np.empty(int(ends.sum()), _MARKER_END_DTYPE)
+            e["id"] = v["id"][ends]
+            e["end_ns"] = v["timestamp"][ends]
+            self._marker_ends.append(e)
+
+    # -- hand-off ------------------------------------------------------------------------
+    def pending(self) -> bool:
+        return bool(self._kernels or self._copies or self._api or self._marker_starts or self._marker_ends)
+
+    def take(self) -> tuple[Trace, np.ndarray]:
+        """Everything decoded since the last call, joined: ``(trace, launch_latency_ns)``.
+
+        ``launch_latency_ns`` is aligned with ``trace.kernels`` (-1 where no API record
+        matched). The trace's ``names`` is this process's table (shared, append-only).
+        """
+        kernels = np.concatenate(self._kernels) if self._kernels else empty(KERNEL_DTYPE)
+        copies = np.concatenate(self._copies) if self._copies else empty(COPY_DTYPE)
+        api_new = np.concatenate(self._api) if self._api else empty(API_DTYPE)
+        ext_new = np.concatenate(self._ext) if self._ext else self._ext_carry[:0]
+        self._kernels, self._copies, self._api, self._ext = [], [], [], []
+
+        ext_all = np.concatenate([self._ext_carry, ext_new])
+        if len(ext_all):
+            order = np.argsort(ext_all["correlation_id"], kind="stable")
+            ec, ee = ext_all["correlation_id"][order], ext_all["external_id"][order]
+            for arr in (kernels, copies, api_new):
+                if len(arr) and "external_id" in arr.dtype.names:
+                    arr["external_id"] = _lookup(ec, ee, arr["correlation_id"], MISSING)
+        api_all = np.concatenate([self._api_carry, api_new])
+        latency = np.full(len(kernels), MISSING, _I8)
+        if len(api_all) and (len(kernels) or len(copies)):
+            order = np.argsort(api_all["correlation_id"], kind="stable")
+            ac = api_all["correlation_id"][order]
+            at, ast = api_all["tid"][order], api_all["start_ns"][order]
+            if len(kernels):
+                pos, hit = _match(ac, kernels["correlation_id"])
+                kernels["tid"] = np.where(hit, at[pos], MISSING)
+                latency = np.where(hit, kernels["start_ns"] - ast[pos], MISSING)
+            if len(copies):
+                pos, hit = _match(ac, copies["correlation_id"])
+                copies["tid"] = np.where(hit, at[pos], MISSING)
+        if len(kernels) and len(api_all):
+            self.counters["unjoined_kernels"] += int((kernels["tid"] == MISSING).sum())
+        elif len(kernels):
+            self.counters["unjoined_kernels"] += len(kernels)
+        self._api_carry = api_all[-self.max_carry:]
+        self._ext_carry = ext_all[-self.max_carry:]
+        ranges = self._pair_markers()
+        self.counters["kernels"] += len(kernels)
+        self.counters["copies"] += len(copies)
+        self.counters["api"] += len(api_new)
+        self.counters["ranges"] += len(ranges)
+        meta = {"source": "cupti", "pid": self.pid, "cupti_version": self.cupti_version,
+                "mode": self.mode, "flags": self.flags, "layouts": dict(self.layout_sources),
+                "library_counters": dict(self.library_counters), "devices": sorted(self.devices)}
+        if self.hello is not None:
+            meta["comm"] = self.hello.comm
+        return Trace(kernels=kernels, copies=copies, api=api_new, ranges=ranges, names=self.names,
+                     meta=meta), latency
+
+    def _pair_markers(self) -> np.ndarray:
+        starts = np.concatenate([self._open, *self._marker_starts]) if self._marker_starts else self._open
+        ends = np.concatenate(self._marker_ends) if self._marker_ends else np.empty(0, _MARKER_END_DTYPE)
+        self._marker_starts, self._marker_ends = [], []
+        inst = starts["instant"]
+        pairs = starts[~inst]
+        out_parts = []
+        if inst.any():
+            i = starts[inst]
+            out_parts.append((i["start_ns"], i["start_ns"], i["tid"], i["name_id"]))
+        matched_start = np.zeros(len(pairs), bool)
+        if len(ends) and len(pairs):
+            order = np.argsort(pairs["id"], kind="stable")
+            sid = pairs["id"][order]
+            pos, hit = _match(sid, ends["id"])
+            m = order[pos[hit]]
+            matched_start[m] = True
+            out_parts.append((pairs["start_ns"][m], ends["end_ns"][hit], pairs["tid"][m], pairs["name_id"][m]))
+            self.counters["unmatched_marker_ends"] += int((~hit).sum())
+        elif len(ends):
+            self.counters["unmatched_marker_ends"] += len(ends)
+        still_open = pairs[~matched_start]
+        if len(still_open) > self.max_open_markers:
+            self.counters["open_markers_dropped"] += len(still_open) - self.max_open_markers
+            still_open = still_open[-self.max_open_markers:]
+        self._open = still_open
+        n = sum(len(p[0]) for p in out_parts)
+        out = np.empty(n, RANGE_DTYPE)
+        at = 0
+        for s, e, tid, nid in out_parts:
+            k = len(s)
+            out["start_ns"][at:at + k] = s
+            out["end_ns"][at:at + k] = e
+            out["tid"][at:at + k] = tid
+            out["name_id"][at:at + k] = nid
+            at += k
+        out["pid"] = self.pid
+        out["device"] = MISSING
+        out["kind"] = RANGE_NVTX
+        out["external_id"] = MISSING
+        return out[np.argsort(out["start_ns"], kind="stable")] if n else out
+
+
+_MARKER_START_DTYPE = np.dtype([("id", "<u4"), ("start_ns", _I8), ("name_id", _I4), ("tid", _I4), ("instant", "?")])
+_MARKER_END_DTYPE = np.dtype([("id", "<u4"), ("end_ns", _I8)])
+
+
+def _match(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    pos = np.searchsorted(sorted_keys, keys)
+    pos[pos >= len(sorted_keys)] = 0
+    hit = sorted_keys[pos] == keys if len(sorted_keys) else np.zeros(len(keys), bool)
+    return pos, hit
+
+
+def _lookup(sorted_keys: np.ndarray, values: np.ndarray, keys: np.ndarray, missing: int) -> np.ndarray:
+    # the last record for a key wins (searchsorted side="right" - 1)
+    pos = np.searchsorted(sorted_keys, keys, side="right") - 1
+    ok = pos >= 0
+    pos[~ok] = 0
+    hit = ok & (sorted_keys[pos] == keys)
+    return np.where(hit, values[pos], missing)

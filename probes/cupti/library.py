@@ -1,0 +1,62 @@
+"""Where the injection library and libcupti are, and the environment that injects them.
+
+Shared by ``ridgeline run`` and ``ridgeline inject-unit``: both set the same variables,
+so a command and a systemd unit are profiled the same way. Children inherit the
+environment, so tensor-parallel workers spawned by the server are injected too.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+from probes.cupti.server import DEFAULT_SOCKET
+
+LIB_NAME = "libridgeline_cupti.so"
+
+
+def library_path() -> Path:
+    """The built injection library (``RIDGELINE_CUPTI_LIB`` overrides)."""
+    env = os.environ.get("RIDGELINE_CUPTI_LIB")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "native" / LIB_NAME
+
+
+def find_libcupti() -> Path | None:
+    """A libcupti.so.13 from the nvidia-cuda-cupti wheel of this interpreter, if installed.
+
+    The library also finds one on its own (one already loaded in the process first,
+    then the loader path, then /usr/local/cuda); this only pins the one the agent's
+    decoder matches best.
+    """
+    for sp in sys.path:
+        for pat in ("nvidia/cu13/lib/libcupti.so.13", "nvidia/cuda_cupti/lib/libcupti.so.1[0-9]"):
+            hits = sorted(glob.glob(os.path.join(sp, pat)))
+            if hits:
+                return Path(hits[-1])
+    return None
+
+
+def injection_env(socket_path: str = DEFAULT_SOCKET, mode: str | None = None, graph_level: bool = False,
+                  libcupti: Path | None | str = "auto", lib: Path | None = None) -> dict[str, str]:
+    """Variables that make a CUDA process load the injection library at cuInit.
+
+    ``NVTX_INJECTION64_PATH`` names the same library, which forwards NVTX to the
+    libcupti it uses, so NVTX ranges arrive as CUPTI MARKER records.
+    """
+    lib = Path(lib) if lib else library_path()
+    env = {"CUDA_INJECTION64_PATH": str(lib), "NVTX_INJECTION64_PATH": str(lib),
+           "RIDGELINE_SOCKET": str(socket_path)}
+    if mode:
+        if mode not in ("always-on", "deep"):
+            raise ValueError(f"mode must be 'always-on' or 'deep', not {mode!r}")
+        env["RIDGELINE_MODE"] = mode
+    if graph_level:
+        env["RIDGELINE_GRAPH_LEVEL"] = "1"
+    if libcupti == "auto":
+        libcupti = find_libcupti()
+    if libcupti:
+        env["RIDGELINE_LIBCUPTI"] = str(libcupti)
+    return env

@@ -1,0 +1,198 @@
+"""CuptiProbe: the agent-side CUPTI probe (probe interface of probes/probe.py).
+
+The GPU-side events come from inside the served processes, through the injection
+library (probes/native). This probe owns the local socket those libraries connect to:
+a background thread moves bytes from the sockets into validated messages (bounded,
+never blocking on a peer), and :meth:`poll` decodes them with numpy into one
+:class:`probes.events.Trace` per process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+from probes.cupti import protocol as P
+from probes.cupti.decode import ProcessDecoder
+from probes.cupti.library import library_path
+from probes.cupti.server import DEFAULT_SOCKET, CuptiServer
+from probes.probe import Availability, Probe
+
+log = logging.getLogger(__name__)
+
+
+def _announce_target(pid: int, comm: str) -> bool:
+    """Tell H4's target discovery (``probes.targets``) about a process that announced itself.
+
+    The seam is optional: when ``probes.targets`` has no announce function yet, the pid
+    still appears in ``poll()["new_pids"]`` for the agent to forward.
+    """
+    try:
+        from probes import targets
+    except Exception:
+        return False
+    fn = getattr(targets, "announce", None) or getattr(targets, "announce_pid", None)
+    if fn is None:
+        return False
+    try:
+        fn(pid, source="cupti", comm=comm)
+        return True
+    except TypeError:
+        try:
+            fn(pid)
+            return True
+        except Exception:
+            return False
+    except Exception:
+        return False
+
+
+class CuptiProbe(Probe):
+    """Receives raw CUPTI buffers from injected processes and decodes them.
+
+    ``poll()`` returns ``{}`` when nothing is new, else a dict with:
+
+    * ``"batches"``: list of ``{"pid", "trace": Trace, "launch_latency_ns": int64[]}``
+      (``launch_latency_ns`` aligned with ``trace.kernels``, -1 where unknown);
+    * ``"new_pids"``: ``[(pid, comm)]`` of processes that said hello since the last poll;
+    * ``"closed_pids"``: pids whose connection ended;
+    * ``"status"``: ``{pid: text}`` the library's own reasons (missing CUPTI, conflict
+      with another CUPTI subscriber), new since the last poll.
+    """
+
+    name = "cupti"
+    optional = True
+
+    def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02, **server_kw):
+        super().__init__()
+        self.socket_path = socket_path or os.environ.get("RIDGELINE_SOCKET", DEFAULT_SOCKET)
+        self.pump_interval_s = pump_interval_s
+        self._server_kw = server_kw
+        self.server: CuptiServer | None = None
+        self.decoders: dict[int, ProcessDecoder] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._new: list[tuple[int, str]] = []
+        self._closed: list[int] = []
+        self._status: dict[int, str] = {}
+        self.decode_errors = 0
+
+    def check(self) -> Availability:
+        d = os.path.dirname(self.socket_path) or "."
+        probe_dir = d
+        while not os.path.isdir(probe_dir):
+            probe_dir = os.path.dirname(probe_dir) or "/"
+        if not os.access(probe_dir, os.W_OK):
+            return Availability(False, f"cannot create the CUPTI socket in {d} (not writable)",
+                                "run the agent as root, or set RIDGELINE_SOCKET to a writable path")
+        lib = library_path()
+        if not lib.exists():
+            return Availability(True, f"listening is possible, but the injection library {lib} is not built",
+                                "run `make -C probes/native` (needs a C compiler and the CUPTI headers)")
+        return Availability(True, f"will listen on {self.socket_path}", "")
+
+    def start(self) -> None:
+        if self.server is not None:
+            return
+        self.server = CuptiServer(self.socket_path, **self._server_kw)
+        self.server.open()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ridgeline-cupti", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                srv = self.server
+                if srv is None:
+                    return
+                srv.pump(0)
+            # wait for readiness outside the lock so poll()/set_mode() never wait long
+            self._stop.wait(self.pump_interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        with self._lock:
+            if self.server is not None:
+                self.server.close()
+                self.server = None
+
+    def set_mode(self, mode: str | int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
+        """Switch libraries to ``"always-on"`` or ``"deep"`` (all, or one pid) without restarting them."""
+        m = {"always-on": P.MODE_ALWAYS_ON, "deep": P.MODE_DEEP}.get(mode, mode) if isinstance(mode, str) else mode
+        if m not in P.MODE_NAMES:
+            raise ValueError(f"unknown mode {mode!r}")
+        with self._lock:
+            return self.server.send_control(int(m), kernel_sample_every, pid) if self.server else 0
+
+    def ingest(self, messages) -> None:
+        """Decode messages (from :meth:`CuptiServer.drain`); used by :meth:`poll` and by tests."""
+        for m in messages:
+            if m.kind == "hello":
+                dec = self.decoders.get(m.pid)
+                if dec is None:
+                    dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
+                dec.set_hello(m.body)
+                self._new.append((m.pid, m.body.comm))
+                _announce_target(m.pid, m.body.comm)
+                if m.body.status:
+                    self._status[m.pid] = m.body.status
+                    if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
+                        log.warning("cupti: pid %d (%s): %s", m.pid, m.body.comm, m.body.status.strip())
+            elif m.kind == "batch":
+                dec = self.decoders.get(m.pid)
+                if dec is None:   # cannot happen: the server requires hello first
+                    continue
+                try:
+                    self.records += dec.add_batch(m.body)
+                except Exception as e:    # a decoding bug must not take the agent down
+                    self.decode_errors += 1
+                    log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__, e)
+            elif m.kind == "closed":
+                self._closed.append(m.pid)
+
+    def poll(self) -> dict:
+        if self.server is None:
+            return {}
+        self.ingest(self.server.drain())
+        batches = []
+        for pid, dec in self.decoders.items():
+            if dec.pending():
+                trace, latency = dec.take()
+                batches.append({"pid": pid, "trace": trace, "launch_latency_ns": latency})
+        out = {}
+        if batches:
+            out["batches"] = batches
+        if self._new:
+            out["new_pids"], self._new = self._new, []
+        if self._closed:
+            out["closed_pids"], self._closed = self._closed, []
+        if self._status:
+            out["status"], self._status = self._status, {}
+        return out
+
+    def counters(self) -> dict:
+        lib = {k: 0 for k in P.LIBRARY_COUNTERS}
+        dec = {"undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0}
+        for d in self.decoders.values():
+            for k in lib:
+                lib[k] += d.library_counters.get(k, 0)
+            for k in dec:
+                dec[k] += d.counters.get(k, 0)
+        stats = dict(self.server.stats) if self.server else {}
+        lost = lib["dropped_cupti"] + lib["dropped_pool_full"] + lib["dropped_no_agent"] + lib["dropped_send"]
+        out = {"records": self.records,
+               "drops": lost + stats.get("dropped_batches_queue_full", 0),
+               "errors": stats.get("protocol_errors", 0) + self.decode_errors + dec["undecodable_records"],
+               "processes": len(self.decoders),
+               "connections": self.server.connections if self.server else 0}
+        out.update({f"library_{k}": v for k, v in lib.items()})
+        out.update(dec)
+        out.update({f"server_{k}": v for k, v in stats.items()})
+        return out

@@ -1,0 +1,284 @@
+"""The agent's end of the injection library's socket: accept, frame, validate, hand on.
+
+One unix-domain listening socket, many injected processes. Everything is non-blocking
+and bounded, so no peer (a slow one, a dead one, or a hostile one: the socket is
+connectable by local users whose processes we profile) can crash or stall the agent:
+
+* a frame header with a wrong magic, version, type or a body over the size limit, or
+  a body that does not parse, is a protocol error: counted, and that connection is
+  closed (a byte stream cannot be resynchronised);
+* at most ``max_connections`` peers; more are accepted and closed at once (counted);
+* queued, not yet decoded bytes are bounded; past the bound new batches are dropped
+  and counted;
+* a peer that holds a half-sent frame without progress for ``idle_timeout_s`` is cut.
+
+The pid of a process is taken from the kernel (``SO_PEERCRED``), not from the message:
+it is the pid in the agent's namespace, and it cannot be forged by the peer.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import selectors
+import socket
+import stat
+import struct
+import time
+from dataclasses import dataclass, field
+
+from probes.cupti import protocol as P
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = "/run/ridgeline/cupti.sock"
+_RECV_CHUNK = 1 << 20
+
+
+@dataclass
+class Message:
+    """One validated message: ``kind`` is "hello", "batch" or "closed"."""
+    kind: str
+    conn_id: int
+    pid: int
+    body: object = None   # Hello | Batch | None
+    nbytes: int = 0
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    conn_id: int
+    pid: int
+    uid: int
+    buf: bytearray = field(default_factory=bytearray)
+    need: int = 0             # body length of the frame being read, 0 while reading a header
+    msg_type: int = 0
+    last_progress: float = 0.0
+    hello: P.Hello | None = None
+
+
+class CuptiServer:
+    """Listens on ``path``; :meth:`pump` moves bytes from sockets into :meth:`drain`'s queue."""
+
+    def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int = 1024,
+                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int = 0o666):
+        self.path = str(path)
+        self.max_connections = max_connections
+        self.max_queued_bytes = max_queued_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.socket_mode = socket_mode
+        self._sel: selectors.BaseSelector | None = None
+        self._listener: socket.socket | None = None
+        self._conns: dict[int, _Conn] = {}
+        self._next_id = 1
+        self._queue: collections.deque[Message] = collections.deque()
+        self._queued_bytes = 0
+        self.stats = collections.Counter()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Bind and listen. Replaces a stale socket file; refuses to replace anything else."""
+        d = os.path.dirname(self.path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(st.st_mode):
+                raise OSError(f"{self.path} exists and is not a socket; refusing to replace it")
+            os.unlink(self.path)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        s.bind(self.path)
+        # served processes run as other users: they must be able to connect
+        os.chmod(self.path, self.socket_mode)
+        s.listen(128)
+        self._listener = s
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(s, selectors.EVENT_READ, None)
+
+    def close(self) -> None:
+        """Close every connection and the listener; idempotent."""
+        for c in list(self._conns.values()):
+            self._drop(c, reason=None)
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            try:
+                if stat.S_ISSOCK(os.lstat(self.path).st_mode):
+                    os.unlink(self.path)
+            except OSError:
+                pass
+
+    @property
+    def connections(self) -> int:
+        return len(self._conns)
+
+    # -- I/O -------------------------------------------------------------------------------
+    def pump(self, timeout: float = 0.0, budget_bytes: int = 64 << 20) -> int:
+        """One round of accept/read, waiting at most ``timeout`` s; returns bytes read.
+
+        Reads at most ``budget_bytes`` in this round so one busy peer cannot monopolise
+        the caller.
+        """
+        if self._sel is None:
+            return 0
+        total = 0
+        for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                self._accept()
+                continue
+            c: _Conn = key.data
+            try:
+                total += self._read(c, budget_bytes - total)
+            except P.ProtocolError as e:
+                self.stats["protocol_errors"] += 1
+                log.warning("cupti: pid %d: %s; connection closed", c.pid, e)
+                self._drop(c, reason="protocol error")
+            except Exception as e:   # never let a peer crash the agent
+                self.stats["protocol_errors"] += 1
+                log.warning("cupti: pid %d: unexpected %s: %s; connection closed", c.pid, type(e).__name__, e)
+                self._drop(c, reason="error")
+            if total >= budget_bytes:
+                break
+        now = time.monotonic()
+        for c in list(self._conns.values()):
+            if (c.buf or c.need) and now - c.last_progress > self.idle_timeout_s:
+                self.stats["idle_cut"] += 1
+                self._drop(c, reason="stalled mid-frame")
+        return total
+
+    def _accept(self) -> None:
+        try:
+            s, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self.stats["accept_errors"] += 1
+            log.warning("cupti: accept failed: %s", e)
+            return
+        if len(self._conns) >= self.max_connections:
+            self.stats["refused_connections"] += 1
+            s.close()
+            return
+        s.setblocking(False)
+        pid, uid = -1, -1
+        try:
+            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            pid, uid, _gid = struct.unpack("3i", cred)
+        except OSError:
+            pass
+        c = _Conn(s, self._next_id, pid, uid, last_progress=time.monotonic())
+        self._next_id += 1
+        self._conns[c.conn_id] = c
+        self._sel.register(s, selectors.EVENT_READ, c)
+        self.stats["connections"] += 1
+
+    def _read(self, c: _Conn, budget: int) -> int:
+        got = 0
+        while got < budget:
+            want = (c.need - len(c.buf)) if c.need else (P.FRAME_DTYPE.itemsize - len(c.buf))
+            try:
+                chunk = c.sock.recv(min(max(want, 1), _RECV_CHUNK))
+            except (BlockingIOError, InterruptedError):
+                return got
+            except OSError:
+                self._drop(c, reason="reset")
+                return got
+            if not chunk:
+                if c.buf or c.need:
+                    self.stats["truncated_at_close"] += 1
+                self._drop(c, reason="closed")
+                return got
+            got += len(chunk)
+            c.buf += chunk
+            c.last_progress = time.monotonic()
+            if not c.need:
+                if len(c.buf) < P.FRAME_DTYPE.itemsize:
+                    continue
+                c.msg_type, n = P.parse_frame_header(bytes(c.buf))
+                c.buf = bytearray()
+                c.need = n
+                if n == 0:
+                    self._frame_done(c, b"")
+                continue
+            if len(c.buf) >= c.need:
+                body, c.buf, c.need = c.buf, bytearray(), 0
+                self._frame_done(c, body)
+        return got
+
+    def _frame_done(self, c: _Conn, body) -> None:
+        self.stats["messages"] += 1
+        if c.msg_type == P.MSG_HELLO:
+            hello = P.parse_hello(body)
+            c.hello = hello
+            self._queue.append(Message("hello", c.conn_id, self._pid_of(c, hello.pid), hello))
+        elif c.msg_type == P.MSG_BATCH:
+            if c.hello is None:
+                raise P.ProtocolError("batch before hello")
+            if self._queued_bytes + len(body) > self.max_queued_bytes:
+                self.stats["dropped_batches_queue_full"] += 1
+                return
+            batch = P.parse_batch(body)
+            self._queued_bytes += len(body)
+            self._queue.append(Message("batch", c.conn_id, self._pid_of(c, int(batch.header["pid"])), batch,
+                                       len(body)))
+        else:
+            raise P.ProtocolError("control messages only flow from the agent to the library")
+
+    @staticmethod
+    def _pid_of(c: _Conn, reported: int) -> int:
+        return c.pid if c.pid > 0 else reported
+
+    def _drop(self, c: _Conn, reason: str | None) -> None:
+        if self._conns.pop(c.conn_id, None) is None:
+            return
+        try:
+            if self._sel is not None:
+                self._sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        c.sock.close()
+        if reason is not None:
+            self._queue.append(Message("closed", c.conn_id, c.pid, reason))
+
+    # -- consumers ---------------------------------------------------------------------
+    def drain(self, max_messages: int | None = None) -> list[Message]:
+        """Messages validated since the last call (oldest first)."""
+        out = []
+        while self._queue and (max_messages is None or len(out) < max_messages):
+            m = self._queue.popleft()
+            self._queued_bytes -= m.nbytes
+            out.append(m)
+        if not self._queue:
+            self._queued_bytes = 0
+        return out
+
+    def send_control(self, mode: int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
+        """Switch the mode of every connected library (or of one pid); returns how many got it.
+
+        Non-blocking: a library whose socket buffer is full misses this one message
+        (counted) and keeps its mode; the caller may resend.
+        """
+        frame = P.encode_control(mode, kernel_sample_every)
+        n = 0
+        for c in list(self._conns.values()):
+            if pid is not None and self._pid_of(c, c.hello.pid if c.hello else -1) != pid:
+                continue
+            try:
+                if c.sock.send(frame) == len(frame):
+                    n += 1
+                else:
+                    self.stats["control_partial"] += 1
+                    self._drop(c, reason="control partial write")
+            except (BlockingIOError, InterruptedError):
+                self.stats["control_dropped"] += 1
+            except OSError:
+                self._drop(c, reason="reset")
+        return n

@@ -1,0 +1,85 @@
+"""A stand-in served process for tests/test_native_cupti.py (run as a subprocess).
+
+It loads libridgeline_cupti.so with ctypes and drives its completed-buffer path
+(``ridgeline_test_buffer_completed``, the same code CUPTI's callback runs) with buffers
+from tests/cupti_records.py. Commands come one per line on stdin, answers go one JSON
+line per command on stdout:
+
+  init SOCKET CUPTI_VERSION        set the library up (sender thread starts)
+  feed SEED N_KERNELS [NPZ] [CORR0]  build a buffer, save expected records to NPZ, feed it
+  idle TIMEOUT_MS                  wait until every pool slot is free
+  counters | status | quit
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cupti_records as R  # noqa: E402
+
+COUNTERS = ["dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send", "sampled_out",
+            "names_dropped", "walk_errors", "records_in", "records_sent", "batches_sent", "connects",
+            "buffers_refused", "mode", "flags", "kernel_sample_every"]
+
+
+def main() -> int:
+    lib = ctypes.CDLL(sys.argv[1])
+    lib.ridgeline_test_init.argtypes = [ctypes.c_char_p, ctypes.c_uint32]
+    lib.ridgeline_test_buffer_completed.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.ridgeline_test_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    lib.ridgeline_test_status.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.ridgeline_test_status.restype = ctypes.c_size_t
+    lib.ridgeline_test_record_size.restype = ctypes.c_uint32
+    keep = []
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        out: dict = {}
+        if cmd[0] == "init":
+            out["rc"] = lib.ridgeline_test_init(cmd[1].encode(), int(cmd[2]))
+            out["sizes"] = {k: lib.ridgeline_test_record_size(k) for k in (1, 2, 4, 5, 10, 12, 13, 39)}
+        elif cmd[0] == "feed":
+            corr0 = int(cmd[4]) if len(cmd) > 4 else 1
+            b = R.make_buffer(int(cmd[2]), seed=int(cmd[1]), corr0=corr0)
+            keep.append(b)      # CUPTI's name strings outlive the buffer
+            if len(cmd) > 3 and cmd[3] != "-":
+                # raw bytes: cupti-python's dtypes have overlapping (union) fields numpy cannot save
+                raw = {k: np.frombuffer(getattr(b, k).tobytes(), np.uint8)
+                       for k in ("kernels", "copies", "memsets", "api", "markers", "extcorr")}
+                np.savez(cmd[3], **raw,
+                         name_ptrs=np.array(list(b.names), np.uint64), name_strs=np.array(list(b.names.values())))
+            t = time.perf_counter_ns()
+            lib.ridgeline_test_buffer_completed(b.data, len(b.data))
+            out["call_ns"] = time.perf_counter_ns() - t
+            out["bytes"] = len(b.data)
+        elif cmd[0] == "idle":
+            until = time.monotonic() + int(cmd[1]) / 1000
+            while not lib.ridgeline_test_pool_idle() and time.monotonic() < until:
+                time.sleep(0.005)
+            out["idle"] = bool(lib.ridgeline_test_pool_idle())
+        elif cmd[0] == "counters":
+            arr = (ctypes.c_uint64 * len(COUNTERS))()
+            n = lib.ridgeline_test_counters(arr, len(COUNTERS))
+            out = {COUNTERS[i]: int(arr[i]) for i in range(n)}
+        elif cmd[0] == "status":
+            buf = ctypes.create_string_buffer(4096)
+            lib.ridgeline_test_status(buf, 4096)
+            out["status"] = buf.value.decode()
+        elif cmd[0] == "quit":
+            lib.ridgeline_test_shutdown()
+            print(json.dumps({"bye": True}), flush=True)
+            return 0
+        print(json.dumps(out), flush=True)
+    lib.ridgeline_test_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
