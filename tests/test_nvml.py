@@ -1,0 +1,260 @@
+"""NVML probe: pure decoding from NVML structures (pynvml's own ctypes types filled with
+realistic H200 values), the real no-driver path, and the sampler's bookkeeping."""
+import ctypes
+import time
+import types
+
+import pynvml
+import pytest
+
+from probes import nvml
+
+H200_TOTAL = 150_754_820_096          # 143,771 MiB as NVML reports an H200 141 GB
+H200_RESERVED = 599_785_472
+H200_USED = 135_679_082_496           # vLLM at gpu_memory_utilization=0.9
+ENGINE_PID, OTHER_PID = 48213, 51077
+
+
+def h200_raw(gpm=True, mask=0x4):
+    mem = pynvml.c_nvmlMemory_v2_t()
+    mem.version = pynvml.nvmlMemory_v2
+    mem.total, mem.reserved, mem.used = H200_TOTAL, H200_RESERVED, H200_USED
+    mem.free = H200_TOTAL - H200_RESERVED - H200_USED
+    util = pynvml.c_nvmlUtilization_t()
+    util.gpu, util.memory = 100, 38
+    p1 = pynvml.c_nvmlProcessInfo_v3_t()
+    p1.pid, p1.usedGpuMemory = ENGINE_PID, 135_141_163_008
+    p2 = pynvml.c_nvmlProcessInfo_v3_t()
+    p2.pid, p2.usedGpuMemory = OTHER_PID, 0
+    procs = [pynvml.nvmlStructToFriendlyObject(p1), pynvml.nvmlStructToFriendlyObject(p2)]
+    procs[1].usedGpuMemory = None          # what pynvml hands back for "not available"
+    fields = (pynvml.c_nvmlFieldValue_t * 2)()
+    fields[0].fieldId, fields[0].scopeId = nvml.FI_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF
+    fields[0].valueType, fields[0].nvmlReturn = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 0
+    fields[0].value.ullVal = 7_340_032        # KiB since load
+    fields[1].fieldId, fields[1].scopeId = nvml.FI_NVLINK_THROUGHPUT_DATA_RX, 0xFFFFFFFF
+    fields[1].valueType, fields[1].nvmlReturn = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, pynvml.NVML_ERROR_NOT_SUPPORTED
+    metrics = []
+    for mid, val in ((10, 78.5), (3, 41.2), (5, 12.0), (7, 11.5), (12, 3.1), (13, 0.4), (2, 99.0), (60, 2048.0)):
+        m = pynvml.c_nvmlGpmMetric_t()
+        m.metricId, m.nvmlReturn, m.value = mid, 0, val
+        metrics.append(m)
+    bad = pynvml.c_nvmlGpmMetric_t()
+    bad.metricId, bad.nvmlReturn, bad.value = 11, pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+    metrics.append(bad)
+    return {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-5a1c2f6e-0d1b-4c3e-9f00-112233445566",
+            "ts_ns": 1_764_500_000_000_000_000, "memory": mem, "processes": procs, "utilization": util,
+            "sm_clock_mhz": 1755, "mem_clock_mhz": 3201, "sm_clock_max_mhz": 1980, "mem_clock_max_mhz": 3201,
+            "clock_event_reasons": mask, "power_mw": 612_345, "power_limit_mw": 700_000,
+            "energy_mj": 9_876_543_210, "temperature_c": 61, "pcie_tx_kbps": 1_234, "pcie_rx_kbps": 56_789,
+            "nvlink_fields": fields, "gpm": metrics if gpm else None, "gpm_interval_ns": 1_000_000_000}
+
+
+def test_device_record_h200_literals():
+    r = nvml.device_record(h200_raw())
+    assert r["gpu_name"] == "NVIDIA H200" and r["gpu_index"] == 0
+    assert r["memory_total_bytes"] == H200_TOTAL and r["memory_reserved_bytes"] == H200_RESERVED
+    assert r["memory_used_bytes"] == H200_USED
+    assert r["memory_free_bytes"] == H200_TOTAL - H200_RESERVED - H200_USED
+    assert r["processes"] == [{"pid": ENGINE_PID, "gpu_memory_used_bytes": 135_141_163_008},
+                              {"pid": OTHER_PID, "gpu_memory_used_bytes": None}]
+    # Busy-time fractions, named as such.
+    assert r["gpu_busy_time_pct"] == 100.0 and r["memory_busy_time_pct"] == 38.0
+    assert "gpu_util_pct" not in r
+    assert (r["sm_clock_mhz"], r["sm_clock_max_mhz"], r["mem_clock_mhz"]) == (1755, 1980, 3201)
+    assert r["clock_event_reasons"] == ["sw_power_cap"] and r["clock_slowdown"] is True
+    assert r["power_w"] == pytest.approx(612.345) and r["power_limit_w"] == 700.0
+    assert r["energy_total_j"] == pytest.approx(9_876_543.21)
+    assert r["temperature_c"] == 61
+    assert r["pcie_tx_bytes_per_s"] == 1_234 * 1024 and r["pcie_rx_bytes_per_s"] == 56_789 * 1024
+    assert r["nvlink_tx_total_bytes"] == 7_340_032 * 1024 and r["nvlink_rx_total_bytes"] is None
+    assert r["gpm_dram_bw_util_pct"] == 78.5 and r["gpm_sm_occupancy_pct"] == 41.2
+    assert r["gpm_any_tensor_util_pct"] == 12.0 and r["gpm_hmma_tensor_util_pct"] == 11.5
+    assert r["gpm_fp32_util_pct"] == 3.1 and r["gpm_fp16_util_pct"] == 0.4
+    assert r["gpm_fp64_util_pct"] is None            # that metric returned NOT_SUPPORTED
+    assert r["gpm_nvlink_rx_bytes_per_s"] == 2048.0 * 1024 * 1024
+    assert r["source"] == "nvml+gpm"
+
+
+def test_device_record_pre_hopper_and_v1_memory():
+    raw = h200_raw(gpm=False, mask=0x1)
+    mem = pynvml.c_nvmlMemory_t()
+    mem.total, mem.used, mem.free = 85_899_345_920, 1_048_576, 85_898_297_344   # A100 80GB, idle
+    raw["memory"] = mem
+    raw["processes"] = []
+    r = nvml.device_record(raw)
+    assert r["memory_reserved_bytes"] is None        # unknown, not 0
+    assert r["gpm_dram_bw_util_pct"] is None and r["source"] == "nvml"
+    assert r["clock_event_reasons"] == ["gpu_idle"] and r["clock_slowdown"] is False
+    assert r["processes"] == []
+
+
+def test_device_record_all_unsupported():
+    r = nvml.device_record({"index": 3})
+    assert r["gpu_index"] == 3 and r["memory_total_bytes"] is None and r["processes"] is None
+    assert r["clock_event_reasons"] is None and r["power_w"] is None
+
+
+@pytest.mark.parametrize("mask,names", [
+    (0, []),
+    (0x1, ["gpu_idle"]),
+    (0x4 | 0x20 | 0x40, ["sw_power_cap", "sw_thermal_slowdown", "hw_thermal_slowdown"]),
+    (0x8 | 0x80, ["hw_slowdown", "hw_power_brake_slowdown"]),
+    (0x800 | 0x1, ["gpu_idle", "bit_0x800"]),
+])
+def test_clock_event_reasons(mask, names):
+    assert nvml.decode_clock_event_reasons(mask) == names
+
+
+def test_clock_reason_bits_match_pynvml():
+    for bit, name in nvml.CLOCK_EVENT_REASONS.items():
+        camel = "".join(w.capitalize() for w in name.split("_")).replace("Sw", "Sw").replace("Hw", "Hw")
+        cand = [n for n in dir(pynvml) if n.startswith("nvmlClocksThrottleReason") and
+                n.lower().endswith(camel.lower())]
+        assert cand, name
+        assert getattr(pynvml, cand[0]) == bit
+
+
+def test_gpm_ids_match_pynvml():
+    expect = {"gpm_sm_util_pct": "SM_UTIL", "gpm_sm_occupancy_pct": "SM_OCCUPANCY",
+              "gpm_any_tensor_util_pct": "ANY_TENSOR_UTIL", "gpm_hmma_tensor_util_pct": "HMMA_TENSOR_UTIL",
+              "gpm_dram_bw_util_pct": "DRAM_BW_UTIL", "gpm_fp64_util_pct": "FP64_UTIL",
+              "gpm_fp32_util_pct": "FP32_UTIL", "gpm_fp16_util_pct": "FP16_UTIL",
+              "gpm_pcie_tx_bytes_per_s": "PCIE_TX_PER_SEC", "gpm_pcie_rx_bytes_per_s": "PCIE_RX_PER_SEC",
+              "gpm_nvlink_rx_bytes_per_s": "NVLINK_TOTAL_RX_PER_SEC",
+              "gpm_nvlink_tx_bytes_per_s": "NVLINK_TOTAL_TX_PER_SEC"}
+    for mid, key in nvml.GPM_METRICS.items():
+        assert getattr(pynvml, "NVML_GPM_METRIC_" + expect[key]) == mid
+    assert nvml.FI_NVLINK_THROUGHPUT_DATA_TX == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+
+
+def _driver_present():
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def test_check_without_driver_gives_reason_and_hint():
+    if _driver_present():
+        pytest.skip("libnvidia-ml.so.1 is present: the no-driver path cannot be observed here")
+    av = nvml.NvmlProbe().check()
+    assert not av.ok
+    assert av.reason == "NVML: NVML Shared Library Not Found"
+    assert "no NVIDIA driver" in av.hint
+
+
+@pytest.mark.parametrize("value,text,hint", [
+    (9, "Driver Not Loaded", "kernel module"),
+    (4, "Insufficient Permissions", "/dev/nvidia"),
+    (999, "Unknown Error", "nvidia-smi"),
+])
+def test_error_availability(value, text, hint):
+    exc = pynvml.NVMLError(value)
+    av = nvml.nvml_error_availability(exc)
+    assert not av.ok and av.reason.startswith("NVML: ") and hint in av.hint
+
+
+def test_interval_minimum():
+    assert nvml.NvmlProbe().interval_s == 1.0
+    assert nvml.NvmlProbe(interval_s=0.1).interval_s == 0.1
+    with pytest.raises(ValueError, match="minimum"):
+        nvml.NvmlProbe(interval_s=0.05)
+
+
+def _fake_nvml(raw):
+    """A pynvml-shaped namespace returning ``raw``'s values; unsupported calls raise NVMLError."""
+    def unsupported(*a):
+        raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    clocks = {(pynvml.NVML_CLOCK_SM,): raw["sm_clock_mhz"], (pynvml.NVML_CLOCK_MEM,): raw["mem_clock_mhz"]}
+    return types.SimpleNamespace(
+        NVMLError=pynvml.NVMLError, nvmlMemory_v2=pynvml.nvmlMemory_v2, NVML_CLOCK_SM=pynvml.NVML_CLOCK_SM,
+        NVML_CLOCK_MEM=pynvml.NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU=pynvml.NVML_TEMPERATURE_GPU,
+        NVML_PCIE_UTIL_TX_BYTES=pynvml.NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES=pynvml.NVML_PCIE_UTIL_RX_BYTES,
+        nvmlDeviceGetName=lambda h: raw["name"], nvmlDeviceGetUUID=lambda h: raw["uuid"],
+        nvmlDeviceGetMemoryInfo=lambda h, v=None: raw["memory"],
+        nvmlDeviceGetComputeRunningProcesses=lambda h: raw["processes"],
+        nvmlDeviceGetUtilizationRates=lambda h: raw["utilization"],
+        nvmlDeviceGetClockInfo=lambda h, t: clocks[(t,)], nvmlDeviceGetMaxClockInfo=unsupported,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: raw["clock_event_reasons"],
+        nvmlDeviceGetPowerUsage=lambda h: raw["power_mw"], nvmlDeviceGetEnforcedPowerLimit=unsupported,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: raw["energy_mj"],
+        nvmlDeviceGetTemperature=lambda h, s: raw["temperature_c"],
+        nvmlDeviceGetPcieThroughput=lambda h, c: raw["pcie_tx_kbps"] if c == 0 else raw["pcie_rx_kbps"],
+        nvmlDeviceGetFieldValues=unsupported,
+    )
+
+
+def test_read_device_glue_tolerates_unsupported_calls():
+    raw = h200_raw()
+    got = nvml.read_device(_fake_nvml(raw), object(), 0, gpm_state={"supported": False})
+    assert got["sm_clock_max_mhz"] is None and got["power_limit_mw"] is None and got["nvlink_fields"] is None
+    r = nvml.device_record(got)
+    assert r["memory_used_bytes"] == H200_USED and r["power_w"] == pytest.approx(612.345)
+    assert r["gpm_dram_bw_util_pct"] is None and r["source"] == "nvml"
+
+
+def test_sampler_queue_is_bounded_and_counts_drops():
+    p = nvml.NvmlProbe(max_queued=3)
+    p._nv = _fake_nvml(h200_raw())
+    p._handles = [object(), object()]
+    p._gpm_state = [{"supported": False}, {"supported": False}]
+    p.sample_once()
+    p.sample_once()
+    c = p.counters()
+    assert c["records"] == 4 and c["drops"] == 1
+    out = p.poll()
+    assert [r["gpu_index"] for r in out["devices"]] == [1, 0, 1]
+    assert p.poll() is None
+    p._nv = None
+    p.stop()
+    p.stop()
+
+
+@pytest.mark.gpu
+def test_real_gpu_sampling():
+    p = nvml.NvmlProbe(interval_s=0.1)
+    assert p.check().ok
+    p.start()
+    try:
+        time.sleep(0.5)
+        out = p.poll()
+    finally:
+        p.stop()
+    recs = out["devices"]
+    assert recs and recs[0]["memory_total_bytes"] > 0 and recs[0]["gpu_busy_time_pct"] is not None
+    assert recs[0]["sm_clock_mhz"] > 0 and recs[0]["clock_event_reasons"] is not None
+
+
+def test_gpm_step_pairs_consecutive_samples_and_frees_them():
+    """The GPM glue with pynvml's real metrics-get structure; the NVML calls are lookalikes."""
+    freed, allocated = [], []
+
+    def alloc():
+        s = pynvml.c_nvmlGpmSample_t(pynvml.struct_c_nvmlGpmSample_t())
+        allocated.append(s)
+        return s
+
+    def metrics_get(mg):
+        assert mg.version == pynvml.NVML_GPM_METRICS_GET_VERSION and mg.numMetrics == len(nvml.GPM_METRICS)
+        for i in range(mg.numMetrics):
+            mg.metrics[i].nvmlReturn = 0
+            mg.metrics[i].value = {10: 81.0, 3: 44.0}.get(mg.metrics[i].metricId, 1.0)
+        return mg
+
+    nv = _fake_nvml(h200_raw())
+    nv.nvmlGpmSampleAlloc = alloc
+    nv.nvmlGpmSampleGet = lambda h, s: None
+    nv.nvmlGpmSampleFree = freed.append
+    nv.c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+    nv.NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
+    nv.nvmlGpmMetricsGet = metrics_get
+    state = {"supported": True}
+    first = nvml.read_device(nv, object(), 0, state)
+    assert first["gpm"] is None                      # one sample: no interval yet
+    second = nvml.device_record(nvml.read_device(nv, object(), 0, state))
+    assert second["gpm_dram_bw_util_pct"] == 81.0 and second["gpm_sm_occupancy_pct"] == 44.0
+    assert second["gpm_interval_ns"] > 0 and second["source"] == "nvml+gpm"
+    assert freed == [allocated[0]] and state["sample"] is allocated[1]
