@@ -104,8 +104,10 @@ class Agent:
         log.info("agent ready: publishing on %s; probes: %s", self.cfg["publisher"]["endpoint"], names)
         self.notifier.ready(f"publishing on {self.cfg['publisher']['endpoint']}; probes: {names}")
 
-    def _poll_once(self) -> None:
+    def _poll_once(self, window_end: bool = False) -> None:
         for r in self.running:
+            if r.step.per_window and not window_end:
+                continue
             try:
                 data = r.probe.poll()
             except Exception as exc:
@@ -245,6 +247,7 @@ class Agent:
             self.publisher.service()
             mono = time.monotonic_ns()
             if mono >= win_deadline:
+                self._poll_once(window_end=True)
                 end_wall = time.time_ns()
                 w = self.close_window(win_start_wall, end_wall)
                 win_start_wall = end_wall
@@ -265,7 +268,7 @@ class Agent:
         self.notifier.stopping("flushing the last window")
         try:
             if self.publisher is not None:
-                self._poll_once()
+                self._poll_once(window_end=True)
                 now = time.time_ns()
                 start = (self.latest_window or {}).get("end_ns", now - int(self.cfg["agent"]["window_s"] * 1e9))
                 self.close_window(start, now)

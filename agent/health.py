@@ -58,6 +58,11 @@ class HealthMeter:
             "errors": sum(int(v.get("errors", 0) or 0) for v in probe_counters.values()),
         }
         bpf = [v["bpf_run_time_ns"] for v in probe_counters.values() if isinstance(v.get("bpf_run_time_ns"), (int, float))]
+        # The sched probe reports per-program stats: {"bpf_programs": {name: {"run_time_ns": ...}}}.
+        for v in probe_counters.values():
+            progs = v.get("bpf_programs")
+            if isinstance(progs, dict):
+                bpf.extend(int(p.get("run_time_ns", 0) or 0) for p in progs.values() if isinstance(p, dict))
         if bpf:
             out["bpf_run_time_ns"] = int(sum(bpf))
         if extra:

@@ -31,6 +31,9 @@ class Step:
     topic: str
     factory: Callable[[dict], object]
     about: str
+    # Polled once per window, just before it closes (the probe reports deltas per poll:
+    # one poll per window gives per-window figures and costs least).
+    per_window: bool = False
 
 
 @dataclass
@@ -108,7 +111,9 @@ def _replay(cfg):
 def _simulator(cfg):
     mod = _module("agent.simulator", "the workload generator is not installed")
     factory = getattr(mod, "make_probe", None)
-    s = cfg["probes"]["simulator"]
+    s = dict(cfg["probes"]["simulator"])
+    if not s.get("pid"):
+        s.pop("pid", None)
     if factory is not None:
         return factory(s)
     cls = _cls(mod, ("SimulatorProbe", "Probe"))
@@ -128,8 +133,10 @@ def _build(cls, **kwargs):
 
 
 STEPS: dict[str, Step] = {s.name: s for s in (
-    Step("sched", "sched", _sched, "eBPF scheduler tracepoints: launch threads' on-CPU, run-queue and blocked time"),
-    Step("cuda_uprobes", "sched", _cuda_uprobes, "eBPF uprobes on libcudart/libcuda: launch and sync calls"),
+    Step("sched", "sched", _sched, "eBPF scheduler tracepoints: launch threads' on-CPU, run-queue and blocked time",
+         per_window=True),
+    Step("cuda_uprobes", "sched", _cuda_uprobes, "eBPF uprobes on libcudart/libcuda: launch and sync calls",
+         per_window=True),
     Step("cupti", "events", _cupti, "CUPTI activity records from injected processes (kernels, copies, API)"),
     Step("nvml", "device", _nvml, "NVML: memory, clocks, power, busy time, GPM"),
     Step("engine", "engine", _engine, "the serving engine's Prometheus /metrics (vLLM, SGLang)"),

@@ -152,10 +152,13 @@ def sched_panel(sched: dict) -> Panel | None:
     t = Table(expand=False, pad_edge=False)
     for c in ("pid", "tid", "comm", "on-CPU", "run-queue", "blocked"):
         t.add_column(c)
-    for th in sorted(threads, key=lambda x: -(x.get("runq_ns") or x.get("run_queue_ns") or 0))[:8]:
+    def runq(x):
+        return x.get("runq_wait_ns") or x.get("runq_ns") or 0
+    busy = [th for th in threads if (th.get("on_cpu_ns") or 0) or runq(th)]
+    for th in sorted(busy or threads, key=lambda x: -((x.get("on_cpu_ns") or 0) + runq(x)))[:8]:
         t.add_row(str(th.get("pid", "")), str(th.get("tid", "")), str(th.get("comm", "")),
                   _fmt(th.get("on_cpu_ns") or th.get("oncpu_ns"), " ms", 1e-6),
-                  _fmt(th.get("runq_ns") or th.get("run_queue_ns"), " ms", 1e-6),
+                  _fmt(runq(th), " ms", 1e-6),
                   _fmt(th.get("blocked_ns") or th.get("off_cpu_ns"), " ms", 1e-6))
     return Panel(t, title="launch threads (per window)", title_align="left")
 

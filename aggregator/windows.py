@@ -55,8 +55,11 @@ def plain(obj):
         return [plain(v) for v in obj]
     if isinstance(obj, np.ndarray):
         if obj.dtype.names:
-            return {n: obj[n].tolist() for n in obj.dtype.names}
-        return obj.tolist()
+            # Small record arrays (per-thread rows): one dict per row, as consumers expect.
+            return [{n: plain(r[n]) for n in obj.dtype.names} for r in obj]
+        return plain(obj.tolist()) if obj.dtype.kind in "SV" else obj.tolist()
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", "replace").rstrip("\x00")
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -205,6 +208,14 @@ class WindowBuilder:
         self.records += len(trace.kernels) + len(trace.copies) + len(trace.api)
 
     def add_sched(self, data: dict, source: str = "sched") -> None:
+        """Scheduling figures of the window (the probe is polled once per window). Thread
+        rows get ``pid`` (their tgid) so they join the GPU work of the same process."""
+        data = plain(data)
+        threads = data.get("threads") if isinstance(data, dict) else None
+        if isinstance(threads, list):
+            for t in threads:
+                if isinstance(t, dict) and "pid" not in t and "tgid" in t:
+                    t["pid"] = t["tgid"]
         self.sched[source] = data
         self.records += 1
 

@@ -12,6 +12,8 @@ def register(sub) -> None:
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit after S seconds (0: run until ^C)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="with --once/--duration: give up after S seconds without a window (default: %(default)s)")
+    p.add_argument("--every", type=float, default=5.0, metavar="S",
+                   help="without a terminal, print a frame at most every S seconds (default: %(default)s)")
     p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
     p.set_defaults(func=run)
 
@@ -30,6 +32,7 @@ def run(args) -> int:
     last_msg = t0
     bounded = args.once or args.duration
     live = None
+    last_print = 0.0
     interactive = console.is_terminal and not args.once
     try:
         while True:
@@ -60,8 +63,9 @@ def run(args) -> int:
                     live.start()
                 else:
                     live.update(view)
-            else:
-                # No terminal (a pipe, CI, the demo's log): print each window as a frame.
+            elif time.monotonic() - last_print >= args.every:
+                # No terminal (a pipe, CI, a log): print a frame now and then.
+                last_print = time.monotonic()
                 console.print(view)
                 console.rule()
     finally:

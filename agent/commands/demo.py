@@ -1,0 +1,213 @@
+"""``ridgeline demo`` (``make demo``): the whole pipeline on one machine, no GPU needed.
+
+What runs, all on loopback, all labelled SIMULATED where the data is simulated:
+
+1. a simulated vLLM-style server (``ridgeline simulate --serve-metrics``): a real process
+   with a real launch thread, serving the engine's Prometheus metrics;
+2. the agent (``ridgeline agent``) with the live eBPF scheduling probe watching that
+   process (when eBPF is available here; otherwise it says why and goes on), the engine
+   probe scraping the simulated server's ``/metrics``, and as GPU-side source the same
+   simulated engine (same seed and workload) generating kernels, copies and API calls;
+3. ``ridgeline record`` saving the stream, and ``ridgeline top`` showing it for
+   ``--duration`` seconds (works without a terminal: it then prints frames);
+4. afterwards, from the recording: a report, a roofline plot and a Perfetto trace.
+
+Everything lands in the output folder (default ``./demo-out``), which the command names
+at the end.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from probes.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run the whole pipeline on a simulated server (no GPU needed)")
+    p.add_argument("-o", "--output", default="demo-out", metavar="DIR", help="output folder (default: %(default)s)")
+    p.add_argument("--duration", type=float, default=25.0, metavar="S", help="seconds to stream (default: %(default)s)")
+    p.add_argument("--rate", type=float, default=6.0, help="simulated requests per second (default: %(default)s)")
+    p.add_argument("--model", default="llama-3-8b", help="simulated model (default: %(default)s)")
+    p.add_argument("--gpu", default="h100", help="simulated GPU (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ridgeline(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agent", *args]
+
+
+def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        if needle in line:
+            return line
+    raise InputError(f"demo: the simulated server did not start (no '{needle}' within {timeout_s:g} s)")
+
+
+def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout_s: float = 15) -> int | None:
+    if proc is None or proc.poll() is not None:
+        return None if proc is None else proc.returncode
+    proc.send_signal(sig)
+    try:
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port: int, args) -> str:
+    return f"""# Written by `ridgeline demo`: the agent's configuration for this run.
+[agent]
+window_s = 1.0
+run_for_s = {args.duration + 20:.1f}
+
+[publisher]
+endpoint = "{endpoint}"
+publish_events = true
+sndhwm = 10000
+
+[prometheus]
+listen = "127.0.0.1:{prom_port}"
+
+[probes]
+enabled = ["sched", "simulator", "engine"]
+pids = [{sim_pid}]
+
+[probes.engine]
+url = "http://127.0.0.1:{sim_port}/metrics"
+
+[probes.simulator]
+gpu = "{args.gpu}"
+model = "{args.model}"
+rate_per_s = {args.rate}
+seed = {args.seed}
+pid = {sim_pid}
+"""
+
+
+def run(args) -> int:
+    if args.duration <= 0:
+        raise InputError("--duration must be > 0")
+    out = Path(args.output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    for old in ("stream.rlrec", "report.txt", "roofline.png", "trace.perfetto.json", "metrics.txt"):
+        (out / old).unlink(missing_ok=True)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    prom_port = free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs: dict[str, subprocess.Popen] = {}
+    print(f"ridgeline demo: SIMULATED {args.model} server on a simulated {args.gpu}, {args.rate:g} req/s; "
+          f"output in {out}", flush=True)
+    try:
+        sim = subprocess.Popen(
+            _ridgeline("simulate", "--serve-metrics", "0", "--rate", str(args.rate), "--seed", str(args.seed),
+                       "--model", args.model, "--gpu", args.gpu, "--duration", "600"),
+            stdout=subprocess.PIPE, stderr=open(out / "simulator.log", "w"), text=True, env=env)
+        procs["simulator"] = sim
+        line = _wait_line(sim, "metrics on http://127.0.0.1:", 60)
+        sim_port = int(line.rsplit(":", 1)[1].split("/")[0])
+        (out / "agent.toml").write_text(demo_config(out, endpoint, prom_port, sim.pid, sim_port, args))
+        agent_log = open(out / "agent.log", "w")
+        procs["agent"] = subprocess.Popen(_ridgeline("agent", "--config", str(out / "agent.toml")),
+                                          stdout=agent_log, stderr=subprocess.STDOUT, env=env)
+        procs["record"] = subprocess.Popen(
+            _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint,
+                       "--duration", f"{args.duration + 3:.1f}"),
+            stdout=subprocess.DEVNULL, stderr=open(out / "record.log", "w"), env=env)
+        # The live view, in this terminal (or printed frames without one).
+        top = subprocess.run(_ridgeline("top", "--endpoint", endpoint, "--duration", str(args.duration),
+                                        "--timeout", "30"), env=env)
+        if top.returncode != 0:
+            print(f"ridgeline demo: top ended with {top.returncode}; see {out / 'agent.log'}", file=sys.stderr)
+        _scrape(prom_port, out / "metrics.txt")
+        procs["record"].wait(timeout=30)
+    finally:
+        for name in ("record", "agent", "simulator"):
+            _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)
+    _afterwards(out)
+    return 0
+
+
+def _scrape(port: int, path: Path) -> None:
+    import httpx
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        path.write_text(r.text)
+    except httpx.HTTPError as exc:
+        path.write_text(f"# scrape failed: {exc}\n")
+
+
+def _afterwards(out: Path) -> None:
+    """Report, roofline plot and Perfetto trace from the recording."""
+    from rich.console import Console
+
+    from agent.recording import load_recording
+    rec = load_recording(out / "stream.rlrec")
+    trace = rec.trace
+    trace.meta.setdefault("simulated", True)
+    lines = [f"recording: {out / 'stream.rlrec'}: {sum(rec.messages.values())} messages "
+             f"({', '.join(f'{t} {n}' for t, n in sorted(rec.messages.items()))}); "
+             f"{len(trace.kernels)} SIMULATED kernels; sequence gaps {sum(rec.gaps.values())}"]
+    if rec.windows:
+        last = rec.windows[-1].get("agent", {})
+        cpu = [w.get("agent", {}).get("cpu_pct", 0) for w in rec.windows]
+        lines.append(f"agent cost while streaming: CPU median {sorted(cpu)[len(cpu) // 2]:.1f}% of one core, "
+                     f"RSS {last.get('rss_bytes', 0) / 2**20:.0f} MiB, drops {last.get('drops', 0)}")
+        verdicts = [v.get("verdict") for w in rec.windows for v in (w.get("verdict") or []) if isinstance(v, dict)]
+        if verdicts:
+            from collections import Counter
+            lines.append("window verdicts: " + ", ".join(f"{v} x{n}" for v, n in Counter(verdicts).most_common()))
+    if not len(trace.kernels):
+        lines.append("no GPU events recorded; no roofline or Perfetto output")
+        _write_report(out, lines, None)
+        return
+    from aggregator import model_config
+    from aggregator.analysis import _phases_api, analyze_trace
+    from aggregator.perfetto import write_perfetto
+    from aggregator.plot import plot_roofline
+    phase_names, map_phases = _phases_api()
+    pm = map_phases(trace)
+    try:
+        model = model_config.load("llama-3-8b")
+    except Exception:
+        model = None
+    doc = analyze_trace(trace, model=model, phase_map=pm)
+    doc["trace"] = str(out / "stream.rlrec") + " (SIMULATED)"
+    plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
+    write_perfetto(trace, pm, phase_names, out / "trace.perfetto.json")
+    _write_report(out, lines, doc)
+    Console().print(f"\nridgeline demo: done. Output folder {out}:")
+    for name in ("report.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt", "agent.log"):
+        p = out / name
+        if p.exists():
+            print(f"  {p}  ({p.stat().st_size} bytes)")
+
+
+def _write_report(out: Path, lines: list[str], doc: dict | None) -> None:
+    from rich.console import Console
+    with open(out / "report.txt", "w") as f:
+        console = Console(file=f, width=120, force_terminal=False)
+        for line in lines:
+            console.print(line)
+        if doc is not None:
+            from aggregator.report import render
+            render(doc, console)
+    print((out / "report.txt").read_text())
