@@ -1,0 +1,318 @@
+"""libridgeline_cupti.so without a GPU: build, buffer path end to end, drops, reconnect, missing CUPTI.
+
+The library's completed-buffer path is driven through its test entry point by a stand-in
+process (tests/native_harness.py) with buffers laid out exactly as CUPTI lays them out
+(cupti-python dtypes, name pointers into real strings of that process). The agent side
+is the real CuptiServer/CuptiProbe listening on a socket in tmp_path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from probes.cupti.probe import CuptiProbe
+from probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
+from probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
+
+import cupti_records as R
+
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE = ROOT / "probes" / "native"
+LIB = NATIVE / "libridgeline_cupti.so"
+APP = NATIVE / "build" / "ridgeline_inject_app"
+HARNESS = Path(__file__).parent / "native_harness.py"
+
+
+@pytest.fixture(scope="module")
+def built():
+    r = subprocess.run(["make", "-s", "-C", str(NATIVE)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert LIB.exists() and APP.exists()
+    return LIB
+
+
+class Harness:
+    def __init__(self, env_extra: dict | None = None):
+        env = dict(os.environ, RIDGELINE_QUIET="1", **(env_extra or {}))
+        self.p = subprocess.Popen([sys.executable, str(HARNESS), str(LIB)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+
+    def __call__(self, line: str) -> dict:
+        self.p.stdin.write(line + "\n")
+        self.p.stdin.flush()
+        out = self.p.stdout.readline()
+        assert out, f"harness died on {line!r}"
+        return json.loads(out)
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self("quit")
+            except Exception:
+                pass
+            self.p.wait(timeout=10)
+
+
+@pytest.fixture
+def harness():
+    made = []
+
+    def make(**env):
+        h = Harness({k: str(v) for k, v in env.items()})
+        made.append(h)
+        return h
+    yield make
+    for h in made:
+        h.close()
+
+
+def poll_until(probe: CuptiProbe, pred, timeout=5.0):
+    got = {"batches": [], "new_pids": [], "closed_pids": [], "status": {}}
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = probe.poll()
+        for k, v in out.items():
+            if isinstance(v, list):
+                got[k].extend(v)
+            else:
+                got[k].update(v)
+        if pred(got):
+            return got
+        time.sleep(0.02)
+    return got
+
+
+def test_library_builds_and_exports_only_the_entry_points(built):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(built)], capture_output=True, text=True).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if " T " in line}
+    assert {"InitializeInjection", "InitializeInjectionNvtx2", "ridgeline_test_buffer_completed"} <= exported
+    assert all(s in ("InitializeInjection", "InitializeInjectionNvtx2") or s.startswith("ridgeline_test_")
+               for s in exported), exported
+
+
+def test_record_sizes_match_cupti_python(built, harness, tmp_path):
+    h = harness()
+    sizes = h(f"init {tmp_path / 'none.sock'} 130500")["sizes"]
+    assert int(sizes["10"]) == R.KERNEL.itemsize == 248
+    assert int(sizes["1"]) == R.MEMCPY.itemsize
+    assert int(sizes["2"]) == R.MEMSET.itemsize
+    assert int(sizes["5"]) == int(sizes["4"]) == R.API.itemsize
+    assert int(sizes["12"]) == R.MARKER.itemsize
+    assert int(sizes["39"]) == R.EXTCORR.itemsize
+
+
+def _load_expected(path: Path) -> dict:
+    z = np.load(path)
+    dt = {"kernels": R.KERNEL, "copies": R.MEMCPY, "memsets": R.MEMSET, "api": R.API, "markers": R.MARKER,
+          "extcorr": R.EXTCORR}
+    out = {k: np.frombuffer(z[k].tobytes(), d) for k, d in dt.items()}
+    out["names"] = dict(zip(z["name_ptrs"].tolist(), z["name_strs"].tolist()))
+    return out
+
+
+def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h = harness()
+        assert h(f"init {sock} 130500")["rc"] == 0
+        h(f"feed 3 500 {tmp_path / 'exp.npz'}")
+        assert h("idle 3000")["idle"]
+        got = poll_until(probe, lambda g: sum(len(b["trace"].kernels) for b in g["batches"]) >= 500)
+        exp = _load_expected(tmp_path / "exp.npz")
+    finally:
+        probe.stop()
+    assert len(got["batches"]) == 1
+    b = got["batches"][0]
+    pid = b["pid"]
+    assert got["new_pids"] == [(pid, "python")]
+    assert pid == h.p.pid            # from SO_PEERCRED, not from the message
+    t = b["trace"]
+    assert t.meta["cupti_version"] == 130500 and t.meta["flags"] & FLAG_TEST_MODE
+    assert t.meta["layouts"][10] == "cupti-python activity_kernel13_dtype"
+
+    k, ek = t.kernels, exp["kernels"]
+    assert len(k) == len(ek) == 500
+    np.testing.assert_array_equal(k["start_ns"], ek["start"].astype(np.int64))
+    np.testing.assert_array_equal(k["end_ns"], ek["end"].astype(np.int64))
+    np.testing.assert_array_equal(k["device"], ek["device_id"])
+    np.testing.assert_array_equal(k["stream"], ek["stream_id"])
+    np.testing.assert_array_equal(k["context"], ek["context_id"])
+    np.testing.assert_array_equal(k["correlation_id"], ek["correlation_id"])
+    for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+        np.testing.assert_array_equal(k[f], ek[f])
+    np.testing.assert_array_equal(k["registers"], ek["registers_per_thread"])
+    np.testing.assert_array_equal(k["shared_mem_bytes"], ek["static_shared_memory"] + ek["dynamic_shared_memory"])
+    np.testing.assert_array_equal(k["graph_id"], np.where(ek["graph_id"] == 0, MISSING, ek["graph_id"].astype(np.int64)))
+    np.testing.assert_array_equal(k["graph_node_id"], np.where(ek["graph_node_id"] == 0, MISSING,
+                                                                ek["graph_node_id"].astype(np.int64)))
+    assert t.names.names_of(k["name_id"]) == [exp["names"][p] for p in ek["name"].tolist()]
+    assert (k["pid"] == pid).all()
+    # joins by correlation id: launching thread, launch latency, external id
+    ea = exp["api"]
+    np.testing.assert_array_equal(k["tid"], ea["thread_id"])
+    np.testing.assert_array_equal(b["launch_latency_ns"], (ek["start"] - ea["start"]).astype(np.int64))
+    np.testing.assert_array_equal(k["external_id"], exp["extcorr"]["external_id"].astype(np.int64))
+
+    a = t.api
+    assert len(a) == 500
+    np.testing.assert_array_equal(a["cbid"], ea["cbid"])
+    np.testing.assert_array_equal(a["category"], np.where(ea["cbid"] == R.CBID_CUDA_GRAPH_LAUNCH,
+                                                          API_GRAPH_LAUNCH, API_LAUNCH))
+    assert set(t.names.names_of(a["name_id"])) == {"cudaLaunchKernel_v7000", "cudaGraphLaunch_v10000"}
+
+    c = t.copies
+    mc, ms = c[c["kind"] == COPY_KIND_MEMCPY], c[c["kind"] == COPY_KIND_MEMSET]
+    np.testing.assert_array_equal(mc["bytes"], exp["copies"]["bytes"].astype(np.int64))
+    np.testing.assert_array_equal(mc["direction"], exp["copies"]["copy_kind"])
+    np.testing.assert_array_equal(mc["start_ns"], exp["copies"]["start"].astype(np.int64))
+    np.testing.assert_array_equal(ms["bytes"], exp["memsets"]["bytes"].astype(np.int64))
+    np.testing.assert_array_equal(ms["graph_id"], np.where(exp["memsets"]["graph_id"] == 0, MISSING,
+                                                           exp["memsets"]["graph_id"].astype(np.int64)))
+
+    r = t.ranges
+    assert len(r) == 2 and (r["kind"] == RANGE_NVTX).all()
+    assert t.names.names_of(r["name_id"]) == ["step[DECODE bs=8]", "layer"]
+    m = exp["markers"]
+    assert r["start_ns"].tolist() == [int(m["timestamp"][0]), int(m["timestamp"][1])]
+    assert r["end_ns"].tolist() == [int(m["timestamp"][3]), int(m["timestamp"][2])]
+    assert (r["tid"] == 1001).all()
+    c = probe.counters()
+    assert c["records"] == 500 + 500 + 500 + 100 + 4 and c["drops"] == 0 and c["errors"] == 0
+
+
+def test_absent_agent_drops_and_counts_without_blocking(built, harness, tmp_path):
+    h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_RECONNECT_MS=50)
+    h(f"init {tmp_path / 'nobody.sock'} 130500")
+    calls = [h(f"feed {i} 300 -")["call_ns"] for i in range(20)]
+    assert h("idle 3000")["idle"]
+    c = h("counters")
+    assert c["records_in"] == 20 * (300 * 3 + 30 * 2 + 4)
+    assert c["dropped_no_agent"] == c["records_in"] and c["records_sent"] == 0
+    assert max(calls) < 50_000_000      # tens of ms would mean the callback waited on something
+
+
+def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
+    sock = tmp_path / "slow.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock))
+    srv.listen(4)          # accepts (kernel backlog) but never reads: a stuck agent
+    try:
+        h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_POOL_SLOTS=2, RIDGELINE_STALL_MS=300,
+                    RIDGELINE_RECONNECT_MS=100000)
+        h(f"init {sock} 130500")
+        time.sleep(0.2)
+        calls = [h(f"feed {i} 2000 -")["call_ns"] for i in range(40)]
+        time.sleep(0.6)
+        assert h("idle 5000")["idle"]
+        c = h("counters")
+    finally:
+        srv.close()
+    assert c["connects"] == 1
+    assert c["dropped_pool_full"] > 0
+    assert c["dropped_send"] > 0
+    assert c["records_in"] + c["dropped_pool_full"] == 40 * (2000 * 3 + 200 * 2 + 4)
+    assert c["records_sent"] + c["dropped_send"] + c["dropped_no_agent"] == c["records_in"]
+    assert max(calls) < 50_000_000
+
+
+def test_reconnects_after_agent_restart_and_resends_names(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    h = harness(RIDGELINE_RECONNECT_MS=50)
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h(f"init {sock} 130500")
+        h("feed 1 100 -")
+        got = poll_until(probe, lambda g: g["batches"])
+        assert len(got["batches"][0]["trace"].kernels) == 100
+    finally:
+        probe.stop()
+    h("feed 2 100 -")          # agent down: dropped and counted
+    assert h("idle 3000")["idle"]
+    assert h("counters")["dropped_no_agent"] > 0
+    probe2 = CuptiProbe(str(sock))       # a fresh agent knows no names
+    probe2.start()
+    try:
+        time.sleep(0.3)
+        h("feed 3 100 -")
+        got = poll_until(probe2, lambda g: g["batches"])
+    finally:
+        probe2.stop()
+    assert h("counters")["connects"] == 2
+    k = got["batches"][0]["trace"].kernels
+    assert len(k) == 100 and (k["name_id"] >= 0).all()
+    names = set(got["batches"][0]["trace"].names.names_of(k["name_id"]))
+    assert names <= set(R.KERNEL_NAMES) and names
+    assert probe2.counters()["unresolved_names"] == 0
+
+
+def test_control_switches_mode_and_sampling_without_restart(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h = harness()
+        h(f"init {sock} 130500")
+        poll_until(probe, lambda g: g["new_pids"])
+        assert probe.set_mode("deep", kernel_sample_every=1) == 1
+        deadline = time.monotonic() + 3
+        while h("counters")["mode"] != MODE_DEEP and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert h("counters")["mode"] == MODE_DEEP
+        assert probe.set_mode("always-on", kernel_sample_every=4) == 1
+        deadline = time.monotonic() + 3
+        while h("counters")["kernel_sample_every"] != 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        h("feed 5 400 -")
+        got = poll_until(probe, lambda g: g["batches"])
+        c = h("counters")
+    finally:
+        probe.stop()
+    assert c["mode"] == 0
+    k = got["batches"][0]["trace"].kernels
+    assert len(k) == 100 and c["sampled_out"] == 300
+    assert got["batches"][0]["trace"].meta["library_counters"]["sampled_out"] == 300
+
+
+def test_missing_libcupti_application_runs_untouched(built):
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIB), RIDGELINE_LIBCUPTI="/nonexistent/libcupti.so.13",
+               LD_LIBRARY_PATH="/nonexistent")
+    r = subprocess.run([str(APP), "1000"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert "app: injection=1 sum=500500" in r.stdout
+    assert "CUPTI collection off" in r.stderr and "/nonexistent/libcupti.so.13" in r.stderr
+
+
+def test_missing_driver_application_runs_untouched(built):
+    # the wheel's libcupti loads, but there is no libcuda.so.1 on this machine
+    wheel = next(Path(sys.prefix).glob("lib/python3*/site-packages/nvidia/cu13/lib/libcupti.so.13"), None)
+    if wheel is None:
+        pytest.skip("nvidia-cuda-cupti wheel not installed")
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIB), RIDGELINE_LIBCUPTI=str(wheel))
+    r = subprocess.run([str(APP), "10"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "app: injection=1 sum=55" in r.stdout
+    assert "CUPTI collection off" in r.stderr and "no usable CUDA driver" in r.stderr
+
+
+def test_python_application_runs_with_injection_set(built):
+    # no driver: libcuda never calls InitializeInjection, the variable must be harmless
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIB), NVTX_INJECTION64_PATH=str(LIB))
+    r = subprocess.run([sys.executable, "-c", "print(sum(range(10)))"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "45"
+
+
+def test_disabled_by_environment(built):
+    env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIB), RIDGELINE_DISABLE="1")
+    r = subprocess.run([str(APP), "3"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "sum=6" in r.stdout and r.stderr == ""
