@@ -17,12 +17,16 @@ wins; every other condition that also held is listed under ``also``):
 4. ``queue-bound`` (face ``queue``): requests wait (``num_waiting >= 1`` and mean queue
    time at least ``queue_time_min_s``) while KV has room and the dominant phase is below
    both ceilings: the scheduler's batch limits, not the GPU, hold requests back.
-5. ``memory-bandwidth-bound`` (face ``bandwidth``, usually decode): the dominant phase's
-   roofline verdict is memory-bound, or it reaches ``bandwidth_bound_min_pct`` of peak
-   HBM bytes/s.
-6. ``compute-bound`` (face ``compute``, usually prefill): the dominant phase's roofline
-   verdict is compute-bound, or it reaches ``compute_bound_min_pct`` of peak FLOP/s.
-7. ``undetermined``: not enough evidence (says which inputs were missing).
+5. ``memory-bandwidth-bound`` (face ``bandwidth``, usually decode): the dominant phase
+   (most kernel time among prefill, decode, mixed) reaches ``bandwidth_bound_min_pct`` of
+   peak HBM bytes/s (or, when that fraction is unknown, its roofline verdict says
+   memory-bound).
+6. ``compute-bound`` (face ``compute``, usually prefill): the dominant phase reaches
+   ``compute_bound_min_pct`` of peak FLOP/s (or its roofline verdict says compute-bound).
+7. When no rule held but the dominant phase has a roofline verdict, that verdict is
+   mapped (memory -> bandwidth, compute, launch/latency, host) and its reason says it was
+   below the thresholds.
+8. ``undetermined``: not enough evidence (says which inputs were missing).
 
 "GPU utilisation" (NVML's busy-time fraction) is never evidence of headroom: a GPU "100%
 busy" can use a few percent of its bandwidth. It appears in ``figures`` only beside
@@ -119,17 +123,32 @@ def _verdict_text(p: dict | None) -> str:
 
 
 def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
+    """At the HBM ceiling: by the achieved fraction when known, else by the roofline verdict."""
     if p is None:
         return False
     pct = p.get("pct_of_peak_bytes")
-    return "memory" in _verdict_text(p) or (pct is not None and pct >= th.bandwidth_bound_min_pct)
+    return pct >= th.bandwidth_bound_min_pct if pct is not None else "memory" in _verdict_text(p)
 
 
 def _at_compute(p: dict | None, th: Thresholds) -> bool:
     if p is None:
         return False
     pct = p.get("pct_of_peak_flops")
-    return "compute" in _verdict_text(p) or (pct is not None and pct >= th.compute_bound_min_pct)
+    return pct >= th.compute_bound_min_pct if pct is not None else "compute" in _verdict_text(p)
+
+
+def _roofline_fallback(p: dict) -> str | None:
+    """The dominant phase's own roofline verdict, when no rule reached a threshold."""
+    v = _verdict_text(p)
+    if "memory" in v:
+        return BANDWIDTH
+    if "compute" in v:
+        return COMPUTE
+    if "launch" in v or "latency" in v:
+        return LAUNCH
+    if "host" in v:
+        return HOST
+    return None
 
 
 def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
@@ -238,11 +257,17 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
 
     order = {v: i for i, v in enumerate(VERDICTS)}
     held.sort(key=lambda h: order[h[0]])
+    fallback = _roofline_fallback(phase) if (phase is not None and not held) else None
     if held:
         name, reasons = held[0]
+    elif fallback is not None:
+        name = fallback
+        reasons = [f"{phase_name}: roofline verdict {phase.get('verdict')} (below the thresholds: "
+                   f"{phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s, "
+                   f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s)"]
     else:
         name, reasons = UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")]
-    phase_of = phase_name if name in (BANDWIDTH, COMPUTE, QUEUE) else None
+    phase_of = phase_name if (name in (BANDWIDTH, COMPUTE, QUEUE) or fallback) else None
     return {"device": inp.device, "pid": inp.pid, "verdict": name, "face": FACES[name], "phase": phase_of,
             "reasons": reasons, "also": [h[0] for h in held[1:]], "figures": figures, "missing": missing,
             "thresholds": asdict(th)}
