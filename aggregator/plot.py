@@ -22,6 +22,21 @@ PHASE_COLORS = {"prefill": "tab:green", "decode": "tab:blue", "mixed": "tab:purp
 
 
 def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path:
+    """Write the roofline PNG of ``doc`` to ``path`` and return the path."""
+    fig = build_figure(doc, title)
+    out = Path(path)
+    try:
+        fig.savefig(out, format="png", bbox_inches="tight")
+    except OSError as exc:
+        raise InputError(f"{out}: cannot write plot: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def build_figure(doc: dict, title: str | None = None):
+    """The roofline figure; lines carry labels ``memory roof``, ``compute roof <dtype>``,
+    ``ridge point``, and one ``<phase>: ...`` marker per phase with figures."""
     g = doc["gpu"]
     if not g.get("key"):
         raise InputError(f"cannot plot a roofline: {g.get('ceilings_from')}")
@@ -59,11 +74,4 @@ def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path
     if not pts:
         ax.text(0.5, 0.5, "no phase has FLOP and byte figures\n(no operator shapes; try --model)",
                 transform=ax.transAxes, ha="center", va="center", fontsize=10, color="gray")
-    out = Path(path)
-    try:
-        fig.savefig(out, format="png", bbox_inches="tight")
-    except OSError as exc:
-        raise InputError(f"{out}: cannot write plot: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return out
+    return fig

@@ -1,0 +1,145 @@
+"""Whole-trace analysis on literal traces and on every shared trace."""
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from aggregator import model_config
+from aggregator.analysis import analyze_trace, choose_ceilings
+from aggregator.ceilings import load_table
+from aggregator.work import CAT_GEMM, kernel_work_from_shapes
+from probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+
+SHARED = [
+    "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
+    "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
+    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
+    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
+    "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
+    "nvidia-training/hta_a100_rank0_training.json.gz",
+]
+H100_QWEN = SHARED[3]
+PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per_s", "achieved_bytes_per_s",
+              "arithmetic_intensity", "verdict", "evidence", "pct_of_peak_flops", "pct_of_peak_bytes",
+              "work_source", "busy_ns", "share_of_gpu_time_ratio", "idle_ratio"}
+VERDICTS = {"memory-bound", "compute-bound", "latency/launch-bound", "host-bound", "undetermined"}
+
+
+@dataclass
+class Step:
+    index: int
+    start_ns: int
+    end_ns: int
+    device: int
+    phase: int
+    prefill_tokens: int | None = None
+    decode_tokens: int | None = None
+    evidence: list = field(default_factory=list)
+
+
+@dataclass
+class PhaseMap:
+    steps: list
+    kernel_phase: np.ndarray
+    kernel_step: np.ndarray
+
+
+def _decode_trace():
+    # Four decode steps of 40 kernels of 20 us each, back to back, on an H200.
+    n = 160
+    k = empty(KERNEL_DTYPE, n)
+    k["start_ns"] = np.arange(n) * 20_000
+    k["end_ns"] = k["start_ns"] + 20_000
+    k["device"] = 0
+    k["name_id"] = 0
+    t = Trace(kernels=k, names=NameTable(["gemv"]),
+              devices=[Device(0, "NVIDIA H200", 132, 150_000_000_000)])
+    steps = [Step(i, i * 800_000, (i + 1) * 800_000, 0, 2, 0, 64, ["literal"]) for i in range(4)]
+    pm = PhaseMap(steps, np.full(n, 2, np.uint8), np.repeat(np.arange(4), 40).astype(np.int32))
+    return t, pm
+
+
+def test_literal_decode_with_model_is_memory_bound():
+    t, pm = _decode_trace()
+    m = model_config.builtin("llama-3-8b")
+    doc = analyze_trace(t, model=m, context_len=2048, phase_map=pm)
+    assert doc["gpu"]["key"] == "h200-sxm" and doc["gpu"]["ceilings_from"].startswith("device name")
+    d = doc["phases"]["decode"]
+    assert d["work_source"] == "model" and d["kernels"] == 160 and d["steps"] == 4
+    # Each step reads the weights once and 64 sequences' KV of 2048 tokens.
+    per_step = m.weight_bytes_read(64) + 64 * 2048 * m.kv_bytes_per_token
+    assert d["bytes"] > 4 * per_step
+    assert d["achieved_bytes_per_s"] == pytest.approx(d["bytes"] / 3.2e-3)
+    assert d["verdict"] == "memory-bound"
+    assert doc["steps"][0]["tokens"] == {"prefill": 0, "decode": 64}
+    assert doc["steps"][0]["kernels"] == 40 and doc["steps"][0]["busy_ns"] == 800_000
+
+
+def test_literal_without_model_or_shapes_reports_no_source():
+    t, pm = _decode_trace()
+    d = analyze_trace(t, phase_map=pm)["phases"]["decode"]
+    assert d["flops"] is None and d["bytes"] is None and d["work_source"] == "no source"
+    assert d["verdict"] == "undetermined"
+    assert any("no FLOP/byte source" in e for e in d["evidence"])
+
+
+def test_gpu_option_and_unknown_device():
+    t, pm = _decode_trace()
+    doc = analyze_trace(t, gpu="l4", phase_map=pm)
+    assert doc["gpu"]["key"] == "l4"
+    t.devices = [Device(0, "NVIDIA Tesla K80")]
+    c, how = choose_ceilings(t, None, load_table())
+    assert c is None and "--gpu" in how
+    doc = analyze_trace(t, phase_map=pm)
+    assert doc["gpu"]["name"] == "NVIDIA Tesla K80" and doc["phases"]["decode"]["ridge_point"] is None
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_every_shared_trace(trace_path, name):
+    from probes.kineto import load_trace
+    doc = analyze_trace(load_trace(trace_path(name)))
+    assert {"gpu", "phases", "steps", "idle_gaps", "launch_latency", "copies"} <= set(doc)
+    assert doc["gpu"]["key"], "every shared trace's GPU is in the table"
+    assert doc["phases"]
+    for p in doc["phases"].values():
+        assert PHASE_KEYS <= set(p)
+        assert p["verdict"] in VERDICTS and p["evidence"]
+        if p["flops"] is None:
+            assert p["work_source"] == "no source"
+    assert sum(p["kernels"] for p in doc["phases"].values()) == doc["kernels"]
+    for s in doc["steps"]:
+        assert {"start_ns", "end_ns", "phase", "evidence"} <= set(s) and s["end_ns"] >= s["start_ns"]
+
+
+def test_h100_qwen_prefill_shape_flops_match_the_model(trace_path):
+    """Qwen1.5-0.5B, 16 x 559 = 8944 tokens: projections and MLP are 2 x 0.31 G non-embedding
+    parameters x 8944 tokens = 5.5 TFLOP, causal attention 2 x 16 x 16 x (559 x 560 / 2) x 128
+    x 24 layers = 0.25 TFLOP: about 5.8e12 FLOPs for the profiled forward pass."""
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(H100_QWEN))
+    m = model_config.builtin("qwen1.5-0.5b")
+    kw = kernel_work_from_shapes(t)
+    gemm = float(np.nansum(kw.flops[kw.category == CAT_GEMM]))
+    # The profiled forward's 168 projections (24 layers x 7) against the model's count.
+    assert gemm == pytest.approx(8944 * m.linear_flops_per_token(), rel=0.01)
+    doc = analyze_trace(t)
+    p = doc["phases"]["prefill"]
+    shapes = p["work_by_source"]["shapes"]
+    assert 4e12 < shapes["flops"] < 8e12
+    assert shapes["dtype"] == "bf16" and p["ceiling_dtype"] == "bf16"
+    # Achieved FLOP/s must lie under the H100's bf16 peak, and be a real fraction of it.
+    assert 0.05 < p["pct_of_peak_flops"] / 100 < 1.0
+    assert p["pct_of_peak_bytes"] < 100
+
+
+def test_b200_prefill_tokens_and_model_share(trace_path):
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(SHARED[2]))
+    m = model_config.builtin("gpt-oss-120b")
+    doc = analyze_trace(t, model=m, context_len=888, tensor_parallel=8)
+    step = next(s for s in doc["steps"] if s.get("tokens"))
+    assert step["tokens"]["prefill"] == 888
+    mw = step["model_work"]
+    # 888 tokens touch nearly all 128 experts: about 1/8 of ~63 GB of weights per GPU.
+    assert 6e9 < mw["parts"]["weight_bytes"] < 9e9
+    assert doc["phases"]["prefill"]["work_source"] == "model"

@@ -1,0 +1,49 @@
+"""Roofline plot: both roofs, the ridge point and one point per phase, as a PNG."""
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from aggregator import ceilings
+from aggregator.plot import build_figure, plot_roofline
+from probes.errors import InputError
+
+
+def _doc():
+    c = ceilings.lookup("h100-sxm")
+    g = c.to_dict()
+    g["ceilings_from"] = "--gpu h100-sxm"
+    phase = lambda ai, f, v: {"arithmetic_intensity": ai, "achieved_flops_per_s": f, "verdict": v,  # noqa: E731
+                              "work_source": "shapes", "ceiling_dtype": "bf16"}
+    return {"gpu": g, "phases": {"prefill": phase(400.0, 5e14, "compute-bound"),
+                                 "decode": phase(2.0, 5e12, "memory-bound"),
+                                 "unknown": {"arithmetic_intensity": None, "achieved_flops_per_s": None}}}
+
+
+def test_figure_has_roofs_ridge_and_phase_points():
+    fig = build_figure(_doc())
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    mem = next(v for k, v in lines.items() if k.startswith("memory roof"))
+    x, y = mem.get_data()
+    assert np.allclose(y, x * 3.35e12)
+    comp = next(v for k, v in lines.items() if k.startswith("compute roof bf16"))
+    assert np.allclose(comp.get_ydata(), 989.4e12)
+    ridge = next(v for k, v in lines.items() if k.startswith("ridge point"))
+    assert ridge.get_xdata()[0] == pytest.approx(989.4e12 / 3.35e12)
+    pts = [k for k in lines if k.startswith(("prefill:", "decode:"))]
+    assert len(pts) == 2 and not any(k.startswith("unknown") for k in lines)
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_yscale() == "log"
+    plt.close(fig)
+
+
+def test_png_written(tmp_path):
+    out = plot_roofline(_doc(), tmp_path / "r.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_errors(tmp_path):
+    doc = _doc()
+    with pytest.raises(InputError, match="cannot write"):
+        plot_roofline(doc, tmp_path / "missing" / "r.png")
+    doc["gpu"] = {"ceilings_from": "device 'X' is not in the ceilings table"}
+    with pytest.raises(InputError, match="not in the ceilings table"):
+        plot_roofline(doc, tmp_path / "r.png")
