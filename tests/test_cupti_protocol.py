@@ -1,0 +1,159 @@
+"""Malformed and hostile messages on the agent's CUPTI socket: rejected, counted, harmless."""
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from probes.cupti import protocol as P
+from probes.cupti.server import CuptiServer
+
+
+def hello_body(pid=7, comm=b"vllm", status=b"") -> bytes:
+    h = np.zeros(1, P.HELLO_DTYPE)
+    h["pid"], h["cupti_version"], h["comm_len"], h["status_len"] = pid, 130500, len(comm), len(status)
+    pad = lambda b: b + b"\0" * (-len(b) % 8)  # noqa: E731
+    return h.tobytes() + pad(comm) + pad(status)
+
+
+def batch_body(n_names=0, sections=(), records=None, names=()) -> bytes:
+    b = np.zeros(1, P.BATCH_DTYPE)
+    b["pid"], b["n_names"], b["n_sections"] = 7, n_names, len(sections)
+    b["records"] = sum(c for _, _, c, _ in sections) if records is None else records
+    out = b.tobytes()
+    for ptr, s in names:
+        n = np.zeros(1, P.NAME_DTYPE)
+        n["ptr"], n["len"] = ptr, len(s)
+        out += n.tobytes() + s + b"\0" * (-len(s) % 8)
+    for kind, size, count, data in sections:
+        s = np.zeros(1, P.SECTION_DTYPE)
+        s["kind"], s["record_size"], s["count"] = kind, size, count
+        out += s.tobytes() + data
+    return out
+
+
+def test_well_formed_messages_parse():
+    h = P.parse_hello(hello_body(status=b"conflict: x"))
+    assert (h.pid, h.comm, h.status) == (7, "vllm", "conflict: x")
+    b = P.parse_batch(batch_body(1, [(10, 248, 2, bytes(496))], names=[(0x1000, b"k")]))
+    assert b.names == {0x1000: "k"} and b.sections[0].count == 2
+
+
+@pytest.mark.parametrize("body, msg", [
+    (batch_body(records=5), "header says 5 records"),
+    (batch_body(sections=[(10, 248, 3, bytes(248))]), "truncated"),
+    (batch_body(sections=[(10, 12, 1, bytes(12))]), "implausible record size"),
+    (batch_body(sections=[(99, 8, 1, bytes(8))]), "bad or repeated record kind"),
+    (batch_body(sections=[(10, 8, 1, bytes(8)), (10, 8, 1, bytes(8))]), "bad or repeated"),
+    (batch_body(n_names=10**9), "cannot fit"),
+    (batch_body(1, names=[(1, b"x" * 5000)]), "exceeds"),
+    (batch_body() + b"junk0000", "trailing"),
+    (b"\1\2\3", "truncated"),
+])
+def test_bad_batches_are_protocol_errors(body, msg):
+    with pytest.raises(P.ProtocolError, match=msg):
+        P.parse_batch(body)
+
+
+def test_bad_frame_headers():
+    good = P.encode_frame(P.MSG_HELLO, b"")
+    with pytest.raises(P.ProtocolError, match="magic"):
+        P.parse_frame_header(b"XXXX" + good[4:16])
+    with pytest.raises(P.ProtocolError, match="exceeds"):
+        P.parse_frame_header(P.encode_frame(P.MSG_BATCH, b"")[:8] + (P.MAX_BODY_BYTES + 1).to_bytes(4, "little") + b"\0" * 4)
+    with pytest.raises(P.ProtocolError, match="unknown message type"):
+        P.parse_frame_header(P.encode_frame(77, b""))
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = CuptiServer(str(tmp_path / "c.sock"), idle_timeout_s=0.3, max_connections=4)
+    s.open()
+    yield s
+    s.close()
+
+
+def connect(path) -> socket.socket:
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(path)
+    return c
+
+
+def pump(server, rounds=20):
+    for _ in range(rounds):
+        server.pump(0.01)
+
+
+def test_hostile_peers_are_cut_and_counted_and_the_good_one_keeps_working(server):
+    good = connect(server.path)
+    good.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
+    garbage = connect(server.path)
+    garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
+    liar = connect(server.path)
+    liar.sendall(P.encode_frame(P.MSG_HELLO, hello_body()) + P.encode_frame(P.MSG_BATCH, batch_body(records=9)))
+    early = connect(server.path)
+    early.sendall(P.encode_frame(P.MSG_BATCH, batch_body()))
+    pump(server)
+    assert server.stats["protocol_errors"] == 3
+    assert server.connections == 1
+    good.sendall(P.encode_frame(P.MSG_BATCH, batch_body(1, [(10, 248, 1, bytes(248))], names=[(5, b"k")])))
+    pump(server)
+    msgs = server.drain()
+    kinds = [m.kind for m in msgs if m.conn_id == 1]
+    assert kinds == ["hello", "batch"]
+    for s in (good, garbage, liar, early):
+        s.close()
+
+
+def test_slow_half_frame_is_cut_without_stalling(server):
+    slow = connect(server.path)
+    slow.sendall(P.encode_frame(P.MSG_HELLO, hello_body())[:20])   # header + 4 bytes, then silence
+    t = time.monotonic()
+    pump(server, 5)
+    time.sleep(0.35)
+    pump(server, 5)
+    assert time.monotonic() - t < 2
+    assert server.stats["idle_cut"] == 1 and server.connections == 0
+    slow.close()
+
+
+def test_connection_limit(server):
+    socks = [connect(server.path) for _ in range(6)]
+    pump(server)
+    assert server.connections == 4 and server.stats["refused_connections"] == 2
+    for s in socks:
+        s.close()
+
+
+def test_queue_bound_drops_batches(tmp_path):
+    s = CuptiServer(str(tmp_path / "q.sock"), max_queued_bytes=3000)
+    s.open()
+    try:
+        c = connect(s.path)
+        c.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
+        body = batch_body(0, [(10, 248, 4, bytes(992))])
+        for _ in range(5):
+            c.sendall(P.encode_frame(P.MSG_BATCH, body))
+        pump(s)
+        assert s.stats["dropped_batches_queue_full"] == 3
+        assert sum(m.kind == "batch" for m in s.drain()) == 2
+        c.close()
+    finally:
+        s.close()
+
+
+def test_refuses_to_replace_a_regular_file(tmp_path):
+    p = tmp_path / "not-a-socket"
+    p.write_text("x")
+    with pytest.raises(OSError, match="not a socket"):
+        CuptiServer(str(p)).open()
+    assert p.read_text() == "x"
+
+
+def test_control_frame_round_trip():
+    f = P.encode_control(P.MODE_DEEP, 3)
+    t, n = P.parse_frame_header(f[:16])
+    c = np.frombuffer(f[16:], P.CONTROL_DTYPE)[0]
+    assert (t, n, int(c["mode"]), int(c["kernel_sample_every"])) == (P.MSG_CONTROL, 16, 1, 3)
