@@ -1,0 +1,60 @@
+"""Device window folding from NVML records (decoded from pynvml structures with H200 values)."""
+import pytest
+
+from aggregator import device_metrics as dm
+from probes import nvml
+from test_nvml import h200_raw
+
+S = 1_000_000_000
+
+
+def series():
+    recs = []
+    for i, (busy, dram, energy_mj, nv_kib, mask, power_mw) in enumerate([
+            (100, 74.0, 9_876_543_210, 7_340_032, 0x4, 690_000),
+            (100, 80.0, 9_877_233_210, 7_864_320, 0x0, 700_000),
+            (97, 77.0, 9_877_923_210, 8_388_608, 0x4 | 0x20, 680_000)]):
+        raw = h200_raw()
+        raw.update(ts_ns=1_764_500_000_000_000_000 + i * S, energy_mj=energy_mj, clock_event_reasons=mask,
+                   power_mw=power_mw)
+        raw["utilization"].gpu = busy
+        raw["nvlink_fields"][0].value.ullVal = nv_kib
+        for m in raw["gpm"]:
+            if m.metricId == 10:
+                m.value = dram
+        recs.append(nvml.device_record(raw))
+    return recs
+
+
+def test_fold_h200_window():
+    figs = dm.window_figures(reversed(series()))       # order of arrival does not matter
+    f = figs[0]
+    assert f["samples"] == 3 and f["gpu_name"] == "NVIDIA H200"
+    assert f["gpu_busy_time_pct"] == pytest.approx(99.0) and f["gpu_busy_time_max_pct"] == 100.0
+    assert f["gpm_dram_bw_util_pct"] == pytest.approx(77.0) and f["gpm_dram_bw_util_max_pct"] == 80.0
+    assert f["power_w"] == pytest.approx(690.0) and f["power_max_w"] == 700.0
+    assert f["energy_j"] == pytest.approx(1380.0)                      # 690 W for 2 s
+    assert f["nvlink_tx_bytes_per_s"] == pytest.approx(524_288 * 1024)  # 512 MiB/s from the counter
+    assert f["nvlink_rx_bytes_per_s"] == pytest.approx(2048 * 1024 * 1024)   # counter unsupported: GPM rate
+    assert f["clock_event_reasons"] == ["sw_power_cap", "sw_thermal_slowdown"]
+    assert f["clock_slowdown_ratio"] == pytest.approx(2 / 3)
+    assert f["sm_clock_min_mhz"] == 1755 and f["source"] == "nvml+gpm"
+
+
+def test_energy_counter_reset_gives_no_energy():
+    recs = series()
+    recs[-1]["energy_total_j"] = 5.0
+    assert dm.fold(recs)["energy_j"] is None
+
+
+def test_record_and_prometheus_names_carry_units():
+    f = dm.window_figures(series())[0]
+    rec = dm.device_record(f)
+    assert rec["source"]["probe"] == "nvml" and "busy-time" in rec["source"]["note"]
+    prom = dm.prometheus_samples(f)
+    names = {n for n, _, _ in prom}
+    assert "ridgeline_gpu_busy_time_percent" in names and "ridgeline_gpu_dram_bandwidth_utilization_percent" in names
+    proc = [(l["pid"], v) for n, l, v in prom if n == "ridgeline_gpu_process_memory_used_bytes"]
+    assert proc == [("48213", 135_141_163_008.0)]                       # N/A memory is not exposed as 0
+    reasons = sorted(l["reason"] for n, l, _ in prom if n == "ridgeline_gpu_clock_event_reason")
+    assert reasons == ["sw_power_cap", "sw_thermal_slowdown"]
