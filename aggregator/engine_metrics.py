@@ -557,3 +557,43 @@ def prometheus_samples(rec: dict, labels: dict | None = None) -> list[tuple[str,
             elif kind == "above_last_bucket":
                 out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="gt"), float(rec[f"{hist}_{p}_lower_s"])))
     return out
+
+
+# --------------------------------------------------------------------------- agent glue
+
+class EngineTracker:
+    """Turns the engine probe's poll output into per-endpoint window records (stateful).
+
+    Keeps the last snapshot of each endpoint as the next window's baseline and one
+    :class:`aggregator.alerts.AlertTracker` per endpoint. :meth:`update` takes what
+    ``probes.engine.EngineProbe.poll()`` returned (``{"scrapes": [...], "errors": [...]}``
+    or None) and returns ``{"endpoints": {url: engine_record + "alerts"}, "errors": [...]}``
+    for the endpoints scraped in this window; pass it to ``WindowBuilder.add_engine``.
+    """
+
+    def __init__(self, alert_thresholds=None):
+        from aggregator import alerts  # same layer; imported here to keep the module's pure core standalone
+        self._alerts_mod = alerts
+        self._th = alert_thresholds or alerts.AlertThresholds()
+        self._prev: dict[str, dict] = {}
+        self._alerts: dict[str, Any] = {}
+
+    def update(self, polled: dict | None) -> dict:
+        out: dict[str, Any] = {"endpoints": {}, "errors": list((polled or {}).get("errors", []))}
+        by_ep: dict[str, list[dict]] = {}
+        for res in (polled or {}).get("scrapes", []):
+            snap = snapshot(res["exposition"], res["ts_ns"], res["endpoint"])
+            if snap["engine"] is None:
+                out["errors"].append({"endpoint": res["endpoint"], "error": "no vLLM or SGLang metrics"})
+                continue
+            by_ep.setdefault(res["endpoint"], []).append(snap)
+        for ep, snaps in by_ep.items():
+            snaps.sort(key=lambda s: s["ts_ns"])
+            fig = window_figures(snaps, self._prev.get(ep))
+            self._prev[ep] = snaps[-1]
+            rec = engine_record(fig)
+            tracker = self._alerts.setdefault(ep, self._alerts_mod.AlertTracker(self._th))
+            tracker.update(rec, ts_ns=fig["ts_ns"])
+            rec["alerts"] = tracker.record()["alerts"]
+            out["endpoints"][ep] = rec
+        return out

@@ -255,3 +255,22 @@ def test_engine_record_and_prometheus_samples():
     assert prom[("ridgeline_engine_kv_usage_ratio", (("engine", "vllm"),))] == 0.87
     itl = [(dict(l), v) for (n, l), v in prom.items() if n == "ridgeline_engine_itl_seconds"]
     assert {(l["quantile"], l["bound"], v) for l, v in itl} >= {("50", "le", 0.01)}
+
+
+def test_engine_tracker_windows_and_alerts():
+    base = sample_text(V011)
+    url = "http://127.0.0.1:8000/metrics"
+
+    def polled(text, ts):
+        return {"scrapes": [{"endpoint": url, "ts_ns": ts, "exposition": prom_text.parse(text)}], "errors": []}
+
+    t = em.EngineTracker()
+    w1 = t.update(polled(base, T0))
+    assert w1["endpoints"][url]["preemptions"] is None          # first scrape: no baseline yet
+    w2 = t.update(polled(busy_011(base, kv=0.9), T0 + 5 * S))
+    rec = w2["endpoints"][url]
+    assert rec["preemptions"] == 4 and rec["alerts"]["kv_watermark"]["firing"] is True
+    assert rec["alerts"]["preemption_spike"]["firing"] is True   # 0.8/s from a quiet baseline
+    assert t.update(None) == {"endpoints": {}, "errors": []}
+    w4 = t.update({"scrapes": [{"endpoint": "http://x/metrics", "ts_ns": T0, "exposition": prom_text.parse("up 1\n")}]})
+    assert w4["errors"][0]["error"] == "no vLLM or SGLang metrics"
