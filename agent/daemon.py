@@ -50,12 +50,14 @@ def _as_trace(data) -> Trace | None:
 
 class Agent:
     def __init__(self, cfg: dict, config_path: str | None = None, notifier: Notifier | None = None,
-                 probes: list[registry.Running] | None = None, publisher_factory=Publisher):
+                 probes: list[registry.Running] | None = None, publisher_factory=Publisher, codec=None):
         self.cfg = cfg
         self.config_path = config_path
         self.notifier = notifier or Notifier()
         self._given_probes = probes
         self._publisher_factory = publisher_factory
+        # The wire codec (aggregator.wire): encode_envelope, encode_window, encode_event_batch.
+        self.codec = codec
         self.running: list[registry.Running] = []
         self.publisher: Publisher | None = None
         self.prometheus = None
@@ -85,10 +87,14 @@ class Agent:
     # -- life cycle ------------------------------------------------------------------------
     def _make_publisher(self, p: dict) -> Publisher:
         return self._publisher_factory(p["endpoint"], host=self.host, sndhwm=p["sndhwm"],
+                                       encode=self.codec.encode_envelope,
                                        curve_secret_key_file=p["curve_secret_key_file"],
                                        curve_allowed_clients_dir=p["curve_allowed_clients_dir"])
 
     def start(self) -> None:
+        if self.codec is None:
+            from aggregator import wire
+            self.codec = wire
         self.notifier.status("starting: binding publisher")
         self.publisher = self._make_publisher(self.cfg["publisher"])
         if self.cfg["prometheus"]["enabled"]:
@@ -132,8 +138,7 @@ class Agent:
             self.builder.add_events(trace, source=src)
             self.records_total += len(trace.kernels) + len(trace.copies) + len(trace.api) + len(trace.ranges)
             if self.cfg["publisher"]["publish_events"]:
-                from aggregator import wire
-                self.publisher.publish("events", wire.encode_event_batch(trace))
+                self.publisher.publish("events", self.codec.encode_event_batch(trace))
             # A source may carry side figures (a simulator's engine view) next to events.
             if isinstance(data, dict):
                 for key in ("engine", "device", "sched"):
@@ -183,8 +188,7 @@ class Agent:
         self.latest_window = window
         if self.prometheus is not None:
             self.prometheus.observe(window)
-        from aggregator import wire
-        self.publisher.publish("window", wire.encode_window(window) if _wire_window_is_payload() else window)
+        self.publisher.publish("window", self.codec.encode_window(window))
         if window.get("engine"):
             self.publisher.publish("engine", window["engine"])
         self.publisher.publish("health", agent)
@@ -286,12 +290,6 @@ class Agent:
                 pass
             self.publisher.close()
         self.notifier.close()
-
-
-def _wire_window_is_payload() -> bool:
-    """Whether ``wire.encode_window`` yields an envelope payload (dict/list) rather than
-    bytes for a standalone file; the envelope takes either."""
-    return True
 
 
 def _status_line(w: dict) -> str:

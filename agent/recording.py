@@ -157,10 +157,13 @@ def merge_traces(batches: list[Trace], meta: dict | None = None) -> Trace:
                  names, [devices[i] for i in sorted(devices)], dict(meta or {})).sorted()
 
 
-def load_recording(path: str | Path) -> Recording:
-    from aggregator import wire
+def load_recording(path: str | Path, codec=None) -> Recording:
+    """Decode a recording (``codec``: the wire module; default ``aggregator.wire``)."""
+    if codec is None:
+        from aggregator import wire as codec
+    wire = codec
 
-    from .subscriber import SeqTracker, envelope_field
+    from .subscriber import SeqTracker, decode_payload, envelope_field
     p = Path(path)
     report: dict = {}
     seq = SeqTracker()
@@ -182,15 +185,14 @@ def load_recording(path: str | Path) -> Recording:
         hosts.add(envelope_field(env, "host", "") or "")
         seq.see(topic, int(envelope_field(env, "seq")))
         try:
-            if topic == "events":
-                t = payload if isinstance(payload, Trace) else wire.decode_event_batch(payload)
-                sources.add(t.meta.get("source", ""))
-                batches.append(t)
-            elif topic == "window":
-                w = wire.decode_window(payload) if not isinstance(payload, dict) else payload
-                windows.append(w)
+            payload = decode_payload(wire, topic, payload)
         except InputError as exc:
             raise InputError(f"{p}: frame {i} ({topic}): {exc}") from None
+        if topic == "events":
+            sources.add(payload.meta.get("source", ""))
+            batches.append(payload)
+        elif topic == "window":
+            windows.append(payload)
     meta = {"path": str(p), "format": "ridgeline-recording", "sources": sorted(s for s in sources if s)}
     if any(s == "simulated" or "sim" in s for s in sources):
         meta["simulated"] = True

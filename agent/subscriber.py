@@ -26,6 +26,15 @@ def envelope_field(env, name: str, default=None):
     return getattr(env, name, default)
 
 
+def decode_payload(codec, topic: str, payload):
+    """Window and event-batch payloads decoded by the wire codec; others as they are."""
+    if topic == "window" and not isinstance(payload, dict):
+        return codec.decode_window(payload)
+    if topic == "events" and not hasattr(payload, "kernels"):
+        return codec.decode_event_batch(payload)
+    return payload
+
+
 @dataclass
 class Message:
     topic: str
@@ -59,17 +68,19 @@ class SeqTracker:
         return gap, False
 
 
-def _decoder():
+def _wire():
     from aggregator import wire
-    return wire.decode_envelope
+    return wire
 
 
 class Subscriber:
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, topics: list[str] | tuple[str, ...] = (),
                  rcvhwm: int = 10000, server_public_key: bytes | None = None,
-                 client_keys: tuple[bytes, bytes] | None = None, decode=None,
+                 client_keys: tuple[bytes, bytes] | None = None, codec=None,
                  context: zmq.Context | None = None):
-        self._decode = decode or _decoder()
+        # codec: the wire module (decode_envelope, decode_window, decode_event_batch).
+        self.codec = codec or _wire()
+        self._decode = self.codec.decode_envelope
         self._own_ctx = context is None
         self.ctx = context or zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -119,9 +130,15 @@ class Subscriber:
         except Exception:
             self.bad += 1
             return None
+        payload = envelope_field(env, "payload")
+        try:
+            payload = decode_payload(self.codec, topic, payload)
+        except Exception:
+            self.bad += 1
+            return None
         self.received += 1
         gap, restarted = self.seq.see(topic, seq)
-        return Message(topic=topic, raw=raw, envelope=env, seq=seq, payload=envelope_field(env, "payload"),
+        return Message(topic=topic, raw=raw, envelope=env, seq=seq, payload=payload,
                        host=envelope_field(env, "host", "") or "", ts_ns=int(envelope_field(env, "ts_ns", 0) or 0),
                        gap=gap, restarted=restarted)
 

@@ -1,0 +1,178 @@
+"""agent.daemon in-process: the loop, window flush, probe faults, reload, /metrics."""
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from agent import config
+from agent.daemon import Agent
+from agent.registry import STEPS, Running
+from agent.sdnotify import Notifier
+from agent.subscriber import Subscriber
+from agent_codec import codec
+from probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
+from probes.probe import Availability, Probe
+from probes.replay import ReplayProbe
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def literal_trace(n=200, every_ns=5_000_000):
+    """n kernels of 6 us, one every ``every_ns`` (1 s of GPU time at the default)."""
+    k = empty(KERNEL_DTYPE, n)
+    k["start_ns"] = 1_000_000 + every_ns * __import__("numpy").arange(n)
+    k["end_ns"] = k["start_ns"] + 6_000
+    k["device"], k["pid"], k["name_id"] = 0, 4242, 0
+    a = empty(API_DTYPE, n)
+    a["start_ns"] = k["start_ns"] - 3_000
+    a["end_ns"] = a["start_ns"] + 2_000
+    a["pid"], a["category"], a["name_id"] = 4242, API_LAUNCH, 1
+    return Trace(kernels=k, api=a, names=NameTable(["sm90_xmma_gemm_bf16", "cudaLaunchKernel"]),
+                 devices=[Device(0, "NVIDIA H100 80GB HBM3")])
+
+
+class Exploding(Probe):
+    name = "exploding"
+
+    def __init__(self):
+        super().__init__()
+        self.polls = 0
+
+    def poll(self):
+        self.polls += 1
+        raise RuntimeError("probe bug")
+
+
+def cfg_for(tmp_path, **agent):
+    return config.overlay(config.defaults(), {
+        "agent": {"window_s": 0.2, **agent},
+        "publisher": {"endpoint": f"ipc://{tmp_path}/agent.sock", "publish_events": True},
+        "prometheus": {"enabled": False},
+        "probes": {"enabled": []},
+    })
+
+
+def running(probe, step="replay"):
+    return Running(STEPS[step], probe, Availability(True))
+
+
+def collect(sub, seconds, topics=None):
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        m = sub.receive(0.1)
+        if m is not None and (topics is None or m.topic in topics):
+            out.append(m)
+    return out
+
+
+def start_agent(agent):
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    return t
+
+
+def test_windows_flow_and_a_raising_probe_is_counted(tmp_path):
+    cfg = cfg_for(tmp_path)
+    boom = Exploding()
+    replay = ReplayProbe(trace=literal_trace(), speed=1.0, loop=False)
+    replay.start()
+    agent = Agent(cfg, probes=[running(boom, "nvml"), running(replay)], codec=codec, notifier=Notifier({}))
+    t = start_agent(agent)
+    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec)
+    try:
+        msgs = collect(sub, 1.5)
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        sub.close()
+    windows = [m.payload for m in msgs if m.topic == "window"]
+    health = [m.payload for m in msgs if m.topic == "health"]
+    assert len(windows) >= 3 and health
+    assert boom.polls > 5                                   # the loop went on polling
+    errs = [h["probes"]["nvml"]["errors"] for h in health]
+    assert errs[-1] >= 5 and errs == sorted(errs) and errs[-1] <= boom.polls
+    assert sum(g["kernels"] for w in windows for g in w["gpus"]) > 0
+    assert any(m.topic == "events" for m in msgs)
+    seqs = [m.seq for m in msgs if m.topic == "window"]
+    assert seqs == sorted(seqs) and sub.seq.gaps == {}
+
+
+def test_stop_flushes_the_open_window(tmp_path):
+    cfg = cfg_for(tmp_path, window_s=60.0)                   # no window would close on its own
+    replay = ReplayProbe(trace=literal_trace(every_ns=1_000_000), speed=1.0, loop=False)
+    replay.start()
+    agent = Agent(cfg, probes=[running(replay)], codec=codec, notifier=Notifier({}))
+    t = start_agent(agent)
+    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("window",))
+    time.sleep(0.8)
+    agent.request_stop()
+    t.join(5)
+    agent.shutdown()
+    msgs = collect(sub, 1.0)
+    sub.close()
+    assert len(msgs) == 1
+    assert sum(g["kernels"] for g in msgs[0].payload["gpus"]) == 200
+
+
+def test_reload_applies_good_config_and_keeps_running_on_bad(tmp_path):
+    path = tmp_path / "agent.toml"
+    ep = f"ipc://{tmp_path}/r.sock"
+    path.write_text(f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n'
+                    '[probes]\nenabled = []\n')
+    cfg = config.load(path)
+    agent = Agent(cfg, config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
+    t = start_agent(agent)
+    try:
+        path.write_text(f'[agent]\nwindow_s = 0.3\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n'
+                        '[probes]\nenabled = []\n')
+        agent.request_reload()
+        time.sleep(0.4)
+        assert agent.cfg["agent"]["window_s"] == 0.3 and agent.reloads == 1
+        path.write_text('[agent]\nwindow_s = "fast"\n')
+        agent.request_reload()
+        time.sleep(0.4)
+        assert agent.cfg["agent"]["window_s"] == 0.3 and agent.reloads == 1
+        assert t.is_alive()
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+
+
+def test_prometheus_exposition_names_and_values(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+    port = free_port()
+    cfg = config.overlay(cfg_for(tmp_path), {"prometheus": {"enabled": True, "listen": f"127.0.0.1:{port}"}})
+    replay = ReplayProbe(trace=literal_trace(every_ns=1_000_000), speed=1.0, loop=False)
+    replay.start()
+    agent = Agent(cfg, probes=[running(replay)], codec=codec, notifier=Notifier({}))
+    t = start_agent(agent)
+    try:
+        time.sleep(0.9)
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        # Garbage on the HTTP socket does not take the endpoint down.
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"\x00\xff garbage \r\n\r\n" * 100)
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    assert fams["ridgeline_phase_kernel_seconds"].type == "counter"
+    ks = [s for s in fams["ridgeline_phase_kernel_seconds"].samples if s.name.endswith("_total")]
+    assert ks and abs(sum(s.value for s in ks) - 200 * 6e-6) < 1e-9
+    assert "ridgeline_agent_resident_memory_bytes" in fams
+    assert fams["ridgeline_agent_cpu_ratio"].type == "gauge"
+    assert "ridgeline_gpu_busy_ratio" in fams
+    for name in fams:
+        assert name.startswith("ridgeline_") or name.startswith(("python_", "process_"))
