@@ -360,6 +360,7 @@ class _StepFacts:
         self.large_tile = np.bincount(st[gemm & (tile >= LARGE_TILE)], minlength=n_steps)
         self.tiled = np.bincount(st[gemm & (tile > 0)], minlength=n_steps)
         self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
+        self.inference_only = np.bincount(st[kc.inference_only[in_step]], minlength=n_steps)
         # GEMM rows from CPU ops.
         r = rows[in_step]
         s = seq[in_step]
@@ -521,13 +522,16 @@ def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int
 
 
 def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list[_Vote], str | None]:
-    """Label from votes. Returns (phase, deciding votes, conflict text or None)."""
+    """Label from votes. Returns (phase, deciding votes, conflict text or None).
+
+    ``training_context``: set when the step's device runs a training loop elsewhere in the
+    trace and the step holds no inference-only kernel; the step is then "other".
+    """
     other = [v for v in votes if v.phase == OTHER and v.strength >= STRONG]
     if other:
         return OTHER, other, None
     inf = [v for v in votes if v.phase in (PREFILL, DECODE, MIXED)]
-    strong_att = [v for v in inf if v.cls == "attention" and v.strength >= STRONG and v.phase != UNKNOWN]
-    if training_context and not strong_att:
+    if training_context:
         return OTHER, [_Vote(OTHER, MEDIUM, training_context, "training")], None
     firm = [v for v in inf if v.strength >= MEDIUM]
     mixed = [v for v in firm if v.phase == MIXED]
@@ -597,10 +601,12 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                 if a is not None:
                     parsed[i] = a
         ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
-        gpu_sel = np.flatnonzero((r["kind"] == RANGE_GPU_ANNOTATION) & np.isin(r["name_id"], ann_ids) & (r["device"] >= 0))
+        kinds = (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_NVTX)
+        named = np.isin(r["kind"], kinds) & np.isin(r["name_id"], ann_ids)
+        gpu_sel = np.flatnonzero(named & (r["device"] >= 0))
         # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
         # GPU copy, or kernels the copy's window misses) by launch correlation.
-        cpu_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_USER_ANNOTATION, RANGE_NVTX)) & np.isin(r["name_id"], ann_ids))
+        cpu_sel = np.flatnonzero(named & (r["device"] < 0))
         name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
         hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
         free = hit_gpu < 0
@@ -706,7 +712,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                 if tok[0] != total:
                     st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
             continue
-        ph, dec, conflict = _decide(votes, ctx)
+        ph, dec, conflict = _decide(votes, ctx if not facts.inference_only[st.index] else None)
         st.phase = ph
         boundary = getattr(st, "_boundary", "")
         if conflict:
@@ -776,5 +782,5 @@ def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> d
         if nl:
             parts.append(f"{nl} kernels launched from autograd/optimizer CPU ops")
         out[int(dev)] = (f"device {dev} runs a training loop ({', '.join(parts)} in the trace) and this step has no "
-                         f"inference-only attention kernel => other (not inference)")
+                         f"inference-only kernel (KV-cache write, paged/decode attention) => other (not inference)")
     return out

@@ -77,6 +77,7 @@ class Signature:
     seen: str = ""
     grid_rule: str = ""
     step_end: bool = False
+    inference_only: bool = False
 
 
 @dataclass
@@ -85,7 +86,8 @@ class KernelClasses:
 
     ``sig``: index into ``signatures`` (-1 = none); ``role``/``hint``/``strength``/``grid_rule``:
     the codes above; ``tile_min``: min(tile M, tile N) parsed from GEMM names (-1 unknown);
-    ``step_end``: sampling-type kernel that closes a step.
+    ``step_end``: sampling-type kernel that closes a step; ``inference_only``: a kernel only
+    serving engines launch.
     """
     signatures: list[Signature]
     sig: np.ndarray
@@ -95,6 +97,7 @@ class KernelClasses:
     grid_rule: np.ndarray
     tile_min: np.ndarray
     step_end: np.ndarray
+    inference_only: np.ndarray
 
 
 def parse_tile(name: str) -> tuple[int, int] | None:
@@ -139,7 +142,8 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
         out.append(Signature(id=entry["id"], pattern=entry["pattern"], role=entry["role"], phase=entry["phase"],
                              strength=entry["strength"], label=entry["label"], source=entry["source"],
                              seen=entry.get("seen", ""), grid_rule=entry.get("grid_rule", ""),
-                             step_end=bool(entry.get("step_end", False))))
+                             step_end=bool(entry.get("step_end", False)),
+                             inference_only=bool(entry.get("inference_only", False))))
     if not out:
         raise InputError(f"{p}: no [[signature]] entries")
     return out
@@ -180,6 +184,7 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
     strength_of = np.array([STRENGTH_CODES[s.strength] for s in sigs] + [0], dtype=np.uint8)
     grid_of = np.array([GRID_CODES[s.grid_rule] for s in sigs] + [GRID_NONE], dtype=np.uint8)
     end_of = np.array([s.step_end for s in sigs] + [False], dtype=bool)
+    inf_of = np.array([s.inference_only for s in sigs] + [False], dtype=bool)
     # Tiles: parsed once per distinct GEMM name.
     uniq_tile = np.full(len(uniq), -1, dtype=np.int32)
     for j in np.flatnonzero((uniq_sig >= 0) & (grid_of[uniq_sig] == GRID_TILE)):
@@ -190,7 +195,8 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
     look = np.where(sig >= 0, sig, len(sigs))
     return KernelClasses(signatures=sigs, sig=sig.astype(np.int32), role=role_of[look], hint=hint_of[look],
                          strength=strength_of[look], grid_rule=grid_of[look],
-                         tile_min=uniq_tile[inverse] if n else np.empty(0, dtype=np.int32), step_end=end_of[look])
+                         tile_min=uniq_tile[inverse] if n else np.empty(0, dtype=np.int32), step_end=end_of[look],
+                         inference_only=inf_of[look])
 
 
 def short_name(name: str, limit: int = 60) -> str:

@@ -1,0 +1,545 @@
+"""Phase mapping rules, each on a literal trace built with ``probes.events.empty``.
+
+Kernel names are real ones (from the shared traces or the engines' sources, see
+reference/kernel-signatures.md); timings and grids are chosen per rule. The real shared
+traces are exercised in tests/test_phases_traces.py.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from probes.events import (API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
+                           RANGE_GPU_ANNOTATION, NameTable, Trace, empty)
+
+US = 1000  # ns per microsecond
+
+# Real kernel names (from the shared traces, see reference/traces.md).
+TRTLLM_CONTEXT = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"
+TRTLLM_GEN = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentSwapsAbForGen"
+RESHAPE_AND_CACHE = ("void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, unsigned char, "
+                     "(vllm::Fp8KVCacheDataType)1>(__nv_bfloat16 const*, __nv_bfloat16 const*)")
+STORE_KVCACHE = "store_kvcache_kernel"
+FLASH_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
+             "false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, "
+             "false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)")
+SPLITKV = ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
+           "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, true, false, false, "
+           "false, true, true, false, false>(flash::Flash_fwd_params)")
+SPLITKV_COMBINE = ("void flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, "
+                   "false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, 4, 1, "
+                   "true>(flash::Flash_fwd_params)")
+PAGED_V1 = "void vllm::paged_attention_v1_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, (vllm::Fp8KVCacheDataType)0, false>(x)"
+GEMVX = ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, __nv_bfloat16, __nv_bfloat16, "
+         "__nv_bfloat16, float, false, true, true, false, 6, false, cublasGemvParamsEx<int, "
+         "cublasGemvTensorStridedBatched<__nv_bfloat16 const>, cublasGemvTensorStridedBatched<__nv_bfloat16 const>, "
+         "cublasGemvTensorStridedBatched<__nv_bfloat16>, float> >(cublasGemvParamsEx<int, int, int, int>)")
+GEMM_LARGE = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+GEMM_SMALL = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
+              "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)")
+ELEMENTWISE = ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, "
+               "std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)")
+ARGMAX = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+          "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
+ADAM = ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float, float, float, float, float, "
+        "float, float, float, adamMode_t, float, int>(long, int volatile*, TensorListMetadata<4>, AdamFunctor<float>)")
+CONV = "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1"
+POOL = ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int, float const*, long, long, "
+        "long, int, int, int, int, int, int, int, int, int, int, float*, long*)")
+
+
+class TraceBuilder:
+    """Accumulates literal events; ``build()`` returns a sorted :class:`Trace`."""
+
+    def __init__(self):
+        self.names = NameTable()
+        self.kernels: list[dict] = []
+        self.ranges: list[dict] = []
+        self.api: list[dict] = []
+        self.ops: list[dict] = []
+        self._corr = 1000
+
+    def kernel(self, name: str, start_us: float, dur_us: float = 2.0, grid=(1, 1, 1), device: int = 0,
+               stream: int = 7, corr: int | None = None, ext: int = -1, graph: int = -1) -> int:
+        if corr is None:
+            self._corr += 1
+            corr = self._corr
+        self.kernels.append(dict(start_ns=int(start_us * US), end_ns=int((start_us + dur_us) * US), device=device,
+                                 stream=stream, correlation_id=corr, external_id=ext, grid_x=grid[0],
+                                 grid_y=grid[1], grid_z=grid[2], block_x=128, block_y=1, block_z=1,
+                                 name_id=self.names.intern(name), graph_id=graph))
+        return corr
+
+    def launch(self, corr: int, start_us: float, dur_us: float = 3.0, pid: int = 100, tid: int = 100,
+               name: str = "cudaLaunchKernel", ext: int = -1, category: int = API_LAUNCH) -> None:
+        self.api.append(dict(start_ns=int(start_us * US), end_ns=int((start_us + dur_us) * US), pid=pid, tid=tid,
+                             correlation_id=corr, external_id=ext, cbid=211, domain=1, category=category,
+                             name_id=self.names.intern(name)))
+
+    def range(self, name: str, start_us: float, end_us: float, kind: int = RANGE_GPU_ANNOTATION,
+              device: int = 0, pid: int = 100, tid: int = 100, ext: int = -1) -> None:
+        self.ranges.append(dict(start_ns=int(start_us * US), end_ns=int(end_us * US), pid=pid, tid=tid,
+                                device=device, kind=kind, name_id=self.names.intern(name), external_id=ext))
+
+    def op(self, name: str, start_us: float, end_us: float, ext: int = -1, dims=None, pid: int = 100,
+           tid: int = 100) -> None:
+        self.ops.append(dict(start_ns=int(start_us * US), end_ns=int(end_us * US), pid=pid, tid=tid,
+                             name_id=self.names.intern(name), external_id=ext,
+                             input_dims_id=self.names.intern(json.dumps(dims, separators=(",", ":")))
+                             if dims is not None else -1, input_types_id=-1))
+
+    @staticmethod
+    def _array(rows: list[dict], dtype) -> np.ndarray:
+        out = empty(dtype, len(rows))
+        for i, r in enumerate(rows):
+            for key, v in r.items():
+                out[key][i] = v
+        return out
+
+    def build(self) -> Trace:
+        return Trace(kernels=self._array(self.kernels, KERNEL_DTYPE), api=self._array(self.api, API_DTYPE),
+                     ranges=self._array(self.ranges, RANGE_DTYPE), cpu_ops=self._array(self.ops, CPU_OP_DTYPE),
+                     names=self.names).sorted()
+
+
+def layers(b: TraceBuilder, t0_us: float, n_layers: int, attention: str, tokens: int, attention_grid=(1, 1, 1),
+           per_token: str = RESHAPE_AND_CACHE, gemm: str = GEMM_LARGE, step_us: float = 10.0,
+           device: int = 0) -> float:
+    """Append ``n_layers`` transformer layers (per-token kernel, GEMM, attention, GEMM,
+    elementwise) starting at ``t0_us``; returns the time after the last kernel."""
+    t = t0_us
+    for _ in range(n_layers):
+        b.kernel(per_token, t, grid=(tokens, 1, 1), device=device)
+        b.kernel(gemm, t + 2, grid=(8, 8, 1), device=device)
+        b.kernel(attention, t + 4, grid=attention_grid, device=device)
+        b.kernel(gemm, t + 6, grid=(8, 8, 1), device=device)
+        b.kernel(ELEMENTWISE, t + 8, grid=(64, 1, 1), device=device)
+        t += step_us
+    return t
+
+
+import pytest
+
+from aggregator.phases import (DECODE, MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, PhaseMap, map_phases,
+                               parse_step_annotation)
+from probes.events import API_GRAPH_LAUNCH, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION
+
+
+def only_step(pm: PhaseMap):
+    assert len(pm.steps) == 1, [(s.phase_name, s.kernels, s.evidence[:1]) for s in pm.steps]
+    return pm.steps[0]
+
+
+# ------------------------------------------------------------------ annotation parsers
+
+@pytest.mark.parametrize("text, phase, prefill, decode", [
+    ("execute_context_1(888_788544)_generation_0(0)", PREFILL, 888, 0),      # B200 trace
+    ("execute_context_0(0)_generation_32(32)", DECODE, 0, 32),
+    ("execute_context_2(1024_524288)_generation_30(30)", MIXED, 1024, 30),
+    ("execute_6147_context_2(sq6144sk7144sqsq20971520sqsk23019520)_generation_3(sq3sk6144sqsq3sqsk6144)",
+     MIXED, 6144, 3),
+    ("execute_8192_context_0(sq0sk0sqsq0sqsk0)_generation_32(sq32sk9000sqsq32sqsk9000)", DECODE, 0, 32),
+    ("execute_512_context_1(sq512sk512sqsq262144sqsk262144)_generation_0(sq0sk0sqsq0sqsk0)", PREFILL, 512, 0),
+    ("execute_context_1024_generation_64", MIXED, 1024, 64),                   # legacy, no parentheses
+    ("step[EXTEND bs=15 toks=15360]", PREFILL, 15360, 0),                      # MI300X SGLang trace
+    ("step[DECODE bs=32]", DECODE, 0, 32),
+    ("step[EXTEND bs=2 toks=14721 flops=1.2e12 bytes=3.4e9]", PREFILL, 14721, 0),   # roofline suffix
+    ("step[MIXED bs=4]", MIXED, None, None),
+    ("step[IDLE bs=0]", UNKNOWN, None, None),
+    ("prefill", PREFILL, None, None),
+    ("decode[bs=3]", DECODE, None, None),
+])
+def test_parse_step_annotation(text, phase, prefill, decode):
+    a = parse_step_annotation(text)
+    assert a is not None
+    assert (a.phase, a.prefill_tokens, a.decode_tokens) == (phase, prefill, decode)
+
+
+@pytest.mark.parametrize("text", ["ProfilerStep#6", "## Call CompiledFxGraph fud64 ##", "nccl:_all_gather_base",
+                                  "decoder_layer", "gpu_model_runner: forward", "execute_model", ""])
+def test_parse_step_annotation_rejects_other_ranges(text):
+    assert parse_step_annotation(text) is None
+
+
+def test_annotation_evidence_string_names_tokens():
+    a = parse_step_annotation("execute_context_1(888_788544)_generation_0(0)")
+    assert a.describe("execute_context_1(888_788544)_generation_0(0)") == \
+        "annotation execute_context_1(888_788544)_generation_0(0): 888 prefill tokens => prefill"
+    m = parse_step_annotation("execute_context_2(1024_524288)_generation_30(30)")
+    assert m.describe("x") == "annotation x: 1024 prefill tokens, 30 decode tokens => mixed"
+
+
+# ------------------------------------------------------------------ layer 1: annotations on traces
+
+def test_gpu_side_annotations_give_steps_tokens_and_kernel_labels():
+    b = TraceBuilder()
+    # Step 1: a vLLM prefill of 512 tokens; step 2: a mixed step; step 3: a decode of 8.
+    b.range("execute_context_1(512_262144)_generation_0(0)", 0, 100, ext=1)
+    layers(b, 5, 4, FLASH_FWD, 512, attention_grid=(4, 8, 16))
+    b.range("execute_context_1(256_65536)_generation_7(7)", 200, 300, ext=2)
+    layers(b, 205, 4, FLASH_FWD, 263, attention_grid=(2, 8, 16))
+    b.range("execute_context_0(0)_generation_8(8)", 400, 500, ext=3)
+    layers(b, 405, 4, PAGED_V1, 8)
+    b.kernel(ELEMENTWISE, 700)          # outside every range: segmented from kernels
+    tr = b.build()
+    pm = map_phases(tr)
+    ann = [s for s in pm.steps if s.source == "annotation"]
+    assert [(s.phase, s.prefill_tokens, s.decode_tokens, s.kernels) for s in ann] == [
+        (PREFILL, 512, 0, 20), (MIXED, 256, 7, 20), (DECODE, 0, 8, 20)]
+    assert ann[0].evidence[0].startswith("annotation execute_context_1(512_262144)_generation_0(0): 512 prefill "
+                                         "tokens => prefill (GPU-side range")
+    assert "kernel evidence agrees" in ann[0].evidence[1]
+    # Per-kernel arrays: aligned, typed, and every kernel's evidence names its step's decider.
+    assert pm.kernel_phase.dtype == np.uint8 and pm.kernel_step.dtype == np.int32
+    assert len(pm.kernel_phase) == len(tr.kernels) == len(pm.kernel_evidence)
+    first = np.flatnonzero(pm.kernel_step == ann[0].index)
+    assert (pm.kernel_phase[first] == PREFILL).all()
+    assert all("512 prefill tokens" in pm.evidence_of(i) for i in first)
+    mixed = np.flatnonzero(pm.kernel_step == ann[1].index)
+    assert (pm.kernel_phase[mixed] == MIXED).all()
+    last = int(np.flatnonzero(tr.kernels["start_ns"] == 700 * US)[0])
+    assert pm.steps[pm.kernel_step[last]].source == "kernels"
+
+
+def test_cpu_range_maps_kernels_by_launch_correlation_not_by_time():
+    """A CPU range covers what its thread launched: a kernel that runs after the range
+    ended belongs to it; a kernel running during the range but launched before does not."""
+    b = TraceBuilder()
+    b.range("step[DECODE bs=4]", 100, 150, kind=RANGE_USER_ANNOTATION, device=-1, tid=7)
+    early = b.kernel(STORE_KVCACHE, 120, grid=(4, 1, 1))      # runs inside the CPU window...
+    b.launch(early, 50, tid=7)                                # ...but was launched before it
+    inside = []
+    for i in range(6):
+        c = b.kernel(GEMVX if i % 2 else SPLITKV, 200 + 10 * i, grid=(1, 2, 16))   # runs after the window
+        b.launch(c, 110 + 5 * i, tid=7)
+        inside.append(c)
+    other_thread = b.kernel(ELEMENTWISE, 140)
+    b.launch(other_thread, 115, tid=8)                        # same time, another thread
+    tr = b.build()
+    pm = map_phases(tr)
+    ann = [s for s in pm.steps if s.source == "annotation"]
+    assert len(ann) == 1 and ann[0].phase == DECODE and ann[0].decode_tokens == 4
+    assert "CPU range, kernels by launch correlation" in ann[0].evidence[0]
+    held = set(tr.kernels["correlation_id"][pm.kernel_step == ann[0].index].tolist())
+    assert held == set(inside)
+
+
+def test_gpu_copy_preferred_and_merged_with_cpu_range_of_same_annotation():
+    b = TraceBuilder()
+    name = "step[EXTEND bs=2 toks=640]"
+    b.range(name, 0, 60, kind=RANGE_USER_ANNOTATION, device=-1, ext=5)
+    b.range(name, 10, 80, kind=RANGE_GPU_ANNOTATION, device=0, ext=5)
+    for i in range(5):
+        c = b.kernel(RESHAPE_AND_CACHE if i == 0 else GEMM_LARGE, 12 + 10 * i, grid=(640, 1, 1))
+        b.launch(c, 1 + i)
+    late = b.kernel(ARGMAX, 95)        # after the GPU window, launched inside the CPU range
+    b.launch(late, 55)
+    pm = map_phases(b.build())
+    ann = [s for s in pm.steps if s.source == "annotation"]
+    assert len(ann) == 1 and ann[0].kernels == 6 and ann[0].phase == PREFILL and ann[0].prefill_tokens == 640
+    assert "GPU-side range" in ann[0].evidence[0] and "some kernels by CPU range" in ann[0].evidence[0]
+
+
+def test_nvtx_named_range_and_detailed_vllm_string():
+    b = TraceBuilder()
+    b.range("decode", 0, 50, kind=RANGE_NVTX, device=0)
+    layers(b, 1, 3, SPLITKV, 2, attention_grid=(1, 2, 16), per_token=STORE_KVCACHE, gemm=GEMM_SMALL)
+    detailed = "execute_4096_context_1(sq4096sk4096sqsq16777216sqsk16777216)_generation_0(sq0sk0sqsq0sqsk0)"
+    b.range(detailed, 100, 300, kind=RANGE_GPU_ANNOTATION, device=0)
+    layers(b, 101, 3, TRTLLM_CONTEXT, 4096)
+    pm = map_phases(b.build())
+    assert [(s.phase, s.prefill_tokens, s.decode_tokens) for s in pm.steps] == [(DECODE, None, None),
+                                                                                 (PREFILL, 4096, 0)]
+    assert pm.steps[0].evidence[0].startswith("annotation decode: decode => decode")
+    assert pm.steps[1].evidence[0].startswith(f"annotation {detailed}: 4096 prefill tokens => prefill")
+
+
+def test_annotation_wins_over_kernels_and_records_the_disagreement():
+    b = TraceBuilder()
+    b.range("step[DECODE bs=16]", 0, 100)
+    layers(b, 1, 4, TRTLLM_CONTEXT, 4000)         # kernels alone say prefill
+    tr = b.build()
+    with_ann = only_step(map_phases(tr))
+    assert with_ann.phase == DECODE
+    assert any(e.startswith("kernel evidence alone would say prefill") for e in with_ann.evidence)
+    assert any("4000 tokens vs 16 in the annotation" in e for e in with_ann.evidence)
+    assert only_step(map_phases(tr, use_annotations=False)).phase == PREFILL
+
+
+# ------------------------------------------------------------------ layer 3: per-step evidence, no annotations
+
+def test_per_token_grid_one_token_is_decode():
+    b = TraceBuilder()
+    for i in range(4):
+        b.kernel(STORE_KVCACHE, 10 * i, grid=(1, 1, 1))
+        b.kernel(ELEMENTWISE, 10 * i + 3)
+    st = only_step(map_phases(b.build()))
+    assert (st.phase, st.decode_tokens, st.prefill_tokens) == (DECODE, 1, 0)
+    assert st.evidence[0] == "store_kvcache_kernel grid [1,1,1]: one token in the step => decode"
+
+
+def test_per_token_grid_alone_many_tokens_is_not_a_label():
+    """888 tokens could be a prefill or a decode of 888 sequences: no label from that alone."""
+    b = TraceBuilder()
+    for i in range(4):
+        b.kernel(RESHAPE_AND_CACHE, 10 * i, grid=(888, 1, 1))
+        b.kernel(ELEMENTWISE, 10 * i + 3)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == UNKNOWN
+    assert any("reshape_and_cache_flash_kernel grid [888,1,1]: 888 tokens in the step" == e for e in st.evidence)
+
+
+def test_flash_fwd_query_blocks_prefill_and_single_block_not_decisive():
+    b = TraceBuilder()
+    layers(b, 0, 3, FLASH_FWD, 0, attention_grid=(5, 16, 16), per_token=ELEMENTWISE)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == PREFILL
+    assert st.evidence[0] == "flash_fwd_kernel grid [5,16,16]: 5 query blocks per sequence => prefill"
+    b = TraceBuilder()
+    layers(b, 0, 3, FLASH_FWD, 0, attention_grid=(1, 16, 16), per_token=ELEMENTWISE, gemm=ELEMENTWISE)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == UNKNOWN
+    assert any("one query block: short query, prefill or decode" in e for e in st.evidence)
+
+
+def test_splitkv_combine_is_decode():
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(SPLITKV, 10 * i, grid=(1, 2, 16))
+        b.kernel(SPLITKV_COMBINE, 10 * i + 3, grid=(8, 1, 1))
+    st = only_step(map_phases(b.build()))
+    assert st.phase == DECODE
+    assert st.evidence[0].startswith("flash_fwd_splitkv_combine_kernel x3:")
+    assert "flash_fwd_splitkv_kernel grid [1,2,16]: one query block (x3) => decode-like" in st.evidence
+
+
+def test_trtllm_gen_context_and_generation_names():
+    for name, phase in ((TRTLLM_CONTEXT, PREFILL), (TRTLLM_GEN, DECODE)):
+        b = TraceBuilder()
+        layers(b, 0, 3, name, 64, per_token=ELEMENTWISE, gemm=ELEMENTWISE)
+        st = only_step(map_phases(b.build()))
+        assert st.phase == phase, st.evidence
+
+
+def test_gemv_majority_is_decode_but_a_single_lm_head_gemv_is_not():
+    b = TraceBuilder()
+    for i in range(4):
+        b.kernel(GEMVX, 10 * i, grid=(256, 1, 1))
+    st = only_step(map_phases(b.build()))
+    assert st.phase == DECODE and st.evidence[0] == "gemvx::kernel GEMV: 4 of 4 GEMMs are matrix-vector => decode"
+    b = TraceBuilder()
+    layers(b, 0, 4, FLASH_FWD, 0, attention_grid=(3, 8, 8), per_token=ELEMENTWISE)
+    b.kernel(GEMVX, 100)                   # the LM head on the last token of a prefill
+    st = only_step(map_phases(b.build()))
+    assert st.phase == PREFILL
+    assert any("not decisive" in e for e in st.evidence)
+
+
+def test_gemm_rows_from_cpu_op_input_dims():
+    """aten::linear [batch, seq, hidden] with seq > 1 => prefill; seq == 1 => decode."""
+    for seq, phase in ((559, PREFILL), (1, DECODE)):
+        b = TraceBuilder()
+        for i in range(3):
+            t = 10 * i
+            b.op("aten::linear", t, t + 9, ext=-1, dims=[[16, seq, 1024], [1024, 1024], []])
+            b.op("aten::mm", t + 1, t + 8, ext=50 + i, dims=[[16 * seq, 1024], [1024, 1024]])
+            b.kernel(GEMM_LARGE if seq > 1 else GEMM_SMALL, t + 2, ext=50 + i)
+        st = only_step(map_phases(b.build()))
+        assert st.phase == phase, st.evidence
+        word = f"{seq} tokens per sequence => prefill" if seq > 1 else "one new token per sequence => decode"
+        assert st.evidence[0] == f"aten::linear [16, {seq}, 1024]: {word}"
+        assert (st.prefill_tokens if phase == PREFILL else st.decode_tokens) == 16 * seq
+
+
+def test_small_tile_gemm_and_small_rows_weak_votes_agree_to_decode():
+    b = TraceBuilder()
+    for i in range(3):
+        b.op("aten::mm", 10 * i, 10 * i + 8, ext=70 + i, dims=[[3, 1024], [1024, 6144]])
+        b.kernel(GEMM_SMALL, 10 * i + 1, ext=70 + i)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == DECODE
+    assert "aten::mm [3, 1024]: at most 3 GEMM rows (tokens) => decode-leaning" in st.evidence
+    # One weak signal alone is not enough.
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(GEMM_SMALL, 10 * i + 1)
+    assert only_step(map_phases(b.build())).phase == UNKNOWN
+
+
+def test_conflicting_evidence_is_unknown():
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(TRTLLM_CONTEXT, 10 * i)       # strong prefill
+        b.kernel(GEMVX, 10 * i + 3)            # strong decode (all GEMMs are GEMV)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == UNKNOWN
+    assert st.evidence[0].startswith("conflicting evidence: ")
+    assert "trtllm-gen FMHA context kernel => prefill" in st.evidence[0] and "=> decode" in st.evidence[0]
+    assert st.prefill_tokens is None and st.decode_tokens is None
+
+
+def test_prefill_and_decode_attention_in_one_step_is_mixed():
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(FLASH_FWD, 10 * i, grid=(3, 4, 8))        # chunked prefill
+        b.kernel(PAGED_V1, 10 * i + 3, grid=(8, 16, 1))    # decode requests
+    st = only_step(map_phases(b.build()))
+    assert st.phase == MIXED
+    assert st.evidence[0].startswith("prefill and decode attention in one step")
+
+
+def test_training_kernels_and_autograd_ops_are_other():
+    b = TraceBuilder()
+    layers(b, 0, 2, FLASH_FWD, 0, attention_grid=(4, 8, 8), per_token=ELEMENTWISE)   # a training forward
+    b.kernel(ADAM, 50)
+    pm = map_phases(b.build())
+    st = only_step(pm)
+    assert st.phase == OTHER and st.evidence[0].startswith("1 training kernels (multi_tensor_apply_kernel")
+    assert (pm.kernel_phase == OTHER).all()
+    # Kernels launched from inside an autograd backward op.
+    b = TraceBuilder()
+    b.op("autograd::engine::evaluate_function: MmBackward0", 0, 100, tid=9)
+    for i in range(3):
+        c = b.kernel(GEMM_LARGE, 200 + 10 * i)
+        b.launch(c, 10 + i, tid=9)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == OTHER
+    assert st.evidence[0] == "3 kernels launched from autograd/backward/optimizer CPU ops => other (not inference)"
+
+
+def test_training_context_covers_forward_steps_of_the_same_device():
+    b = TraceBuilder()
+    layers(b, 0, 3, FLASH_FWD, 0, attention_grid=(4, 8, 8), per_token=ELEMENTWISE)
+    b.kernel(ADAM, 20_000)                      # optimizer after a long idle gap: its own step
+    pm = map_phases(b.build())
+    assert len(pm.steps) == 2
+    assert [s.phase for s in pm.steps] == [OTHER, OTHER]
+    assert pm.steps[0].evidence[0].startswith("device 0 runs a training loop (1 backward/optimizer kernels")
+
+
+def test_convolutions_without_transformer_kernels_are_other_and_nothing_is_unknown():
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(CONV, 10 * i)
+        b.kernel(POOL, 10 * i + 3)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == OTHER and "convolution/pooling kernels" in st.evidence[0]
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(ELEMENTWISE, 10 * i)
+    st = only_step(map_phases(b.build()))
+    assert st.phase == UNKNOWN and st.evidence[0] == "no phase evidence in the step's kernels => unknown"
+
+
+def test_use_annotations_false_ignores_every_range():
+    b = TraceBuilder()
+    b.range("step[DECODE bs=4]", 0, 1000)
+    b.range("ProfilerStep#3", 0, 1000, kind=RANGE_PROFILER_STEP)
+    layers(b, 1, 4, FLASH_FWD, 0, attention_grid=(6, 8, 8), per_token=ELEMENTWISE)
+    tr = b.build()
+    assert only_step(map_phases(tr)).phase == DECODE
+    st = only_step(map_phases(tr, use_annotations=False))
+    assert st.phase == PREFILL and st.source == "kernels"
+
+
+def test_empty_trace():
+    pm = map_phases(TraceBuilder().build())
+    assert pm.steps == [] and len(pm.kernel_phase) == 0 and pm.evidence_names
+
+
+# ------------------------------------------------------------------ layer 2: segmentation from kernels
+
+def kernel_steps(pm):
+    return [(s.phase, s.kernels) for s in pm.steps]
+
+
+def test_idle_gap_splits_steps():
+    b = TraceBuilder()
+    t = layers(b, 0, 3, PAGED_V1, 4, gemm=GEMVX)
+    layers(b, t + 20_000, 3, PAGED_V1, 4, gemm=GEMVX)    # 20 ms idle
+    pm = map_phases(b.build())
+    assert kernel_steps(pm) == [(DECODE, 15), (DECODE, 15)]
+    assert pm.steps[1].evidence[-1].startswith("step starts: GPU idle 20.0 ms")
+
+
+def test_token_count_change_splits_at_largest_gap():
+    b = TraceBuilder()
+    t = layers(b, 0, 3, TRTLLM_CONTEXT, 700)            # prefill of 700 tokens
+    b.kernel(ARGMAX, t + 1)
+    t = layers(b, t + 300, 3, TRTLLM_GEN, 5)             # 300 us later: decode of 5
+    pm = map_phases(b.build())
+    assert [(s.phase, s.kernels, s.prefill_tokens, s.decode_tokens) for s in pm.steps] == \
+        [(PREFILL, 16, 700, 0), (DECODE, 15, 0, 5)]
+    assert "tokens per step change (700 -> 5, KV-cache write grid.x)" in pm.steps[1].evidence[-1]
+
+
+def test_sampling_kernel_ends_a_step_with_unchanged_token_count():
+    b = TraceBuilder()
+    t = 0.0
+    for _ in range(3):
+        t = layers(b, t, 3, PAGED_V1, 8, gemm=GEMVX)
+        b.kernel(ARGMAX, t + 1)
+        t += 200
+    pm = map_phases(b.build())
+    assert kernel_steps(pm) == [(DECODE, 16)] * 3
+    assert "previous step ended with a sampling kernel" in pm.steps[1].evidence[-1]
+
+
+def test_layer_pattern_restart_splits_steps():
+    """Same tokens, no sampling kernel, small gaps (the H100 HF trace's situation): the
+    interval between attention launches across the step boundary holds extra kernels."""
+    b = TraceBuilder()
+    t = layers(b, 0, 6, FLASH_FWD, 0, attention_grid=(5, 16, 16), per_token=ELEMENTWISE)
+    for j in range(6):                                    # LM head + next step's embedding
+        b.kernel(ELEMENTWISE, t + 2 * j)
+    layers(b, t + 50, 6, FLASH_FWD, 0, attention_grid=(5, 16, 16), per_token=ELEMENTWISE)
+    pm = map_phases(b.build())
+    assert [s.phase for s in pm.steps] == [PREFILL, PREFILL]
+    assert "layer pattern restarts (11 kernels between attention launches, 5 per layer)" in pm.steps[1].evidence[-1]
+
+
+def test_cuda_graph_relaunch_splits_steps():
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        corr = 9000 + step
+        b.launch(corr, t, category=API_GRAPH_LAUNCH, name="cudaGraphLaunch")
+        for i in range(5):
+            b.kernel([STORE_KVCACHE, GEMVX, SPLITKV, GEMVX, ELEMENTWISE][i], t + 2 * i, grid=(1, 2, 16) if i == 2
+                     else (4, 1, 1), corr=corr, graph=77)
+        t += 30
+    pm = map_phases(b.build())
+    assert kernel_steps(pm) == [(DECODE, 5)] * 3
+    assert "CUDA graph 77 launched again" in pm.steps[2].evidence[-1]
+
+
+def test_gpu_profiler_step_window_is_a_boundary():
+    b = TraceBuilder()
+    t = layers(b, 0, 3, FLASH_FWD, 0, attention_grid=(5, 16, 16), per_token=ELEMENTWISE)
+    b.range("ProfilerStep#6", t + 1, t + 1000, kind=RANGE_PROFILER_STEP, device=0)
+    layers(b, t + 2, 3, FLASH_FWD, 0, attention_grid=(5, 16, 16), per_token=ELEMENTWISE)
+    tr = b.build()
+    assert kernel_steps(map_phases(tr)) == [(PREFILL, 15), (PREFILL, 15)]
+    assert "profiler step boundary" in map_phases(tr).steps[1].evidence[-1]
+    assert len(map_phases(tr, use_annotations=False).steps) == 1
+
+
+def test_devices_are_segmented_separately():
+    b = TraceBuilder()
+    layers(b, 0, 3, TRTLLM_CONTEXT, 300, device=0)
+    layers(b, 0, 3, TRTLLM_GEN, 4, device=1)
+    pm = map_phases(b.build())
+    assert sorted((s.device, s.phase) for s in pm.steps) == [(0, PREFILL), (1, DECODE)]
+
+
+def test_per_kernel_evidence_cites_the_deciding_kernel():
+    b = TraceBuilder()
+    layers(b, 0, 3, TRTLLM_CONTEXT, 300)
+    tr = b.build()
+    pm = map_phases(tr)
+    att = np.flatnonzero(tr.kernels["name_id"] == tr.names.lookup(TRTLLM_CONTEXT))
+    assert all(pm.evidence_of(i).startswith("trtllm-gen FMHA context kernel: ") for i in att)
+    other = np.flatnonzero(tr.kernels["name_id"] == tr.names.lookup(ELEMENTWISE))
+    assert all(pm.evidence_of(i).startswith("step 0 prefill: ") for i in other)
+    assert PHASE_NAMES[int(pm.kernel_phase[other[0]])] == "prefill"

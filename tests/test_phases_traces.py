@@ -1,0 +1,143 @@
+"""Phase mapping on the real shared traces (../shared/traces; skipped when absent).
+
+Acceptance (issue 2, point 4): with annotations, with ``use_annotations=False``, and with
+the annotation ranges physically removed from the Trace, the B200 vLLM step and the H100
+Qwen forward pass come out prefill, the two nano-vllm steps decode, and the two A100
+training traces are not called inference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
+from probes.events import RANGE_DTYPE, Trace, empty
+from probes.kineto import load_trace
+
+B200 = "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"
+H100 = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
+NANO0 = "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz"
+NANO100 = "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz"
+TRAIN = "nvidia-training/hta_a100_rank0_training.json.gz"
+ALEXNET = "nvidia-training/hta_a100_alexnet_benchmark.json.gz"
+
+_cache: dict[str, Trace] = {}
+
+
+def load(trace_path, name: str) -> Trace:
+    if name not in _cache:
+        _cache[name] = load_trace(trace_path(name))
+    return _cache[name]
+
+
+def stripped(trace: Trace) -> Trace:
+    """The same trace with every range (annotations, NVTX, ProfilerStep) removed."""
+    return Trace(kernels=trace.kernels, copies=trace.copies, api=trace.api, ranges=empty(RANGE_DTYPE),
+                 cpu_ops=trace.cpu_ops, names=trace.names, devices=trace.devices, meta=trace.meta)
+
+
+MODES = ["annotations", "no_annotations", "stripped"]
+
+
+def phases(trace_path, name: str, mode: str):
+    tr = load(trace_path, name)
+    if mode == "annotations":
+        return tr, map_phases(tr)
+    if mode == "no_annotations":
+        return tr, map_phases(tr, use_annotations=False)
+    return tr, map_phases(stripped(tr), use_annotations=True)
+
+
+def time_share(tr: Trace, pm, phase: int) -> float:
+    dur = tr.kernels["end_ns"] - tr.kernels["start_ns"]
+    return float(dur[pm.kernel_phase == phase].sum() / dur.sum())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_b200_vllm_step_is_prefill(trace_path, mode):
+    tr, pm = phases(trace_path, B200, mode)
+    assert len(pm.steps) == 1
+    st = pm.steps[0]
+    assert st.phase == PREFILL and st.kernels == len(tr.kernels) == 768
+    assert (st.prefill_tokens, st.decode_tokens) == (888, 0)
+    assert (pm.kernel_phase == PREFILL).all()
+    if mode == "annotations":
+        assert st.source == "annotation"
+        assert st.evidence[0].startswith("annotation execute_context_1(888_788544)_generation_0(0): 888 prefill "
+                                         "tokens => prefill (GPU-side range")
+        assert st.evidence[1].startswith("kernel evidence agrees: fmhaSm100aKernel_")
+    else:
+        assert st.source == "kernels"
+        assert st.evidence[0] == ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ1 x36: "
+                                  "trtllm-gen FMHA context kernel => prefill")
+        assert "reshape_and_cache_flash_kernel grid [888,1,1]: 888 tokens in the step" in st.evidence
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_h100_qwen_forward_is_prefill(trace_path, mode):
+    tr, pm = phases(trace_path, H100, mode)
+    # The forward of ProfilerStep#6 (1029 kernels, 24 layers) and the tail of step #5 that
+    # ran before it (436 kernels, launched before the profiler started): both prefill.
+    assert [(s.phase, s.kernels) for s in pm.steps] == [(PREFILL, 436), (PREFILL, 1029)]
+    assert (pm.kernel_phase == PREFILL).all()
+    fwd = pm.steps[1]
+    assert fwd.evidence[0] == "flash_fwd_kernel grid [5,16,16]: 5 query blocks per sequence => prefill"
+    assert "aten::matmul [16, 559, 2816]: 559 tokens per sequence => prefill" in fwd.evidence
+    assert fwd.prefill_tokens == 16 * 559
+    starts = fwd.evidence[-1]
+    assert starts.startswith("step starts: layer pattern restarts (63 kernels between attention launches, 42 per layer)")
+    assert ("profiler step boundary" in starts) == (mode == "annotations")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name, tokens, decider", [
+    (NANO0, 3, "flash_fwd_splitkv_combine_kernel x1: flash_fwd_splitkv_combine_kernel => decode"),
+    (NANO100, 1, "gemvx::kernel GEMV: 2 of 2 GEMMs are matrix-vector => decode"),
+])
+def test_nanovllm_steps_are_decode(trace_path, mode, name, tokens, decider):
+    tr, pm = phases(trace_path, name, mode)
+    assert len(pm.steps) == 1
+    st = pm.steps[0]
+    assert st.phase == DECODE and st.kernels == len(tr.kernels)
+    assert (st.prefill_tokens, st.decode_tokens) == (0, tokens)
+    assert st.evidence[0] == decider
+    assert f"store_kvcache_kernel grid [{tokens},1,1]" in " ".join(st.evidence)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", [TRAIN, ALEXNET])
+def test_a100_training_traces_are_not_inference(trace_path, mode, name):
+    tr, pm = phases(trace_path, name, mode)
+    assert pm.steps
+    assert not np.isin(pm.kernel_phase, (PREFILL, DECODE, MIXED)).any()
+    assert {s.phase for s in pm.steps} <= {OTHER, UNKNOWN}
+    if name == TRAIN:
+        # Backward/optimizer kernels and autograd-launched kernels put the whole trace in "other".
+        assert time_share(tr, pm, OTHER) == 1.0
+        assert any(s.evidence[0].startswith("18 training kernels (multi_tensor_apply_kernel: optimizer kernel)")
+                   for s in pm.steps)
+    else:
+        # A CNN forward benchmark: convolution evidence where there are convolutions, else unknown.
+        assert time_share(tr, pm, OTHER) > 0.8
+        assert any("convolution/pooling kernels" in s.evidence[0] for s in pm.steps if s.phase == OTHER)
+
+
+@pytest.mark.parametrize("name", [B200, H100, NANO0, NANO100, TRAIN, ALEXNET])
+def test_stripped_trace_matches_use_annotations_false(trace_path, name):
+    tr = load(trace_path, name)
+    a = map_phases(tr, use_annotations=False)
+    b = map_phases(stripped(tr))
+    assert [(s.phase, s.kernels, s.start_ns, s.end_ns, s.evidence) for s in a.steps] == \
+        [(s.phase, s.kernels, s.start_ns, s.end_ns, s.evidence) for s in b.steps]
+    assert np.array_equal(a.kernel_phase, b.kernel_phase) and np.array_equal(a.kernel_step, b.kernel_step)
+
+
+@pytest.mark.parametrize("name", [B200, H100, NANO0, NANO100, TRAIN, ALEXNET])
+def test_every_kernel_has_evidence(trace_path, name):
+    tr = load(trace_path, name)
+    pm = map_phases(tr)
+    assert len(pm.kernel_evidence) == len(tr.kernels)
+    assert pm.kernel_evidence.min() >= 0 and pm.kernel_evidence.max() < len(pm.evidence_names)
+    assert (pm.kernel_step >= 0).all()       # every kernel sits in some step on these traces
+    for st in pm.steps:
+        assert st.evidence and all(isinstance(e, str) and e for e in st.evidence)
