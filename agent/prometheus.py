@@ -3,9 +3,10 @@
 Contract: :class:`WindowCollector` turns the latest window (gauges) and running totals
 (``_total`` counters, accumulated by :meth:`WindowCollector.observe` once per window)
 into metric families named by Prometheus conventions: ``ridgeline_`` prefix, base units
-in the name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1 fractions, ``_flops`` and
-``_flops_per_second``), counters ending in ``_total``. Figures ending ``_ns`` become
-seconds and ``_pct`` become ratios. :class:`MetricsServer` serves them over HTTP on the
+in the name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1 fractions,
+``_flops_per_second``), counters ending in ``_total``. Per-phase, per-GPU and thread
+figures are named here; engine, device, verdict and alert samples come from their
+aggregator modules' ``prometheus_samples`` so each figure is named once. :class:`MetricsServer` serves them over HTTP on the
 configured loopback address in a daemon thread; a scrape never touches the probes.
 
 Series are bounded: at most :data:`MAX_SERIES_PER_FAMILY` label sets per family, so a
@@ -14,32 +15,12 @@ misbehaving source cannot grow the exposition without limit.
 from __future__ import annotations
 
 import math
-import re
 import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 MAX_SERIES_PER_FAMILY = 2000
-_NAME_RX = re.compile(r"[^a-zA-Z0-9_]")
-
-
-def metric_name(*parts: str) -> tuple[str, float]:
-    """Prometheus name for a figure path, and the factor converting to its base unit."""
-    name = "_".join(p for p in parts if p)
-    name = _NAME_RX.sub("_", name).strip("_").lower()
-    factor = 1.0
-    if name.endswith("_ns"):
-        name, factor = name[:-3] + "_seconds", 1e-9
-    elif name.endswith("_pct"):
-        name, factor = name[:-4] + "_ratio", 0.01
-    elif name.endswith("_bps"):
-        name = name[:-4] + "_bytes_per_second"
-    elif name.endswith("_per_s"):
-        name = name[:-6] + "_per_second"
-    elif name.endswith("_s"):
-        name = name[:-2] + "_seconds"
-    return "ridgeline_" + name, factor
 
 
 def _num(v) -> float | None:
@@ -48,33 +29,6 @@ def _num(v) -> float | None:
     if isinstance(v, (int, float)) and math.isfinite(v):
         return float(v)
     return None
-
-
-def flatten(obj, path: tuple[str, ...] = (), labels: dict | None = None):
-    """Yield (path, labels, value) for every numeric leaf of a plain record.
-
-    A dict holding an ``index``/``device``/``gpu`` entry labels its leaves ``gpu``; lists
-    of dicts are labelled by position when they carry no such key."""
-    labels = dict(labels or {})
-    if isinstance(obj, dict):
-        for key in ("index", "device", "gpu_index"):
-            if isinstance(obj.get(key), int) and not isinstance(obj.get(key), bool):
-                labels["gpu"] = str(obj[key])
-                break
-        for k, v in obj.items():
-            if k in ("index", "device", "gpu_index", "pid", "timestamp_ns", "ts_ns"):
-                continue
-            yield from flatten(v, path + (str(k),), labels)
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj[:64]):
-            if isinstance(v, dict):
-                lab = dict(labels)
-                lab.setdefault("gpu", str(i))
-                yield from flatten(v, path, lab)
-    else:
-        n = _num(obj)
-        if n is not None:
-            yield path, labels, n
 
 
 class WindowCollector:
@@ -87,6 +41,7 @@ class WindowCollector:
         self.copy_bytes: dict[tuple, float] = {}
         self.idle_seconds: dict[tuple, float] = {}
         self.records = 0.0
+        self.thread_seconds: dict[tuple, list] = {}   # (pid, tid, comm) -> [on_cpu, runq, blocked]
 
     def observe(self, window: dict) -> None:
         with self._lock:
@@ -103,6 +58,14 @@ class WindowCollector:
                     self.copy_bytes[k] = self.copy_bytes.get(k, 0.0) + b
                 self.idle_seconds[base] = self.idle_seconds.get(base, 0.0) + g.get("idle_ns", 0) * 1e-9
             self.records = float((window.get("agent") or {}).get("records_total", self.records))
+            from .top import _sched_threads
+            for th in _sched_threads(window.get("sched") or {}):
+                key = (str(th.get("pid")), str(th.get("tid")), str(th.get("comm", "")))
+                if key not in self.thread_seconds and len(self.thread_seconds) >= MAX_SERIES_PER_FAMILY:
+                    continue
+                acc = self.thread_seconds.setdefault(key, [0.0, 0.0, 0.0])
+                for i, k in enumerate(("on_cpu_ns", "runq_wait_ns", "blocked_ns")):
+                    acc[i] += float(th.get(k) or 0) * 1e-9
 
     def collect(self):
         with self._lock:
@@ -111,8 +74,7 @@ class WindowCollector:
             if w is None:
                 return
             yield from self._phase_gauges(w)
-            for section in ("device", "engine", "sched"):
-                yield from self._generic(section, w.get(section) or {})
+            yield from self._families(self._samples(w))
             yield from self._verdicts(w)
             yield from self._agent(w.get("agent") or {})
 
@@ -134,6 +96,13 @@ class WindowCollector:
         for k, v in list(self.idle_seconds.items())[:MAX_SERIES_PER_FAMILY]:
             c.add_metric(list(k), v)
         yield c
+        for i, (what, doc) in enumerate((("on_cpu", "time on CPU"), ("runq_wait", "time waiting in the run queue"),
+                                         ("blocked", "time blocked (off CPU, not runnable)"))):
+            c = CounterMetricFamily(f"ridgeline_thread_{what}_seconds", f"watched threads' {doc}",
+                                    labels=["pid", "tid", "comm"])
+            for k, v in self.thread_seconds.items():
+                c.add_metric(list(k), v[i])
+            yield c
         yield CounterMetricFamily("ridgeline_windows", "windows closed", value=self.windows)
         yield CounterMetricFamily("ridgeline_agent_records", "records the probes delivered", value=self.records)
 
@@ -162,27 +131,53 @@ class WindowCollector:
         yield busy
         yield from fams.values()
 
-    def _generic(self, section: str, data: dict):
-        fams: dict[str, GaugeMetricFamily] = {}
-        names: dict[str, tuple] = {}     # family -> its label names (fixed by the first series)
-        for source, rec in data.items():
-            for path, labels, value in flatten(rec):
-                name, factor = metric_name(section, *path)
-                lab = {"source": str(source), **labels}
-                keys = tuple(sorted(lab))
-                if name not in fams:
-                    fams[name] = GaugeMetricFamily(name, f"{section} figure {'.'.join(path)}", labels=list(keys))
-                    names[name] = keys
-                fam = fams[name]
-                if keys != names[name] or len(fam.samples) >= MAX_SERIES_PER_FAMILY:
+    def _samples(self, w: dict) -> list[tuple[str, dict, float]]:
+        """Engine, device, verdict and alert samples, named by their aggregator modules."""
+        out: list[tuple[str, dict, float]] = []
+        try:
+            from aggregator import device_metrics, engine_metrics, verdict
+        except ImportError:
+            return out
+        from .top import engine_records
+        for ep, rec in engine_records(w.get("engine") or {}):
+            try:
+                out += engine_metrics.prometheus_samples(rec, {"endpoint": str(ep)})
+            except Exception:
+                continue
+            for name, st in (rec.get("alerts") or {}).items() if isinstance(rec.get("alerts"), dict) else ():
+                if isinstance(st, dict):
+                    out.append(("ridgeline_alert_firing", {"endpoint": str(ep), "alert": str(name)},
+                                1.0 if st.get("firing") else 0.0))
+        for src, data in (w.get("device") or {}).items():
+            recs = data.get("devices") if isinstance(data, dict) else None
+            if isinstance(recs, list):
+                try:
+                    for fig in device_metrics.window_figures(recs).values():
+                        out += device_metrics.prometheus_samples(fig)
+                except Exception:
                     continue
-                fam.add_metric([lab[k] for k in keys], value * factor)
-        for name, fam in fams.items():
-            # A name ending _total must be a counter in the exposition format.
+        for v in w.get("verdict") or [] if isinstance(w.get("verdict"), list) else []:
+            if isinstance(v, dict) and v.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                out += verdict.prometheus_samples(v)
+        return out
+
+    def _families(self, samples):
+        gauges: dict[str, GaugeMetricFamily] = {}
+        keys: dict[str, tuple] = {}
+        for name, labels, value in samples:
+            lk = tuple(sorted(labels))
+            if name not in gauges:
+                gauges[name] = GaugeMetricFamily(name, name.replace("ridgeline_", "").replace("_", " "), labels=list(lk))
+                keys[name] = lk
+            if keys[name] != lk or len(gauges[name].samples) >= MAX_SERIES_PER_FAMILY:
+                continue
+            gauges[name].add_metric([str(labels[k]) for k in lk], value)
+        for name, fam in gauges.items():
             if name.endswith("_total"):
-                c = CounterMetricFamily(name[:-6], fam.documentation, labels=list(names[name]))
-                for s in fam.samples:
-                    c.add_metric([s.labels[k] for k in names[name]], s.value)
+                # A _total name is a counter in the exposition format.
+                c = CounterMetricFamily(name[:-6], fam.documentation, labels=list(keys[name]))
+                for smp in fam.samples:
+                    c.add_metric([smp.labels[k] for k in keys[name]], smp.value)
                 yield c
             else:
                 yield fam
@@ -198,13 +193,7 @@ class WindowCollector:
         yield info
         v = w.get("verdict")
         if isinstance(v, list):
-            win = InfoMetricFamily("ridgeline_verdict", "verdict per GPU and served process (latest window)",
-                                   labels=["device", "pid"])
-            for x in v[:MAX_SERIES_PER_FAMILY]:
-                if isinstance(x, dict) and x.get("verdict"):
-                    win.add_metric([str(x.get("device")), str(x.get("pid"))],
-                                   {"verdict": str(x["verdict"]), "face": str(x.get("face") or "")})
-            yield win
+            pass   # per-GPU verdicts: ridgeline_verdict_info from aggregator.verdict (see _samples)
         elif isinstance(v, dict):
             label = v.get("verdict") or v.get("face") or v.get("name")
             if label:

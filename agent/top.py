@@ -109,17 +109,31 @@ def gpu_table(g: dict) -> Table:
     return t
 
 
+def engine_records(engine: dict) -> list[tuple[str, dict]]:
+    """(endpoint, record) pairs from the window's engine section (tracker output
+    ``{"endpoints": {url: record}}`` per source, or plain records)."""
+    out = []
+    for src, data in (engine or {}).items():
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("endpoints"), dict):
+            out.extend((ep, r) for ep, r in data["endpoints"].items() if isinstance(r, dict))
+        else:
+            out.append((src, data))
+    return out
+
+
 def engine_panel(engine: dict) -> Panel | None:
     rows = []
-    for src, e in (engine or {}).items():
-        if not isinstance(e, dict):
-            continue
+    for src, e in engine_records(engine):
         kv = e.get("kv_usage_ratio")
         line = Text(f"{src}: KV ")
         line.append_text(bar(kv, mark=KV_ALERT_RATIO))
         line.append(f" {_fmt(kv, '%', 100, 0)} (alert at {KV_ALERT_RATIO:.0%})")
-        if kv is not None and kv >= KV_ALERT_RATIO:
-            line.append("  KV ALERT", style="bold red")
+        al = e.get("alerts") or {}
+        alerts = [n for n, st in al.items() if isinstance(st, dict) and st.get("firing")] if isinstance(al, dict) else []
+        if kv is not None and kv >= KV_ALERT_RATIO or alerts:
+            line.append(f"  ALERT {', '.join(str(a) for a in alerts if a) or 'KV'}", style="bold red")
         rows.append(line)
         rows.append(Text(
             f"  queue p50 {_ms(e.get('queue_time_p50_s'))} p99 {_ms(e.get('queue_time_p99_s'))}   "

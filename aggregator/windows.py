@@ -45,6 +45,7 @@ log = logging.getLogger("ridgeline.windows")
 
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
 MAX_DEVICE_SAMPLES = 256
+MAX_ENGINE_SCRAPES = 64
 
 
 def plain(obj):
@@ -199,8 +200,8 @@ class WindowBuilder:
     records: int = 0
     engine_errors: int = 0
     _device_recs: dict = field(default_factory=dict)   # source -> device samples this window
-    _scrapes: dict = field(default_factory=dict)       # endpoint -> snapshots this window
-    _engine_prev: dict = field(default_factory=dict)   # endpoint -> last snapshot before
+    _scrapes: dict = field(default_factory=dict)       # source -> raw scrapes this window
+    _trackers: dict = field(default_factory=dict)      # source -> EngineTracker
 
     def add_events(self, trace: Trace, source: str = "") -> None:
         key = source or trace.meta.get("source", "") or "events"
@@ -233,38 +234,39 @@ class WindowBuilder:
         self.records += 1
 
     def add_engine(self, data: dict, source: str = "engine") -> None:
-        """Engine data: raw scrapes (``{"scrapes": [{endpoint, ts_ns, exposition}]}``
-        from the engine probe) are reduced with :mod:`aggregator.engine_metrics` when the
-        window closes (rates from deltas between scrapes); other dicts are kept as given."""
-        scrapes = data.get("scrapes") if isinstance(data, dict) else None
-        if isinstance(scrapes, list):
-            from aggregator import engine_metrics
-            for s in scrapes:
-                try:
-                    snap = engine_metrics.snapshot(s["exposition"], s["ts_ns"], s.get("endpoint"))
-                except Exception as exc:   # one bad scrape loses itself only
-                    log.debug("engine scrape not usable: %s", exc)
-                    self.engine_errors += 1
-                    continue
-                if snap.get("engine") is None:
-                    self.engine_errors += 1
-                    continue
-                self._scrapes.setdefault(s.get("endpoint") or source, []).append(snap)
-                self.records += 1
+        """Engine data: the engine probe's raw scrapes (``{"scrapes": [{endpoint, ts_ns,
+        exposition}], "errors": [...]}``) accumulate over the window and are reduced when
+        it closes by :class:`aggregator.engine_metrics.EngineTracker` (rates from deltas
+        between scrapes, KV alerts with hysteresis), one tracker per source. Other dicts
+        are kept as given."""
+        if isinstance(data, dict) and isinstance(data.get("scrapes"), list):
+            acc = self._scrapes.setdefault(source, {"scrapes": [], "errors": []})
+            acc["scrapes"].extend(data["scrapes"])
+            acc["errors"].extend(data.get("errors") or [])
+            # Bounded: a stalled window keeps the newest scrapes only.
+            del acc["scrapes"][:-MAX_ENGINE_SCRAPES]
+            del acc["errors"][:-MAX_ENGINE_SCRAPES]
+            self.records += len(data["scrapes"])
             return
         self.engine[source] = data
         self.records += 1
 
     def _engine_close(self) -> None:
         from aggregator import engine_metrics
-        for endpoint, snaps in self._scrapes.items():
+        for source, polled in self._scrapes.items():
+            tracker = self._trackers.get(source)
+            if tracker is None:
+                tracker = self._trackers[source] = engine_metrics.EngineTracker()
             try:
-                fig = engine_metrics.window_figures(snaps, self._engine_prev.get(endpoint))
-                self.engine[endpoint] = engine_metrics.engine_record(fig)
-            except Exception as exc:
-                log.debug("engine figures failed for %s: %s", endpoint, exc)
+                rec = tracker.update(polled)
+            except Exception as exc:   # one bad scrape set loses this window's engine figures only
+                log.warning("engine figures from %s failed: %s: %s", source, type(exc).__name__, exc)
                 self.engine_errors += 1
-            self._engine_prev[endpoint] = snaps[-1]
+                continue
+            if rec.get("endpoints") or source not in self.engine:
+                self.engine[source] = rec
+            elif rec.get("errors"):
+                self.engine[source] = dict(self.engine[source], errors=rec["errors"])
         self._scrapes = {}
 
     def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
@@ -310,7 +312,11 @@ def verdict_of(window: dict):
     if fn is None:
         return None
     try:
-        return plain(fn(window))
+        res = fn(window)
+        rec = getattr(verdict, "verdict_record", None)
+        if isinstance(res, list) and rec is not None:
+            return [plain(rec(v)) for v in res]
+        return plain(res)
     except Exception as exc:
         log.debug("verdict failed: %s", exc)
         return {"verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}

@@ -176,3 +176,49 @@ def test_prometheus_exposition_names_and_values(tmp_path):
     assert "ridgeline_gpu_busy_ratio" in fams
     for name in fams:
         assert name.startswith("ridgeline_") or name.startswith(("python_", "process_"))
+
+
+def test_collector_exposes_engine_device_verdict_and_threads():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from agent.prometheus import WindowCollector
+    w = {
+        "gpus": [{"device": 0, "pid": 7, "gpu": "H100", "source": "simulated", "span_ns": 10, "busy_ns": 5,
+                  "phases": {"decode": {"kernels": 3, "kernel_time_ns": 2_000_000_000, "time_share_pct": 100.0,
+                                        "achieved_bytes_per_s": 2.0e12, "pct_of_peak_bytes": 60.0}},
+                  "copy_bytes": {"HtoD": 100}}],
+        "engine": {"engine": {"endpoints": {"http://127.0.0.1:8000/metrics": {
+            "engine": "vllm", "kv_usage_ratio": 0.9, "num_waiting_requests": 4, "preemptions_total": 3,
+            "alerts": {"kv_watermark": {"firing": True}}}}}},
+        "sched": {"sched": {"threads": [{"pid": 7, "tid": 8, "comm": "python", "on_cpu_ns": 5e8,
+                                         "runq_wait_ns": 1e8, "blocked_ns": 4e8}]}},
+        "verdict": [{"device": 0, "pid": 7, "verdict": "kv-capacity-bound", "face": "memory-capacity"}],
+        "agent": {"cpu_pct": 2.0, "rss_bytes": 1000, "probes": {"sched": {"drops": 1, "errors": 0}},
+                  "publisher_drops_by_topic": {"window": 0}},
+    }
+    c = WindowCollector()
+    c.observe(w)
+    c.observe(w)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(c)
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples}
+
+    def one(name, **labels):
+        hits = [v for (n, ls), v in val.items() if n == name and all((k, str(x)) in ls for k, x in labels.items())]
+        assert len(hits) == 1, (name, labels, hits)
+        return hits[0]
+
+    assert one("ridgeline_phase_kernel_seconds_total", phase="decode") == 4.0     # counters accumulate
+    assert one("ridgeline_phase_time_share_ratio", phase="decode") == 1.0
+    assert one("ridgeline_phase_peak_bandwidth_ratio", phase="decode") == 0.6
+    assert one("ridgeline_copy_bytes_total", direction="HtoD") == 200
+    assert one("ridgeline_engine_kv_usage_ratio") == 0.9
+    assert one("ridgeline_engine_preemptions_total") == 3
+    assert fams["ridgeline_engine_preemptions"].type == "counter"
+    assert one("ridgeline_alert_firing", alert="kv_watermark") == 1.0
+    assert one("ridgeline_verdict_info", verdict="kv-capacity-bound") == 1.0
+    assert one("ridgeline_thread_on_cpu_seconds_total", tid=8) == 1.0
+    assert one("ridgeline_agent_probe_drops_total", probe="sched") == 1
+    assert one("ridgeline_agent_cpu_ratio") == 0.02

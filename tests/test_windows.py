@@ -79,7 +79,7 @@ def test_engine_scrapes_become_figures_from_deltas(tmp_path):
         b.add_engine({"scrapes": [{"endpoint": "http://127.0.0.1:8000/metrics", "ts_ns": i * 1_000_000_000,
                                    "exposition": prom_text.parse(text.format(n=n))}]})
     w = b.close(0, 2_000_000_000)
-    e = w["engine"]["http://127.0.0.1:8000/metrics"]
+    e = w["engine"]["engine"]["endpoints"]["http://127.0.0.1:8000/metrics"]
     assert e["kv_usage_ratio"] == 0.9
     assert e["num_waiting_requests"] == 3
     assert e["preemption_rate_per_s"] == 4.0
