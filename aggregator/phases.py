@@ -624,9 +624,13 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
             on = np.flatnonzero(hits >= 0)
             if not len(on):
                 continue
-            pair = np.stack([hits[on].astype(np.int64), k["device"][on].astype(np.int64)], axis=1)
-            up, inv = np.unique(pair, axis=0, return_inverse=True)
+            # (range, device) pairs as one int64 key: 1-D unique is far cheaper than axis=0.
+            dev_of = k["device"][on].astype(np.int64)
+            dmin = int(dev_of.min())
+            span = int(dev_of.max()) - dmin + 1
+            ukey, inv = np.unique(hits[on].astype(np.int64) * span + (dev_of - dmin), return_inverse=True)
             inv = inv.reshape(-1)
+            up = np.stack([ukey // span, ukey % span + dmin], axis=1)
             first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
             last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
             np.minimum.at(first, inv, k["start_ns"][on])
@@ -684,6 +688,17 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                           evidence=[], source="kernels"))
         steps[-1]._boundary = why  # type: ignore[attr-defined]
     kernel_step[leftover] = np.where(seg.kernel_step[leftover] >= 0, seg.kernel_step[leftover] + base, -1)
+
+    # Steps in time order (annotation steps were made per range name, segments per device).
+    order = sorted(range(len(steps)), key=lambda i: (steps[i].start_ns, steps[i].device, i))
+    new_index = np.empty(len(steps) + 1, dtype=np.int32)
+    new_index[order] = np.arange(len(steps), dtype=np.int32)
+    new_index[len(steps)] = -1
+    kernel_step = new_index[np.where(kernel_step >= 0, kernel_step, len(steps))]
+    ann_of_step = {int(new_index[i]): v for i, v in ann_of_step.items()}
+    steps = [steps[i] for i in order]
+    for i, st in enumerate(steps):
+        st.index = i
 
     # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
     rows, seq, rows_at, rows_texts = _gemm_rows(trace)
@@ -753,9 +768,10 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     own = (kernel_step >= 0) & (kc.sig >= 0)
     own &= kc.sig == np.r_[decisive_sig, -2][look]
     if own.any():
-        pairs = np.unique(np.stack([kernel_step[own], kc.sig[own]], axis=1), axis=0)
+        width = len(kc.signatures) + 1
+        pair_keys = np.unique(kernel_step[own].astype(np.int64) * width + kc.sig[own])
         code_of = {}
-        for stp, s_i in pairs.tolist():
+        for stp, s_i in zip((pair_keys // width).tolist(), (pair_keys % width).tolist()):
             st = steps[stp]
             evidence_names.append(f"{kc.signatures[s_i].label}: {st.evidence[0]} (step {stp})")
             code_of[(stp, s_i)] = len(evidence_names) - 1

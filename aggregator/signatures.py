@@ -199,6 +199,7 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
                          inference_only=inf_of[look])
 
 
+@lru_cache(maxsize=4096)
 def short_name(name: str, limit: int = 60) -> str:
     """Readable kernel name for evidence strings: return type, templates and arguments dropped."""
     base = name.replace("(anonymous namespace)::", "")
