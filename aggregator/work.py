@@ -345,10 +345,15 @@ def kernel_work_from_shapes(trace: Trace, op_index: np.ndarray | None = None) ->
     if not len(linked):
         work.notes.append("operators carry no Input Dims (record_shapes off)")
         return work
-    keys = np.stack([ops["name_id"].astype(np.int64), ops["input_dims_id"].astype(np.int64),
-                     ops["input_types_id"].astype(np.int64)], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    # Unique (name, dims, types) groups via two integer keys (np.unique over rows of a
+    # 2-D array sorts structured voids and is several times slower).
+    width = np.int64(len(trace.names) + 1)
+    pair = ops["input_dims_id"].astype(np.int64) * width + (ops["input_types_id"].astype(np.int64) + 1)
+    upair, inv1 = np.unique(pair, return_inverse=True)
+    ukey, inverse = np.unique(inv1.reshape(-1).astype(np.int64) * width + ops["name_id"], return_inverse=True)
     inverse = inverse.reshape(-1)
+    gp = upair[ukey // width]
+    uniq = np.stack([ukey % width, gp // width, gp % width - 1], axis=1)
     g_flops = np.full(len(uniq), np.nan)
     g_bytes = np.full(len(uniq), np.nan)
     g_dtype = np.full(len(uniq), -1, np.int8)
