@@ -151,18 +151,21 @@ def gpu_figures(trace: Trace) -> list[dict]:
     """Figures per (device, pid) of one source's events in one window."""
     k, c, a = trace.kernels, trace.copies, trace.api
     devices = {d.index: d for d in trace.devices}
-    keys = set()
-    if len(k):
-        keys |= set(zip(k["device"].tolist(), k["pid"].tolist()))
-    if len(c):
-        keys |= set(zip(c["device"].tolist(), c["pid"].tolist()))
+
+    def key(a):
+        return (a["device"].astype(np.int64) << 32) | (a["pid"].astype(np.int64) & 0xFFFFFFFF)
+    kk = key(k) if len(k) else np.empty(0, np.int64)
+    ck = key(c) if len(c) else np.empty(0, np.int64)
+    keys = np.unique(np.concatenate([kk, ck]))
     out = []
-    for dev, pid in sorted(keys):
-        km = k[(k["device"] == dev) & (k["pid"] == pid)] if len(k) else k
-        cm = c[(c["device"] == dev) & (c["pid"] == pid)] if len(c) else c
+    for kv in keys.tolist():
+        dev, pid = kv >> 32, np.int64(kv & 0xFFFFFFFF).astype(np.int32).item()
+        # One (GPU, process) pair is the common case: no masking copies then.
+        km = k if len(keys) == 1 else k[kk == kv]
+        cm = c if len(keys) == 1 else c[ck == kv]
         # API calls carry no device: those of the process (or all of them when the
         # source does not know pids) describe its launch thread(s).
-        am = a[a["pid"] == pid] if (len(a) and pid >= 0) else a
+        am = a[a["pid"] == pid] if (len(a) and pid >= 0 and len(keys) > 1) else a
         starts = np.concatenate([km["start_ns"], cm["start_ns"]])
         ends = np.concatenate([km["end_ns"], cm["end_ns"]])
         span = int(ends.max() - starts.min()) if len(starts) else 0
