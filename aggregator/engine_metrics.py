@@ -114,6 +114,7 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
     fams: dict[str, list[tuple[dict, float]]] = {}
     model_names: set[str] = set()
     schema_035 = False
+    simulated = False
     for s in samples:
         sp = _split(s.name)
         if not sp or sp[0] != engine:
@@ -122,6 +123,7 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
         if suffix.endswith("_created"):
             continue  # a Unix timestamp, never a counter value (reference section 1.3)
         fams.setdefault(suffix, []).append((s.labels, s.value))
+        simulated = simulated or s.labels.get("simulated") == "true"
         mn = s.labels.get("model_name")
         if mn is None and engine == "sglang" and "name" in s.labels:
             mn, schema_035 = s.labels["name"], True
@@ -139,7 +141,9 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
 
     snap: dict[str, Any] = {"engine": engine, "ts_ns": ts_ns, "endpoint": endpoint,
                             "gauges": {}, "counters": {}, "histograms": {}, "sources": {},
-                            "model_names": sorted(model_names), "bad_lines": getattr(expo, "bad_lines", 0)}
+                            "model_names": sorted(model_names), "bad_lines": getattr(expo, "bad_lines", 0),
+                            # Ridgeline's own workload generator labels every series simulated="true".
+                            "simulated": simulated}
     if engine is None:
         snap["version_hint"] = None
         return snap
@@ -388,6 +392,7 @@ def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
         "endpoint": cur.get("endpoint"),
         "model_names": cur.get("model_names", []),
         "version_hint": cur.get("version_hint"),
+        "simulated": cur.get("simulated", False),
         "ts_ns": cur["ts_ns"],
         "interval_s": dt_s,
         "scrapes": len(scrapes),
@@ -501,7 +506,8 @@ def engine_record(fig: dict) -> dict:
     latency percentiles as ``<hist>_p50_s`` plus their ``_kind`` (interpolated,
     first_bucket, above_last_bucket) and bounds, and ``source`` naming the endpoint and the
     exposed families each figure came from."""
-    rec: dict[str, Any] = {"engine": fig["engine"], "restarted": fig["restarted"],
+    rec: dict[str, Any] = {"engine": fig["engine"], "simulated": fig.get("simulated", False),
+                           "restarted": fig["restarted"],
                            "since_start": fig["since_start"], "interval_s": fig["interval_s"]}
     for k in _RECORD_KEYS:
         rec[k] = fig.get(k)

@@ -71,10 +71,12 @@ def advance(text: str, counters: dict | None = None, gauges: dict | None = None,
 
 
 class MetricsServer:
-    """``with MetricsServer(text) as srv:`` -> ``srv.url``; ``srv.text = ...`` changes what it serves."""
+    """``with MetricsServer(text) as srv:`` -> ``srv.url``; ``srv.text = ...`` changes what it
+    serves; ``srv.then = [text2, ...]`` are served by the following requests, one each."""
 
     def __init__(self, text: str = "", status: int = 200):
         self.text = text
+        self.then: list[str] = []
         self.status = status
         self.requests = 0
         outer = self
@@ -83,6 +85,8 @@ class MetricsServer:
             def do_GET(self):  # noqa: N802 (stdlib name)
                 outer.requests += 1
                 body = outer.text.encode()
+                if outer.then:
+                    outer.text = outer.then.pop(0)
                 self.send_response(outer.status)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))

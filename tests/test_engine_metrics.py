@@ -274,3 +274,11 @@ def test_engine_tracker_windows_and_alerts():
     assert t.update(None) == {"endpoints": {}, "errors": []}
     w4 = t.update({"scrapes": [{"endpoint": "http://x/metrics", "ts_ns": T0, "exposition": prom_text.parse("up 1\n")}]})
     assert w4["errors"][0]["error"] == "no vLLM or SGLang metrics"
+
+
+def test_simulated_series_are_flagged():
+    text = 'vllm:num_requests_running{engine="0",model_name="m",simulated="true"} 3\n'
+    s = snap(text)
+    assert s["simulated"] is True and s["gauges"]["num_running"] == 3
+    assert em.engine_record(em.lifetime_figures(s))["simulated"] is True
+    assert snap(sample_text(V011))["simulated"] is False

@@ -59,11 +59,9 @@ def test_window_mode_reports_deltas(capsys):
                                   "vllm:prefix_cache_hits_total": 100},
                   observe={"vllm:time_to_first_token_seconds": [0.07] * 10})
     with MetricsServer(base) as srv:
-        import threading
-        t = threading.Timer(0.15, lambda: setattr(srv, "text", nxt))
-        t.start()
+        srv.then = [nxt]                      # the second request sees the advanced counters
         out = run_json(capsys, srv.url, "--window", "0.4")
-        t.join()
+        assert srv.requests == 2
     assert out["since_start"] is False and out["interval_s"] > 0.3
     assert out["preemptions"] == 2 and out["prefix_cache_hit_rate"] == pytest.approx(0.25)
     assert out["histograms"]["ttft_s"]["count"] == 10

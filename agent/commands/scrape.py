@@ -5,7 +5,8 @@ One scrape gives gauges now and ratios/percentiles over the server's lifetime
 reports the window's figures from the deltas (rates, hit rate, percentiles of what
 happened in the window).
 
-JSON keys: ``engine``, ``version_hint``, ``model_names``, ``endpoint``, ``since_start``,
+JSON keys: ``engine``, ``version_hint``, ``model_names``, ``simulated`` (series labelled
+``simulated="true"`` by Ridgeline's workload generator), ``endpoint``, ``since_start``,
 ``interval_s``, ``kv_usage`` (0..1), ``kv_pool_tokens``, ``num_running``,
 ``num_waiting``, ``preemptions_total``, ``preemptions`` (in the window / since start),
 ``preemption_rate_per_s``, ``prefix_cache_hit_rate`` (null when not derivable),
@@ -68,6 +69,7 @@ def figures_json(fig: dict) -> dict:
         "engine": fig["engine"],
         "version_hint": fig.get("version_hint"),
         "model_names": fig.get("model_names", []),
+        "simulated": fig.get("simulated", False),
         "endpoint": fig.get("endpoint"),
         "since_start": fig["since_start"],
         "interval_s": fig.get("interval_s"),
@@ -92,14 +94,20 @@ def figures_json(fig: dict) -> dict:
     }
 
 
+def _amount(x: float, unit: str) -> str:
+    if unit != "s":
+        return f"{x:.3g}"
+    return f"{x * 1000:.3g}ms" if x < 1 else f"{x:.3g}s"
+
+
 def _fmt_q(qd: dict, unit: str) -> str:
     k = qd["kind"]
     if k == "interpolated" or qd.get("value") is not None:
-        return f"{qd['value'] * (1000 if unit == 's' else 1):.3g}{'ms' if unit == 's' else ''}"
+        return _amount(qd["value"], unit)
     if k == "first_bucket":
-        return f"<={qd['upper_bound'] * (1000 if unit == 's' else 1):g}{'ms' if unit == 's' else ''}"
+        return "<=" + _amount(qd["upper_bound"], unit)
     if k == "above_last_bucket":
-        return f">{qd['lower_bound'] * (1000 if unit == 's' else 1):g}{'ms' if unit == 's' else ''}"
+        return ">" + _amount(qd["lower_bound"], unit)
     return "-"
 
 
@@ -122,7 +130,8 @@ def run(args) -> int:
         print(json.dumps(out, sort_keys=False))
         return 0
     scope = "since server start" if out["since_start"] else f"over {out['interval_s']:.1f} s"
-    print(f"{out['engine']} ({out['version_hint']}) at {url}  models: {', '.join(out['model_names']) or '-'}")
+    sim = "  [SIMULATED]" if out["simulated"] else ""
+    print(f"{out['engine']} ({out['version_hint']}) at {url}  models: {', '.join(out['model_names']) or '-'}{sim}")
     pool = f" of {out['kv_pool_tokens']:.0f} tokens" if out["kv_pool_tokens"] is not None else ""
     print(f"  KV usage        {_fmt(out['kv_usage'], '{:.1%}')}{pool}")
     print(f"  requests        running {_fmt(out['num_running'], '{:.0f}')}  waiting {_fmt(out['num_waiting'], '{:.0f}')}")
