@@ -21,7 +21,7 @@ import numpy as np
 
 from probes.cupti import layouts as L
 from probes.cupti.protocol import Batch, Hello
-from probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_OTHER, COPY_DTYPE,
+from probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
                            RANGE_DTYPE, RANGE_NVTX, NameTable, Trace, empty)
 
@@ -258,38 +258,43 @@ class ProcessDecoder:
         ``launch_latency_ns`` is aligned with ``trace.kernels`` (-1 where no API record
         matched). The trace's ``names`` is this process's table (shared, append-only).
         """
-        kernels = np.concatenate(self._kernels) if self._kernels else empty(KERNEL_DTYPE)
-        copies = np.concatenate(self._copies) if self._copies else empty(COPY_DTYPE)
-        api_new = np.concatenate(self._api) if self._api else empty(API_DTYPE)
-        ext_new = np.concatenate(self._ext) if self._ext else self._ext_carry[:0]
+        kernels = _cat(self._kernels, KERNEL_DTYPE)
+        copies = _cat(self._copies, COPY_DTYPE)
+        api_new = _cat(self._api, API_DTYPE)
+        ext_new = _cat(self._ext, self._ext_carry.dtype)
         self._kernels, self._copies, self._api, self._ext = [], [], [], []
 
-        ext_all = np.concatenate([self._ext_carry, ext_new])
+        ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
+        ext_used = np.zeros(len(ext_all), bool)
         if len(ext_all):
-            order = np.argsort(ext_all["correlation_id"], kind="stable")
-            ec, ee = ext_all["correlation_id"][order], ext_all["external_id"][order]
-            for arr in (kernels, copies, api_new):
-                if len(arr) and "external_id" in arr.dtype.names:
-                    arr["external_id"] = _lookup(ec, ee, arr["correlation_id"], MISSING)
-        api_all = np.concatenate([self._api_carry, api_new])
+            index = _Index(ext_all["correlation_id"])
+            for arr in (kernels, api_new):
+                if len(arr):
+                    pos, hit = index.find(arr["correlation_id"])
+                    arr["external_id"] = np.where(hit, ext_all["external_id"][pos], MISSING)
+                    if arr is not api_new:
+                        ext_used[pos[hit]] = True
+        api_all = np.concatenate([self._api_carry, api_new]) if len(self._api_carry) else api_new
+        api_used = np.zeros(len(api_all), bool)
         latency = np.full(len(kernels), MISSING, _I8)
         if len(api_all) and (len(kernels) or len(copies)):
-            order = np.argsort(api_all["correlation_id"], kind="stable")
-            ac = api_all["correlation_id"][order]
-            at, ast = api_all["tid"][order], api_all["start_ns"][order]
+            index = _Index(api_all["correlation_id"])
             if len(kernels):
-                pos, hit = _match(ac, kernels["correlation_id"])
-                kernels["tid"] = np.where(hit, at[pos], MISSING)
-                latency = np.where(hit, kernels["start_ns"] - ast[pos], MISSING)
+                pos, hit = index.find(kernels["correlation_id"])
+                kernels["tid"] = np.where(hit, api_all["tid"][pos], MISSING)
+                latency = np.where(hit, kernels["start_ns"] - api_all["start_ns"][pos], MISSING)
+                api_used[pos[hit]] = True
             if len(copies):
-                pos, hit = _match(ac, copies["correlation_id"])
-                copies["tid"] = np.where(hit, at[pos], MISSING)
-        if len(kernels) and len(api_all):
+                pos, hit = index.find(copies["correlation_id"])
+                copies["tid"] = np.where(hit, api_all["tid"][pos], MISSING)
+                api_used[pos[hit]] = True
+        if len(kernels):
             self.counters["unjoined_kernels"] += int((kernels["tid"] == MISSING).sum())
-        elif len(kernels):
-            self.counters["unjoined_kernels"] += len(kernels)
-        self._api_carry = api_all[-self.max_carry:]
-        self._ext_carry = ext_all[-self.max_carry:]
+        # Only launch records still waiting for their kernel are worth keeping (a kernel
+        # buffer may arrive after its thread's API buffer); the rest is done with.
+        waiting = ~api_used & ((api_all["category"] == API_LAUNCH) | (api_all["category"] == API_GRAPH_LAUNCH))
+        self._api_carry = api_all[waiting][-self.max_carry:]
+        self._ext_carry = ext_all[~ext_used][-self.max_carry:]
         ranges = self._pair_markers()
         self.counters["kernels"] += len(kernels)
         self.counters["copies"] += len(copies)
@@ -350,6 +355,44 @@ _MARKER_START_DTYPE = np.dtype([("id", "<u4"), ("start_ns", _I8), ("name_id", _I
 _MARKER_END_DTYPE = np.dtype([("id", "<u4"), ("end_ns", _I8)])
 
 
+class _Index:
+    """Positions of correlation ids, for joins; the last record of a repeated id wins.
+
+    CUPTI correlation ids of one process come from one counter, so a batch's ids are
+    nearly dense: a direct table (no sort) when the id range is at most 8x the count,
+    a sorted search otherwise.
+    """
+    __slots__ = ("lo", "table", "keys", "order")
+
+    def __init__(self, ids: np.ndarray):
+        self.table = None
+        lo, hi = int(ids.min()), int(ids.max())
+        if hi - lo < 8 * len(ids) + 1024:
+            self.lo = lo
+            self.table = np.full(hi - lo + 1, -1, np.int64)
+            self.table[ids - lo] = np.arange(len(ids))
+        else:
+            self.order = np.argsort(ids, kind="stable")
+            self.keys = ids[self.order]
+
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(pos, hit)``: positions into the indexed array, and where there was a match."""
+        if self.table is not None:
+            rel = ids - self.lo
+            ok = (rel >= 0) & (rel < len(self.table))
+            pos = self.table[np.where(ok, rel, 0)]
+            hit = ok & (pos >= 0)
+            return np.where(hit, pos, 0), hit
+        pos, hit = _match_last(self.keys, ids)
+        return self.order[pos], hit
+
+
+def _cat(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    if not parts:
+        return empty(dtype) if dtype.names and "start_ns" in dtype.names else np.empty(0, dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
 def _match(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pos = np.searchsorted(sorted_keys, keys)
     pos[pos >= len(sorted_keys)] = 0
@@ -357,10 +400,10 @@ def _match(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.nd
     return pos, hit
 
 
-def _lookup(sorted_keys: np.ndarray, values: np.ndarray, keys: np.ndarray, missing: int) -> np.ndarray:
-    # the last record for a key wins (searchsorted side="right" - 1)
+def _match_last(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Like _match, but the last record of a repeated key wins."""
     pos = np.searchsorted(sorted_keys, keys, side="right") - 1
     ok = pos >= 0
     pos[~ok] = 0
-    hit = ok & (sorted_keys[pos] == keys)
-    return np.where(hit, values[pos], missing)
+    hit = ok & (sorted_keys[pos] == keys) if len(sorted_keys) else np.zeros(len(keys), bool)
+    return pos, hit

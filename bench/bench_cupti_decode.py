@@ -1,0 +1,138 @@
+"""CUPTI decode rate: raw kernel records -> columnar events, on one core.
+
+Builds BATCH messages as libridgeline_cupti.so sends them (sections of raw
+``CUpti_ActivityKernel13`` records from cupti-python's dtype, one per 4 MiB CUPTI
+buffer, plus one runtime API record per kernel for the launch join), then times, side by
+side in one run:
+
+* ``parse+decode``: protocol.parse_batch + ProcessDecoder.add_batch (kernels only);
+* ``parse+decode+join``: the same with API and external-correlation records and take()
+  (launch thread, launch latency, external id), i.e. what CuptiProbe.poll does;
+* ``cupti-python objects``: the per-record object path of cupti-python
+  (``ActivityKernel13.from_ptr`` + reading the fields we use), for scale.
+
+Usage: .venv/bin/python bench/bench_cupti_decode.py [--kernels 2000000] [--repeat 5]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from probes.cupti import protocol as P  # noqa: E402
+from probes.cupti.decode import ProcessDecoder  # noqa: E402
+import cupti_records as R  # noqa: E402
+
+BUFFER_BYTES = 4 << 20
+
+
+def frames(n_kernels: int, with_api: bool) -> tuple[list[bytes], int, list]:
+    per = BUFFER_BYTES // (R.KERNEL.itemsize + (R.API.itemsize + R.EXTCORR.itemsize if with_api else 0))
+    b = R.make_buffer(min(per, n_kernels), seed=1, with_markers=False, interleave=False)
+    bodies, done, corr = [], 0, 1
+    while done < n_kernels:
+        n = min(per, n_kernels - done)
+        k = b.kernels[:n].copy()
+        k["correlation_id"] = np.arange(corr, corr + n)
+        secs = [(10, R.KERNEL.itemsize, n, k.tobytes())]
+        if with_api:
+            a = b.api[:n].copy()
+            a["correlation_id"] = k["correlation_id"]
+            e = b.extcorr[:n].copy()
+            e["correlation_id"] = k["correlation_id"]
+            secs += [(5, R.API.itemsize, n, a.tobytes()), (39, R.EXTCORR.itemsize, n, e.tobytes())]
+        hdr = np.zeros(1, P.BATCH_DTYPE)
+        hdr["pid"], hdr["cupti_version"], hdr["n_sections"] = 1, 130500, len(secs)
+        hdr["records"] = sum(s[2] for s in secs)
+        names = b"" if bodies else b"".join(
+            np.array([(p, len(s.encode()), 0)], P.NAME_DTYPE).tobytes() + s.encode() + b"\0" * (-len(s.encode()) % 8)
+            for p, s in b.names.items())
+        hdr["n_names"] = 0 if bodies else len(b.names)
+        body = hdr.tobytes() + names + b"".join(
+            np.array([(kd, sz, c, 0)], P.SECTION_DTYPE).tobytes() + d for kd, sz, c, d in secs)
+        bodies.append(body)
+        done += n
+        corr += n
+    return bodies, n_kernels, [b]
+
+
+def run_decode(bodies, with_join: bool, per_poll: int) -> float:
+    """Decode every body, handing on (take) every ``per_poll`` messages like CuptiProbe.poll."""
+    dec = ProcessDecoder(1)
+    hello = P.Hello(1, 130500, 130500, 0, 0, 1, "bench", "", {}, {(1, 211): (1, "cudaLaunchKernel_v7000")})
+    dec.set_hello(hello)
+    n = 0
+    t = time.perf_counter()
+    for i, body in enumerate(bodies, 1):
+        dec.add_batch(P.parse_batch(body))
+        if i % per_poll == 0 or i == len(bodies):
+            trace, lat = dec.take()
+            n += len(trace.kernels)
+            assert not with_join or (trace.kernels["tid"] >= 0).all()
+    dt = time.perf_counter() - t
+    assert n == sum(int(np.frombuffer(b, P.BATCH_DTYPE, 1)[0]["records"]) for b in bodies) // (3 if with_join else 1)
+    return dt
+
+
+def run_objects(n: int) -> float:
+    from cupti import cupti as C
+    b = R.make_buffer(n, seed=2, with_markers=False, interleave=False)
+    raw = ctypes.create_string_buffer(b.kernels.tobytes(), len(b.kernels.tobytes()))
+    base, size = ctypes.addressof(raw), R.KERNEL.itemsize
+    t = time.perf_counter()
+    for i in range(n):
+        o = C.ActivityKernel13.from_ptr(base + i * size, True, raw)
+        (o.start, o.end, o.device_id, o.stream_id, o.correlation_id, o.grid_x, o.block_x, o.registers_per_thread,
+         o.graph_id, o.name)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--per-poll", type=int, default=8,
+                    help="messages (4 MiB CUPTI buffers) decoded between two polls (8 = ~135k kernels)")
+    ap.add_argument("--objects", type=int, default=50_000, help="records for the cupti-python object path")
+    a = ap.parse_args()
+    import gc
+    gc.disable()
+    rows = []
+    for label, with_api in (("parse+decode (kernels)", False), ("parse+decode+join (kernels+API+extcorr)", True)):
+        bodies, n, keep = frames(a.kernels, with_api)
+        times = [run_decode(bodies, with_api, a.per_poll) for _ in range(a.repeat)]
+        med = statistics.median(times)
+        rows.append((label, n, med, n / med))
+        del bodies, keep
+    try:
+        times = [run_objects(a.objects) for _ in range(max(1, a.repeat // 2))]
+        med = statistics.median(times)
+        rows.append(("cupti-python objects (from_ptr + 10 fields)", a.objects, med, a.objects / med))
+    except Exception as e:  # cupti-python missing: the table says so
+        rows.append((f"cupti-python objects: unavailable ({type(e).__name__})", 0, float("nan"), float("nan")))
+    base = rows[0][3]
+    print(f"# bench_cupti_decode: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
+          f"python {platform.python_version()}, numpy {np.__version__}, one thread, median of {a.repeat}, "
+          f"poll every {a.per_poll} buffers, load average {os.getloadavg()[0]:.1f}")
+    print(f"# command: .venv/bin/python bench/bench_cupti_decode.py --kernels {a.kernels} --repeat {a.repeat} "
+          f"--per-poll {a.per_poll}")
+    print(f"| path | kernel records | median s | kernel records/s | vs parse+decode |")
+    print(f"|---|---:|---:|---:|---:|")
+    for label, n, med, rate in rows:
+        print(f"| {label} | {n:,} | {med:.3f} | {rate:,.0f} | {rate / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
