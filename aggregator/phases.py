@@ -31,7 +31,7 @@ import numpy as np
 
 from aggregator.signatures import (GRID_QUERY_BLOCKS, GRID_TOKENS, HINT_DECODE, HINT_MIXED, HINT_OTHER,
                                    HINT_PREFILL, LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX,
-                                   ROLE_CONV, ROLE_GEMM, ROLE_GEMV, ROLE_PER_TOKEN, ROLE_TRAINING,
+                                   ROLE_NON_LLM, ROLE_GEMM, ROLE_GEMV, ROLE_PER_TOKEN, ROLE_TRAINING,
                                    SMALL_TILE, STRENGTH_NAMES, STRONG, WEAK, KernelClasses, Signature,
                                    classify_kernels, short_name)
 from aggregator.steps import (kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
@@ -353,7 +353,7 @@ class _StepFacts:
         role = kc.role[in_step]
         self.role_count = {r: np.bincount(st[role == r], minlength=n_steps) for r in
                            (ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_PER_TOKEN, ROLE_GEMM, ROLE_GEMV,
-                            ROLE_TRAINING, ROLE_CONV)}
+                            ROLE_TRAINING, ROLE_NON_LLM)}
         tile = kc.tile_min[in_step]
         gemm = role == ROLE_GEMM
         self.small_tile = np.bincount(st[gemm & (tile > 0) & (tile <= SMALL_TILE)], minlength=n_steps)
@@ -482,13 +482,15 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, STRONG, f"{int(f.training_launch[j])} kernels launched from autograd/backward/"
                            f"optimizer CPU ops => other (not inference)", "training"))
     # Convolutions without any transformer-layer kernel.
-    n_conv = int(f.role_count[ROLE_CONV][j])
-    if n_conv and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_PER_TOKEN][j]):
-        s_i = next(s for s in present.tolist() if sigs[s].role == "conv")
+    n_other = int(f.role_count[ROLE_NON_LLM][j])
+    if n_other and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_PER_TOKEN][j]):
+        kinds = [s for s in present.tolist() if sigs[s].role == "non_llm"]
+        s_i = max(kinds, key=lambda s: f.sig_count[j, s])
         ex = f.max_example.get(j * f.nsig + s_i, -1)
-        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else "convolution"
-        votes.append(_Vote(OTHER, MEDIUM, f"{n_conv} convolution/pooling kernels (e.g. {name}) and no attention or "
-                           f"KV-cache kernel => other (not LLM inference)", "conv", s_i))
+        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
+        labels = " / ".join(sigs[s].label for s in kinds)
+        votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) and no attention or "
+                           f"KV-cache kernel => other (not LLM inference)", "non_llm", s_i))
     return votes
 
 
@@ -550,9 +552,9 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
     if len(wdirs) == 1 and len({v.cls for v in weak}) >= 2:
         ph = wdirs.pop()
         return ph, weak, None
-    conv = [v for v in votes if v.phase == OTHER]
-    if conv:
-        return OTHER, conv, None
+    non_llm = [v for v in votes if v.phase == OTHER]
+    if non_llm:
+        return OTHER, non_llm, None
     return UNKNOWN, [], None
 
 

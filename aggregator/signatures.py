@@ -31,11 +31,11 @@ ROLE_GEMM = 4
 ROLE_GEMV = 5
 ROLE_SAMPLING = 6
 ROLE_TRAINING = 7
-ROLE_CONV = 8
+ROLE_NON_LLM = 8          # convolutions, pooling, recommendation-model embedding bags
 ROLE_COLLECTIVE = 9
 ROLE_CODES = {"attention": ROLE_ATTENTION, "attention_aux": ROLE_ATTENTION_AUX, "per_token": ROLE_PER_TOKEN,
               "gemm": ROLE_GEMM, "gemv": ROLE_GEMV, "sampling": ROLE_SAMPLING, "training": ROLE_TRAINING,
-              "conv": ROLE_CONV, "collective": ROLE_COLLECTIVE}
+              "non_llm": ROLE_NON_LLM, "collective": ROLE_COLLECTIVE}
 
 # Phase hints; numerically identical to aggregator.phases labels (0 = neutral/unknown).
 HINT_NEUTRAL, HINT_PREFILL, HINT_DECODE, HINT_MIXED, HINT_OTHER = 0, 1, 2, 3, 4

@@ -119,7 +119,7 @@ def test_a100_training_traces_are_not_inference(trace_path, mode, name):
     else:
         # A CNN forward benchmark: convolution evidence where there are convolutions, else unknown.
         assert time_share(tr, pm, OTHER) > 0.8
-        assert any("convolution/pooling kernels" in s.evidence[0] for s in pm.steps if s.phase == OTHER)
+        assert any("non-LLM kernels (convolution/pooling" in s.evidence[0] for s in pm.steps if s.phase == OTHER)
 
 
 @pytest.mark.parametrize("name", [B200, H100, NANO0, NANO100, TRAIN, ALEXNET])

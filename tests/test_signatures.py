@@ -57,7 +57,9 @@ REAL_NAMES = [
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
     # Not claimed: generic PyTorch kernels and fbgemm embedding kernels.
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >(x)", None),
-    ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int)", None),
+    ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int)", "embedding_bag"),
+    ("void split_embedding_codegen_forward_unweighted_kernel<float, float, float, false, long, 1ul, 16ul>(x)",
+     "embedding_bag"),
     ("triton_poi_fused_mul_silu_0", None),
     ("decoder_layer_convert_unary", None),
 ]
