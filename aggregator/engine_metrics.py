@@ -408,6 +408,8 @@ def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
         "num_waiting_change": (g["num_waiting"] - seq[0]["gauges"]["num_waiting"])
         if have_delta and "num_waiting" in g and "num_waiting" in seq[0]["gauges"] else None,
         "preemptions_total": cur["counters"].get("preemptions"),
+        # SGLang 0.4.7-0.5.x: only the retractions at the last log tick (not cumulative).
+        "retracted_requests_last_tick": g.get("retracted_requests_last_tick"),
         "generation_throughput_tokens_per_s": g.get("generation_throughput_tokens_per_s"),
         "prompt_throughput_tokens_per_s": g.get("prompt_throughput_tokens_per_s"),
     }
@@ -491,7 +493,8 @@ def _delta_figures(cur: dict, dc: dict | None, dh: dict | None, dt_s: float | No
 _RECORD_KEYS = (
     "kv_usage_ratio", "kv_usage_max_ratio", "kv_pool_tokens", "kv_used_tokens",
     "num_running_requests", "num_waiting_requests", "num_waiting_change",
-    "preemptions", "preemption_rate_per_s", "preemptions_total", "prefix_cache_hit_ratio",
+    "preemptions", "preemption_rate_per_s", "preemptions_total", "retracted_requests_last_tick",
+    "prefix_cache_hit_ratio",
     "prefill_time_share_ratio", "prefill_time_share_kind", "tokens_per_step", "steps_per_s",
     "generation_throughput_tokens_per_s", "prompt_throughput_tokens_per_s",
 )

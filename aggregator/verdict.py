@@ -5,7 +5,8 @@ numbers behind it. The candidate verdicts, checked in this order (the first that
 wins; every other condition that also held is listed under ``also``):
 
 1. ``kv-capacity-bound`` (face ``memory-capacity``): KV usage at or above the watermark
-   (85% of the pool), or preemptions in the window, or waiting requests growing while KV
+   (85% of the pool), or preemptions in the window (SGLang versions with only a gauge:
+   retractions at the last log tick), or waiting requests growing while KV
    usage is at or above ``kv_full_ratio``. Capacity first: once the pool is full the
    engine stops admitting or starts evicting, whatever the GPU's speed.
 2. ``host-bound`` (face ``host``): the GPU idles (idle share of its busy span at least
@@ -14,9 +15,17 @@ wins; every other condition that also held is listed under ``also``):
 3. ``launch-bound`` (face ``launch``): the GPU idles while the launch thread is on-CPU for
    at least ``launch_busy_min_ratio`` of the window: it cannot issue work fast enough
    (Python overhead, many tiny kernels, no CUDA graphs).
+   Without the launch thread's scheduling figures, an idle GPU is judged host- or
+   launch-bound when the dominant phase's roofline verdict says so (it weighs how much of
+   the idle time the host spent in launch calls). The GPU idle share is the window's
+   (busy/idle ns) or, failing that, the phase's ``idle_ratio``.
 4. ``queue-bound`` (face ``queue``): requests wait (``num_waiting >= 1`` and mean queue
    time at least ``queue_time_min_s``) while KV has room and the dominant phase is below
    both ceilings: the scheduler's batch limits, not the GPU, hold requests back.
+Rules 5 and 6 apply only while the GPU idles less than ``gpu_idle_bound_ratio`` (an idle
+GPU is not held back by its ceilings), and a % of peak above ``implausible_pct`` is
+reported under ``figures["implausible"]`` and never used (a work-model overcount).
+
 5. ``memory-bandwidth-bound`` (face ``bandwidth``, usually decode): the dominant phase
    (most kernel time among prefill, decode, mixed) reaches ``bandwidth_bound_min_pct`` of
    peak HBM bytes/s (or, when that fraction is unknown, its roofline verdict says
@@ -71,7 +80,11 @@ class Thresholds:
     queue_time_min_s: mean queue time (s) that counts as queueing.
     waiting_min: waiting requests that count as a queue.
     bandwidth_bound_min_pct / compute_bound_min_pct: % of the peak HBM bytes/s or FLOP/s
-        that marks a phase as at its ceiling when the roofline verdict is absent.
+        that marks a phase as at its ceiling.
+    gpu_idle_bound_ratio: GPU idle share at or above which no GPU ceiling can be what binds
+        (the bandwidth and compute rules then do not apply).
+    implausible_pct: a % of peak above this is a work-model overcount, not a measurement;
+        it is reported and not used as evidence.
     """
     kv_watermark_ratio: float = 0.85
     kv_full_ratio: float = 0.75
@@ -84,6 +97,8 @@ class Thresholds:
     waiting_min: float = 1.0
     bandwidth_bound_min_pct: float = 50.0
     compute_bound_min_pct: float = 50.0
+    gpu_idle_bound_ratio: float = 0.50
+    implausible_pct: float = 110.0
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -127,6 +142,8 @@ def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
     if p is None:
         return False
     pct = p.get("pct_of_peak_bytes")
+    if pct is not None and pct > th.implausible_pct:
+        return False
     return pct >= th.bandwidth_bound_min_pct if pct is not None else "memory" in _verdict_text(p)
 
 
@@ -134,6 +151,8 @@ def _at_compute(p: dict | None, th: Thresholds) -> bool:
     if p is None:
         return False
     pct = p.get("pct_of_peak_flops")
+    if pct is not None and pct > th.implausible_pct:
+        return False
     return pct >= th.compute_bound_min_pct if pct is not None else "compute" in _verdict_text(p)
 
 
@@ -182,36 +201,13 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
     if pre is not None and pre >= th.preemptions_min:
         rate = _g(e, "preemption_rate_per_s")
         why.append(f"{pre:.0f} preemptions in the window" + (f" ({rate:.2f}/s)" if rate is not None else ""))
+    retracted = _g(e, "retracted_requests_last_tick")
+    if pre is None and retracted:
+        why.append(f"{retracted:.0f} requests retracted at the engine's last log tick")
     if wchg is not None and wchg >= th.waiting_growth_min and kv is not None and kv >= th.kv_full_ratio:
         why.append(f"waiting requests +{wchg:.0f} (now {waiting:.0f}) while KV usage {kv:.1%} >= {th.kv_full_ratio:.0%}")
     if why:
         held.append((KV_CAPACITY, why))
-
-    # --- GPU idle vs the launch thread
-    idle_ratio = None
-    if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
-        idle_ratio = inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns)
-    else:
-        missing.append("GPU busy/idle time")
-    figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": idle_ratio})
-    if lt is None:
-        missing.append("launch-thread scheduling")
-    else:
-        figures["launch_thread"] = {k: lt.get(k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
-    if idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio and lt is not None and inp.window_ns > 0:
-        on = lt.get("on_cpu_ns") or 0
-        rq = lt.get("runq_wait_ns") or 0
-        bl = lt.get("blocked_ns") or 0
-        off = rq + bl
-        w = inp.window_ns
-        if off / w >= th.host_wait_min_ratio and off > on:
-            held.append((HOST, [f"GPU idle {idle_ratio:.0%} of its span",
-                                f"launch thread off-CPU {off / w:.0%} of the window "
-                                f"(run queue {rq / w:.0%}, blocked {bl / w:.0%}) vs on-CPU {on / w:.0%}"]))
-        if on / w >= th.launch_busy_min_ratio:
-            held.append((LAUNCH, [f"GPU idle {idle_ratio:.0%} of its span",
-                                  f"launch thread on-CPU {on / w:.0%} of the window (run queue {rq / w:.0%}, "
-                                  f"blocked {bl / w:.0%})"]))
 
     # --- roofline position of the dominant phase
     if phase is None:
@@ -219,8 +215,52 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
     else:
         figures["phase"] = {k: phase.get(k) for k in (
             "kernel_time_ns", "achieved_flops_per_s", "achieved_bytes_per_s", "arithmetic_intensity",
-            "pct_of_peak_flops", "pct_of_peak_bytes", "verdict")}
-    at_bw, at_cp = _at_bandwidth(phase, th), _at_compute(phase, th)
+            "pct_of_peak_flops", "pct_of_peak_bytes", "idle_ratio", "verdict")}
+        for k in ("pct_of_peak_bytes", "pct_of_peak_flops"):
+            if (phase.get(k) or 0) > th.implausible_pct:
+                figures.setdefault("implausible", []).append(
+                    f"{phase_name} {k} = {phase[k]:.0f}% exceeds the ceiling: work model overcounts; not used")
+
+    # --- GPU idle vs the launch thread
+    idle_ratio, idle_src = None, None
+    if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
+        idle_ratio, idle_src = inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns), "its span"
+    elif phase is not None and phase.get("idle_ratio") is not None:
+        idle_ratio, idle_src = float(phase["idle_ratio"]), f"the {phase_name} phase's time"
+    else:
+        missing.append("GPU busy/idle time")
+    figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": idle_ratio})
+    if lt is None:
+        missing.append("launch-thread scheduling")
+    else:
+        figures["launch_thread"] = {k: lt.get(k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
+    gpu_idles = idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio
+    if gpu_idles and lt is not None and inp.window_ns > 0:
+        on = lt.get("on_cpu_ns") or 0
+        rq = lt.get("runq_wait_ns") or 0
+        bl = lt.get("blocked_ns") or 0
+        off = rq + bl
+        w = inp.window_ns
+        if off / w >= th.host_wait_min_ratio and off > on:
+            held.append((HOST, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
+                                f"launch thread off-CPU {off / w:.0%} of the window "
+                                f"(run queue {rq / w:.0%}, blocked {bl / w:.0%}) vs on-CPU {on / w:.0%}"]))
+        if on / w >= th.launch_busy_min_ratio:
+            held.append((LAUNCH, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
+                                  f"launch thread on-CPU {on / w:.0%} of the window (run queue {rq / w:.0%}, "
+                                  f"blocked {bl / w:.0%})"]))
+    elif gpu_idles and phase is not None:
+        # No scheduler view: the roofline's own host/launch call (API-call coverage of the
+        # idle gaps, kernel and gap lengths) is the evidence.
+        fb = _roofline_fallback(phase)
+        if fb in (HOST, LAUNCH):
+            held.append((fb, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
+                              f"roofline verdict {phase.get('verdict')}: "
+                              + "; ".join(str(x) for x in (phase.get("evidence") or [])[:3])]))
+
+    ceilings_apply = idle_ratio is None or idle_ratio < th.gpu_idle_bound_ratio
+    at_bw = ceilings_apply and _at_bandwidth(phase, th)
+    at_cp = ceilings_apply and _at_compute(phase, th)
 
     # --- queue
     qmean = _g(e, "queue_time_mean_s")
@@ -258,6 +298,8 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
     order = {v: i for i, v in enumerate(VERDICTS)}
     held.sort(key=lambda h: order[h[0]])
     fallback = _roofline_fallback(phase) if (phase is not None and not held) else None
+    if fallback in (BANDWIDTH, COMPUTE) and not ceilings_apply:
+        fallback = None
     if held:
         name, reasons = held[0]
     elif fallback is not None:

@@ -171,3 +171,46 @@ def test_window_verdict_from_window_record():
     assert rec["source"] == {"engine": "engine", "device": "nvml", "sched": "sched", "roofline": "roofline"}
     prom = v.prometheus_samples(out[0])
     assert sum(val for _, _, val in prom) == 1.0 and len(prom) == len(v.VERDICTS)
+
+
+def test_idle_gpu_is_not_bandwidth_bound_and_overcounts_are_flagged():
+    phase = dict(DECODE_SMALL_BATCH, pct_of_peak_bytes=292.0, idle_ratio=0.95, verdict="host-bound",
+                 evidence=["GPU idle 95% of the phase's time", "host in launch calls during 12% of the idle"])
+    r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases={"decode": phase}))
+    assert r["verdict"] == v.HOST
+    assert r["reasons"][0] == "GPU idle 95% of the decode phase's time"
+    assert "host in launch calls during 12% of the idle" in r["reasons"][1]
+    assert r["figures"]["implausible"] == [
+        "decode pct_of_peak_bytes = 292% exceeds the ceiling: work model overcounts; not used"]
+    # Idle but the roofline found no host/launch cause: still not a ceiling verdict.
+    r2 = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases={"decode": dict(phase, verdict="memory-bound")}))
+    assert r2["verdict"] == v.UNDETERMINED
+
+
+def test_verdicts_on_recorded_traces(trace_path):
+    """H2's phases and H3's roofline on two real traces, judged without engine or device data."""
+    from aggregator.analysis import analyze_trace
+    from probes.kineto import load_trace
+
+    h100 = analyze_trace(load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")))
+    r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases=h100["phases"]))
+    # One busy forward pass (GPU idle < 10%): a ceiling face of the prefill phase.
+    assert r["phase"] == "prefill" and r["verdict"] in (v.BANDWIDTH, v.COMPUTE)
+    assert r["figures"]["gpu_idle_ratio"] < 0.2
+
+    nano = analyze_trace(load_trace(trace_path("nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz")))
+    r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases=nano["phases"]))
+    # A decode fragment where the GPU waits for the host most of the time.
+    assert r["verdict"] in (v.HOST, v.LAUNCH) and r["figures"]["gpu_idle_ratio"] > 0.5
+
+
+def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
+    from engine_samples import SGLANG_TEXT
+    text = SGLANG_TEXT.replace("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs").replace(
+        "sglang:token_usage{engine_type=\"unified\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\",pp_rank=\"0\",tp_rank=\"0\"} 0.91",
+        "sglang:token_usage{engine_type=\"unified\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\",pp_rank=\"0\",tp_rank=\"0\"} 0.5").replace(
+        "tp_rank=\"1\"} 0.91", "tp_rank=\"1\"} 0.5")
+    rec = em.engine_record(em.lifetime_figures(em.snapshot(prom_text.parse(text), 0)))
+    assert rec["preemptions"] is None and rec["retracted_requests_last_tick"] == 12
+    r = v.judge(inputs(engine=rec))
+    assert r["verdict"] == v.KV_CAPACITY and r["reasons"] == ["12 requests retracted at the engine's last log tick"]
