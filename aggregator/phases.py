@@ -292,7 +292,8 @@ def _training_launched(trace: Trace, launch: np.ndarray) -> np.ndarray:
     out = np.zeros(len(k), dtype=bool)
     if not len(ops) or not len(k):
         return out
-    ids = trace.names.ids_matching(_TRAINING_OP)
+    op_ids = np.unique(ops["name_id"][ops["name_id"] >= 0])
+    ids = op_ids[[bool(_TRAINING_OP.search(trace.names[int(i)])) for i in op_ids]] if len(op_ids) else op_ids
     t = np.flatnonzero(np.isin(ops["name_id"], ids))
     if not len(t):
         return out
