@@ -157,9 +157,18 @@ def op_work(name: str, dims: list, types: list) -> tuple[float, float, str | Non
         ts = _tensors(dims, types)
         if not ts:
             return None
-        # Inductor passes outputs as arguments too: each argument is read or written once.
-        b = sum(_numel(d) * eb for d, eb, _ in ts)
-        return float(max(_numel(d) for d, _, _ in ts)), b, None, CAT_FUSED, "fused (argument bytes)"
+        # Inductor passes outputs as arguments too: each argument is read or written once,
+        # except lookup tables (e.g. a rotary cos/sin cache) that are indexed, not swept:
+        # an argument over 16x the next largest is capped at that size.
+        sizes = sorted((_numel(d) for d, _, _ in ts), reverse=True)
+        cap = sizes[0]
+        for a, b_ in zip(sizes, sizes[1:]):
+            if a > 16 * b_:
+                cap = b_
+            else:
+                break
+        b = sum(min(_numel(d), cap) * eb for d, eb, _ in ts)
+        return float(cap), b, None, CAT_FUSED, "fused (argument bytes; indexed tables capped)"
     if name == "_C_cache_ops::reshape_and_cache_flash" or name == "_C_cache_ops::reshape_and_cache":
         if len(dims) < 4:
             return None

@@ -133,3 +133,15 @@ def test_model_step_without_lengths_says_what_is_left_out():
     assert any("attention" in n for n in w.notes)
     assert work.step_work_from_model(m, None, None) is None
     assert work.step_work_from_model(m, 0, 0) is None
+
+
+def test_triton_fused_counts_arguments_and_caps_lookup_tables():
+    # Real nano-vllm kernel: q [3,16,128], positions [3], cos/sin cache [40960,1,128], out.
+    f, b, _, cat, _ = work.op_work("triton_poi_fused__to_copy_cat_0",
+                                   [[3, 16, 128], [3], [40960, 1, 128], [3, 16, 128], [], [], []],
+                                   [BF16, "long int", "float", BF16, "", "", ""])
+    n = 3 * 16 * 128
+    assert cat == work.CAT_FUSED and f == n
+    assert b == 2 * n + 8 * 3 + 4 * n + 2 * n     # the cache counts as one output's worth
+    _, b, *_ = work.op_work("triton_poi_fused_mul_silu_0", [[3, 6144], [3, 3072]], [BF16, BF16])
+    assert b == 2 * (3 * 6144 + 3 * 3072)
