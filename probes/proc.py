@@ -150,7 +150,17 @@ def mapped_libraries(pid: int, basename_re: str) -> list[Mapping]:
     return parse_maps(t, basename_re) if t else []
 
 
-def path_in_process(pid: int, path: str) -> str:
-    """A path that reaches ``path`` as the process sees it (its mount namespace, e.g. a container)."""
+def path_in_process(pid: int, path: str, inode: int | None = None) -> str:
+    """A path to the file the process sees as ``path`` (it may live in another mount namespace).
+
+    The plain path when it reaches the same inode (it stays valid after the process
+    exits), else the path through ``/proc/<pid>/root``.
+    """
+    if inode is not None:
+        try:
+            if os.stat(path).st_ino == inode:
+                return path
+        except OSError:
+            pass
     via_root = f"{PROC}/{pid}/root{path}"
     return via_root if os.path.exists(via_root) else path
