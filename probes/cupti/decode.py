@@ -36,10 +36,10 @@ def _nz(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int) -> np.ndarray:
-    """Kernel records (any ``activity_kernelN_dtype`` view) -> KERNEL_DTYPE."""
+def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Kernel records (any ``activity_kernelN_dtype`` view) -> KERNEL_DTYPE (into ``out`` if given)."""
     n = len(v)
-    out = np.empty(n, KERNEL_DTYPE)
+    out = np.empty(n, KERNEL_DTYPE) if out is None else out
     out["start_ns"] = v["start"]
     out["end_ns"] = v["end"]
     out["device"] = v["device_id"]
@@ -59,10 +59,10 @@ def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int) -> np.ndarray:
     return out
 
 
-def decode_copies(v: np.ndarray, kind: int, pid: int) -> np.ndarray:
+def decode_copies(v: np.ndarray, kind: int, pid: int, out: np.ndarray | None = None) -> np.ndarray:
     """MEMCPY or MEMSET records -> COPY_DTYPE (memcpy direction keeps CUPTI's numbering)."""
     n = len(v)
-    out = np.empty(n, COPY_DTYPE)
+    out = np.empty(n, COPY_DTYPE) if out is None else out
     out["start_ns"] = v["start"]
     out["end_ns"] = v["end"]
     out["device"] = v["device_id"]
@@ -101,14 +101,15 @@ class ProcessDecoder:
         self._ptr_ids = np.empty(0, _I4)
         self._cbid_cat: dict[int, np.ndarray] = {}
         self._cbid_name: dict[int, np.ndarray] = {}
-        self._kernels: list[np.ndarray] = []
-        self._copies: list[np.ndarray] = []
-        self._api: list[np.ndarray] = []
-        self._ext: list[np.ndarray] = []          # (correlation_id, external_id) pairs
+        # decoded straight into growing arrays: one copy per record, not decode + concatenate
+        self._kernels = _Grow(KERNEL_DTYPE)
+        self._copies = _Grow(COPY_DTYPE)
+        self._api = _Grow(API_DTYPE)
+        self._ext = _Grow(_EXT_DTYPE)             # (correlation_id, external_id) pairs
         self._marker_starts: list[np.ndarray] = []
         self._marker_ends: list[np.ndarray] = []
         self._api_carry = empty(API_DTYPE)
-        self._ext_carry = np.empty(0, [("correlation_id", _I8), ("external_id", _I8)])
+        self._ext_carry = np.empty(0, _EXT_DTYPE)
         self._open = np.empty(0, _MARKER_START_DTYPE)
         self.counters = {"records": 0, "kernels": 0, "copies": 0, "api": 0, "ranges": 0,
                          "undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0,
@@ -185,16 +186,15 @@ class ProcessDecoder:
             v = np.frombuffer(s.data, dtype, s.count)
             n_done += s.count
             if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
-                self._kernels.append(decode_kernels(v, self.name_ids(v["name"]), self.pid))
+                decode_kernels(v, self.name_ids(v["name"]), self.pid, self._kernels.reserve(len(v)))
             elif s.kind in (L.KIND_MEMCPY, L.KIND_MEMSET):
-                self._copies.append(decode_copies(v, s.kind, self.pid))
+                decode_copies(v, s.kind, self.pid, self._copies.reserve(len(v)))
             elif s.kind in (L.KIND_RUNTIME, L.KIND_DRIVER, L.KIND_INTERNAL_LAUNCH_API):
-                self._api.append(self._decode_api(v, s.kind))
+                self._decode_api(v, s.kind, self._api.reserve(len(v)))
             elif s.kind == L.KIND_EXTERNAL_CORRELATION:
-                e = np.empty(len(v), self._ext_carry.dtype)
+                e = self._ext.reserve(len(v))
                 e["correlation_id"] = v["correlation_id"]
-                e["external_id"] = v["external_id"].astype(_I8)
-                self._ext.append(e)
+                e["external_id"] = v["external_id"]
             elif s.kind == L.KIND_MARKER:
                 self._decode_markers(v)
             else:
@@ -203,9 +203,8 @@ class ProcessDecoder:
         self.counters["records"] += n_done
         return n_done
 
-    def _decode_api(self, v: np.ndarray, kind: int) -> np.ndarray:
+    def _decode_api(self, v: np.ndarray, kind: int, out: np.ndarray) -> np.ndarray:
         domain = API_DOMAIN_DRIVER if kind == L.KIND_DRIVER else API_DOMAIN_RUNTIME
-        out = np.empty(len(v), API_DTYPE)
         out["start_ns"] = v["start"]
         out["end_ns"] = v["end"]
         out["pid"] = self.pid
@@ -250,7 +249,7 @@ class ProcessDecoder:
 
     # -- hand-off ------------------------------------------------------------------------
     def pending(self) -> bool:
-        return bool(self._kernels or self._copies or self._api or self._marker_starts or self._marker_ends)
+        return bool(self._kernels.n or self._copies.n or self._api.n or self._marker_starts or self._marker_ends)
 
     def take(self) -> tuple[Trace, np.ndarray]:
         """Everything decoded since the last call, joined: ``(trace, launch_latency_ns)``.
@@ -258,11 +257,8 @@ class ProcessDecoder:
         ``launch_latency_ns`` is aligned with ``trace.kernels`` (-1 where no API record
         matched). The trace's ``names`` is this process's table (shared, append-only).
         """
-        kernels = _cat(self._kernels, KERNEL_DTYPE)
-        copies = _cat(self._copies, COPY_DTYPE)
-        api_new = _cat(self._api, API_DTYPE)
-        ext_new = _cat(self._ext, self._ext_carry.dtype)
-        self._kernels, self._copies, self._api, self._ext = [], [], [], []
+        kernels, copies, api_new, ext_new = (self._kernels.take(), self._copies.take(), self._api.take(),
+                                             self._ext.take())
 
         ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
         ext_used = np.zeros(len(ext_all), bool)
@@ -387,10 +383,35 @@ class _Index:
         return self.order[pos], hit
 
 
-def _cat(parts: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    if not parts:
-        return empty(dtype) if dtype.names and "start_ns" in dtype.names else np.empty(0, dtype)
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+_EXT_DTYPE = np.dtype([("correlation_id", _I8), ("external_id", _I8)])
+
+
+class _Grow:
+    """An array that grows by doubling; :meth:`take` hands the filled part on and starts
+    a new one sized for the same load (so a steady stream allocates once per poll)."""
+    __slots__ = ("dtype", "arr", "n", "hint")
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype, self.arr, self.n, self.hint = dtype, None, 0, 1024
+
+    def reserve(self, k: int) -> np.ndarray:
+        if self.arr is None:
+            self.arr = np.empty(max(self.hint, k), self.dtype)
+        elif self.n + k > len(self.arr):
+            bigger = np.empty(max(2 * len(self.arr), self.n + k), self.dtype)
+            bigger[:self.n] = self.arr[:self.n]
+            self.arr = bigger
+        out = self.arr[self.n:self.n + k]
+        self.n += k
+        return out
+
+    def take(self) -> np.ndarray:
+        if self.arr is None:
+            return empty(self.dtype) if "start_ns" in self.dtype.names else np.empty(0, self.dtype)
+        out = self.arr[:self.n]
+        self.hint = max(1024, self.n + self.n // 4)
+        self.arr, self.n = None, 0
+        return out
 
 
 def _match(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
