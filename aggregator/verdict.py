@@ -317,31 +317,70 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
 
 # --------------------------------------------------------------------------- window glue
 
+def _rows(obj: Any) -> list[dict]:
+    """Per-thread rows from any shape the scheduling probes' data takes on its way: a
+    numpy structured array, its ``plain()`` form (a dict of equal-length columns), a list
+    of dicts, or a probe's poll dict holding one of these under ``threads``."""
+    if obj is None:
+        return []
+    names = getattr(getattr(obj, "dtype", None), "names", None)
+    if names:
+        return [{n: (r[n].item() if hasattr(r[n], "item") and getattr(r[n], "ndim", 0) == 0 else r[n])
+                 for n in names} for r in obj]
+    if isinstance(obj, list):
+        return [r for r in obj if isinstance(r, dict)]
+    if isinstance(obj, dict):
+        if "threads" in obj:
+            return _rows(obj["threads"])
+        if "tid" in obj and isinstance(obj["tid"], list):
+            cols = {k: v for k, v in obj.items() if isinstance(v, list) and len(v) == len(obj["tid"])}
+            return [{k: cols[k][i] for k in cols} for i in range(len(obj["tid"]))]
+    return []
+
+
+def _comm(v: Any) -> Any:
+    return v.decode(errors="replace").rstrip("\x00") if isinstance(v, (bytes, bytearray)) else v
+
+
 def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = None) -> dict | None:
-    """Pick the launch thread of ``pid`` from scheduling-probe output (a list of per-thread
-    dicts, or a dict holding one under ``threads``): ``launch_tid`` if given, else the
-    thread with the most kernel launches (uprobe counters), else the busiest on-CPU."""
-    threads = sched
-    if isinstance(sched, dict):
-        threads = sched.get("threads")
-        if threads is None:
-            for v in sched.values():
-                if isinstance(v, (list, dict)):
-                    r = launch_thread_figures(v, pid, launch_tid)
-                    if r is not None:
-                        return r
-            return None
-    if not isinstance(threads, list):
+    """The launch thread of ``pid`` with its ``on_cpu_ns``, ``runq_wait_ns``, ``blocked_ns``.
+
+    ``sched`` is the window's ``sched`` section (source -> probe data) or one probe's data:
+    rows with ``on_cpu_ns`` come from the scheduler probe, rows with ``launches`` from the
+    CUDA uprobes (joined by tid). The launch thread is ``launch_tid`` when given, else the
+    thread with the most kernel launches, else the one longest on-CPU. Rows name the process
+    ``pid`` or ``tgid``.
+    """
+    sources = []
+    if isinstance(sched, dict) and not ("threads" in sched or "tid" in sched):
+        sources = list(sched.values())
+    else:
+        sources = [sched]
+    timing: dict[int, dict] = {}
+    launches: dict[int, int] = {}
+    for src in sources:
+        for r in _rows(src):
+            owner = r.get("pid", r.get("tgid"))
+            if pid is not None and owner not in (None, pid):
+                continue
+            tid = r.get("tid")
+            if "on_cpu_ns" in r:
+                timing[tid] = dict(r, comm=_comm(r.get("comm")))
+            if r.get("launches") is not None:
+                launches[tid] = launches.get(tid, 0) + int(r["launches"]) + int(r.get("graph_launches") or 0)
+    if not timing:
         return None
-    cand = [t for t in threads if isinstance(t, dict) and "on_cpu_ns" in t
-            and (pid is None or t.get("pid") in (None, pid))]
-    if not cand:
-        return None
-    if launch_tid is not None:
-        for t in cand:
-            if t.get("tid") == launch_tid:
-                return t
-    return max(cand, key=lambda t: (t.get("launches") or 0, t.get("on_cpu_ns") or 0))
+    if launch_tid is not None and launch_tid in timing:
+        chosen = launch_tid
+    elif launches and max(launches.values()) > 0:
+        cand = [t for t in launches if t in timing]
+        chosen = max(cand, key=lambda t: launches[t]) if cand else max(timing, key=lambda t: timing[t]["on_cpu_ns"] or 0)
+    else:
+        chosen = max(timing, key=lambda t: timing[t].get("launches") or timing[t]["on_cpu_ns"] or 0)
+    out = dict(timing[chosen])
+    if chosen in launches:
+        out["launches"] = launches[chosen]
+    return out
 
 
 def _device_for(window: dict, device: int) -> dict | None:

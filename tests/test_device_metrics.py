@@ -58,3 +58,11 @@ def test_record_and_prometheus_names_carry_units():
     assert proc == [("48213", 135_141_163_008.0)]                       # N/A memory is not exposed as 0
     reasons = sorted(l["reason"] for n, l, _ in prom if n == "ridgeline_gpu_clock_event_reason")
     assert reasons == ["sw_power_cap", "sw_thermal_slowdown"]
+
+
+def test_device_records_are_plain_for_the_wire():
+    import msgpack
+    recs = series()
+    rec = dm.device_record(dm.window_figures(recs)[0])
+    assert msgpack.unpackb(msgpack.packb(rec), strict_map_key=False) == rec
+    assert msgpack.unpackb(msgpack.packb(recs[0])) == recs[0]

@@ -282,3 +282,10 @@ def test_simulated_series_are_flagged():
     assert s["simulated"] is True and s["gauges"]["num_running"] == 3
     assert em.engine_record(em.lifetime_figures(s))["simulated"] is True
     assert snap(sample_text(V011))["simulated"] is False
+
+
+def test_engine_record_is_plain_for_the_wire():
+    import msgpack
+    base = sample_text(V011)
+    rec = em.engine_record(em.window_figures([snap(busy_011(base), T0 + 5 * S)], snap(base, T0)))
+    assert msgpack.unpackb(msgpack.packb(rec)) == rec

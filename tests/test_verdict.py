@@ -214,3 +214,35 @@ def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
     assert rec["preemptions"] is None and rec["retracted_requests_last_tick"] == 12
     r = v.judge(inputs(engine=rec))
     assert r["verdict"] == v.KV_CAPACITY and r["reasons"] == ["12 requests retracted at the engine's last log tick"]
+
+
+def test_launch_thread_from_sched_and_uprobe_windows_in_window_layout():
+    """H4's per-window arrays (its dtypes), as the window record holds them after plain()."""
+    import numpy as np
+    from aggregator.windows import plain
+    from probes.sched_accounting import WINDOW_DTYPE
+    cuda_dtype = np.dtype([("tid", "<i4"), ("tgid", "<i4"), ("launches", "<i8"), ("graph_launches", "<i8")])
+    sched = np.zeros(3, WINDOW_DTYPE)
+    sched["tid"], sched["tgid"] = [4242, 4300, 999], [4242, 4242, 999]
+    sched["comm"] = [b"python3", b"tokenizer", b"other"]
+    sched["on_cpu_ns"] = [300_000_000, 950_000_000, 990_000_000]
+    sched["runq_wait_ns"] = [350_000_000, 0, 0]
+    sched["blocked_ns"] = [200_000_000, 0, 0]
+    cuda = np.zeros(2, cuda_dtype)
+    cuda["tid"], cuda["tgid"], cuda["launches"], cuda["graph_launches"] = [4242, 4300], [4242, 4242], [31_000, 0], [12, 0]
+    section = plain({"sched": {"kind": "sched", "threads": sched}, "cuda_uprobes": {"kind": "cuda", "threads": cuda}})
+    lt = v.launch_thread_figures(section, 4242)
+    assert lt["tid"] == 4242 and lt["comm"] == "python3" and lt["launches"] == 31_012
+    assert (lt["on_cpu_ns"], lt["runq_wait_ns"], lt["blocked_ns"]) == (300_000_000, 350_000_000, 200_000_000)
+    # Straight from the arrays too, and the busiest thread when no launches are known.
+    assert v.launch_thread_figures({"threads": sched}, 4242)["tid"] == 4300
+    r = v.judge(inputs(phases={"decode": DECODE_SMALL_BATCH}, gpu_busy_ns=600_000_000, gpu_idle_ns=400_000_000,
+                       launch_thread=lt))
+    assert r["verdict"] == v.HOST
+
+
+def test_records_are_plain_for_the_wire():
+    import msgpack
+    r = v.judge(inputs(engine=loaded_vllm_record()))
+    for obj in (r, v.verdict_record(r)):
+        assert msgpack.unpackb(msgpack.packb(obj), strict_map_key=False) == obj
