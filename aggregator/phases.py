@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggregator.signatures import (GRID_QUERY_BLOCKS, GRID_TOKENS, HINT_DECODE, HINT_MIXED, HINT_OTHER,
-                                   HINT_PREFILL, LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX,
-                                   ROLE_NON_LLM, ROLE_GEMM, ROLE_GEMV, ROLE_PER_TOKEN, ROLE_TRAINING,
-                                   SMALL_TILE, STRENGTH_NAMES, STRONG, WEAK, KernelClasses, Signature,
-                                   classify_kernels, short_name)
+from aggregator.signatures import (LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV,
+                                   ROLE_NON_LLM, ROLE_PER_TOKEN, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK,
+                                   KernelClasses, Signature, classify_kernels, short_name)
 from aggregator.steps import (kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
                               segment_kernels)
 from probes.kineto import kernel_cpu_op_index
@@ -312,10 +310,6 @@ class _Vote:
     text: str
     cls: str
     sig: int = -1        # signature that carried the vote (per-kernel evidence), -1 none
-
-
-def _phase_word(p: int) -> str:
-    return PHASE_NAMES[p]
 
 
 def _grid_text(k: np.ndarray, i: int) -> str:
