@@ -61,6 +61,8 @@ def render(doc: dict, console: Console | None = None) -> None:
     c.print(f"{doc['kernels']:,} kernels, {_ns(doc['kernel_time_ns'])} of kernel time in a "
             f"{_ns(doc['span_ns'])} span")
 
+    if not doc["kernels"]:
+        c.print("no GPU kernels in this trace: nothing to place on the roofline", style="yellow")
     t = Table(title="Phases", title_justify="left")
     for col, w in (("phase", 7), ("GPU time", 8), ("kernels", 7), ("TFLOP/s", 7), ("TB/s", 6),
                    ("FLOP/B", 6), ("idle", 4), ("verdict", 12)):

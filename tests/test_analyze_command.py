@@ -117,3 +117,14 @@ def test_error_without_traceback_in_a_real_process(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and r.stderr.startswith("ridgeline: error: ")
+
+
+def test_trace_without_kernels_reports_and_plot_error_keeps_report(tmp_path, capsys):
+    f = tmp_path / "cpu_only.json"
+    f.write_text('{"schemaVersion": 1, "deviceProperties": [], "traceEvents": [{"ph": "X", "cat": "cpu_op", '
+                 '"name": "aten::add", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0, "args": {"External id": 1}}]}')
+    doc = run_json(capsys, f)
+    assert doc["kernels"] == 0 and doc["phases"] == {} and doc["gpu"]["ceilings_from"].endswith("--gpu NAME")
+    code = main(["analyze", str(f), "--plot", str(tmp_path / "r.png")])
+    cap = capsys.readouterr()
+    assert code == 2 and "no GPU kernels" in cap.out and "cannot plot" in cap.err

@@ -82,18 +82,20 @@ def run(args) -> int:
                             use_annotations=not args.no_annotations, ceilings_path=args.ceilings,
                             phase_map=pm)
         doc["trace"] = path
-        if args.plot:
-            from aggregator.plot import plot_roofline
-            out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
-            doc["plot"] = str(out)
+        if not args.json:
+            # The report first: a failing output file must not lose it.
+            from aggregator.report import render
+            render(doc)
         if args.perfetto:
             from aggregator.perfetto import write_perfetto
             out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
             doc["perfetto"] = str(out)
+        if args.plot:
+            from aggregator.plot import plot_roofline
+            out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
+            doc["plot"] = str(out)
         docs.append(doc)
         if not args.json:
-            from aggregator.report import render
-            render(doc)
             for key in ("plot", "perfetto"):
                 if key in doc:
                     print(f"{key}: {doc[key]}")
