@@ -4,8 +4,11 @@ Endpoints are configured (URLs) or discovered from target processes: the TCP por
 served process (or one of its ancestors: vLLM's API server is the parent of the engine
 core that holds the GPU, SGLang's HTTP server the parent of its schedulers) listens on,
 read from ``/proc/<pid>/net/tcp{,6}`` joined with the socket inodes in
-``/proc/<pid>/fd``. A discovered port is kept only if its ``/metrics`` carries ``vllm:``
-or ``sglang:`` series.
+``/proc/<pid>/fd``. Only ports the server names on its command line (``--port``) or the
+engines' default ports (8000, 30000) are probed, unless ``discover_any_port`` is set: an
+HTTP request sent to an internal socket of the served process (ZMQ, a torch.distributed
+TCPStore) could upset it. A probed port is kept only if its ``/metrics`` carries
+``vllm:`` or ``sglang:`` series.
 
 Scraping runs on a background thread with a real HTTP client (httpx), a per-request
 timeout and exponential back-off per endpoint; ``poll()`` only drains what was scraped.
@@ -79,6 +82,26 @@ def listening_endpoints(rows: Iterable[tuple[str, int, str, int]], inodes: set[i
     return out
 
 
+#: Ports tried without a ``--port`` on the command line: vLLM's and SGLang's defaults.
+DEFAULT_ENGINE_PORTS = frozenset({8000, 30000})
+_PORT_FLAGS = ("--port", "--metrics-port", "--prometheus-port")
+
+
+def cmdline_ports(argv: list[str]) -> set[int]:
+    """Ports named on a server's command line (``--port 8001``, ``--port=8001``)."""
+    out: set[int] = set()
+    for i, a in enumerate(argv):
+        for flag in _PORT_FLAGS:
+            val = None
+            if a == flag and i + 1 < len(argv):
+                val = argv[i + 1]
+            elif a.startswith(flag + "="):
+                val = a[len(flag) + 1:]
+            if val is not None and val.isdigit():
+                out.add(int(val))
+    return out
+
+
 def metrics_url(host: str, port: int) -> str:
     h = f"[{host}]" if ":" in host else host
     return f"http://{h}:{port}/metrics"
@@ -124,6 +147,14 @@ def related_pids(pid: int, max_up: int = 3) -> list[int]:
         out.append(p)
         cur = p
     return out
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def listening_ports(pid: int) -> list[tuple[str, int]]:
@@ -198,12 +229,13 @@ class EngineProbe(Probe):
 
     def __init__(self, urls: Iterable[str] = (), pids: Iterable[int] = (), interval_s: float = DEFAULT_INTERVAL_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S, backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
-                 discover: bool = True, max_queued: int = 256):
+                 discover: bool = True, discover_any_port: bool = False, max_queued: int = 256):
         super().__init__()
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.backoff_max_s = float(backoff_max_s)
         self.discover = discover
+        self.discover_any_port = discover_any_port
         self._endpoints: dict[str, _Endpoint] = {u: _Endpoint(u) for u in urls}
         self._pids: set[int] = set(pids)
         self._rejected: set[str] = set()  # discovered ports that are not engine endpoints
@@ -260,7 +292,10 @@ class EngineProbe(Probe):
         found = []
         for pid in pids:
             for p in related_pids(pid):
+                allowed = cmdline_ports(cmdline(p)) | DEFAULT_ENGINE_PORTS
                 for host, port in listening_ports(p):
+                    if not self.discover_any_port and port not in allowed:
+                        continue
                     url = metrics_url(host, port)
                     if url in known:
                         continue

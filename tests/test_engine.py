@@ -121,7 +121,11 @@ def test_discovery_finds_our_own_metrics_port():
     with MetricsServer(base) as srv, MetricsServer("process_cpu_seconds_total 1\n") as other:
         ports = engine.listening_ports(os.getpid())
         assert ("127.0.0.1", srv.port) in ports and ("127.0.0.1", other.port) in ports
-        p = engine.EngineProbe(pids=[os.getpid()], interval_s=1, timeout_s=2)
+        # pytest's command line names no port: only with discover_any_port are they probed.
+        cautious = engine.EngineProbe(pids=[os.getpid()], interval_s=1, timeout_s=2)
+        cautious._client = None
+        assert cautious.discover_once() == [] and srv.requests == 0
+        p = engine.EngineProbe(pids=[os.getpid()], interval_s=1, timeout_s=2, discover_any_port=True)
         p._client = None
         found = p.discover_once()
         assert srv.url in found and other.url not in found     # only engine endpoints kept
@@ -129,6 +133,50 @@ def test_discovery_finds_our_own_metrics_port():
         assert p.discover_once() == []                          # nothing new the second time
         out = p.poll()
         assert out["scrapes"][0]["endpoint"] == srv.url
+
+
+def test_cmdline_ports():
+    argv = ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "x", "--port", "8001"]
+    assert engine.cmdline_ports(argv) == {8001}
+    assert engine.cmdline_ports(["sglang.launch_server", "--port=30010", "--host", "0.0.0.0"]) == {30010}
+    assert engine.cmdline_ports(["vllm", "serve", "m", "--port"]) == set()
+
+
+SERVE_CHILD = """
+import http.server, sys
+body = open(sys.argv[1], 'rb').read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(('127.0.0.1', int(sys.argv[3])), H)
+print('ready', flush=True)
+srv.serve_forever()
+"""
+
+
+def test_discovery_probes_the_port_named_on_the_command_line():
+    """A served process started as `... --port N` (here a small HTTP server serving the real
+    0.11 scrape) is found from its pid alone, with the cautious default."""
+    import subprocess
+    import sys
+    from engine_samples import sample_path
+    port = free_port()
+    child = subprocess.Popen([sys.executable, "-c", SERVE_CHILD, str(sample_path(V011)), "--port", str(port)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        p = engine.EngineProbe(pids=[child.pid], interval_s=1, timeout_s=2)
+        p._client = None
+        url = f"http://127.0.0.1:{port}/metrics"
+        assert engine.listening_ports(child.pid) == [("127.0.0.1", port)]
+        assert p.discover_once() == [url]
+        snap = em.snapshot(p.poll()["scrapes"][0]["exposition"], 0)
+        assert snap["engine"] == "vllm" and snap["gauges"]["kv_pool_tokens"] == 39232
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_check_without_endpoints():
