@@ -1,0 +1,87 @@
+"""``ridgeline run`` and ``ridgeline inject-unit``: the injection environment, inherited by children."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.commands.inject_unit import render, unit_name
+from probes.errors import InputError
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = ROOT / "probes" / "native" / "libridgeline_cupti.so"
+
+
+def ridgeline(*args, env=None):
+    e = dict(os.environ, **(env or {}))
+    e.pop("CUDA_INJECTION64_PATH", None)
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, env=e,
+                          cwd=ROOT, timeout=60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    subprocess.run(["make", "-s", "-C", str(ROOT / "probes" / "native")], check=True, timeout=120)
+
+
+def test_run_sets_injection_for_command_and_grandchildren(tmp_path):
+    script = ("import os, subprocess, sys; print(os.environ['CUDA_INJECTION64_PATH']); "
+              "sys.stdout.flush(); subprocess.run(['sh', '-c', 'echo $NVTX_INJECTION64_PATH $RIDGELINE_SOCKET'])")
+    r = ridgeline("run", "--socket", str(tmp_path / "s.sock"), "--", sys.executable, "-c", script)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[0] == str(LIB)
+    assert lines[1] == f"{LIB} {tmp_path / 's.sock'}"
+
+
+def test_run_passes_the_exit_status_and_options_after_the_command():
+    r = ridgeline("run", sys.executable, "-c", "import sys; sys.exit(7)")
+    assert r.returncode == 7
+
+
+def test_run_errors_are_one_line():
+    r = ridgeline("run")
+    assert r.returncode == 2 and r.stderr.startswith("ridgeline: error: no command") and "Traceback" not in r.stderr
+    r = ridgeline("run", "--", "no-such-command-ridgeline")
+    assert r.returncode == 2 and "command not found" in r.stderr
+    r = ridgeline("run", "--library", "/nonexistent.so", "--", "true")
+    assert r.returncode == 2 and "not built" in r.stderr
+
+
+def test_run_refuses_to_override_another_injection_tool():
+    e = dict(os.environ, CUDA_INJECTION64_PATH="/opt/nsight/libToolsInjection64.so")
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--", "true"], capture_output=True, text=True,
+                       env=e, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "another tool" in r.stderr
+
+
+def test_inject_unit_writes_and_removes_a_dropin(tmp_path):
+    r = ridgeline("inject-unit", "vllm", "--root", str(tmp_path), "--mode", "deep", "--libcupti", "none")
+    assert r.returncode == 0, r.stderr
+    p = tmp_path / "etc/systemd/system/vllm.service.d/ridgeline.conf"
+    text = p.read_text()
+    assert "[Service]" in text
+    assert f'Environment="CUDA_INJECTION64_PATH={LIB}"' in text
+    assert f'Environment="NVTX_INJECTION64_PATH={LIB}"' in text
+    assert 'Environment="RIDGELINE_MODE=deep"' in text and "RIDGELINE_LIBCUPTI" not in text
+    assert "daemon-reload" in r.stdout
+    r = ridgeline("inject-unit", "--remove", "vllm.service", "--root", str(tmp_path))
+    assert r.returncode == 0 and not p.exists() and not p.parent.exists()
+
+
+def test_inject_unit_dry_run_writes_nothing(tmp_path):
+    r = ridgeline("inject-unit", "sglang@0", "--root", str(tmp_path), "--dry-run")
+    assert r.returncode == 0 and "sglang@0.service.d/ridgeline.conf" in r.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_unit_names_and_quoting():
+    assert unit_name("vllm") == "vllm.service" and unit_name("a.socket") == "a.socket"
+    for bad in ("", "../etc", "a b", "x/y"):
+        with pytest.raises(InputError):
+            unit_name(bad)
+    text = render("u.service", {"CUDA_INJECTION64_PATH": '/opt/my "lib"/x.so'})
+    assert 'Environment="CUDA_INJECTION64_PATH=/opt/my \\"lib\\"/x.so"' in text
