@@ -76,3 +76,21 @@ def test_cli_errors_one_line_exit_2(args, msg):
     r = subprocess.run([sys.executable, "-m", "agent.cli", "capacity", *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_pool_from_real_engine_sample(capsys):
+    from engine_samples import V011, MetricsServer, sample_text
+    with MetricsServer(sample_text(V011)) as srv:
+        assert main(["capacity", "--engine", srv.url, "--context", "1024", "--context", "2048",
+                     "--output-tokens", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 2452 blocks x 16 tokens = 39,232 tokens: 38 requests of 1k tokens, 19 of 2k.
+    assert out["kv_pool_tokens"] == 39232 and [r["concurrency_ceiling"] for r in out["rows"]] == [38, 19]
+
+
+def test_cli_engine_without_pool_exit_2():
+    from engine_samples import V026, MetricsServer, sample_text
+    with MetricsServer(sample_text(V026)) as srv:
+        r = subprocess.run([sys.executable, "-m", "agent.cli", "capacity", "--engine", srv.url, "--context", "512"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "does not expose its KV pool size" in r.stderr

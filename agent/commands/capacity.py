@@ -4,12 +4,16 @@ Examples::
 
     ridgeline capacity --gpu-memory 80GB --weights 15GB --reserve 5GB --kv-per-request 0.5GB --kv-per-request 2GB
     ridgeline capacity --kv-pool 60GB --model llama-3-8b --context 4096 --context 16384
-    ridgeline capacity --gpu H100 --model path/to/config.json --memory-fraction 0.9 --context 8192 --output-tokens 1024
+    ridgeline capacity --gpu h100-sxm --model path/to/config.json --memory-fraction 0.9 --context 8192 --output-tokens 1024
+    ridgeline capacity --engine http://127.0.0.1:8000/metrics --context 4096 --output-tokens 512
 
 Sizes take B/KB/MB/GB/TB (powers of 10) or KiB/MiB/GiB/TiB; a bare number is GB.
 ``--json`` keys: ``gpu_memory_bytes``, ``weight_bytes``, ``memory_fraction``,
 ``reserve_bytes``, ``kv_pool_bytes``, ``kv_pool_source``, ``kv_bytes_per_token``,
 ``output_tokens``, ``model``, ``rows`` (``kv_per_request_bytes``, ``context_tokens``,
+``concurrency_ceiling``). With ``--engine URL`` the pool comes from the running engine in
+tokens (vLLM ``num_gpu_blocks x block_size``, SGLang ``max_total_num_tokens``) and the
+JSON has ``engine``, ``kv_pool_tokens`` and ``rows`` (``tokens_per_request``,
 ``concurrency_ceiling``).
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-per-request", action="append", default=[], help="KV footprint of one request (repeatable)")
     p.add_argument("--context", type=int, action="append", default=[], help="prompt tokens per request (repeatable)")
     p.add_argument("--output-tokens", type=int, default=0, help="generated tokens per request (default 0)")
+    p.add_argument("--engine", metavar="URL", help="read the KV pool (tokens) from a vLLM/SGLang /metrics endpoint")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -45,7 +50,35 @@ def _size(text: str, what: str) -> float:
         raise InputError(f"--{what}: {exc}") from None
 
 
+def _from_engine(args) -> int:
+    from aggregator import engine_metrics
+    from probes import engine as engine_probe
+    res = engine_probe.scrape(args.engine)
+    snap = engine_metrics.snapshot(res["exposition"], res["ts_ns"], args.engine)
+    pool = snap["gauges"].get("kv_pool_tokens")
+    if snap["engine"] is None or pool is None:
+        raise InputError(f"{args.engine}: the endpoint does not expose its KV pool size "
+                         "(vLLM cache_config_info or SGLang max_total_num_tokens)")
+    if not args.context:
+        raise InputError("--engine needs --context (prompt tokens per request)")
+    rows = [{"tokens_per_request": c + args.output_tokens,
+             "concurrency_ceiling": capacity.ceiling_from_pool_tokens(pool, c + args.output_tokens)}
+            for c in args.context]
+    out = {"engine": snap["engine"], "endpoint": args.engine, "model_names": snap["model_names"],
+           "kv_pool_tokens": pool, "kv_usage": snap["gauges"].get("kv_usage_ratio"), "rows": rows}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"KV pool {pool:.0f} tokens ({snap['engine']} at {args.engine}, {', '.join(snap['model_names']) or '-'})")
+    print(f"{'tokens/request':>15} {'max concurrent':>15}")
+    for r in rows:
+        print(f"{r['tokens_per_request']:>15d} {r['concurrency_ceiling']:>15d}")
+    return 0
+
+
 def run(args) -> int:
+    if args.engine:
+        return _from_engine(args)
     shape = None
     if args.model:
         from aggregator import model_config
