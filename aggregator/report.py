@@ -82,6 +82,22 @@ def render(doc: dict, console: Console | None = None) -> None:
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]: "
                 + "; ".join(p["evidence"]))
 
+    for name, p in doc["phases"].items():
+        tk = p.get("top_kernels") or []
+        if not tk:
+            continue
+        kt = Table(title=f"Top kernels: {name}", title_justify="left")
+        for col, j in (("kernel", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
+                       ("kind", "left"), ("TFLOP/s", "right"), ("TB/s", "right")):
+            kt.add_column(col, justify=j, no_wrap=True)
+        for r in tk:
+            nm = r["name"] if len(r["name"]) <= 56 else r["name"][:55] + "…"
+            kt.add_row(nm, f"{r['count']:,}", _ns(r["time_ns"]),
+                       _fmt(r["time_ns"] / p["kernel_time_ns"] if p["kernel_time_ns"] else None, 0.01, 0, "%"),
+                       r.get("category") or "-", _fmt(r["achieved_flops_per_s"], 1e12, 1),
+                       _fmt(r["achieved_bytes_per_s"], 1e12, 2))
+        c.print(kt)
+
     steps = doc["steps"]
     if steps:
         st = Table(title=f"Steps ({len(steps)})", title_justify="left")

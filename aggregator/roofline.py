@@ -246,6 +246,48 @@ def decide_verdict(*, idle_ratio: float | None, launch_cover_ratio: float | None
 # Per phase
 # ---------------------------------------------------------------------------------
 
+def top_kernels(trace: Trace, mask: np.ndarray, kernel_work: KernelWork | None, limit: int = 10) -> list[dict]:
+    """The kernel names with the most time among ``mask``, with count, time and, where
+    shapes gave figures, FLOPs, bytes and achieved rates over their summed duration.
+    Vectorised: one bincount per column over name ids."""
+    k = trace.kernels
+    idx = np.flatnonzero(mask)
+    if not len(idx):
+        return []
+    nid = k["name_id"][idx].astype(np.int64)
+    nid = np.where(nid < 0, len(trace.names), nid)
+    dur = np.maximum(k["end_ns"][idx] - k["start_ns"][idx], 0).astype(np.float64)
+    size = int(nid.max()) + 1
+    t = np.bincount(nid, weights=dur, minlength=size)
+    cnt = np.bincount(nid, minlength=size)
+    if kernel_work is not None:
+        fl, by = kernel_work.flops[idx], kernel_work.bytes[idx]
+        known = ~np.isnan(fl)
+        f_sum = np.bincount(nid, weights=np.nan_to_num(fl), minlength=size)
+        b_sum = np.bincount(nid, weights=np.nan_to_num(by), minlength=size)
+        k_cnt = np.bincount(nid, weights=known.astype(np.float64), minlength=size)
+        k_t = np.bincount(nid, weights=np.where(known, dur, 0.0), minlength=size)
+        cats = np.zeros(size, np.int64)
+        cats[nid] = kernel_work.category[idx]
+    order = np.argsort(-t)[:limit]
+    out = []
+    for i in order.tolist():
+        if cnt[i] == 0:
+            break
+        row = {"name": trace.names[i] if i < len(trace.names) else "", "count": int(cnt[i]),
+               "time_ns": int(t[i]), "flops": None, "bytes": None,
+               "achieved_flops_per_s": None, "achieved_bytes_per_s": None, "category": None}
+        if kernel_work is not None and k_cnt[i] > 0:
+            from .work import CATEGORY_NAMES
+            row.update(flops=float(f_sum[i]), bytes=float(b_sum[i]), category=CATEGORY_NAMES[int(cats[i])],
+                       shapes_coverage_ratio=float(k_cnt[i] / cnt[i]))
+            if k_t[i] > 0:
+                row["achieved_flops_per_s"] = float(f_sum[i] / (k_t[i] * 1e-9))
+                row["achieved_bytes_per_s"] = float(b_sum[i] / (k_t[i] * 1e-9))
+        out.append(row)
+    return out
+
+
 def _phase_windows(trace: Trace, kernel_phase: np.ndarray, phase: int, steps: list) -> list[tuple[int, int, int]]:
     """(device, start, end) windows of a phase: its steps, else the extent of its kernels
     per device."""
@@ -424,5 +466,6 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
             "peak_bytes_per_s": ceilings.hbm_bytes_per_s if ceilings else None,
             "pct_of_peak_flops": pct_f, "pct_of_peak_bytes": pct_b,
             "launch_latency": lat, "verdict": verdict, "evidence": evidence,
+            "top_kernels": top_kernels(trace, m, kernel_work),
         }
     return out

@@ -177,3 +177,19 @@ def test_model_source_used_when_shapes_are_missing():
     assert d["work_source"] == "model" and d["flops"] == 1e9
     assert d["achieved_bytes_per_s"] == pytest.approx(1e12)
     assert d["verdict"] == roofline.MEMORY_BOUND
+
+
+def test_top_kernels_grouped_by_name_with_rates():
+    k = kernels([(0, 1000), (1000, 4000), (4000, 5000), (5000, 5500)])
+    k["name_id"] = [0, 1, 0, 2]
+    kw = work.KernelWork.empty(4)
+    kw.flops[[0, 2]] = [1e6, 1e6]
+    kw.bytes[[0, 2]] = [1e3, 1e3]
+    kw.category[[0, 2]] = work.CAT_GEMM
+    t = Trace(kernels=k, names=NameTable(["gemm", "copy", "norm"]))
+    rows = roofline.top_kernels(t, np.array([True, True, True, False]), kw)
+    assert [r["name"] for r in rows] == ["copy", "gemm"]
+    assert rows[0]["time_ns"] == 3000 and rows[0]["flops"] is None
+    g = rows[1]
+    assert g["count"] == 2 and g["category"] == "gemm"
+    assert g["achieved_flops_per_s"] == pytest.approx(2e6 / 2e-6)
