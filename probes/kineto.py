@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from . import json_chunks
 from .errors import InputError
 from .events import (
     API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY,
@@ -56,7 +57,7 @@ from .events import (
     NameTable, Trace, empty,
 )
 
-__all__ = ["load_trace", "kernel_cpu_op_index", "api_category", "copy_direction"]
+__all__ = ["load_trace", "load_trace_via_dicts", "kernel_cpu_op_index", "api_category", "copy_direction"]
 
 _DIRECTION_BY_NAME = {v.lower(): k for k, v in COPY_DIRECTION_NAMES.items()}
 _COPY_NAME_RX = re.compile(r"\b([A-Za-z])to([A-Za-z])\b")
@@ -184,8 +185,7 @@ class _Builder:
     def add(self, events: list) -> None:
         counts = self.counts
         for e in events:
-            if type(e) is not dict:
-                counts["<non-object>"] = counts.get("<non-object>", 0) + 1
+            if type(e) is not dict:   # not an event; ignored (the streaming path never sees it)
                 continue
             cat = e.get("cat")
             key = cat if isinstance(cat, str) else "<none>"
@@ -479,12 +479,10 @@ def _meta(path: Path, doc: dict) -> dict:
     return meta
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Load a Kineto trace (``.json`` or ``.json.gz``, detected by content) into a Trace.
-
-    Raises :class:`InputError` naming the file for a missing, unreadable, truncated,
-    non-JSON or non-trace file.
-    """
+def load_trace_via_dicts(path: str | Path) -> Trace:
+    """Same contract as :func:`load_trace`, by parsing the whole document into Python
+    objects. Slow and memory-hungry (a dict per event); kept as the independent
+    reference the streaming importer is tested against."""
     path = Path(path)
     doc = _parse_document(path, _read_bytes(path))
     b = _Builder()
@@ -498,7 +496,581 @@ def _finish(path: Path, doc: dict, b: _Builder) -> Trace:
         ranges=b.build_ranges(), cpu_ops=b.build_cpu_ops(), names=b.names,
         devices=_devices(doc), meta=_meta(path, doc),
     )
+    return _joined(trace, b.counts)
+
+
+def _joined(trace: Trace, counts: dict) -> Trace:
     _join_launch_thread(trace.kernels, trace.api)
     _join_launch_thread(trace.copies, trace.api)
-    trace.meta["event_counts"] = dict(sorted(b.counts.items()))
+    trace.meta["event_counts"] = dict(sorted(counts.items()))
     return trace
+
+
+# --------------------------------------------------------------------------- streaming
+#
+# The streaming importer never builds a Python object per event. json_chunks finds the
+# events and every key/value colon of a chunk; keys and category values are identified
+# by a 64-bit signature of their bytes; numbers are parsed from fixed-width byte windows
+# with numpy; only strings that become names (kernel, API and op names, shapes) are
+# sliced out as bytes and interned. An event the vectorised path cannot read exactly
+# (an exponent, more than 18 digits, an unexpected shape) is parsed alone with orjson
+# by the dict path above, so the result never depends on which path read it.
+
+_C1 = np.uint64(0x9E3779B97F4A7C15)
+_C2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_POW10 = np.array([10 ** i for i in range(19)], dtype=np.int64)
+
+
+def _u64(buf: bytes) -> np.ndarray:
+    """Unaligned view: element i is the 8 bytes starting at buf[i] (little-endian)."""
+    return np.ndarray(shape=(len(buf) - 8,), dtype="<u8", buffer=buf, strides=(1,))
+
+
+def _sig(u64: np.ndarray, start: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """64-bit signature of the byte strings buf[start:start+length] (first 16 bytes + length)."""
+    length = length.astype(np.uint64)
+    x = u64[start]
+    short = length < 8
+    x = np.where(short, x & ((np.uint64(1) << (length * np.uint64(8) * short)) - np.uint64(1)), x)
+    with np.errstate(over="ignore"):
+        h = x * _C1 + length
+        long_ = np.flatnonzero(length > 8)
+        if len(long_):
+            l1 = length[long_] - np.uint64(8)
+            y = u64[start[long_] + 8]
+            y = np.where(l1 < 8, y & ((np.uint64(1) << (l1 * np.uint64(8) * (l1 < 8))) - np.uint64(1)), y)
+            h[long_] += y * _C2
+    return h
+
+
+def _sig_of(text: str) -> int:
+    b = text.encode() + b" " * 32
+    return int(_sig(_u64(b), np.array([0]), np.array([len(text.encode())]))[0])
+
+
+_KEYS = ["cat", "ph", "name", "pid", "tid", "ts", "dur", "args",
+         "device", "stream", "context", "correlation", "External id", "registers per thread",
+         "shared memory", "grid", "block", "bytes", "cbid", "Input Dims", "Input type"]
+_K = {k: i for i, k in enumerate(_KEYS)}
+_KEY_SIGS = np.array([_sig_of(k) for k in _KEYS], dtype=np.uint64)
+_KEY_ORDER = np.argsort(_KEY_SIGS)
+_KEY_SORTED = _KEY_SIGS[_KEY_ORDER]
+
+# categories the importer keeps, by kind
+_CATS = ["kernel", "gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver", "cpu_op",
+         "user_annotation", "gpu_user_annotation", "cuda_sync"]
+_CAT_CODE = {_sig_of(c): i for i, c in enumerate(_CATS)}
+_CAT_NONE = -1      # no "cat" key
+_CAT_OTHER = -2     # a category we do not keep
+(_C_KERNEL, _C_MEMCPY, _C_MEMSET, _C_RUNTIME, _C_DRIVER, _C_CPU_OP,
+ _C_USER, _C_GPU_USER, _C_SYNC) = range(len(_CATS))
+
+
+class _ChunkFields:
+    """Keys and value positions of one chunk, and per-event category."""
+
+    def __init__(self, chunk: json_chunks.Chunk, counts: dict, cat_names: dict):
+        s = chunk.scan
+        self.s = s
+        self.buf = s.buf
+        a = self.a = s.a
+        self.u64 = u64 = _u64(s.buf)
+        q = s.quotes
+        nq = len(q)
+        self.q_ext = q_ext = np.concatenate([q, [s.n, s.n]])   # so j + 1, j + 2 always index
+        self.starts, self.ends = chunk.starts, chunk.ends
+        self.nev = nev = len(chunk.starts)
+        # keys: closing quotes followed by ':' (whitespace before ':' is legal but rare)
+        jc = np.arange(1, nq, 2)
+        after = q[jc] + 1
+        nx = a[after]
+        is_key = nx == 58
+        ws = np.flatnonzero(json_chunks.WS[nx])
+        if len(ws):
+            p = json_chunks.skip(a, after[ws], json_chunks.WS)
+            is_key[ws] = a[p] == 58
+            after[ws] = p
+        j, colon = jc[is_key], after[is_key]
+        b = s.before[j]
+        bm1 = np.maximum(b - 1, 0)
+        depth = np.where(b > 0, s.depth[bm1], 0)
+        evstart = np.cumsum((s.cls == 1) & (s.depth == 1))
+        ev = np.where(b > 0, evstart[bm1] if len(evstart) else 0, 0) - 1
+        keep = (depth >= 1) & (depth <= 2) & (ev >= 0) & (ev < nev)
+        j, colon, depth, ev = j[keep], colon[keep], depth[keep], ev[keep]
+        kopen = q[j - 1] + 1
+        klen = q[j] - kopen
+        v = colon + 1
+        sp = a[v] == 32                      # "key": value  (one space, the common case)
+        v = v + sp
+        more = np.flatnonzero(json_chunks.WS[a[v]])
+        if len(more):
+            v[more] = json_chunks.skip(a, v[more], json_chunks.WS)
+
+        # category of each event from its depth-1 "cat" key (only "X" events are kept)
+        cat = np.full(nev, _CAT_NONE, dtype=np.int8)
+        ck = np.flatnonzero((klen == 3) & (depth == 1))
+        ko = kopen[ck]
+        ck = ck[(a[ko] == 99) & (a[ko + 1] == 97) & (a[ko + 2] == 116)]
+        ck = ck[q_ext[j[ck] + 1] == v[ck]]    # string values only
+        vs = q_ext[j[ck] + 1] + 1
+        ve = q_ext[j[ck] + 2]
+        csig = _sig(u64, vs, ve - vs)
+        evr = ev[ck]
+        uniq, first, inv, cnt = np.unique(csig, return_index=True, return_inverse=True, return_counts=True)
+        code = np.empty(len(uniq), dtype=np.int8)
+        for i, (u, f) in enumerate(zip(uniq.tolist(), first.tolist())):
+            name = cat_names.get(u)
+            if name is None:
+                name = cat_names[u] = _decode(self.buf[vs[f]:ve[f]])
+            counts[name] = counts.get(name, 0) + int(cnt[i])
+            code[i] = _CAT_CODE.get(u, _CAT_OTHER)
+        cat[evr] = code[inv]
+        none = nev - len(np.unique(evr)) if len(evr) != nev else 0
+        if none:
+            counts["<none>"] = counts.get("<none>", 0) + none
+        pk = np.flatnonzero((klen == 2) & (depth == 1))
+        pk = pk[(a[kopen[pk]] == 112) & (a[kopen[pk] + 1] == 104)]
+        pv = v[pk]
+        not_x = pk[(a[pv] != 34) | (a[pv + 1] != ord("X")) | (a[pv + 2] != 34)]
+        cat[ev[not_x]] = _CAT_OTHER
+        self.cat = cat
+
+        # keep only keys of kept events, then identify them
+        wanted = (cat >= 0)[ev]
+        j, depth, ev, v, kopen, klen = j[wanted], depth[wanted], ev[wanted], v[wanted], kopen[wanted], klen[wanted]
+        ksig = _sig(u64, kopen, klen)
+        pos = np.minimum(np.searchsorted(_KEY_SORTED, ksig), len(_KEY_SORTED) - 1)
+        known = np.flatnonzero(_KEY_SORTED[pos] == ksig)
+        kid = _KEY_ORDER[pos[known]].astype(np.int8)
+        order = np.argsort(kid, kind="stable")
+        self.kid = kid[order]
+        sel = known[order]
+        self.cdep = depth[sel]
+        self.cev = ev[sel]
+        self.kj = j[sel]
+        self.v = v[sel]
+        self._bounds = np.searchsorted(self.kid, np.arange(len(_KEYS) + 1))
+
+    # -- field access for a set of events ------------------------------------------
+    def rows(self, key: str, depth: int, rowmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(key rows, output rows) of ``key`` at ``depth`` in the selected events."""
+        k = _K[key]
+        lo, hi = self._bounds[k], self._bounds[k + 1]
+        r = lo + np.flatnonzero(self.cdep[lo:hi] == depth)
+        out = rowmap[self.cev[r]]
+        sel = out >= 0
+        return r[sel], out[sel]
+
+    def numbers(self, key: str, depth: int, rowmap: np.ndarray, n: int, scale: int,
+                bad: np.ndarray) -> np.ndarray:
+        """int64 column (MISSING where absent or not a number), value * 10**scale."""
+        col = np.full(n, MISSING, dtype=np.int64)
+        r, o = self.rows(key, depth, rowmap)
+        if len(r):
+            v = self.v[r]
+            vals, status = _parse_windows(self.a, v, self.q_ext[self.kj[r] + 1], scale, 1)
+            ok = status == 0
+            col[o[ok]] = vals[ok, 0]
+            bad[o[status == 2]] = True
+        return col
+
+    def triples(self, key: str, rowmap: np.ndarray, n: int, bad: np.ndarray) -> np.ndarray:
+        """n x 3 int64 from ``[x, y, z]`` values of an args key."""
+        out = np.full((n, 3), MISSING, dtype=np.int64)
+        r, o = self.rows(key, 2, rowmap)
+        if not len(r):
+            return out
+        v = self.v[r]
+        is_arr = self.a[v] == ord("[")
+        vals, status = _parse_windows(self.a, v + 1, self.q_ext[self.kj[r] + 1], 0, 3)
+        ok = is_arr & (status == 0)
+        out[o[ok]] = vals[ok]
+        bad[o[~ok]] = True
+        return out
+
+    def strings(self, key: str, depth: int, rowmap: np.ndarray, n: int,
+                interner: "_Interner", bad: np.ndarray) -> np.ndarray:
+        """Name ids of string values (MISSING where absent)."""
+        col = np.full(n, MISSING, dtype=np.int32)
+        r, o = self.rows(key, depth, rowmap)
+        if not len(r):
+            return col
+        v = self.v[r]
+        qs = self.q_ext[self.kj[r] + 1]
+        is_str = qs == v
+        bad[o[~is_str & (self.a[v] != ord("n"))]] = True   # null is simply absent
+        r, o, qs = r[is_str], o[is_str], qs[is_str]
+        col[o] = interner.ids(self.buf, (qs + 1).tolist(), self.q_ext[self.kj[r] + 2].tolist())
+        return col
+
+    def raw_json(self, key: str, rowmap: np.ndarray, n: int, interner: "_Interner",
+                 bad: np.ndarray) -> np.ndarray:
+        """Name ids of the compact JSON text of array values of an args key."""
+        col = np.full(n, MISSING, dtype=np.int32)
+        r, o = self.rows(key, 2, rowmap)
+        if not len(r):
+            return col
+        s = self.s
+        v = self.v[r]
+        is_arr = self.a[v] == ord("[")
+        bad[o[~is_arr & (self.a[v] != ord("n"))]] = True
+        v, o = v[is_arr], o[is_arr]
+        closes = s.pos[(s.depth == 2) & (s.cls >= 3)]
+        end = closes[np.minimum(np.searchsorted(closes, v), len(closes) - 1)] + 1
+        col[o] = interner.json_ids(self.buf, v.tolist(), end.tolist())
+        return col
+
+    def event_dicts(self, events: np.ndarray) -> list[dict]:
+        buf = self.buf
+        return [orjson.loads(buf[s:e + 1]) for s, e in zip(self.starts[events].tolist(),
+                                                           self.ends[events].tolist())]
+
+
+# bytes kept when numbers are handed to numpy's C parser: digits, '-', '.';
+# exponent characters become 'x' so that such a number fails to parse (-> slow path);
+# everything else (',', '}', ']', whitespace) becomes a separator.
+_NUMMAP = np.full(256, 32, dtype=np.uint8)
+for _c in b"0123456789-.":
+    _NUMMAP[_c] = _c
+for _c in b"eE+":
+    _NUMMAP[_c] = ord("x")
+_MAX_WINDOW = 64
+
+
+def _parse_windows(a: np.ndarray, v: np.ndarray, end: np.ndarray, scale: int,
+                   per: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parse ``per`` JSON numbers from each window a[v:end] (a value up to the next
+    quote); values times 10**scale, exactly (integer arithmetic, no float rounding).
+
+    Returns (values n x per, status): 0 parsed, 1 not a number (string, null, bool:
+    the caller treats it as absent), 2 not read exactly here (exponent, > 18 digits,
+    extra decimals, wrong count): the caller re-reads that event with orjson.
+    """
+    n = len(v)
+    vals = np.full((n, per), MISSING, dtype=np.int64)
+    status = np.ones(n, dtype=np.int8)
+    first = a[v]
+    num = ((first >= 48) & (first <= 57)) | (first == 45)
+    length = end - v
+    status[num & (length > _MAX_WINDOW)] = 2
+    idx = np.flatnonzero(num & (length <= _MAX_WINDOW))
+    for _ in range(2):
+        if not len(idx):
+            return vals, status
+        got, ok = _parse_selected(a, v[idx], length[idx], scale, per)
+        if ok is None:
+            vals[idx] = got
+            status[idx] = 0
+            return vals, status
+        status[idx[~ok]] = 2          # drop the windows that broke the count, retry once
+        idx = idx[ok]
+    status[idx] = 2
+    return vals, status
+
+
+def _parse_selected(a, v, length, scale, per):
+    """(values, None) on success, or (None, per-window ok mask) when some window does
+    not hold exactly ``per`` plain numbers."""
+    m = len(v)
+    offsets = np.cumsum(length) - length
+    total = int(length.sum())
+    idx = np.repeat(v - offsets, length) + np.arange(total)
+    blob = _NUMMAP[a[idx]]
+    dots = np.flatnonzero(blob == 46)
+    frac = np.zeros(m * per, dtype=np.int64)
+    if len(dots):
+        seps = np.flatnonzero(blob == 32)
+        nxt = seps[np.minimum(np.searchsorted(seps, dots), len(seps) - 1)]
+        nxt = np.where(nxt > dots, nxt, total)
+        w = np.searchsorted(offsets, dots, side="right") - 1
+        if per != 1 or (np.bincount(w, minlength=m) > 1).any():
+            ok = np.ones(m, dtype=bool)
+            ok[w] = False             # decimals in a triple, or two dots in a window
+            return None, ok
+        frac[w] = nxt - dots - 1
+        blob = blob[blob != 46]
+    blob_b = blob.tobytes()
+    try:
+        with _quiet():
+            got = np.fromstring(blob_b, dtype=np.int64, sep=" ")
+    except ValueError:          # trailing junk (e.g. an exponent): find the windows below
+        got = np.empty(0, dtype=np.int64)
+    # 19+ digit integers saturate silently in the C parser: send them to the slow path
+    if len(got) != m * per or (frac > 18).any() or (np.abs(got) >= 10**18).any():
+        return None, _token_counts_ok(blob, offsets if not len(dots) else None, m, per, v, a, length)
+    up = scale - frac
+    scaled = np.where(up >= 0, got * _POW10[np.clip(up, 0, 18)], 0)
+    down = up < 0
+    if down.any():
+        div = _POW10[np.clip(-up, 0, 18)]
+        if (got[down] % div[down] != 0).any():
+            ok = np.ones(m, dtype=bool)
+            ok[np.flatnonzero(down)[got[down] % div[down] != 0] // per] = False
+            return None, ok
+        scaled = np.where(down, got // div, scaled)
+    return scaled.reshape(m, per), None
+
+
+def _token_counts_ok(blob, offsets, m, per, v, a, length):
+    """Per window: does it hold exactly ``per`` tokens that are plain numbers?"""
+    if offsets is None:   # dots were removed: recompute on the original bytes
+        offsets = np.cumsum(length) - length
+        total = int(length.sum())
+        idx = np.repeat(v - offsets, length) + np.arange(total)
+        blob = _NUMMAP[a[idx]]
+    is_tok = blob != 32
+    start = is_tok.copy()
+    start[1:] &= ~is_tok[:-1]
+    start[offsets] = is_tok[offsets]
+    w = np.searchsorted(offsets, np.flatnonzero(start), side="right") - 1
+    cnt = np.bincount(w, minlength=m)
+    bad_chars = np.bincount(np.searchsorted(offsets, np.flatnonzero(blob == ord("x")), side="right") - 1,
+                            minlength=m)
+    ok = (cnt == per) & (bad_chars == 0)
+    if ok.all():   # the count was right: a value too large for int64; all go the slow path
+        ok[:] = False
+    return ok
+
+
+class _quiet:
+    """np.fromstring(sep=...) warns on trailing junk; the count check handles it."""
+
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self._w.__exit__(*exc)
+
+
+def _decode(raw: bytes) -> str:
+    if b"\\" in raw:
+        return orjson.loads(b'"' + raw + b'"')
+    return raw.decode("utf-8", errors="replace")
+
+
+class _Interner:
+    """bytes -> name id, decoding each distinct string once."""
+
+    def __init__(self, names: NameTable):
+        self.names = names
+        self.by_bytes: dict[bytes, int] = {}
+        self.by_json: dict[bytes, int] = {}
+
+    def ids(self, buf: bytes, starts: list, ends: list) -> list:
+        d = self.by_bytes
+        raws = [buf[s:e] for s, e in zip(starts, ends)]
+        out = [d.get(r, -1) for r in raws]
+        if -1 in out:
+            for i, r in enumerate(raws):
+                if out[i] == -1:
+                    j = d.get(r)
+                    if j is None:
+                        j = d[r] = self.names.intern(_decode(r))
+                    out[i] = j
+        return out
+
+    def json_ids(self, buf: bytes, starts: list, ends: list) -> list:
+        d = self.by_json
+        raws = [buf[s:e] for s, e in zip(starts, ends)]
+        out = [d.get(r, -1) for r in raws]
+        if -1 in out:
+            for i, r in enumerate(raws):
+                if out[i] == -1:
+                    j = d.get(r)
+                    if j is None:
+                        j = d[r] = self.names.intern(orjson.dumps(orjson.loads(r)).decode())
+                    out[i] = j
+        return out
+
+
+def _select(cf: _ChunkFields, codes: tuple) -> tuple[np.ndarray, np.ndarray]:
+    events = np.flatnonzero(np.isin(cf.cat, codes))
+    rowmap = np.full(cf.nev, -1, dtype=np.int64)
+    rowmap[events] = np.arange(len(events))
+    return events, rowmap
+
+
+def _times(cf: _ChunkFields, rowmap, n, out, bad) -> None:
+    ts = cf.numbers("ts", 1, rowmap, n, 3, bad)
+    dur = cf.numbers("dur", 1, rowmap, n, 3, bad)
+    bad |= ts == MISSING
+    out["start_ns"] = ts
+    out["end_ns"] = ts + np.where(dur == MISSING, 0, dur)
+
+
+def _ids32(col: np.ndarray) -> np.ndarray:
+    """pid/tid to int32 as _id32 does: out-of-range ids folded, missing stays -1."""
+    return np.where((col >= -1) & (col <= _INT32_MAX), col, col & _INT32_MAX).astype(np.int32)
+
+
+def _fallback(cf: _ChunkFields, events: np.ndarray, bad: np.ndarray, out: np.ndarray,
+              b: _Builder, build) -> None:
+    """Re-read the flagged events with orjson through the dict path, in place."""
+    if not bad.any():
+        return
+    rows = np.flatnonzero(bad)
+    dicts = cf.event_dicts(events[rows])
+    tmp = _Builder()
+    tmp.names = b.names
+    tmp.add(dicts)
+    out[rows] = build(tmp)
+
+
+def _chunk_kernels(cf, interner, b):
+    events, rowmap = _select(cf, (_C_KERNEL,))
+    n = len(events)
+    out = empty(KERNEL_DTYPE, n)
+    if not n:
+        return out
+    bad = np.zeros(n, dtype=bool)
+    _times(cf, rowmap, n, out, bad)
+    for col, key in (("device", "device"), ("stream", "stream"), ("context", "context"),
+                     ("correlation_id", "correlation"), ("external_id", "External id"),
+                     ("registers", "registers per thread"), ("shared_mem_bytes", "shared memory")):
+        out[col] = cf.numbers(key, 2, rowmap, n, 0, bad)
+    for prefix in ("grid", "block"):
+        xyz = cf.triples(prefix, rowmap, n, bad)
+        out[prefix + "_x"], out[prefix + "_y"], out[prefix + "_z"] = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    _fallback(cf, events, bad, out, b, _Builder.build_kernels)
+    return out
+
+
+def _chunk_copies(cf, interner, b):
+    events, rowmap = _select(cf, (_C_MEMCPY, _C_MEMSET))
+    n = len(events)
+    out = empty(COPY_DTYPE, n)
+    if not n:
+        return out
+    bad = np.zeros(n, dtype=bool)
+    _times(cf, rowmap, n, out, bad)
+    for col, key in (("device", "device"), ("stream", "stream"),
+                     ("correlation_id", "correlation"), ("bytes", "bytes")):
+        out[col] = cf.numbers(key, 2, rowmap, n, 0, bad)
+    out["kind"] = np.where(cf.cat[events] == _C_MEMSET, COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    _fallback(cf, events, bad, out, b, _Builder.build_copies)
+    return out
+
+
+def _chunk_api(cf, interner, b):
+    events, rowmap = _select(cf, (_C_RUNTIME, _C_DRIVER))
+    n = len(events)
+    out = empty(API_DTYPE, n)
+    if not n:
+        return out
+    bad = np.zeros(n, dtype=bool)
+    _times(cf, rowmap, n, out, bad)
+    out["pid"] = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
+    out["tid"] = _ids32(cf.numbers("tid", 1, rowmap, n, 0, bad))
+    out["correlation_id"] = cf.numbers("correlation", 2, rowmap, n, 0, bad)
+    out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
+    out["cbid"] = cf.numbers("cbid", 2, rowmap, n, 0, bad)
+    out["domain"] = np.where(cf.cat[events] == _C_DRIVER, API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    _fallback(cf, events, bad, out, b, _Builder.build_api)
+    return out
+
+
+def _chunk_ranges(cf, interner, b):
+    events, rowmap = _select(cf, (_C_USER, _C_GPU_USER, _C_SYNC))
+    n = len(events)
+    out = empty(RANGE_DTYPE, n)
+    if not n:
+        return out
+    bad = np.zeros(n, dtype=bool)
+    _times(cf, rowmap, n, out, bad)
+    cat = cf.cat[events]
+    cpu = cat == _C_USER
+    pid = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
+    tid = _ids32(cf.numbers("tid", 1, rowmap, n, 0, bad))
+    dev = _ids32(cf.numbers("device", 2, rowmap, n, 0, bad))
+    stream = _ids32(cf.numbers("stream", 2, rowmap, n, 0, bad))
+    # mirror the dict path: GPU rows take device from args or else pid, stream from args or tid
+    has_dev = _present(cf, "device", rowmap, n)
+    has_stream = _present(cf, "stream", rowmap, n)
+    out["device"] = np.where(cpu, MISSING, np.where(has_dev, dev, pid))
+    out["pid"] = np.where(cpu, pid, MISSING)
+    out["tid"] = np.where(cpu, tid, np.where(has_stream, stream, tid))
+    out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    step_ids = np.zeros(max(len(b.names), 1), dtype=bool)
+    for i, s in enumerate(b.names.strings):
+        step_ids[i] = s.startswith("ProfilerStep#")
+    nid = out["name_id"]
+    step = np.zeros(n, dtype=bool)
+    step[nid >= 0] = step_ids[nid[nid >= 0]]
+    out["kind"] = np.where(cat == _C_SYNC, RANGE_CUDA_SYNC,
+                           np.where(step, RANGE_PROFILER_STEP,
+                                    np.where(cpu, RANGE_USER_ANNOTATION, RANGE_GPU_ANNOTATION)))
+    _fallback(cf, events, bad, out, b, _Builder.build_ranges)
+    return out
+
+
+def _present(cf, key, rowmap, n) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    _, o = cf.rows(key, 2, rowmap)
+    m[o] = True
+    return m
+
+
+def _chunk_cpu_ops(cf, interner, b):
+    events, rowmap = _select(cf, (_C_CPU_OP,))
+    n = len(events)
+    out = empty(CPU_OP_DTYPE, n)
+    if not n:
+        return out
+    bad = np.zeros(n, dtype=bool)
+    _times(cf, rowmap, n, out, bad)
+    out["pid"] = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
+    out["tid"] = _ids32(cf.numbers("tid", 1, rowmap, n, 0, bad))
+    out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    out["input_dims_id"] = cf.raw_json("Input Dims", rowmap, n, interner, bad)
+    out["input_types_id"] = cf.raw_json("Input type", rowmap, n, interner, bad)
+    _fallback(cf, events, bad, out, b, _Builder.build_cpu_ops)
+    return out
+
+
+_KINDS = (("kernels", _chunk_kernels, KERNEL_DTYPE), ("copies", _chunk_copies, COPY_DTYPE),
+          ("api", _chunk_api, API_DTYPE), ("ranges", _chunk_ranges, RANGE_DTYPE),
+          ("cpu_ops", _chunk_cpu_ops, CPU_OP_DTYPE))
+
+
+def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES) -> Trace:
+    """Load a Kineto trace (``.json`` or ``.json.gz``, detected by content) into a Trace.
+
+    Streams the file in chunks of ``chunk_bytes`` decompressed bytes: peak memory is
+    a few chunks plus the output columns, whatever the file size. Raises
+    :class:`InputError` naming the file for a missing, unreadable, truncated, non-JSON
+    or non-trace file.
+    """
+    path = Path(path)
+    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+    b = _Builder()
+    interner = _Interner(b.names)
+    parts: dict[str, list] = {k: [] for k, _, _ in _KINDS}
+    cat_names: dict[int, str] = {}
+    for chunk in stream:
+        cf = _ChunkFields(chunk, b.counts, cat_names)
+        for kind, fn, _ in _KINDS:
+            arr = fn(cf, interner, b)
+            if len(arr):
+                parts[kind].append(arr)
+        del cf, chunk
+    cols = {}
+    for kind, _, dtype in _KINDS:
+        lst = parts.pop(kind)
+        cols[kind] = np.concatenate(lst) if len(lst) > 1 else (lst[0] if lst else empty(dtype))
+        del lst
+    doc = stream.top
+    c, a = cols["copies"], cols["api"]
+    c["direction"] = _per_name(b.names, c["name_id"], copy_direction, np.uint8)
+    c["direction"][c["kind"] == COPY_KIND_MEMSET] = COPY_UNKNOWN
+    a["category"] = _per_name(b.names, a["name_id"], api_category, np.uint8)
+    trace = Trace(names=b.names, devices=_devices(doc), meta=_meta(path, doc), **cols)
+    return _joined(trace, b.counts)

@@ -305,3 +305,63 @@ def test_small_literal_trace(tmp_path):
     assert (c["direction"], c["bytes"], c["end_ns"] - c["start_ns"]) == (ev.COPY_DTOH, 4096, 1250)
     assert t.meta["event_counts"]["python_function"] == 1
     assert "secret" not in repr(t.meta)
+
+
+# ----------------------------------------------------------------- streaming vs reference
+
+_NAME_FIELDS = ("name_id", "input_dims_id", "input_types_id")
+
+
+def _same(a, b):
+    """Two traces hold the same events (names compared as strings, not ids)."""
+    for kind in ("kernels", "copies", "api", "ranges", "cpu_ops"):
+        x, y = getattr(a, kind), getattr(b, kind)
+        assert len(x) == len(y), kind
+        for f in x.dtype.names:
+            if f in _NAME_FIELDS:
+                assert a.names.names_of(x[f]) == b.names.names_of(y[f]), f"{kind}.{f}"
+            else:
+                assert np.array_equal(x[f], y[f]), f"{kind}.{f}"
+    assert a.meta == b.meta
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_streaming_equals_whole_document_parse(name, trace_path, loaded):
+    from probes.kineto import load_trace_via_dicts
+    trace, _ = loaded(name, trace_path)
+    _same(trace, load_trace_via_dicts(trace_path(name)))
+
+
+@pytest.mark.parametrize("name,chunk", [(NANO0, 4096), (NANO0, 65536), (TRACES[2], 1 << 20)])
+def test_chunk_boundaries_do_not_matter(name, chunk, trace_path, loaded):
+    trace, _ = loaded(name, trace_path)
+    _same(trace, load_trace(trace_path(name), chunk_bytes=chunk))
+
+
+def test_odd_formatting_goes_through_slow_path_exactly(tmp_path):
+    """Whitespace before ':', exponents, 19-digit ids, escaped backslashes, a 'cat' key
+    nested in args, an event bigger than the chunk: same result as the reference."""
+    from probes.kineto import load_trace_via_dicts
+    big_name = "k" * 10000
+    text = """{"traceEvents" : [
+      {"ph" : "X", "cat" : "kernel", "name" : "a\\\\\\"b", "pid": 0, "tid": 7, "ts" : 1e3, "dur": 2.5,
+       "args": {"correlation" : 1234567890123456789, "grid": [1,2,3], "block": [4, 5, 6], "cat": "cpu_op"}},
+      {"ph": "X", "cat": "kernel", "name": "%s", "pid": 0, "tid": 7, "ts": 10.0001, "dur": 0,
+       "args": {"correlation": 7, "grid": [1, 2], "block": [1, 1, 1], "device": null}},
+      {"ph": "i", "cat": "kernel", "name": "instant", "ts": 3},
+      {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": "Spans", "tid": -1,
+       "ts": 5, "dur": 1, "args": {"correlation": 7, "cbid": 211}},
+      {"name": "no cat", "ph": "M", "pid": 1, "args": {"name": "x"}},
+      7
+    ], "deviceProperties": []}""" % big_name
+    p = tmp_path / "odd.json"
+    p.write_text(text)
+    ref = load_trace_via_dicts(p)
+    for chunk in (64, 1 << 20):
+        got = load_trace(p, chunk_bytes=chunk)
+        _same(got, ref)
+    assert len(ref.kernels) == 2 and ref.kernels["start_ns"][0] == 1000000
+    assert ref.names[ref.kernels["name_id"][0]] == 'a\\"b'
+    assert ref.kernels["correlation_id"][0] == 1234567890123456789
+    assert ref.kernels["grid_x"][1] == -1          # malformed grid: not guessed
+    assert ref.meta["event_counts"] == {"<none>": 1, "cuda_runtime": 1, "kernel": 3}

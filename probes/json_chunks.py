@@ -1,0 +1,295 @@
+"""Chunked structural scanning of one big JSON array inside a JSON document.
+
+Chrome/Kineto traces are one JSON object whose ``traceEvents`` array holds millions of
+small flat objects. Parsing the whole document materialises a Python dict per event
+(gigabytes); this module instead reads the decompressed bytes in chunks and finds,
+with vectorised numpy byte scanning, where each top-level element of that array starts
+and ends, where every key/value colon is, at which nesting depth, and which quotes are
+string delimiters. Callers extract the fields they need from those positions (see
+:mod:`probes.kineto`), so memory stays bounded by the chunk size plus their output.
+
+How the scan works, per chunk (the chunk always starts between two array elements,
+outside any string, so the state at its start is known):
+
+* quotes: ``"`` bytes not escaped by an odd run of backslashes;
+* a structural byte (``{ [ } ] :``) is outside strings iff an even number of quotes
+  precede it;
+* depth: cumulative sum of +1 for ``{ [`` and -1 for ``} ]``; elements of the array
+  are the objects opened at depth 1; the array ends where depth falls to -1.
+
+Everything outside the array (the top-level keys: device properties, versions, ...) is
+kept as text and parsed once with the array replaced by ``[]``.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+import numpy as np
+import orjson
+
+from .errors import InputError
+
+CHUNK_BYTES = 32 << 20
+PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
+HEAD_LIMIT = 1 << 30  # bytes read while looking for the array before giving up on streaming
+
+_QUOTE, _BSLASH = 34, 92
+# classes of structural bytes: 1 '{', 2 '[', 3 '}', 4 ']', 5 ':'
+
+
+@dataclass
+class Scan:
+    """Structure of one buffer: positions are byte offsets into ``buf``."""
+    buf: bytes                 # the bytes, followed by PAD spaces
+    a: np.ndarray              # uint8 view of buf (with the pad)
+    n: int                     # length without the pad
+    quotes: np.ndarray         # unescaped quote positions (int64): string i is quotes[2i]..quotes[2i+1]
+    pos: np.ndarray            # brackets outside strings
+    cls: np.ndarray            # their class: 1 '{', 2 '[', 3 '}', 4 ']'
+    depth: np.ndarray          # depth after each bracket (relative to the buffer start)
+    before: np.ndarray         # before[j]: number of brackets (outside strings) before quote j
+
+
+_BR_CLASS = np.zeros(256, dtype=np.int8)
+_BR_CLASS[ord("{")], _BR_CLASS[ord("[")], _BR_CLASS[ord("}")], _BR_CLASS[ord("]")] = 1, 2, 3, 4
+_BR_DELTA = np.array([0, 1, 1, -1, -1], dtype=np.int32)
+
+
+def _unescaped_quotes(a: np.ndarray, buf: bytes, n: int) -> np.ndarray:
+    q = np.flatnonzero(a[:n] == _QUOTE)
+    if buf.find(b"\\", 0, n) < 0 or not len(q):
+        return q
+    prev_bs = np.zeros(len(q), dtype=bool)
+    nz = q > 0
+    prev_bs[nz] = a[q[nz] - 1] == _BSLASH
+    if not prev_bs.any():
+        return q
+    bs = np.flatnonzero(a[:n] == _BSLASH)
+    # start of the run of consecutive backslashes each backslash belongs to
+    new_run = np.ones(len(bs), dtype=bool)
+    new_run[1:] = np.diff(bs) != 1
+    run_start = np.maximum.accumulate(np.where(new_run, bs, 0))
+    cand = q[prev_bs]
+    j = np.searchsorted(bs, cand - 1)
+    run_len = cand - run_start[j]
+    escaped = np.zeros(len(q), dtype=bool)
+    escaped[np.flatnonzero(prev_bs)] = (run_len & 1) == 1
+    return q[~escaped]
+
+
+def scan(buf: bytes, n: int) -> Scan:
+    """Scan ``buf[:n]`` (which must start outside any string)."""
+    a = np.frombuffer(buf, dtype=np.uint8)
+    quotes = _unescaped_quotes(a, buf, n)
+    t = a[:n] & 0xDF                     # folds '{' onto '[' and '}' onto ']'
+    pos = np.flatnonzero((t == 0x5B) | (t == 0x5D))
+    k = np.searchsorted(quotes, pos)     # quotes before each bracket
+    outside = (k & 1) == 0
+    pos, k = pos[outside], k[outside]
+    cls = _BR_CLASS[a[pos]]
+    depth = np.cumsum(_BR_DELTA[cls], dtype=np.int32)
+    before = np.cumsum(np.bincount(k, minlength=len(quotes) + 1))[:len(quotes)]
+    return Scan(buf, a, n, quotes, pos, cls, depth, before)
+
+
+def skip(a: np.ndarray, p: np.ndarray, table: np.ndarray, steps: int = 32) -> np.ndarray:
+    """Advance each position past bytes in ``table`` (bool[256]), at most ``steps``."""
+    for _ in range(steps):
+        m = table[a[p]]
+        if not m.any():
+            break
+        p = p + m
+    return p
+
+
+WS = np.zeros(256, dtype=bool)
+WS[[9, 10, 13, 32]] = True
+
+
+@dataclass
+class Chunk:
+    """Complete elements of the array found in one buffer."""
+    scan: Scan
+    starts: np.ndarray         # position of each element's '{'
+    ends: np.ndarray           # position of each element's '}'
+    offset: int                # offset of buf[0] in the decompressed stream
+
+
+class _Reader:
+    """Decompressed bytes of a file, plain or gzip (by magic), errors as InputError."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._f: BinaryIO = open(path, "rb")
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such file") from None
+        except IsADirectoryError:
+            raise InputError(f"{path}: is a directory, expected a Kineto trace file") from None
+        except PermissionError:
+            raise InputError(f"{path}: permission denied") from None
+        self.gz = self._f.read(2) == b"\x1f\x8b"
+        self._f.seek(0)
+        self._s: BinaryIO = gzip.GzipFile(fileobj=self._f) if self.gz else self._f
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._s.read(n)
+        except EOFError:
+            raise InputError(f"{self.path}: truncated gzip file (compressed stream ends early)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise InputError(f"{self.path}: corrupt gzip file ({exc})") from None
+
+    def close(self) -> None:
+        self._s.close()
+        self._f.close()
+
+
+class ArrayStream:
+    """Iterate the elements of the array under top-level key ``key`` in chunks.
+
+    After iteration, :attr:`top` holds the rest of the document (the array replaced
+    by ``[]``) as parsed JSON. Raises InputError for a file that is not JSON, is
+    truncated, or has no such array.
+    """
+
+    def __init__(self, path: str | Path, key: str = "traceEvents", chunk_bytes: int = CHUNK_BYTES):
+        self.path = Path(path)
+        self.key = key
+        self.chunk_bytes = chunk_bytes
+        self.top: dict = {}
+        self.elements = 0
+
+    # -- errors ----------------------------------------------------------------------
+    def _fail_whole(self, data: bytes) -> None:
+        """The array was not found: classify the document and raise."""
+        path = self.path
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            stripped = data.strip()
+            if not stripped:
+                raise InputError(f"{path}: empty file, expected a Kineto trace (JSON)") from None
+            if stripped[:1] in (b"{", b"[") and exc.pos >= len(data.rstrip()) - 1:
+                raise InputError(f"{path}: truncated JSON (document ends at byte {len(data)} "
+                                 "before it is complete)") from None
+            raise InputError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+        raise InputError(f"{path}: not a Kineto/Chrome trace (JSON without a {self.key} array"
+                         f"{'' if isinstance(doc, dict) else '; top level is not an object'})")
+
+    def _truncated(self, offset: int, where: str) -> InputError:
+        return InputError(f"{self.path}: truncated JSON (ends {where} after {self.elements} "
+                          f"events, at byte {offset})")
+
+    # -- iteration --------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Chunk]:
+        r = _Reader(self.path)
+        try:
+            yield from self._iterate(r)
+        finally:
+            r.close()
+
+    def _find_array(self, r: _Reader) -> tuple[bytes, bytes, int]:
+        """Read until the array's '[' is found: (head text incl. '[', rest, offset of rest)."""
+        data = b""
+        pattern = b'"' + self.key.encode() + b'"'
+        while True:
+            more = r.read(self.chunk_bytes)
+            data += more
+            first = data.lstrip()[:1]
+            if first and first != b"{":
+                if first == b"[":
+                    self._fail_whole(data + r.read(-1))
+                raise InputError(f"{self.path}: not valid JSON (starts with {first!r})")
+            if not more or len(data) > HEAD_LIMIT:
+                break
+            if data.find(pattern) >= 0:
+                hit = self._locate(data, pattern)
+                if hit is not None:
+                    return data[:hit + 1], data[hit + 1:], hit + 1
+        if len(data) > HEAD_LIMIT and data.find(pattern) >= 0:
+            hit = self._locate(data, pattern)
+            if hit is not None:
+                return data[:hit + 1], data[hit + 1:], hit + 1
+        self._fail_whole(data + r.read(-1))
+        raise AssertionError("unreachable")
+
+    def _locate(self, data: bytes, pattern: bytes) -> int | None:
+        """Position of the '[' opening the array under the key at depth 1, or None."""
+        i = data.find(pattern)
+        while i >= 0:
+            n = min(len(data), i + len(pattern) + 4096)
+            s = scan(data[:n] + b" " * PAD, n)
+            qi = int(np.searchsorted(s.quotes, i))
+            if qi < len(s.quotes) and s.quotes[qi] == i and qi % 2 == 0:
+                b = int(s.before[qi])
+                if (s.depth[b - 1] if b else 0) == 1:
+                    p = int(skip(s.a, np.array([i + len(pattern)]), WS)[0])
+                    if s.a[p] == ord(":"):
+                        p = int(skip(s.a, np.array([p + 1]), WS)[0])
+                        if s.a[p] == ord("["):
+                            return p
+            i = data.find(pattern, i + 1)
+        return None
+
+    def _iterate(self, r: _Reader) -> Iterator[Chunk]:
+        head, carry, offset = self._find_array(r)
+        eof = False
+        while True:
+            if not eof:
+                more = r.read(self.chunk_bytes)
+                eof = not more
+            else:
+                more = b""
+            buf = carry + more + b" " * PAD
+            n = len(buf) - PAD
+            if n == 0 and eof:
+                raise self._truncated(offset, "inside the traceEvents array")
+            s = scan(buf, n)
+            closing = s.depth < 0
+            end_at = int(np.argmax(closing)) if closing.any() else -1
+            limit = len(s.pos) if end_at < 0 else end_at
+            d, c = s.depth[:limit], s.cls[:limit]
+            opens = s.pos[:limit][(c == 1) & (d == 1)]
+            closes = s.pos[:limit][(c == 3) & (d == 0)]
+            if end_at >= 0:
+                if s.cls[end_at] != 4:
+                    raise InputError(f"{self.path}: not valid JSON (unbalanced brackets in "
+                                     f"traceEvents near byte {offset + int(s.pos[end_at])})")
+                starts, ends = opens[:len(closes)], closes
+                if len(starts) != len(ends) or (len(ends) and (starts > ends).any()):
+                    raise InputError(f"{self.path}: not valid JSON (malformed traceEvents near byte {offset})")
+                if len(starts):
+                    self.elements += len(starts)
+                    yield Chunk(s, starts, ends, offset)
+                array_end = int(s.pos[end_at])
+                tail = buf[array_end:n] + (b"" if eof else r.read(-1))
+                self._parse_top(head + tail, offset)
+                return
+            if eof:
+                raise self._truncated(offset + n, "inside the traceEvents array")
+            if not len(closes):
+                carry = buf[:n]      # one element larger than the chunk: keep reading
+                continue
+            last = int(closes[-1])
+            starts = opens[:len(closes)]
+            if (starts > closes).any():
+                raise InputError(f"{self.path}: not valid JSON (malformed traceEvents near byte {offset})")
+            self.elements += len(closes)
+            yield Chunk(s, starts, closes, offset)
+            carry = buf[last + 1:n]
+            offset += last + 1
+
+    def _parse_top(self, text: bytes, offset: int) -> None:
+        try:
+            top = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            if exc.pos >= len(text.rstrip()) - 1:
+                raise InputError(f"{self.path}: truncated JSON (the document ends after the "
+                                 f"{self.key} array before it is complete)") from None
+            raise InputError(f"{self.path}: not valid JSON ({exc.msg}, outside the {self.key} array)") from None
+        self.top = top
