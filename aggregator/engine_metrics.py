@@ -590,7 +590,9 @@ class EngineTracker:
     def update(self, polled: dict | None) -> dict:
         out: dict[str, Any] = {"endpoints": {}, "errors": list((polled or {}).get("errors", []))}
         by_ep: dict[str, list[dict]] = {}
+        pid_of: dict[str, Any] = {}
         for res in (polled or {}).get("scrapes", []):
+            pid_of[res["endpoint"]] = res.get("pid")
             snap = snapshot(res["exposition"], res["ts_ns"], res["endpoint"])
             if snap["engine"] is None:
                 out["errors"].append({"endpoint": res["endpoint"], "error": "no vLLM or SGLang metrics"})
@@ -604,5 +606,6 @@ class EngineTracker:
             tracker = self._alerts.setdefault(ep, self._alerts_mod.AlertTracker(self._th))
             tracker.update(rec, ts_ns=fig["ts_ns"])
             rec["alerts"] = tracker.record()["alerts"]
+            rec["pid"] = pid_of.get(ep)   # served process the endpoint was discovered from
             out["endpoints"][ep] = rec
         return out

@@ -396,8 +396,9 @@ def _device_for(window: dict, device: int) -> dict | None:
     return None
 
 
-def _engine_for(window: dict) -> dict | None:
-    """The engine record of the window (the binding one when several endpoints: highest KV)."""
+def _engine_for(window: dict, pid: int | None = None) -> dict | None:
+    """The engine record for ``pid``: the endpoint discovered from that process when there is
+    one, else the binding one of the window (highest KV usage)."""
     recs = []
     for data in (window.get("engine") or {}).values():
         if not isinstance(data, dict):
@@ -408,7 +409,8 @@ def _engine_for(window: dict) -> dict | None:
             recs.append(data)
     if not recs:
         return None
-    return max(recs, key=lambda r: (r.get("kv_usage_max_ratio") or r.get("kv_usage_ratio") or 0))
+    mine = [r for r in recs if pid is not None and r.get("pid") == pid]
+    return max(mine or recs, key=lambda r: (r.get("kv_usage_max_ratio") or r.get("kv_usage_ratio") or 0))
 
 
 def window_verdict(window: dict, th: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
@@ -417,6 +419,7 @@ def window_verdict(window: dict, th: Thresholds = DEFAULT_THRESHOLDS) -> list[di
     out = []
     for g in window.get("gpus") or []:
         dev = g.get("device")
+        engine = _engine_for(window, g.get("pid"))
         inp = VerdictInputs(
             window_ns=int(window.get("duration_ns") or g.get("span_ns") or 0),
             device=dev, pid=g.get("pid"), phases=g.get("phases") or {},
@@ -426,6 +429,7 @@ def window_verdict(window: dict, th: Thresholds = DEFAULT_THRESHOLDS) -> list[di
         )
         out.append(judge(inp, th))
     if not out and engine is not None:
+        engine = _engine_for(window)
         out.append(judge(VerdictInputs(window_ns=int(window.get("duration_ns") or 0), engine=engine), th))
     return out
 

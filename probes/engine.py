@@ -207,10 +207,11 @@ def is_engine_exposition(expo: prom_text.Exposition) -> bool:
 
 
 class _Endpoint:
-    __slots__ = ("url", "failures", "next_s", "last_error", "discovered")
+    __slots__ = ("url", "failures", "next_s", "last_error", "discovered", "pid")
 
-    def __init__(self, url: str, discovered: bool = False):
+    def __init__(self, url: str, discovered: bool = False, pid: int | None = None):
         self.url = url
+        self.pid = pid  # the served process it was discovered from (None when configured)
         self.failures = 0
         self.next_s = 0.0
         self.last_error: str | None = None
@@ -220,7 +221,7 @@ class _Endpoint:
 class EngineProbe(Probe):
     """Scrapes configured and discovered engine endpoints every ``interval_s``.
 
-    ``poll()`` returns ``{"scrapes": [{"endpoint", "ts_ns", "exposition"}, ...],
+    ``poll()`` returns ``{"scrapes": [{"endpoint", "ts_ns", "exposition", "pid"}, ...],
     "errors": [{"endpoint", "error"}, ...]}`` collected since the last poll, or None.
     """
 
@@ -308,7 +309,8 @@ class EngineProbe(Probe):
                         continue
                     with self._lock:
                         if is_engine_exposition(res["exposition"]):
-                            self._endpoints[url] = _Endpoint(url, discovered=True)
+                            self._endpoints[url] = _Endpoint(url, discovered=True, pid=pid)
+                            res["pid"] = pid
                             self._push(res)
                             found.append(url)
                         else:
@@ -335,6 +337,7 @@ class EngineProbe(Probe):
             ep.failures = 0
             ep.last_error = None
             ep.next_s = now_s
+            res["pid"] = ep.pid
             with self._lock:
                 self._push(res)
 

@@ -172,7 +172,9 @@ def test_discovery_probes_the_port_named_on_the_command_line():
         url = f"http://127.0.0.1:{port}/metrics"
         assert engine.listening_ports(child.pid) == [("127.0.0.1", port)]
         assert p.discover_once() == [url]
-        snap = em.snapshot(p.poll()["scrapes"][0]["exposition"], 0)
+        res = p.poll()["scrapes"][0]
+        assert res["pid"] == child.pid            # the served process it was found from
+        snap = em.snapshot(res["exposition"], 0)
         assert snap["engine"] == "vllm" and snap["gauges"]["kv_pool_tokens"] == 39232
     finally:
         child.kill()

@@ -246,3 +246,17 @@ def test_records_are_plain_for_the_wire():
     r = v.judge(inputs(engine=loaded_vllm_record()))
     for obj in (r, v.verdict_record(r)):
         assert msgpack.unpackb(msgpack.packb(obj), strict_map_key=False) == obj
+
+
+def test_window_verdict_matches_engine_endpoint_to_process():
+    full = dict(CALM_ENGINE, kv_usage_ratio=0.95, kv_usage_max_ratio=0.95, pid=5000)
+    calm = dict(CALM_ENGINE, pid=4242)
+    window = {"duration_ns": WINDOW_NS,
+              "gpus": [{"device": 0, "pid": 4242, "busy_ns": 950_000_000, "idle_ns": 50_000_000,
+                        "phases": {"decode": DECODE_AT_BW}},
+                       {"device": 1, "pid": 5000, "busy_ns": 950_000_000, "idle_ns": 50_000_000,
+                        "phases": {"decode": DECODE_AT_BW}}],
+              "engine": {"engine": {"endpoints": {"http://127.0.0.1:8000/metrics": calm,
+                                                  "http://127.0.0.1:8001/metrics": full}}}}
+    out = {r["device"]: r["verdict"] for r in v.window_verdict(window)}
+    assert out == {0: v.BANDWIDTH, 1: v.KV_CAPACITY}
