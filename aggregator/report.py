@@ -48,7 +48,8 @@ def render(doc: dict, console: Console | None = None) -> None:
     if console is None and not c.is_terminal:
         c = Console(width=120)      # piped or captured: a fixed, readable width
     g = doc["gpu"]
-    c.print(f"[bold]{doc.get('trace') or 'trace'}[/bold]")
+    c.print(f"[bold]{doc.get('trace') or 'trace'}[/bold]"
+            + (" [yellow](SIMULATED: workload generator, not a measurement)[/yellow]" if doc.get("simulated") else ""))
     if g.get("key"):
         peak = g["flops_per_s"]
         c.print(f"GPU: {g.get('device_name') or g['name']} -> ceilings [bold]{g['name']}[/bold] "

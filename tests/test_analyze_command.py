@@ -128,3 +128,16 @@ def test_trace_without_kernels_reports_and_plot_error_keeps_report(tmp_path, cap
     code = main(["analyze", str(f), "--plot", str(tmp_path / "r.png")])
     cap = capsys.readouterr()
     assert code == 2 and "no GPU kernels" in cap.out and "cannot plot" in cap.err
+
+
+def test_recordings_are_dispatched_by_magic(tmp_path, capsys):
+    recording = pytest.importorskip("agent.recording")
+    f = tmp_path / "stream.rlrec"
+    f.write_bytes(recording.MAGIC + b"\x01\x02")         # magic, then a torn frame header
+    code = main(["analyze", str(f)])
+    err = capsys.readouterr().err
+    # Whatever the recording loader says of it, it is the recording loader saying it
+    # (the Kineto importer would complain about JSON), or the report of an empty stream.
+    assert code in (0, 2)
+    if code == 2:
+        assert err.startswith("ridgeline: error: ") and "JSON" not in err

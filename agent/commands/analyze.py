@@ -1,5 +1,8 @@
 """``ridgeline analyze TRACE...``: per-phase roofline and verdict of recorded traces.
 
+A TRACE is a Kineto / PyTorch-profiler Chrome trace (``.json``, ``.json.gz``) or a
+recording of the agent's stream (``ridgeline record``), told apart by the file's magic.
+
 One report per trace, in the order given. ``--json`` prints one JSON object for one
 trace and a JSON array of objects for several (keys in docs/analyze.md). ``--plot`` and
 ``--perfetto`` take a file name; with several traces the trace's position is inserted
@@ -53,6 +56,17 @@ def _load(path: str):
         raise InputError(f"{path}: no such file")
     if p.is_dir():
         raise InputError(f"{path}: is a directory, not a trace file")
+    try:
+        from agent.recording import is_recording
+    except ImportError:          # recordings not supported in this build
+        is_recording = None
+    if is_recording is not None and is_recording(p):
+        # A recording of the agent's stream (`ridgeline record`): its merged event batches.
+        from agent.recording import load_trace as load_recording_trace
+        try:
+            return load_recording_trace(p)
+        except ImportError as exc:    # the wire codec is missing from this build
+            raise InputError(f"{path}: a Ridgeline recording, but its decoder is unavailable ({exc})") from None
     from probes.kineto import load_trace
     return load_trace(p)
 
@@ -82,6 +96,8 @@ def run(args) -> int:
                             use_annotations=not args.no_annotations, ceilings_path=args.ceilings,
                             phase_map=pm)
         doc["trace"] = path
+        if trace.meta.get("simulated"):
+            doc["simulated"] = True      # from the workload generator, never a measurement
         if not args.json:
             # The report first: a failing output file must not lose it.
             from aggregator.report import render
