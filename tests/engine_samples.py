@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import http.server
-import math
 import os
 import threading
 from pathlib import Path

@@ -147,7 +147,6 @@ def test_thresholds_configurable():
 
 
 def test_window_verdict_from_window_record():
-    from aggregator.device_metrics import window_figures  # noqa: F401 (used through window_verdict)
     dev = {"gpu_index": 0, "gpu_name": "NVIDIA H100 80GB HBM3", "ts_ns": 1, "gpu_busy_time_pct": 100.0,
            "gpm_dram_bw_util_pct": 71.0, "source": "nvml+gpm"}
     window = {
