@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# setup-native.sh: build prerequisites of Ridgeline's native part (the CUPTI injection
+# library, probes/native), idempotent and fast when already done.
+#
+# Needs only a C compiler and make; the CUPTI headers come from the nvidia-cuda-cupti
+# wheel that scripts/setup.sh installs into .venv (or a CUDA toolkit). Installs gcc/make
+# from the distro when missing and we are root. Exit status 0 when a compiler and make
+# are there; 1 with a one-line reason otherwise (scripts/setup.sh carries on: the agent
+# runs without the injection library, the CUPTI probe then says why).
+set -euo pipefail
+have() { command -v "$1" >/dev/null 2>&1; }
+if have make && { have cc || have gcc; }; then
+    exit 0
+fi
+if [ "$(id -u)" != 0 ]; then
+    echo "setup-native: no C compiler/make and not root: cannot install build-essential" >&2
+    exit 1
+fi
+if ! have apt-get; then
+    echo "setup-native: no C compiler/make and no apt-get: install gcc and make" >&2
+    exit 1
+fi
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc make libc6-dev >/dev/null \
+  || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc make libc6-dev >/dev/null; } \
+  || { echo "setup-native: installing gcc/make failed" >&2; exit 1; }
+have make && have cc
