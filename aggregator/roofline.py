@@ -40,6 +40,7 @@ SHORT_KERNEL_NS = 20_000        # median kernel shorter than 20 us
 SHORT_GAP_NS = 20_000           # median idle gap shorter than 20 us
 MIN_WORK_COVERAGE = 0.5         # figures must cover half of the phase's kernel time
 SHAPES_PREFERRED_COVERAGE = 0.8  # shapes win over the model when they cover this much
+IMPLAUSIBLE_RATIO = 1.5         # figures implying > 1.5x a ceiling are not this work
 
 GAP_BUCKETS_NS = (10_000, 100_000, 1_000_000, 10_000_000)
 GAP_BUCKET_NAMES = ("<10us", "10-100us", "100us-1ms", "1-10ms", ">=10ms")
@@ -414,10 +415,25 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
                     "bytes": float(sum(step_work[i].bytes for i in idxs)),
                     "busy_ns": kb, "coverage_ratio": model_cov, "dtype": model_dtype,
                     "steps": len(idxs), "notes": notes}
+        # A figure implying more than IMPLAUSIBLE_RATIO x a ceiling over the traced
+        # kernel time cannot be the work those kernels did: for the model it means the
+        # trace holds only part of the step (e.g. unexpanded CUDA-graph replays).
+        implausible: list[str] = []
+        if ceilings is not None:
+            for name_, w in by_source.items():
+                if w["busy_ns"] <= 0:
+                    continue
+                sec = w["busy_ns"] * 1e-9
+                pk = ceilings.peak_flops_per_s(w.get("dtype") or model_dtype)[0]
+                r = max(w["flops"] / sec / pk, w["bytes"] / sec / ceilings.hbm_bytes_per_s)
+                if r > IMPLAUSIBLE_RATIO:
+                    w["exceeds_ceilings_ratio"] = r
+                    implausible.append(name_)
+        usable_model = SOURCE_MODEL in by_source and SOURCE_MODEL not in implausible
         if SOURCE_SHAPES in by_source and (shapes_cov >= SHAPES_PREFERRED_COVERAGE
-                                           or model_cov <= shapes_cov):
+                                           or model_cov <= shapes_cov or not usable_model):
             src = SOURCE_SHAPES
-        elif SOURCE_MODEL in by_source:
+        elif usable_model:
             src = SOURCE_MODEL
         else:
             src = NO_SOURCE
@@ -443,6 +459,12 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
             median_gap_ns=med_gap, median_kernel_ns=med_kernel, arithmetic_intensity=ai,
             ridge_point=ridge, pct_of_peak_flops=pct_f, pct_of_peak_bytes=pct_b,
             work_coverage_ratio=cov)
+        for name_ in implausible:
+            r = by_source[name_]["exceeds_ceilings_ratio"]
+            evidence.append(
+                f"{name_} figures would need {r:.1f}x the GPU's ceilings in the traced kernel time"
+                + (": the trace holds only part of the step's kernels; model figures not used"
+                   if name_ == SOURCE_MODEL else ": shape bytes exceed DRAM traffic (cache reuse)"))
         if chosen:
             evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
             evidence.extend(chosen.get("notes", []))

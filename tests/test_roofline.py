@@ -193,3 +193,17 @@ def test_top_kernels_grouped_by_name_with_rates():
     g = rows[1]
     assert g["count"] == 2 and g["category"] == "gemm"
     assert g["achieved_flops_per_s"] == pytest.approx(2e6 / 2e-6)
+
+
+def test_model_figures_beyond_the_ceilings_are_not_used():
+    # A fragment: one 10 us kernel of a decode step whose model work is 1.2 GB of weights.
+    k = kernels([(0, 10_000)])
+    sw = {0: work.StepWork(flops=1.2e9, bytes=1.2e9, parts={}, notes=[])}
+    out = roofline.phase_summary(Trace(kernels=k, names=NameTable(["k"])), np.array([2], np.uint8),
+                                 [Step(0, 0, 10_000, 0, 2, 0, 1)], NAMES, ceilings.lookup("rtx-4080-laptop"),
+                                 kernel_work=work.KernelWork.empty(1), step_work=sw,
+                                 kernel_step=np.array([0], np.int32), model_dtype="bf16")
+    d = out["decode"]
+    assert d["work_source"] == work.NO_SOURCE and d["flops"] is None
+    assert d["work_by_source"]["model"]["exceeds_ceilings_ratio"] > 100
+    assert any("only part of the step" in e for e in d["evidence"])
