@@ -181,10 +181,13 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
             snap["sources"]["retracted_requests_last_tick"] = src("num_retracted_reqs")
         gx = fams.get("gpu_execution_seconds_total") or fams.get("gpu_execution_seconds")
         if gx:
+            by_cat: dict[str, list] = {}
             for labels, v in gx:
-                cat = labels.get("category", "other")
-                key = f"gpu_execution_{cat}_s"
-                snap["counters"][key] = snap["counters"].get(key, 0.0) + v
+                by_cat.setdefault(labels.get("category", "other"), []).append((labels, v))
+            for cat, series in by_cat.items():  # TP ranks repeat one view: aggregated, not added
+                v = _aggregate(series)
+                if v is not None:
+                    snap["counters"][f"gpu_execution_{cat}_s"] = v
             snap["sources"]["gpu_execution_s"] = src("gpu_execution_seconds_total")
 
     for canon, per in COUNTERS.items():

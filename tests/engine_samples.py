@@ -157,6 +157,8 @@ sglang:num_requests_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 900.0
 # TYPE sglang:gpu_execution_seconds_total counter
 sglang:gpu_execution_seconds_total{category="extend",engine_type="unified",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="0"} 120.0
 sglang:gpu_execution_seconds_total{category="decode",engine_type="unified",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="0"} 360.0
+sglang:gpu_execution_seconds_total{category="extend",engine_type="unified",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="1"} 120.0
+sglang:gpu_execution_seconds_total{category="decode",engine_type="unified",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="1"} 360.0
 # TYPE sglang:queue_time_seconds histogram
 sglang:queue_time_seconds_bucket{engine_type="unified",le="0.0",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="0"} 500.0
 sglang:queue_time_seconds_bucket{engine_type="unified",le="0.1",model_name="meta-llama/Llama-3.1-8B-Instruct",pp_rank="0",tp_rank="0"} 700.0
