@@ -258,3 +258,32 @@ def test_gpm_step_pairs_consecutive_samples_and_frees_them():
     assert second["gpm_dram_bw_util_pct"] == 81.0 and second["gpm_sm_occupancy_pct"] == 44.0
     assert second["gpm_interval_ns"] > 0 and second["source"] == "nvml+gpm"
     assert freed == [allocated[0]] and state["sample"] is allocated[1]
+
+
+def test_probe_lifecycle_on_interval(monkeypatch):
+    """start() -> sampler thread at the interval -> poll() drains -> stop() shuts NVML down."""
+    nv = _fake_nvml(h200_raw())
+    calls = []
+
+    def unsupported(*a):
+        raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    nv.nvmlInit = lambda: calls.append("init")
+    nv.nvmlShutdown = lambda: calls.append("shutdown")
+    nv.nvmlDeviceGetCount = lambda: 2
+    nv.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    nv.nvmlGpmQueryDeviceSupport = unsupported
+    monkeypatch.setattr(nvml, "_load_pynvml", lambda: nv)
+    p = nvml.NvmlProbe(interval_s=0.1)
+    assert p.check().ok and p.check().reason == "NVML: 2 GPU(s)"
+    p.start()
+    try:
+        time.sleep(0.55)
+    finally:
+        p.stop()
+        p.stop()
+    recs = p.poll()["devices"]
+    per_gpu = [sum(1 for r in recs if r["gpu_index"] == i) for i in (0, 1)]
+    assert 3 <= per_gpu[0] <= 8 and per_gpu[0] == per_gpu[1]      # about 0.55 s / 0.1 s samples each
+    assert all(r["source"] == "nvml" for r in recs)                 # GPM unsupported: plain NVML
+    assert calls.count("shutdown") == calls.count("init") == 3        # check() twice, start() once
