@@ -127,7 +127,7 @@ class SchedProbe(Probe):
         self._bits = self.bpf[b"targets"]
         self._config = self.bpf[b"config"]
         self._counters = self.bpf[b"counters"]
-        self.bpf[b"events"].open_ring_buffer(self._on_event)
+        self.bpf[b"events"].open_ring_buffer(lambda ctx, data, size: self._on_event(ctx, data, size))
         self._set(CFG_SLOW_RUNQ_NS, self.slow_runq_ns)
         self._set(CFG_FOLLOW_FORKS, 1 if self.follow_forks else 0)
         self._last_read_ns = time.monotonic_ns()
