@@ -130,13 +130,19 @@ class PmSampler:
 def metric_list(device_index: int = 0) -> dict:
     """The chip's PM-sampling metric names (for the GPU check script): base metrics and
     single-pass sets; raises what cupti-python raises."""
-    from cupti import cupti, profiler_host
-    p = cupti.DeviceGetChipNameParams(device_index=device_index)
-    chip = cupti.device_get_chip_name(p.ptr) if hasattr(cupti, "device_get_chip_name") else None
-    if chip is None or not isinstance(chip, str):
-        chip = getattr(p, "p_chip_name", None) or getattr(p, "chip_name", None)
+    from cupti import pm_sampling, profiler_host
+    # cupti-python resolves the chip name while enabling a collector (it initialises the
+    # profiler first); reuse that instead of repeating its parameter plumbing
+    c = pm_sampling.Collector(device_index)
+    c.enable()
+    try:
+        chip = getattr(c, "_chip_name", None)
+    finally:
+        c.disable()
     if isinstance(chip, bytes):
         chip = chip.decode()
+    if not chip:
+        raise RuntimeError("cupti-python did not report the chip name")
     host = profiler_host.ProfilerHost(chip, profiler_host.ProfilerType.PM_SAMPLING)
     host.initialize()
     out = {"chip": chip, "base_metrics": {}}
