@@ -1,0 +1,508 @@
+"""The wire schema: every message the agent publishes or records, versioned, msgpack.
+
+One module owns the format so that producers (agent), consumers (``tail``, ``top``,
+recordings, ``analyze``) and tests agree byte for byte. Maps are keyed by small
+integers (field numbers), not by names: names cost bytes on every message and break
+silently when renamed; numbers are fixed forever.
+
+Envelope (``encode_envelope`` / ``decode_envelope``), a msgpack map:
+
+====  ===========  =====================================================================
+no.   name         value
+====  ===========  =====================================================================
+0     version      ``SCHEMA_VERSION`` (int); a decoder rejects any other
+1     topic        one of ``TOPICS`` (str)
+2     host         host name (str)
+3     seq          per-topic sequence number (int), consecutive: a subscriber counts gaps
+4     ts_ns        wall-clock time of sending, ns (int)
+5     payload      ``bin`` for ``window`` and ``events`` (the bytes of
+                   :func:`encode_window` / :func:`encode_event_batch`, decoded lazily by
+                   :func:`decode_window` / :func:`decode_event_batch`); for the other
+                   topics a plain value whose dict keys are numbered by ``FIELDS``
+====  ===========  =====================================================================
+
+Window records and other plain records (``encode_window`` / ``decode_window``; also the
+``sched``/``device``/``engine``/``health`` payloads): a msgpack map
+``{0: version, 1: record}`` where ``record`` is the dict with every string key found
+in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
+strings (so a new key never breaks a consumer), and a number a consumer does not know
+decodes as ``"field_<n>"``. Dict keys must be strings (data keys such as phase names
+are fine: they either are in the table or travel as text); numpy scalars and arrays are
+converted to plain Python.
+
+**Adding a key** (H6, H7, anyone): append one line ``"your_key_name": <next number>,``
+to :data:`FIELDS` (the next number is ``max(FIELDS.values()) + 1``; numbers are never
+reused or changed, names never renamed), then regenerate nothing: the golden-byte tests
+only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_pct``).
+
+Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
+
+====  ===========  =====================================================================
+0     version      ``SCHEMA_VERSION``
+1     stream       int id of a stateful stream (:class:`EventBatchEncoder`), or absent
+2     names_base   id of the first name shipped in this batch
+3     names        list of str: names ``names_base, names_base + 1, ...``
+4     names_total  size of the stream's name table after this batch
+5     full         true when ``names`` is the whole table (resynchronises a decoder)
+6     meta         plain dict (``source`` and the like)
+7     devices      list of ``[index, name, sm_count, memory_total_bytes, cc]``
+8..12 kinds        ``kernels``, ``copies``, ``api``, ``ranges``, ``cpu_ops``: each
+                   ``{1: rows, 2: [[column, codec, dtype, base], ...], 3: zlib(bin),
+                   4: uncompressed length}``
+====  ===========  =====================================================================
+
+Columns (numbered by :data:`COLUMNS`) are stored in order, each as little-endian bytes
+of the narrowest integer type that holds it (``dtype`` code from :data:`_DTYPES`) after
+its codec: ``0`` raw, ``1`` constant (no bytes; the value is ``base``), ``2`` delta
+(``base`` + cumulative sum, for ``start_ns`` and ids that grow), ``3`` duration
+(``end_ns`` - ``start_ns``). Multi-byte columns are byte-shuffled (all first bytes,
+then all second bytes, ...) before zlib, which is what makes timestamps and ids
+compress to a few bytes per event. Name ids refer to the batch's (or the stream's)
+name table; a stateful stream ships only names it has not shipped before, plus the
+whole table every ``full_every`` batches so a late or lossy subscriber recovers.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgpack
+import numpy as np
+
+from probes.errors import InputError
+from probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
+                           Device, NameTable, Trace, empty)
+
+SCHEMA_VERSION = 1
+TOPICS = ("window", "events", "sched", "device", "engine", "health")
+
+# Envelope field numbers.
+F_VERSION, F_TOPIC, F_HOST, F_SEQ, F_TS, F_PAYLOAD = range(6)
+
+# Field numbers of record keys (windows and plain payloads), at any nesting depth.
+# Append only: never change or reuse a number. See "Adding a key" above.
+FIELDS: dict[str, int] = {
+    # window frame
+    "start_ns": 1, "end_ns": 2, "duration_ns": 3, "host": 4, "sources": 5, "gpus": 6,
+    "device": 7, "engine": 8, "sched": 9, "verdict": 10, "agent": 11,
+    # per GPU / served process
+    "pid": 12, "gpu": 13, "kernels": 14, "kernel_time_ns": 15, "busy_ns": 16, "span_ns": 17,
+    "idle_ns": 18, "copy_bytes": 19, "launch": 20, "sync": 21, "phases": 22, "ceilings": 23,
+    "phase_source": 24, "count": 25, "p50_ns": 26, "p99_ns": 27,
+    # per phase (roofline)
+    "time_share_pct": 28, "flops": 29, "bytes": 30, "achieved_flops_per_s": 31,
+    "achieved_bytes_per_s": 32, "arithmetic_intensity": 33, "pct_of_peak_flops": 34,
+    "pct_of_peak_bytes": 35, "evidence": 36, "work_source": 37, "steps": 38, "phase": 39,
+    "tokens": 40, "prefill_tokens": 41, "decode_tokens": 42,
+    # ceilings
+    "hbm_bytes_per_s": 43, "flops_per_s": 44, "source": 45,
+    # agent health
+    "cpu_pct": 46, "rss_bytes": 47, "records": 48, "drops": 49, "errors": 50,
+    "records_per_s": 51, "bpf_run_time_ns": 52,
+    # scheduling
+    "tid": 53, "comm": 54, "on_cpu_ns": 55, "runq_wait_ns": 56, "blocked_ns": 57,
+    "voluntary_switches": 58, "involuntary_switches": 59, "threads": 60,
+    # device and engine
+    "kv_usage": 61, "num_running": 62, "num_waiting": 63, "preemptions_total": 64,
+    "prefix_cache_hit_rate": 65, "name": 66, "index": 67, "data": 68, "p90_ns": 69,
+    "p95_ns": 70, "mean_ns": 71, "reason": 72, "value": 73,
+}
+_FIELD_NAMES = {v: k for k, v in FIELDS.items()}
+assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"
+
+# Column numbers of the event arrays (shared across kinds). Append only.
+COLUMNS: dict[str, int] = {
+    "start_ns": 1, "end_ns": 2, "device": 3, "stream": 4, "context": 5, "correlation_id": 6,
+    "external_id": 7, "grid_x": 8, "grid_y": 9, "grid_z": 10, "block_x": 11, "block_y": 12,
+    "block_z": 13, "registers": 14, "shared_mem_bytes": 15, "name_id": 16, "graph_id": 17,
+    "graph_node_id": 18, "pid": 19, "tid": 20, "kind": 21, "direction": 22, "bytes": 23,
+    "cbid": 24, "domain": 25, "category": 26, "input_dims_id": 27, "input_types_id": 28,
+}
+_COLUMN_NAMES = {v: k for k, v in COLUMNS.items()}
+
+KINDS = {"kernels": (8, KERNEL_DTYPE), "copies": (9, COPY_DTYPE), "api": (10, API_DTYPE),
+         "ranges": (11, RANGE_DTYPE), "cpu_ops": (12, CPU_OP_DTYPE)}
+_NAME_COLUMNS = ("name_id", "input_dims_id", "input_types_id")
+_DELTA_COLUMNS = ("start_ns", "correlation_id", "external_id")
+
+CODEC_RAW, CODEC_CONST, CODEC_DELTA, CODEC_DURATION = 0, 1, 2, 3
+_DTYPES = {1: np.dtype("u1"), 2: np.dtype("i1"), 3: np.dtype("<u2"), 4: np.dtype("<i2"),
+           5: np.dtype("<i4"), 6: np.dtype("<i8")}
+_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+_RANGES = [(1, 0, 255), (2, -128, 127), (3, 0, 65535), (4, -32768, 32767),
+           (5, -2**31, 2**31 - 1)]
+ZLIB_LEVEL = 6
+MAX_ROWS = 50_000_000            # a decoder refuses batches claiming more (memory bound)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _bad(what: str) -> InputError:
+    return InputError(f"wire: {what}")
+
+
+def _unpack(data, what: str):
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _bad(f"{what} is {type(data).__name__}, expected bytes")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except Exception as exc:   # msgpack raises several types for malformed input
+        raise _bad(f"{what} is not valid msgpack ({type(exc).__name__})") from None
+
+
+def _check_version(v, what: str) -> None:
+    if v != SCHEMA_VERSION:
+        raise _bad(f"{what} has schema version {v!r}; this build reads version {SCHEMA_VERSION} only")
+
+
+def _plain(obj):
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise TypeError(f"wire records need string keys, got {k!r}")
+            out[FIELDS.get(k, k)] = _plain(v)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _plain(obj.tolist())
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _named(obj):
+    if isinstance(obj, dict):
+        return {(_FIELD_NAMES.get(k, f"field_{k}") if isinstance(k, int) else k): _named(v)
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_named(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- envelope
+
+@dataclass
+class Envelope:
+    """A decoded envelope. ``payload`` is bytes for ``window``/``events`` (decode with
+    :func:`decode_window` / :func:`decode_event_batch`), else the plain record."""
+    version: int
+    topic: str
+    host: str
+    seq: int
+    ts_ns: int
+    payload: object
+
+    @property
+    def kind(self) -> str:
+        return self.topic
+
+
+def encode_envelope(topic: str, seq: int, payload, host: str, ts_ns: int) -> bytes:
+    """Encode one message. ``payload``: bytes (an encoded window or event batch) or a
+    plain record (dict/list/scalars) whose keys are numbered by ``FIELDS``."""
+    if topic not in TOPICS:
+        raise ValueError(f"unknown topic {topic!r}; topics: {', '.join(TOPICS)}")
+    body = bytes(payload) if isinstance(payload, (bytes, bytearray, memoryview)) else _plain(payload)
+    return msgpack.packb({F_VERSION: SCHEMA_VERSION, F_TOPIC: topic, F_HOST: host,
+                          F_SEQ: int(seq), F_TS: int(ts_ns), F_PAYLOAD: body}, use_bin_type=True)
+
+
+def decode_envelope(data: bytes) -> Envelope:
+    """Decode an envelope; InputError for malformed input or another schema version."""
+    m = _unpack(data, "envelope")
+    if not isinstance(m, dict):
+        raise _bad("envelope is not a map")
+    _check_version(m.get(F_VERSION), "envelope")
+    topic, host, seq, ts = m.get(F_TOPIC), m.get(F_HOST), m.get(F_SEQ), m.get(F_TS)
+    if topic not in TOPICS:
+        raise _bad(f"envelope has unknown topic {topic!r}")
+    if not isinstance(host, str) or type(seq) is not int or type(ts) is not int:
+        raise _bad("envelope lacks host, seq or ts_ns of the right types")
+    if F_PAYLOAD not in m:
+        raise _bad("envelope has no payload")
+    payload = m[F_PAYLOAD]
+    if topic in ("window", "events"):
+        if not isinstance(payload, bytes):
+            raise _bad(f"{topic} envelope payload is not bin")
+    else:
+        payload = _named(payload)
+    return Envelope(SCHEMA_VERSION, topic, host, seq, ts, payload)
+
+
+# --------------------------------------------------------------------------- windows
+
+def encode_window(window: dict) -> bytes:
+    """Encode a window record (a plain dict with string keys)."""
+    if not isinstance(window, dict):
+        raise TypeError("a window record is a dict")
+    return msgpack.packb({0: SCHEMA_VERSION, 1: _plain(window)}, use_bin_type=True)
+
+
+def decode_window(data: bytes) -> dict:
+    """Decode :func:`encode_window` bytes back to the dict (InputError if malformed)."""
+    m = _unpack(data, "window")
+    if not isinstance(m, dict):
+        raise _bad("window is not a map")
+    _check_version(m.get(0), "window")
+    rec = m.get(1)
+    if not isinstance(rec, dict):
+        raise _bad("window record is not a map")
+    return _named(rec)
+
+
+# --------------------------------------------------------------------------- columns
+
+def _narrow(x: np.ndarray) -> tuple[int, np.ndarray]:
+    lo, hi = int(x.min()), int(x.max())
+    for code, a, b in _RANGES:
+        if a <= lo and hi <= b:
+            return code, x.astype(_DTYPES[code])
+    return 6, x.astype("<i8")
+
+
+def _shuffle(b: np.ndarray) -> bytes:
+    if b.dtype.itemsize == 1:
+        return b.tobytes()
+    return b.view(np.uint8).reshape(-1, b.dtype.itemsize).T.tobytes()
+
+
+def _unshuffle(raw: bytes, dtype: np.dtype, n: int) -> np.ndarray:
+    if dtype.itemsize == 1:
+        return np.frombuffer(raw, dtype=dtype, count=n)
+    planes = np.frombuffer(raw, dtype=np.uint8).reshape(dtype.itemsize, n)
+    return planes.T.copy().view(dtype).reshape(n)
+
+
+def _encode_kind(arr: np.ndarray, name_map: np.ndarray | None) -> dict:
+    n = len(arr)
+    cols, blobs = [], []
+    names = arr.dtype.names
+    for col in names:
+        x = arr[col].astype(np.int64)
+        if col in _NAME_COLUMNS and name_map is not None and n:
+            x = np.where(x >= 0, name_map[np.maximum(x, 0)], -1)
+        codec, base = CODEC_RAW, 0
+        if col == "end_ns" and "start_ns" in names:
+            x = x - arr["start_ns"].astype(np.int64)
+            codec = CODEC_DURATION
+        elif col in _DELTA_COLUMNS and n:
+            base = int(x[0])
+            x = np.diff(x, prepend=x[0])
+            codec = CODEC_DELTA
+        if n == 0 or (x == x[0]).all():
+            value = int(x[0]) if n else 0
+            cols.append([COLUMNS.get(col, col), CODEC_CONST, 0,
+                         base + value if codec == CODEC_DELTA and n and value == 0 else value,
+                         codec])
+            continue
+        code, y = _narrow(x)
+        cols.append([COLUMNS.get(col, col), codec, code, base])
+        blobs.append(_shuffle(y))
+    raw = b"".join(blobs)
+    return {1: n, 2: cols, 3: zlib.compress(raw, ZLIB_LEVEL), 4: len(raw)}
+
+
+def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
+    if not isinstance(m, dict):
+        raise _bad(f"{what} is not a map")
+    n, cols, blob, raw_len = m.get(1), m.get(2), m.get(3), m.get(4)
+    if type(n) is not int or not 0 <= n <= MAX_ROWS or not isinstance(cols, list) \
+            or not isinstance(blob, bytes) or type(raw_len) is not int or raw_len < 0:
+        raise _bad(f"{what} header is malformed")
+    try:
+        d = zlib.decompressobj()
+        raw = d.decompress(blob, raw_len)
+        if d.unconsumed_tail or len(raw) != raw_len:
+            raise _bad(f"{what} data does not match its stated length")
+    except zlib.error:
+        raise _bad(f"{what} data is not valid zlib") from None
+    out = empty(dtype, n)
+    off = 0
+    start = None
+    for c in cols:
+        if not isinstance(c, list) or len(c) not in (4, 5):
+            raise _bad(f"{what} column descriptor is malformed")
+        key, codec, code = c[0], c[1], c[2]
+        base = c[3]
+        name = _COLUMN_NAMES.get(key, key) if isinstance(key, int) else key
+        if type(base) is not int:
+            raise _bad(f"{what} column {name!r} has a non-integer base")
+        if codec == CODEC_CONST:
+            inner = c[4] if len(c) == 5 else CODEC_RAW
+            if inner not in (CODEC_RAW, CODEC_DELTA, CODEC_DURATION):
+                raise _bad(f"{what} column {name!r} has unknown codec {inner!r}")
+            x = np.full(n, base, dtype=np.int64)
+            codec = inner if inner == CODEC_DURATION else CODEC_RAW
+        else:
+            dt = _DTYPES.get(code)
+            if dt is None or codec not in (CODEC_RAW, CODEC_DELTA, CODEC_DURATION):
+                raise _bad(f"{what} column {name!r} has unknown codec/dtype {codec!r}/{code!r}")
+            size = n * dt.itemsize
+            if off + size > len(raw):
+                raise _bad(f"{what} column {name!r} runs past the data")
+            x = _unshuffle(raw[off:off + size], dt, n).astype(np.int64)
+            off += size
+            if codec == CODEC_DELTA:
+                x = base + np.cumsum(x)
+        if codec == CODEC_DURATION:
+            if start is None:
+                raise _bad(f"{what} column {name!r} is a duration before start_ns")
+            x = start + x
+        if name == "start_ns":
+            start = x
+        if isinstance(name, str) and name in dtype.names:
+            out[name] = x
+    if off != len(raw):
+        raise _bad(f"{what} has {len(raw) - off} bytes no column claims")
+    return out
+
+
+# --------------------------------------------------------------------------- batches
+
+def _used_names(trace: Trace) -> np.ndarray:
+    ids = [getattr(trace, k)[c] for k in KINDS for c in _NAME_COLUMNS
+           if c in getattr(trace, k).dtype.names]
+    allids = np.concatenate(ids) if ids else np.empty(0, dtype=np.int64)
+    return np.unique(allids[allids >= 0])
+
+
+def _devices_out(devs: list[Device]) -> list:
+    return [[d.index, d.name, d.sm_count, d.memory_total_bytes, d.compute_capability] for d in devs]
+
+
+def _meta_out(meta: dict) -> dict:
+    return {str(k): v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
+
+
+def _batch(trace: Trace, name_map: np.ndarray, header: dict) -> bytes:
+    m = {0: SCHEMA_VERSION}
+    m.update(header)
+    m[6] = _meta_out(trace.meta)
+    m[7] = _devices_out(trace.devices)
+    for kind, (no, _) in KINDS.items():
+        m[no] = _encode_kind(getattr(trace, kind), name_map)
+    return msgpack.packb(m, use_bin_type=True)
+
+
+def encode_event_batch(trace: Trace) -> bytes:
+    """Encode a self-contained batch: the names it uses are shipped with it."""
+    used = _used_names(trace)
+    name_map = np.full(max(len(trace.names), 1), -1, dtype=np.int64)
+    name_map[used] = np.arange(len(used))
+    names = [trace.names[i] for i in used.tolist()]
+    return _batch(trace, name_map, {2: 0, 3: names, 4: len(names), 5: True})
+
+
+class EventBatchEncoder:
+    """Stateful encoder of one stream: ships each name once (and the whole table every
+    ``full_every`` batches so that late or lossy subscribers resynchronise)."""
+
+    def __init__(self, full_every: int = 64, stream: int | None = None):
+        self.stream = stream if stream is not None else random.getrandbits(62)
+        self.full_every = full_every
+        self._ids: dict[str, int] = {}
+        self._names: list[str] = []
+        self._count = 0
+
+    def encode(self, trace: Trace) -> bytes:
+        used = _used_names(trace)
+        name_map = np.full(max(len(trace.names), 1), -1, dtype=np.int64)
+        base = len(self._names)
+        for i in used.tolist():
+            s = trace.names[i]
+            j = self._ids.get(s)
+            if j is None:
+                j = self._ids[s] = len(self._names)
+                self._names.append(s)
+            name_map[i] = j
+        full = self._count % self.full_every == 0
+        self._count += 1
+        if full:
+            header = {1: self.stream, 2: 0, 3: list(self._names), 4: len(self._names), 5: True}
+        else:
+            header = {1: self.stream, 2: base, 3: self._names[base:], 4: len(self._names), 5: False}
+        return _batch(trace, name_map, header)
+
+
+@dataclass
+class _StreamState:
+    names: list = field(default_factory=list)
+    synced: bool = False
+
+
+class EventBatchDecoder:
+    """Decodes batches of any number of streams, keeping each stream's name table."""
+
+    def __init__(self, max_streams: int = 64):
+        self.max_streams = max_streams
+        self._streams: OrderedDict[int, _StreamState] = OrderedDict()
+
+    def decode(self, data: bytes) -> Trace:
+        m = _unpack(data, "event batch")
+        if not isinstance(m, dict):
+            raise _bad("event batch is not a map")
+        _check_version(m.get(0), "event batch")
+        stream, base, names, total, full = m.get(1), m.get(2), m.get(3), m.get(4), m.get(5)
+        if type(base) is not int or not isinstance(names, list) or type(total) is not int \
+                or not all(isinstance(s, str) for s in names) or base < 0 or total < 0:
+            raise _bad("event batch name table is malformed")
+        missing = 0
+        if stream is None:
+            table = list(names)
+        else:
+            st = self._streams.pop(stream, None) or _StreamState()
+            self._streams[stream] = st
+            while len(self._streams) > self.max_streams:
+                self._streams.popitem(last=False)
+            if full:
+                st.names, st.synced = list(names), True
+            elif st.synced and base == len(st.names):
+                st.names.extend(names)
+            else:   # joined late or lost a batch: names stay unknown until a full table
+                st.synced = False
+                if len(st.names) < base:
+                    st.names.extend([""] * (base - len(st.names)))
+                st.names[base:base + len(names)] = names
+            table = st.names
+            missing = total - sum(1 for s in table[:total] if s) if not st.synced else 0
+        if len(table) < total:
+            table = table + [""] * (total - len(table))
+        meta = m.get(6) if isinstance(m.get(6), dict) else {}
+        devs = []
+        for d in m.get(7) or []:
+            if isinstance(d, list) and len(d) == 5:
+                devs.append(Device(index=d[0], name=d[1], sm_count=d[2], memory_total_bytes=d[3],
+                                   compute_capability=d[4]))
+        arrays = {}
+        for kind, (no, dtype) in KINDS.items():
+            arrays[kind] = _decode_kind(m[no], dtype, f"event batch {kind}") if no in m else empty(dtype)
+        for kind, arr in arrays.items():
+            for c in _NAME_COLUMNS:
+                if c in arr.dtype.names and len(arr) and (arr[c] >= total).any():
+                    raise _bad(f"event batch {kind}.{c} refers to a name it does not ship")
+        table = table[:total]
+        names = NameTable(table)
+        if len(names) != len(table):
+            # unknown ("") placeholders repeat: keep ids positional all the same
+            names = NameTable()
+            names._strings.extend(table)
+            for i, s in enumerate(table):
+                names._index.setdefault(s, i)
+        trace = Trace(names=names, devices=devs, meta=dict(meta), **arrays)
+        if missing:
+            trace.meta["names_missing"] = missing
+        return trace
+
+
+_default_decoder = EventBatchDecoder()
+
+
+def decode_event_batch(data: bytes) -> Trace:
+    """Decode a batch into a Trace (names of stateful streams are remembered per
+    stream). InputError for malformed input or another schema version."""
+    return _default_decoder.decode(data)

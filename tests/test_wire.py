@@ -1,0 +1,258 @@
+"""aggregator.wire: golden bytes, round trips on real traces, rejection of bad input.
+
+Golden files (tests/data/wire_*.bin) were produced by this module's encoder from the
+literals below (``python tests/test_wire.py --regenerate`` rewrites them; only do that
+for a deliberate schema change, together with a SCHEMA_VERSION bump).
+"""
+from __future__ import annotations
+
+import sys
+import zlib
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from aggregator import wire
+from probes import events as ev
+from probes.errors import InputError
+from probes.events import Device, NameTable, Trace, empty
+
+DATA = Path(__file__).parent / "data"
+
+WINDOW = {
+    "start_ns": 1_700_000_000_000_000_000, "end_ns": 1_700_000_001_000_000_000,
+    "duration_ns": 1_000_000_000, "sources": ["cupti"],
+    "gpus": [{"device": 0, "pid": 4242, "gpu": "NVIDIA H100 80GB HBM3", "kernels": 51234,
+              "kernel_time_ns": 912_345_678, "busy_ns": 900_000_000, "idle_ns": 100_000_000,
+              "copy_bytes": {"HtoD": 1 << 20, "DtoH": 4096},
+              "launch": {"count": 51234, "p50_ns": 4100, "p99_ns": 18000},
+              "phases": {"decode": {"kernels": 50000, "kernel_time_ns": 800_000_000,
+                                    "time_share_pct": 87.7, "bytes": 2.6e12,
+                                    "achieved_bytes_per_s": 3.25e12, "arithmetic_intensity": 1.9,
+                                    "verdict": "memory-bound", "evidence": ["grid.x=64 per-token"],
+                                    "work_source": "model"},
+                         "prefill": {"kernels": 1234, "kernel_time_ns": 112_345_678,
+                                     "verdict": None}}}],
+    "agent": {"cpu_pct": 0.8, "rss_bytes": 83_000_000, "drops": {"cupti": 0}},
+    "a_key_not_in_the_table": [1, 2, {"nested_unknown": True}],
+}
+
+
+def _literal_trace() -> Trace:
+    names = NameTable(["ampere_bf16_s16816gemm_bf16_128x64", "flash_fwd_splitkv_kernel",
+                       "cudaLaunchKernel", "Memcpy HtoD (Pinned -> Device)", "ProfilerStep#3",
+                       "aten::mm", "[[16, 1024], [1024, 4096]]"])
+    k = empty(ev.KERNEL_DTYPE, 4)
+    k["start_ns"] = [1_000_000_000, 1_000_012_000, 1_000_020_500, 1_000_031_000]
+    k["end_ns"] = k["start_ns"] + [10_000, 7_250, 9_999, 10_000]
+    k["device"], k["stream"], k["context"] = 0, 7, 1
+    k["correlation_id"] = [101, 103, 105, 107]
+    k["external_id"] = [11, 11, 12, 13]
+    k["grid_x"], k["grid_y"], k["grid_z"] = [132, 16, 132, 16], 1, 1
+    k["block_x"], k["block_y"], k["block_z"] = [256, 128, 256, 128], 1, 1
+    k["registers"], k["shared_mem_bytes"] = [168, 96, 168, 96], [98304, 12288, 98304, 12288]
+    k["name_id"] = [0, 1, 0, 1]
+    k["pid"], k["tid"] = 4242, 4243
+    c = empty(ev.COPY_DTYPE, 1)
+    c[0] = (999_000_000, 999_001_500, 0, 7, 100, ev.COPY_KIND_MEMCPY, ev.COPY_HTOD, 65536, -1, 4242, 4243, 3)
+    a = empty(ev.API_DTYPE, 2)
+    a["start_ns"], a["end_ns"] = [999_990_000, 1_000_005_000], [999_995_000, 1_000_009_000]
+    a["pid"], a["tid"], a["correlation_id"], a["external_id"] = 4242, 4243, [101, 103], [11, 11]
+    a["cbid"], a["domain"], a["category"], a["name_id"] = 211, ev.API_DOMAIN_RUNTIME, ev.API_LAUNCH, 2
+    r = empty(ev.RANGE_DTYPE, 1)
+    r[0] = (990_000_000, 1_001_000_000, 4242, 4243, -1, ev.RANGE_PROFILER_STEP, 4, 10)
+    o = empty(ev.CPU_OP_DTYPE, 1)
+    o[0] = (999_980_000, 1_000_010_000, 4242, 4243, 5, 11, 6, -1)
+    return Trace(k, c, a, r, o, names, [Device(0, "NVIDIA H100 80GB HBM3", 132, 85018279936, "9.0")],
+                 {"source": "literal"})
+
+
+GOLDEN = {
+    "wire_envelope_window_v1.bin": lambda: wire.encode_envelope(
+        "window", 7, wire.encode_window(WINDOW), "gpu-host-1", 1_700_000_001_000_000_123),
+    "wire_event_batch_v1.bin": lambda: wire.encode_event_batch(_literal_trace()),
+    "wire_envelope_health_v1.bin": lambda: wire.encode_envelope(
+        "health", 3, {"cpu_pct": 1.5, "rss_bytes": 90_000_000, "drops": {"cupti": 2}},
+        "gpu-host-1", 42),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_bytes(name):
+    assert GOLDEN[name]() == (DATA / name).read_bytes()
+
+
+def test_golden_window_decodes_to_literal():
+    env = wire.decode_envelope((DATA / "wire_envelope_window_v1.bin").read_bytes())
+    assert (env.version, env.topic, env.kind, env.host, env.seq, env.ts_ns) == \
+        (1, "window", "window", "gpu-host-1", 7, 1_700_000_001_000_000_123)
+    assert wire.decode_window(env.payload) == WINDOW
+
+
+def test_golden_health_decodes_to_literal():
+    env = wire.decode_envelope((DATA / "wire_envelope_health_v1.bin").read_bytes())
+    assert env.payload == {"cpu_pct": 1.5, "rss_bytes": 90_000_000, "drops": {"cupti": 2}}
+
+
+def _assert_same(t1: Trace, t2: Trace):
+    for kind in wire.KINDS:
+        x, y = getattr(t1, kind), getattr(t2, kind)
+        assert len(x) == len(y), kind
+        for f in x.dtype.names:
+            if f in ("name_id", "input_dims_id", "input_types_id"):
+                assert t1.names.names_of(x[f]) == t2.names.names_of(y[f]), f"{kind}.{f}"
+            else:
+                assert np.array_equal(x[f], y[f]), f"{kind}.{f}"
+
+
+def test_golden_event_batch_decodes_to_literal():
+    lit = _literal_trace()
+    got = wire.decode_event_batch((DATA / "wire_event_batch_v1.bin").read_bytes())
+    _assert_same(lit, got)
+    assert got.meta == {"source": "literal"}
+    assert got.devices == lit.devices
+
+
+def test_window_keys_are_numbers_on_the_wire():
+    raw = msgpack.unpackb(wire.encode_window({"kernel_time_ns": 5, "phases": {"decode": {"flops": 1}}}),
+                          strict_map_key=False)
+    assert raw == {0: 1, 1: {15: 5, 22: {"decode": {29: 1}}}}
+
+
+def test_unknown_field_number_decodes_by_number():
+    blob = msgpack.packb({0: 1, 1: {9999: 1, 15: 2}})
+    assert wire.decode_window(blob) == {"field_9999": 1, "kernel_time_ns": 2}
+
+
+def test_field_numbers_unique_and_stable():
+    assert len(set(wire.FIELDS.values())) == len(wire.FIELDS)
+    assert len(set(wire.COLUMNS.values())) == len(wire.COLUMNS)
+    # pinned: changing these breaks every recording ever made
+    assert (wire.FIELDS["start_ns"], wire.FIELDS["phases"], wire.FIELDS["verdict"]) == (1, 22, 10)
+    for dt in (ev.KERNEL_DTYPE, ev.COPY_DTYPE, ev.API_DTYPE, ev.RANGE_DTYPE, ev.CPU_OP_DTYPE):
+        assert set(dt.names) <= set(wire.COLUMNS), "every event column needs a wire number"
+
+
+def test_numpy_values_become_plain():
+    w = {"kernels": np.int64(5), "busy_ns": np.array([1, 2]), "time_share_pct": np.float32(0.5)}
+    assert wire.decode_window(wire.encode_window(w)) == {"kernels": 5, "busy_ns": [1, 2], "time_share_pct": 0.5}
+
+
+def test_int_keys_rejected_at_encode():
+    with pytest.raises(TypeError):
+        wire.encode_window({"gpus": {0: {}}})
+
+
+# ----------------------------------------------------------------- rejection
+
+def _bad(fn, blob, text):
+    with pytest.raises(InputError) as ei:
+        fn(blob)
+    assert text in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_unknown_versions_rejected():
+    env = msgpack.packb({0: 2, 1: "window", 2: "h", 3: 1, 4: 1, 5: b""})
+    _bad(wire.decode_envelope, env, "schema version 2")
+    _bad(wire.decode_window, msgpack.packb({0: 99, 1: {}}), "schema version 99")
+    batch = bytearray((DATA / "wire_event_batch_v1.bin").read_bytes())
+    m = msgpack.unpackb(bytes(batch), strict_map_key=False)
+    m[0] = 0
+    _bad(wire.decode_event_batch, msgpack.packb(m), "schema version 0")
+
+
+def test_malformed_input_rejected():
+    good = (DATA / "wire_envelope_window_v1.bin").read_bytes()
+    _bad(wire.decode_envelope, b"\xc1garbage", "not valid msgpack")
+    _bad(wire.decode_envelope, good[: len(good) // 2], "not valid msgpack")
+    _bad(wire.decode_envelope, msgpack.packb([1, 2]), "not a map")
+    _bad(wire.decode_envelope, msgpack.packb({0: 1, 1: "nope", 2: "h", 3: 1, 4: 1, 5: 1}), "unknown topic")
+    _bad(wire.decode_envelope, msgpack.packb({0: 1, 1: "window", 2: "h", 3: "x", 4: 1, 5: b""}), "types")
+    _bad(wire.decode_envelope, msgpack.packb({0: 1, 1: "window", 2: "h", 3: 1, 4: 1, 5: 5}), "not bin")
+    _bad(wire.decode_envelope, "text", "expected bytes")
+    batch = (DATA / "wire_event_batch_v1.bin").read_bytes()
+    _bad(wire.decode_event_batch, batch[:-7], "not valid msgpack")
+    m = msgpack.unpackb(batch, strict_map_key=False)
+    m2 = dict(m)
+    m2[8] = dict(m[8])
+    m2[8][3] = b"not zlib at all"
+    _bad(wire.decode_event_batch, msgpack.packb(m2), "not valid zlib")
+    m2[8][3] = zlib.compress(b"\x00" * 10)
+    m2[8][4] = 10
+    _bad(wire.decode_event_batch, msgpack.packb(m2), "runs past the data")
+    m2[8] = dict(m[8])
+    m2[8][1] = 10**12
+    _bad(wire.decode_event_batch, msgpack.packb(m2), "header is malformed")
+    m3 = dict(m)
+    m3[3] = m[3][:2]      # names it refers to are missing
+    m3[4] = 2
+    _bad(wire.decode_event_batch, msgpack.packb(m3), "does not ship")
+    # a zlib bomb claiming a small size is cut at the stated length
+    m4 = dict(m)
+    m4[8] = dict(m[8])
+    m4[8][3] = zlib.compress(b"\x00" * 10_000_000)
+    _bad(wire.decode_event_batch, msgpack.packb(m4), "stated length")
+
+
+# ----------------------------------------------------------------- real traces
+
+TRACES = [
+    "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
+    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
+    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
+    "nvidia-training/hta_a100_rank0_training.json.gz",
+]
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_round_trip_real_traces(name, trace_path):
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(name))
+    blob = wire.encode_event_batch(t)
+    back = wire.decode_event_batch(blob)
+    _assert_same(t, back)
+    assert [d.name for d in back.devices] == [d.name for d in t.devices]
+    env = wire.decode_envelope(wire.encode_envelope("events", 1, blob, "h", 2))
+    _assert_same(t, wire.decode_event_batch(env.payload))
+
+
+def test_bytes_per_kernel_event_h100(trace_path):
+    """The H100 trace's kernels, names included, fit the 16-byte budget."""
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(TRACES[2]))
+    kt = Trace(kernels=t.kernels, names=t.names)
+    assert len(wire.encode_event_batch(kt)) / len(t.kernels) <= 16
+
+
+def test_stateful_stream_ships_names_once_and_resyncs(trace_path):
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(TRACES[2]))
+    parts = [Trace(kernels=t.kernels[i:i + 300], names=t.names) for i in range(0, len(t.kernels), 300)]
+    enc = wire.EventBatchEncoder(full_every=3, stream=77)
+    blobs = [enc.encode(p) for p in parts]
+    names_shipped = [len(msgpack.unpackb(b, strict_map_key=False)[3]) for b in blobs]
+    assert names_shipped[1] < names_shipped[0] or names_shipped[1] == 0
+    dec = wire.EventBatchDecoder()
+    for p, b in zip(parts, blobs):
+        got = dec.decode(b)
+        assert got.names.names_of(got.kernels["name_id"]) == t.names.names_of(p.kernels["name_id"])
+        assert np.array_equal(got.kernels["start_ns"], p.kernels["start_ns"])
+    # a late subscriber misses batch 0: names unknown until the full table of batch 3
+    late = wire.EventBatchDecoder()
+    got1 = late.decode(blobs[1])
+    assert got1.meta["names_missing"] > 0
+    got3 = late.decode(blobs[3])
+    assert "names_missing" not in got3.meta
+    assert got3.names.names_of(got3.kernels["name_id"]) == t.names.names_of(parts[3].kernels["name_id"])
+
+
+def _regenerate():
+    for name, make in GOLDEN.items():
+        (DATA / name).write_bytes(make())
+        print("wrote", DATA / name)
+
+
+if __name__ == "__main__" and "--regenerate" in sys.argv:
+    _regenerate()
