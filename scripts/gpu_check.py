@@ -7,6 +7,8 @@ prefill and a decode loop, several times, as separate processes:
   plain      no injection: baseline CPU time and kernel launches
   injected   under `ridgeline run --mode deep`, the agent's CuptiProbe listening here
   torchprof  under torch.profiler (Kineto), exported as a Chrome trace
+  coexist    torch.profiler inside an injected process: does each tool still get its
+             data, and does the library report the other CUPTI subscriber?
 
 and records, with provenance, in OUT:
   gpu_check.json        every number below, and every step's status / reason
@@ -111,14 +113,15 @@ def workload(mode: str, out: Path) -> dict:
     run_once()                     # warm-up (cuBLAS handles, allocator)
     torch.cuda.synchronize()
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    if mode == "torchprof":
+    if mode in ("torchprof", "coexist"):
         from torch.profiler import ProfilerActivity, profile
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             run_once()
-        prof.export_chrome_trace(str(out / "torch_trace.json"))
-        with open(out / "torch_trace.json", "rb") as f, gzip.open(out / "torch_trace.json.gz", "wb") as g:
+        stem = "torch_trace" if mode == "torchprof" else "torch_trace_coexist"
+        prof.export_chrome_trace(str(out / f"{stem}.json"))
+        with open(out / f"{stem}.json", "rb") as f, gzip.open(out / f"{stem}.json.gz", "wb") as g:
             shutil.copyfileobj(f, g)
-        os.unlink(out / "torch_trace.json")
+        os.unlink(out / f"{stem}.json")
     else:
         run_once()
     torch.cuda.synchronize()
@@ -177,7 +180,7 @@ def child(mode: str, out: Path, timeout: float, env_extra: dict | None = None, w
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_injected(rep: Report, out: Path, timeout: float, pm: bool) -> tuple[dict, object, object]:
+def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "injected") -> tuple[dict, object, object]:
     """One injected run with the probe listening here; returns (workload result, trace, pm samples)."""
     import numpy as np
     from probes.cupti.probe import CuptiProbe
@@ -198,7 +201,7 @@ def run_injected(rep: Report, out: Path, timeout: float, pm: bool) -> tuple[dict
     batches = []
     try:
         wrap = [sys.executable, "-m", "agent.cli", "run", "--socket", str(sock), "--mode", "deep", "--"]
-        res = child("injected", out, timeout, wrap=wrap)
+        res = child(mode, out, timeout, wrap=wrap)
         end = time.monotonic() + 3
         while time.monotonic() < end:
             got = probe.poll()
@@ -388,6 +391,17 @@ def main_driver(out: Path, budget_s: float) -> int:
                  cpu_ns_per_kernel=(inj - plain) / n * 1e9,
                  wall_plain_s=results["plain1"]["wall_s"], wall_injected_s=results["inj1"]["wall_s"],
                  note="min of two runs each; injected runs are in deep mode")
+    if left() > 120:
+        try:
+            rep.data.pop("library_status", None)
+            res, tr, _ = run_injected(rep, out, min(150, left() - 60), pm=False, mode="coexist")
+            from probes.kineto import load_trace
+            tt = load_trace(out / "torch_trace_coexist.json.gz")
+            rep.step("coexist_torch_profiler", "ok", ridgeline_kernels=int(len(tr.kernels)) if tr is not None else 0,
+                     torch_profiler_kernels=int(len(tt.kernels)), library_status=rep.data.get("library_status"),
+                     flags=tr.meta.get("flags") if tr is not None else None)
+        except Exception as e:
+            rep.step("coexist_torch_profiler", "failed", reason=f"{type(e).__name__}: {e}")
     try:
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--require", "gpu", "-m", "gpu",
                             "tests/test_cupti_pm_sampler.py"], cwd=ROOT, capture_output=True, text=True,
@@ -417,7 +431,7 @@ def write_provenance(out: Path, data: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--workload", choices=["plain", "injected", "torchprof"])
+    ap.add_argument("--workload", choices=["plain", "injected", "torchprof", "coexist"])
     ap.add_argument("--budget-s", type=float, default=540)
     a = ap.parse_args()
     out = Path(a.out)

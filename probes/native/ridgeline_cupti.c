@@ -358,14 +358,20 @@ static void sizes_for_runtime(uint32_t version) {
 static size_t record_size(uint8_t *buf, size_t valid, uint8_t *p) {
     size_t left = valid - (size_t)(p - buf);
     if (left < 8) return 0;
-    if (g_walk_with_cupti && C.GetNextRecord) {
-        CUpti_Activity *rec = (CUpti_Activity *)p;
-        /* GetNextRecord advances from the record it was given. */
-        if (C.GetNextRecord(buf, valid, &rec) != CUPTI_SUCCESS) return left; /* last record */
-        return (size_t)((uint8_t *)rec - p);
-    }
     int32_t kind;
     memcpy(&kind, p, 4);
+    if (g_walk_with_cupti && C.GetNextRecord) {
+        CUpti_Activity *rec = (CUpti_Activity *)p;
+        /* GetNextRecord advances from the record it was given; sizes it reveals are
+         * remembered so the last record of a buffer (no successor) gets its own size. */
+        if (C.GetNextRecord(buf, valid, &rec) != CUPTI_SUCCESS) {
+            if (kind > 0 && kind < RL_KIND_MAX && g_rec_size[kind] && g_rec_size[kind] <= left) return g_rec_size[kind];
+            return left;
+        }
+        size_t sz = (size_t)((uint8_t *)rec - p);
+        if (kind > 0 && kind < RL_KIND_MAX && sz && sz % 8 == 0) g_rec_size[kind] = (uint32_t)sz;
+        return sz;
+    }
     if (kind <= 0 || kind >= RL_KIND_MAX || g_rec_size[kind] == 0 || g_rec_size[kind] > left) return 0;
     return g_rec_size[kind];
 }
