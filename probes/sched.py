@@ -225,10 +225,8 @@ class SchedProbe(Probe):
                 rows = rows[~gone]
         window = self._acct.window(rows, exit_rows, now_ns)
         forks = ev_rows[ev_rows["ev_type"] == EV_FORK]
-        for f in forks:   # children of targets (follow_forks): track the new process as a whole
-            if int(f["tgid"]) not in self._targets:
-                self._targets.add(int(f["tgid"]))
-                self._set_bit(int(f["tgid"]), True)
+        for f in forks:   # children of targets (follow_forks): the BPF side already set their bit
+            self._targets.add(int(f["tgid"]))
         if self._discover_until and time.monotonic() >= self._discover_until:
             self._set(CFG_DISCOVER, 0)
             self._discover_until = 0.0

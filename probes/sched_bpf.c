@@ -268,7 +268,11 @@ RAW_TRACEPOINT_PROBE(sched_wakeup_new) {
     if (tgid != ptgid && !is_target(tgid)) {
         if (!cfg(CFG_FOLLOW_FORKS))
             return 0;
-        /* a child process: user space adds it to the targets; track it from now on */
+        /* a child process: a target from now on (user space learns it from the event) */
+        int w = tgid >> 6;
+        u64 *bits = targets.lookup(&w);
+        if (bits)
+            __sync_fetch_and_or(bits, 1ULL << (tgid & 63));
         emit_ev(EV_FORK, tid, tgid, now, ptgid);
     }
     struct thread_t *s = track(p, tid, tgid, S_RUNNABLE, now, 0);

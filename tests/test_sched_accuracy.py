@@ -181,3 +181,37 @@ def test_remove_target_leaves_no_entries(probe):
     keys, vals = probe._read()
     assert (vals["tgid"] == w.pid).sum() == 0
     assert w.pid not in probe.targets
+
+
+def test_follow_forks_tracks_children(probe):
+    import sys
+    code = ("import os, sys, time\n"
+            "sys.stdout.write('READY\\n'); sys.stdout.flush(); sys.stdin.readline()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    t = time.perf_counter() + 0.2\n"
+            "    while time.perf_counter() < t: pass\n"
+            "    for i in range(5): time.sleep(0.005)\n"
+            "    os._exit(0)\n"
+            "os.waitpid(pid, 0); print(pid, flush=True); sys.stdin.readline()\n")
+    w = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w.stdout.readline()
+    probe.follow_forks = True
+    probe._set(1, 1)
+    try:
+        probe.add_target(w.pid)
+        probe.poll()
+        w.stdin.write("go\n"); w.stdin.flush()
+        child = int(w.stdout.readline())
+        time.sleep(0.05)
+        win = probe.poll()
+    finally:
+        probe._set(1, 0)
+        probe.follow_forks = False
+        w.stdin.write("x\n"); w.stdin.flush(); w.wait(timeout=10)
+    rows = {int(r["tid"]): r for r in win["threads"]}
+    assert child in rows and int(rows[child]["tgid"]) == child
+    assert int(rows[child]["voluntary_switches"]) >= 5 and bool(rows[child]["exited"])
+    assert child in probe.targets
+    probe.remove_target(child)
+    probe.remove_target(w.pid)
