@@ -135,7 +135,11 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     span = (int(k["end_ns"].max() - k["start_ns"].min())) if len(k) else 0
     return {
         "schema": SCHEMA,
-        "trace": str(trace.meta.get("path", "")),
+        "trace": str(trace.meta.get("path") or trace.meta.get("source_path") or ""),
+        # Traces from the workload generator say so (recording meta, or the device
+        # properties it writes); their figures are never measurements.
+        "simulated": bool(trace.meta.get("simulated")
+                          or any(d.properties.get("simulated") for d in trace.devices)),
         "gpu": gpu_doc,
         "kernels": int(len(k)),
         "kernel_time_ns": int(np.maximum(k["end_ns"] - k["start_ns"], 0).sum()) if len(k) else 0,

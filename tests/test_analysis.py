@@ -144,3 +144,10 @@ def test_b200_prefill_tokens_and_model_share(trace_path):
     # 888 tokens touch nearly all 128 experts: about 1/8 of ~63 GB of weights per GPU.
     assert 6e9 < mw["parts"]["weight_bytes"] < 9e9
     assert doc["phases"]["prefill"]["work_source"] == "model"
+
+
+def test_simulated_traces_are_labelled():
+    t, pm = _decode_trace()
+    assert analyze_trace(t, phase_map=pm)["simulated"] is False
+    t.devices[0].properties["simulated"] = True
+    assert analyze_trace(t, phase_map=pm)["simulated"] is True

@@ -96,8 +96,6 @@ def run(args) -> int:
                             use_annotations=not args.no_annotations, ceilings_path=args.ceilings,
                             phase_map=pm)
         doc["trace"] = path
-        if trace.meta.get("simulated"):
-            doc["simulated"] = True      # from the workload generator, never a measurement
         if not args.json:
             # The report first: a failing output file must not lose it.
             from aggregator.report import render
