@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,30 @@ def main() -> int:
             buf = ctypes.create_string_buffer(4096)
             lib.ridgeline_test_status(buf, 4096)
             out["status"] = buf.value.decode()
+        elif cmd[0] == "fork":
+            # a forked child (e.g. a worker of a server) feeds one buffer and exits normally
+            r, w = os.pipe()
+            t = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                b = R.make_buffer(int(cmd[2]), seed=int(cmd[1]))
+                lib.ridgeline_test_buffer_completed(b.data, len(b.data))
+                until = time.monotonic() + 3
+                while not lib.ridgeline_test_pool_idle() and time.monotonic() < until:
+                    time.sleep(0.005)
+                arr = (ctypes.c_uint64 * len(COUNTERS))()
+                lib.ridgeline_test_counters(arr, len(COUNTERS))
+                os.write(w, json.dumps({COUNTERS[i]: int(arr[i]) for i in range(len(COUNTERS))}).encode())
+                os.close(w)
+                sys.stdout.flush()
+                os._exit(0) if len(cmd) > 3 else sys.exit(0)   # sys.exit runs the atexit handlers
+            os.close(w)
+            data = b""
+            while chunk := os.read(r, 65536):
+                data += chunk
+            _, status = os.waitpid(pid, 0)
+            out = {"child": json.loads(data or b"{}"), "status": status, "child_s": time.monotonic() - t}
         elif cmd[0] == "quit":
             lib.ridgeline_test_shutdown()
             print(json.dumps({"bye": True}), flush=True)

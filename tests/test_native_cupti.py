@@ -316,3 +316,21 @@ def test_disabled_by_environment(built):
     env = dict(os.environ, CUDA_INJECTION64_PATH=str(LIB), RIDGELINE_DISABLE="1")
     r = subprocess.run([str(APP), "3"], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "sum=6" in r.stdout and r.stderr == ""
+
+
+def test_forked_child_sends_on_its_own_connection_and_exits_cleanly(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h = harness(RIDGELINE_RECONNECT_MS=50)
+        h(f"init {sock} 130500")
+        poll_until(probe, lambda g: g["new_pids"])
+        r = h("fork 7 100")
+        got = poll_until(probe, lambda g: g["batches"])
+    finally:
+        probe.stop()
+    assert r["status"] == 0 and r["child_s"] < 5          # no lock inherited held, no hang at exit
+    assert r["child"]["records_sent"] > 0 and r["child"]["connects"] >= 1
+    pids = {b["pid"] for b in got["batches"]}
+    assert len(pids) == 1 and h.p.pid not in pids          # the child's own pid, from the kernel

@@ -992,14 +992,35 @@ static int alloc_pool(void) {
     return names_alloc();
 }
 
+/* fork(): our locks are taken around the fork so a child never inherits one held by a
+ * thread that does not exist there (it would wait forever on it). */
+static void at_fork_prepare(void) {
+    pthread_mutex_lock(&g_start_lock);
+    pthread_mutex_lock(&g_pool_lock);
+    pthread_mutex_lock(&g_names_lock);
+    pthread_mutex_lock(&g_status_lock);
+}
+
+static void at_fork_parent(void) {
+    pthread_mutex_unlock(&g_status_lock);
+    pthread_mutex_unlock(&g_names_lock);
+    pthread_mutex_unlock(&g_pool_lock);
+    pthread_mutex_unlock(&g_start_lock);
+}
+
 static void at_fork_child(void) {
+    at_fork_parent();
     /* Threads do not survive fork; the first buffer completed in the child restarts the sender. */
     atomic_store(&g_sender_running, 0);
     g_pid = getpid();
 }
 
+static int g_init_pid;
+
 static void at_exit(void) {
     if (!atomic_load(&g_active)) return;
+    /* A forked child inherits this handler but not CUDA: it must not touch CUPTI or wait. */
+    if (getpid() != g_init_pid) return;
     /* Completed buffers only (flag 0): a forced flush hands back running kernels with end=0. */
     if (cfg.exit_flush && C.FlushAll && !g_test_mode) (void)C.FlushAll(0);
     /* give the sender a short, bounded chance to ship what is queued */
@@ -1208,7 +1229,8 @@ RL_EXPORT int InitializeInjection(void) {
     int claim = claim_cupti();
     if (claim == 2) return 1;
     if (claim == 0 && setup_collection() != 0) atomic_fetch_or(&g_flags, RL_FLAG_CONFLICT);
-    pthread_atfork(NULL, NULL, at_fork_child);
+    g_init_pid = getpid();
+    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atexit(at_exit);
     atomic_store(&g_active, 1);
     start_sender_if_needed(); /* also on conflict: the agent learns why there is no data */
@@ -1243,7 +1265,8 @@ RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_versio
     g_cupti_version = cupti_version;
     sizes_from_header();
     atomic_fetch_or(&g_flags, RL_FLAG_TEST_MODE);
-    pthread_atfork(NULL, NULL, at_fork_child);
+    g_init_pid = getpid();
+    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atomic_store(&g_active, 1);
     start_sender_if_needed();
     return 0;
