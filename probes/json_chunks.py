@@ -33,7 +33,7 @@ import orjson
 
 from .errors import InputError
 
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 4 << 20
 PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
 HEAD_LIMIT = 1 << 30  # bytes read while looking for the array before giving up on streaming
 
