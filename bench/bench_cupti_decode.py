@@ -102,6 +102,32 @@ def run_objects(n: int) -> float:
     return _clock() - t, time.perf_counter() - w
 
 
+def run_library(n_buffers: int = 30) -> tuple[float, int] | None:
+    """In-process cost of the injection library's completed-buffer path (C): copy into the
+    pool, group by kind, intern names. No agent listens: slots are dropped and counted."""
+    lib_path = ROOT / "probes" / "native" / "libridgeline_cupti.so"
+    if not lib_path.exists():
+        return None
+    lib = ctypes.CDLL(str(lib_path))
+    lib.ridgeline_test_init.argtypes = [ctypes.c_char_p, ctypes.c_uint32]
+    lib.ridgeline_test_buffer_completed.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    os.environ["RIDGELINE_POOL_SLOTS"] = "64"
+    if lib.ridgeline_test_init(b"/nonexistent/ridgeline-bench.sock", 130500) != 0:
+        return None
+    per = BUFFER_BYTES // (R.KERNEL.itemsize + R.API.itemsize + R.EXTCORR.itemsize)
+    b = R.make_buffer(per, seed=3, with_markers=False)
+    n_rec = 3 * per + 2 * max(1, per // 10)
+    times = []
+    for _ in range(n_buffers):
+        t = time.perf_counter_ns()
+        lib.ridgeline_test_buffer_completed(b.data, len(b.data))
+        times.append(time.perf_counter_ns() - t)
+        while not lib.ridgeline_test_pool_idle():
+            time.sleep(0.001)
+    lib.ridgeline_test_shutdown()
+    return statistics.median(times) / n_rec, n_rec
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=2_000_000)
@@ -127,6 +153,7 @@ def main() -> int:
     except Exception as e:  # cupti-python missing: the table says so
         rows.append((f"cupti-python objects: unavailable ({type(e).__name__})", 0, float("nan"), float("nan"),
                      float("nan")))
+    libcost = run_library()
     base = rows[0][3]
     print(f"# bench_cupti_decode: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"python {platform.python_version()}, numpy {np.__version__}, one thread, median of {a.repeat}, "
@@ -137,6 +164,9 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|")
     for label, n, med, rate, wall in rows:
         print(f"| {label} | {n:,} | {med:.3f} | {rate:,.0f} | {wall:.3f} | {rate / base:.2f}x |")
+    if libcost:
+        print(f"\nIn the served process (libridgeline_cupti.so completed-buffer path, C, wall median over "
+              f"30 buffers of {libcost[1]:,} mixed records): {libcost[0]:.1f} ns per record")
     return 0
 
 
