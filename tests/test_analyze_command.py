@@ -141,3 +141,22 @@ def test_recordings_are_dispatched_by_magic(tmp_path, capsys):
     assert code in (0, 2)
     if code == 2:
         assert err.startswith("ridgeline: error: ") and "JSON" not in err
+
+
+def test_analyze_a_recording_of_the_stream(trace_path, capsys, tmp_path):
+    """An agent recording holding the nano-vllm decode trace's events gives the same phase figures
+    as the Kineto file (events only: the recording carries no operator shapes)."""
+    recording = pytest.importorskip("agent.recording")
+    wire = pytest.importorskip("aggregator.wire")
+    from probes.kineto import load_trace
+    t = load_trace(trace_path(DECODE))
+    f = tmp_path / "stream.rlrec"
+    with recording.RecordingWriter(f) as w:
+        w.write(wire.encode_envelope("events", 0, wire.encode_event_batch(t), "host", 1), 1)
+    doc = run_json(capsys, f)
+    assert doc["kernels"] == len(t.kernels)
+    direct = run_json(capsys, trace_path(DECODE))
+    assert set(doc["phases"]) == set(direct["phases"])
+    for name, p in doc["phases"].items():
+        assert p["kernels"] == direct["phases"][name]["kernels"]
+        assert p["busy_ns"] == direct["phases"][name]["busy_ns"]
