@@ -136,6 +136,8 @@ def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
     pid = b["pid"]
     assert got["new_pids"] == [(pid, "python")]
     assert pid == h.p.pid            # from SO_PEERCRED, not from the message
+    from probes import targets
+    assert pid in targets._drain_announced()     # handed to the eBPF target discovery
     t = b["trace"]
     assert t.meta["cupti_version"] == 130500 and t.meta["flags"] & FLAG_TEST_MODE
     assert t.meta["layouts"][10] == "cupti-python activity_kernel13_dtype"

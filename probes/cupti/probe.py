@@ -23,28 +23,14 @@ from probes.probe import Availability, Probe
 log = logging.getLogger(__name__)
 
 
-def _announce_target(pid: int, comm: str) -> bool:
-    """Tell H4's target discovery (``probes.targets``) about a process that announced itself.
-
-    The seam is optional: when ``probes.targets`` has no announce function yet, the pid
-    still appears in ``poll()["new_pids"]`` for the agent to forward.
-    """
+def _announce_target(pid: int) -> bool:
+    """Tell H4's target discovery (``probes.targets.announce``) about a process that
+    announced itself, so the eBPF probes watch its threads too. Optional seam: without
+    it the pid still appears in ``poll()["new_pids"]``."""
     try:
         from probes import targets
-    except Exception:
-        return False
-    fn = getattr(targets, "announce", None) or getattr(targets, "announce_pid", None)
-    if fn is None:
-        return False
-    try:
-        fn(pid, source="cupti", comm=comm)
+        targets.announce(pid)
         return True
-    except TypeError:
-        try:
-            fn(pid)
-            return True
-        except Exception:
-            return False
     except Exception:
         return False
 
@@ -140,7 +126,7 @@ class CuptiProbe(Probe):
                     dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
                 dec.set_hello(m.body)
                 self._new.append((m.pid, m.body.comm))
-                _announce_target(m.pid, m.body.comm)
+                _announce_target(m.pid)
                 if m.body.status:
                     self._status[m.pid] = m.body.status
                     if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
