@@ -93,10 +93,24 @@ def read_map(table, key_dtype: np.dtype, value_dtype: np.dtype, max_entries: int
     return kk.copy(), vv.copy()
 
 
+_BUFFERS: dict = {}
+
+
+def _buffers(table, key_dtype, value_dtype, max_entries):
+    # One pair of buffers per map, reused across polls: allocating (and page-faulting) a
+    # max_entries-sized buffer on every read would dominate a poll's cost.
+    k = (table.map_fd, key_dtype.str, value_dtype.itemsize, max_entries)
+    buf = _BUFFERS.get(k)
+    if buf is None:
+        if len(_BUFFERS) > 64:
+            _BUFFERS.clear()
+        buf = _BUFFERS[k] = (np.empty(max_entries, dtype=key_dtype), np.empty(max_entries, dtype=value_dtype))
+    return buf
+
+
 def _read_map_batch(table, key_dtype, value_dtype, max_entries):
     from bcc.libbcc import lib  # noqa: PLC0415  (bcc is optional at import time)
-    keys = np.empty(max_entries, dtype=key_dtype)
-    vals = np.empty(max_entries, dtype=value_dtype)
+    keys, vals = _buffers(table, key_dtype, value_dtype, max_entries)
     out_batch = ct.c_uint64(0)   # large enough for any map's batch cursor
     cnt = ct.c_uint32(0)
     total = 0

@@ -321,9 +321,9 @@ class CudaUprobeProbe(Probe):
         start_ns, self._last_read_ns = self._last_read_ns, now_ns
         self.records += len(window)
         return {"kind": "cuda", "window_start_ns": start_ns, "window_end_ns": now_ns,
-                "threads": window, "counters": self.counters()}
+                "threads": window, "counters": self._counts()}
 
-    def counters(self) -> dict:
+    def _counts(self) -> dict:
         c = super().counters()
         if self.bpf is not None:
             lost = int(sum(self.bpf[b"ccounters"][ct.c_int(0)]))
@@ -331,6 +331,13 @@ class CudaUprobeProbe(Probe):
             c["drops"] = self.drops + lost
             c["attached_libraries"] = len(self.attachments)
             c["missing_symbols"] = self.missing_symbols
+        return c
+
+    def counters(self) -> dict:
+        """records, drops (thread map full), errors, attached libraries, missing symbols, and
+        per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
+        c = self._counts()
+        if self.bpf is not None:
             c["bpf_programs"] = bpfmod.prog_stats(self.bpf)
         return c
 

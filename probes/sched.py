@@ -240,10 +240,10 @@ class SchedProbe(Probe):
             "runq_hist": hist_by_tgid(window),
             "slow_runq": ev_rows[ev_rows["ev_type"] == EV_SLOW_RUNQ],
             "forks": forks,
-            "counters": self.counters(),
+            "counters": self._counts(),
         }
 
-    def counters(self) -> dict:
+    def _counts(self) -> dict:
         c = super().counters()
         if self.bpf is not None:
             c["events_lost"] = self._counter(C_EVENTS_LOST)
@@ -251,6 +251,13 @@ class SchedProbe(Probe):
             c["gaps"] = self._counter(C_GAPS)
             c["events"] = self._counter(C_EVENTS)
             c["drops"] = self.drops + c["events_lost"] + c["threads_lost"]
+        return c
+
+    def counters(self) -> dict:
+        """records, drops (ring buffer full + thread map full + held events), errors, gaps, and
+        per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
+        c = self._counts()
+        if self.bpf is not None:
             c["bpf_programs"] = bpfmod.prog_stats(self.bpf)
         return c
 

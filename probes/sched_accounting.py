@@ -90,45 +90,43 @@ def effective_totals(rows: np.ndarray, now_ns: int) -> np.ndarray:
     return out
 
 
-def close_exit(row: np.ndarray) -> np.ndarray:
-    """Totals of an exit record: the kernel already closed every interval (its last switch-out)."""
-    out = row.copy()
+def close_exit(rows: np.ndarray) -> np.ndarray:
+    """Totals of exit records: the kernel already closed every interval (their last switch-out)."""
+    out = rows.copy()
     out["state"] = S_UNKNOWN
     return out
 
 
-def diff_rows(prev: np.ndarray | None, cur: np.ndarray, exited: bool = False) -> np.ndarray:
-    """One WINDOW_DTYPE row from two effective-total rows of the same thread (``prev`` None: first read).
+def _keys(rows: np.ndarray) -> np.ndarray:
+    return (rows["tgid"].astype(np.uint64) << np.uint64(32)) | rows["tid"].astype(np.uint64)
+
+
+def diff(prev: np.ndarray, cur: np.ndarray, exited: np.ndarray) -> np.ndarray:
+    """WINDOW_DTYPE rows from aligned effective totals ``prev`` and ``cur`` (zeros in ``prev``: first read).
 
     A time field that went down (an open interval reclassified as unattributed after a
     gap) is reported as 0 and the excess is taken from ``unattributed_ns``, so the sum
     over windows of every field equals the thread's final totals.
     """
-    out = np.zeros((), dtype=WINDOW_DTYPE)
-    out["tid"] = int(cur["tid"])
-    out["tgid"] = int(cur["tgid"])
-    out["comm"] = cur["comm"]
-    out["exited"] = exited
-    out["runq_max_ns"] = int(cur["runq_max_ns"])
-    deltas = {}
-    for f in TIME_FIELDS + COUNT_FIELDS:
-        deltas[f] = int(cur[f]) - (int(prev[f]) if prev is not None else 0)
-    # runq_preempt is part of runq: reclassify runq first, then its preempt share.
-    excess = 0
+    out = np.zeros(len(cur), dtype=WINDOW_DTYPE)
+    if len(cur) == 0:
+        return out
+    d = {f: cur[f].astype(np.int64) - prev[f].astype(np.int64) for f in TIME_FIELDS + COUNT_FIELDS}
+    excess = np.zeros(len(cur), np.int64)
     for f in ("oncpu_ns", "runq_ns", "blocked_ns"):
-        if deltas[f] < 0:
-            excess += -deltas[f]
-            deltas[f] = 0
-    deltas["runq_preempt_ns"] = min(max(deltas["runq_preempt_ns"], 0), deltas["runq_ns"])
-    deltas["unattributed_ns"] -= excess
-    if deltas["unattributed_ns"] < 0:
-        deltas["unattributed_ns"] = 0
+        neg = np.minimum(d[f], 0)
+        excess -= neg
+        d[f] = d[f] - neg
+    d["runq_preempt_ns"] = np.minimum(np.maximum(d["runq_preempt_ns"], 0), d["runq_ns"])
+    d["unattributed_ns"] = np.maximum(d["unattributed_ns"] - excess, 0)
     for f in COUNT_FIELDS:
-        deltas[f] = max(deltas[f], 0)
+        d[f] = np.maximum(d[f], 0)
+    out["tid"], out["tgid"], out["comm"] = cur["tid"], cur["tgid"], cur["comm"]
+    out["exited"] = exited
+    out["runq_max_ns"] = cur["runq_max_ns"]
     for name, src in _OUT_OF.items():
-        out[name] = deltas[src]
-    h = cur["hist"].astype(np.int64) - (prev["hist"].astype(np.int64) if prev is not None else 0)
-    out["runq_hist"] = np.maximum(h, 0)
+        out[name] = d[src]
+    out["runq_hist"] = np.maximum(cur["hist"].astype(np.int64) - prev["hist"].astype(np.int64), 0)
     return out
 
 
@@ -139,37 +137,42 @@ class WindowAccountant:
     exit records received since the last call; returns a WINDOW_DTYPE array with one row
     per thread that was tracked during the window (a thread with nothing new still gets
     a row when it is tracked, e.g. blocked the whole window). Threads are identified by
-    ``(tid, tgid)``.
+    ``(tid, tgid)``. Vectorised: the cost per poll grows with the thread count only
+    through numpy operations.
     """
 
     def __init__(self):
-        self._last: dict[tuple[int, int], np.ndarray] = {}
+        self._keys = np.zeros(0, np.uint64)
+        self._rows = np.zeros(0, THREAD_DTYPE)
 
     def forget_tgid(self, tgid: int) -> None:
         """Drop the state of a target removed by the user (its rows end silently)."""
-        for k in [k for k in self._last if k[1] == tgid]:
-            del self._last[k]
+        keep = self._rows["tgid"] != tgid
+        self._keys, self._rows = self._keys[keep], self._rows[keep]
+
+    def _prev_for(self, keys: np.ndarray) -> np.ndarray:
+        prev = np.zeros(len(keys), THREAD_DTYPE)
+        if len(self._keys) and len(keys):
+            idx = np.searchsorted(self._keys, keys)
+            idx_c = np.minimum(idx, len(self._keys) - 1)
+            found = self._keys[idx_c] == keys
+            prev[found] = self._rows[idx_c[found]]
+        return prev
 
     def window(self, rows: np.ndarray, exits: np.ndarray, now_ns: int) -> np.ndarray:
         eff = effective_totals(rows, now_ns)
-        out = []
-        seen = set()
-        for rec in exits:
-            key = (int(rec["tid"]), int(rec["tgid"]))
-            fin = close_exit(rec)
-            out.append(diff_rows(self._last.pop(key, None), fin, exited=True))
-            seen.add(key)
-        new_last = {}
-        for r in eff:
-            key = (int(r["tid"]), int(r["tgid"]))
-            if key in seen:     # exited and already reported; a stale read of it
-                continue
-            out.append(diff_rows(self._last.get(key), r))
-            new_last[key] = r
-        self._last = new_last
-        if not out:
-            return np.zeros(0, dtype=WINDOW_DTYPE)
-        return np.array(out, dtype=WINDOW_DTYPE)
+        fin = close_exit(exits)
+        ekeys = _keys(fin)
+        rkeys = _keys(eff)
+        live = ~np.isin(rkeys, ekeys)          # an exited thread read again before deletion
+        eff, rkeys = eff[live], rkeys[live]
+        cur = np.concatenate([fin, eff])
+        keys = np.concatenate([ekeys, rkeys])
+        exited = np.concatenate([np.ones(len(fin), bool), np.zeros(len(eff), bool)])
+        out = diff(self._prev_for(keys), cur, exited)
+        order = np.argsort(rkeys)
+        self._keys, self._rows = rkeys[order], eff[order]
+        return out
 
 
 def hist_by_tgid(window_rows: np.ndarray) -> dict[int, np.ndarray]:
