@@ -554,12 +554,13 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
                                       size_t valid) {
     (void)size;
-    process_buffer(buffer, valid);
+    /* counted before the records are queued, so the batch carrying them reports it */
     if (C.GetNumDropped) {
         size_t dropped = 0;
         if (C.GetNumDropped(ctx, stream_id, &dropped) == CUPTI_SUCCESS && dropped)
             atomic_fetch_add(&K.dropped_cupti, dropped);
     }
+    process_buffer(buffer, valid);
     if (buffer) {
         free(buffer);
         atomic_fetch_sub(&g_outstanding_buffers, 1);
