@@ -1242,6 +1242,8 @@ RL_EXPORT int InitializeInjection(void) {
  * NVTX ranges arrive as MARKER records in the same CUPTI instance. */
 RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
     char why[2048] = {0};
+    const char *dis = getenv("RIDGELINE_DISABLE");
+    if (dis && *dis && strcmp(dis, "0")) return 0;
     if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
         rl_log("NVTX forwarding off: %s", why);
         return 0;
