@@ -198,14 +198,15 @@ def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "
             from probes.cupti.pm_sampler import unavailable_reason
             rep.step("pm_sampling_run", "unavailable", reason=" / ".join(unavailable_reason(e)))
             sampler = None
-    batches = []
+    traces = []
     try:
         wrap = [sys.executable, "-m", "agent.cli", "run", "--socket", str(sock), "--mode", "deep", "--"]
         res = child(mode, out, timeout, wrap=wrap)
         end = time.monotonic() + 3
         while time.monotonic() < end:
             got = probe.poll()
-            batches += got.get("batches", [])
+            if "trace" in got:
+                traces.append((got["trace"], got["launch_latency_ns"]))
             if "status" in got:
                 rep.data.setdefault("library_status", {}).update({str(k): v for k, v in got["status"].items()})
             time.sleep(0.1)
@@ -218,15 +219,18 @@ def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "
         probe.stop()
     rep.data.setdefault("probe_counters", []).append(counters)
     from probes.events import Trace
-    if not batches:
+    if not traces:
         return res, None, pm_out
-    t = batches[0]["trace"]
-    merged = Trace(kernels=np.concatenate([b["trace"].kernels for b in batches]),
-                   copies=np.concatenate([b["trace"].copies for b in batches]),
-                   api=np.concatenate([b["trace"].api for b in batches]),
-                   ranges=np.concatenate([b["trace"].ranges for b in batches]),
-                   names=t.names, meta=t.meta)
-    merged.meta["launch_latency_ns"] = np.concatenate([b["launch_latency_ns"] for b in batches])
+    t = traces[0][0]
+    procs = {}
+    for tr, _ in traces:
+        procs.update(tr.meta["processes"])
+    merged = Trace(kernels=np.concatenate([tr.kernels for tr, _ in traces]),
+                   copies=np.concatenate([tr.copies for tr, _ in traces]),
+                   api=np.concatenate([tr.api for tr, _ in traces]),
+                   ranges=np.concatenate([tr.ranges for tr, _ in traces]),
+                   names=t.names, meta={"source": "cupti", "processes": procs})
+    merged.meta["launch_latency_ns"] = np.concatenate([lat for _, lat in traces])
     return res, merged, pm_out   # not re-sorted: launch_latency_ns stays aligned with kernels
 
 
@@ -399,7 +403,7 @@ def main_driver(out: Path, budget_s: float) -> int:
             tt = load_trace(out / "torch_trace_coexist.json.gz")
             rep.step("coexist_torch_profiler", "ok", ridgeline_kernels=int(len(tr.kernels)) if tr is not None else 0,
                      torch_profiler_kernels=int(len(tt.kernels)), library_status=rep.data.get("library_status"),
-                     flags=tr.meta.get("flags") if tr is not None else None)
+                     processes=tr.meta.get("processes") if tr is not None else None)
         except Exception as e:
             rep.step("coexist_torch_profiler", "failed", reason=f"{type(e).__name__}: {e}")
     try:

@@ -156,3 +156,20 @@ def make_buffer(n_kernels: int = 200, seed: int = 0, t0_ns: int = 1_700_000_000_
     else:
         data = b"".join(x.tobytes() for x in (k, a, ex, c, ms, m))
     return CuptiBuffer(data, k, c, ms, a, m, ex, names, [keep, mkeep, dkeep])
+
+
+def split_by_pid(out: dict) -> list[dict]:
+    """CuptiProbe.poll() output -> one ``{"pid", "trace", "launch_latency_ns"}`` per process
+    (the trace's meta is that process's entry of ``meta["processes"]``)."""
+    from probes.events import Trace
+    if "trace" not in out:
+        return []
+    t, lat = out["trace"], out["launch_latency_ns"]
+    res = []
+    for pid, meta in t.meta["processes"].items():
+        sel = lambda a: a[a["pid"] == pid]  # noqa: E731
+        km = t.kernels["pid"] == pid
+        res.append({"pid": pid, "launch_latency_ns": lat[km],
+                    "trace": Trace(t.kernels[km], sel(t.copies), sel(t.api), sel(t.ranges), names=t.names,
+                                   meta=meta)})
+    return res

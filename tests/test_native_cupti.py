@@ -79,10 +79,11 @@ def poll_until(probe: CuptiProbe, pred, timeout=5.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         out = probe.poll()
+        got["batches"].extend(R.split_by_pid(out))
         for k, v in out.items():
             if isinstance(v, list):
                 got[k].extend(v)
-            else:
+            elif k == "status":
                 got[k].update(v)
         if pred(got):
             return got
@@ -336,3 +337,44 @@ def test_forked_child_sends_on_its_own_connection_and_exits_cleanly(built, harne
     assert r["child"]["records_sent"] > 0 and r["child"]["connects"] >= 1
     pids = {b["pid"] for b in got["batches"]}
     assert len(pids) == 1 and h.p.pid not in pids          # the child's own pid, from the kernel
+
+
+def test_many_processes_merge_into_one_trace_with_shared_names(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        hs = [harness() for _ in range(3)]
+        for i, h in enumerate(hs):
+            h(f"init {sock} 130500")
+            h(f"feed {i} {100 * (i + 1)} {tmp_path / f'e{i}.npz'}")
+        for h in hs:
+            assert h("idle 3000")["idle"]
+        time.sleep(0.3)
+        out = {}
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(out.get("trace").meta["processes"] if out else ()) < 3:
+            time.sleep(0.1)
+            more = probe.poll()
+            if "trace" in more and not out:
+                out = more
+            elif "trace" in more:
+                out = {"trace": _concat(out["trace"], more["trace"]),
+                       "launch_latency_ns": np.concatenate([out["launch_latency_ns"], more["launch_latency_ns"]])}
+    finally:
+        probe.stop()
+    t = out["trace"]
+    assert t.names is probe.names and set(t.meta["processes"]) == {h.p.pid for h in hs}
+    for i, h in enumerate(hs):
+        exp = _load_expected(tmp_path / f"e{i}.npz")
+        k = t.kernels[t.kernels["pid"] == h.p.pid]
+        assert len(k) == 100 * (i + 1)
+        assert t.names.names_of(k["name_id"]) == [exp["names"][p] for p in exp["kernels"]["name"].tolist()]
+    assert len(out["launch_latency_ns"]) == len(t.kernels)
+
+
+def _concat(a, b):
+    from probes.events import Trace
+    meta = {"source": "cupti", "processes": {**a.meta["processes"], **b.meta["processes"]}}
+    return Trace(*(np.concatenate([getattr(a, f), getattr(b, f)]) for f in ("kernels", "copies", "api", "ranges")),
+                 names=a.names, meta=meta)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from probes.cupti.probe import CuptiProbe
+import cupti_records as R
 from probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +93,7 @@ def collect(probe, pred, timeout=5.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         out = probe.poll()
-        got["batches"] += out.get("batches", [])
+        got["batches"] += R.split_by_pid(out)
         got["new_pids"] += out.get("new_pids", [])
         got["status"].update(out.get("status", {}))
         if pred(got):

@@ -18,6 +18,7 @@ from probes.cupti import protocol as P
 from probes.cupti.decode import ProcessDecoder
 from probes.cupti.library import library_path
 from probes.cupti.server import DEFAULT_SOCKET, CuptiServer
+from probes.events import MISSING, NameTable, Trace
 from probes.probe import Availability, Probe
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,12 @@ class CuptiProbe(Probe):
 
     ``poll()`` returns ``{}`` when nothing is new, else a dict with:
 
-    * ``"batches"``: list of ``{"pid", "trace": Trace, "launch_latency_ns": int64[]}``
-      (``launch_latency_ns`` aligned with ``trace.kernels``, -1 where unknown);
+    * ``"trace"``: one :class:`Trace` with the events of every injected process since
+      the last poll (the ``pid`` column tells them apart; ``names`` is this probe's
+      table, shared by all processes, append-only; ``meta["processes"]`` maps each pid
+      to its facts: comm, CUPTI version, layouts, mode, flags, library drop counters);
+    * ``"launch_latency_ns"``: int64 aligned with ``trace.kernels`` (kernel start - launch
+      API call start, -1 where no API record matched);
     * ``"new_pids"``: ``[(pid, comm)]`` of processes that said hello since the last poll;
     * ``"closed_pids"``: pids whose connection ended;
     * ``"status"``: ``{pid: text}`` the library's own reasons (missing CUPTI, conflict
@@ -58,6 +63,8 @@ class CuptiProbe(Probe):
         self._server_kw = server_kw
         self.server: CuptiServer | None = None
         self.decoders: dict[int, ProcessDecoder] = {}
+        self.names = NameTable()                  # probe-wide: every process's names
+        self._remaps: dict[int, np.ndarray] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -147,14 +154,15 @@ class CuptiProbe(Probe):
         if self.server is None:
             return {}
         self.ingest(self.server.drain())
-        batches = []
+        parts = []
         for pid, dec in self.decoders.items():
             if dec.pending():
                 trace, latency = dec.take()
-                batches.append({"pid": pid, "trace": trace, "launch_latency_ns": latency})
+                self._to_shared_names(pid, dec, trace)
+                parts.append((pid, trace, latency))
         out = {}
-        if batches:
-            out["batches"] = batches
+        if parts:
+            out["trace"], out["launch_latency_ns"] = self._merge(parts)
         if self._new:
             out["new_pids"], self._new = self._new, []
         if self._closed:
@@ -162,6 +170,29 @@ class CuptiProbe(Probe):
         if self._status:
             out["status"], self._status = self._status, {}
         return out
+
+    def _to_shared_names(self, pid: int, dec: ProcessDecoder, trace: Trace) -> None:
+        """Rewrite a process's name ids into the probe-wide table (vectorised remap)."""
+        remap = self._remaps.get(pid, np.empty(0, np.int32))
+        if len(remap) < len(dec.names):
+            new = np.fromiter((self.names.intern(dec.names[i]) for i in range(len(remap), len(dec.names))),
+                              np.int32, len(dec.names) - len(remap))
+            remap = self._remaps[pid] = np.concatenate([remap, new])
+        if len(remap) == 0:
+            return
+        for arr in (trace.kernels, trace.copies, trace.api, trace.ranges):
+            if len(arr):
+                ids = arr["name_id"]
+                arr["name_id"] = np.where(ids >= 0, remap[np.maximum(ids, 0)], MISSING)
+
+    def _merge(self, parts) -> tuple[Trace, np.ndarray]:
+        meta = {"source": "cupti", "processes": {pid: t.meta for pid, t, _ in parts}}
+        if len(parts) == 1:
+            _, t, lat = parts[0]
+            return Trace(t.kernels, t.copies, t.api, t.ranges, names=self.names, meta=meta), lat
+        cat = lambda f: np.concatenate([getattr(t, f) for _, t, _ in parts])  # noqa: E731
+        return (Trace(cat("kernels"), cat("copies"), cat("api"), cat("ranges"), names=self.names, meta=meta),
+                np.concatenate([lat for _, _, lat in parts]))
 
     def counters(self) -> dict:
         lib = {k: 0 for k in P.LIBRARY_COUNTERS}
