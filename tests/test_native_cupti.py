@@ -201,7 +201,9 @@ def test_absent_agent_drops_and_counts_without_blocking(built, harness, tmp_path
     c = h("counters")
     assert c["records_in"] == 20 * (300 * 3 + 30 * 2 + 4)
     assert c["dropped_no_agent"] == c["records_in"] and c["records_sent"] == 0
-    assert max(calls) < 50_000_000      # tens of ms would mean the callback waited on something
+    # ~0.1 ms of work; blocking on the socket would take the stall timeout or forever. The
+    # bound is loose because this shared test machine can preempt any call for a while.
+    assert max(calls) < 500_000_000
 
 
 def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
@@ -210,13 +212,12 @@ def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
     srv.bind(str(sock))
     srv.listen(4)          # accepts (kernel backlog) but never reads: a stuck agent
     try:
-        h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_POOL_SLOTS=2, RIDGELINE_STALL_MS=300,
+        h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_POOL_SLOTS=2, RIDGELINE_STALL_MS=1500,
                     RIDGELINE_RECONNECT_MS=100000)
         h(f"init {sock} 130500")
         time.sleep(0.2)
         calls = [h(f"feed {i} 2000 -")["call_ns"] for i in range(40)]
-        time.sleep(0.6)
-        assert h("idle 5000")["idle"]
+        assert h("idle 8000")["idle"]
         c = h("counters")
     finally:
         srv.close()
@@ -225,7 +226,7 @@ def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
     assert c["dropped_send"] > 0
     assert c["records_in"] + c["dropped_pool_full"] == 40 * (2000 * 3 + 200 * 2 + 4)
     assert c["records_sent"] + c["dropped_send"] + c["dropped_no_agent"] == c["records_in"]
-    assert max(calls) < 50_000_000
+    assert max(calls) < 500_000_000     # never waited for the stuck agent (1.5 s stall timer)
 
 
 def test_reconnects_after_agent_restart_and_resends_names(built, harness, tmp_path):
