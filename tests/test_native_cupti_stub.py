@@ -208,3 +208,15 @@ def test_nvtx_injection_is_forwarded_to_the_same_libcupti(probe, tmp_path):
     finally:
         app.close()
     assert "nvtx_init table" in log
+
+
+def test_multi_subscriber_granted_but_not_active_falls_back_to_legacy(probe, tmp_path):
+    # CUPTI accepted allowMultipleSubscribers but reports single-subscriber state: do not
+    # hold the only subscriber (torch.profiler could not subscribe later)
+    app = App(tmp_path / "cupti.sock", STUB_CUPTI_MULTI=1, STUB_CUPTI_MULTI_STATE=0)
+    try:
+        log = app("log")["log"]
+    finally:
+        app.close()
+    assert log[:5] == ["version", "subscribe_v2 allow=1 name=ridgeline", "getattr2 12", "unsubscribe", "register"]
+    assert "enable 10" in log and "register2" not in log

@@ -85,6 +85,7 @@ typedef CUptiResult (*fn_RegisterCallbacks2)(CUpti_SubscriberHandle, CUpti_Buffe
 typedef CUptiResult (*fn_Kind2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
 typedef CUptiResult (*fn_EnableApi2)(CUpti_SubscriberHandle, CUpti_CallbackId, uint8_t);
 typedef int (*fn_NvtxInit)(void *);
+typedef CUptiResult (*fn_GetAttribute2)(CUpti_SubscriberHandle, CUpti_ActivityAttribute, size_t *, void *);
 
 static struct {
     void *lib;
@@ -105,6 +106,7 @@ static struct {
     fn_RegisterCallbacks2 RegisterCallbacks2;
     fn_Kind2 Enable2, Disable2;
     fn_EnableApi2 EnableRuntimeApi2, EnableDriverApi2;
+    fn_GetAttribute2 GetAttribute2;
 } C;
 
 /* ------------------------------------------------------------------------------------ */
@@ -1108,6 +1110,7 @@ static int resolve_cupti(char *why, size_t why_cap) {
     SYM(Disable2, "cuptiActivityDisable_v2");
     SYM(EnableRuntimeApi2, "cuptiActivityEnableRuntimeApi_v2");
     SYM(EnableDriverApi2, "cuptiActivityEnableDriverApi_v2");
+    SYM(GetAttribute2, "cuptiActivityGetAttribute_v2");
     if (!C.GetVersion || !C.RegisterCallbacks || !C.Enable || !C.Disable || !C.GetNextRecord || !C.Subscribe ||
         !C.Unsubscribe) {
         snprintf(why, why_cap, "the loaded libcupti lacks the activity API entry points");
@@ -1131,6 +1134,18 @@ static int claim_cupti(void) {
         p.allowMultipleSubscribers = 1;
         r = C.Subscribe2(&g_sub, subscriber_callback, NULL, &p);
         if (r == CUPTI_SUCCESS) {
+            /* Trust but verify: holding a subscriber in single-subscriber mode would make
+             * torch.profiler's own subscribe fail later, so keep it only if CUPTI says
+             * multiple subscribers are really on. */
+            uint8_t state = 1;
+            size_t sz = sizeof state;
+            if (C.GetAttribute2 &&
+                C.GetAttribute2(g_sub, CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE, &sz, &state) == CUPTI_SUCCESS &&
+                state != 1) {
+                (void)C.Unsubscribe(g_sub);
+                g_sub = NULL;
+                return 0; /* we were the only subscriber: legacy v1 path, as below */
+            }
             g_multi = 1;
             atomic_fetch_or(&g_flags, RL_FLAG_MULTI_SUBSCRIBER);
             return 0;

@@ -173,6 +173,17 @@ EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t *b, size_t v, CUpti_Activi
     return CUPTI_ERROR_MAX_LIMIT_REACHED;
 }
 
+EXPORT CUptiResult cuptiActivityGetAttribute_v2(CUpti_SubscriberHandle s, CUpti_ActivityAttribute a, size_t *n,
+                                                void *v) {
+    logf_("getattr2 %d", (int)a);
+    if (a == CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE && *n >= 1) {
+        const char *st = getenv("STUB_CUPTI_MULTI_STATE");  /* what CUPTI reports; default 1 */
+        *(uint8_t *)v = (uint8_t)(st ? atoi(st) : 1);
+        return CUPTI_SUCCESS;
+    }
+    return CUPTI_ERROR_NOT_SUPPORTED;
+}
+
 /* NVTX's injection entry point: libcupti implements it to receive NVTX calls. */
 EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
     logf_("nvtx_init %s", get_export_table ? "table" : "null");
