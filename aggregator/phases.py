@@ -32,9 +32,8 @@ import numpy as np
 from aggregator.signatures import (LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV,
                                    ROLE_NON_LLM, ROLE_PER_TOKEN, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK,
                                    KernelClasses, Signature, classify_kernels, short_name)
-from aggregator.steps import (kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
+from aggregator.steps import (cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
                               segment_kernels)
-from probes.kineto import kernel_cpu_op_index
 from probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
@@ -204,15 +203,73 @@ def _dims(trace: Trace, dims_id: int):
         return None
 
 
-def _gemm_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+def _name_codes(trace: Trace, wanted: dict[str, int] | tuple[str, ...]) -> np.ndarray:
+    """Lookup table over name ids: the position of the name in ``wanted`` (-1 otherwise).
+
+    One slot longer than the name table so that a missing name id (-1) reads -1.
+    """
+    lut = np.full(len(trace.names) + 1, -1, dtype=np.int64)
+    for c, name in enumerate(wanted):
+        i = trace.names.lookup(name)
+        if i >= 0:
+            lut[i] = c
+    return lut
+
+
+def _present_keys(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of a non-negative int64 ``key`` below ``size`` (sorted) and, per
+    element, the position of its value among them. A counting pass over a dense table
+    (linear) when the table is small against the data, else a sort (np.unique)."""
+    if size <= 4 * len(key) + (1 << 20):
+        seen = np.zeros(size, dtype=bool)
+        seen[key] = True
+        uniq = np.flatnonzero(seen)
+        pos = np.zeros(size, dtype=np.int64)
+        pos[uniq] = np.arange(len(uniq))
+        return uniq, pos[key]
+    uniq, inv = np.unique(key, return_inverse=True)
+    return uniq, inv.reshape(-1)
+
+
+def _enclosing_parent(ops: np.ndarray, par: np.ndarray, qry: np.ndarray) -> np.ndarray:
+    """For each op in ``qry``: the op of ``par`` on the same thread (pid, tid) with the
+    latest start at or before the query's start (ties: the highest op index), if it ends
+    at or after the query ends; else -1. One merged sort of both lists, no per-thread loop:
+    in (thread, start, parents-before-queries, index) order, the candidate of a query is the
+    last parent before it, found with a running maximum."""
+    if not len(par) or not len(qry):
+        return np.full(len(qry), -1, dtype=np.int64)
+    both = np.concatenate((par, qry))
+    thread = (ops["pid"][both].astype(np.int64) << 32) | (ops["tid"][both].astype(np.int64) & 0xFFFFFFFF)
+    is_q = np.r_[np.zeros(len(par), dtype=np.int8), np.ones(len(qry), dtype=np.int8)]
+    order = np.lexsort((both, is_q, ops["start_ns"][both], thread))
+    last_par = np.maximum.accumulate(np.where(is_q[order] == 0, np.arange(len(order)), -1))
+    q_at = np.flatnonzero(is_q[order] == 1)           # sorted positions of the queries
+    cand_at = last_par[q_at]
+    ok = cand_at >= 0
+    ok[ok] = thread[order[cand_at[ok]]] == thread[order[q_at[ok]]]
+    cand = np.where(ok, both[order[np.maximum(cand_at, 0)]], -1)
+    q = both[order[q_at]]
+    ok &= ops["end_ns"][np.maximum(cand, 0)] >= ops["end_ns"][q]
+    out = np.full(len(qry), -1, dtype=np.int64)
+    out[order[q_at] - len(par)] = np.where(ok, cand, -1)
+    return out
+
+
+def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
     """Per kernel: GEMM rows M, tokens per sequence S (-1 unknown) from the launching CPU op.
 
-    The kernel links to its innermost CPU op (``probes.kineto.kernel_cpu_op_index``:
-    External id, or the enclosing op for older Kineto). For aten::mm/addmm/_scaled_mm/
-    linear/matmul, M is the row count of the activation operand. S comes from an
-    enclosing aten::linear/matmul whose input is [batch, seq, hidden] (HF models); vLLM
-    flattens tokens, so S stays unknown there. Also returns, per kernel, an index into a
-    list of texts ("aten::mm [888, 2880]") naming the operand behind the figure.
+    The kernel links to its innermost CPU op (``op_of_kernel``, default
+    :func:`aggregator.steps.cpu_op_index`: External id, or the enclosing op for older
+    Kineto). For aten::mm/addmm/_scaled_mm/linear/matmul, M is the row count of the
+    activation operand. S comes from an enclosing aten::linear/matmul whose input is
+    [batch, seq, hidden] (HF models); vLLM flattens tokens, so S stays unknown there. Also
+    returns, per kernel, an index into a list of texts ("aten::mm [888, 2880]") naming the
+    operand behind the figure.
+
+    Linear in the number of operators: each distinct (op name, Input Dims) pair is parsed
+    once and looked up through a table over (name code, dims id); no Python loop per op.
     """
     k, ops = trace.kernels, trace.cpu_ops
     rows = np.full(len(k), -1, dtype=np.int64)
@@ -221,59 +278,52 @@ def _gemm_rows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[s
     texts: list[str] = []
     if not len(k) or not len(ops):
         return rows, seq, src, texts
-    uniq_ids = np.unique(ops["name_id"][ops["name_id"] >= 0])
-    op_names = [trace.names[int(i)] for i in uniq_ids]
-    gemm_name_ids = uniq_ids[np.isin(np.array(op_names, dtype=object), list(_GEMM_OPS))] if len(op_names) else uniq_ids
-    parent_name_ids = uniq_ids[np.isin(np.array(op_names, dtype=object), list(_PARENT_OPS))] if len(op_names) else uniq_ids
-    g = np.flatnonzero(np.isin(ops["name_id"], gemm_name_ids) & (ops["input_dims_id"] >= 0))
+    width = len(trace.names) + 1
+    gemm_ops = list(_GEMM_OPS)
+    gemm_code = _name_codes(trace, gemm_ops)[ops["name_id"]]
+    g = np.flatnonzero((gemm_code >= 0) & (ops["input_dims_id"] >= 0))
     if not len(g):
         return rows, seq, src, texts
     # Rows per distinct (op name, dims) pair: each parsed once.
-    pairs, inv = np.unique(np.stack([ops["name_id"][g], ops["input_dims_id"][g]], axis=1), axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    pairs, inv = _present_keys(gemm_code[g] * width + ops["input_dims_id"][g], len(gemm_ops) * width)
     pm = np.full(len(pairs), -1, dtype=np.int64)
     ps = np.full(len(pairs), -1, dtype=np.int64)
     pt = np.full(len(pairs), -1, dtype=np.int64)
-    for j, (nid, did) in enumerate(pairs.tolist()):
+    for j, (code, did) in enumerate(zip((pairs // width).tolist(), (pairs % width).tolist())):
         d = _dims(trace, did)
-        which = _GEMM_OPS.get(trace.names[nid], 0)
+        which = _GEMM_OPS[gemm_ops[code]]
         if isinstance(d, list) and len(d) > which and isinstance(d[which], list) and len(d[which]) >= 2 \
                 and all(isinstance(x, int) for x in d[which]):
             shape = d[which]
             pm[j] = int(np.prod(shape[:-1]))
             if len(shape) == 3:
                 ps[j] = shape[1]
-            texts.append(f"{trace.names[nid]} {json.dumps(shape)}")
+            texts.append(f"{gemm_ops[code]} {json.dumps(shape)}")
             pt[j] = len(texts) - 1
     op_m, op_s, op_t = pm[inv], ps[inv], pt[inv]
     # S from an enclosing aten::linear/matmul on the same thread (time containment).
-    par = np.flatnonzero(np.isin(ops["name_id"], parent_name_ids) & (ops["input_dims_id"] >= 0))
-    parent_text: dict[int, int] = {}
-    for key in {(int(a), int(b)) for a, b in zip(ops["pid"][g], ops["tid"][g])} if len(par) else ():
-        on_par = par[(ops["pid"][par] == key[0]) & (ops["tid"][par] == key[1])]
-        on_g = np.flatnonzero((ops["pid"][g] == key[0]) & (ops["tid"][g] == key[1]) & (op_s < 0))
-        if not len(on_par) or not len(on_g):
-            continue
-        on_par = on_par[np.argsort(ops["start_ns"][on_par], kind="stable")]
-        pos = np.searchsorted(ops["start_ns"][on_par], ops["start_ns"][g[on_g]], side="right") - 1
-        cand = on_par[np.maximum(pos, 0)]
-        ok = (pos >= 0) & (ops["end_ns"][cand] >= ops["end_ns"][g[on_g]])
-        for j, c in zip(on_g[ok].tolist(), cand[ok].tolist()):
-            did = int(ops["input_dims_id"][c])
-            if did not in parent_text:
-                d = _dims(trace, did)
-                if isinstance(d, list) and d and isinstance(d[0], list) and len(d[0]) == 3 \
-                        and all(isinstance(x, int) for x in d[0]):
-                    texts.append(f"{trace.names[int(ops['name_id'][c])]} {json.dumps(d[0])}")
-                    parent_text[did] = len(texts) - 1
-                else:
-                    parent_text[did] = -1
-            t = parent_text[did]
-            if t >= 0:
-                op_s[j] = int(texts[t].rsplit("[", 1)[1].split(",")[1])
-                op_t[j] = t
+    par_code = _name_codes(trace, _PARENT_OPS)[ops["name_id"]]
+    par = np.flatnonzero((par_code >= 0) & (ops["input_dims_id"] >= 0))
+    on_g = np.flatnonzero(op_s < 0)
+    cand = _enclosing_parent(ops, par, g[on_g])
+    hit = cand >= 0
+    if hit.any():
+        c = cand[hit]
+        ukeys, cinv = _present_keys(par_code[c] * width + ops["input_dims_id"][c], len(_PARENT_OPS) * width)
+        u_s = np.full(len(ukeys), -1, dtype=np.int64)
+        u_t = np.full(len(ukeys), -1, dtype=np.int64)
+        for j, (code, did) in enumerate(zip((ukeys // width).tolist(), (ukeys % width).tolist())):
+            d = _dims(trace, did)
+            if isinstance(d, list) and d and isinstance(d[0], list) and len(d[0]) == 3 \
+                    and all(isinstance(x, int) for x in d[0]):
+                texts.append(f"{_PARENT_OPS[code]} {json.dumps(d[0])}")
+                u_s[j], u_t[j] = d[0][1], len(texts) - 1
+        got = u_t[cinv] >= 0
+        at = on_g[hit][got]
+        op_s[at], op_t[at] = u_s[cinv][got], u_t[cinv][got]
     # Kernel -> launching CPU op (External id, or the enclosing op for older Kineto).
-    op_of_kernel = kernel_cpu_op_index(trace)
+    if op_of_kernel is None:
+        op_of_kernel = cpu_op_index(trace)
     slot = np.full(len(ops), -1, dtype=np.int64)
     slot[g] = np.arange(len(g))
     j = np.full(len(k), -1, dtype=np.int64)

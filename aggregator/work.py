@@ -313,7 +313,8 @@ def _attention_work(layout: str, dims: list, types: list):
 def kernel_op_index(trace: Trace) -> np.ndarray:
     """Index into ``trace.cpu_ops`` of the operator that launched each kernel, -1 if none."""
     try:
-        from probes.kineto import kernel_cpu_op_index
+        # memoised per Trace: phase mapping needs the same join
+        from .steps import cpu_op_index as kernel_cpu_op_index
     except ImportError:     # importer not present: plain External id join
         kernel_cpu_op_index = None
     if kernel_cpu_op_index is not None:

@@ -1,22 +1,45 @@
 """Phase-mapping cost at scale: map_phases on a large columnar kernel timeline.
 
-Builds (with numpy, no Python object per event) a synthetic timeline of alternating
-vLLM-style prefill and decode steps (names from the real B200 and nano-vllm traces;
-per-token kernels carry the step's token count in grid.x) and times ``map_phases`` with
-and without a GPU-side step annotation per step. Prints one table. This is a cost
+Two workloads, each timed in a fresh child process (so peak RSS is that run's own):
+
+* ``synthetic``: built with numpy (no Python object per event), alternating vLLM-style
+  prefill and decode steps (names from the real B200 and nano-vllm traces; per-token
+  kernels carry the step's token count in grid.x), ``map_phases`` with and without a
+  GPU-side step annotation per step; labels are checked against the built truth.
+* ``replicated``: a real Kineto trace (default: the shared H100 Qwen trace, 1,465 kernels
+  with CPU operators and their Input Dims) loaded once and replicated in memory
+  ``--replicas`` times (default 700: 1,025,500 kernels), each replica shifted by the
+  source's span and its correlation / External ids by the source's id range, so every
+  join (kernel -> runtime call -> CPU op) stays within its replica. Times ``map_phases``
+  and the whole ``aggregator.analysis.analyze_trace`` (phases included) on it, and checks
+  that every replica's steps get the labels of the source trace mapped alone.
+
+Prints one table: seconds, peak RSS of the child (MiB, ``ru_maxrss``) and the load average
+(the bench machine is shared; a loaded machine inflates seconds). This is a cost
 measurement only: phase-mapping accuracy is proven on real traces (tests/test_phases_traces.py).
 
-    .venv/bin/python bench/bench_phases.py [--steps 2000] [--layers 24]
+    .venv/bin/python bench/bench_phases.py [--steps 2000] [--layers 24] [--replicas 700]
+        [--source PATH] [--only synthetic|replicated]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from aggregator.phases import DECODE, PREFILL, map_phases
-from probes.events import KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION, NameTable, Trace, empty
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aggregator.phases import DECODE, PREFILL, map_phases  # noqa: E402
+from probes.events import KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION, NameTable, Trace, empty  # noqa: E402
+
+DEFAULT_SOURCE = Path("/work/shared/traces/nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")
 
 LAYER = [
     "void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16, unsigned char, (vllm::Fp8KVCacheDataType)1>(x)",
@@ -61,23 +84,120 @@ def build(steps: int, layers: int) -> tuple[Trace, np.ndarray]:
     return Trace(kernels=k, ranges=r, names=names), phase
 
 
+def replicate(tr: Trace, replicas: int, gap_ns: int = 100_000) -> Trace:
+    """``tr``'s events repeated ``replicas`` times, each copy shifted in time by the span of
+    the source (plus ``gap_ns``) and its correlation / External ids by the id range, all
+    with numpy (one concatenation per array). Names and devices are shared."""
+    arrays = {f: getattr(tr, f) for f in ("kernels", "copies", "api", "ranges", "cpu_ops")}
+    t_lo = min(int(a["start_ns"].min()) for a in arrays.values() if len(a))
+    t_hi = max(int(a["end_ns"].max()) for a in arrays.values() if len(a))
+    shift_ns = t_hi - t_lo + gap_ns
+    id_fields = ("correlation_id", "external_id")
+    id_hi = max([int(a[f].max()) for a in arrays.values() if len(a) for f in id_fields if f in a.dtype.names] + [0])
+    shift_id = id_hi + 1
+    out = {}
+    for f, a in arrays.items():
+        if not len(a):
+            out[f] = a
+            continue
+        r = np.repeat(np.arange(replicas, dtype=np.int64), len(a))
+        b = np.tile(a, replicas)
+        b["start_ns"] += r * shift_ns
+        b["end_ns"] += r * shift_ns
+        for idf in id_fields:
+            if idf in b.dtype.names:
+                b[idf] = np.where(b[idf] >= 0, b[idf] + r * shift_id, b[idf])
+        out[f] = b
+    return Trace(names=tr.names, devices=list(tr.devices), meta=dict(tr.meta), **out)
+
+
+def _child(which: str, args) -> dict:
+    """One measurement, run in this (child) process; returns a JSON-ready dict."""
+    if which == "synthetic":
+        tr, truth = build(args.steps, args.layers)
+        rows = []
+        for label, use in (("with annotations", True), ("kernels only", False)):
+            t = time.perf_counter()
+            pm = map_phases(tr, use_annotations=use)
+            dt = time.perf_counter() - t
+            got = np.array([s.phase for s in pm.steps])
+            ok = len(got) == len(truth) and bool((got == truth).all())
+            rows.append({"what": f"synthetic map_phases ({label})", "kernels": len(tr.kernels),
+                         "steps": len(pm.steps), "seconds": dt, "check": ok})
+        return {"rows": rows}
+    from aggregator.analysis import analyze_trace
+    from probes.kineto import load_trace
+    src = load_trace(args.source)
+    ref = map_phases(src)
+    ref_labels = [(s.phase, s.evidence[0]) for s in ref.steps]
+    tr = replicate(src, args.replicas)
+    del src
+    rows = []
+    if which == "replicated-phases":
+        t = time.perf_counter()
+        pm = map_phases(tr)
+        dt = time.perf_counter() - t
+        # Each replica is a time-shifted copy: its steps must read as the source's did.
+        ok = len(pm.steps) == len(ref.steps) * args.replicas and all(
+            (s.phase, s.evidence[0]) == ref_labels[i % len(ref_labels)] for i, s in enumerate(pm.steps))
+        rows.append({"what": "replicated map_phases", "kernels": len(tr.kernels), "steps": len(pm.steps),
+                     "seconds": dt, "check": ok})
+    else:
+        t = time.perf_counter()
+        doc = analyze_trace(tr)
+        dt = time.perf_counter() - t
+        ok = len(doc["steps"]) == len(ref.steps) * args.replicas
+        rows.append({"what": "replicated analyze_trace", "kernels": len(tr.kernels), "steps": len(doc["steps"]),
+                     "seconds": dt, "check": ok})
+    return {"rows": rows}
+
+
+def _run_child(which: str, argv: list[str]) -> list[dict]:
+    """Run one measurement in a fresh interpreter; adds its peak RSS (ru_maxrss, MiB)."""
+    p = subprocess.run([sys.executable, __file__, "--child", which] + argv, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench child {which} failed:\n{p.stderr[-3000:]}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    for r in res["rows"]:
+        r["peak_rss_mib"] = res["peak_rss_mib"]
+    return res["rows"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--replicas", type=int, default=700)
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    ap.add_argument("--only", choices=("synthetic", "replicated"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    tr, truth = build(args.steps, args.layers)
+    if args.child:
+        res = _child(args.child, args)
+        res["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(res))
+        return
+    argv = ["--steps", str(args.steps), "--layers", str(args.layers), "--replicas", str(args.replicas),
+            "--source", str(args.source)]
+    which = []
+    if args.only in (None, "synthetic"):
+        which.append("synthetic")
+    if args.only in (None, "replicated"):
+        if not args.source.exists():
+            print(f"(replicated workload skipped: {args.source} not present)")
+        else:
+            which += ["replicated-phases", "replicated-analyze"]
     rows = []
-    for label, use in (("with annotations", True), ("kernels only", False)):
-        t = time.perf_counter()
-        pm = map_phases(tr, use_annotations=use)
-        dt = time.perf_counter() - t
-        got = np.array([s.phase for s in pm.steps])
-        ok = len(got) == len(truth) and bool((got == truth).all())
-        rows.append((label, len(tr.kernels), len(pm.steps), dt, len(tr.kernels) / dt, ok))
-    print(f"{'mode':<18} {'kernels':>9} {'steps':>6} {'seconds':>8} {'kernels/s':>11} {'labels match':>13}")
-    for label, nk, ns, dt, rate, ok in rows:
-        print(f"{label:<18} {nk:>9} {ns:>6} {dt:>8.2f} {rate:>11.0f} {str(ok):>13}")
+    load_before = os.getloadavg()[0]
+    for w in which:
+        rows += _run_child(w, argv)
+    load_after = os.getloadavg()[0]
+    print(f"{'measurement':<38} {'kernels':>9} {'steps':>6} {'seconds':>8} {'peak RSS MiB':>13} {'check':>6}")
+    for r in rows:
+        print(f"{r['what']:<38} {r['kernels']:>9} {r['steps']:>6} {r['seconds']:>8.2f} "
+              f"{r['peak_rss_mib']:>13.0f} {str(r['check']):>6}")
+    print(f"load average (1 min) before/after: {load_before:.1f} / {load_after:.1f} on {os.cpu_count()} CPUs")
+    print("peak RSS is the child's whole process (trace load and replication included).")
 
 
 if __name__ == "__main__":

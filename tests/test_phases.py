@@ -543,3 +543,44 @@ def test_per_kernel_evidence_cites_the_deciding_kernel():
     other = np.flatnonzero(tr.kernels["name_id"] == tr.names.lookup(ELEMENTWISE))
     assert all(pm.evidence_of(i).startswith("step 0 prefill: ") for i in other)
     assert PHASE_NAMES[int(pm.kernel_phase[other[0]])] == "prefill"
+
+
+def test_enclosing_parent_matches_a_per_thread_scan():
+    """The merged-sort containment join equals the definition, op by op: the latest-starting
+    parent on the same thread at or before the query (ties: highest index), if it still
+    covers the query's end."""
+    from aggregator.phases import _enclosing_parent
+    rng = np.random.default_rng(7)
+    n = 400
+    ops = empty(CPU_OP_DTYPE, n)
+    ops["pid"] = rng.integers(1, 3, n)
+    ops["tid"] = rng.integers(1, 4, n)
+    ops["start_ns"] = rng.integers(0, 200, n)          # many equal starts: ties matter
+    ops["end_ns"] = ops["start_ns"] + rng.integers(0, 60, n)
+    par = np.sort(rng.choice(n, 150, replace=False))
+    qry = rng.choice(n, 120, replace=False)            # may include parents themselves
+    want = []
+    for q in qry.tolist():
+        best = -1
+        for p in par.tolist():
+            if (ops["pid"][p], ops["tid"][p]) == (ops["pid"][q], ops["tid"][q]) \
+                    and ops["start_ns"][p] <= ops["start_ns"][q] \
+                    and (best < 0 or ops["start_ns"][p] >= ops["start_ns"][best]):
+                best = p
+        want.append(best if best >= 0 and ops["end_ns"][best] >= ops["end_ns"][q] else -1)
+    assert _enclosing_parent(ops, par, qry).tolist() == want
+    assert _enclosing_parent(ops, par[:0], qry).tolist() == [-1] * len(qry)
+
+
+def test_gemm_rows_parent_on_another_thread_gives_no_tokens_per_sequence():
+    """aten::linear [16, 559, 1024] on another thread does not enclose the aten::mm: only
+    the GEMM rows (16 x 559) speak, weakly."""
+    b = TraceBuilder()
+    for i in range(3):
+        t = 10 * i
+        b.op("aten::linear", t, t + 9, dims=[[16, 559, 1024], [1024, 1024], []], tid=200)
+        b.op("aten::mm", t + 1, t + 8, ext=50 + i, dims=[[16 * 559, 1024], [1024, 1024]])
+        b.kernel(GEMM_LARGE, t + 2, ext=50 + i)
+    st = only_step(map_phases(b.build()))
+    assert st.evidence[0] == "aten::mm [8944, 1024]: 8944 GEMM rows (tokens) => prefill-leaning"
+    assert "tokens per sequence" not in " ".join(st.evidence)

@@ -1,0 +1,65 @@
+"""aggregator.steps joins: the memoised kernel -> CPU operator index."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from aggregator.steps import cpu_op_index
+from probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
+from probes.kineto import kernel_cpu_op_index
+
+
+def _trace() -> Trace:
+    """Three kernels: two linked by External id to ops 1 and 0, one to no op (its launch
+    has no External id and no operator on its thread encloses it)."""
+    names = NameTable()
+    k = empty(KERNEL_DTYPE, 3)
+    k["start_ns"] = [100, 200, 300]
+    k["end_ns"] = k["start_ns"] + 10
+    k["correlation_id"] = [1, 2, 3]
+    k["external_id"] = [11, 10, 99]
+    k["name_id"] = names.intern("k")
+    a = empty(API_DTYPE, 3)
+    a["start_ns"] = [90, 190, 290]
+    a["end_ns"] = a["start_ns"] + 5
+    a["correlation_id"] = [1, 2, 3]
+    a["category"] = API_LAUNCH
+    a["tid"] = [0, 0, 7]                   # the third launch: on a thread without operators
+    ops = empty(CPU_OP_DTYPE, 2)
+    ops["start_ns"] = [0, 50]
+    ops["end_ns"] = [1000, 250]
+    ops["external_id"] = [10, 11]
+    ops["name_id"] = [names.intern("aten::mm"), names.intern("aten::addmm")]
+    return Trace(kernels=k, api=a, cpu_ops=ops, names=names)
+
+
+def test_cpu_op_index_is_the_importer_join():
+    tr = _trace()
+    assert cpu_op_index(tr).tolist() == kernel_cpu_op_index(tr).tolist() == [1, 0, -1]
+
+
+def test_cpu_op_index_is_computed_once_and_read_only():
+    tr = _trace()
+    first = cpu_op_index(tr)
+    assert cpu_op_index(tr) is first
+    with pytest.raises(ValueError):
+        first[0] = 5
+
+
+def test_cpu_op_index_recomputed_when_an_array_is_replaced():
+    tr = _trace()
+    before = cpu_op_index(tr)
+    ops = tr.cpu_ops.copy()
+    ops["external_id"] = [11, 10]          # swap the operators' ids
+    tr.cpu_ops = ops
+    after = cpu_op_index(tr)
+    assert after is not before
+    assert after.tolist() == [0, 1, -1]
+    # A derived trace (new object) never sees the original's cache.
+    k = tr.kernels.copy()
+    k["external_id"] = [-1, -1, -1]
+    derived = dataclasses.replace(tr, kernels=k)
+    assert cpu_op_index(derived).tolist() == kernel_cpu_op_index(derived).tolist()
+    assert np.array_equal(cpu_op_index(tr), after)
