@@ -89,6 +89,23 @@ def run_decode(bodies, with_join: bool, per_poll: int) -> float:
     return dt, wall
 
 
+def run_probe(bodies, per_poll: int) -> tuple[float, float]:
+    """The whole agent path after the socket: CuptiProbe.ingest (parse, decode) and
+    collect (joins, names into the probe-wide table), as CuptiProbe.poll runs them."""
+    from probes.cupti.probe import CuptiProbe
+    from probes.cupti.server import Message
+    probe = CuptiProbe("/nonexistent/bench.sock")
+    hello = P.Hello(1, 130500, 130500, 0, 0, 1, "bench", "", {}, {(1, 211): (1, "cudaLaunchKernel_v7000")})
+    probe.ingest([Message("hello", 1, 1, hello)])
+    n = 0
+    t, w = _clock(), time.perf_counter()
+    for i, body in enumerate(bodies, 1):
+        probe.ingest([Message("batch", 1, 1, P.parse_batch(body), len(body))])
+        if i % per_poll == 0 or i == len(bodies):
+            n += len(probe.collect()["trace"].kernels)
+    return _clock() - t, time.perf_counter() - w
+
+
 def run_objects(n: int) -> float:
     from cupti import cupti as C
     b = R.make_buffer(n, seed=2, with_markers=False, interleave=False)
@@ -144,6 +161,11 @@ def main() -> int:
         times = [run_decode(bodies, with_api, a.per_poll) for _ in range(a.repeat)]
         med = statistics.median(t for t, _ in times)
         rows.append((label, n, med, n / med, statistics.median(w for _, w in times)))
+        if with_api:
+            times = [run_probe(bodies, a.per_poll) for _ in range(a.repeat)]
+            med = statistics.median(t for t, _ in times)
+            rows.append(("CuptiProbe ingest+collect (= poll after the socket)", n, med, n / med,
+                         statistics.median(w for _, w in times)))
         del bodies, keep
     try:
         times = [run_objects(a.objects) for _ in range(max(1, a.repeat // 2))]

@@ -154,6 +154,10 @@ class CuptiProbe(Probe):
         if self.server is None:
             return {}
         self.ingest(self.server.drain())
+        return self.collect()
+
+    def collect(self) -> dict:
+        """Hand on what :meth:`ingest` decoded (the second half of :meth:`poll`)."""
         parts = []
         for pid, dec in self.decoders.items():
             if dec.pending():
