@@ -69,6 +69,34 @@ def decode_threads(buf: bytes | np.ndarray) -> np.ndarray:
     return np.frombuffer(buf, dtype=THREAD_DTYPE).copy()
 
 
+# The cumulative u64 fields of THREAD_DTYPE, contiguous from oncpu_ns: viewed as one matrix so
+# a window costs a handful of numpy operations whatever the thread count.
+_U64 = ("oncpu_ns", "runq_ns", "runq_preempt_ns", "blocked_ns", "unattributed_ns", "runq_max_ns",
+        "nvcsw", "nivcsw", "migrations", "wakeups", "slices", "gaps")
+_C = {name: i for i, name in enumerate(_U64)}
+_OFF = THREAD_DTYPE.fields["oncpu_ns"][1]
+assert all(THREAD_DTYPE.fields[n][1] == _OFF + 8 * i for i, n in enumerate(_U64))
+_TIMES = [_C[f] for f in ("oncpu_ns", "runq_ns", "blocked_ns")]
+_COUNTS = [_C[f] for f in COUNT_FIELDS]
+
+
+def _matrix(rows: np.ndarray, now_ns: int) -> np.ndarray:
+    """(n, 12) int64 effective totals (see :func:`effective_totals`)."""
+    rows = np.ascontiguousarray(rows)
+    m = np.ndarray((len(rows), len(_U64)), dtype="<u8", buffer=rows, offset=_OFF,
+                   strides=(THREAD_DTYPE.itemsize, 8)).astype(np.int64) if len(rows) else \
+        np.zeros((0, len(_U64)), np.int64)
+    if len(rows) and now_ns is not None:
+        open_ns = np.maximum(np.int64(now_ns) - rows["ts"].astype(np.int64), 0)
+        st = rows["state"]
+        runq = np.where(st == S_RUNNABLE, open_ns, 0)
+        m[:, _C["oncpu_ns"]] += np.where(st == S_ONCPU, open_ns, 0)
+        m[:, _C["runq_ns"]] += runq
+        m[:, _C["runq_preempt_ns"]] += np.where(rows["preempted"] != 0, runq, 0)
+        m[:, _C["blocked_ns"]] += np.where(st == S_BLOCKED, open_ns, 0)
+    return m
+
+
 def effective_totals(rows: np.ndarray, now_ns: int) -> np.ndarray:
     """Cumulative totals as of ``now_ns``: closed intervals plus each thread's open one.
 
@@ -77,16 +105,9 @@ def effective_totals(rows: np.ndarray, now_ns: int) -> np.ndarray:
     counted. Times the kernel stamped after ``now_ns`` (a race with the read) count 0.
     """
     out = rows.copy()
-    if len(out) == 0:
-        return out
-    ts = out["ts"].astype(np.int64)
-    open_ns = np.maximum(np.int64(now_ns) - ts, 0).astype(np.uint64)
-    st = out["state"]
-    out["oncpu_ns"] += np.where(st == S_ONCPU, open_ns, 0).astype(np.uint64)
-    runq = np.where(st == S_RUNNABLE, open_ns, 0).astype(np.uint64)
-    out["runq_ns"] += runq
-    out["runq_preempt_ns"] += np.where(out["preempted"] != 0, runq, 0).astype(np.uint64)
-    out["blocked_ns"] += np.where(st == S_BLOCKED, open_ns, 0).astype(np.uint64)
+    m = _matrix(rows, now_ns)
+    for f in ("oncpu_ns", "runq_ns", "runq_preempt_ns", "blocked_ns"):
+        out[f] = m[:, _C[f]]
     return out
 
 
@@ -101,32 +122,31 @@ def _keys(rows: np.ndarray) -> np.ndarray:
     return (rows["tgid"].astype(np.uint64) << np.uint64(32)) | rows["tid"].astype(np.uint64)
 
 
-def diff(prev: np.ndarray, cur: np.ndarray, exited: np.ndarray) -> np.ndarray:
-    """WINDOW_DTYPE rows from aligned effective totals ``prev`` and ``cur`` (zeros in ``prev``: first read).
+def diff(prev: np.ndarray, cur: np.ndarray, hprev: np.ndarray, hcur: np.ndarray,
+         ident: np.ndarray, exited: np.ndarray) -> np.ndarray:
+    """WINDOW_DTYPE rows from aligned effective-total matrices (zeros in ``prev``: first read).
 
-    A time field that went down (an open interval reclassified as unattributed after a
-    gap) is reported as 0 and the excess is taken from ``unattributed_ns``, so the sum
-    over windows of every field equals the thread's final totals.
+    ``ident``: THREAD_DTYPE rows giving tid, tgid, comm and runq_max_ns. A time that went
+    down (an open interval reclassified as unattributed after a gap) is reported as 0 and
+    the excess is taken from ``unattributed_ns``, so the sum over windows of every field
+    equals the thread's final totals.
     """
     out = np.zeros(len(cur), dtype=WINDOW_DTYPE)
     if len(cur) == 0:
         return out
-    d = {f: cur[f].astype(np.int64) - prev[f].astype(np.int64) for f in TIME_FIELDS + COUNT_FIELDS}
-    excess = np.zeros(len(cur), np.int64)
-    for f in ("oncpu_ns", "runq_ns", "blocked_ns"):
-        neg = np.minimum(d[f], 0)
-        excess -= neg
-        d[f] = d[f] - neg
-    d["runq_preempt_ns"] = np.minimum(np.maximum(d["runq_preempt_ns"], 0), d["runq_ns"])
-    d["unattributed_ns"] = np.maximum(d["unattributed_ns"] - excess, 0)
-    for f in COUNT_FIELDS:
-        d[f] = np.maximum(d[f], 0)
-    out["tid"], out["tgid"], out["comm"] = cur["tid"], cur["tgid"], cur["comm"]
+    d = cur - prev
+    t = d[:, _TIMES]
+    excess = -np.minimum(t, 0).sum(axis=1)
+    d[:, _TIMES] = np.maximum(t, 0)
+    d[:, _C["runq_preempt_ns"]] = np.clip(d[:, _C["runq_preempt_ns"]], 0, d[:, _C["runq_ns"]])
+    d[:, _C["unattributed_ns"]] = np.maximum(d[:, _C["unattributed_ns"]] - excess, 0)
+    d[:, _COUNTS] = np.maximum(d[:, _COUNTS], 0)
+    out["tid"], out["tgid"], out["comm"] = ident["tid"], ident["tgid"], ident["comm"]
     out["exited"] = exited
-    out["runq_max_ns"] = cur["runq_max_ns"]
+    out["runq_max_ns"] = ident["runq_max_ns"]
     for name, src in _OUT_OF.items():
-        out[name] = d[src]
-    out["runq_hist"] = np.maximum(cur["hist"].astype(np.int64) - prev["hist"].astype(np.int64), 0)
+        out[name] = d[:, _C[src]]
+    out["runq_hist"] = np.maximum(hcur - hprev, 0)
     return out
 
 
@@ -143,35 +163,39 @@ class WindowAccountant:
 
     def __init__(self):
         self._keys = np.zeros(0, np.uint64)
-        self._rows = np.zeros(0, THREAD_DTYPE)
+        self._m = np.zeros((0, len(_U64)), np.int64)
+        self._h = np.zeros((0, RQ_SLOTS), np.int64)
+        self._tgid = np.zeros(0, np.uint32)
 
     def forget_tgid(self, tgid: int) -> None:
         """Drop the state of a target removed by the user (its rows end silently)."""
-        keep = self._rows["tgid"] != tgid
-        self._keys, self._rows = self._keys[keep], self._rows[keep]
-
-    def _prev_for(self, keys: np.ndarray) -> np.ndarray:
-        prev = np.zeros(len(keys), THREAD_DTYPE)
-        if len(self._keys) and len(keys):
-            idx = np.searchsorted(self._keys, keys)
-            idx_c = np.minimum(idx, len(self._keys) - 1)
-            found = self._keys[idx_c] == keys
-            prev[found] = self._rows[idx_c[found]]
-        return prev
+        keep = self._tgid != tgid
+        self._keys, self._m, self._h, self._tgid = self._keys[keep], self._m[keep], self._h[keep], self._tgid[keep]
 
     def window(self, rows: np.ndarray, exits: np.ndarray, now_ns: int) -> np.ndarray:
-        eff = effective_totals(rows, now_ns)
-        fin = close_exit(exits)
-        ekeys = _keys(fin)
-        rkeys = _keys(eff)
-        live = ~np.isin(rkeys, ekeys)          # an exited thread read again before deletion
-        eff, rkeys = eff[live], rkeys[live]
-        cur = np.concatenate([fin, eff])
-        keys = np.concatenate([ekeys, rkeys])
-        exited = np.concatenate([np.ones(len(fin), bool), np.zeros(len(eff), bool)])
-        out = diff(self._prev_for(keys), cur, exited)
+        ekeys, rkeys = _keys(exits), _keys(rows)
+        if len(ekeys):
+            live = ~np.isin(rkeys, ekeys)      # an exited thread read again before deletion
+            rows, rkeys = rows[live], rkeys[live]
+        ident = np.concatenate([exits, rows]) if len(exits) else rows
+        keys = np.concatenate([ekeys, rkeys]) if len(exits) else rkeys
+        m_rows = _matrix(rows, now_ns)
+        m = np.concatenate([_matrix(exits, None), m_rows]) if len(exits) else m_rows
+        h = ident["hist"].astype(np.int64)
+        prev = np.zeros_like(m)
+        hprev = np.zeros_like(h)
+        if len(self._keys) and len(keys):
+            idx = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+            found = self._keys[idx] == keys
+            prev[found] = self._m[idx[found]]
+            hprev[found] = self._h[idx[found]]
+        exited = np.zeros(len(keys), bool)
+        exited[:len(ekeys)] = True
+        out = diff(prev, m, hprev, h, ident, exited)
         order = np.argsort(rkeys)
-        self._keys, self._rows = rkeys[order], eff[order]
+        n_ex = len(ekeys)
+        self._keys, self._m = rkeys[order], m[n_ex:][order]
+        self._h, self._tgid = h[n_ex:][order], rows["tgid"][order]
         return out
 
 
