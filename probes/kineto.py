@@ -576,47 +576,22 @@ class _ChunkFields:
         a = self.a = s.a
         self.u64 = u64 = _u64(s.buf)
         q = s.quotes
-        nq = len(q)
         self.q_ext = q_ext = np.concatenate([q, [s.n, s.n]])   # so j + 1, j + 2 always index
-        self.starts, self.ends = chunk.starts, chunk.ends
-        self.nev = nev = len(chunk.starts)
-        # keys: closing quotes followed by ':' (whitespace before ':' is legal but rare)
-        jc = np.arange(1, nq, 2)
-        after = q[jc] + 1
-        nx = a[after]
-        is_key = nx == 58
-        ws = np.flatnonzero(json_chunks.WS[nx])
-        if len(ws):
-            p = json_chunks.skip(a, after[ws], json_chunks.WS)
-            is_key[ws] = a[p] == 58
-            after[ws] = p
-        j, colon = jc[is_key], after[is_key]
-        b = s.before[j]
-        bm1 = np.maximum(b - 1, 0)
-        depth = np.where(b > 0, s.depth[bm1], 0)
-        evstart = np.cumsum((s.cls == 1) & (s.depth == 1))
-        ev = np.where(b > 0, evstart[bm1] if len(evstart) else 0, 0) - 1
-        keep = (depth >= 1) & (depth <= 2) & (ev >= 0) & (ev < nev)
-        j, colon, depth, ev = j[keep], colon[keep], depth[keep], ev[keep]
-        kopen = q[j - 1] + 1
-        klen = q[j] - kopen
-        v = colon + 1
-        sp = a[v] == 32                      # "key": value  (one space, the common case)
-        v = v + sp
-        more = np.flatnonzero(json_chunks.WS[a[v]])
-        if len(more):
-            v[more] = json_chunks.skip(a, v[more], json_chunks.WS)
+        self.starts, self.ends = starts, ends = chunk.starts, chunk.ends
+        self.nev = nev = len(starts)
+        self.cat = cat = np.full(nev, _CAT_NONE, dtype=np.int8)
+        self._slen = None
+        self._closes2 = None
 
-        # category of each event from its depth-1 "cat" key (only "X" events are kept)
-        cat = np.full(nev, _CAT_NONE, dtype=np.int8)
-        ck = np.flatnonzero((klen == 3) & (depth == 1))
-        ko = kopen[ck]
-        ck = ck[(a[ko] == 99) & (a[ko + 1] == 97) & (a[ko + 2] == 116)]
-        ck = ck[q_ext[j[ck] + 1] == v[ck]]    # string values only
-        vs = q_ext[j[ck] + 1] + 1
-        ve = q_ext[j[ck] + 2]
+        # 1. category of each event, from its depth-1 "cat" key, before anything else, so
+        #    that events we do not keep (python_function, flows, instants) cost nothing more
+        ck, ck_v = self._event_keys(b'"cat"')
+        ck_j, ck_ev = ck
+        is_str = q_ext[ck_j + 1] == ck_v
+        ck_j, ck_ev, ck_v = ck_j[is_str], ck_ev[is_str], ck_v[is_str]
+        vs = ck_v + 1
+        ve = q_ext[ck_j + 2]
         csig = _sig(u64, vs, ve - vs)
-        evr = ev[ck]
         uniq, first, inv, cnt = np.unique(csig, return_index=True, return_inverse=True, return_counts=True)
         code = np.empty(len(uniq), dtype=np.int8)
         for i, (u, f) in enumerate(zip(uniq.tolist(), first.tolist())):
@@ -625,21 +600,40 @@ class _ChunkFields:
                 name = cat_names[u] = _decode(self.buf[vs[f]:ve[f]])
             counts[name] = counts.get(name, 0) + int(cnt[i])
             code[i] = _CAT_CODE.get(u, _CAT_OTHER)
-        cat[evr] = code[inv]
-        none = nev - len(np.unique(evr)) if len(evr) != nev else 0
+        cat[ck_ev] = code[inv]
+        none = int((cat == _CAT_NONE).sum())
         if none:
             counts["<none>"] = counts.get("<none>", 0) + none
-        pk = np.flatnonzero((klen == 2) & (depth == 1))
-        pk = pk[(a[kopen[pk]] == 112) & (a[kopen[pk] + 1] == 104)]
-        pv = v[pk]
-        not_x = pk[(a[pv] != 34) | (a[pv + 1] != ord("X")) | (a[pv + 2] != 34)]
-        cat[ev[not_x]] = _CAT_OTHER
-        self.cat = cat
+        (pk_j, pk_ev), pv = self._event_keys(b'"ph"')
+        not_x = (a[pv] != 34) | (a[pv + 1] != ord("X")) | (a[pv + 2] != 34)
+        cat[pk_ev[not_x]] = _CAT_OTHER
 
-        # keep only keys of kept events, then identify them
-        wanted = (cat >= 0)[ev]
-        j, depth, ev, v, kopen, klen = j[wanted], depth[wanted], ev[wanted], v[wanted], kopen[wanted], klen[wanted]
-        ksig = _sig(u64, kopen, klen)
+        # 2. every key of the kept events: closing quotes followed by ':'
+        kept = np.flatnonzero(cat >= 0)
+        lo = np.searchsorted(q, starts[kept])
+        hi = np.searchsorted(q, ends[kept])
+        lo += lo & 1 == 0                     # first closing quote (odd index) in the event
+        cnt_q = np.maximum((hi - lo + 1) // 2, 0)
+        total = int(cnt_q.sum())
+        offs = np.cumsum(cnt_q) - cnt_q
+        jc = np.repeat(lo - 2 * offs, cnt_q) + 2 * np.arange(total)
+        evq = np.repeat(kept, cnt_q)
+        after = q[jc] + 1
+        nx = a[after]
+        is_key = nx == 58
+        ws = np.flatnonzero(json_chunks.WS[nx])
+        if len(ws):
+            p = json_chunks.skip(a, after[ws], json_chunks.WS)
+            is_key[ws] = a[p] == 58
+            after[ws] = p
+        j, colon, ev = jc[is_key], after[is_key], evq[is_key]
+        b = s.before[j]
+        depth = s.depth[np.maximum(b - 1, 0)]
+        keep = (depth >= 1) & (depth <= 2)
+        if not keep.all():
+            j, colon, ev, depth = j[keep], colon[keep], ev[keep], depth[keep]
+        kopen = q[j - 1] + 1
+        ksig = _sig(u64, kopen, q[j] - kopen)
         pos = np.minimum(np.searchsorted(_KEY_SORTED, ksig), len(_KEY_SORTED) - 1)
         known = np.flatnonzero(_KEY_SORTED[pos] == ksig)
         kid = _KEY_ORDER[pos[known]].astype(np.int8)
@@ -649,8 +643,42 @@ class _ChunkFields:
         self.cdep = depth[sel]
         self.cev = ev[sel]
         self.kj = j[sel]
-        self.v = v[sel]
+        v = colon[sel] + 1
+        v = v + (a[v] == 32)                  # "key": value  (one space, the common case)
+        more = np.flatnonzero(json_chunks.WS[a[v]])
+        if len(more):
+            v[more] = json_chunks.skip(a, v[more], json_chunks.WS)
+        self.v = v
         self._bounds = np.searchsorted(self.kid, np.arange(len(_KEYS) + 1))
+
+    def _event_keys(self, pattern: bytes):
+        """((quote index of the closing quote, event), value position) of the depth-1
+        keys spelled ``pattern`` (with its quotes) in every event of the chunk."""
+        a, s = self.a, self.s
+        if self._slen is None:
+            q = s.quotes
+            m = len(q) // 2
+            self._slen = q[1:2 * m:2] - q[0:2 * m:2] - 1   # length of every string
+        L = len(pattern) - 2
+        cand = np.flatnonzero(self._slen == L)
+        jo = 2 * cand
+        qo = s.quotes[jo]
+        for i in range(L):
+            ok = a[qo + 1 + i] == pattern[1 + i]
+            jo, qo = jo[ok], qo[ok]
+        cand = jo + 1
+        after = json_chunks.skip(a, qo + L + 2, json_chunks.WS)
+        ok = a[after] == 58
+        cand, after = cand[ok], after[ok]
+        b = s.before[cand]
+        depth = np.where(b > 0, s.depth[np.maximum(b - 1, 0)], 0)
+        ev = np.searchsorted(self.starts, after, side="right") - 1
+        ok = (depth == 1) & (ev >= 0) & (ev < self.nev)
+        cand, after, ev = cand[ok], after[ok], ev[ok]
+        ok = after < self.ends[ev]
+        cand, after, ev = cand[ok], after[ok], ev[ok]
+        v = json_chunks.skip(self.a, after + 1, json_chunks.WS)
+        return (cand, ev), v
 
     # -- field access for a set of events ------------------------------------------
     def rows(self, key: str, depth: int, rowmap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -701,7 +729,7 @@ class _ChunkFields:
         is_str = qs == v
         bad[o[~is_str & (self.a[v] != ord("n"))]] = True   # null is simply absent
         r, o, qs = r[is_str], o[is_str], qs[is_str]
-        col[o] = interner.ids(self.buf, (qs + 1).tolist(), self.q_ext[self.kj[r] + 2].tolist())
+        col[o] = interner.ids(self.a, qs + 1, self.q_ext[self.kj[r] + 2])
         return col
 
     def raw_json(self, key: str, rowmap: np.ndarray, n: int, interner: "_Interner",
@@ -716,9 +744,11 @@ class _ChunkFields:
         is_arr = self.a[v] == ord("[")
         bad[o[~is_arr & (self.a[v] != ord("n"))]] = True
         v, o = v[is_arr], o[is_arr]
-        closes = s.pos[(s.depth == 2) & (s.cls >= 3)]
+        if self._closes2 is None:
+            self._closes2 = s.pos[(s.depth == 2) & (s.cls >= 3)]
+        closes = self._closes2
         end = closes[np.minimum(np.searchsorted(closes, v), len(closes) - 1)] + 1
-        col[o] = interner.json_ids(self.buf, v.tolist(), end.tolist())
+        col[o] = interner.json_ids(self.a, v, end)
         return col
 
     def event_dicts(self, events: np.ndarray) -> list[dict]:
@@ -852,6 +882,20 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
+def _slices(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    """buf[s:e] for many ranges at once: one gather and one C-level split instead of a
+    Python slice per range. NUL separates them: JSON text never holds a raw NUL."""
+    n = len(starts)
+    if not n:
+        return []
+    L = ends - starts + 1
+    offs = np.cumsum(L) - L
+    idx = np.repeat(starts - offs, L) + np.arange(int(L.sum()))
+    out = a[idx]
+    out[offs + L - 1] = 0
+    return out.tobytes().split(b"\x00")[:n]
+
+
 class _Interner:
     """bytes -> name id, decoding each distinct string once."""
 
@@ -860,31 +904,23 @@ class _Interner:
         self.by_bytes: dict[bytes, int] = {}
         self.by_json: dict[bytes, int] = {}
 
-    def ids(self, buf: bytes, starts: list, ends: list) -> list:
-        d = self.by_bytes
-        raws = [buf[s:e] for s, e in zip(starts, ends)]
-        out = [d.get(r, -1) for r in raws]
-        if -1 in out:
+    def _ids(self, d: dict, raws: list, make) -> np.ndarray:
+        out = list(map(d.get, raws))
+        if None in out:
             for i, r in enumerate(raws):
-                if out[i] == -1:
+                if out[i] is None:
                     j = d.get(r)
                     if j is None:
-                        j = d[r] = self.names.intern(_decode(r))
+                        j = d[r] = self.names.intern(make(r))
                     out[i] = j
-        return out
+        return np.array(out, dtype=np.int32)
 
-    def json_ids(self, buf: bytes, starts: list, ends: list) -> list:
-        d = self.by_json
-        raws = [buf[s:e] for s, e in zip(starts, ends)]
-        out = [d.get(r, -1) for r in raws]
-        if -1 in out:
-            for i, r in enumerate(raws):
-                if out[i] == -1:
-                    j = d.get(r)
-                    if j is None:
-                        j = d[r] = self.names.intern(orjson.dumps(orjson.loads(r)).decode())
-                    out[i] = j
-        return out
+    def ids(self, a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        return self._ids(self.by_bytes, _slices(a, starts, ends), _decode)
+
+    def json_ids(self, a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        return self._ids(self.by_json, _slices(a, starts, ends),
+                         lambda r: orjson.dumps(orjson.loads(r)).decode())
 
 
 def _select(cf: _ChunkFields, codes: tuple) -> tuple[np.ndarray, np.ndarray]:
