@@ -136,10 +136,11 @@ class SimEngine:
         return (self._next_req >= len(self.requests.arrival_ns) and not self.sched.running
                 and not self.sched.waiting)
 
-    def run_until(self, t_ns: int) -> int:
-        """Run steps that start before simulated time ``t_ns``; returns steps run."""
+    def run_until(self, t_ns: int, max_steps: int | None = None) -> int:
+        """Run steps that start before simulated time ``t_ns`` (at most ``max_steps``);
+        returns steps run."""
         n = 0
-        while self.clock_ns < t_ns:
+        while self.clock_ns < t_ns and (max_steps is None or n < max_steps):
             self._admit_arrivals()
             if not self.sched.running and not self.sched.waiting:
                 if self._next_req >= len(self.requests.arrival_ns):

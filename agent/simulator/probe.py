@@ -3,7 +3,8 @@
 :class:`SimulatorProbe` follows :mod:`probes.probe`. ``start()`` builds a
 :class:`~agent.simulator.engine.SimEngine` whose simulated clock is anchored to the wall
 clock (``time.time_ns()`` at start) and advances at ``speed`` times real time; each
-``poll()`` runs the steps that are due and returns ``{"kind": "events", "trace": Trace,
+``poll()`` runs the steps that are due (at most ``max_steps_per_poll``; a simulation
+slower than real time lags, reported as ``lag_ns``) and returns ``{"kind": "events", "trace": Trace,
 "engine": {"scrapes": [...]}}``: the kernels, copies, launch/sync API calls and step
 annotations emitted since the previous poll (``trace.meta["source"] == "simulated"``)
 and, once per ``scrape_interval_s``, one scrape of the engine's own vLLM V1 metrics in
@@ -53,6 +54,8 @@ class SimulatorProbe(Probe):
         self._next_scrape_ns = 0
         self.restarts = 0
         self._drops_before = 0
+        self.max_steps_per_poll = 64
+        self.lag_ns = 0
 
     def check(self) -> Availability:
         try:
@@ -103,7 +106,10 @@ class SimulatorProbe(Probe):
         now = self._sim_now()
         if eng._next_req >= len(eng.requests.arrival_ns):
             eng.extend()
-        eng.run_until(now)
+        # Bounded work per poll: a simulation slower than real time falls behind (and
+        # says so in ``lag_ns``) instead of making each poll longer than the last.
+        eng.run_until(now, max_steps=self.max_steps_per_poll)
+        self.lag_ns = max(0, now - eng.clock_ns)
         trace = eng.drain()
         out = {}
         if len(trace.kernels) or len(trace.api):
@@ -130,7 +136,7 @@ class SimulatorProbe(Probe):
     def counters(self) -> dict:
         drops = self._drops_before + (self.engine.dropped_kernels if self.engine else 0)
         return {"records": self.records, "drops": drops, "errors": self.errors, "restarts": self.restarts,
-                "simulated": True}
+                "lag_ns": self.lag_ns, "simulated": True}
 
 
 def make_probe(section: dict) -> SimulatorProbe:
