@@ -600,7 +600,9 @@ typedef struct {
 } cbid_ent_t;
 
 #define RT(n, cat) {RL_DOMAIN_RUNTIME, CUPTI_RUNTIME_TRACE_CBID_##n, cat, #n, 0}
-#define DR(n, cat) {RL_DOMAIN_DRIVER, CUPTI_DRIVER_TRACE_CBID_##n, cat, #n, 1}
+/* Driver launches too: Triton and other JIT kernels are launched with cuLaunchKernel, not
+ * through the runtime, and their kernels join to these records. */
+#define DR(n, cat) {RL_DOMAIN_DRIVER, CUPTI_DRIVER_TRACE_CBID_##n, cat, #n, 0}
 static const cbid_ent_t CBIDS[] = {
     RT(cudaLaunchKernel_v7000, RL_API_LAUNCH),
     RT(cudaLaunchKernel_ptsz_v7000, RL_API_LAUNCH),

@@ -33,8 +33,8 @@ enum {
 
 /* Collection modes the agent can switch between without restarting the process. */
 enum {
-    RL_MODE_ALWAYS_ON = 0, /* kernels, copies, launch/sync runtime API, NVTX ranges, external ids */
-    RL_MODE_DEEP = 1,      /* + driver launch API, NVTX payloads, queued/submitted timestamps, no sampling */
+    RL_MODE_ALWAYS_ON = 0, /* kernels, copies, launch/sync runtime+driver API, NVTX ranges, external ids */
+    RL_MODE_DEEP = 1,      /* + NVTX payloads, queued/submitted timestamps, no kernel sampling */
 };
 
 /* rl_hello_t.flags / rl_batch_t.flags */
