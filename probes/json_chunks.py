@@ -110,6 +110,10 @@ WS = np.zeros(256, dtype=bool)
 WS[[9, 10, 13, 32]] = True
 
 
+class SplitError(Exception):
+    """A byte range chosen for parallel reading does not hold whole events."""
+
+
 @dataclass
 class Chunk:
     """Complete elements of the array found in one buffer."""
@@ -236,15 +240,44 @@ class ArrayStream:
             i = data.find(pattern, i + 1)
         return None
 
-    def _iterate(self, r: _Reader) -> Iterator[Chunk]:
-        head, carry, offset = self._find_array(r)
+    def head(self) -> tuple[bytes, int, int, bool]:
+        """(head text up to and including the array's '[', offset just after it, file
+        size, gzip?) without iterating: the seam for reading parts in parallel."""
+        r = _Reader(self.path)
+        try:
+            head, _, offset = self._find_array(r)
+            return head, offset, self.path.stat().st_size, r.gz
+        finally:
+            r.close()
+
+    def iter_part(self, head: bytes, start: int, stop: int | None) -> Iterator[Chunk]:
+        """Events of a plain (not gzip) file between byte offsets ``start`` (the array's
+        first byte, or just after a ',' between two events) and ``stop`` (likewise, or
+        None for the rest, including the array's end and the document's tail).
+        Raises :class:`SplitError` when the range does not hold whole events."""
+        r = _Reader(self.path)
+        try:
+            r._s.seek(start)
+            yield from self._iterate(r, (head, b"", start), stop)
+        finally:
+            r.close()
+
+    def _iterate(self, r: _Reader, found=None, stop: int | None = None) -> Iterator[Chunk]:
+        head, carry, offset = found or self._find_array(r)
         eof = False
+        pos = offset + len(carry)       # file offset of the next byte read
         while True:
             if not eof:
-                more = r.read(self.chunk_bytes)
+                want = self.chunk_bytes if stop is None else min(self.chunk_bytes, stop - pos)
+                more = r.read(want) if want > 0 else b""
+                pos += len(more)
                 eof = not more
             else:
                 more = b""
+            if stop is not None and eof:
+                if carry.strip(b" \t\r\n,"):
+                    raise SplitError(f"part ending at byte {stop} ends inside an event")
+                return
             buf = carry + more + b" " * PAD
             n = len(buf) - PAD
             if n == 0 and eof:
@@ -252,6 +285,8 @@ class ArrayStream:
             s = scan(buf, n)
             closing = s.depth < 0
             end_at = int(np.argmax(closing)) if closing.any() else -1
+            if end_at >= 0 and stop is not None:
+                raise SplitError(f"part ending at byte {stop} leaves the array")
             limit = len(s.pos) if end_at < 0 else end_at
             d, c = s.depth[:limit], s.cls[:limit]
             opens = s.pos[:limit][(c == 1) & (d == 1)]

@@ -40,6 +40,7 @@ naming the file and the problem.
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from pathlib import Path
@@ -1077,21 +1078,14 @@ _KINDS = (("kernels", _chunk_kernels, KERNEL_DTYPE), ("copies", _chunk_copies, C
           ("cpu_ops", _chunk_cpu_ops, CPU_OP_DTYPE))
 
 
-def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES) -> Trace:
-    """Load a Kineto trace (``.json`` or ``.json.gz``, detected by content) into a Trace.
+PARALLEL_MIN_BYTES = 256 << 20   # plain files at least this big are read by two processes
 
-    Streams the file in chunks of ``chunk_bytes`` decompressed bytes: peak memory is
-    a few chunks plus the output columns, whatever the file size. Raises
-    :class:`InputError` naming the file for a missing, unreadable, truncated, non-JSON
-    or non-trace file.
-    """
-    path = Path(path)
-    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
-    b = _Builder()
-    interner = _Interner(b.names)
+
+def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarray]:
+    """Run the per-chunk extraction over ``chunks``; one array per kind, in file order."""
     parts: dict[str, list] = {k: [] for k, _, _ in _KINDS}
     cat_names: dict[int, str] = {}
-    for chunk in stream:
+    for chunk in chunks:
         cf = _ChunkFields(chunk, b.counts, cat_names)
         for kind, fn, _ in _KINDS:
             arr = fn(cf, interner, b)
@@ -1103,10 +1097,107 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES) -> 
         lst = parts.pop(kind)
         cols[kind] = np.concatenate(lst) if len(lst) > 1 else (lst[0] if lst else empty(dtype))
         del lst
-    doc = stream.top
+    return cols
+
+
+def _part_worker(path: str, chunk_bytes: int, head: bytes, start: int, conn) -> None:
+    """Child process: read the second half of a plain file, send back plain arrays."""
+    try:
+        stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+        b = _Builder()
+        cols = _read_parts(stream.iter_part(head, start, None), b, _Interner(b.names))
+        conn.send(("ok", cols, list(b.names), b.counts, stream.top))
+    except BaseException as exc:    # reported, and the parent reads the file alone
+        conn.send(("error", f"{type(exc).__name__}: {exc}", None, None, None))
+    finally:
+        conn.close()
+
+
+def _split_point(path: Path, lo: int, size: int) -> int | None:
+    """A byte offset just after the ',' between two events near the middle, or None.
+
+    ``}`` ``,`` ``{`` ``"`` with an unescaped quote cannot occur inside a JSON string,
+    so the match is between two objects; whether they are top-level events is checked
+    by the readers (SplitError), and the caller falls back to one reader."""
+    mid = lo + (size - lo) // 2
+    with open(path, "rb") as f:
+        f.seek(mid)
+        window = f.read(4 << 20)
+    m = re.search(rb'\}\s*,(?=\s*\{\s*"(?:ph|cat|name|pid|tid|ts)")', window)
+    return mid + m.end() if m else None
+
+
+def _load_parallel(path: Path, chunk_bytes: int) -> Trace | None:
+    import multiprocessing as mp
+    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+    head, start, size, gz = stream.head()
+    if gz:
+        return None
+    split = _split_point(path, start, size)
+    if split is None:
+        return None
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_part_worker, args=(str(path), chunk_bytes, head, split, send), daemon=True)
+    child.start()
+    send.close()
+    try:
+        b = _Builder()
+        interner = _Interner(b.names)
+        first = _read_parts(stream.iter_part(head, start, split), b, interner)
+        status, second, names2, counts2, top = recv.recv()
+    except (json_chunks.SplitError, InputError, EOFError, OSError):
+        child.kill()
+        return None
+    finally:
+        child.join()
+    if status != "ok":
+        return None
+    remap = np.array([b.names.intern(s) for s in names2] or [0], dtype=np.int32)
+    cols = {}
+    for kind, _, dtype in _KINDS:
+        x = second[kind]
+        for c in ("name_id", "input_dims_id", "input_types_id"):
+            if c in dtype.names and len(x):
+                x[c] = np.where(x[c] >= 0, remap[np.maximum(x[c], 0)], x[c])
+        cols[kind] = np.concatenate([first.pop(kind), x])
+        second[kind] = None
+    for k, v in counts2.items():
+        b.counts[k] = b.counts.get(k, 0) + v
+    return _assemble(path, top, b, cols)
+
+
+def _assemble(path: Path, doc: dict, b: _Builder, cols: dict) -> Trace:
     c, a = cols["copies"], cols["api"]
     c["direction"] = _per_name(b.names, c["name_id"], copy_direction, np.uint8)
     c["direction"][c["kind"] == COPY_KIND_MEMSET] = COPY_UNKNOWN
     a["category"] = _per_name(b.names, a["name_id"], api_category, np.uint8)
     trace = Trace(names=b.names, devices=_devices(doc), meta=_meta(path, doc), **cols)
     return _joined(trace, b.counts)
+
+
+def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
+               parallel: bool | None = None) -> Trace:
+    """Load a Kineto trace (``.json`` or ``.json.gz``, detected by content) into a Trace.
+
+    Streams the file in chunks of ``chunk_bytes`` decompressed bytes: peak memory is
+    a few chunks plus the output columns, whatever the file size. A plain-JSON file of
+    at least ``PARALLEL_MIN_BYTES`` is read by two processes, one per half, when the
+    machine has two CPUs (``parallel`` forces it on or off); the result is identical.
+    Raises :class:`InputError` naming the file for a missing, unreadable, truncated,
+    non-JSON or non-trace file.
+    """
+    path = Path(path)
+    if parallel is None:
+        try:
+            parallel = path.stat().st_size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) >= 2
+        except OSError:
+            parallel = False
+    if parallel:
+        trace = _load_parallel(path, chunk_bytes)
+        if trace is not None:
+            return trace
+    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+    b = _Builder()
+    cols = _read_parts(stream, b, _Interner(b.names))
+    return _assemble(path, stream.top, b, cols)
