@@ -393,3 +393,23 @@ def test_two_process_read_of_bad_files_still_errors(tmp_path, trace_path):
     p2.write_text(json.dumps(doc))
     t = load_trace(p2, chunk_bytes=4096, parallel=True)
     assert len(t.kernels) == 2 and t.kernels["correlation_id"].tolist() == [1, -1]
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated_gz", "not_json", "no_events"])
+def test_cli_analyze_bad_file_exit_2_one_line(kind, tmp_path, trace_path, capsys):
+    pytest.importorskip("agent.commands.analyze")
+    from agent.cli import main
+    p = tmp_path / f"{kind}.json"
+    if kind == "truncated_gz":
+        p = tmp_path / "cut.json.gz"
+        raw = trace_path(NANO0).read_bytes()
+        p.write_bytes(raw[: len(raw) // 3])
+    elif kind == "not_json":
+        p.write_text("hello")
+    elif kind == "no_events":
+        p.write_text('{"schemaVersion": 1}')
+    code = main(["analyze", str(p)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("ridgeline: error: ") and p.name in err[0]
+    assert "Traceback" not in err[0]
