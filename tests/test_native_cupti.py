@@ -379,3 +379,23 @@ def _concat(a, b):
     meta = {"source": "cupti", "processes": {**a.meta["processes"], **b.meta["processes"]}}
     return Trace(*(np.concatenate([getattr(a, f), getattr(b, f)]) for f in ("kernels", "copies", "api", "ranges")),
                  names=a.names, meta=meta)
+
+
+def test_exited_processes_are_released_but_their_counts_kept(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h = harness(RIDGELINE_POOL_SLOTS=1)
+        h(f"init {sock} 130500")
+        h("feed 1 50 -")
+        got = poll_until(probe, lambda g: g["batches"])
+        assert probe.counters()["processes"] == 1
+        h.close()                                  # the process exits
+        got = poll_until(probe, lambda g: g["closed_pids"])
+        probe.poll()
+    finally:
+        probe.stop()
+    assert got["closed_pids"] == [h.p.pid]
+    c = probe.counters()
+    assert c["processes"] == 0 and not probe.decoders and c["records"] == 50 * 3 + 10 + 4

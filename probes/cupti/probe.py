@@ -70,6 +70,8 @@ class CuptiProbe(Probe):
         self._lock = threading.Lock()
         self._new: list[tuple[int, str]] = []
         self._closed: list[int] = []
+        self._conn_pid: dict[int, int] = {}       # connection -> pid, for connections that said hello
+        self._retired: dict[str, int] = {}        # counters of processes whose decoder was released
         self._status: dict[int, str] = {}
         self.decode_errors = 0
 
@@ -132,6 +134,7 @@ class CuptiProbe(Probe):
                 if dec is None:
                     dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
                 dec.set_hello(m.body)
+                self._conn_pid[m.conn_id] = m.pid
                 self._new.append((m.pid, m.body.comm))
                 _announce_target(m.pid)
                 if m.body.status:
@@ -148,7 +151,8 @@ class CuptiProbe(Probe):
                     self.decode_errors += 1
                     log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__, e)
             elif m.kind == "closed":
-                self._closed.append(m.pid)
+                if self._conn_pid.pop(m.conn_id, None) is not None:
+                    self._closed.append(m.pid)
 
     def poll(self) -> dict:
         if self.server is None:
@@ -167,6 +171,7 @@ class CuptiProbe(Probe):
         out = {}
         if parts:
             out["trace"], out["launch_latency_ns"] = self._merge(parts)
+        self._release_closed()
         if self._new:
             out["new_pids"], self._new = self._new, []
         if self._closed:
@@ -174,6 +179,19 @@ class CuptiProbe(Probe):
         if self._status:
             out["status"], self._status = self._status, {}
         return out
+
+    def _release_closed(self) -> None:
+        """Forget processes with no open connection once their events are handed on, so
+        short-lived processes do not accumulate. Safe: a library that reconnects sends
+        its hello and all its names again."""
+        live = set(self._conn_pid.values())
+        for pid in [p for p, d in self.decoders.items() if p not in live and not d.pending()]:
+            dec = self.decoders.pop(pid)
+            self._remaps.pop(pid, None)
+            for k, v in dec.library_counters.items():
+                self._retired[f"library_{k}"] = self._retired.get(f"library_{k}", 0) + v
+            for k in ("undecodable_records", "unresolved_names", "unjoined_kernels"):
+                self._retired[k] = self._retired.get(k, 0) + dec.counters.get(k, 0)
 
     def _to_shared_names(self, pid: int, dec: ProcessDecoder, trace: Trace) -> None:
         """Rewrite a process's name ids into the probe-wide table (vectorised remap)."""
@@ -199,8 +217,8 @@ class CuptiProbe(Probe):
                 np.concatenate([lat for _, _, lat in parts]))
 
     def counters(self) -> dict:
-        lib = {k: 0 for k in P.LIBRARY_COUNTERS}
-        dec = {"undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0}
+        lib = {k: self._retired.get(f"library_{k}", 0) for k in P.LIBRARY_COUNTERS}
+        dec = {k: self._retired.get(k, 0) for k in ("undecodable_records", "unresolved_names", "unjoined_kernels")}
         for d in self.decoders.values():
             for k in lib:
                 lib[k] += d.library_counters.get(k, 0)
