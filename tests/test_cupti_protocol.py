@@ -157,3 +157,23 @@ def test_control_frame_round_trip():
     t, n = P.parse_frame_header(f[:16])
     c = np.frombuffer(f[16:], P.CONTROL_DTYPE)[0]
     assert (t, n, int(c["mode"]), int(c["kernel_sample_every"])) == (P.MSG_CONTROL, 16, 1, 3)
+
+
+def test_half_received_frames_are_bounded_across_peers(tmp_path):
+    s = CuptiServer(str(tmp_path / "p.sock"), max_partial_bytes=100_000)
+    s.open()
+    try:
+        big = P.encode_frame(P.MSG_HELLO, b"\0" * 80_000)[:60_000]   # header says 80 kB, 60 kB sent
+        a, b = connect(s.path), connect(s.path)
+        a.sendall(big)
+        pump(s)
+        assert s.connections == 2 and s.stats["partial_cap_cut"] == 0
+        b.sendall(big)             # together over 100 kB: the peer that went over is cut
+        pump(s)
+        assert s.stats["partial_cap_cut"] == 1 and s.connections == 1
+        a.close()
+        b.close()
+        pump(s)
+        assert s._partial_bytes == 0
+    finally:
+        s.close()

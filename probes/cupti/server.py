@@ -9,7 +9,8 @@ connectable by local users whose processes we profile) can crash or stall the ag
   closed (a byte stream cannot be resynchronised);
 * at most ``max_connections`` peers; more are accepted and closed at once (counted);
 * queued, not yet decoded bytes are bounded; past the bound new batches are dropped
-  and counted;
+  and counted; half-received frames of all peers together are bounded too (a peer that
+  pushes the total over the bound is cut);
 * a peer that holds a half-sent frame without progress for ``idle_timeout_s`` is cut.
 
 The pid of a process is taken from the kernel (``SO_PEERCRED``), not from the message:
@@ -62,10 +63,13 @@ class CuptiServer:
     """Listens on ``path``; :meth:`pump` moves bytes from sockets into :meth:`drain`'s queue."""
 
     def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int = 1024,
-                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int = 0o666):
+                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int = 0o666,
+                 max_partial_bytes: int = 512 << 20):
         self.path = str(path)
         self.max_connections = max_connections
         self.max_queued_bytes = max_queued_bytes
+        self.max_partial_bytes = max_partial_bytes
+        self._partial_bytes = 0
         self.idle_timeout_s = idle_timeout_s
         self.socket_mode = socket_mode
         self._sel: selectors.BaseSelector | None = None
@@ -198,11 +202,17 @@ class CuptiServer:
                 return got
             got += len(chunk)
             c.buf += chunk
+            self._partial_bytes += len(chunk)
             c.last_progress = time.monotonic()
+            if self._partial_bytes > self.max_partial_bytes:
+                self.stats["partial_cap_cut"] += 1
+                self._drop(c, reason="too much half-received data")
+                return got
             if not c.need:
                 if len(c.buf) < P.FRAME_DTYPE.itemsize:
                     continue
                 c.msg_type, n = P.parse_frame_header(bytes(c.buf))
+                self._partial_bytes -= len(c.buf)
                 c.buf = bytearray()
                 c.need = n
                 if n == 0:
@@ -210,6 +220,7 @@ class CuptiServer:
                 continue
             if len(c.buf) >= c.need:
                 body, c.buf, c.need = c.buf, bytearray(), 0
+                self._partial_bytes -= len(body)
                 self._frame_done(c, body)
         return got
 
@@ -239,6 +250,8 @@ class CuptiServer:
     def _drop(self, c: _Conn, reason: str | None) -> None:
         if self._conns.pop(c.conn_id, None) is None:
             return
+        self._partial_bytes -= len(c.buf)
+        c.buf = bytearray()
         try:
             if self._sel is not None:
                 self._sel.unregister(c.sock)
