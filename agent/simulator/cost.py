@@ -161,6 +161,57 @@ def _ops(b: _Builder, conv: EngineConventions, model: SimModel, shape: StepShape
                 raise ValueError(f"unknown cost kind {cost!r}")
 
 
+class Planner:
+    """Plans steps for one (engine, model, GPU, efficiency). Everything but attention
+    depends only on (tokens, sequences, sampling sequences), so those rows are cached
+    (bounded) and only the attention rows are costed per step."""
+
+    def __init__(self, conv: EngineConventions, model: SimModel, gpu: GpuSpec, eff: Efficiency,
+                 cache_size: int = 4096):
+        self.conv, self.model, self.gpu, self.eff = conv, model, gpu, eff
+        att = [i for i, op in enumerate(conv.layer) if op["cost"] == "attention"]
+        cut = att[0] if att else len(conv.layer)
+        self._pre, self._post = conv.layer[:cut], conv.layer[cut + (1 if att else 0):]
+        self._has_attention = bool(att)
+        self._cache: dict[tuple, tuple] = {}
+        self._cache_size = cache_size
+
+    def _fixed(self, shape: StepShape):
+        key = (shape.tokens, shape.sequences, shape.sampling)
+        hit = self._cache.get(key)
+        if hit is None:
+            parts = []
+            for ops in (self.conv.prologue, self._pre, self._post, self.conv.epilogue):
+                b = _Builder(self.gpu, self.eff)
+                _ops(b, self.conv, self.model, shape, ops)
+                parts.append(b)
+            if len(self._cache) >= self._cache_size:
+                self._cache.clear()
+            hit = self._cache[key] = tuple(parts)
+        return hit
+
+    def plan(self, shape: StepShape) -> StepPlan:
+        pro, pre, post, epi = self._fixed(shape)
+        att = _Builder(self.gpu, self.eff)
+        if self._has_attention:
+            _attention(att, self.conv, self.model, shape)
+        index: dict[str, int] = {}
+
+        def rows_of(b: _Builder) -> np.ndarray:
+            if not b.rows:
+                return np.zeros((0, 9))
+            remap = np.array([index.setdefault(n, len(index)) for n in b.names], dtype=np.float64)
+            rows = np.array(b.rows, dtype=np.float64)
+            rows[:, 0] = remap[rows[:, 0].astype(np.int64)]
+            return rows
+
+        layer = np.concatenate([rows_of(pre), rows_of(att), rows_of(post)])
+        rows = np.concatenate([rows_of(pro), np.tile(layer, (self.model.layers, 1)), rows_of(epi)])
+        return StepPlan(names=list(index), name_idx=rows[:, 0].astype(np.int32), dur_ns=rows[:, 1].astype(np.int64),
+                        grid=rows[:, 2:5].astype(np.int32), block_x=rows[:, 5].astype(np.int32),
+                        cls=rows[:, 6].astype(np.uint8), flops=rows[:, 7], bytes=rows[:, 8])
+
+
 def plan_step(conv: EngineConventions, model: SimModel, gpu: GpuSpec, eff: Efficiency,
               shape: StepShape) -> StepPlan:
     """The kernels of one forward step over ``shape`` in launch order.
@@ -168,22 +219,4 @@ def plan_step(conv: EngineConventions, model: SimModel, gpu: GpuSpec, eff: Effic
     The per-layer block is costed once and tiled over the model's layers (identical
     layers), so the cost of planning does not grow with the layer count.
     """
-    pro, lay, epi = _Builder(gpu, eff), _Builder(gpu, eff), _Builder(gpu, eff)
-    _ops(pro, conv, model, shape, conv.prologue)
-    _ops(lay, conv, model, shape, conv.layer)
-    _ops(epi, conv, model, shape, conv.epilogue)
-    names: list[str] = []
-    index: dict[str, int] = {}
-    parts = []
-    for bld, reps in ((pro, 1), (lay, model.layers), (epi, 1)):
-        if not bld.rows:
-            continue
-        remap = np.array([index.setdefault(n, len(index)) for n in bld.names], dtype=np.int32)
-        rows = np.array(bld.rows, dtype=np.float64)
-        rows[:, 0] = remap[rows[:, 0].astype(np.int64)]
-        parts.append(np.tile(rows, (reps, 1)))
-    names = list(index)
-    rows = np.concatenate(parts) if parts else np.zeros((0, 9))
-    return StepPlan(names=names, name_idx=rows[:, 0].astype(np.int32), dur_ns=rows[:, 1].astype(np.int64),
-                    grid=rows[:, 2:5].astype(np.int32), block_x=rows[:, 5].astype(np.int32),
-                    cls=rows[:, 6].astype(np.uint8), flops=rows[:, 7], bytes=rows[:, 8])
+    return Planner(conv, model, gpu, eff).plan(shape)

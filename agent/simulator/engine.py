@@ -31,7 +31,7 @@ from probes.events import (API_DOMAIN_RUNTIME, API_DTYPE, API_LAUNCH, API_MEMCPY
                            RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Device, NameTable, Trace, empty)
 
 from .conventions import load_engine
-from .cost import Efficiency, StepShape, plan_step
+from .cost import Efficiency, Planner, StepShape
 from .hardware import GpuSpec, gpu_spec
 from .kvpool import KvPool
 from .metrics import SimMetrics
@@ -68,6 +68,7 @@ class SimConfig:
     annotations: bool = True
     time_base_ns: int = 0
     max_buffer_kernels: int = 2_000_000   # bounded event buffer; beyond it steps are dropped and counted
+    emit_events: bool = True              # False: timing and metrics only (engine-side studies)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class SimEngine:
         self.gpu = gpu or gpu_spec(cfg.gpu)
         self.model = model or load_model(cfg.model)
         self.conv = load_engine(cfg.engine, self.model.dims())
+        self.planner = Planner(self.conv, self.model, self.gpu, cfg.efficiency)
         self.pool = KvPool.sized(self.gpu.memory_bytes, self.model.weight_bytes, self.model.kv_bytes_per_token,
                                  gpu_memory_utilization=cfg.gpu_memory_utilization, block_size=cfg.block_size,
                                  kv_cache_bytes=cfg.kv_cache_bytes)
@@ -190,7 +192,7 @@ class SimEngine:
         q = np.asarray(q_lens, dtype=np.int64)
         ctx = np.zeros_like(q) if ctx_lens is None else np.asarray(ctx_lens, dtype=np.int64)
         shape = StepShape(q, ctx, np.ones(len(q), dtype=bool))
-        plan = plan_step(self.conv, self.model, self.gpu, self.cfg.efficiency, shape)
+        plan = self.planner.plan(shape)
         now = self.clock_ns
         end_cpu, gpu_start, gpu_end = self._emit(plan, shape, [])
         dec = int(q[(q == 1) & (ctx > 0)].sum())
@@ -256,7 +258,7 @@ class SimEngine:
         seq = np.fromiter((r.seq_len for r, _ in batch), dtype=np.int64, count=len(batch))
         samples = (ctx + q) >= seq
         shape = StepShape(q, ctx, samples)
-        plan = plan_step(self.conv, self.model, self.gpu, self.cfg.efficiency, shape)
+        plan = self.planner.plan(shape)
         end_cpu, gpu_start, gpu_end = self._emit(plan, shape, batch)
         # Token bookkeeping at the step's end.
         prefill_tokens = int(q[~((q == 1) & (ctx > 0))].sum())
@@ -337,6 +339,8 @@ class SimEngine:
         end_cpu = sync_end + POSTPROCESS_NS
         self.gpu_free_ns = copy_end
 
+        if not cfg.emit_events:
+            return end_cpu, int(start[0]), gpu_end
         if self._buf_kernels + n > cfg.max_buffer_kernels:
             self.dropped_kernels += n          # nobody drains: keep the clock going, count the loss
             return end_cpu, int(start[0]), gpu_end
