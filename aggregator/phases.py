@@ -367,7 +367,14 @@ def _grid_text(k: np.ndarray, i: int) -> str:
 
 
 class _StepFacts:
-    """Per-step aggregates of the kernel classes, computed with numpy for all steps at once."""
+    """Per-step aggregates of the kernel classes, computed with numpy for all steps at once
+    (bincount and ufunc.at over step ids: linear, no sort, no Python loop per kernel).
+
+    Per (step, signature) arrays of shape (steps, signatures): ``sig_count``; ``max_example``
+    (the kernel with the largest grid.x, the latest such kernel on ties; -1 none) and
+    ``min_gx`` (smallest grid.x). Per step: role counts, tile counts, GEMM rows and tokens per
+    sequence from CPU ops with the kernel that carries the largest figure.
+    """
 
     def __init__(self, trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, n_steps: int,
                  rows: np.ndarray, seq: np.ndarray, training_launch: np.ndarray):
@@ -377,24 +384,25 @@ class _StepFacts:
         st = kernel_step[in_step]
         idx = np.flatnonzero(in_step)
         nsig = len(kc.signatures)
+        self.nsig = nsig
         sig = kc.sig[in_step]
         has = sig >= 0
         key = st[has].astype(np.int64) * nsig + sig[has]
-        self.sig_count = np.bincount(key, minlength=n_steps * nsig).reshape(n_steps, nsig) if n_steps else \
-            np.zeros((0, nsig), dtype=np.int64)
+        cells = n_steps * nsig
+        self.sig_count = np.bincount(key, minlength=cells).reshape(n_steps, nsig)
         # Grid extremes per (step, signature): the kernel with the largest and smallest grid.x.
-        gx = k["grid_x"][idx][has]
+        gx = k["grid_x"][idx[has]].astype(np.int64)
         ki = idx[has]
-        self.max_example = {}
-        self.min_gx = {}
-        if len(key):
-            o = np.lexsort((gx, key))
-            ks, last = key[o], np.r_[key[o][1:] != key[o][:-1], True]
-            first = np.r_[True, key[o][1:] != key[o][:-1]]
-            for kk, kmax, kmin in zip(ks[last].tolist(), ki[o][last].tolist(), gx[o][first].tolist()):
-                self.max_example[kk] = kmax
-                self.min_gx[kk] = kmin
-        self.nsig = nsig
+        big = np.iinfo(np.int64).max
+        gmax = np.full(cells, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(gmax, key, gx)
+        gmin = np.full(cells, big, dtype=np.int64)
+        np.minimum.at(gmin, key, gx)
+        at_max = gx == gmax[key]
+        max_ex = np.full(cells, -1, dtype=np.int64)
+        np.maximum.at(max_ex, key[at_max], ki[at_max])
+        self.max_example = max_ex.reshape(n_steps, nsig)
+        self.min_gx = np.where(gmin == big, -1, gmin).reshape(n_steps, nsig)
         role = kc.role[in_step]
         self.role_count = {r: np.bincount(st[role == r], minlength=n_steps) for r in
                            (ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_PER_TOKEN, ROLE_GEMM, ROLE_GEMV,
@@ -409,23 +417,51 @@ class _StepFacts:
         # GEMM rows from CPU ops.
         r = rows[in_step]
         s = seq[in_step]
-        self.max_rows = np.full(n_steps, -1, dtype=np.int64)
-        np.maximum.at(self.max_rows, st, r)
-        self.max_seq = np.full(n_steps, -1, dtype=np.int64)
-        np.maximum.at(self.max_seq, st, s)
+        self.max_rows, self.rows_example = self._max_and_example(st, r, idx, n_steps)
+        self.max_seq, self.seq_example = self._max_and_example(st, s, idx, n_steps)
         self.seq_known = np.bincount(st[s >= 0], minlength=n_steps)
-        self.rows_example = np.full(n_steps, -1, dtype=np.int64)
-        if len(st):
-            o = np.lexsort((r, st))
-            last = np.r_[st[o][1:] != st[o][:-1], True]
-            sel = last & (r[o] >= 0)
-            self.rows_example[st[o][sel]] = idx[o][sel]
-            so = np.lexsort((s, st))
-            lasts = np.r_[st[so][1:] != st[so][:-1], True] & (s[so] >= 0)
-            self.seq_example = np.full(n_steps, -1, dtype=np.int64)
-            self.seq_example[st[so][lasts]] = idx[so][lasts]
-        else:
-            self.seq_example = np.full(n_steps, -1, dtype=np.int64)
+
+    @staticmethod
+    def _max_and_example(st: np.ndarray, v: np.ndarray, idx: np.ndarray, n_steps: int):
+        """Per step: max of ``v`` (-1 when none) and the latest kernel holding it when it is >= 0."""
+        vmax = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(vmax, st, v)
+        at = (v >= 0) & (v == vmax[st])
+        ex = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(ex, st[at], idx[at])
+        return vmax, ex
+
+    def group_of_steps(self, trace: Trace, rows_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Steps whose votes are necessarily identical share a group: returns (group per
+        step, one representative step per group). The key holds every fact the votes read:
+        counts, and the name and grid of each example kernel (they appear in the evidence
+        texts), so a step's votes are its group representative's."""
+        n = self.n
+        if not n:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        k = trace.kernels
+        cols = np.flatnonzero(self.sig_count.any(axis=0))
+        ex = self.max_example[:, cols]
+        exc = np.maximum(ex, 0)
+        parts = [self.sig_count[:, cols], self.min_gx[:, cols],
+                 np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
+                 np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
+        cols1 = [self.role_count[r] for r in sorted(self.role_count)]
+        cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
+                  self.max_rows, self.max_seq, self.seq_known > 0,
+                  self._text_key(k, rows_at, self.rows_example), self._text_key(k, rows_at, self.seq_example)]
+        mat = np.concatenate([p.astype(np.int64) for p in parts] + [np.stack(cols1, axis=1).astype(np.int64)],
+                             axis=1)
+        _, first, group = np.unique(mat, axis=0, return_index=True, return_inverse=True)
+        return group.reshape(-1), first
+
+    @staticmethod
+    def _text_key(k: np.ndarray, rows_at: np.ndarray, example: np.ndarray) -> np.ndarray:
+        """What names a rows/seq figure in the evidence: the CPU-op text index, else the
+        example kernel's name (-2 - name id), -1 without an example."""
+        e = np.maximum(example, 0)
+        t = rows_at[e] if len(rows_at) else np.full(len(e), -1, dtype=np.int64)
+        return np.where(example < 0, -1, np.where(t >= 0, t, -2 - k["name_id"][e].astype(np.int64)))
 
 
 def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src: tuple) -> list[_Vote]:
@@ -438,8 +474,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     for s_i in present.tolist():
         s = sigs[s_i]
         n = int(f.sig_count[j, s_i])
-        key = j * f.nsig + s_i
-        ex = f.max_example.get(key, -1)
+        ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else s.label
         if s.role in ("attention", "attention_aux"):
             gx_max = int(k["grid_x"][ex]) if ex >= 0 else -1
@@ -481,7 +516,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     n_gemm = int(f.role_count[ROLE_GEMM][j])
     if n_gemv:
         s_i = next(s for s in present.tolist() if sigs[s].role == "gemv")
-        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else "GEMV"
         if n_gemv * 2 >= n_gemv + n_gemm:
             votes.append(_Vote(DECODE, STRONG, f"{name} GEMV: {n_gemv} of {n_gemv + n_gemm} GEMMs are "
@@ -519,7 +554,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     n_train = int(f.role_count[ROLE_TRAINING][j])
     if n_train:
         s_i = next(s for s in present.tolist() if sigs[s].role == "training")
-        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
         votes.append(_Vote(OTHER, STRONG, f"{n_train} training kernels ({name}: {sigs[s_i].label}) => other (not "
                            f"inference)", "training", s_i))
@@ -531,7 +566,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     if n_other and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_PER_TOKEN][j]):
         kinds = [s for s in present.tolist() if sigs[s].role == "non_llm"]
         s_i = max(kinds, key=lambda s: f.sig_count[j, s])
-        ex = f.max_example.get(j * f.nsig + s_i, -1)
+        ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
         labels = " / ".join(sigs[s].label for s in kinds)
         votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) and no attention or "
@@ -554,11 +589,10 @@ def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int
         s = kc.signatures[s_i]
         if s.grid_rule != "tokens":
             continue
-        key = j * f.nsig + s_i
-        ex = f.max_example.get(key, -1)
+        ex = int(f.max_example[j, s_i])
         if ex < 0 or trace.kernels["grid_x"][ex] <= 0:
             continue
-        gmax, gmin = int(trace.kernels["grid_x"][ex]), int(f.min_gx.get(key, -1))
+        gmax, gmin = int(trace.kernels["grid_x"][ex]), int(f.min_gx[j, s_i])
         rank = {"strong": 3, "medium": 2, "weak": 1}[s.strength]
         name = short_name(trace.names[int(trace.kernels["name_id"][ex])])
         text = (f"{name} grid {_grid_text(trace.kernels, ex)}" if gmin == gmax
@@ -754,13 +788,36 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
     decisive_sig = np.full(len(steps), -1, dtype=np.int32)
-    for st in steps:
+    # Votes depend only on a step's facts: computed once per group of steps with identical
+    # facts (a serving trace repeats a few step shapes thousands of times).
+    group, rep = facts.group_of_steps(trace, rows_at)
+    group_votes = [_step_votes(int(j), facts, trace, kc, (rows_at, rows_texts)) for j in rep.tolist()]
+    group_tok = [_tokens(int(j), facts, kc, trace) for j in rep.tolist()]
+    decided: dict[tuple[int, str | None], tuple] = {}
+
+    def decide(g: int, ctx: str | None) -> tuple:
+        hit = decided.get((g, ctx))
+        if hit is None:
+            votes = group_votes[g]
+            ph, dec, conflict = _decide(votes, ctx)
+            if conflict:
+                ev = [conflict]
+            elif dec:
+                ev = [v.text for v in dec]
+            else:
+                ev = ["no phase evidence in the step's kernels => unknown"]
+            used = set(ev)
+            ev.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
+            sig = next((v.sig for v in dec if v.sig >= 0), -1) if dec and not conflict else -1
+            hit = decided[(g, ctx)] = (ph, dec, conflict, ev, sig)
+        return hit
+
+    for st, g in zip(steps, group.tolist()):
         st.kernels = int(counts[st.index])
-        votes = _step_votes(st.index, facts, trace, kc, (rows_at, rows_texts))
-        ctx = training_ctx.get(st.device)
+        tok = group_tok[g]
         if st.source == "annotation":
             a, _ = ann_of_step[st.index]
-            ph, dec, conflict = _decide(votes, None)
+            ph, dec, conflict, _, _ = decide(g, None)
             if conflict:
                 st.evidence.append(f"kernel evidence inconclusive: {conflict}")
             elif dec and ph == st.phase:
@@ -768,27 +825,19 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
             elif dec:
                 st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
                                    + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
-            tok = _tokens(st.index, facts, kc, trace)
             if tok is not None and a.prefill_tokens is not None and a.decode_tokens is not None:
                 total = (a.prefill_tokens or 0) + (a.decode_tokens or 0)
                 if tok[0] != total:
                     st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
             continue
-        ph, dec, conflict = _decide(votes, ctx if not facts.inference_only[st.index] else None)
+        ctx = training_ctx.get(st.device) if not facts.inference_only[st.index] else None
+        ph, _, _, ev, sig = decide(g, ctx)
         st.phase = ph
+        st.evidence.extend(ev)
+        decisive_sig[st.index] = sig
         boundary = getattr(st, "_boundary", "")
-        if conflict:
-            st.evidence.append(conflict)
-        elif dec:
-            st.evidence.extend(v.text for v in dec)
-            decisive_sig[st.index] = next((v.sig for v in dec if v.sig >= 0), -1)
-        else:
-            st.evidence.append("no phase evidence in the step's kernels => unknown")
-        used = set(st.evidence)
-        st.evidence.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
         if boundary:
             st.evidence.append(f"step starts: {boundary}")
-        tok = _tokens(st.index, facts, kc, trace)
         t = tok[0] if tok is not None else None
         if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
             t = int(facts.max_rows[st.index])
