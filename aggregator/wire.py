@@ -26,9 +26,10 @@ Window records and other plain records (``encode_window`` / ``decode_window``; a
 ``{0: version, 1: record}`` where ``record`` is the dict with every string key found
 in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
 strings (so a new key never breaks a consumer), and a number a consumer does not know
-decodes as ``"field_<n>"``. Dict keys must be strings (data keys such as phase names
-are fine: they either are in the table or travel as text); numpy scalars and arrays are
-converted to plain Python.
+decodes as ``"field_<n>"``. Dict keys are strings: data keys such as phase names are
+fine (they either are in the table or travel as text), and a non-string key (a tid, a
+device index) is sent as its text, so it decodes as a string. numpy scalars and arrays
+are converted to plain Python.
 
 **Adding a key** (H6, H7, anyone): append one line ``"your_key_name": <next number>,``
 to :data:`FIELDS` (the next number is ``max(FIELDS.values()) + 1``; numbers are never
@@ -163,7 +164,7 @@ def _plain(obj):
         out = {}
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise TypeError(f"wire records need string keys, got {k!r}")
+                k = str(k)    # data keys (a tid, a device index) travel as text
             out[FIELDS.get(k, k)] = _plain(v)
         return out
     if isinstance(obj, (list, tuple)):
