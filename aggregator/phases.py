@@ -763,21 +763,23 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     leftover = kernel_step < 0
     seg = segment_kernels(trace, kc, mask=leftover, hint=hint)
     base = len(steps)
+    boundary = [""] * base          # per step: why a kernel segment starts where it does
     for i, sgm in enumerate(seg.segments):
-        why = sgm.reasons[0] if sgm.reasons else ""
         steps.append(Step(index=base + i, start_ns=sgm.start_ns, end_ns=sgm.end_ns, device=sgm.device, phase=UNKNOWN,
                           evidence=[], source="kernels"))
-        steps[-1]._boundary = why  # type: ignore[attr-defined]
+        boundary.append(sgm.reasons[0] if sgm.reasons else "")
     kernel_step[leftover] = np.where(seg.kernel_step[leftover] >= 0, seg.kernel_step[leftover] + base, -1)
 
     # Steps in time order (annotation steps were made per range name, segments per device).
-    order = sorted(range(len(steps)), key=lambda i: (steps[i].start_ns, steps[i].device, i))
+    order = np.lexsort((np.arange(len(steps)), np.array([st.device for st in steps], dtype=np.int64),
+                        np.array([st.start_ns for st in steps], dtype=np.int64)))
     new_index = np.empty(len(steps) + 1, dtype=np.int32)
     new_index[order] = np.arange(len(steps), dtype=np.int32)
     new_index[len(steps)] = -1
     kernel_step = new_index[np.where(kernel_step >= 0, kernel_step, len(steps))]
     ann_of_step = {int(new_index[i]): v for i, v in ann_of_step.items()}
-    steps = [steps[i] for i in order]
+    steps = [steps[i] for i in order.tolist()]
+    boundary = [boundary[i] for i in order.tolist()]
     for i, st in enumerate(steps):
         st.index = i
 
@@ -835,9 +837,8 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         st.phase = ph
         st.evidence.extend(ev)
         decisive_sig[st.index] = sig
-        boundary = getattr(st, "_boundary", "")
-        if boundary:
-            st.evidence.append(f"step starts: {boundary}")
+        if boundary[st.index]:
+            st.evidence.append(f"step starts: {boundary[st.index]}")
         t = tok[0] if tok is not None else None
         if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
             t = int(facts.max_rows[st.index])
@@ -845,19 +846,14 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
             st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
         elif st.phase == DECODE:
             st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
-    for st in steps:
-        if hasattr(st, "_boundary"):
-            del st._boundary
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
     look = np.where(kernel_step >= 0, kernel_step, len(steps))
     kernel_phase = phase_of_step[look]
     evidence_names: list[str] = ["in no step (no annotation range or kernel segment holds it)"]
-    step_code = np.zeros(len(steps) + 1, dtype=np.int32)
-    for st in steps:
-        evidence_names.append(f"step {st.index} {st.phase_name}: {st.evidence[0]}")
-        step_code[st.index] = len(evidence_names) - 1
+    evidence_names += [f"step {st.index} {PHASE_NAMES[st.phase]}: {st.evidence[0]}" for st in steps]
+    step_code = np.r_[np.arange(1, len(steps) + 1, dtype=np.int32), 0]      # step i -> evidence_names[i + 1]
     kernel_evidence = step_code[look]
     kernel_evidence[kernel_step < 0] = 0
     # Kernels whose own signature carried the step's deciding vote cite themselves.
@@ -865,17 +861,11 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     own &= kc.sig == np.r_[decisive_sig, -2][look]
     if own.any():
         width = len(kc.signatures) + 1
-        pair_keys = np.unique(kernel_step[own].astype(np.int64) * width + kc.sig[own])
-        code_of = {}
-        for stp, s_i in zip((pair_keys // width).tolist(), (pair_keys % width).tolist()):
-            st = steps[stp]
-            evidence_names.append(f"{kc.signatures[s_i].label}: {st.evidence[0]} (step {stp})")
-            code_of[(stp, s_i)] = len(evidence_names) - 1
-        key = kernel_step[own].astype(np.int64) * (len(kc.signatures) + 1) + kc.sig[own]
-        lut_keys = np.array([a * (len(kc.signatures) + 1) + b for a, b in code_of], dtype=np.int64)
-        lut_vals = np.array(list(code_of.values()), dtype=np.int32)
-        o = np.argsort(lut_keys)
-        kernel_evidence[own] = lut_vals[o][np.searchsorted(lut_keys[o], key)]
+        pair_keys, inv = np.unique(kernel_step[own].astype(np.int64) * width + kc.sig[own], return_inverse=True)
+        first_code = len(evidence_names)
+        evidence_names += [f"{kc.signatures[s_i].label}: {steps[stp].evidence[0]} (step {stp})"
+                           for stp, s_i in zip((pair_keys // width).tolist(), (pair_keys % width).tolist())]
+        kernel_evidence[own] = first_code + inv.reshape(-1)
     return PhaseMap(steps=steps, kernel_phase=kernel_phase, kernel_step=kernel_step,
                     kernel_evidence=kernel_evidence.astype(np.int32), evidence_names=evidence_names)
 

@@ -176,16 +176,37 @@ def _idle_gaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return np.maximum(start[1:] - busy_until, 0)
 
 
-def _cut_at_largest_gap(cut: np.ndarray, reason: list, gaps: np.ndarray, lo: int, hi: int, why: str) -> None:
-    """Mark a boundary after kernel j (lo <= j < hi) where the idle gap is largest."""
-    if hi <= lo:
-        return
-    j = lo + int(np.argmax(gaps[lo:hi]))
-    if not cut[j]:
-        cut[j] = True
-        reason[j] = why
-    elif why not in reason[j]:
-        reason[j] += "; " + why
+def _argmax_in_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """First position of the maximum of ``values[lo_i:hi_i]`` for every range (hi > lo),
+    vectorised: the ranges are laid end to end (np.repeat) and reduced with reduceat. Ranges
+    from one rule barely overlap (they lie between consecutive launches), so the laid-out
+    length stays near len(values); past a few times that, one slice per range."""
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = np.asarray(hi, dtype=np.int64)
+    if not len(lo):
+        return lo
+    size = hi - lo
+    total = int(size.sum())
+    if total > 4 * len(values) + 1024:
+        return np.array([a + int(np.argmax(values[a:b])) for a, b in zip(lo.tolist(), hi.tolist())],
+                        dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(size)[:-1]))
+    pos = np.arange(total, dtype=np.int64) - np.repeat(starts - lo, size)
+    v = values[pos]
+    vmax = np.maximum.reduceat(v, starts)
+    at = np.where(v == np.repeat(vmax, size), np.arange(total), total)
+    return pos[np.minimum.reduceat(at, starts)]
+
+
+def _mark(cut: np.ndarray, reason: dict[int, str], at: np.ndarray, whys: list[str]) -> None:
+    """Mark boundaries after kernels ``at`` (in order), each with its reason; a boundary
+    already marked gains the reason unless it already says it."""
+    for j, why in zip(at.tolist(), whys):
+        if not cut[j]:
+            cut[j] = True
+            reason[j] = why
+        elif why not in reason[j]:
+            reason[j] += "; " + why
 
 
 def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | None = None,
@@ -216,18 +237,19 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         return Segmentation(kernel_step, segments)
     for dev in np.unique(k["device"][sel]):
         idx = np.flatnonzero(sel & (k["device"] == dev))
-        idx = idx[np.lexsort((idx, k["start_ns"][idx]))]
+        st = k["start_ns"][idx]
+        if len(idx) > 1 and not bool((st[1:] >= st[:-1]).all()):
+            idx = idx[np.lexsort((idx, st))]
         m = len(idx)
         s, e = k["start_ns"][idx], k["end_ns"][idx]
         gaps = _idle_gaps(s, e)
         cut = np.zeros(max(m - 1, 0), dtype=bool)
-        reason: list = [""] * max(m - 1, 0)
+        reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
         if m > 1:
             med = float(np.median(gaps))
             thr = max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * med)
-            for j in np.flatnonzero(gaps >= thr):
-                cut[j] = True
-                reason[j] = f"GPU idle {gaps[j] / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)"
+            at = np.flatnonzero(gaps >= thr)
+            _mark(cut, reason, at, [f"GPU idle {g / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)" for g in gaps[at].tolist()])
             role = classes.role[idx]
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).
@@ -235,17 +257,20 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                                  & (classes.strength[idx] == STRONG) & (k["grid_x"][idx] > 0))
             if len(tok) > 1:
                 gx = k["grid_x"][idx][tok]
-                for c in np.flatnonzero(gx[1:] != gx[:-1]):
-                    _cut_at_largest_gap(cut, reason, gaps, int(tok[c]), int(tok[c + 1]),
-                                        f"tokens per step change ({int(gx[c])} -> {int(gx[c + 1])}, KV-cache write grid.x)")
+                c = np.flatnonzero(gx[1:] != gx[:-1])
+                c = c[tok[c + 1] > tok[c]]
+                _mark(cut, reason, _argmax_in_ranges(gaps, tok[c], tok[c + 1]),
+                      [f"tokens per step change ({a} -> {b}, KV-cache write grid.x)"
+                       for a, b in zip(gx[c].tolist(), gx[c + 1].tolist())])
             layer = np.flatnonzero((role == ROLE_ATTENTION) | (role == ROLE_PER_TOKEN))
             # Sampling closes a step when layer kernels follow it.
             ends = np.flatnonzero(classes.step_end[idx])
             if len(ends) and len(layer):
                 nxt = np.searchsorted(layer, ends, side="right")
-                for j, q in zip(ends.tolist(), nxt.tolist()):
-                    if q < len(layer):
-                        _cut_at_largest_gap(cut, reason, gaps, j, int(layer[q]), "previous step ended with a sampling kernel")
+                ok = nxt < len(layer)
+                lo, hi = ends[ok], layer[nxt[ok]]
+                _mark(cut, reason, _argmax_in_ranges(gaps, lo, hi),
+                      ["previous step ended with a sampling kernel"] * len(lo))
             # Layer pattern restart.
             att = np.flatnonzero(role == ROLE_ATTENTION)
             if len(att) > PATTERN_MIN_REPEATS:
@@ -254,22 +279,23 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 per_layer = int(vals[np.argmax(counts)])
                 if counts.max() >= PATTERN_MIN_REPEATS:
                     limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
-                    for c in np.flatnonzero(d > limit):
-                        _cut_at_largest_gap(cut, reason, gaps, int(att[c]), int(att[c + 1]),
-                                            f"layer pattern restarts ({int(d[c])} kernels between attention launches, "
-                                            f"{per_layer} per layer)")
-            # CUDA graph relaunch: a graph id already seen in the current step.
+                    c = np.flatnonzero(d > limit)
+                    _mark(cut, reason, _argmax_in_ranges(gaps, att[c], att[c + 1]),
+                          [f"layer pattern restarts ({n} kernels between attention launches, {per_layer} per layer)"
+                           for n in d[c].tolist()])
+            # CUDA graph relaunch: a graph id already seen in the current step. Sequential
+            # (each cut resets what was seen), so one pass over graph launches, not kernels.
             gid = k["graph_id"][idx]
             corr = k["correlation_id"][idx]
             first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1]) | (gid[1:] != gid[:-1]))))
             seen: set[int] = set()
-            for j in first.tolist():
-                g = int(gid[j])
+            for j, g in zip(first.tolist(), gid[first].tolist()):
                 if j > 0 and cut[j - 1]:
                     seen = set()
                 if g in seen and j > 0:
                     cut[j - 1] = True
-                    reason[j - 1] = (reason[j - 1] + "; " if reason[j - 1] else "") + f"CUDA graph {g} launched again"
+                    prev = reason.get(j - 1, "")
+                    reason[j - 1] = (prev + "; " if prev else "") + f"CUDA graph {g} launched again"
                     seen = set()
                 seen.add(g)
             if hint is not None:
@@ -278,14 +304,16 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 hk = np.flatnonzero(hint[idx] != -1)
                 if len(hk) > 1:
                     hv = hint[idx][hk]
-                    for c in np.flatnonzero(hv[1:] != hv[:-1]):
-                        _cut_at_largest_gap(cut, reason, gaps, int(hk[c]), int(hk[c + 1]), f"{hint_name} boundary")
+                    c = np.flatnonzero(hv[1:] != hv[:-1])
+                    _mark(cut, reason, _argmax_in_ranges(gaps, hk[c], hk[c + 1]),
+                          [f"{hint_name} boundary"] * len(c))
         starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)
         step_of = np.repeat(np.arange(len(starts), dtype=np.int32) + base, stops - starts)
         kernel_step[idx] = step_of
-        for a0, b0 in zip(starts.tolist(), stops.tolist()):
+        seg_end = np.maximum.reduceat(e, starts)
+        for a0, s0, e0 in zip(starts.tolist(), s[starts].tolist(), seg_end.tolist()):
             why = "first kernel on the device" if a0 == 0 else reason[a0 - 1]
-            segments.append(Segment(device=int(dev), start_ns=int(s[a0]), end_ns=int(e[a0:b0].max()), reasons=[why]))
+            segments.append(Segment(device=int(dev), start_ns=s0, end_ns=e0, reasons=[why]))
     return Segmentation(kernel_step, segments)
