@@ -219,6 +219,46 @@ def run_messaging(probe=None, target=False, groups=4, loops=200):
     return (float(m.group(1)) if m else wall), ru.ru_utime + ru.ru_stime
 
 
+THREADS_PY = r"""
+import sys, threading, time
+n = int(sys.argv[1])
+def worker():
+    while True:
+        time.sleep(0.01)          # ~100 switches/s per thread
+for _ in range(n):
+    threading.Thread(target=worker, daemon=True).start()
+print("UP", flush=True)
+sys.stdin.readline()
+"""
+
+
+def poll_cost(probe, nthreads, seconds=5.0):
+    """CPU per poll (1 s apart) with a target of ``nthreads`` threads switching ~100 times/s each."""
+    p = subprocess.Popen([sys.executable, "-c", THREADS_PY, str(nthreads)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        p.stdout.readline()
+        probe.add_target(p.pid)
+        time.sleep(1.0)
+        probe.poll()
+        cpu, polls, switches, rows = 0.0, 0, 0, 0
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            time.sleep(1.0)
+            t0 = time.thread_time()
+            w = probe.poll()
+            cpu += time.thread_time() - t0
+            polls += 1
+            rows = len(w["threads"])
+            switches += int(w["threads"]["voluntary_switches"].sum() + w["threads"]["involuntary_switches"].sum())
+    finally:
+        p.stdin.write("x\n"); p.stdin.flush(); p.wait(timeout=10)
+        probe.poll()
+        probe.remove_target(p.pid)
+    return {"threads": rows, "polls": polls, "ms_per_poll": cpu * 1e3 / max(polls, 1),
+            "switches_per_s": switches / max(polls, 1), "us_per_1000_switches": cpu * 1e9 / max(switches, 1)}
+
+
 def bpf_stats(probe, exe, loops, cpu):
     path = Path("/proc/sys/kernel/bpf_stats_enabled")
     old = path.read_text().strip()
@@ -267,6 +307,20 @@ def main() -> int:
     sched = SchedProbe(discover_s=0.0)
     sched.start()
     detach(sched)
+    # The floor: programs that do nothing, on the same two hot hooks. What the probe costs
+    # beyond this is its own work; this part is the kernel's raw-tracepoint dispatch.
+    noop = bpfmod.import_bcc().BPF(text=b"RAW_TRACEPOINT_PROBE(sched_switch) { return 0; }\n"
+                                        b"RAW_TRACEPOINT_PROBE(sched_wakeup) { return 0; }\n")
+    noop_tps = ("sched_switch", "sched_wakeup")
+
+    def noop_on(on):
+        for tp in noop_tps:
+            have = tp.encode() in noop.raw_tracepoint_fds
+            if on and not have:
+                noop.attach_raw_tracepoint(tp=tp.encode(), fn_name=f"raw_tracepoint__{tp}".encode())
+            elif not on and have:
+                noop.detach_raw_tracepoint(tp=tp.encode())
+    noop_on(False)
 
     libs = {}
     cuda = cuda_timed = None
@@ -294,6 +348,10 @@ def main() -> int:
         detach(sched)
         w, c, _ = run_pingpong(pingpong, a.loops, cpu)
         add(("pingpong", "no probe"), (w, c))
+        noop_on(True)
+        w, c, _ = run_pingpong(pingpong, a.loops, cpu)
+        add(("pingpong", "empty BPF programs on the 2 hooks (floor)"), (w, c))
+        noop_on(False)
         attach(sched)
         w, c, _ = run_pingpong(pingpong, a.loops, cpu, sched, target=False)
         add(("pingpong", "probe attached, not targeted"), (w, c))
@@ -317,13 +375,15 @@ def main() -> int:
             sched._set(1, 0)
             sched.follow_forks = False
     attach(sched)
+    pc = [poll_cost(sched, n) for n in (10, 200)]
     stats = bpf_stats(sched, pingpong, a.loops, cpu)
     sched.stop()
+    noop.cleanup()
     for p in (cuda, cuda_timed):
         if p:
             p.stop()
 
-    lines = render(res, agent_runs, stats, a, have_perf, cudart)
+    lines = render(res, agent_runs, pc, stats, a, have_perf, cudart)
     text = "\n".join(lines)
     print(text)
     if a.write:
@@ -331,7 +391,7 @@ def main() -> int:
     return 0
 
 
-def render(res, agent_runs, stats, a, have_perf, cudart) -> list[str]:
+def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
     L = []
     L.append(f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node()} "
              f"(kernel {platform.release()}, {os.cpu_count()} CPUs, load average at start "
@@ -373,6 +433,15 @@ def render(res, agent_runs, stats, a, have_perf, cudart) -> list[str]:
                  f"{cpu_s * 1e6 / max(ev, 1) * 1e5:.0f} µs per 100k events "
                  f"({cpu_s * 1e3 / max(polls, 1):.2f} ms per poll). The per-event work happens in the kernel "
                  "(below); the agent reads one batch of per-thread totals per poll, whatever the event rate.")
+        L.append("")
+    if pc:
+        L.append("Agent CPU per poll against the size of the target (a Python process whose threads each sleep "
+                 "10 ms in a loop; one poll per second, 5 polls):")
+        L.append("")
+        L.append("| threads | switches/s | ms CPU per poll | µs per 1,000 switches |")
+        L.append("|---|---|---|---|")
+        for x in pc:
+            L.append(f"| {x['threads']} | {x['switches_per_s']:.0f} | {x['ms_per_poll']:.2f} | {x['us_per_1000_switches']:.1f} |")
         L.append("")
     if stats:
         L.append("Kernel BPF run time per invocation (`kernel.bpf_stats_enabled=1`, one pinned ping-pong each):")

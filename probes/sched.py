@@ -213,8 +213,12 @@ class SchedProbe(Probe):
         exit_rows = exit_rows[exit_rows["ev_type"] == EV_EXIT]
         ev_rows = np.frombuffer(b"".join(evs), dtype=EVENT_DTYPE) if evs else np.zeros(0, EVENT_DTYPE)
         # Threads whose last switch was never seen (hidden) but that are gone: finalise them.
+        # Only threads marked exiting or without an event for 5 s are looked up in /proc.
         if self._polls % 8 == 0 and len(rows):
-            gone = np.array([not os.path.exists(f"/proc/{int(r['tgid'])}/task/{int(r['tid'])}") for r in rows])
+            stale = (rows["exiting"] != 0) | (rows["ts"].astype(np.int64) < now_ns - 5_000_000_000)
+            gone = np.zeros(len(rows), bool)
+            for i in np.flatnonzero(stale):
+                gone[i] = not os.path.exists(f"/proc/{int(rows[i]['tgid'])}/task/{int(rows[i]['tid'])}")
             if gone.any():
                 for k in keys[gone]:
                     try:
