@@ -1,0 +1,352 @@
+"""Scale and cost of the agent fed simulated kernel streams (1 GPU at 50k kernels/s, 8 GPUs at 100k each).
+
+    .venv/bin/python bench/bench_scale.py                      # both scenarios, 60 s each
+    .venv/bin/python bench/bench_scale.py --duration 20 --scenarios 1x50000
+
+Three processes per scenario, launched side by side in one run:
+
+* generator (its own process, so its cost is not the agent's): builds one simulated
+  decode step per GPU (``agent.simulator``, vLLM conventions, Llama-3-8B on H100), tiles
+  it into 50 ms batches at the target kernel rate ahead of time (vectorised numpy), and
+  pushes each batch on its wall-clock deadline over ZeroMQ (PUSH, non-blocking: a full
+  queue drops the batch and counts it). Every kernel comes with its launch API record.
+* agent: the real daemon (``agent.daemon.Agent``: window folding with phases and
+  roofline, wire encoding, XPUB publishing, health, Prometheus off) with one probe that
+  drains the feed socket (zero-copy ``np.frombuffer``); bounded input queue (RCVHWM).
+* subscriber: SUB on the agent's ``window`` and ``health`` topics; per window the latency
+  from window close (the record's ``end_ns``) to receipt, and the sequence gaps.
+
+Measured for the agent process from ``/proc/PID``: CPU (utime + stime over the steady
+interval, after a warm-up) as % of one core, peak RSS (``VmHWM``); dropped records
+(generator send drops + the agent's publisher/window/probe drops); window publish latency
+p50/p99. Targets: <= 5% of one core at 50k kernels/s, <= 256 MB RSS, zero drops with a
+subscriber keeping up. Prints one table (markdown) and, with ``--json``, the rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+BATCH_S = 0.05
+WARMUP_S = 5.0
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- generator
+
+def step_template(device: int):
+    """One simulated decode step (kernels + launch API records) of one GPU."""
+    from agent.simulator.engine import SimConfig, SimEngine
+    e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", device=device, pid=9000 + device, tid=9000 + device,
+                            annotations=False), seed=0, metrics=False)
+    e.forward([1] * 32, [1000] * 32)
+    t = e.drain()
+    return t.kernels, t.api, list(t.names), e.gpu.name
+
+
+def build_period(gpus: int, rate: int):
+    """Kernels and API records of one BATCH_S period for all GPUs, times from 0."""
+    from probes.events import API_LAUNCH
+    ks, apis, names, gpu_name = [], [], None, ""
+    per = int(rate * BATCH_S)
+    for g in range(gpus):
+        k, a, names, gpu_name = step_template(g)
+        a = a[a["category"] == API_LAUNCH]          # one launch record per kernel
+        n = len(k)
+        reps = -(-per // n)
+        span = BATCH_S * 1e9 / reps                   # compress the step so `per` kernels fill the period
+        scale = span / max(1, int(k["end_ns"].max() - k["start_ns"].min()))
+        t0 = int(k["start_ns"].min())
+        kk = np.tile(k, reps)[:per]
+        aa = np.tile(a, reps)[:per]
+        lap = np.repeat(np.arange(reps, dtype=np.int64), n)[:per]
+        for arr in (kk, aa):
+            for f in ("start_ns", "end_ns"):
+                arr[f] = ((arr[f] - t0) * scale).astype(np.int64) + (lap * span).astype(np.int64)
+        kk["correlation_id"] = np.arange(per) + g * per
+        aa["correlation_id"] = kk["correlation_id"]
+        ks.append(kk)
+        apis.append(aa)
+    return np.concatenate(ks), np.concatenate(apis), names, gpu_name
+
+
+def generator_main(endpoint: str, gpus: int, rate: int, duration_s: float, t_start: float, out: mp.Queue):
+    import zmq
+    k0, a0, names, gpu_name = build_period(gpus, rate)
+    periods = int(duration_s / BATCH_S)
+    # Batches ahead of time: a ring of pre-shifted copies; each send only adds an offset.
+    ring = 8
+    ks = [k0.copy() for _ in range(ring)]
+    ap = [a0.copy() for _ in range(ring)]
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 20)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    sock.send_multipart([b"names", json.dumps({"names": names, "gpu": gpu_name, "gpus": gpus}).encode()])
+    while time.time() < t_start:
+        time.sleep(0.001)
+    base_ns = int(t_start * 1e9)
+    sent = dropped = late = 0
+    n = len(k0)
+    cpu0 = time.process_time()
+    for i in range(periods):
+        slot = i % ring
+        off = base_ns + int(i * BATCH_S * 1e9)
+        k, a = ks[slot], ap[slot]
+        for dst, src in ((k, k0), (a, a0)):
+            dst["start_ns"] = src["start_ns"] + off
+            dst["end_ns"] = src["end_ns"] + off
+        k["correlation_id"] = k0["correlation_id"] + i * n
+        a["correlation_id"] = k["correlation_id"]
+        deadline = t_start + (i + 1) * BATCH_S         # a batch leaves when its period has passed
+        delay = deadline - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -BATCH_S:
+            late += 1
+        try:
+            sock.send_multipart([b"k", k.data, a.data], flags=zmq.NOBLOCK, copy=True)
+            sent += n
+        except zmq.Again:
+            dropped += n
+    out.put({"sent": sent, "dropped": dropped, "late_batches": late, "per_batch": n,
+             "generator_cpu_s": time.process_time() - cpu0})
+    sock.close()
+    ctx.term()
+
+
+# ---------------------------------------------------------------- agent
+
+class FeedProbe:
+    """Drains the generator's socket; the probe side of a CUPTI-like feed."""
+    name = "feed"
+    optional = False
+
+    def __init__(self, endpoint: str):
+        import zmq
+        from probes.events import NameTable
+        self.zmq = zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.RCVHWM, 20)           # bounded: a slow agent makes the sender drop (counted)
+        self.sock.bind(endpoint)
+        self.names = NameTable()
+        self.devices = []
+        self.records = self.errors = 0
+
+    def check(self):
+        from probes.probe import Availability
+        return Availability(True, "bench feed")
+
+    def start(self):
+        pass
+
+    def poll(self):
+        from probes.events import API_DTYPE, KERNEL_DTYPE, Device, Trace
+        ks, aps = [], []
+        for _ in range(1000):
+            try:
+                frames = self.sock.recv_multipart(flags=self.zmq.NOBLOCK, copy=False)
+            except self.zmq.Again:
+                break
+            if frames[0].bytes == b"names":
+                info = json.loads(frames[1].bytes)
+                for s in info["names"]:
+                    self.names.intern(s)
+                self.devices = [Device(g, info["gpu"]) for g in range(info["gpus"])]
+                continue
+            ks.append(np.frombuffer(frames[1].buffer, dtype=KERNEL_DTYPE))
+            aps.append(np.frombuffer(frames[2].buffer, dtype=API_DTYPE))
+        if not ks:
+            return None
+        k = ks[0] if len(ks) == 1 else np.concatenate(ks)
+        a = aps[0] if len(aps) == 1 else np.concatenate(aps)
+        self.records += len(k) + len(a)
+        return {"kind": "events", "trace": Trace(kernels=k, api=a, names=self.names, devices=self.devices,
+                                                  meta={"source": "simulated"})}
+
+    def stop(self):
+        self.sock.close(0)
+
+    def counters(self):
+        return {"records": self.records, "drops": 0, "errors": self.errors}
+
+
+def agent_main(feed: str, pub: str, duration_s: float):
+    import logging
+
+    from agent import config as config_mod
+    from agent import registry
+    from agent.daemon import Agent
+    from probes.probe import Availability
+    logging.basicConfig(level=logging.WARNING)
+    cfg = config_mod.defaults()
+    cfg["agent"]["window_s"] = 1.0
+    cfg["agent"]["run_for_s"] = duration_s
+    cfg["publisher"]["endpoint"] = pub
+    cfg["prometheus"]["enabled"] = False
+    cfg["probes"]["enabled"] = []
+    probe = FeedProbe(feed)
+    step = registry.Step("feed", "events", lambda c: probe, "bench feed")
+    running = [registry.Running(step, probe, Availability(True))]
+    a = Agent(cfg, probes=running)
+    a.start()
+    try:
+        a.run()
+    finally:
+        a.shutdown()
+
+
+# ---------------------------------------------------------------- subscriber
+
+def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
+    import zmq
+
+    from aggregator import wire
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.connect(endpoint)
+    for t in (b"window", b"health"):
+        s.setsockopt(zmq.SUBSCRIBE, t)
+    ready.set()
+    lat, seqs, last = [], {}, {}
+    kernels = []
+    drops_seen = 0
+    agent_drops = {}
+    while time.time() < until:
+        if not s.poll(200):
+            continue
+        topic, env = s.recv_multipart()
+        now = time.time_ns()
+        e = wire.decode_envelope(env)
+        t = topic.decode()
+        if t in last and e.seq != last[t] + 1:
+            seqs[t] = seqs.get(t, 0) + (e.seq - last[t] - 1)
+        last[t] = e.seq
+        if t == "window":
+            w = wire.decode_window(e.payload)
+            lat.append(now - int(w["end_ns"]))
+            kernels.append(sum(g.get("kernels", 0) for g in w.get("gpus", [])))
+            ag = w.get("agent", {}) or {}
+            agent_drops = {"publisher_drops": ag.get("publisher_drops", 0), "window_drops": ag.get("window_drops", 0),
+                           "probe_drops": sum((c or {}).get("drops", 0) for c in (ag.get("probes") or {}).values())
+                           if isinstance(ag.get("probes"), dict) else 0}
+    out.put({"latency_ns": lat, "gaps": seqs, "windows": len(lat), "kernels_per_window": kernels,
+             "agent_drops": agent_drops})
+    s.close(0)
+    ctx.term()
+
+
+# ---------------------------------------------------------------- measurement
+
+def proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / CLK_TCK
+
+
+def proc_status_kb(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def run_scenario(gpus: int, rate: int, duration_s: float, tag: str) -> dict:
+    ctx = mp.get_context("spawn")
+    feed = f"ipc:///tmp/ridgeline-bench-feed-{os.getpid()}-{tag}"
+    pub = f"ipc:///tmp/ridgeline-bench-pub-{os.getpid()}-{tag}"
+    q_gen, q_sub = ctx.Queue(), ctx.Queue()
+    agent = ctx.Process(target=agent_main, args=(feed, pub, duration_s + WARMUP_S + 20), name="agent")
+    agent.start()
+    time.sleep(3.0)                                   # agent binds and imports
+    ready = ctx.Event()
+    t_start = time.time() + 4.0
+    until = t_start + WARMUP_S + duration_s + 3
+    sub = ctx.Process(target=subscriber_main, args=(pub, until, q_sub, ready), name="subscriber")
+    sub.start()
+    ready.wait(20)
+    gen = ctx.Process(target=generator_main, args=(feed, gpus, rate, WARMUP_S + duration_s, t_start, q_gen),
+                      name="generator")
+    gen.start()
+    while time.time() < t_start + WARMUP_S:
+        time.sleep(0.05)
+    c0, w0 = proc_cpu_s(agent.pid), time.monotonic()
+    while time.time() < t_start + WARMUP_S + duration_s:
+        time.sleep(0.2)
+    c1, w1 = proc_cpu_s(agent.pid), time.monotonic()
+    hwm_kb = proc_status_kb(agent.pid, "VmHWM")
+    g = q_gen.get(timeout=120)
+    gen.join(30)
+    s = q_sub.get(timeout=120)
+    sub.join(30)
+    agent.join(60)
+    if agent.is_alive():
+        agent.terminate()
+    lat = np.array(s["latency_ns"][1:] or [0], dtype=np.float64)   # the first window is partial
+    drops = g["dropped"] + sum(s["agent_drops"].values())
+    return {
+        "scenario": f"{gpus} GPU x {rate:,} kernels/s", "gpus": gpus, "rate_per_gpu": rate,
+        "duration_s": round(w1 - w0, 1),
+        "kernels_sent": g["sent"], "agent_cpu_pct_of_core": 100.0 * (c1 - c0) / (w1 - w0),
+        "agent_peak_rss_mb": hwm_kb / 1024.0, "dropped_records": drops, "generator_drops": g["dropped"],
+        "agent_drops": s["agent_drops"], "late_batches": g["late_batches"],
+        "generator_cpu_pct": 100.0 * g["generator_cpu_s"] / (WARMUP_S + duration_s),
+        "windows": s["windows"], "seq_gaps": sum(s["gaps"].values()),
+        "publish_latency_p50_ms": float(np.percentile(lat, 50)) / 1e6,
+        "publish_latency_p99_ms": float(np.percentile(lat, 99)) / 1e6,
+        "kernels_per_window_median": float(np.median(s["kernels_per_window"][1:] or [0])),
+    }
+
+
+def table(rows: list[dict], command: str) -> str:
+    out = [f"Command: `{command}`  ",
+           f"Host: {platform.node() or 'host'}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+           "generator, agent and subscriber in separate processes, side by side.", "",
+           "| scenario | s | agent CPU (% of one core) | peak RSS (MB) | dropped records | seq gaps | "
+           "windows | kernels/window (median) | publish latency p50 / p99 (ms) | generator CPU % |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['scenario']} | {r['duration_s']:.0f} | {r['agent_cpu_pct_of_core']:.1f} | "
+                   f"{r['agent_peak_rss_mb']:.0f} | {r['dropped_records']:,} | {r['seq_gaps']} | {r['windows']} | "
+                   f"{r['kernels_per_window_median']:,.0f} | {r['publish_latency_p50_ms']:.1f} / "
+                   f"{r['publish_latency_p99_ms']:.1f} | {r['generator_cpu_pct']:.1f} |")
+    out.append("")
+    out.append("Targets: <= 5% of one core at 50k kernels/s, <= 256 MB RSS, zero drops with a subscriber keeping up.")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per scenario (default 60)")
+    ap.add_argument("--scenarios", default="1x50000,8x100000", help="GPUSxRATE,... (kernels/s per GPU)")
+    ap.add_argument("--json", type=Path, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    rows = []
+    for i, sc in enumerate(args.scenarios.split(",")):
+        gpus, rate = (int(x) for x in sc.lower().split("x"))
+        rows.append(run_scenario(gpus, rate, args.duration, str(i)))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    cmd = "python bench/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(table(rows, cmd.strip()))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
