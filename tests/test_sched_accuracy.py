@@ -95,8 +95,10 @@ def test_busy_threads_and_sleeper_match_kernel_accounting(probe, workload):
         on, rq, un = int(r["on_cpu_ns"]), int(r["runq_wait_ns"]), int(r["unattributed_ns"])
         total_proc = t["exec_ns"] + t["run_delay_ns"]
         tol = TOL_RATIO * total_proc + steal_ns + un
+        blocked_ms = (int(r["blocked_ns"]) - (win["window_end_ns"] - t["park_ns"])) / 1e6
         report.append((t["role"], t["tid"], on / 1e6, t["exec_ns"] / 1e6, rq / 1e6, t["run_delay_ns"] / 1e6,
-                       un / 1e6, int(r["gaps"]), steal_ns / 1e6))
+                       un / 1e6, int(r["gaps"]), steal_ns / 1e6, blocked_ms,
+                       f"{int(r['voluntary_switches'])}/{t['nvcsw']}", f"{int(r['involuntary_switches'])}/{t['nivcsw']}"))
         if t["role"] == "busy":
             assert abs(on - t["exec_ns"]) <= tol, report[-1]
             assert abs(rq - t["run_delay_ns"]) <= tol, report[-1]
@@ -115,7 +117,8 @@ def test_busy_threads_and_sleeper_match_kernel_accounting(probe, workload):
     if sum(x[1] for x in shares) >= 0.97 * max(x[2] for x in shares):
         for share, _, _ in shares:
             assert 0.45 <= share <= 0.55, (share, report)
-    print("\nrole tid bpf_on_ms proc_exec_ms bpf_runq_ms proc_delay_ms unattributed_ms gaps steal_ms")
+    print("\nrole tid bpf_on_ms proc_exec_ms bpf_runq_ms proc_delay_ms unattributed_ms gaps steal_ms "
+          "blocked_ms(sleeper: less parked) vol(bpf/proc) invol(bpf/proc)")
     for line in report:
         print(" ".join(str(round(x, 3)) if isinstance(x, float) else str(x) for x in line))
 
