@@ -208,7 +208,7 @@ def _name_codes(trace: Trace, wanted: dict[str, int] | tuple[str, ...]) -> np.nd
 
     One slot longer than the name table so that a missing name id (-1) reads -1.
     """
-    lut = np.full(len(trace.names) + 1, -1, dtype=np.int64)
+    lut = np.full(len(trace.names) + 1, -1, dtype=np.int8)
     for c, name in enumerate(wanted):
         i = trace.names.lookup(name)
         if i >= 0:
@@ -285,7 +285,7 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     if not len(g):
         return rows, seq, src, texts
     # Rows per distinct (op name, dims) pair: each parsed once.
-    pairs, inv = _present_keys(gemm_code[g] * width + ops["input_dims_id"][g], len(gemm_ops) * width)
+    pairs, inv = _present_keys(gemm_code[g].astype(np.int64) * width + ops["input_dims_id"][g], len(gemm_ops) * width)
     pm = np.full(len(pairs), -1, dtype=np.int64)
     ps = np.full(len(pairs), -1, dtype=np.int64)
     pt = np.full(len(pairs), -1, dtype=np.int64)
@@ -309,7 +309,8 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     hit = cand >= 0
     if hit.any():
         c = cand[hit]
-        ukeys, cinv = _present_keys(par_code[c] * width + ops["input_dims_id"][c], len(_PARENT_OPS) * width)
+        ukeys, cinv = _present_keys(par_code[c].astype(np.int64) * width + ops["input_dims_id"][c],
+                                    len(_PARENT_OPS) * width)
         u_s = np.full(len(ukeys), -1, dtype=np.int64)
         u_t = np.full(len(ukeys), -1, dtype=np.int64)
         for j, (code, did) in enumerate(zip((ukeys // width).tolist(), (ukeys % width).tolist())):
@@ -324,7 +325,7 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     # Kernel -> launching CPU op (External id, or the enclosing op for older Kineto).
     if op_of_kernel is None:
         op_of_kernel = cpu_op_index(trace)
-    slot = np.full(len(ops), -1, dtype=np.int64)
+    slot = np.full(len(ops), -1, dtype=np.int32 if len(g) < 2 ** 31 else np.int64)
     slot[g] = np.arange(len(g))
     j = np.full(len(k), -1, dtype=np.int64)
     linked = op_of_kernel >= 0

@@ -63,3 +63,17 @@ def test_cpu_op_index_recomputed_when_an_array_is_replaced():
     derived = dataclasses.replace(tr, kernels=k)
     assert cpu_op_index(derived).tolist() == kernel_cpu_op_index(derived).tolist()
     assert np.array_equal(cpu_op_index(tr), after)
+
+
+def test_argmax_in_ranges_is_the_first_maximum_of_each_slice():
+    from aggregator.steps import _argmax_in_ranges
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 5, 300)                    # many ties: the first maximum wins
+    lo = rng.integers(0, 290, 80)
+    hi = lo + rng.integers(1, 10, 80)                   # overlapping and nested ranges
+    want = [a + int(np.argmax(values[a:b])) for a, b in zip(lo.tolist(), hi.tolist())]
+    assert _argmax_in_ranges(values, lo, hi).tolist() == want
+    # Ranges laid end to end far longer than the values: the per-slice path, same answer.
+    lo2, hi2 = np.zeros(20, dtype=np.int64), np.full(20, 300)
+    assert _argmax_in_ranges(values, lo2, hi2).tolist() == [int(np.argmax(values))] * 20
+    assert _argmax_in_ranges(values, lo[:0], hi[:0]).tolist() == []
