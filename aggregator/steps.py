@@ -119,11 +119,17 @@ def launch_index(trace: Trace) -> np.ndarray:
     out = np.full(len(k), -1, dtype=np.int64)
     if not len(k) or not len(a):
         return out
-    launches = np.flatnonzero(np.isin(a["category"], (API_LAUNCH, API_GRAPH_LAUNCH)) & (a["correlation_id"] >= 0))
+    cat, corr_all = a["category"], a["correlation_id"]
+    launches = np.flatnonzero(((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH)) & (corr_all >= 0))
     if not len(launches):
-        launches = np.flatnonzero(a["correlation_id"] >= 0)
-    order = launches[np.argsort(a["correlation_id"][launches], kind="stable")]
-    corr = a["correlation_id"][order]
+        launches = np.flatnonzero(corr_all >= 0)
+    corr = corr_all[launches]
+    # Launch records come in time order and correlation ids grow with time on a thread, so
+    # the ids are usually sorted already: skip the sort then.
+    if len(corr) > 1 and not bool((corr[1:] >= corr[:-1]).all()):
+        o = np.argsort(corr, kind="stable")
+        launches, corr = launches[o], corr[o]
+    order = launches
     pos = np.searchsorted(corr, k["correlation_id"])
     pos_c = np.minimum(pos, len(corr) - 1)
     ok = (k["correlation_id"] >= 0) & (pos < len(corr)) & (corr[pos_c] == k["correlation_id"])
