@@ -77,3 +77,15 @@ def test_argmax_in_ranges_is_the_first_maximum_of_each_slice():
     lo2, hi2 = np.zeros(20, dtype=np.int64), np.full(20, 300)
     assert _argmax_in_ranges(values, lo2, hi2).tolist() == [int(np.argmax(values))] * 20
     assert _argmax_in_ranges(values, lo[:0], hi[:0]).tolist() == []
+
+
+def test_launch_index_with_correlation_ids_in_and_out_of_order():
+    from aggregator.steps import launch_index
+    tr = _trace()
+    assert launch_index(tr).tolist() == [0, 1, 2]
+    a = tr.api[[2, 0, 1]]                     # two threads interleave: ids out of order
+    tr2 = dataclasses.replace(tr, api=a)
+    assert launch_index(tr2).tolist() == [1, 2, 0]
+    k = tr.kernels.copy()
+    k["correlation_id"] = [3, 42, -1]         # no launch record / no id
+    assert launch_index(dataclasses.replace(tr2, kernels=k)).tolist() == [0, -1, -1]
