@@ -179,6 +179,9 @@ class Agent:
         pub = self.publisher.counters() if self.publisher else {}
         agent = self.health.sample(self.probe_counters(), self.records_total,
                                    extra={"publisher_drops": sum(pub.get("drops", {}).values()),
+                                          "window_drops": self.builder.drops,
+                                          "publisher_stalls": pub.get("stalls", 0),
+                                          "publisher_lossy_sent": pub.get("lossy_sent", 0),
                                           "publisher_drops_by_topic": pub.get("drops", {}),
                                           "publisher_bytes_sent": pub.get("bytes_sent", 0),
                                           "subscriptions": pub.get("subscriptions", 0),
@@ -272,7 +275,8 @@ class Agent:
         self.notifier.stopping("flushing the last window")
         try:
             if self.publisher is not None:
-                self._poll_once(window_end=True)
+                # Flush what was collected; no further poll, so stopping costs at most
+                # one window close.
                 now = time.time_ns()
                 start = (self.latest_window or {}).get("end_ns", now - int(self.cfg["agent"]["window_s"] * 1e9))
                 self.close_window(start, now)

@@ -9,9 +9,14 @@ Contract:
   publisher, so a subscriber counts gaps.
 * :meth:`Publisher.publish` never blocks. The socket is an XPUB with ``XPUB_NODROP`` and a
   send high-water mark: when a subscriber's queue is full the send fails at once
-  (``zmq.Again``), the message is dropped and counted per topic. (A plain PUB drops
-  silently, which would hide the loss from the agent's own counters.) The sequence
+  (``zmq.Again``), the message is dropped and counted per topic (a plain PUB drops
+  silently, which would hide the loss from the agent's own counters). The sequence
   number is consumed by a dropped message too, so the gap shows at the subscriber.
+* One stalled subscriber must not starve the others (with ``XPUB_NODROP`` a full queue
+  fails the send for everyone). When sends have failed for ``stall_s``, the socket turns
+  lossy (``XPUB_NODROP`` off: only the stalled subscriber loses messages, which it sees
+  as sequence gaps); messages sent in that state are counted in ``lossy_sent``. Every
+  ``probe_s`` it turns ``XPUB_NODROP`` back on to see whether the stall has cleared.
 * A tcp bind to an address that is not loopback is refused with :class:`InputError`
   unless a CURVE server secret key is configured; with CURVE, a ZAP authenticator
   admits only the client public keys found in the allowed-clients folder.
@@ -95,7 +100,8 @@ class Publisher:
 
     def __init__(self, endpoint: str, host: str = "", sndhwm: int = 1000,
                  curve_secret_key_file: str = "", curve_allowed_clients_dir: str = "",
-                 encode: Callable | None = None, context: zmq.Context | None = None):
+                 encode: Callable | None = None, context: zmq.Context | None = None,
+                 stall_s: float = 2.0, probe_s: float = 5.0, clock=time.monotonic):
         self.endpoint = endpoint
         self.host = host or socket.gethostname()
         self._encode = encode or _default_encoder()
@@ -106,6 +112,12 @@ class Publisher:
         self.bytes_sent = 0
         self.bad_frames = 0
         self.subscriptions = 0
+        self.lossy = False           # XPUB_NODROP off because a subscriber stalled
+        self.lossy_sent = 0
+        self.stalls = 0
+        self._stall_s, self._probe_s, self._clock = stall_s, probe_s, clock
+        self._failing_since: float | None = None
+        self._next_probe = 0.0
         self.curve = bool(curve_secret_key_file)
         self._auth = None
         if not is_loopback(endpoint) and not self.curve:
@@ -175,15 +187,31 @@ class Publisher:
             self.errors += 1
             self.drops[topic] += 1
             raise
+        if self.lossy and self._clock() >= self._next_probe:
+            # Has the stall cleared? Count drops again; the first failure turns lossy again.
+            self.sock.setsockopt(zmq.XPUB_NODROP, 1)
+            self.lossy = False
+            self._failing_since = self._clock() - self._stall_s
         try:
             self.sock.send_multipart((topic.encode(), env), flags=zmq.NOBLOCK, copy=len(env) < 65536)
         except zmq.Again:
             self.drops[topic] += 1
+            now = self._clock()
+            if self._failing_since is None:
+                self._failing_since = now
+            elif now - self._failing_since >= self._stall_s:
+                self.sock.setsockopt(zmq.XPUB_NODROP, 0)
+                self.lossy = True
+                self.stalls += 1
+                self._next_probe = now + self._probe_s
             return False
         except zmq.ZMQError:
             self.errors += 1
             self.drops[topic] += 1
             return False
+        self._failing_since = None
+        if self.lossy:
+            self.lossy_sent += 1
         self.sent[topic] += 1
         self.bytes_sent += len(env)
         return True
@@ -212,7 +240,8 @@ class Publisher:
     def counters(self) -> dict:
         return {"sent": dict(self.sent), "drops": dict(self.drops), "errors": self.errors,
                 "bytes_sent": self.bytes_sent, "bad_frames": self.bad_frames,
-                "subscriptions": self.subscriptions}
+                "subscriptions": self.subscriptions, "lossy": self.lossy, "lossy_sent": self.lossy_sent,
+                "stalls": self.stalls}
 
     def close(self) -> None:
         sock = getattr(self, "sock", None)

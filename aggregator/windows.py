@@ -202,14 +202,24 @@ class WindowBuilder:
     engine: dict = field(default_factory=dict)
     records: int = 0
     engine_errors: int = 0
+    max_events: int = 4_000_000      # kernels + copies + API calls held per window
+    drops: int = 0                   # events dropped because a window was full (cumulative)
+    _events_held: int = 0
     _device_recs: dict = field(default_factory=dict)   # source -> device samples this window
     _scrapes: dict = field(default_factory=dict)       # source -> raw scrapes this window
     _trackers: dict = field(default_factory=dict)      # source -> EngineTracker
 
     def add_events(self, trace: Trace, source: str = "") -> None:
+        """Keep a batch for this window; past ``max_events`` per window the batch is
+        dropped and counted in ``drops`` (bounded memory and close time)."""
+        n = len(trace.kernels) + len(trace.copies) + len(trace.api)
+        if self._events_held + n > self.max_events:
+            self.drops += n
+            return
+        self._events_held += n
         key = source or trace.meta.get("source", "") or "events"
         self.events.setdefault((key, id(trace.names)), []).append(trace)
-        self.records += len(trace.kernels) + len(trace.copies) + len(trace.api)
+        self.records += n
 
     def add_sched(self, data: dict, source: str = "sched") -> None:
         """Scheduling figures of the window (the probe is polled once per window). Thread
@@ -300,6 +310,7 @@ class WindowBuilder:
         window["verdict"] = verdict_of(window)
         self.events = {}
         self.records = 0
+        self._events_held = 0
         # Device/engine/sched keep their latest sample: a slow scraper still shows its
         # last value; the sample's own timestamp (if any) tells its age.
         return window

@@ -12,7 +12,10 @@ per wall-second). ``trace.meta["source"]`` is ``"replay"`` and ``meta["replay_of
 file, so every record derived from it can say where it came from.
 
 Slices are numpy views of the loaded arrays (copied only when shifted), so a poll costs
-two binary searches per event kind.
+two binary searches per event kind. A poll never returns more than ``max_catchup_s``
+seconds of trace time: when the caller fell further behind (a stalled agent), the older
+part is skipped and its events counted in ``drops``, so a slow consumer cannot make the
+replay's batches (and its own work) grow without bound.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ class ReplayProbe(Probe):
 
     def __init__(self, path: str | Path | None = None, speed: float = 1.0, loop: bool = True,
                  trace: Trace | None = None, name: str = "replay", clock=time.monotonic_ns,
-                 wall_clock=time.time_ns):
+                 wall_clock=time.time_ns, max_catchup_s: float = 2.0):
         super().__init__(name=name)
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -48,6 +51,7 @@ class ReplayProbe(Probe):
         self.laps = 0
         self.finished = False
         self._running = False
+        self.max_catchup_ns = int(max_catchup_s * 1e9 * self.speed)
 
     def check(self) -> Availability:
         if self._given is not None:
@@ -85,6 +89,7 @@ class ReplayProbe(Probe):
         span = max(ends) - self._t0_trace
         # A gap of 10% (at least 1 ms) between laps, like the pause between profiler steps.
         self._lap_ns = span + max(span // 10, 1_000_000)
+        self._per_lap = sum(len(a) for a in self._sorted.values())
         self._t0_clock = self._clock()
         self._wall_base = self._wall()
         self._cursor_ns = 0          # replay time already emitted, from trace start
@@ -117,6 +122,10 @@ class ReplayProbe(Probe):
         now = int((self._clock() - self._t0_clock) * self.speed)
         if now <= self._cursor_ns:
             return None
+        if now - self._cursor_ns > self.max_catchup_ns:
+            skip_to = now - self.max_catchup_ns
+            self.drops += self._events_between(self._cursor_ns, skip_to)
+            self._cursor_ns = skip_to
         parts = []
         lo = self._cursor_ns
         while lo < now:
@@ -137,6 +146,19 @@ class ReplayProbe(Probe):
             return None
         self.records += n
         return {"kind": "events", "trace": trace}
+
+    def _events_between(self, lo: int, hi: int) -> int:
+        """Events whose replay start lies in [lo, hi) (for counting skipped ones)."""
+        def upto(t: int) -> int:
+            lap, off = divmod(t, self._lap_ns)
+            if lap > 0 and not self.loop:
+                return self._per_lap
+            n = 0
+            for a in self._sorted.values():
+                if len(a):
+                    n += int(np.searchsorted(a["start_ns"], self._t0_trace + off, side="left"))
+            return lap * self._per_lap + n
+        return max(0, upto(hi) - upto(lo))
 
     def stop(self) -> None:
         self._running = False

@@ -172,3 +172,42 @@ def test_garbage_from_peers_is_counted_not_fatal():
         x.close(0)
         ctx.term()
         pub.close()
+
+
+def test_a_stalled_subscriber_does_not_starve_the_others(tmp_path):
+    ep = f"ipc://{tmp_path}/stall.sock"
+    pub = Publisher(ep, sndhwm=4, encode=enc, stall_s=0.2, probe_s=0.5)
+    ctx = zmq.Context()
+    stuck = ctx.socket(zmq.SUB)
+    stuck.setsockopt(zmq.RCVHWM, 1)
+    stuck.setsockopt(zmq.RCVBUF, 1024)
+    stuck.setsockopt(zmq.SUBSCRIBE, b"")
+    stuck.connect(ep)
+    live = _sub(ctx, ep)
+    try:
+        assert _pump(pub, live) is not None
+        big = {"blob": b"x" * 200_000}
+        got = 0
+        t_end = time.monotonic() + 3
+        while time.monotonic() < t_end:
+            pub.publish("events", big)
+            while live.poll(0):
+                live.recv_multipart()
+                got += 1
+            time.sleep(0.005)
+        assert pub.drops["events"] > 0            # counted while the stall was being detected
+        assert pub.stalls >= 1 and pub.lossy_sent > 0
+        assert got > pub.sent["events"] // 2      # the live subscriber kept receiving
+        stuck.close(0)                            # the stall clears: drops stop growing
+        time.sleep(0.6)
+        before = pub.drops["events"]
+        for _ in range(50):
+            pub.publish("events", {"small": 1})
+            while live.poll(0):
+                live.recv_multipart()
+            time.sleep(0.01)
+        assert not pub.lossy and pub.drops["events"] == before
+    finally:
+        live.close(0)
+        ctx.term()
+        pub.close()

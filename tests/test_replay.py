@@ -82,3 +82,15 @@ def test_replays_real_trace(shared_traces):
     mono.t = 10_000_000_000
     d = p.poll()
     assert len(d["trace"].kernels) >= 17
+
+
+def test_a_stalled_caller_gets_bounded_batches_and_counted_drops():
+    mono = Clock()
+    p = ReplayProbe(trace=_trace(), speed=1.0, clock=mono, wall_clock=lambda: 0, max_catchup_s=0.0038)
+    p.start()
+    mono.t = 100 * 1_900_000 + 500_000            # 100 laps late (lap = 1.9 ms), 0.5 ms into lap 100
+    d = p.poll()
+    # Only the last 3.8 ms (2 laps) come back: lap 98 from 0.5 ms, lap 99, lap 100 up to 0.5 ms.
+    assert len(d["trace"].kernels) == 1 + 3 + 2
+    assert p.drops == 98 * 3 + 2
+    assert p.counters()["records"] + p.drops == 100 * 3 + 2

@@ -101,3 +101,15 @@ def test_window_on_real_trace(shared_traces):
     for g in w["gpus"]:
         assert g["busy_ns"] <= g["span_ns"]
         assert g["gpu"].startswith("NVIDIA H100")
+
+
+def test_full_window_drops_and_counts_batches():
+    b = WindowBuilder(max_events=8)
+    b.add_events(_trace())           # 4 kernels + 2 copies + 3 API calls = 9 > 8
+    assert b.drops == 9 and b.close(0, 1)["gpus"] == []
+    b.max_events = 20
+    b.add_events(_trace())
+    b.add_events(_trace())           # 18 held
+    b.add_events(_trace())           # would be 27: dropped
+    assert b.drops == 18
+    assert sum(g["kernels"] for g in b.close(1, 2)["gpus"]) == 8

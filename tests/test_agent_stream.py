@@ -1,0 +1,265 @@
+"""The agent as a process: sd_notify, tail, restarts, slow and absent subscribers,
+malformed input on every socket it reads, and bounded memory (slow)."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_codec import REAL_WIRE
+
+pytestmark = pytest.mark.skipif(not REAL_WIRE, reason="aggregator.wire (the stream's codec) is not installed yet")
+
+TRACE = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # ~27k kernels/s
+SMALL = "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz"   # 17 kernels per 3.9 ms lap
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(tmp_path, trace, *, speed=1.0, prom_port=None, sndhwm=1000, events=False, extra=""):
+    port = free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f"""
+[agent]
+window_s = 0.5
+[publisher]
+endpoint = "tcp://127.0.0.1:{port}"
+sndhwm = {sndhwm}
+publish_events = {"true" if events else "false"}
+[prometheus]
+enabled = {"true" if prom_port else "false"}
+listen = "127.0.0.1:{prom_port or 9464}"
+[probes]
+enabled = ["replay"]
+[probes.replay]
+path = "{trace}"
+speed = {speed}
+{extra}
+""")
+    return cfg, f"tcp://127.0.0.1:{port}"
+
+
+def start_agent(cfg, env=None, log=None):
+    return subprocess.Popen([sys.executable, "-m", "agent", "agent", "--config", str(cfg)],
+                            stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, **(env or {})))
+
+
+def stop(p, sig=signal.SIGTERM):
+    if p.poll() is None:
+        p.send_signal(sig)
+        try:
+            return p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            pytest.fail("agent did not stop within 20 s of SIGTERM")
+    return p.returncode
+
+
+def subscriber(endpoint, topics=(), rcvhwm=10000):
+    from agent.subscriber import Subscriber
+    return Subscriber(endpoint, topics=topics, rcvhwm=rcvhwm)
+
+
+def receive(sub, n, timeout_s=30, topic=None):
+    out = []
+    end = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < end:
+        m = sub.receive(0.2)
+        if m is not None and (topic is None or m.topic == topic):
+            out.append(m)
+    return out
+
+
+def test_sd_notify_ready_watchdog_status_stopping_and_tail(tmp_path, trace_path):
+    cfg, ep = write_config(tmp_path, trace_path(TRACE))
+    sock_path = str(tmp_path / "notify.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(30)
+    agent = start_agent(cfg, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
+    seen = []
+    try:
+        while not any("READY=1" in m for m in seen):
+            seen.append(srv.recv(4096).decode())
+        tail = subprocess.run([sys.executable, "-m", "agent", "tail", "--endpoint", ep, "--json", "--count", "6",
+                               "--timeout", "20"], capture_output=True, text=True, timeout=60)
+        assert tail.returncode == 0, tail.stderr
+        recs = [json.loads(line) for line in tail.stdout.splitlines()]
+        assert len(recs) == 6 and {r["topic"] for r in recs} <= {"window", "health", "engine", "device", "sched"}
+        win = [r for r in recs if r["topic"] == "window"]
+        assert win and win[0]["payload"]["sources"] == ["replay"]
+        t_end = time.monotonic() + 5
+        while time.monotonic() < t_end and not (any(m == "WATCHDOG=1" for m in seen)
+                                                and any(m.startswith("STATUS=window") for m in seen)):
+            seen.append(srv.recv(4096).decode())
+        assert "WATCHDOG=1" in seen
+        assert any(m.startswith("STATUS=window:") for m in seen)
+    finally:
+        rc = stop(agent)
+    srv.settimeout(5)
+    rest = []
+    try:
+        while True:
+            rest.append(srv.recv(4096).decode())
+    except (socket.timeout, TimeoutError):
+        pass
+    assert rc == 0
+    assert any(m.startswith("STOPPING=1") for m in rest)
+    srv.close()
+
+
+def test_sigkill_and_restart_shows_restart_and_no_crash(tmp_path, trace_path):
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=1.0)
+    sub = subscriber(ep, topics=("window",))
+    a = start_agent(cfg)
+    try:
+        first = receive(sub, 3)
+        assert len(first) == 3 and [m.seq for m in first] == sorted(m.seq for m in first)
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        b = start_agent(cfg)
+        try:
+            after = receive(sub, 3)
+            assert len(after) == 3
+            assert after[0].restarted and after[0].seq < first[-1].seq
+            assert sub.seq.restarts == 1
+        finally:
+            assert stop(b) == 0
+    finally:
+        if a.poll() is None:
+            a.kill()
+        sub.close()
+
+
+def test_tail_reports_gaps_and_restarts_to_stderr(tmp_path, trace_path):
+    cfg, ep = write_config(tmp_path, trace_path(SMALL), speed=2.0)
+    a = start_agent(cfg)
+    tail = subprocess.Popen([sys.executable, "-m", "agent", "tail", "--endpoint", ep, "--topic", "window",
+                             "--count", "6", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        first = [tail.stdout.readline(), tail.stdout.readline()]
+        assert all(line.startswith("window") for line in first)
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+        a = start_agent(cfg)
+        out, err = tail.communicate(timeout=60)
+        assert tail.returncode == 0
+        assert "window sequence restarted" in err
+        assert len(out.splitlines()) == 4
+    finally:
+        tail.kill() if tail.poll() is None else None
+        stop(a)
+
+
+def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
+    import zmq
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=1.0, sndhwm=4, events=True)
+    a = start_agent(cfg)
+    ctx = zmq.Context()
+    try:
+        time.sleep(2)                                  # no subscriber at all: nothing breaks
+        assert a.poll() is None
+        fast = subscriber(ep, topics=("health",))
+        slow = ctx.socket(zmq.SUB)                     # subscribes to everything, never reads
+        slow.setsockopt(zmq.RCVHWM, 1)
+        slow.setsockopt(zmq.RCVBUF, 1024)
+        slow.setsockopt(zmq.SUBSCRIBE, b"")
+        slow.connect(ep)
+        health = receive(fast, 10_000, timeout_s=12, topic="health")
+        assert a.poll() is None
+        # Drops are counted, the agent never blocked, and the fast subscriber kept
+        # receiving while the slow one was stuck (its gaps are only the stall's detection).
+        assert health[-1].payload["publisher_drops"] > 0
+        assert health[-1].payload["publisher_stalls"] >= 1
+        assert len(health) >= 5
+        slow.close(0)
+        fast.close()
+        again = subscriber(ep, topics=("window",))     # a subscriber restarted
+        assert len(receive(again, 2)) == 2
+        again.close()
+    finally:
+        ctx.term()
+        assert stop(a) == 0
+
+
+def test_malformed_input_on_every_socket(tmp_path, trace_path):
+    import httpx
+    import zmq
+    prom = free_port()
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), prom_port=prom)
+    a = start_agent(cfg)
+    sub = subscriber(ep, topics=("health",))
+    try:
+        assert receive(sub, 1), "agent did not start"
+        host, port = ep[len("tcp://"):].rsplit(":", 1)
+        # The stream socket: raw bytes, a half ZMTP greeting, bad subscription frames.
+        for junk in (b"\x00" * 3, b"\xff" + b"\x00" * 8 + b"\x7f\x03\x00" + b"X" * 100, os.urandom(4096)):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(junk)
+        ctx = zmq.Context()
+        x = ctx.socket(zmq.XSUB)
+        x.connect(ep)
+        time.sleep(0.3)
+        x.send(b"\x05bogus")
+        x.send(b"")
+        x.send(b"\x01" + b"A" * 100_000)            # over MAXMSGSIZE: the peer is cut off
+        # The Prometheus endpoint: garbage requests.
+        for junk in (b"\x16\x03\x01\x02\x00" + os.urandom(512), b"GET /" + b"A" * 70000 + b" HTTP/1.1\r\n\r\n",
+                     b"POST /metrics HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", prom)) as s:
+                s.sendall(junk)
+        time.sleep(1.5)
+        assert a.poll() is None
+        assert httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).status_code == 200
+        h = receive(sub, 2, topic="health")
+        assert len(h) == 2 and h[-1].payload["bad_frames"] >= 1
+        x.close(0)
+        ctx.term()
+    finally:
+        sub.close()
+        assert stop(a) == 0
+
+
+def _rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.mark.slow
+def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path):
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=5.0, events=True)
+    a = start_agent(cfg)
+    sub = subscriber(ep, topics=("health",))
+    samples = []
+    try:
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            time.sleep(10)
+            assert a.poll() is None, "agent died"
+            samples.append(_rss_bytes(a.pid))
+            while sub.receive(0) is not None:
+                pass
+    finally:
+        sub.close()
+        assert stop(a) == 0
+    warm = max(samples[3:9])          # after the first minute
+    late = max(samples[-6:])          # the last minute
+    print(f"RSS after 1 min {warm / 2**20:.0f} MiB, last minute {late / 2**20:.0f} MiB, "
+          f"peak {max(samples) / 2**20:.0f} MiB")
+    assert max(samples) < 256 * 2**20
+    assert late <= warm * 1.15 + 16 * 2**20
