@@ -156,6 +156,18 @@ class SchedProbe(Probe):
     def targets(self) -> set[int]:
         return set(self._targets)
 
+    def set_slow_runq_ns(self, ns: int) -> None:
+        """Report every run-queue wait of at least ``ns`` as an event in ``poll()["slow_runq"]`` (0: off)."""
+        self.slow_runq_ns = int(ns)
+        if self.bpf is not None:
+            self._set(CFG_SLOW_RUNQ_NS, self.slow_runq_ns)
+
+    def set_follow_forks(self, on: bool) -> None:
+        """Make child processes of targets targets too (from their creation)."""
+        self.follow_forks = bool(on)
+        if self.bpf is not None:
+            self._set(CFG_FOLLOW_FORKS, 1 if on else 0)
+
     def add_target(self, tgid: int) -> None:
         """Track every thread of process ``tgid`` from its next scheduler event on."""
         tgid = int(tgid)

@@ -199,8 +199,7 @@ def test_follow_forks_tracks_children(probe):
             "os.waitpid(pid, 0); print(pid, flush=True); sys.stdin.readline()\n")
     w = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     w.stdout.readline()
-    probe.follow_forks = True
-    probe._set(1, 1)
+    probe.set_follow_forks(True)
     try:
         probe.add_target(w.pid)
         probe.poll()
@@ -209,8 +208,7 @@ def test_follow_forks_tracks_children(probe):
         time.sleep(0.05)
         win = probe.poll()
     finally:
-        probe._set(1, 0)
-        probe.follow_forks = False
+        probe.set_follow_forks(False)
         w.stdin.write("x\n"); w.stdin.flush(); w.wait(timeout=10)
     rows = {int(r["tid"]): r for r in win["threads"]}
     assert child in rows and int(rows[child]["tgid"]) == child
@@ -218,3 +216,27 @@ def test_follow_forks_tracks_children(probe):
     assert child in probe.targets
     probe.remove_target(child)
     probe.remove_target(w.pid)
+
+
+def test_slow_run_queue_waits_come_through_the_ring_buffer(probe, workload):
+    probe.set_slow_runq_ns(1_000_000)
+    try:
+        done, rows, _steal, win = _run(probe, workload, busy_secs=0.3)
+    finally:
+        probe.set_slow_runq_ns(0)
+    ev = win["slow_runq"]
+    busy = {t["tid"] for t in done["threads"] if t["role"] == "busy"}
+    assert len(ev) > 0 and set(int(x) for x in ev["tid"]) <= set(rows)
+    assert (ev["value"] >= 1_000_000).all()
+    # every wait >= 1 ms of the busy threads is an event: as many as their histogram slots >= 1 ms hold
+    n_hist = sum(int(rows[t]["runq_hist"][11:].sum()) for t in busy)   # slot 11 starts at 1024 µs
+    n_ev = int(sum(1 for x in ev if int(x["tid"]) in busy))
+    assert n_ev >= n_hist
+    assert win["counters"]["events_lost"] == 0
+
+
+def test_probe_interface(probe):
+    c = probe.counters()
+    assert {"records", "drops", "errors", "gaps", "bpf_programs"} <= set(c)
+    assert set(c["bpf_programs"]) == {"raw_tracepoint__sched_switch", "raw_tracepoint__sched_wakeup",
+                                      "raw_tracepoint__sched_wakeup_new", "raw_tracepoint__sched_process_exit"}

@@ -115,6 +115,8 @@ def run(args) -> int:
                 cwindows.append(cuda.poll()["threads"])
             if not proc.alive(args.pid):
                 break
+    except OSError as exc:   # a map read failing mid-run: one line, what was collected is lost with it
+        raise InputError(f"reading the eBPF maps failed: {exc}") from None
     finally:
         counters = sched.counters()
         ccounters = cuda.counters() if cuda else None
