@@ -9,7 +9,8 @@ Workloads (built with gcc into bench/out/):
   the workload's own CPU time per round trip (rusage; less sensitive to other load).
 * CUDA launch loop: a C loop calling ``cudaLaunchKernel`` of the pip libcudart (no driver:
   each call fails in ~10 ns, so the probe's cost stands out): no uprobe / entry uprobes
-  attached but the process not targeted / targeted / entry+return (``launch_latency``).
+  attached but the process not targeted / targeted / entry+return (``launch_latency``);
+  and the same call from a Python ctypes loop (what a Python launcher pays, relatively).
   Each configuration uses its own copy of the library (uprobes attach per inode), so
   nothing is attached or detached between runs.
 * mixed load: ``perf bench sched messaging`` (160 processes over sockets) with no probe /
@@ -200,6 +201,37 @@ def run_launch(exe, lib, n, probe=None, target=False):
     return int(wall) / n
 
 
+LAUNCH_PY = r"""
+import ctypes as ct, sys, time
+l = ct.CDLL(sys.argv[1]); n = int(sys.argv[2])
+class dim3(ct.Structure): _fields_ = [("x", ct.c_uint), ("y", ct.c_uint), ("z", ct.c_uint)]
+f = l.cudaLaunchKernel
+f.argtypes = [ct.c_void_p, dim3, dim3, ct.c_void_p, ct.c_size_t, ct.c_void_p]
+g, b = dim3(1, 1, 1), dim3(32, 1, 1)
+f(1, g, b, None, 0, None)
+print("READY", flush=True); sys.stdin.readline()
+t0 = time.perf_counter_ns()
+for _ in range(n):
+    f(1, g, b, None, 0, None)
+print("RESULT", time.perf_counter_ns() - t0, 0, flush=True)
+"""
+
+
+def run_launch_py(lib, n, probe=None, target=False):
+    p = subprocess.Popen([sys.executable, "-c", LAUNCH_PY, str(lib), str(n)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    p.stdout.readline()
+    if target:
+        probe.add_target(p.pid)
+    p.stdin.write("go\n"); p.stdin.flush()
+    _, wall, _rc = p.stdout.readline().split()
+    p.wait()
+    if target:
+        probe.poll()
+        probe.remove_target(p.pid)
+    return int(wall) / n
+
+
 def run_messaging(probe=None, target=False, groups=4, loops=200):
     p = subprocess.Popen(["sh", "-c", f"read x; exec perf bench sched messaging -g {groups} -l {loops}"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -364,6 +396,10 @@ def main() -> int:
             add(("launch", "entry uprobes, targeted"), (run_launch(launch, libs["entry"], a.launches, cuda, True), None))
             add(("launch", "entry+return (launch_latency), targeted"),
                 (run_launch(launch, libs["timed"], a.launches, cuda_timed, True), None))
+            n_py = max(a.launches // 4, 1000)
+            add(("ctypes launch loop", "no uprobe"), (run_launch_py(libs["base"], n_py), None))
+            add(("ctypes launch loop", "entry uprobes, targeted"),
+                (run_launch_py(libs["entry"], n_py, cuda, True), None))
         if have_perf:
             detach(sched)
             add(("messaging", "no probe"), run_messaging())
@@ -401,7 +437,8 @@ def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
     L.append("")
     L.append("| workload | configuration | median | ratio | best ratio | workload CPU ratio | samples |")
     L.append("|---|---|---|---|---|---|---|")
-    for wl, unit in (("pingpong", "ns/round trip"), ("launch", "ns/call"), ("messaging", "s")):
+    for wl, unit in (("pingpong", "ns/round trip"), ("launch", "ns/call"), ("ctypes launch loop", "ns/call"),
+                     ("messaging", "s")):
         keys = [k for k in res if k[0] == wl]
         if not keys:
             continue
@@ -412,7 +449,7 @@ def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
             cpus = [x[1] for x in res[k] if x[1] is not None]
             cpu_ratio = f"x{med(cpus) / med(base_cpu):.3f}" if cpus and base_cpu else "-"
             extra = ""
-            if wl == "launch" and k != keys[0]:
+            if "launch" in wl and k != keys[0]:
                 extra = f" (+{med(walls) - med(base):.0f} ns)"
             fmt = (lambda v: f"{v:.3f}") if wl == "messaging" else (lambda v: f"{v:.0f}")
             L.append(f"| {wl} | {k[1]} | {fmt(med(walls))} {unit}{extra} | x{med(walls) / med(base):.3f} | "
