@@ -31,8 +31,8 @@ KNOWN = {
     "bench_analyze.py": ("ridgeline analyze vs HTA; bytes per kernel event", ["--kernels", "100000"]),
     "bench_wire.py": ("wire encoding: bytes per kernel event", []),
     "bench_ebpf.py": ("eBPF probe overheads", ["--rounds", "3"]),
-    "bench_cupti_decode.py": ("CUPTI buffer decode rate", []),
-    "bench_phases.py": ("phase mapping rate", []),
+    "bench_cupti_decode.py": ("CUPTI buffer decode rate", ["--kernels", "500000", "--repeat", "3"]),
+    "bench_phases.py": ("phase mapping rate", ["--steps", "500", "--replicas", "200"]),
 }
 SKIP = {"run_all.py", "make_big_trace.py"}
 
