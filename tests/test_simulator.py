@@ -350,3 +350,15 @@ def test_cli_bad_input_is_one_line(argv, capsys):
     assert cli_main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ridgeline: error:") and err.count("\n") == 1
+
+
+def test_served_metrics_parse_as_a_vllm_v1_engine():
+    from aggregator import engine_metrics
+    from probes import prom_text
+    e = small_engine()
+    e.run()
+    snap = engine_metrics.snapshot(prom_text.parse(e.metrics.text().decode()), 1, "simulated")
+    assert snap["engine"] == "vllm"
+    assert snap["version_hint"] == "vllm-v1>=0.11"           # kv_cache_usage_perc + inter_token_latency
+    assert snap["gauges"]["kv_pool_tokens"] == e.pool.capacity_tokens   # from cache_config_info
+    assert snap["counters"]["generation_tokens"] == sum(r.generated for r in e.finished)

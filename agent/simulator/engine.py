@@ -126,6 +126,7 @@ class SimEngine:
         self.dropped_kernels = 0
         self.emitted_kernels = 0
         self.preemptions_total = 0
+        self._prefix_seen = (0, 0)
         self.device = Device(cfg.device, self.gpu.name, sm_count=self.gpu.sm_count,
                              memory_total_bytes=int(self.gpu.memory_bytes),
                              properties={"simulated": True})
@@ -269,9 +270,8 @@ class SimEngine:
             was_prefill = r.computed < r.prompt
             r.computed += n
             self.sched.register_prefix(r)
-            if m:
-                if was_prefill:
-                    m.prompt_tokens.inc(min(n, r.prompt - (r.computed - n)) if r.computed - n < r.prompt else 0)
+            if m and was_prefill:   # prompt tokens computed in this step (recomputes count again)
+                m.prompt_tokens.inc(min(n, r.prompt - (r.computed - n)))
             if not s:
                 continue
             r.generated += 1
@@ -297,9 +297,9 @@ class SimEngine:
                     m.inference_time.observe(max(0, t_tok - r.scheduled_ns) / 1e9)
         if m:
             m.iteration_tokens.observe(shape.tokens)
-            m.prefix_queries.inc(self.sched.prefix_queries_total - getattr(self, "_pq", 0))
-            m.prefix_hits.inc(self.sched.prefix_hits_total - getattr(self, "_ph", 0))
-            self._pq, self._ph = self.sched.prefix_queries_total, self.sched.prefix_hits_total
+            m.prefix_queries.inc(self.sched.prefix_queries_total - self._prefix_seen[0])
+            m.prefix_hits.inc(self.sched.prefix_hits_total - self._prefix_seen[1])
+            self._prefix_seen = (self.sched.prefix_queries_total, self.sched.prefix_hits_total)
         self.steps.append(StepRecord(now, end_cpu, gpu_start, gpu_end, shape.tokens, prefill_tokens, decode_tokens,
                                      shape.sequences, len(self.sched.running), len(self.sched.waiting),
                                      self.pool.usage_ratio, preempted, len(plan.dur_ns),

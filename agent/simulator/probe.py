@@ -50,7 +50,6 @@ class SimulatorProbe(Probe):
         self.engine: SimEngine | None = None
         self.metrics_port: int | None = None
         self._t0_mono = 0
-        self._sim_offset_ns = 0
         self._next_scrape_ns = 0
         self.restarts = 0
         self._drops_before = 0
@@ -94,7 +93,7 @@ class SimulatorProbe(Probe):
         self.restarts += 1
         self.config.pid += 1
         self.config.tid += 1
-        self._t0_mono, self._sim_offset_ns = time.monotonic_ns(), 0
+        self._t0_mono = time.monotonic_ns()
         self.engine = self._new_engine(self.seed + 1000 * self.restarts)
         if self.serve_metrics:
             self.metrics_port = self.engine.metrics.serve(0)
