@@ -177,7 +177,15 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
     sigs = list(signatures) if signatures is not None else list(_default_signatures())
     k = trace.kernels
     n = len(k)
-    uniq, inverse = np.unique(k["name_id"], return_inverse=True) if n else (np.empty(0, np.int32), np.empty(0, np.int64))
+    # Distinct name ids through a table over the name table (linear; no sort of the kernels).
+    shifted = k["name_id"].astype(np.int64) + 1             # -1 (no name) -> slot 0
+    present = np.zeros(len(trace.names) + 1, dtype=bool)
+    present[shifted] = True
+    slots = np.flatnonzero(present)
+    uniq = (slots - 1).astype(np.int32)
+    slot_pos = np.zeros(len(present), dtype=np.int64)
+    slot_pos[slots] = np.arange(len(slots))
+    inverse = slot_pos[shifted]
     uniq_sig = match_name_ids(trace.names, uniq, sigs)
     role_of = np.array([ROLE_CODES[s.role] for s in sigs] + [ROLE_NONE], dtype=np.uint8)
     hint_of = np.array([HINT_CODES[s.phase] for s in sigs] + [HINT_NEUTRAL], dtype=np.uint8)
