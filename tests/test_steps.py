@@ -89,3 +89,25 @@ def test_launch_index_with_correlation_ids_in_and_out_of_order():
     k = tr.kernels.copy()
     k["correlation_id"] = [3, 42, -1]         # no launch record / no id
     assert launch_index(dataclasses.replace(tr2, kernels=k)).tolist() == [0, -1, -1]
+
+
+def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
+    """map_phases and the shape-based work model share one kernel -> CPU op join."""
+    import aggregator.steps as steps_mod
+    from aggregator.analysis import analyze_trace
+    calls = []
+
+    import probes.kineto
+    original = probes.kineto.kernel_cpu_op_index
+
+    def counting(trace):
+        calls.append(1)
+        return original(trace)
+
+    # Both the memoised path and any direct call of the importer's join are counted.
+    monkeypatch.setattr(steps_mod, "kernel_cpu_op_index", counting)
+    monkeypatch.setattr(probes.kineto, "kernel_cpu_op_index", counting)
+    tr = _trace()
+    tr.cpu_ops["input_dims_id"] = tr.names.intern("[[16, 1024], [1024, 1024]]")   # GEMM rows need the join
+    analyze_trace(tr, gpu="H100 SXM")
+    assert len(calls) == 1
