@@ -73,6 +73,13 @@ def _validate(cfg: dict, origin: str) -> None:
     host, _, port = listen.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"{origin}: 'prometheus.listen' must be HOST:PORT, got {listen!r}")
+    model = cfg["analysis"]["model"]
+    if model:
+        from aggregator import model_config
+        try:
+            model_config.load(model)
+        except InputError as exc:
+            raise InputError(f"{origin}: 'analysis.model': {exc}") from None
     if cfg["probes"]["replay"]["speed"] <= 0:
         raise InputError(f"{origin}: 'probes.replay.speed' must be > 0")
 

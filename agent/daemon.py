@@ -69,8 +69,17 @@ class Agent:
         self.reloads = 0
         self.host = cfg["agent"]["host"] or socket.gethostname()
         self.builder = WindowBuilder(host=self.host)
+        self._apply_analysis(cfg)
         self.health = HealthMeter()
         self.probe_counters_removed: dict[str, dict] = {}
+
+    def _apply_analysis(self, cfg: dict) -> None:
+        a = cfg["analysis"]
+        model = None
+        if a["model"]:
+            from aggregator import model_config
+            model = model_config.load(a["model"])     # checked when the config was loaded
+        self.builder.model, self.builder.gpu = model, a["gpu"]
 
     # -- signals ---------------------------------------------------------------------------
     def request_stop(self, *_):
@@ -212,6 +221,7 @@ class Agent:
         self.cfg = new
         self.reloads += 1
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
+        self._apply_analysis(new)
         if new["publisher"] != old["publisher"]:
             try:
                 pub = self._make_publisher(new["publisher"])

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 KV_ALERT_RATIO = 0.85
-BAR_WIDTH = 24
+BAR_WIDTH = 12
 
 
 @dataclass

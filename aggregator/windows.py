@@ -107,7 +107,7 @@ def concat_traces(parts: list[Trace]) -> Trace:
                  parts[0].names, parts[0].devices, meta)
 
 
-def _phase_figures(trace: Trace) -> tuple[dict, str]:
+def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[dict, str]:
     """Per-phase figures of one GPU/process slice: the phase mapper and roofline of
     :func:`aggregator.analysis.analyze_trace` (FLOPs, bytes, achieved rates against the
     ceilings, verdict, evidence) where they can run; kernel time and counts always."""
@@ -116,7 +116,7 @@ def _phase_figures(trace: Trace) -> tuple[dict, str]:
     total = int(dur.sum())
     try:
         from aggregator import analysis
-        res = analysis.analyze_trace(trace)
+        res = analysis.analyze_trace(trace, model=model, gpu=gpu or None)
         phases = {}
         for name, f in (res.get("phases") or {}).items():
             f = plain(f)
@@ -147,8 +147,10 @@ def _ceilings(gpu_name: str) -> dict | None:
     return {"gpu": c.gpu, "hbm_bytes_per_s": c.hbm_bytes_per_s, "flops_per_s": plain(dict(c.flops_per_s))}
 
 
-def gpu_figures(trace: Trace) -> list[dict]:
-    """Figures per (device, pid) of one source's events in one window."""
+def gpu_figures(trace: Trace, model=None, gpu: str | None = None) -> list[dict]:
+    """Figures per (device, pid) of one source's events in one window. ``model``: an
+    :class:`aggregator.model_config.ModelShape` for FLOPs/bytes per step; ``gpu``: a GPU
+    name for the ceilings when the events do not name their device."""
     k, c, a = trace.kernels, trace.copies, trace.api
     devices = {d.index: d for d in trace.devices}
 
@@ -175,9 +177,9 @@ def gpu_figures(trace: Trace) -> list[dict]:
             for d in np.unique(cm["direction"]).tolist():
                 copy_bytes[COPY_DIRECTION_NAMES.get(d, str(d))] = int(cm["bytes"][cm["direction"] == d].sum())
         sub = Trace(km, cm, am, trace.ranges, trace.cpu_ops, trace.names, trace.devices, trace.meta)
-        phases, phase_source = _phase_figures(sub)
+        phases, phase_source = _phase_figures(sub, model, gpu)
         dev_obj = devices.get(dev)
-        name = dev_obj.name if dev_obj else ""
+        name = dev_obj.name if dev_obj else (gpu or "")
         out.append({
             "device": int(dev), "pid": int(pid), "gpu": name,
             "kernels": int(len(km)),
@@ -196,6 +198,8 @@ def gpu_figures(trace: Trace) -> list[dict]:
 class WindowBuilder:
     """Accumulates one window of probe data; :meth:`close` emits it and starts afresh."""
     host: str = ""
+    model: object = None             # aggregator.model_config.ModelShape or None
+    gpu: str = ""                    # ceilings override when events do not name their GPU
     events: dict = field(default_factory=dict)      # source key -> list[Trace]
     sched: dict = field(default_factory=dict)
     device: dict = field(default_factory=dict)
@@ -293,7 +297,7 @@ class WindowBuilder:
         for (src, _), parts in self.events.items():
             sources.append(src)
             try:
-                figs = gpu_figures(concat_traces(parts))
+                figs = gpu_figures(concat_traces(parts), self.model, self.gpu)
             except Exception as exc:   # one bad batch loses its own figures only
                 log.warning("window: events from %s could not be folded: %s", src, exc)
                 continue

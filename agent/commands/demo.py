@@ -79,6 +79,9 @@ def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port
 window_s = 1.0
 run_for_s = {args.duration + 20:.1f}
 
+[analysis]
+model = "{args.model}"
+
 [publisher]
 endpoint = "{endpoint}"
 publish_events = true
@@ -142,7 +145,7 @@ def run(args) -> int:
     finally:
         for name in ("record", "agent", "simulator"):
             _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)
-    _afterwards(out)
+    _afterwards(out, args.model)
     return 0
 
 
@@ -155,7 +158,24 @@ def _scrape(port: int, path: Path) -> None:
         path.write_text(f"# scrape failed: {exc}\n")
 
 
-def _afterwards(out: Path) -> None:
+PERFETTO_LAST_S = 1.0
+
+
+def last_seconds(trace, seconds: float):
+    """The events of the trace's last ``seconds`` (a Perfetto file of the whole demo
+    would be hundreds of MB; a few seconds show every step kind)."""
+    from probes.events import Trace
+    k = trace.kernels
+    if not len(k):
+        return trace
+    t_cut = int(k["end_ns"].max() - seconds * 1e9)
+    arrays = {n: getattr(trace, n)[getattr(trace, n)["start_ns"] >= t_cut] for n in
+              ("kernels", "copies", "api", "ranges", "cpu_ops")}
+    meta = dict(trace.meta, excerpt=f"last {seconds:g} s")
+    return Trace(**arrays, names=trace.names, devices=trace.devices, meta=meta)
+
+
+def _afterwards(out: Path, model_name: str) -> None:
     """Report, roofline plot and Perfetto trace from the recording."""
     from rich.console import Console
 
@@ -185,14 +205,12 @@ def _afterwards(out: Path) -> None:
     from aggregator.plot import plot_roofline
     phase_names, map_phases = _phases_api()
     pm = map_phases(trace)
-    try:
-        model = model_config.load("llama-3-8b")
-    except Exception:
-        model = None
+    model = model_config.load(model_name)
     doc = analyze_trace(trace, model=model, phase_map=pm)
     doc["trace"] = str(out / "stream.rlrec") + " (SIMULATED)"
     plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
-    write_perfetto(trace, pm, phase_names, out / "trace.perfetto.json")
+    excerpt = last_seconds(trace, PERFETTO_LAST_S)
+    write_perfetto(excerpt, map_phases(excerpt), phase_names, out / "trace.perfetto.json")
     _write_report(out, lines, doc)
     Console().print(f"\nridgeline demo: done. Output folder {out}:")
     for name in ("report.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt", "agent.log"):
