@@ -263,3 +263,34 @@ def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path)
           f"peak {max(samples) / 2**20:.0f} MiB")
     assert max(samples) < 256 * 2**20
     assert late <= warm * 1.15 + 16 * 2**20
+
+
+def test_top_once_and_a_recording_that_loads_back(tmp_path, trace_path):
+    from agent.recording import is_recording, load_recording
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
+    a = start_agent(cfg)
+    try:
+        top = subprocess.run([sys.executable, "-m", "agent", "top", "--once", "--endpoint", ep, "--timeout", "30"],
+                             capture_output=True, text=True, timeout=90)
+        assert top.returncode == 0, top.stderr
+        assert "REPLAY DATA" in top.stdout and "GPU 0" in top.stdout and "agent:" in top.stdout
+        out = tmp_path / "s.rlrec"
+        rec = subprocess.run([sys.executable, "-m", "agent", "record", "-o", str(out), "--endpoint", ep,
+                              "--duration", "3"], capture_output=True, text=True, timeout=90)
+        assert rec.returncode == 0 and "messages" in rec.stderr
+    finally:
+        assert stop(a) == 0
+    assert is_recording(out)
+    r = load_recording(out)
+    assert r.messages.get("window", 0) >= 2 and r.messages.get("events", 0) >= 2
+    assert len(r.trace.kernels) > 100 and not r.truncated
+    names = set(r.trace.names.names_of(r.trace.kernels["name_id"][:50]))
+    assert "" not in names and r.trace.meta["sources"] == ["replay"]
+
+
+def test_record_top_tail_without_agent_fail_cleanly(tmp_path):
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    for args in (["tail", "--timeout", "1"], ["top", "--once", "--timeout", "1"]):
+        r = subprocess.run([sys.executable, "-m", "agent", *args, "--endpoint", ep], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
