@@ -19,7 +19,8 @@ and is recorded:
    kernels without any transformer kernel => other. Conflicting evidence => unknown.
 
 The signature table is data (``aggregator/data/kernel_signatures.toml``). All per-kernel
-work is numpy over the kernel arrays; Python loops run over steps and distinct names only.
+work is numpy over the kernel arrays; votes are computed once per group of steps with identical
+facts, and Python loops otherwise run over distinct names, (op, dims) pairs, devices and threads.
 """
 from __future__ import annotations
 
