@@ -96,3 +96,40 @@ def test_real_process_with_a_device_file_open(tmp_path):
         p.stdin.write("x\n"); p.stdin.flush(); p.wait(timeout=10)
     ts.rescan_s = 0.0
     assert ts.poll() == ([], [p.pid])
+
+
+def test_discovered_process_is_probed_without_restart(tmp_path):
+    """TargetSet feeding a live SchedProbe: a GPU process (a stand-in device file) that starts
+    after the probe is tracked, and dropped when it exits."""
+    import pytest
+    from probes import bpf as bpfmod
+    if not bpfmod.availability().ok:
+        pytest.skip(f"ebpf: {bpfmod.availability().reason}")
+    from probes.sched import SchedProbe
+    dev = tmp_path / "nvidia0"
+    dev.write_text("")
+    ts = tg.TargetSet(device_prefixes=(str(tmp_path / "nvidia"),), rescan_s=0.0)
+    probe = SchedProbe()
+    probe.start()
+    try:
+        ts.poll()
+        code = ("import sys, time\nf = open(sys.argv[1])\nprint('OPEN', flush=True)\n"
+                "for i in range(40): time.sleep(0.005)\nsys.stdin.readline()\n")
+        p = subprocess.Popen([sys.executable, "-c", code, str(dev)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        p.stdout.readline()
+        added, removed = ts.poll()
+        for pid in added:
+            probe.add_target(pid)
+        assert p.pid in probe.targets
+        p.stdin.write("x\n"); p.stdin.flush()
+        p.wait(timeout=10)
+        win = probe.poll()
+        added, removed = ts.poll()
+        for pid in removed:
+            probe.remove_target(pid)
+        assert removed == [p.pid] and p.pid not in probe.targets
+        rows = win["threads"][win["threads"]["tgid"] == p.pid]
+        assert len(rows) >= 1 and int(rows["voluntary_switches"].sum()) >= 20
+    finally:
+        probe.stop()
