@@ -148,16 +148,48 @@ class Agent:
             self.records_total += len(trace.kernels) + len(trace.copies) + len(trace.api) + len(trace.ranges)
             if self.cfg["publisher"]["publish_events"]:
                 self.publisher.publish("events", self.codec.encode_event_batch(trace))
-            # A source may carry side figures (a simulator's engine view) next to events.
+            # A source may carry side figures (a simulator's engine view) and process
+            # news (the CUPTI probe's new and closed pids) next to its events.
             if isinstance(data, dict):
                 for key in ("engine", "device", "sched"):
                     if isinstance(data.get(key), dict):
                         self._add_plain(key, data[key], f"{r.step.name}")
+                self._process_news(r, data)
             return
         if not isinstance(data, dict):
             raise TypeError(f"poll() returned {type(data).__name__}, expected a dict or a Trace")
+        if topic == "events":
+            # An event source's side news: processes that appeared or ended, their status.
+            self._process_news(r, data)
+            if isinstance(data.get("scrapes"), list):
+                self._add_plain("engine", data, r.step.name)
+            return
         self.records_total += 1
-        self._add_plain(topic if topic != "events" else "engine", data, r.step.name)
+        self._add_plain(topic, data, r.step.name)
+
+    def _process_news(self, r: registry.Running, data: dict) -> None:
+        """New served processes (announced by the CUPTI library) become targets of the
+        scheduling probes; ended ones stop being; status lines are logged once."""
+        for item in data.get("new_pids") or []:
+            pid = item[0] if isinstance(item, (list, tuple)) else item
+            log.info("probe %s: served process %s appeared", r.step.name, item)
+            for other in self.running:
+                add = getattr(other.probe, "add_target", None)
+                if other.step.topic == "sched" and add is not None:
+                    try:
+                        add(int(pid))
+                    except Exception as exc:
+                        log.warning("probe %s: cannot watch pid %s: %s", other.step.name, pid, exc)
+        for pid in data.get("closed_pids") or []:
+            for other in self.running:
+                rm = getattr(other.probe, "remove_target", None)
+                if other.step.topic == "sched" and rm is not None:
+                    try:
+                        rm(int(pid))
+                    except Exception:
+                        pass
+        for pid, text in (data.get("status") or {}).items():
+            log.warning("probe %s: process %s: %s", r.step.name, pid, text)
 
     def _add_plain(self, topic: str, data: dict, source: str) -> None:
         payload = plain(data) if topic != "engine" else None

@@ -85,7 +85,7 @@ def _cuda_uprobes(cfg):
 def _cupti(cfg):
     mod = _module("probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
-    return _build(cls, socket_path=cfg["probes"]["cupti"]["socket"], socket=cfg["probes"]["cupti"]["socket"])
+    return _build(cls, socket_path=cfg["probes"]["cupti"]["socket"])
 
 
 def _nvml(cfg):
@@ -121,15 +121,15 @@ def _simulator(cfg):
 
 
 def _build(cls, **kwargs):
-    """Construct ``cls`` with the keyword arguments its signature accepts."""
+    """Construct ``cls`` with those keyword arguments its signature names (a ``**kw``
+    catch-all does not count: it may forward them somewhere they do not belong)."""
     import inspect
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return cls()
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return cls(**kwargs)
-    return cls(**{k: v for k, v in kwargs.items() if k in params})
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return cls(**{k: v for k, v in kwargs.items() if k in named})
 
 
 STEPS: dict[str, Step] = {s.name: s for s in (

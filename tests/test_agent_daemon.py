@@ -222,3 +222,45 @@ def test_collector_exposes_engine_device_verdict_and_threads():
     assert one("ridgeline_thread_on_cpu_seconds_total", tid=8) == 1.0
     assert one("ridgeline_agent_probe_drops_total", probe="sched") == 1
     assert one("ridgeline_agent_cpu_ratio") == 0.02
+
+
+def test_new_served_processes_become_sched_targets(tmp_path):
+    class Source(Probe):
+        name = "cupti"
+
+        def __init__(self):
+            super().__init__()
+            self.news = [{"new_pids": [(777, "vllm")], "status": {777: "CUPTI conflict"}}, {"closed_pids": [777]}]
+
+        def poll(self):
+            return self.news.pop(0) if self.news else {}
+
+    class Sched(Probe):
+        name = "sched"
+
+        def __init__(self):
+            super().__init__()
+            self.targets = set()
+            self.log = []
+
+        def add_target(self, pid):
+            self.targets.add(pid)
+            self.log.append(("add", pid))
+
+        def remove_target(self, pid):
+            self.targets.discard(pid)
+            self.log.append(("remove", pid))
+
+    cfg = cfg_for(tmp_path)
+    sched = Sched()
+    agent = Agent(cfg, probes=[running(Source(), "cupti"), running(sched, "sched")], codec=codec,
+                  notifier=Notifier({}))
+    agent.start()
+    try:
+        agent._poll_once()
+        assert sched.targets == {777}
+        agent._poll_once()
+        assert sched.log == [("add", 777), ("remove", 777)]
+        assert agent.builder.engine == {}          # process news is not engine data
+    finally:
+        agent.shutdown()

@@ -25,7 +25,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def write_config(tmp_path, trace, *, speed=1.0, prom_port=None, sndhwm=1000, events=False, extra=""):
+def write_config(tmp_path, trace, *, speed=1.0, prom_port=None, sndhwm=1000, events=False, extra="",
+                 probes=("replay",)):
     port = free_port()
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f"""
@@ -39,7 +40,7 @@ publish_events = {"true" if events else "false"}
 enabled = {"true" if prom_port else "false"}
 listen = "127.0.0.1:{prom_port or 9464}"
 [probes]
-enabled = ["replay"]
+enabled = {json.dumps(list(probes))}
 [probes.replay]
 path = "{trace}"
 speed = {speed}
@@ -197,8 +198,14 @@ def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
 def test_malformed_input_on_every_socket(tmp_path, trace_path):
     import httpx
     import zmq
+    from agent import config, registry
     prom = free_port()
-    cfg, ep = write_config(tmp_path, trace_path(TRACE), prom_port=prom)
+    cupti_sock = tmp_path / "cupti.sock"
+    have_cupti = registry.availability("cupti", config.overlay(
+        config.defaults(), {"probes": {"cupti": {"socket": str(cupti_sock)}}}))[1].ok
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), prom_port=prom,
+                           probes=("replay", "cupti") if have_cupti else ("replay",),
+                           extra=f'[probes.cupti]\nsocket = "{cupti_sock}"\n')
     a = start_agent(cfg)
     sub = subscriber(ep, topics=("health",))
     try:
@@ -220,6 +227,12 @@ def test_malformed_input_on_every_socket(tmp_path, trace_path):
                      b"POST /metrics HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
             with socket.create_connection(("127.0.0.1", prom)) as s:
                 s.sendall(junk)
+        # The CUPTI socket (injected processes' buffers): garbage, a bogus header, a huge length.
+        if have_cupti:
+            for junk in (os.urandom(2048), b"RLCP" + b"\xff" * 60, (2**31 - 1).to_bytes(4, "little") * 16):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(str(cupti_sock))
+                    s.sendall(junk)
         time.sleep(1.5)
         assert a.poll() is None
         assert httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).status_code == 200

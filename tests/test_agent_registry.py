@@ -1,0 +1,82 @@
+"""agent.registry: availability with reasons, optional probes skipped, start order."""
+import logging
+
+import pytest
+
+from agent import config, registry
+from probes.errors import InputError
+from probes.probe import Availability, Probe
+
+
+def test_every_step_reports_availability_without_raising():
+    cfg = config.defaults()
+    for name in registry.STEPS:
+        probe, av = registry.availability(name, cfg)
+        assert isinstance(av, Availability)
+        if not av.ok:
+            assert av.reason, name
+        if probe is not None:
+            probe.stop()
+
+
+def test_unknown_probe_names_the_known_ones():
+    _, av = registry.availability("gpu-magic", config.defaults())
+    assert not av.ok and "unknown probe 'gpu-magic'" in av.reason and "sched" in av.hint
+
+
+def test_unavailable_optional_probe_is_logged_once_and_others_start(caplog, monkeypatch, tmp_path):
+    class Fine(Probe):
+        name = "fine"
+        started = False
+
+        def start(self):
+            Fine.started = True
+
+    class Broken(Probe):
+        name = "broken"
+
+        def start(self):
+            raise OSError("device busy")
+
+    steps = dict(registry.STEPS)
+    steps["a"] = registry.Step("a", "events", lambda cfg: (_ for _ in ()).throw(registry.Unavailable("no lib", "install it")), "")
+    steps["b"] = registry.Step("b", "events", lambda cfg: Broken(), "")
+    steps["c"] = registry.Step("c", "events", lambda cfg: Fine(), "")
+    monkeypatch.setattr(registry, "STEPS", steps)
+    with caplog.at_level(logging.WARNING, logger="t"):
+        run = registry.start_all(config.defaults(), logging.getLogger("t"), ["a", "b", "c"])
+    assert [r.step.name for r in run] == ["c"] and Fine.started
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs == ["probe a unavailable: no lib (hint: install it)",
+                    "probe b failed to start: OSError: device busy"]
+
+
+def test_required_probe_failure_is_an_input_error(monkeypatch):
+    class Needed(Probe):
+        name = "needed"
+        optional = False
+
+        def check(self):
+            return Availability(False, "not here", "get one")
+
+    monkeypatch.setattr(registry, "STEPS", {"n": registry.Step("n", "events", lambda cfg: Needed(), "")})
+    with pytest.raises(InputError, match="probe n unavailable: not here"):
+        registry.start_all(config.defaults(), logging.getLogger("t"), ["n"])
+
+
+def test_build_passes_only_named_parameters():
+    class P:
+        def __init__(self, socket_path=None, **server_kw):
+            self.socket_path, self.kw = socket_path, server_kw
+    p = registry._build(P, socket_path="/x", socket="/y")
+    assert p.socket_path == "/x" and p.kw == {}
+
+
+def test_check_command_lists_every_probe(capsys):
+    from agent.commands import check
+    import argparse
+    rc = check.run(argparse.Namespace(config=None, probe=["replay", "simulator"]))
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 0 and len(out) == 2
+    assert out[0].startswith("replay") and "unavailable" in out[0] and "hint: set probes.replay.path" in out[0]
+    assert out[1].startswith("simulator")
