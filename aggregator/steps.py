@@ -241,13 +241,16 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     sel = np.ones(n, dtype=bool) if mask is None else mask
     if not sel.any():
         return Segmentation(kernel_step, segments)
-    for dev in np.unique(k["device"][sel]):
-        idx = np.flatnonzero(sel & (k["device"] == dev))
-        st = k["start_ns"][idx]
-        if len(idx) > 1 and not bool((st[1:] >= st[:-1]).all()):
-            idx = idx[np.lexsort((idx, st))]
+    device = k["device"]
+    devices = np.unique(device[sel])
+    for dev in devices:
+        idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
+        s = k["start_ns"][idx]
+        if len(idx) > 1 and not bool((s[1:] >= s[:-1]).all()):
+            o = np.lexsort((idx, s))
+            idx, s = idx[o], s[o]
         m = len(idx)
-        s, e = k["start_ns"][idx], k["end_ns"][idx]
+        e = k["end_ns"][idx]
         gaps = _idle_gaps(s, e)
         cut = np.zeros(max(m - 1, 0), dtype=bool)
         reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
@@ -259,10 +262,11 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
             role = classes.role[idx]
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).
+            grid_x = k["grid_x"][idx]
             tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (classes.grid_rule[idx] == GRID_TOKENS)
-                                 & (classes.strength[idx] == STRONG) & (k["grid_x"][idx] > 0))
+                                 & (classes.strength[idx] == STRONG) & (grid_x > 0))
             if len(tok) > 1:
-                gx = k["grid_x"][idx][tok]
+                gx = grid_x[tok]
                 c = np.flatnonzero(gx[1:] != gx[:-1])
                 c = c[tok[c + 1] > tok[c]]
                 _mark(cut, reason, _argmax_in_ranges(gaps, tok[c], tok[c + 1]),
@@ -292,8 +296,11 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
             # CUDA graph relaunch: a graph id already seen in the current step. Sequential
             # (each cut resets what was seen), so one pass over graph launches, not kernels.
             gid = k["graph_id"][idx]
-            corr = k["correlation_id"][idx]
-            first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1]) | (gid[1:] != gid[:-1]))))
+            first = np.empty(0, dtype=np.int64)
+            if bool((gid >= 0).any()):
+                corr = k["correlation_id"][idx]
+                first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1])
+                                                                    | (gid[1:] != gid[:-1]))))
             seen: set[int] = set()
             for j, g in zip(first.tolist(), gid[first].tolist()):
                 if j > 0 and cut[j - 1]:
