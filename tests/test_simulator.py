@@ -362,3 +362,13 @@ def test_served_metrics_parse_as_a_vllm_v1_engine():
     assert snap["version_hint"] == "vllm-v1>=0.11"           # kv_cache_usage_perc + inter_token_latency
     assert snap["gauges"]["kv_pool_tokens"] == e.pool.capacity_tokens   # from cache_config_info
     assert snap["counters"]["generation_tokens"] == sum(r.generated for r in e.finished)
+
+
+def test_simulated_trace_through_ridgeline_analyze(tmp_path, capsys):
+    out = tmp_path / "sim.json.gz"
+    assert cli_main(["simulate", "--duration", "0.5", "--rate", "10", "--output-mean", "16", "--trace", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["analyze", "--json", "--model", "llama-3-8b", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["phases"]["decode"]["verdict"] == "memory-bound"
+    assert doc["phases"]["prefill"]["verdict"] == "compute-bound"
