@@ -336,7 +336,7 @@ def main() -> int:
     have_perf = shutil.which("perf") is not None
     cudart = find_cudart()
 
-    sched = SchedProbe(discover_s=0.0)
+    sched = SchedProbe(discover=False, seed_s=0.0)
     sched.start()
     detach(sched)
     # The floor: programs that do nothing, on the same two hot hooks. What the probe costs
@@ -362,9 +362,9 @@ def main() -> int:
             d.mkdir(parents=True, exist_ok=True)
             shutil.copy2(cudart, d / cudart.name)
             libs[name] = d / cudart.name
-        cuda = CudaUprobeProbe(rescan_s=3600)
+        cuda = CudaUprobeProbe(discover=False, rescan_s=3600)
         cuda.start()
-        cuda_timed = CudaUprobeProbe(rescan_s=3600, launch_latency=True)
+        cuda_timed = CudaUprobeProbe(discover=False, rescan_s=3600, launch_latency=True)
         cuda_timed.start()
         run_launch(launch, libs["entry"], 1000, cuda, target=True)        # attach once per inode
         run_launch(launch, libs["timed"], 1000, cuda_timed, target=True)

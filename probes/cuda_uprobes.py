@@ -28,6 +28,7 @@ import numpy as np
 from . import bpf as bpfmod
 from . import proc
 from .probe import Availability, Probe
+from .targets import TargetSet
 
 BPF_SOURCE = Path(__file__).with_name("cuda_uprobes_bpf.c")
 
@@ -143,16 +144,20 @@ class CudaUprobeProbe(Probe):
     keeps only targets), so processes that come later with the same library are covered
     at once; libraries stay attached until :meth:`stop` (closing a uprobe costs ~80 ms in
     the kernel). Libraries a target loads later (e.g. on ``import torch``) are picked up
-    by the rescans in :meth:`poll` (every ``rescan_s``). ``launch_latency``: also time
-    each launch call (a return probe per launch: about +0.4 µs per call).
+    by the rescans in :meth:`poll` (every ``rescan_s``). ``discover``: each poll also adds
+    GPU and announced processes and drops exited ones (:class:`probes.targets.TargetSet`).
+    ``launch_latency``: also time each launch call (a return probe per launch).
     """
 
     name = "cuda_uprobes"
     optional = True
 
-    def __init__(self, pids=(), *, launch_latency: bool = False, max_threads: int = 16384, rescan_s: float = 2.0):
+    def __init__(self, pids=(), *, discover: bool = True, launch_latency: bool = False, max_threads: int = 16384,
+                 rescan_s: float = 2.0):
         super().__init__()
         self._initial = [int(p) for p in pids]
+        # Targets found by poll(): GPU processes, announced ones, `pids` (probes.targets).
+        self._tset = TargetSet(pids) if discover else None
         self.launch_latency = launch_latency
         self.max_threads = max_threads
         self.rescan_s = rescan_s
@@ -298,6 +303,12 @@ class CudaUprobeProbe(Probe):
         """Per-thread counters since the previous poll; rescans targets' maps every ``rescan_s``."""
         if self.bpf is None:
             return None
+        if self._tset is not None:
+            added, removed = self._tset.poll()
+            for pid in added:
+                self.add_target(pid)
+            for pid in removed:
+                self.remove_target(pid)
         now = time.monotonic()
         if now - self._last_scan >= self.rescan_s:
             self._last_scan = now

@@ -32,6 +32,7 @@ from . import bpf as bpfmod
 from . import btf
 from . import proc
 from .probe import Availability, Probe
+from .targets import TargetSet
 from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WINDOW_DTYPE,
                                WindowAccountant, hist_by_tgid)
 
@@ -72,9 +73,12 @@ def _pid_max() -> int:
 class SchedProbe(Probe):
     """Per-thread scheduling accounting for a run-time-changeable set of processes.
 
-    ``pids``: initial targets. ``follow_forks``: children of targets become targets.
+    ``pids``: initial targets. ``discover``: each poll also adds processes with a
+    ``/dev/nvidia*`` file open and processes announced through :func:`probes.targets.announce`,
+    and drops exited ones (:class:`probes.targets.TargetSet`); without it, targets come only
+    from ``pids`` and :meth:`add_target`. ``follow_forks``: children of targets become targets.
     ``slow_runq_ns``: also report each run-queue wait at least this long as an event.
-    ``discover_s``: after a target is added, threads met at a wakeup or switch-in are
+    ``seed_s``: after a target is added, threads met at a wakeup or switch-in are
     recognised by reading their tgid for this long (afterwards, only at their own
     switch-out, which costs the untracked hot path nothing).
     """
@@ -82,15 +86,17 @@ class SchedProbe(Probe):
     name = "sched"
     optional = True
 
-    def __init__(self, pids=(), *, follow_forks: bool = False, slow_runq_ns: int = 0,
-                 max_threads: int = 16384, rb_pages: int = 64, discover_s: float = 1.0):
+    def __init__(self, pids=(), *, discover: bool = True, follow_forks: bool = False, slow_runq_ns: int = 0,
+                 max_threads: int = 16384, rb_pages: int = 64, seed_s: float = 1.0):
         super().__init__()
         self._initial = [int(p) for p in pids]
+        # Targets found by poll(): GPU processes, announced ones, `pids` (probes.targets).
+        self._tset = TargetSet(pids) if discover else None
         self.follow_forks = follow_forks
         self.slow_runq_ns = int(slow_runq_ns)
         self.max_threads = max_threads
         self.rb_pages = rb_pages
-        self.discover_s = discover_s
+        self.seed_s = seed_s
         self.bpf = None
         self.compile_s = 0.0
         self._targets: set[int] = set()
@@ -179,7 +185,7 @@ class SchedProbe(Probe):
         self._targets.add(tgid)
         self._set_bit(tgid, True)
         self._set(CFG_DISCOVER, 1)
-        self._discover_until = time.monotonic() + self.discover_s
+        self._discover_until = time.monotonic() + self.seed_s
 
     def remove_target(self, tgid: int) -> None:
         """Stop tracking ``tgid`` and delete its threads' entries (their partial window is dropped)."""
@@ -215,6 +221,13 @@ class SchedProbe(Probe):
         if self.bpf is None:
             return None
         self._polls += 1
+        removed = []
+        if self._tset is not None:
+            added, removed = self._tset.poll()
+            for pid in added:
+                self.add_target(pid)
+        elif self._polls % 8 == 0:
+            removed = [t for t in self._targets if not proc.alive(t)]
         self.bpf.ring_buffer_consume()
         pending, self._pending = self._pending, []
         keys, rows = self._read()
@@ -246,6 +259,10 @@ class SchedProbe(Probe):
         if self._discover_until and time.monotonic() >= self._discover_until:
             self._set(CFG_DISCOVER, 0)
             self._discover_until = 0.0
+        # Exited targets go after this window, which holds their threads' last figures; a
+        # reused pid must not inherit the target bit.
+        for pid in removed:
+            self.remove_target(pid)
         start_ns, self._last_read_ns = self._last_read_ns, now_ns
         self.records += len(window) + len(ev_rows)
         return {

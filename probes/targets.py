@@ -21,12 +21,14 @@ import collections
 import os
 import threading
 import time
+import weakref
 from typing import Callable, Iterable
 
 from . import proc
 
-# Announcements from any thread (the CUPTI probe's socket thread), drained by every TargetSet.
-_announced: collections.deque[int] = collections.deque(maxlen=4096)
+# Announcements from any thread (the CUPTI probe's socket thread), delivered to every
+# TargetSet alive (the sched and uprobe probes each hold one).
+_subscribers: "weakref.WeakSet[TargetSet]" = weakref.WeakSet()
 _announce_lock = threading.Lock()
 
 SOURCE_EXPLICIT = "explicit"
@@ -35,16 +37,13 @@ SOURCE_GPU = "gpu-device"
 
 
 def announce(pid: int) -> None:
-    """Ask the eBPF probes to watch ``pid`` (called by the CUPTI probe when a process announces itself)."""
-    with _announce_lock:
-        _announced.append(int(pid))
+    """Ask the eBPF probes to watch ``pid`` (called by the CUPTI probe when a process announces itself).
 
-
-def _drain_announced() -> list[int]:
+    Thread-safe and non-blocking; every live :class:`TargetSet` adds it at its next poll.
+    """
     with _announce_lock:
-        out = list(_announced)
-        _announced.clear()
-    return out
+        for ts in list(_subscribers):
+            ts._inbox.append(int(pid))
 
 
 class TargetSet:
@@ -71,6 +70,9 @@ class TargetSet:
         self._last_scan = float("-inf")
         self._own = os.getpid()
         self.scans = 0
+        self._inbox: collections.deque[int] = collections.deque(maxlen=4096)
+        with _announce_lock:
+            _subscribers.add(self)
 
     @property
     def targets(self) -> set[int]:
@@ -91,7 +93,8 @@ class TargetSet:
             if pid not in self.sources and self._alive(pid):
                 self.sources[pid] = SOURCE_EXPLICIT
                 added.append(pid)
-        for pid in _drain_announced():
+        while self._inbox:
+            pid = self._inbox.popleft()
             if pid not in self.sources and pid != self._own and self._alive(pid):
                 self.sources[pid] = SOURCE_ANNOUNCED
                 added.append(pid)

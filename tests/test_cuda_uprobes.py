@@ -132,7 +132,7 @@ def uprobe():
     miss = bpfmod.availability(need_tracefs=False)
     if not miss.ok:
         pytest.skip(f"ebpf: {miss.reason}")
-    p = cu.CudaUprobeProbe(rescan_s=0)
+    p = cu.CudaUprobeProbe(discover=False, rescan_s=0)
     p.start()
     yield p
     p.stop()

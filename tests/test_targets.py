@@ -109,7 +109,7 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
     dev = tmp_path / "nvidia0"
     dev.write_text("")
     ts = tg.TargetSet(device_prefixes=(str(tmp_path / "nvidia"),), rescan_s=0.0)
-    probe = SchedProbe()
+    probe = SchedProbe(discover=False)
     probe.start()
     try:
         ts.poll()
@@ -131,5 +131,27 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
         assert removed == [p.pid] and p.pid not in probe.targets
         rows = win["threads"][win["threads"]["tgid"] == p.pid]
         assert len(rows) >= 1 and int(rows["voluntary_switches"].sum()) >= 20
+    finally:
+        probe.stop()
+
+
+def test_probe_with_discovery_takes_announced_processes():
+    import pytest
+    from probes import bpf as bpfmod
+    if not bpfmod.availability().ok:
+        pytest.skip(f"ebpf: {bpfmod.availability().reason}")
+    from probes.sched import SchedProbe
+    probe = SchedProbe()             # discover=True: the agent's configuration
+    probe.start()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", "import sys, time\nfor i in range(30): time.sleep(0.005)\n"
+                              "sys.stdin.readline()"], stdin=subprocess.PIPE, text=True)
+        tg.announce(p.pid)           # what the CUPTI probe does when an injected process connects
+        probe.poll()
+        assert p.pid in probe.targets
+        p.stdin.write("x\n"); p.stdin.flush(); p.wait(timeout=10)
+        win = probe.poll()
+        assert p.pid not in probe.targets
+        assert (win["threads"]["tgid"] == p.pid).any()
     finally:
         probe.stop()

@@ -79,14 +79,14 @@ def run(args) -> int:
     from probes.cuda_uprobes import CudaUprobeProbe, libraries_of
     from probes.sched import SchedProbe
 
-    sched = SchedProbe(pids=[args.pid], discover_s=args.duration + 1.0)
+    sched = SchedProbe(pids=[args.pid], discover=False, seed_s=args.duration + 1.0)
     avail = sched.check()
     if not avail.ok:
         _fail("sched probe unavailable", avail)
     libs = libraries_of(args.pid) if not args.no_cuda else {"runtime": [], "driver": []}
     cuda = None
     if libs["runtime"] or libs["driver"]:
-        cuda = CudaUprobeProbe(pids=[args.pid], rescan_s=1.0)
+        cuda = CudaUprobeProbe(pids=[args.pid], discover=False, rescan_s=1.0)
         if not cuda.check().ok:
             cuda = None
     try:
