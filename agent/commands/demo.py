@@ -177,8 +177,6 @@ def last_seconds(trace, seconds: float):
 
 def _afterwards(out: Path, model_name: str) -> None:
     """Report, roofline plot and Perfetto trace from the recording."""
-    from rich.console import Console
-
     from agent.recording import load_recording
     rec = load_recording(out / "stream.rlrec")
     trace = rec.trace
@@ -212,7 +210,7 @@ def _afterwards(out: Path, model_name: str) -> None:
     excerpt = last_seconds(trace, PERFETTO_LAST_S)
     write_perfetto(excerpt, map_phases(excerpt), phase_names, out / "trace.perfetto.json")
     _write_report(out, lines, doc)
-    Console().print(f"\nridgeline demo: done. Output folder {out}:")
+    print(f"\nridgeline demo: done. Output folder {out}:")
     for name in ("report.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt", "agent.log"):
         p = out / name
         if p.exists():
