@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from probes.errors import InputError
@@ -43,7 +43,6 @@ class Running:
     availability: Availability
     poll_errors: int = 0
     last_error: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 class Unavailable(Exception):

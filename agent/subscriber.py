@@ -10,6 +10,7 @@ subscriber's queue), a jump back as ``restarted`` (the agent restarted and count
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import zmq
@@ -107,7 +108,6 @@ class Subscriber:
 
     def receive(self, timeout_s: float) -> Message | None:
         """Next decodable message within ``timeout_s`` seconds, else None."""
-        import time
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()

@@ -89,3 +89,13 @@ def test_cli_print_config_merges_file(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert tomllib.loads(r.stdout)["publisher"]["endpoint"] == "ipc:///tmp/x.sock"
+
+
+def test_cli_refuses_clear_text_non_loopback_bind():
+    r = subprocess.run([sys.executable, "-m", "agent", "agent", "--endpoint", "tcp://0.0.0.0:7499",
+                        "--probes", "", "--no-prometheus", "--run-for", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("ridgeline: error: refusing to publish on tcp://0.0.0.0:7499 in the clear")
+    assert "Traceback" not in r.stderr

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import sys
 
-from probes.errors import InputError
-
 
 def register(sub) -> None:
     p = sub.add_parser("agent", help="run the profiling agent (the systemd service runs this)",
@@ -53,7 +51,4 @@ def run(args) -> int:
         sys.stdout.write(config.to_toml(cfg))
         return 0
     from agent.daemon import run_agent
-    try:
-        return run_agent(cfg, args.config)
-    except InputError:
-        raise
+    return run_agent(cfg, args.config)

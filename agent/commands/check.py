@@ -15,7 +15,6 @@ def run(args) -> int:
     enabled = set(cfg["probes"]["enabled"])
     names = args.probe or list(registry.STEPS)
     width = max(len(n) for n in names)
-    bad_enabled = 0
     for name in names:
         probe, av = registry.availability(name, cfg)
         mark = "ok" if av.ok else "unavailable"
@@ -26,8 +25,6 @@ def run(args) -> int:
         if av.hint:
             line += f"  (hint: {av.hint})"
         print(line, flush=True)
-        if not av.ok and name in enabled:
-            bad_enabled += 1
         if probe is not None:
             try:
                 probe.stop()
