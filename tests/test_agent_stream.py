@@ -255,7 +255,7 @@ def _rss_bytes(pid):
 
 @pytest.mark.slow
 def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path):
-    cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=5.0, events=True)
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=3.0, events=True)
     a = start_agent(cfg)
     sub = subscriber(ep, topics=("health",))
     samples = []
@@ -307,3 +307,38 @@ def test_record_top_tail_without_agent_fail_cleanly(tmp_path):
         r = subprocess.run([sys.executable, "-m", "agent", *args, "--endpoint", ep], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_sighup_reloads_and_a_bad_file_is_refused(tmp_path, trace_path):
+    cfg, ep = write_config(tmp_path, trace_path(SMALL))
+    sock_path = str(tmp_path / "notify.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(sock_path)
+    srv.settimeout(30)
+
+    def wait_for(prefix):
+        while True:
+            m = srv.recv(4096).decode()
+            if any(line.startswith(prefix) for line in m.split("\n")):
+                return m
+
+    a = start_agent(cfg, env={"NOTIFY_SOCKET": sock_path})
+    try:
+        wait_for("READY=1")
+        cfg.write_text(cfg.read_text().replace("window_s = 0.5", "window_s = 0.25"))
+        a.send_signal(signal.SIGHUP)
+        wait_for("RELOADING=1")
+        assert "reloaded" in wait_for("READY=1")
+        good = cfg.read_text()
+        cfg.write_text("[agent]\nwindow_s = 'soon'\n")
+        a.send_signal(signal.SIGHUP)
+        assert "reload refused" in wait_for("STATUS=reload refused")
+        cfg.write_text(good)
+        sub = subscriber(ep, topics=("window",))
+        got = receive(sub, 3)
+        sub.close()
+        assert len(got) == 3 and a.poll() is None
+        assert all(abs(m.payload["duration_ns"] - 250_000_000) < 200_000_000 for m in got[1:])
+    finally:
+        assert stop(a) == 0
+        srv.close()
