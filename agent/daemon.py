@@ -67,6 +67,7 @@ class Agent:
         self._stop = False
         self._reload = False
         self.reloads = 0
+        self.loop_errors = 0
         self.host = cfg["agent"]["host"] or socket.gethostname()
         self.builder = WindowBuilder(host=self.host)
         self._apply_analysis(cfg)
@@ -227,7 +228,7 @@ class Agent:
                                           "publisher_bytes_sent": pub.get("bytes_sent", 0),
                                           "subscriptions": pub.get("subscriptions", 0),
                                           "bad_frames": pub.get("bad_frames", 0),
-                                          "reloads": self.reloads})
+                                          "reloads": self.reloads, "loop_errors": self.loop_errors})
         window = self.builder.close(start_ns, end_ns, agent)
         self.latest_window = window
         if self.prometheus is not None:
@@ -255,15 +256,26 @@ class Agent:
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
         self._apply_analysis(new)
         if new["publisher"] != old["publisher"]:
+            # The old socket must let go of its endpoint before a new one can bind it.
+            seq = dict(self.publisher.seq)
+            self.publisher.close()
             try:
-                pub = self._make_publisher(new["publisher"])
+                self.publisher = self._make_publisher(new["publisher"])
             except InputError as exc:
                 log.error("reload: new publisher settings refused, keeping the old ones: %s", exc)
                 self.cfg["publisher"] = old["publisher"]
-            else:
-                pub.seq = dict(self.publisher.seq)
-                self.publisher.close()
-                self.publisher = pub
+                self.publisher = self._make_publisher(old["publisher"])
+            self.publisher.seq = seq
+        if new["prometheus"] != old["prometheus"]:
+            if self.prometheus is not None:
+                self.prometheus.close()
+                self.prometheus = None
+            if new["prometheus"]["enabled"]:
+                from .prometheus import MetricsServer
+                try:
+                    self.prometheus = MetricsServer(self, new["prometheus"]["listen"])
+                except OSError as exc:
+                    log.error("reload: cannot serve Prometheus on %s: %s", new["prometheus"]["listen"], exc)
         if self._given_probes is None and (new["probes"] != old["probes"]):
             keep = [r for r in self.running if r.step.name in new["probes"]["enabled"]
                     and new["probes"].get(r.step.name) == old["probes"].get(r.step.name)]
@@ -289,21 +301,28 @@ class Agent:
             now = time.monotonic()
             if run_for and now - t0 >= run_for:
                 break
-            if self._reload:
-                self.reload()
-                window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
-            self._poll_once()
-            self.publisher.service()
-            mono = time.monotonic_ns()
-            if mono >= win_deadline:
-                self._poll_once(window_end=True)
-                end_wall = time.time_ns()
-                w = self.close_window(win_start_wall, end_wall)
-                win_start_wall = end_wall
-                # Skip deadlines already missed (a stalled host) rather than bursting.
-                missed = (mono - win_deadline) // window_ns
-                win_deadline += (missed + 1) * window_ns
-                self.notifier.status(_status_line(w))
+            try:
+                if self._reload:
+                    self.reload()
+                    window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
+                self._poll_once()
+                self.publisher.service()
+                mono = time.monotonic_ns()
+                if mono >= win_deadline:
+                    # Skip deadlines already missed (a stalled host) rather than bursting.
+                    missed = (mono - win_deadline) // window_ns
+                    win_deadline += (missed + 1) * window_ns
+                    self._poll_once(window_end=True)
+                    end_wall = time.time_ns()
+                    w = self.close_window(win_start_wall, end_wall)
+                    win_start_wall = end_wall
+                    self.notifier.status(_status_line(w))
+            except Exception as exc:
+                # A bug met by odd data must cost one window, not the agent.
+                self.loop_errors += 1
+                log.exception("agent loop: %s: %s (counted; continuing)", type(exc).__name__, exc)
+                self.builder = WindowBuilder(host=self.host, model=self.builder.model, gpu=self.builder.gpu,
+                                             drops=self.builder.drops, _trackers=self.builder._trackers)
             if wd is not None and time.monotonic() >= next_wd:
                 self.notifier.watchdog()
                 next_wd = time.monotonic() + wd

@@ -132,11 +132,18 @@ def test_reload_applies_good_config_and_keeps_running_on_bad(tmp_path):
     agent = Agent(cfg, config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
     t = start_agent(agent)
     try:
-        path.write_text(f'[agent]\nwindow_s = 0.3\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n'
-                        '[probes]\nenabled = []\n')
+        path.write_text(f'[agent]\nwindow_s = 0.3\n[publisher]\nendpoint = "{ep}"\nsndhwm = 50\n'
+                        '[prometheus]\nenabled = false\n[probes]\nenabled = []\n')
+        seq_before = dict(agent.publisher.seq)
         agent.request_reload()
         time.sleep(0.4)
         assert agent.cfg["agent"]["window_s"] == 0.3 and agent.reloads == 1
+        # The publisher was rebound on the same endpoint and its sequence numbers go on.
+        assert agent.cfg["publisher"]["sndhwm"] == 50
+        assert agent.publisher.seq["window"] >= seq_before["window"]
+        sub = Subscriber(ep, codec=codec, topics=("window",))
+        assert collect(sub, 1.0)
+        sub.close()
         path.write_text('[agent]\nwindow_s = "fast"\n')
         agent.request_reload()
         time.sleep(0.4)
@@ -264,3 +271,35 @@ def test_new_served_processes_become_sched_targets(tmp_path):
         assert agent.builder.engine == {}          # process news is not engine data
     finally:
         agent.shutdown()
+
+
+def test_a_failing_window_costs_one_window_not_the_agent(tmp_path, monkeypatch):
+    cfg = cfg_for(tmp_path)
+    replay = ReplayProbe(trace=literal_trace(), speed=1.0, loop=False)
+    replay.start()
+    agent = Agent(cfg, probes=[running(replay)], codec=codec, notifier=Notifier({}))
+    calls = {"n": 0}
+    real = agent.codec.encode_window
+
+    class Codec:
+        def __getattr__(self, name):
+            return getattr(codec, name)
+
+        def encode_window(self, w):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise ValueError("unencodable figure")
+            return real(w)
+
+    agent.codec = Codec()
+    t = start_agent(agent)
+    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("health",))
+    try:
+        health = collect(sub, 1.6)
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        sub.close()
+    assert t is not None and agent.loop_errors == 1
+    assert health and health[-1].payload["loop_errors"] == 1
