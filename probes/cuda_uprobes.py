@@ -225,6 +225,8 @@ class CudaUprobeProbe(Probe):
             self._initial.append(pid)
             return []
         if pid not in self._pid_libs:
+            if self._tset is not None:
+                self._tset.add(pid)   # so that its exit is noticed
             self._pid_libs[pid] = set()
             self._set_bit(self._bits, pid, True)
         return self._attach_new(pid)
@@ -234,6 +236,8 @@ class CudaUprobeProbe(Probe):
         pid = int(pid)
         if self.bpf is None or pid not in self._pid_libs:
             return
+        if self._tset is not None:
+            self._tset.forget(pid)
         del self._pid_libs[pid]
         self._set_bit(self._bits, pid, False)
         self._set_bit(self._nest, pid, False)

@@ -182,6 +182,8 @@ class SchedProbe(Probe):
             return
         if tgid in self._targets or tgid <= 0:
             return
+        if self._tset is not None:
+            self._tset.add(tgid)     # so that its exit is noticed
         self._targets.add(tgid)
         self._set_bit(tgid, True)
         self._set(CFG_DISCOVER, 1)
@@ -192,6 +194,8 @@ class SchedProbe(Probe):
         tgid = int(tgid)
         if self.bpf is None or tgid not in self._targets:
             return
+        if self._tset is not None:
+            self._tset.forget(tgid)
         self._targets.discard(tgid)
         self._set_bit(tgid, False)
         keys, vals = self._read()

@@ -79,8 +79,15 @@ class TargetSet:
         return set(self.sources)
 
     def add(self, pid: int) -> None:
-        """Add an explicit target (joins at the next poll)."""
+        """Add an explicit target (joins at the next poll; dropped when it exits)."""
         self._explicit.add(int(pid))
+
+    def forget(self, pid: int) -> None:
+        """Drop ``pid`` (a caller stopped watching it); a GPU process is found again at its next recheck."""
+        pid = int(pid)
+        self._explicit.discard(pid)
+        if self.sources.pop(pid, None) is not None:
+            self._checked[pid] = self._clock()
 
     def announce(self, pid: int) -> None:
         announce(pid)

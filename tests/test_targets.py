@@ -155,3 +155,19 @@ def test_probe_with_discovery_takes_announced_processes():
         assert (win["threads"]["tgid"] == p.pid).any()
     finally:
         probe.stop()
+
+
+def test_forget_and_recheck():
+    fp = FakeProc()
+    ts = _set(fp)
+    ts.poll()
+    ts.forget(200)
+    assert 200 not in ts.targets
+    fp.t = 3.0
+    assert ts.poll() == ([], [])          # not before its recheck
+    fp.t = 10.5
+    assert ts.poll() == ([200], [])       # still a GPU process: found again
+    ts.add(100)
+    assert ts.poll() == ([100], [])
+    del fp.pids[100]
+    assert ts.poll() == ([], [100])
