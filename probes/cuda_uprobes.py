@@ -198,9 +198,11 @@ class CudaUprobeProbe(Probe):
             self.bpf.cleanup()   # detaches every uprobe
         finally:
             self.bpf = None
+            self._initial = sorted(set(self._initial) | set(self._pid_libs))   # a later start() resumes them
             self.attachments.clear()
             self._pid_libs.clear()
             self._nest_libs.clear()
+            self._prev = {}
 
     @property
     def targets(self) -> set[int]:

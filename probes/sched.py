@@ -141,12 +141,17 @@ class SchedProbe(Probe):
             self.add_target(pid)
 
     def stop(self) -> None:
+        """Detach and free everything; idempotent. A later start() resumes the same targets."""
         if self.bpf is None:
             return
         try:
             self.bpf.cleanup()
         finally:
             self.bpf = None
+            self._initial = sorted(set(self._initial) | self._targets)
+            self._targets = set()
+            self._acct = WindowAccountant()
+            self._pending = []
 
     # ------------------------------------------------------------------ targets
     def _set(self, idx: int, val: int) -> None:
