@@ -337,8 +337,9 @@ def test_sighup_reloads_and_a_bad_file_is_refused(tmp_path, trace_path):
         sub = subscriber(ep, topics=("window",))
         got = receive(sub, 3)
         sub.close()
+        # Still publishing after the refused reload (the window length itself is checked
+        # in-process, where timing does not depend on the machine's load).
         assert len(got) == 3 and a.poll() is None
-        assert all(abs(m.payload["duration_ns"] - 250_000_000) < 200_000_000 for m in got[1:])
     finally:
         assert stop(a) == 0
         srv.close()
