@@ -70,7 +70,7 @@ def _peak_flops(ceil: dict | None) -> float | None:
     return f.get("bf16") or f.get("fp16") or (max(f.values()) if f else None)
 
 
-def _verdict_text(v) -> str:
+def verdict_text(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, list):
@@ -105,7 +105,7 @@ def gpu_table(g: dict) -> Table:
         t.add_row(ph, _fmt(f.get("time_share_pct"), "%", 1, 0),
                   bar(bw / peak_bw if (bw is not None and peak_bw) else None), _fmt(bw, "", 1e-12, 2),
                   bar(fl / peak_fl if (fl is not None and peak_fl) else None), _fmt(fl, "", 1e-12, 1),
-                  _fmt(f.get("arithmetic_intensity"), "", 1, 1), _verdict_text(f.get("verdict")))
+                  _fmt(f.get("arithmetic_intensity"), "", 1, 1), verdict_text(f.get("verdict")))
     return t
 
 
@@ -195,7 +195,7 @@ def render(window: dict, state: TopState | None = None):
     state = state or TopState()
     sources = window.get("sources") or []
     head = Text(f"ridgeline top — {window.get('host', '')}  window {window.get('duration_ns', 0) / 1e9:.2f} s  "
-                f"#{state.windows}  verdict: {_verdict_text(window.get('verdict'))}", style="bold")
+                f"#{state.windows}  verdict: {verdict_text(window.get('verdict'))}", style="bold")
     if any(s in ("simulated", "replay") or "sim" in s for s in sources):
         head.append(f"   [{'/'.join(s.upper() for s in sources)} DATA — not a live GPU]", style="bold magenta")
     parts = [head]

@@ -49,9 +49,9 @@ def summary(msg) -> str:
         gpus = p.get("gpus", [])
         kern = sum(g.get("kernels", 0) for g in gpus)
         a = p.get("agent", {})
-        v = p.get("verdict")
-        vs = v.get("verdict") if isinstance(v, dict) else v
-        return (f"{len(gpus)} gpu/process, {kern} kernels, verdict={vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
+        from agent.top import verdict_text
+        vs = verdict_text(p.get("verdict"))
+        return (f"{len(gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
                 f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
     if msg.topic == "health" and isinstance(p, dict):
         return (f"cpu={p.get('cpu_pct', 0):.1f}% rss={p.get('rss_bytes', 0) / 2**20:.0f}MiB "
