@@ -173,7 +173,15 @@ class CudaUprobeProbe(Probe):
         self.last_error = ""
 
     def check(self) -> Availability:
-        return bpfmod.availability(need_tracefs=False)
+        a = bpfmod.availability(need_tracefs=False)
+        if not a.ok:
+            return a
+        if not (os.path.exists("/sys/bus/event_source/devices/uprobe/type")
+                or os.path.exists("/sys/kernel/tracing/uprobe_events")
+                or os.path.exists("/sys/kernel/debug/tracing/uprobe_events")):
+            return Availability(False, "kernel has no uprobes (no uprobe PMU, no uprobe_events)",
+                                "use a kernel built with CONFIG_UPROBE_EVENTS=y")
+        return Availability(True)
 
     def start(self) -> None:
         if self.bpf is not None:
