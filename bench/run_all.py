@@ -71,8 +71,12 @@ def run_bench(path: Path, args: list[str], timeout_s: float) -> dict:
         err = (p.stderr.strip().splitlines() or p.stdout.strip().splitlines() or ["no output"])[-1]
         return {"command": shown, "status": f"exit {p.returncode}: {err[:200]}", "tables": tables, "wall_s": wall}
     if not tables:
-        tail = (p.stdout.strip().splitlines() or ["(no table printed)"])[-1]
-        return {"command": shown, "status": f"no table; last line: {tail[:200]}", "tables": [], "wall_s": wall}
+        # A bench printing a plain-text table: keep its lines (up to 30) as rows.
+        lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip() and not ln.lstrip().startswith("{")]
+        if not lines:
+            return {"command": shown, "status": "no output", "tables": [], "wall_s": wall}
+        return {"command": shown, "status": "ok", "tables": [(["output"], [[ln] for ln in lines[:30]])],
+                "wall_s": wall}
     return {"command": shown, "status": "ok", "tables": tables, "wall_s": wall}
 
 
