@@ -96,6 +96,21 @@ def combined(results: list[tuple[str, str, dict]]) -> str:
     return "\n".join(out)
 
 
+BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    """Replace the text between the run_all markers of ``path`` (the prose around them
+    stays); a file without markers is written whole."""
+    block = f"{BEGIN}\n{text}\n{END}"
+    old = path.read_text() if path.exists() else ""
+    if BEGIN in old and END in old:
+        new = old[:old.index(BEGIN)] + block + old[old.index(END) + len(END):]
+    else:
+        new = "# Benchmarks (all benches, one run)\n\n" + block + "\n"
+    path.write_text(new)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="run each bench with its own defaults")
@@ -122,7 +137,7 @@ def main(argv=None) -> int:
     table = combined(results)
     print(header + "\n\n" + table)
     if args.write:
-        args.write.write_text("# Benchmarks (all benches, one run)\n\n" + header + "\n\n" + table + "\n")
+        write_between_markers(args.write, header + "\n\n" + table)
     return 0
 
 
