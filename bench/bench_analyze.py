@@ -105,8 +105,12 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-analyze.md")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="markdown output (default: docs/benchmarks-analyze.md for the full "
+                         "1,000,000-kernel run only, so quick runs never overwrite it)")
     args = ap.parse_args(argv)
+    if args.out is None and args.kernels == 1_000_000:
+        args.out = ROOT / "docs" / "benchmarks-analyze.md"
 
     if args.trace:
         path = args.trace
