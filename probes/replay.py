@@ -36,7 +36,7 @@ class ReplayProbe(Probe):
 
     def __init__(self, path: str | Path | None = None, speed: float = 1.0, loop: bool = True,
                  trace: Trace | None = None, name: str = "replay", clock=time.monotonic_ns,
-                 wall_clock=time.time_ns, max_catchup_s: float = 2.0):
+                 wall_clock=time.time_ns, max_catchup_s: float = 1.0):
         super().__init__(name=name)
         if speed <= 0:
             raise ValueError("speed must be > 0")
