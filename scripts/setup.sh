@@ -15,6 +15,12 @@ if [ -x scripts/setup-native.sh ]; then
     bash scripts/setup-native.sh || echo "ridgeline setup: native build tools unavailable; continuing" >&2
 fi
 
+# systemd-analyze: the unit tests verify systemd/ridgeline.service and score its sandboxing.
+if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q systemd >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q systemd >/dev/null 2>&1; }; } \
+        || echo "ridgeline setup: could not install systemd-analyze; unit tests will skip" >&2
+fi
+
 # 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
 stamp="$VENV/.ridgeline-installed"
 if [ ! -x "$VENV/bin/python" ]; then
