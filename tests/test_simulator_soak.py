@@ -130,6 +130,10 @@ class Subscriber:
         self.ctx.term()
 
 
+def drops_summary(sub: "Subscriber") -> dict:
+    return dict(sub.lives[-1])
+
+
 def test_soak_stalled_subscriber_and_served_process_restart():
     endpoint = f"ipc:///tmp/ridgeline-soak-{os.getpid()}"
     agent = start_agent(endpoint, run_s=SOAK_S + 5, restart_at=SOAK_S * 0.6)
@@ -153,6 +157,8 @@ def test_soak_stalled_subscriber_and_served_process_restart():
         out, err = agent.communicate(timeout=60)
         sub.close()
     assert "Traceback" not in err, err
+    print(f"\nsoak: {len(sub.windows)} windows, peak RSS {peak / 1024:.0f} MB, RSS samples (MB) "
+          f"{[round(x / 1024) for x in rss]}, publisher drops {drops_summary(sub)}, subscriber gaps {sub.gaps}")
     # Bounded memory: under 256 MB and no growth after the stall is over.
     assert peak < 256 * 1024, peak
     assert rss[-1] <= rss[len(rss) // 2] * 1.25 + 20 * 1024, rss

@@ -94,8 +94,9 @@ def summary(engine) -> str:
     if not steps:
         return "\n".join(lines + ["  no steps"])
     span_s = max(1e-9, (steps[-1].end_ns - steps[0].start_ns) / 1e9)
-    lines.append(f"  steps {len(steps)}, kernels {engine.emitted_kernels} ({engine.emitted_kernels / span_s:,.0f}/s "
-                 f"simulated), span {span_s:.2f} s")
+    launched = sum(s.kernels for s in steps)
+    lines.append(f"  steps {len(steps)}, kernels {launched} ({launched / span_s:,.0f}/s simulated), span {span_s:.2f} s"
+                 + (f", {engine.dropped_kernels} kernel records dropped (buffer full)" if engine.dropped_kernels else ""))
     if fin:
         ttft = np.array([(r.first_token_ns - r.arrival_ns) / 1e6 for r in fin])
         lines.append(f"  requests finished {len(fin)}, aborted {engine.aborted}, preemptions {engine.preemptions_total}")
@@ -126,6 +127,7 @@ def run(args) -> int:
     elif args.serve_metrics is not None:
         if args.speed <= 0:
             raise InputError("--speed must be > 0")
+        cfg.emit_events = bool(args.trace)    # metrics only: skip building event arrays nobody reads
         eng = SimEngine(cfg, seed=args.seed, metrics=True, keep_steps=10_000)
         port = eng.metrics.serve(args.serve_metrics)
         print(f"SIMULATED engine metrics on http://127.0.0.1:{port}/metrics (Ctrl-C stops)", flush=True)
@@ -134,8 +136,6 @@ def run(args) -> int:
             while not eng.done:
                 sim_now = int((time.monotonic() - t0) * args.speed * 1e9)
                 eng.run_until(sim_now)
-                if not args.trace:
-                    eng.drain()            # the events are not wanted: keep memory flat
                 time.sleep(0.02)
         except KeyboardInterrupt:
             pass
