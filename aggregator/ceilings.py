@@ -20,6 +20,7 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from probes.errors import InputError
@@ -128,20 +129,37 @@ def _parse_table(text: str, origin: str) -> list[Ceilings]:
     return out
 
 
+@lru_cache(maxsize=16)
+def _parsed_file(path: str, origin: str, mtime_ns: int, size: int) -> tuple[Ceilings, ...]:
+    # Keyed by modification time and size: an edited file is parsed again, an unchanged
+    # one is parsed once per process (the agent looks ceilings up every window).
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ceilings table: {exc.strerror or exc}") from None
+    return tuple(_parse_table(text, origin))
+
+
+def _table_file(path: Path, origin: str) -> tuple[Ceilings, ...]:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ceilings table: {exc.strerror or exc}") from None
+    return _parsed_file(str(path), origin, st.st_mtime_ns, st.st_size)
+
+
 def load_table(user_path: str | Path | None = None) -> dict[str, Ceilings]:
     """Built-in table, overlaid with a user TOML (argument, else ``$RIDGELINE_CEILINGS``).
 
-    User entries replace built-in entries of the same ``key``; new keys are added.
+    User entries replace built-in entries of the same ``key``; new keys are added. Each
+    file is parsed once per process while its modification time and size stay the same
+    (entries are frozen; the returned dict is the caller's own).
     """
-    table = {c.key: c for c in _parse_table(DATA_PATH.read_text(), "builtin")}
+    table = {c.key: c for c in _table_file(DATA_PATH, "builtin")}
     path = user_path or os.environ.get(ENV_USER_TABLE)
     if path:
         p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as exc:
-            raise InputError(f"{p}: cannot read ceilings table: {exc.strerror or exc}") from None
-        for c in _parse_table(text, str(p)):
+        for c in _table_file(p, str(p)):
             table[c.key] = c
     return table
 

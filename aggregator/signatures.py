@@ -150,8 +150,18 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
 
 
 @lru_cache(maxsize=4)
+def _signatures_of(path: str, mtime_ns: int, size: int) -> tuple[Signature, ...]:
+    return tuple(load_signatures(path))
+
+
 def _default_signatures() -> tuple[Signature, ...]:
-    return tuple(load_signatures())
+    """The built-in table, parsed once per process while the file's modification time
+    and size stay the same (the agent classifies kernels every window)."""
+    try:
+        st = DATA_FILE.stat()
+    except OSError:
+        return tuple(load_signatures())      # raises the InputError naming the file
+    return _signatures_of(str(DATA_FILE), st.st_mtime_ns, st.st_size)
 
 
 def match_name_ids(names: NameTable, name_ids: np.ndarray, signatures: list[Signature]) -> np.ndarray:
