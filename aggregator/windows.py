@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -212,6 +213,8 @@ class WindowBuilder:
     _device_recs: dict = field(default_factory=dict)   # source -> device samples this window
     _scrapes: dict = field(default_factory=dict)       # source -> raw scrapes this window
     _trackers: dict = field(default_factory=dict)      # source -> EngineTracker
+    _folds: dict = field(default_factory=dict)         # (source, name table id) -> SourceFold
+    fold_errors: int = 0
 
     def add_events(self, trace: Trace, source: str = "") -> None:
         """Keep a batch for this window; past ``max_events`` per window the batch is
@@ -222,7 +225,17 @@ class WindowBuilder:
             return
         self._events_held += n
         key = source or trace.meta.get("source", "") or "events"
-        self.events.setdefault((key, id(trace.names)), []).append(trace)
+        fold = self._folds.get((key, id(trace.names)))
+        if fold is None or fold.names is not trace.names:
+            fold = self._folds[(key, id(trace.names))] = SourceFold(trace.names, trace.devices, self.model, self.gpu)
+        fold.model, fold.gpu = self.model, self.gpu
+        # Folded now: the window keeps running figures, not the batch.
+        try:
+            fold.add(trace)
+        except Exception as exc:   # one bad batch loses its own figures only
+            log.warning("window: events from %s could not be folded: %s: %s", key, type(exc).__name__, exc)
+            self.fold_errors += 1
+        self.events[(key, id(trace.names))] = True
         self.records += n
 
     def add_sched(self, data: dict, source: str = "sched") -> None:
@@ -294,12 +307,13 @@ class WindowBuilder:
         self._device_recs = {}
         gpus: list[dict] = []
         sources = []
-        for (src, _), parts in self.events.items():
+        for (src, nid), _ in self.events.items():
             sources.append(src)
             try:
-                figs = gpu_figures(concat_traces(parts), self.model, self.gpu)
-            except Exception as exc:   # one bad batch loses its own figures only
+                figs = self._folds[(src, nid)].figures()
+            except Exception as exc:   # one bad source loses its own figures only
                 log.warning("window: events from %s could not be folded: %s", src, exc)
+                self.fold_errors += 1
                 continue
             for g in figs:
                 g["source"] = src
@@ -312,6 +326,9 @@ class WindowBuilder:
             "agent": plain(agent or {}),
         }
         window["verdict"] = verdict_of(window)
+        # Sources that sent nothing this window (an exited process) let go of their
+        # fold; the others keep theirs (remembered step shapes, kernel classes).
+        self._folds = {key: f for key, f in self._folds.items() if key in self.events}
         self.events = {}
         self.records = 0
         self._events_held = 0
@@ -338,3 +355,555 @@ def verdict_of(window: dict):
     except Exception as exc:
         log.debug("verdict failed: %s", exc)
         return {"verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+
+
+# ---------------------------------------------------------------------------------------
+# Incremental fold: each batch is folded into bounded running figures as it arrives.
+
+HIST_BINS = 64                   # log2 bins of nanoseconds: bin e holds [2**(e-1), 2**e)
+MAX_CARRY_KERNELS = 200_000      # a device's open step held for the next batch, at most
+FOLD_MIN_EVENTS = 32_768         # small batches are folded together once this many wait
+MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and window
+
+
+def log2_bins(values_ns: np.ndarray) -> np.ndarray:
+    """Bin index per value: 0 for <= 0, else the binary exponent (1 ns -> 1, 2-3 ns -> 2, ...).
+    Read from the float64 exponent bits (no logarithm per value)."""
+    v = np.maximum(np.asarray(values_ns, dtype=np.float64), 0.5)
+    e = (v.view(np.int64) >> 52) - 1022
+    return np.clip(e, 0, HIST_BINS - 1)
+
+
+def hist_percentile_ns(hist: np.ndarray, q: float) -> float | None:
+    """The q-th percentile of a log2 histogram, as the geometric middle of its bin."""
+    total = int(hist.sum())
+    if total == 0:
+        return None
+    b = int(np.searchsorted(np.cumsum(hist), q / 100.0 * total, side="left"))
+    if b == 0:
+        return 0.0
+    return float(2.0 ** (b - 1) * math.sqrt(2.0)) if b > 1 else 1.0
+
+
+def _hist_summary(hist: np.ndarray) -> dict:
+    n = int(hist.sum())
+    if not n:
+        return {"count": 0, "p50_ns": None, "p99_ns": None}
+    return {"count": n, "p50_ns": int(hist_percentile_ns(hist, 50)), "p99_ns": int(hist_percentile_ns(hist, 99)),
+            "histogram": "log2 ns bins"}
+
+
+def _bincount2(index: np.ndarray, weights, size: int) -> np.ndarray:
+    return np.bincount(index, weights=weights, minlength=size) if len(index) else np.zeros(size)
+
+
+class _PhaseAcc:
+    __slots__ = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "step_busy_ns", "gaps_hist", "kdur_hist",
+                 "lat_hist", "model_flops", "model_bytes", "model_ktime", "model_busy", "model_steps", "model_notes",
+                 "shape_flops", "shape_bytes", "shape_ktime", "shape_busy", "shape_kernels", "evidence")
+
+    def __init__(self):
+        self.kernels = self.kernel_time_ns = self.busy_ns = self.steps = self.window_ns = self.step_busy_ns = 0
+        self.gaps_hist = np.zeros(HIST_BINS, np.int64)
+        self.kdur_hist = np.zeros(HIST_BINS, np.int64)
+        self.lat_hist = np.zeros(HIST_BINS, np.int64)
+        self.model_flops = self.model_bytes = 0.0
+        self.model_ktime = self.model_busy = self.model_steps = 0
+        self.model_notes: set = set()
+        self.shape_flops = self.shape_bytes = 0.0
+        self.shape_ktime = self.shape_busy = self.shape_kernels = 0
+        self.evidence: dict[str, int] = {}
+
+
+class _GroupAcc:
+    """One (device, pid) of one source in one window."""
+    __slots__ = ("kernels", "kernel_time_ns", "busy_ns", "t_min", "t_max", "copy_bytes", "idle_hist", "phases",
+                 "last_end")
+
+    def __init__(self):
+        self.kernels = self.kernel_time_ns = self.busy_ns = 0
+        self.t_min, self.t_max = None, None
+        self.copy_bytes: dict[str, int] = {}
+        self.idle_hist = np.zeros(HIST_BINS, np.int64)
+        self.phases: dict[int, _PhaseAcc] = {}
+        self.last_end = None
+
+    def extent(self, lo: int, hi: int) -> None:
+        self.t_min = lo if self.t_min is None else min(self.t_min, lo)
+        self.t_max = hi if self.t_max is None else max(self.t_max, hi)
+
+
+class SourceFold:
+    """Running figures of one event source (one name table) over one window.
+
+    :meth:`add` folds a batch in O(batch) numpy work and keeps only bounded state: per
+    (device, pid, phase) sums and log2 histograms, plus the kernels of each device's open
+    step (held back so that a step cut by a batch edge is phase-mapped whole).
+    :meth:`figures` flushes the held kernels and returns the per-(device, pid) window
+    figures (see the module docstring), then starts the next window empty. The phase
+    mapper's remembered step shapes and kernel classes live as long as the source.
+    """
+
+    def __init__(self, names, devices, model=None, gpu: str = ""):
+        from .stream_phases import StreamPhaser
+        self.phaser = StreamPhaser(names)
+        self.names = names
+        self.devices = {d.index: d for d in devices}
+        self.model, self.gpu = model, gpu
+        self._step_work: dict = {}
+        self._carry = None              # (kernels, lat_ns, shape_flops, shape_bytes)
+        self._pending: list[Trace] = []
+        self._pending_n = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.groups: dict[tuple[int, int], _GroupAcc] = {}
+        self.api_hist: dict[tuple[int, str], np.ndarray] = {}
+        self.shape_hits = self.shape_misses = 0
+
+    def _group(self, dev: int, pid: int) -> _GroupAcc:
+        g = self.groups.get((dev, pid))
+        if g is None:
+            g = self.groups[(dev, pid)] = _GroupAcc()
+        return g
+
+    # -- batches ---------------------------------------------------------------------------
+    def add(self, trace: Trace) -> None:
+        """Take one batch. Small batches wait (bounded, ``FOLD_MIN_EVENTS``) and are
+        folded together: a fold has a fixed cost, a poll every 50 ms at a low rate would
+        pay it twenty times a second."""
+        for d in trace.devices:
+            self.devices.setdefault(d.index, d)
+        if len(trace.ranges) or len(trace.cpu_ops):
+            self._drain()
+            self._ingest(trace)
+            return
+        self._pending.append(trace)
+        self._pending_n += len(trace.kernels) + len(trace.api) + len(trace.copies)
+        if self._pending_n >= FOLD_MIN_EVENTS:
+            self._drain()
+
+    def _drain(self) -> None:
+        parts, self._pending, self._pending_n = self._pending, [], 0
+        if not parts:
+            return
+        if len(parts) == 1:
+            self._ingest(parts[0])
+            return
+        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("kernels", "copies", "api")}
+        self._ingest(Trace(kernels=cat["kernels"], copies=cat["copies"], api=cat["api"], names=self.names,
+                           devices=list(self.devices.values()), meta=parts[-1].meta))
+
+    def _ingest(self, trace: Trace) -> None:
+        a = trace.api
+        if len(a):
+            dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
+            cat = a["category"]
+            what = np.where((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH), 0, np.where(cat == API_SYNC, 1, 2))
+            m = what < 2
+            if m.any():
+                upid, pinv = np.unique(a["pid"][m], return_inverse=True)
+                idx = (pinv.reshape(-1) * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
+                h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
+                for i, pid in enumerate(upid.tolist()):
+                    for w, name in ((0, "launch"), (1, "sync")):
+                        if h[i, w].any():
+                            key = (int(pid), name)
+                            self.api_hist[key] = self.api_hist.get(key, 0) + h[i, w]
+        c = trace.copies
+        if len(c):
+            key = (c["device"].astype(np.int64) << 32) | (c["pid"].astype(np.int64) & 0xFFFFFFFF)
+            for kv in np.unique(key).tolist():
+                m = key == kv
+                g = self._group(kv >> 32, np.int64(kv & 0xFFFFFFFF).astype(np.int32).item())
+                cm = c[m]
+                g.extent(int(cm["start_ns"].min()), int(cm["end_ns"].max()))
+                for d in np.unique(cm["direction"]).tolist():
+                    name = COPY_DIRECTION_NAMES.get(d, str(d))
+                    g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
+        k = trace.kernels
+        if not len(k) and self._carry is None:
+            return
+        # Per kernel, while its API records are in the same batch: launch latency (API
+        # call start to kernel start, -1 unknown) and work from operator shapes.
+        lat = launch_latency_ns(k, a)
+        shf = shb = None
+        if len(k) and len(trace.cpu_ops):
+            try:
+                from .work import kernel_work_from_shapes
+                kw = kernel_work_from_shapes(trace)
+                shf, shb = kw.flops, kw.bytes
+            except Exception as exc:       # shapes are optional figures
+                log.debug("shapes work failed: %s", exc)
+        if shf is None:
+            shf = shb = np.full(len(k), np.nan)
+        if self._carry is not None:
+            ck, cl, cf, cb = self._carry
+            k, lat, shf, shb = (concat_records([ck, k]), np.concatenate([cl, lat]), np.concatenate([cf, shf]),
+                                np.concatenate([cb, shb]))
+            self._carry = None
+        self._fold(Trace(kernels=k, ranges=trace.ranges, cpu_ops=trace.cpu_ops, names=self.names,
+                         devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
+
+    def flush(self) -> None:
+        self._drain()
+        if self._carry is None:
+            return
+        k, lat, shf, shb = self._carry
+        self._carry = None
+        self._fold(Trace(kernels=k, names=self.names, devices=list(self.devices.values())), lat, shf, shb, flush=True)
+
+    def _fold(self, t: Trace, lat, shf, shb, flush: bool) -> None:
+        k = t.kernels
+        n = len(k)
+        if not n:
+            return
+        bp = self.phaser.map_batch(t)
+        self.shape_hits += bp.shape_hits
+        self.shape_misses += bp.shape_misses
+        kstep = bp.kernel_step.astype(np.int64)
+        order = bp.order
+        if order is None:
+            # Full mapper (annotated batch): kernels by (step, start).
+            st = k["start_ns"]
+            order = np.argsort(((kstep + 1) << 40) | np.minimum(st - st.min(), (1 << 40) - 1), kind="stable")
+        else:
+            loose = np.flatnonzero(kstep < 0)
+            if len(loose):                 # kernels in no step: by start, after the steps
+                order = np.concatenate([order, loose[np.argsort(k["start_ns"][loose], kind="stable")]])
+        keep = None
+        if not flush and bp.steps and bp.order is not None:
+            # Hold back each device's last step: more of it may come in the next batch.
+            last: dict[int, int] = {}
+            for i, s in enumerate(bp.steps):
+                if s.device not in last or s.start_ns >= bp.steps[last[s.device]].start_ns:
+                    last[s.device] = i
+            held = np.zeros(len(bp.steps) + 1, dtype=bool)
+            held[list(last.values())] = True
+            hold = held[kstep]              # kstep -1 -> the last slot (False)
+            nh = int(hold.sum())
+            if 0 < nh <= MAX_CARRY_KERNELS:
+                hi = np.flatnonzero(hold)
+                self._carry = (k[hi], lat[hi], shf[hi], shb[hi])
+                keep = ~hold
+                order = order[keep[order]]
+        if len(order):
+            self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
+
+    def _fold_kernels(self, k, order, phase, kstep, steps, lat, shf, shb) -> None:
+        """Fold the kernels ``order`` (indices sorted by step, then start) with their
+        phase, batch-local step, launch latency and shapes work into the running sums.
+        Units: contiguous runs of one (device, pid, step, phase); each step's busy time is
+        the union of its kernels, a device's busy time the sum over its steps (steps of
+        one device follow each other; phases inside one step rarely overlap)."""
+        n = len(order)
+        s = k["start_ns"][order]
+        e = np.maximum(k["end_ns"][order], s)
+        dev = k["device"][order].astype(np.int64)
+        pid = k["pid"][order].astype(np.int64)
+        ph = phase[order].astype(np.int64)
+        stp = kstep[order]
+        gkey = (dev << 32) | (pid & 0xFFFFFFFF)
+        ukey = (gkey << 3) | ph
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
+        brk[1:] |= stp[1:] != stp[:-1]
+        first = np.flatnonzero(brk)
+        nu = len(first)
+        unit = np.cumsum(brk) - 1
+        t0 = int(s.min())
+        width = int(e.max()) - t0 + 1
+        off = unit * width - t0        # units never merge with each other
+        so, eo = s + off, e + off
+        run_end = np.maximum.accumulate(eo)
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.greater(so[1:], run_end[:-1], out=new[1:])
+        ri = np.flatnonzero(new)
+        r_s = so[ri]
+        r_e = run_end[np.r_[ri[1:] - 1, n - 1]]
+        r_unit = unit[ri]
+        u_busy = np.bincount(r_unit, weights=(r_e - r_s), minlength=nu)
+        dur = e - s
+        u_cnt = np.diff(np.r_[first, n])
+        u_kt = np.add.reduceat(dur, first)
+        u_start = s[first]
+        u_end = np.maximum.reduceat(e, first)
+        u_step = stp[first]
+        u_ph = ph[first]
+        u_gkey = gkey[first]
+        # Gaps inside a unit (between its merged runs).
+        same = r_unit[1:] == r_unit[:-1]
+        gap_len = (r_s[1:] - r_e[:-1])[same]
+        gap_unit = r_unit[1:][same]
+        # (group, phase) pairs.
+        ugp, gp_of_unit = np.unique(ukey[first], return_inverse=True)
+        gp_of_unit = gp_of_unit.reshape(-1)
+        ng = len(ugp)
+        gp_of_kernel = gp_of_unit[unit]
+        kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur), minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+        gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
+                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+        lo = lat[order]
+        lm = lo >= 0
+        lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
+                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+        fo = shf[order]
+        known = ~np.isnan(fo)
+        have_shapes = bool(known.any())
+        if have_shapes:
+            bo = shb[order]
+            sh_f = _bincount2(gp_of_kernel[known], fo[known], ng)
+            sh_b = _bincount2(gp_of_kernel[known], bo[known], ng)
+            sh_kt = _bincount2(gp_of_kernel[known], dur[known], ng)
+            sh_n = np.bincount(gp_of_kernel[known], minlength=ng)
+        gp_cnt = np.bincount(gp_of_unit, weights=u_cnt, minlength=ng)
+        gp_kt = np.bincount(gp_of_unit, weights=u_kt, minlength=ng)
+        gp_busy = np.bincount(gp_of_unit, weights=u_busy, minlength=ng)
+        accs = []
+        for j, key in enumerate(ugp.tolist()):
+            gk = key >> 3
+            g = self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item())
+            p = g.phases.get(key & 7)
+            if p is None:
+                p = g.phases[key & 7] = _PhaseAcc()
+            p.kernels += int(gp_cnt[j])
+            p.kernel_time_ns += int(gp_kt[j])
+            p.busy_ns += int(gp_busy[j])
+            p.kdur_hist += kd_h[j]
+            p.gaps_hist += gap_h[j]
+            p.lat_hist += lat_h[j]
+            if have_shapes and sh_n[j]:
+                p.shape_flops += float(sh_f[j])
+                p.shape_bytes += float(sh_b[j])
+                p.shape_ktime += int(sh_kt[j])
+                p.shape_kernels += int(sh_n[j])
+                # Busy time of the kernels with shapes: their share of the phase's kernel time.
+                p.shape_busy += int(gp_busy[j] * (sh_kt[j] / gp_kt[j])) if gp_kt[j] else 0
+            accs.append(p)
+        # Per step (few per batch): the step's own phase gets the step, its span and
+        # evidence, and the model's work from its token counts.
+        for u in np.flatnonzero(u_step >= 0).tolist():
+            st = steps[int(u_step[u])]
+            if st.phase != u_ph[u]:
+                continue
+            p = accs[gp_of_unit[u]]
+            p.steps += 1
+            p.window_ns += int(u_end[u] - u_start[u])
+            p.step_busy_ns += int(u_busy[u])
+            if len(p.evidence) < MAX_EVIDENCE or st.evidence in p.evidence:
+                p.evidence[st.evidence] = p.evidence.get(st.evidence, 0) + int(u_cnt[u])
+            if self.model is not None:
+                w = self._work(st.prefill_tokens, st.decode_tokens)
+                if w is not None:
+                    p.model_flops += w.flops
+                    p.model_bytes += w.bytes
+                    p.model_ktime += int(u_kt[u])
+                    p.model_busy += int(u_busy[u])
+                    p.model_steps += 1
+                    p.model_notes.update(w.notes)
+        # Per (device, pid): busy = sum over its units; idle gaps between its units.
+        ug, g_of_unit = np.unique(u_gkey, return_inverse=True)
+        g_of_unit = g_of_unit.reshape(-1)
+        g_busy = np.bincount(g_of_unit, weights=u_busy, minlength=len(ug))
+        g_cnt = np.bincount(g_of_unit, weights=u_cnt, minlength=len(ug))
+        g_kt = np.bincount(g_of_unit, weights=u_kt, minlength=len(ug))
+        for gi, gk in enumerate(ug.tolist()):
+            g = self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item())
+            m = np.flatnonzero(g_of_unit == gi)
+            us, ue = u_start[m], u_end[m]
+            o = np.argsort(us, kind="stable")
+            us, ue = us[o], np.maximum.accumulate(ue[o])
+            g.busy_ns += int(g_busy[gi])
+            g.kernels += int(g_cnt[gi])
+            g.kernel_time_ns += int(g_kt[gi])
+            g.extent(int(us[0]), int(ue[-1]))
+            gaps = us[1:] - ue[:-1]
+            if g.last_end is not None and us[0] > g.last_end:
+                gaps = np.r_[us[0] - g.last_end, gaps]
+            gaps = gaps[gaps > 0]
+            if len(gaps):
+                g.idle_hist += np.bincount(log2_bins(gaps), minlength=HIST_BINS)
+            g.last_end = max(int(ue[-1]), g.last_end if g.last_end is not None else int(ue[-1]))
+        # Within-unit gaps are device idle too.
+        if len(gap_len):
+            gg = g_of_unit[gap_unit]
+            h = np.bincount(gg * HIST_BINS + log2_bins(gap_len), minlength=len(ug) * HIST_BINS).reshape(-1, HIST_BINS)
+            for gi, gk in enumerate(ug.tolist()):
+                self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item()).idle_hist += h[gi]
+
+    def _work(self, pre, dec):
+        key = (pre, dec)
+        if key not in self._step_work:
+            from .work import step_work_from_model
+            try:
+                w = step_work_from_model(self.model, pre, dec)
+            except Exception:
+                w = None
+            if len(self._step_work) > 4096:
+                self._step_work.clear()
+            self._step_work[key] = w
+        return self._step_work[key]
+
+    # -- window close ------------------------------------------------------------------------
+    def figures(self) -> list[dict]:
+        self.flush()
+        out = []
+        for (dev, pid), g in sorted(self.groups.items()):
+            dev_obj = self.devices.get(dev)
+            name = dev_obj.name if dev_obj else (self.gpu or "")
+            ceil = _ceilings_obj(self.gpu or name)
+            span = int(g.t_max - g.t_min) if g.t_min is not None else 0
+            launch = self.api_hist.get((pid, "launch"))
+            sync = self.api_hist.get((pid, "sync"))
+            if launch is None and sync is None and len(self.groups) == 1:
+                launch = sum((h for (p, w), h in self.api_hist.items() if w == "launch"), np.zeros(HIST_BINS, np.int64))
+                sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
+            phases = {}
+            for ph, p in sorted(g.phases.items()):
+                phases[PHASE_NAMES_STREAM.get(ph, str(ph))] = _phase_dict(p, g, ceil, self.model)
+            out.append({
+                "device": int(dev), "pid": int(pid), "gpu": name,
+                "kernels": g.kernels, "kernel_time_ns": g.kernel_time_ns,
+                "busy_ns": min(g.busy_ns, span) if span else g.busy_ns, "span_ns": span,
+                "idle_ns": max(0, span - g.busy_ns),
+                "idle_gaps": _hist_summary(g.idle_hist),
+                "copy_bytes": dict(g.copy_bytes),
+                "launch": _hist_summary(launch if launch is not None else np.zeros(HIST_BINS, np.int64)),
+                "sync": _hist_summary(sync if sync is not None else np.zeros(HIST_BINS, np.int64)),
+                "phases": phases,
+                "phase_source": (f"stream: layered phase mapping per step shape "
+                                 f"({self.shape_hits} steps from remembered shapes, {self.shape_misses} mapped)"),
+                "ceilings": _ceilings(self.gpu or name),
+            })
+        self.reset()
+        return out
+
+
+def concat_records(parts: list[np.ndarray]) -> np.ndarray:
+    """Concatenate structured arrays of one dtype as raw records (one memcpy each;
+    numpy's field-wise concatenation of structured arrays is several times slower)."""
+    parts = [p for p in parts if len(p)] or parts[:1]
+    if len(parts) == 1:
+        return parts[0]
+    dt = parts[0].dtype
+    raw = np.dtype((np.void, dt.itemsize))
+    return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
+
+
+def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
+    no launch record of that correlation id (same join as
+    :func:`aggregator.roofline.launch_join`; the sort is skipped when the records come
+    in correlation order, as CUPTI and the simulator deliver them)."""
+    lat = np.full(len(k), -1, np.int64)
+    if not len(k) or not len(a):
+        return lat
+    cat = a["category"]
+    launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
+    if not len(launch):
+        return lat
+    corr = a["correlation_id"][launch]
+    if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
+        o = np.argsort(corr, kind="stable")
+        corr, launch = corr[o], launch[o]
+    kc = k["correlation_id"]
+    pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
+    hit = (corr[pos] == kc) & (kc >= 0)
+    lat[hit] = np.maximum(k["start_ns"][hit] - a["start_ns"][launch[pos[hit]]], 0)
+    return lat
+
+
+PHASE_NAMES_STREAM = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
+
+
+@lru_cache(maxsize=64)
+def _ceilings_obj(gpu_name: str):
+    if not gpu_name:
+        return None
+    try:
+        from aggregator import ceilings
+        return ceilings.from_device_name(gpu_name) or ceilings.lookup(gpu_name)
+    except Exception:
+        return None
+
+
+def _phase_dict(p: _PhaseAcc, g: _GroupAcc, ceil, model) -> dict:
+    """Figures of one phase from its running sums (the fields of
+    :func:`aggregator.roofline.phase_summary` that a window carries)."""
+    from . import roofline
+    from .work import NO_SOURCE, SOURCE_MODEL, SOURCE_SHAPES
+    kt = p.kernel_time_ns
+    by_source = {}
+    shapes_cov = (p.shape_ktime / kt) if kt and p.shape_kernels else 0.0
+    model_cov = (p.model_ktime / kt) if kt and p.model_steps else 0.0
+    if p.shape_kernels:
+        by_source[SOURCE_SHAPES] = {"flops": p.shape_flops, "bytes": p.shape_bytes, "busy_ns": p.shape_busy,
+                                    "coverage_ratio": shapes_cov, "kernels": p.shape_kernels}
+    if p.model_steps:
+        by_source[SOURCE_MODEL] = {"flops": p.model_flops, "bytes": p.model_bytes, "busy_ns": p.model_busy,
+                                   "coverage_ratio": model_cov, "steps": p.model_steps,
+                                   "notes": sorted(p.model_notes)}
+    dtype = model.ceiling_dtype if model is not None else None
+    implausible = []
+    if ceil is not None:
+        for nm, w in by_source.items():
+            if w["busy_ns"] > 0:
+                sec = w["busy_ns"] * 1e-9
+                r = max(w["flops"] / sec / ceil.peak_flops_per_s(dtype)[0], w["bytes"] / sec / ceil.hbm_bytes_per_s)
+                if r > roofline.IMPLAUSIBLE_RATIO:
+                    w["exceeds_ceilings_ratio"] = r
+                    implausible.append(nm)
+    usable_model = SOURCE_MODEL in by_source and SOURCE_MODEL not in implausible
+    if SOURCE_SHAPES in by_source and (shapes_cov >= roofline.SHAPES_PREFERRED_COVERAGE
+                                       or model_cov <= shapes_cov or not usable_model):
+        src = SOURCE_SHAPES
+    elif usable_model:
+        src = SOURCE_MODEL
+    else:
+        src = NO_SOURCE
+    ch = by_source.get(src)
+    flops = ch["flops"] if ch else None
+    bytes_ = ch["bytes"] if ch else None
+    cov = ch["coverage_ratio"] if ch else 0.0
+    wb = ch["busy_ns"] if ch else 0
+    afl = flops / (wb * 1e-9) if ch and wb > 0 else None
+    aby = bytes_ / (wb * 1e-9) if ch and wb > 0 else None
+    ai = flops / bytes_ if ch and bytes_ else None
+    ridge = peak_f = pct_f = pct_b = used = None
+    if ceil is not None:
+        peak_f, used = ceil.peak_flops_per_s(dtype)
+        ridge = peak_f / ceil.hbm_bytes_per_s
+        if afl is not None:
+            pct_f = 100.0 * afl / peak_f
+            pct_b = 100.0 * aby / ceil.hbm_bytes_per_s
+    idle = max(0, p.window_ns - p.step_busy_ns) if p.steps else 0
+    idle_ratio = idle / p.window_ns if p.window_ns > 0 else None
+    med_gap = hist_percentile_ns(p.gaps_hist, 50)
+    med_k = hist_percentile_ns(p.kdur_hist, 50)
+    verdict, evidence = roofline.decide_verdict(
+        idle_ratio=idle_ratio, launch_cover_ratio=None, sync_cover_ratio=None, median_gap_ns=med_gap,
+        median_kernel_ns=med_k, arithmetic_intensity=ai, ridge_point=ridge, pct_of_peak_flops=pct_f,
+        pct_of_peak_bytes=pct_b, work_coverage_ratio=cov)
+    if ch:
+        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
+    for nm in implausible:
+        evidence.append(f"{nm} figures would need {by_source[nm]['exceeds_ceilings_ratio']:.1f}x the GPU's "
+                        "ceilings in the traced kernel time; not used")
+    evidence.extend(sorted(p.evidence, key=lambda x: -p.evidence[x])[:3])
+    lat = _hist_summary(p.lat_hist)
+    return {
+        "kernels": p.kernels, "kernel_time_ns": kt, "busy_ns": p.busy_ns,
+        "time_share_pct": 100.0 * kt / g.kernel_time_ns if g.kernel_time_ns else 0.0,
+        "share_of_gpu_time_ratio": (p.busy_ns / g.busy_ns) if g.busy_ns else None,
+        "steps": p.steps, "window_ns": p.window_ns, "idle_ns": idle, "idle_ratio": idle_ratio,
+        "gaps": int(p.gaps_hist.sum()), "median_gap_ns": med_gap, "median_kernel_ns": med_k,
+        "flops": flops, "bytes": bytes_, "work_source": src, "work_coverage_ratio": cov, "work_busy_ns": wb,
+        "work_by_source": by_source, "achieved_flops_per_s": afl, "achieved_bytes_per_s": aby,
+        "arithmetic_intensity": ai, "ridge_point": ridge, "ceiling_dtype": used, "peak_flops_per_s": peak_f,
+        "peak_bytes_per_s": ceil.hbm_bytes_per_s if ceil else None,
+        "pct_of_peak_flops": pct_f, "pct_of_peak_bytes": pct_b,
+        "launch_latency": {"kernels": lat["count"], "p50_ns": lat["p50_ns"], "p99_ns": lat["p99_ns"]},
+        "verdict": verdict, "evidence": evidence,
+    }

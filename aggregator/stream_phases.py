@@ -1,0 +1,234 @@
+"""Phase per kernel for a live stream, batch by batch, by the layered method of
+:mod:`aggregator.phases` at a per-batch cost close to one pass over the kernels.
+
+Contract of :class:`StreamPhaser` (one per event source, i.e. per append-only
+:class:`probes.events.NameTable`):
+
+* :meth:`StreamPhaser.map_batch` takes one batch (a :class:`probes.events.Trace`) and
+  returns a :class:`BatchPhases`: phase code per kernel (``aggregator.phases`` codes),
+  step index per kernel (local to the batch, -1 = none), and per step its device, span,
+  phase, token counts and evidence.
+* Kernel classes (signature, role, hint, tile, ...) are computed once per distinct name id
+  and kept for the life of the source: name tables only grow.
+* Kernel-only batches (no ranges, no CPU operators: what CUPTI and the simulator stream)
+  are cut into steps by :func:`aggregator.steps.segment_kernels`; each step's *shape* (the
+  sequence of name ids and grid/block dimensions of its kernels) is hashed, and the phase
+  of each distinct shape is decided once by :func:`aggregator.phases.map_phases` run on
+  that one step's kernels (``use_annotations=False``), then reused for every step of the
+  same shape in this and later batches (a serving engine repeats a few step shapes).
+  Bounded: at most ``max_shapes`` shapes are remembered (least recently used dropped).
+* Batches with ranges (engine annotations, NVTX) or CPU operators go through the full
+  :func:`aggregator.phases.map_phases` on the batch, annotations included.
+
+Approximations (stated in docs/benchmarks.md): a step is decided from its own kernels, so
+device-wide context of a whole trace (e.g. "this device runs a training loop" seen in
+another step) only counts within the step; a step cut by a batch edge is decided in two
+pieces unless the caller carries the last step of each device into the next batch
+(:class:`aggregator.windows.WindowBuilder` does, see ``tail_start``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from probes.events import Trace
+
+from .phases import OTHER, PHASE_NAMES, UNKNOWN, map_phases
+from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels
+from .steps import segment_kernels
+
+_MUL = np.uint64(0x9E3779B97F4A7C15)       # odd constants of a multiplicative hash
+_C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F)]
+
+
+@dataclass
+class BatchPhases:
+    """Phases of one batch; arrays aligned with the batch's kernels."""
+    kernel_phase: np.ndarray                  # uint8 phase code
+    kernel_step: np.ndarray                   # int32 step index in ``steps`` (-1: none)
+    steps: list = field(default_factory=list)  # StreamStep
+    shape_hits: int = 0                        # steps decided from a remembered shape
+    shape_misses: int = 0                      # steps that ran map_phases
+    # Indices of the kernels that belong to a step, sorted by (step, start); None when
+    # the batch went through the full mapper.
+    order: np.ndarray | None = None
+
+
+@dataclass
+class StreamStep:
+    device: int
+    start_ns: int
+    end_ns: int
+    phase: int
+    prefill_tokens: int | None
+    decode_tokens: int | None
+    evidence: str
+
+
+@dataclass
+class _Shape:
+    phase: np.ndarray          # per kernel of the step, in (start, index) order
+    prefill_tokens: int | None
+    decode_tokens: int | None
+    step_phase: int
+    evidence: str
+    inference_only: bool = False      # holds a kernel only serving engines launch
+
+
+class StreamPhaser:
+    """Streaming phase mapper of one source (see the module docstring)."""
+
+    def __init__(self, names, max_shapes: int = 4096):
+        self.names = names
+        self.max_shapes = max_shapes
+        self._shapes: OrderedDict[int, _Shape] = OrderedDict()
+        self._cls: dict[str, np.ndarray] = {}
+        self._cls_n = 0
+        self._signatures = None
+        self._pw = np.ones(1, dtype=np.uint64)
+        self.map_phases_calls = 0
+        self.training_devices: set[int] = set()
+
+    # -- kernel classes per name id, cached --------------------------------------------
+    def classes(self, name_ids: np.ndarray) -> KernelClasses:
+        """Kernel classes of kernels with these name ids (gathered from per-name arrays)."""
+        n_names = len(self.names)
+        if n_names + 1 > self._cls_n:
+            # Classify every name once (ids 0..n-1 and "no name" at the end): a fake
+            # trace with one kernel per name id; only the new ids cost a regex search.
+            from probes.events import KERNEL_DTYPE, empty
+            k = empty(KERNEL_DTYPE, n_names + 1)
+            k["name_id"][:n_names] = np.arange(n_names)
+            k["name_id"][n_names] = -1
+            kc = classify_kernels(Trace(kernels=k, names=self.names))
+            self._signatures = kc.signatures
+            self._cls = {f: getattr(kc, f) for f in ("sig", "role", "hint", "strength", "grid_rule", "tile_min",
+                                                     "step_end", "inference_only")}
+            self._cls_n = n_names + 1
+        nid = np.asarray(name_ids, dtype=np.int64)
+        look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)
+        return KernelClasses(signatures=self._signatures, **{f: a[look] for f, a in self._cls.items()})
+
+    # -- batches -----------------------------------------------------------------------
+    def map_batch(self, trace: Trace) -> BatchPhases:
+        k = trace.kernels
+        n = len(k)
+        if n == 0:
+            return BatchPhases(np.empty(0, np.uint8), np.empty(0, np.int32))
+        if len(trace.ranges) or len(trace.cpu_ops):
+            return self._full(trace)
+        kc = self.classes(k["name_id"])
+        seg = segment_kernels(trace, kc)
+        ks = np.asarray(seg.kernel_step, dtype=np.int64)
+        # Kernels of each step in (step, start) order; a step's shape is the sequence
+        # of its kernels' name ids and launch dimensions.
+        # One stable sort of a composite key (steps, then start time relative to the
+        # batch): the batch is mostly in order already, which a stable sort exploits.
+        st = k["start_ns"]
+        rel = st - st.min()
+        order = np.argsort((ks << 40) | np.minimum(rel, (1 << 40) - 1), kind="stable")
+        sks = ks[order]
+        on = sks >= 0
+        if not on.all():
+            order, sks = order[on], sks[on]
+        phase = np.full(n, UNKNOWN, dtype=np.uint8)
+        if not len(order):
+            return BatchPhases(phase, ks.astype(np.int32), order=order)
+        first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
+        lens = np.diff(np.r_[first, len(sks)])
+        pos = np.arange(len(sks)) - np.repeat(first, lens)
+        if len(self._pw) < int(lens.max()):
+            m = int(lens.max()) * 2
+            pw = np.empty(m, dtype=np.uint64)
+            pw[0] = 1
+            with np.errstate(over="ignore"):
+                for i in range(1, m):       # once per new maximum step length
+                    pw[i] = pw[i - 1] * _MUL
+            self._pw = pw
+        with np.errstate(over="ignore"):
+            # Per-kernel value in batch order (strided column reads), then one gather.
+            v = ((k["name_id"].astype(np.int64) + 1).astype(np.uint64) * _C[0]
+                 + k["grid_x"].astype(np.uint64) * _C[1]
+                 + k["grid_y"].astype(np.uint64) * _C[2]
+                 + k["block_x"].astype(np.uint64) * _C[3])
+            h = np.add.reduceat(v[order] * self._pw[pos], first)
+            h = h ^ (lens.astype(np.uint64) * _MUL)
+        ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        shapes: list[_Shape] = []
+        misses = 0
+        for u, key in enumerate(ukeys.tolist()):
+            sh = self._shapes.get(key)
+            if sh is None or len(sh.phase) != int(lens[rep[u]]):
+                j = int(rep[u])
+                sh = self._decide(trace, order[first[j]:first[j] + lens[j]])
+                self._shapes[key] = sh
+                if len(self._shapes) > self.max_shapes:
+                    self._shapes.popitem(last=False)
+                misses += 1
+            else:
+                self._shapes.move_to_end(key)
+            shapes.append(sh)
+        hits = len(first) - misses
+        # Per-kernel phases: the remembered shape's phase at the kernel's position.
+        offs = np.r_[0, np.cumsum([len(x.phase) for x in shapes])][:-1]
+        flat = np.concatenate([x.phase for x in shapes])
+        step_of = np.repeat(inv, lens)
+        kph = flat[offs[step_of] + pos]
+        # Device-wide training context, as map_phases has it over a whole trace: a device
+        # seen running backward/optimizer kernels in this stream (so far) makes its steps
+        # without an inference-only kernel "other".
+        train = kc.role == ROLE_TRAINING
+        if train.any():
+            self.training_devices.update(np.unique(k["device"][train]).tolist())
+        step_dev = k["device"][order[first]]
+        ctx = np.zeros(len(first), dtype=bool)
+        if self.training_devices:
+            inf_only = np.array([x.inference_only for x in shapes], dtype=bool)
+            ctx = np.isin(step_dev, list(self.training_devices)) & ~inf_only[inv]
+            if ctx.any():
+                kph = np.where(np.repeat(ctx, lens), np.uint8(OTHER), kph)
+        phase[order] = kph
+        # Step indices are the segmentation's (contiguous from 0 in this batch).
+        steps = [None] * len(seg.segments)
+        for j, u, c in zip(sks[first].tolist(), inv.tolist(), ctx.tolist()):
+            sg, x = seg.segments[j], shapes[u]
+            if c:
+                steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), OTHER, None, None,
+                                      f"other: device {int(sg.device)} runs a training loop (backward/optimizer "
+                                      "kernels in this stream) and this step has no inference-only kernel")
+                continue
+            steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
+                                  x.decode_tokens, x.evidence)
+        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected)
+            if steps[j] is None:
+                steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
+        return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
+
+    def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
+        """Phase of one step's kernels by the full layered method, kept as a shape."""
+        self.map_phases_calls += 1
+        sub = Trace(kernels=trace.kernels[idx], names=self.names, devices=trace.devices, meta=trace.meta)
+        pm = map_phases(sub, use_annotations=False)
+        ph = np.asarray(pm.kernel_phase, dtype=np.uint8)
+        inf_only = bool(self.classes(sub.kernels["name_id"]).inference_only.any())
+        pre = [s.prefill_tokens for s in pm.steps if s.prefill_tokens is not None]
+        dec = [s.decode_tokens for s in pm.steps if s.decode_tokens is not None]
+        # The step's phase: the phase holding most of its kernels.
+        main = int(np.bincount(ph, minlength=5).argmax()) if len(ph) else UNKNOWN
+        ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
+        return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
+                      f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
+                      inf_only)
+
+    def _full(self, trace: Trace) -> BatchPhases:
+        """Annotated batches: the whole layered method on the batch."""
+        self.map_phases_calls += 1
+        pm = map_phases(trace, use_annotations=True)
+        steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
+                            s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
+                            + (s.evidence[0] if s.evidence else "")) for s in pm.steps]
+        return BatchPhases(np.asarray(pm.kernel_phase, dtype=np.uint8), np.asarray(pm.kernel_step, dtype=np.int32),
+                           steps, 0, len(steps))
