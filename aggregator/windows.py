@@ -25,10 +25,32 @@ Record layout (keys with units in their names):
   them, ``flops``, ``bytes``, ``achieved_flops_per_s``, ``achieved_bytes_per_s``,
   ``arithmetic_intensity``, ``pct_of_peak_flops``, ``pct_of_peak_bytes``, ``verdict``,
   ``evidence``, ``work_source``), ``ceilings`` (when known) and ``phase_source``.
+  Since the incremental fold, ``launch``/``sync`` (API call durations), ``idle_gaps``
+  (device idle between kernels) and each phase's ``launch_latency`` are summarised from
+  fixed log2 histograms: ``p50_ns``/``p99_ns`` are the geometric middle of the bin that
+  holds the percentile (within a factor of sqrt(2) of the exact value).
 * ``device``: the latest device sample per GPU; ``engine``: the latest engine figures;
   ``sched``: the latest scheduling figures (each as the probe delivered them, plain).
 * ``verdict``: the window's verdict from ``aggregator.verdict`` where it can judge.
 * ``agent``: the agent's own cost and counters, as given to :meth:`close`.
+
+Incremental fold (:class:`SourceFold`, one per event source): each batch is folded when
+it arrives into running sums per (device, pid, phase) -- kernel count and time, busy time
+(union of each step's kernels), steps and their span, FLOPs and bytes with their source
+(operator shapes per kernel, the analytic model per step), log2 histograms of kernel
+durations, idle gaps and launch latency -- and per (device, pid) copy bytes by direction
+and the time extent. Batches are not kept: memory is bounded by one batch, the open step
+of each device (held for the next batch so that a step cut by a batch edge is mapped
+whole; at most ``MAX_CARRY_KERNELS``) and small batches waiting to be folded together
+(``FOLD_MIN_EVENTS``). Window close is O(groups). Phases come from
+:class:`aggregator.stream_phases.StreamPhaser` (the layered method of
+:mod:`aggregator.phases`, decided once per distinct step shape). Approximations against
+the whole-trace :func:`aggregator.analysis.analyze_trace`: a device's busy time is the sum
+of its steps' busy times (steps of one device follow each other); launch latency joins a
+kernel to its launch record only within one batch; the idle-in-launch-calls cover of the
+verdict rule is not computed (the rule falls back to the short-gap/short-kernel test);
+the step open at window close is mapped with the kernels it has so far.
+:func:`gpu_figures` keeps the exact whole-trace computation for one Trace.
 """
 from __future__ import annotations
 
@@ -362,6 +384,7 @@ def verdict_of(window: dict):
 
 HIST_BINS = 64                   # log2 bins of nanoseconds: bin e holds [2**(e-1), 2**e)
 MAX_CARRY_KERNELS = 200_000      # a device's open step held for the next batch, at most
+FOLD_MAX_KERNELS = 65_536       # bigger batches are folded in slices (bounded temporaries)
 FOLD_MIN_EVENTS = 32_768         # small batches are folded together once this many wait
 MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and window
 
@@ -477,6 +500,22 @@ class SourceFold:
         if len(trace.ranges) or len(trace.cpu_ops):
             self._drain()
             self._ingest(trace)
+            return
+        nk = len(trace.kernels)
+        if nk > FOLD_MAX_KERNELS:
+            # A big batch (a probe that drained a backlog) is folded in slices, so the
+            # fold's temporaries stay bounded whatever the probe hands over. API records
+            # are sliced in the same proportions (they come in launch order, as kernels
+            # do); a kernel whose launch record lands in another slice loses its latency.
+            self._drain()
+            parts = -(-nk // FOLD_MAX_KERNELS)
+            kb = np.linspace(0, nk, parts + 1).astype(np.int64)
+            na = len(trace.api)
+            ab = np.linspace(0, na, parts + 1).astype(np.int64)
+            for i in range(parts):
+                self._ingest(Trace(kernels=trace.kernels[kb[i]:kb[i + 1]], api=trace.api[ab[i]:ab[i + 1]],
+                                   copies=trace.copies if i == 0 else trace.copies[:0], names=trace.names,
+                                   devices=trace.devices, meta=trace.meta))
             return
         self._pending.append(trace)
         self._pending_n += len(trace.kernels) + len(trace.api) + len(trace.copies)
@@ -809,6 +848,10 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
         o = np.argsort(corr, kind="stable")
         corr, launch = corr[o], launch[o]
     kc = k["correlation_id"]
+    if len(kc) == len(corr) and np.array_equal(kc, corr):
+        # One launch record per kernel, in the same order (the common case): no search.
+        lat[:] = np.where(kc >= 0, np.maximum(k["start_ns"] - a["start_ns"][launch], 0), -1)
+        return lat
     pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
     hit = (corr[pos] == kc) & (kc >= 0)
     lat[hit] = np.maximum(k["start_ns"][hit] - a["start_ns"][launch[pos[hit]]], 0)

@@ -248,3 +248,13 @@ def test_window_close_does_not_reparse_tables():
         b.close(0, 1)
     after = ceilings._parsed_file.cache_info()
     assert after.misses == before.misses
+
+
+def test_big_batch_is_folded_in_slices_with_the_same_figures(monkeypatch):
+    import aggregator.windows as windows_mod
+    model = model_config.builtin("llama-3-8b")
+    t = _simulated(128, 400, 40)
+    once = _fold_in(t, 1, model, "h100-sxm")
+    monkeypatch.setattr(windows_mod, "FOLD_MAX_KERNELS", 1000)
+    assert len(t.kernels) > 5000
+    assert _fold_in(t, 1, model, "h100-sxm") == once
