@@ -42,6 +42,8 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -1145,11 +1147,18 @@ def _load_parallel(path: Path, chunk_bytes: int) -> Trace | None:
         b = _Builder()
         interner = _Interner(b.names)
         first = _read_parts(stream.iter_part(head, start, split), b, interner)
+        # never wait forever on the child: it must answer within a generous time
+        # (5 MB/s of its half) or have died, else the file is read here alone
+        deadline = time.monotonic() + max(60.0, (size - split) / 5e6)
+        while not recv.poll(1.0):
+            if not child.is_alive() or time.monotonic() > deadline:
+                return None
         status, second, names2, counts2, top = recv.recv()
     except (json_chunks.SplitError, InputError, EOFError, OSError):
-        child.kill()
         return None
     finally:
+        if child.is_alive():
+            child.kill()
         child.join()
     if status != "ok":
         return None
@@ -1183,14 +1192,19 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
     Streams the file in chunks of ``chunk_bytes`` decompressed bytes: peak memory is
     a few chunks plus the output columns, whatever the file size. A plain-JSON file of
     at least ``PARALLEL_MIN_BYTES`` is read by two processes, one per half, when the
-    machine has two CPUs (``parallel`` forces it on or off); the result is identical.
+    machine has two CPUs and the caller runs a single thread (``parallel`` forces it on
+    or off); the result is identical, and any trouble with the second reader falls
+    back to reading the file in this process.
     Raises :class:`InputError` naming the file for a missing, unreadable, truncated,
     non-JSON or non-trace file.
     """
     path = Path(path)
     if parallel is None:
+        # fork only from a single-threaded caller (the CLI): a fork while other threads
+        # hold locks is how children deadlock
         try:
-            parallel = path.stat().st_size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) >= 2
+            parallel = (path.stat().st_size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) >= 2
+                        and threading.active_count() == 1)
         except OSError:
             parallel = False
     if parallel:
