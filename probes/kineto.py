@@ -18,8 +18,19 @@ Kineto ``cat``         goes to
 ``cuda_sync``          ``trace.ranges`` (``RANGE_CUDA_SYNC``), device >= 0, ``tid`` = stream
 ``cpu_op``             ``trace.cpu_ops`` (``Input Dims`` / ``Input type`` interned as
                        compact JSON text)
-everything else        counted in ``trace.meta["skipped_events"]``, not kept
+everything else        not kept (python_function, flows, instants, metadata rows)
 =====================  =====================================================
+
+Only complete events (``"ph": "X"``) are kept. ``trace.meta["event_counts"]`` counts
+every event of the file by ``cat`` (``"<none>"`` for events without one), kept or not.
+``kernel_cpu_op_index(trace)`` maps each kernel to the ``cpu_op`` that launched it.
+
+How it reads: the decompressed bytes are streamed in chunks and scanned with numpy
+(:mod:`probes.json_chunks`); categories are found first, so skipped events cost only the
+scan; numbers are parsed by numpy's C parser and names sliced out in bulk. Events the
+vectorised path cannot read exactly fall back, one by one, to orjson and the same
+dict-based builder as :func:`load_trace_via_dicts` (the reference the tests compare
+against), so results never depend on the path taken.
 
 Times: Kineto writes ``ts``/``dur`` in microseconds (ints or floats with up to three
 decimals); they become integer nanoseconds, exact for up to three decimals.
