@@ -385,7 +385,7 @@ def verdict_of(window: dict):
 HIST_BINS = 64                   # log2 bins of nanoseconds: bin e holds [2**(e-1), 2**e)
 MAX_CARRY_KERNELS = 200_000      # a device's open step held for the next batch, at most
 FOLD_MAX_KERNELS = 65_536       # bigger batches are folded in slices (bounded temporaries)
-FOLD_MIN_EVENTS = 32_768         # small batches are folded together once this many wait
+FOLD_MIN_EVENTS = 65_536         # small batches are folded together once this many wait
 MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and window
 
 
@@ -574,12 +574,13 @@ class SourceFold:
                 shf, shb = kw.flops, kw.bytes
             except Exception as exc:       # shapes are optional figures
                 log.debug("shapes work failed: %s", exc)
-        if shf is None:
-            shf = shb = np.full(len(k), np.nan)
         if self._carry is not None:
             ck, cl, cf, cb = self._carry
-            k, lat, shf, shb = (concat_records([ck, k]), np.concatenate([cl, lat]), np.concatenate([cf, shf]),
-                                np.concatenate([cb, shb]))
+            if cf is not None or shf is not None:     # shapes on one side only: NaN = unknown
+                cf, cb = (cf, cb) if cf is not None else (np.full(len(ck), np.nan),) * 2
+                shf, shb = (shf, shb) if shf is not None else (np.full(len(k), np.nan),) * 2
+                shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
+            k, lat = concat_records([ck, k]), np.concatenate([cl, lat])
             self._carry = None
         self._fold(Trace(kernels=k, ranges=trace.ranges, cpu_ops=trace.cpu_ops, names=self.names,
                          devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
@@ -623,7 +624,8 @@ class SourceFold:
             nh = int(hold.sum())
             if 0 < nh <= MAX_CARRY_KERNELS:
                 hi = np.flatnonzero(hold)
-                self._carry = (k[hi], lat[hi], shf[hi], shb[hi])
+                self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
+                               shb[hi] if shb is not None else None)
                 keep = ~hold
                 order = order[keep[order]]
         if len(order):
@@ -638,11 +640,14 @@ class SourceFold:
         n = len(order)
         s = k["start_ns"][order]
         e = np.maximum(k["end_ns"][order], s)
-        dev = k["device"][order].astype(np.int64)
-        pid = k["pid"][order].astype(np.int64)
         ph = phase[order].astype(np.int64)
         stp = kstep[order]
-        gkey = (dev << 32) | (pid & 0xFFFFFFFF)
+        dcol, pcol = k["device"], k["pid"]
+        if dcol.min() == dcol.max() and pcol.min() == pcol.max():
+            # One GPU and process (the common case): no per-kernel key to gather.
+            gkey = np.full(n, (int(dcol[0]) << 32) | (int(pcol[0]) & 0xFFFFFFFF), dtype=np.int64)
+        else:
+            gkey = (dcol[order].astype(np.int64) << 32) | (pcol[order].astype(np.int64) & 0xFFFFFFFF)
         ukey = (gkey << 3) | ph
         brk = np.empty(n, dtype=bool)
         brk[0] = True
@@ -688,9 +693,12 @@ class SourceFold:
         lm = lo >= 0
         lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
                             minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-        fo = shf[order]
-        known = ~np.isnan(fo)
-        have_shapes = bool(known.any())
+        # Operator-shape work per kernel (None: the batch had no CPU operators).
+        have_shapes = False
+        if shf is not None:
+            fo = shf[order]
+            known = ~np.isnan(fo)
+            have_shapes = bool(known.any())
         if have_shapes:
             bo = shb[order]
             sh_f = _bincount2(gp_of_kernel[known], fo[known], ng)
