@@ -1,0 +1,56 @@
+"""aggregator.stream_phases: per-batch phase mapping with step shapes decided once."""
+import numpy as np
+
+from aggregator.phases import PHASE_NAMES, map_phases
+from aggregator.stream_phases import StreamPhaser
+from probes.events import RANGE_DTYPE, Trace, empty
+
+
+def _simulated_decode():
+    from agent.simulator.engine import SimConfig, SimEngine
+    e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", annotations=False), seed=0, metrics=False)
+    for _ in range(6):
+        e.forward([1] * 16, [500] * 16)       # six identical decode steps
+    t = e.drain()
+    order = np.argsort(t.kernels["start_ns"], kind="stable")
+    return Trace(kernels=t.kernels[order], api=t.api, names=t.names, devices=t.devices)
+
+
+def test_identical_steps_are_decided_once_and_agree_with_the_whole_trace_mapper():
+    t = _simulated_decode()
+    sp = StreamPhaser(t.names)
+    bp = sp.map_batch(t)
+    whole = map_phases(t, use_annotations=False)
+    assert np.array_equal(bp.kernel_phase, whole.kernel_phase)
+    assert PHASE_NAMES[int(np.bincount(bp.kernel_phase).argmax())] == "decode"
+    assert len(bp.steps) == len(whole.steps) == 6
+    assert bp.shape_misses == 1 and bp.shape_hits == 5 and sp.map_phases_calls == 1
+    # The same shapes in a later batch cost no further map_phases call.
+    bp2 = sp.map_batch(t)
+    assert sp.map_phases_calls == 1 and bp2.shape_hits == 6
+    assert all(s.decode_tokens == 16 for s in bp2.steps), [s.decode_tokens for s in bp2.steps]
+
+
+def test_remembered_shapes_are_bounded():
+    t = _simulated_decode()
+    sp = StreamPhaser(t.names, max_shapes=1)
+    k = t.kernels.copy()
+    sp.map_batch(Trace(kernels=k, names=t.names, devices=t.devices))
+    k["grid_x"] += 1                         # a different shape
+    sp.map_batch(Trace(kernels=k, names=t.names, devices=t.devices))
+    assert len(sp._shapes) == 1 and sp.map_phases_calls == 2
+
+
+def test_annotated_batch_uses_the_full_layered_method():
+    t = _simulated_decode()
+    r = empty(RANGE_DTYPE, 1)
+    r["start_ns"], r["end_ns"] = t.kernels["start_ns"].min(), t.kernels["end_ns"].max()
+    r["device"], r["name_id"] = 0, t.names.intern("execute_context_0(0)_generation_16(16)")
+    r["external_id"] = 1
+    from probes.events import RANGE_GPU_ANNOTATION
+    r["kind"] = RANGE_GPU_ANNOTATION
+    ann = Trace(kernels=t.kernels, ranges=r, names=t.names, devices=t.devices)
+    bp = StreamPhaser(t.names).map_batch(ann)
+    assert bp.order is None
+    assert np.array_equal(bp.kernel_phase, map_phases(ann).kernel_phase)
+    assert "generation" in bp.steps[0].evidence or "decode" in bp.steps[0].evidence
