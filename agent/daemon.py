@@ -222,6 +222,7 @@ class Agent:
         agent = self.health.sample(self.probe_counters(), self.records_total,
                                    extra={"publisher_drops": sum(pub.get("drops", {}).values()),
                                           "window_drops": self.builder.drops,
+                                          "window_fold_errors": self.builder.fold_errors,
                                           "publisher_stalls": pub.get("stalls", 0),
                                           "publisher_lossy_sent": pub.get("lossy_sent", 0),
                                           "publisher_drops_by_topic": pub.get("drops", {}),
@@ -322,7 +323,8 @@ class Agent:
                 self.loop_errors += 1
                 log.exception("agent loop: %s: %s (counted; continuing)", type(exc).__name__, exc)
                 self.builder = WindowBuilder(host=self.host, model=self.builder.model, gpu=self.builder.gpu,
-                                             drops=self.builder.drops, _trackers=self.builder._trackers)
+                                             drops=self.builder.drops, _trackers=self.builder._trackers,
+                                             fold_errors=self.builder.fold_errors)
             if wd is not None and time.monotonic() >= next_wd:
                 self.notifier.watchdog()
                 next_wd = time.monotonic() + wd
