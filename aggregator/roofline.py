@@ -243,6 +243,64 @@ def decide_verdict(*, idle_ratio: float | None, launch_cover_ratio: float | None
     return MEMORY_BOUND, ev
 
 
+def choose_work(by_source: dict[str, dict], shapes_cov: float, model_cov: float,
+                ceilings: Ceilings | None, model_dtype: str | None) -> dict:
+    """Pick the FLOP/byte source of one phase and derive its roofline figures.
+
+    ``by_source``: source name -> ``{"flops", "bytes", "busy_ns", optional "dtype"}``
+    (sources whose figures exceed the ceilings get ``exceeds_ceilings_ratio`` set in
+    place). Returns ``implausible`` (source names), ``work_source``, ``chosen`` (the
+    chosen source's dict or None), ``flops``, ``bytes``, ``work_coverage_ratio``,
+    ``work_busy_ns``, ``achieved_flops_per_s``, ``achieved_bytes_per_s``,
+    ``arithmetic_intensity``, ``ridge_point``, ``peak_flops_per_s``, ``ceiling_dtype``,
+    ``pct_of_peak_flops``, ``pct_of_peak_bytes`` (None where unknown).
+    """
+    # A figure implying more than IMPLAUSIBLE_RATIO x a ceiling over the traced
+    # kernel time cannot be the work those kernels did: for the model it means the
+    # trace holds only part of the step (e.g. unexpanded CUDA-graph replays).
+    implausible: list[str] = []
+    if ceilings is not None:
+        for name_, w in by_source.items():
+            if w["busy_ns"] <= 0:
+                continue
+            sec = w["busy_ns"] * 1e-9
+            pk = ceilings.peak_flops_per_s(w.get("dtype") or model_dtype)[0]
+            r = max(w["flops"] / sec / pk, w["bytes"] / sec / ceilings.hbm_bytes_per_s)
+            if r > IMPLAUSIBLE_RATIO:
+                w["exceeds_ceilings_ratio"] = r
+                implausible.append(name_)
+    usable_model = SOURCE_MODEL in by_source and SOURCE_MODEL not in implausible
+    if SOURCE_SHAPES in by_source and (shapes_cov >= SHAPES_PREFERRED_COVERAGE
+                                       or model_cov <= shapes_cov or not usable_model):
+        src = SOURCE_SHAPES
+    elif usable_model:
+        src = SOURCE_MODEL
+    else:
+        src = NO_SOURCE
+    chosen = by_source.get(src)
+    flops = chosen["flops"] if chosen else None
+    bytes_ = chosen["bytes"] if chosen else None
+    wbusy = chosen["busy_ns"] if chosen else 0
+    afl = (flops / (wbusy * 1e-9)) if chosen and wbusy > 0 else None
+    aby = (bytes_ / (wbusy * 1e-9)) if chosen and wbusy > 0 else None
+    dtype = (chosen or {}).get("dtype") or model_dtype
+    ridge = peak_f = pct_f = pct_b = None
+    used_dtype = None
+    if ceilings is not None:
+        peak_f, used_dtype = ceilings.peak_flops_per_s(dtype)
+        ridge = peak_f / ceilings.hbm_bytes_per_s
+        if afl is not None:
+            pct_f = 100.0 * afl / peak_f
+            pct_b = 100.0 * aby / ceilings.hbm_bytes_per_s
+    return {"implausible": implausible, "work_source": src, "chosen": chosen,
+            "flops": flops, "bytes": bytes_,
+            "work_coverage_ratio": chosen["coverage_ratio"] if chosen else 0.0,
+            "work_busy_ns": wbusy, "achieved_flops_per_s": afl, "achieved_bytes_per_s": aby,
+            "arithmetic_intensity": (flops / bytes_) if chosen and bytes_ else None,
+            "ridge_point": ridge, "peak_flops_per_s": peak_f, "ceiling_dtype": used_dtype,
+            "pct_of_peak_flops": pct_f, "pct_of_peak_bytes": pct_b}
+
+
 # ---------------------------------------------------------------------------------
 # Per phase
 # ---------------------------------------------------------------------------------
@@ -415,45 +473,12 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
                     "bytes": float(sum(step_work[i].bytes for i in idxs)),
                     "busy_ns": kb, "coverage_ratio": model_cov, "dtype": model_dtype,
                     "steps": len(idxs), "notes": notes}
-        # A figure implying more than IMPLAUSIBLE_RATIO x a ceiling over the traced
-        # kernel time cannot be the work those kernels did: for the model it means the
-        # trace holds only part of the step (e.g. unexpanded CUDA-graph replays).
-        implausible: list[str] = []
-        if ceilings is not None:
-            for name_, w in by_source.items():
-                if w["busy_ns"] <= 0:
-                    continue
-                sec = w["busy_ns"] * 1e-9
-                pk = ceilings.peak_flops_per_s(w.get("dtype") or model_dtype)[0]
-                r = max(w["flops"] / sec / pk, w["bytes"] / sec / ceilings.hbm_bytes_per_s)
-                if r > IMPLAUSIBLE_RATIO:
-                    w["exceeds_ceilings_ratio"] = r
-                    implausible.append(name_)
-        usable_model = SOURCE_MODEL in by_source and SOURCE_MODEL not in implausible
-        if SOURCE_SHAPES in by_source and (shapes_cov >= SHAPES_PREFERRED_COVERAGE
-                                           or model_cov <= shapes_cov or not usable_model):
-            src = SOURCE_SHAPES
-        elif usable_model:
-            src = SOURCE_MODEL
-        else:
-            src = NO_SOURCE
-        chosen = by_source.get(src)
-        flops = chosen["flops"] if chosen else None
-        bytes_ = chosen["bytes"] if chosen else None
-        cov = chosen["coverage_ratio"] if chosen else 0.0
-        wbusy = chosen["busy_ns"] if chosen else 0
-        afl = (flops / (wbusy * 1e-9)) if chosen and wbusy > 0 else None
-        aby = (bytes_ / (wbusy * 1e-9)) if chosen and wbusy > 0 else None
-        ai = (flops / bytes_) if chosen and bytes_ else None
-        dtype = (chosen or {}).get("dtype") or model_dtype
-        ridge = peak_f = pct_f = pct_b = None
-        used_dtype = None
-        if ceilings is not None:
-            peak_f, used_dtype = ceilings.peak_flops_per_s(dtype)
-            ridge = peak_f / ceilings.hbm_bytes_per_s
-            if afl is not None:
-                pct_f = 100.0 * afl / peak_f
-                pct_b = 100.0 * aby / ceilings.hbm_bytes_per_s
+        wc = choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
+        implausible, src, chosen = wc["implausible"], wc["work_source"], wc["chosen"]
+        flops, bytes_, cov, wbusy = wc["flops"], wc["bytes"], wc["work_coverage_ratio"], wc["work_busy_ns"]
+        afl, aby, ai = wc["achieved_flops_per_s"], wc["achieved_bytes_per_s"], wc["arithmetic_intensity"]
+        ridge, peak_f, used_dtype = wc["ridge_point"], wc["peak_flops_per_s"], wc["ceiling_dtype"]
+        pct_f, pct_b = wc["pct_of_peak_flops"], wc["pct_of_peak_bytes"]
         verdict, evidence = decide_verdict(
             idle_ratio=idle_ratio, launch_cover_ratio=launch_cover, sync_cover_ratio=sync_cover,
             median_gap_ns=med_gap, median_kernel_ns=med_kernel, arithmetic_intensity=ai,

@@ -884,7 +884,7 @@ def _phase_dict(p: _PhaseAcc, g: _GroupAcc, ceil, model) -> dict:
     """Figures of one phase from its running sums (the fields of
     :func:`aggregator.roofline.phase_summary` that a window carries)."""
     from . import roofline
-    from .work import NO_SOURCE, SOURCE_MODEL, SOURCE_SHAPES
+    from .work import SOURCE_MODEL, SOURCE_SHAPES
     kt = p.kernel_time_ns
     by_source = {}
     shapes_cov = (p.shape_ktime / kt) if kt and p.shape_kernels else 0.0
@@ -897,38 +897,12 @@ def _phase_dict(p: _PhaseAcc, g: _GroupAcc, ceil, model) -> dict:
                                    "coverage_ratio": model_cov, "steps": p.model_steps,
                                    "notes": sorted(p.model_notes)}
     dtype = model.ceiling_dtype if model is not None else None
-    implausible = []
-    if ceil is not None:
-        for nm, w in by_source.items():
-            if w["busy_ns"] > 0:
-                sec = w["busy_ns"] * 1e-9
-                r = max(w["flops"] / sec / ceil.peak_flops_per_s(dtype)[0], w["bytes"] / sec / ceil.hbm_bytes_per_s)
-                if r > roofline.IMPLAUSIBLE_RATIO:
-                    w["exceeds_ceilings_ratio"] = r
-                    implausible.append(nm)
-    usable_model = SOURCE_MODEL in by_source and SOURCE_MODEL not in implausible
-    if SOURCE_SHAPES in by_source and (shapes_cov >= roofline.SHAPES_PREFERRED_COVERAGE
-                                       or model_cov <= shapes_cov or not usable_model):
-        src = SOURCE_SHAPES
-    elif usable_model:
-        src = SOURCE_MODEL
-    else:
-        src = NO_SOURCE
-    ch = by_source.get(src)
-    flops = ch["flops"] if ch else None
-    bytes_ = ch["bytes"] if ch else None
-    cov = ch["coverage_ratio"] if ch else 0.0
-    wb = ch["busy_ns"] if ch else 0
-    afl = flops / (wb * 1e-9) if ch and wb > 0 else None
-    aby = bytes_ / (wb * 1e-9) if ch and wb > 0 else None
-    ai = flops / bytes_ if ch and bytes_ else None
-    ridge = peak_f = pct_f = pct_b = used = None
-    if ceil is not None:
-        peak_f, used = ceil.peak_flops_per_s(dtype)
-        ridge = peak_f / ceil.hbm_bytes_per_s
-        if afl is not None:
-            pct_f = 100.0 * afl / peak_f
-            pct_b = 100.0 * aby / ceil.hbm_bytes_per_s
+    wc = roofline.choose_work(by_source, shapes_cov, model_cov, ceil, dtype)
+    implausible, src, ch = wc["implausible"], wc["work_source"], wc["chosen"]
+    flops, bytes_, cov, wb = wc["flops"], wc["bytes"], wc["work_coverage_ratio"], wc["work_busy_ns"]
+    afl, aby, ai = wc["achieved_flops_per_s"], wc["achieved_bytes_per_s"], wc["arithmetic_intensity"]
+    ridge, peak_f, used = wc["ridge_point"], wc["peak_flops_per_s"], wc["ceiling_dtype"]
+    pct_f, pct_b = wc["pct_of_peak_flops"], wc["pct_of_peak_bytes"]
     idle = max(0, p.window_ns - p.step_busy_ns) if p.steps else 0
     idle_ratio = idle / p.window_ns if p.window_ns > 0 else None
     med_gap = hist_percentile_ns(p.gaps_hist, 50)
