@@ -5,6 +5,8 @@
   path without touching ``sys.path``). PyPI's ``bcc`` is an unrelated project and is refused.
 * :func:`availability` says, without loading anything into the kernel, whether eBPF
   probes can run here, with a reason and a hint.
+* :func:`target_words` and :func:`set_target_bit` size and flip the per-pid target bitmap
+  (a ``BPF_ARRAY`` of u64 words) that the sched and CUDA-uprobe programs test.
 * :func:`read_map` reads a whole BPF hash map with ``BPF_MAP_LOOKUP_BATCH`` straight into
   numpy arrays (0.5 µs per entry instead of ~4 µs for per-key iteration), falling back to
   key iteration on kernels without batch ops.
@@ -17,6 +19,7 @@ import functools
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -67,6 +70,23 @@ def availability(need_tracefs: bool = True) -> Availability:
     except ImportError as exc:
         return Availability(False, str(exc), SETUP_HINT)
     return Availability(True)
+
+
+def target_words() -> int:
+    """u64 words of a bitmap with one bit per possible pid (``kernel.pid_max``)."""
+    try:
+        pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        pid_max = 4194304   # the largest pid_max Linux allows
+    return (pid_max + 63) // 64
+
+
+def set_target_bit(table, tgid: int, on: bool) -> None:
+    """Set (``on``) or clear ``tgid``'s bit in the bcc ``BPF_ARRAY`` bitmap ``table``."""
+    w = ct.c_int(tgid >> 6)
+    cur = table[w].value
+    bit = 1 << (tgid & 63)
+    table[w] = ct.c_uint64((cur | bit) if on else (cur & ~bit))
 
 
 class _BatchUnsupported(Exception):
@@ -152,3 +172,10 @@ def prog_stats(bpf) -> dict[str, dict]:
         out[key] = {"run_cnt": int(info.get("run_cnt", "0").strip() or 0),
                     "run_time_ns": int(info.get("run_time_ns", "0").strip() or 0)}
     return out
+
+
+def with_prog_stats(counts: dict, bpf) -> dict:
+    """``counts`` with ``bpf_programs`` (:func:`prog_stats`) added while ``bpf`` is loaded."""
+    if bpf is not None:
+        counts["bpf_programs"] = prog_stats(bpf)
+    return counts

@@ -130,13 +130,6 @@ class Attachment:
     symbols: tuple[str, ...]
 
 
-def _pid_max() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        return 4194304
-
-
 class CudaUprobeProbe(Probe):
     """Per-thread CUDA launch/copy/sync counters of the target processes, from uprobes.
 
@@ -188,7 +181,7 @@ class CudaUprobeProbe(Probe):
             return
         bcc = bpfmod.import_bcc()
         t0 = time.perf_counter()
-        words = (_pid_max() + 63) // 64
+        words = bpfmod.target_words()
         self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(),
                            cflags=[f"-DMAX_THREADS={self.max_threads}", f"-DTARGET_WORDS={words}", "-w"])
         self.compile_s = time.perf_counter() - t0
@@ -221,13 +214,6 @@ class CudaUprobeProbe(Probe):
         return [self.attachments[k] for k in self._pid_libs.get(int(pid), ()) if k in self.attachments]
 
     # ------------------------------------------------------------------ attaching
-    @staticmethod
-    def _set_bit(table, tgid: int, on: bool) -> None:
-        w = ct.c_int(tgid >> 6)
-        cur = table[w].value
-        b = 1 << (tgid & 63)
-        table[w] = ct.c_uint64((cur | b) if on else (cur & ~b))
-
     def add_target(self, pid: int) -> list[Attachment]:
         """Count ``pid``'s CUDA calls; returns the libraries newly attached for it."""
         pid = int(pid)
@@ -238,7 +224,7 @@ class CudaUprobeProbe(Probe):
             if self._tset is not None:
                 self._tset.add(pid)   # so that its exit is noticed
             self._pid_libs[pid] = set()
-            self._set_bit(self._bits, pid, True)
+            bpfmod.set_target_bit(self._bits, pid, True)
         return self._attach_new(pid)
 
     def remove_target(self, pid: int) -> None:
@@ -249,8 +235,8 @@ class CudaUprobeProbe(Probe):
         if self._tset is not None:
             self._tset.forget(pid)
         del self._pid_libs[pid]
-        self._set_bit(self._bits, pid, False)
-        self._set_bit(self._nest, pid, False)
+        bpfmod.set_target_bit(self._bits, pid, False)
+        bpfmod.set_target_bit(self._nest, pid, False)
 
     def _attach_new(self, pid: int) -> list[Attachment]:
         new = []
@@ -281,7 +267,7 @@ class CudaUprobeProbe(Probe):
                     if ok:
                         self._nest_libs.add(key)
             # Depth counting only with a return probe on every runtime function, else it would drift.
-            self._set_bit(self._nest, pid, ok)
+            bpfmod.set_target_bit(self._nest, pid, ok)
         return new
 
     def _attach_ret(self, path, sym, ret) -> bool:
@@ -361,10 +347,7 @@ class CudaUprobeProbe(Probe):
     def counters(self) -> dict:
         """records, drops (thread map full), errors, attached libraries, missing symbols, and
         per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
-        c = self._counts()
-        if self.bpf is not None:
-            c["bpf_programs"] = bpfmod.prog_stats(self.bpf)
-        return c
+        return bpfmod.with_prog_stats(self._counts(), self.bpf)
 
 
 def libraries_of(pid: int) -> dict[str, list[str]]:

@@ -63,13 +63,6 @@ def raw_layout_problem(types=None) -> str | None:
     return None
 
 
-def _pid_max() -> int:
-    try:
-        return int(Path("/proc/sys/kernel/pid_max").read_text())
-    except (OSError, ValueError):
-        return 4194304
-
-
 class SchedProbe(Probe):
     """Per-thread scheduling accounting for a run-time-changeable set of processes.
 
@@ -121,7 +114,7 @@ class SchedProbe(Probe):
         if self.bpf is not None:
             return
         bcc = bpfmod.import_bcc()
-        words = (_pid_max() + 63) // 64
+        words = bpfmod.target_words()
         flags = [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
                  f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
                  f"-DTARGET_WORDS={words}", f"-DMAX_THREADS={self.max_threads}",
@@ -158,10 +151,7 @@ class SchedProbe(Probe):
         self._config[ct.c_int(idx)] = ct.c_uint64(int(val))
 
     def _set_bit(self, tgid: int, on: bool) -> None:
-        w = ct.c_int(tgid >> 6)
-        cur = self._bits[w].value
-        bit = 1 << (tgid & 63)
-        self._bits[w] = ct.c_uint64((cur | bit) if on else (cur & ~bit))
+        bpfmod.set_target_bit(self._bits, tgid, on)
 
     @property
     def targets(self) -> set[int]:
@@ -298,10 +288,7 @@ class SchedProbe(Probe):
     def counters(self) -> dict:
         """records, drops (ring buffer full + thread map full + held events), errors, gaps, and
         per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
-        c = self._counts()
-        if self.bpf is not None:
-            c["bpf_programs"] = bpfmod.prog_stats(self.bpf)
-        return c
+        return bpfmod.with_prog_stats(self._counts(), self.bpf)
 
 
 def sched_window_to_dicts(window: np.ndarray) -> list[dict]:
