@@ -153,6 +153,21 @@ class _Reader:
         self._f.close()
 
 
+def parse_json(path: Path, data: bytes):
+    """The whole document ``data`` (read from ``path``) parsed; InputError saying whether
+    it is empty, truncated or otherwise not JSON."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        stripped = data.strip()
+        if not stripped:
+            raise InputError(f"{path}: empty file, expected a Kineto trace (JSON)") from None
+        if stripped[:1] in (b"{", b"[") and exc.pos >= len(data.rstrip()) - 1:
+            raise InputError(f"{path}: truncated JSON (document ends at byte {len(data)} "
+                             "before it is complete)") from None
+        raise InputError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+
+
 class ArrayStream:
     """Iterate the elements of the array under top-level key ``key`` in chunks.
 
@@ -172,16 +187,7 @@ class ArrayStream:
     def _fail_whole(self, data: bytes) -> None:
         """The array was not found: classify the document and raise."""
         path = self.path
-        try:
-            doc = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            stripped = data.strip()
-            if not stripped:
-                raise InputError(f"{path}: empty file, expected a Kineto trace (JSON)") from None
-            if stripped[:1] in (b"{", b"[") and exc.pos >= len(data.rstrip()) - 1:
-                raise InputError(f"{path}: truncated JSON (document ends at byte {len(data)} "
-                                 "before it is complete)") from None
-            raise InputError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+        doc = parse_json(path, data)
         raise InputError(f"{path}: not a Kineto/Chrome trace (JSON without a {self.key} array"
                          f"{'' if isinstance(doc, dict) else '; top level is not an object'})")
 

@@ -142,16 +142,7 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _parse_document(path: Path, data: bytes) -> dict:
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        stripped = data.lstrip()
-        if not stripped:
-            raise InputError(f"{path}: empty file, expected a Kineto trace (JSON)") from None
-        if stripped[:1] in (b"{", b"[") and exc.pos >= len(data.rstrip()) - 1:
-            raise InputError(f"{path}: truncated JSON (document ends at byte {len(data)} "
-                             "before it is complete)") from None
-        raise InputError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    doc = json_chunks.parse_json(path, data)
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise InputError(f"{path}: not a Kineto/Chrome trace (JSON without a traceEvents array)")
     return doc
