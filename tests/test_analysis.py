@@ -1,6 +1,4 @@
 """Whole-trace analysis on literal traces and on every shared trace."""
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
@@ -9,6 +7,8 @@ from aggregator.analysis import analyze_trace, choose_ceilings
 from aggregator.ceilings import load_table
 from aggregator.work import CAT_GEMM, kernel_work_from_shapes
 from probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+
+from phase_literals import Step, phase_map
 
 SHARED = [
     "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
@@ -25,25 +25,6 @@ PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per
 VERDICTS = {"memory-bound", "compute-bound", "latency/launch-bound", "host-bound", "undetermined"}
 
 
-@dataclass
-class Step:
-    index: int
-    start_ns: int
-    end_ns: int
-    device: int
-    phase: int
-    prefill_tokens: int | None = None
-    decode_tokens: int | None = None
-    evidence: list = field(default_factory=list)
-
-
-@dataclass
-class PhaseMap:
-    steps: list
-    kernel_phase: np.ndarray
-    kernel_step: np.ndarray
-
-
 def _decode_trace():
     # Four decode steps of 40 kernels of 250 us each, back to back, on an H200.
     n = 160
@@ -55,7 +36,7 @@ def _decode_trace():
     t = Trace(kernels=k, names=NameTable(["gemv"]),
               devices=[Device(0, "NVIDIA H200", 132, 150_000_000_000)])
     steps = [Step(i, i * 10_000_000, (i + 1) * 10_000_000, 0, 2, 0, 64, ["literal"]) for i in range(4)]
-    pm = PhaseMap(steps, np.full(n, 2, np.uint8), np.repeat(np.arange(4), 40).astype(np.int32))
+    pm = phase_map(steps, np.full(n, 2, np.uint8), np.repeat(np.arange(4), 40).astype(np.int32))
     return t, pm
 
 

@@ -1,32 +1,12 @@
 """Perfetto export: the input's events plus a phase track, as Chrome-trace JSON."""
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from aggregator.perfetto import PHASE_PID, write_perfetto
 from probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE, NameTable, Trace, empty
 
-NAMES = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
-
-
-@dataclass
-class Step:
-    index: int
-    start_ns: int
-    end_ns: int
-    device: int
-    phase: int
-    prefill_tokens: int | None = None
-    decode_tokens: int | None = None
-    evidence: list = field(default_factory=list)
-
-
-@dataclass
-class PhaseMap:
-    steps: list
-    kernel_phase: np.ndarray
-    kernel_step: np.ndarray
+from phase_literals import NAMES, Step, phase_map
 
 
 def test_phase_track_and_kernel_args(tmp_path):
@@ -39,9 +19,9 @@ def test_phase_track_and_kernel_args(tmp_path):
     api["start_ns"], api["end_ns"], api["pid"], api["tid"] = 999_000, 999_500, 10, 11
     api["category"], api["name_id"] = API_LAUNCH, 1
     t = Trace(kernels=k, api=api, names=names)
-    pm = PhaseMap([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"]),
-                   Step(1, 9_000_000, 9_000_100, 0, 2, None, 4, ["grid"])],
-                  np.array([1, 1, 2], np.uint8), np.array([0, 0, 1], np.int32))
+    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"]),
+                    Step(1, 9_000_000, 9_000_100, 0, 2, None, 4, ["grid"])],
+                   np.array([1, 1, 2], np.uint8), np.array([0, 0, 1], np.int32))
     out = write_perfetto(t, pm, NAMES, tmp_path / "t.json")
     doc = json.loads(out.read_text())
     ev = doc["traceEvents"]

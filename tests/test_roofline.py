@@ -1,6 +1,4 @@
 """Roofline figures, verdict rule, idle gaps, launch latency and copy traffic on literals."""
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
 
@@ -8,19 +6,7 @@ from aggregator import ceilings, roofline, work
 from probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, KERNEL_DTYPE, NameTable, Trace, empty)
 
-NAMES = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
-
-
-@dataclass
-class Step:
-    index: int
-    start_ns: int
-    end_ns: int
-    device: int
-    phase: int
-    prefill_tokens: int | None = None
-    decode_tokens: int | None = None
-    evidence: list = field(default_factory=list)
+from phase_literals import NAMES, Step
 
 
 def kernels(intervals, device=0, corr0=1):
