@@ -961,14 +961,26 @@ def _fallback(cf: _ChunkFields, events: np.ndarray, bad: np.ndarray, out: np.nda
     out[rows] = build(tmp)
 
 
-def _chunk_kernels(cf, interner, b):
-    events, rowmap = _select(cf, (_C_KERNEL,))
+def _chunk_rows(cf, interner, b, dtype, codes, fill, build) -> np.ndarray:
+    """Rows of one event kind (categories ``codes``) of a chunk.
+
+    The columns every kind has (times, name) are read here, the kind's own by ``fill``;
+    rows the vectorised read flags ``bad`` are re-read by the dict path (``build``).
+    """
+    events, rowmap = _select(cf, codes)
     n = len(events)
-    out = empty(KERNEL_DTYPE, n)
+    out = empty(dtype, n)
     if not n:
         return out
     bad = np.zeros(n, dtype=bool)
     _times(cf, rowmap, n, out, bad)
+    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    fill(cf, interner, b, events, rowmap, n, out, bad)
+    _fallback(cf, events, bad, out, b, build)
+    return out
+
+
+def _fill_kernels(cf, interner, b, events, rowmap, n, out, bad):
     for col, key in (("device", "device"), ("stream", "stream"), ("context", "context"),
                      ("correlation_id", "correlation"), ("external_id", "External id"),
                      ("registers", "registers per thread"), ("shared_mem_bytes", "shared memory")):
@@ -976,55 +988,25 @@ def _chunk_kernels(cf, interner, b):
     for prefix in ("grid", "block"):
         xyz = cf.triples(prefix, rowmap, n, bad)
         out[prefix + "_x"], out[prefix + "_y"], out[prefix + "_z"] = xyz[:, 0], xyz[:, 1], xyz[:, 2]
-    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
-    _fallback(cf, events, bad, out, b, _Builder.build_kernels)
-    return out
 
 
-def _chunk_copies(cf, interner, b):
-    events, rowmap = _select(cf, (_C_MEMCPY, _C_MEMSET))
-    n = len(events)
-    out = empty(COPY_DTYPE, n)
-    if not n:
-        return out
-    bad = np.zeros(n, dtype=bool)
-    _times(cf, rowmap, n, out, bad)
+def _fill_copies(cf, interner, b, events, rowmap, n, out, bad):
     for col, key in (("device", "device"), ("stream", "stream"),
                      ("correlation_id", "correlation"), ("bytes", "bytes")):
         out[col] = cf.numbers(key, 2, rowmap, n, 0, bad)
     out["kind"] = np.where(cf.cat[events] == _C_MEMSET, COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
-    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
-    _fallback(cf, events, bad, out, b, _Builder.build_copies)
-    return out
 
 
-def _chunk_api(cf, interner, b):
-    events, rowmap = _select(cf, (_C_RUNTIME, _C_DRIVER))
-    n = len(events)
-    out = empty(API_DTYPE, n)
-    if not n:
-        return out
-    bad = np.zeros(n, dtype=bool)
-    _times(cf, rowmap, n, out, bad)
+def _fill_api(cf, interner, b, events, rowmap, n, out, bad):
     out["pid"] = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
     out["tid"] = _ids32(cf.numbers("tid", 1, rowmap, n, 0, bad))
     out["correlation_id"] = cf.numbers("correlation", 2, rowmap, n, 0, bad)
     out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
     out["cbid"] = cf.numbers("cbid", 2, rowmap, n, 0, bad)
     out["domain"] = np.where(cf.cat[events] == _C_DRIVER, API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
-    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
-    _fallback(cf, events, bad, out, b, _Builder.build_api)
-    return out
 
 
-def _chunk_ranges(cf, interner, b):
-    events, rowmap = _select(cf, (_C_USER, _C_GPU_USER, _C_SYNC))
-    n = len(events)
-    out = empty(RANGE_DTYPE, n)
-    if not n:
-        return out
-    bad = np.zeros(n, dtype=bool)
-    _times(cf, rowmap, n, out, bad)
+def _fill_ranges(cf, interner, b, events, rowmap, n, out, bad):
     cat = cf.cat[events]
     cpu = cat == _C_USER
     pid = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
@@ -1038,7 +1020,6 @@ def _chunk_ranges(cf, interner, b):
     out["pid"] = np.where(cpu, pid, MISSING)
     out["tid"] = np.where(cpu, tid, np.where(has_stream, stream, tid))
     out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
-    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
     step_ids = np.zeros(max(len(b.names), 1), dtype=bool)
     for i, s in enumerate(b.names.strings):
         step_ids[i] = s.startswith("ProfilerStep#")
@@ -1048,8 +1029,6 @@ def _chunk_ranges(cf, interner, b):
     out["kind"] = np.where(cat == _C_SYNC, RANGE_CUDA_SYNC,
                            np.where(step, RANGE_PROFILER_STEP,
                                     np.where(cpu, RANGE_USER_ANNOTATION, RANGE_GPU_ANNOTATION)))
-    _fallback(cf, events, bad, out, b, _Builder.build_ranges)
-    return out
 
 
 def _present(cf, key, rowmap, n) -> np.ndarray:
@@ -1059,27 +1038,21 @@ def _present(cf, key, rowmap, n) -> np.ndarray:
     return m
 
 
-def _chunk_cpu_ops(cf, interner, b):
-    events, rowmap = _select(cf, (_C_CPU_OP,))
-    n = len(events)
-    out = empty(CPU_OP_DTYPE, n)
-    if not n:
-        return out
-    bad = np.zeros(n, dtype=bool)
-    _times(cf, rowmap, n, out, bad)
+def _fill_cpu_ops(cf, interner, b, events, rowmap, n, out, bad):
     out["pid"] = _ids32(cf.numbers("pid", 1, rowmap, n, 0, bad))
     out["tid"] = _ids32(cf.numbers("tid", 1, rowmap, n, 0, bad))
     out["external_id"] = cf.numbers("External id", 2, rowmap, n, 0, bad)
-    out["name_id"] = cf.strings("name", 1, rowmap, n, interner, bad)
+    # after the name: the interner numbers strings in the order met
     out["input_dims_id"] = cf.raw_json("Input Dims", rowmap, n, interner, bad)
     out["input_types_id"] = cf.raw_json("Input type", rowmap, n, interner, bad)
-    _fallback(cf, events, bad, out, b, _Builder.build_cpu_ops)
-    return out
 
 
-_KINDS = (("kernels", _chunk_kernels, KERNEL_DTYPE), ("copies", _chunk_copies, COPY_DTYPE),
-          ("api", _chunk_api, API_DTYPE), ("ranges", _chunk_ranges, RANGE_DTYPE),
-          ("cpu_ops", _chunk_cpu_ops, CPU_OP_DTYPE))
+# kind, dtype, event categories, kind-specific columns, dict-path builder
+_KINDS = (("kernels", KERNEL_DTYPE, (_C_KERNEL,), _fill_kernels, _Builder.build_kernels),
+          ("copies", COPY_DTYPE, (_C_MEMCPY, _C_MEMSET), _fill_copies, _Builder.build_copies),
+          ("api", API_DTYPE, (_C_RUNTIME, _C_DRIVER), _fill_api, _Builder.build_api),
+          ("ranges", RANGE_DTYPE, (_C_USER, _C_GPU_USER, _C_SYNC), _fill_ranges, _Builder.build_ranges),
+          ("cpu_ops", CPU_OP_DTYPE, (_C_CPU_OP,), _fill_cpu_ops, _Builder.build_cpu_ops))
 
 
 PARALLEL_MIN_BYTES = 256 << 20   # plain files at least this big are read by two processes
@@ -1087,17 +1060,17 @@ PARALLEL_MIN_BYTES = 256 << 20   # plain files at least this big are read by two
 
 def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarray]:
     """Run the per-chunk extraction over ``chunks``; one array per kind, in file order."""
-    parts: dict[str, list] = {k: [] for k, _, _ in _KINDS}
+    parts: dict[str, list] = {k[0]: [] for k in _KINDS}
     cat_names: dict[int, str] = {}
     for chunk in chunks:
         cf = _ChunkFields(chunk, b.counts, cat_names)
-        for kind, fn, _ in _KINDS:
-            arr = fn(cf, interner, b)
+        for kind, dtype, codes, fill, build in _KINDS:
+            arr = _chunk_rows(cf, interner, b, dtype, codes, fill, build)
             if len(arr):
                 parts[kind].append(arr)
         del cf, chunk
     cols = {}
-    for kind, _, dtype in _KINDS:
+    for kind, dtype, *_ in _KINDS:
         lst = parts.pop(kind)
         cols[kind] = np.concatenate(lst) if len(lst) > 1 else (lst[0] if lst else empty(dtype))
         del lst
@@ -1166,7 +1139,7 @@ def _load_parallel(path: Path, chunk_bytes: int) -> Trace | None:
         return None
     remap = np.array([b.names.intern(s) for s in names2] or [0], dtype=np.int32)
     cols = {}
-    for kind, _, dtype in _KINDS:
+    for kind, dtype, *_ in _KINDS:
         x = second[kind]
         for c in ("name_id", "input_dims_id", "input_types_id"):
             if c in dtype.names and len(x):
