@@ -1,4 +1,4 @@
-"""Soak and faults under simulated load (slow: about 5 minutes together).
+"""Soak and faults under simulated load (slow: about 7 minutes together).
 
 The agent (``agent.daemon.Agent``) runs in a child process with the simulated engine as
 its probe; this process is the subscriber. Faults: the subscriber stalls and resumes; the
@@ -6,7 +6,8 @@ served (simulated) process exits and a new one appears; the agent itself is rest
 mid-stream. What must hold: no crash, bounded RSS, every drop counted by the agent, and
 the subscriber's sequence gaps accounted for by those counts.
 
-``RIDGELINE_SOAK_S`` scales the main run (default 150 s of wall time at 2x simulated speed).
+``RIDGELINE_SOAK_S`` scales the main run (default 300 s of wall time at 2x simulated speed:
+10 minutes of simulated load).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ zmq = pytest.importorskip("zmq")
 wire = pytest.importorskip("aggregator.wire")
 
 ROOT = Path(__file__).resolve().parent.parent
-SOAK_S = float(os.environ.get("RIDGELINE_SOAK_S", "150"))
+SOAK_S = float(os.environ.get("RIDGELINE_SOAK_S", "300"))
 
 DRIVER = r"""
 import sys, time, logging
