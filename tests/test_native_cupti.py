@@ -120,6 +120,9 @@ def _load_expected(path: Path) -> dict:
 
 
 def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
+    from probes import targets
+    # The eBPF probes' target set, as the agent holds one: announced pids reach it.
+    watched = targets.TargetSet(discover_gpu=False, alive=lambda pid: True)
     sock = tmp_path / "cupti.sock"
     probe = CuptiProbe(str(sock))
     probe.start()
@@ -137,8 +140,8 @@ def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
     pid = b["pid"]
     assert got["new_pids"] == [(pid, "python")]
     assert pid == h.p.pid            # from SO_PEERCRED, not from the message
-    from probes import targets
-    assert pid in targets._drain_announced()     # handed to the eBPF target discovery
+    added, _ = watched.poll()                     # handed to the eBPF target discovery
+    assert pid in added and watched.sources[pid] == targets.SOURCE_ANNOUNCED
     t = b["trace"]
     assert t.meta["cupti_version"] == 130500 and t.meta["flags"] & FLAG_TEST_MODE
     assert t.meta["layouts"][10] == "cupti-python activity_kernel13_dtype"
