@@ -49,7 +49,12 @@ def build_figure(doc: dict, title: str | None = None):
     lo = min([0.05] + [a / 4 for a in ais])
     hi = max([1e4] + [a * 4 for a in ais])
     x = np.logspace(np.log10(lo), np.log10(hi), 400)
-    ax.plot(x, x * bw, color="black", lw=1.5, ls="-", label=f"memory roof {bw / 1e12:.2f} TB/s")
+    # The memory roof ends where the highest compute roof begins: above it no kernel can go.
+    top_peak = max((g["flops_per_s"].get(dt) or g["flops_per_s"].get("bf16") or 0.0) for dt in dtypes)
+    xm = x[x * bw <= top_peak] if top_peak else x
+    if top_peak:
+        xm = np.concatenate([xm, [top_peak / bw]])
+    ax.plot(xm, xm * bw, color="black", lw=1.5, ls="-", label=f"memory roof {bw / 1e12:.2f} TB/s")
     for dt in sorted(dtypes):
         peak = g["flops_per_s"].get(dt) or g["flops_per_s"].get("bf16")
         ridge = peak / bw
@@ -58,12 +63,12 @@ def build_figure(doc: dict, title: str | None = None):
                 ls="--", label=f"compute roof {dt} {peak / 1e12:,.0f} TFLOP/s")
         ax.plot([ridge], [peak], marker="D", color="red", ms=7, zorder=5,
                 label=f"ridge point {ridge:.0f} FLOP/B ({dt})")
-    for name, p in pts:
+    for i, (name, p) in enumerate(pts):
         ax.plot([p["arithmetic_intensity"]], [p["achieved_flops_per_s"]], marker="o", ms=9,
                 color=PHASE_COLORS.get(name, "tab:cyan"), zorder=6, ls="none",
                 label=f"{name}: {p['verdict']} ({p['work_source']})")
         ax.annotate(name, (p["arithmetic_intensity"], p["achieved_flops_per_s"]),
-                    textcoords="offset points", xytext=(6, 6), fontsize=9)
+                    textcoords="offset points", xytext=(6, 6 if i % 2 == 0 else -14), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
