@@ -137,23 +137,25 @@ def _verdict_text(p: dict | None) -> str:
     return str((p or {}).get("verdict") or "").lower()
 
 
-def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
-    """At the HBM ceiling: by the achieved fraction when known, else by the roofline verdict."""
+def _at_ceiling(p: dict | None, pct_key: str, min_pct: float, verdict_word: str, th: Thresholds) -> bool:
+    """At a ceiling: by the achieved fraction when known (an implausible one counts as no),
+    else by the roofline verdict's wording."""
     if p is None:
         return False
-    pct = p.get("pct_of_peak_bytes")
+    pct = p.get(pct_key)
     if pct is not None and pct > th.implausible_pct:
         return False
-    return pct >= th.bandwidth_bound_min_pct if pct is not None else "memory" in _verdict_text(p)
+    return pct >= min_pct if pct is not None else verdict_word in _verdict_text(p)
+
+
+def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
+    """At the HBM ceiling."""
+    return _at_ceiling(p, "pct_of_peak_bytes", th.bandwidth_bound_min_pct, "memory", th)
 
 
 def _at_compute(p: dict | None, th: Thresholds) -> bool:
-    if p is None:
-        return False
-    pct = p.get("pct_of_peak_flops")
-    if pct is not None and pct > th.implausible_pct:
-        return False
-    return pct >= th.compute_bound_min_pct if pct is not None else "compute" in _verdict_text(p)
+    """At the compute ceiling."""
+    return _at_ceiling(p, "pct_of_peak_flops", th.compute_bound_min_pct, "compute", th)
 
 
 def _roofline_fallback(p: dict) -> str | None:
