@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 from . import commands
 

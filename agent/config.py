@@ -20,7 +20,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 DEFAULT_PATH = Path("/etc/ridgeline/agent.toml")
 
@@ -75,7 +75,7 @@ def _validate(cfg: dict, origin: str) -> None:
         raise InputError(f"{origin}: 'prometheus.listen' must be HOST:PORT, got {listen!r}")
     model = cfg["analysis"]["model"]
     if model:
-        from aggregator import model_config
+        from ridgeline.aggregator import model_config
         try:
             model_config.load(model)
         except InputError as exc:

@@ -24,10 +24,10 @@ import signal
 import socket
 import time
 
-from probes.errors import InputError
-from probes.events import Trace
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import Trace
 
-from aggregator.windows import WindowBuilder, plain
+from ridgeline.aggregator.windows import WindowBuilder, plain
 
 from . import config as config_mod
 from . import registry
@@ -78,7 +78,7 @@ class Agent:
         a = cfg["analysis"]
         model = None
         if a["model"]:
-            from aggregator import model_config
+            from ridgeline.aggregator import model_config
             model = model_config.load(a["model"])     # checked when the config was loaded
         self.builder.model, self.builder.gpu = model, a["gpu"]
 
@@ -103,7 +103,7 @@ class Agent:
 
     def start(self) -> None:
         if self.codec is None:
-            from aggregator import wire
+            from ridgeline.aggregator import wire
             self.codec = wire
         self.notifier.status("starting: binding publisher")
         self.publisher = self._make_publisher(self.cfg["publisher"])

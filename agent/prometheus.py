@@ -135,7 +135,7 @@ class WindowCollector:
         """Engine, device, verdict and alert samples, named by their aggregator modules."""
         out: list[tuple[str, dict, float]] = []
         try:
-            from aggregator import device_metrics, engine_metrics, verdict
+            from ridgeline.aggregator import device_metrics, engine_metrics, verdict
         except ImportError:
             return out
         from .top import engine_records

@@ -34,7 +34,7 @@ from typing import Callable
 
 import zmq
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 TOPICS = ("window", "events", "sched", "device", "engine", "health")
 
@@ -91,7 +91,7 @@ def _read_secret_key(path: str) -> tuple[bytes, bytes]:
 
 
 def _default_encoder():
-    from aggregator import wire
+    from ridgeline.aggregator import wire
     return wire.encode_envelope
 
 

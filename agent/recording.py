@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from probes.errors import InputError
-from probes.events import Trace, NameTable
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import Trace, NameTable
 
 MAGIC = b"RLREC\x00\x01\n"
 _HEAD = struct.Struct("<QI")
@@ -160,7 +160,7 @@ def merge_traces(batches: list[Trace], meta: dict | None = None) -> Trace:
 def load_recording(path: str | Path, codec=None) -> Recording:
     """Decode a recording (``codec``: the wire module; default ``aggregator.wire``)."""
     if codec is None:
-        from aggregator import wire as codec
+        from ridgeline.aggregator import wire as codec
     wire = codec
 
     from .subscriber import SeqTracker, decode_payload, envelope_field

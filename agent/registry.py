@@ -21,8 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from probes.errors import InputError
-from probes.probe import Availability
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.probe import Availability
 
 
 @dataclass
@@ -70,31 +70,31 @@ def _cls(mod, names: tuple[str, ...]):
 
 
 def _sched(cfg):
-    mod = _module("probes.sched", "install the distro bcc (scripts/setup-ebpf.sh)")
+    mod = _module("ridgeline.probes.sched", "install the distro bcc (scripts/setup-ebpf.sh)")
     cls = _cls(mod, ("SchedProbe", "Probe"))
     return _build(cls, pids=list(cfg["probes"]["pids"]))
 
 
 def _cuda_uprobes(cfg):
-    mod = _module("probes.cuda_uprobes", "install the distro bcc (scripts/setup-ebpf.sh)")
+    mod = _module("ridgeline.probes.cuda_uprobes", "install the distro bcc (scripts/setup-ebpf.sh)")
     cls = _cls(mod, ("CudaUprobesProbe", "CudaUprobeProbe", "UprobeProbe", "Probe"))
     return _build(cls, pids=list(cfg["probes"]["pids"]))
 
 
 def _cupti(cfg):
-    mod = _module("probes.cupti", "build the native part (scripts/setup-native.sh)")
+    mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
     return _build(cls, socket_path=cfg["probes"]["cupti"]["socket"])
 
 
 def _nvml(cfg):
-    mod = _module("probes.nvml", "install nvidia-ml-py and the NVIDIA driver")
+    mod = _module("ridgeline.probes.nvml", "install nvidia-ml-py and the NVIDIA driver")
     cls = _cls(mod, ("NvmlProbe", "NVMLProbe", "Probe"))
     return _build(cls)
 
 
 def _engine(cfg):
-    mod = _module("probes.engine", "this ridgeline build is incomplete")
+    mod = _module("ridgeline.probes.engine", "this ridgeline build is incomplete")
     cls = _cls(mod, ("EngineProbe", "Probe"))
     e = cfg["probes"]["engine"]
     urls = [e["url"]] if e["url"] else []
@@ -102,13 +102,13 @@ def _engine(cfg):
 
 
 def _replay(cfg):
-    from probes.replay import ReplayProbe
+    from ridgeline.probes.replay import ReplayProbe
     r = cfg["probes"]["replay"]
     return ReplayProbe(r["path"] or None, speed=r["speed"], loop=r["loop"])
 
 
 def _simulator(cfg):
-    mod = _module("agent.simulator", "the workload generator is not installed")
+    mod = _module("ridgeline.agent.simulator", "the workload generator is not installed")
     factory = getattr(mod, "make_probe", None)
     s = dict(cfg["probes"]["simulator"])
     if not s.get("pid"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:7411"
 
@@ -70,7 +70,7 @@ class SeqTracker:
 
 
 def _wire():
-    from aggregator import wire
+    from ridgeline.aggregator import wire
     return wire
 
 

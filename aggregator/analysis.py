@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from probes.errors import InputError
-from probes.events import Trace
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import Trace
 
 from . import ceilings as ceilings_mod
 from . import roofline

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 DATA_PATH = Path(__file__).parent / "data" / "gpu_ceilings.toml"
 ENV_USER_TABLE = "RIDGELINE_CEILINGS"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 try:
-    from aggregator.phases import PHASE_NAMES
+    from ridgeline.aggregator.phases import PHASE_NAMES
 except Exception:   # phases module absent in a partial checkout: the agreed codes
     PHASE_NAMES = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
 

@@ -584,7 +584,7 @@ class EngineTracker:
     """
 
     def __init__(self, alert_thresholds=None):
-        from aggregator import alerts  # same layer; imported here to keep the module's pure core standalone
+        from ridgeline.aggregator import alerts  # same layer; imported here to keep the module's pure core standalone
         self._alerts_mod = alerts
         self._th = alert_thresholds or alerts.AlertThresholds()
         self._prev: dict[str, dict] = {}

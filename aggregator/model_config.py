@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "fp32": 4.0, "bfloat16": 2.0, "bf16": 2.0,
                "float16": 2.0, "fp16": 2.0, "half": 2.0, "float8": 1.0, "fp8": 1.0,

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from probes.errors import InputError
-from probes.events import API_CATEGORY_NAMES, COPY_DIRECTION_NAMES, RANGE_KIND_NAMES, Trace
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import API_CATEGORY_NAMES, COPY_DIRECTION_NAMES, RANGE_KIND_NAMES, Trace
 
 PHASE_PID = 1_000_000_000       # synthetic pid of the phase track, away from real pids
 GPU_PID_BASE = 1_000_000_100    # synthetic pids of GPU devices

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggregator.signatures import (LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV,
+from ridgeline.aggregator.signatures import (LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV,
                                    ROLE_NON_LLM, ROLE_PER_TOKEN, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK,
                                    KernelClasses, Signature, classify_kernels, short_name)
-from aggregator.steps import (cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
+from ridgeline.aggregator.steps import (cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
                               segment_kernels)
-from probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
+from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = 0, 1, 2, 3, 4

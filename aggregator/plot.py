@@ -15,7 +15,7 @@ matplotlib.use("Agg")   # no display on servers; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from probes.errors import InputError  # noqa: E402
+from ridgeline.probes.errors import InputError  # noqa: E402
 
 PHASE_COLORS = {"prefill": "tab:green", "decode": "tab:blue", "mixed": "tab:purple",
                 "other": "tab:gray", "unknown": "tab:orange"}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from probes.errors import InputError
-from probes.events import NameTable, Trace
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import NameTable, Trace
 
 DATA_FILE = Path(__file__).parent / "data" / "kernel_signatures.toml"
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from aggregator.signatures import (GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses)
-from probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
-from probes.kineto import kernel_cpu_op_index
+from ridgeline.aggregator.signatures import (GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses)
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
+from ridgeline.probes.kineto import kernel_cpu_op_index
 
 # Idle time on a device that ends a step whatever else is seen: a forward step never
 # leaves the GPU idle this long between two of its own kernels unless the host stalls,

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probes.events import Trace
+from ridgeline.probes.events import Trace
 
 from .phases import OTHER, PHASE_NAMES, UNKNOWN, map_phases
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels
@@ -98,7 +98,7 @@ class StreamPhaser:
         if n_names + 1 > self._cls_n:
             # Classify every name once (ids 0..n-1 and "no name" at the end): a fake
             # trace with one kernel per name id; only the new ids cost a regex search.
-            from probes.events import KERNEL_DTYPE, empty
+            from ridgeline.probes.events import KERNEL_DTYPE, empty
             k = empty(KERNEL_DTYPE, n_names + 1)
             k["name_id"][:n_names] = np.arange(n_names)
             k["name_id"][n_names] = -1

@@ -386,7 +386,7 @@ def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = 
 
 
 def _device_for(window: dict, device: int) -> dict | None:
-    from aggregator import device_metrics
+    from ridgeline.aggregator import device_metrics
     for data in (window.get("device") or {}).values():
         recs = data.get("devices") if isinstance(data, dict) else data
         if isinstance(recs, list):

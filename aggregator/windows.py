@@ -61,7 +61,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
+from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
 
 log = logging.getLogger("ridgeline.windows")
@@ -138,7 +138,7 @@ def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[di
     dur = np.maximum(k["end_ns"] - k["start_ns"], 0).astype(np.int64)
     total = int(dur.sum())
     try:
-        from aggregator import analysis
+        from ridgeline.aggregator import analysis
         res = analysis.analyze_trace(trace, model=model, gpu=gpu or None)
         phases = {}
         for name, f in (res.get("phases") or {}).items():
@@ -161,7 +161,7 @@ def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[di
 
 def _ceilings(gpu_name: str) -> dict | None:
     try:
-        from aggregator import ceilings
+        from ridgeline.aggregator import ceilings
         c = ceilings.from_device_name(gpu_name) if gpu_name else None
     except Exception:
         return None
@@ -304,7 +304,7 @@ class WindowBuilder:
         self.records += 1
 
     def _engine_close(self) -> None:
-        from aggregator import engine_metrics
+        from ridgeline.aggregator import engine_metrics
         for source, polled in self._scrapes.items():
             tracker = self._trackers.get(source)
             if tracker is None:
@@ -362,7 +362,7 @@ class WindowBuilder:
 def verdict_of(window: dict):
     """The verdict module's judgement of a window, or None where it cannot judge."""
     try:
-        from aggregator import verdict
+        from ridgeline.aggregator import verdict
     except ImportError:
         return None
     fn = getattr(verdict, "window_verdict", None) or getattr(verdict, "judge_window", None)
@@ -874,7 +874,7 @@ def _ceilings_obj(gpu_name: str):
     if not gpu_name:
         return None
     try:
-        from aggregator import ceilings
+        from ridgeline.aggregator import ceilings
         return ceilings.from_device_name(gpu_name) or ceilings.lookup(gpu_name)
     except Exception:
         return None

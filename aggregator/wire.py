@@ -73,8 +73,8 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
-from probes.errors import InputError
-from probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
                            Device, NameTable, Trace, empty)
 
 SCHEMA_VERSION = 1

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
-from probes.events import Trace
+from ridgeline.probes.events import Trace
 
 from .model_config import ModelShape
 

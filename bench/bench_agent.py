@@ -47,7 +47,7 @@ def rss(pid: int) -> int:
 
 
 def run(speed: float, seconds: float, sched: bool) -> dict:
-    from agent.subscriber import Subscriber
+    from ridgeline.agent.subscriber import Subscriber
     port = free_port()
     d = tempfile.mkdtemp()
     cfg = Path(d) / "agent.toml"

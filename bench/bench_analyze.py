@@ -40,7 +40,7 @@ from make_big_trace import DEFAULT_SOURCE, make_big_trace  # noqa: E402
 
 PY = sys.executable
 
-LOAD_ONLY = "from probes.kineto import load_trace; import sys; t = load_trace(sys.argv[1]); print(len(t.kernels))"
+LOAD_ONLY = "from ridgeline.probes.kineto import load_trace; import sys; t = load_trace(sys.argv[1]); print(len(t.kernels))"
 HTA = """
 import sys, logging
 logging.disable(logging.WARNING)
@@ -78,9 +78,9 @@ def run_child(argv: list[str], timeout_s: float) -> dict:
 
 def wire_costs(source: Path) -> dict:
     """Bytes per kernel event: wire batch vs Kineto JSON (plain, gzipped) of the same kernels."""
-    from aggregator import wire
-    from probes.events import Trace
-    from probes.kineto import load_trace
+    from ridgeline.aggregator import wire
+    from ridgeline.probes.events import Trace
+    from ridgeline.probes.kineto import load_trace
     trace = load_trace(source)
     raw = gzip.decompress(source.read_bytes()) if source.read_bytes()[:2] == b"\x1f\x8b" else source.read_bytes()
     kern = [e for e in orjson.loads(raw)["traceEvents"] if e.get("cat") == "kernel"]
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
             made = make_big_trace(args.source, path, args.kernels)
     load_before = loadavg()
     rows = []
-    ours = run_child([PY, "-m", "agent.cli", "analyze", "--json", str(path)], args.timeout)
+    ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
     rows.append(("ridgeline analyze --json", ours))
     load = run_child([PY, "-c", LOAD_ONLY, str(path)], args.timeout)
     rows.append(("ridgeline load_trace only", load))

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from probes.cupti import protocol as P  # noqa: E402
-from probes.cupti.decode import ProcessDecoder  # noqa: E402
+from ridgeline.probes.cupti import protocol as P  # noqa: E402
+from ridgeline.probes.cupti.decode import ProcessDecoder  # noqa: E402
 import cupti_records as R  # noqa: E402
 
 BUFFER_BYTES = 4 << 20
@@ -92,8 +92,8 @@ def run_decode(bodies, with_join: bool, per_poll: int) -> float:
 def run_probe(bodies, per_poll: int) -> tuple[float, float]:
     """The whole agent path after the socket: CuptiProbe.ingest (parse, decode) and
     collect (joins, names into the probe-wide table), as CuptiProbe.poll runs them."""
-    from probes.cupti.probe import CuptiProbe
-    from probes.cupti.server import Message
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    from ridgeline.probes.cupti.server import Message
     probe = CuptiProbe("/nonexistent/bench.sock")
     hello = P.Hello(1, 130500, 130500, 0, 0, 1, "bench", "", {}, {(1, 211): (1, "cudaLaunchKernel_v7000")})
     probe.ingest([Message("hello", 1, 1, hello)])

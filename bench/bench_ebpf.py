@@ -41,9 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from probes import bpf as bpfmod  # noqa: E402
-from probes.cuda_uprobes import CudaUprobeProbe  # noqa: E402
-from probes.sched import SchedProbe  # noqa: E402
+from ridgeline.probes import bpf as bpfmod  # noqa: E402
+from ridgeline.probes.cuda_uprobes import CudaUprobeProbe  # noqa: E402
+from ridgeline.probes.sched import SchedProbe  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "ebpf"
 

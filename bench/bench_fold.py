@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 def window_batches(gpus: int, rate: int):
     from bench_scale import BATCH_S, build_period
-    from probes.events import Device, NameTable, Trace
+    from ridgeline.probes.events import Device, NameTable, Trace
     k0, a0, names, gpu_name = build_period(gpus, rate)
     nt = NameTable(names)
     devs = [Device(g, gpu_name) for g in range(gpus)]
@@ -53,7 +53,7 @@ def window_batches(gpus: int, rate: int):
 
 def shift(batches, w: int):
     """The same window w seconds later (timestamps and correlation ids move on)."""
-    from probes.events import Trace
+    from ridgeline.probes.events import Trace
     out = []
     for t in batches:
         k, a = t.kernels.copy(), t.api.copy()
@@ -65,8 +65,8 @@ def shift(batches, w: int):
 
 
 def incremental(batches, windows: int, profile: bool):
-    from aggregator import wire
-    from aggregator.windows import WindowBuilder
+    from ridgeline.aggregator import wire
+    from ridgeline.aggregator.windows import WindowBuilder
     wb = WindowBuilder(host="bench")
     costs = []
     prof = cProfile.Profile() if profile else None
@@ -87,8 +87,8 @@ def incremental(batches, windows: int, profile: bool):
 
 
 def whole_window(batches, windows: int):
-    from aggregator import wire
-    from aggregator.windows import concat_traces, gpu_figures
+    from ridgeline.aggregator import wire
+    from ridgeline.aggregator.windows import concat_traces, gpu_figures
     costs = []
     for w in range(windows):
         bs = shift(batches, w)

@@ -36,8 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aggregator.phases import DECODE, PREFILL, map_phases  # noqa: E402
-from probes.events import KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION, NameTable, Trace, empty  # noqa: E402
+from ridgeline.aggregator.phases import DECODE, PREFILL, map_phases  # noqa: E402
+from ridgeline.probes.events import KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION, NameTable, Trace, empty  # noqa: E402
 
 DEFAULT_SOURCE = Path("/work/shared/traces/nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")
 
@@ -125,8 +125,8 @@ def _child(which: str, args) -> dict:
             rows.append({"what": f"synthetic map_phases ({label})", "kernels": len(tr.kernels),
                          "steps": len(pm.steps), "seconds": dt, "cpu_seconds": dc, "check": ok})
         return {"rows": rows}
-    from aggregator.analysis import analyze_trace
-    from probes.kineto import load_trace
+    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.probes.kineto import load_trace
     src = load_trace(args.source)
     ref = map_phases(src)
     ref_labels = [(s.phase, s.evidence[0]) for s in ref.steps]

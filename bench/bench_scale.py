@@ -47,7 +47,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def step_template(device: int):
     """One simulated decode step (kernels + launch API records) of one GPU."""
-    from agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
     e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", device=device, pid=9000 + device, tid=9000 + device,
                             annotations=False), seed=0, metrics=False)
     e.forward([1] * 32, [1000] * 32)
@@ -57,7 +57,7 @@ def step_template(device: int):
 
 def build_period(gpus: int, rate: int):
     """Kernels and API records of one BATCH_S period for all GPUs, times from 0."""
-    from probes.events import API_LAUNCH
+    from ridgeline.probes.events import API_LAUNCH
     ks, apis, names, gpu_name = [], [], None, ""
     per = int(rate * BATCH_S)
     for g in range(gpus):
@@ -136,7 +136,7 @@ class FeedProbe:
 
     def __init__(self, endpoint: str):
         import zmq
-        from probes.events import NameTable
+        from ridgeline.probes.events import NameTable
         self.zmq = zmq
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
@@ -147,14 +147,14 @@ class FeedProbe:
         self.records = self.errors = 0
 
     def check(self):
-        from probes.probe import Availability
+        from ridgeline.probes.probe import Availability
         return Availability(True, "bench feed")
 
     def start(self):
         pass
 
     def poll(self):
-        from probes.events import API_DTYPE, KERNEL_DTYPE, Device, Trace
+        from ridgeline.probes.events import API_DTYPE, KERNEL_DTYPE, Device, Trace
         ks, aps = [], []
         for _ in range(1000):
             try:
@@ -187,10 +187,10 @@ class FeedProbe:
 def agent_main(feed: str, pub: str, duration_s: float):
     import logging
 
-    from agent import config as config_mod
-    from agent import registry
-    from agent.daemon import Agent
-    from probes.probe import Availability
+    from ridgeline.agent import config as config_mod
+    from ridgeline.agent import registry
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.probes.probe import Availability
     logging.basicConfig(level=logging.WARNING)
     cfg = config_mod.defaults()
     cfg["agent"]["window_s"] = 1.0
@@ -214,7 +214,7 @@ def agent_main(feed: str, pub: str, duration_s: float):
 def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
     import zmq
 
-    from aggregator import wire
+    from ridgeline.aggregator import wire
     ctx = zmq.Context()
     s = ctx.socket(zmq.SUB)
     s.setsockopt(zmq.RCVHWM, 0)
@@ -270,9 +270,9 @@ def fold_cost_ms(gpus: int, rate: int, repeats: int = 3) -> float:
     """CPU ms to fold one 1-s window of this scenario in-process (WindowBuilder add +
     close, with phases and roofline, and wire encoding): the agent's cost without the
     feed, the loop and the publisher. Median of ``repeats`` after one warm-up."""
-    from aggregator import wire
-    from aggregator.windows import WindowBuilder
-    from probes.events import Device, NameTable, Trace
+    from ridgeline.aggregator import wire
+    from ridgeline.aggregator.windows import WindowBuilder
+    from ridgeline.probes.events import Device, NameTable, Trace
     k0, a0, names, gpu_name = build_period(gpus, rate)
     nt = NameTable(names)
     devs = [Device(g, gpu_name) for g in range(gpus)]

@@ -20,9 +20,9 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-from aggregator import wire  # noqa: E402
-from probes.events import Trace  # noqa: E402
-from probes.kineto import load_trace  # noqa: E402
+from ridgeline.aggregator import wire  # noqa: E402
+from ridgeline.probes.events import Trace  # noqa: E402
+from ridgeline.probes.kineto import load_trace  # noqa: E402
 
 TRACES = ROOT.parent / "shared" / "traces"
 

@@ -61,7 +61,7 @@ class ReplayProbe(Probe):
         if not self.path.is_file():
             return Availability(False, f"replay trace not found: {self.path}", "check probes.replay.path")
         try:
-            import probes.kineto  # noqa: F401
+            import ridgeline.probes.kineto  # noqa: F401
         except ImportError as exc:
             return Availability(False, f"trace importer unavailable ({exc})", "install ridgeline completely")
         return Availability(True)

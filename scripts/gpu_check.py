@@ -183,7 +183,7 @@ def child(mode: str, out: Path, timeout: float, env_extra: dict | None = None, w
 def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "injected") -> tuple[dict, object, object]:
     """One injected run with the probe listening here; returns (workload result, trace, pm samples)."""
     import numpy as np
-    from probes.cupti.probe import CuptiProbe
+    from ridgeline.probes.cupti.probe import CuptiProbe
     sock = out / "tmp" / "cupti.sock"
     sock.parent.mkdir(parents=True, exist_ok=True)
     probe = CuptiProbe(str(sock))
@@ -191,16 +191,16 @@ def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "
     sampler, pm_out = None, None
     if pm:
         try:
-            from probes.cupti.pm_sampler import PmSampler
+            from ridgeline.probes.cupti.pm_sampler import PmSampler
             sampler = PmSampler(0, metrics=["dram__bytes_read.sum", "dram__bytes_write.sum"], interval_ns=1_000_000)
             sampler.start()
         except Exception as e:
-            from probes.cupti.pm_sampler import unavailable_reason
+            from ridgeline.probes.cupti.pm_sampler import unavailable_reason
             rep.step("pm_sampling_run", "unavailable", reason=" / ".join(unavailable_reason(e)))
             sampler = None
     traces = []
     try:
-        wrap = [sys.executable, "-m", "agent.cli", "run", "--socket", str(sock), "--mode", "deep", "--"]
+        wrap = [sys.executable, "-m", "ridgeline", "run", "--socket", str(sock), "--mode", "deep", "--"]
         res = child(mode, out, timeout, wrap=wrap)
         end = time.monotonic() + 3
         while time.monotonic() < end:
@@ -218,7 +218,7 @@ def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "
         counters = probe.counters()
         probe.stop()
     rep.data.setdefault("probe_counters", []).append(counters)
-    from probes.events import Trace
+    from ridgeline.probes.events import Trace
     if not traces:
         return res, None, pm_out
     t = traces[0][0]
@@ -249,7 +249,7 @@ def phase_split(trace) -> dict:
                       "range_ns": int(r["end_ns"] - r["start_ns"]), "start_ns": int(r["start_ns"]),
                       "end_ns": int(r["end_ns"])}
     try:
-        from aggregator.phases import PHASE_NAMES, map_phases
+        from ridgeline.aggregator.phases import PHASE_NAMES, map_phases
         pm = map_phases(trace, use_annotations=True)
         per = np.bincount(pm.kernel_phase, weights=dur, minlength=len(PHASE_NAMES))
         out["aggregator_phases_kernel_time_ns"] = {PHASE_NAMES[i]: int(v) for i, v in enumerate(per)}
@@ -287,13 +287,13 @@ def main_driver(out: Path, budget_s: float) -> int:
 
     # PM-sampling metric list (needs only cupti-python and a driver)
     try:
-        from probes.cupti.pm_sampler import metric_list
+        from ridgeline.probes.cupti.pm_sampler import metric_list
         ml = metric_list(0)
         (out / "pm_metrics.json").write_text(json.dumps(ml, indent=1))
         rep.step("pm_metric_list", "ok", chip=ml.get("chip"),
                  counts={k: len(v) if isinstance(v, list) else v for k, v in ml["base_metrics"].items()})
     except Exception as e:
-        from probes.cupti.pm_sampler import unavailable_reason
+        from ridgeline.probes.cupti.pm_sampler import unavailable_reason
         rep.step("pm_metric_list", "failed", reason=" / ".join(unavailable_reason(e)),
                  traceback=traceback.format_exc(limit=3))
 
@@ -351,7 +351,7 @@ def main_driver(out: Path, budget_s: float) -> int:
                                     end_ns=pm_samples["end_ns"], **{k.replace(".", "_"): v for k, v in
                                                                    pm_samples["values"].items()})
                 try:
-                    from aggregator.counters import EXTENSIVE, CounterSamples, attribute
+                    from ridgeline.aggregator.counters import EXTENSIVE, CounterSamples, attribute
                     k2 = trace2.kernels
                     ph2 = phase_split(trace2)
                     phase = np.zeros(len(k2), np.uint8)
@@ -370,7 +370,7 @@ def main_driver(out: Path, budget_s: float) -> int:
 
     try:
         results["prof"] = child("torchprof", out, min(200, left()))
-        from probes.kineto import load_trace
+        from ridgeline.probes.kineto import load_trace
         tt = load_trace(out / "torch_trace.json.gz")
         kk = tt.kernels
         cmp = {"torch_kernels": int(len(kk)), "torch_kernel_time_ns": int((kk["end_ns"] - kk["start_ns"]).sum())}
@@ -399,7 +399,7 @@ def main_driver(out: Path, budget_s: float) -> int:
         try:
             rep.data.pop("library_status", None)
             res, tr, _ = run_injected(rep, out, min(150, left() - 60), pm=False, mode="coexist")
-            from probes.kineto import load_trace
+            from ridgeline.probes.kineto import load_trace
             tt = load_trace(out / "torch_trace_coexist.json.gz")
             rep.step("coexist_torch_profiler", "ok", ridgeline_kernels=int(len(tr.kernels)) if tr is not None else 0,
                      torch_profiler_kernels=int(len(tt.kernels)), library_status=rep.data.get("library_status"),

@@ -7,8 +7,8 @@ tests/test_wire.py); it only carries envelopes and Traces through msgpack.
 import msgpack
 import numpy as np
 
-from probes.errors import InputError
-from probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE, Device,
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE, Device,
                            NameTable, Trace)
 
 _DT = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE, "cpu_ops": CPU_OP_DTYPE}
@@ -53,7 +53,7 @@ class StandInCodec:
 
 
 try:
-    from aggregator import wire as codec   # noqa: F401
+    from ridgeline.aggregator import wire as codec   # noqa: F401
     REAL_WIRE = True
 except ImportError:
     codec = StandInCodec()

@@ -161,7 +161,7 @@ def make_buffer(n_kernels: int = 200, seed: int = 0, t0_ns: int = 1_700_000_000_
 def split_by_pid(out: dict) -> list[dict]:
     """CuptiProbe.poll() output -> one ``{"pid", "trace", "launch_latency_ns"}`` per process
     (the trace's meta is that process's entry of ``meta["processes"]``)."""
-    from probes.events import Trace
+    from ridgeline.probes.events import Trace
     if "trace" not in out:
         return []
     t, lat = out["trace"], out["launch_latency_ns"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import prom_text
+from ridgeline.probes import prom_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared"))

@@ -7,7 +7,7 @@ the phase mapper's. They use the real :class:`aggregator.phases.Step` and
 """
 import numpy as np
 
-from aggregator.phases import PHASE_NAMES, PhaseMap, Step
+from ridgeline.aggregator.phases import PHASE_NAMES, PhaseMap, Step
 
 NAMES = PHASE_NAMES
 __all__ = ["NAMES", "Step", "phase_map"]

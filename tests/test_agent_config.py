@@ -7,8 +7,8 @@ from importlib import resources
 
 import pytest
 
-from agent import config
-from probes.errors import InputError
+from ridgeline.agent import config
+from ridgeline.probes.errors import InputError
 
 
 def _leaves(d, prefix=""):

@@ -6,15 +6,15 @@ import time
 import httpx
 import pytest
 
-from agent import config
-from agent.daemon import Agent
-from agent.registry import STEPS, Running
-from agent.sdnotify import Notifier
-from agent.subscriber import Subscriber
+from ridgeline.agent import config
+from ridgeline.agent.daemon import Agent
+from ridgeline.agent.registry import STEPS, Running
+from ridgeline.agent.sdnotify import Notifier
+from ridgeline.agent.subscriber import Subscriber
 from agent_codec import codec
-from probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
-from probes.probe import Availability, Probe
-from probes.replay import ReplayProbe
+from ridgeline.probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
+from ridgeline.probes.probe import Availability, Probe
+from ridgeline.probes.replay import ReplayProbe
 
 
 def free_port():
@@ -189,7 +189,7 @@ def test_collector_exposes_engine_device_verdict_and_threads():
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agent.prometheus import WindowCollector
+    from ridgeline.agent.prometheus import WindowCollector
     w = {
         "gpus": [{"device": 0, "pid": 7, "gpu": "H100", "source": "simulated", "span_ns": 10, "busy_ns": 5,
                   "phases": {"decode": {"kernels": 3, "kernel_time_ns": 2_000_000_000, "time_share_pct": 100.0,

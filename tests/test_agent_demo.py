@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from agent.recording import is_recording, load_recording
+from ridgeline.agent.recording import is_recording, load_recording
 
 
 def test_demo_leaves_report_plot_perfetto_recording_and_metrics(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import zmq
 import zmq.auth
 
-from agent.publisher import Publisher, is_loopback
-from probes.errors import InputError
+from ridgeline.agent.publisher import Publisher, is_loopback
+from ridgeline.probes.errors import InputError
 
 
 def enc(topic, seq, payload, host, ts_ns):

@@ -4,10 +4,10 @@ import struct
 import numpy as np
 import pytest
 
-from agent.recording import MAGIC, RecordingWriter, is_recording, iter_frames, load_recording, merge_traces
+from ridgeline.agent.recording import MAGIC, RecordingWriter, is_recording, iter_frames, load_recording, merge_traces
 from agent_codec import codec
-from probes.errors import InputError
-from probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
 
 
 def batch(names, ids, start):

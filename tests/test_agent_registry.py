@@ -3,9 +3,9 @@ import logging
 
 import pytest
 
-from agent import config, registry
-from probes.errors import InputError
-from probes.probe import Availability, Probe
+from ridgeline.agent import config, registry
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.probe import Availability, Probe
 
 
 def test_every_step_reports_availability_without_raising():
@@ -73,7 +73,7 @@ def test_build_passes_only_named_parameters():
 
 
 def test_check_command_lists_every_probe(capsys):
-    from agent.commands import check
+    from ridgeline.agent.commands import check
     import argparse
     rc = check.run(argparse.Namespace(config=None, probe=["replay", "simulator"]))
     out = capsys.readouterr().out.splitlines()

@@ -3,7 +3,7 @@ import os
 import socket
 import uuid
 
-from agent.sdnotify import Notifier
+from ridgeline.agent.sdnotify import Notifier
 
 
 def _server(addr):

@@ -68,7 +68,7 @@ def stop(p, sig=signal.SIGTERM):
 
 
 def subscriber(endpoint, topics=(), rcvhwm=10000):
-    from agent.subscriber import Subscriber
+    from ridgeline.agent.subscriber import Subscriber
     return Subscriber(endpoint, topics=topics, rcvhwm=rcvhwm)
 
 
@@ -198,7 +198,7 @@ def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
 def test_malformed_input_on_every_socket(tmp_path, trace_path):
     import httpx
     import zmq
-    from agent import config, registry
+    from ridgeline.agent import config, registry
     prom = free_port()
     cupti_sock = tmp_path / "cupti.sock"
     have_cupti = registry.availability("cupti", config.overlay(
@@ -279,7 +279,7 @@ def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path)
 
 
 def test_top_once_and_a_recording_that_loads_back(tmp_path, trace_path):
-    from agent.recording import is_recording, load_recording
+    from ridgeline.agent.recording import is_recording, load_recording
     cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
     a = start_agent(cfg)
     try:

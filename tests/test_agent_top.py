@@ -1,7 +1,7 @@
 """agent.top: the rich view rendered from literal windows (no sockets)."""
 from rich.console import Console
 
-from agent.top import TopState, bar, render
+from ridgeline.agent.top import TopState, bar, render
 
 WINDOW = {
     "host": "gpu-host-1", "duration_ns": 1_000_000_000, "sources": ["simulated"],

@@ -1,7 +1,7 @@
 """Alert hysteresis: each alert fires and clears only after its run of windows."""
 import pytest
 
-from aggregator import alerts as al
+from ridgeline.aggregator import alerts as al
 
 
 def feed(tracker, recs):

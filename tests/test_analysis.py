@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from aggregator import model_config
-from aggregator.analysis import analyze_trace, choose_ceilings
-from aggregator.ceilings import load_table
-from aggregator.work import CAT_GEMM, kernel_work_from_shapes
-from probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+from ridgeline.aggregator import model_config
+from ridgeline.aggregator.analysis import analyze_trace, choose_ceilings
+from ridgeline.aggregator.ceilings import load_table
+from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
+from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
 
 from phase_literals import Step, phase_map
 
@@ -78,7 +78,7 @@ def test_gpu_option_and_unknown_device():
 
 @pytest.mark.parametrize("name", SHARED)
 def test_every_shared_trace(trace_path, name):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     doc = analyze_trace(load_trace(trace_path(name)))
     assert {"gpu", "phases", "steps", "idle_gaps", "launch_latency", "copies"} <= set(doc)
     assert doc["gpu"]["key"], "every shared trace's GPU is in the table"
@@ -97,7 +97,7 @@ def test_h100_qwen_prefill_shape_flops_match_the_model(trace_path):
     """Qwen1.5-0.5B, 16 x 559 = 8944 tokens: projections and MLP are 2 x 0.31 G non-embedding
     parameters x 8944 tokens = 5.5 TFLOP, causal attention 2 x 16 x 16 x (559 x 560 / 2) x 128
     x 24 layers = 0.25 TFLOP: about 5.8e12 FLOPs for the profiled forward pass."""
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(H100_QWEN))
     m = model_config.builtin("qwen1.5-0.5b")
     kw = kernel_work_from_shapes(t)
@@ -115,7 +115,7 @@ def test_h100_qwen_prefill_shape_flops_match_the_model(trace_path):
 
 
 def test_b200_prefill_tokens_and_model_share(trace_path):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(SHARED[2]))
     m = model_config.builtin("gpt-oss-120b")
     doc = analyze_trace(t, model=m, context_len=888, tensor_parallel=8)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from ridgeline.agent.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 B200 = "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"
@@ -131,7 +131,7 @@ def test_trace_without_kernels_reports_and_plot_error_keeps_report(tmp_path, cap
 
 
 def test_recordings_are_dispatched_by_magic(tmp_path, capsys):
-    recording = pytest.importorskip("agent.recording")
+    recording = pytest.importorskip("ridgeline.agent.recording")
     f = tmp_path / "stream.rlrec"
     f.write_bytes(recording.MAGIC + b"\x01\x02")         # magic, then a torn frame header
     code = main(["analyze", str(f)])
@@ -146,9 +146,9 @@ def test_recordings_are_dispatched_by_magic(tmp_path, capsys):
 def test_analyze_a_recording_of_the_stream(trace_path, capsys, tmp_path):
     """An agent recording holding the nano-vllm decode trace's events gives the same phase figures
     as the Kineto file (events only: the recording carries no operator shapes)."""
-    recording = pytest.importorskip("agent.recording")
-    wire = pytest.importorskip("aggregator.wire")
-    from probes.kineto import load_trace
+    recording = pytest.importorskip("ridgeline.agent.recording")
+    wire = pytest.importorskip("ridgeline.aggregator.wire")
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(DECODE))
     f = tmp_path / "stream.rlrec"
     with recording.RecordingWriter(f) as w:

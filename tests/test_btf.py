@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from probes import btf
+from ridgeline.probes import btf
 
 
 def _blob() -> bytes:
@@ -58,6 +58,6 @@ def test_bad_blob():
 
 @pytest.mark.skipif(not os.path.exists(btf.VMLINUX), reason="kernel has no BTF (/sys/kernel/btf/vmlinux)")
 def test_running_kernel_layouts():
-    from probes.sched import raw_layout_problem
+    from ridgeline.probes.sched import raw_layout_problem
     assert raw_layout_problem() is None
     assert btf.member_offset("task_struct", "tgid") == btf.member_offset("task_struct", "pid") + 4

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
-from aggregator import capacity, model_config
+from ridgeline.agent.cli import main
+from ridgeline.aggregator import capacity, model_config
 
 ROOT = Path(__file__).resolve().parent.parent
 GB = 1e9
@@ -73,7 +73,7 @@ def test_cli_text_with_model(capsys):
     (["--kv-pool", "60GB", "--context", "4096"], "--context needs --model"),
 ])
 def test_cli_errors_one_line_exit_2(args, msg):
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "capacity", *args], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "capacity", *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -91,6 +91,6 @@ def test_cli_pool_from_real_engine_sample(capsys):
 def test_cli_engine_without_pool_exit_2():
     from engine_samples import V026, MetricsServer, sample_text
     with MetricsServer(sample_text(V026)) as srv:
-        r = subprocess.run([sys.executable, "-m", "agent.cli", "capacity", "--engine", srv.url, "--context", "512"],
+        r = subprocess.run([sys.executable, "-m", "ridgeline", "capacity", "--engine", srv.url, "--context", "512"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not expose its KV pool size" in r.stderr

@@ -1,8 +1,8 @@
 """Ceilings table: datasheet figures, device-name matching, user overrides."""
 import pytest
 
-from aggregator import ceilings
-from probes.errors import InputError
+from ridgeline.aggregator import ceilings
+from ridgeline.probes.errors import InputError
 
 REQUIRED = ["a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm",
             "h100-pcie", "h200-sxm", "h800-sxm", "b200", "l40s", "l4", "a10", "rtx-4090",

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from agent import cli
+from ridgeline.agent import cli
 
 
 def test_help_lists_commands(capsys):

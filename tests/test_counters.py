@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.counters import EXTENSIVE, INTENSIVE, CounterSamples, attribute, busy_ns, from_gpm_records
+from ridgeline.aggregator.counters import EXTENSIVE, INTENSIVE, CounterSamples, attribute, busy_ns, from_gpm_records
 
 PREFILL, DECODE = 1, 2
 

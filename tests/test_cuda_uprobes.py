@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes import cuda_uprobes as cu
+from ridgeline.probes import cuda_uprobes as cu
 
 DATA = Path(__file__).parent / "data"
 
@@ -128,7 +128,7 @@ print("DONE", threading.get_native_id(), sorted(rcs), flush=True); sys.stdin.rea
 
 @pytest.fixture(scope="module")
 def uprobe():
-    from probes import bpf as bpfmod
+    from ridgeline.probes import bpf as bpfmod
     miss = bpfmod.availability(need_tracefs=False)
     if not miss.ok:
         pytest.skip(f"ebpf: {miss.reason}")

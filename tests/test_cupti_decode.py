@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 
 import cupti_records as R
-from probes.cupti import layouts as L
-from probes.cupti.decode import ProcessDecoder
-from probes.cupti.protocol import BATCH_DTYPE, Batch, Hello, Section
-from probes.events import API_GRAPH_LAUNCH, API_LAUNCH, MISSING
+from ridgeline.probes.cupti import layouts as L
+from ridgeline.probes.cupti.decode import ProcessDecoder
+from ridgeline.probes.cupti.protocol import BATCH_DTYPE, Batch, Hello, Section
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, MISSING
 
 
 def batch(sections, names=None, version=130500) -> Batch:

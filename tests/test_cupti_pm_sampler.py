@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import hardware
-from probes.cupti.pm_sampler import PmSampler, unavailable_reason
+from ridgeline.probes.cupti.pm_sampler import PmSampler, unavailable_reason
 
 
 @pytest.mark.skipif(hardware.gpu_missing() is None, reason="a GPU is present: the no-GPU reason path does not apply")

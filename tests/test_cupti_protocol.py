@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from probes.cupti import protocol as P
-from probes.cupti.server import CuptiServer
+from ridgeline.probes.cupti import protocol as P
+from ridgeline.probes.cupti.server import CuptiServer
 
 
 def hello_body(pid=7, comm=b"vllm", status=b"") -> bytes:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.commands.inject_unit import render, unit_name
-from probes.errors import InputError
+from ridgeline.agent.commands.inject_unit import render, unit_name
+from ridgeline.probes.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "probes" / "native" / "libridgeline_cupti.so"
@@ -18,7 +18,7 @@ LIB = ROOT / "probes" / "native" / "libridgeline_cupti.so"
 def ridgeline(*args, env=None):
     e = dict(os.environ, **(env or {}))
     e.pop("CUDA_INJECTION64_PATH", None)
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, env=e,
+    return subprocess.run([sys.executable, "-m", "ridgeline", *args], capture_output=True, text=True, env=e,
                           cwd=ROOT, timeout=60)
 
 
@@ -53,7 +53,7 @@ def test_run_errors_are_one_line():
 
 def test_run_refuses_to_override_another_injection_tool():
     e = dict(os.environ, CUDA_INJECTION64_PATH="/opt/nsight/libToolsInjection64.so")
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--", "true"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "run", "--", "true"], capture_output=True, text=True,
                        env=e, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "another tool" in r.stderr
 

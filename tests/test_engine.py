@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from aggregator import engine_metrics as em
+from ridgeline.aggregator import engine_metrics as em
 from engine_samples import V011, V026, MetricsServer, advance, free_port, sample_text
-from probes import engine
-from probes.errors import InputError
+from ridgeline.probes import engine
+from ridgeline.probes.errors import InputError
 
 
 @pytest.mark.parametrize("name,engine_name,kv", [(V011, "vllm", 0.0), (V026, "vllm", 0.38849487785658)])

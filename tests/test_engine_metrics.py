@@ -1,9 +1,9 @@
 """Engine metrics normalisation: real scrapes, generated successors, resets, quantile edges."""
 import pytest
 
-from aggregator import engine_metrics as em
+from ridgeline.aggregator import engine_metrics as em
 from engine_samples import SGLANG_TEXT, V011, V026, advance, sample_text
-from probes import prom_text
+from ridgeline.probes import prom_text
 
 T0 = 1_762_438_500_000_000_000
 S = 1_000_000_000

@@ -1,6 +1,6 @@
 import numpy as np
 
-from probes import events
+from ridgeline.probes import events
 
 
 def test_empty_sets_missing_on_integer_fields():

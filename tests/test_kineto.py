@@ -9,9 +9,9 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from probes import events as ev
-from probes.errors import InputError
-from probes.kineto import api_category, copy_direction, kernel_cpu_op_index, load_trace
+from ridgeline.probes import events as ev
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.kineto import api_category, copy_direction, kernel_cpu_op_index, load_trace
 
 TRACES = [
     "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
@@ -329,7 +329,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("name", TRACES)
 def test_streaming_equals_whole_document_parse(name, trace_path, loaded):
-    from probes.kineto import load_trace_via_dicts
+    from ridgeline.probes.kineto import load_trace_via_dicts
     trace, _ = loaded(name, trace_path)
     _same(trace, load_trace_via_dicts(trace_path(name)))
 
@@ -343,7 +343,7 @@ def test_chunk_boundaries_do_not_matter(name, chunk, trace_path, loaded):
 def test_odd_formatting_goes_through_slow_path_exactly(tmp_path):
     """Whitespace before ':', exponents, 19-digit ids, escaped backslashes, a 'cat' key
     nested in args, an event bigger than the chunk: same result as the reference."""
-    from probes.kineto import load_trace_via_dicts
+    from ridgeline.probes.kineto import load_trace_via_dicts
     big_name = "k" * 10000
     text = """{"traceEvents" : [
       {"ph" : "X", "cat" : "kernel", "name" : "a\\\\\\"b", "pid": 0, "tid": 7, "ts" : 1e3, "dur": 2.5,
@@ -374,7 +374,7 @@ def test_two_process_read_equals_one(tmp_path, trace_path, loaded):
     p = tmp_path / "b200.json"
     p.write_bytes(gzip.open(trace_path(TRACES[2])).read())
     from pathlib import Path
-    import probes.kineto as kineto
+    import ridgeline.probes.kineto as kineto
     assert kineto._load_parallel(Path(p), 1 << 20) is not None   # really took two parts
     _same(trace, load_trace(p, chunk_bytes=1 << 20, parallel=True))
 
@@ -397,8 +397,8 @@ def test_two_process_read_of_bad_files_still_errors(tmp_path, trace_path):
 
 @pytest.mark.parametrize("kind", ["missing", "truncated_gz", "not_json", "no_events"])
 def test_cli_analyze_bad_file_exit_2_one_line(kind, tmp_path, trace_path, capsys):
-    pytest.importorskip("agent.commands.analyze")
-    from agent.cli import main
+    pytest.importorskip("ridgeline.agent.commands.analyze")
+    from ridgeline.agent.cli import main
     p = tmp_path / f"{kind}.json"
     if kind == "truncated_gz":
         p = tmp_path / "cut.json.gz"

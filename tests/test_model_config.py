@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from aggregator import model_config
-from probes.errors import InputError
+from ridgeline.aggregator import model_config
+from ridgeline.probes.errors import InputError
 
 
 def test_llama3_8b_weights_and_kv():

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from probes.cupti.probe import CuptiProbe
-from probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
-from probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
+from ridgeline.probes.cupti.probe import CuptiProbe
+from ridgeline.probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
 
 import cupti_records as R
 
@@ -120,7 +120,7 @@ def _load_expected(path: Path) -> dict:
 
 
 def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
-    from probes import targets
+    from ridgeline.probes import targets
     # The eBPF probes' target set, as the agent holds one: announced pids reach it.
     watched = targets.TargetSet(discover_gpu=False, alive=lambda pid: True)
     sock = tmp_path / "cupti.sock"
@@ -378,7 +378,7 @@ def test_many_processes_merge_into_one_trace_with_shared_names(built, harness, t
 
 
 def _concat(a, b):
-    from probes.events import Trace
+    from ridgeline.probes.events import Trace
     meta = {"source": "cupti", "processes": {**a.meta["processes"], **b.meta["processes"]}}
     return Trace(*(np.concatenate([getattr(a, f), getattr(b, f)]) for f in ("kernels", "copies", "api", "ranges")),
                  names=a.names, meta=meta)

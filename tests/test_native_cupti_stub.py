@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from probes.cupti.probe import CuptiProbe
+from ridgeline.probes.cupti.probe import CuptiProbe
 import cupti_records as R
-from probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
+from ridgeline.probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"

@@ -7,7 +7,7 @@ import types
 import pynvml
 import pytest
 
-from probes import nvml
+from ridgeline.probes import nvml
 
 H200_TOTAL = 150_754_820_096          # 143,771 MiB as NVML reports an H200 141 GB
 H200_RESERVED = 599_785_472

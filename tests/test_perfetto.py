@@ -3,8 +3,8 @@ import json
 
 import numpy as np
 
-from aggregator.perfetto import PHASE_PID, write_perfetto
-from probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.aggregator.perfetto import PHASE_PID, write_perfetto
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE, NameTable, Trace, empty
 
 from phase_literals import NAMES, Step, phase_map
 

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from probes.events import (API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
+from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
                            RANGE_GPU_ANNOTATION, NameTable, Trace, empty)
 
 US = 1000  # ns per microsecond
@@ -121,9 +121,9 @@ def layers(b: TraceBuilder, t0_us: float, n_layers: int, attention: str, tokens:
 
 import pytest
 
-from aggregator.phases import (DECODE, MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, PhaseMap, map_phases,
+from ridgeline.aggregator.phases import (DECODE, MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, PhaseMap, map_phases,
                                parse_step_annotation)
-from probes.events import API_GRAPH_LAUNCH, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION
+from ridgeline.probes.events import API_GRAPH_LAUNCH, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION
 
 
 def only_step(pm: PhaseMap):
@@ -549,7 +549,7 @@ def test_enclosing_parent_matches_a_per_thread_scan():
     """The merged-sort containment join equals the definition, op by op: the latest-starting
     parent on the same thread at or before the query (ties: highest index), if it still
     covers the query's end."""
-    from aggregator.phases import _enclosing_parent
+    from ridgeline.aggregator.phases import _enclosing_parent
     rng = np.random.default_rng(7)
     n = 400
     ops = empty(CPU_OP_DTYPE, n)

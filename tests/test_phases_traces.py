@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
-from probes.events import RANGE_DTYPE, Trace, empty
-from probes.kineto import load_trace
+from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
+from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
+from ridgeline.probes.kineto import load_trace
 
 B200 = "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"
 H100 = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"

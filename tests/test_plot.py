@@ -3,9 +3,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from aggregator import ceilings
-from aggregator.plot import build_figure, plot_roofline
-from probes.errors import InputError
+from ridgeline.aggregator import ceilings
+from ridgeline.aggregator.plot import build_figure, plot_roofline
+from ridgeline.probes.errors import InputError
 
 
 def _doc():

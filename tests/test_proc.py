@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from probes import proc
+from ridgeline.probes import proc
 
 MAPS = """\
 7f0000000000-7f0000001000 r--p 00000000 fd:01 1234567                    /opt/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_samples import V011, V026, sample_text
-from probes import prom_text
+from ridgeline.probes import prom_text
 
 
 def _key(name):

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from probes.events import KERNEL_DTYPE, NameTable, Trace, empty
-from probes.replay import ReplayProbe
+from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.probes.replay import ReplayProbe
 
 
 class Clock:

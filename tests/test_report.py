@@ -1,14 +1,14 @@
 """Terminal report: every phase, its verdict and evidence, the ceilings' source."""
 from rich.console import Console
 
-from aggregator.analysis import analyze_trace
-from aggregator.report import render
+from ridgeline.aggregator.analysis import analyze_trace
+from ridgeline.aggregator.report import render
 
 from test_analysis import _decode_trace
 
 
 def test_render_shows_phase_verdict_evidence_and_source():
-    from aggregator import model_config
+    from ridgeline.aggregator import model_config
     t, pm = _decode_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
     c = Console(record=True, width=160)
@@ -22,7 +22,7 @@ def test_render_shows_phase_verdict_evidence_and_source():
 
 def test_render_without_ceilings_says_why():
     t, pm = _decode_trace()
-    from probes.events import Device
+    from ridgeline.probes.events import Device
     t.devices = [Device(0, "Mystery GPU")]
     c = Console(record=True, width=160)
     render(analyze_trace(t, phase_map=pm), c)

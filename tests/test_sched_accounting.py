@@ -6,8 +6,8 @@ import re
 import numpy as np
 import pytest
 
-from probes import sched_accounting as sa
-from probes.sched import BPF_SOURCE
+from ridgeline.probes import sched_accounting as sa
+from ridgeline.probes.sched import BPF_SOURCE
 
 
 def rec(tid=10, tgid=7, state=sa.S_UNKNOWN, ts=0, **kw):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from probes import proc
+from ridgeline.probes import proc
 
 pytestmark = pytest.mark.ebpf
 
@@ -40,7 +40,7 @@ TOL_RATIO = 0.03
 
 @pytest.fixture(scope="module")
 def probe():
-    from probes.sched import SchedProbe
+    from ridgeline.probes.sched import SchedProbe
     p = SchedProbe(discover=False, seed_s=30.0)
     assert p.check().ok, p.check()
     p.start()

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from agent import cli
-from probes.probe import Availability
+from ridgeline.agent import cli
+from ridgeline.probes.probe import Availability
 
 
 def test_missing_process_is_one_line_exit_2(capsys):
@@ -23,7 +23,7 @@ def test_bad_duration(capsys):
 
 
 def test_no_ebpf_is_one_line_exit_2(capsys, monkeypatch):
-    import probes.sched as sched
+    import ridgeline.probes.sched as sched
     monkeypatch.setattr(sched.SchedProbe, "check",
                         lambda self: Availability(False, "eBPF probes need root (euid 1000)", "run as root"))
     assert cli.main(["sched", "--pid", "1", "--duration", "1"]) == 2
@@ -43,7 +43,7 @@ def test_json_report_of_a_live_process():
     c = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         c.stdout.readline()
-        out = subprocess.run([sys.executable, "-m", "agent.cli", "sched", "--pid", str(c.pid), "--duration", "1.5",
+        out = subprocess.run([sys.executable, "-m", "ridgeline", "sched", "--pid", str(c.pid), "--duration", "1.5",
                               "--json"], capture_output=True, text=True, timeout=120)
     finally:
         c.stdin.write("x\n"); c.stdin.flush(); c.wait(timeout=10)

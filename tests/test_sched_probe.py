@@ -1,8 +1,8 @@
 """SchedProbe lifecycle without loading anything: poll before start, idempotent stop, layout checks."""
 from __future__ import annotations
 
-from probes import btf
-from probes.sched import SchedProbe, raw_layout_problem
+from ridgeline.probes import btf
+from ridgeline.probes.sched import SchedProbe, raw_layout_problem
 
 
 def test_lifecycle_without_start():

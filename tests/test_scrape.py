@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from ridgeline.agent.cli import main
 from engine_samples import SGLANG_TEXT, V011, V026, MetricsServer, advance, free_port, sample_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def test_text_output(capsys):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ridgeline", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -6,10 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from aggregator.signatures import (DATA_FILE, GRID_TOKENS, ROLE_ATTENTION, ROLE_GEMM, ROLE_NONE, ROLE_PER_TOKEN,
+from ridgeline.aggregator.signatures import (DATA_FILE, GRID_TOKENS, ROLE_ATTENTION, ROLE_GEMM, ROLE_NONE, ROLE_PER_TOKEN,
                                    classify_kernels, load_signatures, match_name_ids, parse_tile, short_name)
-from probes.errors import InputError
-from probes.events import KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
 
 # Kernel names as they appear in real traces (reference/traces.md, kernel-signatures.md),
 # with the signature id that must claim each.

@@ -9,19 +9,19 @@ import httpx
 import numpy as np
 import pytest
 
-from agent.cli import main as cli_main
-from agent.simulator.conventions import evaluate, load_engine
-from agent.simulator.cost import CLASSES, Efficiency, StepShape, plan_step
-from agent.simulator.engine import SimConfig, SimEngine
-from agent.simulator.hardware import gpu_spec
-from agent.simulator.kineto_writer import write_kineto
-from agent.simulator.kvpool import KvPool
-from agent.simulator.model import load_model
-from agent.simulator.probe import SimulatorProbe, make_probe
-from agent.simulator.scheduler import Request, Scheduler, SchedulerConfig
-from agent.simulator.workload import Workload, draw
-from probes.errors import InputError
-from probes.events import API_LAUNCH, API_SYNC, KERNEL_DTYPE, API_DTYPE
+from ridgeline.agent.cli import main as cli_main
+from ridgeline.agent.simulator.conventions import evaluate, load_engine
+from ridgeline.agent.simulator.cost import CLASSES, Efficiency, StepShape, plan_step
+from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+from ridgeline.agent.simulator.hardware import gpu_spec
+from ridgeline.agent.simulator.kineto_writer import write_kineto
+from ridgeline.agent.simulator.kvpool import KvPool
+from ridgeline.agent.simulator.model import load_model
+from ridgeline.agent.simulator.probe import SimulatorProbe, make_probe
+from ridgeline.agent.simulator.scheduler import Request, Scheduler, SchedulerConfig
+from ridgeline.agent.simulator.workload import Workload, draw
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import API_LAUNCH, API_SYNC, KERNEL_DTYPE, API_DTYPE
 
 
 def small_engine(**kw) -> SimEngine:
@@ -275,7 +275,7 @@ def test_metrics_served_on_loopback():
 # ---- trace file -------------------------------------------------------------------------
 
 def test_kineto_trace_round_trips_through_the_importer(tmp_path):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     e = small_engine(workload=Workload(rate_per_s=10, duration_s=0.5, prompt_mean=128, prompt_max=256,
                                        output_mean=16, output_max=32))
     e.run()
@@ -353,8 +353,8 @@ def test_cli_bad_input_is_one_line(argv, capsys):
 
 
 def test_served_metrics_parse_as_a_vllm_v1_engine():
-    from aggregator import engine_metrics
-    from probes import prom_text
+    from ridgeline.aggregator import engine_metrics
+    from ridgeline.probes import prom_text
     e = small_engine()
     e.run()
     snap = engine_metrics.snapshot(prom_text.parse(e.metrics.text().decode()), 1, "simulated")

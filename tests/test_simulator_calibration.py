@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.simulator.calibration import (CLASSES, class_times_ns, compare, kernel_class, markdown,
+from ridgeline.agent.simulator.calibration import (CLASSES, class_times_ns, compare, kernel_class, markdown,
                                          simulate_hf_qwen_forward, step_kernels)
 
 TRACE = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
@@ -29,7 +29,7 @@ def test_kernel_classes_by_name():
 
 
 def test_simulated_forward_matches_real_trace_within_stated_error(trace_path):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     real = load_trace(trace_path(TRACE))
     rk = step_kernels(real, "ProfilerStep#6")
     sim = simulate_hf_qwen_forward()

@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.simulator.engine import SimConfig, SimEngine
-from agent.simulator.scheduler import SchedulerConfig
-from agent.simulator.series import engine_windows
-from agent.simulator.workload import Workload
+from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+from ridgeline.agent.simulator.scheduler import SchedulerConfig
+from ridgeline.agent.simulator.series import engine_windows
+from ridgeline.agent.simulator.workload import Workload
 
-analysis = pytest.importorskip("aggregator.analysis")
-phases_mod = pytest.importorskip("aggregator.phases")
-from aggregator import alerts, capacity, model_config, verdict  # noqa: E402
+analysis = pytest.importorskip("ridgeline.aggregator.analysis")
+phases_mod = pytest.importorskip("ridgeline.aggregator.phases")
+from ridgeline.aggregator import alerts, capacity, model_config, verdict  # noqa: E402
 
 MODEL = "llama-3-8b"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 zmq = pytest.importorskip("zmq")
-wire = pytest.importorskip("aggregator.wire")
+wire = pytest.importorskip("ridgeline.aggregator.wire")
 
 ROOT = Path(__file__).resolve().parent.parent
 SOAK_S = float(os.environ.get("RIDGELINE_SOAK_S", "300"))
@@ -28,10 +28,10 @@ SOAK_S = float(os.environ.get("RIDGELINE_SOAK_S", "300"))
 DRIVER = r"""
 import sys, time, logging
 sys.path.insert(0, {root!r})
-from agent import config, registry
-from agent.daemon import Agent
-from agent.simulator.probe import SimulatorProbe
-from probes.probe import Availability
+from ridgeline.agent import config, registry
+from ridgeline.agent.daemon import Agent
+from ridgeline.agent.simulator.probe import SimulatorProbe
+from ridgeline.probes.probe import Availability
 logging.basicConfig(level=logging.WARNING)
 cfg = config.defaults()
 cfg["agent"]["window_s"] = 1.0

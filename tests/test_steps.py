@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from aggregator.steps import cpu_op_index
-from probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
-from probes.kineto import kernel_cpu_op_index
+from ridgeline.aggregator.steps import cpu_op_index
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.probes.kineto import kernel_cpu_op_index
 
 
 def _trace() -> Trace:
@@ -66,7 +66,7 @@ def test_cpu_op_index_recomputed_when_an_array_is_replaced():
 
 
 def test_argmax_in_ranges_is_the_first_maximum_of_each_slice():
-    from aggregator.steps import _argmax_in_ranges
+    from ridgeline.aggregator.steps import _argmax_in_ranges
     rng = np.random.default_rng(3)
     values = rng.integers(0, 5, 300)                    # many ties: the first maximum wins
     lo = rng.integers(0, 290, 80)
@@ -80,7 +80,7 @@ def test_argmax_in_ranges_is_the_first_maximum_of_each_slice():
 
 
 def test_launch_index_with_correlation_ids_in_and_out_of_order():
-    from aggregator.steps import launch_index
+    from ridgeline.aggregator.steps import launch_index
     tr = _trace()
     assert launch_index(tr).tolist() == [0, 1, 2]
     a = tr.api[[2, 0, 1]]                     # two threads interleave: ids out of order
@@ -93,12 +93,12 @@ def test_launch_index_with_correlation_ids_in_and_out_of_order():
 
 def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
     """map_phases and the shape-based work model share one kernel -> CPU op join."""
-    import aggregator.steps as steps_mod
-    from aggregator.analysis import analyze_trace
+    import ridgeline.aggregator.steps as steps_mod
+    from ridgeline.aggregator.analysis import analyze_trace
     calls = []
 
-    import probes.kineto
-    original = probes.kineto.kernel_cpu_op_index
+    import ridgeline.probes.kineto as kineto_mod
+    original = kineto_mod.kernel_cpu_op_index
 
     def counting(trace):
         calls.append(1)
@@ -106,7 +106,7 @@ def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
 
     # Both the memoised path and any direct call of the importer's join are counted.
     monkeypatch.setattr(steps_mod, "kernel_cpu_op_index", counting)
-    monkeypatch.setattr(probes.kineto, "kernel_cpu_op_index", counting)
+    monkeypatch.setattr(kineto_mod, "kernel_cpu_op_index", counting)
     tr = _trace()
     tr.cpu_ops["input_dims_id"] = tr.names.intern("[[16, 1024], [1024, 1024]]")   # GEMM rows need the join
     analyze_trace(tr, gpu="H100 SXM")

@@ -1,13 +1,13 @@
 """aggregator.stream_phases: per-batch phase mapping with step shapes decided once."""
 import numpy as np
 
-from aggregator.phases import PHASE_NAMES, map_phases
-from aggregator.stream_phases import StreamPhaser
-from probes.events import RANGE_DTYPE, Trace, empty
+from ridgeline.aggregator.phases import PHASE_NAMES, map_phases
+from ridgeline.aggregator.stream_phases import StreamPhaser
+from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
 
 
 def _simulated_decode():
-    from agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
     e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", annotations=False), seed=0, metrics=False)
     for _ in range(6):
         e.forward([1] * 16, [500] * 16)       # six identical decode steps
@@ -47,7 +47,7 @@ def test_annotated_batch_uses_the_full_layered_method():
     r["start_ns"], r["end_ns"] = t.kernels["start_ns"].min(), t.kernels["end_ns"].max()
     r["device"], r["name_id"] = 0, t.names.intern("execute_context_0(0)_generation_16(16)")
     r["external_id"] = 1
-    from probes.events import RANGE_GPU_ANNOTATION
+    from ridgeline.probes.events import RANGE_GPU_ANNOTATION
     r["kind"] = RANGE_GPU_ANNOTATION
     ann = Trace(kernels=t.kernels, ranges=r, names=t.names, devices=t.devices)
     bp = StreamPhaser(t.names).map_batch(ann)

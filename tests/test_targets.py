@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from probes import targets as tg
+from ridgeline.probes import targets as tg
 
 
 class FakeProc:
@@ -102,10 +102,10 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
     """TargetSet feeding a live SchedProbe: a GPU process (a stand-in device file) that starts
     after the probe is tracked, and dropped when it exits."""
     import pytest
-    from probes import bpf as bpfmod
+    from ridgeline.probes import bpf as bpfmod
     if not bpfmod.availability().ok:
         pytest.skip(f"ebpf: {bpfmod.availability().reason}")
-    from probes.sched import SchedProbe
+    from ridgeline.probes.sched import SchedProbe
     dev = tmp_path / "nvidia0"
     dev.write_text("")
     ts = tg.TargetSet(device_prefixes=(str(tmp_path / "nvidia"),), rescan_s=0.0)
@@ -137,10 +137,10 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
 
 def test_probe_with_discovery_takes_announced_processes():
     import pytest
-    from probes import bpf as bpfmod
+    from ridgeline.probes import bpf as bpfmod
     if not bpfmod.availability().ok:
         pytest.skip(f"ebpf: {bpfmod.availability().reason}")
-    from probes.sched import SchedProbe
+    from ridgeline.probes.sched import SchedProbe
     probe = SchedProbe()             # discover=True: the agent's configuration
     probe.start()
     try:

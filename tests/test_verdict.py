@@ -7,10 +7,10 @@ scrape advanced to a loaded state (tests/engine_samples.py).
 """
 import pytest
 
-from aggregator import engine_metrics as em
-from aggregator import verdict as v
+from ridgeline.aggregator import engine_metrics as em
+from ridgeline.aggregator import verdict as v
 from engine_samples import V011, advance, sample_text
-from probes import prom_text
+from ridgeline.probes import prom_text
 
 WINDOW_NS = 1_000_000_000
 
@@ -188,8 +188,8 @@ def test_idle_gpu_is_not_bandwidth_bound_and_overcounts_are_flagged():
 
 def test_verdicts_on_recorded_traces(trace_path):
     """H2's phases and H3's roofline on two real traces, judged without engine or device data."""
-    from aggregator.analysis import analyze_trace
-    from probes.kineto import load_trace
+    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.probes.kineto import load_trace
 
     h100 = analyze_trace(load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")))
     r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases=h100["phases"]))
@@ -218,8 +218,8 @@ def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
 def test_launch_thread_from_sched_and_uprobe_windows_in_window_layout():
     """H4's per-window arrays (its dtypes), as the window record holds them after plain()."""
     import numpy as np
-    from aggregator.windows import plain
-    from probes.sched_accounting import WINDOW_DTYPE
+    from ridgeline.aggregator.windows import plain
+    from ridgeline.probes.sched_accounting import WINDOW_DTYPE
     cuda_dtype = np.dtype([("tid", "<i4"), ("tgid", "<i4"), ("launches", "<i8"), ("graph_launches", "<i8")])
     sched = np.zeros(3, WINDOW_DTYPE)
     sched["tid"], sched["tgid"] = [4242, 4300, 999], [4242, 4242, 999]

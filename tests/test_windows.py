@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from aggregator.windows import WindowBuilder, busy_ns, gpu_figures, plain
-from probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
+from ridgeline.aggregator.windows import WindowBuilder, busy_ns, gpu_figures, plain
+from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
                            KERNEL_DTYPE, Device, NameTable, Trace, empty)
 
 
@@ -71,7 +71,7 @@ def test_builder_closes_and_starts_empty():
 
 
 def test_engine_scrapes_become_figures_from_deltas(tmp_path):
-    from probes import prom_text
+    from ridgeline.probes import prom_text
     text = ("# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n"
             "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 0.9\n"
             "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total {n}\n")
@@ -93,7 +93,7 @@ def test_plain_makes_numpy_msgpack_ready():
 
 
 def test_window_on_real_trace(shared_traces):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(shared_traces / "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")
     b = WindowBuilder()
     b.add_events(t, "replay")
@@ -118,9 +118,9 @@ def test_full_window_drops_and_counts_batches():
 
 # ------------------------------------------------------------------ incremental fold
 
-from aggregator import model_config  # noqa: E402
-from aggregator.phases import PHASE_NAMES, map_phases  # noqa: E402
-from aggregator.windows import (HIST_BINS, SourceFold, hist_percentile_ns,  # noqa: E402
+from ridgeline.aggregator import model_config  # noqa: E402
+from ridgeline.aggregator.phases import PHASE_NAMES, map_phases  # noqa: E402
+from ridgeline.aggregator.windows import (HIST_BINS, SourceFold, hist_percentile_ns,  # noqa: E402
                                 log2_bins)
 
 
@@ -170,7 +170,7 @@ def _whole_trace_counts(t: Trace) -> dict:
     "nvidia-training/hta_a100_rank0_training.json.gz",
 ])
 def test_fold_in_batches_equals_fold_at_once_on_real_traces(trace_path, name):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = _kernel_stream(load_trace(trace_path(name)))
     model = model_config.builtin("gpt-oss-120b")
     once = _fold_in(t, 1, model)
@@ -182,9 +182,9 @@ def test_fold_in_batches_equals_fold_at_once_on_real_traces(trace_path, name):
 
 
 def _simulated(prompt_mean, output_mean, rate, max_tokens=None):
-    from agent.simulator.engine import SimConfig, SimEngine
-    from agent.simulator.scheduler import SchedulerConfig
-    from agent.simulator.workload import Workload
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.scheduler import SchedulerConfig
+    from ridgeline.agent.simulator.workload import Workload
     w = Workload(rate_per_s=rate, duration_s=1, prompt_mean=prompt_mean, prompt_max=2 * prompt_mean,
                  output_mean=output_mean, output_max=2 * output_mean)
     kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=max_tokens)} if max_tokens else {}
@@ -218,7 +218,7 @@ def test_window_verdicts_from_the_fold_on_simulated_regimes():
         (g,) = w["gpus"]
         p = g["phases"][phase]
         assert p["verdict"] == verdict, p["evidence"]
-        from aggregator import analysis
+        from ridgeline.aggregator import analysis
         whole = analysis.analyze_trace(t, gpu="h100-sxm", model=model, use_annotations=False)["phases"][phase]
         assert p["kernel_time_ns"] == whole["kernel_time_ns"] and p["kernels"] == whole["kernels"]
         assert whole["verdict"] == verdict
@@ -238,7 +238,7 @@ def test_log2_histogram_percentiles():
 
 
 def test_window_close_does_not_reparse_tables():
-    from aggregator import ceilings
+    from ridgeline.aggregator import ceilings
     b = WindowBuilder()
     b.add_events(_trace())
     b.close(0, 1)
@@ -251,7 +251,7 @@ def test_window_close_does_not_reparse_tables():
 
 
 def test_big_batch_is_folded_in_slices_with_the_same_figures(monkeypatch):
-    import aggregator.windows as windows_mod
+    import ridgeline.aggregator.windows as windows_mod
     model = model_config.builtin("llama-3-8b")
     t = _simulated(128, 400, 40)
     once = _fold_in(t, 1, model, "h100-sxm")

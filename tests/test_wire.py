@@ -14,10 +14,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from aggregator import wire
-from probes import events as ev
-from probes.errors import InputError
-from probes.events import Device, NameTable, Trace, empty
+from ridgeline.aggregator import wire
+from ridgeline.probes import events as ev
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import Device, NameTable, Trace, empty
 
 DATA = Path(__file__).parent / "data"
 
@@ -208,7 +208,7 @@ TRACES = [
 
 @pytest.mark.parametrize("name", TRACES)
 def test_round_trip_real_traces(name, trace_path):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(name))
     blob = wire.encode_event_batch(t)
     back = wire.decode_event_batch(blob)
@@ -220,14 +220,14 @@ def test_round_trip_real_traces(name, trace_path):
 
 def test_bytes_per_kernel_event_h100(trace_path):
     """The H100 trace's kernels, names included, fit the 16-byte budget."""
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(TRACES[2]))
     kt = Trace(kernels=t.kernels, names=t.names)
     assert len(wire.encode_event_batch(kt)) / len(t.kernels) <= 16
 
 
 def test_stateful_stream_ships_names_once_and_resyncs(trace_path):
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     t = load_trace(trace_path(TRACES[2]))
     parts = [Trace(kernels=t.kernels[i:i + 300], names=t.names) for i in range(0, len(t.kernels), 300)]
     enc = wire.EventBatchEncoder(full_every=3, stream=77)

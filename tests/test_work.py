@@ -3,8 +3,8 @@ import numpy as np
 import orjson
 import pytest
 
-from aggregator import model_config, work
-from probes.events import CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.aggregator import model_config, work
+from ridgeline.probes.events import CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
 
 BF16 = "c10::BFloat16"
 

@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 
 def load_config(args) -> dict:
-    from agent import config
+    from ridgeline.agent import config
     cfg = config.load(args.config, missing_ok=args.config is None)
     over: dict = {}
     if getattr(args, "endpoint", None):
@@ -45,10 +45,10 @@ def load_config(args) -> dict:
 
 
 def run(args) -> int:
-    from agent import config
+    from ridgeline.agent import config
     cfg = load_config(args)
     if args.print_config:
         sys.stdout.write(config.to_toml(cfg))
         return 0
-    from agent.daemon import run_agent
+    from ridgeline.agent.daemon import run_agent
     return run_agent(cfg, args.config)

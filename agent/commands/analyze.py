@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(subparsers) -> None:
@@ -57,23 +57,23 @@ def _load(path: str):
     if p.is_dir():
         raise InputError(f"{path}: is a directory, not a trace file")
     try:
-        from agent.recording import is_recording
+        from ridgeline.agent.recording import is_recording
     except ImportError:          # recordings not supported in this build
         is_recording = None
     if is_recording is not None and is_recording(p):
         # A recording of the agent's stream (`ridgeline record`): its merged event batches.
-        from agent.recording import load_trace as load_recording_trace
+        from ridgeline.agent.recording import load_trace as load_recording_trace
         try:
             return load_recording_trace(p)
         except ImportError as exc:    # the wire codec is missing from this build
             raise InputError(f"{path}: a Ridgeline recording, but its decoder is unavailable ({exc})") from None
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     return load_trace(p)
 
 
 def run(args) -> int:
-    from aggregator import model_config
-    from aggregator.analysis import _phases_api, analyze_trace
+    from ridgeline.aggregator import model_config
+    from ridgeline.aggregator.analysis import _phases_api, analyze_trace
 
     if args.context_len is not None and args.context_len <= 0:
         raise InputError("--context-len must be a positive number of tokens")
@@ -98,14 +98,14 @@ def run(args) -> int:
         doc["trace"] = path
         if not args.json:
             # The report first: a failing output file must not lose it.
-            from aggregator.report import render
+            from ridgeline.aggregator.report import render
             render(doc)
         if args.perfetto:
-            from aggregator.perfetto import write_perfetto
+            from ridgeline.aggregator.perfetto import write_perfetto
             out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
             doc["perfetto"] = str(out)
         if args.plot:
-            from aggregator.plot import plot_roofline
+            from ridgeline.aggregator.plot import plot_roofline
             out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
             doc["plot"] = str(out)
         docs.append(doc)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 
-from aggregator import capacity
-from probes.errors import InputError
+from ridgeline.aggregator import capacity
+from ridgeline.probes.errors import InputError
 
 
 def register(subparsers) -> None:
@@ -51,8 +51,8 @@ def _size(text: str, what: str) -> float:
 
 
 def _from_engine(args) -> int:
-    from aggregator import engine_metrics
-    from probes import engine as engine_probe
+    from ridgeline.aggregator import engine_metrics
+    from ridgeline.probes import engine as engine_probe
     res = engine_probe.scrape(args.engine)
     snap = engine_metrics.snapshot(res["exposition"], res["ts_ns"], args.engine)
     pool = snap["gauges"].get("kv_pool_tokens")
@@ -81,11 +81,11 @@ def run(args) -> int:
         return _from_engine(args)
     shape = None
     if args.model:
-        from aggregator import model_config
+        from ridgeline.aggregator import model_config
         shape = model_config.load(args.model)
     gpu_mem = _size(args.gpu_memory, "gpu-memory") if args.gpu_memory else None
     if gpu_mem is None and args.gpu:
-        from aggregator import ceilings
+        from ridgeline.aggregator import ceilings
         try:
             c = ceilings.lookup(args.gpu)
         except (KeyError, ValueError) as exc:

@@ -10,7 +10,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from agent import config, registry
+    from ridgeline.agent import config, registry
     cfg = config.load(args.config, missing_ok=args.config is None)
     enabled = set(cfg["probes"]["enabled"])
     names = args.probe or list(registry.STEPS)

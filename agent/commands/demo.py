@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
@@ -164,7 +164,7 @@ PERFETTO_LAST_S = 1.0
 def last_seconds(trace, seconds: float):
     """The events of the trace's last ``seconds`` (a Perfetto file of the whole demo
     would be hundreds of MB; a few seconds show every step kind)."""
-    from probes.events import Trace
+    from ridgeline.probes.events import Trace
     k = trace.kernels
     if not len(k):
         return trace
@@ -177,7 +177,7 @@ def last_seconds(trace, seconds: float):
 
 def _afterwards(out: Path, model_name: str) -> None:
     """Report, roofline plot and Perfetto trace from the recording."""
-    from agent.recording import load_recording
+    from ridgeline.agent.recording import load_recording
     rec = load_recording(out / "stream.rlrec")
     trace = rec.trace
     trace.meta.setdefault("simulated", True)
@@ -197,10 +197,10 @@ def _afterwards(out: Path, model_name: str) -> None:
         lines.append("no GPU events recorded; no roofline or Perfetto output")
         _write_report(out, lines, None)
         return
-    from aggregator import model_config
-    from aggregator.analysis import _phases_api, analyze_trace
-    from aggregator.perfetto import write_perfetto
-    from aggregator.plot import plot_roofline
+    from ridgeline.aggregator import model_config
+    from ridgeline.aggregator.analysis import _phases_api, analyze_trace
+    from ridgeline.aggregator.perfetto import write_perfetto
+    from ridgeline.aggregator.plot import plot_roofline
     phase_names, map_phases = _phases_api()
     pm = map_phases(trace)
     model = model_config.load(model_name)
@@ -224,6 +224,6 @@ def _write_report(out: Path, lines: list[str], doc: dict | None) -> None:
         for line in lines:
             console.print(line)
         if doc is not None:
-            from aggregator.report import render
+            from ridgeline.aggregator.report import render
             render(doc, console)
     print((out / "report.txt").read_text())

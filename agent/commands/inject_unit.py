@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from agent.commands.run import add_injection_options, injection_env_from_args
-from probes.errors import InputError
+from ridgeline.agent.commands.run import add_injection_options, injection_env_from_args
+from ridgeline.probes.errors import InputError
 
 DROPIN_NAME = "ridgeline.conf"
 _UNIT_RE = re.compile(r"^[A-Za-z0-9:_.\\@-]+$")

@@ -5,7 +5,7 @@ import signal
 import sys
 import time
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
@@ -19,8 +19,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from agent.recording import RecordingWriter
-    from agent.subscriber import Subscriber
+    from ridgeline.agent.recording import RecordingWriter
+    from ridgeline.agent.subscriber import Subscriber
     if args.duration < 0:
         raise InputError("--duration must be >= 0")
     stop = {"now": False}

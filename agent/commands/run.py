@@ -13,7 +13,7 @@ import argparse
 import os
 import shutil
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 def add_injection_options(p) -> None:
     """Options shared with ``inject-unit``."""
-    from probes.cupti.server import DEFAULT_SOCKET
+    from ridgeline.probes.cupti.server import DEFAULT_SOCKET
     p.add_argument("--socket", default=os.environ.get("RIDGELINE_SOCKET", DEFAULT_SOCKET),
                    help=f"the agent's CUPTI socket (default {DEFAULT_SOCKET})")
     p.add_argument("--mode", choices=["always-on", "deep"], default=None,
@@ -39,7 +39,7 @@ def add_injection_options(p) -> None:
 
 
 def injection_env_from_args(args) -> dict[str, str]:
-    from probes.cupti.library import injection_env, library_path
+    from ridgeline.probes.cupti.library import injection_env, library_path
     lib = args.library or library_path()
     if not os.path.isfile(lib):
         raise InputError(f"injection library not built: {lib} (run `make -C probes/native`)")

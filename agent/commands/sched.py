@@ -15,9 +15,9 @@ import time
 import numpy as np
 import orjson
 
-from probes import proc
-from probes.errors import InputError
-from probes.sched_accounting import WINDOW_DTYPE, hist_rows
+from ridgeline.probes import proc
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.sched_accounting import WINDOW_DTYPE, hist_rows
 
 _SUM_FIELDS = [n for n in WINDOW_DTYPE.names if n not in ("tid", "tgid", "comm", "exited", "runq_max_ns")]
 _CUDA_FIELDS = ("launches", "graph_launches", "copies", "copy_htod_bytes", "copy_dtoh_bytes", "copy_dtod_bytes",
@@ -76,8 +76,8 @@ def run(args) -> int:
         raise InputError("--duration must be positive")
     if not proc.alive(args.pid):
         raise InputError(f"no process with pid {args.pid}")
-    from probes.cuda_uprobes import CudaUprobeProbe, libraries_of
-    from probes.sched import SchedProbe
+    from ridgeline.probes.cuda_uprobes import CudaUprobeProbe, libraries_of
+    from ridgeline.probes.sched import SchedProbe
 
     sched = SchedProbe(pids=[args.pid], discover=False, seed_s=args.duration + 1.0)
     avail = sched.check()

@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import time
 
-from aggregator import engine_metrics as em
-from probes import engine as engine_probe
-from probes.errors import InputError
+from ridgeline.aggregator import engine_metrics as em
+from ridgeline.probes import engine as engine_probe
+from ridgeline.probes.errors import InputError
 
 HIST_KEYS = tuple(em.HISTOGRAMS)
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(subparsers) -> None:
@@ -64,9 +64,9 @@ def _recorded_rate(path: str) -> tuple:
 
 
 def config_from_args(args):
-    from agent.simulator.engine import SimConfig
-    from agent.simulator.scheduler import SchedulerConfig
-    from agent.simulator.workload import Workload
+    from ridgeline.agent.simulator.engine import SimConfig
+    from ridgeline.agent.simulator.scheduler import SchedulerConfig
+    from ridgeline.agent.simulator.workload import Workload
     segments = _recorded_rate(args.recorded_rate) if args.recorded_rate else ()
     duration = sum(d for d, _ in segments) if segments else args.duration
     w = Workload(rate_per_s=args.rate, duration_s=duration, prompt_mean=args.prompt_mean,
@@ -109,8 +109,8 @@ def summary(engine) -> str:
 
 
 def run(args) -> int:
-    from agent.simulator.engine import SimEngine
-    from agent.simulator.kineto_writer import write_kineto
+    from ridgeline.agent.simulator.engine import SimEngine
+    from ridgeline.agent.simulator.kineto_writer import write_kineto
     cfg = config_from_args(args)
     if args.forward:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import time
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
@@ -49,7 +49,7 @@ def summary(msg) -> str:
         gpus = p.get("gpus", [])
         kern = sum(g.get("kernels", 0) for g in gpus)
         a = p.get("agent", {})
-        from agent.top import verdict_text
+        from ridgeline.agent.top import verdict_text
         vs = verdict_text(p.get("verdict"))
         return (f"{len(gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
                 f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
@@ -64,7 +64,7 @@ def summary(msg) -> str:
 def run(args) -> int:
     import orjson
 
-    from agent.subscriber import Subscriber
+    from ridgeline.agent.subscriber import Subscriber
     if args.count < 0:
         raise InputError("--count must be >= 0")
     sub = Subscriber(args.endpoint, topics=args.topic or (),

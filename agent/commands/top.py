@@ -22,8 +22,8 @@ def run(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from agent.subscriber import Subscriber
-    from agent.top import TopState, render
+    from ridgeline.agent.subscriber import Subscriber
+    from ridgeline.agent.top import TopState, render
     console = Console()
     sub = Subscriber(args.endpoint, topics=("window",),
                      server_public_key=args.server_key.encode() if args.server_key else None)

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from probes.events import Trace
+from ridgeline.probes.events import Trace
 
 CLASSES = ("gemm", "attention", "elementwise_norm", "other")
 _RULES = (
@@ -89,9 +89,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":   # python -m agent.simulator.calibration TRACE [ANNOTATION]
+if __name__ == "__main__":   # python -m ridgeline.agent.simulator.calibration TRACE [ANNOTATION]
     import sys
-    from probes.kineto import load_trace
+    from ridgeline.probes.kineto import load_trace
     real = load_trace(sys.argv[1])
     rk = step_kernels(real, sys.argv[2] if len(sys.argv) > 2 else "ProfilerStep#6")
     sim = simulate_hf_qwen_forward()

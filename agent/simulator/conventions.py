@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 DATA = Path(__file__).resolve().parents[2] / "aggregator" / "data" / "engine_kernels.toml"
 

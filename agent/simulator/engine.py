@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probes.events import (API_DOMAIN_RUNTIME, API_DTYPE, API_LAUNCH, API_MEMCPY, API_SYNC, COPY_DTOH,
+from ridgeline.probes.events import (API_DOMAIN_RUNTIME, API_DTYPE, API_LAUNCH, API_MEMCPY, API_SYNC, COPY_DTOH,
                            COPY_DTYPE, COPY_KIND_MEMCPY, KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
                            RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Device, NameTable, Trace, empty)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aggregator import ceilings as _ceilings
-from probes.errors import InputError
+from ridgeline.aggregator import ceilings as _ceilings
+from ridgeline.probes.errors import InputError
 
 ALIASES = {"h100": "h100-sxm", "h200": "h200-sxm", "a100": "a100-sxm4-80gb", "h800": "h800-sxm"}
 

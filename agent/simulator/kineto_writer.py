@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from probes.errors import InputError
-from probes.events import (COPY_DIRECTION_NAMES, RANGE_GPU_ANNOTATION, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import (COPY_DIRECTION_NAMES, RANGE_GPU_ANNOTATION, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
 _CHUNK = 20_000

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 @dataclass

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aggregator import model_config as _mc
-from probes.errors import InputError
+from ridgeline.aggregator import model_config as _mc
+from ridgeline.probes.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import time
 
-from probes import prom_text
-from probes.probe import Availability, Probe
+from ridgeline.probes import prom_text
+from ridgeline.probes.probe import Availability, Probe
 
 from .engine import SimConfig, SimEngine
 from .scheduler import SchedulerConfig

@@ -9,8 +9,8 @@ the kernels the engine emitted in it (a :class:`probes.events.Trace`) when
 """
 from __future__ import annotations
 
-from aggregator import engine_metrics
-from probes import prom_text
+from ridgeline.aggregator import engine_metrics
+from ridgeline.probes import prom_text
 
 from .engine import SimEngine
 

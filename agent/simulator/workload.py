@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from probes.errors import InputError
+from ridgeline.probes.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,6 @@ Modules: ``protocol`` (wire format), ``layouts`` (CUPTI record dtypes by version
 This package is ``probes.cupti``; cupti-python's top-level ``cupti`` module is only ever
 imported absolutely (``from cupti import cupti``), so the two never shadow each other.
 """
-from probes.cupti.probe import CuptiProbe
+from ridgeline.probes.cupti.probe import CuptiProbe
 
 __all__ = ["CuptiProbe"]

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from probes.cupti import layouts as L
-from probes.cupti.protocol import Batch, Hello
-from probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
+from ridgeline.probes.cupti import layouts as L
+from ridgeline.probes.cupti.protocol import Batch, Hello
+from ridgeline.probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
                            RANGE_DTYPE, RANGE_NVTX, NameTable, Trace, empty)
 

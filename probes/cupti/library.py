@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from probes.cupti.server import DEFAULT_SOCKET
+from ridgeline.probes.cupti.server import DEFAULT_SOCKET
 
 LIB_NAME = "libridgeline_cupti.so"
 

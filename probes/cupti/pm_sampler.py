@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from probes.probe import Availability
+from ridgeline.probes.probe import Availability
 
 #: What Ridgeline wants (DRAM bytes, tensor-pipe work), most specific first. Which of
 #: these a chip exposes for PM sampling is checked on the device (``supported``).

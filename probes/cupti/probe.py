@@ -14,12 +14,12 @@ import threading
 
 import numpy as np
 
-from probes.cupti import protocol as P
-from probes.cupti.decode import ProcessDecoder
-from probes.cupti.library import library_path
-from probes.cupti.server import DEFAULT_SOCKET, CuptiServer
-from probes.events import MISSING, NameTable, Trace
-from probes.probe import Availability, Probe
+from ridgeline.probes.cupti import protocol as P
+from ridgeline.probes.cupti.decode import ProcessDecoder
+from ridgeline.probes.cupti.library import library_path
+from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer
+from ridgeline.probes.events import MISSING, NameTable, Trace
+from ridgeline.probes.probe import Availability, Probe
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def _announce_target(pid: int) -> bool:
     announced itself, so the eBPF probes watch its threads too. Optional seam: without
     it the pid still appears in ``poll()["new_pids"]``."""
     try:
-        from probes import targets
+        from ridgeline.probes import targets
         targets.announce(pid)
         return True
     except Exception:

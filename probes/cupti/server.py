@@ -28,7 +28,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from probes.cupti import protocol as P
+from ridgeline.probes.cupti import protocol as P
 
 log = logging.getLogger(__name__)
 
