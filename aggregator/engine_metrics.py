@@ -25,6 +25,8 @@ import math
 import re
 from typing import Any, Iterable
 
+from ridgeline.aggregator.preemption_episodes import PreemptionEpisodes
+
 ENGINE_RE = re.compile(r"^(?:ray_)?(vllm|sglang)[:_](.+)$")
 
 # Labels whose values repeat one scheduler view (tensor/pipeline ranks, process ids):
@@ -42,6 +44,8 @@ HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
     "e2e_latency_s": {"vllm": ("e2e_request_latency_seconds",), "sglang": ("e2e_request_latency_seconds",)},
     "iteration_tokens": {"vllm": ("iteration_tokens_total",), "sglang": ()},
 }
+# The latency histograms passed through to /metrics with the engine's own buckets.
+LATENCY_HISTOGRAMS = ("queue_time_s", "prefill_time_s", "decode_time_s", "ttft_s", "itl_s", "e2e_latency_s")
 
 # Canonical counter -> candidate families (looked up with and without ``_total``).
 COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -52,7 +56,24 @@ COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
     "prompt_tokens": {"vllm": ("prompt_tokens",), "sglang": ("prompt_tokens",)},
     "generation_tokens": {"vllm": ("generation_tokens",), "sglang": ("generation_tokens",)},
     "requests_finished": {"vllm": ("request_success",), "sglang": ("num_requests",)},
+    # vLLM >= 0.11 with a KV connector (LMCache, NIXL, ...): the external (cross-instance) cache.
+    "external_prefix_cache_queries": {"vllm": ("external_prefix_cache_queries",), "sglang": ()},
+    "external_prefix_cache_hits": {"vllm": ("external_prefix_cache_hits",), "sglang": ()},
+    # Prompt tokens served from any cache, local + external (vLLM); SGLang's cached_tokens
+    # is already the prefix-hit counter above (all cache_source labels summed).
+    "prompt_tokens_cached": {"vllm": ("prompt_tokens_cached",), "sglang": ()},
+    # KV eviction: only SGLang exports a counter (tokens evicted GPU -> host, hierarchical cache).
+    "kv_evicted_tokens": {"vllm": (), "sglang": ("evicted_tokens",)},
+    # Engine-side work estimates (vLLM --enable-mfu-metrics, SGLang --enable-mfu-metrics).
+    "estimated_flops_per_gpu": {"vllm": ("estimated_flops_per_gpu",), "sglang": ("estimated_flops_per_gpu",)},
+    "estimated_read_bytes_per_gpu": {"vllm": ("estimated_read_bytes_per_gpu",),
+                                     "sglang": ("estimated_read_bytes_per_gpu",)},
+    "estimated_write_bytes_per_gpu": {"vllm": ("estimated_write_bytes_per_gpu",),
+                                      "sglang": ("estimated_write_bytes_per_gpu",)},
 }
+# Per-GPU counters: each rank reports its own GPU; the per-GPU figure is the mean over ranks.
+_PER_GPU_COUNTERS = frozenset({"estimated_flops_per_gpu", "estimated_read_bytes_per_gpu",
+                               "estimated_write_bytes_per_gpu"})
 
 GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
     "num_running": {"vllm": ("num_requests_running",), "sglang": ("num_running_reqs",)},
@@ -72,17 +93,38 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 # --------------------------------------------------------------------------- snapshot
 
+def _rank_count(series: list[tuple[dict, float]]) -> int:
+    """Distinct ranks (label sets after the TP/PP/priority collapse) in a family."""
+    return len({tuple(sorted((k, x) for k, x in labels.items() if k not in _DUPLICATE_DIMS))
+                for labels, _ in _drop_priority_duplicates(series)})
+
+
 def _split(name: str) -> tuple[str, str] | None:
     m = ENGINE_RE.match(name)
     return (m.group(1), m.group(2)) if m else None
 
 
+def _drop_priority_duplicates(series: list[tuple[dict, float]]) -> list[tuple[dict, float]]:
+    """SGLang with ``--enable-priority-scheduling`` publishes each scheduler figure twice:
+    per priority (``priority="0"``, ``"1"``, ...) and as the total under ``priority=""``.
+    Where a total exists for a label set, keep it and drop its per-priority parts, so the
+    sum does not count every request twice; without one, the parts are summed."""
+    if not any("priority" in labels for labels, _ in series):
+        return series
+    totals = {tuple(sorted((k, x) for k, x in labels.items() if k != "priority"))
+              for labels, _ in series if labels.get("priority", "") == ""}
+    return [(labels, v) for labels, v in series
+            if labels.get("priority", "") == ""
+            or tuple(sorted((k, x) for k, x in labels.items() if k != "priority")) not in totals]
+
+
 def _aggregate(series: list[tuple[dict, float]]) -> float | None:
-    """Sum over DP/engine/other labels after collapsing TP/PP duplicates by max."""
+    """Sum over DP/engine/other labels after collapsing TP/PP duplicates by max (and
+    SGLang's per-priority duplicates of a ``priority=""`` total)."""
     if not series:
         return None
     groups: dict[tuple, float] = {}
-    for labels, v in series:
+    for labels, v in _drop_priority_duplicates(series):
         if math.isnan(v):
             continue
         key = tuple(sorted((k, x) for k, x in labels.items() if k not in _DUPLICATE_DIMS))
@@ -125,8 +167,13 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
         fams.setdefault(suffix, []).append((s.labels, s.value))
         simulated = simulated or s.labels.get("simulated") == "true"
         mn = s.labels.get("model_name")
-        if mn is None and engine == "sglang" and "name" in s.labels:
-            mn, schema_035 = s.labels["name"], True
+        # SGLang 0.3.5 labelled every series name=<model>. Later versions label only
+        # func_latency_seconds with name=<function>: that is not a model and not the old schema.
+        if (mn is None and engine == "sglang" and "name" in s.labels
+                and not suffix.startswith("func_latency_seconds")):
+            mn = s.labels["name"]
+            if suffix == "cache_hit_rate":
+                schema_035 = True
         if mn is not None:
             model_names.add(mn)
     # Raw exposed name for each suffix, for the ``sources`` map.
@@ -155,17 +202,22 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
                 snap["gauges"][canon] = v
                 snap["sources"][canon] = src(fam)
                 break
+    usage_series: list[tuple[dict, float]] = []
     for fam in KV_USAGE[engine]:
-        vals = [v for _, v in fams.get(fam, []) if not math.isnan(v)]
-        if vals:
-            snap["gauges"]["kv_usage_ratio"] = max(vals)
+        usage_series = [(lab, v) for lab, v in _drop_priority_duplicates(fams.get(fam, [])) if not math.isnan(v)]
+        if usage_series:
+            snap["gauges"]["kv_usage_ratio"] = max(v for _, v in usage_series)
             snap["sources"]["kv_usage_ratio"] = src(fam)
             break
     if engine == "vllm":
-        pool = _vllm_pool_tokens(fams.get("cache_config_info", []))
-        if pool is not None:
-            snap["gauges"]["kv_pool_tokens"] = pool
+        pools = _vllm_pools(fams.get("cache_config_info", []))
+        if pools:
+            snap["gauges"]["kv_pool_tokens"] = sum(pools.values())
             snap["sources"]["kv_pool_tokens"] = src("cache_config_info") + " num_gpu_blocks*block_size"
+            used = _vllm_used_tokens(usage_series, pools)
+            if used is not None:
+                snap["gauges"]["kv_used_tokens"] = used
+                snap["sources"]["kv_used_tokens"] = "sum over engines of kv_cache_usage_perc x own pool"
         hr = [v for _, v in fams.get("gpu_prefix_cache_hit_rate", [])]
         if hr and max(hr) >= 0:  # -1 = prefix caching off (reference section 1.5)
             snap["gauges"]["prefix_cache_hit_rate_gauge_ratio"] = max(hr)
@@ -179,7 +231,11 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
         if "num_retracted_reqs" in fams:
             snap["gauges"]["retracted_requests_last_tick"] = _aggregate(fams["num_retracted_reqs"])
             snap["sources"]["retracted_requests_last_tick"] = src("num_retracted_reqs")
-        gx = fams.get("gpu_execution_seconds_total") or fams.get("gpu_execution_seconds")
+        # SGLang renamed gpu_execution_seconds_total to forward_execution_seconds_total
+        # (same category label: extend / decode / mixed / idle ...).
+        gx_name = next((n for n in ("forward_execution_seconds_total", "forward_execution_seconds",
+                                    "gpu_execution_seconds_total", "gpu_execution_seconds") if fams.get(n)), None)
+        gx = fams.get(gx_name) if gx_name else None
         if gx:
             by_cat: dict[str, list] = {}
             for labels, v in gx:
@@ -188,7 +244,7 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
                 v = _aggregate(series)
                 if v is not None:
                     snap["counters"][f"gpu_execution_{cat}_s"] = v
-            snap["sources"]["gpu_execution_s"] = src("gpu_execution_seconds_total")
+            snap["sources"]["gpu_execution_s"] = src(gx_name)
 
     for canon, per in COUNTERS.items():
         for fam in per.get(engine, ()):
@@ -196,6 +252,8 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
                 if name in fams:
                     v = _aggregate(fams[name])
                     if v is not None:
+                        if canon in _PER_GPU_COUNTERS:
+                            v /= max(1, _rank_count(fams[name]))
                         snap["counters"][canon] = v
                         snap["sources"][canon] = src(name)
                     break
@@ -218,19 +276,34 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
     return snap
 
 
-def _vllm_pool_tokens(series: list[tuple[dict, float]]) -> float | None:
-    total = 0.0
-    found = False
+def _vllm_pools(series: list[tuple[dict, float]]) -> dict[str, float]:
+    """KV pool in tokens per vLLM engine (``engine`` label of ``cache_config_info``)."""
+    pools: dict[str, float] = {}
     for labels, _ in series:
         try:
             if labels.get("kv_cache_size_tokens") not in (None, "None"):
-                total += float(labels["kv_cache_size_tokens"])
+                tokens = float(labels["kv_cache_size_tokens"])
             else:
-                total += float(labels["num_gpu_blocks"]) * float(labels["block_size"])
-            found = True
+                tokens = float(labels["num_gpu_blocks"]) * float(labels["block_size"])
         except (KeyError, ValueError):
             continue
-    return total if found else None
+        pools[labels.get("engine", str(len(pools)))] = tokens
+    return pools
+
+
+def _vllm_used_tokens(usage: list[tuple[dict, float]], pools: dict[str, float]) -> float | None:
+    """KV tokens in use over all data-parallel engines: each engine's usage times its own
+    pool, summed (not the fullest engine's usage times the summed pool). TP ranks of one
+    engine repeat one view and collapse by max. An engine whose pool is unknown gets the
+    mean pool of the others (DP engines share one cache config)."""
+    if not usage or not pools:
+        return None
+    per_engine: dict[str, float] = {}
+    for labels, v in usage:
+        e = labels.get("engine", "0")
+        per_engine[e] = max(per_engine.get(e, -math.inf), v)
+    mean_pool = sum(pools.values()) / len(pools)
+    return sum(u * pools.get(e, mean_pool) for e, u in per_engine.items())
 
 
 def _histogram(fams: dict, fam: str) -> dict | None:
@@ -408,6 +481,7 @@ def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
             g["kv_usage_ratio"] * g["kv_pool_tokens"] if "kv_usage_ratio" in g and "kv_pool_tokens" in g else None),
         "num_running_requests": g.get("num_running"),
         "num_waiting_requests": g.get("num_waiting"),
+        "num_swapped_requests": g.get("num_swapped"),
         "num_waiting_change": (g["num_waiting"] - seq[0]["gauges"]["num_waiting"])
         if have_delta and "num_waiting" in g and "num_waiting" in seq[0]["gauges"] else None,
         "preemptions_total": cur["counters"].get("preemptions"),
@@ -418,6 +492,8 @@ def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
     }
     fig.update(_delta_figures(cur, dc if have_delta else None, dh if have_delta else None, dt_s))
     fig["sources"] = dict(cur.get("sources", {}))
+    # Lifetime cumulative latency histograms (the engine's own buckets), for /metrics.
+    fig["latency_histograms"] = {k: cur["histograms"][k] for k in LATENCY_HISTOGRAMS if k in cur["histograms"]}
     return fig
 
 
@@ -481,6 +557,9 @@ def _delta_figures(cur: dict, dc: dict | None, dh: dict | None, dt_s: float | No
             out["prefill_time_share_ratio"] = pre_s / tot
             out["decode_gpu_time_share_ratio"] = dec_s / tot
             out["prefill_time_share_kind"] = "gpu_time"
+    out.update(_segments(dh))
+    out.update(_cache_figures(cur, dc, dt_s))
+    out.update(_work_estimates(dc, dt_s))
     it = dh.get("iteration_tokens")
     if it is not None and it["count"] > 0:
         out["tokens_per_step"] = it["sum"] / it["count"]
@@ -491,11 +570,80 @@ def _delta_figures(cur: dict, dc: dict | None, dh: dict | None, dt_s: float | No
     return out
 
 
+def _mean(h: dict | None) -> float | None:
+    return h["sum"] / h["count"] if h is not None and h["count"] > 0 else None
+
+
+def _segments(dh: dict) -> dict:
+    """Latency by segment: mean queue / prefill / decode / e2e and TTFT per request in the
+    window, and the share of TTFT that is queue wait.
+
+    vLLM exports each segment as its own histogram (observed when the request finishes;
+    TTFT when its first token is out), so each mean is measured. SGLang exports queue,
+    TTFT and e2e only: its prefill is TTFT - queue and its decode e2e - TTFT, as means,
+    tagged ``derived``. ``queue_share_of_ttft_ratio`` is mean queue / mean TTFT (the two
+    histograms count overlapping, not identical, sets of requests: a ratio of means).
+    """
+    q, pf, dd = _mean(dh.get("queue_time_s")), _mean(dh.get("prefill_time_s")), _mean(dh.get("decode_time_s"))
+    ttft, e2e = _mean(dh.get("ttft_s")), _mean(dh.get("e2e_latency_s"))
+    kind = {"queue": "measured" if q is not None else None,
+            "prefill": "measured" if pf is not None else None,
+            "decode": "measured" if dd is not None else None}
+    if pf is None and ttft is not None and q is not None and "prefill_time_s" not in dh:
+        pf, kind["prefill"] = max(0.0, ttft - q), "derived"
+    if dd is None and e2e is not None and ttft is not None and "decode_time_s" not in dh:
+        dd, kind["decode"] = max(0.0, e2e - ttft), "derived"
+    share = min(1.0, max(0.0, q / ttft)) if q is not None and ttft else None
+    return {"queue_mean_s": q, "prefill_mean_s": pf, "decode_mean_s": dd, "ttft_mean_s": ttft,
+            "e2e_mean_s": e2e, "queue_share_of_ttft_ratio": share,
+            "segment_kinds": {k: v for k, v in kind.items() if v is not None}}
+
+
+def _cache_figures(cur: dict, dc: dict, dt_s: float | None) -> dict:
+    """External prefix cache, cached prompt tokens (local + external) and KV eviction.
+
+    The eviction rate is only what the engine counts (SGLang ``evicted_tokens_total``);
+    where no counter is exported it is None with ``kv_eviction_source`` None: unknown,
+    never a figure made up from usage drops."""
+    out: dict[str, Any] = {}
+    eq, eh = dc.get("external_prefix_cache_queries"), dc.get("external_prefix_cache_hits")
+    out["external_prefix_cache_hit_ratio"] = min(1.0, max(0.0, eh / eq)) if eq and eh is not None else None
+    pc, pt = dc.get("prompt_tokens_cached"), dc.get("prompt_tokens")
+    out["prompt_tokens_cached_ratio"] = min(1.0, max(0.0, pc / pt)) if pc is not None and pt else None
+    ev = dc.get("kv_evicted_tokens")
+    out["kv_evicted_tokens"] = ev
+    out["kv_eviction_rate_tokens_per_s"] = ev / dt_s if ev is not None and dt_s else None
+    out["kv_eviction_source"] = cur.get("sources", {}).get("kv_evicted_tokens")
+    return out
+
+
+def _work_estimates(dc: dict, dt_s: float | None) -> dict:
+    """The engine's own FLOP / byte estimates per GPU (``estimated_*_per_gpu_total``), as
+    rates: a roofline point when CUPTI is absent, tagged ``engine_estimate``."""
+    fl, rd, wr = (dc.get(k) for k in ("estimated_flops_per_gpu", "estimated_read_bytes_per_gpu",
+                                       "estimated_write_bytes_per_gpu"))
+    out: dict[str, Any] = {"estimated_flops_per_gpu": fl, "estimated_read_bytes_per_gpu": rd,
+                           "estimated_write_bytes_per_gpu": wr}
+    out["estimated_flops_per_gpu_per_s"] = fl / dt_s if fl is not None and dt_s else None
+    moved = (rd or 0.0) + (wr or 0.0) if rd is not None or wr is not None else None
+    out["estimated_bytes_per_gpu_per_s"] = moved / dt_s if moved is not None and dt_s else None
+    out["estimated_arithmetic_intensity"] = fl / moved if fl is not None and moved else None
+    out["work_estimate_source"] = "engine_estimate" if fl is not None or moved is not None else None
+    return out
+
+
 # --------------------------------------------------------------------------- records
 
 _RECORD_KEYS = (
     "kv_usage_ratio", "kv_usage_max_ratio", "kv_pool_tokens", "kv_used_tokens",
-    "num_running_requests", "num_waiting_requests", "num_waiting_change",
+    "num_running_requests", "num_waiting_requests", "num_waiting_change", "num_swapped_requests",
+    "queue_mean_s", "prefill_mean_s", "decode_mean_s", "ttft_mean_s", "e2e_mean_s",
+    "queue_share_of_ttft_ratio", "segment_kinds",
+    "external_prefix_cache_hit_ratio", "prompt_tokens_cached_ratio",
+    "kv_evicted_tokens", "kv_eviction_rate_tokens_per_s", "kv_eviction_source",
+    "estimated_flops_per_gpu", "estimated_read_bytes_per_gpu", "estimated_write_bytes_per_gpu",
+    "estimated_flops_per_gpu_per_s", "estimated_bytes_per_gpu_per_s", "estimated_arithmetic_intensity",
+    "work_estimate_source", "requests_finished", "prompt_tokens", "generation_tokens",
     "preemptions", "preemption_rate_per_s", "preemptions_total", "retracted_requests_last_tick",
     "prefix_cache_hit_ratio",
     "prefill_time_share_ratio", "prefill_time_share_kind", "tokens_per_step", "steps_per_s",
@@ -517,7 +665,7 @@ def engine_record(fig: dict) -> dict:
                            "since_start": fig["since_start"], "interval_s": fig["interval_s"]}
     for k in _RECORD_KEYS:
         rec[k] = fig.get(k)
-    for hist in ("queue_time_s", "ttft_s", "itl_s"):
+    for hist in ("queue_time_s", "prefill_time_s", "decode_time_s", "ttft_s", "itl_s", "e2e_latency_s"):
         s = fig.get(hist)
         base = hist[:-2]
         rec[f"{base}_count"] = None if s is None else s["count"]
@@ -529,46 +677,124 @@ def engine_record(fig: dict) -> dict:
             rec[f"{base}_{p}_lower_s"] = None if qd is None else qd["lower_bound"]
             rec[f"{base}_{p}_upper_s"] = None if qd is None else qd["upper_bound"]
     rec["source"] = {"probe": "engine", "endpoint": fig.get("endpoint"), "families": fig.get("sources", {})}
+    # Lifetime cumulative histograms with the engine's buckets (for /metrics histograms).
+    rec["latency_histograms"] = {k: {"bounds": list(h["bounds"]), "cumulative": list(h["cumulative"]),
+                                     "count": h["count"], "sum": h["sum"]}
+                                 for k, h in (fig.get("latency_histograms") or {}).items()}
     return rec
 
 
-def prometheus_samples(rec: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
-    """``(name, labels, value)`` for the agent's /metrics, Prometheus-style names with units.
+# Window figures exposed as gauges: record key -> (metric name, HELP).
+PROM_GAUGES: dict[str, tuple[str, str]] = {
+    "kv_usage_ratio": ("ridgeline_engine_kv_usage_ratio",
+                       "KV-cache usage of the fullest engine rank at the latest scrape (0..1)"),
+    "kv_usage_max_ratio": ("ridgeline_engine_kv_usage_max_ratio",
+                           "Highest KV-cache usage seen in the window's scrapes (0..1)"),
+    "kv_pool_tokens": ("ridgeline_engine_kv_pool_tokens", "KV-cache pool size in tokens, all engine ranks"),
+    "kv_used_tokens": ("ridgeline_engine_kv_used_tokens",
+                       "KV-cache tokens in use, each data-parallel engine's usage times its own pool, summed"),
+    "num_running_requests": ("ridgeline_engine_running_requests", "Requests in the running batch"),
+    "num_waiting_requests": ("ridgeline_engine_waiting_requests", "Requests waiting to be scheduled"),
+    "num_swapped_requests": ("ridgeline_engine_swapped_requests",
+                             "Requests swapped out to host memory (vLLM V0 num_requests_swapped)"),
+    "prefix_cache_hit_ratio": ("ridgeline_engine_prefix_cache_hit_ratio",
+                               "Local prefix-cache hits / queries over the window (tokens)"),
+    "external_prefix_cache_hit_ratio": ("ridgeline_engine_external_prefix_cache_hit_ratio",
+                                        "External (KV connector) prefix-cache hits / queries over the window"),
+    "prompt_tokens_cached_ratio": ("ridgeline_engine_prompt_tokens_cached_ratio",
+                                   "Prompt tokens served from any cache (local + external) / prompt tokens"),
+    "prefill_time_share_ratio": ("ridgeline_engine_prefill_time_share_ratio",
+                                 "Prefill share of prefill + decode time over the window"),
+    "queue_share_of_ttft_ratio": ("ridgeline_engine_queue_share_of_ttft_ratio",
+                                  "Mean queue wait / mean time to first token over the window"),
+    "tokens_per_step": ("ridgeline_engine_tokens_per_step", "Mean tokens per engine step over the window"),
+    "kv_eviction_rate_tokens_per_s": ("ridgeline_engine_kv_evicted_tokens_per_second",
+                                      "KV tokens evicted per second (only where the engine counts evictions)"),
+    "preemption_episode_active": ("ridgeline_engine_preemption_episode_active",
+                                  "1 while a preemption episode is open (see docs/engine-metrics.md)"),
+    "preemption_episode_elapsed_s": ("ridgeline_engine_preemption_episode_elapsed_seconds",
+                                     "Time since the open preemption episode began"),
+    "preemption_last_recovery_s": ("ridgeline_engine_preemption_recovery_seconds",
+                                   "Recovery time of the last preemption episode that recovered"),
+}
+PROM_COUNTERS: dict[str, tuple[str, str]] = {
+    "preemptions_total": ("ridgeline_engine_preemptions", "Preemptions the engine counted since it started"),
+    "preemption_episodes_total": ("ridgeline_engine_preemption_episodes",
+                                  "Preemption episodes begun since the agent started"),
+}
+SEGMENTS = (("queue", "queue_mean_s"), ("prefill", "prefill_mean_s"), ("decode", "decode_mean_s"),
+            ("ttft", "ttft_mean_s"), ("e2e", "e2e_mean_s"))
+PROM_HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "queue_time_s": ("ridgeline_engine_request_queue_time_seconds", "Time requests waited in the queue"),
+    "prefill_time_s": ("ridgeline_engine_request_prefill_time_seconds", "Time requests spent in prefill"),
+    "decode_time_s": ("ridgeline_engine_request_decode_time_seconds", "Time requests spent in decode"),
+    "ttft_s": ("ridgeline_engine_time_to_first_token_seconds", "Time to first token"),
+    "itl_s": ("ridgeline_engine_inter_token_latency_seconds", "Time between output tokens"),
+    "e2e_latency_s": ("ridgeline_engine_e2e_request_latency_seconds", "End-to-end request latency"),
+}
 
-    Only numeric, known figures; quantiles that are bounds rather than values are exposed
-    as their bound with a ``bound`` label (``le`` / ``gt``) so a dashboard cannot mistake
-    them for measurements.
+
+def prometheus_samples(rec: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
+    """``(name, labels, value)`` for the agent's /metrics: gauges of the window and the
+    engine's cumulative counters (names ending ``_total``), base units, ratios 0..1.
+
+    Latency percentiles are not exposed as gauges: :func:`prometheus_histograms` passes
+    the engine's histograms through with their own buckets, for ``histogram_quantile``.
+    Segment means carry a ``segment`` label (queue, prefill, decode, ttft, e2e).
     """
     base = {"engine": str(rec.get("engine"))}
     base.update(labels or {})
     out = []
-    scal = {
-        "kv_usage_ratio": "ridgeline_engine_kv_usage_ratio",
-        "kv_usage_max_ratio": "ridgeline_engine_kv_usage_max_ratio",
-        "kv_pool_tokens": "ridgeline_engine_kv_pool_tokens",
-        "num_running_requests": "ridgeline_engine_running_requests",
-        "num_waiting_requests": "ridgeline_engine_waiting_requests",
-        "preemption_rate_per_s": "ridgeline_engine_preemptions_per_second",
-        "preemptions_total": "ridgeline_engine_preemptions_total",
-        "prefix_cache_hit_ratio": "ridgeline_engine_prefix_cache_hit_ratio",
-        "prefill_time_share_ratio": "ridgeline_engine_prefill_time_share_ratio",
-        "tokens_per_step": "ridgeline_engine_tokens_per_step",
-    }
-    for k, name in scal.items():
+    for k, (name, _) in PROM_GAUGES.items():
         v = rec.get(k)
         if v is not None:
             out.append((name, dict(base), float(v)))
-    for hist in ("queue_time", "ttft", "itl"):
-        for p in ("p50", "p90", "p99"):
-            kind = rec.get(f"{hist}_{p}_kind")
-            lab = dict(base, quantile=p[1:])
-            if kind == "interpolated":
-                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="value"), float(rec[f"{hist}_{p}_s"])))
-            elif kind == "first_bucket":
-                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="le"), float(rec[f"{hist}_{p}_upper_s"])))
-            elif kind == "above_last_bucket":
-                out.append((f"ridgeline_engine_{hist}_seconds", dict(lab, bound="gt"), float(rec[f"{hist}_{p}_lower_s"])))
+    for k, (name, _) in PROM_COUNTERS.items():
+        v = rec.get(k)
+        if v is not None:
+            out.append((name + "_total", dict(base), float(v)))
+    for seg, k in SEGMENTS:
+        v = rec.get(k)
+        if v is not None:
+            out.append(("ridgeline_engine_segment_mean_seconds", dict(base, segment=seg), float(v)))
+    src = rec.get("work_estimate_source")
+    for k, name in (("estimated_flops_per_gpu_per_s", "ridgeline_engine_estimated_flops_per_second"),
+                    ("estimated_bytes_per_gpu_per_s", "ridgeline_engine_estimated_bytes_per_second")):
+        if rec.get(k) is not None:
+            out.append((name, dict(base, source=str(src)), float(rec[k])))
     return out
+
+
+def prometheus_help(name: str) -> str | None:
+    """HELP text of a metric :func:`prometheus_samples` emits (None if not ours)."""
+    for table in (PROM_GAUGES, PROM_COUNTERS, PROM_HISTOGRAMS):
+        for metric, doc in table.values():
+            if name in (metric, metric + "_total"):
+                return doc
+    return {"ridgeline_engine_segment_mean_seconds":
+            "Mean time per request in each latency segment over the window (queue, prefill, decode, ttft, e2e)",
+            "ridgeline_engine_estimated_flops_per_second":
+            "Engine-estimated FLOP rate per GPU (estimated_flops_per_gpu_total), a roofline source without CUPTI",
+            "ridgeline_engine_estimated_bytes_per_second":
+            "Engine-estimated memory traffic per GPU (estimated_read/write_bytes_per_gpu_total)"}.get(name)
+
+
+def prometheus_histograms(rec: dict) -> list[tuple[str, str, list[tuple[str, float]], float]]:
+    """``(name, help, [(le, cumulative count), ..., ("+Inf", count)], sum)`` per latency
+    histogram the engine exports: its lifetime counts with its own bucket bounds."""
+    out = []
+    for k, (name, doc) in PROM_HISTOGRAMS.items():
+        h = (rec.get("latency_histograms") or {}).get(k)
+        if not h or not h.get("cumulative"):
+            continue
+        buckets = [(_le(b), float(c)) for b, c in zip(h["bounds"], h["cumulative"])]
+        buckets.append(("+Inf", float(h["cumulative"][-1])))
+        out.append((name, doc, buckets, float(h["sum"])))
+    return out
+
+
+def _le(b: float) -> str:
+    return repr(float(b))
 
 
 # --------------------------------------------------------------------------- agent glue
@@ -589,6 +815,7 @@ class EngineTracker:
         self._th = alert_thresholds or alerts.AlertThresholds()
         self._prev: dict[str, dict] = {}
         self._alerts: dict[str, Any] = {}
+        self._episodes: dict[str, Any] = {}
 
     def update(self, polled: dict | None) -> dict:
         out: dict[str, Any] = {"endpoints": {}, "errors": list((polled or {}).get("errors", []))}
@@ -606,6 +833,8 @@ class EngineTracker:
             fig = window_figures(snaps, self._prev.get(ep))
             self._prev[ep] = snaps[-1]
             rec = engine_record(fig)
+            episodes = self._episodes.setdefault(ep, PreemptionEpisodes())
+            rec.update(episodes.update(rec, fig["ts_ns"]))
             tracker = self._alerts.setdefault(ep, self._alerts_mod.AlertTracker(self._th))
             tracker.update(rec, ts_ns=fig["ts_ns"])
             rec["alerts"] = tracker.record()["alerts"]

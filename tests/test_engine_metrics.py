@@ -41,7 +41,7 @@ def test_real_vllm_011_idle_sample_yields():
     assert s["engine"] == "vllm" and s["version_hint"] == "vllm-v1>=0.11"
     assert s["model_names"] == ["Qwen/Qwen1.5-0.5B-Chat"]
     assert s["gauges"] == {"num_running": 0.0, "num_waiting": 0.0, "kv_usage_ratio": 0.0,
-                           "kv_pool_tokens": 2452 * 16}
+                           "kv_pool_tokens": 2452 * 16, "kv_used_tokens": 0.0}
     # _created gauges (~1.76e9) are never read as counter values.
     assert s["counters"]["preemptions"] == 0.0
     assert all(v == 0.0 for v in s["counters"].values())
@@ -253,8 +253,13 @@ def test_engine_record_and_prometheus_samples():
     assert rec["source"]["families"]["kv_usage_ratio"] == "vllm:kv_cache_usage_perc"
     prom = {(n, tuple(sorted(l.items()))): v for n, l, v in em.prometheus_samples(rec)}
     assert prom[("ridgeline_engine_kv_usage_ratio", (("engine", "vllm"),))] == 0.87
-    itl = [(dict(l), v) for (n, l), v in prom.items() if n == "ridgeline_engine_itl_seconds"]
-    assert {(l["quantile"], l["bound"], v) for l, v in itl} >= {("50", "le", 0.01)}
+    # No quantile gauges (promtool rejects a quantile label on a gauge): the engine's
+    # histograms go through with their own buckets instead.
+    assert not any("quantile" in dict(l) or "bound" in dict(l) for (n, l) in prom)
+    hists = {name: (buckets, total) for name, _, buckets, total in em.prometheus_histograms(rec)}
+    itl_buckets, _ = hists["ridgeline_engine_inter_token_latency_seconds"]
+    assert itl_buckets[0] == ("0.01", 200.0) and itl_buckets[-1] == ("+Inf", 200.0)
+    assert len(hists["ridgeline_engine_time_to_first_token_seconds"][0]) == 23   # 22 vLLM bounds + Inf
 
 
 def test_engine_tracker_windows_and_alerts():
@@ -289,3 +294,156 @@ def test_engine_record_is_plain_for_the_wire():
     base = sample_text(V011)
     rec = em.engine_record(em.window_figures([snap(busy_011(base), T0 + 5 * S)], snap(base, T0)))
     assert msgpack.unpackb(msgpack.packb(rec)) == rec
+
+
+# ----------------------------------------------------------------- issue 12: segments, KV, misreads
+#
+# Expositions below use the exact family and label names of the engines' sources:
+# * SGLang: python/sglang/srt/observability/metrics_collector.py @ 44cedc2b9c7dd31d9acae4498ea4fa0d3665feed
+#   (sglang:cache_hit_rate gauge, queue_time_seconds, time_to_first_token_seconds,
+#   e2e_request_latency_seconds, evicted_tokens_total, num_queue_reqs, num_running_reqs,
+#   token_usage, gpu_execution_seconds_total{category}) and the later version of the same
+#   file that renames it sglang:forward_execution_seconds_total{category} and adds
+#   estimated_flops/read_bytes/write_bytes_per_gpu_total; func_latency_seconds{name=<function>}
+#   from python/sglang/srt/metrics/func_timer.py.
+# * vLLM: vllm/v1/metrics/loggers.py (PrometheusStatLogger: labelnames ["model_name", "engine"],
+#   external_prefix_cache_queries/hits, prompt_tokens_cached, kv_cache_usage_perc,
+#   cache_config_info{engine,num_gpu_blocks,block_size}) and vllm/v1/metrics/perf.py
+#   (estimated_flops_per_gpu_total, estimated_read_bytes_per_gpu_total).
+
+SGL_LABELS = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+
+
+def test_sglang_cache_hit_rate_is_a_ratio_despite_func_latency_name_label():
+    text = (f'sglang:func_latency_seconds_bucket{{le="0.05",name="generate_request"}} 3\n'
+            f'sglang:func_latency_seconds_bucket{{le="+Inf",name="generate_request"}} 4\n'
+            f'sglang:func_latency_seconds_count{{name="generate_request"}} 4\n'
+            f'sglang:func_latency_seconds_sum{{name="generate_request"}} 0.1\n'
+            f'sglang:cache_hit_rate{{{SGL_LABELS}}} 0.0075\n'
+            f'sglang:num_running_reqs{{{SGL_LABELS}}} 3\n')
+    s = snap(text)
+    assert s["gauges"]["prefix_cache_hit_rate_gauge_ratio"] == pytest.approx(0.0075)   # was 0.000075
+    assert s["model_names"] == ["qwen"]                  # "generate_request" is a function, not a model
+
+
+def test_sglang_priority_totals_are_not_added_to_per_priority_series():
+    lines = []
+    for prio, running, queued in (("", 12, 7), ("0", 8, 5), ("1", 4, 2)):
+        lab = f'{SGL_LABELS},priority="{prio}"'
+        lines += [f"sglang:num_running_reqs{{{lab}}} {running}", f"sglang:num_queue_reqs{{{lab}}} {queued}",
+                  f"sglang:token_usage{{{lab}}} 0.5"]
+    g = snap("\n".join(lines) + "\n")["gauges"]
+    assert g["num_running"] == 12 and g["num_waiting"] == 7       # the totals, not 24 / 14
+    # Without a priority="" total the per-priority parts are summed.
+    g = snap("\n".join(x for x in lines if 'priority=""' not in x) + "\n")["gauges"]
+    assert g["num_running"] == 12 and g["num_waiting"] == 7
+
+
+def _sgl_work(extend_s, decode_s, flops, rd, evicted, family="forward_execution_seconds_total"):
+    return (f'sglang:{family}{{{SGL_LABELS},category="extend"}} {extend_s}\n'
+            f'sglang:{family}{{{SGL_LABELS},category="decode"}} {decode_s}\n'
+            f'sglang:estimated_flops_per_gpu_total{{{SGL_LABELS}}} {flops}\n'
+            f'sglang:estimated_read_bytes_per_gpu_total{{{SGL_LABELS}}} {rd}\n'
+            f'sglang:evicted_tokens_total{{{SGL_LABELS}}} {evicted}\n'
+            f'sglang:num_running_reqs{{{SGL_LABELS}}} 3\n')
+
+
+@pytest.mark.parametrize("family", ["forward_execution_seconds_total", "gpu_execution_seconds_total"])
+def test_sglang_forward_execution_rename_and_work_estimates(family):
+    a = snap(_sgl_work(0, 0, 0, 0, 0, family), T0)
+    b = snap(_sgl_work(1.0, 3.0, 2e15, 4e12, 5000, family), T0 + 2 * S)
+    f = em.window_figures([b], a)
+    assert f["prefill_time_share_kind"] == "gpu_time" and f["prefill_time_share_ratio"] == pytest.approx(0.25)
+    assert f["sources"]["gpu_execution_s"] == f"sglang:{family}"
+    assert f["estimated_flops_per_gpu_per_s"] == pytest.approx(1e15)
+    assert f["estimated_bytes_per_gpu_per_s"] == pytest.approx(2e12)
+    assert f["estimated_arithmetic_intensity"] == pytest.approx(500.0)
+    assert f["work_estimate_source"] == "engine_estimate"
+    assert f["kv_eviction_rate_tokens_per_s"] == pytest.approx(2500.0)
+    assert f["kv_eviction_source"] == "sglang:evicted_tokens_total"
+
+
+def test_sglang_segments_are_derived_from_means_and_tagged():
+    def hist(fam, bounds, obs):
+        out = []
+        for b in bounds + ["+Inf"]:
+            n = sum(1 for o in obs if b == "+Inf" or o <= float(b))
+            out.append(f'sglang:{fam}_bucket{{{SGL_LABELS},le="{b}"}} {n}')
+        out += [f"sglang:{fam}_count{{{SGL_LABELS}}} {len(obs)}", f"sglang:{fam}_sum{{{SGL_LABELS}}} {sum(obs)}"]
+        return out
+    b = ["0.1", "0.2", "0.4", "1", "2", "4", "10"]
+    zero = hist("queue_time_seconds", b, []) + hist("time_to_first_token_seconds", b, []) + \
+        hist("e2e_request_latency_seconds", b, [])
+    busy = hist("queue_time_seconds", b, [0.1] * 4) + hist("time_to_first_token_seconds", b, [0.4] * 4) + \
+        hist("e2e_request_latency_seconds", b, [3.4] * 4)
+    f = em.window_figures([snap("\n".join(busy) + "\n", T0 + S)], snap("\n".join(zero) + "\n", T0))
+    assert f["queue_mean_s"] == pytest.approx(0.1) and f["ttft_mean_s"] == pytest.approx(0.4)
+    assert f["prefill_mean_s"] == pytest.approx(0.3) and f["decode_mean_s"] == pytest.approx(3.0)
+    assert f["segment_kinds"] == {"queue": "measured", "prefill": "derived", "decode": "derived"}
+    assert f["queue_share_of_ttft_ratio"] == pytest.approx(0.25)
+
+
+def test_vllm_segments_measured_and_queue_share():
+    base = sample_text(V011)
+    f = em.window_figures([snap(busy_011(base), T0 + 5 * S)], snap(base, T0))
+    assert f["prefill_mean_s"] == pytest.approx(0.5) and f["decode_mean_s"] == pytest.approx(1.5)
+    assert f["segment_kinds"] == {"queue": "measured", "prefill": "measured", "decode": "measured"}
+    q = sum(QUEUE_OBS) / len(QUEUE_OBS)
+    t = sum(TTFT_OBS) / len(TTFT_OBS)
+    assert f["queue_mean_s"] == pytest.approx(q) and f["queue_share_of_ttft_ratio"] == 1.0   # clipped: q > t
+    rec = em.engine_record(f)
+    assert rec["prefill_time_count"] == 30 and rec["decode_time_mean_s"] == pytest.approx(1.5)
+    # vLLM exports no eviction counter: unknown, not zero.
+    assert rec["kv_eviction_rate_tokens_per_s"] is None and rec["kv_eviction_source"] is None
+    assert t > 0
+
+
+VLLM_DP = """vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.9
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.1
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 4
+vllm:num_requests_running{engine="1",model_name="m"} 1
+"""
+
+
+def test_vllm_data_parallel_kv_used_tokens_per_engine():
+    g = snap(VLLM_DP)["gauges"]
+    assert g["kv_pool_tokens"] == 32000 and g["kv_usage_ratio"] == 0.9     # the fullest binds the watermark
+    assert g["kv_used_tokens"] == pytest.approx(0.9 * 16000 + 0.1 * 16000)   # 16000, not 0.9 x 32000
+    assert g["num_running"] == 5
+
+
+def _vllm_cache(q, h, eq, eh, prompt, cached, flops, rd):
+    lab = 'engine="0",model_name="m"'
+    return (f"vllm:prefix_cache_queries_total{{{lab}}} {q}\nvllm:prefix_cache_hits_total{{{lab}}} {h}\n"
+            f"vllm:external_prefix_cache_queries_total{{{lab}}} {eq}\n"
+            f"vllm:external_prefix_cache_hits_total{{{lab}}} {eh}\n"
+            f"vllm:prompt_tokens_total{{{lab}}} {prompt}\nvllm:prompt_tokens_cached_total{{{lab}}} {cached}\n"
+            f"vllm:estimated_flops_per_gpu_total{{{lab}}} {flops}\n"
+            f"vllm:estimated_read_bytes_per_gpu_total{{{lab}}} {rd}\n"
+            f"vllm:kv_cache_usage_perc{{{lab}}} 0.5\n")
+
+
+def test_vllm_external_prefix_cache_and_cached_prompt_tokens():
+    f = em.window_figures([snap(_vllm_cache(1000, 400, 600, 150, 1000, 550, 4e14, 2e12), T0 + 4 * S)],
+                          snap(_vllm_cache(0, 0, 0, 0, 0, 0, 0, 0), T0))
+    assert f["prefix_cache_hit_ratio"] == pytest.approx(0.4)
+    assert f["external_prefix_cache_hit_ratio"] == pytest.approx(0.25)
+    assert f["prompt_tokens_cached_ratio"] == pytest.approx(0.55)          # local 400 + external 150
+    assert f["estimated_flops_per_gpu_per_s"] == pytest.approx(1e14)
+    assert f["work_estimate_source"] == "engine_estimate"
+
+
+def test_per_gpu_estimates_are_a_mean_over_ranks_not_a_sum():
+    text = "".join(f'vllm:estimated_flops_per_gpu_total{{engine="{e}",model_name="m"}} {v}\n'
+                   for e, v in (("0", 3e12), ("1", 1e12)))
+    assert snap(text)["counters"]["estimated_flops_per_gpu"] == pytest.approx(2e12)
+
+
+def test_swapped_requests_shown():
+    text = 'vllm:num_requests_swapped{model_name="m"} 3\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+    rec = em.engine_record(em.lifetime_figures(snap(text)))
+    assert rec["num_swapped_requests"] == 3
+    names = {n for n, _, _ in em.prometheus_samples(rec)}
+    assert "ridgeline_engine_swapped_requests" in names
