@@ -1,26 +1,51 @@
 """Prometheus exposition of the agent's windows (``/metrics``, prometheus-client).
 
 Contract: :class:`WindowCollector` turns the latest window (gauges) and running totals
-(``_total`` counters, accumulated by :meth:`WindowCollector.observe` once per window)
-into metric families named by Prometheus conventions: ``ridgeline_`` prefix, base units
-in the name (``_seconds``, ``_bytes``, ``_ratio`` for 0..1 fractions,
-``_flops_per_second``), counters ending in ``_total``. Per-phase, per-GPU and thread
-figures are named here; engine, device, verdict and alert samples come from their
-aggregator modules' ``prometheus_samples`` so each figure is named once. :class:`MetricsServer` serves them over HTTP on the
-configured loopback address in a daemon thread; a scrape never touches the probes.
+(counters accumulated by :meth:`WindowCollector.observe` once per window) into metric
+families that pass ``promtool check metrics``:
 
-Series are bounded: at most :data:`MAX_SERIES_PER_FAMILY` label sets per family, so a
-misbehaving source cannot grow the exposition without limit.
+* names: ``ridgeline_`` prefix, base units (``_seconds``, ``_bytes``, ``_hertz``,
+  ``_watts``, ``_joules``, ``_celsius``), ``_ratio`` for 0..1 fractions (never percent),
+  counters end in ``_total``; every family has its own HELP text.
+* latencies are histograms: the engine's own histograms are passed through with the
+  engine's bucket bounds (``ridgeline_engine_*_seconds``), so ``histogram_quantile`` works
+  in PromQL; no gauge carries a ``quantile`` or ``le`` label.
+* labels join with dcgm-exporter: GPU series carry ``gpu`` (the device index, as
+  dcgm-exporter's ``gpu``), ``UUID`` and ``Hostname``, dcgm-exporter's own label names,
+  so ``* on(Hostname, gpu, UUID) group_left(modelName) DCGM_...`` joins. The GPU model is
+  ``gpu_model``, not dcgm-exporter's ``modelName``: promtool's linter rejects camelCase
+  label names, and the identity labels are enough to join; every series of this
+  agent carries ``Hostname``; per-process series carry ``pid`` (engine series too, from
+  the served process the endpoint was discovered from), so phase, engine and thread
+  series join on ``Hostname``/``pid`` and GPU series on ``gpu``/``UUID``.
+* bounded series: per-thread series exist for the launch threads (those that called the
+  CUDA launch API in a recent window) and the top :data:`TOP_THREADS` threads by on-CPU
+  time; a thread not seen for :data:`THREAD_STALE_WINDOWS` windows is removed (its series
+  disappear). Other families are capped at :data:`MAX_SERIES_PER_FAMILY` label sets.
+* ``ridgeline_build_info`` and the client library's process / platform / GC collectors.
+
+:class:`MetricsServer` serves them over HTTP in a daemon thread; a scrape never touches
+the probes.
 """
 from __future__ import annotations
 
 import math
+import platform
 import threading
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 MAX_SERIES_PER_FAMILY = 2000
+TOP_THREADS = 32                 # non-launch threads exposed, by cumulative on-CPU time
+THREAD_STALE_WINDOWS = 30        # a thread unseen this many windows is dropped
+MAX_THREADS_TRACKED = 1024       # threads remembered at all (launch threads always fit)
+
+GPU_LABELS = ["Hostname", "gpu", "UUID", "gpu_model", "pid", "source"]
 
 
 def _num(v) -> float | None:
@@ -31,9 +56,28 @@ def _num(v) -> float | None:
     return None
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("ridgeline")
+    except Exception:
+        return "unknown"
+
+
+class _Thread:
+    __slots__ = ("comm", "acc", "last_seen", "launch")
+
+    def __init__(self, comm: str):
+        self.comm = comm
+        self.acc = [0.0, 0.0, 0.0]
+        self.last_seen = 0
+        self.launch = False
+
+
 class WindowCollector:
-    def __init__(self):
+    def __init__(self, host: str = ""):
         self._lock = threading.Lock()
+        self.host = host
         self.window: dict | None = None
         self.windows = 0
         self.phase_kernel_seconds: dict[tuple, float] = {}
@@ -41,14 +85,34 @@ class WindowCollector:
         self.copy_bytes: dict[tuple, float] = {}
         self.idle_seconds: dict[tuple, float] = {}
         self.records = 0.0
-        self.thread_seconds: dict[tuple, list] = {}   # (pid, tid, comm) -> [on_cpu, runq, blocked]
+        self.threads: dict[tuple, _Thread] = {}      # (pid, tid) -> accumulated scheduling time
+        self.threads_dropped = 0
+        self._gpu_ids: dict[int, tuple[str, str]] = {}   # device index -> (UUID, GPU model name) from NVML
+
+    # ------------------------------------------------------------------ accumulation
+    def _host(self, w: dict) -> str:
+        return str(w.get("host") or self.host or "")
+
+    def _gpu_key(self, w: dict, g: dict) -> tuple:
+        dev = g.get("device")
+        uuid, model = self._gpu_ids.get(dev, ("", ""))
+        return (self._host(w), str(dev), uuid, model or str(g.get("gpu") or ""), str(g.get("pid")),
+                str(g.get("source") or ""))
 
     def observe(self, window: dict) -> None:
         with self._lock:
             self.window = window
             self.windows += 1
+            for _src, nv in (window.get("device") or {}).items():
+                for r in (nv.get("devices") if isinstance(nv, dict) else None) or []:
+                    if isinstance(r, dict) and r.get("gpu_index") is not None:
+                        self._gpu_ids[int(r["gpu_index"])] = (str(r.get("gpu_uuid") or ""),
+                                                              str(r.get("gpu_name") or ""))
+            launch: set[tuple[str, str]] = set()
             for g in window.get("gpus", []):
-                base = (str(g.get("device")), str(g.get("pid")), g.get("gpu") or "", g.get("source") or "")
+                base = self._gpu_key(window, g)
+                for tid in g.get("launch_tids") or ():
+                    launch.add((str(g.get("pid")), str(tid)))
                 for ph, f in (g.get("phases") or {}).items():
                     k = base + (ph,)
                     self.phase_kernel_seconds[k] = self.phase_kernel_seconds.get(k, 0.0) + f.get("kernel_time_ns", 0) * 1e-9
@@ -58,173 +122,278 @@ class WindowCollector:
                     self.copy_bytes[k] = self.copy_bytes.get(k, 0.0) + b
                 self.idle_seconds[base] = self.idle_seconds.get(base, 0.0) + g.get("idle_ns", 0) * 1e-9
             self.records = float((window.get("agent") or {}).get("records_total", self.records))
-            from .top import _sched_threads
-            for th in _sched_threads(window.get("sched") or {}):
-                key = (str(th.get("pid")), str(th.get("tid")), str(th.get("comm", "")))
-                if key not in self.thread_seconds and len(self.thread_seconds) >= MAX_SERIES_PER_FAMILY:
-                    continue
-                acc = self.thread_seconds.setdefault(key, [0.0, 0.0, 0.0])
-                for i, k in enumerate(("on_cpu_ns", "runq_wait_ns", "blocked_ns")):
-                    acc[i] += float(th.get(k) or 0) * 1e-9
+            self._observe_threads(window, launch)
 
+    def _observe_threads(self, window: dict, launch: set) -> None:
+        from .top import _sched_threads
+        for th in _sched_threads(window.get("sched") or {}):
+            key = (str(th.get("pid")), str(th.get("tid")))
+            if th.get("launches"):        # the sched probe counted CUDA launch calls from it
+                launch.add(key)
+            t = self.threads.get(key)
+            if t is None:
+                if len(self.threads) >= MAX_THREADS_TRACKED and not self._evict_one(key in launch):
+                    self.threads_dropped += 1      # counted and published, never silent
+                    continue
+                t = self.threads[key] = _Thread(str(th.get("comm", "")))
+            t.comm = str(th.get("comm", t.comm))
+            t.last_seen = self.windows
+            for i, k in enumerate(("on_cpu_ns", "runq_wait_ns", "blocked_ns")):
+                t.acc[i] += float(th.get(k) or 0) * 1e-9
+        for key in launch:
+            if key in self.threads:
+                self.threads[key].launch = True
+        # Stale threads (exited, or idle for long) go: their series disappear.
+        for key in [k for k, t in self.threads.items() if self.windows - t.last_seen >= THREAD_STALE_WINDOWS]:
+            del self.threads[key]
+
+    def _evict_one(self, for_launch: bool) -> bool:
+        """Make room: drop the longest-unseen non-launch thread not seen in this window (a
+        launch thread may also push out the lowest on-CPU one). False if nothing can go."""
+        old = [(t.last_seen, t.acc[0], k) for k, t in self.threads.items()
+               if not t.launch and (t.last_seen < self.windows or for_launch)]
+        if not old:
+            return False
+        del self.threads[min(old)[2]]
+        return True
+
+    def exposed_threads(self) -> list[tuple[tuple, _Thread]]:
+        """Launch threads, then the top :data:`TOP_THREADS` others by on-CPU time."""
+        launch = [(k, t) for k, t in self.threads.items() if t.launch]
+        rest = sorted(((k, t) for k, t in self.threads.items() if not t.launch), key=lambda kt: -kt[1].acc[0])
+        return launch + rest[:TOP_THREADS]
+
+    # ------------------------------------------------------------------ collection
     def collect(self):
         with self._lock:
             w = self.window
-            yield from self._counters()
+            yield self._build_info()
+            yield from self._counters(w or {})
             if w is None:
                 return
             yield from self._phase_gauges(w)
-            yield from self._families(self._samples(w))
+            yield from self._engine(w)
+            yield from self._device(w)
             yield from self._verdicts(w)
-            yield from self._agent(w.get("agent") or {})
+            yield from self._agent(w.get("agent") or {}, w)
 
-    def _counters(self):
-        gl = ["device", "pid", "gpu", "source"]
-        c = CounterMetricFamily("ridgeline_phase_kernel_seconds", "GPU kernel time per phase", labels=gl + ["phase"])
-        for k, v in list(self.phase_kernel_seconds.items())[:MAX_SERIES_PER_FAMILY]:
-            c.add_metric(list(k), v)
-        yield c
-        c = CounterMetricFamily("ridgeline_phase_kernels", "kernels per phase", labels=gl + ["phase"])
-        for k, v in list(self.phase_kernels.items())[:MAX_SERIES_PER_FAMILY]:
-            c.add_metric(list(k), v)
-        yield c
-        c = CounterMetricFamily("ridgeline_copy_bytes", "bytes copied by direction", labels=gl + ["direction"])
-        for k, v in list(self.copy_bytes.items())[:MAX_SERIES_PER_FAMILY]:
-            c.add_metric(list(k), v)
-        yield c
-        c = CounterMetricFamily("ridgeline_gpu_idle_seconds", "GPU idle time between kernels", labels=gl)
-        for k, v in list(self.idle_seconds.items())[:MAX_SERIES_PER_FAMILY]:
-            c.add_metric(list(k), v)
-        yield c
-        for i, (what, doc) in enumerate((("on_cpu", "time on CPU"), ("runq_wait", "time waiting in the run queue"),
-                                         ("blocked", "time blocked (off CPU, not runnable)"))):
-            c = CounterMetricFamily(f"ridgeline_thread_{what}_seconds", f"watched threads' {doc}",
-                                    labels=["pid", "tid", "comm"])
-            for k, v in self.thread_seconds.items():
-                c.add_metric(list(k), v[i])
+    def _build_info(self):
+        from ridgeline.aggregator import wire
+        info = InfoMetricFamily("ridgeline_build", "Ridgeline agent build: version, wire schema, Python",
+                                labels=["Hostname"])
+        info.add_metric([self.host or ""], {"version": _version(), "schema_version": str(wire.SCHEMA_VERSION),
+                                            "python_version": platform.python_version()})
+        return info
+
+    def _counters(self, w):
+        gl = list(GPU_LABELS)
+        specs = ((self.phase_kernel_seconds, "ridgeline_phase_kernel_seconds",
+                  "GPU kernel time per phase, per GPU and served process", gl + ["phase"]),
+                 (self.phase_kernels, "ridgeline_phase_kernels", "Kernels run per phase", gl + ["phase"]),
+                 (self.copy_bytes, "ridgeline_copy_bytes", "Bytes copied between host and GPU, by direction",
+                  gl + ["direction"]),
+                 (self.idle_seconds, "ridgeline_gpu_idle_seconds", "GPU idle time between kernels", gl))
+        for store, name, doc, labels in specs:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            for k, v in list(store.items())[:MAX_SERIES_PER_FAMILY]:
+                c.add_metric(list(k), v)
             yield c
-        yield CounterMetricFamily("ridgeline_windows", "windows closed", value=self.windows)
-        yield CounterMetricFamily("ridgeline_agent_records", "records the probes delivered", value=self.records)
+        host = self._host(w)
+        fams = [CounterMetricFamily(f"ridgeline_thread_{what}_seconds", doc,
+                                    labels=["Hostname", "pid", "tid", "comm", "role"])
+                for what, doc in (("on_cpu", "Watched thread's time on CPU"),
+                                  ("runq_wait", "Watched thread's time runnable, waiting in the run queue"),
+                                  ("blocked", "Watched thread's time off CPU and not runnable"))]
+        for (pid, tid), t in self.exposed_threads():
+            for i, fam in enumerate(fams):
+                fam.add_metric([host, pid, tid, t.comm, "launch" if t.launch else "top"], t.acc[i])
+        yield from fams
+        for cls, name, doc, value in (
+                (GaugeMetricFamily, "ridgeline_threads_tracked", "Threads the scheduling figures are kept for",
+                 len(self.threads)),
+                (CounterMetricFamily, "ridgeline_threads_dropped", "Threads not tracked: the thread table was full",
+                 self.threads_dropped),
+                (CounterMetricFamily, "ridgeline_windows", "Windows the agent closed", self.windows),
+                (CounterMetricFamily, "ridgeline_agent_records", "Records the probes delivered", self.records)):
+            fam = cls(name, doc, labels=["Hostname"])
+            fam.add_metric([host], value)
+            yield fam
 
     def _phase_gauges(self, w):
-        gl = ["device", "pid", "gpu", "source", "phase"]
+        gl = list(GPU_LABELS)
         specs = {
-            "time_share_pct": ("ridgeline_phase_time_share_ratio", "share of kernel time in this phase", 0.01),
-            "achieved_bytes_per_s": ("ridgeline_phase_achieved_bytes_per_second", "achieved memory bandwidth", 1.0),
-            "achieved_flops_per_s": ("ridgeline_phase_achieved_flops_per_second", "achieved FLOP rate", 1.0),
-            "arithmetic_intensity": ("ridgeline_phase_arithmetic_intensity_flops_per_byte", "FLOPs per byte", 1.0),
-            "pct_of_peak_bytes": ("ridgeline_phase_peak_bandwidth_ratio", "achieved / peak bandwidth", 0.01),
-            "pct_of_peak_flops": ("ridgeline_phase_peak_flops_ratio", "achieved / peak FLOP rate", 0.01),
+            "time_share_pct": ("ridgeline_phase_time_share_ratio", "Share of the GPU's kernel time in this phase", 0.01),
+            "achieved_bytes_per_s": ("ridgeline_phase_achieved_bytes_per_second",
+                                     "Achieved memory bandwidth in this phase", 1.0),
+            "achieved_flops_per_s": ("ridgeline_phase_achieved_flops_per_second", "Achieved FLOP rate in this phase", 1.0),
+            "arithmetic_intensity": ("ridgeline_phase_arithmetic_intensity_flops_per_byte",
+                                     "FLOPs per byte moved in this phase (roofline x)", 1.0),
+            "pct_of_peak_bytes": ("ridgeline_phase_peak_bandwidth_ratio",
+                                  "Achieved / peak memory bandwidth in this phase", 0.01),
+            "pct_of_peak_flops": ("ridgeline_phase_peak_flops_ratio", "Achieved / peak FLOP rate in this phase", 0.01),
         }
-        fams = {k: GaugeMetricFamily(n, h, labels=gl) for k, (n, h, _) in specs.items()}
-        busy = GaugeMetricFamily("ridgeline_gpu_busy_ratio", "kernel-busy share of the covered span",
-                                 labels=gl[:-1])
+        fams = {k: GaugeMetricFamily(n, h, labels=gl + ["phase"]) for k, (n, h, _) in specs.items()}
+        busy = GaugeMetricFamily("ridgeline_gpu_busy_ratio", "Kernel-busy share of the window's covered span",
+                                 labels=gl)
+        peak_bw = GaugeMetricFamily("ridgeline_gpu_peak_bytes_per_second",
+                                    "Memory bandwidth ceiling of the GPU (ceilings table)", labels=gl)
+        peak_fl = GaugeMetricFamily("ridgeline_gpu_peak_flops_per_second",
+                                    "Dense FLOP-rate ceiling of the GPU per precision (ceilings table)",
+                                    labels=gl + ["precision"])
         for g in w.get("gpus", [])[:MAX_SERIES_PER_FAMILY]:
-            base = [str(g.get("device")), str(g.get("pid")), g.get("gpu") or "", g.get("source") or ""]
+            base = list(self._gpu_key(w, g))
             if g.get("span_ns"):
                 busy.add_metric(base, g.get("busy_ns", 0) / g["span_ns"])
+            ceil = g.get("ceilings") or {}
+            if _num(ceil.get("hbm_bytes_per_s")) is not None:
+                peak_bw.add_metric(base, float(ceil["hbm_bytes_per_s"]))
+            for prec, v in (ceil.get("flops_per_s") or {}).items():
+                if _num(v) is not None:
+                    peak_fl.add_metric(base + [str(prec)], float(v))
             for ph, f in (g.get("phases") or {}).items():
                 for key, (_, _, factor) in specs.items():
                     v = _num(f.get(key))
                     if v is not None:
                         fams[key].add_metric(base + [ph], v * factor)
         yield busy
+        yield peak_bw
+        yield peak_fl
         yield from fams.values()
 
-    def _samples(self, w: dict) -> list[tuple[str, dict, float]]:
-        """Engine, device, verdict and alert samples, named by their aggregator modules."""
-        out: list[tuple[str, dict, float]] = []
-        try:
-            from ridgeline.aggregator import device_metrics, engine_metrics, verdict
-        except ImportError:
-            return out
+    def _engine(self, w):
+        from ridgeline.aggregator import engine_metrics
         from .top import engine_records
+        host = self._host(w)
+        fams: dict[str, object] = {}
+        keys: dict[str, list] = {}
+        hists: dict[str, HistogramMetricFamily] = {}
+        info = InfoMetricFamily("ridgeline_engine", "Serving engine behind an endpoint: engine, version, "
+                                "model, and where KV eviction and work estimates come from ('' = not exported)",
+                                labels=["Hostname", "endpoint", "pid"])
+        firing = GaugeMetricFamily("ridgeline_alert_firing", "1 while the agent's own alert is firing",
+                                   labels=["Hostname", "endpoint", "pid", "alert"])
         for ep, rec in engine_records(w.get("engine") or {}):
+            pid = "" if rec.get("pid") is None else str(rec.get("pid"))
+            lab = {"Hostname": host, "endpoint": str(ep), "pid": pid}
+            info.add_metric([host, str(ep), pid], {
+                "engine": str(rec.get("engine") or ""), "version": str(rec.get("version_hint") or ""),
+                "model_name": ",".join(rec.get("model_names") or []) if isinstance(rec.get("model_names"), list) else "",
+                "kv_eviction_source": str(rec.get("kv_eviction_source") or ""),
+                "work_estimate_source": str(rec.get("work_estimate_source") or ""),
+                "simulated": "true" if rec.get("simulated") else "false"})
             try:
-                out += engine_metrics.prometheus_samples(rec, {"endpoint": str(ep)})
+                samples = engine_metrics.prometheus_samples(rec, lab)
+                histograms = engine_metrics.prometheus_histograms(rec)
             except Exception:
                 continue
-            for name, st in (rec.get("alerts") or {}).items() if isinstance(rec.get("alerts"), dict) else ():
-                if isinstance(st, dict):
-                    out.append(("ridgeline_alert_firing", {"endpoint": str(ep), "alert": str(name)},
-                                1.0 if st.get("firing") else 0.0))
-        for src, data in (w.get("device") or {}).items():
-            recs = data.get("devices") if isinstance(data, dict) else None
-            if isinstance(recs, list):
-                try:
-                    for fig in device_metrics.window_figures(recs).values():
-                        out += device_metrics.prometheus_samples(fig)
-                except Exception:
+            for name, labels, value in samples:
+                counter = name.endswith("_total")
+                base = name[:-6] if counter else name
+                if base not in fams:
+                    doc = engine_metrics.prometheus_help(name) or base
+                    keys[base] = sorted(labels)
+                    cls = CounterMetricFamily if counter else GaugeMetricFamily
+                    fams[base] = cls(base, doc, labels=keys[base])
+                if sorted(labels) != keys[base] or len(fams[base].samples) >= MAX_SERIES_PER_FAMILY:
                     continue
-        for v in w.get("verdict") or [] if isinstance(w.get("verdict"), list) else []:
-            if isinstance(v, dict) and v.get("verdict") in getattr(verdict, "VERDICTS", ()):
-                out += verdict.prometheus_samples(v)
-        return out
+                fams[base].add_metric([str(labels[k]) for k in keys[base]], value)
+            for name, doc, buckets, total in histograms:
+                h = hists.setdefault(name, HistogramMetricFamily(name, doc, labels=["Hostname", "endpoint", "pid",
+                                                                                  "engine"]))
+                h.add_metric([host, str(ep), pid, str(rec.get("engine"))], buckets, total)
+            for aname, st in (rec.get("alerts") or {}).items() if isinstance(rec.get("alerts"), dict) else ():
+                if isinstance(st, dict):
+                    firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.get("firing") else 0.0)
+        yield info
+        yield from fams.values()
+        yield from hists.values()
+        yield firing
 
-    def _families(self, samples):
-        gauges: dict[str, GaugeMetricFamily] = {}
-        keys: dict[str, tuple] = {}
-        for name, labels, value in samples:
-            lk = tuple(sorted(labels))
-            if name not in gauges:
-                gauges[name] = GaugeMetricFamily(name, name.replace("ridgeline_", "").replace("_", " "), labels=list(lk))
-                keys[name] = lk
-            if keys[name] != lk or len(gauges[name].samples) >= MAX_SERIES_PER_FAMILY:
+    def _device(self, w):
+        from ridgeline.aggregator import device_metrics
+        host = self._host(w)
+        fams: dict[str, GaugeMetricFamily] = {}
+        keys: dict[str, list] = {}
+        for _src, data in (w.get("device") or {}).items():
+            recs = data.get("devices") if isinstance(data, dict) else None
+            if not isinstance(recs, list):
                 continue
-            gauges[name].add_metric([str(labels[k]) for k in lk], value)
-        for name, fam in gauges.items():
-            if name.endswith("_total"):
-                # A _total name is a counter in the exposition format.
-                c = CounterMetricFamily(name[:-6], fam.documentation, labels=list(keys[name]))
-                for smp in fam.samples:
-                    c.add_metric([smp.labels[k] for k in keys[name]], smp.value)
-                yield c
-            else:
-                yield fam
+            try:
+                figs = device_metrics.window_figures(recs).values()
+            except Exception:
+                continue
+            for fig in figs:
+                ids = {"Hostname": host, "gpu": str(fig.get("gpu_index")), "UUID": str(fig.get("gpu_uuid") or ""),
+                       "gpu_model": str(fig.get("gpu_name") or "")}
+                for name, labels, value in device_metrics.prometheus_samples(fig, ids):
+                    labels.pop("gpu_name", None)
+                    if name not in fams:
+                        keys[name] = sorted(labels)
+                        fams[name] = GaugeMetricFamily(name, device_metrics.prometheus_help(name), labels=keys[name])
+                    if sorted(labels) == keys[name] and len(fams[name].samples) < MAX_SERIES_PER_FAMILY:
+                        fams[name].add_metric([str(labels[k]) for k in keys[name]], value)
+        yield from fams.values()
 
     def _verdicts(self, w):
-        info = InfoMetricFamily("ridgeline_phase_verdict", "verdict per GPU, process and phase",
-                                labels=["device", "pid", "gpu", "source", "phase"])
+        from ridgeline.aggregator import verdict
+        host = self._host(w)
+        info = InfoMetricFamily("ridgeline_phase_verdict", "Roofline verdict per GPU, served process and phase",
+                                labels=GPU_LABELS + ["phase"])
         for g in w.get("gpus", [])[:MAX_SERIES_PER_FAMILY]:
             for ph, f in (g.get("phases") or {}).items():
                 if f.get("verdict"):
-                    info.add_metric([str(g.get("device")), str(g.get("pid")), g.get("gpu") or "",
-                                     g.get("source") or "", ph], {"verdict": str(f["verdict"])})
+                    info.add_metric(list(self._gpu_key(w, g)) + [ph], {"verdict": str(f["verdict"])})
         yield info
+        state = GaugeMetricFamily("ridgeline_verdict_state",
+                                  "Window verdict per GPU and served process: 1 for the current verdict, "
+                                  "0 for the others (face: the bottleneck's face, '' when none)",
+                                  labels=["Hostname", "gpu", "pid", "verdict", "face"])
         v = w.get("verdict")
         if isinstance(v, list):
-            pass   # per-GPU verdicts: ridgeline_verdict_info from aggregator.verdict (see _samples)
-        elif isinstance(v, dict):
-            label = v.get("verdict") or v.get("face") or v.get("name")
-            if label:
-                win = InfoMetricFamily("ridgeline_window_verdict", "the latest window's overall verdict")
-                win.add_metric([], {"verdict": str(label)})
-                yield win
-        elif isinstance(v, str):
-            win = InfoMetricFamily("ridgeline_window_verdict", "the latest window's overall verdict")
-            win.add_metric([], {"verdict": v})
-            yield win
+            for x in v[:MAX_SERIES_PER_FAMILY]:
+                if isinstance(x, dict) and x.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                    for _name, labels, value in verdict.prometheus_samples(x):
+                        state.add_metric([host, str(labels.get("gpu", "")), str(labels.get("pid", "")),
+                                          str(labels["verdict"]), str(labels.get("face") or "")], value)
+        yield state
 
-    def _agent(self, a: dict):
-        yield GaugeMetricFamily("ridgeline_agent_cpu_ratio", "agent CPU, fraction of one core",
-                                value=(a.get("cpu_pct") or 0) / 100)
-        yield GaugeMetricFamily("ridgeline_agent_resident_memory_bytes", "agent RSS", value=a.get("rss_bytes") or 0)
-        yield GaugeMetricFamily("ridgeline_agent_records_per_second", "records per second", value=a.get("records_per_s") or 0)
-        drops = CounterMetricFamily("ridgeline_agent_probe_drops", "records dropped per probe", labels=["probe"])
-        errors = CounterMetricFamily("ridgeline_agent_probe_errors", "errors per probe", labels=["probe"])
+    def _agent(self, a: dict, w: dict):
+        host = self._host(w)
+        for name, doc, value in (("ridgeline_agent_cpu_ratio", "Agent CPU use over the window, fraction of one core",
+                                  (a.get("cpu_pct") or 0) / 100),
+                                 ("ridgeline_agent_resident_memory_bytes", "Agent resident memory",
+                                  a.get("rss_bytes") or 0)):
+            fam = GaugeMetricFamily(name, doc, labels=["Hostname"])
+            fam.add_metric([host], float(value))
+            yield fam
+        drops = CounterMetricFamily("ridgeline_agent_probe_drops", "Records a probe dropped (bounded buffers full)",
+                                    labels=["Hostname", "probe"])
+        errors = CounterMetricFamily("ridgeline_agent_probe_errors", "Errors a probe met", labels=["Hostname", "probe"])
         for name, c in (a.get("probes") or {}).items():
-            drops.add_metric([name], float(c.get("drops", 0) or 0))
-            errors.add_metric([name], float(c.get("errors", 0) or 0))
+            drops.add_metric([host, name], float(c.get("drops", 0) or 0))
+            errors.add_metric([host, name], float(c.get("errors", 0) or 0))
         yield drops
         yield errors
-        pd = CounterMetricFamily("ridgeline_agent_publisher_drops", "stream messages dropped (slow subscribers)",
-                                 labels=["topic"])
+        pd = CounterMetricFamily("ridgeline_agent_publisher_drops", "Stream messages dropped for slow subscribers",
+                                 labels=["Hostname", "topic"])
         for t, n in (a.get("publisher_drops_by_topic") or {}).items():
-            pd.add_metric([t], float(n))
+            pd.add_metric([host, t], float(n))
         yield pd
         if _num(a.get("bpf_run_time_ns")) is not None:
-            yield CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "BPF program run time",
-                                      value=a["bpf_run_time_ns"] * 1e-9)
+            fam = CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "Time the agent's BPF programs ran in the kernel",
+                                      labels=["Hostname"])
+            fam.add_metric([host], a["bpf_run_time_ns"] * 1e-9)
+            yield fam
+
+
+def registry_for(collector: WindowCollector) -> CollectorRegistry:
+    """A registry with ``collector`` and the client library's process, platform and GC collectors."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
 class MetricsServer:
@@ -232,9 +401,8 @@ class MetricsServer:
 
     def __init__(self, agent, listen: str):
         host, _, port = listen.rpartition(":")
-        self.collector = WindowCollector()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
+        self.collector = WindowCollector(host=str(getattr(agent, "host", "") or ""))
+        self.registry = registry_for(self.collector)
         self.server, self.thread = start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
         self.port = self.server.server_port
 

@@ -104,31 +104,50 @@ def device_record(fig: dict) -> dict:
     return rec
 
 
+# figure -> (metric name, factor to the base unit, HELP). Base units and 0..1 ratios
+# (Prometheus naming conventions): percentages / 100, MHz x 1e6 (hertz).
 _PROM = {
-    "memory_used_bytes": "ridgeline_gpu_memory_used_bytes",
-    "memory_total_bytes": "ridgeline_gpu_memory_total_bytes",
-    "memory_reserved_bytes": "ridgeline_gpu_memory_reserved_bytes",
-    "gpu_busy_time_pct": "ridgeline_gpu_busy_time_percent",
-    "gpm_dram_bw_util_pct": "ridgeline_gpu_dram_bandwidth_utilization_percent",
-    "gpm_sm_occupancy_pct": "ridgeline_gpu_sm_occupancy_percent",
-    "gpm_any_tensor_util_pct": "ridgeline_gpu_tensor_utilization_percent",
-    "sm_clock_mhz": "ridgeline_gpu_sm_clock_mhz",
-    "power_w": "ridgeline_gpu_power_watts",
-    "energy_j": "ridgeline_gpu_energy_joules",
-    "temperature_c": "ridgeline_gpu_temperature_celsius",
-    "pcie_tx_bytes_per_s": "ridgeline_gpu_pcie_tx_bytes_per_second",
-    "pcie_rx_bytes_per_s": "ridgeline_gpu_pcie_rx_bytes_per_second",
-    "nvlink_tx_bytes_per_s": "ridgeline_gpu_nvlink_tx_bytes_per_second",
-    "nvlink_rx_bytes_per_s": "ridgeline_gpu_nvlink_rx_bytes_per_second",
-    "clock_slowdown_ratio": "ridgeline_gpu_clock_slowdown_ratio",
+    "memory_used_bytes": ("ridgeline_gpu_memory_used_bytes", 1.0, "GPU memory in use (NVML)"),
+    "memory_total_bytes": ("ridgeline_gpu_memory_total_bytes", 1.0, "GPU memory size (NVML)"),
+    "memory_reserved_bytes": ("ridgeline_gpu_memory_reserved_bytes", 1.0, "GPU memory reserved by the driver"),
+    "gpu_busy_time_pct": ("ridgeline_gpu_busy_time_ratio", 0.01,
+                          "Share of time a kernel was running (NVML utilization.gpu; not a use fraction)"),
+    "gpm_dram_bw_util_pct": ("ridgeline_gpu_dram_bandwidth_utilization_ratio", 0.01,
+                             "DRAM bandwidth used / peak (NVML GPM)"),
+    "gpm_sm_occupancy_pct": ("ridgeline_gpu_sm_occupancy_ratio", 0.01, "SM warp occupancy (NVML GPM)"),
+    "gpm_any_tensor_util_pct": ("ridgeline_gpu_tensor_utilization_ratio", 0.01,
+                                "Tensor-core activity, any precision (NVML GPM)"),
+    "sm_clock_mhz": ("ridgeline_gpu_sm_clock_hertz", 1e6, "SM clock (NVML)"),
+    "power_w": ("ridgeline_gpu_power_watts", 1.0, "Board power draw (NVML)"),
+    "energy_j": ("ridgeline_gpu_window_energy_joules", 1.0, "Energy used over the window (NVML energy counter delta)"),
+    "temperature_c": ("ridgeline_gpu_temperature_celsius", 1.0, "GPU temperature (NVML)"),
+    "pcie_tx_bytes_per_s": ("ridgeline_gpu_pcie_tx_bytes_per_second", 1.0, "PCIe transmit rate (NVML)"),
+    "pcie_rx_bytes_per_s": ("ridgeline_gpu_pcie_rx_bytes_per_second", 1.0, "PCIe receive rate (NVML)"),
+    "nvlink_tx_bytes_per_s": ("ridgeline_gpu_nvlink_tx_bytes_per_second", 1.0, "NVLink transmit rate (NVML)"),
+    "nvlink_rx_bytes_per_s": ("ridgeline_gpu_nvlink_rx_bytes_per_second", 1.0, "NVLink receive rate (NVML)"),
+    "clock_slowdown_ratio": ("ridgeline_gpu_clock_slowdown_ratio", 1.0,
+                             "Share of the window with a clock slowdown reason active"),
 }
+_PROM_EXTRA_HELP = {
+    "ridgeline_gpu_process_memory_used_bytes": "GPU memory used by one process (NVML)",
+    "ridgeline_gpu_clock_event_reason": "1 for each clock event reason active in the window (NVML)",
+}
+
+
+def prometheus_help(name: str) -> str:
+    """HELP text of a metric :func:`prometheus_samples` emits."""
+    for metric, _, doc in _PROM.values():
+        if metric == name:
+            return doc
+    return _PROM_EXTRA_HELP.get(name, name)
 
 
 def prometheus_samples(fig: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
     """``(name, labels, value)`` per known figure; per-process memory as its own series."""
     base = {"gpu": str(fig.get("gpu_index")), "gpu_name": str(fig.get("gpu_name"))}
     base.update(labels or {})
-    out = [(name, dict(base), float(fig[k])) for k, name in _PROM.items() if fig.get(k) is not None]
+    out = [(name, dict(base), float(fig[k]) * factor) for k, (name, factor, _) in _PROM.items()
+           if fig.get(k) is not None]
     for p in fig.get("processes") or []:
         if p.get("gpu_memory_used_bytes") is not None:
             out.append(("ridgeline_gpu_process_memory_used_bytes", dict(base, pid=str(p["pid"])),

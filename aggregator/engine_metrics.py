@@ -661,6 +661,7 @@ def engine_record(fig: dict) -> dict:
     first_bucket, above_last_bucket) and bounds, and ``source`` naming the endpoint and the
     exposed families each figure came from."""
     rec: dict[str, Any] = {"engine": fig["engine"], "simulated": fig.get("simulated", False),
+                           "version_hint": fig.get("version_hint"), "model_names": list(fig.get("model_names") or []),
                            "restarted": fig["restarted"],
                            "since_start": fig["since_start"], "interval_s": fig["interval_s"]}
     for k in _RECORD_KEYS:

@@ -459,8 +459,9 @@ def verdict_record(v: dict) -> dict:
 
 
 def prometheus_samples(v: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
-    """One-hot ``ridgeline_verdict_info{verdict=...}`` per known verdict (1 for the current)."""
-    base = {"device": str(v.get("device")), "pid": str(v.get("pid"))}
+    """One-hot ``ridgeline_verdict_state{verdict=...}`` per known verdict (1 for the current)."""
+    base = {"gpu": str(v.get("device")), "pid": str(v.get("pid"))}
     base.update(labels or {})
-    return [("ridgeline_verdict_info", dict(base, verdict=name, face=str(FACES[name])),
+    # gpu = device index (joins dcgm-exporter's gpu label); face "" when the verdict has none.
+    return [("ridgeline_verdict_state", dict(base, verdict=name, face=FACES[name] or ""),
              1.0 if v["verdict"] == name else 0.0) for name in VERDICTS]

@@ -387,6 +387,7 @@ MAX_CARRY_KERNELS = 200_000      # a device's open step held for the next batch,
 FOLD_MAX_KERNELS = 65_536       # bigger batches are folded in slices (bounded temporaries)
 FOLD_MIN_EVENTS = 65_536         # small batches are folded together once this many wait
 MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and window
+MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and window
 
 
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
@@ -482,6 +483,7 @@ class SourceFold:
     def reset(self) -> None:
         self.groups: dict[tuple[int, int], _GroupAcc] = {}
         self.api_hist: dict[tuple[int, str], np.ndarray] = {}
+        self.launch_tids: dict[int, set] = {}     # pid -> threads that launched kernels (bounded)
         self.shape_hits = self.shape_misses = 0
 
     def _group(self, dev: int, pid: int) -> _GroupAcc:
@@ -544,6 +546,13 @@ class SourceFold:
                 upid, pinv = np.unique(a["pid"][m], return_inverse=True)
                 idx = (pinv.reshape(-1) * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
                 h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
+                lm = what == 0
+                if lm.any():   # the launch threads: /metrics keeps their scheduling series
+                    pairs = np.unique((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
+                    for pt in pairs[:256].tolist():
+                        tids = self.launch_tids.setdefault(int(pt >> 32), set())
+                        if len(tids) < MAX_LAUNCH_TIDS:
+                            tids.add(int(np.int64(pt & 0xFFFFFFFF).astype(np.int32)))
                 for i, pid in enumerate(upid.tolist()):
                     for w, name in ((0, "launch"), (1, "sync")):
                         if h[i, w].any():
@@ -818,6 +827,7 @@ class SourceFold:
                 "idle_gaps": _hist_summary(g.idle_hist),
                 "copy_bytes": dict(g.copy_bytes),
                 "launch": _hist_summary(launch if launch is not None else np.zeros(HIST_BINS, np.int64)),
+                "launch_tids": sorted(self.launch_tids.get(int(pid), ())),
                 "sync": _hist_summary(sync if sync is not None else np.zeros(HIST_BINS, np.int64)),
                 "phases": phases,
                 "phase_source": (f"stream: layered phase mapping per step shape "

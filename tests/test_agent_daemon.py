@@ -225,7 +225,7 @@ def test_collector_exposes_engine_device_verdict_and_threads():
     assert one("ridgeline_engine_preemptions_total") == 3
     assert fams["ridgeline_engine_preemptions"].type == "counter"
     assert one("ridgeline_alert_firing", alert="kv_watermark") == 1.0
-    assert one("ridgeline_verdict_info", verdict="kv-capacity-bound") == 1.0
+    assert one("ridgeline_verdict_state", verdict="kv-capacity-bound") == 1.0
     assert one("ridgeline_thread_on_cpu_seconds_total", tid=8) == 1.0
     assert one("ridgeline_agent_probe_drops_total", probe="sched") == 1
     assert one("ridgeline_agent_cpu_ratio") == 0.02

@@ -53,7 +53,10 @@ def test_record_and_prometheus_names_carry_units():
     assert rec["source"]["probe"] == "nvml" and "busy-time" in rec["source"]["note"]
     prom = dm.prometheus_samples(f)
     names = {n for n, _, _ in prom}
-    assert "ridgeline_gpu_busy_time_percent" in names and "ridgeline_gpu_dram_bandwidth_utilization_percent" in names
+    # Base units and 0..1 ratios, never percent (Prometheus naming conventions).
+    assert "ridgeline_gpu_busy_time_ratio" in names and "ridgeline_gpu_dram_bandwidth_utilization_ratio" in names
+    assert not any("percent" in n or n.endswith("_mhz") for n in names)
+    assert all(0 <= v <= 1 for n, _, v in prom if n.endswith("_ratio"))
     proc = [(l["pid"], v) for n, l, v in prom if n == "ridgeline_gpu_process_memory_used_bytes"]
     assert proc == [("48213", 135_141_163_008.0)]                       # N/A memory is not exposed as 0
     reasons = sorted(l["reason"] for n, l, _ in prom if n == "ridgeline_gpu_clock_event_reason")

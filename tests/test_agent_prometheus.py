@@ -1,0 +1,179 @@
+"""The agent's /metrics (agent.prometheus): Prometheus' own linter, histograms with the
+engine's buckets, joinable labels, bounded per-thread series.
+
+``promtool check metrics`` is Prometheus' tool (Debian package ``prometheus``, which
+scripts/setup.sh installs); the tests that need it skip with the reason when it is absent.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_samples import V011, advance, sample_text
+from ridgeline.agent import prometheus as prom
+from ridgeline.aggregator import engine_metrics as em
+from ridgeline.probes import prom_text
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not on PATH: install Debian's 'prometheus' package (scripts/setup.sh does)")
+S = 1_000_000_000
+URL = "http://127.0.0.1:8000/metrics"
+SGL = "http://127.0.0.1:30000/metrics"
+SGL_LABELS = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+
+
+def engine_section():
+    """Tracker output for a vLLM endpoint (the real 0.11 scrape, advanced) and an SGLang one."""
+    base = sample_text(V011)
+    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000},
+                   gauges={"vllm:kv_cache_usage_perc": 0.9, "vllm:num_requests_waiting": 7},
+                   observe={"vllm:time_to_first_token_seconds": [0.02] * 10,
+                            "vllm:request_queue_time_seconds": [0.4] * 10,
+                            "vllm:request_prefill_time_seconds": [0.35] * 10,
+                            "vllm:request_decode_time_seconds": [2.0] * 10,
+                            "vllm:inter_token_latency_seconds": [0.02] * 100,
+                            "vllm:e2e_request_latency_seconds": [2.5] * 10})
+    sgl = (f'sglang:func_latency_seconds_bucket{{le="+Inf",name="generate_request"}} 4\n'
+           f'sglang:cache_hit_rate{{{SGL_LABELS}}} 0.0075\n'
+           f'sglang:num_running_reqs{{{SGL_LABELS},priority=""}} 3\n'
+           f'sglang:num_running_reqs{{{SGL_LABELS},priority="0"}} 3\n'
+           f'sglang:token_usage{{{SGL_LABELS}}} 0.4\n')
+    t = em.EngineTracker()
+
+    def polled(v, s, ts):
+        return {"scrapes": [{"endpoint": URL, "ts_ns": ts, "exposition": prom_text.parse(v), "pid": 4242},
+                            {"endpoint": SGL, "ts_ns": ts, "exposition": prom_text.parse(s), "pid": 5151}]}
+    t.update(polled(base, sgl, S))
+    return {"engine": t.update(polled(busy, sgl, 3 * S))}
+
+
+def window(threads, launch_tids=(8,), engine=None):
+    return {
+        "host": "node-a",
+        "gpus": [{"device": 0, "pid": 4242, "gpu": "h100-sxm", "source": "cupti", "span_ns": 10, "busy_ns": 5,
+                  "launch_tids": list(launch_tids),
+                  "ceilings": {"hbm_bytes_per_s": 3.35e12, "flops_per_s": {"bf16": 989e12, "fp8": 1979e12}},
+                  "phases": {"decode": {"kernels": 3, "kernel_time_ns": 2_000_000, "time_share_pct": 80.0,
+                                        "achieved_bytes_per_s": 2.0e12, "achieved_flops_per_s": 4e13,
+                                        "arithmetic_intensity": 20.0, "pct_of_peak_bytes": 60.0,
+                                        "pct_of_peak_flops": 4.0, "verdict": "memory-bound"}},
+                  "copy_bytes": {"HtoD": 100}}],
+        "device": {"nvml": {"devices": [{"gpu_index": 0, "gpu_name": "NVIDIA H100 80GB HBM3",
+                                         "gpu_uuid": "GPU-5c7c3b4e-0000-1111-2222-333344445555",
+                                         "ts_ns": S, "gpu_busy_time_pct": 87.0, "sm_clock_mhz": 1755,
+                                         "memory_used_bytes": 7e10, "memory_total_bytes": 8.1e10}]}},
+        "engine": engine or {},
+        "sched": {"sched": {"threads": threads}},
+        "verdict": [{"device": 0, "pid": 4242, "verdict": "undetermined", "face": None}],
+        "agent": {"cpu_pct": 2.0, "rss_bytes": 1000, "probes": {"sched": {"drops": 1, "errors": 0}},
+                  "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6},
+    }
+
+
+def thread(tid, on_cpu_ms=1, launches=0):
+    return {"pid": 4242, "tid": tid, "comm": f"t{tid}", "on_cpu_ns": on_cpu_ms * 1e6, "runq_wait_ns": 1e5,
+            "blocked_ns": 1e6, "launches": launches}
+
+
+def exposition(windows) -> str:
+    c = prom.WindowCollector("node-a")
+    for w in windows:
+        c.observe(w)
+    return generate_latest(prom.registry_for(c)).decode()
+
+
+def families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+@needs_promtool
+def test_promtool_check_metrics_passes_on_a_full_window():
+    text = exposition([window([thread(8, 50, launches=100), thread(9)], engine=engine_section())])
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # And it does reject what /metrics used to carry (a quantile label on a gauge, percent).
+    bad = ('# HELP ridgeline_engine_ttft_seconds x\n# TYPE ridgeline_engine_ttft_seconds gauge\n'
+           'ridgeline_engine_ttft_seconds{quantile="99",bound="le"} 0.1\n'
+           '# HELP ridgeline_gpu_busy_time_percent x\n# TYPE ridgeline_gpu_busy_time_percent gauge\n'
+           'ridgeline_gpu_busy_time_percent 87\n')
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=bad, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "quantile" in (r.stdout + r.stderr)
+
+
+def test_engine_histograms_keep_the_engines_buckets_and_no_gauge_has_quantiles():
+    text = exposition([window([thread(8)], engine=engine_section())])
+    fams = families(text)
+    ttft = fams["ridgeline_engine_time_to_first_token_seconds"]
+    assert ttft.type == "histogram"
+    les = [s.labels["le"] for s in ttft.samples if s.name.endswith("_bucket") and s.labels["pid"] == "4242"]
+    assert len(les) == 23 and les[0] == "0.001" and les[-2] == "2560.0"          # vLLM's 22 bounds + Inf
+    for name in ("ridgeline_engine_request_queue_time_seconds", "ridgeline_engine_request_prefill_time_seconds",
+                 "ridgeline_engine_request_decode_time_seconds", "ridgeline_engine_inter_token_latency_seconds",
+                 "ridgeline_engine_e2e_request_latency_seconds"):
+        assert fams[name].type == "histogram", name
+    for f in fams.values():
+        if f.type in ("gauge", "counter", "info"):
+            assert not any("quantile" in s.labels or "le" in s.labels for s in f.samples), f.name
+        assert f.documentation and f.documentation.replace("_", " ") != f.name.replace("_", " "), f.name
+    seg = {s.labels["segment"]: s.value for s in fams["ridgeline_engine_segment_mean_seconds"].samples
+           if s.labels["pid"] == "4242"}
+    assert seg["queue"] == pytest.approx(0.4) and seg["prefill"] == pytest.approx(0.35)
+    assert seg["decode"] == pytest.approx(2.0)
+    sgl_running = [s.value for s in fams["ridgeline_engine_running_requests"].samples if s.labels["pid"] == "5151"]
+    assert sgl_running == [3.0]                                   # priority="" total not doubled
+
+
+def test_labels_join_dcgm_exporter_and_each_other():
+    fams = families(exposition([window([thread(8, launches=5)], engine=engine_section())]))
+    busy = fams["ridgeline_gpu_busy_ratio"].samples[0].labels
+    nvml = fams["ridgeline_gpu_busy_time_ratio"].samples[0].labels
+    # dcgm-exporter's identity labels, same values on phase (CUPTI) and NVML series.
+    for lab in (busy, nvml):
+        assert lab["gpu"] == "0" and lab["UUID"].startswith("GPU-") and lab["Hostname"] == "node-a"
+        assert lab["gpu_model"] == "NVIDIA H100 80GB HBM3"
+    assert fams["ridgeline_gpu_busy_time_ratio"].samples[0].value == pytest.approx(0.87)
+    assert fams["ridgeline_gpu_sm_clock_hertz"].samples[0].value == pytest.approx(1.755e9)
+    # Engine, phase and thread series share Hostname and pid.
+    eng = [s.labels for s in fams["ridgeline_engine_kv_usage_ratio"].samples]
+    assert {"Hostname": "node-a", "pid": "4242"}.items() <= next(l for l in eng if l["pid"] == "4242").items()
+    th = fams["ridgeline_thread_on_cpu_seconds"].samples[0].labels
+    assert th["pid"] == "4242" and th["Hostname"] == "node-a" and th["role"] == "launch"
+    verdict = fams["ridgeline_verdict_state"].samples
+    assert all(s.labels["face"] != "None" for s in verdict)
+    assert fams["ridgeline_build_info"].samples[0].labels["schema_version"] == "1"
+    assert "process_cpu_seconds" in fams and "process_resident_memory_bytes" in fams
+
+
+def test_thread_series_are_bounded_and_stale_ones_expire():
+    # 3 live threads (8 launches kernels), and 5 new short-lived threads every window for 10
+    # minutes of 1 s windows: 3000 thread ids seen in all.
+    c = prom.WindowCollector("node-a")
+    next_tid = 100
+    for i in range(600):
+        churn = [thread(next_tid + k, on_cpu_ms=0.5) for k in range(5)]
+        next_tid += 5
+        c.observe(window([thread(8, 300, launches=1000), thread(9, 100), thread(10, 50)] + churn))
+    exposed = c.exposed_threads()
+    assert len(exposed) <= 1 + prom.TOP_THREADS
+    assert len(c.threads) <= 5 * prom.THREAD_STALE_WINDOWS + 3          # stale ones were removed
+    keys = {k for k, _ in exposed}
+    assert {("4242", "8"), ("4242", "9"), ("4242", "10")} <= keys
+    text = generate_latest(prom.registry_for(c)).decode()
+    on_cpu = families(text)["ridgeline_thread_on_cpu_seconds"].samples
+    assert len(on_cpu) == len(exposed)
+    # A restarted server's launch thread (new pid/tid, first seen now) gets in at once,
+    # even with the table full.
+    prom_max = prom.MAX_THREADS_TRACKED
+    try:
+        prom.MAX_THREADS_TRACKED = len(c.threads)
+        w = window([dict(thread(7777, 10, launches=50), pid=9999)], launch_tids=())
+        c.observe(w)
+    finally:
+        prom.MAX_THREADS_TRACKED = prom_max
+    assert ("9999", "7777") in {k for k, _ in c.exposed_threads()}
+    assert c.threads_dropped == 0
