@@ -38,18 +38,22 @@ def engine_section():
                             "vllm:request_decode_time_seconds": [2.0] * 10,
                             "vllm:inter_token_latency_seconds": [0.02] * 100,
                             "vllm:e2e_request_latency_seconds": [2.5] * 10})
-    sgl = (f'sglang:func_latency_seconds_bucket{{le="+Inf",name="generate_request"}} 4\n'
-           f'sglang:cache_hit_rate{{{SGL_LABELS}}} 0.0075\n'
-           f'sglang:num_running_reqs{{{SGL_LABELS},priority=""}} 3\n'
-           f'sglang:num_running_reqs{{{SGL_LABELS},priority="0"}} 3\n'
-           f'sglang:token_usage{{{SGL_LABELS}}} 0.4\n')
+    def sgl(k):
+        return (f'sglang:func_latency_seconds_bucket{{le="+Inf",name="generate_request"}} 4\n'
+                f'sglang:cache_hit_rate{{{SGL_LABELS}}} 0.0075\n'
+                f'sglang:num_running_reqs{{{SGL_LABELS},priority=""}} 3\n'
+                f'sglang:num_running_reqs{{{SGL_LABELS},priority="0"}} 3\n'
+                f'sglang:token_usage{{{SGL_LABELS}}} 0.4\n'
+                f'sglang:estimated_flops_per_gpu_total{{{SGL_LABELS}}} {k * 2e14}\n'
+                f'sglang:estimated_read_bytes_per_gpu_total{{{SGL_LABELS}}} {k * 1e12}\n'
+                f'sglang:evicted_tokens_total{{{SGL_LABELS}}} {k * 800}\n')
     t = em.EngineTracker()
 
     def polled(v, s, ts):
         return {"scrapes": [{"endpoint": URL, "ts_ns": ts, "exposition": prom_text.parse(v), "pid": 4242},
                             {"endpoint": SGL, "ts_ns": ts, "exposition": prom_text.parse(s), "pid": 5151}]}
-    t.update(polled(base, sgl, S))
-    return {"engine": t.update(polled(busy, sgl, 3 * S))}
+    t.update(polled(base, sgl(0), S))
+    return {"engine": t.update(polled(busy, sgl(1), 3 * S))}
 
 
 def window(threads, launch_tids=(8,), engine=None):

@@ -299,6 +299,9 @@ class SimEngine:
             m.iteration_tokens.observe(shape.tokens)
             m.prefix_queries.inc(self.sched.prefix_queries_total - self._prefix_seen[0])
             m.prefix_hits.inc(self.sched.prefix_hits_total - self._prefix_seen[1])
+            m.prompt_tokens_cached.inc(self.sched.prefix_hits_total - self._prefix_seen[1])
+            m.estimated_flops.inc(float(plan.flops.sum()))
+            m.estimated_read_bytes.inc(float(plan.bytes.sum()))
             self._prefix_seen = (self.sched.prefix_queries_total, self.sched.prefix_hits_total)
         self.steps.append(StepRecord(now, end_cpu, gpu_start, gpu_end, shape.tokens, prefill_tokens, decode_tokens,
                                      shape.sequences, len(self.sched.running), len(self.sched.waiting),

@@ -54,6 +54,13 @@ class SimMetrics:
         self.prefix_queries = c("vllm:prefix_cache_queries",
                                 "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.prompt_tokens_cached = c("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        # vLLM --enable-mfu-metrics (vllm/v1/metrics/perf.py): the simulated step's FLOPs and
+        # bytes from its cost model (which does not split reads from writes: all counted as read).
+        self.estimated_flops = c("vllm:estimated_flops_per_gpu",
+                                 "Estimated number of floating point operations per GPU.")
+        self.estimated_read_bytes = c("vllm:estimated_read_bytes_per_gpu",
+                                      "Estimated number of bytes read from memory per GPU.")
         self._success = Counter("vllm:request_success", SIM + "Count of successfully processed requests.",
                                 names + ("finished_reason",), registry=r)
         self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
