@@ -30,7 +30,8 @@ SGL_LABELS = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0
 def engine_section():
     """Tracker output for a vLLM endpoint (the real 0.11 scrape, advanced) and an SGLang one."""
     base = sample_text(V011)
-    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000},
+    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000,
+                                   "vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 400},
                    gauges={"vllm:kv_cache_usage_perc": 0.9, "vllm:num_requests_waiting": 7},
                    observe={"vllm:time_to_first_token_seconds": [0.02] * 10,
                             "vllm:request_queue_time_seconds": [0.4] * 10,
