@@ -60,7 +60,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     out = [(p["title"], t["expr"]) for p in d["panels"] for t in p.get("targets", [])]
     for v in d["templating"]["list"]:
         if v["type"] == "query":
-            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"]["query"])
+            m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"])
             out.append((f"variable {v['name']}", m.group(1)))
     return out
 
