@@ -36,6 +36,17 @@ to :data:`FIELDS` (the next number is ``max(FIELDS.values()) + 1``; numbers are 
 reused or changed, names never renamed), then regenerate nothing: the golden-byte tests
 only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_pct``).
 
+**Version notes** (schema 1 throughout; keys only ever appended):
+
+* fields 1-73: the first release.
+* fields 74-105 (issue 12): the engine window's latency segments (``queue_mean_s`` ...
+  ``queue_share_of_ttft_ratio``, ``segment_kinds``), KV dynamics (``num_swapped_requests``,
+  prefix-cache and eviction figures, ``preemption_episode_*``, ``preemption_recovery_s``),
+  engine work estimates (``estimated_*``, ``work_estimate_source``), the engine's lifetime
+  ``latency_histograms`` (``bounds``, ``cumulative``) and the GPU record's ``launch_tids``.
+  A decoder built before them reads these keys as ``field_74`` ... ``field_105``; the
+  golden file ``wire_envelope_engine_window_v1.bin`` pins their bytes.
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================
@@ -110,6 +121,20 @@ FIELDS: dict[str, int] = {
     "kv_usage": 61, "num_running": 62, "num_waiting": 63, "preemptions_total": 64,
     "prefix_cache_hit_rate": 65, "name": 66, "index": 67, "data": 68, "p90_ns": 69,
     "p95_ns": 70, "mean_ns": 71, "reason": 72, "value": 73,
+    # engine window: latency segments, KV dynamics, engine work estimates (issue 12; see
+    # "Version notes" above: added to schema 1, old decoders read them as field_<n>)
+    "queue_mean_s": 74, "prefill_mean_s": 75, "decode_mean_s": 76, "ttft_mean_s": 77, "e2e_mean_s": 78,
+    "queue_share_of_ttft_ratio": 79, "segment_kinds": 80, "num_swapped_requests": 81,
+    "external_prefix_cache_hit_ratio": 82, "prompt_tokens_cached_ratio": 83, "kv_evicted_tokens": 84,
+    "kv_eviction_rate_tokens_per_s": 85, "kv_eviction_source": 86, "estimated_flops_per_gpu": 87,
+    "estimated_read_bytes_per_gpu": 88, "estimated_write_bytes_per_gpu": 89,
+    "estimated_flops_per_gpu_per_s": 90, "estimated_bytes_per_gpu_per_s": 91,
+    "estimated_arithmetic_intensity": 92, "work_estimate_source": 93,
+    "preemption_episode_active": 94, "preemption_episode_elapsed_s": 95,
+    "preemption_episode_preemptions": 96, "preemption_episode_baseline_waiting": 97,
+    "preemption_episodes_total": 98, "preemption_episodes_recovered_total": 99, "preemption_recovery_s": 100,
+    "preemption_last_recovery_s": 101, "latency_histograms": 102, "bounds": 103, "cumulative": 104,
+    "launch_tids": 105,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

@@ -69,7 +69,30 @@ def _literal_trace() -> Trace:
                  {"source": "literal"})
 
 
+# An engine window with the issue-12 fields (wire fields 74-105, see wire.py "Version notes").
+ENGINE_WINDOW = {
+    "start_ns": 1_700_000_000_000_000_000, "end_ns": 1_700_000_002_000_000_000, "duration_ns": 2_000_000_000,
+    "sources": ["engine"],
+    "gpus": [{"device": 0, "pid": 4242, "launch_tids": [4243]}],
+    "engine": {"engine": {"endpoints": {"http://127.0.0.1:8000/metrics": {
+        "engine": "vllm", "kv_usage_ratio": 0.91, "num_swapped_requests": None,
+        "queue_mean_s": 0.4, "prefill_mean_s": 0.35, "decode_mean_s": 2.0, "ttft_mean_s": 0.75, "e2e_mean_s": 2.75,
+        "queue_share_of_ttft_ratio": 0.5333, "segment_kinds": {"queue": "measured", "prefill": "measured"},
+        "external_prefix_cache_hit_ratio": 0.25, "prompt_tokens_cached_ratio": 0.55, "kv_evicted_tokens": None,
+        "kv_eviction_rate_tokens_per_s": None, "kv_eviction_source": None,
+        "estimated_flops_per_gpu": 2e15, "estimated_read_bytes_per_gpu": 4e12, "estimated_write_bytes_per_gpu": None,
+        "estimated_flops_per_gpu_per_s": 1e15, "estimated_bytes_per_gpu_per_s": 2e12,
+        "estimated_arithmetic_intensity": 500.0, "work_estimate_source": "engine_estimate",
+        "preemption_episode_active": True, "preemption_episode_elapsed_s": 6.0, "preemption_episode_preemptions": 4.0,
+        "preemption_episode_baseline_waiting": 2.0, "preemption_episodes_total": 3,
+        "preemption_episodes_recovered_total": 2, "preemption_recovery_s": None, "preemption_last_recovery_s": 8.0,
+        "latency_histograms": {"ttft_s": {"bounds": [0.1, 1.0], "cumulative": [1.0, 2.0, 3.0],
+                                          "count": 3.0, "sum": 2.5}}}}}},
+}
+
 GOLDEN = {
+    "wire_envelope_engine_window_v1.bin": lambda: wire.encode_envelope(
+        "window", 8, wire.encode_window(ENGINE_WINDOW), "gpu-host-1", 1_700_000_002_000_000_123),
     "wire_envelope_window_v1.bin": lambda: wire.encode_envelope(
         "window", 7, wire.encode_window(WINDOW), "gpu-host-1", 1_700_000_001_000_000_123),
     "wire_event_batch_v1.bin": lambda: wire.encode_event_batch(_literal_trace()),
@@ -89,6 +112,15 @@ def test_golden_window_decodes_to_literal():
     assert (env.version, env.topic, env.kind, env.host, env.seq, env.ts_ns) == \
         (1, "window", "window", "gpu-host-1", 7, 1_700_000_001_000_000_123)
     assert wire.decode_window(env.payload) == WINDOW
+
+
+def test_golden_engine_window_numbers_the_issue12_fields():
+    raw = (DATA / "wire_envelope_engine_window_v1.bin").read_bytes()
+    env = wire.decode_envelope(raw)
+    assert wire.decode_window(env.payload) == ENGINE_WINDOW
+    # The new keys travel as their numbers, not as text.
+    for key in ("queue_share_of_ttft_ratio", "preemption_last_recovery_s", "latency_histograms", "launch_tids"):
+        assert key.encode() not in raw and wire.FIELDS[key] >= 74
 
 
 def test_golden_health_decodes_to_literal():
