@@ -5,7 +5,9 @@ subscriber's :class:`TopState`: gaps, last health) into a rich renderable; it ne
 reads a socket, so it is tested with literal windows. Per GPU and served process, per
 phase: time share, achieved TB/s and TFLOP/s as bars against the GPU's ceilings,
 arithmetic intensity, verdict; the engine's KV-cache watermark as a bar with the 85%
-alert line, queue time, TTFT and ITL; the launch threads' on-CPU / run-queue / blocked
+alert line, queue time, TTFT and ITL, latency by segment (queue / prefill / decode, the
+share of TTFT that is queue), swapped requests, prefix-cache hits (local, external),
+KV eviction (or "unknown"), preemption episodes and recovery time; the launch threads' on-CPU / run-queue / blocked
 time; the agent's own cost and drops. Every source that is simulated or replayed says so
 in the header.
 """
@@ -140,10 +142,51 @@ def engine_panel(engine: dict) -> Panel | None:
             f"TTFT p50 {_ms(e.get('ttft_p50_s'))} p99 {_ms(e.get('ttft_p99_s'))}   "
             f"ITL p50 {_ms(e.get('itl_p50_s'))} p99 {_ms(e.get('itl_p99_s'))}   "
             f"running {_fmt(e.get('num_running_requests'), '', 1, 0)} waiting {_fmt(e.get('num_waiting_requests'), '', 1, 0)}"
+            f" swapped {_fmt(e.get('num_swapped_requests'), '', 1, 0)}"
             f"   preemptions/s {_fmt(e.get('preemption_rate_per_s'), '', 1, 2)}"))
+        rows.append(segments_line(e))
+        rows.append(kv_line(e))
     if not rows:
         return None
     return Panel(Group(*rows), title="engine", title_align="left")
+
+
+def segments_line(e: dict) -> Text:
+    """Mean latency per segment (queue / prefill / decode, e2e) beside TTFT, and the share
+    of TTFT that is queue; a derived segment (SGLang: TTFT - queue, e2e - TTFT) is marked *."""
+    kinds = e.get("segment_kinds") or {}
+
+    def seg(name, key):
+        mark = "*" if kinds.get(name) == "derived" else ""
+        return f"{name}{mark} {_ms(e.get(key))}"
+    t = Text("  segments (mean): " + " | ".join(seg(n, k) for n, k in (
+        ("queue", "queue_mean_s"), ("prefill", "prefill_mean_s"), ("decode", "decode_mean_s"))))
+    t.append(f"   e2e {_ms(e.get('e2e_mean_s'))}   TTFT {_ms(e.get('ttft_mean_s'))}"
+             f" (queue {_fmt(e.get('queue_share_of_ttft_ratio'), '%', 100, 0)} of it)")
+    if "derived" in kinds.values():
+        t.append("   * derived from means", style="dim")
+    return t
+
+
+def kv_line(e: dict) -> Text:
+    """Prefix cache (local, external, cached prompt tokens), KV eviction (or unknown),
+    preemption episode and last recovery time, engine work estimate."""
+    t = Text(f"  prefix hit {_fmt(e.get('prefix_cache_hit_ratio'), '%', 100, 0)}"
+             f" external {_fmt(e.get('external_prefix_cache_hit_ratio'), '%', 100, 0)}"
+             f" cached prompt {_fmt(e.get('prompt_tokens_cached_ratio'), '%', 100, 0)}   eviction ")
+    if e.get("kv_eviction_source"):
+        t.append(f"{_fmt(e.get('kv_eviction_rate_tokens_per_s'), ' tok/s', 1, 0)}")
+    else:
+        t.append("unknown (not exported)", style="dim")
+    if e.get("preemption_episode_active"):
+        t.append(f"   preemption episode open {_fmt(e.get('preemption_episode_elapsed_s'), ' s', 1, 0)}"
+                 f" ({_fmt(e.get('preemption_episode_preemptions'), '', 1, 0)} preemptions)", style="yellow")
+    if e.get("preemption_last_recovery_s") is not None:
+        t.append(f"   last recovery {_fmt(e.get('preemption_last_recovery_s'), ' s', 1, 1)}")
+    if e.get("work_estimate_source"):
+        t.append(f"   est. {_fmt(e.get('estimated_flops_per_gpu_per_s'), ' TFLOP/s', 1e-12, 1)}"
+                 f" {_fmt(e.get('estimated_bytes_per_gpu_per_s'), ' TB/s', 1e-12, 2)} [engine estimate]")
+    return t
 
 
 def _sched_threads(sched: dict) -> list[dict]:

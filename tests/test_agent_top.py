@@ -18,6 +18,12 @@ WINDOW = {
     "engine": {"engine": {"endpoints": {"http://127.0.0.1:8000/metrics": {
         "kv_usage_ratio": 0.91, "queue_time_p50_s": 0.004, "ttft_p50_s": 0.015, "ttft_p99_s": 0.0199,
         "itl_p50_s": 0.0123, "itl_p99_s": 0.0156, "num_running_requests": 5, "num_waiting_requests": 2,
+        "num_swapped_requests": 1, "queue_mean_s": 0.004, "prefill_mean_s": 0.011, "decode_mean_s": 2.5,
+        "e2e_mean_s": 2.515, "ttft_mean_s": 0.016, "queue_share_of_ttft_ratio": 0.25,
+        "segment_kinds": {"queue": "measured", "prefill": "derived", "decode": "derived"},
+        "prefix_cache_hit_ratio": 0.4, "external_prefix_cache_hit_ratio": 0.25, "prompt_tokens_cached_ratio": 0.55,
+        "kv_eviction_source": None, "preemption_episode_active": True, "preemption_episode_elapsed_s": 6.0,
+        "preemption_episode_preemptions": 4, "preemption_last_recovery_s": 8.0,
         "alerts": {"kv_watermark": {"firing": True}}}}}},
     "sched": {"sched": {"threads": [
         {"pid": 4242, "tid": 4242, "comm": "python", "on_cpu_ns": 93_600_000, "runq_wait_ns": 211_500_000,
@@ -45,6 +51,11 @@ def test_render_shows_every_part():
     assert "(peak 3.35)" in t and "(peak 989)" in t
     assert "KV" in t and "91%" in t and "alert at 85%" in t and "ALERT kv_watermark" in t
     assert "TTFT p50 15.0 ms" in t and "ITL p50 12.3 ms" in t and "queue p50 4.0 ms" in t
+    assert "swapped 1" in t
+    assert "queue 4.0 ms | prefill* 11.0 ms | decode* 2500.0 ms" in t and "(queue 25% of it)" in t
+    assert "* derived from means" in t
+    assert "prefix hit 40% external 25% cached prompt 55%" in t and "eviction unknown (not exported)" in t
+    assert "preemption episode open 6 s (4 preemptions)" in t and "last recovery 8.0 s" in t
     assert "93.6 ms" in t and "211.5 ms" in t and "973.4 ms" in t
     assert "idle" not in t.split("launch threads")[1].split("agent:")[0]   # threads that did nothing are left out
     assert "1.5% CPU" in t and "RSS 80 MiB" in t and "simulator 7" in t and "stream drops 3" in t
