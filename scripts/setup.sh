@@ -21,6 +21,15 @@ if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command
         || echo "ridgeline setup: could not install systemd-analyze; unit tests will skip" >&2
 fi
 
+# Prometheus' own tools (Debian package `prometheus`: promtool and the server): the tests
+# lint /metrics with `promtool check metrics`, check and unit-test deploy/prometheus rules,
+# and run a real server against the agent on the simulator. Never fatal: those tests skip.
+if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1; }; } \
+        || echo "ridgeline setup: could not install prometheus (promtool); its tests will skip" >&2
+fi
+
 # 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
 stamp="$VENV/.ridgeline-installed"
 if [ ! -x "$VENV/bin/python" ]; then
