@@ -231,6 +231,9 @@ class WindowCollector:
             "pct_of_peak_bytes": ("ridgeline_phase_peak_bandwidth_ratio",
                                   "Achieved / peak memory bandwidth in this phase", 0.01),
             "pct_of_peak_flops": ("ridgeline_phase_peak_flops_ratio", "Achieved / peak FLOP rate in this phase", 0.01),
+            "kv_read_bytes_per_s": ("ridgeline_phase_kv_read_bytes_per_second",
+                                    "Decode KV-cache reads per second from the engine's own estimate "
+                                    "(estimated_read_bytes_per_gpu minus the model's weight and activation bytes)", 1.0),
         }
         fams = {k: GaugeMetricFamily(n, h, labels=gl + ["phase"]) for k, (n, h, _) in specs.items()}
         busy = GaugeMetricFamily("ridgeline_gpu_busy_ratio", "Kernel-busy share of the window's covered span",

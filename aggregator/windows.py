@@ -347,6 +347,7 @@ class WindowBuilder:
             "device": plain(self.device), "engine": plain(self.engine), "sched": plain(self.sched),
             "agent": plain(agent or {}),
         }
+        fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their
         # fold; the others keep theirs (remembered step shapes, kernel classes).
@@ -357,6 +358,44 @@ class WindowBuilder:
         # Device/engine/sched keep their latest sample: a slow scraper still shows its
         # last value; the sample's own timestamp (if any) tells its age.
         return window
+
+
+def fill_decode_kv_read(window: dict) -> None:
+    """Decode's KV-cache read bytes from the engine's own estimate, where the model's
+    analytic work leaves them out (no per-sequence context lengths in a live window).
+
+    For each GPU record whose served process is an engine endpoint's (``pid``) with
+    ``estimated_bytes_per_gpu_per_s`` (vLLM / SGLang ``--enable-mfu-metrics``): the
+    engine's bytes per second minus the model-derived bytes per second of all the GPU's
+    phases in this window (weights, activations) is the KV-cache traffic; it is added to
+    the decode phase as ``kv_read_bytes_per_s`` with ``kv_read_source: "engine_estimate"``,
+    and ``achieved_bytes_with_kv_per_s`` = achieved + that. Nothing is filled when the
+    decode work is not model-derived, the engine gives no estimate, or the difference is
+    not positive. The two rates cover nearly the same span (the engine's last scrape
+    interval vs the window); the verdict is not changed by it.
+    """
+    est: dict[int, float] = {}
+    for data in (window.get("engine") or {}).values():
+        eps = data.get("endpoints") if isinstance(data, dict) else None
+        for rec in (eps or {}).values():
+            if isinstance(rec, dict) and rec.get("pid") is not None and rec.get("estimated_bytes_per_gpu_per_s"):
+                est[int(rec["pid"])] = float(rec["estimated_bytes_per_gpu_per_s"])
+    if not est:
+        return
+    span_s = (window.get("duration_ns") or 0) / 1e9
+    for g in window.get("gpus") or []:
+        rate = est.get(g.get("pid"))
+        dec = (g.get("phases") or {}).get("decode")
+        if rate is None or not dec or dec.get("work_source") != "model" or span_s <= 0:
+            continue
+        model_bps = sum(float(ph.get("bytes") or 0.0) for ph in g["phases"].values()) / span_s
+        kv = rate - model_bps
+        if kv <= 0:
+            continue
+        dec["kv_read_bytes_per_s"] = kv
+        dec["kv_read_source"] = "engine_estimate"
+        if dec.get("achieved_bytes_per_s") is not None:
+            dec["achieved_bytes_with_kv_per_s"] = float(dec["achieved_bytes_per_s"]) + kv
 
 
 def verdict_of(window: dict):

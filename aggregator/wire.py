@@ -39,12 +39,13 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
 **Version notes** (schema 1 throughout; keys only ever appended):
 
 * fields 1-73: the first release.
-* fields 74-105 (issue 12): the engine window's latency segments (``queue_mean_s`` ...
+* fields 74-108 (issue 12): the engine window's latency segments (``queue_mean_s`` ...
   ``queue_share_of_ttft_ratio``, ``segment_kinds``), KV dynamics (``num_swapped_requests``,
   prefix-cache and eviction figures, ``preemption_episode_*``, ``preemption_recovery_s``),
   engine work estimates (``estimated_*``, ``work_estimate_source``), the engine's lifetime
-  ``latency_histograms`` (``bounds``, ``cumulative``) and the GPU record's ``launch_tids``.
-  A decoder built before them reads these keys as ``field_74`` ... ``field_105``; the
+  ``latency_histograms`` (``bounds``, ``cumulative``), the GPU record's ``launch_tids`` and
+  the decode phase's KV-cache reads from the engine estimate (``kv_read_*``).
+  A decoder built before them reads these keys as ``field_74`` ... ``field_108``; the
   golden file ``wire_envelope_engine_window_v1.bin`` pins their bytes.
 
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
@@ -134,7 +135,7 @@ FIELDS: dict[str, int] = {
     "preemption_episode_preemptions": 96, "preemption_episode_baseline_waiting": 97,
     "preemption_episodes_total": 98, "preemption_episodes_recovered_total": 99, "preemption_recovery_s": 100,
     "preemption_last_recovery_s": 101, "latency_histograms": 102, "bounds": 103, "cumulative": 104,
-    "launch_tids": 105,
+    "launch_tids": 105, "kv_read_bytes_per_s": 106, "kv_read_source": 107, "achieved_bytes_with_kv_per_s": 108,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

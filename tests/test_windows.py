@@ -258,3 +258,20 @@ def test_big_batch_is_folded_in_slices_with_the_same_figures(monkeypatch):
     monkeypatch.setattr(windows_mod, "FOLD_MAX_KERNELS", 1000)
     assert len(t.kernels) > 5000
     assert _fold_in(t, 1, model, "h100-sxm") == once
+
+
+def test_decode_kv_read_filled_from_the_engine_estimate():
+    from ridgeline.aggregator.windows import fill_decode_kv_read
+    w = {"duration_ns": 2_000_000_000,
+         "gpus": [{"pid": 7, "phases": {"decode": {"bytes": 3.0e12, "work_source": "model",
+                                                   "achieved_bytes_per_s": 2.0e12},
+                                        "prefill": {"bytes": 1.0e12, "work_source": "model"}}},
+                  {"pid": 8, "phases": {"decode": {"bytes": 1.0e12, "work_source": "shapes"}}}],
+         "engine": {"engine": {"endpoints": {"u": {"pid": 7, "estimated_bytes_per_gpu_per_s": 2.5e12},
+                                             "v": {"pid": 8, "estimated_bytes_per_gpu_per_s": 9e12}}}}}
+    fill_decode_kv_read(w)
+    dec = w["gpus"][0]["phases"]["decode"]
+    # 2.5 TB/s estimated by the engine - (3 + 1) TB / 2 s from the model = 0.5 TB/s of KV reads.
+    assert dec["kv_read_bytes_per_s"] == pytest.approx(0.5e12) and dec["kv_read_source"] == "engine_estimate"
+    assert dec["achieved_bytes_with_kv_per_s"] == pytest.approx(2.5e12)
+    assert "kv_read_bytes_per_s" not in w["gpus"][1]["phases"]["decode"]     # shapes already count KV reads

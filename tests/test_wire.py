@@ -69,7 +69,7 @@ def _literal_trace() -> Trace:
                  {"source": "literal"})
 
 
-# An engine window with the issue-12 fields (wire fields 74-105, see wire.py "Version notes").
+# An engine window with the issue-12 fields (wire fields 74-108, see wire.py "Version notes").
 ENGINE_WINDOW = {
     "start_ns": 1_700_000_000_000_000_000, "end_ns": 1_700_000_002_000_000_000, "duration_ns": 2_000_000_000,
     "sources": ["engine"],
