@@ -447,3 +447,24 @@ def test_swapped_requests_shown():
     assert rec["num_swapped_requests"] == 3
     names = {n for n, _, _ in em.prometheus_samples(rec)}
     assert "ridgeline_engine_swapped_requests" in names
+
+
+def test_new_window_fields_survive_a_recording(tmp_path):
+    """Segments, KV dynamics and the engine's histograms go through the wire into a
+    recording (`ridgeline record`) and come back from `load_recording` unchanged."""
+    from agent_codec import codec
+    from ridgeline.agent.recording import RecordingWriter, load_recording
+    base = sample_text(V011)
+    url = "http://127.0.0.1:8000/metrics"
+    t = em.EngineTracker()
+    t.update({"scrapes": [{"endpoint": url, "ts_ns": T0, "exposition": prom_text.parse(base), "pid": 7}]})
+    eng = t.update({"scrapes": [{"endpoint": url, "ts_ns": T0 + 5 * S, "pid": 7,
+                                 "exposition": prom_text.parse(busy_011(base, kv=0.95))}]})
+    window = {"duration_ns": 5 * S, "gpus": [], "engine": {"engine": eng}}
+    p = tmp_path / "r.rlrec"
+    with RecordingWriter(p) as w:
+        w.write(codec.encode_envelope("window", 0, codec.encode_window(window), "h", 1), 1)
+    rec = load_recording(p, codec=codec).windows[0]["engine"]["engine"]["endpoints"][url]
+    assert rec == eng["endpoints"][url]
+    assert rec["prefill_mean_s"] == pytest.approx(0.5) and rec["preemption_episode_active"] is True
+    assert rec["latency_histograms"]["ttft_s"]["cumulative"][-1] == len(TTFT_OBS)
