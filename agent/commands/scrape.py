@@ -89,6 +89,16 @@ def figures_json(fig: dict) -> dict:
         "prefill_time_share_kind": fig.get("prefill_time_share_kind"),
         "tokens_per_step": fig.get("tokens_per_step"),
         "generation_throughput_tokens_per_s": fig.get("generation_throughput_tokens_per_s"),
+        "num_swapped": fig.get("num_swapped_requests"),
+        "segments_mean_s": {seg: fig.get(f"{seg}_mean_s") for seg in ("queue", "prefill", "decode", "ttft", "e2e")},
+        "segment_kinds": fig.get("segment_kinds", {}),
+        "queue_share_of_ttft": fig.get("queue_share_of_ttft_ratio"),
+        "external_prefix_cache_hit_rate": fig.get("external_prefix_cache_hit_ratio"),
+        "prompt_tokens_cached_rate": fig.get("prompt_tokens_cached_ratio"),
+        "kv_eviction_rate_tokens_per_s": fig.get("kv_eviction_rate_tokens_per_s"),
+        "kv_eviction_source": fig.get("kv_eviction_source"),
+        "estimated_flops_per_gpu_per_s": fig.get("estimated_flops_per_gpu_per_s"),
+        "estimated_bytes_per_gpu_per_s": fig.get("estimated_bytes_per_gpu_per_s"),
         "histograms": hists,
         "sources": fig.get("sources", {}),
     }
@@ -136,7 +146,17 @@ def run(args) -> int:
     print(f"  KV usage        {_fmt(out['kv_usage'], '{:.1%}')}{pool}")
     print(f"  requests        running {_fmt(out['num_running'], '{:.0f}')}  waiting {_fmt(out['num_waiting'], '{:.0f}')}")
     print(f"  preemptions     total {_fmt(out['preemptions_total'], '{:.0f}')}  rate {_fmt(out['preemption_rate_per_s'])}/s")
-    print(f"  prefix hit rate {_fmt(out['prefix_cache_hit_rate'], '{:.1%}')} ({scope})")
+    print(f"  prefix hit rate {_fmt(out['prefix_cache_hit_rate'], '{:.1%}')} ({scope})"
+          f"  external {_fmt(out['external_prefix_cache_hit_rate'], '{:.1%}')}"
+          f"  cached prompt tokens {_fmt(out['prompt_tokens_cached_rate'], '{:.1%}')}")
+    kinds = out["segment_kinds"]
+    segs = "  ".join(f"{k}{'*' if kinds.get(k) == 'derived' else ''} {_fmt(v, '{:.3g}')} s"
+                     for k, v in out["segments_mean_s"].items())
+    print(f"  segments (mean) {segs}  queue share of TTFT {_fmt(out['queue_share_of_ttft'], '{:.0%}')}"
+          + ("  (* derived from means)" if "derived" in kinds.values() else ""))
+    ev = (f"{_fmt(out['kv_eviction_rate_tokens_per_s'])} tokens/s" if out["kv_eviction_source"]
+          else "unknown (not exported)")
+    print(f"  KV eviction     {ev}")
     for k, s in out["histograms"].items():
         unit = "s" if k.endswith("_s") else ""
         qs = "  ".join(f"{p} {_fmt_q(s[p], unit)}" for p in ("p50", "p90", "p99"))
