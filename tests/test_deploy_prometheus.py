@@ -220,6 +220,11 @@ scrape_configs:
                           httpx.get(f"{api}/alerts", timeout=10).json()["data"]["alerts"]])
         print("recovery:", query("ridgeline_engine_preemption_recovery_seconds"))
         assert not missing, (missing, (tmp_path / "agent.log").read_text()[-3000:])
+        # The live exposition itself passes Prometheus' linter.
+        live = httpx.get(f"http://127.0.0.1:{agent_port}/metrics", timeout=10).text
+        (out / "agent-metrics.txt").write_text(live)
+        lint = subprocess.run([PROMTOOL, "check", "metrics"], input=live, capture_output=True, text=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
         assert all(not query(expr) for _, expr in absent), [e for _, e in absent if query(e)]
         info = query('ridgeline_engine_info{engine="vllm"}')
         assert info and info[0]["metric"].get("kv_eviction_source", "") == "" and info[0]["metric"]["simulated"] == "true"
