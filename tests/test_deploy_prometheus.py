@@ -177,7 +177,7 @@ scrape_configs:
             assert r["status"] == "success", (expr, r)
             return r["data"]["result"]
 
-        checks = [(f"dashboard: {t}", concrete(e)) for t, e in dashboard_queries()
+        checks = [(f"dashboard: {t} #{i}", concrete(e)) for i, (t, e) in enumerate(dashboard_queries())
                   if not any(n in e for n in ABSENT_ON_VLLM_V1)]
         absent = [(f"dashboard: {t}", concrete(e)) for t, e in dashboard_queries()
                   if any(n in e for n in ABSENT_ON_VLLM_V1)]
@@ -199,6 +199,7 @@ scrape_configs:
                 else:
                     for name in selectors(r["query"]):
                         checks.append((f"alert {r['name']} reads {name}", name))
+        assert len({w for w, _ in checks}) == len(checks)
         missing: dict[str, str] = {}
         deadline = time.monotonic() + 150
         while time.monotonic() < deadline:
