@@ -28,6 +28,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -44,23 +45,67 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ridgeline_cupti_abi.h"
 #include "ridgeline_wire.h"
 
 #define RL_EXPORT __attribute__((visibility("default")))
 
-/* Layouts the agent decodes with cupti-python's dtypes; a header change that moves
- * them must fail the build, not corrupt decoding. */
-_Static_assert(sizeof(CUpti_ActivityKernel13) == 248, "Kernel13 layout");
-_Static_assert(offsetof(CUpti_ActivityKernel13, name) == 104, "kernel name offset");
-_Static_assert(sizeof(CUpti_ActivityAPI) == 40, "API layout");
-_Static_assert(sizeof(CUpti_ActivityMarker2) == 56, "Marker2 layout");
-_Static_assert(offsetof(CUpti_ActivityMarker2, name) == 40, "marker name offset");
-_Static_assert(offsetof(CUpti_ActivityMarker2, domain) == 48, "marker domain offset");
-_Static_assert(sizeof(CUpti_ActivityExternalCorrelation) == 24, "ExternalCorrelation layout");
+/* The header's newest record types, for the sizes reported in test mode only: in a
+ * served process record sizes always come from the libcupti actually loaded
+ * (cuptiActivityGetStructSize, or CUPTI's own cuptiActivityGetNextRecord walk). */
+#if CUPTI_API_VERSION >= 130401          /* CUDA 13.4+ */
+#define RL_HDR_KERNEL_T CUpti_ActivityKernel13
+#define RL_HDR_MEMCPY_T CUpti_ActivityMemcpy7
+#define RL_HDR_MEMSET_T CUpti_ActivityMemset5
+#elif CUPTI_API_VERSION >= 130301        /* 13.3 */
+#define RL_HDR_KERNEL_T CUpti_ActivityKernel12
+#elif CUPTI_API_VERSION >= 130101        /* 13.1, 13.2 */
+#define RL_HDR_KERNEL_T CUpti_ActivityKernel11
+#elif CUPTI_API_VERSION >= 130001        /* 13.0 */
+#define RL_HDR_KERNEL_T CUpti_ActivityKernel10
+#else                                    /* 12.x */
+#define RL_HDR_KERNEL_T CUpti_ActivityKernel9
+#endif
+#ifndef RL_HDR_MEMCPY_T
+#if CUPTI_API_VERSION >= 26              /* 12.8 .. 13.3 */
+#define RL_HDR_MEMCPY_T CUpti_ActivityMemcpy6
+#else
+#define RL_HDR_MEMCPY_T CUpti_ActivityMemcpy5
+#endif
+#define RL_HDR_MEMSET_T CUpti_ActivityMemset4
+#endif
+#if CUPTI_API_VERSION >= 130001
+#define RL_HDR_MARKER_DATA_T CUpti_ActivityMarkerData2
+#else
+#define RL_HDR_MARKER_DATA_T CUpti_ActivityMarkerData
+#endif
+
+/* The fixed offsets of ridgeline_cupti_abi.h hold for the header we are built with. */
+_Static_assert(offsetof(RL_HDR_KERNEL_T, name) == RL_KERNEL_OFF_NAME, "kernel name offset");
+_Static_assert(offsetof(RL_HDR_KERNEL_T, deviceId) == RL_KERNEL_OFF_DEVICE_ID, "kernel deviceId offset");
+_Static_assert(offsetof(RL_HDR_MEMCPY_T, deviceId) == RL_MEMCPY_OFF_DEVICE_ID, "memcpy deviceId offset");
+_Static_assert(offsetof(RL_HDR_MEMSET_T, deviceId) == RL_MEMSET_OFF_DEVICE_ID, "memset deviceId offset");
+_Static_assert(offsetof(CUpti_ActivityMarker2, name) == RL_MARKER_OFF_NAME, "marker name offset");
+_Static_assert(offsetof(CUpti_ActivityMarker2, domain) == RL_MARKER_OFF_DOMAIN, "marker domain offset");
+_Static_assert(sizeof(CUpti_ActivityMarker2) == RL_MARKER_MIN_SIZE, "Marker2 size");
+#if CUPTI_API_VERSION >= 130202
+_Static_assert(sizeof(rl_subscriber_params_t) == sizeof(CUpti_SubscriberParams) &&
+                   offsetof(rl_subscriber_params_t, allowMultipleSubscribers) ==
+                       offsetof(CUpti_SubscriberParams, allowMultipleSubscribers) &&
+                   offsetof(rl_subscriber_params_t, oldSubscriberSize) == offsetof(CUpti_SubscriberParams, oldSubscriberSize),
+               "CUpti_SubscriberParams layout");
+_Static_assert(RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE == CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE, "attr");
+#endif
+/* The largest BATCH body: header, every name at once (after a reconnect), one buffer's
+ * records in sections. It must fit what the agent accepts. */
+_Static_assert((uint64_t)sizeof(rl_batch_t) + (uint64_t)RL_MAX_NAMES * (sizeof(rl_name_t) + 7) + RL_MAX_NAME_BYTES_TOTAL +
+                       RL_MAX_BUFFER_BYTES + 64 * sizeof(rl_section_t) <= RL_MAX_BODY_BYTES,
+               "largest batch exceeds the agent's limit");
 _Static_assert(sizeof(rl_frame_t) == 16 && sizeof(rl_batch_t) == 168 && sizeof(rl_hello_t) == 40, "wire");
 
 #define RL_KIND_MAX 64
-#define RL_NAME_MAX_LEN 4096
+#define RL_NAME_MAX_LEN 4096          /* = MAX_NAME_BYTES of probes/cupti/protocol.py */
+#define RL_NAME_HASH_MAX (1u << 20)   /* bytes of a long name hashed, bounding the time spent */
 #define RL_STATUS_MAX 2048
 
 /* ------------------------------------------------------------------------------------ */
@@ -76,13 +121,14 @@ typedef CUptiResult (*fn_FlushPeriod)(uint32_t);
 typedef CUptiResult (*fn_EnableApi)(CUpti_CallbackId, uint8_t);
 typedef CUptiResult (*fn_Enable8)(uint8_t);
 typedef CUptiResult (*fn_Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
-typedef CUptiResult (*fn_Subscribe2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, CUpti_SubscriberParams *);
+typedef CUptiResult (*fn_Subscribe2)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *, rl_subscriber_params_t *);
 typedef CUptiResult (*fn_Unsubscribe)(CUpti_SubscriberHandle);
 typedef CUptiResult (*fn_StructSize)(CUpti_ActivityKind, uint32_t, size_t *);
 typedef CUptiResult (*fn_GetResultString)(CUptiResult, const char **);
-typedef CUptiResult (*fn_RegisterCallbacks2)(CUpti_SubscriberHandle, CUpti_BuffersCallbackRequestFunc_v2,
-                                             CUpti_BuffersCallbackCompleteFunc_v2);
-typedef CUptiResult (*fn_Kind2)(CUpti_SubscriberHandle, CUpti_ActivityKind, CUpti_ActivityConfig *);
+typedef CUptiResult (*fn_RegisterCallbacks2)(CUpti_SubscriberHandle, rl_buffer_request2_fn, rl_buffer_complete2_fn);
+typedef CUptiResult (*fn_Kind2)(CUpti_SubscriberHandle, CUpti_ActivityKind, void *config);
+typedef CUptiResult (*fn_GetNumDropped2)(CUpti_SubscriberHandle, CUcontext, uint32_t, size_t *);
+typedef CUptiResult (*fn_GetEnabledKinds)(CUpti_SubscriberHandle, CUpti_ActivityKind *, uint32_t *, uint32_t *);
 typedef CUptiResult (*fn_EnableApi2)(CUpti_SubscriberHandle, CUpti_CallbackId, uint8_t);
 typedef int (*fn_NvtxInit)(void *);
 typedef CUptiResult (*fn_GetAttribute2)(CUpti_SubscriberHandle, CUpti_ActivityAttribute, size_t *, void *);
@@ -107,6 +153,8 @@ static struct {
     fn_Kind2 Enable2, Disable2;
     fn_EnableApi2 EnableRuntimeApi2, EnableDriverApi2;
     fn_GetAttribute2 GetAttribute2;
+    fn_GetNumDropped2 GetNumDropped2;
+    fn_GetEnabledKinds GetEnabledKinds;
 } C;
 
 /* ------------------------------------------------------------------------------------ */
@@ -184,6 +232,7 @@ static int g_test_mode;
 static int g_pid;
 static atomic_int g_outstanding_buffers;
 static atomic_uint_fast64_t g_kernel_counter;
+static atomic_int g_warned_kernel_layout;
 
 static struct {
     atomic_uint_fast64_t dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send, sampled_out,
@@ -242,10 +291,32 @@ static long env_long(const char *name, long dflt, long lo, long hi) {
     return x;
 }
 
+/* A unix socket path must fit sun_path (107 bytes and the NUL). A longer one is refused
+ * with a logged reason: cutting it would connect to some other path. */
+static void set_socket_path(const char *p) {
+    if (strlen(p) >= sizeof cfg.socket_path) {
+        cfg.socket_path[0] = 0;
+        rl_log("socket path %.60s... is %zu bytes, over the %zu-byte limit of a unix socket path: "
+               "records will not be sent (set RIDGELINE_SOCKET to a shorter path)",
+               p, strlen(p), sizeof cfg.socket_path - 1);
+        return;
+    }
+    snprintf(cfg.socket_path, sizeof cfg.socket_path, "%s", p);
+}
+
 static void read_config(void) {
+    cfg.quiet = (int)env_long("RIDGELINE_QUIET", 0, 0, 1);
     const char *p = getenv("RIDGELINE_SOCKET");
-    snprintf(cfg.socket_path, sizeof cfg.socket_path, "%s", (p && *p) ? p : "/run/ridgeline/cupti.sock");
-    cfg.buffer_bytes = (size_t)env_long("RIDGELINE_BUFFER_BYTES", 4 << 20, 64 << 10, 256 << 20) & ~(size_t)7;
+    set_socket_path((p && *p) ? p : "/run/ridgeline/cupti.sock");
+    /* Each buffer becomes one BATCH body, which the agent accepts only up to
+     * RL_MAX_BODY_BYTES: a larger setting is lowered to RL_MAX_BUFFER_BYTES, not ignored. */
+    long want = env_long("RIDGELINE_BUFFER_BYTES", 4 << 20, 64 << 10, LONG_MAX);
+    if (want > (long)RL_MAX_BUFFER_BYTES) {
+        rl_log("RIDGELINE_BUFFER_BYTES=%ld is over the %u-byte maximum the agent accepts; using %u", want,
+               (unsigned)RL_MAX_BUFFER_BYTES, (unsigned)RL_MAX_BUFFER_BYTES);
+        want = RL_MAX_BUFFER_BYTES;
+    }
+    cfg.buffer_bytes = (size_t)want & ~(size_t)7;
     cfg.pool_slots = (unsigned)env_long("RIDGELINE_POOL_SLOTS", 8, 1, 1024);
     cfg.max_cupti_buffers = (unsigned)env_long("RIDGELINE_MAX_CUPTI_BUFFERS", 32, 2, 4096);
     cfg.flush_ms = (unsigned)env_long("RIDGELINE_FLUSH_MS", 500, 0, 60000);
@@ -255,7 +326,6 @@ static void read_config(void) {
     const char *m = getenv("RIDGELINE_MODE");
     cfg.initial_mode = (m && (!strcmp(m, "deep") || !strcmp(m, "deep-dive"))) ? RL_MODE_DEEP : RL_MODE_ALWAYS_ON;
     cfg.kernel_sample_every = (unsigned)env_long("RIDGELINE_KERNEL_SAMPLE_EVERY", 1, 1, 1000000);
-    cfg.quiet = (int)env_long("RIDGELINE_QUIET", 0, 0, 1);
     cfg.exit_flush = (int)env_long("RIDGELINE_EXIT_FLUSH", 1, 0, 1);
 }
 
@@ -263,15 +333,34 @@ static void read_config(void) {
 /* interned names (kernel names, NVTX names and domains: CUPTI-owned memory)             */
 
 static int names_alloc(void) {
-    g_names_max = (uint32_t)env_long("RIDGELINE_MAX_NAMES", 65536, 16, 1 << 22);
+    g_names_max = (uint32_t)env_long("RIDGELINE_MAX_NAMES", 65536, 16, RL_MAX_NAMES);
     g_names_cap = 1;
     while (g_names_cap < g_names_max * 2) g_names_cap <<= 1;
     g_names = calloc(g_names_cap, sizeof *g_names);
     g_name_order = calloc(g_names_max, sizeof *g_name_order);
-    g_strings_max = (size_t)env_long("RIDGELINE_MAX_NAME_BYTES", 16 << 20, 4096, 1 << 30);
+    g_strings_max = (size_t)env_long("RIDGELINE_MAX_NAME_BYTES", 16 << 20, 4096, RL_MAX_NAME_BYTES_TOTAL);
     g_strings_cap = 256 << 10;
     g_strings = malloc(g_strings_cap);
     return g_names && g_name_order && g_strings ? 0 : -1;
+}
+
+/* A name longer than RL_NAME_MAX_LEN (the agent's limit; C++ template instantiations get
+ * there) is cut, and the cut one ends in "#" + 16 hex digits of a hash of the whole
+ * name, so two kernels that differ only past the cut stay two names. Returns the length
+ * written to out, or 0 when the name fits as it is. */
+static size_t long_name(const char *s, char out[RL_NAME_MAX_LEN]) {
+    if (strnlen(s, RL_NAME_MAX_LEN + 1) <= RL_NAME_MAX_LEN) return 0;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a 64 */
+    for (size_t i = 0; i < RL_NAME_HASH_MAX && s[i]; i++) {
+        h ^= (uint8_t)s[i];
+        h *= 1099511628211ull;
+    }
+    const size_t keep = RL_NAME_MAX_LEN - 17;
+    memcpy(out, s, keep);
+    char tail[18];
+    snprintf(tail, sizeof tail, "#%016llx", (unsigned long long)h);
+    memcpy(out + keep, tail, 17);
+    return RL_NAME_MAX_LEN;
 }
 
 /* Caller holds g_names_lock. */
@@ -288,7 +377,10 @@ static void intern_ptr(uintptr_t ptr) {
         return;
     }
     const char *s = (const char *)ptr;
-    size_t len = strnlen(s, RL_NAME_MAX_LEN);
+    char cut[RL_NAME_MAX_LEN];
+    size_t len = long_name(s, cut);
+    if (len) s = cut;
+    else len = strnlen(s, RL_NAME_MAX_LEN);
     if (g_strings_used + len > g_strings_cap) {
         size_t want = g_strings_cap;
         while (want < g_strings_used + len) want *= 2;
@@ -317,27 +409,25 @@ static void intern_ptr(uintptr_t ptr) {
 
 static void sizes_from_header(void) {
     memset(g_rec_size, 0, sizeof g_rec_size);
-    g_rec_size[CUPTI_ACTIVITY_KIND_KERNEL] = sizeof(CUpti_ActivityKernel13);
-    g_rec_size[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL] = sizeof(CUpti_ActivityKernel13);
-    g_rec_size[CUPTI_ACTIVITY_KIND_MEMCPY] = sizeof(CUpti_ActivityMemcpy7);
-    g_rec_size[CUPTI_ACTIVITY_KIND_MEMSET] = sizeof(CUpti_ActivityMemset5);
+    g_rec_size[CUPTI_ACTIVITY_KIND_KERNEL] = sizeof(RL_HDR_KERNEL_T);
+    g_rec_size[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL] = sizeof(RL_HDR_KERNEL_T);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MEMCPY] = sizeof(RL_HDR_MEMCPY_T);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MEMSET] = sizeof(RL_HDR_MEMSET_T);
     g_rec_size[CUPTI_ACTIVITY_KIND_RUNTIME] = sizeof(CUpti_ActivityAPI);
     g_rec_size[CUPTI_ACTIVITY_KIND_DRIVER] = sizeof(CUpti_ActivityAPI);
     g_rec_size[CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API] = sizeof(CUpti_ActivityAPI);
     g_rec_size[CUPTI_ACTIVITY_KIND_MARKER] = sizeof(CUpti_ActivityMarker2);
-    g_rec_size[CUPTI_ACTIVITY_KIND_MARKER_DATA] = sizeof(CUpti_ActivityMarkerData2);
+    g_rec_size[CUPTI_ACTIVITY_KIND_MARKER_DATA] = sizeof(RL_HDR_MARKER_DATA_T);
     g_rec_size[CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION] = sizeof(CUpti_ActivityExternalCorrelation);
     g_rec_size[CUPTI_ACTIVITY_KIND_GRAPH_TRACE] = sizeof(CUpti_ActivityGraphTrace2);
 }
 
-/* Sizes for the libcupti actually loaded. CUPTI >= 13.0 tells us; an older one (a
- * libcupti.so.12 that torch already loaded) is walked with its own GetNextRecord. */
+/* Sizes for the libcupti actually loaded, never the compiled-in header's: CUPTI >= 13.2
+ * tells us (cuptiActivityGetStructSize); an older one (a libcupti.so.12 torch loaded,
+ * 13.0, 13.1) is walked with its own cuptiActivityGetNextRecord. */
 static void sizes_for_runtime(uint32_t version) {
-    if (version == CUPTI_API_VERSION) {
-        sizes_from_header();
-        return;
-    }
-    if (C.StructSize && version >= 130000) {
+    (void)version;
+    if (C.StructSize) {
         memset(g_rec_size, 0, sizeof g_rec_size);
         int ok = 1;
         static const CUpti_ActivityKind kinds[] = {
@@ -366,16 +456,31 @@ static size_t record_size(uint8_t *buf, size_t valid, uint8_t *p) {
         CUpti_Activity *rec = (CUpti_Activity *)p;
         /* GetNextRecord advances from the record it was given; sizes it reveals are
          * remembered so the last record of a buffer (no successor) gets its own size. */
-        if (C.GetNextRecord(buf, valid, &rec) != CUPTI_SUCCESS) {
-            if (kind > 0 && kind < RL_KIND_MAX && g_rec_size[kind] && g_rec_size[kind] <= left) return g_rec_size[kind];
-            return left;
+        CUptiResult r = C.GetNextRecord(buf, valid, &rec);
+        if (r == CUPTI_SUCCESS) {
+            size_t sz = (size_t)((uint8_t *)rec - p);
+            if ((uint8_t *)rec <= p || sz % 8 || sz > RL_MAX_RECORD_BYTES || sz > left) return 0;
+            if (kind > 0 && kind < RL_KIND_MAX) g_rec_size[kind] = (uint32_t)sz;
+            return sz;
         }
-        size_t sz = (size_t)((uint8_t *)rec - p);
-        if (kind > 0 && kind < RL_KIND_MAX && sz && sz % 8 == 0) g_rec_size[kind] = (uint32_t)sz;
-        return sz;
+        /* The last record has no successor: its size is what is left of the valid bytes,
+         * provided that agrees with what this kind measured before (or is plausible for a
+         * kind not seen yet). Any other error ends the walk here: never make the rest of
+         * the buffer into one oversized "record". */
+        if (r != CUPTI_ERROR_MAX_LIMIT_REACHED || kind <= 0 || kind >= RL_KIND_MAX) return 0;
+        if (g_rec_size[kind]) return g_rec_size[kind] == left ? left : 0;
+        return (left % 8 == 0 && left <= RL_MAX_RECORD_BYTES) ? left : 0;
     }
     if (kind <= 0 || kind >= RL_KIND_MAX || g_rec_size[kind] == 0 || g_rec_size[kind] > left) return 0;
     return g_rec_size[kind];
+}
+
+static const uint32_t RL_KERNEL_SIZES[] = RL_KERNEL_KNOWN_SIZES;
+
+static int kernel_layout_known(size_t sz) {
+    for (size_t i = 0; i < sizeof RL_KERNEL_SIZES / sizeof RL_KERNEL_SIZES[0]; i++)
+        if (RL_KERNEL_SIZES[i] == sz) return 1;
+    return 0;
 }
 
 static void note_device(slot_t *s, uint32_t dev) {
@@ -451,7 +556,8 @@ static void process_buffer(uint8_t *buf, size_t valid) {
     size_t offs[RL_KIND_MAX];
     size_t used = 0;
     uint32_t nsec = 0;
-    unsigned every = atomic_load(&g_sample_every);
+    /* Deep mode is for seeing everything: sampling applies to always-on only. */
+    unsigned every = atomic_load(&g_mode) == RL_MODE_DEEP ? 1 : atomic_load(&g_sample_every);
     if (!every) every = 1;
     for (int k = 1; k < RL_KIND_MAX; k++) {
         if (!counts[k]) continue;
@@ -470,6 +576,7 @@ static void process_buffer(uint8_t *buf, size_t valid) {
     /* pass 2: copy, intern names, sample kernels in always-on mode */
     uint32_t kept[RL_KIND_MAX] = {0};
     uint64_t sampled = 0;
+    uint32_t unknown_kernel_size = 0;
     slot->n_devices = 0;
     pthread_mutex_lock(&g_names_lock);
     for (p = buf; p < walk_end; p += sz) {
@@ -481,27 +588,37 @@ static void process_buffer(uint8_t *buf, size_t valid) {
                 sampled++;
                 continue;
             }
-            uintptr_t nm;
-            memcpy(&nm, p + offsetof(CUpti_ActivityKernel13, name), sizeof nm);
-            intern_ptr(nm);
-            uint32_t dev;
-            memcpy(&dev, p + offsetof(CUpti_ActivityKernel13, deviceId), 4);
-            note_device(slot, dev);
-        } else if (kind == CUPTI_ACTIVITY_KIND_MARKER) {
+            /* Only a layout we know has its name pointer at RL_KERNEL_OFF_NAME; in any other
+             * record that offset may hold anything, and dereferencing it could crash the
+             * served process. Such records still go to the agent, nameless. */
+            if (kernel_layout_known(sz)) {
+                uintptr_t nm;
+                memcpy(&nm, p + RL_KERNEL_OFF_NAME, sizeof nm);
+                intern_ptr(nm);
+                uint32_t dev;
+                memcpy(&dev, p + RL_KERNEL_OFF_DEVICE_ID, 4);
+                note_device(slot, dev);
+            } else {
+                unknown_kernel_size = (uint32_t)sz;
+            }
+        } else if (kind == CUPTI_ACTIVITY_KIND_MARKER && sz >= RL_MARKER_MIN_SIZE) {
             uintptr_t nm, dom;
-            memcpy(&nm, p + offsetof(CUpti_ActivityMarker2, name), sizeof nm);
-            memcpy(&dom, p + offsetof(CUpti_ActivityMarker2, domain), sizeof dom);
+            memcpy(&nm, p + RL_MARKER_OFF_NAME, sizeof nm);
+            memcpy(&dom, p + RL_MARKER_OFF_DOMAIN, sizeof dom);
             intern_ptr(nm);
             intern_ptr(dom);
-        } else if (kind == CUPTI_ACTIVITY_KIND_MEMCPY || kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        } else if ((kind == CUPTI_ACTIVITY_KIND_MEMCPY || kind == CUPTI_ACTIVITY_KIND_MEMSET) &&
+                   sz >= RL_MEMCPY_OFF_DEVICE_ID + 4) {
             uint32_t dev;
-            memcpy(&dev, p + offsetof(CUpti_ActivityMemcpy7, deviceId), 4);
+            memcpy(&dev, p + (kind == CUPTI_ACTIVITY_KIND_MEMCPY ? RL_MEMCPY_OFF_DEVICE_ID : RL_MEMSET_OFF_DEVICE_ID), 4);
             note_device(slot, dev);
         }
         memcpy(slot->data + offs[kind] + (size_t)kept[kind] * sz, p, sz);
         kept[kind]++;
     }
     pthread_mutex_unlock(&g_names_lock);
+    if (unknown_kernel_size && !atomic_exchange(&g_warned_kernel_layout, 1))
+        rl_log("kernel records of %u bytes: layout not known to this library; sent without names", unknown_kernel_size);
 
     /* section headers (sampling may have left a kernel section shorter: compact) */
     size_t w = 0;
@@ -570,15 +687,24 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t
 }
 
 static void CUPTIAPI buffer_requested2(uint8_t **buffer, size_t *size, size_t *max_records,
-                                       CUpti_BufferCallbackRequestInfo *info) {
+                                       void *info) {
     (void)info;
     buffer_requested(buffer, size, max_records);
 }
 
 static void CUPTIAPI buffer_completed2(uint8_t *buffer, size_t size, size_t valid,
-                                       CUpti_BufferCallbackCompleteInfo *info) {
+                                       void *info) {
     (void)info;
     (void)size;
+    /* Our subscriber's own dropped count (CUPTI 13.3+; reading resets it). 13.2 has only
+     * the process-wide v1 count, read as a fallback. */
+    size_t dropped = 0;
+    if (C.GetNumDropped2) {
+        if (C.GetNumDropped2(g_sub, NULL, 0, &dropped) != CUPTI_SUCCESS) dropped = 0;
+    } else if (C.GetNumDropped) {
+        if (C.GetNumDropped(NULL, 0, &dropped) != CUPTI_SUCCESS) dropped = 0;
+    }
+    if (dropped) atomic_fetch_add(&K.dropped_cupti, dropped);
     process_buffer(buffer, valid);
     if (buffer) {
         free(buffer);
@@ -599,6 +725,13 @@ typedef struct {
     int deep_only;
 } cbid_ent_t;
 
+#define RL_CBID_RT___cudaLaunchKernel_v13000 505
+#define RL_CBID_RT___cudaLaunchKernel_ptsz_v13000 506
+#if CUPTI_API_VERSION >= 130001
+_Static_assert(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000 == RL_CBID_RT___cudaLaunchKernel_v13000 &&
+                   CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000 == RL_CBID_RT___cudaLaunchKernel_ptsz_v13000,
+               "CUDA 13 launch cbids");
+#endif
 #define RT(n, cat) {RL_DOMAIN_RUNTIME, CUPTI_RUNTIME_TRACE_CBID_##n, cat, #n, 0}
 /* Driver launches too: Triton and other JIT kernels are launched with cuLaunchKernel, not
  * through the runtime, and their kernels join to these records. */
@@ -610,8 +743,11 @@ static const cbid_ent_t CBIDS[] = {
     RT(cudaLaunchKernelExC_ptsz_v11060, RL_API_LAUNCH),
     RT(cudaLaunchCooperativeKernel_v9000, RL_API_LAUNCH),
     RT(cudaLaunchCooperativeKernel_ptsz_v9000, RL_API_LAUNCH),
-    RT(__cudaLaunchKernel_v13000, RL_API_LAUNCH),
-    RT(__cudaLaunchKernel_ptsz_v13000, RL_API_LAUNCH),
+    /* The CUDA 13 runtime's launch entry. Its cbid (505/506) is absent from 12.x headers
+     * but cbids are append-only, so a library built with those headers still asks a 13.x
+     * libcupti for it (a 12.x libcupti rejects the unknown cbid harmlessly). */
+    {RL_DOMAIN_RUNTIME, RL_CBID_RT___cudaLaunchKernel_v13000, RL_API_LAUNCH, "__cudaLaunchKernel_v13000", 0},
+    {RL_DOMAIN_RUNTIME, RL_CBID_RT___cudaLaunchKernel_ptsz_v13000, RL_API_LAUNCH, "__cudaLaunchKernel_ptsz_v13000", 0},
     RT(cudaGraphLaunch_v10000, RL_API_GRAPH_LAUNCH),
     RT(cudaGraphLaunch_ptsz_v10000, RL_API_GRAPH_LAUNCH),
     RT(cudaStreamSynchronize_v3020, RL_API_SYNC),
@@ -824,6 +960,7 @@ static int build_batch(outmsg_t *m, slot_t *s) {
 }
 
 static int connect_agent(void) {
+    if (!cfg.socket_path[0]) return -1; /* refused at start-up (logged) */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     struct sockaddr_un a;
@@ -1113,6 +1250,8 @@ static int resolve_cupti(char *why, size_t why_cap) {
     SYM(EnableRuntimeApi2, "cuptiActivityEnableRuntimeApi_v2");
     SYM(EnableDriverApi2, "cuptiActivityEnableDriverApi_v2");
     SYM(GetAttribute2, "cuptiActivityGetAttribute_v2");
+    SYM(GetNumDropped2, "cuptiActivityGetNumDroppedRecords_v2");
+    SYM(GetEnabledKinds, "cuptiActivityGetEnabledKinds");
     if (!C.GetVersion || !C.RegisterCallbacks || !C.Enable || !C.Disable || !C.GetNextRecord || !C.Subscribe ||
         !C.Unsubscribe) {
         snprintf(why, why_cap, "the loaded libcupti lacks the activity API entry points");
@@ -1123,13 +1262,13 @@ static int resolve_cupti(char *why, size_t why_cap) {
 
 /* Claim or probe CUPTI. Returns 0 when we may trace, 1 on a conflict (reported). */
 static int claim_cupti(void) {
-    char old[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
+    char old[RL_OLD_SUBSCRIBER_NAME_MIN_LEN * 2] = {0};
     CUptiResult r;
     if (C.Subscribe2 && C.RegisterCallbacks2 && C.Enable2 && C.Disable2) {
         /* Multi-subscriber mode (CUDA >= 13.2 with r610+ drivers): coexist with torch.profiler. */
-        CUpti_SubscriberParams p;
+        rl_subscriber_params_t p;
         memset(&p, 0, sizeof p);
-        p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+        p.structSize = sizeof p;
         p.subscriberName = "ridgeline";
         p.oldSubscriberName = old;
         p.oldSubscriberSize = sizeof old;
@@ -1142,7 +1281,7 @@ static int claim_cupti(void) {
             uint8_t state = 1;
             size_t sz = sizeof state;
             if (C.GetAttribute2 &&
-                C.GetAttribute2(g_sub, CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE, &sz, &state) == CUPTI_SUCCESS &&
+                C.GetAttribute2(g_sub, (CUpti_ActivityAttribute)RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE, &sz, &state) == CUPTI_SUCCESS &&
                 state != 1) {
                 (void)C.Unsubscribe(g_sub);
                 g_sub = NULL;
@@ -1280,7 +1419,7 @@ RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
 RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_version) {
     if (atomic_exchange(&g_initialized, 1)) return -1;
     if (common_init()) return -1;
-    if (socket_path) snprintf(cfg.socket_path, sizeof cfg.socket_path, "%s", socket_path);
+    if (socket_path) set_socket_path(socket_path);
     g_test_mode = 1;
     g_cupti_version = cupti_version;
     sizes_from_header();

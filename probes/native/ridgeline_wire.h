@@ -25,6 +25,18 @@
 #define RL_PROTO_VERSION 1
 #define RL_MAX_DEVICES 16
 
+/* Size bounds. The agent refuses a frame body over RL_MAX_BODY_BYTES (MAX_BODY_BYTES of
+ * probes/cupti/protocol.py, keep them equal); the library keeps every BATCH under it: a
+ * buffer is at most RL_MAX_BUFFER_BYTES (RIDGELINE_BUFFER_BYTES is lowered to it), and
+ * the names it may send at once at most RL_MAX_NAMES strings of RL_MAX_NAME_BYTES_TOTAL
+ * bytes in all (ridgeline_cupti.c static-asserts the sum). A name is at most 4096 bytes
+ * (MAX_NAME_BYTES); a longer one is cut and ends in "#" + 16 hex digits of a hash of the
+ * full name, so names that differ only past the cut stay distinct. */
+#define RL_MAX_BODY_BYTES (96u << 20)
+#define RL_MAX_BUFFER_BYTES (64u << 20)
+#define RL_MAX_NAME_BYTES_TOTAL (16u << 20)
+#define RL_MAX_NAMES (1u << 18)
+
 enum {
     RL_MSG_HELLO = 1,
     RL_MSG_BATCH = 2,
