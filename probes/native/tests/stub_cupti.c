@@ -7,16 +7,35 @@
  *                                   CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED naming s
  *   STUB_CUPTI_MULTI=1              multi-subscriber mode is available (CUDA >= 13.2, r610+)
  *   STUB_CUPTI_CONFLICT_KINDS=a,b   enabling these activity kinds fails (another user)
- *   STUB_CUPTI_DROPPED=N            records CUPTI reports dropped, once
- * and stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
+ *   STUB_CUPTI_DROPPED=N            records CUPTI reports dropped, once (v1 and v2 calls)
+ *   STUB_CUPTI_NO_STRUCT_SIZE=1     no cuptiActivityGetStructSize (CUPTI < 13.2): the
+ *                                   library walks buffers with cuptiActivityGetNextRecord
+ * stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
  * request callback for a buffer, copies the records in, and calls the completion callback.
+ * stub_record() plays CUPTI writing records as kernels complete: they go into the current
+ * buffer, which is completed only when full or on cuptiActivityFlushAll, as CUPTI does.
+ * stub_kineto_start()/stub_kineto_stop() play torch.profiler (Kineto's CuptiActivityApi)
+ * taking CUPTI over on a legacy single-subscriber CUPTI, call for call.
  */
 #define _GNU_SOURCE
+/* The stub defines the _v2 entry points with the local types of ridgeline_cupti_abi.h, so
+ * it builds with any header set: the headers' own declarations are renamed away. */
+#define cuptiSubscribe_v2 hdr_cuptiSubscribe_v2
+#define cuptiActivityRegisterCallbacks_v2 hdr_cuptiActivityRegisterCallbacks_v2
+#define cuptiActivityEnable_v2 hdr_cuptiActivityEnable_v2
+#define cuptiActivityDisable_v2 hdr_cuptiActivityDisable_v2
+#define cuptiActivityRegisterTimestampCallback hdr_cuptiActivityRegisterTimestampCallback
 #include <cuda.h>
 #include <cupti_result.h>
 #include <cupti_version.h>
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
+#include "ridgeline_cupti_abi.h"
+#undef cuptiSubscribe_v2
+#undef cuptiActivityRegisterCallbacks_v2
+#undef cuptiActivityEnable_v2
+#undef cuptiActivityDisable_v2
+#undef cuptiActivityRegisterTimestampCallback
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -24,16 +43,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* this stub plays the CUPTI release of the header it is built with */
+#if CUPTI_API_VERSION >= 130401
+#define STUB_KERNEL_SIZE sizeof(CUpti_ActivityKernel13)
+#define STUB_MEMCPY_SIZE sizeof(CUpti_ActivityMemcpy7)
+#define STUB_MEMSET_SIZE sizeof(CUpti_ActivityMemset5)
+#else
+#define STUB_KERNEL_SIZE sizeof(CUpti_ActivityKernel9)
+#define STUB_MEMCPY_SIZE sizeof(CUpti_ActivityMemcpy5)
+#define STUB_MEMSET_SIZE sizeof(CUpti_ActivityMemset4)
+#endif
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_buf[1 << 16];
 static CUpti_BuffersCallbackRequestFunc req1;
 static CUpti_BuffersCallbackCompleteFunc comp1;
-static CUpti_BuffersCallbackRequestFunc_v2 req2;
-static CUpti_BuffersCallbackCompleteFunc_v2 comp2;
+static rl_buffer_request2_fn req2;
+static rl_buffer_complete2_fn comp2;
 static int dropped_reported;
+static pthread_mutex_t buf_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *cur_buf;               /* the buffer CUPTI is filling (stub_record) */
+static size_t cur_size, cur_used;
+static void *cur_owner;                /* the request callback that handed it out */
+static int enabled[64];                /* activity kinds enabled (process-wide, v1) */
+static int kineto_leaked;              /* buffers Kineto got but did not allocate */
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
@@ -79,7 +116,7 @@ EXPORT CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *h, CUpti_CallbackFunc 
 }
 
 EXPORT CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle *h, CUpti_CallbackFunc cb, void *ud,
-                                     CUpti_SubscriberParams *p) {
+                                     rl_subscriber_params_t *p) {
     logf_("subscribe_v2 allow=%d name=%s", p ? p->allowMultipleSubscribers : -1,
           p && p->subscriberName ? p->subscriberName : "");
     const char *other = getenv("STUB_CUPTI_OTHER_SUBSCRIBER");
@@ -100,6 +137,13 @@ EXPORT CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle h) {
 
 EXPORT CUptiResult cuptiFinalize(void) {
     logf_("finalize");
+    /* CUPTI unloads: callbacks and enabled kinds are gone (the buffer in use too) */
+    pthread_mutex_lock(&buf_lock);
+    req1 = NULL;
+    comp1 = NULL;
+    cur_buf = NULL;
+    memset(enabled, 0, sizeof enabled);
+    pthread_mutex_unlock(&buf_lock);
     return CUPTI_SUCCESS;
 }
 
@@ -111,8 +155,8 @@ EXPORT CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFu
     return CUPTI_SUCCESS;
 }
 
-EXPORT CUptiResult cuptiActivityRegisterCallbacks_v2(CUpti_SubscriberHandle s, CUpti_BuffersCallbackRequestFunc_v2 r,
-                                                     CUpti_BuffersCallbackCompleteFunc_v2 c) {
+EXPORT CUptiResult cuptiActivityRegisterCallbacks_v2(CUpti_SubscriberHandle s, rl_buffer_request2_fn r,
+                                                     rl_buffer_complete2_fn c) {
     logf_("register2");
     req2 = r;
     comp2 = c;
@@ -121,6 +165,8 @@ EXPORT CUptiResult cuptiActivityRegisterCallbacks_v2(CUpti_SubscriberHandle s, C
 
 static CUptiResult enable_common(const char *what, CUpti_ActivityKind k) {
     logf_("%s %d", what, (int)k);
+    if ((int)k >= 0 && (int)k < 64 && (!strcmp(what, "enable") || !strcmp(what, "disable")))
+        enabled[(int)k] = !strcmp(what, "enable");
     if (!strncmp(what, "enable", 6) && in_list("STUB_CUPTI_CONFLICT_KINDS", (int)k))
         return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
     return CUPTI_SUCCESS;
@@ -128,10 +174,10 @@ static CUptiResult enable_common(const char *what, CUpti_ActivityKind k) {
 
 EXPORT CUptiResult cuptiActivityEnable(CUpti_ActivityKind k) { return enable_common("enable", k); }
 EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind k) { return enable_common("disable", k); }
-EXPORT CUptiResult cuptiActivityEnable_v2(CUpti_SubscriberHandle s, CUpti_ActivityKind k, CUpti_ActivityConfig *c) {
+EXPORT CUptiResult cuptiActivityEnable_v2(CUpti_SubscriberHandle s, CUpti_ActivityKind k, void *c) {
     return enable_common("enable2", k);
 }
-EXPORT CUptiResult cuptiActivityDisable_v2(CUpti_SubscriberHandle s, CUpti_ActivityKind k, CUpti_ActivityConfig *c) {
+EXPORT CUptiResult cuptiActivityDisable_v2(CUpti_SubscriberHandle s, CUpti_ActivityKind k, void *c) {
     return enable_common("disable2", k);
 }
 EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t en) {
@@ -158,8 +204,19 @@ EXPORT CUptiResult cuptiActivityFlushPeriod(uint32_t ms) {
     logf_("flushperiod %u", ms);
     return CUPTI_SUCCESS;
 }
+static void complete_current(void);
+
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
-    logf_("flushall %u", flag);
+    logf_("flushall %u tid=%ld", flag, (long)gettid());
+    /* every record the stub writes is complete: flag 0 returns the partial buffer too */
+    complete_current();
+    return CUPTI_SUCCESS;
+}
+EXPORT CUptiResult cuptiActivityGetNumDroppedRecords_v2(CUpti_SubscriberHandle h, CUcontext c, uint32_t s, size_t *n) {
+    const char *d = getenv("STUB_CUPTI_DROPPED");
+    *n = (d && !dropped_reported) ? (size_t)atol(d) : 0;
+    dropped_reported = 1;
+    logf_("dropped2");
     return CUPTI_SUCCESS;
 }
 EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext c, uint32_t s, size_t *n) {
@@ -168,15 +225,54 @@ EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext c, uint32_t s, si
     dropped_reported = 1;
     return CUPTI_SUCCESS;
 }
+/* Record sizes of this stub's CUPTI release: the header it is built with. */
+static size_t stub_size(int kind) {
+    switch (kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return STUB_KERNEL_SIZE;
+    case CUPTI_ACTIVITY_KIND_MEMCPY: return STUB_MEMCPY_SIZE;
+    case CUPTI_ACTIVITY_KIND_MEMSET: return STUB_MEMSET_SIZE;
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+    case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API: return sizeof(CUpti_ActivityAPI);
+    case CUPTI_ACTIVITY_KIND_MARKER: return sizeof(CUpti_ActivityMarker2);
+    case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return sizeof(CUpti_ActivityExternalCorrelation);
+    case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: return sizeof(CUpti_ActivityGraphTrace2);
+    default: return 0;
+    }
+}
+
+/* CUPTI's walker: the first record for *r == NULL, else the one after *r. */
 EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t *b, size_t v, CUpti_Activity **r) {
-    logf_("getnextrecord");
-    return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    uint8_t *p = *r ? (uint8_t *)*r : b;
+    if (*r) {
+        int32_t kind;
+        memcpy(&kind, p, 4);
+        size_t sz = stub_size(kind);
+        if (!sz) return CUPTI_ERROR_INVALID_KIND;
+        p += sz;
+    }
+    if ((size_t)(p - b) >= v) return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    *r = (CUpti_Activity *)p;
+    return CUPTI_SUCCESS;
+}
+
+/* CUPTI >= 13.2 tells clients its record sizes; STUB_CUPTI_NO_STRUCT_SIZE plays an older one. */
+EXPORT CUptiResult cuptiActivityGetStructSize(CUpti_ActivityKind kind, uint32_t version, size_t *size) {
+    if (getenv("STUB_CUPTI_NO_STRUCT_SIZE")) return CUPTI_ERROR_NOT_SUPPORTED;
+    *size = stub_size((int)kind);
+    return *size ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_KIND;
+}
+
+EXPORT CUptiResult cuptiActivityRegisterTimestampCallback(uint64_t (*cb)(void)) {
+    logf_("timestamp_callback");
+    return CUPTI_SUCCESS;
 }
 
 EXPORT CUptiResult cuptiActivityGetAttribute_v2(CUpti_SubscriberHandle s, CUpti_ActivityAttribute a, size_t *n,
                                                 void *v) {
     logf_("getattr2 %d", (int)a);
-    if (a == CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE && *n >= 1) {
+    if ((int)a == RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE && *n >= 1) {
         const char *st = getenv("STUB_CUPTI_MULTI_STATE");  /* what CUPTI reports; default 1 */
         *(uint8_t *)v = (uint8_t)(st ? atoi(st) : 1);
         return CUPTI_SUCCESS;
@@ -205,6 +301,132 @@ EXPORT int stub_deliver(const uint8_t *data, size_t len) {
     else comp1(NULL, 0, buf, size, len);
     return 0;
 }
+
+/* Completes the buffer being filled, to whoever's completion callback is registered now
+ * (CUPTI does not remember which client handed a buffer out). */
+static void complete_current(void) {
+    pthread_mutex_lock(&buf_lock);
+    uint8_t *b = cur_buf;
+    size_t size = cur_size, used = cur_used;
+    CUpti_BuffersCallbackCompleteFunc c1 = comp1;
+    rl_buffer_complete2_fn c2 = comp2;
+    if (!b || !used) {
+        pthread_mutex_unlock(&buf_lock);
+        return;
+    }
+    cur_buf = NULL;
+    cur_size = cur_used = 0;
+    pthread_mutex_unlock(&buf_lock);
+    if (c2) c2(b, size, used, NULL);
+    else if (c1) c1(NULL, 0, b, size, used);
+}
+
+/* A kernel finishing: its records (whole, of this stub's sizes) go into the current
+ * buffer; a new buffer is requested when there is none or it is full. Only records of
+ * enabled kinds are written, as in CUPTI. Returns records written. */
+EXPORT int stub_record(const uint8_t *data, size_t len) {
+    int n = 0;
+    for (size_t off = 0; off + 8 <= len;) {
+        int32_t kind;
+        memcpy(&kind, data + off, 4);
+        size_t sz = stub_size(kind);
+        if (!sz || off + sz > len) break;
+        if (!(kind >= 0 && kind < 64 && (enabled[kind] || req2))) {
+            off += sz;
+            continue;
+        }
+        pthread_mutex_lock(&buf_lock);
+        if (cur_buf && cur_used + sz > cur_size) {
+            pthread_mutex_unlock(&buf_lock);
+            complete_current();
+            pthread_mutex_lock(&buf_lock);
+        }
+        if (!cur_buf) {
+            uint8_t *b = NULL;
+            size_t size = 0, maxrec = 0;
+            CUpti_BuffersCallbackRequestFunc r1 = req1;
+            rl_buffer_request2_fn r2 = req2;
+            pthread_mutex_unlock(&buf_lock);
+            if (r2) r2(&b, &size, &maxrec, NULL);
+            else if (r1) r1(&b, &size, &maxrec);
+            pthread_mutex_lock(&buf_lock);
+            if (!b) {   /* no buffer: CUPTI drops the record */
+                pthread_mutex_unlock(&buf_lock);
+                off += sz;
+                continue;
+            }
+            cur_buf = b;
+            cur_size = size;
+            cur_used = 0;
+            cur_owner = r2 ? (void *)r2 : (void *)r1;
+        }
+        memcpy(cur_buf + cur_used, data + off, sz);
+        cur_used += sz;
+        pthread_mutex_unlock(&buf_lock);
+        off += sz;
+        n++;
+    }
+    return n;
+}
+
+/* ---- torch.profiler on a legacy CUPTI: Kineto's CuptiActivityApi, call for call ---- */
+
+static pthread_mutex_t kineto_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *kineto_bufs[4096];
+static int kineto_nbufs, kineto_records_bytes;
+
+static void CUPTIAPI kineto_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    pthread_mutex_lock(&kineto_lock);
+    *buffer = NULL;
+    *size = 0;
+    *max_records = 0;
+    if (kineto_nbufs < 4096) {
+        *buffer = malloc(4 << 20);   /* kBufSize */
+        *size = 4 << 20;
+        kineto_bufs[kineto_nbufs++] = *buffer;
+    }
+    pthread_mutex_unlock(&kineto_lock);
+}
+
+static void CUPTIAPI kineto_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+    pthread_mutex_lock(&kineto_lock);
+    int mine = 0;
+    for (int i = 0; i < kineto_nbufs; i++) mine |= kineto_bufs[i] == buffer;
+    if (!mine) kineto_leaked++;       /* "bufferCompleted called with unknown buffer": dropped, leaked */
+    else kineto_records_bytes += (int)valid;
+    pthread_mutex_unlock(&kineto_lock);
+}
+
+static uint64_t kineto_clock(void) { return 42; }
+
+/* CuptiActivityProfiler start: CuptiCallbackApi subscribes, the timestamp source is set,
+ * enableCuptiActivities registers Kineto's buffer callbacks and enables its kinds. */
+EXPORT int stub_kineto_start(void) {
+    CUpti_SubscriberHandle h;
+    CUptiResult r = cuptiSubscribe(&h, NULL, NULL);
+    cuptiActivityRegisterTimestampCallback(kineto_clock);
+    cuptiActivityRegisterCallbacks(kineto_requested, kineto_completed);
+    static const int kinds[] = {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+                                CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) cuptiActivityEnable((CUpti_ActivityKind)kinds[i]);
+    return (int)r;
+}
+
+/* CuptiActivityProfiler stop: flushActivities (forced), disableCuptiActivities, and with
+ * TEARDOWN_CUPTI=1 teardownContext ends in cuptiFinalize. Returns the buffers Kineto got
+ * that were not its own (leaked). */
+EXPORT int stub_kineto_stop(int finalize) {
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    static const int kinds[] = {CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
+                                CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+                                CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) cuptiActivityDisable((CUpti_ActivityKind)kinds[i]);
+    if (finalize) cuptiFinalize();
+    return kineto_leaked;
+}
+
+EXPORT int stub_kineto_bytes(void) { return kineto_records_bytes; }
 
 EXPORT size_t stub_log(char *out, size_t cap) {
     pthread_mutex_lock(&lock);
