@@ -137,9 +137,10 @@ def test_what_cupti_is_asked_for_and_buffers_through_callbacks(probe, tmp_path):
     assert {307, 514, 126} <= drv and len(drv) <= 12       # cuLaunchKernel, cuGraphLaunch, cuStreamSynchronize
     assert "flushperiod 500" in log and "finalize" not in log and 51 not in enabled
     # deep dive: NVTX payloads, queued/submitted timestamps; back: off again, launch records stay
-    new = deep_log[len(log):]
+    # (the sender's periodic flushes interleave: tests/test_native_cupti_flush.py)
+    new = [x for x in deep_log[len(log):] if not x.startswith("flushall")]
     assert new == ["enable 13", "latency 1"]
-    back = back_log[len(deep_log):]
+    back = [x for x in back_log[len(deep_log):] if not x.startswith("flushall")]
     assert back == ["disable 13", "latency 0"]
     # the buffer CUPTI handed over reached the agent, with CUPTI's dropped count
     b = got["batches"][0]

@@ -173,6 +173,8 @@ static struct {
     unsigned kernel_sample_every;
     int quiet;
     int exit_flush;
+    int sigterm_flush;      /* flush on SIGTERM when the application has no handler of its own */
+    unsigned stop_flush_ms; /* how long a stop (SIGTERM) may wait for the records to ship */
 } cfg;
 
 /* ------------------------------------------------------------------------------------ */
@@ -236,10 +238,16 @@ static atomic_int g_warned_kernel_layout;
 
 static struct {
     atomic_uint_fast64_t dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send, sampled_out,
-        names_dropped, walk_errors, records_in, records_sent, batches_sent, connects, buffers_refused;
+        names_dropped, walk_errors, records_in, records_sent, batches_sent, connects, buffers_refused,
+        buffers_lost, flushes, takeovers, reclaims;
 } K;
 
 static char g_status[RL_STATUS_MAX];
+static atomic_uint g_status_gen;      /* bumped with every status line or flag change */
+static atomic_int g_taken_over;       /* legacy CUPTI: another client holds our callbacks */
+static atomic_int g_reclaim_req;      /* the agent asked to reclaim after a takeover */
+static int g_wake_pipe[2] = {-1, -1}; /* SIGTERM handler -> sender: flush and ship now */
+static int g_ack_pipe[2] = {-1, -1};  /* sender -> SIGTERM handler: done */
 
 /* ------------------------------------------------------------------------------------ */
 /* logging and status                                                                    */
@@ -253,13 +261,21 @@ static void rl_log(const char *fmt, ...) {
     va_end(ap);
     /* The status text travels to the agent in HELLO; stderr is for the operator. */
     pthread_mutex_lock(&g_status_lock);
-    size_t used = strlen(g_status);
-    if (used + strlen(line) + 2 < sizeof g_status) {
-        memcpy(g_status + used, line, strlen(line));
-        g_status[used + strlen(line)] = '\n';
-        g_status[used + strlen(line) + 1] = 0;
+    size_t used = strlen(g_status), n = strlen(line);
+    /* full: the oldest lines make room (a long-running process keeps its latest state) */
+    while (used && used + n + 2 >= sizeof g_status) {
+        char *nl = strchr(g_status, '\n');
+        size_t drop = nl ? (size_t)(nl - g_status) + 1 : used;
+        memmove(g_status, g_status + drop, used - drop + 1);
+        used -= drop;
+    }
+    if (used + n + 2 < sizeof g_status) {
+        memcpy(g_status + used, line, n);
+        g_status[used + n] = '\n';
+        g_status[used + n + 1] = 0;
     }
     pthread_mutex_unlock(&g_status_lock);
+    atomic_fetch_add(&g_status_gen, 1); /* the sender sends a fresh HELLO */
     if (!cfg.quiet) {
         char out[560];
         int n = snprintf(out, sizeof out, "ridgeline-cupti[%d]: %s\n", (int)getpid(), line);
@@ -327,6 +343,8 @@ static void read_config(void) {
     cfg.initial_mode = (m && (!strcmp(m, "deep") || !strcmp(m, "deep-dive"))) ? RL_MODE_DEEP : RL_MODE_ALWAYS_ON;
     cfg.kernel_sample_every = (unsigned)env_long("RIDGELINE_KERNEL_SAMPLE_EVERY", 1, 1, 1000000);
     cfg.exit_flush = (int)env_long("RIDGELINE_EXIT_FLUSH", 1, 0, 1);
+    cfg.sigterm_flush = (int)env_long("RIDGELINE_SIGTERM_FLUSH", 1, 0, 1);
+    cfg.stop_flush_ms = (unsigned)env_long("RIDGELINE_STOP_FLUSH_MS", 500, 10, 5000);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -648,6 +666,104 @@ static void process_buffer(uint8_t *buf, size_t valid) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* buffers handed to CUPTI, watched for a takeover                                       */
+/*
+ * On a legacy (single-subscriber) CUPTI the buffer callbacks are process-global: a later
+ * cuptiActivityRegisterCallbacks by torch.profiler (Kineto) replaces ours, and CUPTI then
+ * completes even the buffers we handed out to Kineto's callback, which drops ("unknown
+ * buffer") and leaks them. Nothing tells us. What we can see, from our sender thread
+ * right after our own cuptiActivityFlushAll(0): a buffer of ours into which CUPTI has
+ * written records (its first record's kind is no longer the 0 we put there), which a
+ * default flush should have returned, still not back after RL_TAKEOVER_TICKS flushes and
+ * RL_TAKEOVER_MIN_MS. The peek never touches memory that may have been freed: it goes
+ * through write(2) on a private pipe, which fails with EFAULT instead of faulting (an
+ * unmapped buffer is itself proof that someone else completed and freed it).
+ */
+#define RL_TAKEOVER_TICKS 3
+#define RL_TAKEOVER_MIN_MS 1000
+
+typedef struct {
+    uint8_t *buf;
+    uint64_t written_since_ms; /* first tick at which CUPTI had written into it; 0 = not yet */
+    uint32_t ticks;            /* consecutive flushes it was written and not returned */
+    int lost;                  /* counted as taken by another client */
+} cbuf_t;
+
+static int make_pipe(int p[2]) { return pipe2(p, O_CLOEXEC | O_NONBLOCK); }
+
+static pthread_mutex_t g_cbuf_lock = PTHREAD_MUTEX_INITIALIZER;
+static cbuf_t *g_cbufs;
+static unsigned g_cbufs_cap;
+static int g_peek_pipe[2] = {-1, -1};
+
+static void cbuf_add(uint8_t *b) {
+    pthread_mutex_lock(&g_cbuf_lock);
+    cbuf_t *freeslot = NULL, *oldest_lost = NULL;
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++) {
+        if (!g_cbufs[i].buf) { freeslot = &g_cbufs[i]; break; }
+        if (g_cbufs[i].lost && !oldest_lost) oldest_lost = &g_cbufs[i];
+    }
+    if (!freeslot) freeslot = oldest_lost; /* forget the oldest lost one */
+    if (freeslot) *freeslot = (cbuf_t){b, 0, 0, 0};
+    pthread_mutex_unlock(&g_cbuf_lock);
+}
+
+/* Returns -1 if b was counted lost (its outstanding count already released), else 0. */
+static int cbuf_remove(uint8_t *b) {
+    int lost = 0;
+    pthread_mutex_lock(&g_cbuf_lock);
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++)
+        if (g_cbufs[i].buf == b) {
+            lost = g_cbufs[i].lost;
+            g_cbufs[i].buf = NULL;
+            break;
+        }
+    pthread_mutex_unlock(&g_cbuf_lock);
+    return lost ? -1 : 0;
+}
+
+/* The kind of the first record in b, 0 if none yet, -1 if b is no longer mapped. */
+static int peek_kind(const uint8_t *b) {
+    int32_t kind = 0;
+    if (g_peek_pipe[1] < 0) return 0;
+    if (write(g_peek_pipe[1], b, sizeof kind) != (ssize_t)sizeof kind) return errno == EFAULT ? -1 : 0;
+    if (read(g_peek_pipe[0], &kind, sizeof kind) != (ssize_t)sizeof kind) return 0;
+    return kind;
+}
+
+static void takeover_detected(unsigned lost, const char *why);
+static void takeover_false_alarm(void);
+
+/* Sender thread, right after cuptiActivityFlushAll(0) returned. */
+static void watch_takeover(uint64_t now) {
+    unsigned lost = 0;
+    int unmapped = 0;
+    pthread_mutex_lock(&g_cbuf_lock);
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++) {
+        cbuf_t *e = &g_cbufs[i];
+        if (!e->buf || e->lost) continue;
+        int k = peek_kind(e->buf);
+        if (k < 0) unmapped = 1;
+        if (k == 0) {
+            e->ticks = 0;
+            e->written_since_ms = 0;
+            continue;
+        }
+        if (!e->written_since_ms) e->written_since_ms = now;
+        if (k < 0 || (++e->ticks >= RL_TAKEOVER_TICKS && now - e->written_since_ms >= RL_TAKEOVER_MIN_MS)) {
+            e->lost = 1;
+            lost++;
+        }
+    }
+    pthread_mutex_unlock(&g_cbuf_lock);
+    if (lost) {
+        atomic_fetch_sub(&g_outstanding_buffers, (int)lost);
+        takeover_detected(lost, unmapped ? "a buffer of ours was freed by someone else"
+                                         : "buffers CUPTI filled for us were not returned by our flushes");
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* CUPTI buffer callbacks                                                                */
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
@@ -666,8 +782,20 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
         atomic_fetch_add(&K.buffers_refused, 1);
         return;
     }
+    memset(b, 0, 8); /* kind 0 until CUPTI writes a record: what watch_takeover looks at */
+    cbuf_add(b);
     *buffer = b;
     *size = cfg.buffer_bytes;
+}
+
+/* Frees a buffer CUPTI gave back. One we had counted as lost to a takeover coming back
+ * means there was none (a long-running record held it): resume. */
+static void buffer_done(uint8_t *buffer) {
+    if (!buffer) return;
+    int was_lost = cbuf_remove(buffer) < 0;
+    free(buffer);
+    if (was_lost) takeover_false_alarm();
+    else atomic_fetch_sub(&g_outstanding_buffers, 1);
 }
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
@@ -680,10 +808,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t
             atomic_fetch_add(&K.dropped_cupti, dropped);
     }
     process_buffer(buffer, valid);
-    if (buffer) {
-        free(buffer);
-        atomic_fetch_sub(&g_outstanding_buffers, 1);
-    }
+    buffer_done(buffer);
 }
 
 static void CUPTIAPI buffer_requested2(uint8_t **buffer, size_t *size, size_t *max_records,
@@ -706,10 +831,7 @@ static void CUPTIAPI buffer_completed2(uint8_t *buffer, size_t size, size_t vali
     }
     if (dropped) atomic_fetch_add(&K.dropped_cupti, dropped);
     process_buffer(buffer, valid);
-    if (buffer) {
-        free(buffer);
-        atomic_fetch_sub(&g_outstanding_buffers, 1);
-    }
+    buffer_done(buffer);
 }
 
 static void CUPTIAPI subscriber_callback(void *ud, CUpti_CallbackDomain d, CUpti_CallbackId id, const void *data) {
@@ -829,6 +951,77 @@ static void apply_mode(int mode, int initial) {
             if (CBIDS[i].deep_only) (void)api_set(&CBIDS[i], deep);
         if (C.EnableLatencyTimestamps) (void)C.EnableLatencyTimestamps((uint8_t)deep);
     }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* takeover by another CUPTI client (legacy CUPTI) and getting CUPTI back                */
+
+static void takeover_detected(unsigned lost, const char *why) {
+    atomic_fetch_add(&K.buffers_lost, lost);
+    if (atomic_exchange(&g_taken_over, 1)) return;
+    atomic_fetch_add(&K.takeovers, 1);
+    atomic_fetch_or(&g_flags, RL_FLAG_TAKEN_OVER);
+    rl_log("takeover: another CUPTI client (torch.profiler?) re-registered the activity buffer callbacks: %s "
+           "(%u buffer(s) lost to it); Ridgeline records are paused until it is done", why, lost);
+}
+
+static void takeover_false_alarm(void) {
+    if (!atomic_exchange(&g_taken_over, 0)) return;
+    atomic_fetch_and(&g_flags, ~(unsigned)RL_FLAG_TAKEN_OVER);
+    rl_log("resumed: a buffer counted lost came back (a long-running record held it): no takeover");
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size, size_t valid);
+
+/* Sender thread: register our callbacks and kinds again (the other tool is done). Its
+ * timestamp source, if it registered one, stays until CUPTI is finalized. */
+static void reclaim(const char *why) {
+    CUptiResult r = C.RegisterCallbacks(buffer_requested, buffer_completed);
+    if (r != CUPTI_SUCCESS) {
+        rl_log("reclaim failed: cuptiActivityRegisterCallbacks: %s (%d); still paused", cupti_err(r), (int)r);
+        return;
+    }
+    if (cfg.graph_level) (void)kind_set(CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 1);
+    apply_mode(atomic_load(&g_mode), 1);
+    atomic_fetch_add(&K.reclaims, 1);
+    atomic_store(&g_taken_over, 0);
+    atomic_fetch_and(&g_flags, ~(unsigned)RL_FLAG_TAKEN_OVER);
+    rl_log("resumed: %s; Ridgeline's buffer callbacks and activity kinds are registered again", why);
+}
+
+/* 1 when CUPTI says no client has kernel records enabled any more (CUPTI >= 13.2). */
+static int kernels_disabled_everywhere(void) {
+    if (!C.GetEnabledKinds) return 0;
+    CUpti_ActivityKind kinds[256]; /* the size argument is a count; room for it as bytes too */
+    uint32_t cap = 64, n = 0;
+    if (C.GetEnabledKinds(NULL, kinds, &cap, &n) != CUPTI_SUCCESS) return 0;
+    for (uint32_t i = 0; i < n && i < 64; i++)
+        if (kinds[i] == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kinds[i] == CUPTI_ACTIVITY_KIND_KERNEL) return 0;
+    return 1;
+}
+
+static int collecting(void) {
+    return C.FlushAll && !g_test_mode && !(atomic_load(&g_flags) & (RL_FLAG_CONFLICT | RL_FLAG_NO_CUPTI));
+}
+
+/* Every flush period, on the sender thread (never in a CUPTI callback): deliver what
+ * CUPTI has completed so a quiet process's records arrive within a period instead of
+ * when a buffer fills, then look for a takeover, or for its end. */
+static void sender_tick(uint64_t now) {
+    if (!collecting()) return;
+    CUptiResult r = C.FlushAll(0);
+    atomic_fetch_add(&K.flushes, 1);
+    if (g_multi) return; /* per-subscriber callbacks: nobody can take ours */
+    if (!atomic_load(&g_taken_over)) {
+        watch_takeover(now);
+        return;
+    }
+    if (atomic_exchange(&g_reclaim_req, 0)) reclaim("the agent asked to reclaim CUPTI");
+    else if (r == CUPTI_ERROR_NOT_INITIALIZED || r == CUPTI_ERROR_INVALID_OPERATION)
+        reclaim("the other tool finalized CUPTI");
+    else if (kernels_disabled_everywhere())
+        reclaim("the other tool disabled its activity kinds (it stopped)");
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -982,6 +1175,7 @@ static void handle_control(const uint8_t *body, uint32_t len) {
     if (c.kernel_sample_every) atomic_store(&g_sample_every, c.kernel_sample_every > 1000000 ? 1000000 : c.kernel_sample_every);
     if ((c.mode == RL_MODE_ALWAYS_ON || c.mode == RL_MODE_DEEP) && (int)c.mode != atomic_load(&g_mode))
         apply_mode((int)c.mode, 0);
+    if ((c.flags & RL_CONTROL_RECLAIM) && atomic_load(&g_taken_over)) atomic_store(&g_reclaim_req, 1);
 }
 
 /* Reads whatever control bytes are there; returns -1 when the agent closed. */
@@ -1013,8 +1207,19 @@ static void *sender_main(void *arg) {
     int pending = 0;
     uint8_t in[256];
     size_t in_len = 0;
+    unsigned hello_gen = 0;
+    uint64_t next_tick = now_ms() + cfg.flush_ms, drain_until = 0;
     while (!atomic_load(&g_stop)) {
         uint64_t now = now_ms();
+        char wake;
+        if (g_wake_pipe[0] >= 0 && read(g_wake_pipe[0], &wake, 1) == 1) {
+            /* the process is being told to stop (SIGTERM): flush and ship now */
+            if (collecting()) (void)C.FlushAll(0);
+            drain_until = now + cfg.stop_flush_ms;
+        } else if (cfg.flush_ms && now >= next_tick) {
+            sender_tick(now);
+            next_tick = now + cfg.flush_ms;
+        }
         if (fd < 0 && now >= next_connect) {
             fd = connect_agent();
             next_connect = now + cfg.reconnect_ms;
@@ -1022,9 +1227,28 @@ static void *sender_main(void *arg) {
                 atomic_fetch_add(&K.connects, 1);
                 g_names_sent = 0;
                 in_len = 0;
+                hello_gen = atomic_load(&g_status_gen);
                 build_hello(&msg);
                 msg.started_ms = msg.progress_ms = now;
                 pending = 1;
+            }
+        }
+        if (!pending && fd >= 0 && atomic_load(&g_status_gen) != hello_gen) {
+            /* flags or status changed (takeover, reclaim): tell the agent now */
+            hello_gen = atomic_load(&g_status_gen);
+            build_hello(&msg);
+            msg.started_ms = msg.progress_ms = now_ms();
+            pending = 1;
+        }
+        if (drain_until) {
+            int idle = !pending;
+            pthread_mutex_lock(&g_pool_lock);
+            for (unsigned i = 0; idle && i < cfg.pool_slots; i++) idle = g_slots[i].state == SLOT_FREE;
+            pthread_mutex_unlock(&g_pool_lock);
+            if (idle || now_ms() >= drain_until) {
+                drain_until = 0;
+                ssize_t w = write(g_ack_pipe[1], "k", 1);
+                (void)w;
             }
         }
         if (!pending) {
@@ -1155,6 +1379,14 @@ static void at_fork_child(void) {
     /* Threads do not survive fork; the first buffer completed in the child restarts the sender. */
     atomic_store(&g_sender_running, 0);
     g_pid = getpid();
+    /* pipes shared with the parent would cross its signals and peeks with ours */
+    for (int i = 0; i < 2; i++) {
+        if (g_wake_pipe[i] >= 0) close(g_wake_pipe[i]);
+        if (g_ack_pipe[i] >= 0) close(g_ack_pipe[i]);
+        if (g_peek_pipe[i] >= 0) close(g_peek_pipe[i]);
+        g_wake_pipe[i] = g_ack_pipe[i] = g_peek_pipe[i] = -1;
+    }
+    if (make_pipe(g_peek_pipe)) g_peek_pipe[0] = g_peek_pipe[1] = -1;
 }
 
 static int g_init_pid;
@@ -1164,9 +1396,9 @@ static void at_exit(void) {
     /* A forked child inherits this handler but not CUDA: it must not touch CUPTI or wait. */
     if (getpid() != g_init_pid) return;
     /* Completed buffers only (flag 0): a forced flush hands back running kernels with end=0. */
-    if (cfg.exit_flush && C.FlushAll && !g_test_mode) (void)C.FlushAll(0);
+    if (cfg.exit_flush && collecting()) (void)C.FlushAll(0);
     /* give the sender a short, bounded chance to ship what is queued */
-    uint64_t until = now_ms() + 300;
+    uint64_t until = now_ms() + cfg.stop_flush_ms;
     while (now_ms() < until && atomic_load(&g_sender_running)) {
         int busy = 0;
         pthread_mutex_lock(&g_pool_lock);
@@ -1175,6 +1407,49 @@ static void at_exit(void) {
         if (!busy) break;
         usleep(5000);
     }
+}
+
+/* SIGTERM. A process without a SIGTERM handler of its own (SIG_DFL: a TP worker killed by
+ * its launcher) dies without running atexit, losing the partial buffers. Only in that
+ * case do we install a handler, and it keeps the default's meaning: it wakes the sender
+ * (write(2), async-signal-safe), waits at most RIDGELINE_STOP_FLUSH_MS for it to flush
+ * and ship (poll(2)), puts SIG_DFL back and re-raises, so the process still dies of
+ * SIGTERM, just that much later. A handler the application installs before or after us
+ * is never touched or wrapped (it decides; a normal exit then runs our atexit flush). */
+static struct sigaction g_prev_term;
+static pid_t g_term_pid;
+
+static void on_sigterm(int sig) {
+    int saved = errno;
+    if (getpid() == g_term_pid && atomic_load(&g_sender_running)) {
+        char c = 1;
+        char drain[64];
+        while (read(g_ack_pipe[0], drain, sizeof drain) > 0) {
+        }
+        if (write(g_wake_pipe[1], &c, 1) == 1) {
+            struct pollfd p = {g_ack_pipe[0], POLLIN, 0};
+            (void)poll(&p, 1, (int)cfg.stop_flush_ms + 100);
+        }
+    }
+    sigaction(sig, &g_prev_term, NULL);
+    errno = saved;
+    raise(sig); /* blocked while we run: delivered, with the default action, on return */
+}
+
+static void install_sigterm(void) {
+    struct sigaction cur;
+    if (!cfg.sigterm_flush || sigaction(SIGTERM, NULL, &cur) != 0) return;
+    if ((cur.sa_flags & SA_SIGINFO) || cur.sa_handler != SIG_DFL) return; /* the application's own */
+    if (g_wake_pipe[0] < 0 && make_pipe(g_wake_pipe)) return;
+    if (g_ack_pipe[0] < 0 && make_pipe(g_ack_pipe)) return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    g_prev_term = cur;
+    g_term_pid = getpid();
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -1342,8 +1617,21 @@ static int setup_collection(void) {
 /* ------------------------------------------------------------------------------------ */
 /* exported entry points                                                                 */
 
+/* CUPTI is off in this process: still tell the agent why (HELLO with the status line and
+ * RL_FLAG_NO_CUPTI), so `ridgeline check` shows it. The sender is all that runs. */
+static int report_only(void) {
+    g_init_pid = getpid();
+    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
+    atomic_store(&g_active, 1);
+    start_sender_if_needed();
+    return 1;
+}
+
 static int common_init(void) {
     read_config();
+    if (g_peek_pipe[0] < 0 && make_pipe(g_peek_pipe)) g_peek_pipe[0] = g_peek_pipe[1] = -1;
+    g_cbufs_cap = cfg.max_cupti_buffers * 2;
+    g_cbufs = calloc(g_cbufs_cap, sizeof *g_cbufs);
     g_pid = getpid();
     atomic_store(&g_sample_every, cfg.kernel_sample_every);
     atomic_store(&g_mode, cfg.initial_mode);
@@ -1365,18 +1653,18 @@ RL_EXPORT int InitializeInjection(void) {
     if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
         atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
         rl_log("CUPTI collection off: %s; the application runs without Ridgeline", why);
-        return 1;
+        return report_only();
     }
     if (resolve_cupti(why, sizeof why)) {
         atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
         rl_log("CUPTI collection off: %s", why);
-        return 1;
+        return report_only();
     }
     CUptiResult r = C.GetVersion(&g_cupti_version);
     if (r != CUPTI_SUCCESS) {
         atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
         rl_log("CUPTI collection off: cuptiGetVersion failed: %s (%d) (no usable CUDA driver?)", cupti_err(r), (int)r);
-        return 1;
+        return report_only();
     }
     sizes_for_runtime(g_cupti_version);
     Dl_info di;
@@ -1384,11 +1672,15 @@ RL_EXPORT int InitializeInjection(void) {
            dladdr((void *)C.GetVersion, &di) && di.dli_fname ? di.dli_fname : "libcupti", g_cupti_version,
            (unsigned)CUPTI_API_VERSION);
     int claim = claim_cupti();
-    if (claim == 2) return 1;
+    if (claim == 2) {
+        atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);
+        return report_only();
+    }
     if (claim == 0 && setup_collection() != 0) atomic_fetch_or(&g_flags, RL_FLAG_CONFLICT);
     g_init_pid = getpid();
     pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atexit(at_exit);
+    if (claim == 0) install_sigterm();
     atomic_store(&g_active, 1);
     start_sender_if_needed(); /* also on conflict: the agent learns why there is no data */
     return 1;

@@ -12,6 +12,9 @@
  *             + n_sections * (rl_section_t + count * record_size bytes)
  *   CONTROL = rl_control_t                                   (agent -> library)
  *
+ * A library may send HELLO again on the same connection whenever its flags or status
+ * lines change (a takeover detected or over); the newest HELLO is the state.
+ *
  * Record sections hold CUPTI activity records exactly as CUPTI wrote them, grouped by
  * kind (the library walks the buffer once to find kernel-name pointers anyway, and
  * grouping lets the agent decode each kind with one numpy view instead of a Python
@@ -57,6 +60,22 @@ enum {
     RL_FLAG_NO_CUPTI = 1u << 3,          /* libcupti not usable in this process */
     RL_FLAG_TEST_MODE = 1u << 4,         /* driven by ridgeline_test_* entry points */
     RL_FLAG_WALK_WITH_CUPTI = 1u << 5,   /* record sizes taken from cuptiActivityGetNextRecord */
+    /* Legacy (single-subscriber) CUPTI only: another client (torch.profiler/Kineto, ...)
+     * re-registered the process-global activity buffer callbacks after us, so CUPTI now
+     * hands our records to it; collection is paused until it is done (see docs/cupti.md).
+     * Set and cleared while the process runs: the library sends a fresh HELLO whenever
+     * its flags or status lines change, and every BATCH carries the current flags. The
+     * status text explains it in lines starting "takeover:" and, once collection is
+     * back, "resumed:". */
+    RL_FLAG_TAKEN_OVER = 1u << 6,
+};
+
+/* rl_control_t.flags (agent -> library) */
+enum {
+    /* Re-register Ridgeline's buffer callbacks and activity kinds after a takeover, for
+     * when the operator knows the other tool is done and CUPTI cannot tell (CUDA 12.x
+     * without teardown). Ignored when no takeover was detected. */
+    RL_CONTROL_RECLAIM = 1u << 0,
 };
 
 /* API categories, numerically equal to probes/events.py API_* constants. */
@@ -135,7 +154,8 @@ typedef struct {
 typedef struct {
     uint32_t mode;
     uint32_t kernel_sample_every; /* 0 = leave unchanged */
-    uint32_t reserved[2];
+    uint32_t flags;               /* RL_CONTROL_* (was reserved, sent as 0 by older agents) */
+    uint32_t reserved;
 } rl_control_t;
 
 #endif
