@@ -6,7 +6,9 @@ from tests/cupti_records.py. Commands come one per line on stdin, answers go one
 line per command on stdout:
 
   init SOCKET CUPTI_VERSION        set the library up (sender thread starts)
+  initcupti SOCKET LIBCUPTI        the same with a real libcupti deciding the record sizes
   feed SEED N_KERNELS [NPZ] [CORR0]  build a buffer, save expected records to NPZ, feed it
+  feedspec JSON                    feed a buffer laid out by a spec (see _spec_buffer)
   idle TIMEOUT_MS                  wait until every pool slot is free
   counters | status | quit
 """
@@ -26,7 +28,29 @@ import cupti_records as R  # noqa: E402
 
 COUNTERS = ["dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send", "sampled_out",
             "names_dropped", "walk_errors", "records_in", "records_sent", "batches_sent", "connects",
-            "buffers_refused", "mode", "flags", "kernel_sample_every"]
+            "buffers_refused", "mode", "flags", "kernel_sample_every", "buffers_lost", "flushes", "takeovers",
+            "reclaims"]
+
+
+def _spec_buffer(spec: list[dict]) -> tuple[bytes, list]:
+    """A buffer of records laid out by ``spec``: one dict per record with ``kind``,
+    ``size`` and optional ``u32``/``u64`` ({offset: value}) and ``str`` ({offset: text},
+    a pointer to a NUL-terminated copy of text that lives in this process, as CUPTI's
+    name pointers do). Offsets come from the test (taken from a real header)."""
+    strings, out = [], bytearray()
+    for r in spec:
+        rec = bytearray(r["size"])
+        rec[0:4] = int(r["kind"]).to_bytes(4, "little", signed=True)
+        for off, v in r.get("u32", {}).items():
+            rec[int(off):int(off) + 4] = int(v).to_bytes(4, "little")
+        for off, v in r.get("u64", {}).items():
+            rec[int(off):int(off) + 8] = int(v).to_bytes(8, "little")
+        for off, text in r.get("str", {}).items():
+            b = ctypes.create_string_buffer(text.encode())
+            strings.append(b)
+            rec[int(off):int(off) + 8] = ctypes.addressof(b).to_bytes(8, "little")
+        out += rec
+    return bytes(out), strings
 
 
 def main() -> int:
@@ -37,6 +61,9 @@ def main() -> int:
     lib.ridgeline_test_status.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.ridgeline_test_status.restype = ctypes.c_size_t
     lib.ridgeline_test_record_size.restype = ctypes.c_uint32
+    lib.ridgeline_test_init_cupti.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.ridgeline_test_layout.argtypes = [ctypes.c_char_p]
+    lib.ridgeline_test_layout.restype = ctypes.c_long
     keep = []
     for line in sys.stdin:
         cmd = line.split()
@@ -46,6 +73,17 @@ def main() -> int:
         if cmd[0] == "init":
             out["rc"] = lib.ridgeline_test_init(cmd[1].encode(), int(cmd[2]))
             out["sizes"] = {k: lib.ridgeline_test_record_size(k) for k in (1, 2, 4, 5, 10, 12, 13, 39)}
+        elif cmd[0] == "initcupti":
+            out["rc"] = lib.ridgeline_test_init_cupti(cmd[1].encode(), cmd[2].encode())
+            out["sizes"] = {k: lib.ridgeline_test_record_size(k) for k in (1, 2, 4, 5, 10, 12, 13, 39)}
+        elif cmd[0] == "layout":
+            out["value"] = lib.ridgeline_test_layout(cmd[1].encode())
+        elif cmd[0] == "feedspec":
+            data, strings = _spec_buffer(json.loads(line.split(None, 1)[1]))
+            keep.append(strings)
+            lib.ridgeline_test_buffer_completed(data, len(data))
+            out["bytes"] = len(data)
+            out["ptrs"] = [ctypes.addressof(x) for x in strings]
         elif cmd[0] == "feed":
             corr0 = int(cmd[4]) if len(cmd) > 4 else 1
             b = R.make_buffer(int(cmd[2]), seed=int(cmd[1]), corr0=corr0)

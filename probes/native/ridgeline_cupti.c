@@ -1723,18 +1723,54 @@ RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_versio
     return 0;
 }
 
+/* As ridgeline_test_init, but with a real libcupti loaded from libcupti_path: the record
+ * sizes are then decided as in a served process (cuptiActivityGetStructSize, or walking
+ * with that libcupti's own cuptiActivityGetNextRecord). Nothing is subscribed or enabled.
+ * Returns 0, or -2 (cannot load), -3 (entry points missing), -4 (cuptiGetVersion failed,
+ * e.g. no driver), the reason in the status lines. */
+RL_EXPORT int ridgeline_test_init_cupti(const char *socket_path, const char *libcupti_path) {
+    if (atomic_exchange(&g_initialized, 1)) return -1;
+    if (common_init()) return -1;
+    if (socket_path) set_socket_path(socket_path);
+    char why[2048] = {0};
+    if (!(C.lib = dlopen(libcupti_path, RTLD_NOW | RTLD_LOCAL))) {
+        rl_log("cannot load %s: %s", libcupti_path, dlerror());
+        return -2;
+    }
+    if (resolve_cupti(why, sizeof why)) {
+        rl_log("%s", why);
+        return -3;
+    }
+    CUptiResult r = C.GetVersion(&g_cupti_version);
+    if (r != CUPTI_SUCCESS) {
+        rl_log("cuptiGetVersion failed: %s (%d)", cupti_err(r), (int)r);
+        return -4;
+    }
+    sizes_for_runtime(g_cupti_version);
+    g_test_mode = 1;
+    atomic_fetch_or(&g_flags, RL_FLAG_TEST_MODE);
+    g_init_pid = getpid();
+    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
+    atomic_store(&g_active, 1);
+    start_sender_if_needed();
+    return 0;
+}
+
 /* Exactly what CUPTI's completed-buffer callback does with a buffer (the buffer stays the caller's). */
 RL_EXPORT void ridgeline_test_buffer_completed(uint8_t *buffer, size_t valid_size) { process_buffer(buffer, valid_size); }
 
 /* Counters, in this order: dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send,
  * sampled_out, names_dropped, walk_errors, records_in, records_sent, batches_sent, connects,
- * buffers_refused, mode, flags, kernel_sample_every. Returns how many were written. */
+ * buffers_refused, mode, flags, kernel_sample_every, buffers_lost, flushes, takeovers, reclaims.
+ * Returns how many were written. */
 RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
     uint64_t v[] = {atomic_load(&K.dropped_cupti), atomic_load(&K.dropped_pool_full), atomic_load(&K.dropped_no_agent),
                     atomic_load(&K.dropped_send), atomic_load(&K.sampled_out), atomic_load(&K.names_dropped),
                     atomic_load(&K.walk_errors), atomic_load(&K.records_in), atomic_load(&K.records_sent),
                     atomic_load(&K.batches_sent), atomic_load(&K.connects), atomic_load(&K.buffers_refused),
-                    (uint64_t)atomic_load(&g_mode), atomic_load(&g_flags), atomic_load(&g_sample_every)};
+                    (uint64_t)atomic_load(&g_mode), atomic_load(&g_flags), atomic_load(&g_sample_every),
+                    atomic_load(&K.buffers_lost), atomic_load(&K.flushes), atomic_load(&K.takeovers),
+                    atomic_load(&K.reclaims)};
     int m = (int)(sizeof v / sizeof v[0]);
     if (n < m) m = n;
     for (int i = 0; i < m; i++) out[i] = v[i];
@@ -1761,6 +1797,34 @@ RL_EXPORT size_t ridgeline_test_status(char *out, size_t cap) {
     }
     pthread_mutex_unlock(&g_status_lock);
     return n;
+}
+
+/* The record layout and size bounds the library relies on, by name, for
+ * tests/test_native_cupti_headers.py to check against each real header set; -1 if unknown.
+ * "kernel.known_size.N" is the N-th kernel record size whose name is read (0 past the end). */
+RL_EXPORT long ridgeline_test_layout(const char *what) {
+    static const struct { const char *n; long v; } T[] = {
+        {"kind", RL_REC_OFF_KIND},
+        {"kernel.name", RL_KERNEL_OFF_NAME},
+        {"kernel.deviceId", RL_KERNEL_OFF_DEVICE_ID},
+        {"memcpy.deviceId", RL_MEMCPY_OFF_DEVICE_ID},
+        {"memset.deviceId", RL_MEMSET_OFF_DEVICE_ID},
+        {"marker.name", RL_MARKER_OFF_NAME},
+        {"marker.domain", RL_MARKER_OFF_DOMAIN},
+        {"marker.size", RL_MARKER_MIN_SIZE},
+        {"max_body_bytes", RL_MAX_BODY_BYTES},
+        {"max_buffer_bytes", RL_MAX_BUFFER_BYTES},
+        {"header_api_version", CUPTI_API_VERSION},
+    };
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        if (!strcmp(what, T[i].n)) return T[i].v;
+    if (!strncmp(what, "kernel.known_size.", 18)) {
+        long i = atol(what + 18);
+        return i >= 0 && i < (long)(sizeof RL_KERNEL_SIZES / sizeof RL_KERNEL_SIZES[0]) ? (long)RL_KERNEL_SIZES[i] : 0;
+    }
+    if (!strcmp(what, "buffer_bytes")) return (long)cfg.buffer_bytes;
+    if (!strcmp(what, "socket_path_len")) return (long)strlen(cfg.socket_path);
+    return -1;
 }
 
 /* Record sizes the library uses, for the agent-side cross-check in tests. */
