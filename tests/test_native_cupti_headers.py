@@ -261,3 +261,36 @@ def test_buffer_walk_with_the_real_libcupti(release, tmp_path):
     if "cuptiActivityGetStructSize(" not in (release["include"] / "cupti_activity.h").read_text():
         assert batch.header["flags"] & P.FLAG_WALK_WITH_CUPTI     # sizes came from CUPTI's own walker
     assert set(int(d) for d in batch.header["device_ids"][:int(batch.header["n_devices"])]) == {0, 1, 3}
+
+
+def test_walk_error_stops_cleanly_with_the_real_walker(release, tmp_path):
+    """A record CUPTI's walker rejects (unknown kind) ends the walk there: the records
+    before it are sent, the error is counted, and the rest of the buffer never becomes one
+    oversized "record" (which the agent refuses, dropping the connection)."""
+    assert release["build"].returncode == 0
+    h = _header_layout(release, tmp_path)
+    sock = tmp_path / "cupti.sock"
+    srv = CuptiServer(str(sock))
+    srv.open()
+    hs = _harness(release["lib"])
+    try:
+        init = hs(f"initcupti {sock} {release['libcupti']}")
+        if init["rc"] == -4:
+            pytest.skip(f"{release['wheel']}: this libcupti answers nothing without a CUDA driver")
+        assert init["rc"] == 0
+        ksize, kname, _ = h["newest_kernel"]
+        good = [{"kind": 10, "size": ksize, "str": {str(kname): f"k{i}"}} for i in range(3)]
+        bad = [{"kind": 60, "size": 64}]          # not a kind this CUPTI knows
+        rest = [{"kind": 5, "size": h["api"][0]} for _ in range(5)]
+        hs("feedspec " + json.dumps(good + bad + rest))
+        hs("feedspec " + json.dumps(good))          # the connection is still good afterwards
+        msgs = _collect(srv, lambda g: sum(m.kind == "batch" for m in g) >= 2)
+        counters = hs("counters")
+        errors = srv.stats["protocol_errors"]
+    finally:
+        hs.close()
+        srv.close()
+    batches = [m.body for m in msgs if m.kind == "batch"]
+    assert len(batches) == 2 and not any(m.kind == "closed" for m in msgs)
+    assert [(s.kind, s.record_size, s.count) for s in batches[0].sections] == [(10, ksize, 3)]
+    assert counters["walk_errors"] == 1 and counters["records_in"] == 6 and errors == 0

@@ -481,11 +481,13 @@ static size_t record_size(uint8_t *buf, size_t valid, uint8_t *p) {
             if (kind > 0 && kind < RL_KIND_MAX) g_rec_size[kind] = (uint32_t)sz;
             return sz;
         }
-        /* The last record has no successor: its size is what is left of the valid bytes,
-         * provided that agrees with what this kind measured before (or is plausible for a
-         * kind not seen yet). Any other error ends the walk here: never make the rest of
-         * the buffer into one oversized "record". */
-        if (r != CUPTI_ERROR_MAX_LIMIT_REACHED || kind <= 0 || kind >= RL_KIND_MAX) return 0;
+        /* No successor. For the last record (MAX_LIMIT_REACHED) the size is what is left
+         * of the valid bytes, provided that agrees with what this kind measured before
+         * (or is plausible for a kind not seen yet). Any other error is about the next
+         * record (CUPTI checks it): this one still has the size its kind measured, and the
+         * walk stops at the next. Never make the rest of the buffer one oversized record. */
+        if (kind <= 0 || kind >= RL_KIND_MAX) return 0;
+        if (r != CUPTI_ERROR_MAX_LIMIT_REACHED) return g_rec_size[kind] && g_rec_size[kind] < left ? g_rec_size[kind] : 0;
         if (g_rec_size[kind]) return g_rec_size[kind] == left ? left : 0;
         return (left % 8 == 0 && left <= RL_MAX_RECORD_BYTES) ? left : 0;
     }
