@@ -11,13 +11,26 @@ line per command on stdout:
   feedspec JSON                    feed a buffer laid out by a spec (see _spec_buffer)
   idle TIMEOUT_MS                  wait until every pool slot is free
   counters | status | quit
+
+``native_harness.py --stub LIB STUB`` is a stand-in served process on the real path
+instead: the driver's part (InitializeInjection, with RIDGELINE_LIBCUPTI naming the stand-in
+libcupti probes/native/tests/stub_cupti.c) and CUPTI's part (stub_record writes kernel
+records into the current buffer as CUPTI does when kernels finish). Commands:
+
+  emit N RATE_HZ CORR0   N kernel records, RATE_HZ a second (0: at once), in a thread
+  emitted                wait for the emitter; {correlation id: monotonic time written}
+  kineto_start | kineto_stop FINALIZE   torch.profiler's calls (stub_kineto_*)
+  log | counters | tid | sigterm | quit
+With STUB_APP_OWN_SIGTERM=1 the process installs its own SIGTERM handler (exit 3) first.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -144,5 +157,78 @@ def main() -> int:
     return 0
 
 
+def stub_main(lib_path: str, stub_path: str) -> int:
+    if os.environ.get("STUB_APP_OWN_SIGTERM"):
+        def own(signum, frame):
+            print(json.dumps({"own_handler": True}), flush=True)
+            sys.exit(3)
+        signal.signal(signal.SIGTERM, own)
+    lib = ctypes.CDLL(lib_path)
+    init_rc = lib.InitializeInjection()
+    stub = ctypes.CDLL(stub_path)          # the very object the library dlopen'ed
+    stub.stub_record.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    stub.stub_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.ridgeline_test_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    keep: list = []
+    emitted: dict[int, float] = {}
+    emitter: list[threading.Thread] = []
+
+    def kernel(corr: int) -> bytes:
+        b = R.make_buffer(1, seed=corr, corr0=corr, with_markers=False)
+        keep.append(b)
+        return b.kernels.tobytes()
+
+    def emit(n: int, rate: float, corr0: int) -> None:
+        for i in range(n):
+            rec = kernel(corr0 + i)
+            stub.stub_record(rec, len(rec))
+            emitted[corr0 + i] = time.monotonic()
+            if rate:
+                time.sleep(1 / rate)
+
+    for line in sys.stdin:
+        cmd = line.split()
+        if not cmd:
+            continue
+        out: dict = {"init": init_rc}
+        if cmd[0] == "emit":
+            n, rate, corr0 = int(cmd[1]), float(cmd[2]), int(cmd[3])
+            if rate:
+                t = threading.Thread(target=emit, args=(n, rate, corr0))
+                t.start()
+                emitter.append(t)
+            else:
+                emit(n, 0, corr0)
+        elif cmd[0] == "emitted":
+            for t in emitter:
+                t.join()
+            out["emitted"] = emitted
+        elif cmd[0] == "kineto_start":
+            out["rc"] = stub.stub_kineto_start()
+        elif cmd[0] == "kineto_stop":
+            out["leaked"] = stub.stub_kineto_stop(int(cmd[1]))
+        elif cmd[0] == "log":
+            buf = ctypes.create_string_buffer(1 << 16)
+            stub.stub_log(buf, 1 << 16)
+            out["log"] = buf.value.decode().splitlines()
+        elif cmd[0] == "counters":
+            arr = (ctypes.c_uint64 * len(COUNTERS))()
+            n = lib.ridgeline_test_counters(arr, len(COUNTERS))
+            out.update({COUNTERS[i]: int(arr[i]) for i in range(n)})
+        elif cmd[0] == "tid":
+            out["tid"] = threading.get_native_id()
+        elif cmd[0] == "sigterm":
+            print(json.dumps(out), flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+            out = {"alive": True}
+        elif cmd[0] == "quit":
+            break
+        print(json.dumps(out), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--stub":
+        sys.exit(stub_main(sys.argv[2], sys.argv[3]))
     sys.exit(main())

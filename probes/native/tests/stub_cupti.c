@@ -10,6 +10,7 @@
  *   STUB_CUPTI_DROPPED=N            records CUPTI reports dropped, once (v1 and v2 calls)
  *   STUB_CUPTI_NO_STRUCT_SIZE=1     no cuptiActivityGetStructSize (CUPTI < 13.2): the
  *                                   library walks buffers with cuptiActivityGetNextRecord
+ *   STUB_CUPTI_ENABLED_KINDS=1      cuptiActivityGetEnabledKinds answers (CUPTI >= 13.2)
  * stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
  * request callback for a buffer, copies the records in, and calls the completion callback.
  * stub_record() plays CUPTI writing records as kernels complete: they go into the current
@@ -208,6 +209,8 @@ static void complete_current(void);
 
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     logf_("flushall %u tid=%ld", flag, (long)gettid());
+    /* as documented: an error until someone registered buffer callbacks (after cuptiFinalize too) */
+    if (!req1 && !req2) return CUPTI_ERROR_INVALID_OPERATION;
     /* every record the stub writes is complete: flag 0 returns the partial buffer too */
     complete_current();
     return CUPTI_SUCCESS;
@@ -254,6 +257,21 @@ EXPORT CUptiResult cuptiActivityGetNextRecord(uint8_t *b, size_t v, CUpti_Activi
     }
     if ((size_t)(p - b) >= v) return CUPTI_ERROR_MAX_LIMIT_REACHED;
     *r = (CUpti_Activity *)p;
+    return CUPTI_SUCCESS;
+}
+
+/* CUPTI >= 13.2: the kinds enabled by anyone (subscriber NULL). STUB_CUPTI_ENABLED_KINDS=1
+ * makes it answer; otherwise it plays an older CUPTI that cannot tell. */
+EXPORT CUptiResult cuptiActivityGetEnabledKinds(CUpti_SubscriberHandle s, CUpti_ActivityKind *buf, uint32_t *cap,
+                                                uint32_t *count) {
+    if (!getenv("STUB_CUPTI_ENABLED_KINDS")) return CUPTI_ERROR_NOT_SUPPORTED;
+    uint32_t n = 0;
+    for (int k = 0; k < 64; k++)
+        if (enabled[k]) {
+            if (buf && cap && n < *cap) buf[n] = (CUpti_ActivityKind)k;
+            n++;
+        }
+    *count = n;
     return CUPTI_SUCCESS;
 }
 
