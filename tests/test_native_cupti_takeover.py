@@ -1,0 +1,148 @@
+"""A later torch.profiler run on a legacy (single-subscriber) CUPTI: detected, reported, and
+collection back once it is done, where CUPTI lets us know.
+
+The stand-in libcupti plays Kineto's CuptiActivityApi call for call (pytorch/kineto
+libkineto/src/CuptiActivityApi.cpp): on start cuptiSubscribe, a timestamp callback,
+cuptiActivityRegisterCallbacks with its own functions and cuptiActivityEnable of its kinds;
+CUPTI then completes every buffer, ours included, to Kineto's bufferCompleted, which drops
+("unknown buffer") and leaks ours. On stop a forced flush, cuptiActivityDisable of its
+kinds and, with TEARDOWN_CUPTI=1, cuptiFinalize.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ridgeline.probes.cupti import protocol as P
+from ridgeline.probes.cupti.server import CuptiServer
+
+import cupti_records as R
+from test_native_cupti_flush import StubApp, built  # noqa: F401  (the build fixture)
+
+# ridgeline_wire.h RL_FLAG_TAKEN_OVER; the agent's protocol module may not name it yet
+FLAG_TAKEN_OVER = getattr(P, "FLAG_TAKEN_OVER", 1 << 6)
+
+
+class Agent:
+    """The agent's real server, keeping every HELLO and the kernels' correlation ids."""
+
+    def __init__(self, path):
+        self.srv = CuptiServer(str(path))
+        self.srv.open()
+        self.hellos: list[P.Hello] = []
+        self.corr: list[int] = []
+
+    def pump(self, seconds: float, until=None) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.srv.pump(0.02)
+            for m in self.srv.drain():
+                if m.kind == "hello":
+                    self.hellos.append(m.body)
+                elif m.kind == "batch":
+                    for s in m.body.sections:
+                        if s.kind == 10:           # the stub writes cupti-python's layout
+                            self.corr += np.frombuffer(s.data, R.KERNEL)["correlation_id"].tolist()
+            if until and until(self):
+                return
+
+    def taken_over(self) -> bool:
+        return bool(self.hellos) and bool(self.hellos[-1].flags & FLAG_TAKEN_OVER)
+
+    def reclaim(self) -> None:
+        frame = bytearray(P.encode_control(P.MODE_ALWAYS_ON, 0))
+        frame[-8:-4] = (1).to_bytes(4, "little")          # rl_control_t.flags = RL_CONTROL_RECLAIM
+        for c in list(self.srv._conns.values()):
+            c.sock.send(bytes(frame))
+
+    def close(self):
+        self.srv.close()
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = Agent(tmp_path / "cupti.sock")
+    yield a
+    a.close()
+
+
+def _run_until_taken_over(app, agent):
+    app("emit 5 0 100")                      # ours, delivered by our periodic flush
+    agent.pump(3, until=lambda a: len(a.corr) >= 5)
+    assert sorted(agent.corr) == list(range(100, 105))
+    app("emit 3 0 200")                      # into our next buffer, still partial ...
+    assert app("kineto_start")["rc"] == 0    # ... when torch.profiler starts
+    app("emit 4 0 300")                      # these go to Kineto's buffers
+    agent.pump(8, until=Agent.taken_over)
+    assert agent.taken_over(), [h.status for h in agent.hellos]
+
+
+def test_kineto_takeover_detected_and_collection_back_after_its_teardown(agent, tmp_path):
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100)
+    try:
+        _run_until_taken_over(app, agent)
+        status = agent.hellos[-1].status
+        assert "takeover:" in status and "paused" in status
+        assert app("kineto_stop 1")["leaked"] >= 1          # Kineto got (and leaked) our buffer
+        agent.pump(5, until=lambda a: not a.taken_over())    # CUPTI finalized: we may register again
+        assert not agent.taken_over()
+        assert "resumed: the other tool finalized CUPTI" in agent.hellos[-1].status
+        app("emit 5 0 400")
+        agent.pump(3, until=lambda a: len(a.corr) >= 10)
+        c = app("counters")
+        log = app("log")["log"]
+    finally:
+        app.close()
+    assert sorted(agent.corr) == list(range(100, 105)) + list(range(400, 405))
+    assert c["takeovers"] == 1 and c["reclaims"] == 1 and c["buffers_lost"] >= 1
+    assert "finalize" in log and log.count("register") == 3          # ours, Kineto's, ours again
+    assert log.index("enable 10") < log.index("finalize") < len(log) - 1 - log[::-1].index("enable 10")
+
+
+def test_without_teardown_on_old_cupti_it_stays_paused_until_the_agent_reclaims(agent, tmp_path):
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100)
+    try:
+        _run_until_taken_over(app, agent)
+        app("kineto_stop 0")              # kinds disabled, no finalize; CUPTI cannot tell us it is done
+        agent.pump(1.5)
+        assert agent.taken_over()
+        agent.reclaim()                   # the operator knows: `ridgeline` asks the library to take CUPTI back
+        agent.pump(5, until=lambda a: not a.taken_over())
+        assert "resumed: the agent asked to reclaim CUPTI" in agent.hellos[-1].status
+        app("emit 3 0 500")
+        agent.pump(3, until=lambda a: len(a.corr) >= 8)
+    finally:
+        app.close()
+    assert sorted(agent.corr) == list(range(100, 105)) + list(range(500, 503))
+
+
+def test_cupti_13_2_tells_when_the_other_tool_stopped(agent, tmp_path):
+    # cuptiActivityGetEnabledKinds (13.2+, still legacy mode on a pre-r610 driver): once
+    # no one has kernel records enabled, the other tool has stopped
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, STUB_CUPTI_ENABLED_KINDS=1)
+    try:
+        _run_until_taken_over(app, agent)
+        agent.pump(0.5)
+        assert agent.taken_over()            # while Kineto runs, its kinds are on: we wait
+        app("kineto_stop 0")
+        agent.pump(5, until=lambda a: not a.taken_over())
+        assert "resumed: the other tool disabled its activity kinds" in agent.hellos[-1].status
+        app("emit 2 0 600")
+        agent.pump(3, until=lambda a: len(a.corr) >= 7)
+    finally:
+        app.close()
+    assert sorted(agent.corr) == list(range(100, 105)) + [600, 601]
+
+
+def test_multi_subscriber_mode_is_not_watched(agent, tmp_path):
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, STUB_CUPTI_MULTI=1)
+    try:
+        app("emit 3 0 700")
+        agent.pump(3, until=lambda a: len(a.corr) >= 3)
+        c = app("counters")
+    finally:
+        app.close()
+    assert sorted(agent.corr) == [700, 701, 702] and c["takeovers"] == 0
+    assert c["flags"] & P.FLAG_MULTI_SUBSCRIBER
