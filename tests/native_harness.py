@@ -19,6 +19,7 @@ records into the current buffer as CUPTI does when kernels finish). Commands:
 
   emit N RATE_HZ CORR0   N kernel records, RATE_HZ a second (0: at once), in a thread
   emitted                wait for the emitter; {correlation id: monotonic time written}
+  deliverspec JSON       a buffer laid out by a spec (_spec_buffer), delivered completed
   kineto_start | kineto_stop FINALIZE   torch.profiler's calls (stub_kineto_*)
   log | counters | tid | sigterm | quit
 With STUB_APP_OWN_SIGTERM=1 the process installs its own SIGTERM handler (exit 3) first.
@@ -168,6 +169,7 @@ def stub_main(lib_path: str, stub_path: str) -> int:
     stub = ctypes.CDLL(stub_path)          # the very object the library dlopen'ed
     stub.stub_record.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     stub.stub_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    stub.stub_deliver.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.ridgeline_test_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
     keep: list = []
     emitted: dict[int, float] = {}
@@ -203,6 +205,10 @@ def stub_main(lib_path: str, stub_path: str) -> int:
             for t in emitter:
                 t.join()
             out["emitted"] = emitted
+        elif cmd[0] == "deliverspec":
+            data, strings = _spec_buffer(json.loads(line.split(None, 1)[1]))
+            keep.append(strings)
+            out["rc"] = stub.stub_deliver(data, len(data))
         elif cmd[0] == "kineto_start":
             out["rc"] = stub.stub_kineto_start()
         elif cmd[0] == "kineto_stop":
@@ -223,6 +229,7 @@ def stub_main(lib_path: str, stub_path: str) -> int:
             time.sleep(10)
             out = {"alive": True}
         elif cmd[0] == "quit":
+            print(json.dumps({"bye": True}), flush=True)
             break
         print(json.dumps(out), flush=True)
     return 0

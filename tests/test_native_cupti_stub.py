@@ -222,3 +222,35 @@ def test_multi_subscriber_granted_but_not_active_falls_back_to_legacy(probe, tmp
         app.close()
     assert log[:5] == ["version", "subscribe_v2 allow=1 name=ridgeline", "getattr2 12", "unsubscribe", "register"]
     assert "enable 10" in log and "register2" not in log
+
+
+def test_multi_subscriber_mode_reads_cuptis_dropped_count(probe, tmp_path):
+    # in multi-subscriber mode the per-subscriber count (cuptiActivityGetNumDroppedRecords_v2)
+    app = App(tmp_path / "cupti.sock", STUB_CUPTI_MULTI=1, STUB_CUPTI_DROPPED=7)
+    try:
+        assert app("deliver 20")["rc"] == 0
+        got = collect(probe, lambda g: g["batches"])
+        log = app("log")["log"]
+    finally:
+        app.close()
+    assert "register2" in log and "dropped2" in log
+    assert got["batches"][0]["trace"].meta["library_counters"]["dropped_cupti"] == 7
+
+
+def test_unknown_kernel_layout_never_dereferences_the_name_offset(probe, tmp_path):
+    """CUPTI reports (cuptiActivityGetStructSize) a kernel record size no known layout has:
+    whatever sits at the usual name offset must not be read as a pointer. The records carry
+    a wild pointer there; reading it would kill the served process."""
+    from test_native_cupti_flush import StubApp
+    name_off = R.KERNEL.fields["name"][1]
+    app = StubApp(tmp_path / "cupti.sock", STUB_CUPTI_KERNEL_SIZE=256, RIDGELINE_FLUSH_MS=0)
+    try:
+        spec = [{"kind": 10, "size": 256, "u64": {str(name_off): 0x10}} for _ in range(3)]
+        assert app("deliverspec " + json.dumps(spec))["rc"] == 0
+        got = collect(probe, lambda g: g["status"] and "layout not known" in "".join(g["status"].values()))
+        c = app("counters")
+        alive = app.p.poll() is None
+    finally:
+        stderr = app.close()
+    assert alive and c["records_in"] == 3 and c["walk_errors"] == 0
+    assert "kernel records of 256 bytes: layout not known to this library; sent without names" in stderr

@@ -449,16 +449,25 @@ static void sizes_for_runtime(uint32_t version) {
         memset(g_rec_size, 0, sizeof g_rec_size);
         int ok = 1;
         static const CUpti_ActivityKind kinds[] = {
+            /* needed: */
             CUPTI_ACTIVITY_KIND_KERNEL, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
             CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER,
-            CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API, CUPTI_ACTIVITY_KIND_MARKER, CUPTI_ACTIVITY_KIND_MARKER_DATA,
-            CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_GRAPH_TRACE};
+            CUPTI_ACTIVITY_KIND_MARKER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
+            /* optional: */
+            CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API, CUPTI_ACTIVITY_KIND_MARKER_DATA, CUPTI_ACTIVITY_KIND_GRAPH_TRACE};
+        /* the kinds always enabled must be sized; the others (deep mode, graph level) may be
+         * unknown to this release: their records then end a walk, counted */
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
             size_t s = 0;
-            if (C.StructSize(kinds[i], 0, &s) != CUPTI_SUCCESS || s == 0 || s % 8) ok = 0;
-            else g_rec_size[kinds[i]] = (uint32_t)s;
+            int needed = i < 8;
+            if (C.StructSize(kinds[i], 0, &s) != CUPTI_SUCCESS || s == 0 || s % 8 || s > RL_MAX_RECORD_BYTES) {
+                if (needed) ok = 0;
+            } else {
+                g_rec_size[kinds[i]] = (uint32_t)s;
+            }
         }
         if (ok) return;
+        memset(g_rec_size, 0, sizeof g_rec_size);
     }
     g_walk_with_cupti = 1;
     atomic_fetch_or(&g_flags, RL_FLAG_WALK_WITH_CUPTI);

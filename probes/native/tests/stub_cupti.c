@@ -11,6 +11,7 @@
  *   STUB_CUPTI_NO_STRUCT_SIZE=1     no cuptiActivityGetStructSize (CUPTI < 13.2): the
  *                                   library walks buffers with cuptiActivityGetNextRecord
  *   STUB_CUPTI_ENABLED_KINDS=1      cuptiActivityGetEnabledKinds answers (CUPTI >= 13.2)
+ *   STUB_CUPTI_KERNEL_SIZE=N        kernel records are N bytes (a layout unknown to the library)
  * stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
  * request callback for a buffer, copies the records in, and calls the completion callback.
  * stub_record() plays CUPTI writing records as kernels complete: they go into the current
@@ -232,7 +233,10 @@ EXPORT CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext c, uint32_t s, si
 static size_t stub_size(int kind) {
     switch (kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return STUB_KERNEL_SIZE;
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
+        const char *k = getenv("STUB_CUPTI_KERNEL_SIZE"); /* a release with a kernel layout we do not know */
+        return k ? (size_t)atol(k) : STUB_KERNEL_SIZE;
+    }
     case CUPTI_ACTIVITY_KIND_MEMCPY: return STUB_MEMCPY_SIZE;
     case CUPTI_ACTIVITY_KIND_MEMSET: return STUB_MEMSET_SIZE;
     case CUPTI_ACTIVITY_KIND_RUNTIME:
