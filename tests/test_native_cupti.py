@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -402,3 +403,84 @@ def test_exited_processes_are_released_but_their_counts_kept(built, harness, tmp
     assert got["closed_pids"] == [h.p.pid]
     c = probe.counters()
     assert c["processes"] == 0 and not probe.decoders and c["records"] == 50 * 3 + 10 + 4
+
+
+def test_buffer_size_is_capped_under_the_agents_body_limit(built, harness, tmp_path):
+    from ridgeline.probes.cupti import protocol as P
+    h = harness(RIDGELINE_BUFFER_BYTES=256 << 20)     # accepted before: a 256 MiB batch the agent refuses
+    h(f"init {tmp_path / 'none.sock'} 130500")
+    assert h("layout max_body_bytes")["value"] == P.MAX_BODY_BYTES
+    assert 0 < h("layout buffer_bytes")["value"] <= h("layout max_buffer_bytes")["value"] < P.MAX_BODY_BYTES
+    assert "over the" in h("status")["status"] and "RIDGELINE_BUFFER_BYTES" in h("status")["status"]
+
+
+def test_deep_mode_never_samples_kernels(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    try:
+        h = harness()
+        h(f"init {sock} 130500")
+        poll_until(probe, lambda g: g["new_pids"])
+        assert probe.set_mode("deep", kernel_sample_every=4) == 1
+        deadline = time.monotonic() + 3
+        while h("counters")["mode"] != MODE_DEEP and time.monotonic() < deadline:
+            time.sleep(0.02)
+        h("feed 6 400 -")
+        got = poll_until(probe, lambda g: g["batches"])
+        c = h("counters")
+    finally:
+        probe.stop()
+    assert c["kernel_sample_every"] == 4 and c["mode"] == MODE_DEEP      # kept for the return to always-on
+    assert len(got["batches"][0]["trace"].kernels) == 400 and c["sampled_out"] == 0
+
+
+def test_socket_path_over_107_bytes_is_refused_not_cut(built, harness, tmp_path):
+    d = tmp_path / ("d" * 60)
+    d.mkdir()
+    long_path = d / ("s" * 80 + ".sock")               # > 107 bytes
+    cut = str(long_path)[:107]                          # where a silent cut would connect
+    Path(cut).parent.mkdir(parents=True, exist_ok=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(cut)
+    srv.listen(4)
+    srv.setblocking(False)
+    try:
+        h = harness(RIDGELINE_RECONNECT_MS=50)
+        h(f"init {long_path} 130500")
+        h("feed 1 10 -")
+        assert h("idle 3000")["idle"]
+        time.sleep(0.3)
+        with pytest.raises(BlockingIOError):
+            srv.accept()                                # nobody connected to the cut path
+        c = h("counters")
+        status = h("status")["status"]
+    finally:
+        srv.close()
+    assert c["connects"] == 0 and c["dropped_no_agent"] == c["records_in"] > 0
+    assert f"is {len(str(long_path))} bytes, over the 107-byte limit" in status
+    assert h("layout socket_path_len")["value"] == 0
+
+
+def test_names_cut_at_4096_bytes_stay_distinct(built, harness, tmp_path):
+    sock = tmp_path / "cupti.sock"
+    probe = CuptiProbe(str(sock))
+    probe.start()
+    common = "void cutlass::Kernel<" + "cutlass::gemm::GemmShape<128, 128, 64>, " * 120
+    names = [common + "Epilogue<bf16>>(Params)", common + "Epilogue<fp8>>(Params)", "short_kernel"]
+    assert all(len(n) > 4096 for n in names[:2]) and names[0][:4096] == names[1][:4096]
+    off = R.KERNEL.fields["name"][1]
+    spec = [{"kind": 10, "size": R.KERNEL.itemsize, "str": {str(off): n}} for n in names]
+    try:
+        h = harness()
+        h(f"init {sock} 130500")
+        h("feedspec " + json.dumps(spec))
+        got = poll_until(probe, lambda g: g["batches"])
+    finally:
+        probe.stop()
+    t = got["batches"][0]["trace"]
+    out = t.names.names_of(t.kernels["name_id"])
+    assert len(set(out)) == 3 and out[2] == "short_kernel"
+    for full, sent in zip(names[:2], out[:2]):
+        assert len(sent.encode()) == 4096 and full.startswith(sent[:4096 - 17])
+        assert re.fullmatch(r"#[0-9a-f]{16}", sent[-17:])
