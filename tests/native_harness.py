@@ -21,6 +21,7 @@ records into the current buffer as CUPTI does when kernels finish). Commands:
   emitted                wait for the emitter; {correlation id: monotonic time written}
   deliverspec JSON       a buffer laid out by a spec (_spec_buffer), delivered completed
   kineto_start | kineto_stop FINALIZE   torch.profiler's calls (stub_kineto_*)
+  hold 1|0               a record in the current buffer is incomplete (a long kernel) / done
   log | counters | tid | sigterm | quit
 With STUB_APP_OWN_SIGTERM=1 the process installs its own SIGTERM handler (exit 3) first.
 """
@@ -209,6 +210,8 @@ def stub_main(lib_path: str, stub_path: str) -> int:
             data, strings = _spec_buffer(json.loads(line.split(None, 1)[1]))
             keep.append(strings)
             out["rc"] = stub.stub_deliver(data, len(data))
+        elif cmd[0] == "hold":
+            stub.stub_hold(int(cmd[1]))
         elif cmd[0] == "kineto_start":
             out["rc"] = stub.stub_kineto_start()
         elif cmd[0] == "kineto_stop":

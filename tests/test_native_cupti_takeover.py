@@ -146,3 +146,20 @@ def test_multi_subscriber_mode_is_not_watched(agent, tmp_path):
         app.close()
     assert sorted(agent.corr) == [700, 701, 702] and c["takeovers"] == 0
     assert c["flags"] & P.FLAG_MULTI_SUBSCRIBER
+
+
+def test_a_long_running_record_is_a_false_alarm_that_clears_itself(agent, tmp_path):
+    # a kernel running for seconds keeps its buffer from a default flush: it looks like a
+    # takeover for a while; the buffer reaching our own callback proves there was none
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100)
+    try:
+        app("emit 2 0 800")
+        app("hold 1")
+        agent.pump(8, until=Agent.taken_over)
+        assert agent.taken_over()
+        app("hold 0")                         # the kernel ends; CUPTI returns the buffer to us
+        agent.pump(5, until=lambda a: not a.taken_over() and len(a.corr) >= 2)
+    finally:
+        app.close()
+    assert not agent.taken_over() and "resumed: CUPTI still returns buffers to Ridgeline" in agent.hellos[-1].status
+    assert sorted(agent.corr) == [800, 801]

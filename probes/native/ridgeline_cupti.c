@@ -799,14 +799,16 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
     *size = cfg.buffer_bytes;
 }
 
-/* Frees a buffer CUPTI gave back. One we had counted as lost to a takeover coming back
- * means there was none (a long-running record held it): resume. */
+/* Frees a buffer CUPTI gave back. Any buffer reaching our callback while a takeover is
+ * flagged (in particular one we had counted as lost) means there was none: a long-running
+ * record held that buffer back. */
 static void buffer_done(uint8_t *buffer) {
     if (!buffer) return;
     int was_lost = cbuf_remove(buffer) < 0;
     free(buffer);
-    if (was_lost) takeover_false_alarm();
-    else atomic_fetch_sub(&g_outstanding_buffers, 1);
+    if (!was_lost) atomic_fetch_sub(&g_outstanding_buffers, 1);
+    /* CUPTI still calls *our* completion callback: nobody replaced it */
+    if (was_lost || atomic_load(&g_taken_over)) takeover_false_alarm();
 }
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
@@ -979,7 +981,7 @@ static void takeover_detected(unsigned lost, const char *why) {
 static void takeover_false_alarm(void) {
     if (!atomic_exchange(&g_taken_over, 0)) return;
     atomic_fetch_and(&g_flags, ~(unsigned)RL_FLAG_TAKEN_OVER);
-    rl_log("resumed: a buffer counted lost came back (a long-running record held it): no takeover");
+    rl_log("resumed: CUPTI still returns buffers to Ridgeline (a long-running record held one back): no takeover");
 }
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records);

@@ -207,13 +207,20 @@ EXPORT CUptiResult cuptiActivityFlushPeriod(uint32_t ms) {
     return CUPTI_SUCCESS;
 }
 static void complete_current(void);
+static int held; /* the current buffer holds an incomplete record (a long-running kernel) */
+
+EXPORT void stub_hold(int on) {
+    held = on;
+    if (!on) complete_current(); /* the kernel finished; CUPTI's worker returns the buffer */
+}
 
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
     logf_("flushall %u tid=%ld", flag, (long)gettid());
     /* as documented: an error until someone registered buffer callbacks (after cuptiFinalize too) */
     if (!req1 && !req2) return CUPTI_ERROR_INVALID_OPERATION;
-    /* every record the stub writes is complete: flag 0 returns the partial buffer too */
-    complete_current();
+    /* every record the stub writes is complete (flag 0 returns the partial buffer too),
+     * unless stub_hold() plays a record still in flight: then only a forced flush does */
+    if (!held || flag == CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) complete_current();
     return CUPTI_SUCCESS;
 }
 EXPORT CUptiResult cuptiActivityGetNumDroppedRecords_v2(CUpti_SubscriberHandle h, CUcontext c, uint32_t s, size_t *n) {
