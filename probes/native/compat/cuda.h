@@ -5,8 +5,9 @@
  * Why this is safe: the injection library never calls the driver and never links
  * libcuda; it only needs the *layout* of CUPTI activity records. Every CUDA type
  * that appears inside a record we read is an opaque pointer or a 32-bit enum, and
- * ridgeline_cupti.c static-asserts the record sizes against the values
- * cupti-python's numpy dtypes give (tests/test_native_cupti.py checks them again).
+ * ridgeline_cupti.c static-asserts the offsets it reads (ridgeline_cupti_abi.h) against
+ * the header it is built with (tests/test_native_cupti_headers.py checks them against the
+ * headers of several CUDA releases).
  */
 #ifndef RIDGELINE_COMPAT_CUDA_H
 #define RIDGELINE_COMPAT_CUDA_H
