@@ -16,6 +16,12 @@
  *  - No cuptiFinalize (a shared process may have other CUPTI users; finalize poisons
  *    CUPTI for the rest of the process). Another subscriber (torch.profiler, Nsight)
  *    is detected and reported; we then stay passive instead of stealing its callbacks.
+ *    One that takes CUPTI over later on a legacy CUPTI is detected from the sender
+ *    thread, reported, and collection resumes when CUPTI shows it is done.
+ *  - Builds with the CUPTI headers of CUDA 12.x and 13.x: fields are read at the fixed
+ *    offsets of ridgeline_cupti_abi.h, record sizes come from the libcupti loaded.
+ *  - The sender flushes CUPTI periodically (RIDGELINE_FLUSH_MS) and at stop (atexit, and
+ *    SIGTERM when the application has no handler of its own), never from a callback.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
