@@ -294,3 +294,19 @@ def test_walk_error_stops_cleanly_with_the_real_walker(release, tmp_path):
     assert len(batches) == 2 and not any(m.kind == "closed" for m in msgs)
     assert [(s.kind, s.record_size, s.count) for s in batches[0].sections] == [(10, ksize, 3)]
     assert counters["walk_errors"] == 1 and counters["records_in"] == 6 and errors == 0
+
+
+def test_cupti_timestamps_are_clock_realtime(release):
+    """docs/cupti.md and the library's clock watch rely on CUPTI's default timestamps being
+    CLOCK_REALTIME nanoseconds: asked of the real library, next to each clock."""
+    code = ("import ctypes, sys, time\n"
+            "lib = ctypes.CDLL(sys.argv[1])\n"
+            "t = ctypes.c_uint64(0)\n"
+            "r = lib.cuptiGetTimestamp(ctypes.byref(t))\n"
+            "print(r, t.value, time.clock_gettime_ns(time.CLOCK_REALTIME), time.clock_gettime_ns(time.CLOCK_MONOTONIC))")
+    out = subprocess.run([sys.executable, "-c", code, str(release["libcupti"])], capture_output=True, text=True,
+                         timeout=60)
+    rc, cupti_ns, real_ns, mono_ns = (int(x) for x in out.stdout.split())
+    if rc != 0:
+        pytest.skip(f"{release['wheel']}: cuptiGetTimestamp needs a CUDA driver (returns {rc})")
+    assert abs(real_ns - cupti_ns) < 10**9 < abs(mono_ns - cupti_ns)

@@ -85,6 +85,8 @@ def test_kineto_takeover_detected_and_collection_back_after_its_teardown(agent, 
         _run_until_taken_over(app, agent)
         status = agent.hellos[-1].status
         assert "takeover:" in status and "paused" in status
+        agent.pump(3, until=lambda a: "clock:" in a.hellos[-1].status)
+        assert "clock: CUPTI timestamps moved by" in agent.hellos[-1].status     # Kineto's timestamp source
         assert app("kineto_stop 1")["leaked"] >= 1          # Kineto got (and leaked) our buffer
         agent.pump(5, until=lambda a: not a.taken_over())    # CUPTI finalized: we may register again
         assert not agent.taken_over()

@@ -134,6 +134,7 @@ typedef CUptiResult (*fn_GetResultString)(CUptiResult, const char **);
 typedef CUptiResult (*fn_RegisterCallbacks2)(CUpti_SubscriberHandle, rl_buffer_request2_fn, rl_buffer_complete2_fn);
 typedef CUptiResult (*fn_Kind2)(CUpti_SubscriberHandle, CUpti_ActivityKind, void *config);
 typedef CUptiResult (*fn_GetNumDropped2)(CUpti_SubscriberHandle, CUcontext, uint32_t, size_t *);
+typedef CUptiResult (*fn_GetTimestamp)(uint64_t *);
 typedef CUptiResult (*fn_GetEnabledKinds)(CUpti_SubscriberHandle, CUpti_ActivityKind *, uint32_t *, uint32_t *);
 typedef CUptiResult (*fn_EnableApi2)(CUpti_SubscriberHandle, CUpti_CallbackId, uint8_t);
 typedef int (*fn_NvtxInit)(void *);
@@ -161,6 +162,7 @@ static struct {
     fn_GetAttribute2 GetAttribute2;
     fn_GetNumDropped2 GetNumDropped2;
     fn_GetEnabledKinds GetEnabledKinds;
+    fn_GetTimestamp GetTimestamp;
 } C;
 
 /* ------------------------------------------------------------------------------------ */
@@ -1020,6 +1022,41 @@ static int kernels_disabled_everywhere(void) {
     return 1;
 }
 
+/* CUPTI's timestamps are CLOCK_REALTIME nanoseconds by default (measured with the 12.4,
+ * 12.8 and 13.0 libraries: tests/test_native_cupti_headers.py). A tool that registers its
+ * own timestamp source (Kineto: cuptiActivityRegisterTimestampCallback, a TSC
+ * approximation) moves every client's records onto it; cuptiGetTimestamp follows it
+ * ("normalized to correspond with the ... activity records"). Watched each tick, a move
+ * of more than RL_CLOCK_JUMP_NS is reported in a "clock:" status line. */
+#define RL_CLOCK_JUMP_NS 1000000LL
+static int64_t g_clock_offset_ns;
+static int g_clock_known;
+
+static int64_t ts_ns(const struct timespec *t) { return (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec; }
+
+static void clock_watch(void) {
+    if (!C.GetTimestamp) return;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        struct timespec a, b;
+        uint64_t t = 0;
+        clock_gettime(CLOCK_REALTIME, &a);
+        if (C.GetTimestamp(&t) != CUPTI_SUCCESS) return;
+        clock_gettime(CLOCK_REALTIME, &b);
+        if (ts_ns(&b) - ts_ns(&a) > 100000) continue; /* preempted in between: not a clean sample */
+        int64_t off = (int64_t)t - (ts_ns(&a) + ts_ns(&b)) / 2;
+        if (!g_clock_known) {
+            g_clock_known = 1;
+            g_clock_offset_ns = off;
+        } else if (llabs(off - g_clock_offset_ns) > RL_CLOCK_JUMP_NS) {
+            rl_log("clock: CUPTI timestamps moved by %lld ns against CLOCK_REALTIME (now %+lld ns from it): "
+                   "another tool registered its own timestamp source", (long long)(off - g_clock_offset_ns),
+                   (long long)off);
+            g_clock_offset_ns = off;
+        }
+        return;
+    }
+}
+
 static int collecting(void) {
     return C.FlushAll && !g_test_mode && !(atomic_load(&g_flags) & (RL_FLAG_CONFLICT | RL_FLAG_NO_CUPTI));
 }
@@ -1031,6 +1068,7 @@ static void sender_tick(uint64_t now) {
     if (!collecting()) return;
     CUptiResult r = C.FlushAll(0);
     atomic_fetch_add(&K.flushes, 1);
+    clock_watch();
     if (g_multi) return; /* per-subscriber callbacks: nobody can take ours */
     if (!atomic_load(&g_taken_over)) {
         watch_takeover(now);
@@ -1546,6 +1584,7 @@ static int resolve_cupti(char *why, size_t why_cap) {
     SYM(GetAttribute2, "cuptiActivityGetAttribute_v2");
     SYM(GetNumDropped2, "cuptiActivityGetNumDroppedRecords_v2");
     SYM(GetEnabledKinds, "cuptiActivityGetEnabledKinds");
+    SYM(GetTimestamp, "cuptiGetTimestamp");
     if (!C.GetVersion || !C.RegisterCallbacks || !C.Enable || !C.Disable || !C.GetNextRecord || !C.Subscribe ||
         !C.Unsubscribe) {
         snprintf(why, why_cap, "the loaded libcupti lacks the activity API entry points");
