@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.signatures import (LARGE_TILE, MEDIUM, ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV,
-                                   ROLE_NON_LLM, ROLE_PER_TOKEN, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK,
-                                   KernelClasses, Signature, classify_kernels, short_name)
-from ridgeline.aggregator.steps import (cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges, launch_index,
-                              segment_kernels)
+from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
+                                             ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
+                                             ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
+                                             Signature, classify_kernels, short_name)
+from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
+                                        launch_index, segment_kernels)
 from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
@@ -190,6 +191,14 @@ def _is_profiler_step(name: str) -> bool:
 # CPU-operator evidence: GEMM rows (tokens) from Input Dims; training operators.
 
 _GEMM_OPS = {"aten::mm": 0, "aten::addmm": 1, "aten::_scaled_mm": 0, "aten::linear": 0, "aten::matmul": 0}
+# Where the output width N sits in each op's Input Dims: (operand, axis) of the weight.
+_GEMM_COLS = {"aten::mm": (1, -1), "aten::addmm": (2, -1), "aten::_scaled_mm": (1, -1), "aten::linear": (1, 0),
+              "aten::matmul": (1, -1)}
+# A GEMM at least this wide, launched once in a step and at least twice as wide as any
+# other GEMM of the step, is the LM head: decoder vocabularies start at 32000 (Llama-2,
+# Mistral 32768, GPT-2 50257, Llama-3 128256, Qwen 151936); encoder MLM heads (BERT 30522)
+# and image classifiers (ImageNet-21k: 21843) stay below.
+VOCAB_MIN_COLS = 32000
 _PARENT_OPS = ("aten::linear", "aten::matmul")
 _TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
                           r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
@@ -258,7 +267,7 @@ def _enclosing_parent(ops: np.ndarray, par: np.ndarray, qry: np.ndarray) -> np.n
 
 
 def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Per kernel: GEMM rows M, tokens per sequence S (-1 unknown) from the launching CPU op.
 
     The kernel links to its innermost CPU op (``op_of_kernel``, default
@@ -267,7 +276,8 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     activation operand. S comes from an enclosing aten::linear/matmul whose input is
     [batch, seq, hidden] (HF models); vLLM flattens tokens, so S stays unknown there. Also
     returns, per kernel, an index into a list of texts ("aten::mm [888, 2880]") naming the
-    operand behind the figure.
+    operand behind the figure, and the GEMM's output width N from the weight operand (-1
+    unknown).
 
     Linear in the number of operators: each distinct (op name, Input Dims) pair is parsed
     once and looked up through a table over (name code, dims id); no Python loop per op.
@@ -276,23 +286,29 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     rows = np.full(len(k), -1, dtype=np.int64)
     seq = np.full(len(k), -1, dtype=np.int64)
     src = np.full(len(k), -1, dtype=np.int64)
+    cols = np.full(len(k), -1, dtype=np.int64)
     texts: list[str] = []
     if not len(k) or not len(ops):
-        return rows, seq, src, texts
+        return rows, seq, src, texts, cols
     width = len(trace.names) + 1
     gemm_ops = list(_GEMM_OPS)
     gemm_code = _name_codes(trace, gemm_ops)[ops["name_id"]]
     g = np.flatnonzero((gemm_code >= 0) & (ops["input_dims_id"] >= 0))
     if not len(g):
-        return rows, seq, src, texts
+        return rows, seq, src, texts, cols
     # Rows per distinct (op name, dims) pair: each parsed once.
     pairs, inv = _present_keys(gemm_code[g].astype(np.int64) * width + ops["input_dims_id"][g], len(gemm_ops) * width)
     pm = np.full(len(pairs), -1, dtype=np.int64)
     ps = np.full(len(pairs), -1, dtype=np.int64)
     pt = np.full(len(pairs), -1, dtype=np.int64)
+    pn = np.full(len(pairs), -1, dtype=np.int64)
     for j, (code, did) in enumerate(zip((pairs // width).tolist(), (pairs % width).tolist())):
         d = _dims(trace, did)
         which = _GEMM_OPS[gemm_ops[code]]
+        w_at, w_axis = _GEMM_COLS[gemm_ops[code]]
+        if isinstance(d, list) and len(d) > w_at and isinstance(d[w_at], list) and len(d[w_at]) == 2 \
+                and all(isinstance(x, int) for x in d[w_at]):
+            pn[j] = d[w_at][w_axis]
         if isinstance(d, list) and len(d) > which and isinstance(d[which], list) and len(d[which]) >= 2 \
                 and all(isinstance(x, int) for x in d[which]):
             shape = d[which]
@@ -301,7 +317,7 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
                 ps[j] = shape[1]
             texts.append(f"{gemm_ops[code]} {json.dumps(shape)}")
             pt[j] = len(texts) - 1
-    op_m, op_s, op_t = pm[inv], ps[inv], pt[inv]
+    op_m, op_s, op_t, op_n = pm[inv], ps[inv], pt[inv], pn[inv]
     # S from an enclosing aten::linear/matmul on the same thread (time containment).
     par_code = _name_codes(trace, _PARENT_OPS)[ops["name_id"]]
     par = np.flatnonzero((par_code >= 0) & (ops["input_dims_id"] >= 0))
@@ -332,8 +348,26 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     linked = op_of_kernel >= 0
     j[linked] = slot[op_of_kernel[linked]]
     ok = j >= 0
-    rows[ok], seq[ok], src[ok] = op_m[j[ok]], op_s[j[ok]], op_t[j[ok]]
-    return rows, seq, src, texts
+    rows[ok], seq[ok], src[ok], cols[ok] = op_m[j[ok]], op_s[j[ok]], op_t[j[ok]], op_n[j[ok]]
+    return rows, seq, src, texts, cols
+
+
+def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel: the output width N of a GEMM (-1 unknown) and whether it was estimated
+    from the launch. N comes from the CPU operator's weight when one is linked; otherwise
+    from the launch: the grid holds one block per output tile (tiles over N times tiles over
+    the token rows), so grid.x * grid.y * the output-side tile of the name is N when the
+    token rows fit one tile (decode, an LM head on the sampled rows) and a multiple of N
+    otherwise (checked on real traces: nvjet_tst_144x128 grid 140 = 20 x 7 tiles of
+    [888, 512] x [512, 2880]; cutlass 256x128 grid 16 x 15 = 120 x 2 tiles of BERT's
+    [141, 512] x [512, 30522]). Persistent kernels launch one block per SM instead; their
+    estimate is the SM count times the tile and stays far below a vocabulary."""
+    k = trace.kernels
+    out = cols.copy()
+    gemm = ((kc.role == ROLE_GEMM) | (kc.role == ROLE_GEMV)) & (out < 0) & (kc.tile_out > 0) \
+        & (k["grid_x"] > 0) & (k["grid_y"] > 0)
+    out[gemm] = k["grid_x"][gemm].astype(np.int64) * k["grid_y"][gemm] * kc.tile_out[gemm]
+    return out, gemm
 
 
 def _training_launched(trace: Trace, launch: np.ndarray) -> np.ndarray:
@@ -362,6 +396,7 @@ class _Vote:
     text: str
     cls: str
     sig: int = -1        # signature that carried the vote (per-kernel evidence), -1 none
+    value: int = 0       # a count the vote carries (sequences, one-token slots)
 
 
 def _grid_text(k: np.ndarray, i: int) -> str:
@@ -379,7 +414,8 @@ class _StepFacts:
     """
 
     def __init__(self, trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, n_steps: int,
-                 rows: np.ndarray, seq: np.ndarray, training_launch: np.ndarray):
+                 rows: np.ndarray, seq: np.ndarray, training_launch: np.ndarray, width: np.ndarray | None = None,
+                 width_estimated: np.ndarray | None = None):
         k = trace.kernels
         self.n = n_steps
         in_step = kernel_step >= 0
@@ -409,11 +445,46 @@ class _StepFacts:
         self.role_count = {r: np.bincount(st[role == r], minlength=n_steps) for r in
                            (ROLE_ATTENTION, ROLE_ATTENTION_AUX, ROLE_PER_TOKEN, ROLE_GEMM, ROLE_GEMV,
                             ROLE_TRAINING, ROLE_NON_LLM)}
-        tile = kc.tile_min[in_step]
+        # Token-side tile of the GEMM names (the second side: PyTorch's transposed cuBLAS call
+        # puts the output features first).
+        tile = kc.tile_tok[in_step]
         gemm = role == ROLE_GEMM
         self.small_tile = np.bincount(st[gemm & (tile > 0) & (tile <= SMALL_TILE)], minlength=n_steps)
         self.large_tile = np.bincount(st[gemm & (tile >= LARGE_TILE)], minlength=n_steps)
         self.tiled = np.bincount(st[gemm & (tile > 0)], minlength=n_steps)
+        # Attention causality (decoder evidence) and query-block launches.
+        causal = kc.causal[in_step]
+        att = (role == ROLE_ATTENTION) | (role == ROLE_ATTENTION_AUX)
+        self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
+        self.split = np.bincount(st[role == ROLE_ATTENTION_AUX], minlength=n_steps)
+        qb = att & (kc.grid_rule[in_step] == 1) & (k["grid_x"][idx] > 0)          # GRID_QUERY_BLOCKS
+        gx_all = k["grid_x"][idx].astype(np.int64)
+        noncausal = qb & (causal == CAUSAL_NO) & ~kc.inference_only[in_step] & (gx_all > 1)
+        self.noncausal = np.bincount(st[noncausal], minlength=n_steps)
+        self.noncausal_example = self._example(st, noncausal, gx_all, idx, n_steps)
+        self.qb_example = self._example(st, qb & ~noncausal, gx_all, idx, n_steps)
+        self.qb_count = np.bincount(st[qb & ~noncausal], minlength=n_steps)
+        # LM head: the widest GEMM of the step, launched once, vocabulary-wide and at least
+        # twice as wide as every other GEMM of the step.
+        self.lm_head = np.full(n_steps, -1, dtype=np.int64)
+        self.lm_width = np.full(n_steps, -1, dtype=np.int64)
+        self.lm_estimated = np.zeros(n_steps, dtype=bool)
+        if width is not None:
+            w = width[in_step]
+            g = ((role == ROLE_GEMM) | (role == ROLE_GEMV)) & (w > 0)
+            wmax = np.full(n_steps, -1, dtype=np.int64)
+            np.maximum.at(wmax, st[g], w[g])
+            at = g & (w == wmax[st])
+            n_at = np.bincount(st[at], minlength=n_steps)
+            w2 = np.full(n_steps, -1, dtype=np.int64)
+            np.maximum.at(w2, st[g & ~at], w[g & ~at])
+            ok = (wmax >= VOCAB_MIN_COLS) & (n_at == 1) & (2 * w2 <= wmax)
+            ex = np.full(n_steps, -1, dtype=np.int64)
+            np.maximum.at(ex, st[at], idx[at])
+            self.lm_head = np.where(ok, ex, -1)
+            self.lm_width = np.where(ok, wmax, -1)
+            if width_estimated is not None:
+                self.lm_estimated = ok & width_estimated[np.maximum(ex, 0)]
         self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
         self.inference_only = np.bincount(st[kc.inference_only[in_step]], minlength=n_steps)
         # GEMM rows from CPU ops.
@@ -422,6 +493,16 @@ class _StepFacts:
         self.max_rows, self.rows_example = self._max_and_example(st, r, idx, n_steps)
         self.max_seq, self.seq_example = self._max_and_example(st, s, idx, n_steps)
         self.seq_known = np.bincount(st[s >= 0], minlength=n_steps)
+
+    @staticmethod
+    def _example(st: np.ndarray, sel: np.ndarray, gx: np.ndarray, idx: np.ndarray, n_steps: int) -> np.ndarray:
+        """Per step: among the selected kernels, the latest one with the largest grid.x (-1 none)."""
+        best = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(best, st[sel], gx[sel])
+        at = sel & (gx == best[st])
+        ex = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(ex, st[at], idx[at])
+        return ex
 
     @staticmethod
     def _max_and_example(st: np.ndarray, v: np.ndarray, idx: np.ndarray, n_steps: int):
@@ -450,7 +531,13 @@ class _StepFacts:
                  np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
-                  self.max_rows, self.max_seq, self.seq_known > 0,
+                  self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
+                  self.noncausal, self.qb_count, self.lm_width, self.lm_estimated]
+        for ex in (self.noncausal_example, self.qb_example, self.lm_head):
+            exc = np.maximum(ex, 0)
+            cols1 += [np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
+                      np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
+        cols1 += [
                   self._text_key(k, rows_at, self.rows_example), self._text_key(k, rows_at, self.seq_example)]
         mat = np.concatenate([p.astype(np.int64) for p in parts] + [np.stack(cols1, axis=1).astype(np.int64)],
                              axis=1)
@@ -467,7 +554,8 @@ class _StepFacts:
 
 
 def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src: tuple) -> list[_Vote]:
-    """Votes of step ``j``: attention, tokens, GEMM, training, non-LLM."""
+    """Votes of step ``j``: attention, tokens, GEMM, training, non-LLM, and the decoder-LLM
+    evidence that prefill/decode/mixed labels need (class "llm", phase unknown)."""
     k = trace.kernels
     votes: list[_Vote] = []
     sigs: list[Signature] = kc.signatures
@@ -478,22 +566,51 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         n = int(f.sig_count[j, s_i])
         ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else s.label
-        if s.role in ("attention", "attention_aux"):
-            gx_max = int(k["grid_x"][ex]) if ex >= 0 else -1
-            if s.grid_rule == "query_blocks" and gx_max > 0:
-                if gx_max > 1:
-                    att_votes.append(_Vote(PREFILL, STRONG, f"{name} grid {_grid_text(k, ex)}: {gx_max} query blocks "
-                                           f"per sequence => prefill", "attention", s_i))
-                elif s.phase in ("decode", "neutral"):
-                    att_votes.append(_Vote(DECODE, WEAK, f"{name} grid {_grid_text(k, ex)}: one query block "
-                                           f"(x{n}) => decode-like", "attention", s_i))
-                else:
-                    att_votes.append(_Vote(UNKNOWN, 0, f"{name} grid {_grid_text(k, ex)}: one query block: short "
-                                           f"query, prefill or decode", "attention", s_i))
-            elif s.phase in ("prefill", "decode", "mixed"):
-                ph = {"prefill": PREFILL, "decode": DECODE, "mixed": MIXED}[s.phase]
-                att_votes.append(_Vote(ph, {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}[s.strength],
-                                       f"{name} x{n}: {s.label} => {s.phase}", "attention", s_i))
+        if s.role in ("attention", "attention_aux") and s.grid_rule != "query_blocks" \
+                and s.phase in ("prefill", "decode", "mixed"):
+            ph = {"prefill": PREFILL, "decode": DECODE, "mixed": MIXED}[s.phase]
+            att_votes.append(_Vote(ph, {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}[s.strength],
+                                   f"{name} x{n}: {s.label} => {s.phase}", "attention", s_i))
+    # Query-block attention (grid.x = ceil(query tokens / kBlockM)): the widest launch that
+    # is not known to be non-causal.
+    seqs = -1
+    ex = int(f.qb_example[j])
+    if ex >= 0:
+        s_i = int(kc.sig[ex])
+        s = sigs[s_i]
+        n = int(f.sig_count[j, s_i])
+        name = short_name(trace.names[int(k["name_id"][ex])])
+        gx_max = int(k["grid_x"][ex])
+        if gx_max > 1:
+            att_votes.append(_Vote(PREFILL, STRONG, f"{name} grid {_grid_text(k, ex)}: {gx_max} query blocks "
+                                   f"per sequence => prefill", "attention", s_i))
+        elif s.phase in ("decode", "neutral"):
+            att_votes.append(_Vote(DECODE, WEAK, f"{name} grid {_grid_text(k, ex)}: one query block "
+                                   f"(x{n}) => decode-like", "attention", s_i))
+        else:
+            att_votes.append(_Vote(UNKNOWN, 0, f"{name} grid {_grid_text(k, ex)}: one query block: short "
+                                   f"query, prefill or decode", "attention", s_i))
+        if s.seqs_axis == "y" and not f.split[j] and k["grid_y"][ex] > 0:
+            seqs = int(k["grid_y"][ex])
+    nc = int(f.noncausal_example[j])
+    if nc >= 0:
+        s_i = int(kc.sig[nc])
+        name = short_name(trace.names[int(k["name_id"][nc])])
+        votes.append(_Vote(OTHER, MEDIUM, f"{name} grid {_grid_text(k, nc)} x{int(f.noncausal[j])}: non-causal "
+                           f"self-attention over {int(k['grid_x'][nc])} query blocks (Is_causal false) => other "
+                           f"(encoder or vision transformer, not a decoder LLM)", "noncausal", s_i))
+    # Decoder-LLM evidence.
+    if f.causal[j]:
+        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder LLM)", "llm"))
+    if f.inference_only[j]:
+        kinds = sorted({sigs[s].label for s in present.tolist() if sigs[s].inference_only})
+        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.inference_only[j])} serving-engine kernels "
+                           f"({', '.join(kinds[:3])}) (decoder LLM)", "llm"))
+    if f.lm_head[j] >= 0:
+        lm = int(f.lm_head[j])
+        how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
+        votes.append(_Vote(UNKNOWN, WEAK, f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}: "
+                           f"LM head, {int(f.lm_width[j])} output columns ({how}) (decoder LLM)", "llm"))
     # Attention class: prefill and decode attention kernels side by side => mixed.
     p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
     d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
@@ -508,11 +625,30 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     # Tokens: grid.x of per-token kernels (strong ones preferred).
     tok = _tokens(j, f, kc, trace)
     if tok is not None:
-        t, text = tok
+        t, text, rank = tok
         if t == 1:
             votes.append(_Vote(DECODE, MEDIUM, f"{text}: one token in the step => decode", "tokens"))
+        elif rank == STRONG and seqs > 1 and t == seqs:
+            votes.append(_Vote(DECODE, STRONG, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): one "
+                               f"new token per sequence => decode", "tokens"))
+        elif rank == STRONG and 0 < seqs < t:
+            votes.append(_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): "
+                               f"several new tokens per sequence => prefill", "tokens"))
         else:
             votes.append(_Vote(UNKNOWN, 0, f"{text}: {t} tokens in the step", "tokens"))
+        if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].phase == "prefill":
+            # One varlen launch over B sequences and T tokens whose longest query is at most
+            # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
+            # other B - p_min may be one-token decodes (decided against the previous step).
+            bm = int(kc.block_m[ex]) if kc.block_m[ex] > 0 else 128
+            q_max = int(k["grid_x"][ex]) * bm
+            p_min = -(-(t - seqs) // max(q_max - 1, 1))
+            if p_min < seqs:
+                votes.append(_Vote(UNKNOWN, 0, f"{t} tokens over {seqs} sequences, longest query <= {q_max}: "
+                                   f"{seqs - p_min} of them may be one-token decodes", "mixed_slots",
+                                   value=seqs - p_min))
+    if seqs > 0:
+        votes.append(_Vote(UNKNOWN, 0, f"{seqs} sequences in the attention launch", "seqs", value=seqs))
     # GEMM: GEMV share, rows from CPU ops, tile sizes.
     n_gemv = int(f.role_count[ROLE_GEMV][j])
     n_gemm = int(f.role_count[ROLE_GEMM][j])
@@ -565,14 +701,14 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
                            f"optimizer CPU ops => other (not inference)", "training"))
     # Convolutions without any transformer-layer kernel.
     n_other = int(f.role_count[ROLE_NON_LLM][j])
-    if n_other and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_PER_TOKEN][j]):
+    if n_other:
         kinds = [s for s in present.tolist() if sigs[s].role == "non_llm"]
         s_i = max(kinds, key=lambda s: f.sig_count[j, s])
         ex = int(f.max_example[j, s_i])
         name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
         labels = " / ".join(sigs[s].label for s in kinds)
-        votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) and no attention or "
-                           f"KV-cache kernel => other (not LLM inference)", "non_llm", s_i))
+        votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
+                           f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
     return votes
 
 
@@ -584,8 +720,9 @@ def _rows_text(kernel_index: int, src: np.ndarray, texts: list[str], trace: Trac
     return f"{short_name(trace.names[int(trace.kernels['name_id'][kernel_index])])} (CPU op dims)"
 
 
-def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int, str] | None:
-    """Tokens in step j from per-token kernels (grid.x), strongest family first."""
+def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int, str, int] | None:
+    """Tokens in step j from per-token kernels (grid.x), strongest family first: (tokens,
+    evidence text, strength of the family)."""
     best = None
     for s_i in np.flatnonzero(f.sig_count[j]).tolist():
         s = kc.signatures[s_i]
@@ -601,7 +738,7 @@ def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int
                 else f"{name} grid.x {gmin}..{gmax}")
         if best is None or rank > best[0]:
             best = (rank, gmax, text)
-    return (best[1], best[2]) if best else None
+    return (best[1], best[2], best[0]) if best else None
 
 
 def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list[_Vote], str | None]:
@@ -609,6 +746,13 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
 
     ``training_context``: set when the step's device runs a training loop elsewhere in the
     trace and the step holds no inference-only kernel; the step is then "other".
+
+    Prefill, decode and mixed need evidence of a decoder LLM (class "llm"): strong (causal
+    attention, a serving-engine kernel: KV-cache write, paged/decode attention, sampler) or
+    weak (an LM-head-wide GEMM, an argmax), the weak kind only when no non-causal
+    self-attention runs in the step (an encoder's MLM head is vocabulary-wide too). Without
+    it a step with non-causal self-attention or convolution/pooling is "other", anything
+    else "unknown".
     """
     other = [v for v in votes if v.phase == OTHER and v.strength >= STRONG]
     if other:
@@ -616,6 +760,17 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
     inf = [v for v in votes if v.phase in (PREFILL, DECODE, MIXED)]
     if training_context:
         return OTHER, [_Vote(OTHER, MEDIUM, training_context, "training")], None
+    llm = [v for v in votes if v.cls == "llm"]
+    noncausal = [v for v in votes if v.cls == "noncausal"]
+    non_llm = noncausal + [v for v in votes if v.phase == OTHER and v.cls != "noncausal"]
+    if not any(v.strength >= STRONG for v in llm) and (noncausal or not llm):
+        if non_llm:
+            return OTHER, non_llm, None
+        if inf:
+            best = max(inf, key=lambda v: v.strength)
+            return UNKNOWN, [], (f"no decoder-LLM evidence (causal attention, KV-cache write, paged KV attention, "
+                                 f"sampler, LM head) for {best.text} => unknown")
+        return UNKNOWN, [], None
     firm = [v for v in inf if v.strength >= MEDIUM]
     mixed = [v for v in firm if v.phase == MIXED]
     if mixed:
@@ -633,9 +788,6 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
     if len(wdirs) == 1 and len({v.cls for v in weak}) >= 2:
         ph = wdirs.pop()
         return ph, weak, None
-    non_llm = [v for v in votes if v.phase == OTHER]
-    if non_llm:
-        return OTHER, non_llm, None
     return UNKNOWN, [], None
 
 
@@ -786,9 +938,10 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         st.index = i
 
     # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
-    rows, seq, rows_at, rows_texts = _gemm_rows(trace)
+    rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
+    width, width_est = _gemm_width(trace, kc, cols)
     trained = _training_launched(trace, launch)
-    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained)
+    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained, width, width_est)
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
     decisive_sig = np.full(len(steps), -1, dtype=np.int32)
@@ -848,6 +1001,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
             st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
         elif st.phase == DECODE:
             st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
+    _mixed_by_continuity(steps, [group_votes[g] for g in group.tolist()])
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
@@ -870,6 +1024,39 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         kernel_evidence[own] = first_code + inv.reshape(-1)
     return PhaseMap(steps=steps, kernel_phase=kernel_phase, kernel_step=kernel_step,
                     kernel_evidence=kernel_evidence.astype(np.int32), evidence_names=evidence_names)
+
+
+def _vote_value(votes: list[_Vote], cls: str) -> int:
+    return next((v.value for v in votes if v.cls == cls), 0)
+
+
+def _mixed_by_continuity(steps: list[Step], votes_of_step: list[list[_Vote]]) -> None:
+    """Relabel kernel-decided prefill steps as mixed where a continuous-batching engine ran
+    decodes in the same varlen launch (in place; ``steps`` in time order).
+
+    A single varlen attention launch over B sequences and T tokens, whose longest query is at
+    most grid.x * kBlockM, needs at least p_min long sequences for the T - B extra tokens;
+    the other B - p_min can be one-token decodes ("mixed_slots"). They are taken to be
+    decodes when the previous step on the device was LLM inference (prefill, decode or
+    mixed) that ended less than GAP_MIN_NS before (the engine kept running): its requests go
+    on decoding. A pure prefill batch
+    after an idle engine stays prefill; one scheduled right after a decode step (engines
+    that do not mix) would be called mixed: a stated limit.
+    """
+    last: dict[int, Step] = {}
+    for st, votes in zip(steps, votes_of_step):
+        seqs = _vote_value(votes, "seqs")
+        prev = last.get(st.device)
+        slots = _vote_value(votes, "mixed_slots")
+        if st.source == "kernels" and st.phase == PREFILL and slots > 0 and prev is not None:
+            p = prev
+            if p.phase in (PREFILL, DECODE, MIXED) and st.start_ns - p.end_ns < GAP_MIN_NS:
+                st.phase = MIXED
+                st.evidence.insert(0, f"{st.evidence[0].rstrip(' => prefill').rstrip()}, and up to {slots} of its "
+                                      f"{seqs} sequences continue the previous step's batch (step {p.index}, "
+                                      f"{PHASE_NAMES[p.phase]}) as one-token decodes => mixed")
+                st.prefill_tokens = st.decode_tokens = None
+        last[st.device] = st
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:

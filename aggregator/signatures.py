@@ -60,8 +60,12 @@ _TILE_PATTERNS = [re.compile(p) for p in (
     r"gemm\w*?_(\d+)x(\d+)_\d+x\d+_(?:tn|nt|nn|tt)",
     r"gemm_(\d+)x(\d+)_",
 )]
-SMALL_TILE = 16     # min(tile M, tile N) <= 16: built for a handful of token rows
-LARGE_TILE = 64     # min(tile M, tile N) >= 64: built for many rows
+SMALL_TILE = 16     # token-side tile <= 16: built for a handful of token rows
+LARGE_TILE = 128    # token-side tile >= 128: built for many rows
+
+# Causality of a fused attention kernel, parsed from its name (int8 per kernel).
+CAUSAL_UNKNOWN, CAUSAL_NO, CAUSAL_YES, CAUSAL_LOCAL = -1, 0, 1, 2
+_TRAITS_BLOCK_M = re.compile(r"Flash_fwd_kernel_traits<\s*\d+\s*,\s*(\d+)\s*,")
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,10 @@ class Signature:
     grid_rule: str = ""
     step_end: bool = False
     inference_only: bool = False
+    causal_bool: int = -1       # position of Is_causal among the boolean template arguments (-1: none)
+    local_bool: int = -1        # position of Is_local among them (-1: none)
+    causal_pattern: str = ""    # regex: the name spells a causal mask (e.g. "causal" in aiter kernel names)
+    seqs_axis: str = ""         # "y": grid.y = sequences of an unsplit launch
 
 
 @dataclass
@@ -86,8 +94,12 @@ class KernelClasses:
 
     ``sig``: index into ``signatures`` (-1 = none); ``role``/``hint``/``strength``/``grid_rule``:
     the codes above; ``tile_min``: min(tile M, tile N) parsed from GEMM names (-1 unknown);
-    ``step_end``: sampling-type kernel that closes a step; ``inference_only``: a kernel only
-    serving engines launch.
+    ``tile_out``/``tile_tok``: the two tile sides of a GEMM name (-1 unknown): the first
+    covers the output features (cuBLAS M of PyTorch's transposed call), the second the
+    token rows; ``step_end``: sampling-type kernel that closes a step; ``inference_only``: a
+    kernel only serving engines launch; ``causal``: CAUSAL_* code of an attention kernel
+    (from its template arguments or name); ``block_m``: query rows per block of a
+    FlashAttention kernel (kBlockM of its Flash_fwd_kernel_traits, -1 unknown).
     """
     signatures: list[Signature]
     sig: np.ndarray
@@ -98,6 +110,52 @@ class KernelClasses:
     tile_min: np.ndarray
     step_end: np.ndarray
     inference_only: np.ndarray
+    tile_out: np.ndarray
+    tile_tok: np.ndarray
+    causal: np.ndarray
+    block_m: np.ndarray
+
+
+def template_bools(name: str) -> list[bool]:
+    """The boolean template arguments (``true``/``false``) at the top level of the first
+    template argument list of a demangled kernel name, in order (nested lists skipped)."""
+    i = name.find("<")
+    if i < 0:
+        return []
+    depth, start, out = 0, i + 1, []
+    for j in range(i, len(name)):
+        ch = name[j]
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                start = j + 1
+        elif ch in ",>":
+            if depth == 1:
+                arg = name[start:j].strip()
+                if arg in ("true", "false"):
+                    out.append(arg == "true")
+                start = j + 1
+            if ch == ">":
+                depth -= 1
+                if depth == 0:
+                    break
+    return out
+
+
+def parse_causal(name: str, sig: Signature) -> int:
+    """CAUSAL_* code of a kernel of signature ``sig`` from its name."""
+    if sig.causal_pattern and re.search(sig.causal_pattern, name):
+        return CAUSAL_YES
+    if sig.causal_bool < 0:
+        return CAUSAL_UNKNOWN
+    bools = template_bools(name)
+    if len(bools) <= max(sig.causal_bool, sig.local_bool):
+        return CAUSAL_UNKNOWN
+    if bools[sig.causal_bool]:
+        return CAUSAL_YES
+    if sig.local_bool >= 0 and bools[sig.local_bool]:
+        return CAUSAL_LOCAL        # sliding window: decoders use it (window right = 0), so not "non-causal"
+    return CAUSAL_NO
 
 
 def parse_tile(name: str) -> tuple[int, int] | None:
@@ -134,16 +192,24 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
             raise InputError(f"{where}: unknown grid_rule {entry['grid_rule']!r}")
         if entry["id"] in seen_ids:
             raise InputError(f"{where}: duplicate id")
-        try:
-            re.compile(entry["pattern"])
-        except re.error as e:
-            raise InputError(f"{where}: bad pattern: {e}") from None
+        for key in ("pattern", "causal_pattern"):
+            try:
+                re.compile(entry.get(key, ""))
+            except re.error as e:
+                raise InputError(f"{where}: bad {key}: {e}") from None
+        if entry.get("seqs_axis", "") not in ("", "y"):
+            raise InputError(f"{where}: unknown seqs_axis {entry['seqs_axis']!r}")
+        for key in ("causal_bool", "local_bool"):
+            if not isinstance(entry.get(key, -1), int):
+                raise InputError(f"{where}: '{key}' must be an integer")
         seen_ids.add(entry["id"])
         out.append(Signature(id=entry["id"], pattern=entry["pattern"], role=entry["role"], phase=entry["phase"],
                              strength=entry["strength"], label=entry["label"], source=entry["source"],
                              seen=entry.get("seen", ""), grid_rule=entry.get("grid_rule", ""),
                              step_end=bool(entry.get("step_end", False)),
-                             inference_only=bool(entry.get("inference_only", False))))
+                             inference_only=bool(entry.get("inference_only", False)),
+                             causal_bool=int(entry.get("causal_bool", -1)), local_bool=int(entry.get("local_bool", -1)),
+                             causal_pattern=entry.get("causal_pattern", ""), seqs_axis=entry.get("seqs_axis", "")))
     if not out:
         raise InputError(f"{p}: no [[signature]] entries")
     return out
@@ -204,17 +270,32 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
     end_of = np.array([s.step_end for s in sigs] + [False], dtype=bool)
     inf_of = np.array([s.inference_only for s in sigs] + [False], dtype=bool)
     # Tiles: parsed once per distinct GEMM name.
-    uniq_tile = np.full(len(uniq), -1, dtype=np.int32)
+    uniq_tile = np.full((len(uniq), 2), -1, dtype=np.int32)
     for j in np.flatnonzero((uniq_sig >= 0) & (grid_of[uniq_sig] == GRID_TILE)):
         t = parse_tile(trace.names[int(uniq[j])])
         if t is not None:
-            uniq_tile[j] = min(t)
+            uniq_tile[j] = t
+    # Causality and query block of attention kernels: once per distinct name.
+    uniq_causal = np.full(len(uniq), CAUSAL_UNKNOWN, dtype=np.int8)
+    uniq_block_m = np.full(len(uniq), -1, dtype=np.int32)
+    att = np.array([s.role in ("attention", "attention_aux") for s in sigs] + [False], dtype=bool)
+    for j in np.flatnonzero((uniq_sig >= 0) & att[np.where(uniq_sig >= 0, uniq_sig, len(sigs))]):
+        name = trace.names[int(uniq[j])]
+        uniq_causal[j] = parse_causal(name, sigs[int(uniq_sig[j])])
+        m = _TRAITS_BLOCK_M.search(name)
+        if m:
+            uniq_block_m[j] = int(m.group(1))
     sig = uniq_sig[inverse] if n else np.empty(0, dtype=np.int32)
     look = np.where(sig >= 0, sig, len(sigs))
+    tiles = uniq_tile[inverse] if n else np.empty((0, 2), dtype=np.int32)
+    tile_min = np.where(tiles.min(axis=1) > 0, tiles.min(axis=1), -1).astype(np.int32) if n else \
+        np.empty(0, dtype=np.int32)
     return KernelClasses(signatures=sigs, sig=sig.astype(np.int32), role=role_of[look], hint=hint_of[look],
-                         strength=strength_of[look], grid_rule=grid_of[look],
-                         tile_min=uniq_tile[inverse] if n else np.empty(0, dtype=np.int32), step_end=end_of[look],
-                         inference_only=inf_of[look])
+                         strength=strength_of[look], grid_rule=grid_of[look], tile_min=tile_min,
+                         step_end=end_of[look], inference_only=inf_of[look],
+                         tile_out=np.ascontiguousarray(tiles[:, 0]), tile_tok=np.ascontiguousarray(tiles[:, 1]),
+                         causal=uniq_causal[inverse] if n else np.empty(0, dtype=np.int8),
+                         block_m=uniq_block_m[inverse] if n else np.empty(0, dtype=np.int32))
 
 
 @lru_cache(maxsize=4096)

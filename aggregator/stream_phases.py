@@ -29,7 +29,7 @@ pieces unless the caller carries the last step of each device into the next batc
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -104,8 +104,7 @@ class StreamPhaser:
             k["name_id"][n_names] = -1
             kc = classify_kernels(Trace(kernels=k, names=self.names))
             self._signatures = kc.signatures
-            self._cls = {f: getattr(kc, f) for f in ("sig", "role", "hint", "strength", "grid_rule", "tile_min",
-                                                     "step_end", "inference_only")}
+            self._cls = {f.name: getattr(kc, f.name) for f in fields(KernelClasses) if f.name != "signatures"}
             self._cls_n = n_names + 1
         nid = np.asarray(name_ids, dtype=np.int64)
         look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)

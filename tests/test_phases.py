@@ -49,6 +49,12 @@ POOL = ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, fl
         "long, int, int, int, int, int, int, int, int, int, int, float*, long*)")
 
 
+def lm_head(b: "TraceBuilder", t: float, rows: int, vocab: int = 151936, ext: int = 990) -> None:
+    """A decoder's LM head (decoder-LLM evidence): aten::mm [rows, 1024] x [1024, vocab], once."""
+    b.op("aten::mm", t, t + 8, ext=ext, dims=[[rows, 1024], [1024, vocab]])
+    b.kernel(GEMM_SMALL if rows <= 16 else GEMM_LARGE, t + 1, ext=ext)
+
+
 class TraceBuilder:
     """Accumulates literal events; ``build()`` returns a sorted :class:`Trace`."""
 
@@ -326,6 +332,7 @@ def test_gemv_majority_is_decode_but_a_single_lm_head_gemv_is_not():
     b = TraceBuilder()
     for i in range(4):
         b.kernel(GEMVX, 10 * i, grid=(256, 1, 1))
+    b.kernel(STORE_KVCACHE, 50, grid=(4, 1, 1))       # decoder-LLM evidence: a KV-cache write
     st = only_step(map_phases(b.build()))
     assert st.phase == DECODE and st.evidence[0] == "gemvx::kernel GEMV: 4 of 4 GEMMs are matrix-vector => decode"
     b = TraceBuilder()
@@ -345,6 +352,7 @@ def test_gemm_rows_from_cpu_op_input_dims():
             b.op("aten::linear", t, t + 9, ext=-1, dims=[[16, seq, 1024], [1024, 1024], []])
             b.op("aten::mm", t + 1, t + 8, ext=50 + i, dims=[[16 * seq, 1024], [1024, 1024]])
             b.kernel(GEMM_LARGE if seq > 1 else GEMM_SMALL, t + 2, ext=50 + i)
+        lm_head(b, 40, 16)
         st = only_step(map_phases(b.build()))
         assert st.phase == phase, st.evidence
         word = f"{seq} tokens per sequence => prefill" if seq > 1 else "one new token per sequence => decode"
@@ -357,6 +365,7 @@ def test_small_tile_gemm_and_small_rows_weak_votes_agree_to_decode():
     for i in range(3):
         b.op("aten::mm", 10 * i, 10 * i + 8, ext=70 + i, dims=[[3, 1024], [1024, 6144]])
         b.kernel(GEMM_SMALL, 10 * i + 1, ext=70 + i)
+    lm_head(b, 40, 3)
     st = only_step(map_phases(b.build()))
     assert st.phase == DECODE
     assert "aten::mm [3, 1024]: at most 3 GEMM rows (tokens) => decode-leaning" in st.evidence
@@ -507,7 +516,7 @@ def test_cuda_graph_relaunch_splits_steps():
         b.launch(corr, t, category=API_GRAPH_LAUNCH, name="cudaGraphLaunch")
         for i in range(5):
             b.kernel([STORE_KVCACHE, GEMVX, SPLITKV, GEMVX, ELEMENTWISE][i], t + 2 * i, grid=(1, 2, 16) if i == 2
-                     else (4, 1, 1), corr=corr, graph=77)
+                     else (2, 1, 1), corr=corr, graph=77)
         t += 30
     pm = map_phases(b.build())
     assert kernel_steps(pm) == [(DECODE, 5)] * 3
@@ -581,6 +590,7 @@ def test_gemm_rows_parent_on_another_thread_gives_no_tokens_per_sequence():
         b.op("aten::linear", t, t + 9, dims=[[16, 559, 1024], [1024, 1024], []], tid=200)
         b.op("aten::mm", t + 1, t + 8, ext=50 + i, dims=[[16 * 559, 1024], [1024, 1024]])
         b.kernel(GEMM_LARGE, t + 2, ext=50 + i)
+    lm_head(b, 40, 16)
     st = only_step(map_phases(b.build()))
     assert st.evidence[0] == "aten::mm [8944, 1024]: 8944 GEMM rows (tokens) => prefill-leaning"
     assert "tokens per sequence" not in " ".join(st.evidence)

@@ -53,7 +53,7 @@ REAL_NAMES = [
     ("cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1", "convolution"),
     ("sm80_xmma_fprop_implicit_gemm_indexed_tf32f32_tf32f32_f32_nhwckrsc_nchw_tilesize128x128x16_stage4", "convolution"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
-     "unsigned int, long, 4> >(x)", "sampling"),
+     "unsigned int, long, 4> >(x)", "argmax"),
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
     # Not claimed: generic PyTorch kernels and fbgemm embedding kernels.
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >(x)", None),
