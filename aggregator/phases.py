@@ -50,6 +50,9 @@ class Step:
     ``prefill_tokens``/``decode_tokens``: tokens of each kind in the step when known (a
     mixed step from an annotation carries both), else None. ``evidence``: human-readable
     strings, the deciding one first. ``source``: "annotation" or "kernels".
+    ``mixed_slots``: for a step decided from kernels, how many sequences of its single varlen
+    prefill-attention launch can be one-token decodes (0: none); such a step is mixed when
+    it continues a running batch (:func:`mixed_by_continuity`).
     """
     index: int
     start_ns: int
@@ -61,6 +64,7 @@ class Step:
     evidence: list[str] = field(default_factory=list)
     source: str = "kernels"
     kernels: int = 0
+    mixed_slots: int = 0
 
     @property
     def phase_name(self) -> str:
@@ -1001,7 +1005,10 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
             st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
         elif st.phase == DECODE:
             st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
-    _mixed_by_continuity(steps, [group_votes[g] for g in group.tolist()])
+    for st, g in zip(steps, group.tolist()):
+        if st.source == "kernels":
+            st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
+    mixed_by_continuity(steps)
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
@@ -1030,33 +1037,43 @@ def _vote_value(votes: list[_Vote], cls: str) -> int:
     return next((v.value for v in votes if v.cls == cls), 0)
 
 
-def _mixed_by_continuity(steps: list[Step], votes_of_step: list[list[_Vote]]) -> None:
+def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
     """Relabel kernel-decided prefill steps as mixed where a continuous-batching engine ran
-    decodes in the same varlen launch (in place; ``steps`` in time order).
+    decodes in the same varlen launch (in place; ``steps`` in time order per device; each
+    has ``device``, ``start_ns``, ``end_ns``, ``phase``, ``mixed_slots``, ``evidence``).
+    Returns the positions relabelled.
 
     A single varlen attention launch over B sequences and T tokens, whose longest query is at
     most grid.x * kBlockM, needs at least p_min long sequences for the T - B extra tokens;
-    the other B - p_min can be one-token decodes ("mixed_slots"). They are taken to be
+    the other B - p_min can be one-token decodes (``mixed_slots``). They are taken to be
     decodes when the previous step on the device was LLM inference (prefill, decode or
-    mixed) that ended less than GAP_MIN_NS before (the engine kept running): its requests go
-    on decoding. A pure prefill batch
-    after an idle engine stays prefill; one scheduled right after a decode step (engines
-    that do not mix) would be called mixed: a stated limit.
+    mixed) that ended less than GAP_MIN_NS before: the engine kept running and its requests
+    go on decoding. A pure prefill batch after an idle engine stays prefill; one scheduled
+    right after a decode step by an engine that does not mix would be called mixed (a stated
+    limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before ``steps``
+    (streaming); updated in place.
     """
-    last: dict[int, Step] = {}
-    for st, votes in zip(steps, votes_of_step):
-        seqs = _vote_value(votes, "seqs")
-        prev = last.get(st.device)
-        slots = _vote_value(votes, "mixed_slots")
-        if st.source == "kernels" and st.phase == PREFILL and slots > 0 and prev is not None:
-            p = prev
-            if p.phase in (PREFILL, DECODE, MIXED) and st.start_ns - p.end_ns < GAP_MIN_NS:
-                st.phase = MIXED
-                st.evidence.insert(0, f"{st.evidence[0].rstrip(' => prefill').rstrip()}, and up to {slots} of its "
-                                      f"{seqs} sequences continue the previous step's batch (step {p.index}, "
-                                      f"{PHASE_NAMES[p.phase]}) as one-token decodes => mixed")
+    last = previous if previous is not None else {}
+    out = []
+    for i, st in enumerate(steps):
+        # The latest step of the device that started before this one (a batch tail mapped
+        # again in the next batch is dropped from the history and recorded anew).
+        hist = [h for h in last.get(st.device, []) if h[0] < st.start_ns]
+        prev = hist[-1] if hist else None
+        if st.phase == PREFILL and st.mixed_slots > 0 and prev is not None \
+                and prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
+            st.phase = MIXED
+            text = (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
+                    f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
+                    f"decodes => mixed")
+            if isinstance(st.evidence, list):
+                st.evidence.insert(0, text)
                 st.prefill_tokens = st.decode_tokens = None
-        last[st.device] = st
+            else:
+                st.evidence = f"mixed: {text}; {st.evidence}"
+            out.append(i)
+        last[st.device] = (hist + [(st.start_ns, st.end_ns, st.phase)])[-4:]
+    return out
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:

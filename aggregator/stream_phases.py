@@ -35,7 +35,7 @@ import numpy as np
 
 from ridgeline.probes.events import Trace
 
-from .phases import OTHER, PHASE_NAMES, UNKNOWN, map_phases
+from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels
 from .steps import segment_kernels
 
@@ -65,6 +65,7 @@ class StreamStep:
     prefill_tokens: int | None
     decode_tokens: int | None
     evidence: str
+    mixed_slots: int = 0
 
 
 @dataclass
@@ -75,6 +76,7 @@ class _Shape:
     step_phase: int
     evidence: str
     inference_only: bool = False      # holds a kernel only serving engines launch
+    mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
 
 
 class StreamPhaser:
@@ -90,6 +92,9 @@ class StreamPhaser:
         self._pw = np.ones(1, dtype=np.uint64)
         self.map_phases_calls = 0
         self.training_devices: set[int] = set()
+        # device -> the last few (start_ns, end_ns, phase) mapped: a prefill launch that
+        # continues a running batch is mixed (aggregator.phases.mixed_by_continuity).
+        self.previous_step: dict[int, list[tuple[int, int, int]]] = {}
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
@@ -200,10 +205,18 @@ class StreamPhaser:
                                       "kernels in this stream) and this step has no inference-only kernel")
                 continue
             steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
-                                  x.decode_tokens, x.evidence)
+                                  x.decode_tokens, x.evidence, x.mixed_slots)
         for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected)
             if steps[j] is None:
                 steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
+        # Steps in time order per device (segments are per device, in time order).
+        step_ids = sks[first]
+        for j in mixed_by_continuity(steps, self.previous_step):
+            steps[j].prefill_tokens = steps[j].decode_tokens = None
+            p = int(np.searchsorted(step_ids, j))
+            if p < len(step_ids) and step_ids[p] == j:
+                at = order[first[p]:first[p] + lens[p]]
+                phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
 
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
@@ -218,9 +231,10 @@ class StreamPhaser:
         # The step's phase: the phase holding most of its kernels.
         main = int(np.bincount(ph, minlength=5).argmax()) if len(ph) else UNKNOWN
         ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
+        slots = max((s.mixed_slots for s in pm.steps if s.phase == PREFILL), default=0)
         return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
                       f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
-                      inf_only)
+                      inf_only, slots)
 
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
