@@ -365,12 +365,16 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
     otherwise (checked on real traces: nvjet_tst_144x128 grid 140 = 20 x 7 tiles of
     [888, 512] x [512, 2880]; cutlass 256x128 grid 16 x 15 = 120 x 2 tiles of BERT's
     [141, 512] x [512, 30522]). Persistent kernels launch one block per SM instead; their
-    estimate is the SM count times the tile and stays far below a vocabulary."""
+    estimate is the SM count times the tile and stays far below a vocabulary. hipBLASLt
+    launches count work-items: divided by the block size first."""
     k = trace.kernels
     out = cols.copy()
     gemm = ((kc.role == ROLE_GEMM) | (kc.role == ROLE_GEMV)) & (out < 0) & (kc.tile_out > 0) \
         & (k["grid_x"] > 0) & (k["grid_y"] > 0)
-    out[gemm] = k["grid_x"][gemm].astype(np.int64) * k["grid_y"][gemm] * kc.tile_out[gemm]
+    blocks = k["grid_x"].astype(np.int64) * np.maximum(k["grid_y"], 1)
+    wi = kc.grid_in_work_items & (k["block_x"] > 0)
+    blocks = np.where(wi, blocks // np.maximum(k["block_x"].astype(np.int64) * np.maximum(k["block_y"], 1), 1), blocks)
+    out[gemm] = blocks[gemm] * kc.tile_out[gemm]
     return out, gemm
 
 
@@ -753,10 +757,10 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
 
     Prefill, decode and mixed need evidence of a decoder LLM (class "llm"): strong (causal
     attention, a serving-engine kernel: KV-cache write, paged/decode attention, sampler) or
-    weak (an LM-head-wide GEMM, an argmax), the weak kind only when no non-causal
-    self-attention runs in the step (an encoder's MLM head is vocabulary-wide too). Without
-    it a step with non-causal self-attention or convolution/pooling is "other", anything
-    else "unknown".
+    weak (an LM-head-wide GEMM), the weak kind only when the step shows no non-LLM evidence
+    (non-causal self-attention, convolution/pooling): an encoder's MLM head is vocabulary-wide
+    too, and a width estimated from a launch grid can be a wide GEMM over many rows. Without
+    it a step with non-LLM evidence is "other", anything else "unknown".
     """
     other = [v for v in votes if v.phase == OTHER and v.strength >= STRONG]
     if other:
@@ -767,7 +771,7 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
     llm = [v for v in votes if v.cls == "llm"]
     noncausal = [v for v in votes if v.cls == "noncausal"]
     non_llm = noncausal + [v for v in votes if v.phase == OTHER and v.cls != "noncausal"]
-    if not any(v.strength >= STRONG for v in llm) and (noncausal or not llm):
+    if not any(v.strength >= STRONG for v in llm) and (non_llm or not llm):
         if non_llm:
             return OTHER, non_llm, None
         if inf:

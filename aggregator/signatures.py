@@ -60,6 +60,12 @@ _TILE_PATTERNS = [re.compile(p) for p in (
     r"gemm\w*?_(\d+)x(\d+)_\d+x\d+_(?:tn|nt|nn|tt)",
     r"gemm_(\d+)x(\d+)_",
 )]
+# hipBLASLt/Tensile kernels (Cijk_..._MT<M>x<N>x<K>_...) are launched with
+# hipExtModuleLaunchKernel, whose size is the global work size in work-items: their Kineto
+# "grid" counts threads (MI300 BERT: Cijk MT16x16 grid [73728,1,1] with block [256,1,1] =
+# 288 workgroups), while Triton kernels on the same device report blocks (attn_fwd grid
+# [2,8,1]).
+_GRID_IN_WORK_ITEMS = re.compile(r"^Cijk_")
 SMALL_TILE = 16     # token-side tile <= 16: built for a handful of token rows
 LARGE_TILE = 128    # token-side tile >= 128: built for many rows
 
@@ -114,6 +120,7 @@ class KernelClasses:
     tile_tok: np.ndarray
     causal: np.ndarray
     block_m: np.ndarray
+    grid_in_work_items: np.ndarray
 
 
 def template_bools(name: str) -> list[bool]:
@@ -271,10 +278,12 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
     inf_of = np.array([s.inference_only for s in sigs] + [False], dtype=bool)
     # Tiles: parsed once per distinct GEMM name.
     uniq_tile = np.full((len(uniq), 2), -1, dtype=np.int32)
+    uniq_wi = np.zeros(len(uniq), dtype=bool)
     for j in np.flatnonzero((uniq_sig >= 0) & (grid_of[uniq_sig] == GRID_TILE)):
         t = parse_tile(trace.names[int(uniq[j])])
         if t is not None:
             uniq_tile[j] = t
+        uniq_wi[j] = bool(_GRID_IN_WORK_ITEMS.search(trace.names[int(uniq[j])]))
     # Causality and query block of attention kernels: once per distinct name.
     uniq_causal = np.full(len(uniq), CAUSAL_UNKNOWN, dtype=np.int8)
     uniq_block_m = np.full(len(uniq), -1, dtype=np.int32)
@@ -295,7 +304,8 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
                          step_end=end_of[look], inference_only=inf_of[look],
                          tile_out=np.ascontiguousarray(tiles[:, 0]), tile_tok=np.ascontiguousarray(tiles[:, 1]),
                          causal=uniq_causal[inverse] if n else np.empty(0, dtype=np.int8),
-                         block_m=uniq_block_m[inverse] if n else np.empty(0, dtype=np.int32))
+                         block_m=uniq_block_m[inverse] if n else np.empty(0, dtype=np.int32),
+                         grid_in_work_items=uniq_wi[inverse] if n else np.empty(0, dtype=bool))
 
 
 @lru_cache(maxsize=4096)

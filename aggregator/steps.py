@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.signatures import (GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses)
+from ridgeline.aggregator.signatures import GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses, short_name
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
 from ridgeline.probes.kineto import kernel_cpu_op_index
 
@@ -32,11 +32,65 @@ from ridgeline.probes.kineto import kernel_cpu_op_index
 # step has gaps up to 2.6 ms inside one step, median 76 us).
 GAP_MIN_NS = 5_000_000
 GAP_MEDIAN_FACTOR = 50
+# ... except inside a running layer pattern: a gap between two layer-marker launches that
+# are one usual layer apart is a host stall inside one forward (an eager model whose host
+# thread stalls), not a step boundary; only a stall this long is cut there anyway.
+GAP_INSIDE_LAYERS_NS = 200_000_000
 # Layer-pattern restart: an interval between two consecutive attention launches longer
 # than the usual per-layer interval by this many kernels (and by a quarter) holds the end
 # of one step and the start of the next (LM head, sampling, embedding).
 PATTERN_MIN_EXTRA = 2
 PATTERN_MIN_REPEATS = 3
+# Without attention kernels (an eager model whose attention is GEMM + softmax), the layer
+# marker is the kernel name that recurs most regularly: at least this share of the spacings
+# between its launches equal the most common spacing, which spans at least MARKER_MIN_SPAN
+# kernels.
+MARKER_MIN_REGULARITY = 0.75
+MARKER_MIN_SPAN = 3
+
+
+def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Positions of the per-layer marker kernel in one device's kernel sequence, the usual
+    number of kernels per layer and the marker's name id (-1: attention kernels).
+
+    Attention launches when they repeat regularly; otherwise the name whose launches are the
+    most regular (share of spacings equal to their mode >= MARKER_MIN_REGULARITY, mode >=
+    MARKER_MIN_SPAN; ties: more launches). Empty positions when nothing repeats. Linear:
+    one stable sort of the positions by name and one np.unique over (name, spacing).
+    """
+    m = len(name_ids)
+    att = np.flatnonzero(attention)
+    if len(att) > PATTERN_MIN_REPEATS:
+        vals, counts = np.unique(np.diff(att), return_counts=True)
+        if counts.max() >= PATTERN_MIN_REPEATS:
+            return att, int(vals[np.argmax(counts)]), -1
+    if m < 2 * (PATTERN_MIN_REPEATS + 1):
+        return np.empty(0, dtype=np.int64), 0, -1
+    order = np.argsort(name_ids, kind="stable")
+    nid = name_ids[order].astype(np.int64)
+    same = nid[1:] == nid[:-1]
+    d = np.diff(order)[same]
+    g = nid[1:][same]
+    if not len(d):
+        return np.empty(0, dtype=np.int64), 0, -1
+    keys, counts = np.unique(g * (m + 1) + d, return_counts=True)
+    kname, kspan = keys // (m + 1), keys % (m + 1)
+    names, first = np.unique(kname, return_index=True)
+    best_count = np.maximum.reduceat(counts, first)
+    n_spacings = np.add.reduceat(counts, first)
+    # The mode's span per name: the first key of the name holding the best count.
+    at_best = counts == np.repeat(best_count, np.diff(np.r_[first, len(keys)]))
+    span = np.full(len(names), -1, dtype=np.int64)
+    pos = np.searchsorted(names, kname[at_best])
+    np.maximum.at(span, pos, kspan[at_best])
+    ok = (best_count >= PATTERN_MIN_REPEATS) & (best_count >= MARKER_MIN_REGULARITY * n_spacings) \
+        & (span >= MARKER_MIN_SPAN) & (names >= 0)
+    if not ok.any():
+        return np.empty(0, dtype=np.int64), 0, -1
+    cand = np.flatnonzero(ok)
+    reg = best_count[cand] / n_spacings[cand]
+    pick = cand[np.lexsort((-n_spacings[cand], -reg))[0]]
+    return np.flatnonzero(name_ids == names[pick]), int(span[pick]), int(names[pick])
 
 
 @dataclass
@@ -223,14 +277,17 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     range each kernel fell in; a change of hint between consecutive kernels is a boundary.
     Boundaries, each recorded as the reason its step starts:
 
-    * idle gap >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR x median gap of the device);
+    * idle gap >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR x median gap of the device), except
+      inside a running layer pattern (the layer markers around the gap are one usual
+      layer apart) unless the gap reaches GAP_INSIDE_LAYERS_NS;
     * the grid.x of the KV-cache-write kernels (= tokens in the step) changes: cut at the
       largest idle gap between the two launches;
     * a sampling kernel (runs once at the end of a step) followed by more layer kernels:
       cut at the largest idle gap after it;
-    * the per-layer pattern restarts: an interval between consecutive attention launches
-      that holds clearly more kernels than the usual per-layer interval: cut at its
-      largest idle gap;
+    * the per-layer pattern restarts: an interval between consecutive layer markers
+      (attention launches, else the most regularly recurring kernel name: an eager model's
+      softmax) that holds clearly more kernels than the usual per-layer interval: cut at
+      its largest idle gap;
     * a CUDA graph launched again (same graph id seen earlier in the current step);
     * the hint changes.
     """
@@ -255,11 +312,22 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         cut = np.zeros(max(m - 1, 0), dtype=bool)
         reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
         if m > 1:
+            role = classes.role[idx]
+            layer_at, per_layer, marker_name = layer_marker(k["name_id"][idx], role == ROLE_ATTENTION)
+            limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
+            inside = np.zeros(m - 1, dtype=bool)
+            if len(layer_at) > PATTERN_MIN_REPEATS:
+                # Gap j (after kernel j) lies inside a layer interval when the markers around
+                # it are at most one usual layer apart.
+                nxt = np.searchsorted(layer_at, np.arange(m - 1) + 1, side="left")
+                ok = (nxt > 0) & (nxt < len(layer_at))
+                a = layer_at[np.maximum(nxt - 1, 0)]
+                b_ = layer_at[np.minimum(nxt, len(layer_at) - 1)]
+                inside = ok & (b_ - a <= limit)
             med = float(np.median(gaps))
             thr = max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * med)
-            at = np.flatnonzero(gaps >= thr)
+            at = np.flatnonzero((gaps >= thr) & (~inside | (gaps >= GAP_INSIDE_LAYERS_NS)))
             _mark(cut, reason, at, [f"GPU idle {g / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)" for g in gaps[at].tolist()])
-            role = classes.role[idx]
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).
             grid_x = k["grid_x"][idx]
@@ -273,6 +341,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                       [f"tokens per step change ({a} -> {b}, KV-cache write grid.x)"
                        for a, b in zip(gx[c].tolist(), gx[c + 1].tolist())])
             layer = np.flatnonzero((role == ROLE_ATTENTION) | (role == ROLE_PER_TOKEN))
+            if not len(layer) and marker_name >= 0:
+                layer = layer_at
             # Sampling closes a step when layer kernels follow it.
             ends = np.flatnonzero(classes.step_end[idx])
             if len(ends) and len(layer):
@@ -282,17 +352,13 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 _mark(cut, reason, _argmax_in_ranges(gaps, lo, hi),
                       ["previous step ended with a sampling kernel"] * len(lo))
             # Layer pattern restart.
-            att = np.flatnonzero(role == ROLE_ATTENTION)
-            if len(att) > PATTERN_MIN_REPEATS:
-                d = np.diff(att)
-                vals, counts = np.unique(d, return_counts=True)
-                per_layer = int(vals[np.argmax(counts)])
-                if counts.max() >= PATTERN_MIN_REPEATS:
-                    limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
-                    c = np.flatnonzero(d > limit)
-                    _mark(cut, reason, _argmax_in_ranges(gaps, att[c], att[c + 1]),
-                          [f"layer pattern restarts ({n} kernels between attention launches, {per_layer} per layer)"
-                           for n in d[c].tolist()])
+            if len(layer_at) > PATTERN_MIN_REPEATS:
+                d = np.diff(layer_at)
+                c = np.flatnonzero(d > limit)
+                what = "attention" if marker_name < 0 else short_name(trace.names[marker_name], 40)
+                _mark(cut, reason, _argmax_in_ranges(gaps, layer_at[c], layer_at[c + 1]),
+                      [f"layer pattern restarts ({n} kernels between {what} launches, {per_layer} per layer)"
+                       for n in d[c].tolist()])
             # CUDA graph relaunch: a graph id already seen in the current step. Sequential
             # (each cut resets what was seen), so one pass over graph launches, not kernels.
             gid = k["graph_id"][idx]

@@ -466,10 +466,24 @@ def kernel_steps(pm):
 def test_idle_gap_splits_steps():
     b = TraceBuilder()
     t = layers(b, 0, 3, PAGED_V1, 4, gemm=GEMVX)
+    b.kernel(GEMVX, t, grid=(1002, 1, 1))                # LM head, sampling, next embedding:
+    b.kernel(ARGMAX, t + 2)                              # the layer pattern ends
+    b.kernel(ELEMENTWISE, t + 4)
     layers(b, t + 20_000, 3, PAGED_V1, 4, gemm=GEMVX)    # 20 ms idle
     pm = map_phases(b.build())
-    assert kernel_steps(pm) == [(DECODE, 15), (DECODE, 15)]
+    assert kernel_steps(pm) == [(DECODE, 18), (DECODE, 15)]
     assert pm.steps[1].evidence[-1].startswith("step starts: GPU idle 20.0 ms")
+
+
+def test_idle_gap_inside_the_layer_pattern_does_not_split_a_forward():
+    """A host stall between two layers (the GPU idles 20 ms where the next layer's attention
+    follows one usual layer later) is not a step boundary; a stall of 200 ms or more is."""
+    for stall_ms, steps in ((20, [(DECODE, 31)]), (250, [(DECODE, 15), (DECODE, 16)])):
+        b = TraceBuilder()
+        t = layers(b, 0, 3, PAGED_V1, 4, gemm=GEMVX)
+        t = layers(b, t + stall_ms * 1000, 3, PAGED_V1, 4, gemm=GEMVX)
+        b.kernel(GEMVX, t, grid=(1002, 1, 1))
+        assert kernel_steps(map_phases(b.build())) == steps, stall_ms
 
 
 def test_token_count_change_splits_at_largest_gap():
