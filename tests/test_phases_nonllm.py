@@ -1,0 +1,99 @@
+"""Non-LLM transformer forwards recorded by others are never called prefill, decode or mixed.
+
+The traces (tests/data/traces, provenance in tests/data/PROVENANCE.md) are Hugging Face
+pipelines profiled with the PyTorch profiler by the TraceLens authors: a BERT encoder with its
+MLM head, a ViT image classifier and a TimeSformer video classifier on an H100, and the BERT
+and the ViT on an MI300X. Each is checked with its annotations, with annotations ignored, and
+with the CPU operators stripped (kernels only): the layered rule gives the same answer in all
+three modes. Issue 13.1: before the decoder-LLM gate, all of them came out prefill.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
+from ridgeline.aggregator.signatures import CAUSAL_NO, CAUSAL_YES, ROLE_ATTENTION, classify_kernels
+from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
+from ridgeline.probes.kineto import load_trace
+
+DATA = Path(__file__).parent / "data" / "traces"
+H100_BERT = "tracelens_h100_bert_small_fill_mask.json.gz"
+H100_VIT = "tracelens_h100_vit_image_classification.json.gz"
+H100_TIMESFORMER = "tracelens_h100_timesformer_video_classification.json.gz"
+MI300_BERT = "tracelens_mi300_bert_small_fill_mask.json.gz"
+MI300_VIT = "tracelens_mi300_vit_image_classification.json.gz"
+ALL = [H100_BERT, H100_VIT, H100_TIMESFORMER, MI300_BERT, MI300_VIT]
+MODES = ["annotations", "no_annotations", "no_cpu_ops"]
+
+_cache: dict[str, Trace] = {}
+
+
+def load(name: str) -> Trace:
+    if name not in _cache:
+        _cache[name] = load_trace(DATA / name)
+    return _cache[name]
+
+
+def phases(name: str, mode: str):
+    tr = load(name)
+    if mode == "annotations":
+        return map_phases(tr)
+    if mode == "no_annotations":
+        return map_phases(tr, use_annotations=False)
+    bare = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
+                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
+    return map_phases(bare)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ALL)
+def test_non_llm_forward_is_never_inference(name, mode):
+    pm = phases(name, mode)
+    assert pm.steps
+    assert not np.isin(pm.kernel_phase, (PREFILL, DECODE, MIXED)).any(), \
+        [(s.phase_name, s.evidence[:2]) for s in pm.steps]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name, decider", [
+    (H100_BERT, "flash_fwd_kernel grid [2,1,8] x4: non-causal self-attention over 2 query blocks (Is_causal false)"),
+    (H100_VIT, "flash_fwd_kernel grid [2,4,12] x12: non-causal self-attention over 2 query blocks (Is_causal false)"),
+    (H100_TIMESFORMER, "non-LLM kernels (convolution/pooling"),
+    (MI300_VIT, "1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16"),
+])
+def test_encoders_and_vision_transformers_are_other_with_the_same_evidence_in_every_mode(name, decider, mode):
+    pm = phases(name, mode)
+    assert [s.phase for s in pm.steps] == [OTHER]
+    assert decider in pm.steps[0].evidence[0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rocm_bert_without_causality_in_the_kernel_name_is_unknown_not_prefill(mode):
+    """aotriton's attn_fwd does not spell its causal flag; the SDPA operator's is_causal sits
+    in "Concrete Inputs", which the Kineto reader does not keep. Without decoder-LLM evidence
+    the forward is unknown in every mode (it was prefill)."""
+    pm = phases(MI300_BERT, mode)
+    assert [s.phase for s in pm.steps] == [UNKNOWN]
+    assert pm.steps[0].evidence[0].startswith("no decoder-LLM evidence (causal attention, KV-cache write, paged KV "
+                                              "attention, sampler, LM head) for attn_fwd grid [2,8,1]")
+
+
+def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path):
+    """Is_causal is the second boolean template argument of flash_fwd_kernel (flash-attention
+    flash_fwd_launch_template.h): false in the BERT encoder, true in the Qwen decoder."""
+    for tr, want in ((load(H100_BERT), CAUSAL_NO),
+                     (load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559"
+                                            ".json.gz")), CAUSAL_YES)):
+        kc = classify_kernels(tr)
+        flash = np.array(["flash_fwd_kernel" in tr.names[int(i)] for i in tr.kernels["name_id"]])
+        assert flash.any() and (kc.role[flash] == ROLE_ATTENTION).all()
+        assert set(kc.causal[flash].tolist()) == {want}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_modes_agree(name):
+    got = {mode: [s.phase for s in phases(name, mode).steps] for mode in MODES}
+    assert got["annotations"] == got["no_annotations"] == got["no_cpu_ops"], got
