@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
-from ridgeline.aggregator.signatures import CAUSAL_NO, CAUSAL_YES, ROLE_ATTENTION, classify_kernels
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
@@ -84,6 +83,7 @@ def test_rocm_bert_without_causality_in_the_kernel_name_is_unknown_not_prefill(m
 def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path):
     """Is_causal is the second boolean template argument of flash_fwd_kernel (flash-attention
     flash_fwd_launch_template.h): false in the BERT encoder, true in the Qwen decoder."""
+    from ridgeline.aggregator.signatures import CAUSAL_NO, CAUSAL_YES, ROLE_ATTENTION, classify_kernels
     for tr, want in ((load(H100_BERT), CAUSAL_NO),
                      (load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559"
                                             ".json.gz")), CAUSAL_YES)):
