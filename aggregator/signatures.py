@@ -156,11 +156,11 @@ def parse_causal(name: str, sig: Signature) -> int:
     if sig.causal_bool < 0:
         return CAUSAL_UNKNOWN
     bools = template_bools(name)
-    if len(bools) <= max(sig.causal_bool, sig.local_bool):
+    if len(bools) <= sig.causal_bool:
         return CAUSAL_UNKNOWN
     if bools[sig.causal_bool]:
         return CAUSAL_YES
-    if sig.local_bool >= 0 and bools[sig.local_bool]:
+    if 0 <= sig.local_bool < len(bools) and bools[sig.local_bool]:
         return CAUSAL_LOCAL        # sliding window: decoders use it (window right = 0), so not "non-causal"
     return CAUSAL_NO
 

@@ -6,8 +6,10 @@ import re
 import numpy as np
 import pytest
 
-from ridgeline.aggregator.signatures import (DATA_FILE, GRID_TOKENS, ROLE_ATTENTION, ROLE_GEMM, ROLE_NONE, ROLE_PER_TOKEN,
-                                   classify_kernels, load_signatures, match_name_ids, parse_tile, short_name)
+from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNKNOWN, CAUSAL_YES, DATA_FILE, GRID_TOKENS,
+                                             ROLE_ATTENTION, ROLE_GEMM, ROLE_NONE, ROLE_PER_TOKEN, classify_kernels,
+                                             load_signatures, match_name_ids, parse_causal, parse_tile, short_name,
+                                             template_bools)
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
 
@@ -55,6 +57,16 @@ REAL_NAMES = [
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
      "unsigned int, long, 4> >(x)", "argmax"),
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
+    # ROCm (TraceLens MI300X traces in tests/data/traces; CK names from public profiler tables).
+    ("attn_fwd", "triton_attn_fwd"),
+    ("void ck_tile::kentry<256, 2, ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVSAsync<x> > >(x)",
+     "ck_fmha_fwd"),
+    ("fmha_fwd_d128_bf16_batch_b128x128x32x128x32x128_r4x1x1_r4x1x1_w32x32x16_w32x32x16_qr_async_vc", "ck_fmha_fwd"),
+    ("void ck_tile::kentry<256, 1, ck_tile::FmhaFwdSplitKVKernel<x> >(x)", "ck_fmha_fwd_splitkv"),
+    ("void ck_tile::kentry<256, 1, ck_tile::FmhaBwdDQDKDVKernel<x> >(x)", "attention_backward"),
+    ("bwd_kernel_dk_dv", "attention_backward"),
+    ("Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT16x16x128_MI16x16x1_SN_LDSB0_AFC1", "gemm"),
+    ("igemm_fwd_gtcx3_nhwc_bf16_bx0_ex1_bt64x64x16_wt16x16x4_ws1x1_wr2x2_ta1x1x4x1_1x16x1x16", "convolution"),
     # Not claimed: generic PyTorch kernels and fbgemm embedding kernels.
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >(x)", None),
     ("void fbgemm_gpu::permute_2D_data_kernel<false, int, int, decltype(nullptr)>(int)", "embedding_bag"),
@@ -158,3 +170,52 @@ def test_missing_table_file(tmp_path):
 
 def test_default_data_file_is_package_data():
     assert DATA_FILE.name == "kernel_signatures.toml" and DATA_FILE.parent.name == "data"
+
+
+# flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h (01afd16d):
+#   flash_fwd_kernel<Kernel_traits, Is_dropout, Is_causal, Is_local, Has_alibi, Is_even_MN, Is_even_K, Is_softcap,
+#                    Return_softmax>
+#   flash_fwd_splitkv_kernel<Kernel_traits, Is_causal, Is_local, Has_alibi, Is_even_MN, Is_even_K, Is_softcap, Split,
+#                            Append_KV>
+_TRAITS = ("pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, cutlass::bfloat16_t, "
+           "pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >")
+
+
+@pytest.mark.parametrize("name, sig_id, causal", [
+    # TraceLens H100 BERT-small (encoder) and H100 HF Qwen1.5 (decoder), as recorded.
+    (f"void pytorch_flash::flash_fwd_kernel<{_TRAITS}, false, false, false, false, true, true, false, false>"
+     "(pytorch_flash::Flash_fwd_params)", "fa2_fwd", CAUSAL_NO),
+    (f"void pytorch_flash::flash_fwd_kernel<{_TRAITS}, false, true, false, false, true, true, false, false>"
+     "(pytorch_flash::Flash_fwd_params)", "fa2_fwd", CAUSAL_YES),
+    # Sliding window (Mistral-style): Is_causal false, Is_local true.
+    (f"void flash::flash_fwd_kernel<{_TRAITS}, false, false, true, false, false, true, false, false>(p)", "fa2_fwd",
+     CAUSAL_LOCAL),
+    # Split-KV: Is_causal is the first boolean (decode calls it with false: seqlen_q == 1).
+    ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
+     "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, true, false, false, "
+     "false, true, true, false, false>(flash::Flash_fwd_params)", "fa2_splitkv", CAUSAL_YES),
+    ("attn_fwd", "triton_attn_fwd", CAUSAL_UNKNOWN),
+    ("aiter::fmha_fwd_hd128_bf16_causal_rtne", "aiter_fmha_fwd_asm", CAUSAL_YES),
+])
+def test_causal_flag_from_the_name(name, sig_id, causal):
+    sigs = {s.id: s for s in load_signatures()}
+    got = match_name_ids(NameTable([name]), np.array([0]), list(sigs.values()))[0]
+    assert list(sigs)[got] == sig_id
+    assert parse_causal(name, sigs[sig_id]) == causal
+
+
+def test_template_bools_skip_nested_lists():
+    assert template_bools("k<T<1, true>, false, true>(x)") == [False, True]
+    assert template_bools("kernel_without_templates") == []
+
+
+def test_tile_sides_block_m_and_work_item_grids():
+    names = NameTable(["nvjet_tst_64x16_64x16_2x4_2cta_h_bz_bias_TNT",
+                       "Cijk_Alik_Bljk_B_BS_BH_Bias_HA_S_SAV_UserArgs_MT128x144x64_MI16x16x1_SN",
+                       f"void pytorch_flash::flash_fwd_kernel<{_TRAITS}, false, true>(p)"])
+    k = empty(KERNEL_DTYPE, 3)
+    k["name_id"] = [0, 1, 2]
+    kc = classify_kernels(Trace(kernels=k, names=names))
+    assert kc.tile_out.tolist()[:2] == [64, 128] and kc.tile_tok.tolist()[:2] == [16, 144]
+    assert kc.grid_in_work_items.tolist() == [False, True, False]
+    assert kc.block_m.tolist() == [-1, -1, 128] and kc.causal.tolist() == [CAUSAL_UNKNOWN, CAUSAL_UNKNOWN, CAUSAL_YES]
