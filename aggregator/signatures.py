@@ -89,7 +89,8 @@ class Signature:
     step_end: bool = False
     inference_only: bool = False
     causal_bool: int = -1       # position of Is_causal among the boolean template arguments (-1: none)
-    local_bool: int = -1        # position of Is_local among them (-1: none)
+    local_bool: int = -1        # position of Is_local among them (-1: none) ...
+    local_min_bools: int = 0    # ... read only when the name has at least this many booleans
     causal_pattern: str = ""    # regex: the name spells a causal mask (e.g. "causal" in aiter kernel names)
     seqs_axis: str = ""         # "y": grid.y = sequences of an unsplit launch
 
@@ -160,7 +161,7 @@ def parse_causal(name: str, sig: Signature) -> int:
         return CAUSAL_UNKNOWN
     if bools[sig.causal_bool]:
         return CAUSAL_YES
-    if 0 <= sig.local_bool < len(bools) and bools[sig.local_bool]:
+    if 0 <= sig.local_bool < len(bools) and len(bools) >= sig.local_min_bools and bools[sig.local_bool]:
         return CAUSAL_LOCAL        # sliding window: decoders use it (window right = 0), so not "non-causal"
     return CAUSAL_NO
 
@@ -206,7 +207,7 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
                 raise InputError(f"{where}: bad {key}: {e}") from None
         if entry.get("seqs_axis", "") not in ("", "y"):
             raise InputError(f"{where}: unknown seqs_axis {entry['seqs_axis']!r}")
-        for key in ("causal_bool", "local_bool"):
+        for key in ("causal_bool", "local_bool", "local_min_bools"):
             if not isinstance(entry.get(key, -1), int):
                 raise InputError(f"{where}: '{key}' must be an integer")
         seen_ids.add(entry["id"])
@@ -216,6 +217,7 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
                              step_end=bool(entry.get("step_end", False)),
                              inference_only=bool(entry.get("inference_only", False)),
                              causal_bool=int(entry.get("causal_bool", -1)), local_bool=int(entry.get("local_bool", -1)),
+                             local_min_bools=int(entry.get("local_min_bools", 0)),
                              causal_pattern=entry.get("causal_pattern", ""), seqs_axis=entry.get("seqs_axis", "")))
     if not out:
         raise InputError(f"{p}: no [[signature]] entries")

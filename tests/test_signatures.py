@@ -194,6 +194,8 @@ _TRAITS = ("pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, false
     ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
      "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, true, false, false, "
      "false, true, true, false, false>(flash::Flash_fwd_params)", "fa2_splitkv", CAUSAL_YES),
+    # flash-attention < 2.3 (no Is_local): the third boolean is Is_even_MN, not a window.
+    (f"void flash::flash_fwd_kernel<{_TRAITS}, false, false, true, true, false>(p)", "fa2_fwd", CAUSAL_NO),
     ("attn_fwd", "triton_attn_fwd", CAUSAL_UNKNOWN),
     ("aiter::fmha_fwd_hd128_bf16_causal_rtne", "aiter_fmha_fwd_asm", CAUSAL_YES),
 ])
