@@ -371,11 +371,20 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
     out = cols.copy()
     gemm = ((kc.role == ROLE_GEMM) | (kc.role == ROLE_GEMV)) & (out < 0) & (kc.tile_out > 0) \
         & (k["grid_x"] > 0) & (k["grid_y"] > 0)
+    # cuBLAS gemvx: one output row per warp, block (warp, rows): the output length is
+    # grid.x * block.y (nano-vllm [1,1024]x[1024,4096]: grid 1024, block (16,4); TraceLens
+    # TimeSformer [1,768]x[768,400]: grid 100, block (32,4)).
+    gemv = (kc.role == ROLE_GEMV) & (out < 0) & (k["grid_x"] > 0) & (k["block_y"] > 0)
+    if gemv.any():
+        ids = np.unique(k["name_id"][gemv])
+        vx = ids[[("gemvx::kernel" in trace.names[int(i)]) for i in ids.tolist()]]
+        gemv &= np.isin(k["name_id"], vx)
+        out[gemv] = k["grid_x"][gemv].astype(np.int64) * k["block_y"][gemv]
     blocks = k["grid_x"].astype(np.int64) * np.maximum(k["grid_y"], 1)
     wi = kc.grid_in_work_items & (k["block_x"] > 0)
     blocks = np.where(wi, blocks // np.maximum(k["block_x"].astype(np.int64) * np.maximum(k["block_y"], 1), 1), blocks)
     out[gemm] = blocks[gemm] * kc.tile_out[gemm]
-    return out, gemm
+    return out, gemm | gemv
 
 
 def _training_launched(trace: Trace, launch: np.ndarray) -> np.ndarray:
