@@ -32,7 +32,7 @@ import numpy as np
 
 from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
                                              ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
-                                             ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
+                                             ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
                                              Signature, classify_kernels, short_name)
 from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
                                         launch_index, segment_kernels)
@@ -203,6 +203,9 @@ _GEMM_COLS = {"aten::mm": (1, -1), "aten::addmm": (2, -1), "aten::_scaled_mm": (
 # Mistral 32768, GPT-2 50257, Llama-3 128256, Qwen 151936); encoder MLM heads (BERT 30522)
 # and image classifiers (ImageNet-21k: 21843) stay below.
 VOCAB_MIN_COLS = 32000
+# Eager attention: the batched Q K^T GEMM comes at most this many kernels before the softmax
+# (scaling and the causal mask are elementwise kernels in between).
+EAGER_GEMM_BEFORE = 8
 _PARENT_OPS = ("aten::linear", "aten::matmul")
 _TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
                           r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
@@ -502,6 +505,7 @@ class _StepFacts:
             self.lm_width = np.where(ok, wmax, -1)
             if width_estimated is not None:
                 self.lm_estimated = ok & width_estimated[np.maximum(ex, 0)]
+        self._eager_attention(k, kc, st, idx, role, n_steps)
         self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
         self.inference_only = np.bincount(st[kc.inference_only[in_step]], minlength=n_steps)
         # GEMM rows from CPU ops.
@@ -510,6 +514,49 @@ class _StepFacts:
         self.max_rows, self.rows_example = self._max_and_example(st, r, idx, n_steps)
         self.max_seq, self.seq_example = self._max_and_example(st, s, idx, n_steps)
         self.seq_known = np.bincount(st[s >= 0], minlength=n_steps)
+
+    def _eager_attention(self, k, kc, st, idx, role, n_steps) -> None:
+        """Eager attention (batched GEMM Q K^T, softmax, batched GEMM P V): per step, the
+        softmax launch with the most query rows per sequence-head, its row bounds and the
+        grid.z (sequences x heads) of the batched GEMM launched at most EAGER_GEMM_BEFORE
+        kernels before it in the same step. ``eager_example`` -1: none."""
+        self.eager_example = np.full(n_steps, -1, dtype=np.int64)
+        self.eager_heads = np.zeros(n_steps, dtype=np.int64)
+        self.eager_rows_lo = np.zeros(n_steps, dtype=np.int64)
+        self.eager_rows_hi = np.zeros(n_steps, dtype=np.int64)
+        soft = (role == ROLE_SOFTMAX) & (kc.rows_per_block[idx] > 0) & (k["grid_x"][idx] > 0)
+        if not soft.any():
+            return
+        o = np.lexsort((k["start_ns"][idx], st))
+        so, io = st[o], idx[o]
+        pos = np.arange(len(o))
+        bmm = (role[o] == ROLE_GEMM) & (k["grid_z"][io] > 1) & ~kc.grid_in_work_items[io]
+        last = np.maximum.accumulate(np.where(bmm, pos, -1))
+        sp = np.flatnonzero(soft[o])
+        lb = last[sp]
+        ok = (lb >= 0) & (sp - lb <= EAGER_GEMM_BEFORE)
+        ok[ok] = so[lb[ok]] == so[sp[ok]]
+        sp, lb = sp[ok], lb[ok]
+        if not len(sp):
+            return
+        z = k["grid_z"][io[lb]].astype(np.int64)
+        gx = k["grid_x"][io[sp]].astype(np.int64)
+        rpb = kc.rows_per_block[io[sp]].astype(np.int64)
+        lo, hi = (gx - 1) * rpb + 1, gx * rpb
+        # The launch with the most rows per sequence-head speaks for the step.
+        ratio = lo * 1_000_000 // z
+        best = np.full(n_steps, -1, dtype=np.int64)
+        sst = so[sp]
+        np.maximum.at(best, sst, ratio)
+        at = ratio == best[sst]
+        pick = np.full(n_steps, -1, dtype=np.int64)
+        np.maximum.at(pick, sst[at], np.flatnonzero(at))
+        has = pick >= 0
+        p_ = pick[has]
+        self.eager_example[has] = io[sp[p_]]
+        self.eager_heads[has] = z[p_]
+        self.eager_rows_lo[has] = lo[p_]
+        self.eager_rows_hi[has] = hi[p_]
 
     @staticmethod
     def _example(st: np.ndarray, sel: np.ndarray, gx: np.ndarray, idx: np.ndarray, n_steps: int) -> np.ndarray:
@@ -549,8 +596,9 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.qb_count, self.lm_width, self.lm_estimated]
-        for ex in (self.noncausal_example, self.qb_example, self.lm_head):
+                  self.noncausal, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
+                  self.eager_rows_lo, self.eager_rows_hi]
+        for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example):
             exc = np.maximum(ex, 0)
             cols1 += [np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
                       np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
@@ -616,6 +664,17 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, MEDIUM, f"{name} grid {_grid_text(k, nc)} x{int(f.noncausal[j])}: non-causal "
                            f"self-attention over {int(k['grid_x'][nc])} query blocks (Is_causal false) => other "
                            f"(encoder or vision transformer, not a decoder LLM)", "noncausal", s_i))
+    # Eager attention (no fused attention kernel): softmax rows per sequence-head.
+    sx = int(f.eager_example[j])
+    if sx >= 0 and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_ATTENTION_AUX][j]):
+        z, lo, hi = int(f.eager_heads[j]), int(f.eager_rows_lo[j]), int(f.eager_rows_hi[j])
+        rows = f"{lo}" if lo == hi else f"{lo}..{hi}"
+        head = (f"{short_name(trace.names[int(k['name_id'][sx])])} grid {_grid_text(k, sx)}: {rows} softmax rows over "
+                f"{z} sequence-heads (grid.z of the batched Q.K GEMM before it)")
+        if lo > z:
+            votes.append(_Vote(PREFILL, MEDIUM, f"{head}: several query rows each => prefill", "eager_attention"))
+        elif hi < 2 * z:
+            votes.append(_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention"))
     # Decoder-LLM evidence.
     if f.causal[j]:
         votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder LLM)", "llm"))

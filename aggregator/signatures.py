@@ -33,7 +33,8 @@ ROLE_SAMPLING = 6
 ROLE_TRAINING = 7
 ROLE_NON_LLM = 8          # convolutions, pooling, recommendation-model embedding bags
 ROLE_COLLECTIVE = 9
-ROLE_CODES = {"attention": ROLE_ATTENTION, "attention_aux": ROLE_ATTENTION_AUX, "per_token": ROLE_PER_TOKEN,
+ROLE_SOFTMAX = 10         # a plain softmax kernel (eager attention: batched GEMM, softmax, batched GEMM)
+ROLE_CODES = {"softmax": ROLE_SOFTMAX, "attention": ROLE_ATTENTION, "attention_aux": ROLE_ATTENTION_AUX, "per_token": ROLE_PER_TOKEN,
               "gemm": ROLE_GEMM, "gemv": ROLE_GEMV, "sampling": ROLE_SAMPLING, "training": ROLE_TRAINING,
               "non_llm": ROLE_NON_LLM, "collective": ROLE_COLLECTIVE}
 
@@ -46,8 +47,12 @@ WEAK, MEDIUM, STRONG = 1, 2, 3
 STRENGTH_CODES = {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}
 STRENGTH_NAMES = {v: k for k, v in STRENGTH_CODES.items()}
 
-GRID_NONE, GRID_QUERY_BLOCKS, GRID_TOKENS, GRID_TILE = 0, 1, 2, 3
-GRID_CODES = {"": GRID_NONE, "query_blocks": GRID_QUERY_BLOCKS, "tokens": GRID_TOKENS, "tile": GRID_TILE}
+GRID_NONE, GRID_QUERY_BLOCKS, GRID_TOKENS, GRID_TILE, GRID_ROWS, GRID_WARP_ROWS = 0, 1, 2, 3, 4, 5
+GRID_CODES = {"": GRID_NONE, "query_blocks": GRID_QUERY_BLOCKS, "tokens": GRID_TOKENS, "tile": GRID_TILE,
+              "rows": GRID_ROWS, "warp_rows": GRID_WARP_ROWS}
+# PyTorch's softmax_warp_forward<input_t, output_t, acc_t, log2_elements, ...>: the fourth
+# template argument is log2 of the padded row length; it sets the rows per 128-thread block.
+_SOFTMAX_LOG2 = re.compile(r"softmax_warp_forward<[^,<>]+,[^,<>]+,[^,<>]+,\s*(\d+)\s*,")
 
 # GEMM tile spelled in the kernel name; the first group pair is the (M, N) tile.
 # Patterns from reference/kernel-signatures.md section 8 (cuBLAS xmma, CUTLASS, nvjet,
@@ -122,6 +127,7 @@ class KernelClasses:
     causal: np.ndarray
     block_m: np.ndarray
     grid_in_work_items: np.ndarray
+    rows_per_block: np.ndarray
 
 
 def template_bools(name: str) -> list[bool]:
@@ -296,6 +302,20 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
         m = _TRAITS_BLOCK_M.search(name)
         if m:
             uniq_block_m[j] = int(m.group(1))
+    # Softmax rows per block: cunn_SoftMaxForward one block per row; softmax_warp_forward
+    # (aten/src/ATen/native/cuda/PersistentSoftmax.cuh dispatch_softmax_forward): warp size
+    # min(2^log2, 32), 2 rows per warp up to 128 elements, 128 threads per block.
+    uniq_rpb = np.full(len(uniq), -1, dtype=np.int32)
+    for j in np.flatnonzero((uniq_sig >= 0) & np.isin(grid_of[np.where(uniq_sig >= 0, uniq_sig, len(sigs))],
+                                                      (GRID_ROWS, GRID_WARP_ROWS))):
+        if grid_of[uniq_sig[j]] == GRID_ROWS:
+            uniq_rpb[j] = 1
+            continue
+        m = _SOFTMAX_LOG2.search(trace.names[int(uniq[j])])
+        if m:
+            elements = 1 << int(m.group(1))
+            warp = min(elements, 32)
+            uniq_rpb[j] = (128 // warp) * (2 if elements <= 128 else 1)
     sig = uniq_sig[inverse] if n else np.empty(0, dtype=np.int32)
     look = np.where(sig >= 0, sig, len(sigs))
     tiles = uniq_tile[inverse] if n else np.empty((0, 2), dtype=np.int32)
@@ -307,7 +327,8 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
                          tile_out=np.ascontiguousarray(tiles[:, 0]), tile_tok=np.ascontiguousarray(tiles[:, 1]),
                          causal=uniq_causal[inverse] if n else np.empty(0, dtype=np.int8),
                          block_m=uniq_block_m[inverse] if n else np.empty(0, dtype=np.int32),
-                         grid_in_work_items=uniq_wi[inverse] if n else np.empty(0, dtype=bool))
+                         grid_in_work_items=uniq_wi[inverse] if n else np.empty(0, dtype=bool),
+                         rows_per_block=uniq_rpb[inverse] if n else np.empty(0, dtype=np.int32))
 
 
 @lru_cache(maxsize=4096)

@@ -608,3 +608,82 @@ def test_gemm_rows_parent_on_another_thread_gives_no_tokens_per_sequence():
     st = only_step(map_phases(b.build()))
     assert st.evidence[0] == "aten::mm [8944, 1024]: 8944 GEMM rows (tokens) => prefill-leaning"
     assert "tokens per sequence" not in " ".join(st.evidence)
+
+
+# An eager GPT-2-style decoder (attention = batched GEMM + softmax + batched GEMM, no fused
+# attention, no KV-cache kernel), kernels only, with real kernel names (TraceLens H100 OWLv2 /
+# TimeSformer traces and the nano-vllm decode fragment) and host stalls inside the forward.
+LAYER_NORM = ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int, float, "
+              "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)")
+LINEAR = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8>"
+          "(cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x6_tn_align8::Params)")
+BMM_QK = ("void cutlass::Kernel2<cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_tn_align1>"
+          "(cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_tn_align1::Params)")
+BMM_PV = ("void cutlass::Kernel2<cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_nn_align1>"
+          "(cutlass_75_wmma_tensorop_bf16_s161616gemm_bf16_32x32_32x1_nn_align1::Params)")
+EMBEDDING = ("void at::native::(anonymous namespace)::indexSelectLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, "
+             "-2, true>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, at::cuda::detail::TensorInfo"
+             "<c10::BFloat16 const, unsigned int>, at::cuda::detail::TensorInfo<long const, unsigned int>, int, int, "
+             "unsigned int, unsigned int, long)")
+LM_HEAD = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>"
+           "(cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2::Params)")
+
+
+def softmax_warp(log2: int) -> str:
+    return (f"void (anonymous namespace)::softmax_warp_forward<c10::BFloat16, c10::BFloat16, float, {log2}, false, "
+            f"false>(c10::BFloat16*, c10::BFloat16 const*, int, int, int, bool const*, int, bool)")
+
+
+def eager_forward(b: "TraceBuilder", t: float, tokens: int, context: int, heads: int = 12, n_layers: int = 12,
+                  stall_after=(2, 5, 9), stall_us: float = 8000.0) -> float:
+    """One forward of a GPT-2-style eager decoder over ``tokens`` new tokens of one sequence
+    (``context`` keys): per layer LN, QKV GEMM, Q.K bmm (grid.z = heads), scale and mask,
+    softmax over heads x tokens rows, P.V bmm, out-projection, LN, MLP; then the LM head
+    (50257 columns). The host stalls ``stall_us`` after the layers in ``stall_after``."""
+    log2 = max(context - 1, 1).bit_length()
+    rows_per_block = (128 // min(1 << log2, 32)) * (2 if (1 << log2) <= 128 else 1)
+    decode = tokens == 1
+    for _ in range(2):                                       # token and position embeddings, added
+        b.kernel(EMBEDDING, t, grid=(tokens, 1, 1))
+        t += 20.0
+    b.kernel(ELEMENTWISE, t, grid=(8, 1, 1))
+    t += 20.0
+    lin = GEMVX if decode else LINEAR
+    lin_grid = (192, 1, 1) if decode else (12, -(-tokens // 64), 1)
+    for layer in range(n_layers):
+        for name, grid in ((LAYER_NORM, (tokens, 1, 1)), (lin, lin_grid), (BMM_QK, (2, 1, heads)),
+                           (ELEMENTWISE, (8, 1, 1)), (ELEMENTWISE, (8, 1, 1)),
+                           (softmax_warp(log2), (-(-heads * tokens // rows_per_block), 1, 1)),
+                           (BMM_PV, (2, 1, heads)), (lin, lin_grid), (ELEMENTWISE, (8, 1, 1)), (LAYER_NORM, (tokens, 1, 1)),
+                           (lin, lin_grid), (ELEMENTWISE, (8, 1, 1)), (lin, lin_grid), (ELEMENTWISE, (8, 1, 1))):
+            b.kernel(name, t, dur_us=3.0, grid=grid)
+            t += 20.0
+        if layer in stall_after:
+            t += stall_us
+    b.kernel(LAYER_NORM, t, grid=(tokens, 1, 1))
+    if decode:
+        b.kernel(GEMVX, t + 20, grid=(12565, 1, 1))          # 50257 columns / 4 rows per block
+    else:
+        b.kernel(LM_HEAD, t + 20, grid=(197, -(-tokens // 128), 1))
+    b.kernel(ARGMAX, t + 40)                                  # greedy sampling
+    return t + 60
+
+
+def test_eager_decoder_without_operators_is_one_step_per_forward_with_its_phase():
+    """Issue 13.2: kernel-only, an eager decoder's forward stays one step through host stalls
+    (8 ms, above the 5 ms idle rule) and gets its phase from the softmax rows per batched-GEMM
+    head (50 query rows per head => prefill; one => decode), the LM head (50257 columns from
+    its launch grid and tile) being the decoder-LLM evidence."""
+    b = TraceBuilder()
+    t = eager_forward(b, 0, tokens=50, context=50)
+    t = eager_forward(b, t + 30_000, tokens=1, context=51)
+    eager_forward(b, t + 30_000, tokens=1, context=52)
+    for k in b.kernels:           # GEMV launch blocks: one output row per warp, 4 warps
+        k["block_y"] = 4
+    pm = map_phases(b.build())
+    assert kernel_steps(pm) == [(PREFILL, 174), (DECODE, 174), (DECODE, 174)], [s.evidence[:2] for s in pm.steps]
+    pre, dec = pm.steps[0], pm.steps[1]
+    assert pre.evidence[0].startswith("softmax_warp_forward grid [75,1,1]: 593..600 softmax rows over 12 sequence-heads")
+    assert any("LM head, 50432 output columns (from its launch grid and tile)" in e for e in pre.evidence)
+    assert any("one query row each => decode" in e for e in dec.evidence)
+    assert any("LM head, 50260 output columns" in e for e in dec.evidence)
