@@ -13,10 +13,16 @@ and is recorded:
    contains (correlation id). ProfilerStep ranges only give weak boundaries.
 2. **Step segmentation** from the kernels alone (:mod:`aggregator.steps`).
 3. **Per-step evidence** without annotations: tokens from the grid.x of per-token
-   kernels, attention-kernel signatures and their grids, GEMV vs small/large-tile GEMM,
-   GEMM rows from the CPU operator's ``Input Dims`` (linked by External id), training
-   signals (backward and optimizer kernels, autograd CPU ops) => other, convolution
-   kernels without any transformer kernel => other. Conflicting evidence => unknown.
+   kernels and sequences from the FA2 attention grid (T == B: decode), attention-kernel
+   signatures, their grids and their causal flag (parsed from the template arguments),
+   eager attention (softmax rows per batched-GEMM head), GEMV vs small/large-tile GEMM, GEMM
+   rows from the CPU operator's ``Input Dims`` (linked by External id), GEMM widths (from the
+   operator, else launch grid x tile: the LM head), training signals (backward and optimizer
+   kernels, autograd CPU ops) => other. Prefill/decode/mixed need decoder-LLM evidence
+   (causal attention, a serving-engine kernel, an LM head); without it non-causal
+   self-attention and convolutions are other, anything else unknown. Conflicting evidence
+   => unknown. A prefill launch with room for one-token decodes that continues a running
+   batch is mixed (:func:`mixed_by_continuity`).
 
 The signature table is data (``aggregator/data/kernel_signatures.toml``). All per-kernel
 work is numpy over the kernel arrays; votes are computed once per group of steps with identical
