@@ -687,3 +687,42 @@ def test_eager_decoder_without_operators_is_one_step_per_forward_with_its_phase(
     assert any("LM head, 50432 output columns (from its launch grid and tile)" in e for e in pre.evidence)
     assert any("one query row each => decode" in e for e in dec.evidence)
     assert any("LM head, 50260 output columns" in e for e in dec.evidence)
+
+
+FLASH_FWD_VARLEN = FLASH_FWD.replace("pytorch_flash::", "flash::")
+
+
+def test_prefill_launch_continuing_a_running_batch_is_mixed():
+    """One varlen flash_fwd_kernel over 8 sequences and 40 tokens (longest query <= 128):
+    at least one long query, up to 7 one-token decodes. Right after a decode step of the same
+    engine it is mixed; after the engine idled it is a prefill."""
+    def decode_step(b, t, seqs):
+        for i in range(3):
+            b.kernel(RESHAPE_AND_CACHE, t, grid=(seqs, 1, 1))
+            b.kernel(SPLITKV, t + 2, grid=(1, seqs, 16))
+            b.kernel(GEMM_SMALL, t + 4, grid=(8, 8, 1))
+            t += 10
+        b.kernel(ARGMAX, t)
+        return t + 5
+
+    def varlen_step(b, t):
+        for i in range(3):
+            b.kernel(RESHAPE_AND_CACHE, t, grid=(40, 1, 1))
+            b.kernel(FLASH_FWD_VARLEN, t + 2, grid=(1, 8, 16))
+            b.kernel(GEMM_LARGE, t + 4, grid=(8, 8, 1))
+            t += 10
+        b.kernel(ARGMAX, t)
+        return t + 5
+
+    b = TraceBuilder()
+    t = decode_step(b, 0, 7)
+    varlen_step(b, t + 50)
+    pm = map_phases(b.build())
+    assert [s.phase for s in pm.steps] == [DECODE, MIXED], [s.evidence[:2] for s in pm.steps]
+    assert pm.steps[1].evidence[0].startswith("up to 7 sequences of the prefill launch continue the previous step's "
+                                              "batch (decode")
+    assert (pm.steps[1].prefill_tokens, pm.steps[1].decode_tokens) == (None, None)
+    b = TraceBuilder()
+    t = decode_step(b, 0, 7)
+    varlen_step(b, t + 50_000)                              # the engine idled 50 ms
+    assert [s.phase for s in map_phases(b.build()).steps] == [DECODE, PREFILL]

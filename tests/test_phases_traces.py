@@ -180,3 +180,17 @@ def test_gemm_width_from_launch_grid_and_tile_matches_the_operators(trace_path):
                 assert int(est[i]) == want, (name, tr.names[int(ops["name_id"][op[i]])], m, n)
             checked += 1
     assert checked >= 100 and gemvx >= 2
+
+
+@pytest.mark.parametrize("name", [B200, H100, NANO0, NANO100, TRAIN, ALEXNET])
+def test_kernels_only_matches_use_annotations_false(trace_path, name):
+    """Issue 13.1: the same layered rule with and without CPU operators gives the same steps
+    and labels on every shared trace."""
+    from ridgeline.probes.events import CPU_OP_DTYPE
+    tr = load(trace_path, name)
+    bare = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
+                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
+    a = map_phases(tr, use_annotations=False)
+    b = map_phases(bare)
+    assert [(s.phase, s.kernels) for s in a.steps] == [(s.phase, s.kernels) for s in b.steps]
+    assert np.array_equal(a.kernel_phase, b.kernel_phase)
