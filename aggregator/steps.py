@@ -47,6 +47,9 @@ PATTERN_MIN_REPEATS = 3
 # kernels.
 MARKER_MIN_REGULARITY = 0.75
 MARKER_MIN_SPAN = 3
+# ... and at most this many (a kernel that recurs once per forward of a benchmark loop is not
+# a layer marker: its spacing is the whole step; layers of real models span 10-60 kernels).
+MARKER_MAX_SPAN = 128
 
 
 def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -54,8 +57,8 @@ def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarra
     number of kernels per layer and the marker's name id (-1: attention kernels).
 
     Attention launches when they repeat regularly; otherwise the name whose launches are the
-    most regular (share of spacings equal to their mode >= MARKER_MIN_REGULARITY, mode >=
-    MARKER_MIN_SPAN; ties: more launches). Empty positions when nothing repeats. Linear:
+    most regular (share of spacings equal to their mode >= MARKER_MIN_REGULARITY, mode in
+    [MARKER_MIN_SPAN, MARKER_MAX_SPAN]; ties: more launches). Empty positions when nothing repeats. Linear:
     one stable sort of the positions by name and one np.unique over (name, spacing).
     """
     m = len(name_ids)
@@ -84,7 +87,7 @@ def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarra
     pos = np.searchsorted(names, kname[at_best])
     np.maximum.at(span, pos, kspan[at_best])
     ok = (best_count >= PATTERN_MIN_REPEATS) & (best_count >= MARKER_MIN_REGULARITY * n_spacings) \
-        & (span >= MARKER_MIN_SPAN) & (names >= 0)
+        & (span >= MARKER_MIN_SPAN) & (span <= MARKER_MAX_SPAN) & (names >= 0)
     if not ok.any():
         return np.empty(0, dtype=np.int64), 0, -1
     cand = np.flatnonzero(ok)
