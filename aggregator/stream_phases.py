@@ -20,6 +20,11 @@ Contract of :class:`StreamPhaser` (one per event source, i.e. per append-only
 * Batches with ranges (engine annotations, NVTX) or CPU operators go through the full
   :func:`aggregator.phases.map_phases` on the batch, annotations included.
 
+Mixed steps: a shape decided prefill whose single varlen launch has room for one-token
+decodes is relabelled mixed when the previous step of its device (remembered across batches,
+``previous_step``) was LLM inference that ended less than 5 ms before, as
+:func:`aggregator.phases.mixed_by_continuity` does over a whole trace.
+
 Approximations (stated in docs/benchmarks.md): a step is decided from its own kernels, so
 device-wide context of a whole trace (e.g. "this device runs a training loop" seen in
 another step) only counts within the step; a step cut by a batch edge is decided in two
