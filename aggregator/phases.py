@@ -389,10 +389,13 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
         vx = ids[[("gemvx::kernel" in trace.names[int(i)]) for i in ids.tolist()]]
         gemv &= np.isin(k["name_id"], vx)
         out[gemv] = k["grid_x"][gemv].astype(np.int64) * k["block_y"][gemv]
-    blocks = k["grid_x"].astype(np.int64) * np.maximum(k["grid_y"], 1)
-    wi = kc.grid_in_work_items & (k["block_x"] > 0)
-    blocks = np.where(wi, blocks // np.maximum(k["block_x"].astype(np.int64) * np.maximum(k["block_y"], 1), 1), blocks)
-    out[gemm] = blocks[gemm] * kc.tile_out[gemm]
+    g = np.flatnonzero(gemm)
+    blocks = k["grid_x"][g].astype(np.int64) * k["grid_y"][g]
+    wi = kc.grid_in_work_items[g] & (k["block_x"][g] > 0)
+    if wi.any():
+        threads = k["block_x"][g[wi]].astype(np.int64) * np.maximum(k["block_y"][g[wi]], 1)
+        blocks[wi] //= threads
+    out[g] = blocks * kc.tile_out[g]
     return out, gemm | gemv
 
 
