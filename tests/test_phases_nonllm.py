@@ -1,9 +1,10 @@
 """Non-LLM transformer forwards recorded by others are never called prefill, decode or mixed.
 
-The traces (tests/data/traces, provenance in tests/data/PROVENANCE.md) are Hugging Face
-pipelines profiled with the PyTorch profiler by the TraceLens authors: a BERT encoder with its
-MLM head, a ViT image classifier and a TimeSformer video classifier on an H100, and the BERT
-and the ViT on an MI300X. Each is checked with its annotations, with annotations ignored, and
+The traces (tests/data/traces, provenance in tests/data/PROVENANCE.md) were profiled with the
+PyTorch profiler by the TraceLens authors: Hugging Face pipelines of a BERT encoder with its
+MLM head, a ViT image classifier, a TimeSformer video classifier and an OWLv2 detection
+transformer on an H100, the BERT and the ViT on an MI300X, and an xDiT Stable Diffusion 3.5
+(diffusion transformer) on an MI300X. Each is checked with its annotations, with annotations ignored, and
 with the CPU operators stripped (kernels only): the layered rule gives the same answer in all
 three modes. Issue 13.1: before the decoder-LLM gate, all of them came out prefill.
 """
@@ -24,7 +25,9 @@ H100_VIT = "tracelens_h100_vit_image_classification.json.gz"
 H100_TIMESFORMER = "tracelens_h100_timesformer_video_classification.json.gz"
 MI300_BERT = "tracelens_mi300_bert_small_fill_mask.json.gz"
 MI300_VIT = "tracelens_mi300_vit_image_classification.json.gz"
-ALL = [H100_BERT, H100_VIT, H100_TIMESFORMER, MI300_BERT, MI300_VIT]
+H100_OWLV2 = "tracelens_h100_owlv2_zero_shot_detection.json.gz"
+MI300_SD35 = "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"
+ALL = [H100_BERT, H100_VIT, H100_TIMESFORMER, MI300_BERT, MI300_VIT, H100_OWLV2, MI300_SD35]
 MODES = ["annotations", "no_annotations", "no_cpu_ops"]
 
 _cache: dict[str, Trace] = {}
@@ -61,11 +64,12 @@ def test_non_llm_forward_is_never_inference(name, mode):
     (H100_BERT, "flash_fwd_kernel grid [2,1,8] x4: non-causal self-attention over 2 query blocks (Is_causal false)"),
     (H100_VIT, "flash_fwd_kernel grid [2,4,12] x12: non-causal self-attention over 2 query blocks (Is_causal false)"),
     (H100_TIMESFORMER, "non-LLM kernels (convolution/pooling"),
+    (H100_OWLV2, "non-LLM kernels (convolution/pooling"),
     (MI300_VIT, "1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16"),
 ])
 def test_encoders_and_vision_transformers_are_other_with_the_same_evidence_in_every_mode(name, decider, mode):
     pm = phases(name, mode)
-    assert [s.phase for s in pm.steps] == [OTHER]
+    assert {s.phase for s in pm.steps} == {OTHER}
     assert decider in pm.steps[0].evidence[0]
 
 
@@ -97,3 +101,12 @@ def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path
 def test_modes_agree(name):
     got = {mode: [s.phase for s in phases(name, mode).steps] for mode in MODES}
     assert got["annotations"] == got["no_annotations"] == got["no_cpu_ops"], got
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rocm_diffusion_transformer_is_other_where_it_convolves_and_unknown_elsewhere(mode):
+    """xDiT SD3.5 on an MI300X: the VAE step (MIOpen convolutions) is other; the transformer
+    and text-encoder steps (aotriton attention without a causal flag, no LM head) are unknown."""
+    pm = phases(MI300_SD35, mode)
+    assert sorted(s.phase for s in pm.steps) == [UNKNOWN] * 8 + [OTHER]
+    assert all(s.evidence[0].startswith("no decoder-LLM evidence") for s in pm.steps if s.phase == UNKNOWN)
