@@ -22,11 +22,12 @@ MODEL = "llama-3-8b"
 MIN_RIGHT = 0.95
 
 
-def _run(rate, duration_s, prompt_mean, output_mean, run_s, budget=None, seed=1):
+def _run(rate, duration_s, prompt_mean, output_mean, run_s, budget=None, seed=1, prompt_max=None):
     from ridgeline.agent.simulator.engine import SimConfig, SimEngine
     from ridgeline.agent.simulator.scheduler import SchedulerConfig
     from ridgeline.agent.simulator.workload import Workload
-    w = Workload(rate_per_s=rate, duration_s=duration_s, prompt_mean=prompt_mean, prompt_max=4 * prompt_mean,
+    w = Workload(rate_per_s=rate, duration_s=duration_s, prompt_mean=prompt_mean,
+                 prompt_max=prompt_max or 4 * prompt_mean,
                  output_mean=output_mean, output_max=2 * output_mean)
     kw = {"scheduler": SchedulerConfig(max_num_batched_tokens=budget)} if budget else {}
     e = SimEngine(SimConfig(model=MODEL, workload=w, **kw), seed=seed, metrics=False)
@@ -35,6 +36,9 @@ def _run(rate, duration_s, prompt_mean, output_mean, run_s, budget=None, seed=1)
 
 
 RUNS = {
+    # The memory-bound decode regime of docs/simulator.md, run until every request is done.
+    "decode-regime-complete": dict(rate=40, duration_s=1, prompt_mean=128, prompt_max=256, output_mean=400,
+                                   run_s=1000),
     "decode-heavy": dict(rate=40, duration_s=3, prompt_mean=128, output_mean=400, run_s=6),
     "chunked-prefill": dict(rate=20, duration_s=4, prompt_mean=1024, output_mean=256, run_s=5, budget=512, seed=2),
 }
