@@ -686,16 +686,16 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
             votes.append(_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention"))
     # Decoder-LLM evidence.
     if f.causal[j]:
-        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder LLM)", "llm"))
+        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder-LLM evidence)", "llm"))
     if f.inference_only[j]:
         kinds = sorted({sigs[s].label for s in present.tolist() if sigs[s].inference_only})
         votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.inference_only[j])} serving-engine kernels "
-                           f"({', '.join(kinds[:3])}) (decoder LLM)", "llm"))
+                           f"({', '.join(kinds[:3])}) (decoder-LLM evidence)", "llm"))
     if f.lm_head[j] >= 0:
         lm = int(f.lm_head[j])
         how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
         votes.append(_Vote(UNKNOWN, WEAK, f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}: "
-                           f"LM head, {int(f.lm_width[j])} output columns ({how}) (decoder LLM)", "llm"))
+                           f"LM head, {int(f.lm_width[j])} output columns ({how}) (decoder-LLM evidence)", "llm"))
     # Attention class: prefill and decode attention kernels side by side => mixed.
     p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
     d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
