@@ -12,7 +12,7 @@ Contract of :class:`StreamPhaser` (one per event source, i.e. per append-only
   and kept for the life of the source: name tables only grow.
 * Kernel-only batches (no ranges, no CPU operators: what CUPTI and the simulator stream)
   are cut into steps by :func:`aggregator.steps.segment_kernels`; each step's *shape* (the
-  sequence of name ids and grid/block dimensions of its kernels) is hashed, and the phase
+  sequence of name ids, grid x/y/z and block x/y of its kernels) is hashed, and the phase
   of each distinct shape is decided once by :func:`aggregator.phases.map_phases` run on
   that one step's kernels (``use_annotations=False``), then reused for every step of the
   same shape in this and later batches (a serving engine repeats a few step shapes).
@@ -45,7 +45,8 @@ from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels
 from .steps import segment_kernels
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)       # odd constants of a multiplicative hash
-_C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F)]
+_C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F,
+                              0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
 
 
 @dataclass
@@ -161,7 +162,10 @@ class StreamPhaser:
             v = ((k["name_id"].astype(np.int64) + 1).astype(np.uint64) * _C[0]
                  + k["grid_x"].astype(np.uint64) * _C[1]
                  + k["grid_y"].astype(np.uint64) * _C[2]
-                 + k["block_x"].astype(np.uint64) * _C[3])
+                 + k["block_x"].astype(np.uint64) * _C[3]
+                 # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too
+                 + k["grid_z"].astype(np.uint64) * _C[4]
+                 + k["block_y"].astype(np.uint64) * _C[5])
             h = np.add.reduceat(v[order] * self._pw[pos], first)
             h = h ^ (lens.astype(np.uint64) * _MUL)
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)

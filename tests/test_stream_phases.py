@@ -54,3 +54,31 @@ def test_annotated_batch_uses_the_full_layered_method():
     assert bp.order is None
     assert np.array_equal(bp.kernel_phase, map_phases(ann).kernel_phase)
     assert "generation" in bp.steps[0].evidence or "decode" in bp.steps[0].evidence
+
+
+def test_eager_decoder_shapes_agree_with_the_whole_trace_mapper():
+    """The eager GPT-2-style literal of tests/test_phases.py (kernels only, host stalls): the
+    streaming mapper gives the whole-trace labels (prefill, decode, decode); shapes that differ
+    only in grid.z or block.y are distinct shapes (both carry evidence)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_phases import TraceBuilder, eager_forward
+    b = TraceBuilder()
+    t = eager_forward(b, 0, tokens=50, context=50)
+    t = eager_forward(b, t + 30_000, tokens=1, context=51)
+    eager_forward(b, t + 30_000, tokens=1, context=52)
+    for k in b.kernels:
+        k["block_y"] = 4
+    tr = b.build()
+    bp = StreamPhaser(tr.names).map_batch(tr)
+    whole = map_phases(tr)
+    assert [s.phase for s in bp.steps] == [s.phase for s in whole.steps] == [1, 2, 2]
+    assert np.array_equal(bp.kernel_phase, whole.kernel_phase)
+    k = tr.kernels.copy()
+    k["grid_z"] += 1
+    sp = StreamPhaser(tr.names)
+    sp.map_batch(tr)
+    calls = sp.map_phases_calls
+    sp.map_batch(Trace(kernels=k, names=tr.names, devices=tr.devices))
+    assert sp.map_phases_calls > calls
