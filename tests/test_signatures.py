@@ -61,7 +61,8 @@ REAL_NAMES = [
     ("attn_fwd", "triton_attn_fwd"),
     ("void ck_tile::kentry<256, 2, ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVSAsync<x> > >(x)",
      "ck_fmha_fwd"),
-    ("fmha_fwd_d128_bf16_batch_b128x128x32x128x32x128_r4x1x1_r4x1x1_w32x32x16_w32x32x16_qr_async_vc", "ck_fmha_fwd"),
+    ("fmha_fwd_d128_bf16_batch_b128x128x32x128x32x128_r4x1x1_r4x1x1_w32x32x16_w32x32x16_qr_async_vr_psddv_nlogits_"
+     "nbias_mask_nlse_ndropout_nskip_nqscale_ntrload_nsink", "ck_fmha_fwd"),     # CK Tile instance (benchmark scripts)
     ("void ck_tile::kentry<256, 1, ck_tile::FmhaFwdSplitKVKernel<x> >(x)", "ck_fmha_fwd_splitkv"),
     ("void ck_tile::kentry<256, 1, ck_tile::FmhaBwdDQDKDVKernel<x> >(x)", "attention_backward"),
     ("bwd_kernel_dk_dv", "attention_backward"),
