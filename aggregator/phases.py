@@ -721,7 +721,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
                                f"several new tokens per sequence => prefill", "tokens"))
         else:
             votes.append(_Vote(UNKNOWN, 0, f"{text}: {t} tokens in the step", "tokens"))
-        if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].phase == "prefill":
+        if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].seqs_axis == "y":
             # One varlen launch over B sequences and T tokens whose longest query is at most
             # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
             # other B - p_min may be one-token decodes (decided against the previous step).
@@ -1124,8 +1124,9 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
     has ``device``, ``start_ns``, ``end_ns``, ``phase``, ``mixed_slots``, ``evidence``).
     Returns the positions relabelled.
 
-    A single varlen attention launch over B sequences and T tokens, whose longest query is at
-    most grid.x * kBlockM, needs at least p_min long sequences for the T - B extra tokens;
+    A single unsplit FlashAttention-2 varlen launch (``flash_fwd_kernel``, or the
+    ``flash_fwd_splitkv_kernel`` vLLM V1 runs with a paged KV cache) over B sequences and T
+    tokens, whose longest query is at most grid.x * kBlockM, needs at least p_min long sequences for the T - B extra tokens;
     the other B - p_min can be one-token decodes (``mixed_slots``). They are taken to be
     decodes when the previous step on the device was LLM inference (prefill, decode or
     mixed) that ended less than GAP_MIN_NS before: the engine kept running and its requests

@@ -726,3 +726,25 @@ def test_prefill_launch_continuing_a_running_batch_is_mixed():
     t = decode_step(b, 0, 7)
     varlen_step(b, t + 50_000)                              # the engine idled 50 ms
     assert [s.phase for s in map_phases(b.build()).steps] == [DECODE, PREFILL]
+
+
+def test_paged_split_kv_launch_with_more_tokens_than_sequences_continuing_a_batch_is_mixed():
+    """vLLM V1 on FlashAttention-2 with a paged KV cache runs flash_fwd_splitkv_kernel for every
+    step (grid (ceil(max_q / 64), b, h) when not split). 5 tokens over 5 sequences: decode;
+    then 70 tokens over 6 sequences right after it: one long query, up to 5 one-token decodes,
+    mixed."""
+    b = TraceBuilder()
+    t = 0.0
+    for seqs, tokens, gx in ((5, 5, 1), (6, 70, 2)):
+        for i in range(3):
+            b.kernel(RESHAPE_AND_CACHE, t, grid=(tokens, 1, 1))
+            b.kernel(SPLITKV, t + 2, grid=(gx, seqs, 16))
+            b.kernel(GEMM_SMALL, t + 4, grid=(8, 8, 1))
+            t += 10
+        b.kernel(ARGMAX, t)
+        t += 50
+    pm = map_phases(b.build())
+    assert [s.phase for s in pm.steps] == [DECODE, MIXED], [s.evidence[:2] for s in pm.steps]
+    assert pm.steps[0].evidence[0] == ("reshape_and_cache_flash_kernel grid [5,1,1]: 5 tokens over 5 sequences "
+                                       "(attention grid.y): one new token per sequence => decode")
+    assert pm.steps[1].evidence[0].startswith("up to 5 sequences of the prefill launch continue")
