@@ -1,6 +1,7 @@
 """Malformed and hostile messages on the agent's CUPTI socket: rejected, counted, harmless."""
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -11,16 +12,24 @@ from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.server import CuptiServer
 
 
-def hello_body(pid=7, comm=b"vllm", status=b"") -> bytes:
+def hello_body(pid=None, comm=b"vllm", status=b"", cbids=()) -> bytes:
+    """A HELLO; ``pid`` defaults to this process (the server checks it with SO_PEERCRED)."""
+    pid = os.getpid() if pid is None else pid
     h = np.zeros(1, P.HELLO_DTYPE)
     h["pid"], h["cupti_version"], h["comm_len"], h["status_len"] = pid, 130500, len(comm), len(status)
+    h["n_cbids"] = len(cbids)
     pad = lambda b: b + b"\0" * (-len(b) % 8)  # noqa: E731
-    return h.tobytes() + pad(comm) + pad(status)
+    out = h.tobytes() + pad(comm) + pad(status)
+    for domain, cbid, category, name in cbids:
+        c = np.zeros(1, P.CBID_DTYPE)
+        c["domain"], c["cbid"], c["category"], c["name_len"] = domain, cbid, category, len(name)
+        out += c.tobytes() + pad(name)
+    return out
 
 
-def batch_body(n_names=0, sections=(), records=None, names=()) -> bytes:
+def batch_body(n_names=0, sections=(), records=None, names=(), pid=None) -> bytes:
     b = np.zeros(1, P.BATCH_DTYPE)
-    b["pid"], b["n_names"], b["n_sections"] = 7, n_names, len(sections)
+    b["pid"], b["n_names"], b["n_sections"] = os.getpid() if pid is None else pid, n_names, len(sections)
     b["records"] = sum(c for _, _, c, _ in sections) if records is None else records
     out = b.tobytes()
     for ptr, s in names:
@@ -35,7 +44,7 @@ def batch_body(n_names=0, sections=(), records=None, names=()) -> bytes:
 
 
 def test_well_formed_messages_parse():
-    h = P.parse_hello(hello_body(status=b"conflict: x"))
+    h = P.parse_hello(hello_body(7, status=b"conflict: x"))
     assert (h.pid, h.comm, h.status) == (7, "vllm", "conflict: x")
     b = P.parse_batch(batch_body(1, [(10, 248, 2, bytes(496))], names=[(0x1000, b"k")]))
     assert b.names == {0x1000: "k"} and b.sections[0].count == 2
@@ -44,9 +53,7 @@ def test_well_formed_messages_parse():
 @pytest.mark.parametrize("body, msg", [
     (batch_body(records=5), "header says 5 records"),
     (batch_body(sections=[(10, 248, 3, bytes(248))]), "truncated"),
-    (batch_body(sections=[(10, 12, 1, bytes(12))]), "implausible record size"),
-    (batch_body(sections=[(99, 8, 1, bytes(8))]), "bad or repeated record kind"),
-    (batch_body(sections=[(10, 8, 1, bytes(8)), (10, 8, 1, bytes(8))]), "bad or repeated"),
+    (batch_body(sections=[(10, 2**32 - 8, 2**31, b"")]), "truncated"),
     (batch_body(n_names=10**9), "cannot fit"),
     (batch_body(1, names=[(1, b"x" * 5000)]), "exceeds"),
     (batch_body() + b"junk0000", "trailing"),
@@ -55,6 +62,33 @@ def test_well_formed_messages_parse():
 def test_bad_batches_are_protocol_errors(body, msg):
     with pytest.raises(P.ProtocolError, match=msg):
         P.parse_batch(body)
+
+
+@pytest.mark.parametrize("section, reason", [
+    ((10, 12, 1, bytes(12)), "implausible record size"),
+    ((10, 1 << 20, 1, bytes(1 << 20)), "implausible record size"),  # a failed record walk: one huge record
+    ((99, 8, 1, bytes(8)), "bad or repeated record kind"),
+])
+def test_a_bad_section_costs_only_that_section(section, reason):
+    good = (5, 40, 2, bytes(80))
+    b = P.parse_batch(batch_body(sections=[section, good]))
+    assert [(s.kind, s.count) for s in b.sections] == [(5, 2)]
+    assert len(b.rejected) == 1 and reason in b.rejected[0][2] and b.rejected[0][1] == 1
+    b = P.parse_batch(batch_body(sections=[good, (5, 40, 1, bytes(40))]))   # the same kind twice
+    assert len(b.sections) == 1 and "repeated" in b.rejected[0][2]
+
+
+@pytest.mark.parametrize("cbid, domain", [(0xFFFFFFFF, 1), (4096, 2), (5, 7)])
+def test_hello_callback_ids_are_bounded(cbid, domain):
+    with pytest.raises(P.ProtocolError, match="out of range"):
+        P.parse_hello(hello_body(7, cbids=[(domain, cbid, 1, b"cudaLaunchKernel")]))
+
+
+def test_library_counters_are_bounded():
+    b = np.frombuffer(batch_body(), P.BATCH_DTYPE).copy()
+    b["dropped_cupti"] = 2**64 - 1
+    with pytest.raises(P.ProtocolError, match="dropped_cupti"):
+        P.parse_batch(b.tobytes())
 
 
 def test_bad_frame_headers():
@@ -91,19 +125,25 @@ def test_hostile_peers_are_cut_and_counted_and_the_good_one_keeps_working(server
     good.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
     garbage = connect(server.path)
     garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")
-    liar = connect(server.path)
-    liar.sendall(P.encode_frame(P.MSG_HELLO, hello_body()) + P.encode_frame(P.MSG_BATCH, batch_body(records=9)))
+    impostor = connect(server.path)
+    impostor.sendall(P.encode_frame(P.MSG_HELLO, hello_body(pid=1)))     # claims to be init
     early = connect(server.path)
     early.sendall(P.encode_frame(P.MSG_BATCH, batch_body()))
     pump(server)
-    assert server.stats["protocol_errors"] == 3
+    assert server.stats["protocol_errors"] == 3 and server.stats["rejected_peers"] == 1
     assert server.connections == 1
-    good.sendall(P.encode_frame(P.MSG_BATCH, batch_body(1, [(10, 248, 1, bytes(248))], names=[(5, b"k")])))
+    # a batch that lies about its record count, then one for another pid: each costs
+    # only itself, the connection and the next batch survive
+    good.sendall(P.encode_frame(P.MSG_BATCH, batch_body(records=9))
+                 + P.encode_frame(P.MSG_BATCH, batch_body(pid=1))
+                 + P.encode_frame(P.MSG_BATCH, batch_body(1, [(10, 248, 1, bytes(248))], names=[(5, b"k")])))
     pump(server)
+    assert server.stats["rejected_batches"] == 2 and server.connections == 1
     msgs = server.drain()
     kinds = [m.kind for m in msgs if m.conn_id == 1]
     assert kinds == ["hello", "batch"]
-    for s in (good, garbage, liar, early):
+    assert {m.pid for m in msgs if m.conn_id == 1} == {os.getpid()}
+    for s in (good, garbage, impostor, early):
         s.close()
 
 

@@ -14,13 +14,21 @@ API and external-correlation records are kept for a while (bounded) because CUPT
 delivers per-thread API buffers and device kernel buffers independently; a kernel whose
 API record has not arrived by the time it is handed on keeps ``tid == -1`` and is
 counted in ``unjoined_kernels``.
+
+Values are range-checked as they are decoded (:func:`valid_records`): a record whose
+timestamps are zero, beyond the int64 nanosecond range, reversed or longer than
+:data:`MAX_DURATION_NS`, whose device is not a plausible ordinal, or whose byte count
+is absurd, is rejected and counted (``rejected_records`` and one ``rejected_<field>``
+counter per reason), never turned into a negative duration or device -1.
+Kernel names are demangled once per name when interned (:mod:`probes.cupti.demangle`).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ridgeline.probes.cupti import layouts as L
-from ridgeline.probes.cupti.protocol import Batch, Hello
+from ridgeline.probes.cupti.demangle import demangle
+from ridgeline.probes.cupti.protocol import MAX_CBID, MAX_DEVICE_ID, Batch, Hello
 from ridgeline.probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
                            RANGE_DTYPE, RANGE_NVTX, NameTable, Trace, empty)
@@ -28,11 +36,49 @@ from ridgeline.probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_
 _I8 = np.int64
 _I4 = np.int32
 
+#: Timestamps are int64 ns in the event model; larger values would turn negative.
+MAX_TIMESTAMP_NS = (1 << 63) - 1
+#: Longest interval accepted for one kernel, copy or API call (a day: persistent kernels
+#: run for hours; more is a broken or forged record and would swamp a window's sums).
+MAX_DURATION_NS = 86_400 * 10**9
+#: Largest byte count of one copy (256 TiB, beyond any device memory).
+MAX_COPY_BYTES = 1 << 48
+
+
+def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
+    """Which records of view ``v`` hold values in range.
+
+    Returns ``(mask, rejected)``: ``mask`` is None when every record is fine (the
+    common case: no copy), else a bool array; ``rejected`` counts failing records per
+    field (a record failing two checks counts once under each).
+    """
+    names = v.dtype.names
+    checks: list[tuple[str, np.ndarray]] = []
+    if "start" in names:
+        start, end = v["start"], v["end"]
+        checks.append(("timestamps", (start == 0) | (start > MAX_TIMESTAMP_NS) | (end > MAX_TIMESTAMP_NS)
+                       | (end < start) | ((end - start) > MAX_DURATION_NS)))
+    if "timestamp" in names:
+        ts = v["timestamp"]
+        checks.append(("timestamps", (ts == 0) | (ts > MAX_TIMESTAMP_NS)))
+    if "device_id" in names:
+        checks.append(("device", v["device_id"] > MAX_DEVICE_ID))
+    if "bytes" in names:
+        checks.append(("bytes", v["bytes"] > MAX_COPY_BYTES))
+    bad = None
+    rejected: dict[str, int] = {}
+    for what, b in checks:
+        n = int(np.count_nonzero(b))
+        if n:
+            rejected[what] = rejected.get(what, 0) + n
+            bad = b if bad is None else (bad | b)
+    return (None if bad is None else ~bad), rejected
+
 
 def _nz(a: np.ndarray) -> np.ndarray:
-    """CUPTI writes 0 for "no graph": the event model says -1."""
+    """CUPTI writes 0 for "no graph": the event model says -1 (as for ids past int64)."""
     out = a.astype(_I8)
-    out[out == 0] = MISSING
+    out[out <= 0] = MISSING
     return out
 
 
@@ -44,7 +90,7 @@ def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int, out: np.ndarra
     out["end_ns"] = v["end"]
     out["device"] = v["device_id"]
     out["stream"] = v["stream_id"]
-    out["context"] = v["context_id"]
+    out["context"] = np.minimum(v["context_id"], np.iinfo(_I4).max)
     out["correlation_id"] = v["correlation_id"]
     out["external_id"] = MISSING
     for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
@@ -89,9 +135,15 @@ class ProcessDecoder:
     valid for the life of the decoder, across reconnections of the library.
     """
 
-    def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16):
+    def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16,
+                 max_name_bytes: int = 64 << 20):
         self.pid = pid
         self.names = NameTable()
+        #: local name id -> the mangled name CUPTI reported, for names that were demangled
+        self.mangled: dict[int, str] = {}
+        self._seen_raw: dict[str, int] = {}     # raw (mangled) name -> id: demangle once per name
+        self.max_name_bytes = max_name_bytes
+        self._name_bytes = 0
         self.hello: Hello | None = None
         self.cupti_version = 0
         self.layout_sources: dict[int, str] = {}
@@ -113,7 +165,9 @@ class ProcessDecoder:
         self._open = np.empty(0, _MARKER_START_DTYPE)
         self.counters = {"records": 0, "kernels": 0, "copies": 0, "api": 0, "ranges": 0,
                          "undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0,
-                         "unmatched_marker_ends": 0, "open_markers_dropped": 0}
+                         "unmatched_marker_ends": 0, "open_markers_dropped": 0,
+                         "rejected_records": 0, "rejected_timestamps": 0, "rejected_device": 0,
+                         "rejected_bytes": 0, "rejected_sections": 0, "names_over_limit": 0}
         self.library_counters: dict[str, int] = {}
         self.devices: set[int] = set()
         self.mode = 0
@@ -125,7 +179,10 @@ class ProcessDecoder:
         self.cupti_version = hello.cupti_version
         self.mode, self.flags = hello.mode, hello.flags
         for domain in (API_DOMAIN_RUNTIME, API_DOMAIN_DRIVER):
-            entries = [(cb, cat, nm) for (d, cb), (cat, nm) in hello.cbids.items() if d == domain]
+            # protocol.parse_hello refuses ids >= MAX_CBID; checked again here because
+            # the table size comes from the peer
+            entries = [(cb, cat, nm) for (d, cb), (cat, nm) in hello.cbids.items()
+                       if d == domain and 0 <= cb < MAX_CBID]
             size = max((cb for cb, _, _ in entries), default=-1) + 1
             cat = np.full(max(size, 1), API_OTHER, np.uint8)
             nid = np.full(max(size, 1), MISSING, _I4)
@@ -138,8 +195,23 @@ class ProcessDecoder:
     def add_names(self, names: dict[int, str]) -> None:
         if not names:
             return
-        ptrs = np.fromiter(names.keys(), np.uint64, len(names))
-        ids = np.fromiter((self.names.intern(s) for s in names.values()), _I4, len(names))
+        keep = {}
+        for p, s in names.items():
+            i = self._seen_raw.get(s)
+            if i is None:
+                if self._name_bytes + len(s) > self.max_name_bytes:
+                    self.counters["names_over_limit"] += 1
+                    continue
+                self._name_bytes += len(s)
+                d = demangle(s)
+                i = self._seen_raw[s] = self.names.intern(d)
+                if d != s:
+                    self.mangled[i] = s
+            keep[p] = i
+        if not keep:
+            return
+        ptrs = np.fromiter(keep.keys(), np.uint64, len(keep))
+        ids = np.fromiter(keep.values(), _I4, len(keep))
         allp = np.concatenate([self._ptrs, ptrs])
         alli = np.concatenate([self._ptr_ids, ids])
         # a pointer sent again (after a reconnect) keeps its newest string
@@ -173,9 +245,13 @@ class ProcessDecoder:
         self.library_counters = {k: int(h[k]) for k in
                                  ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
                                   "sampled_out", "names_dropped", "walk_errors")}
-        self.devices.update(int(d) for d in h["device_ids"][:int(h["n_devices"])])
+        self.devices.update(int(d) for d in h["device_ids"][:int(h["n_devices"])] if int(d) <= MAX_DEVICE_ID)
         self.add_names(batch.names)
         n_done = 0
+        for kind, count, reason in batch.rejected:
+            self.counters["rejected_sections"] += 1
+            self.counters["undecodable_records"] += count
+            self.layout_sources[kind] = reason
         for s in batch.sections:
             dtype, source = L.layout_for(s.kind, s.record_size, self.cupti_version)
             if dtype is None:
@@ -184,7 +260,13 @@ class ProcessDecoder:
                 continue
             self.layout_sources[s.kind] = source
             v = np.frombuffer(s.data, dtype, s.count)
-            n_done += s.count
+            ok, rejected = valid_records(v)
+            if ok is not None:
+                v = v[ok]
+                self.counters["rejected_records"] += s.count - len(v)
+                for what, n in rejected.items():
+                    self.counters[f"rejected_{what}"] += n
+            n_done += len(v)
             if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
                 decode_kernels(v, self.name_ids(v["name"]), self.pid, self._kernels.reserve(len(v)))
             elif s.kind in (L.KIND_MEMCPY, L.KIND_MEMSET):
@@ -198,8 +280,8 @@ class ProcessDecoder:
             elif s.kind == L.KIND_MARKER:
                 self._decode_markers(v)
             else:
-                n_done -= s.count   # MARKER_DATA, GRAPH_TRACE: carried, not modelled yet
-                self.counters["undecodable_records"] += s.count
+                n_done -= len(v)    # MARKER_DATA, GRAPH_TRACE: carried, not modelled yet
+                self.counters["undecodable_records"] += len(v)
         self.counters["records"] += n_done
         return n_done
 
@@ -301,6 +383,7 @@ class ProcessDecoder:
                 "library_counters": dict(self.library_counters), "devices": sorted(self.devices)}
         if self.hello is not None:
             meta["comm"] = self.hello.comm
+        meta["mangled_names"] = self.mangled
         return Trace(kernels=kernels, copies=copies, api=api_new, ranges=ranges, names=self.names,
                      meta=meta), latency
 

@@ -17,11 +17,15 @@ import numpy as np
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import ProcessDecoder
 from ridgeline.probes.cupti.library import library_path
-from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer
+from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
 from ridgeline.probes.probe import Availability, Probe
 
 log = logging.getLogger(__name__)
+
+_DECODER_COUNTERS = ("undecodable_records", "unresolved_names", "unjoined_kernels", "rejected_records",
+                     "rejected_timestamps", "rejected_device", "rejected_bytes", "rejected_sections",
+                     "names_over_limit")
 
 
 def _announce_target(pid: int) -> bool:
@@ -51,6 +55,10 @@ class CuptiProbe(Probe):
     * ``"closed_pids"``: pids whose connection ended;
     * ``"status"``: ``{pid: text}`` the library's own reasons (missing CUPTI, conflict
       with another CUPTI subscriber), new since the last poll.
+
+    Kernel names are demangled; ``trace.meta["mangled_names"]`` maps a name id of the
+    probe-wide table to the mangled name CUPTI reported (only for names that were
+    mangled). Text from a peer (comm, status) is escaped before it reaches the log.
     """
 
     name = "cupti"
@@ -64,6 +72,7 @@ class CuptiProbe(Probe):
         self.server: CuptiServer | None = None
         self.decoders: dict[int, ProcessDecoder] = {}
         self.names = NameTable()                  # probe-wide: every process's names
+        self.mangled_names: dict[int, str] = {}   # probe-wide name id -> mangled name
         self._remaps: dict[int, np.ndarray] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -140,7 +149,8 @@ class CuptiProbe(Probe):
                 if m.body.status:
                     self._status[m.pid] = m.body.status
                     if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
-                        log.warning("cupti: pid %d (%s): %s", m.pid, m.body.comm, m.body.status.strip())
+                        log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
+                                    escape(m.body.status.strip()))
             elif m.kind == "batch":
                 dec = self.decoders.get(m.pid)
                 if dec is None:   # cannot happen: the server requires hello first
@@ -149,7 +159,8 @@ class CuptiProbe(Probe):
                     self.records += dec.add_batch(m.body)
                 except Exception as e:    # a decoding bug must not take the agent down
                     self.decode_errors += 1
-                    log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__, e)
+                    log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__,
+                                escape(str(e)))
             elif m.kind == "closed":
                 if self._conn_pid.pop(m.conn_id, None) is not None:
                     self._closed.append(m.pid)
@@ -190,16 +201,20 @@ class CuptiProbe(Probe):
             self._remaps.pop(pid, None)
             for k, v in dec.library_counters.items():
                 self._retired[f"library_{k}"] = self._retired.get(f"library_{k}", 0) + v
-            for k in ("undecodable_records", "unresolved_names", "unjoined_kernels"):
+            for k in _DECODER_COUNTERS:
                 self._retired[k] = self._retired.get(k, 0) + dec.counters.get(k, 0)
 
     def _to_shared_names(self, pid: int, dec: ProcessDecoder, trace: Trace) -> None:
         """Rewrite a process's name ids into the probe-wide table (vectorised remap)."""
         remap = self._remaps.get(pid, np.empty(0, np.int32))
         if len(remap) < len(dec.names):
-            new = np.fromiter((self.names.intern(dec.names[i]) for i in range(len(remap), len(dec.names))),
-                              np.int32, len(dec.names) - len(remap))
+            first = len(remap)
+            new = np.fromiter((self.names.intern(dec.names[i]) for i in range(first, len(dec.names))),
+                              np.int32, len(dec.names) - first)
             remap = self._remaps[pid] = np.concatenate([remap, new])
+            for i, mangled in dec.mangled.items():
+                if i >= first:
+                    self.mangled_names.setdefault(int(remap[i]), mangled)
         if len(remap) == 0:
             return
         for arr in (trace.kernels, trace.copies, trace.api, trace.ranges):
@@ -208,7 +223,10 @@ class CuptiProbe(Probe):
                 arr["name_id"] = np.where(ids >= 0, remap[np.maximum(ids, 0)], MISSING)
 
     def _merge(self, parts) -> tuple[Trace, np.ndarray]:
-        meta = {"source": "cupti", "processes": {pid: t.meta for pid, t, _ in parts}}
+        meta = {"source": "cupti", "processes": {pid: t.meta for pid, t, _ in parts},
+                "mangled_names": self.mangled_names}
+        for _, t, _ in parts:
+            t.meta.pop("mangled_names", None)     # process-local ids; the probe-wide map replaces them
         if len(parts) == 1:
             _, t, lat = parts[0]
             return Trace(t.kernels, t.copies, t.api, t.ranges, names=self.names, meta=meta), lat
@@ -218,7 +236,7 @@ class CuptiProbe(Probe):
 
     def counters(self) -> dict:
         lib = {k: self._retired.get(f"library_{k}", 0) for k in P.LIBRARY_COUNTERS}
-        dec = {k: self._retired.get(k, 0) for k in ("undecodable_records", "unresolved_names", "unjoined_kernels")}
+        dec = {k: self._retired.get(k, 0) for k in _DECODER_COUNTERS}
         for d in self.decoders.values():
             for k in lib:
                 lib[k] += d.library_counters.get(k, 0)
@@ -228,7 +246,9 @@ class CuptiProbe(Probe):
         lost = lib["dropped_cupti"] + lib["dropped_pool_full"] + lib["dropped_no_agent"] + lib["dropped_send"]
         out = {"records": self.records,
                "drops": lost + stats.get("dropped_batches_queue_full", 0),
-               "errors": stats.get("protocol_errors", 0) + self.decode_errors + dec["undecodable_records"],
+               "errors": (stats.get("protocol_errors", 0) + stats.get("rejected_batches", 0)
+                          + stats.get("rejected_peers", 0) + self.decode_errors + dec["undecodable_records"]
+                          + dec["rejected_records"]),
                "processes": len(self.decoders),
                "connections": self.server.connections if self.server else 0}
         out.update({f"library_{k}": v for k, v in lib.items()})

@@ -6,6 +6,13 @@ count is checked against the bytes actually present before anything is sliced, s
 malformed or hostile peer gets a :class:`ProtocolError` (counted by the server, which
 then closes that one connection) and never an exception from deep inside numpy, a huge
 allocation, or a stall.
+
+Two levels of error: a broken *frame* (magic, version, type, or a length over
+:data:`MAX_BODY_BYTES`) cannot be resynchronised, so that connection is closed; a
+complete frame whose *body* is wrong costs only that message (the next frame starts at
+a known offset). Inside a batch, a section whose kind or record size is implausible
+(e.g. the library's record walk failed and the rest of the buffer became one record)
+costs only that section: it is returned in :attr:`Batch.rejected` and counted.
 """
 from __future__ import annotations
 
@@ -27,12 +34,23 @@ FLAG_TEST_MODE = 1 << 4
 FLAG_WALK_WITH_CUPTI = 1 << 5
 
 MAX_DEVICES = 16
-#: Largest body accepted. A batch is one CUPTI buffer (<= 256 MiB by the library's own
-#: limit, 4 MiB by default) plus new names (<= 16 MiB by default).
+#: Largest body accepted. A batch is one CUPTI buffer plus the names new on the
+#: connection; the library caps its buffers at 64 MiB and the names of one batch at
+#: 16 MiB so that every batch fits (probes/native, RIDGELINE_BUFFER_BYTES).
 MAX_BODY_BYTES = 96 << 20
 MAX_NAME_BYTES = 4096
 MAX_SECTIONS = 64
 MAX_KIND = 64
+#: CUPTI callback ids are small dense enums (runtime about 500, driver about 800 in 13.x);
+#: the decoder indexes tables by them, so anything larger is refused, not allocated.
+MAX_CBID = 4096
+MAX_CBIDS = 4096
+MAX_RECORD_BYTES = 4096
+#: Device ordinals above this are not GPUs (CUDA enumerates a few dozen at most).
+MAX_DEVICE_ID = 1023
+#: Library counters are cumulative event counts; 2**53 is beyond any real value and the
+#: largest integer a float (Prometheus' sample type) holds exactly.
+MAX_COUNTER = 1 << 53
 
 FRAME_DTYPE = np.dtype([("magic", "<u4"), ("type", "<u2"), ("proto", "<u2"), ("length", "<u4"),
                         ("reserved", "<u4")])
@@ -92,6 +110,8 @@ class Batch:
     header: np.void       # one BATCH_DTYPE record
     names: dict[int, str]  # CUPTI name pointer -> string (new on this connection)
     sections: list[Section]
+    #: sections skipped because their kind or record size is implausible: (kind, count, reason)
+    rejected: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 def _pad8(n: int) -> int:
@@ -145,7 +165,7 @@ class _Reader:
 def parse_hello(body) -> Hello:
     r = _Reader(body)
     h = r.struct(HELLO_DTYPE, "hello")[0]
-    if int(h["n_sizes"]) > MAX_KIND or int(h["n_cbids"]) > 4096:
+    if int(h["n_sizes"]) > MAX_KIND or int(h["n_cbids"]) > MAX_CBIDS:
         raise ProtocolError("hello: implausible table sizes")
     comm = r.text(int(h["comm_len"]), "comm", 256)
     status = r.text(int(h["status_len"]), "status", 8192)
@@ -154,7 +174,11 @@ def parse_hello(body) -> Hello:
     for _ in range(int(h["n_cbids"])):
         c = r.struct(CBID_DTYPE, "cbid")[0]
         name = r.text(int(c["name_len"]), "cbid name", 256)
-        cbids[(int(c["domain"]), int(c["cbid"]))] = (int(c["category"]), name)
+        domain, cbid, category = int(c["domain"]), int(c["cbid"]), int(c["category"])
+        if domain not in (1, 2) or cbid >= MAX_CBID or category > 255:
+            raise ProtocolError(f"hello: callback id {cbid} of domain {domain} (category {category}) "
+                                f"is out of range (domains 1-2, ids below {MAX_CBID})")
+        cbids[(domain, cbid)] = (category, name)
     if r.pos != len(r.mv):
         raise ProtocolError(f"hello: {len(r.mv) - r.pos} trailing bytes")
     return Hello(int(h["pid"]), int(h["cupti_version"]), int(h["header_api_version"]), int(h["mode"]),
@@ -170,6 +194,9 @@ def parse_batch(body) -> Batch:
         raise ProtocolError(f"batch: {n_sections} sections (at most {MAX_SECTIONS})")
     if int(h["n_devices"]) > MAX_DEVICES:
         raise ProtocolError("batch: too many devices")
+    for k in LIBRARY_COUNTERS:
+        if int(h[k]) >= MAX_COUNTER:
+            raise ProtocolError(f"batch: counter {k} = {int(h[k])} is out of range")
     # each name takes at least 16 bytes: a count larger than the body allows is a lie
     if n_names * NAME_DTYPE.itemsize > len(r.mv):
         raise ProtocolError(f"batch: {n_names} names cannot fit in {len(r.mv)} bytes")
@@ -178,24 +205,28 @@ def parse_batch(body) -> Batch:
         n = r.struct(NAME_DTYPE, "name")[0]
         names[int(n["ptr"])] = r.text(int(n["len"]), "name", MAX_NAME_BYTES)
     sections: list[Section] = []
+    rejected: list[tuple[int, int, str]] = []
     seen = set()
     total = 0
     for _ in range(n_sections):
         s = r.struct(SECTION_DTYPE, "section header")[0]
         kind, size, count = int(s["kind"]), int(s["record_size"]), int(s["count"])
-        if not 0 < kind < MAX_KIND or kind in seen:
-            raise ProtocolError(f"batch: bad or repeated record kind {kind}")
-        if size < 8 or size > 4096 or size % 8:
-            raise ProtocolError(f"batch: implausible record size {size} for kind {kind}")
-        seen.add(kind)
+        # the bytes must be there whatever the section says: that keeps the framing
         data = r.take(size * count, f"section of kind {kind}")
-        sections.append(Section(kind, size, count, data))
         total += count
+        if not 0 < kind < MAX_KIND or kind in seen:
+            rejected.append((kind, count, f"bad or repeated record kind {kind}"))
+            continue
+        seen.add(kind)
+        if size < 8 or size > MAX_RECORD_BYTES or size % 8:
+            rejected.append((kind, count, f"implausible record size {size} for kind {kind}"))
+            continue
+        sections.append(Section(kind, size, count, data))
     if r.pos != len(r.mv):
         raise ProtocolError(f"batch: {len(r.mv) - r.pos} trailing bytes")
     if total != int(h["records"]):
         raise ProtocolError(f"batch: header says {int(h['records'])} records, sections hold {total}")
-    return Batch(h, names, sections)
+    return Batch(h, names, sections, rejected)
 
 
 def encode_control(mode: int, kernel_sample_every: int = 0) -> bytes:

@@ -7,20 +7,35 @@ connectable by local users whose processes we profile) can crash or stall the ag
 * a frame header with a wrong magic, version, type or a body over the size limit, or
   a body that does not parse, is a protocol error: counted, and that connection is
   closed (a byte stream cannot be resynchronised);
-* at most ``max_connections`` peers; more are accepted and closed at once (counted);
+* at most ``max_connections`` peers, always well below the process's descriptor limit
+  (``RLIMIT_NOFILE``; the rest of the agent needs descriptors too); more are accepted
+  and closed at once (counted as ``refused_connections``);
+* a complete frame whose body does not parse costs only that message
+  (``rejected_batches``); the connection stays, as the framing is intact;
 * queued, not yet decoded bytes are bounded; past the bound new batches are dropped
   and counted; half-received frames of all peers together are bounded too (a peer that
   pushes the total over the bound is cut);
 * a peer that holds a half-sent frame without progress for ``idle_timeout_s`` is cut.
 
 The pid of a process is taken from the kernel (``SO_PEERCRED``), not from the message:
-it is the pid in the agent's namespace, and it cannot be forged by the peer.
+it is the pid in the agent's namespace, and it cannot be forged by the peer. The pid the
+library reports must be that process's pid in its own pid namespace (``NSpid`` in
+``/proc/<pid>/status``); a peer claiming another process is cut and counted
+(``rejected_peers``), as is a peer the kernel cannot name (in a pid namespace the agent
+does not see). So a process reports only for itself.
+
+Who may connect: the socket is mode 0666 (or 0660 with ``socket_group``) and its folder
+is made searchable (``o+x``, never listable or writable) so that served processes
+running as unprivileged service users reach it; see docs/cupti.md, "Access".
 """
 from __future__ import annotations
 
 import collections
+import errno
+import grp
 import logging
 import os
+import resource
 import selectors
 import socket
 import stat
@@ -34,6 +49,38 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/ridgeline/cupti.sock"
 _RECV_CHUNK = 1 << 20
+#: Connections take at most this share of the descriptor limit.
+NOFILE_SHARE = 4
+MAX_CONNECTIONS_CAP = 1024
+
+
+def connection_limit(requested: int | None = None) -> int:
+    """Connections allowed: ``requested`` (or 1024) but at most a quarter of the soft
+    ``RLIMIT_NOFILE``, so that a flood of peers leaves descriptors for ``/metrics``,
+    the publisher, eBPF and files (a default limit of 1024 gives 256)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = MAX_CONNECTIONS_CAP if soft == resource.RLIM_INFINITY else max(8, soft // NOFILE_SHARE)
+    want = MAX_CONNECTIONS_CAP if requested is None else int(requested)
+    return max(1, min(want, ceiling))
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """The pids of ``pid`` in each nested pid namespace, outermost first (``NSpid``)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return [pid]
+
+
+def escape(text: str, limit: int = 300) -> str:
+    """Peer text made safe for one log line: control characters and non-ASCII escaped, cut
+    at ``limit`` characters (a peer must not be able to write lines into the agent's log)."""
+    out = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
+    return out + ("..." if len(text) > limit else "")
 
 
 @dataclass
@@ -57,21 +104,25 @@ class _Conn:
     msg_type: int = 0
     last_progress: float = 0.0
     hello: P.Hello | None = None
+    rejected: int = 0
 
 
 class CuptiServer:
     """Listens on ``path``; :meth:`pump` moves bytes from sockets into :meth:`drain`'s queue."""
 
-    def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int = 1024,
-                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int = 0o666,
-                 max_partial_bytes: int = 512 << 20):
+    def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int | None = None,
+                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int | None = None,
+                 max_partial_bytes: int = 512 << 20, socket_group: str | int | None = None):
         self.path = str(path)
-        self.max_connections = max_connections
+        self.requested_connections = max_connections
+        self.max_connections = connection_limit(max_connections)
+        self.socket_group = socket_group
         self.max_queued_bytes = max_queued_bytes
         self.max_partial_bytes = max_partial_bytes
         self._partial_bytes = 0
         self.idle_timeout_s = idle_timeout_s
-        self.socket_mode = socket_mode
+        # with a group, only its members (and root) may connect; else every local user
+        self.socket_mode = socket_mode if socket_mode is not None else (0o660 if socket_group is not None else 0o666)
         self._sel: selectors.BaseSelector | None = None
         self._listener: socket.socket | None = None
         self._conns: dict[int, _Conn] = {}
@@ -85,7 +136,8 @@ class CuptiServer:
         """Bind and listen. Replaces a stale socket file; refuses to replace anything else."""
         d = os.path.dirname(self.path)
         if d:
-            os.makedirs(d, exist_ok=True)
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            self._open_folder(d)
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
@@ -98,11 +150,34 @@ class CuptiServer:
         s.setblocking(False)
         s.bind(self.path)
         # served processes run as other users: they must be able to connect
+        if self.socket_group is not None:
+            gid = self.socket_group if isinstance(self.socket_group, int) else grp.getgrnam(self.socket_group).gr_gid
+            os.chown(self.path, -1, gid)
         os.chmod(self.path, self.socket_mode)
         s.listen(128)
         self._listener = s
         self._sel = selectors.DefaultSelector()
         self._sel.register(s, selectors.EVENT_READ, None)
+
+    @staticmethod
+    def _open_folder(d: str) -> None:
+        """Let other users reach the socket through its folder (search bit only: they can
+        neither list nor create anything there). Only a folder this process owns is
+        changed; a folder that stays closed is reported once."""
+        try:
+            st = os.stat(d)
+        except OSError:
+            return
+        want = st.st_mode & 0o7777 | 0o011
+        if want != st.st_mode & 0o7777 and st.st_uid == os.geteuid():
+            try:
+                os.chmod(d, want)
+                return
+            except OSError:
+                pass
+        if not st.st_mode & 0o001:
+            log.warning("cupti: %s is not searchable by other users: served processes that run as another "
+                        "user cannot connect (make it mode 0711 or 0751)", d)
 
     def close(self) -> None:
         """Close every connection and the listener; idempotent."""
@@ -143,11 +218,12 @@ class CuptiServer:
                 total += self._read(c, budget_bytes - total)
             except P.ProtocolError as e:
                 self.stats["protocol_errors"] += 1
-                log.warning("cupti: pid %d: %s; connection closed", c.pid, e)
+                log.warning("cupti: pid %d: %s; connection closed", c.pid, escape(str(e)))
                 self._drop(c, reason="protocol error")
-            except Exception as e:   # never let a peer crash the agent
+            except Exception as e:   # never let a peer crash the agent (MemoryError included)
                 self.stats["protocol_errors"] += 1
-                log.warning("cupti: pid %d: unexpected %s: %s; connection closed", c.pid, type(e).__name__, e)
+                log.warning("cupti: pid %d: unexpected %s: %s; connection closed", c.pid, type(e).__name__,
+                            escape(str(e)))
                 self._drop(c, reason="error")
             if total >= budget_bytes:
                 break
@@ -165,14 +241,15 @@ class CuptiServer:
             return
         except OSError as e:
             self.stats["accept_errors"] += 1
-            log.warning("cupti: accept failed: %s", e)
+            if self.stats["accept_errors"] == 1 or e.errno not in (errno.EMFILE, errno.ENFILE):
+                log.warning("cupti: accept failed: %s", e)
             return
         if len(self._conns) >= self.max_connections:
             self.stats["refused_connections"] += 1
             s.close()
             return
         s.setblocking(False)
-        pid, uid = -1, -1
+        pid, uid = 0, -1
         try:
             cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             pid, uid, _gid = struct.unpack("3i", cred)
@@ -227,25 +304,47 @@ class CuptiServer:
     def _frame_done(self, c: _Conn, body) -> None:
         self.stats["messages"] += 1
         if c.msg_type == P.MSG_HELLO:
+            if c.hello is not None:
+                raise P.ProtocolError("second hello on one connection")
             hello = P.parse_hello(body)
+            self._check_identity(c, hello.pid)
             c.hello = hello
-            self._queue.append(Message("hello", c.conn_id, self._pid_of(c, hello.pid), hello))
+            self._queue.append(Message("hello", c.conn_id, c.pid, hello))
         elif c.msg_type == P.MSG_BATCH:
             if c.hello is None:
                 raise P.ProtocolError("batch before hello")
             if self._queued_bytes + len(body) > self.max_queued_bytes:
                 self.stats["dropped_batches_queue_full"] += 1
                 return
-            batch = P.parse_batch(body)
+            try:
+                batch = P.parse_batch(body)
+                if int(batch.header["pid"]) != c.hello.pid:
+                    raise P.ProtocolError(f"batch for pid {int(batch.header['pid'])} on the connection of "
+                                          f"pid {c.hello.pid}")
+            except P.ProtocolError as e:
+                # the frame was complete, so the next one starts right after it: only
+                # this message is lost
+                self.stats["rejected_batches"] += 1
+                c.rejected += 1
+                if c.rejected == 1:
+                    log.warning("cupti: pid %d: batch rejected (later ones counted only): %s", c.pid,
+                                escape(str(e)))
+                return
             self._queued_bytes += len(body)
-            self._queue.append(Message("batch", c.conn_id, self._pid_of(c, int(batch.header["pid"])), batch,
-                                       len(body)))
+            self._queue.append(Message("batch", c.conn_id, c.pid, batch, len(body)))
         else:
             raise P.ProtocolError("control messages only flow from the agent to the library")
 
-    @staticmethod
-    def _pid_of(c: _Conn, reported: int) -> int:
-        return c.pid if c.pid > 0 else reported
+    def _check_identity(self, c: _Conn, claimed: int) -> None:
+        """The kernel names the peer; its claimed pid must be that process (in its own
+        pid namespace), else the peer is reporting for someone else."""
+        if c.pid <= 0:
+            self.stats["rejected_peers"] += 1
+            raise P.ProtocolError("the kernel gives no pid for this peer (a pid namespace the agent does "
+                                  "not see); refused")
+        if claimed not in namespace_pids(c.pid):
+            self.stats["rejected_peers"] += 1
+            raise P.ProtocolError(f"peer pid {c.pid} claims to be pid {claimed}; refused")
 
     def _drop(self, c: _Conn, reason: str | None) -> None:
         if self._conns.pop(c.conn_id, None) is None:
@@ -282,7 +381,7 @@ class CuptiServer:
         frame = P.encode_control(mode, kernel_sample_every)
         n = 0
         for c in list(self._conns.values()):
-            if pid is not None and self._pid_of(c, c.hello.pid if c.hello else -1) != pid:
+            if pid is not None and c.pid != pid:
                 continue
             try:
                 if c.sock.send(frame) == len(frame):
