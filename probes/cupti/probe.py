@@ -138,32 +138,40 @@ class CuptiProbe(Probe):
     def ingest(self, messages) -> None:
         """Decode messages (from :meth:`CuptiServer.drain`); used by :meth:`poll` and by tests."""
         for m in messages:
-            if m.kind == "hello":
-                dec = self.decoders.get(m.pid)
-                if dec is None:
-                    dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
-                dec.set_hello(m.body)
-                self._conn_pid[m.conn_id] = m.pid
-                self._new.append((m.pid, m.body.comm))
-                _announce_target(m.pid)
-                if m.body.status:
-                    self._status[m.pid] = m.body.status
-                    if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
-                        log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
-                                    escape(m.body.status.strip()))
-            elif m.kind == "batch":
-                dec = self.decoders.get(m.pid)
-                if dec is None:   # cannot happen: the server requires hello first
-                    continue
-                try:
-                    self.records += dec.add_batch(m.body)
-                except Exception as e:    # a decoding bug must not take the agent down
-                    self.decode_errors += 1
-                    log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__,
-                                escape(str(e)))
-            elif m.kind == "closed":
-                if self._conn_pid.pop(m.conn_id, None) is not None:
-                    self._closed.append(m.pid)
+            try:
+                self._ingest_one(m)
+            except Exception as e:        # MemoryError included: one message, never the others
+                self.decode_errors += 1
+                log.warning("cupti: pid %d: %s message not used: %s: %s", m.pid, m.kind, type(e).__name__,
+                            escape(str(e)))
+
+    def _ingest_one(self, m) -> None:
+        if m.kind == "hello":
+            dec = self.decoders.get(m.pid)
+            if dec is None:
+                dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
+            dec.set_hello(m.body)
+            self._conn_pid[m.conn_id] = m.pid
+            self._new.append((m.pid, m.body.comm))
+            _announce_target(m.pid)
+            if m.body.status:
+                self._status[m.pid] = m.body.status
+                if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
+                    log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
+                                escape(m.body.status.strip()))
+        elif m.kind == "batch":
+            dec = self.decoders.get(m.pid)
+            if dec is None:   # cannot happen: the server requires hello first
+                return
+            try:
+                self.records += dec.add_batch(m.body)
+            except Exception as e:    # a decoding bug must not take the agent down
+                self.decode_errors += 1
+                log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__,
+                            escape(str(e)))
+        elif m.kind == "closed":
+            if self._conn_pid.pop(m.conn_id, None) is not None:
+                self._closed.append(m.pid)
 
     def poll(self) -> dict:
         if self.server is None:

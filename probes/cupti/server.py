@@ -234,20 +234,29 @@ class CuptiServer:
                 self._drop(c, reason="stalled mid-frame")
         return total
 
-    def _accept(self) -> None:
+    def _accept(self, max_round: int = 256) -> None:
+        """Accept what is pending (at most ``max_round`` per round, so a flood cannot starve reads)."""
+        for _ in range(max_round):
+            if not self._accept_one():
+                return
+
+    def _accept_one(self) -> bool:
         try:
             s, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError as e:
             self.stats["accept_errors"] += 1
             if self.stats["accept_errors"] == 1 or e.errno not in (errno.EMFILE, errno.ENFILE):
                 log.warning("cupti: accept failed: %s", e)
-            return
+            return False
         if len(self._conns) >= self.max_connections:
             self.stats["refused_connections"] += 1
+            if self.stats["refused_connections"] == 1:
+                log.warning("cupti: %d connections (the limit, below the descriptor limit): further peers "
+                            "are refused and counted", self.max_connections)
             s.close()
-            return
+            return True
         s.setblocking(False)
         pid, uid = 0, -1
         try:
@@ -260,6 +269,7 @@ class CuptiServer:
         self._conns[c.conn_id] = c
         self._sel.register(s, selectors.EVENT_READ, c)
         self.stats["connections"] += 1
+        return True
 
     def _read(self, c: _Conn, budget: int) -> int:
         got = 0

@@ -1,0 +1,239 @@
+"""The agent's CUPTI socket against hostile and unprivileged peers: real clients, real server.
+
+* a HELLO naming callback id 0xFFFFFFFF (which made the agent allocate ~20 GiB and lose the
+  messages it had drained) costs one counted rejection, under a 3 GiB address-space limit;
+* a peer runs as ``nobody`` (root is needed to show it): it can connect through a socket
+  folder that systemd created 0750, report for itself, and nothing more: claiming another
+  pid is refused and counted, and it can neither list, create nor remove anything there;
+* 1,200 connections against an agent whose descriptor limit is 1,024: connections are
+  bounded well below it, refusals are counted, and a /metrics-like HTTP endpoint of the
+  same process keeps answering.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cupti_records as R
+from ridgeline.probes.cupti.probe import CuptiProbe
+from ridgeline.probes.cupti.server import CuptiServer, connection_limit
+
+ROOT = Path(__file__).resolve().parent.parent
+NOBODY = 65534
+
+
+def _kernels(n=4):
+    b = R.make_buffer(n, seed=3, with_markers=False)
+    return b, [(10, R.KERNEL.itemsize, b.kernels.tobytes())]
+
+
+def test_hello_with_callback_id_0xffffffff_costs_one_rejection_not_20_gib(tmp_path):
+    """Run in a child with RLIMIT_AS = 3 GiB: before the fix np.full(2**32) raised
+    MemoryError out of poll() and the good peer's batch, already drained, was lost."""
+    code = textwrap.dedent(f"""
+        import resource, socket, sys, json
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        import cupti_records as R
+        from ridgeline.probes.cupti.probe import CuptiProbe
+        b = R.make_buffer(4, seed=3, with_markers=False)
+        p = CuptiProbe({str(tmp_path / 'c.sock')!r}); p.start()
+        good = socket.socket(socket.AF_UNIX); good.connect(p.socket_path)
+        good.sendall(R.hello_frame() + R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes())], b.names))
+        bad = socket.socket(socket.AF_UNIX); bad.connect(p.socket_path)
+        bad.sendall(R.hello_frame(cbids=[(1, 0xFFFFFFFF, 1, b"x")]))
+        got = R.poll_until(p, lambda g: any("trace" in x for x in g) and p.counters().get("server_protocol_errors", 0))
+        c = p.counters(); p.stop()
+        print(json.dumps({{"kernels": sum(len(x["trace"].kernels) for x in got if "trace" in x),
+                          "protocol_errors": c.get("server_protocol_errors", 0), "decode_errors": p.decode_errors}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"kernels": 4, "protocol_errors": 1, "decode_errors": 0}
+
+
+# ---------------------------------------------------------------------------------- as nobody
+
+_CLIENT = textwrap.dedent("""
+    # A peer of the CUPTI socket using only the standard library. argv: socket path,
+    # "self" or a pid to claim, then frames (hex) whose body starts with the pid (u32).
+    import os, socket, struct, sys, json
+    path, claim, frames = sys.argv[1], sys.argv[2], [bytes.fromhex(x) for x in sys.argv[3:]]
+    pid = os.getpid() if claim == "self" else int(claim)
+    res = {"pid": os.getpid(), "uid": os.getuid()}
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        for f in frames:
+            f = bytearray(f); struct.pack_into("<I", f, 16, pid); s.sendall(bytes(f))
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(5)
+        res["closed_by_agent"] = s.recv(1) == b""
+        res["connect"] = "ok"
+    except OSError as e:
+        res["connect"] = type(e).__name__
+    d = os.path.dirname(path)
+    for what, fn in (("list", lambda: os.listdir(d)), ("create", lambda: open(os.path.join(d, "x"), "w")),
+                     ("unlink", lambda: os.unlink(path))):
+        try:
+            fn(); res[what] = "allowed"
+        except OSError as e:
+            res[what] = type(e).__name__
+    print(json.dumps(res))
+""")
+
+
+def _as_nobody(args, timeout=30):
+    def drop():
+        os.setgid(NOBODY if os.path.exists("/etc/group") else NOBODY)
+        os.setgroups([])
+        os.setuid(NOBODY)
+    r = subprocess.run(["/usr/bin/python3", "-c", _CLIENT, *args], capture_output=True, text=True,
+                       timeout=timeout, preexec_fn=drop, cwd="/")
+    assert r.returncode == 0, r.stderr[-1500:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def run_dir():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the peer must run as another user (nobody)")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3 for the unprivileged client")
+    base = Path(tempfile.mkdtemp(prefix="rl-sock-", dir="/tmp"))
+    base.chmod(0o755)
+    d = base / "ridgeline"
+    d.mkdir(mode=0o750)          # what systemd's RuntimeDirectoryMode=0750 makes
+    d.chmod(0o750)
+    yield d
+    subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_unprivileged_peer_connects_and_reports_only_for_itself(run_dir):
+    probe = CuptiProbe(str(run_dir / "cupti.sock"))
+    probe.start()
+    try:
+        assert run_dir.stat().st_mode & 0o777 == 0o751      # searchable, not listable by others
+        b, sections = _kernels(4)
+        frames = [R.hello_frame(pid=0).hex(), R.batch_frame(sections, b.names, pid=0).hex()]
+        me = _as_nobody([probe.socket_path, "self", *frames])
+        assert me["uid"] == NOBODY and me["connect"] == "ok"
+        assert me["list"] == "PermissionError" and me["create"] == "PermissionError"
+        assert me["unlink"] == "PermissionError"
+        got = R.poll_until(probe, lambda g: any("trace" in x for x in g))
+        tr = [x["trace"] for x in got if "trace" in x]
+        assert len(tr) == 1 and set(tr[0].kernels["pid"].tolist()) == {me["pid"]}
+        # the same client claiming to be another process (init, or the agent itself)
+        for claim in ("1", str(os.getpid())):
+            other = _as_nobody([probe.socket_path, claim, *frames])
+            # the agent cuts it: seen as EOF, or as a reset while it was still sending
+            assert other["connect"] in ("ConnectionResetError", "BrokenPipeError") or other["closed_by_agent"]
+        time.sleep(0.2)
+        got = R.poll_until(probe, lambda g: probe.counters()["server_rejected_peers"] >= 2, timeout_s=5)
+        c = probe.counters()
+        assert c["server_rejected_peers"] == 2
+        assert not any("trace" in x for x in got)            # nothing reported for pid 1 or the agent
+        assert set(probe.decoders) == {me["pid"]} or not probe.decoders
+    finally:
+        probe.stop()
+
+
+def test_socket_group_limits_who_may_connect(run_dir):
+    """With ``socket_group`` the socket is 0660 root:<group>: nobody (not a member) is refused
+    by the kernel, before the agent reads a byte."""
+    s = CuptiServer(str(run_dir / "cupti.sock"), socket_group=0)
+    s.open()
+    try:
+        st = os.stat(s.path)
+        assert st.st_mode & 0o777 == 0o660 and st.st_gid == 0
+        assert _as_nobody([s.path, "self"])["connect"] == "PermissionError"
+    finally:
+        s.close()
+
+
+# ---------------------------------------------------------------------------- descriptor flood
+
+def test_connection_limit_follows_the_descriptor_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+        assert connection_limit() == 256 and connection_limit(100) == 100 and connection_limit(5000) == 256
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(65536, hard), hard))
+        assert connection_limit() == min(1024, min(65536, hard) // 4)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+_AGENT = textwrap.dedent("""
+    # The agent's CUPTI probe with the default descriptor limit of a service (1024), and an
+    # HTTP endpoint in the same process standing in for /metrics.
+    import http.server, json, resource, sys, threading
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    p = CuptiProbe(sys.argv[1]); p.start()
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(p.counters()).encode()
+            self.send_response(200); self.end_headers(); self.wfile.write(body)
+        def log_message(self, *a): pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+""")
+
+
+def test_1200_connections_leave_the_agent_descriptors_for_metrics(tmp_path):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1400:
+        pytest.skip(f"this test opens 1,200 sockets; the hard descriptor limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    sock = str(tmp_path / "c.sock")
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT, sock], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    clients = []
+    try:
+        port = int(agent.stdout.readline())
+        metrics = lambda: json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read())  # noqa: E731
+        for _ in range(1200):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            deadline = time.monotonic() + 20
+            while True:                  # a full listen backlog answers EAGAIN: wait for accept
+                try:
+                    c.connect(sock)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, "the agent stopped accepting"
+                    time.sleep(0.005)
+            clients.append(c)
+        end = time.monotonic() + 30
+        m = {}
+        while time.monotonic() < end:
+            m = metrics()
+            if m["connections"] + m.get("server_refused_connections", 0) >= 1200:
+                break
+            time.sleep(0.2)
+        assert m["connections"] == 256                       # a quarter of the 1024 descriptors
+        assert m["server_refused_connections"] == 1200 - 256
+        assert m.get("server_accept_errors", 0) == 0
+        for _ in range(20):                                   # /metrics keeps answering
+            assert metrics()["connections"] == 256
+    finally:
+        for c in clients:
+            c.close()
+        agent.kill()
+        agent.wait()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
