@@ -1,53 +1,104 @@
 #!/usr/bin/env bash
-# gpu-check.sh: check Ridgeline's CUPTI path on a machine with an NVIDIA GPU, in one go
-# (about 3-6 minutes; hard limit 9.5 minutes), and record everything for committing as
-# test fixtures.
+# gpu-check.sh: judge Ridgeline's CUPTI path on one NVIDIA GPU (issue 10, points a-i), in one go.
 #
-#   bash scripts/gpu-check.sh [OUTDIR]        (default: $OUT, else ./gpu-check-out)
-#
-# It detects what the machine has and degrades with a clear message at each step:
-#   1. facts: nvidia-smi, driver, python, torch, CUDA toolkit, cupti-python
-#   2. python environment: .venv if present, else the system python (+ pip install -e .
-#      when numpy/msgpack/cupti-python are missing and an index is reachable)
-#   3. builds probes/native (headers from the cupti wheel, a CUDA toolkit, or
-#      `pip install nvidia-cuda-cupti`); a library carried in the working tree is used
-#      when the build is impossible
-#   4. scripts/gpu_check.py: workload plain / under `ridgeline run` / under torch.profiler,
-#      comparisons, phase split, bandwidth, CPU cost per kernel, PM-sampling metric list
-# Everything goes to OUTDIR: gpu_check.json, PROVENANCE.md, logs, recordings.
+#   bash scripts/gpu-check.sh --bundle
+#       On a machine that reaches the package registry: builds build/gpu-check-bundle/, the
+#       wheels a GPU host lacks (pyzmq, orjson, cupti-python and what it imports: cuda-bindings,
+#       cuda-pathfinder, pyelftools) and ridgeline itself; at most 64 MiB, so it travels with the
+#       working tree (`run` carry: build/gpu-check-bundle).
+#   bash scripts/gpu-check.sh [OUTDIR]
+#       On the GPU host, air-gapped: installs the bundle into a private folder (pip --no-index
+#       --no-deps --target: the host's site-packages and its libcupti are never touched; nothing
+#       is downloaded), builds probes/native against the host's CUPTI headers, runs
+#       scripts/gpu_check.py (random-weight models) and leaves exactly one archive,
+#       OUTDIR/gpu-check-<utc>.tar.gz (OUTDIR defaults to $OUT, else ./gpu-check-out).
+#       The whole check takes at most 6 minutes; it prints PASS/FAIL with the threshold of
+#       every point and exits 0 only when all pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+BUNDLE=${RIDGELINE_GPU_BUNDLE:-build/gpu-check-bundle}
+LIMIT_BYTES=$((64 << 20))
+# Small wheels for every Python torch 2.11 supports; cuda-bindings (12 MB per version) only
+# for the versions listed in BINDINGS_PYTHONS, to stay under 64 MiB.
+PYTHONS=${RIDGELINE_GPU_PYTHONS:-"3.10 3.11 3.12 3.13"}
+BINDINGS_PYTHONS=${RIDGELINE_GPU_BINDINGS_PYTHONS:-"3.12 3.11"}
+say() { echo "gpu-check: $*"; }
+
+bundle() {
+    local py=${PYTHON:-python3}
+    [ -x .venv/bin/python ] && py=.venv/bin/python
+    rm -rf "$BUNDLE" && mkdir -p "$BUNDLE" || return 1
+    local plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    local v
+    for v in $PYTHONS; do
+        $py -m pip download -q --no-deps --only-binary=:all: "${plat[@]}" --implementation cp --python-version "$v" \
+            -d "$BUNDLE" pyzmq==27.3.0 orjson==3.13.0 cupti-python==13.4.0 || { say "download for Python $v failed"; return 1; }
+    done
+    for v in $BINDINGS_PYTHONS; do
+        $py -m pip download -q --no-deps --only-binary=:all: "${plat[@]}" --implementation cp --python-version "$v" \
+            -d "$BUNDLE" cuda-bindings==13.0.3 || { say "cuda-bindings for Python $v failed"; return 1; }
+    done
+    $py -m pip download -q --no-deps --only-binary=:all: -d "$BUNDLE" cuda-pathfinder==1.9.1 pyelftools==0.33 || return 1
+    $py -m pip wheel -q --no-deps -w "$BUNDLE" . || { say "building the ridgeline wheel failed"; return 1; }
+    local size
+    size=$(du -cb "$BUNDLE"/*.whl | tail -1 | cut -f1)
+    say "bundle $BUNDLE: $(ls "$BUNDLE" | wc -l) wheels, $size bytes (limit $LIMIT_BYTES)"
+    [ "$size" -le "$LIMIT_BYTES" ] || { say "FAILED: the bundle is over 64 MiB"; return 1; }
+}
+
+if [ "${1:-}" = "--bundle" ]; then
+    bundle
+    exit $?
+fi
+
+start=$(date +%s)
+deadline=$((start + 360))                  # 6 minutes for everything, archive included
+left() { echo $((deadline - $(date +%s))); }
 OUTDIR=${1:-${OUT:-gpu-check-out}}
 mkdir -p "$OUTDIR"
-LOG="$OUTDIR/gpu-check.log"
+WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
+LOG="$WORK/gpu-check.log"
 exec > >(tee -a "$LOG") 2>&1
-say() { echo "gpu-check: $*"; }
-deadline=$(( $(date +%s) + 570 ))
-left() { echo $(( deadline - $(date +%s) )); }
+archive() {
+    local name
+    name="gpu-check-$(date -u +%Y%m%dT%H%M%SZ).tar.gz"
+    tar czf "$OUTDIR/$name" -C "$WORK" --exclude=pydeps --exclude=tmp . && say "archive: $OUTDIR/$name"
+}
+trap archive EXIT
 
-say "output in $OUTDIR ($(date -u +%FT%TZ))"
+say "work folder $WORK, archive into $OUTDIR ($(date -u +%FT%TZ))"
 {
   echo "## uname"; uname -a
   echo "## nvidia-smi"; (command -v nvidia-smi >/dev/null && nvidia-smi) || echo "nvidia-smi not found"
-  echo "## nvcc"; (command -v nvcc >/dev/null && nvcc --version) || ls -d /usr/local/cuda* 2>/dev/null || echo "no CUDA toolkit"
+  echo "## nvcc"; (command -v nvcc >/dev/null && nvcc --version) || echo "no nvcc"
   echo "## compilers"; command -v cc gcc make || true
-} > "$OUTDIR/env.txt" 2>&1
-if ! command -v nvidia-smi >/dev/null && [ ! -e /dev/nvidiactl ]; then
-    say "WARNING: no nvidia-smi and no /dev/nvidiactl: this does not look like a GPU machine; GPU steps will report why they fail"
-fi
+} > "$WORK/env.txt" 2>&1
+PY=${PYTHON:-python3}
+say "python: $PY ($($PY --version 2>&1)); torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1 | tail -1)"
+$PY -m pip list 2>/dev/null | grep -i -E "^(torch|nvidia-|cupti|cuda-|numpy|triton|pyzmq|orjson) " > "$WORK/pip.txt" || true
 
-PY=python3
-if [ -x .venv/bin/python ] && .venv/bin/python -c "import numpy" 2>/dev/null; then PY=.venv/bin/python; fi
-say "python: $PY ($($PY --version 2>&1))"
-if ! $PY -c "import numpy, msgpack, cupti" 2>/dev/null; then
-    say "installing the project's pinned dependencies (numpy, msgpack, cupti-python, ...)"
-    timeout 180 $PY -m pip install -q -e . 2>&1 | tail -3 || say "pip install failed: steps needing those modules will say so"
+# 1. the wheels the host lacks, into a private folder (never the host's site-packages)
+if [ ! -d "$BUNDLE" ]; then
+    say "FAILED: no wheel bundle at $BUNDLE (run 'bash scripts/gpu-check.sh --bundle' where the registry is reachable, and carry it)"
+    exit 2
 fi
-$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" \
-    2>&1 | sed 's/^/gpu-check: /' || true
-$PY -m pip list 2>/dev/null | grep -i -E "^(torch|nvidia-|cupti|numpy|transformers) " > "$OUTDIR/pip.txt" || true
+DEPS="$WORK/pydeps"
+# one pip call: packages sharing a namespace folder (cuda/) must land together
+pkgs="pyzmq orjson cuda-pathfinder pyelftools cupti-python ridgeline"
+$PY -c "import cuda.bindings" 2>/dev/null || pkgs="$pkgs cuda-bindings"
+if ! $PY -m pip install -q --no-deps --no-index --find-links "$BUNDLE" --target "$DEPS" $pkgs 2>"$WORK/pip-install.log"; then
+    say "the bundle lacks a wheel for this Python ($(tail -1 "$WORK/pip-install.log")); installing what it has"
+    for pkg in $pkgs; do
+        $PY -m pip install -q --no-deps --no-index --find-links "$BUNDLE" --target "$DEPS/$pkg" "$pkg" \
+            >>"$WORK/pip-install.log" 2>&1 && PYTHONPATH="$DEPS/$pkg${PYTHONPATH:+:$PYTHONPATH}" \
+            || say "no $pkg for this Python: the points needing it will fail with that reason"
+    done
+fi
+export PYTHONPATH="$DEPS${PYTHONPATH:+:$PYTHONPATH}"
+(cd "$WORK" && $PY -c "import ridgeline, zmq, orjson; print('gpu-check: ridgeline from', ridgeline.__file__)") \
+    || say "ridgeline, pyzmq or orjson not importable from the bundle"
 
-# build the injection library
+# 2. the injection library, against the host's CUPTI headers (the host's libcupti is used as is)
 CUPTI_INCLUDE_DIR=$($PY - <<'PYEOF' 2>/dev/null
 import glob, sys
 for sp in sys.path:
@@ -57,23 +108,23 @@ for sp in sys.path:
                 print(d); raise SystemExit
 PYEOF
 )
-if [ -z "$CUPTI_INCLUDE_DIR" ] && [ ! -f /usr/local/cuda/include/cupti_activity.h ] && [ ! -f /usr/local/cuda/extras/CUPTI/include/cupti_activity.h ]; then
-    say "no CUPTI headers: trying pip install nvidia-cuda-cupti"
-    timeout 120 $PY -m pip install -q nvidia-cuda-cupti 2>&1 | tail -2 || true
-    CUPTI_INCLUDE_DIR=$($PY -c "import glob,sys; print(next((d for sp in sys.path for d in glob.glob(sp+'/nvidia/*/include') if glob.glob(d+'/cupti_activity.h')), ''))" 2>/dev/null)
-fi
+for d in /usr/local/cuda/extras/CUPTI/include /usr/local/cuda/include; do
+    [ -z "$CUPTI_INCLUDE_DIR" ] && [ -f "$d/cupti_activity.h" ] && CUPTI_INCLUDE_DIR=$d
+done
 if [ -n "$CUPTI_INCLUDE_DIR" ]; then
-    make -s -C probes/native CUPTI_INCLUDE="$CUPTI_INCLUDE_DIR" && say "built probes/native against $CUPTI_INCLUDE_DIR"
+    make -s -C probes/native CUPTI_INCLUDE="$CUPTI_INCLUDE_DIR" > "$WORK/make.log" 2>&1 \
+        && say "built probes/native against $CUPTI_INCLUDE_DIR" || say "FAILED to build probes/native (make.log)"
 else
-    make -s -C probes/native && say "built probes/native against a CUDA toolkit"
+    say "FAILED: no CUPTI headers on this host (nvidia-cuda-cupti wheel or /usr/local/cuda)"
 fi
-if [ ! -f probes/native/libridgeline_cupti.so ]; then
-    say "FAILED: no injection library (no compiler or no CUPTI headers); injected steps will fail"
-fi
+export RIDGELINE_CUPTI_LIB="$PWD/probes/native/libridgeline_cupti.so"
 
-say "running scripts/gpu_check.py (budget $(left) s)"
-timeout --kill-after=10 "$(left)" $PY scripts/gpu_check.py --out "$OUTDIR" --budget-s "$(( $(left) - 20 ))"
+# 3. the check itself
+budget=$(( $(left) - 25 ))
+say "running scripts/gpu_check.py (budget $budget s)"
+# run from the work folder: the source tree's ridgeline/ must not shadow the installed wheel
+timeout --kill-after=5 "$((budget + 10))" $PY "$PWD/scripts/gpu_check.py" --out "$WORK" --budget-s "$budget"
 rc=$?
-[ $rc -eq 124 ] && say "gpu_check.py ran out of time; partial results are in $OUTDIR/gpu_check.json"
-say "done (rc $rc); commit $OUTDIR as fixtures (tests/data/gpu-check/) with its PROVENANCE.md"
+[ $rc -eq 124 ] && say "gpu_check.py ran out of time; partial results are in the archive"
+say "done in $(( $(date +%s) - start )) s (rc $rc)"
 exit $rc

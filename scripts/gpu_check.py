@@ -1,31 +1,38 @@
-"""GPU check of Ridgeline's CUPTI path: run on a machine with an NVIDIA GPU (scripts/gpu-check.sh).
+"""GPU check of Ridgeline's CUPTI path: judges points (a)-(i) of issue 10 on one NVIDIA GPU.
 
-Not run in CI and never run on a machine without a GPU (it detects that and says so).
-It runs a small Llama-shaped decoder (plain PyTorch, random weights, bf16) for one
-prefill and a decode loop, several times, as separate processes:
+Run by scripts/gpu-check.sh (which brings the missing Python packages as wheels, builds
+the injection library against the host's CUPTI headers and archives the outputs); never
+on a machine without a GPU (it says so and fails every point with that reason).
 
-  plain      no injection: baseline CPU time and kernel launches
-  injected   under `ridgeline run --mode deep`, the agent's CuptiProbe listening here
-  torchprof  under torch.profiler (Kineto), exported as a Chrome trace
-  coexist    torch.profiler inside an injected process: does each tool still get its
-             data, and does the library report the other CUPTI subscriber?
+Workloads run as child processes with random weights (no downloads), plain PyTorch:
 
-and records, with provenance, in OUT:
-  gpu_check.json        every number below, and every step's status / reason
-  cupti_events.npz      the columnar events the probe decoded (+ cupti_names.json)
-  torch_trace.json.gz   the torch.profiler trace of the same workload
-  pm_metrics.json       the chip's PM-sampling metric list (cupti-python profiler_host)
-  pm_samples.npz        PM samples taken during an injected run, if PM sampling works
-  PROVENANCE.md         machine, driver, versions, commit, commands
+  plain       no injection: steps/s, device copy bandwidth, bf16 GEMM FLOP/s
+  injected    the same under `ridgeline run` (always-on mode), the agent's CuptiProbe,
+              NVML/GPM and CUPTI PM sampling listening here
+  graphlevel  CUDA-graph replays under `ridgeline run --graph-level`
+  torchprof   the same profiled steps under torch.profiler (Kineto)
 
-Comparisons: kernel count and total kernel time vs torch.profiler; phase split (NVTX
-"prefill"/"decode" ranges, and aggregator.phases when present); decode achieved
-bandwidth (weights + KV read per step / step time) vs measured device copy bandwidth;
-CPU cost per kernel of the injection (injected - plain CPU time / kernels); PM-sampling
-metrics attributed to phases (aggregator.counters).
+Each workload: a Llama-shaped decoder (prefill of BATCH x PROMPT tokens, then decode
+steps, NVTX ranges "prefill"/"decode"), P profiled decode steps (NVTX "rl_step", synchronised
+inside the range), one eager MLP step and K CUDA-graph replays of it ("eager_step",
+"graph_replay"), a torch.compile'd (Triton) function ("triton"), and a child process
+that launches N scans of its own. Points and thresholds (THRESHOLDS below):
 
-Usage: python scripts/gpu_check.py --out DIR [--budget-s 540]
-       python scripts/gpu_check.py --workload {plain,injected,torchprof} --out DIR   (internal)
+  (a) kernel count and kernel time of the profiled steps vs torch.profiler
+  (b) kernel names as torch.profiler shows them
+  (c) CUDA-graph replays attributed per node; graph-level mode gives one record per replay
+  (d) Triton kernels seen, launched through the driver API
+  (e) parent and child process reported separately
+  (f) prefill compute-bound, decode memory-bound; decode bytes/s vs device copy bandwidth
+  (g) overhead: steps/s with and without injection
+  (h) NVML and GPM readings
+  (i) PM sampling and activity timestamps on one clock
+
+Every judging function is pure (plain numbers or arrays in, a :class:`Point` out) and is
+tested on literal inputs by tests/test_cupti_gpu_check.py.
+
+Usage: python scripts/gpu_check.py --out DIR [--budget-s 330]
+       python scripts/gpu_check.py --workload MODE --out DIR       (internal)
 """
 from __future__ import annotations
 
@@ -35,48 +42,269 @@ import gzip
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
 import time
 import traceback
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 # Llama-shaped, small enough for seconds per run, large enough that decode is bandwidth bound
 SHAPE = dict(hidden=2048, layers=8, heads=16, kv_heads=4, intermediate=5632, vocab=32000)
-BATCH, PROMPT, DECODE_STEPS = 4, 512, 64
+BATCH, PROMPT, DECODE_STEPS = 4, 512, 32
+PROFILED_STEPS = 8          # (a)/(b): decode steps under both tools
+TIMED_STEPS = 64            # (g): decode steps timed for steps/s
+GRAPH_REPLAYS = 10          # (c)
+TRITON_CALLS = 5            # (d)
+CHILD_SCANS = 20            # (e)
+
+THRESHOLDS = {
+    "a": "kernel count and summed kernel time of the profiled steps within 1% of torch.profiler",
+    "b": ">= 99% of kernels paired in order carry torch.profiler's name",
+    "c": "every replay: eager kernel count, all with graph/node ids; graph-level: 1 record per replay, "
+         "no per-node kernels",
+    "d": ">= 1 Triton kernel per call, >= 99% joined to a driver-API launch",
+    "e": "child pid has >= its scans' kernels, parent has its own, no pid shared",
+    "f": "prefill compute-bound, decode memory-bound (roofline rule), decode bytes/s 20-105% of copy bandwidth",
+    "g": "steps/s injected >= 97% of plain (overhead <= 3%)",
+    "h": "NVML util/memory/power present; GPM SM and DRAM utilisation in [0, 100], DRAM > 0 under load",
+    "i": ">= 90% of PM-sampled DRAM bytes fall in samples that overlap Ridgeline's kernels",
+}
+
+
+@dataclass
+class Point:
+    """One judged point: ``passed`` is False whenever the evidence is missing."""
+    key: str
+    passed: bool
+    measured: str
+    threshold: str = ""
+    detail: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.threshold = self.threshold or THRESHOLDS.get(self.key, "")
+
+    def line(self) -> str:
+        return f"({self.key}) {'PASS' if self.passed else 'FAIL'}  {self.measured}  [threshold: {self.threshold}]"
+
+
+def missing(key: str, why: str) -> Point:
+    return Point(key, False, f"no data: {why}")
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a / b - 1.0) if b else float("inf")
+
+
+# ---------------------------------------------------------------------------------------
+# judging (pure)
+
+def judge_kernels_vs_profiler(rl_names: list[str], rl_dur_ns, tp_names: list[str], tp_dur_ns,
+                              tol: float = 0.01, name_share: float = 0.99) -> tuple[Point, Point]:
+    """(a) and (b): kernels of the same profiled steps, each list in start order."""
+    import numpy as np
+    rl_d, tp_d = np.asarray(rl_dur_ns, float), np.asarray(tp_dur_ns, float)
+    if len(tp_d) == 0:
+        return missing("a", "torch.profiler saw no kernels"), missing("b", "torch.profiler saw no kernels")
+    if len(rl_d) == 0:
+        return missing("a", "Ridgeline saw no kernels"), missing("b", "Ridgeline saw no kernels")
+    count_dev = _rel(len(rl_d), len(tp_d))
+    time_dev = _rel(rl_d.sum(), tp_d.sum())
+    n = min(len(rl_d), len(tp_d))
+    per_kernel = np.abs(rl_d[:n] / np.maximum(tp_d[:n], 1) - 1)
+    a = Point("a", count_dev <= tol and time_dev <= tol,
+              f"kernels {len(rl_d)} vs {len(tp_d)} ({100 * count_dev:.2f}%), time {rl_d.sum() / 1e6:.3f} vs "
+              f"{tp_d.sum() / 1e6:.3f} ms ({100 * time_dev:.2f}%), per-kernel duration median dev "
+              f"{100 * float(np.median(per_kernel)):.1f}% (separate runs)",
+              detail={"count_dev": count_dev, "time_dev": time_dev,
+                      "per_kernel_median_dev": float(np.median(per_kernel))})
+    same = sum(x == y for x, y in zip(rl_names[:n], tp_names[:n]))
+    share = same / len(tp_names)
+    diff = [(x, y) for x, y in zip(rl_names[:n], tp_names[:n]) if x != y][:5]
+    b = Point("b", share >= name_share, f"{same}/{len(tp_names)} names equal ({100 * share:.1f}%)",
+              detail={"share": share, "first_differences": diff})
+    return a, b
+
+
+def judge_graphs(eager_kernels: int, replay_counts: list[int], replay_with_ids: list[int],
+                 graph_level_records: int | None, graph_level_node_kernels: int | None,
+                 replays: int = GRAPH_REPLAYS) -> Point:
+    """(c): per-node kernels per replay in node mode, one GRAPH_TRACE record per replay in graph mode."""
+    if not replay_counts:
+        return missing("c", "no graph_replay ranges with kernels")
+    node_ok = (len(replay_counts) == replays and all(c == eager_kernels for c in replay_counts)
+               and replay_with_ids == replay_counts and eager_kernels > 0)
+    graph_ok = graph_level_records == replays and graph_level_node_kernels == 0
+    return Point("c", node_ok and graph_ok,
+                 f"eager {eager_kernels} kernels; replays {replay_counts} (with graph/node ids "
+                 f"{replay_with_ids}); graph-level: {graph_level_records} GRAPH_TRACE records, "
+                 f"{graph_level_node_kernels} per-node kernels",
+                 detail={"node_mode_ok": node_ok, "graph_level_ok": graph_ok})
+
+
+def judge_triton(names: list[str], kernel_corr, api_corr, api_domain, calls: int = TRITON_CALLS,
+                 driver_domain: int = 2, share: float = 0.99) -> Point:
+    """(d): Triton kernels (``triton_*``) and the driver-API launch each was joined to."""
+    import numpy as np
+    tri = np.array([n.startswith("triton") for n in names], bool)
+    if not tri.any():
+        return missing("d", "no kernel named triton_* in the triton range")
+    corr = np.asarray(kernel_corr)[tri]
+    api_corr, api_domain = np.asarray(api_corr), np.asarray(api_domain)
+    order = np.argsort(api_corr)
+    pos = np.clip(np.searchsorted(api_corr[order], corr), 0, max(len(order) - 1, 0))
+    hit = (len(order) > 0) & (api_corr[order][pos] == corr) if len(order) else np.zeros(len(corr), bool)
+    driver = hit & (api_domain[order][pos] == driver_domain) if len(order) else hit
+    frac = float(driver.mean())
+    return Point("d", int(tri.sum()) >= calls and frac >= share,
+                 f"{int(tri.sum())} Triton kernels for {calls} calls, {100 * frac:.1f}% joined to a driver-API launch",
+                 detail={"triton_kernels": int(tri.sum()), "driver_joined_share": frac})
+
+
+def judge_processes(kernels_by_pid: dict[int, int], parent_pid: int | None, child_pid: int | None,
+                    child_min: int = CHILD_SCANS) -> Point:
+    """(e): both processes present with their own kernels (pids as the processes saw them)."""
+    if parent_pid is None or child_pid is None:
+        return missing("e", "the workload did not report the parent and child pids")
+    p, c = kernels_by_pid.get(parent_pid, 0), kernels_by_pid.get(child_pid, 0)
+    ok = parent_pid != child_pid and p > 0 and c >= child_min
+    return Point("e", ok, f"parent {parent_pid}: {p} kernels, child {child_pid}: {c} kernels (>= {child_min})",
+                 detail={"kernels_by_pid": {str(k): v for k, v in kernels_by_pid.items()}})
+
+
+def judge_phases(prefill: dict | None, decode: dict | None, peak_flops: float | None, copy_bps: float | None,
+                 lo: float = 0.20, hi: float = 1.05) -> Point:
+    """(f): each phase dict holds ``flops``, ``bytes``, ``kernel_time_ns``, ``median_kernel_ns``;
+    ceilings measured in the same run (GEMM FLOP/s, device copy bytes/s)."""
+    from ridgeline.aggregator.roofline import COMPUTE_BOUND, MEMORY_BOUND, decide_verdict
+    if not prefill or not decode:
+        return missing("f", "prefill/decode ranges without kernels")
+    if not peak_flops or not copy_bps:
+        return missing("f", "no measured ceilings (plain run failed)")
+    out = {}
+    for name, ph in (("prefill", prefill), ("decode", decode)):
+        s = ph["kernel_time_ns"] / 1e9
+        fps, bps = ph["flops"] / s, ph["bytes"] / s
+        verdict, ev = decide_verdict(idle_ratio=None, launch_cover_ratio=None, sync_cover_ratio=None,
+                                     median_gap_ns=None, median_kernel_ns=ph.get("median_kernel_ns"),
+                                     arithmetic_intensity=ph["flops"] / ph["bytes"],
+                                     ridge_point=peak_flops / copy_bps, pct_of_peak_flops=100 * fps / peak_flops,
+                                     pct_of_peak_bytes=100 * bps / copy_bps, work_coverage_ratio=1.0)
+        out[name] = {"verdict": verdict, "evidence": ev, "flops_per_s": fps, "bytes_per_s": bps}
+    ratio = out["decode"]["bytes_per_s"] / copy_bps
+    ok = out["prefill"]["verdict"] == COMPUTE_BOUND and out["decode"]["verdict"] == MEMORY_BOUND and lo <= ratio <= hi
+    return Point("f", ok, f"prefill {out['prefill']['verdict']}, decode {out['decode']['verdict']}, decode "
+                          f"{out['decode']['bytes_per_s'] / 1e9:.0f} GB/s = {100 * ratio:.0f}% of copy "
+                          f"{copy_bps / 1e9:.0f} GB/s", detail=out)
+
+
+def judge_overhead(plain_steps_per_s: float | None, injected_steps_per_s: float | None,
+                   max_overhead: float = 0.03) -> Point:
+    """(g)."""
+    if not plain_steps_per_s or not injected_steps_per_s:
+        return missing("g", "no steps/s from the plain or the injected run")
+    ov = 1 - injected_steps_per_s / plain_steps_per_s
+    return Point("g", ov <= max_overhead, f"{plain_steps_per_s:.1f} vs {injected_steps_per_s:.1f} steps/s "
+                                          f"(overhead {100 * ov:.1f}%)", detail={"overhead": ov})
+
+
+def judge_nvml(records: list[dict]) -> Point:
+    """(h): device records of probes.nvml taken while the injected run was busy."""
+    if not records:
+        return missing("h", "no NVML records")
+    need = ("gpu_busy_time_pct", "memory_used_bytes", "power_w")
+    have = {k: any(r.get(k) is not None for r in records) for k in need}
+    gpm = [r for r in records if r.get("gpm_sm_util_pct") is not None]
+    in_range = all(0 <= r[k] <= 100 for r in gpm for k in ("gpm_sm_util_pct", "gpm_dram_bw_util_pct")
+                   if r.get(k) is not None)
+    dram_busy = max((r.get("gpm_dram_bw_util_pct") or 0 for r in gpm), default=0)
+    ok = all(have.values()) and bool(gpm) and in_range and dram_busy > 0
+    return Point("h", ok, f"{len(records)} NVML records, fields {have}, {len(gpm)} with GPM, max GPM DRAM "
+                          f"{dram_busy:.0f}%", detail={"fields": have, "gpm_records": len(gpm)})
+
+
+def judge_clock(pm_start, pm_end, pm_dram_bytes, k_start, k_end, share: float = 0.90) -> Point:
+    """(i): PM samples whose interval overlaps a kernel must hold the DRAM traffic."""
+    import numpy as np
+    from ridgeline.aggregator.roofline import covered_ns, union_intervals
+    pm_start, pm_end = np.asarray(pm_start, np.int64), np.asarray(pm_end, np.int64)
+    dram = np.asarray(pm_dram_bytes, float)
+    if len(pm_start) == 0 or dram.sum() <= 0:
+        return missing("i", "no PM samples with DRAM traffic")
+    if len(k_start) == 0:
+        return missing("i", "no kernels")
+    us, ue = union_intervals(np.asarray(k_start, np.int64), np.asarray(k_end, np.int64))
+    cov = covered_ns(pm_start, pm_end, us, ue)
+    frac = float(dram[cov > 0].sum() / dram.sum())
+    return Point("i", frac >= share, f"{100 * frac:.1f}% of PM DRAM bytes in samples overlapping kernels "
+                                     f"({len(pm_start)} samples)", detail={"share": frac})
+
+
+# ---------------------------------------------------------------------------------------
+# analysis of what was recorded (pure, on Traces)
+
+def kernels_in_ranges(trace, label: str):
+    """Per range named ``label`` (in start order): the kernel indices inside it, by start."""
+    import numpy as np
+    k, r = trace.kernels, trace.ranges
+    lid = trace.names.lookup(label)
+    rs = r[r["name_id"] == lid] if lid >= 0 else r[:0]
+    rs = rs[np.argsort(rs["start_ns"])]
+    out = []
+    for x in rs:
+        sel = np.flatnonzero((k["start_ns"] >= x["start_ns"]) & (k["end_ns"] <= x["end_ns"]) & (k["pid"] == x["pid"]))
+        out.append(sel[np.argsort(k["start_ns"][sel], kind="stable")])
+    return out
+
+
+def model_work(phase: str, steps: int = DECODE_STEPS) -> tuple[float, float]:
+    """FLOPs and bytes of a phase from the model (weights read once per forward, 2 FLOPs per
+    multiply-add, KV read/written), the design's third source of work."""
+    h, L, nh, nkv, inter, vocab = (SHAPE[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"))
+    hd = h // nh
+    params = L * (h * nh * hd + 2 * h * nkv * hd + nh * hd * h + 3 * h * inter) + h * vocab
+    weight_bytes = 2 * (params + vocab * h)
+    kv_token = 2 * L * nkv * hd * 2
+    if phase == "prefill":
+        t = BATCH * PROMPT
+        attn = 2 * 2 * L * BATCH * nh * hd * PROMPT * PROMPT / 2
+        return 2 * params * t + attn, weight_bytes + t * kv_token + 2 * t * h * 2 * L * 6
+    ctx = PROMPT + steps / 2
+    attn = 2 * 2 * L * BATCH * nh * hd * ctx
+    return steps * (2 * params * BATCH + attn), steps * (weight_bytes + BATCH * ctx * kv_token)
 
 
 # ---------------------------------------------------------------------------------------
 # the workload (runs in a child process)
 
 def workload(mode: str, out: Path) -> dict:
+    import resource
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
-    dev = torch.device("cuda")
-    dt = torch.bfloat16
+    dev, dt = torch.device("cuda"), torch.bfloat16
     h, L, nh, nkv, inter, vocab = (SHAPE[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab"))
     hd = h // nh
-    max_len = PROMPT + DECODE_STEPS
+    max_len = PROMPT + DECODE_STEPS + PROFILED_STEPS + TIMED_STEPS + 8
+    nvtx = torch.cuda.nvtx
 
     def w(*s):
-        return (torch.randn(*s, device=dev, dtype=dt) * 0.02)
+        return torch.randn(*s, device=dev, dtype=dt) * 0.02
     layers = [dict(ln1=torch.ones(h, device=dev, dtype=dt), wq=w(h, nh * hd), wk=w(h, nkv * hd), wv=w(h, nkv * hd),
                    wo=w(nh * hd, h), ln2=torch.ones(h, device=dev, dtype=dt), wg=w(h, inter), wu=w(h, inter),
                    wd=w(inter, h)) for _ in range(L)]
-    emb, lm_head = w(vocab, h), w(h, vocab)
+    emb, lm_head, ln_f = w(vocab, h), w(h, vocab), torch.ones(h, device=dev, dtype=dt)
     kc = [torch.zeros(BATCH, nkv, max_len, hd, device=dev, dtype=dt) for _ in range(L)]
     vc = [torch.zeros(BATCH, nkv, max_len, hd, device=dev, dtype=dt) for _ in range(L)]
-    weight_bytes = sum(t.numel() * t.element_size() for d in layers for t in d.values()) + \
-        (emb.numel() + lm_head.numel()) * 2
 
     def rms(x, g):
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype) * g
+
+    def mlp(y, p):
+        return (F.silu(y @ p["wg"]) * (y @ p["wu"])) @ p["wd"]
 
     def forward(tokens, pos):
         x = emb[tokens]
@@ -88,335 +316,363 @@ def workload(mode: str, out: Path) -> dict:
             v = (y @ p["wv"]).view(b, t, nkv, hd).transpose(1, 2)
             kc[i][:, :, pos:pos + t] = k
             vc[i][:, :, pos:pos + t] = v
-            kk = kc[i][:, :, :pos + t].repeat_interleave(nh // nkv, dim=1)
-            vv = vc[i][:, :, :pos + t].repeat_interleave(nh // nkv, dim=1)
-            a = F.scaled_dot_product_attention(q, kk, vv, is_causal=(t > 1))
+            a = F.scaled_dot_product_attention(q, kc[i][:, :, :pos + t], vc[i][:, :, :pos + t], is_causal=(t > 1),
+                                               enable_gqa=True)
             x = x + a.transpose(1, 2).reshape(b, t, nh * hd) @ p["wo"]
-            y = rms(x, p["ln2"])
-            x = x + (F.silu(y @ p["wg"]) * (y @ p["wu"])) @ p["wd"]
-        return rms(x[:, -1], torch.ones(h, device=dev, dtype=dt)) @ lm_head
+            x = x + mlp(rms(x, p["ln2"]), p)
+        return rms(x[:, -1], ln_f) @ lm_head
 
-    def run_once():
-        tokens = torch.randint(0, vocab, (BATCH, PROMPT), device=dev)
-        torch.cuda.nvtx.range_push("prefill")
-        logits = forward(tokens, 0)
+    res: dict = {"mode": mode, "pid": os.getpid(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                 "gpu": torch.cuda.get_device_name(0)}
+    tokens = torch.randint(0, vocab, (BATCH, PROMPT), device=dev)
+    forward(tokens, 0)                       # warm-up: cuBLAS handles, allocator, SDPA choice
+    forward(tokens[:, :1], PROMPT)
+    torch.cuda.synchronize()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+
+    if mode != "torchprof" and mode != "graphlevel":
+        nvtx.range_push("prefill")
+        nxt = forward(tokens, 0).argmax(-1, keepdim=True)
         torch.cuda.synchronize()
-        torch.cuda.nvtx.range_pop()
-        nxt = logits.argmax(-1, keepdim=True)
-        torch.cuda.nvtx.range_push("decode")
+        nvtx.range_pop()
+        nvtx.range_push("decode")
         for s in range(DECODE_STEPS):
-            logits = forward(nxt, PROMPT + s)
-            nxt = logits.argmax(-1, keepdim=True)
+            nxt = forward(nxt, PROMPT + s).argmax(-1, keepdim=True)
         torch.cuda.synchronize()
-        torch.cuda.nvtx.range_pop()
+        nvtx.range_pop()
+        # (g) steps/s of decode
+        t0 = time.perf_counter()
+        for s in range(TIMED_STEPS):
+            nxt = forward(nxt, PROMPT + DECODE_STEPS + s).argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        res["steps_per_s"] = TIMED_STEPS / (time.perf_counter() - t0)
 
-    run_once()                     # warm-up (cuBLAS handles, allocator)
-    torch.cuda.synchronize()
-    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    if mode in ("torchprof", "coexist"):
+    # (a)/(b): the profiled steps, the same in every mode
+    pos0 = PROMPT + DECODE_STEPS + TIMED_STEPS
+    nxt = tokens[:, :1]
+
+    def profiled():
+        nonlocal nxt
+        for s in range(PROFILED_STEPS):
+            nvtx.range_push("rl_step")
+            nxt = forward(nxt, pos0 + s).argmax(-1, keepdim=True)
+            torch.cuda.synchronize()
+            nvtx.range_pop()
+    if mode == "torchprof":
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
-            run_once()
-        stem = "torch_trace" if mode == "torchprof" else "torch_trace_coexist"
-        prof.export_chrome_trace(str(out / f"{stem}.json"))
-        with open(out / f"{stem}.json", "rb") as f, gzip.open(out / f"{stem}.json.gz", "wb") as g:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            profiled()
+        path = out / "torch_trace.json"
+        prof.export_chrome_trace(str(path))
+        with open(path, "rb") as f, gzip.open(out / "torch_trace.json.gz", "wb") as g:
             shutil.copyfileobj(f, g)
-        os.unlink(out / f"{stem}.json")
-    else:
-        run_once()
+        path.unlink()
+        return res
+    if mode != "graphlevel":
+        profiled()
+
+    # (c) one eager MLP step, then K replays of it captured in a CUDA graph
+    x_static = torch.randn(BATCH, 1, h, device=dev, dtype=dt)
+    if mode != "graphlevel":
+        nvtx.range_push("eager_step")
+        mlp(x_static, layers[0])
+        torch.cuda.synchronize()
+        nvtx.range_pop()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        mlp(x_static, layers[0])             # warm-up on the capture stream, as torch documents
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        mlp(x_static, layers[0])
     torch.cuda.synchronize()
-    r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    kv_bytes_per_token = 2 * L * nkv * hd * 2
-    return {"mode": mode, "cpu_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
-            "wall_s": t1 - t0, "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_bytes_per_token,
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0),
-            "shape": SHAPE, "batch": BATCH, "prompt": PROMPT, "decode_steps": DECODE_STEPS,
-            "copy_bandwidth": measure_copy_bandwidth(torch) if mode == "plain" else None}
+    for _ in range(GRAPH_REPLAYS):
+        nvtx.range_push("graph_replay")
+        g.replay()
+        torch.cuda.synchronize()
+        nvtx.range_pop()
+    if mode == "graphlevel":
+        return res
+
+    # (d) Triton kernels (torch.compile -> Inductor -> Triton, launched with cuLaunchKernel)
+    try:
+        fn = torch.compile(lambda a: F.gelu(a) * a + 1.0)
+        a = torch.randn(1 << 20, device=dev)
+        fn(a)
+        torch.cuda.synchronize()
+        nvtx.range_push("triton")
+        for _ in range(TRITON_CALLS):
+            fn(a)
+        torch.cuda.synchronize()
+        nvtx.range_pop()
+        res["triton"] = "ok"
+    except Exception as e:                   # no compiler on the host: (d) fails with this reason
+        res["triton"] = f"{type(e).__name__}: {e}"
+
+    # (e) a child process on the same GPU, with kernels of its own
+    child = subprocess.run([sys.executable, "-c",
+                            "import os, torch\nx = torch.randn(1 << 16, device='cuda')\n"
+                            f"for _ in range({CHILD_SCANS}): x = torch.cumsum(x, 0)\n"
+                            "torch.cuda.synchronize(); print(os.getpid())"],
+                           capture_output=True, text=True, timeout=120)
+    res["child_pid"] = int(child.stdout.strip().splitlines()[-1]) if child.returncode == 0 else None
+    res["child_error"] = child.stderr[-500:] if child.returncode else ""
+
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    res["cpu_s"] = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    if mode == "plain":
+        res["copy_bytes_per_s"] = measure_copy_bandwidth(torch)
+        res["gemm_flops_per_s"] = measure_gemm(torch)
+    return res
 
 
-def measure_copy_bandwidth(torch) -> dict:
-    """Device-to-device copy bandwidth (read + write bytes / time), the achievable HBM ceiling."""
+def measure_copy_bandwidth(torch) -> float:
+    """Device-to-device copy bandwidth (read + write bytes / time): the achievable HBM ceiling."""
     n = 1 << 30
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     for _ in range(3):
         b.copy_(a)
-    torch.cuda.synchronize()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    reps = 20
     s.record()
-    for _ in range(reps):
+    for _ in range(20):
         b.copy_(a)
     e.record()
     torch.cuda.synchronize()
-    sec = s.elapsed_time(e) / 1e3
-    return {"bytes_per_s": 2 * n * reps / sec, "buffer_bytes": n, "reps": reps, "method": "torch copy_ D2D, 2x bytes"}
+    return 2 * n * 20 / (s.elapsed_time(e) / 1e3)
+
+
+def measure_gemm(torch) -> float:
+    """bf16 GEMM FLOP/s of a large square matmul: the achievable compute ceiling."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(10):
+        a @ b
+    e.record()
+    torch.cuda.synchronize()
+    return 2 * n ** 3 * 10 / (s.elapsed_time(e) / 1e3)
 
 
 # ---------------------------------------------------------------------------------------
 # the driver (runs in the parent)
 
-class Report:
-    def __init__(self, out: Path):
-        self.out = out
-        self.data: dict = {"steps": {}, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-
-    def step(self, name: str, status: str, **kw):
-        self.data["steps"][name] = {"status": status, **kw}
-        print(f"gpu-check: {name}: {status} {kw.get('reason', '')}", flush=True)
-        self.save()
-
-    def save(self):
-        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=2, default=str))
-
-
-def child(mode: str, out: Path, timeout: float, env_extra: dict | None = None, wrap: list[str] | None = None):
+def child(mode: str, out: Path, timeout: float, wrap: list[str] | None = None) -> dict:
     cmd = (wrap or []) + [sys.executable, str(Path(__file__).resolve()), "--workload", mode, "--out", str(out)]
-    env = dict(os.environ, **(env_extra or {}))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    # cwd: the output folder, so that the source tree's ridgeline/ never shadows the installed one
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, timeout), cwd=out)
     (out / f"log_{mode}.txt").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
     if r.returncode != 0:
-        raise RuntimeError(f"{mode} run failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:] }")
+        raise RuntimeError(f"{mode} run failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_injected(rep: Report, out: Path, timeout: float, pm: bool, mode: str = "injected") -> tuple[dict, object, object]:
-    """One injected run with the probe listening here; returns (workload result, trace, pm samples)."""
+def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False, side: bool = False):
+    """One injected run with the agent's probes listening here: (result, trace, nvml records, pm samples)."""
     import numpy as np
     from ridgeline.probes.cupti.probe import CuptiProbe
-    sock = out / "tmp" / "cupti.sock"
+    from ridgeline.probes.events import Trace
+    sock = out / "tmp" / f"cupti-{mode}.sock"
     sock.parent.mkdir(parents=True, exist_ok=True)
     probe = CuptiProbe(str(sock))
     probe.start()
-    sampler, pm_out = None, None
-    if pm:
+    nvml = sampler = None
+    nvml_records, pm, notes = [], None, {}
+    if side:
+        try:
+            from ridgeline.probes.nvml import NvmlProbe
+            nvml = NvmlProbe(interval_s=0.5)
+            nvml.start()
+        except Exception as e:
+            notes["nvml"] = f"{type(e).__name__}: {e}"
+            nvml = None
         try:
             from ridgeline.probes.cupti.pm_sampler import PmSampler
-            sampler = PmSampler(0, metrics=["dram__bytes_read.sum", "dram__bytes_write.sum"], interval_ns=1_000_000)
+            sampler = PmSampler(0, metrics=["dram__bytes_read.sum", "dram__bytes_write.sum"], interval_ns=2_000_000)
             sampler.start()
         except Exception as e:
             from ridgeline.probes.cupti.pm_sampler import unavailable_reason
-            rep.step("pm_sampling_run", "unavailable", reason=" / ".join(unavailable_reason(e)))
+            notes["pm"] = " / ".join(unavailable_reason(e))
             sampler = None
-    traces = []
+    parts = []
     try:
-        wrap = [sys.executable, "-m", "ridgeline", "run", "--socket", str(sock), "--mode", "deep", "--"]
-        res = child(mode, out, timeout, wrap=wrap)
+        wrap = [sys.executable, "-m", "ridgeline", "run", "--socket", str(sock)]
+        if graph_level:
+            wrap.append("--graph-level")
+        res = child(mode, out, timeout, wrap=wrap + ["--"])
         end = time.monotonic() + 3
         while time.monotonic() < end:
             got = probe.poll()
             if "trace" in got:
-                traces.append((got["trace"], got["launch_latency_ns"]))
-            if "status" in got:
-                rep.data.setdefault("library_status", {}).update({str(k): v for k, v in got["status"].items()})
+                parts.append(got["trace"])
+            if nvml is not None:
+                nvml_records += (nvml.poll() or {}).get("devices", [])
             time.sleep(0.1)
         if sampler is not None:
-            pm_out = sampler.poll()
+            pm = sampler.poll()
     finally:
-        if sampler is not None:
-            sampler.stop()
+        for p in (sampler, nvml):
+            if p is not None:
+                try:
+                    p.stop()
+                except Exception:
+                    pass
         counters = probe.counters()
         probe.stop()
-    rep.data.setdefault("probe_counters", []).append(counters)
-    from ridgeline.probes.events import Trace
-    if not traces:
-        return res, None, pm_out
-    t = traces[0][0]
+    if not parts:
+        return res, None, nvml_records, pm, counters, notes
     procs = {}
-    for tr, _ in traces:
-        procs.update(tr.meta["processes"])
-    merged = Trace(kernels=np.concatenate([tr.kernels for tr, _ in traces]),
-                   copies=np.concatenate([tr.copies for tr, _ in traces]),
-                   api=np.concatenate([tr.api for tr, _ in traces]),
-                   ranges=np.concatenate([tr.ranges for tr, _ in traces]),
-                   names=t.names, meta={"source": "cupti", "processes": procs})
-    merged.meta["launch_latency_ns"] = np.concatenate([lat for _, lat in traces])
-    return res, merged, pm_out   # not re-sorted: launch_latency_ns stays aligned with kernels
+    for t in parts:
+        procs.update(t.meta["processes"])
+    trace = Trace(kernels=np.concatenate([t.kernels for t in parts]), copies=np.concatenate([t.copies for t in parts]),
+                  api=np.concatenate([t.api for t in parts]), ranges=np.concatenate([t.ranges for t in parts]),
+                  names=parts[0].names, meta={"source": "cupti", "processes": procs,
+                                              "mangled_names": parts[0].meta.get("mangled_names", {})})
+    return res, trace, nvml_records, pm, counters, notes
 
 
-def phase_split(trace) -> dict:
+def analyse(results: dict, trace, trace_graph, torch_trace, nvml_records, pm) -> list[Point]:
+    """Every point from what the runs recorded."""
     import numpy as np
-    names = trace.names
-    out = {}
-    k = trace.kernels
-    dur = k["end_ns"] - k["start_ns"]
-    for r in trace.ranges:
-        label = names[int(r["name_id"])] if r["name_id"] >= 0 else "?"
-        if label not in ("prefill", "decode"):
-            continue
-        sel = (k["start_ns"] >= r["start_ns"]) & (k["end_ns"] <= r["end_ns"])
-        out[label] = {"kernels": int(sel.sum()), "kernel_time_ns": int(dur[sel].sum()),
-                      "range_ns": int(r["end_ns"] - r["start_ns"]), "start_ns": int(r["start_ns"]),
-                      "end_ns": int(r["end_ns"])}
-    try:
-        from ridgeline.aggregator.phases import PHASE_NAMES, map_phases
-        pm = map_phases(trace, use_annotations=True)
-        per = np.bincount(pm.kernel_phase, weights=dur, minlength=len(PHASE_NAMES))
-        out["aggregator_phases_kernel_time_ns"] = {PHASE_NAMES[i]: int(v) for i, v in enumerate(per)}
-    except Exception as e:
-        out["aggregator_phases"] = f"unavailable: {type(e).__name__}: {e}"
-    return out
+    points: dict[str, Point] = {}
+    inj, plain = results.get("injected") or {}, results.get("plain") or {}
+    k = trace.kernels if trace is not None else None
+    if trace is None:
+        for key in "abcdefi":
+            points[key] = missing(key, "the injected run delivered no events")
+    else:
+        dur = k["end_ns"] - k["start_ns"]
+        steps = kernels_in_ranges(trace, "rl_step")
+        sel = np.concatenate(steps) if steps else np.empty(0, int)
+        rl_names = trace.names.names_of(k["name_id"][sel])
+        if torch_trace is not None:
+            tk = torch_trace.kernels[np.argsort(torch_trace.kernels["start_ns"], kind="stable")]
+            points["a"], points["b"] = judge_kernels_vs_profiler(rl_names, dur[sel], torch_trace.names.names_of(
+                tk["name_id"]), tk["end_ns"] - tk["start_ns"])
+        else:
+            points["a"] = points["b"] = None
+        eager = kernels_in_ranges(trace, "eager_step")
+        replays = kernels_in_ranges(trace, "graph_replay")
+        ids = [int(((k["graph_id"][r] >= 0) & (k["graph_node_id"][r] >= 0)).sum()) for r in replays]
+        gl_records = gl_nodes = None
+        if trace_graph is not None:
+            gl_records = sum(m.get("records_by_kind", {}).get(51, 0) for m in trace_graph.meta["processes"].values())
+            gl_nodes = int(sum(len(r) for r in kernels_in_ranges(trace_graph, "graph_replay")))
+        points["c"] = judge_graphs(len(eager[0]) if eager else 0, [len(r) for r in replays], ids, gl_records, gl_nodes)
+        tri = kernels_in_ranges(trace, "triton")
+        if tri and len(tri[0]):
+            points["d"] = judge_triton(trace.names.names_of(k["name_id"][tri[0]]), k["correlation_id"][tri[0]],
+                                       trace.api["correlation_id"], trace.api["domain"])
+        else:
+            points["d"] = missing("d", f"no kernels in the triton range ({inj.get('triton', 'not run')})")
+        pids, counts = np.unique(k["pid"], return_counts=True)
+        points["e"] = judge_processes(dict(zip(pids.tolist(), counts.tolist())), inj.get("pid"), inj.get("child_pid"))
+        phases = {}
+        for ph in ("prefill", "decode"):
+            rr = kernels_in_ranges(trace, ph)
+            if rr and len(rr[0]):
+                d = dur[rr[0]]
+                flops, nbytes = model_work(ph)
+                phases[ph] = {"flops": flops, "bytes": nbytes, "kernel_time_ns": int(d.sum()),
+                              "median_kernel_ns": float(np.median(d))}
+        points["f"] = judge_phases(phases.get("prefill"), phases.get("decode"), plain.get("gemm_flops_per_s"),
+                                   plain.get("copy_bytes_per_s"))
+        if pm and len(pm.get("start_ns", [])):
+            v = pm["values"]
+            dram = np.asarray(v.get("dram__bytes_read.sum", 0)) + np.asarray(v.get("dram__bytes_write.sum", 0))
+            points["i"] = judge_clock(pm["start_ns"], pm["end_ns"], dram, k["start_ns"], k["end_ns"])
+        else:
+            points["i"] = missing("i", "no PM samples")
+    for key in "ab":
+        if points.get(key) is None:
+            points[key] = missing(key, "no torch.profiler trace")
+    points["g"] = judge_overhead(plain.get("steps_per_s"), inj.get("steps_per_s"))
+    points["h"] = judge_nvml(nvml_records)
+    return [points[x] for x in "abcdefghi"]
 
 
 def main_driver(out: Path, budget_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    rep = Report(out)
+    try:
+        import numpy as np
+        from ridgeline.probes.cupti.probe import CuptiProbe  # noqa: F401
+    except ImportError as e:           # nothing can be judged: say so for every point
+        points = [missing(k, f"{type(e).__name__}: {e}") for k in "abcdefghi"]
+        (out / "gpu_check.json").write_text(json.dumps({"points": [asdict(p) for p in points]}, indent=2))
+        print("\n".join(p.line() for p in points), flush=True)
+        return 1
     t_start = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t_start)  # noqa: E731
-    rep.data["host"] = {"uname": platform.uname()._asdict(), "python": sys.version}
+    data: dict = {"started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                  "host": platform.uname()._asdict(), "python": sys.version, "steps": {}}
     try:
-        rep.data["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                                                text=True).stdout.strip()
+        data["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                                            text=True).stdout.strip()
     except Exception:
         pass
     smi = shutil.which("nvidia-smi")
     if smi:
-        r = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
-                            "--format=csv"], capture_output=True, text=True)
-        rep.data["nvidia_smi"] = r.stdout.strip()
-    try:
-        import torch
-        ok = torch.cuda.is_available()
-        rep.step("torch", "ok" if ok else "no-cuda", version=torch.__version__, cuda=torch.version.cuda,
-                 reason="" if ok else "torch.cuda.is_available() is False")
-        have_torch = ok
-    except Exception as e:
-        rep.step("torch", "missing", reason=f"{type(e).__name__}: {e}; workload steps skipped "
-                                            "(pip install torch needs a package index this machine may not reach)")
-        have_torch = False
+        data["nvidia_smi"] = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total", "--format=csv"],
+                                            capture_output=True, text=True).stdout.strip()
 
-    # PM-sampling metric list (needs only cupti-python and a driver)
-    try:
-        from ridgeline.probes.cupti.pm_sampler import metric_list
-        ml = metric_list(0)
-        (out / "pm_metrics.json").write_text(json.dumps(ml, indent=1))
-        rep.step("pm_metric_list", "ok", chip=ml.get("chip"),
-                 counts={k: len(v) if isinstance(v, list) else v for k, v in ml["base_metrics"].items()})
-    except Exception as e:
-        from ridgeline.probes.cupti.pm_sampler import unavailable_reason
-        rep.step("pm_metric_list", "failed", reason=" / ".join(unavailable_reason(e)),
-                 traceback=traceback.format_exc(limit=3))
+    def note(step, status, **kw):
+        data["steps"][step] = {"status": status, **kw}
+        print(f"gpu-check: {step}: {status} {kw.get('reason', '')}", flush=True)
 
-    if not have_torch:
-        rep.data["finished_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
-        rep.save()
-        write_provenance(out, rep.data)
-        return 0
-    import numpy as np
-    results = {}
-    try:
-        results["plain1"] = child("plain", out, min(150, left()))
-        results["plain2"] = child("plain", out, min(150, left()))
-        rep.step("plain", "ok", cpu_s=[results["plain1"]["cpu_s"], results["plain2"]["cpu_s"]],
-                 copy_bandwidth=results["plain1"]["copy_bandwidth"])
-    except Exception as e:
-        rep.step("plain", "failed", reason=str(e))
-    trace = None
-    try:
-        res1, trace, _ = run_injected(rep, out, min(150, left()), pm=False)
-        res2, trace2, pm_samples = run_injected(rep, out, min(150, left()), pm=True)
-        results["inj1"], results["inj2"] = res1, res2
-        if trace is None:
-            rep.step("injected", "no-events", reason="the probe received nothing; see log_injected.txt",
-                     library_status=rep.data.get("library_status"))
-        else:
-            k = trace.kernels
-            np.savez_compressed(out / "cupti_events.npz", kernels=k, copies=trace.copies, api=trace.api,
-                                ranges=trace.ranges, launch_latency_ns=trace.meta.pop("launch_latency_ns"))
-            (out / "cupti_names.json").write_text(json.dumps(list(trace.names)))
-            lat = np.load(out / "cupti_events.npz")["launch_latency_ns"]
-            good = lat[lat >= 0]
-            rep.step("injected", "ok", kernels=int(len(k)), copies=int(len(trace.copies)), api=int(len(trace.api)),
-                     ranges=int(len(trace.ranges)), kernel_time_ns=int((k["end_ns"] - k["start_ns"]).sum()),
-                     tid_joined_ratio=float((k["tid"] >= 0).mean()) if len(k) else 0.0,
-                     launch_latency_ns_p50=float(np.median(good)) if len(good) else None,
-                     meta={kk: v for kk, v in trace.meta.items() if kk != "launch_latency_ns"})
-            ph = phase_split(trace)
-            rep.step("phase_split", "ok", **ph)
-            # decode achieved bandwidth vs device copy bandwidth
-            if "decode" in ph and results.get("plain1"):
-                r = results["plain1"]
-                ctx = PROMPT + DECODE_STEPS / 2
-                bytes_per_step = r["weight_bytes"] + BATCH * ctx * r["kv_bytes_per_token"]
-                step_s = ph["decode"]["range_ns"] / 1e9 / DECODE_STEPS
-                kern_s = ph["decode"]["kernel_time_ns"] / 1e9 / DECODE_STEPS
-                cb = r["copy_bandwidth"]["bytes_per_s"]
-                rep.step("decode_bandwidth", "ok", model_bytes_per_step=bytes_per_step,
-                         achieved_bytes_per_s_wall=bytes_per_step / step_s,
-                         achieved_bytes_per_s_kernel_time=bytes_per_step / kern_s,
-                         copy_bytes_per_s=cb, ratio_wall=bytes_per_step / step_s / cb,
-                         work_source="model (weights + KV read once per step)")
-            if pm_samples and trace2 is not None and len(pm_samples.get("start_ns", [])):
-                np.savez_compressed(out / "pm_samples.npz", start_ns=pm_samples["start_ns"],
-                                    end_ns=pm_samples["end_ns"], **{k.replace(".", "_"): v for k, v in
-                                                                   pm_samples["values"].items()})
-                try:
-                    from ridgeline.aggregator.counters import EXTENSIVE, CounterSamples, attribute
-                    k2 = trace2.kernels
-                    ph2 = phase_split(trace2)
-                    phase = np.zeros(len(k2), np.uint8)
-                    for code, lab in ((1, "prefill"), (2, "decode")):
-                        if lab in ph2:
-                            phase[(k2["start_ns"] >= ph2[lab]["start_ns"]) & (k2["end_ns"] <= ph2[lab]["end_ns"])] = code
-                    cs = CounterSamples("cupti_pm_sampling", pm_samples["start_ns"], pm_samples["end_ns"],
-                                        dict(pm_samples["values"]), {m: EXTENSIVE for m in pm_samples["values"]},
-                                        {m: "bytes" for m in pm_samples["values"]})
-                    rep.step("pm_attribution", "ok", phases=attribute(cs, k2["start_ns"], k2["end_ns"], phase),
-                             note="PM timestamps and activity timestamps both CUPTI ns; same clock assumed")
-                except Exception as e:
-                    rep.step("pm_attribution", "failed", reason=f"{type(e).__name__}: {e}")
-    except Exception as e:
-        rep.step("injected", "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=5))
-
-    try:
-        results["prof"] = child("torchprof", out, min(200, left()))
-        from ridgeline.probes.kineto import load_trace
-        tt = load_trace(out / "torch_trace.json.gz")
-        kk = tt.kernels
-        cmp = {"torch_kernels": int(len(kk)), "torch_kernel_time_ns": int((kk["end_ns"] - kk["start_ns"]).sum())}
-        if trace is not None:
-            k = trace.kernels
-            cmp.update(cupti_kernels=int(len(k)), cupti_kernel_time_ns=int((k["end_ns"] - k["start_ns"]).sum()))
-            cmp["count_ratio"] = cmp["cupti_kernels"] / max(1, cmp["torch_kernels"])
-            cmp["time_ratio"] = cmp["cupti_kernel_time_ns"] / max(1, cmp["torch_kernel_time_ns"])
-            from collections import Counter
-            a = Counter(trace.names.names_of(k["name_id"]))
-            b = Counter(tt.names.names_of(kk["name_id"]))
-            cmp["top_kernels"] = [(n, a[n], b.get(n, 0)) for n, _ in a.most_common(15)]
-        rep.step("vs_torch_profiler", "ok", **cmp)
-    except Exception as e:
-        rep.step("vs_torch_profiler", "failed", reason=f"{type(e).__name__}: {e}")
-
-    if "plain1" in results and "inj1" in results and trace is not None and len(trace.kernels):
-        n = len(trace.kernels)
-        plain = min(results["plain1"]["cpu_s"], results["plain2"]["cpu_s"])
-        inj = min(results["inj1"]["cpu_s"], results["inj2"]["cpu_s"])
-        rep.step("cpu_cost", "ok", plain_cpu_s=plain, injected_cpu_s=inj, kernels=n,
-                 cpu_ns_per_kernel=(inj - plain) / n * 1e9,
-                 wall_plain_s=results["plain1"]["wall_s"], wall_injected_s=results["inj1"]["wall_s"],
-                 note="min of two runs each; injected runs are in deep mode")
-    if left() > 120:
+    results: dict = {}
+    trace = trace_graph = torch_trace = pm = None
+    nvml_records: list = []
+    for name, fn in (
+        ("plain", lambda: child("plain", out, min(120, left()))),
+        ("injected", lambda: run_injected(out, "injected", min(150, left()), side=True)),
+        ("graphlevel", lambda: run_injected(out, "graphlevel", min(60, left()), graph_level=True)),
+        ("torchprof", lambda: child("torchprof", out, min(90, left()))),
+    ):
+        if left() < 20:
+            note(name, "skipped", reason="out of time")
+            continue
         try:
-            rep.data.pop("library_status", None)
-            res, tr, _ = run_injected(rep, out, min(150, left() - 60), pm=False, mode="coexist")
-            from ridgeline.probes.kineto import load_trace
-            tt = load_trace(out / "torch_trace_coexist.json.gz")
-            rep.step("coexist_torch_profiler", "ok", ridgeline_kernels=int(len(tr.kernels)) if tr is not None else 0,
-                     torch_profiler_kernels=int(len(tt.kernels)), library_status=rep.data.get("library_status"),
-                     processes=tr.meta.get("processes") if tr is not None else None)
+            r = fn()
+            if name == "injected":
+                results[name], trace, nvml_records, pm, counters, notes = r
+                data["probe_counters"], data["side_notes"] = counters, notes
+            elif name == "graphlevel":
+                results[name], trace_graph, _, _, data["probe_counters_graphlevel"], _ = r
+            else:
+                results[name] = r
+            note(name, "ok")
         except Exception as e:
-            rep.step("coexist_torch_profiler", "failed", reason=f"{type(e).__name__}: {e}")
-    try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "--require", "gpu", "-m", "gpu",
-                            "tests/test_cupti_pm_sampler.py"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=max(30, min(120, left())))
-        rep.step("pytest_gpu", "ok" if r.returncode == 0 else "failed", tail=r.stdout[-1500:])
-    except Exception as e:
-        rep.step("pytest_gpu", "failed", reason=str(e))
-    rep.data["finished_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
-    rep.save()
-    write_provenance(out, rep.data)
-    return 0
+            note(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=4))
+    data["results"] = results
+    if (out / "torch_trace.json.gz").exists():
+        try:
+            from ridgeline.probes.kineto import load_trace
+            torch_trace = load_trace(out / "torch_trace.json.gz")
+        except Exception as e:
+            note("torch_trace", "unreadable", reason=f"{type(e).__name__}: {e}")
+    if trace is not None:
+        np.savez_compressed(out / "cupti_events.npz", kernels=trace.kernels, copies=trace.copies, api=trace.api,
+                            ranges=trace.ranges)
+        (out / "cupti_names.json").write_text(json.dumps({"names": list(trace.names),
+                                                          "mangled": {str(i): m for i, m in
+                                                                      trace.meta["mangled_names"].items()}}))
+    if pm:
+        np.savez_compressed(out / "pm_samples.npz", start_ns=pm["start_ns"], end_ns=pm["end_ns"],
+                            **{m.replace(".", "_"): v for m, v in pm["values"].items()})
+    points = analyse(results, trace, trace_graph, torch_trace, nvml_records, pm)
+    data["points"] = [asdict(p) for p in points]
+    data["passed"] = sum(p.passed for p in points)
+    data["finished_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    (out / "gpu_check.json").write_text(json.dumps(data, indent=2, default=str))
+    write_provenance(out, data)
+    print("\n".join(["", "gpu-check: verdict per point"] + [p.line() for p in points]
+                    + [f"gpu-check: {data['passed']}/{len(points)} points pass"]), flush=True)
+    return 0 if data["passed"] == len(points) else 1
 
 
 def write_provenance(out: Path, data: dict) -> None:
@@ -424,19 +680,19 @@ def write_provenance(out: Path, data: dict) -> None:
              f"- recorded: {data.get('started_utc')} .. {data.get('finished_utc')}",
              f"- by: `bash scripts/gpu-check.sh` (scripts/gpu_check.py) at commit {data.get('git_commit', '?')}",
              f"- GPU: {data.get('nvidia_smi', 'nvidia-smi not found')}",
-             f"- torch: {data['steps'].get('torch', {})}",
              f"- workload: Llama-shaped decoder {SHAPE}, batch {BATCH}, prompt {PROMPT}, {DECODE_STEPS} decode "
-             "steps, random bf16 weights, plain PyTorch; NVTX ranges 'prefill' and 'decode'",
-             "- files: gpu_check.json (all numbers), cupti_events.npz + cupti_names.json (Ridgeline CUPTI "
-             "events), torch_trace.json.gz (torch.profiler), pm_metrics.json, pm_samples.npz, log_*.txt", ""]
+             f"steps, {PROFILED_STEPS} profiled steps, random bf16 weights, plain PyTorch",
+             "- files: gpu_check.json (every number and verdict), cupti_events.npz + cupti_names.json (Ridgeline "
+             "CUPTI events of the injected run), torch_trace.json.gz (torch.profiler, the same profiled steps), "
+             "pm_samples.npz, log_*.txt", ""]
     (out / "PROVENANCE.md").write_text("\n".join(lines))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--workload", choices=["plain", "injected", "torchprof", "coexist"])
-    ap.add_argument("--budget-s", type=float, default=540)
+    ap.add_argument("--workload", choices=["plain", "injected", "graphlevel", "torchprof"])
+    ap.add_argument("--budget-s", type=float, default=330)
     a = ap.parse_args()
     out = Path(a.out)
     if a.workload:

@@ -147,6 +147,7 @@ class ProcessDecoder:
         self.hello: Hello | None = None
         self.cupti_version = 0
         self.layout_sources: dict[int, str] = {}
+        self.records_by_kind: dict[int, int] = {}   # records received per CUPTI kind (decoded or not)
         self.max_carry = max_carry
         self.max_open_markers = max_open_markers
         self._ptrs = np.empty(0, np.uint64)       # sorted CUPTI name pointers
@@ -253,6 +254,7 @@ class ProcessDecoder:
             self.counters["undecodable_records"] += count
             self.layout_sources[kind] = reason
         for s in batch.sections:
+            self.records_by_kind[s.kind] = self.records_by_kind.get(s.kind, 0) + s.count
             dtype, source = L.layout_for(s.kind, s.record_size, self.cupti_version)
             if dtype is None:
                 self.counters["undecodable_records"] += s.count
@@ -380,6 +382,7 @@ class ProcessDecoder:
         self.counters["ranges"] += len(ranges)
         meta = {"source": "cupti", "pid": self.pid, "cupti_version": self.cupti_version,
                 "mode": self.mode, "flags": self.flags, "layouts": dict(self.layout_sources),
+                "records_by_kind": dict(self.records_by_kind),
                 "library_counters": dict(self.library_counters), "devices": sorted(self.devices)}
         if self.hello is not None:
             meta["comm"] = self.hello.comm
