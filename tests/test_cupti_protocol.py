@@ -217,3 +217,39 @@ def test_half_received_frames_are_bounded_across_peers(tmp_path):
         assert s._partial_bytes == 0
     finally:
         s.close()
+
+
+def test_repeated_hello_updates_the_state_and_reclaim_reaches_the_library(tmp_path):
+    """The library sends HELLO again when a takeover starts or ends (probes/native); the
+    agent keeps the connection, counts the process as taken over, and can ask it to
+    reclaim CUPTI. A repeated HELLO naming another pid is refused like a first one."""
+    import cupti_records as R
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    probe = CuptiProbe(str(tmp_path / "c.sock"))
+    probe.start()
+    try:
+        c = connect(probe.socket_path)
+        c.sendall(R.hello_frame())
+        R.poll_until(probe, lambda g: any("new_pids" in x for x in g))
+        h = np.frombuffer(R.hello_frame()[16:56], P.HELLO_DTYPE).copy()
+        h["flags"] = P.FLAG_TAKEN_OVER
+        status = b"takeover: torch.profiler re-registered the buffer callbacks"
+        h["status_len"] = len(status)
+        body = h.tobytes() + b"python\0\0" + status + b"\0" * (-len(status) % 8) + R.hello_frame()[16 + 40 + 8:]
+        c.sendall(P.encode_frame(P.MSG_HELLO, body))
+        got = R.poll_until(probe, lambda g: any("status" in x for x in g))
+        assert any(os.getpid() in x.get("status", {}) for x in got)
+        assert not any("new_pids" in x for x in got)                   # the same process, not a new one
+        assert probe.counters()["processes_taken_over"] == 1 and probe.server.connections == 1
+        assert probe.reclaim() == 1
+        c.settimeout(5)
+        frame = c.recv(32)
+        t, n = P.parse_frame_header(frame[:16])
+        ctl = np.frombuffer(frame[16:16 + n], P.CONTROL_DTYPE)[0]
+        assert t == P.MSG_CONTROL and int(ctl["flags"]) == P.CONTROL_RECLAIM
+        c.sendall(R.hello_frame(pid=1))                                # now claiming init
+        R.poll_until(probe, lambda g: probe.counters().get("server_rejected_peers", 0) == 1, timeout_s=5)
+        assert probe.counters()["server_rejected_peers"] == 1
+        c.close()
+    finally:
+        probe.stop()

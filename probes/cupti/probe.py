@@ -127,6 +127,18 @@ class CuptiProbe(Probe):
                 self.server.close()
                 self.server = None
 
+    def reclaim(self, pid: int | None = None) -> int:
+        """Ask libraries whose CUPTI was taken over (legacy CUPTI) to take it back, for when
+        the operator knows the other tool is done; returns how many got the request."""
+        with self._lock:
+            if self.server is None:
+                return 0
+            n = 0
+            for p in {d.pid for d in list(self.decoders.values()) if d.flags & P.FLAG_TAKEN_OVER}:
+                if pid is None or p == pid:
+                    n += self.server.send_control(self.decoders[p].mode, 0, p, P.CONTROL_RECLAIM)
+            return n
+
     def set_mode(self, mode: str | int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
         """Switch libraries to ``"always-on"`` or ``"deep"`` (all, or one pid) without restarting them."""
         m = {"always-on": P.MODE_ALWAYS_ON, "deep": P.MODE_DEEP}.get(mode, mode) if isinstance(mode, str) else mode
@@ -151,12 +163,13 @@ class CuptiProbe(Probe):
             if dec is None:
                 dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
             dec.set_hello(m.body)
-            self._conn_pid[m.conn_id] = m.pid
-            self._new.append((m.pid, m.body.comm))
-            _announce_target(m.pid)
+            if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
+                self._conn_pid[m.conn_id] = m.pid
+                self._new.append((m.pid, m.body.comm))
+                _announce_target(m.pid)
             if m.body.status:
                 self._status[m.pid] = m.body.status
-                if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI):
+                if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI | P.FLAG_TAKEN_OVER):
                     log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
                                 escape(m.body.status.strip()))
         elif m.kind == "batch":
@@ -258,6 +271,7 @@ class CuptiProbe(Probe):
                           + stats.get("rejected_peers", 0) + self.decode_errors + dec["undecodable_records"]
                           + dec["rejected_records"]),
                "processes": len(self.decoders),
+               "processes_taken_over": sum(1 for d in self.decoders.values() if d.flags & P.FLAG_TAKEN_OVER),
                "connections": self.server.connections if self.server else 0}
         out.update({f"library_{k}": v for k, v in lib.items()})
         out.update(dec)

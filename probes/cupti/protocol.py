@@ -32,6 +32,11 @@ FLAG_CONFLICT = 1 << 2
 FLAG_NO_CUPTI = 1 << 3
 FLAG_TEST_MODE = 1 << 4
 FLAG_WALK_WITH_CUPTI = 1 << 5
+#: legacy CUPTI: another tool (torch.profiler/Kineto) took the activity callbacks; collection
+#: is paused until it is done (the status lines say "takeover:" / "resumed:")
+FLAG_TAKEN_OVER = 1 << 6
+#: CONTROL flags (agent -> library)
+CONTROL_RECLAIM = 1 << 0
 
 MAX_DEVICES = 16
 #: Largest body accepted. A batch is one CUPTI buffer plus the names new on the
@@ -69,7 +74,7 @@ BATCH_DTYPE = np.dtype([
 ])
 NAME_DTYPE = np.dtype([("ptr", "<u8"), ("len", "<u4"), ("reserved", "<u4")])
 SECTION_DTYPE = np.dtype([("kind", "<u4"), ("record_size", "<u4"), ("count", "<u4"), ("reserved", "<u4")])
-CONTROL_DTYPE = np.dtype([("mode", "<u4"), ("kernel_sample_every", "<u4"), ("reserved", "<u4", (2,))])
+CONTROL_DTYPE = np.dtype([("mode", "<u4"), ("kernel_sample_every", "<u4"), ("flags", "<u4"), ("reserved", "<u4")])
 
 #: Cumulative library counters carried in every batch header.
 LIBRARY_COUNTERS = ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
@@ -229,13 +234,15 @@ def parse_batch(body) -> Batch:
     return Batch(h, names, sections, rejected)
 
 
-def encode_control(mode: int, kernel_sample_every: int = 0) -> bytes:
-    """A CONTROL frame switching the library's mode (and optionally its kernel sampling)."""
+def encode_control(mode: int, kernel_sample_every: int = 0, flags: int = 0) -> bytes:
+    """A CONTROL frame switching the library's mode (and optionally its kernel sampling);
+    ``flags`` may ask it to reclaim CUPTI after a takeover (:data:`CONTROL_RECLAIM`)."""
     if mode not in MODE_NAMES:
         raise ValueError(f"unknown mode {mode}")
     body = np.zeros(1, CONTROL_DTYPE)
     body["mode"] = mode
     body["kernel_sample_every"] = kernel_sample_every
+    body["flags"] = flags
     hdr = np.zeros(1, FRAME_DTYPE)
     hdr["magic"], hdr["type"], hdr["proto"], hdr["length"] = MAGIC, MSG_CONTROL, PROTO_VERSION, CONTROL_DTYPE.itemsize
     return hdr.tobytes() + body.tobytes()

@@ -314,8 +314,8 @@ class CuptiServer:
     def _frame_done(self, c: _Conn, body) -> None:
         self.stats["messages"] += 1
         if c.msg_type == P.MSG_HELLO:
-            if c.hello is not None:
-                raise P.ProtocolError("second hello on one connection")
+            # a library sends HELLO again when its flags or status change (a takeover
+            # detected or over): the newest is the state; the pid may not change
             hello = P.parse_hello(body)
             self._check_identity(c, hello.pid)
             c.hello = hello
@@ -382,13 +382,13 @@ class CuptiServer:
             self._queued_bytes = 0
         return out
 
-    def send_control(self, mode: int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
+    def send_control(self, mode: int, kernel_sample_every: int = 0, pid: int | None = None, flags: int = 0) -> int:
         """Switch the mode of every connected library (or of one pid); returns how many got it.
 
         Non-blocking: a library whose socket buffer is full misses this one message
         (counted) and keeps its mode; the caller may resend.
         """
-        frame = P.encode_control(mode, kernel_sample_every)
+        frame = P.encode_control(mode, kernel_sample_every, flags)
         n = 0
         for c in list(self._conns.values()):
             if pid is not None and c.pid != pid:
