@@ -462,14 +462,28 @@ def measure_gemm(torch) -> float:
 # ---------------------------------------------------------------------------------------
 # the driver (runs in the parent)
 
-def child(mode: str, out: Path, timeout: float, wrap: list[str] | None = None) -> dict:
+def child(mode: str, out: Path, timeout: float, wrap: list[str] | None = None, tick=None) -> dict:
+    """Run one workload; ``tick()`` is called every 0.2 s while it runs (the probes drain then)."""
     cmd = (wrap or []) + [sys.executable, str(Path(__file__).resolve()), "--workload", mode, "--out", str(out)]
+    log = out / f"log_{mode}.txt"
     # cwd: the output folder, so that the source tree's ridgeline/ never shadows the installed one
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(10, timeout), cwd=out)
-    (out / f"log_{mode}.txt").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
-    if r.returncode != 0:
-        raise RuntimeError(f"{mode} run failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    with open(log, "w") as f:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=f, text=True, cwd=out)
+        end = time.monotonic() + max(10, timeout)
+        while p.poll() is None:
+            if time.monotonic() > end:
+                p.kill()
+                p.wait()
+                raise RuntimeError(f"{mode} run exceeded {timeout:.0f} s")
+            if tick is not None:
+                tick()
+            time.sleep(0.2)
+        stdout = p.stdout.read()
+    with open(log, "a") as f:
+        f.write("\n--- stdout ---\n" + stdout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{mode} run failed (rc {p.returncode}): {log.read_text().strip().splitlines()[-1:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False, side: bool = False):
@@ -499,22 +513,31 @@ def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False
             from ridgeline.probes.cupti.pm_sampler import unavailable_reason
             notes["pm"] = " / ".join(unavailable_reason(e))
             sampler = None
-    parts = []
+    parts, pm_parts = [], []
+
+    def tick():
+        got = probe.poll()
+        if "trace" in got:
+            parts.append(got["trace"])
+        if nvml is not None:
+            nvml_records.extend((nvml.poll() or {}).get("devices", []))
+        if sampler is not None:
+            s = sampler.poll()
+            if s and len(s.get("start_ns", [])):
+                pm_parts.append(s)
     try:
         wrap = [sys.executable, "-m", "ridgeline", "run", "--socket", str(sock)]
         if graph_level:
             wrap.append("--graph-level")
-        res = child(mode, out, timeout, wrap=wrap + ["--"])
-        end = time.monotonic() + 3
+        res = child(mode, out, timeout, wrap=wrap + ["--"], tick=tick)
+        end = time.monotonic() + 3          # the library's last flush
         while time.monotonic() < end:
-            got = probe.poll()
-            if "trace" in got:
-                parts.append(got["trace"])
-            if nvml is not None:
-                nvml_records += (nvml.poll() or {}).get("devices", [])
+            tick()
             time.sleep(0.1)
-        if sampler is not None:
-            pm = sampler.poll()
+        if pm_parts:
+            pm = {"start_ns": np.concatenate([x["start_ns"] for x in pm_parts]),
+                  "end_ns": np.concatenate([x["end_ns"] for x in pm_parts]),
+                  "values": {m: np.concatenate([x["values"][m] for x in pm_parts]) for m in pm_parts[0]["values"]}}
     finally:
         for p in (sampler, nvml):
             if p is not None:

@@ -109,3 +109,12 @@ def test_unknown_kind_is_counted_not_misread():
     junk = np.zeros(3, [("kind", "<i4"), ("x", "<i4")])
     d.add_batch(batch([(37, junk)]))
     assert d.counters["undecodable_records"] == 3 and not d.pending()
+
+
+def test_name_bytes_per_process_are_bounded():
+    d = ProcessDecoder(1, max_name_bytes=100)
+    d.add_names({1: "a" * 60, 2: "b" * 30})
+    d.add_names({3: "c" * 20})                     # over the 100 bytes: not interned, counted
+    ids = d.name_ids(np.array([1, 2, 3], np.uint64))
+    assert ids[0] >= 0 and ids[1] >= 0 and ids[2] == MISSING
+    assert d.counters["names_over_limit"] == 1 and len(d.names) == 2
