@@ -470,7 +470,10 @@ def test_names_cut_at_4096_bytes_stay_distinct(built, harness, tmp_path):
     names = [common + "Epilogue<bf16>>(Params)", common + "Epilogue<fp8>>(Params)", "short_kernel"]
     assert all(len(n) > 4096 for n in names[:2]) and names[0][:4096] == names[1][:4096]
     off = R.KERNEL.fields["name"][1]
-    spec = [{"kind": 10, "size": R.KERNEL.itemsize, "str": {str(off): n}} for n in names]
+    # real timestamps: the agent rejects (and counts) kernel records without them
+    ts = {str(R.KERNEL.fields["start"][1]): 1_764_000_000_000_000_000,
+          str(R.KERNEL.fields["end"][1]): 1_764_000_000_000_001_000}
+    spec = [{"kind": 10, "size": R.KERNEL.itemsize, "str": {str(off): n}, "u64": ts} for n in names]
     try:
         h = harness()
         h(f"init {sock} 130500")
