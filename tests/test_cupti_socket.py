@@ -237,3 +237,29 @@ def test_1200_connections_leave_the_agent_descriptors_for_metrics(tmp_path):
         agent.kill()
         agent.wait()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_peer_text_cannot_write_lines_into_the_log(tmp_path, caplog):
+    """Issue 14 item 6: a HELLO's process name and status reach the log and the probe's
+    output escaped, on one line."""
+    import logging
+    from ridgeline.probes.cupti import protocol as P
+    probe = CuptiProbe(str(tmp_path / "c.sock"))
+    probe.start()
+    evil = b"conflict: x\n2026-01-01 CRITICAL agent: forged line\x1b[2J"
+    try:
+        with caplog.at_level(logging.WARNING), socket.socket(socket.AF_UNIX) as c:
+            c.connect(probe.socket_path)
+            frame = bytearray(R.hello_frame(comm=b"vllm\nFAKE", status=evil))
+            flags_at = 16 + P.HELLO_DTYPE.fields["flags"][1]
+            frame[flags_at:flags_at + 4] = P.FLAG_CONFLICT.to_bytes(4, "little")
+            c.sendall(bytes(frame))
+            got = R.poll_until(probe, lambda g: any("status" in x for x in g))
+    finally:
+        probe.stop()
+    status = next(x["status"] for x in got if "status" in x)[os.getpid()]
+    comm = next(x["new_pids"] for x in got if "new_pids" in x)[0][1]
+    assert "\n" not in status and "\x1b" not in status and "forged line" in status
+    assert "\n" not in comm
+    logged = [r.getMessage() for r in caplog.records if "cupti" in r.getMessage()]
+    assert logged and all("\n" not in m and "\x1b" not in m for m in logged)

@@ -51,10 +51,12 @@ class CuptiProbe(Probe):
       to its facts: comm, CUPTI version, layouts, mode, flags, library drop counters);
     * ``"launch_latency_ns"``: int64 aligned with ``trace.kernels`` (kernel start - launch
       API call start, -1 where no API record matched);
-    * ``"new_pids"``: ``[(pid, comm)]`` of processes that said hello since the last poll;
+    * ``"new_pids"``: ``[(pid, comm)]`` of processes that said hello since the last poll
+      (``comm`` escaped: it is the peer's text);
     * ``"closed_pids"``: pids whose connection ended;
     * ``"status"``: ``{pid: text}`` the library's own reasons (missing CUPTI, conflict
-      with another CUPTI subscriber), new since the last poll.
+      with another CUPTI subscriber, takeover), new since the last poll, as one escaped
+      line (newlines read ``\\n``).
 
     Kernel names are demangled; ``trace.meta["mangled_names"]`` maps a name id of the
     probe-wide table to the mangled name CUPTI reported (only for names that were
@@ -165,10 +167,12 @@ class CuptiProbe(Probe):
             dec.set_hello(m.body)
             if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
                 self._conn_pid[m.conn_id] = m.pid
-                self._new.append((m.pid, m.body.comm))
+                self._new.append((m.pid, escape(m.body.comm, 64)))
                 _announce_target(m.pid)
             if m.body.status:
-                self._status[m.pid] = m.body.status
+                # peer text: handed on escaped (one line, no control characters), so that
+                # whoever logs it cannot be made to write lines of the peer's choosing
+                self._status[m.pid] = escape(m.body.status.strip(), 4000)
                 if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI | P.FLAG_TAKEN_OVER):
                     log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
                                 escape(m.body.status.strip()))
