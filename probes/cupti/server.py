@@ -5,8 +5,8 @@ and bounded, so no peer (a slow one, a dead one, or a hostile one: the socket is
 connectable by local users whose processes we profile) can crash or stall the agent:
 
 * a frame header with a wrong magic, version, type or a body over the size limit, or
-  a body that does not parse, is a protocol error: counted, and that connection is
-  closed (a byte stream cannot be resynchronised);
+  a HELLO that does not parse (or names another process), is a protocol error: counted,
+  and that connection is closed (a byte stream cannot be resynchronised);
 * at most ``max_connections`` peers, always well below the process's descriptor limit
   (``RLIMIT_NOFILE``; the rest of the agent needs descriptors too); more are accepted
   and closed at once (counted as ``refused_connections``);
