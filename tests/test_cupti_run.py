@@ -85,3 +85,39 @@ def test_unit_names_and_quoting():
             unit_name(bad)
     text = render("u.service", {"CUDA_INJECTION64_PATH": '/opt/my "lib"/x.so'})
     assert 'Environment="CUDA_INJECTION64_PATH=/opt/my \\"lib\\"/x.so"' in text
+
+
+def test_socket_problem_names_what_keeps_a_service_user_out(tmp_path):
+    """What `ridgeline run` warns about before exec: a 0750 root folder (systemd's old
+    RuntimeDirectoryMode) keeps uid 65534 out; once searchable, a 0666 socket lets it in."""
+    import socket as S
+    from ridgeline.agent.commands.run import socket_problem
+    d = tmp_path / "ridgeline"
+    d.mkdir()
+    path = str(d / "cupti.sock")
+    assert "no agent is listening" in socket_problem(path, 65534, {65534}) or "not searchable" in \
+        socket_problem(path, 65534, {65534})
+    s = S.socket(S.AF_UNIX)
+    s.bind(path)
+    try:
+        os.chmod(path, 0o666)
+        tmp_path.chmod(0o755)
+        d.chmod(0o750)
+        assert "not searchable by uid 65534" in socket_problem(path, 65534, {65534})
+        assert socket_problem(path, 0, {0}) is None
+        d.chmod(0o751)
+        chain = Path(path).parents
+        if all(os.stat(p).st_mode & 0o001 for p in chain):
+            assert socket_problem(path, 65534, {65534}) is None
+        os.chmod(path, 0o660)
+        if all(os.stat(p).st_mode & 0o001 for p in chain):
+            assert "not writable by uid 65534" in socket_problem(path, 65534, {65534})
+        assert socket_problem(path, os.stat(path).st_uid, {os.stat(path).st_gid}) is None
+    finally:
+        s.close()
+
+
+def test_run_warns_and_still_runs_without_an_agent(tmp_path):
+    r = ridgeline("run", "--socket", str(tmp_path / "none.sock"), "--", sys.executable, "-c", "print('ran')")
+    assert r.returncode == 0 and r.stdout.strip() == "ran"
+    assert "no agent is listening" in r.stderr and r.stderr.count("\n") == 1

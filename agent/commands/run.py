@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import stat
+import sys
 
 from ridgeline.probes.errors import InputError
 
@@ -47,6 +49,39 @@ def injection_env_from_args(args) -> dict[str, str]:
     return injection_env(args.socket, args.mode, args.graph_level, libcupti, lib)
 
 
+def socket_problem(path: str, uid: int, gids: set[int]) -> str | None:
+    """Why a process of ``uid``/``gids`` could not connect to the agent's socket at ``path``,
+    or None when it can (root can always). Plain permission bits, as the kernel checks them."""
+    def allowed(st, bit_user: int) -> bool:      # bit_user: 0o4 read, 0o2 write, 0o1 search
+        if uid == 0:
+            return True
+        if st.st_uid == uid:
+            return bool(st.st_mode & (bit_user << 6))
+        if st.st_gid in gids:
+            return bool(st.st_mode & (bit_user << 3))
+        return bool(st.st_mode & bit_user)
+    p = os.path.abspath(path)
+    parts = p.split(os.sep)[1:-1]
+    d = os.sep
+    for part in [""] + parts:
+        d = os.path.join(d, part) if part else d
+        try:
+            st = os.stat(d)
+        except OSError:
+            return f"{d} does not exist (no agent has opened its socket yet)"
+        if not allowed(st, 0o1):
+            return f"{d} is not searchable by uid {uid}"
+    try:
+        st = os.stat(p)
+    except OSError:
+        return f"no agent is listening at {p}"
+    if not stat.S_ISSOCK(st.st_mode):
+        return f"{p} is not a socket"
+    if not allowed(st, 0o2):
+        return f"{p} is not writable by uid {uid}"
+    return None
+
+
 def run(args) -> int:
     env = injection_env_from_args(args)
     if args.print_env:
@@ -64,6 +99,11 @@ def run(args) -> int:
     exe = shutil.which(cmd[0])
     if exe is None:
         raise InputError(f"command not found: {cmd[0]}")
+    problem = socket_problem(env["RIDGELINE_SOCKET"], os.geteuid(), set(os.getgroups()) | {os.getegid()})
+    if problem:
+        # the command runs regardless: the library counts its records as dropped_no_agent
+        print(f"ridgeline run: warning: {problem}; this process's GPU records will be counted as dropped "
+              "until it can connect", file=sys.stderr)
     full = dict(os.environ)
     full.update(env)
     os.execve(exe, cmd, full)
