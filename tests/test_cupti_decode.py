@@ -118,3 +118,12 @@ def test_name_bytes_per_process_are_bounded():
     ids = d.name_ids(np.array([1, 2, 3], np.uint64))
     assert ids[0] >= 0 and ids[1] >= 0 and ids[2] == MISSING
     assert d.counters["names_over_limit"] == 1 and len(d.names) == 2
+
+
+def test_range_checks_at_the_int64_edge():
+    from ridgeline.probes.cupti.decode import MAX_TIMESTAMP_NS, valid_records
+    v = np.zeros(6, L.layout_for(10, 248)[0])
+    v["start"] = [1, MAX_TIMESTAMP_NS - 10, MAX_TIMESTAMP_NS - 10, 0, 100, 2**64 - 1]
+    v["end"] = [2, MAX_TIMESTAMP_NS, MAX_TIMESTAMP_NS + 5, 10, 99, 2**64 - 1]
+    ok, rejected = valid_records(v)
+    assert ok.tolist() == [True, True, False, False, False, False] and rejected == {"timestamps": 4}

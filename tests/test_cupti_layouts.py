@@ -147,7 +147,7 @@ def test_records_of_this_release_decode_field_by_field(header_set, tmp_path):
     assert t.names.names_of(api["name_id"][:1]) == ["cudaLaunchKernel_v7000"]
 
 
-def test_struct_sizes_differ_between_releases_and_all_decode(tmp_path_factory):
+def test_kernel_record_sizes_differ_between_releases(tmp_path_factory):
     """The point of decoding by kind: the releases' kernel records do not share one size."""
     sizes = {}
     for label in LABELS:

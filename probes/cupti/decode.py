@@ -56,8 +56,9 @@ def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
     checks: list[tuple[str, np.ndarray]] = []
     if "start" in names:
         start, end = v["start"], v["end"]
-        checks.append(("timestamps", (start == 0) | (start > MAX_TIMESTAMP_NS) | (end > MAX_TIMESTAMP_NS)
-                       | (end < start) | ((end - start) > MAX_DURATION_NS)))
+        # unsigned arithmetic: start - 1 wraps for 0, end - start wraps for an end before the start
+        checks.append(("timestamps", ((start - np.uint64(1)) >= np.uint64(MAX_TIMESTAMP_NS))
+                       | (end > np.uint64(MAX_TIMESTAMP_NS)) | ((end - start) > np.uint64(MAX_DURATION_NS))))
     if "timestamp" in names:
         ts = v["timestamp"]
         checks.append(("timestamps", (ts == 0) | (ts > MAX_TIMESTAMP_NS)))
