@@ -13,6 +13,7 @@
  *   A kind cbid start end pid tid corr
  *   X externalkind externalid corr
  *   M flags timestamp id pid tid name domain
+ *   G start end device graph context stream corr            (CUpti_ActivityGraphTrace2)
  * Output (argv[1]): per kind, u32 kind, u32 sizeof(record), u32 count, then the records;
  * stdout: "api_version <CUPTI_API_VERSION>".
  */
@@ -44,7 +45,7 @@ int main(int argc, char **argv) {
     while (scanf("%3s", tag) == 1) {
         uint64_t a[20] = {0};
         int n = tag[0] == 'K' ? 18 : tag[0] == 'C' || tag[0] == 'S' ? 10 : tag[0] == 'A' ? 7
-              : tag[0] == 'X' ? 3 : tag[0] == 'M' ? 7 : -1;
+              : tag[0] == 'X' ? 3 : tag[0] == 'M' ? 7 : tag[0] == 'G' ? 7 : -1;
         if (n < 0) { fprintf(stderr, "bad tag %s\n", tag); return 2; }
         for (int i = 0; i < n; i++)
             if (scanf("%" SCNu64, &a[i]) != 1) { fprintf(stderr, "short line for %s\n", tag); return 2; }
@@ -79,6 +80,12 @@ int main(int argc, char **argv) {
                                                    .externalKind = (CUpti_ExternalCorrelationKind)a[0],
                                                    .externalId = a[1], .correlationId = (uint32_t)a[2]};
             add(&sec[5], r.kind, &r, sizeof r);
+        } else if (tag[0] == 'G') {
+            CUpti_ActivityGraphTrace2 r = {.kind = CUPTI_ACTIVITY_KIND_GRAPH_TRACE, .start = a[0], .end = a[1],
+                                           .deviceId = (uint32_t)a[2], .graphId = (uint32_t)a[3],
+                                           .contextId = (uint32_t)a[4], .streamId = (uint32_t)a[5],
+                                           .correlationId = (uint32_t)a[6]};
+            add(&sec[7], r.kind, &r, sizeof r);
         } else {
             CUpti_ActivityMarker2 r = {.kind = CUPTI_ACTIVITY_KIND_MARKER, .flags = (CUpti_ActivityFlag)a[0],
                                        .timestamp = a[1], .id = (uint32_t)a[2],

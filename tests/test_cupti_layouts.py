@@ -234,3 +234,25 @@ def test_names_are_demangled_once_and_hostile_names_cost_nothing():
             "print('ok', demangle(m[:60]) == m[:60])\n")
     r = subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.split() == ["ok", "True"], r.stderr[-500:]
+
+
+def test_graph_level_records_become_one_row_per_graph_launch(header_set, tmp_path):
+    """Graph-level mode (RIDGELINE_GRAPH_LEVEL=1): CUpti_ActivityGraphTrace2 records, laid
+    out by each release's header, become one kernel-table row per launch named after the
+    graph, joined to the cudaGraphLaunch API record."""
+    t0 = 1_764_000_000_000_000_000
+    lines = [f"G {t0 + i * 100_000} {t0 + i * 100_000 + 40_000} {i % 2} {7 + i % 3} 1 13 {500 + i}" for i in range(9)]
+    lines += [f"A 5 {R.CBID_CUDA_GRAPH_LAUNCH} {t0 + i * 100_000 - 3_000} {t0 + i * 100_000 - 1_000} {os.getpid()} "
+              f"{4242} {500 + i}" for i in range(9)]
+    sections, api = header_set.write(lines, tmp_path)
+    out, counters = _send_and_poll(tmp_path, sections, {}, api, 9)
+    k = out["trace"].kernels
+    k = k[np.argsort(k["correlation_id"])]
+    assert len(k) == 9 and counters["undecodable_records"] == 0
+    np.testing.assert_array_equal(k["start_ns"], t0 + np.arange(9) * 100_000)
+    np.testing.assert_array_equal(k["end_ns"] - k["start_ns"], 40_000)
+    np.testing.assert_array_equal(k["graph_id"], 7 + np.arange(9) % 3)
+    assert (k["graph_node_id"] == MISSING).all() and (k["stream"] == 13).all()
+    np.testing.assert_array_equal(k["device"], np.arange(9) % 2)
+    assert out["trace"].names.names_of(k["name_id"][:3]) == ["CUDA graph 7", "CUDA graph 8", "CUDA graph 9"]
+    assert (k["tid"] == 4242).all()

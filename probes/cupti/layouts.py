@@ -75,6 +75,10 @@ FIELDS: dict[int, dict] = {
                   "name": ("<i8", 40), "domain": ("<i8", 48)},
     KIND_EXTERNAL_CORRELATION: {"kind": ("<i4", 0), "external_kind": ("<i4", 4),
                                 "external_id": ("<u8", 8), "correlation_id": ("<u4", 16)},
+    # CUpti_ActivityGraphTrace2 (graph-level mode): one record per graph launch
+    KIND_GRAPH_TRACE: {"kind": ("<i4", 0), "correlation_id": ("<u4", 4), "start": ("<u8", 8), "end": ("<u8", 16),
+                       "device_id": ("<u4", 24), "graph_id": ("<u4", 28), "context_id": ("<u4", 32),
+                       "stream_id": ("<u4", 36)},
 }
 
 
