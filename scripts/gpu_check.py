@@ -586,7 +586,8 @@ def analyse(results: dict, trace, trace_graph, torch_trace, nvml_records, pm) ->
         if trace_graph is not None:
             gl_records = sum(m.get("records_by_kind", {}).get(51, 0) for m in trace_graph.meta["processes"].values())
             kg = trace_graph.kernels        # graph launches are rows without a node id
-            gl_nodes = int(sum((kg["graph_node_id"][r] >= 0).sum() for r in kernels_in_ranges(trace_graph, "graph_replay")))
+            gl_nodes = int(sum((kg["graph_node_id"][r] >= 0).sum()
+                               for r in kernels_in_ranges(trace_graph, "graph_replay")))
         points["c"] = judge_graphs(len(eager[0]) if eager else 0, [len(r) for r in replays], ids, gl_records, gl_nodes)
         tri = kernels_in_ranges(trace, "triton")
         if tri and len(tri[0]):

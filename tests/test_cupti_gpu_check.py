@@ -62,7 +62,8 @@ def test_bundle_is_complete_pinned_and_under_64_mib(bundle):
     for tag in ("cp310", "cp311", "cp312", "cp313"):
         assert any(w.startswith("cupti_python-13.4.0-") and tag in w for w in wheels), tag
         assert any(w.startswith("orjson-3.13.0-") and tag in w for w in wheels), tag
-        assert any(w.startswith("pyzmq-27.3.0-") and (tag in w or ("abi3" in w and tag >= "cp312")) for w in wheels), tag
+        assert any(w.startswith("pyzmq-27.3.0-") and (tag in w or ("abi3" in w and tag >= "cp312"))
+                   for w in wheels), tag
     assert any(w.startswith("ridgeline-") for w in wheels)
     assert any(w.startswith("cuda_bindings-") for w in wheels) and any(w.startswith("pyelftools-") for w in wheels)
     assert not any(w.startswith(("nvidia_cuda_cupti", "nvidia-cuda-cupti")) for w in wheels)   # never ship a libcupti

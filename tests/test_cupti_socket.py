@@ -206,7 +206,8 @@ def test_1200_connections_leave_the_agent_descriptors_for_metrics(tmp_path):
     clients = []
     try:
         port = int(agent.stdout.readline())
-        metrics = lambda: json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read())  # noqa: E731
+        def metrics():
+            return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read())
         for _ in range(1200):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             c.setblocking(False)
