@@ -36,6 +36,7 @@ DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_BACKOFF_MAX_S = 60.0
 _TCP_LISTEN = "0A"
+RESOLVE_RETRY_S = 30.0   # a configured URL whose listening process was not found is looked up again after this
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -102,6 +103,46 @@ def cmdline_ports(argv: list[str]) -> set[int]:
     return out
 
 
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def loopback_port(url: str) -> int | None:
+    """TCP port of an http(s) ``url`` whose host is this machine's loopback
+    (``localhost``, 127.0.0.0/8, ``::1``); None for any other host or a malformed URL."""
+    import ipaddress
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(url)
+        host, port = (u.hostname or "").lower(), u.port
+    except ValueError:
+        return None
+    if u.scheme not in ("http", "https"):
+        return None
+    if host not in _LOOPBACK_NAMES:
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return None
+        except ValueError:
+            return None
+    return port if port is not None else (443 if u.scheme == "https" else 80)
+
+
+def owner_pid(port: int, targets: Iterable[tuple[int, Iterable[Iterable[tuple[str, int]]]]]) -> int | None:
+    """The first target pid whose process chain (itself, then its ancestors: each one's
+    listening endpoints) listens on ``127.0.0.1:port`` (loopback or wildcard bind)."""
+    for pid, chain in targets:
+        if any(("127.0.0.1", port) in eps for eps in chain):
+            return pid
+    return None
+
+
+def loopback_listener_inodes(rows: Iterable[tuple[str, int, str, int]], port: int) -> set[int]:
+    """Inodes of the sockets listening on ``port`` that a loopback client reaches."""
+    return {inode for ip, p, state, inode in rows
+            if p == port and state == _TCP_LISTEN
+            and ip in ("0.0.0.0", "::", "127.0.0.1", "::1", "::ffff:127.0.0.1")}
+
+
 def metrics_url(host: str, port: int) -> str:
     h = f"[{host}]" if ":" in host else host
     return f"http://{h}:{port}/metrics"
@@ -134,6 +175,15 @@ def _ppid(pid: int) -> int | None:
         return None
     # comm may contain spaces and parentheses: fields start after the last ')'
     return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (an exited server not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] not in ("Z", "X")
 
 
 def related_pids(pid: int, max_up: int = 3) -> list[int]:
@@ -169,6 +219,29 @@ def listening_ports(pid: int) -> list[tuple[str, int]]:
         except OSError:
             continue
     return listening_endpoints(rows, inodes)
+
+
+def listener_pid(port: int, max_procs: int = 65536) -> int | None:
+    """Lowest pid holding a socket that listens on loopback ``port`` in this agent's network
+    namespace (``/proc/net/tcp{,6}`` joined with ``/proc/*/fd``); None when not found or
+    not readable. Looks at no more than ``max_procs`` processes."""
+    rows: list = []
+    for name in ("tcp", "tcp6"):
+        try:
+            rows += parse_proc_net_tcp(Path(f"/proc/net/{name}").read_text())
+        except OSError:
+            continue
+    inodes = loopback_listener_inodes(rows, port)
+    if not inodes:
+        return None
+    try:
+        pids = sorted(int(d) for d in os.listdir("/proc") if d.isdigit())[:max_procs]
+    except OSError:
+        return None
+    for pid in pids:      # ascending: a forking server's parent before its workers
+        if socket_inodes(pid) & inodes:
+            return pid
+    return None
 
 
 # --------------------------------------------------------------------------- HTTP
@@ -207,11 +280,14 @@ def is_engine_exposition(expo: prom_text.Exposition) -> bool:
 
 
 class _Endpoint:
-    __slots__ = ("url", "failures", "next_s", "last_error", "discovered", "pid")
+    __slots__ = ("url", "failures", "next_s", "last_error", "discovered", "pid", "resolve_next_s")
 
     def __init__(self, url: str, discovered: bool = False, pid: int | None = None):
         self.url = url
-        self.pid = pid  # the served process it was discovered from (None when configured)
+        # The served process: the one it was discovered from, or for a configured loopback
+        # URL the one resolved from its listening port (None until resolved).
+        self.pid = pid
+        self.resolve_next_s = 0.0
         self.failures = 0
         self.next_s = 0.0
         self.last_error: str | None = None
@@ -317,12 +393,37 @@ class EngineProbe(Probe):
                             self._rejected.add(url)
         return found
 
+    def resolve_pid(self, url: str) -> int | None:
+        """Served process of a configured loopback ``url`` (see the module docstring)."""
+        port = loopback_port(url)
+        if port is None:
+            return None
+        with self._lock:
+            pids = sorted(self._pids)
+        found = owner_pid(port, ((pid, (listening_ports(p) for p in related_pids(pid))) for pid in pids))
+        return found if found is not None else listener_pid(port)
+
+    def _refresh_pid(self, ep: _Endpoint, now_s: float) -> None:
+        if ep.discovered:
+            return
+        if ep.pid is not None and alive(ep.pid):
+            return
+        if ep.pid is None and now_s < ep.resolve_next_s:
+            return
+        try:
+            ep.pid = self.resolve_pid(ep.url)
+        except Exception:      # /proc glue: never let it stop the scrape loop
+            ep.pid = None
+        if ep.pid is None:     # not ours, or not listening yet: look again later, not every scrape
+            ep.resolve_next_s = now_s + RESOLVE_RETRY_S
+
     def scrape_due(self, now_s: float | None = None) -> None:
         """Scrape every endpoint whose back-off has expired (the thread calls this)."""
         now_s = time.monotonic() if now_s is None else now_s
         for ep in list(self._endpoints.values()):
             if ep.next_s > now_s:
                 continue
+            self._refresh_pid(ep, now_s)
             try:
                 res = scrape(ep.url, self.timeout_s, self._client)
             except InputError as exc:

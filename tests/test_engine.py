@@ -1,5 +1,6 @@
 """Engine probe: real HTTP scrapes over loopback, back-off, /proc port discovery."""
 import os
+import signal
 import socket
 import time
 
@@ -185,3 +186,90 @@ def test_check_without_endpoints():
     assert not engine.EngineProbe(discover=False).check().ok
     av = engine.EngineProbe().check()
     assert av.ok and "discover" in av.reason
+
+
+def test_loopback_port_and_owner_literal():
+    assert engine.loopback_port("http://127.0.0.1:8000/metrics") == 8000
+    assert engine.loopback_port("http://localhost:30000/metrics") == 30000
+    assert engine.loopback_port("http://[::1]:8080/metrics") == 8080
+    assert engine.loopback_port("http://127.3.0.1/metrics") == 80
+    assert engine.loopback_port("http://10.0.0.5:8000/metrics") is None      # another host: not ours to resolve
+    assert engine.loopback_port("http://gpu-host-3:8000/metrics") is None
+    assert engine.loopback_port("ftp://127.0.0.1:21/") is None
+    assert engine.loopback_port("http://127.0.0.1:notaport/metrics") is None
+    # vLLM: the API server (ancestor) listens, the engine core (target) holds the GPU.
+    chains = [(11, [[("127.0.0.1", 9000)], [("127.0.0.1", 22)]]),
+              (12, [[], [("127.0.0.1", 8000)]]),
+              (13, [[("127.0.0.1", 8000)]])]
+    assert engine.owner_pid(8000, chains) == 12
+    assert engine.owner_pid(9000, chains) == 11
+    assert engine.owner_pid(7000, chains) is None
+    rows = [("0.0.0.0", 8000, "0A", 1), ("127.0.0.1", 8000, "01", 2), ("10.1.2.3", 8000, "0A", 3),
+            ("::", 8000, "0A", 4), ("127.0.0.1", 8001, "0A", 5)]
+    assert engine.loopback_listener_inodes(rows, 8000) == {1, 4}
+
+
+SERVE_PARENT = """
+import http.server, subprocess, sys
+body = open(sys.argv[1], 'rb').read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(('127.0.0.1', int(sys.argv[2])), H)
+core = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
+print('ready', core.pid, flush=True)
+try:
+    srv.serve_forever()
+finally:
+    core.kill()
+"""
+
+
+def test_configured_loopback_url_is_given_its_served_process():
+    """An endpoint configured by URL carries the pid of the process behind it, so engine
+    and phase series join by pid: the target whose ancestor listens (vLLM's engine core
+    under its API server), else the listening process itself; again after a restart."""
+    import subprocess
+    import sys
+    from engine_samples import sample_path
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def start():
+        child = subprocess.Popen([sys.executable, "-c", SERVE_PARENT, str(sample_path(V011)), str(port)],
+                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
+        procs.append(child)
+        word, core = child.stdout.readline().split()
+        assert word == "ready"
+        return child, int(core)
+
+    procs = []
+    try:
+        server, core = start()
+        # No target processes: the process holding the listening socket.
+        p = engine.EngineProbe(urls=[url], discover=False, interval_s=1, timeout_s=5)
+        p.scrape_due(0.0)
+        assert p.poll()["scrapes"][0]["pid"] == server.pid
+        # The agent watches the engine core (the GPU process): that pid, not the listener's.
+        p = engine.EngineProbe(urls=[url], pids=[os.getpid(), core], discover=False, interval_s=1, timeout_s=5)
+        p.scrape_due(0.0)
+        assert p.poll()["scrapes"][0]["pid"] == core
+        # Not a loopback URL: nothing guessed.
+        q = engine.EngineProbe(urls=["http://192.0.2.1:8000/metrics"], discover=False)
+        assert q.resolve_pid("http://192.0.2.1:8000/metrics") is None
+        # The server restarts on the same port: the new process is found.
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        server, core2 = start()
+        p.set_pids([core2])
+        p.scrape_due(10.0)
+        assert p.poll()["scrapes"][0]["pid"] == core2
+    finally:
+        for c in procs:      # the server and its engine-core child: one process group each
+            try:
+                os.killpg(c.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            c.wait()
