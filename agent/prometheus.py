@@ -21,7 +21,11 @@ families that pass ``promtool check metrics``:
 * bounded series: per-thread series exist for the launch threads (those that called the
   CUDA launch API in a recent window) and the top :data:`TOP_THREADS` threads by on-CPU
   time; a thread not seen for :data:`THREAD_STALE_WINDOWS` windows is removed (its series
-  disappear). Other families are capped at :data:`MAX_SERIES_PER_FAMILY` label sets.
+  disappear). Per-GPU-process counters (phase kernel time, kernels, copies, idle time) are
+  removed once their (GPU, process) has not been seen for :data:`GPU_STALE_WINDOWS`
+  windows (an exited or restarted server), and at most :data:`MAX_GPU_PROCESSES` are kept
+  (the least recently seen one makes room, counted in ``ridgeline_gpu_series_evicted_total``).
+  Other families are capped at :data:`MAX_SERIES_PER_FAMILY` label sets.
 * ``ridgeline_build_info`` and the client library's process / platform / GC collectors.
 
 :class:`MetricsServer` serves them over HTTP in a daemon thread; a scrape never touches
@@ -44,6 +48,8 @@ MAX_SERIES_PER_FAMILY = 2000
 TOP_THREADS = 32                 # non-launch threads exposed, by cumulative on-CPU time
 THREAD_STALE_WINDOWS = 30        # a thread unseen this many windows is dropped
 MAX_THREADS_TRACKED = 1024       # threads remembered at all (launch threads always fit)
+GPU_STALE_WINDOWS = 300          # a (GPU, process) unseen this many windows loses its counters
+MAX_GPU_PROCESSES = 256          # (GPU, process) pairs whose counters are kept at all
 
 GPU_LABELS = ["Hostname", "gpu", "UUID", "gpu_model", "pid", "source"]
 
@@ -88,6 +94,8 @@ class WindowCollector:
         self.threads: dict[tuple, _Thread] = {}      # (pid, tid) -> accumulated scheduling time
         self.threads_dropped = 0
         self._gpu_ids: dict[int, tuple[str, str]] = {}   # device index -> (UUID, GPU model name) from NVML
+        self._gpu_seen: dict[tuple, int] = {}           # (GPU, process) label key -> last window it was in
+        self.gpu_series_evicted = 0
 
     # ------------------------------------------------------------------ accumulation
     def _host(self, w: dict) -> str:
@@ -111,6 +119,7 @@ class WindowCollector:
             launch: set[tuple[str, str]] = set()
             for g in window.get("gpus", []):
                 base = self._gpu_key(window, g)
+                self._gpu_seen[base] = self.windows
                 for tid in g.get("launch_tids") or ():
                     launch.add((str(g.get("pid")), str(tid)))
                 for ph, f in (g.get("phases") or {}).items():
@@ -121,8 +130,28 @@ class WindowCollector:
                     k = base + (d,)
                     self.copy_bytes[k] = self.copy_bytes.get(k, 0.0) + b
                 self.idle_seconds[base] = self.idle_seconds.get(base, 0.0) + g.get("idle_ns", 0) * 1e-9
+            self._expire_gpu_series()
             self.records = float((window.get("agent") or {}).get("records_total", self.records))
             self._observe_threads(window, launch)
+
+    def _expire_gpu_series(self) -> None:
+        """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
+        windows, then of the least recently seen ones beyond :data:`MAX_GPU_PROCESSES`
+        (counted): exited servers' series go, a restarted server's always get in."""
+        gone = {b for b, last in self._gpu_seen.items() if self.windows - last >= GPU_STALE_WINDOWS}
+        if len(self._gpu_seen) - len(gone) > MAX_GPU_PROCESSES:
+            live = sorted((last, b) for b, last in self._gpu_seen.items() if b not in gone)
+            extra = live[:len(live) - MAX_GPU_PROCESSES]
+            gone |= {b for _, b in extra}
+            self.gpu_series_evicted += len(extra)
+        if not gone:
+            return
+        for b in gone:
+            del self._gpu_seen[b]
+        n = len(GPU_LABELS)
+        for store in (self.phase_kernel_seconds, self.phase_kernels, self.copy_bytes, self.idle_seconds):
+            for k in [k for k in store if k[:n] in gone]:
+                del store[k]
 
     def _observe_threads(self, window: dict, launch: set) -> None:
         from .top import _sched_threads
@@ -213,6 +242,9 @@ class WindowCollector:
                  len(self.threads)),
                 (CounterMetricFamily, "ridgeline_threads_dropped", "Threads not tracked: the thread table was full",
                  self.threads_dropped),
+                (CounterMetricFamily, "ridgeline_gpu_series_evicted",
+                 "(GPU, process) pairs whose counters were removed to keep the series bounded while still seen "
+                 "recently (more than the table holds)", self.gpu_series_evicted),
                 (CounterMetricFamily, "ridgeline_windows", "Windows the agent closed", self.windows),
                 (CounterMetricFamily, "ridgeline_agent_records", "Records the probes delivered", self.records)):
             fam = cls(name, doc, labels=["Hostname"])

@@ -182,3 +182,29 @@ def test_thread_series_are_bounded_and_stale_ones_expire():
         prom.MAX_THREADS_TRACKED = prom_max
     assert ("9999", "7777") in {k for k, _ in c.exposed_threads()}
     assert c.threads_dropped == 0
+
+
+def test_gpu_process_counters_of_gone_servers_expire_and_stay_bounded(monkeypatch):
+    # A server restarted every 5 windows (a new pid each time) for 2000 windows: 400 pids.
+    c = prom.WindowCollector("node-a")
+    for i in range(2000):
+        w = window([thread(8)])
+        w["gpus"][0]["pid"] = 10_000 + i // 5
+        c.observe(w)
+    pids = {s.labels["pid"] for s in families(generate_latest(prom.registry_for(c)).decode())[
+        "ridgeline_phase_kernel_seconds"].samples}
+    assert "10399" in pids                                       # the running server's series are there
+    assert len(pids) <= 300 // 5 + 1         # exited servers' series went (after GPU_STALE_WINDOWS = 300)
+    assert len(c.phase_kernel_seconds) == len(pids) and len(c.idle_seconds) == len(pids)
+    assert c.gpu_series_evicted == 0
+    # More live (GPU, process) pairs than the table holds: the least recently seen make
+    # room, counted; the newest is always exposed.
+    monkeypatch.setattr(prom, "MAX_GPU_PROCESSES", 4)
+    w = window([thread(8)])
+    w["gpus"] = [dict(w["gpus"][0], pid=20_000 + k) for k in range(6)]
+    c.observe(w)
+    fams = families(generate_latest(prom.registry_for(c)).decode())
+    pids = {s.labels["pid"] for s in fams["ridgeline_phase_kernel_seconds"].samples}
+    assert len(pids) == 4 and "20005" in pids
+    assert c.gpu_series_evicted > 0
+    assert fams["ridgeline_gpu_series_evicted"].samples[0].value == c.gpu_series_evicted
