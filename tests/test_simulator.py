@@ -314,6 +314,10 @@ def test_probe_streams_events_and_engine_scrapes():
                 assert d["trace"].meta["source"] == "simulated"
             if "engine" in d or "scrapes" in d:
                 got_scrape += 1
+                for sc in (d.get("engine") or d)["scrapes"]:
+                    # The simulated server's process, as the GPU events carry: engine and
+                    # phase series join on it.
+                    assert sc["pid"] == p.engine.cfg.pid and sc["pid"]
         assert got_events > 0 and got_scrape > 0
         c = p.counters()
         assert c["records"] >= got_events and c["drops"] == 0 and c["simulated"] is True

@@ -118,7 +118,7 @@ class SimulatorProbe(Probe):
             self._next_scrape_ns = now + self.scrape_interval_ns
             text = eng.metrics.text().decode()
             scrape = {"endpoint": f"simulated://pid{eng.cfg.pid}/metrics", "ts_ns": eng.cfg.time_base_ns + now,
-                      "exposition": prom_text.parse(text)}
+                      "exposition": prom_text.parse(text), "pid": eng.cfg.pid}
             if out:
                 out["engine"] = {"scrapes": [scrape], "errors": []}
             else:
