@@ -103,6 +103,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def first_line_with(proc: subprocess.Popen, text: str, timeout_s: float) -> str | None:
+    """The first line of ``proc``'s stdout containing ``text``, read on a thread so a
+    silent or hung process cannot block the test past ``timeout_s``."""
+    import queue
+    import threading
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in iter(proc.stdout.readline, "")] and None,
+                     daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            if proc.poll() is not None:
+                return None
+            continue
+        if text in line:
+            return line
+    return None
+
+
+def http_get(url: str) -> bytes:
+    try:
+        r = httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return b""
+    return r.content if r.status_code == 200 else b""
+
+
+def start_on_free_port(command, ready, log: Path, env: dict, procs: list, tries: int = 3, timeout_s: float = 60):
+    """Start ``command(port)`` on a port found free; ``ready(port)`` says it serves. A port
+    taken in between by another test (the process exits, or someone else answers) is
+    retried on a new one. Returns (process, port); every process started is in ``procs``."""
+    for _ in range(tries):
+        port = free_port()
+        p = subprocess.Popen(command(port), stdout=open(log, "a"), stderr=subprocess.STDOUT, env=env)
+        procs.append(p)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and p.poll() is None:
+            if ready(port):
+                return p, port
+            time.sleep(0.3)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    raise AssertionError(f"{command(0)[0]} did not come up in {tries} tries: {log.read_text()[-3000:]}")
+
+
 def selectors(expr: str) -> list[str]:
     """Metric names an expression reads."""
     return sorted(set(re.findall(r"\b((?:ridgeline|up)[a-z0-9_:]*)\b(?=\s*[\[{)]|\s*$|\s*[<>=!])", expr)))
@@ -122,16 +170,13 @@ def test_real_prometheus_scrapes_agent_on_simulator(tmp_path):
                            stdout=subprocess.PIPE, stderr=open(tmp_path / "sim.log", "w"), text=True, env=env)
     procs.append(sim)
     try:
-        line = ""
-        deadline = time.monotonic() + 60
-        while "metrics on http://127.0.0.1:" not in line and time.monotonic() < deadline:
-            line = sim.stdout.readline() or line
-            if sim.poll() is not None:
-                break
-        assert "metrics on http://127.0.0.1:" in line, (tmp_path / "sim.log").read_text()
+        line = first_line_with(sim, "metrics on http://127.0.0.1:", 60)
+        assert line, (tmp_path / "sim.log").read_text()
         sim_port = int(line.rsplit(":", 1)[1].split("/")[0])
-        agent_port, prom_port = free_port(), free_port()
-        (tmp_path / "agent.toml").write_text(f"""
+        agent_port = None
+
+        def agent_config(port):
+            (tmp_path / "agent.toml").write_text(f"""
 [agent]
 window_s = 1.0
 host = "sim-host"
@@ -140,7 +185,7 @@ model = "llama-3-8b"
 [publisher]
 endpoint = "tcp://127.0.0.1:{free_port()}"
 [prometheus]
-listen = "127.0.0.1:{agent_port}"
+listen = "127.0.0.1:{port}"
 [probes]
 enabled = ["sched", "simulator", "engine"]
 pids = [{sim.pid}]
@@ -153,9 +198,11 @@ model = "llama-3-8b"
 rate_per_s = 2.0
 pid = {sim.pid}
 """)
-        agent = subprocess.Popen(py + ["agent", "--config", str(tmp_path / "agent.toml")],
-                                 stdout=open(tmp_path / "agent.log", "w"), stderr=subprocess.STDOUT, env=env)
-        procs.append(agent)
+            return py + ["agent", "--config", str(tmp_path / "agent.toml")]
+
+        agent, agent_port = start_on_free_port(
+            agent_config, lambda port: b"ridgeline_build_info" in http_get(f"http://127.0.0.1:{port}/metrics"),
+            tmp_path / "agent.log", env, procs)
         (tmp_path / "prometheus.yml").write_text(f"""
 global:
   scrape_interval: 1s
@@ -165,11 +212,11 @@ scrape_configs:
   - job_name: ridgeline
     static_configs: [{{targets: ["127.0.0.1:{agent_port}"]}}]
 """)
-        prom = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "w"))
-        procs.append(prom)
+        prom, prom_port = start_on_free_port(
+            lambda port: [PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+            lambda port: http_get(f"http://127.0.0.1:{port}/-/ready").startswith(b"Prometheus Server is Ready"),
+            tmp_path / "prometheus.log", env, procs)
         api = f"http://127.0.0.1:{prom_port}/api/v1"
 
         def query(expr):
@@ -206,6 +253,8 @@ scrape_configs:
             missing = {what: expr for what, expr in checks if not query(expr)}
             if not missing:
                 break
+            dead = [name for name, p in (("simulator", sim), ("agent", agent), ("prometheus", prom)) if p.poll() is not None]
+            assert not dead, (dead, (tmp_path / "agent.log").read_text()[-3000:])
             time.sleep(3)
         report = {what: len(query(expr)) for what, expr in checks}
         out = Path(os.environ.get("RIDGELINE_PROM_REPORT", tmp_path))
@@ -229,6 +278,12 @@ scrape_configs:
         assert all(not query(expr) for _, expr in absent), [e for _, e in absent if query(e)]
         info = query('ridgeline_engine_info{engine="vllm"}')
         assert info and info[0]["metric"].get("kv_eviction_source", "") == "" and info[0]["metric"]["simulated"] == "true"
+        # Every engine endpoint (the URL the agent was given, and the simulator probe's own)
+        # carries the served process, so engine and phase series join on (Hostname, pid).
+        assert sorted(i["metric"]["pid"] for i in info) == [str(sim.pid)] * len(info), info
+        joined = query("ridgeline_engine_kv_usage_ratio * on (Hostname, pid) group_left() "
+                       "max by (Hostname, pid) (ridgeline_phase_time_share_ratio)")
+        assert len(joined) == len(info), joined
         assert info[0]["metric"]["work_estimate_source"] == "engine_estimate"
         # The KV-capacity regime opened a preemption episode that recovered, with a finite time.
         rec = query("max(ridgeline_engine_preemption_recovery_seconds)")
