@@ -10,8 +10,10 @@ families that pass ``promtool check metrics``:
 * latencies are histograms: the engine's own histograms are passed through with the
   engine's bucket bounds (``ridgeline_engine_*_seconds``), so ``histogram_quantile`` works
   in PromQL; no gauge carries a ``quantile`` or ``le`` label.
-* labels join with dcgm-exporter: GPU series carry ``gpu`` (the device index, as
-  dcgm-exporter's ``gpu``), ``UUID`` and ``Hostname``, dcgm-exporter's own label names,
+* labels join with dcgm-exporter: GPU series carry ``gpu`` (the NVML device index, as
+  dcgm-exporter's ``gpu``: a process's CUDA ordinal is placed on its NVML GPU with NVML's
+  process lists, :mod:`aggregator.gpu_identity`; an unplaced one keeps its ordinal and
+  ``UUID=""``), ``UUID`` and ``Hostname``, dcgm-exporter's own label names,
   so ``* on(Hostname, gpu, UUID) group_left(modelName) DCGM_...`` joins. The GPU model is
   ``gpu_model``, not dcgm-exporter's ``modelName``: promtool's linter rejects camelCase
   label names, and the identity labels are enough to join; every series of this
@@ -43,6 +45,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+
+from ridgeline.aggregator import gpu_identity
 
 MAX_SERIES_PER_FAMILY = 2000
 TOP_THREADS = 32                 # non-launch threads exposed, by cumulative on-CPU time
@@ -95,27 +99,62 @@ class WindowCollector:
         self.threads_dropped = 0
         self._gpu_ids: dict[int, tuple[str, str]] = {}   # device index -> (UUID, GPU model name) from NVML
         self._gpu_seen: dict[tuple, int] = {}           # (GPU, process) label key -> last window it was in
+        self._ident: dict[tuple, tuple] = {}            # (pid, CUDA ordinal) -> (NVML index, UUID, name)
+        self._nvml_places = False                       # NVML has said which processes run on which GPU
         self.gpu_series_evicted = 0
 
     # ------------------------------------------------------------------ accumulation
     def _host(self, w: dict) -> str:
         return str(w.get("host") or self.host or "")
 
-    def _gpu_key(self, w: dict, g: dict) -> tuple:
-        dev = g.get("device")
+    def _gpu_identity(self, pid, dev) -> tuple[str, str, str]:
+        """(``gpu`` label, UUID, model) of CUDA device ``dev`` of process ``pid``: the NVML
+        GPU it was placed on (:mod:`aggregator.gpu_identity`); when NVML lists where
+        processes run but this one was not placed, the ordinal and no UUID (never another
+        GPU's); without process lists, the ordinal taken as the NVML index."""
+        ident = self._ident.get((str(pid), dev))
+        if ident is not None:
+            return str(ident[0]), ident[1], ident[2]
+        if self._nvml_places:
+            return str(dev), "", ""
         uuid, model = self._gpu_ids.get(dev, ("", ""))
-        return (self._host(w), str(dev), uuid, model or str(g.get("gpu") or ""), str(g.get("pid")),
+        return str(dev), uuid, model
+
+    def _gpu_key(self, w: dict, g: dict) -> tuple:
+        gpu, uuid, model = self._gpu_identity(g.get("pid"), g.get("device"))
+        return (self._host(w), gpu, uuid, model or str(g.get("gpu") or ""), str(g.get("pid")),
                 str(g.get("source") or ""))
+
+    def _place_gpus(self, window: dict, nvml_records: list) -> None:
+        placed = gpu_identity.process_gpus(nvml_records)
+        if placed is None:
+            return
+        self._nvml_places = True
+        ordinals: dict[str, set] = {}
+        for g in window.get("gpus", []):
+            if isinstance(g.get("device"), int) and not isinstance(g.get("device"), bool):
+                ordinals.setdefault(str(g.get("pid")), set()).add(g["device"])
+        for pid, ords in ordinals.items():
+            if not pid.isdigit():
+                continue
+            for o, gpu in gpu_identity.place(int(pid), ords, placed).items():
+                self._ident.pop((pid, o), None)
+                self._ident[(pid, o)] = gpu
+        while len(self._ident) > 4 * MAX_GPU_PROCESSES:      # bounded: the oldest placements go
+            del self._ident[next(iter(self._ident))]
 
     def observe(self, window: dict) -> None:
         with self._lock:
             self.window = window
             self.windows += 1
+            nvml_records = []
             for _src, nv in (window.get("device") or {}).items():
                 for r in (nv.get("devices") if isinstance(nv, dict) else None) or []:
                     if isinstance(r, dict) and r.get("gpu_index") is not None:
+                        nvml_records.append(r)
                         self._gpu_ids[int(r["gpu_index"])] = (str(r.get("gpu_uuid") or ""),
                                                               str(r.get("gpu_name") or ""))
+            self._place_gpus(window, nvml_records)
             launch: set[tuple[str, str]] = set()
             for g in window.get("gpus", []):
                 base = self._gpu_key(window, g)
@@ -387,8 +426,9 @@ class WindowCollector:
         if isinstance(v, list):
             for x in v[:MAX_SERIES_PER_FAMILY]:
                 if isinstance(x, dict) and x.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                    gpu = self._gpu_identity(x.get("pid"), x.get("device"))[0]
                     for _name, labels, value in verdict.prometheus_samples(x):
-                        state.add_metric([host, str(labels.get("gpu", "")), str(labels.get("pid", "")),
+                        state.add_metric([host, gpu, str(labels.get("pid", "")),
                                           str(labels["verdict"]), str(labels.get("face") or "")], value)
         yield state
 

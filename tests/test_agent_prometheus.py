@@ -208,3 +208,23 @@ def test_gpu_process_counters_of_gone_servers_expire_and_stay_bounded(monkeypatc
     assert len(pids) == 4 and "20005" in pids
     assert c.gpu_series_evicted > 0
     assert fams["ridgeline_gpu_series_evicted"].samples[0].value == c.gpu_series_evicted
+
+
+def test_gpu_label_is_the_nvml_gpu_the_process_runs_on():
+    # The served process sees one GPU (CUDA_VISIBLE_DEVICES=1 or a pod): CUPTI says device 0,
+    # NVML lists the pid on GPU 1. Series must say gpu="1" and GPU 1's UUID, as
+    # dcgm-exporter does for that GPU, not GPU 0's.
+    w = window([thread(8)])
+    gpu0 = dict(w["device"]["nvml"]["devices"][0], processes=[])
+    gpu1 = dict(gpu0, gpu_index=1, gpu_uuid="GPU-11111111-2222-3333-4444-555555555555",
+                processes=[{"pid": 4242, "gpu_memory_used_bytes": 7e10}])
+    w["device"]["nvml"]["devices"] = [gpu0, gpu1]
+    w["gpus"].append(dict(w["gpus"][0], pid=5555))          # a process NVML does not list
+    fams = families(exposition([w]))
+    for name in ("ridgeline_gpu_busy_ratio", "ridgeline_phase_time_share_ratio", "ridgeline_phase_kernel_seconds",
+                 "ridgeline_phase_verdict_info"):
+        lab = next(s.labels for s in fams[name].samples if s.labels["pid"] == "4242")
+        assert (lab["gpu"], lab["UUID"]) == ("1", "GPU-11111111-2222-3333-4444-555555555555"), name
+        other = next(s.labels for s in fams[name].samples if s.labels["pid"] == "5555")
+        assert other["UUID"] == "", name                       # not placed: no UUID vouched for
+    assert {s.labels["gpu"] for s in fams["ridgeline_verdict_state"].samples} == {"1"}

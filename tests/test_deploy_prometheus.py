@@ -280,7 +280,7 @@ scrape_configs:
         assert info and info[0]["metric"].get("kv_eviction_source", "") == "" and info[0]["metric"]["simulated"] == "true"
         # Every engine endpoint (the URL the agent was given, and the simulator probe's own)
         # carries the served process, so engine and phase series join on (Hostname, pid).
-        assert sorted(i["metric"]["pid"] for i in info) == [str(sim.pid)] * len(info), info
+        assert sorted(i["metric"].get("pid", "") for i in info) == [str(sim.pid)] * len(info), info
         joined = query("ridgeline_engine_kv_usage_ratio * on (Hostname, pid) group_left() "
                        "max by (Hostname, pid) (ridgeline_phase_time_share_ratio)")
         assert len(joined) == len(info), joined
