@@ -24,10 +24,20 @@ fi
 # Prometheus' own tools (Debian package `prometheus`: promtool and the server): the tests
 # lint /metrics with `promtool check metrics`, check and unit-test deploy/prometheus rules,
 # and run a real server against the agent on the simulator. Never fatal: those tests skip.
+# Without recommends (node-exporter, smartmontools, ipmitool...: a second daemon on :9100
+# and ~35 packages the tests do not use). The tests start their own server on a free port,
+# so the package's service, which its postinst enables and starts where systemd runs, is
+# stopped and disabled again when this script installed it.
 if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 \
-        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1; }; } \
-        || echo "ridgeline setup: could not install prometheus (promtool); its tests will skip" >&2
+    if { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; }; then
+        if [ -d /run/systemd/system ]; then
+            systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+        fi
+    else
+        echo "ridgeline setup: could not install prometheus (promtool); its tests will skip" >&2
+    fi
 fi
 
 # 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
