@@ -246,6 +246,10 @@ scrape_configs:
                 else:
                     for name in selectors(r["query"]):
                         checks.append((f"alert {r['name']} reads {name}", name))
+        # Decode's KV-cache reads from the engine's estimate reach the GPU series only when the
+        # engine endpoint carries the served process's pid (the URL-configured one included).
+        checks.append(("decode KV reads from the engine estimate",
+                       'max_over_time(ridgeline_phase_kv_read_bytes_per_second{phase="decode"}[1m])'))
         assert len({w for w, _ in checks}) == len(checks)
         missing: dict[str, str] = {}
         deadline = time.monotonic() + 150
