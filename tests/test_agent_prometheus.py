@@ -228,3 +228,44 @@ def test_gpu_label_is_the_nvml_gpu_the_process_runs_on():
         other = next(s.labels for s in fams[name].samples if s.labels["pid"] == "5555")
         assert other["UUID"] == "", name                       # not placed: no UUID vouched for
     assert {s.labels["gpu"] for s in fams["ridgeline_verdict_state"].samples} == {"1"}
+
+
+# dcgm-exporter's exposition of two GPUs, in the label layout its renderer writes for the
+# 4.x releases (NVIDIA/dcgm-exporter internal/pkg/rendermetrics/render_metrics.go,
+# gpuMetricsFormat: gpu, UUID, pci_bus_id, device, modelName, Hostname).
+DCGM = (
+    'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-5c7c3b4e-0000-1111-2222-333344445555",pci_bus_id="00000000:18:00.0",'
+    'device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a"} 11\n'
+    'DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-11111111-2222-3333-4444-555555555555",pci_bus_id="00000000:2A:00.0",'
+    'device="nvidia1",modelName="NVIDIA H100 80GB HBM3",Hostname="node-a"} 87\n')
+
+
+@needs_promtool
+def test_documented_join_with_dcgm_exporter_evaluates_in_prometheus(tmp_path):
+    """The join docs/metrics.md gives, evaluated by Prometheus' own engine (promtool test
+    rules) on our exposition and dcgm-exporter's: the served process runs on node GPU 1
+    (its CUDA device 0), and the join must pick GPU 1's DCGM series."""
+    import json
+    w = window([thread(8)])
+    gpu0 = dict(w["device"]["nvml"]["devices"][0], processes=[])
+    gpu1 = dict(gpu0, gpu_index=1, gpu_uuid="GPU-11111111-2222-3333-4444-555555555555",
+                processes=[{"pid": 4242, "gpu_memory_used_bytes": 7e10}])
+    w["device"]["nvml"]["devices"] = [gpu0, gpu1]
+    ours = [s for s in families(exposition([w]))["ridgeline_phase_achieved_bytes_per_second"].samples]
+    series = [(s.name, s.labels, s.value) for s in ours]
+    series += [(s.name, s.labels, s.value) for f in text_string_to_metric_families(DCGM) for s in f.samples]
+
+    def sel(name, labels):
+        return name + "{" + ",".join(f'{k}={json.dumps(v)}' for k, v in sorted(labels.items())) + "}"
+    expr = ('ridgeline_phase_achieved_bytes_per_second * on(Hostname, gpu, UUID) group_left(modelName) '
+            'DCGM_FI_DEV_GPU_UTIL')
+    want = dict(ours[0].labels, modelName="NVIDIA H100 80GB HBM3")
+    spec = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": sel(n, l), "values": f"{v}x3"} for n, l, v in series],
+        "promql_expr_test": [{"expr": expr, "eval_time": "2m",
+                              "exp_samples": [{"labels": sel("", want), "value": ours[0].value * 87}]}]}]}
+    (tmp_path / "join.test.yml").write_text(json.dumps(spec))
+    r = subprocess.run([PROMTOOL, "test", "rules", "join.test.yml"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
