@@ -20,6 +20,7 @@ Contract of :class:`Agent`:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import time
@@ -68,7 +69,10 @@ class Agent:
         self._reload = False
         self.reloads = 0
         self.loop_errors = 0
-        self.host = cfg["agent"]["host"] or socket.gethostname()
+        # As dcgm-exporter names the host (NODE_NAME, set from spec.nodeName in Kubernetes,
+        # else the host name), so the Hostname label joins its series: in a pod the host
+        # name is the pod's, not the node's.
+        self.host = cfg["agent"]["host"] or os.environ.get("NODE_NAME") or socket.gethostname()
         self.builder = WindowBuilder(host=self.host)
         self._apply_analysis(cfg)
         self.health = HealthMeter()

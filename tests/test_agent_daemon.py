@@ -303,3 +303,13 @@ def test_a_failing_window_costs_one_window_not_the_agent(tmp_path, monkeypatch):
         sub.close()
     assert t is not None and agent.loop_errors == 1
     assert health and health[-1].payload["loop_errors"] == 1
+
+
+def test_host_name_as_dcgm_exporter_names_it(tmp_path, monkeypatch):
+    # dcgm-exporter's Hostname is $NODE_NAME when set (its DaemonSet sets it from
+    # spec.nodeName), else the host name; in a pod the host name is the pod's.
+    monkeypatch.setenv("NODE_NAME", "gpu-node-7")
+    assert Agent(cfg_for(tmp_path), probes=[], codec=codec, notifier=Notifier({})).host == "gpu-node-7"
+    assert Agent(cfg_for(tmp_path, host="given"), probes=[], codec=codec, notifier=Notifier({})).host == "given"
+    monkeypatch.delenv("NODE_NAME")
+    assert Agent(cfg_for(tmp_path), probes=[], codec=codec, notifier=Notifier({})).host == socket.gethostname()
