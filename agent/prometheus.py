@@ -92,6 +92,9 @@ class WindowCollector:
         self.windows = 0
         self.phase_kernel_seconds: dict[tuple, float] = {}
         self.phase_kernels: dict[tuple, float] = {}
+        self.work_bytes: dict[tuple, float] = {}          # + (phase, work_source)
+        self.work_flops: dict[tuple, float] = {}
+        self.work_busy_seconds: dict[tuple, float] = {}
         self.copy_bytes: dict[tuple, float] = {}
         self.idle_seconds: dict[tuple, float] = {}
         self.records = 0.0
@@ -165,6 +168,15 @@ class WindowCollector:
                     k = base + (ph,)
                     self.phase_kernel_seconds[k] = self.phase_kernel_seconds.get(k, 0.0) + f.get("kernel_time_ns", 0) * 1e-9
                     self.phase_kernels[k] = self.phase_kernels.get(k, 0.0) + f.get("kernels", 0)
+                    # The work behind the achieved rates, as counters: rate() over any scrape
+                    # interval gives the achieved bandwidth / FLOP rate of that interval,
+                    # where the window gauges are one window out of each scrape interval.
+                    busy, nb, nf = (_num(f.get(x)) for x in ("work_busy_ns", "bytes", "flops"))
+                    if busy and nb is not None and nf is not None and f.get("work_source"):
+                        kw = k + (str(f["work_source"]),)
+                        self.work_busy_seconds[kw] = self.work_busy_seconds.get(kw, 0.0) + busy * 1e-9
+                        self.work_bytes[kw] = self.work_bytes.get(kw, 0.0) + nb
+                        self.work_flops[kw] = self.work_flops.get(kw, 0.0) + nf
                 for d, b in (g.get("copy_bytes") or {}).items():
                     k = base + (d,)
                     self.copy_bytes[k] = self.copy_bytes.get(k, 0.0) + b
@@ -188,7 +200,8 @@ class WindowCollector:
         for b in gone:
             del self._gpu_seen[b]
         n = len(GPU_LABELS)
-        for store in (self.phase_kernel_seconds, self.phase_kernels, self.copy_bytes, self.idle_seconds):
+        for store in (self.phase_kernel_seconds, self.phase_kernels, self.copy_bytes, self.idle_seconds,
+                      self.work_bytes, self.work_flops, self.work_busy_seconds):
             for k in [k for k in store if k[:n] in gone]:
                 del store[k]
 
@@ -260,7 +273,16 @@ class WindowCollector:
                  (self.phase_kernels, "ridgeline_phase_kernels", "Kernels run per phase", gl + ["phase"]),
                  (self.copy_bytes, "ridgeline_copy_bytes", "Bytes copied between host and GPU, by direction",
                   gl + ["direction"]),
-                 (self.idle_seconds, "ridgeline_gpu_idle_seconds", "GPU idle time between kernels", gl))
+                 (self.idle_seconds, "ridgeline_gpu_idle_seconds", "GPU idle time between kernels", gl),
+                 (self.work_bytes, "ridgeline_phase_work_bytes",
+                  "Bytes the phase's kernels moved (work_source: kernel shapes or the model); "
+                  "rate() over rate(ridgeline_phase_work_busy_seconds_total) is the achieved bandwidth",
+                  gl + ["phase", "work_source"]),
+                 (self.work_flops, "ridgeline_phase_work_flops",
+                  "FLOPs the phase's kernels did (work_source: kernel shapes or the model)", gl + ["phase", "work_source"]),
+                 (self.work_busy_seconds, "ridgeline_phase_work_busy_seconds",
+                  "Kernel-busy time the phase's work figures cover (the achieved rates' denominator)",
+                  gl + ["phase", "work_source"]))
         for store, name, doc, labels in specs:
             c = CounterMetricFamily(name, doc, labels=labels)
             for k, v in list(store.items())[:MAX_SERIES_PER_FAMILY]:

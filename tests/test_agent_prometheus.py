@@ -66,7 +66,9 @@ def window(threads, launch_tids=(8,), engine=None):
                   "phases": {"decode": {"kernels": 3, "kernel_time_ns": 2_000_000, "time_share_pct": 80.0,
                                         "achieved_bytes_per_s": 2.0e12, "achieved_flops_per_s": 4e13,
                                         "arithmetic_intensity": 20.0, "pct_of_peak_bytes": 60.0,
-                                        "pct_of_peak_flops": 4.0, "verdict": "memory-bound"}},
+                                        "pct_of_peak_flops": 4.0, "verdict": "memory-bound",
+                                        "bytes": 2.0e9, "flops": 4e10, "work_busy_ns": 1_000_000,
+                                        "work_source": "model"}},
                   "copy_bytes": {"HtoD": 100}}],
         "device": {"nvml": {"devices": [{"gpu_index": 0, "gpu_name": "NVIDIA H100 80GB HBM3",
                                          "gpu_uuid": "GPU-5c7c3b4e-0000-1111-2222-333344445555",
@@ -269,3 +271,20 @@ def test_documented_join_with_dcgm_exporter_evaluates_in_prometheus(tmp_path):
     r = subprocess.run([PROMTOOL, "test", "rules", "join.test.yml"], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_phase_work_counters_give_the_achieved_rates_over_any_interval():
+    # Two windows of different achieved bandwidth: the counters hold both, so rate() over a
+    # scrape interval averages them (the gauge shows the last window only).
+    w1, w2 = window([thread(8)]), window([thread(8)])
+    for w, gbytes in ((w1, 2.0), (w2, 6.0)):
+        d = w["gpus"][0]["phases"]["decode"]
+        d.update(bytes=gbytes * 1e9, flops=gbytes * 1e10, work_busy_ns=1_000_000_000, work_source="model",
+                 achieved_bytes_per_s=gbytes * 1e9)
+    fams = families(exposition([w1, w2]))
+    (b,) = fams["ridgeline_phase_work_bytes"].samples
+    (busy,) = fams["ridgeline_phase_work_busy_seconds"].samples
+    (fl,) = fams["ridgeline_phase_work_flops"].samples
+    assert b.name.endswith("_total") and b.labels["work_source"] == "model" and b.labels["phase"] == "decode"
+    assert b.value / busy.value == pytest.approx(4e9) and fl.value == pytest.approx(8e10)
+    assert fams["ridgeline_phase_achieved_bytes_per_second"].samples[0].value == pytest.approx(6e9)
