@@ -279,7 +279,8 @@ class WindowCollector:
                   "rate() over rate(ridgeline_phase_work_busy_seconds_total) is the achieved bandwidth",
                   gl + ["phase", "work_source"]),
                  (self.work_flops, "ridgeline_phase_work_flops",
-                  "FLOPs the phase's kernels did (work_source: kernel shapes or the model)", gl + ["phase", "work_source"]),
+                  "FLOPs the phase's kernels did (work_source: kernel shapes or the model)",
+                  gl + ["phase", "work_source"]),
                  (self.work_busy_seconds, "ridgeline_phase_work_busy_seconds",
                   "Kernel-busy time the phase's work figures cover (the achieved rates' denominator)",
                   gl + ["phase", "work_source"]))

@@ -49,7 +49,8 @@ def process_gpus(nvml_records: Iterable[dict]) -> dict[int, list[tuple[int, str,
     return out
 
 
-def place(pid: int, ordinals: Iterable[int], placed: dict[int, list[tuple[int, str, str]]]) -> dict[int, tuple[int, str, str]]:
+def place(pid: int, ordinals: Iterable[int],
+          placed: dict[int, list[tuple[int, str, str]]]) -> dict[int, tuple[int, str, str]]:
     """``CUDA ordinal -> (NVML index, UUID, name)`` for the ordinals of ``pid`` seen in a
     window, where NVML's process lists make it certain (module docstring); ordinals
     that cannot be placed are left out."""

@@ -257,7 +257,8 @@ scrape_configs:
             missing = {what: expr for what, expr in checks if not query(expr)}
             if not missing:
                 break
-            dead = [name for name, p in (("simulator", sim), ("agent", agent), ("prometheus", prom)) if p.poll() is not None]
+            dead = [name for name, p in (("simulator", sim), ("agent", agent), ("prometheus", prom))
+                    if p.poll() is not None]
             assert not dead, (dead, (tmp_path / "agent.log").read_text()[-3000:])
             time.sleep(3)
         report = {what: len(query(expr)) for what, expr in checks}

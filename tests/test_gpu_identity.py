@@ -7,8 +7,9 @@ U = [f"GPU-{i}a5c7c3b4-0000-1111-2222-33334444555{i}" for i in range(4)]
 
 
 def nvml(procs_by_index, known=True):
-    return [{"gpu_index": i, "gpu_uuid": U[i], "gpu_name": "NVIDIA H100 80GB HBM3",
-             "processes": [{"pid": p, "gpu_memory_used_bytes": 1} for p in procs_by_index.get(i, [])] if known else None}
+    def procs(i):
+        return [{"pid": p, "gpu_memory_used_bytes": 1} for p in procs_by_index.get(i, [])] if known else None
+    return [{"gpu_index": i, "gpu_uuid": U[i], "gpu_name": "NVIDIA H100 80GB HBM3", "processes": procs(i)}
             for i in range(4)]
 
 
