@@ -29,7 +29,8 @@ Record layout (keys with units in their names):
   (device idle between kernels) and each phase's ``launch_latency`` are summarised from
   fixed log2 histograms: ``p50_ns``/``p99_ns`` are the geometric middle of the bin that
   holds the percentile (within a factor of sqrt(2) of the exact value).
-* ``device``: the latest device sample per GPU; ``engine``: the latest engine figures;
+* ``device``: the latest device sample per GPU; ``engine``: the latest engine figures per
+  endpoint (an endpoint not scraped for ``ENGINE_STALE_S``, or 3 of its intervals, is left out);
   ``sched``: the latest scheduling figures (each as the probe delivered them, plain).
 * ``verdict``: the window's verdict from ``aggregator.verdict`` where it can judge.
 * ``agent``: the agent's own cost and counters, as given to :meth:`close`.
@@ -69,6 +70,10 @@ log = logging.getLogger("ridgeline.windows")
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
 MAX_DEVICE_SAMPLES = 256
 MAX_ENGINE_SCRAPES = 64
+# An endpoint not scraped successfully for this long (or 3 of its scrape intervals, if
+# longer) leaves the window's engine figures: a dead server's last KV usage and queue must
+# not stay on /metrics, in alerts and dashboards, as if current.
+ENGINE_STALE_S = 30.0
 
 
 def plain(obj):
@@ -235,6 +240,7 @@ class WindowBuilder:
     _device_recs: dict = field(default_factory=dict)   # source -> device samples this window
     _scrapes: dict = field(default_factory=dict)       # source -> raw scrapes this window
     _trackers: dict = field(default_factory=dict)      # source -> EngineTracker
+    _engine_seen: dict = field(default_factory=dict)   # (source, endpoint) -> (end_ns last scraped, stale after s)
     _folds: dict = field(default_factory=dict)         # (source, name table id) -> SourceFold
     fold_errors: int = 0
 
@@ -303,7 +309,7 @@ class WindowBuilder:
         self.engine[source] = data
         self.records += 1
 
-    def _engine_close(self) -> None:
+    def _engine_close(self, end_ns: int) -> None:
         from ridgeline.aggregator import engine_metrics
         for source, polled in self._scrapes.items():
             tracker = self._trackers.get(source)
@@ -315,15 +321,35 @@ class WindowBuilder:
                 log.warning("engine figures from %s failed: %s: %s", source, type(exc).__name__, exc)
                 self.engine_errors += 1
                 continue
-            if rec.get("endpoints") or source not in self.engine:
-                self.engine[source] = rec
+            # Endpoints scraped in this window replace their figures; the others keep
+            # their last ones until stale (see _engine_prune).
+            prev = self.engine.get(source)
+            eps = dict(prev.get("endpoints") or {}) if isinstance(prev, dict) else {}
+            for ep, r in (rec.get("endpoints") or {}).items():
+                eps[ep] = r
+                interval = r.get("interval_s") if isinstance(r, dict) else None
+                self._engine_seen[(source, ep)] = (
+                    int(end_ns), max(ENGINE_STALE_S, 3 * interval if isinstance(interval, (int, float)) else 0.0))
+            if rec.get("endpoints") or not isinstance(prev, dict):
+                self.engine[source] = dict(rec, endpoints=eps)
             elif rec.get("errors"):
-                self.engine[source] = dict(self.engine[source], errors=rec["errors"])
+                self.engine[source] = dict(prev, errors=rec["errors"])
         self._scrapes = {}
+
+    def _engine_prune(self, end_ns: int) -> None:
+        """Drop endpoints whose last successful scrape is older than their stale limit."""
+        for (source, ep), (seen_ns, stale_s) in list(self._engine_seen.items()):
+            if end_ns - seen_ns <= stale_s * 1e9:
+                continue
+            del self._engine_seen[(source, ep)]
+            data = self.engine.get(source)
+            if isinstance(data, dict) and isinstance(data.get("endpoints"), dict) and ep in data["endpoints"]:
+                self.engine[source] = dict(data, endpoints={k: v for k, v in data["endpoints"].items() if k != ep})
 
     def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
         if self._scrapes:
-            self._engine_close()
+            self._engine_close(end_ns)
+        self._engine_prune(end_ns)
         for src, recs in self._device_recs.items():
             self.device[src] = {"devices": recs}
         self._device_recs = {}

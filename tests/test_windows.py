@@ -275,3 +275,38 @@ def test_decode_kv_read_filled_from_the_engine_estimate():
     assert dec["kv_read_bytes_per_s"] == pytest.approx(0.5e12) and dec["kv_read_source"] == "engine_estimate"
     assert dec["achieved_bytes_with_kv_per_s"] == pytest.approx(2.5e12)
     assert "kv_read_bytes_per_s" not in w["gpus"][1]["phases"]["decode"]     # shapes already count KV reads
+
+
+def test_engine_endpoints_kept_until_stale_and_merged_across_windows():
+    """Each endpoint keeps its last figures between its scrapes (two endpoints scraped in
+    different windows are both in the window); one whose server died leaves the window
+    after ENGINE_STALE_S, so /metrics and alerts do not show a dead server's KV usage."""
+    from ridgeline.aggregator import windows
+    from ridgeline.probes import prom_text
+    text = "vllm:num_requests_waiting 3\nvllm:kv_cache_usage_perc 0.9\n"
+    a, b = "http://127.0.0.1:8000/metrics", "http://127.0.0.1:8001/metrics"
+    S = 1_000_000_000
+    bld = WindowBuilder()
+
+    def scrape(ep, t):
+        return {"endpoint": ep, "ts_ns": t, "exposition": prom_text.parse(text)}
+    bld.add_engine({"scrapes": [scrape(a, 0)]})
+    w = bld.close(0, S)
+    assert set(w["engine"]["engine"]["endpoints"]) == {a}
+    bld.add_engine({"scrapes": [scrape(b, S)]})
+    w = bld.close(S, 2 * S)
+    assert set(w["engine"]["engine"]["endpoints"]) == {a, b}
+    # a's server is gone: only errors for it from now on, b goes on.
+    last = None
+    for i in range(2, 40):
+        bld.add_engine({"scrapes": [scrape(b, i * S)], "errors": [{"endpoint": a, "error": "refused"}]})
+        w = bld.close(i * S, (i + 1) * S)
+        if a in w["engine"]["engine"]["endpoints"]:
+            last = i
+    assert last == int(windows.ENGINE_STALE_S)          # still there 30 s after its last scrape, then gone
+    assert set(w["engine"]["engine"]["endpoints"]) == {b}
+    assert w["engine"]["engine"]["errors"][0]["endpoint"] == a
+    # Nothing at all from the probe (back-off): stale endpoints still go.
+    for i in range(40, 80):
+        w = bld.close(i * S, (i + 1) * S)
+    assert w["engine"]["engine"]["endpoints"] == {}
