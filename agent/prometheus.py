@@ -409,7 +409,7 @@ class WindowCollector:
     def _device(self, w):
         from ridgeline.aggregator import device_metrics
         host = self._host(w)
-        fams: dict[str, GaugeMetricFamily] = {}
+        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         keys: dict[str, list] = {}
         for _src, data in (w.get("device") or {}).items():
             recs = data.get("devices") if isinstance(data, dict) else None
@@ -426,7 +426,9 @@ class WindowCollector:
                     labels.pop("gpu_name", None)
                     if name not in fams:
                         keys[name] = sorted(labels)
-                        fams[name] = GaugeMetricFamily(name, device_metrics.prometheus_help(name), labels=keys[name])
+                        doc = device_metrics.prometheus_help(name)
+                        fams[name] = (CounterMetricFamily(name.removesuffix("_total"), doc, labels=keys[name])
+                                      if name.endswith("_total") else GaugeMetricFamily(name, doc, labels=keys[name]))
                     if sorted(labels) == keys[name] and len(fams[name].samples) < MAX_SERIES_PER_FAMILY:
                         fams[name].add_metric([str(labels[k]) for k in keys[name]], value)
         yield from fams.values()

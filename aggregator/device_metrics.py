@@ -73,6 +73,7 @@ def fold(recs: list[dict]) -> dict:
     out["clock_slowdown_ratio"] = slowed / len(recs)
     e = [(r["ts_ns"], r["energy_total_j"]) for r in recs if r.get("energy_total_j") is not None]
     out["energy_j"] = (e[-1][1] - e[0][1]) if len(e) >= 2 and e[-1][1] >= e[0][1] else None
+    out["energy_total_j"] = e[-1][1] if e else None      # NVML's counter since the driver loaded
     out["nvlink_tx_bytes_per_s"] = _counter_rate(recs, "nvlink_tx_total_bytes")
     out["nvlink_rx_bytes_per_s"] = _counter_rate(recs, "nvlink_rx_total_bytes")
     if out["nvlink_tx_bytes_per_s"] is None:
@@ -120,6 +121,10 @@ _PROM = {
     "sm_clock_mhz": ("ridgeline_gpu_sm_clock_hertz", 1e6, "SM clock (NVML)"),
     "power_w": ("ridgeline_gpu_power_watts", 1.0, "Board power draw (NVML)"),
     "energy_j": ("ridgeline_gpu_window_energy_joules", 1.0, "Energy used over the window (NVML energy counter delta)"),
+    # A counter (name ends _total): rate() gives watts over any interval, as dcgm-exporter's
+    # DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION; the window gauge above covers one window only.
+    "energy_total_j": ("ridgeline_gpu_energy_joules_total", 1.0,
+                       "Energy the GPU used since its driver loaded (NVML total energy counter)"),
     "temperature_c": ("ridgeline_gpu_temperature_celsius", 1.0, "GPU temperature (NVML)"),
     "pcie_tx_bytes_per_s": ("ridgeline_gpu_pcie_tx_bytes_per_second", 1.0, "PCIe transmit rate (NVML)"),
     "pcie_rx_bytes_per_s": ("ridgeline_gpu_pcie_rx_bytes_per_second", 1.0, "PCIe receive rate (NVML)"),
@@ -135,15 +140,17 @@ _PROM_EXTRA_HELP = {
 
 
 def prometheus_help(name: str) -> str:
-    """HELP text of a metric :func:`prometheus_samples` emits."""
+    """HELP text of a metric :func:`prometheus_samples` emits (a counter by its name with or
+    without ``_total``)."""
     for metric, _, doc in _PROM.values():
-        if metric == name:
+        if name in (metric, metric.removesuffix("_total")):
             return doc
     return _PROM_EXTRA_HELP.get(name, name)
 
 
 def prometheus_samples(fig: dict, labels: dict | None = None) -> list[tuple[str, dict, float]]:
-    """``(name, labels, value)`` per known figure; per-process memory as its own series."""
+    """``(name, labels, value)`` per known figure (a name ending ``_total`` is a counter,
+    the others gauges); per-process memory as its own series."""
     base = {"gpu": str(fig.get("gpu_index")), "gpu_name": str(fig.get("gpu_name"))}
     base.update(labels or {})
     out = [(name, dict(base), float(fig[k]) * factor) for k, (name, factor, _) in _PROM.items()

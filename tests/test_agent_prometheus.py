@@ -73,7 +73,8 @@ def window(threads, launch_tids=(8,), engine=None):
         "device": {"nvml": {"devices": [{"gpu_index": 0, "gpu_name": "NVIDIA H100 80GB HBM3",
                                          "gpu_uuid": "GPU-5c7c3b4e-0000-1111-2222-333344445555",
                                          "ts_ns": S, "gpu_busy_time_pct": 87.0, "sm_clock_mhz": 1755,
-                                         "memory_used_bytes": 7e10, "memory_total_bytes": 8.1e10}]}},
+                                         "memory_used_bytes": 7e10, "memory_total_bytes": 8.1e10,
+                                         "energy_total_j": 5.0e6}]}},
         "engine": engine or {},
         "sched": {"sched": {"threads": threads}},
         "verdict": [{"device": 0, "pid": 4242, "verdict": "undetermined", "face": None}],
@@ -288,3 +289,14 @@ def test_phase_work_counters_give_the_achieved_rates_over_any_interval():
     assert b.name.endswith("_total") and b.labels["work_source"] == "model" and b.labels["phase"] == "decode"
     assert b.value / busy.value == pytest.approx(4e9) and fl.value == pytest.approx(8e10)
     assert fams["ridgeline_phase_achieved_bytes_per_second"].samples[0].value == pytest.approx(6e9)
+
+
+def test_gpu_energy_is_a_counter_for_rate():
+    w1, w2 = window([thread(8)]), window([thread(8)])
+    for w, j in ((w1, 1000.0), (w2, 1700.0)):
+        w["device"]["nvml"]["devices"][0]["energy_total_j"] = j
+    text = exposition([w1, w2])
+    (s,) = families(text)["ridgeline_gpu_energy_joules"].samples
+    assert families(text)["ridgeline_gpu_energy_joules"].type == "counter"
+    assert s.name == "ridgeline_gpu_energy_joules_total" and s.value == 1700.0
+    assert s.labels["gpu"] == "0" and s.labels["UUID"].startswith("GPU-")
