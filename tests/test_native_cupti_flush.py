@@ -135,3 +135,17 @@ def test_sigterm_handler_of_the_application_is_left_alone(probe, tmp_path):
     app.p.stderr.read()
     assert rc == 3 and any('"own_handler": true' in x for x in lines)
     assert sorted(seen) == list(range(3000, 3004))
+
+
+def test_no_cupti_call_after_exit_handlers(probe, tmp_path):
+    # libcupti.so.12/13 carry C++ static destructors (FINI_ARRAY, __cxa_atexit) that run
+    # after the atexit handlers; a periodic flush from the sender thread racing them would
+    # crash the process on its way out. The stand-in's destructors take 300 ms and _exit(97)
+    # on any CUPTI call meanwhile; with a 10 ms flush period the sender would tick ~30 times.
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=10, STUB_CUPTI_FINI_MS=300)
+    app("emit 3 0 4000")
+    seen = arrivals(probe, 3, timeout=10)
+    err = app.close()
+    assert app.p.returncode == 0, err
+    assert "after its destructors" not in err
+    assert sorted(seen) == [4000, 4001, 4002]

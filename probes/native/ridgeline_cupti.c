@@ -254,6 +254,7 @@ static char g_status[RL_STATUS_MAX];
 static atomic_uint g_status_gen;      /* bumped with every status line or flag change */
 static atomic_int g_taken_over;       /* legacy CUPTI: another client holds our callbacks */
 static atomic_int g_reclaim_req;      /* the agent asked to reclaim after a takeover */
+static atomic_int g_send_pending;     /* the sender holds a message not fully sent */
 static int g_wake_pipe[2] = {-1, -1}; /* SIGTERM handler -> sender: flush and ship now */
 static int g_ack_pipe[2] = {-1, -1};  /* sender -> SIGTERM handler: done */
 
@@ -1331,6 +1332,7 @@ static void *sender_main(void *arg) {
                 } else if (build_batch(&msg, s) == 0) {
                     msg.started_ms = msg.progress_ms = now_ms();
                     pending = 1;
+                    atomic_store(&g_send_pending, 1); /* before the slot shows free */
                 } else {
                     atomic_fetch_add(&K.dropped_send, s->records); /* out of memory for the message */
                 }
@@ -1376,7 +1378,9 @@ static void *sender_main(void *arg) {
         } else if (fd < 0 && pending) {
             pending = 0;
         }
+        atomic_store(&g_send_pending, pending);
     }
+    atomic_store(&g_send_pending, 0);
     if (fd >= 0) close(fd);
     free(msg.buf);
     return NULL;
@@ -1448,6 +1452,22 @@ static void at_fork_child(void) {
 
 static int g_init_pid;
 
+/* After our atexit handler come libcupti's and the driver's static destructors (the real
+ * libcupti.so.12/13 have C++ ones): the sender must not tick a flush into them. It is
+ * told to stop and joined, bounded (each loop turn waits at most ~50 ms, plus a flush);
+ * past the bound it is left as it is rather than holding up the exit. */
+static void stop_sender_at_exit(void) {
+    if (!atomic_load(&g_sender_running)) return;
+    atomic_store(&g_stop, 1);
+    pthread_mutex_lock(&g_pool_lock);
+    pthread_cond_broadcast(&g_pool_cond);
+    pthread_mutex_unlock(&g_pool_lock);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 1;
+    if (pthread_timedjoin_np(g_sender, NULL, &until) == 0) atomic_store(&g_sender_running, 0);
+}
+
 static void at_exit(void) {
     if (!atomic_load(&g_active)) return;
     /* A forked child inherits this handler but not CUDA: it must not touch CUPTI or wait. */
@@ -1461,9 +1481,11 @@ static void at_exit(void) {
         pthread_mutex_lock(&g_pool_lock);
         for (unsigned i = 0; i < cfg.pool_slots; i++) busy |= g_slots[i].state != SLOT_FREE;
         pthread_mutex_unlock(&g_pool_lock);
-        if (!busy) break;
+        /* a batch taken from its slot may still be on its way out */
+        if (!busy && !atomic_load(&g_send_pending)) break;
         usleep(5000);
     }
+    stop_sender_at_exit();
 }
 
 /* SIGTERM. A process without a SIGTERM handler of its own (SIG_DFL: a TP worker killed by

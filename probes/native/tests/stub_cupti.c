@@ -12,6 +12,11 @@
  *                                   library walks buffers with cuptiActivityGetNextRecord
  *   STUB_CUPTI_ENABLED_KINDS=1      cuptiActivityGetEnabledKinds answers (CUPTI >= 13.2)
  *   STUB_CUPTI_KERNEL_SIZE=N        kernel records are N bytes (a layout unknown to the library)
+ *   STUB_CUPTI_FINI_MS=N            at process exit, libcupti's static destructors take N ms
+ *                                   (the real libcupti.so.12/13 have C++ destructors and a
+ *                                   FINI_ARRAY); a call into CUPTI during or after them is
+ *                                   what would crash a real one: the stub writes
+ *                                   "stub: CUPTI called after its destructors" and _exit(97)s
  * stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
  * request callback for a buffer, copies the records in, and calls the completion callback.
  * stub_record() plays CUPTI writing records as kernels complete: they go into the current
@@ -87,6 +92,27 @@ static void logf_(const char *fmt, ...) {
     size_t u = strlen(log_buf);
     snprintf(log_buf + u, sizeof log_buf - u, "%s\n", line);
     pthread_mutex_unlock(&lock);
+}
+
+/* Process exit: libcupti's destructors run (see STUB_CUPTI_FINI_MS). */
+static volatile int destroyed;
+
+__attribute__((destructor)) static void stub_fini(void) {
+    const char *ms = getenv("STUB_CUPTI_FINI_MS");
+    if (!ms || !*ms) return;
+    destroyed = 1;
+    usleep((useconds_t)atoi(ms) * 1000u);
+}
+
+static void check_alive(const char *fn) {
+    if (!destroyed) return;
+    char line[128];
+    int n = snprintf(line, sizeof line, "stub: CUPTI called after its destructors (%s)\n", fn);
+    if (n > 0) {
+        ssize_t w = write(2, line, (size_t)n);
+        (void)w;
+    }
+    _exit(97);
 }
 
 static int in_list(const char *env, int v) {
@@ -218,6 +244,7 @@ EXPORT void stub_hold(int on) {
 }
 
 EXPORT CUptiResult cuptiActivityFlushAll(uint32_t flag) {
+    check_alive("cuptiActivityFlushAll");
     logf_("flushall %u tid=%ld", flag, (long)gettid());
     /* as documented: an error until someone registered buffer callbacks (after cuptiFinalize too) */
     if (!req1 && !req2) return CUPTI_ERROR_INVALID_OPERATION;
@@ -304,6 +331,7 @@ EXPORT CUptiResult cuptiActivityRegisterTimestampCallback(uint64_t (*cb)(void)) 
 
 /* CLOCK_REALTIME ns, as the real 12.x/13.0 libraries return, or the registered source. */
 EXPORT CUptiResult cuptiGetTimestamp(uint64_t *t) {
+    check_alive("cuptiGetTimestamp");
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     *t = ts_cb ? ts_cb() : (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
