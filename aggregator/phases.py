@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
+from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNKNOWN, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
                                              ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
                                              ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
                                              Signature, classify_kernels, short_name)
@@ -485,6 +485,11 @@ class _StepFacts:
         causal = kc.causal[in_step]
         att = (role == ROLE_ATTENTION) | (role == ROLE_ATTENTION_AUX)
         self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
+        # Fused attention that does not spell its causal flag (aotriton attn_fwd, CK, FA3,
+        # xformers): an encoder's launch reads the same as a decoder's.
+        unk = (role == ROLE_ATTENTION) & (causal == CAUSAL_UNKNOWN)
+        self.causal_unknown = np.bincount(st[unk], minlength=n_steps)
+        self.causal_unknown_example = self._example(st, unk, k["grid_x"][idx].astype(np.int64), idx, n_steps)
         self.split = np.bincount(st[role == ROLE_ATTENTION_AUX], minlength=n_steps)
         qb = att & (kc.grid_rule[in_step] == 1) & (k["grid_x"][idx] > 0)          # GRID_QUERY_BLOCKS
         gx_all = k["grid_x"][idx].astype(np.int64)
@@ -607,7 +612,8 @@ class _StepFacts:
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
                   self.noncausal, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi]
-        for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example):
+        for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
+                   self.causal_unknown_example):
             exc = np.maximum(ex, 0)
             cols1 += [np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
                       np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
@@ -694,8 +700,19 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     if f.lm_head[j] >= 0:
         lm = int(f.lm_head[j])
         how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
-        votes.append(_Vote(UNKNOWN, WEAK, f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}: "
-                           f"LM head, {int(f.lm_width[j])} output columns ({how}) (decoder-LLM evidence)", "llm"))
+        head = f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}"
+        ua = int(f.causal_unknown_example[j])
+        if ua >= 0 and not f.causal[j]:
+            # An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, mBERT
+            # 119547, XLM-R 250002): next to fused attention that could have said it is
+            # causal and does not, the width is no decoder evidence.
+            votes.append(_Vote(UNKNOWN, 0, f"{head}: {int(f.lm_width[j])} output columns ({how}), LM-head wide, but "
+                               f"no decoder-LLM evidence: the step's attention "
+                               f"({short_name(trace.names[int(k['name_id'][ua])])}) does not say whether it is "
+                               f"causal, and an encoder's MLM head is as wide", "note"))
+        else:
+            votes.append(_Vote(UNKNOWN, WEAK, f"{head}: LM head, {int(f.lm_width[j])} output columns ({how}) "
+                               f"(decoder-LLM evidence)", "llm"))
     # Attention class: prefill and decode attention kernels side by side => mixed.
     p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
     d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)

@@ -110,3 +110,43 @@ def test_rocm_diffusion_transformer_is_other_where_it_convolves_and_unknown_else
     pm = phases(MI300_SD35, mode)
     assert sorted(s.phase for s in pm.steps) == [UNKNOWN] * 8 + [OTHER]
     assert all(s.evidence[0].startswith("no decoder-LLM evidence") for s in pm.steps if s.phase == UNKNOWN)
+
+
+def _widened_mlm_head(tmp_path: Path, vocab: int) -> Path:
+    """The MI300X BERT fill-mask trace with its MLM head widened from BERT's 30522 to
+    ``vocab`` columns, as a RoBERTa (50265), mBERT (119547) or XLM-R (250002) fill-mask
+    would record it: the head's CPU ops (aten::linear / addmm / t / view) get the new width
+    and its hipBLASLt launch (MT128x144, grid in work-items of 256) the grid of that width.
+    Everything else is the recorded trace."""
+    import gzip
+    import json
+    d = json.load(gzip.open(DATA / MI300_BERT))
+    head_ext = 518                          # aten::addmm [[30522], [141, 512], [512, 30522]]
+    for e in d["traceEvents"]:
+        a = e.get("args") or {}
+        if e.get("cat") == "cpu_op" and "Input Dims" in a and e.get("name") != "aten::embedding" \
+                and e.get("name") != "aten::index_select":
+            a["Input Dims"] = json.loads(json.dumps(a["Input Dims"]).replace("30522", str(vocab)))
+        if e.get("cat") == "kernel" and a.get("External id") == head_ext:
+            assert a["grid"] == [239 * 256, 1, 1]                 # ceil(30522 / 128) tiles of 256 work-items
+            a["grid"] = [-(-vocab // 128) * 256, 1, 1]
+    out = tmp_path / f"mi300_mlm_head_{vocab}.json.gz"
+    with gzip.open(out, "wt") as f:
+        json.dump(d, f)
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("vocab", [50265, 250002])
+def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path, vocab, mode):
+    """An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, XLM-R 250002 are
+    above VOCAB_MIN_COLS). Where the attention kernel does not spell its causal flag (aotriton
+    attn_fwd here), that width alone must not turn the encoder's forward into prefill."""
+    tr = load_trace(_widened_mlm_head(tmp_path, vocab))
+    if mode == "no_cpu_ops":
+        tr = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
+                   cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
+    pm = map_phases(tr, use_annotations=mode == "annotations")
+    assert [s.phase for s in pm.steps] == [UNKNOWN], pm.steps[0].evidence
+    assert any("LM-head wide" in e and "does not say whether it is causal" in e for e in pm.steps[0].evidence), \
+        pm.steps[0].evidence
