@@ -150,3 +150,19 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
     assert [s.phase for s in pm.steps] == [UNKNOWN], pm.steps[0].evidence
     assert any("LM-head wide" in e and "does not say whether it is causal" in e for e in pm.steps[0].evidence), \
         pm.steps[0].evidence
+
+
+def test_third_party_traces_are_the_listed_files_with_their_licence():
+    """Every trace kept here is listed in tests/data/PROVENANCE.md with the SHA-256 of the file
+    as kept, and the MIT notice the TraceLens licence requires in every copy sits next to them."""
+    import hashlib
+    import re
+    prov = (Path(__file__).parent / "data" / "PROVENANCE.md").read_text()
+    listed = dict((name, digest) for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+\.json\.gz)$", prov, re.M))
+    kept = sorted(p.name for p in DATA.glob("*.json.gz"))
+    assert sorted(listed) == kept
+    for name in kept:
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == listed[name], name
+    lic = (DATA / "LICENSE.TraceLens").read_text()
+    assert "MIT License" in lic and "Copyright (c) 2024 - 2025 Advanced Micro Devices, Inc." in lic
+    assert "shall be included in all" in lic and "LICENSE.TraceLens" in prov
