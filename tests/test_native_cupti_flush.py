@@ -149,3 +149,16 @@ def test_no_cupti_call_after_exit_handlers(probe, tmp_path):
     assert app.p.returncode == 0, err
     assert "after its destructors" not in err
     assert sorted(seen) == [4000, 4001, 4002]
+
+
+def test_a_buffer_delivered_after_exit_handlers_does_not_restart_the_sender(probe, tmp_path):
+    # CUPTI can still complete a buffer after our atexit handler (context teardown flushes
+    # the last kernels' records): that must not start a new sender thread, which would
+    # tick flushes into libcupti's destructors (300 ms, _exit(97) on any CUPTI call).
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=10, STUB_CUPTI_FINI_MS=300, STUB_CUPTI_EXIT_FLUSH=1)
+    app("emit 3 0 4100")
+    seen = arrivals(probe, 3, timeout=10)
+    err = app.close()
+    assert app.p.returncode == 0, err
+    assert "after its destructors" not in err
+    assert sorted(seen) == [4100, 4101, 4102]

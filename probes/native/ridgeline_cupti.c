@@ -255,6 +255,7 @@ static atomic_uint g_status_gen;      /* bumped with every status line or flag c
 static atomic_int g_taken_over;       /* legacy CUPTI: another client holds our callbacks */
 static atomic_int g_reclaim_req;      /* the agent asked to reclaim after a takeover */
 static atomic_int g_send_pending;     /* the sender holds a message not fully sent */
+static atomic_int g_exiting;          /* our atexit handler ran: no sender (re)start */
 static int g_wake_pipe[2] = {-1, -1}; /* SIGTERM handler -> sender: flush and ship now */
 static int g_ack_pipe[2] = {-1, -1};  /* sender -> SIGTERM handler: done */
 
@@ -1389,9 +1390,9 @@ static void *sender_main(void *arg) {
 static pthread_mutex_t g_start_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void start_sender_if_needed(void) {
-    if (atomic_load(&g_sender_running) || !atomic_load(&g_active)) return;
+    if (atomic_load(&g_sender_running) || !atomic_load(&g_active) || atomic_load(&g_exiting)) return;
     pthread_mutex_lock(&g_start_lock);
-    if (!atomic_load(&g_sender_running)) {
+    if (!atomic_load(&g_sender_running) && !atomic_load(&g_exiting)) {
         atomic_store(&g_stop, 0);
         pthread_attr_t at;
         pthread_attr_init(&at);
@@ -1453,10 +1454,12 @@ static void at_fork_child(void) {
 static int g_init_pid;
 
 /* After our atexit handler come libcupti's and the driver's static destructors (the real
- * libcupti.so.12/13 have C++ ones): the sender must not tick a flush into them. It is
- * told to stop and joined, bounded (each loop turn waits at most ~50 ms, plus a flush);
+ * libcupti.so.12/13 have C++ ones): the sender must not tick a flush into them, nor be
+ * started again by a buffer CUPTI completes later. It is told to stop and joined, bounded (each loop turn waits at most ~50 ms, plus a flush);
  * past the bound it is left as it is rather than holding up the exit. */
 static void stop_sender_at_exit(void) {
+    /* a buffer CUPTI completes later (context teardown) must not start a new sender */
+    atomic_store(&g_exiting, 1);
     if (!atomic_load(&g_sender_running)) return;
     atomic_store(&g_stop, 1);
     pthread_mutex_lock(&g_pool_lock);

@@ -17,6 +17,9 @@
  *                                   FINI_ARRAY); a call into CUPTI during or after them is
  *                                   what would crash a real one: the stub writes
  *                                   "stub: CUPTI called after its destructors" and _exit(97)s
+ *   STUB_CUPTI_EXIT_FLUSH=1         at exit, after the library's own atexit handler, CUPTI
+ *                                   delivers one more buffer (context teardown flushes the
+ *                                   records of the last kernels): a copy of the last record
  * stub_deliver() plays CUPTI delivering a completed buffer: it asks the registered
  * request callback for a buffer, copies the records in, and calls the completion callback.
  * stub_record() plays CUPTI writing records as kernels complete: they go into the current
@@ -390,6 +393,26 @@ static void complete_current(void) {
     else if (c1) c1(NULL, 0, b, size, used);
 }
 
+static uint8_t last_rec[1024];
+static size_t last_rec_len;
+EXPORT int stub_record(const uint8_t *data, size_t len);
+
+/* STUB_CUPTI_EXIT_FLUSH: registered when the library dlopens the stub, i.e. before the
+ * library's atexit handler, so it runs after it (atexit runs in reverse order). */
+static void exit_flush(void) {
+    if (!last_rec_len) return;
+    uint8_t rec[1024];
+    size_t n = last_rec_len;
+    memcpy(rec, last_rec, n);
+    stub_record(rec, n);
+    complete_current();
+}
+
+__attribute__((constructor)) static void stub_init(void) {
+    const char *e = getenv("STUB_CUPTI_EXIT_FLUSH");
+    if (e && *e == '1') atexit(exit_flush);
+}
+
 /* A kernel finishing: its records (whole, of this stub's sizes) go into the current
  * buffer; a new buffer is requested when there is none or it is full. Only records of
  * enabled kinds are written, as in CUPTI. Returns records written. */
@@ -431,6 +454,10 @@ EXPORT int stub_record(const uint8_t *data, size_t len) {
         }
         memcpy(cur_buf + cur_used, data + off, sz);
         cur_used += sz;
+        if (sz <= sizeof last_rec) {
+            memcpy(last_rec, data + off, sz);
+            last_rec_len = sz;
+        }
         pthread_mutex_unlock(&buf_lock);
         off += sz;
         n++;
