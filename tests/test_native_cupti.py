@@ -414,6 +414,23 @@ def test_buffer_size_is_capped_under_the_agents_body_limit(built, harness, tmp_p
     assert "over the" in h("status")["status"] and "RIDGELINE_BUFFER_BYTES" in h("status")["status"]
 
 
+def test_memory_held_in_the_served_process_is_bounded_whatever_the_settings(built, harness, tmp_path):
+    # each setting is within its own range, together they asked for 1024 x 64 MiB of pool
+    # (64 GiB) and 4096 x 64 MiB of CUPTI buffers in the served process
+    h = harness(RIDGELINE_BUFFER_BYTES=64 << 20, RIDGELINE_POOL_SLOTS=1024, RIDGELINE_MAX_CUPTI_BUFFERS=4096)
+    h(f"init {tmp_path / 'none.sock'} 130500")
+    buf = h("layout buffer_bytes")["value"]
+    assert buf == 64 << 20
+    assert 1 <= h("layout pool_slots")["value"] and h("layout pool_slots")["value"] * buf <= 1 << 30
+    assert 2 <= h("layout max_cupti_buffers")["value"] and h("layout max_cupti_buffers")["value"] * buf <= 2 << 30
+    status = h("status")["status"]
+    assert "RIDGELINE_POOL_SLOTS=1024" in status and "RIDGELINE_MAX_CUPTI_BUFFERS=4096" in status
+    # the defaults are untouched
+    h2 = harness()
+    h2(f"init {tmp_path / 'none2.sock'} 130500")
+    assert (h2("layout pool_slots")["value"], h2("layout max_cupti_buffers")["value"]) == (8, 32)
+
+
 def test_deep_mode_never_samples_kernels(built, harness, tmp_path):
     sock = tmp_path / "cupti.sock"
     probe = CuptiProbe(str(sock))

@@ -110,6 +110,10 @@ _Static_assert((uint64_t)sizeof(rl_batch_t) + (uint64_t)RL_MAX_NAMES * (sizeof(r
 _Static_assert(sizeof(rl_frame_t) == 16 && sizeof(rl_batch_t) == 168 && sizeof(rl_hello_t) == 40, "wire");
 
 #define RL_KIND_MAX 64
+/* Memory the library may hold in the served process: the record pool (pool slots x buffer
+ * size) and the buffers handed to CUPTI (outstanding buffers x buffer size). */
+#define RL_MAX_POOL_BYTES ((size_t)1 << 30)
+#define RL_MAX_CUPTI_BYTES ((size_t)2 << 30)
 #define RL_NAME_MAX_LEN 4096          /* = MAX_NAME_BYTES of probes/cupti/protocol.py */
 #define RL_NAME_HASH_MAX (1u << 20)   /* bytes of a long name hashed, bounding the time spent */
 #define RL_STATUS_MAX 2048
@@ -345,6 +349,22 @@ static void read_config(void) {
     cfg.buffer_bytes = (size_t)want & ~(size_t)7;
     cfg.pool_slots = (unsigned)env_long("RIDGELINE_POOL_SLOTS", 8, 1, 1024);
     cfg.max_cupti_buffers = (unsigned)env_long("RIDGELINE_MAX_CUPTI_BUFFERS", 32, 2, 4096);
+    /* Each setting has its own range, but their products are what the served process
+     * holds: bound those too (settings within reach of the defaults are untouched). */
+    size_t slots_max = RL_MAX_POOL_BYTES / cfg.buffer_bytes, bufs_max = RL_MAX_CUPTI_BYTES / cfg.buffer_bytes;
+    if (slots_max < 1) slots_max = 1;
+    if (bufs_max < 2) bufs_max = 2;
+    if (cfg.pool_slots > slots_max) {
+        rl_log("RIDGELINE_POOL_SLOTS=%u of %zu-byte buffers is over the %llu MiB bound of the record pool; using %zu",
+               cfg.pool_slots, cfg.buffer_bytes, (unsigned long long)(RL_MAX_POOL_BYTES >> 20), slots_max);
+        cfg.pool_slots = (unsigned)slots_max;
+    }
+    if (cfg.max_cupti_buffers > bufs_max) {
+        rl_log("RIDGELINE_MAX_CUPTI_BUFFERS=%u of %zu-byte buffers is over the %llu MiB bound of CUPTI's buffers; "
+               "using %zu", cfg.max_cupti_buffers, cfg.buffer_bytes, (unsigned long long)(RL_MAX_CUPTI_BYTES >> 20),
+               bufs_max);
+        cfg.max_cupti_buffers = (unsigned)bufs_max;
+    }
     cfg.flush_ms = (unsigned)env_long("RIDGELINE_FLUSH_MS", 500, 0, 60000);
     cfg.reconnect_ms = (unsigned)env_long("RIDGELINE_RECONNECT_MS", 1000, 10, 600000);
     cfg.stall_ms = (unsigned)env_long("RIDGELINE_STALL_MS", 2000, 10, 600000);
@@ -1906,6 +1926,8 @@ RL_EXPORT long ridgeline_test_layout(const char *what) {
         return i >= 0 && i < (long)(sizeof RL_KERNEL_SIZES / sizeof RL_KERNEL_SIZES[0]) ? (long)RL_KERNEL_SIZES[i] : 0;
     }
     if (!strcmp(what, "buffer_bytes")) return (long)cfg.buffer_bytes;
+    if (!strcmp(what, "pool_slots")) return (long)cfg.pool_slots;
+    if (!strcmp(what, "max_cupti_buffers")) return (long)cfg.max_cupti_buffers;
     if (!strcmp(what, "socket_path_len")) return (long)strlen(cfg.socket_path);
     return -1;
 }
