@@ -90,8 +90,10 @@ def _fetch(dist: str, prefix: str) -> Path:
 def _unpack(wheel: Path) -> dict:
     dest = CACHE / "unpacked" / wheel.stem
     if not (dest / ".done").exists():
+        # the headers and libcupti only (it needs nothing else of the wheel): the profiler
+        # host libraries (libnvperf_host, ~30 MB each) would triple the cache
         with zipfile.ZipFile(wheel) as z:
-            z.extractall(dest)
+            z.extractall(dest, [m for m in z.namelist() if "/include/" in m or "/lib/libcupti.so" in m])
         (dest / ".done").write_text("")
     inc = next(dest.glob("nvidia/*/include/cupti_activity.h")).parent
     lib = next(dest.glob("nvidia/*/lib/libcupti.so.*"))
