@@ -1475,8 +1475,9 @@ static int g_init_pid;
 
 /* After our atexit handler come libcupti's and the driver's static destructors (the real
  * libcupti.so.12/13 have C++ ones): the sender must not tick a flush into them, nor be
- * started again by a buffer CUPTI completes later. It is told to stop and joined, bounded (each loop turn waits at most ~50 ms, plus a flush);
- * past the bound it is left as it is rather than holding up the exit. */
+ * started again by a buffer CUPTI completes later. It is told to stop and joined, bounded
+ * (each loop turn waits at most ~50 ms, plus a flush); past the bound it is left as it is
+ * rather than holding up the exit. */
 static void stop_sender_at_exit(void) {
     /* a buffer CUPTI completes later (context teardown) must not start a new sender */
     atomic_store(&g_exiting, 1);
