@@ -1,0 +1,115 @@
+"""Build hook: the wheel carries the CUPTI injection library, built from probes/native.
+
+Everything declarative lives in pyproject.toml; this file only adds what setuptools cannot
+say there:
+
+* ``build_py`` also runs probes/native/Makefile (on a copy of the folder under the build
+  directory, so a source tree's own ``make`` output is neither used nor overwritten) and
+  puts ``libridgeline_cupti.so`` at ``ridgeline/probes/native/`` in the wheel, which is
+  where ``ridgeline.probes.cupti.library.library_path()`` looks for it.
+* The CUPTI headers come from the ``nvidia-cuda-cupti`` wheel that pyproject.toml pins as
+  a build requirement (``CUPTI_INCLUDE=DIR`` overrides: a CUDA toolkit's
+  ``extras/CUPTI/include``). Nothing is linked against libcupti; the library dlopens it.
+* The wheel is tagged for the platform (``py3-none-linux_<arch>``): it holds a native
+  library, but no Python extension, so any CPython 3 of that platform can use it.
+
+A failed native build fails the package build with the compiler's message: an install
+whose ``ridgeline run`` cannot inject is worse than no install. ``RIDGELINE_SKIP_NATIVE=1``
+builds without it on purpose (the CUPTI probe then says the library is missing).
+Editable installs (``pip install -e .``) do not build it: a source tree uses
+``make -C probes/native`` (``scripts/setup.sh`` runs it), and library_path() finds that.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+NATIVE_SRC = HERE / "probes" / "native"
+LIB_NAME = "libridgeline_cupti.so"
+# Where the library goes inside the installed package (mirrors probes/cupti/library.py).
+LIB_DEST = Path("ridgeline") / "probes" / "native" / LIB_NAME
+
+
+def cupti_include_dir() -> str:
+    """The folder holding cupti_activity.h: $CUPTI_INCLUDE, else the nvidia-cuda-cupti wheel."""
+    env = os.environ.get("CUPTI_INCLUDE")
+    if env:
+        return str(Path(env).parent if env.endswith(".h") else Path(env))
+    for dist_name in ("nvidia-cuda-cupti", "nvidia-cuda-cupti-cu12"):
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+        for f in dist.files or ():
+            if f.name == "cupti_activity.h":
+                return str(Path(dist.locate_file(f)).parent)
+    return ""   # the Makefile then looks for a CUDA toolkit itself
+
+
+def build_native(build_temp: Path) -> Path:
+    """Run probes/native/Makefile on a copy under ``build_temp``; return the built library."""
+    work = build_temp / "native"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(NATIVE_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "build", "__pycache__"))
+    lib = work / LIB_NAME
+    cmd = ["make", "-C", str(work), f"VENV={work}/no-venv", str(lib)]
+    inc = cupti_include_dir()
+    if inc:
+        cmd.append(f"CUPTI_INCLUDE={inc}")
+    print("ridgeline: building the CUPTI injection library:", " ".join(cmd), flush=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ridgeline: cannot build {LIB_NAME}: {exc.filename} not found "
+                         "(install make and a C compiler, e.g. apt-get install gcc make libc6-dev)") from None
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"ridgeline: building {LIB_NAME} failed (exit {exc.returncode}, see above); "
+                         "set RIDGELINE_SKIP_NATIVE=1 to build without the CUPTI injection library") from None
+    if not lib.is_file():
+        raise SystemExit(f"ridgeline: probes/native/Makefile did not produce {LIB_NAME}")
+    return lib
+
+
+class BuildPyWithNative(build_py):
+    """build_py plus the injection library (see the module docstring)."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode or os.environ.get("RIDGELINE_SKIP_NATIVE") == "1":
+            return
+        build_temp = Path(self.get_finalized_command("build").build_temp)
+        lib = build_native(build_temp)
+        dest = Path(self.build_lib) / LIB_DEST
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lib, dest)
+        os.chmod(dest, 0o755)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        out = super().get_outputs(include_bytecode)
+        if not self.editable_mode and os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
+            out.append(str(Path(self.build_lib) / LIB_DEST))
+        return out
+
+
+class PlatformWheel(bdist_wheel):
+    """Tag the wheel py3-none-<platform>: it carries a native library, no CPython extension."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        _, _, plat = super().get_tag()
+        return "py3", "none", plat
+
+
+setup(cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel})
