@@ -56,7 +56,7 @@ def cupti_include_dir() -> str:
 
 def build_native(build_temp: Path) -> Path:
     """Run probes/native/Makefile on a copy under ``build_temp``; return the built library."""
-    work = build_temp / "native"
+    work = build_temp.resolve() / "native"
     if work.exists():
         shutil.rmtree(work)
     shutil.copytree(NATIVE_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "build", "__pycache__"))
