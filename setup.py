@@ -27,7 +27,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
@@ -100,16 +100,19 @@ class BuildPyWithNative(build_py):
         return out
 
 
+class NativeDistribution(Distribution):
+    """A distribution with platform code: installed to platlib, wheel root not pure."""
+
+    def has_ext_modules(self) -> bool:
+        return True
+
+
 class PlatformWheel(bdist_wheel):
     """Tag the wheel py3-none-<platform>: it carries a native library, no CPython extension."""
-
-    def finalize_options(self) -> None:
-        super().finalize_options()
-        self.root_is_pure = False
 
     def get_tag(self) -> tuple[str, str, str]:
         _, _, plat = super().get_tag()
         return "py3", "none", plat
 
 
-setup(cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel})
+setup(distclass=NativeDistribution, cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel})
