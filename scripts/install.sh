@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
 # Install (or with --uninstall remove) the Ridgeline agent as a systemd service:
-#   /opt/ridgeline/venv             dedicated virtualenv holding ridgeline and its pinned deps
+#   /opt/ridgeline/venv             dedicated virtualenv: ridgeline, its pinned dependencies and
+#                                   the CUPTI injection library, built by the package build
+#                                   (needs a C compiler and make: scripts/setup-native.sh)
 #   /etc/systemd/system/ridgeline.service
 #   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0750)
 #   /etc/ridgeline/agent.toml       default config (kept if already there, kept on uninstall)
+# Installing into / as root also sets up the eBPF prerequisites (scripts/setup-ebpf.sh:
+# distro bcc, kernel headers, tracefs; never fatal) and links the distro bcc into the venv.
 #
 # Options:
 #   --root DIR     install under DIR instead of / (tests, image builds); touches nothing else
 #   --uninstall    remove what install put there (config stays; remove it by hand)
 #   --python PY    interpreter for the virtualenv (default: python3)
-# Environment: RIDGELINE_PIP_ARGS extra pip arguments (tests use "--no-deps --no-build-isolation").
+#   --no-ebpf      skip scripts/setup-ebpf.sh (the bcc link into the venv is still made)
+# Environment: RIDGELINE_PIP_ARGS extra pip arguments, e.g. "--find-links DIR" or
+#   "--index-url URL" for a mirror or an offline wheel folder. Not "--no-deps" (the agent
+#   needs its pinned dependencies) nor "--no-build-isolation" (the build needs the pinned
+#   setuptools and the CUPTI headers of its build requirements).
 set -euo pipefail
 
 ROOT=/
 UNINSTALL=0
 PY=python3
+EBPF=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) ROOT=${2:?--root needs a folder}; shift 2 ;;
         --root=*) ROOT=${1#--root=}; shift ;;
         --uninstall) UNINSTALL=1; shift ;;
         --python) PY=${2:?--python needs an interpreter}; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        --no-ebpf) EBPF=0; shift ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         *) echo "install.sh: error: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -56,8 +66,23 @@ install -d -m 0750 "$(dirname "$CONF")"
 if [ ! -x "$PREFIX/venv/bin/python" ]; then
     "$PY" -m venv "$PREFIX/venv"
 fi
+if [ "$R" = "" ]; then
+    bash "$SRC/scripts/setup-native.sh" || true   # gcc/make for the library build; pip says if still missing
+fi
+if [ "$R" = "" ] && [ "$EBPF" = 1 ]; then
+    bash "$SRC/scripts/setup-ebpf.sh" || echo "ridgeline: eBPF prerequisites unavailable (see above); the eBPF probes will say why" >&2
+fi
+# The package build compiles the injection library (setup.py); a missing compiler stops
+# here with the reason, not later at `ridgeline run`.
 # shellcheck disable=SC2086
 "$PREFIX/venv/bin/python" -m pip install -q ${RIDGELINE_PIP_ARGS:-} "$SRC"
+"$PREFIX/venv/bin/python" - <<'EOF' || { echo "install.sh: error: the installed package has no CUPTI injection library" >&2; exit 1; }
+from ridgeline.probes.cupti.library import library_path
+lib = library_path()
+assert lib.is_file(), lib
+print(f"ridgeline: injection library {lib}")
+EOF
+bash "$SRC/scripts/link-bcc.sh" "$PREFIX/venv" || true
 install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
 install -m 0644 "$SRC/systemd/ridgeline.conf" "$TMPF"
 if [ ! -e "$CONF" ]; then

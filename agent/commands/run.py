@@ -41,10 +41,11 @@ def add_injection_options(p) -> None:
 
 
 def injection_env_from_args(args) -> dict[str, str]:
-    from ridgeline.probes.cupti.library import injection_env, library_path
+    from ridgeline.probes.cupti.library import build_hint, injection_env, library_path
     lib = args.library or library_path()
     if not os.path.isfile(lib):
-        raise InputError(f"injection library not built: {lib} (run `make -C probes/native`)")
+        hint = build_hint() if not args.library else "check the --library path"
+        raise InputError(f"injection library not built: {lib} ({hint})")
     libcupti = None if args.libcupti in ("", "none") else args.libcupti
     return injection_env(args.socket, args.mode, args.graph_level, libcupti, lib)
 

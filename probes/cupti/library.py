@@ -24,6 +24,20 @@ def library_path() -> Path:
     return Path(__file__).resolve().parent.parent / "native" / LIB_NAME
 
 
+def build_hint() -> str:
+    """What to do when library_path() does not exist, for the probe's and ``run``'s messages.
+
+    A source checkout (editable install) has probes/native/Makefile next to this package:
+    build there. An installed copy has no Makefile (the wheel's build step compiles the
+    library), so the hint never points into site-packages.
+    """
+    makefile = Path(__file__).resolve().parent.parent / "native" / "Makefile"
+    if makefile.is_file():
+        return f"run `make -C {makefile.parent}` (needs a C compiler and the CUPTI headers)"
+    return ("reinstall from the source tree (`sudo scripts/install.sh` or `pip install .` builds the library; "
+            "needs a C compiler and make), or set RIDGELINE_CUPTI_LIB to a built libridgeline_cupti.so")
+
+
 def find_libcupti() -> Path | None:
     """A libcupti.so.13 from the nvidia-cuda-cupti wheel of this interpreter, if installed.
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import ProcessDecoder
-from ridgeline.probes.cupti.library import library_path
+from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
 from ridgeline.probes.probe import Availability, Probe
@@ -97,7 +97,7 @@ class CuptiProbe(Probe):
         lib = library_path()
         if not lib.exists():
             return Availability(True, f"listening is possible, but the injection library {lib} is not built",
-                                "run `make -C probes/native` (needs a C compiler and the CUPTI headers)")
+                                build_hint())
         return Availability(True, f"will listen on {self.socket_path}", "")
 
     def start(self) -> None:
