@@ -76,6 +76,9 @@ fi
 # here with the reason, not later at `ridgeline run`.
 # shellcheck disable=SC2086
 "$PREFIX/venv/bin/python" -m pip install -q ${RIDGELINE_PIP_ARGS:-} "$SRC"
+"$PREFIX/venv/bin/python" -m pip check -q >/dev/null || {
+    "$PREFIX/venv/bin/python" -m pip check >&2 || true
+    echo "install.sh: error: the virtualenv lacks ridgeline's pinned dependencies (see above)" >&2; exit 1; }
 "$PREFIX/venv/bin/python" - <<'EOF' || { echo "install.sh: error: the installed package has no CUPTI injection library" >&2; exit 1; }
 from ridgeline.probes.cupti.library import library_path
 lib = library_path()

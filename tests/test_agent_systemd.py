@@ -1,7 +1,7 @@
 """systemd/ridgeline.service, the tmpfiles entry and scripts/install.sh.
 
-Runs ``systemd-analyze verify`` and ``systemd-analyze security --offline=true`` on the unit
-(the exposure score is recorded in docs/systemd.md) and installs into a temporary root.
+Runs ``systemd-analyze security --offline=true`` on the unit (the exposure score is recorded
+in docs/systemd.md). The install itself is tested from a clean clone in tests/test_install.py.
 """
 import os
 import re
@@ -46,42 +46,3 @@ def test_tmpfiles_entry_is_restrictive():
     line = [ln for ln in (ROOT / "systemd" / "ridgeline.conf").read_text().splitlines()
             if ln and not ln.startswith("#")]
     assert line == ["d      /run/ridgeline  0750 root root  -"]
-
-
-@needs_analyze
-def test_install_verify_uninstall_into_a_temporary_root(tmp_path):
-    root = tmp_path / "root"
-    env = dict(os.environ, RIDGELINE_PIP_ARGS="--no-deps")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--root", str(root)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    unit = root / "etc/systemd/system/ridgeline.service"
-    conf = root / "etc/ridgeline/agent.toml"
-    exe = root / "opt/ridgeline/venv/bin/ridgeline"
-    assert unit.read_text() == UNIT.read_text()
-    assert (root / "etc/tmpfiles.d/ridgeline.conf").exists()
-    assert stat.S_IMODE(conf.stat().st_mode) == 0o640
-    assert stat.S_IMODE((root / "etc/ridgeline").stat().st_mode) == 0o750
-    assert os.access(exe, os.X_OK)
-    # Verify the installed unit with its ExecStart pointing into the temporary root.
-    check = tmp_path / "ridgeline.service"
-    check.write_text(unit.read_text().replace("/opt/ridgeline/venv/bin/ridgeline", str(exe)))
-    v = subprocess.run(["systemd-analyze", "verify", str(check)], capture_output=True, text=True, timeout=120,
-                       cwd="/")
-    problems = [ln for ln in (v.stdout + v.stderr).splitlines() if "ridgeline.service" in ln]
-    assert v.returncode == 0 and not problems, v.stdout + v.stderr
-    # A second install keeps an edited config.
-    conf.write_text("# edited\n")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--root", str(root)],
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0 and conf.read_text() == "# edited\n"
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--root", str(root), "--uninstall"],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert not unit.exists() and not (root / "opt/ridgeline").exists()
-    assert conf.exists()
-
-
-def test_install_refuses_unknown_option():
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--bogus"], capture_output=True, text=True)
-    assert r.returncode == 2 and "unknown option --bogus" in r.stderr

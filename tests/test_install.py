@@ -1,0 +1,187 @@
+"""The documented install, from a clean clone: wheel contents, scripts/install.sh, ridgeline run.
+
+A ``git clone`` of this repository (its committed HEAD: what a user gets, without this
+tree's build outputs or uncommitted files) is built into a wheel and installed with
+``scripts/install.sh --root DIR``; ``ridgeline run`` from that install must inject the
+library the package build compiled (issue 11 item 1). The installs reach the package
+index for the pinned dependencies and build requirements (pip's cache makes a repeat
+take about 20 s here).
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LIB = "libridgeline_cupti.so"
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} not installed (needed for the clean-clone install)")
+
+
+@pytest.fixture(scope="module")
+def clean_clone(tmp_path_factory) -> Path:
+    _need("git")
+    _need("make")
+    _need("cc")
+    if not (ROOT / ".git").exists():
+        pytest.skip(f"{ROOT} is not a git checkout: nothing to clone")
+    dst = tmp_path_factory.mktemp("clone") / "ridgeline"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dst)], check=True, timeout=120)
+    assert not (dst / "probes" / "native" / LIB).exists(), "a clean clone must not carry a built library"
+    return dst
+
+
+def _install(src: Path, root: Path, pip_args: str | None = None, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("RIDGELINE_PIP_ARGS", None)
+    env.pop("RIDGELINE_CUPTI_LIB", None)
+    if pip_args is not None:
+        env["RIDGELINE_PIP_ARGS"] = pip_args
+    return subprocess.run(["bash", str(src / "scripts" / "install.sh"), "--root", str(root), *extra],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=str(root.parent))
+
+
+@pytest.fixture(scope="module")
+def installed(clean_clone, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("install") / "root"
+    r = _install(clean_clone, root)
+    print(f"$ scripts/install.sh --root {root}\n{r.stdout}{r.stderr}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return root
+
+
+def _ridgeline(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RIDGELINE_CUPTI_LIB", "CUDA_INJECTION64_PATH")}
+    env.update(kw.pop("env", {}))
+    return subprocess.run([str(root / "opt/ridgeline/venv/bin/ridgeline"), *args], capture_output=True,
+                          text=True, timeout=120, env=env, **kw)
+
+
+def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clean_clone, tmp_path):
+    out = tmp_path / "dist"
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(clean_clone)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (whl,) = out.glob("*.whl")
+    # A native library inside: tagged for this platform, any CPython 3.
+    assert re.fullmatch(rf"ridgeline-[^-]+-py3-none-linux_{platform.machine()}\.whl", whl.name), whl.name
+    with zipfile.ZipFile(whl) as z:
+        names = z.namelist()
+        tops = {n.split("/")[0] for n in names}
+        assert tops == {"ridgeline", next(t for t in tops if t.endswith(".dist-info"))}, tops
+        lib = z.read(f"ridgeline/probes/native/{LIB}")
+        assert lib[:4] == b"\x7fELF"
+        entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+        wheel_meta = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+    assert "ridgeline = ridgeline.agent.cli:main" in entry
+    assert "Root-Is-Purelib: false" in wheel_meta
+    for data in ("ridgeline/agent/data/agent.toml", "ridgeline/aggregator/data/gpu_ceilings.toml",
+                 "ridgeline/aggregator/data/kernel_signatures.toml", "ridgeline/aggregator/data/engine_kernels.toml",
+                 "ridgeline/probes/sched_bpf.c", "ridgeline/probes/cuda_uprobes_bpf.c"):
+        assert data in names, data
+    # The native sources stay in the repository: nothing in site-packages invites a `make` there.
+    assert not [n for n in names if n.startswith("ridgeline/probes/native/") and not n.endswith(LIB)]
+
+
+def test_install_from_a_clean_clone_then_run_injects_the_built_library(installed, tmp_path):
+    venv = installed / "opt/ridgeline/venv"
+    libs = list(venv.glob(f"lib/python3*/site-packages/ridgeline/probes/native/{LIB}"))
+    assert len(libs) == 1 and os.access(libs[0], os.X_OK), libs
+    r = _ridgeline(installed, "run", "--print-env", "--", "true")
+    assert r.returncode == 0, r.stderr
+    env = dict(line.split("=", 1) for line in r.stdout.splitlines())
+    assert Path(env["CUDA_INJECTION64_PATH"]).resolve() == libs[0].resolve()
+    assert env["NVTX_INJECTION64_PATH"] == env["CUDA_INJECTION64_PATH"]
+    # libcupti from the install's own nvidia-cuda-cupti wheel (a pinned dependency).
+    assert Path(env["RIDGELINE_LIBCUPTI"]).is_file() and str(env["RIDGELINE_LIBCUPTI"]).startswith(str(venv))
+    # What the child process really gets:
+    r = _ridgeline(installed, "run", "--", "sh", "-c", 'printf "%s\\n" "$CUDA_INJECTION64_PATH" "$RIDGELINE_SOCKET"')
+    assert r.returncode == 0, r.stderr
+    inj, sock = r.stdout.splitlines()
+    assert Path(inj).is_file() and Path(inj).resolve() == libs[0].resolve() and sock
+    # A tiny program doing what the CUDA driver does at cuInit: dlopen the injection
+    # library and call InitializeInjection. Without a GPU the library logs that CUPTI is
+    # off and the program runs on untouched.
+    app = tmp_path / "inject_app"
+    src = ROOT / "probes" / "native" / "ridgeline_inject_app.c"
+    subprocess.run(["cc", "-O2", "-o", str(app), str(src), "-ldl"], check=True, timeout=120)
+    r = _ridgeline(installed, "run", "--", str(app), "100")
+    assert r.returncode == 0, r.stderr
+    assert "cannot load injection" not in r.stderr
+    m = re.search(r"app: injection=(-?\d+) sum=5050", r.stdout)
+    assert m and int(m.group(1)) >= 0, r.stdout + r.stderr
+
+
+def test_missing_library_hint_does_not_point_into_site_packages(installed):
+    (lib,) = (installed / "opt/ridgeline/venv").glob(f"lib/python3*/site-packages/ridgeline/probes/native/{LIB}")
+    moved = lib.with_name(LIB + ".away")
+    lib.rename(moved)
+    try:
+        r = _ridgeline(installed, "run", "--", "true")
+    finally:
+        moved.rename(lib)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "make -C" not in r.stderr and "reinstall" in r.stderr, r.stderr
+
+
+def test_installed_files_reinstall_keeps_config_and_uninstall(installed, clean_clone):
+    unit = installed / "etc/systemd/system/ridgeline.service"
+    conf = installed / "etc/ridgeline/agent.toml"
+    assert unit.read_text() == (ROOT / "systemd/ridgeline.service").read_text()
+    assert (installed / "etc/tmpfiles.d/ridgeline.conf").exists()
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o640
+    assert stat.S_IMODE((installed / "etc/ridgeline").stat().st_mode) == 0o750
+    if shutil.which("systemd-analyze"):
+        exe = installed / "opt/ridgeline/venv/bin/ridgeline"
+        check = installed.parent / "ridgeline.service"
+        check.write_text(unit.read_text().replace("/opt/ridgeline/venv/bin/ridgeline", str(exe)))
+        v = subprocess.run(["systemd-analyze", "verify", str(check)], capture_output=True, text=True, timeout=120,
+                           cwd="/")
+        problems = [ln for ln in (v.stdout + v.stderr).splitlines() if "ridgeline.service" in ln]
+        assert v.returncode == 0 and not problems, v.stdout + v.stderr
+    saved = conf.read_text()
+    conf.write_text("# edited\n")
+    try:
+        r = _install(clean_clone, installed)
+        assert r.returncode == 0 and conf.read_text() == "# edited\n", r.stderr[-2000:]
+    finally:
+        conf.write_text(saved)
+
+
+def test_uninstall_keeps_only_the_config(clean_clone, tmp_path):
+    root = tmp_path / "root"
+    r = _install(clean_clone, root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(["bash", str(clean_clone / "scripts/install.sh"), "--root", str(root), "--uninstall"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not (root / "etc/systemd/system/ridgeline.service").exists() and not (root / "opt/ridgeline").exists()
+    assert (root / "etc/ridgeline/agent.toml").exists()
+
+
+def test_help_does_not_recommend_pip_arguments_that_break_the_install(clean_clone, tmp_path):
+    r = subprocess.run(["bash", str(clean_clone / "scripts/install.sh"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for opt in re.findall(r"^#\s+(--[a-z-]+)(?= )", r.stdout, re.M):
+        assert opt in ("--root", "--uninstall", "--python", "--no-ebpf"), opt
+    assert 'tests use "--no-deps' not in r.stdout
+    # What the old help recommended really fails, and says so (the agent could not run).
+    r = _install(clean_clone, tmp_path / "root", "--no-deps --no-build-isolation")
+    assert r.returncode != 0
+
+
+def test_install_refuses_unknown_option():
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--bogus"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown option --bogus" in r.stderr
