@@ -26,7 +26,7 @@ DEFAULT_PATH = Path("/etc/ridgeline/agent.toml")
 
 
 def defaults() -> dict:
-    text = resources.files("agent").joinpath("data/agent.toml").read_text(encoding="utf-8")
+    text = resources.files("ridgeline.agent").joinpath("data/agent.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 

@@ -20,7 +20,7 @@ def _leaves(d, prefix=""):
 
 
 def test_every_default_key_is_documented_with_its_default():
-    text = resources.files("agent").joinpath("data/agent.toml").read_text()
+    text = resources.files("ridgeline.agent").joinpath("data/agent.toml").read_text()
     lines = text.splitlines()
     for i, line in enumerate(lines):
         m = re.match(r"^([a-z_]+) = ", line)

@@ -124,6 +124,13 @@ def test_install_from_a_clean_clone_then_run_injects_the_built_library(installed
     assert m and int(m.group(1)) >= 0, r.stdout + r.stderr
 
 
+def test_installed_agent_reads_its_embedded_defaults(installed):
+    # The package data travels under the one import name (ridgeline.agent/data/agent.toml).
+    r = _ridgeline(installed, "agent", "--print-config", "--config", str(installed / "etc/ridgeline/agent.toml"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[probes]" in r.stdout and "window_s" in r.stdout
+
+
 def test_missing_library_hint_does_not_point_into_site_packages(installed):
     (lib,) = (installed / "opt/ridgeline/venv").glob(f"lib/python3*/site-packages/ridgeline/probes/native/{LIB}")
     moved = lib.with_name(LIB + ".away")
