@@ -20,6 +20,10 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       python3 python3-venv gcc make libc6-dev ca-certificates \
  && rm -rf /var/lib/apt/lists/*
+# Behind a TLS-intercepting proxy: mount its CA bundle into the build and name it here
+# (--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/proxy-ca.crt:ro --build-arg
+# PIP_CERT=/etc/ssl/proxy-ca.crt); unset otherwise. Build stage only.
+ARG PIP_CERT
 WORKDIR /src
 COPY . /src
 # --no-ebpf: bcc belongs to the runtime stage; install.sh still builds the library and checks it.
