@@ -28,7 +28,7 @@ WORKDIR /src
 COPY . /src
 # --no-ebpf: bcc belongs to the runtime stage; install.sh still builds the library and checks it.
 RUN bash scripts/install.sh --no-ebpf \
- && /opt/ridgeline/venv/bin/python -c "from ridgeline.probes.cupti.library import library_path as p; assert p().is_file(), p()" \
+ && /opt/ridgeline/venv/bin/python -I -c "from ridgeline.probes.cupti.library import library_path as p; assert p().is_file(), p()" \
  && find /opt/ridgeline/venv -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${BASE} AS runtime

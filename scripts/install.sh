@@ -79,7 +79,8 @@ fi
 "$PREFIX/venv/bin/python" -m pip check -q >/dev/null || {
     "$PREFIX/venv/bin/python" -m pip check >&2 || true
     echo "install.sh: error: the virtualenv lacks ridgeline's pinned dependencies (see above)" >&2; exit 1; }
-"$PREFIX/venv/bin/python" - <<'EOF' || { echo "install.sh: error: the installed package has no CUPTI injection library" >&2; exit 1; }
+# -I: not the source tree's ridgeline/ from the current folder, the installed package.
+"$PREFIX/venv/bin/python" -I - <<'EOF' || { echo "install.sh: error: the installed package has no CUPTI injection library" >&2; exit 1; }
 from ridgeline.probes.cupti.library import library_path
 lib = library_path()
 assert lib.is_file(), lib

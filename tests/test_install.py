@@ -49,8 +49,9 @@ def _install(src: Path, root: Path, pip_args: str | None = None, *extra: str) ->
     env.pop("RIDGELINE_CUPTI_LIB", None)
     if pip_args is not None:
         env["RIDGELINE_PIP_ARGS"] = pip_args
-    return subprocess.run(["bash", str(src / "scripts" / "install.sh"), "--root", str(root), *extra],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=str(root.parent))
+    # From the clone's top folder, as the README says (`sudo scripts/install.sh`).
+    return subprocess.run(["bash", "scripts/install.sh", "--root", str(root), *extra],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=str(src))
 
 
 @pytest.fixture(scope="module")
