@@ -41,10 +41,12 @@ RUN apt-get update \
 COPY --from=build /opt/ridgeline /opt/ridgeline
 COPY --from=build /etc/ridgeline/agent.toml /etc/ridgeline/agent.toml
 COPY scripts/link-bcc.sh deploy/container/entrypoint.sh /opt/ridgeline/bin/
+COPY deploy/kubernetes/seccomp/ridgeline-agent.json /opt/ridgeline/share/seccomp/
 RUN bash /opt/ridgeline/bin/link-bcc.sh /opt/ridgeline/venv \
  && /opt/ridgeline/venv/bin/python -c "import bcc; assert hasattr(bcc, 'BPF')" \
  && install -d -m 0755 /opt/ridgeline/lib \
  && ln -s /opt/ridgeline/venv/lib/python3*/site-packages/ridgeline/probes/native/libridgeline_cupti.so /opt/ridgeline/lib/ \
+ && chmod 0755 /etc/ridgeline && chmod 0644 /etc/ridgeline/agent.toml \
  && useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin ridgeline
 ENV PATH=/opt/ridgeline/venv/bin:$PATH
 LABEL org.opencontainers.image.title="ridgeline-agent" \

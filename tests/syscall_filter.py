@@ -79,3 +79,24 @@ def effective_filter(values: list[str], groups: dict[str, list[str]]) -> tuple[b
 
 def permitted(syscall: str, allow_list: bool, calls: set[str]) -> bool:
     return (syscall in calls) if allow_list else (syscall not in calls)
+
+
+def oci_seccomp_profile(calls: set[str]) -> dict:
+    """An OCI/containers seccomp profile allowing exactly ``calls`` (EPERM for the rest), as the
+    unit's SystemCallFilter + SystemCallErrorNumber=EPERM do; for Kubernetes' Localhost type."""
+    return {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "defaultErrnoRet": 1,
+        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+        "syscalls": [{"names": sorted(calls), "action": "SCMP_ACT_ALLOW"}],
+    }
+
+
+if __name__ == "__main__":
+    # python tests/syscall_filter.py > deploy/kubernetes/seccomp/ridgeline-agent.json
+    import json
+    from pathlib import Path
+    unit = (Path(__file__).resolve().parent.parent / "systemd" / "ridgeline.service").read_text()
+    allow, calls = effective_filter(unit_filter_lines(unit), systemd_groups())
+    assert allow
+    print(json.dumps(oci_seccomp_profile(calls), indent=1))

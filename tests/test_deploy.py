@@ -129,6 +129,72 @@ def test_servicemonitor_validates_against_the_prometheus_operator_crd():
     assert _servicemonitor_errors(bad), "the CRD schema check accepts anything"
 
 
+# ---------------------------------------------------------------- seccomp
+
+PROFILE = K8S / "seccomp" / "ridgeline-agent.json"
+AGENT_CAPS = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_RESOURCE", "CAP_SYS_PTRACE"}
+
+
+def oci_allows(profile: dict, name: str, caps: set[str]) -> bool:
+    """Whether an OCI/containers seccomp profile lets ``name`` through for a process with
+    ``caps`` (rules with ``includes.caps`` apply when every listed cap is held, rules with
+    ``excludes.caps`` when none is, as moby and containers/common build the filter)."""
+    verdict = profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    for rule in profile.get("syscalls", []):
+        names = rule.get("names") or [rule.get("name")]
+        if name not in names or rule.get("args"):
+            continue
+        inc = set((rule.get("includes") or {}).get("caps") or [])
+        exc = set((rule.get("excludes") or {}).get("caps") or [])
+        if inc - caps or exc & caps:
+            continue
+        verdict = rule["action"] == "SCMP_ACT_ALLOW"
+    return verdict
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_seccomp_profile_is_the_units_filter():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from syscall_filter import effective_filter, systemd_groups, unit_filter_lines
+    import json
+    allow, calls = effective_filter(unit_filter_lines((ROOT / "systemd/ridgeline.service").read_text()),
+                                    systemd_groups())
+    profile = json.loads(PROFILE.read_text())
+    (rule,) = profile["syscalls"]
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and rule["action"] == "SCMP_ACT_ALLOW"
+    assert set(rule["names"]) == calls, "regenerate: python tests/syscall_filter.py > " + str(PROFILE.relative_to(ROOT))
+    for name in ("bpf", "perf_event_open"):
+        assert oci_allows(profile, name, AGENT_CAPS)
+    assert not oci_allows(profile, "ptrace", AGENT_CAPS)
+
+
+def test_a_runtime_default_profile_would_deny_bpf_without_sys_admin():
+    # Why the DaemonSet does not use RuntimeDefault: the distro's containers-common profile.
+    import json
+    distro = Path("/usr/share/containers/seccomp.json")
+    if not distro.exists():
+        pytest.skip("no containers-common seccomp profile here (apt-get install golang-github-containers-common)")
+    profile = json.loads(distro.read_text())
+    assert not oci_allows(profile, "bpf", AGENT_CAPS) and not oci_allows(profile, "perf_event_open", AGENT_CAPS)
+    assert oci_allows(profile, "bpf", AGENT_CAPS | {"CAP_SYS_ADMIN"})
+
+
+def test_daemonset_runs_the_agent_under_the_profile_its_init_container_publishes():
+    spec = _by_kind()["DaemonSet"]["spec"]["template"]["spec"]
+    (agent,) = [c for c in spec["containers"] if c["name"] == "agent"]
+    sp = agent["securityContext"]["seccompProfile"]
+    assert sp["type"] == "Localhost"
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    (init,) = spec["initContainers"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    folder, file = sp["localhostProfile"].split("/")
+    assert host["node-seccomp"] == f"/var/lib/kubelet/seccomp/{folder}"
+    assert f"{mounts['node-seccomp']}/{file}" in " ".join(init["command"])
+    assert "/opt/ridgeline/share/seccomp/ridgeline-agent.json" in " ".join(init["command"])
+    assert "deploy/kubernetes/seccomp/ridgeline-agent.json /opt/ridgeline/share/seccomp/" in \
+        (ROOT / "Dockerfile").read_text()
+
+
 # ---------------------------------------------------------------- what the manifests promise
 
 def _by_kind() -> dict[str, dict]:

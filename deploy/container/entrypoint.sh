@@ -25,7 +25,7 @@ link_headers() {
         return 0                                   # already there (node headers mounted at /lib/modules)
     fi
     local build="" source=""
-    if [ -e "$HOST/lib/modules/$KREL/build" ]; then
+    if [ -L "$HOST/lib/modules/$KREL/build" ] || [ -e "$HOST/lib/modules/$KREL/build" ]; then
         build="$(on_host "$HOST/lib/modules/$KREL/build")"
         source="$(on_host "$HOST/lib/modules/$KREL/source")"
         headers_ok "$build" || build=""
@@ -46,7 +46,7 @@ link_headers() {
     ln -sfn "$source" "$KDIR/source"
 }
 
-if [ "$(id -u)" = 0 ] && [ "${1:-}" = agent ]; then
+if [ "$(id -u)" = 0 ]; then          # agent, sched, check: whatever loads BPF programs
     link_headers
 fi
 exec /opt/ridgeline/venv/bin/ridgeline "$@"
