@@ -40,6 +40,15 @@ if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     fi
 fi
 
+# strace and libseccomp's Python binding: tests/test_systemd_filter.py records the probes'
+# syscalls and runs them under the unit's SystemCallFilter. Never fatal: those tests skip.
+if { ! command -v strace >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1; } \
+        && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace python3-seccomp >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace python3-seccomp >/dev/null 2>&1; }; } \
+        || echo "ridgeline setup: could not install strace/python3-seccomp; the syscall filter tests will skip" >&2
+fi
+
 # 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
 stamp="$VENV/.ridgeline-installed"
 if [ ! -x "$VENV/bin/python" ]; then
