@@ -63,11 +63,11 @@ def installed(clean_clone, tmp_path_factory) -> Path:
     return root
 
 
-def _ridgeline(root: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+def _ridgeline(root: Path, *args: str, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RIDGELINE_CUPTI_LIB", "CUDA_INJECTION64_PATH")}
     env.update(kw.pop("env", {}))
     return subprocess.run([str(root / "opt/ridgeline/venv/bin/ridgeline"), *args], capture_output=True,
-                          text=True, timeout=120, env=env, **kw)
+                          text=True, timeout=timeout_s, env=env, **kw)
 
 
 def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clean_clone, tmp_path):
@@ -130,6 +130,16 @@ def test_installed_agent_reads_its_embedded_defaults(installed):
     r = _ridgeline(installed, "agent", "--print-config", "--config", str(installed / "etc/ridgeline/agent.toml"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[probes]" in r.stdout and "window_s" in r.stdout
+
+
+def test_installed_demo_runs_the_whole_pipeline(installed, tmp_path):
+    # Subprocesses by the one import name (`python -m ridgeline`), package data (kernel
+    # signatures, ceilings, engine kernels) read from the installed package.
+    out = tmp_path / "demo"
+    r = _ridgeline(installed, "demo", "--duration", "6", "-o", str(out), cwd=str(tmp_path), timeout_s=400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:] + "".join(
+        f"\n--- {p.name}\n{p.read_text()[-1500:]}" for p in out.glob("*.log"))
+    assert (out / "report.txt").stat().st_size > 0 and (out / "stream.rlrec").stat().st_size > 0
 
 
 def test_missing_library_hint_does_not_point_into_site_packages(installed):

@@ -46,7 +46,7 @@ def free_port() -> int:
 
 
 def _ridgeline(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent", *args]
+    return [sys.executable, "-m", "ridgeline", *args]
 
 
 def _wait_line(proc: subprocess.Popen, needle: str, timeout_s: float) -> str:
