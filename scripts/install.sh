@@ -36,6 +36,12 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+case " ${RIDGELINE_PIP_ARGS:-} " in
+    *" --no-deps "*|*" --no-build-isolation "*)
+        echo "install.sh: error: RIDGELINE_PIP_ARGS must not hold --no-deps (the agent needs its pinned dependencies) or --no-build-isolation (the build needs its pinned setuptools and CUPTI headers)" >&2
+        exit 2 ;;
+esac
+
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 R=${ROOT%/}
 PREFIX="$R/opt/ridgeline"

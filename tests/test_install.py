@@ -195,9 +195,20 @@ def test_help_does_not_recommend_pip_arguments_that_break_the_install(clean_clon
     for opt in re.findall(r"^#\s+(--[a-z-]+)(?= )", r.stdout, re.M):
         assert opt in ("--root", "--uninstall", "--python", "--no-ebpf"), opt
     assert 'tests use "--no-deps' not in r.stdout
-    # What the old help recommended really fails, and says so (the agent could not run).
-    r = _install(clean_clone, tmp_path / "root", "--no-deps --no-build-isolation")
-    assert r.returncode != 0
+    # What the old help recommended is refused up front, with the reason.
+    for args in ("--no-deps --no-build-isolation", "--no-deps", "--no-build-isolation"):
+        r = _install(clean_clone, tmp_path / "root", args)
+        assert r.returncode == 2 and "must not hold" in r.stderr, r.stderr[-2000:]
+        assert not (tmp_path / "root").exists()
+
+
+def test_an_install_without_the_dependencies_is_caught(clean_clone, tmp_path):
+    # pip's own --no-deps via PIP_NO_DEPENDENCIES gets past the argument check: pip check stops it.
+    env = dict(os.environ, PIP_NO_DEPENDENCIES="1")
+    env.pop("RIDGELINE_PIP_ARGS", None)
+    r = subprocess.run(["bash", "scripts/install.sh", "--root", str(tmp_path / "root")], capture_output=True,
+                       text=True, timeout=900, env=env, cwd=str(clean_clone))
+    assert r.returncode == 1 and "lacks ridgeline's pinned dependencies" in r.stderr, r.stderr[-2000:]
 
 
 def test_install_refuses_unknown_option():
