@@ -54,7 +54,7 @@ def run(speed: float, seconds: float, sched: bool) -> dict:
     probes = '["sched", "replay"]' if sched else '["replay"]'
     cfg.write_text(f'[publisher]\nendpoint = "tcp://127.0.0.1:{port}"\n[prometheus]\nlisten = "127.0.0.1:{free_port()}"\n'
                    f'[probes]\nenabled = {probes}\npids = [{os.getpid()}]\n[probes.replay]\npath = "{TRACE}"\nspeed = {speed}\n')
-    p = subprocess.Popen([sys.executable, "-m", "agent", "agent", "--config", str(cfg)],
+    p = subprocess.Popen([sys.executable, "-m", "ridgeline", "agent", "--config", str(cfg)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sub = Subscriber(f"tcp://127.0.0.1:{port}", topics=("window",))
     lat, kernels, drops = [], 0, 0

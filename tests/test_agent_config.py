@@ -76,7 +76,7 @@ def test_missing_explicit_config_is_an_error(tmp_path):
 def test_cli_config_error_exits_2_with_one_line(tmp_path):
     p = tmp_path / "bad.toml"
     p.write_text('[agent]\nbogus = 1\n')
-    r = subprocess.run([sys.executable, "-m", "agent", "agent", "--config", str(p)],
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "agent", "--config", str(p)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"ridgeline: error: {p}: unknown key 'agent.bogus'"]
@@ -85,14 +85,14 @@ def test_cli_config_error_exits_2_with_one_line(tmp_path):
 def test_cli_print_config_merges_file(tmp_path):
     p = tmp_path / "a.toml"
     p.write_text('[publisher]\nendpoint = "ipc:///tmp/x.sock"\n')
-    r = subprocess.run([sys.executable, "-m", "agent", "agent", "--config", str(p), "--print-config"],
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "agent", "--config", str(p), "--print-config"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert tomllib.loads(r.stdout)["publisher"]["endpoint"] == "ipc:///tmp/x.sock"
 
 
 def test_cli_refuses_clear_text_non_loopback_bind():
-    r = subprocess.run([sys.executable, "-m", "agent", "agent", "--endpoint", "tcp://0.0.0.0:7499",
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "agent", "--endpoint", "tcp://0.0.0.0:7499",
                         "--probes", "", "--no-prometheus", "--run-for", "1"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

@@ -8,7 +8,7 @@ from ridgeline.agent.recording import is_recording, load_recording
 
 def test_demo_leaves_report_plot_perfetto_recording_and_metrics(tmp_path):
     out = tmp_path / "demo-out"
-    r = subprocess.run([sys.executable, "-m", "agent", "demo", "-o", str(out), "--duration", "6"],
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "demo", "-o", str(out), "--duration", "6"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # top ran without a terminal: it printed frames of simulated data.

@@ -50,7 +50,7 @@ speed = {speed}
 
 
 def start_agent(cfg, env=None, log=None):
-    return subprocess.Popen([sys.executable, "-m", "agent", "agent", "--config", str(cfg)],
+    return subprocess.Popen([sys.executable, "-m", "ridgeline", "agent", "--config", str(cfg)],
                             stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             env=dict(os.environ, **(env or {})))
 
@@ -93,7 +93,7 @@ def test_sd_notify_ready_watchdog_status_stopping_and_tail(tmp_path, trace_path)
     try:
         while not any("READY=1" in m for m in seen):
             seen.append(srv.recv(4096).decode())
-        tail = subprocess.run([sys.executable, "-m", "agent", "tail", "--endpoint", ep, "--json", "--count", "6",
+        tail = subprocess.run([sys.executable, "-m", "ridgeline", "tail", "--endpoint", ep, "--json", "--count", "6",
                                "--timeout", "20"], capture_output=True, text=True, timeout=60)
         assert tail.returncode == 0, tail.stderr
         recs = [json.loads(line) for line in tail.stdout.splitlines()]
@@ -146,7 +146,7 @@ def test_sigkill_and_restart_shows_restart_and_no_crash(tmp_path, trace_path):
 def test_tail_reports_gaps_and_restarts_to_stderr(tmp_path, trace_path):
     cfg, ep = write_config(tmp_path, trace_path(SMALL), speed=2.0)
     a = start_agent(cfg)
-    tail = subprocess.Popen([sys.executable, "-m", "agent", "tail", "--endpoint", ep, "--topic", "window",
+    tail = subprocess.Popen([sys.executable, "-m", "ridgeline", "tail", "--endpoint", ep, "--topic", "window",
                              "--count", "6", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -283,12 +283,12 @@ def test_top_once_and_a_recording_that_loads_back(tmp_path, trace_path):
     cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
     a = start_agent(cfg)
     try:
-        top = subprocess.run([sys.executable, "-m", "agent", "top", "--once", "--endpoint", ep, "--timeout", "30"],
+        top = subprocess.run([sys.executable, "-m", "ridgeline", "top", "--once", "--endpoint", ep, "--timeout", "30"],
                              capture_output=True, text=True, timeout=90)
         assert top.returncode == 0, top.stderr
         assert "REPLAY DATA" in top.stdout and "GPU 0" in top.stdout and "agent:" in top.stdout
         out = tmp_path / "s.rlrec"
-        rec = subprocess.run([sys.executable, "-m", "agent", "record", "-o", str(out), "--endpoint", ep,
+        rec = subprocess.run([sys.executable, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep,
                               "--duration", "3"], capture_output=True, text=True, timeout=90)
         assert rec.returncode == 0 and "messages" in rec.stderr
     finally:
@@ -304,7 +304,7 @@ def test_top_once_and_a_recording_that_loads_back(tmp_path, trace_path):
 def test_record_top_tail_without_agent_fail_cleanly(tmp_path):
     ep = f"tcp://127.0.0.1:{free_port()}"
     for args in (["tail", "--timeout", "1"], ["top", "--once", "--timeout", "1"]):
-        r = subprocess.run([sys.executable, "-m", "agent", *args, "--endpoint", ep], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "ridgeline", *args, "--endpoint", ep], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 

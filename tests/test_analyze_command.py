@@ -113,7 +113,7 @@ def test_error_cases_exit_2_one_line(trace_path, capsys, tmp_path):
 def test_error_without_traceback_in_a_real_process(tmp_path):
     bad = tmp_path / "trace.json.gz"
     bad.write_bytes(b"\x1f\x8b\x08truncated")
-    r = subprocess.run([sys.executable, "-m", "agent", "analyze", str(bad)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "analyze", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and r.stderr.startswith("ridgeline: error: ")

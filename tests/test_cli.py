@@ -10,6 +10,6 @@ def test_help_lists_commands(capsys):
 
 
 def test_unknown_command_is_a_usage_error():
-    r = subprocess.run([sys.executable, "-m", "agent", "no-such-command"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "no-such-command"], capture_output=True, text=True)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
