@@ -45,7 +45,7 @@ def test_unit_has_the_required_settings():
 def test_tmpfiles_entry_is_restrictive():
     line = [ln for ln in (ROOT / "systemd" / "ridgeline.conf").read_text().splitlines()
             if ln and not ln.startswith("#")]
-    assert line == ["d      /run/ridgeline  0750 root root  -"]
+    assert line == ["d      /run/ridgeline  0751 root root  -"]
 
 
 def _size_bytes(v: str) -> int:

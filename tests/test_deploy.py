@@ -226,6 +226,15 @@ def test_daemonset_has_hostpid_exact_capabilities_and_kernel_mounts():
     assert agent["resources"]["limits"] == {"cpu": "1", "memory": "512Mi"}
 
 
+def test_daemonset_names_the_host_as_dcgm_exporter_does():
+    """The Hostname label joins dcgm-exporter's only if both take the node's name
+    (spec.nodeName through NODE_NAME), not the pod's host name."""
+    spec = _by_kind()["DaemonSet"]["spec"]["template"]["spec"]
+    (agent,) = [c for c in spec["containers"] if c["name"] == "agent"]
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
 def test_served_pod_gets_the_variables_ridgeline_run_sets_and_the_node_library():
     from ridgeline.probes.cupti.library import injection_env
     kinds = _by_kind()
