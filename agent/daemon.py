@@ -10,10 +10,18 @@ Contract of :class:`Agent`:
   loop goes on), routes the data (events into the window, sched/device/engine into the
   window and onto their topics), and every ``window_s`` closes the window and publishes
   ``window`` and ``health``. Missed deadlines are skipped, not queued. ``WATCHDOG=1`` is
-  sent at half of ``WATCHDOG_USEC``.
-* SIGHUP (:meth:`request_reload`) re-reads the config file; a bad file is logged and the
-  running configuration stays. Window length, log level, events publishing, the probe
-  set and the publisher endpoint are applied; sequence numbers continue.
+  sent at half of ``WATCHDOG_USEC``, and only while windows are really published (the
+  last one within two window lengths): a loop that fails at every window, or has lost
+  its publisher, stops feeding the watchdog and systemd restarts it. A failing loop logs
+  the first traceback of each kind of error and then one line a minute with a count.
+* SIGHUP (:meth:`request_reload`) re-reads the config file and lays the command-line
+  overrides (``overrides``) on it again. The whole new configuration is validated
+  before anything is touched; if any value is wrong, or the new /metrics address or
+  publisher endpoint cannot be bound, the running configuration stays as it was (and
+  keeps publishing). Window length, log level, analysis, events publishing, the probe
+  set, /metrics and the publisher endpoint are applied; sequence numbers continue.
+* Text that came from peers (served processes' status lines, probe error messages) is
+  escaped before it is logged (:mod:`agent.untrusted_text`).
 * On stop, the open window is closed and published (flush), then ``STOPPING=1``, probes
   are stopped, and sockets closed.
 """
@@ -35,10 +43,14 @@ from . import registry
 from .health import HealthMeter
 from .publisher import Publisher
 from .sdnotify import Notifier
+from .untrusted_text import for_log
 
 log = logging.getLogger("ridgeline.agent")
 
 POLL_S = 0.05
+#: A loop error is logged with its traceback once per kind; repeats are summed and
+#: logged at most this often.
+ERROR_LOG_EVERY_S = 60.0
 
 
 def _as_trace(data) -> Trace | None:
@@ -51,9 +63,13 @@ def _as_trace(data) -> Trace | None:
 
 class Agent:
     def __init__(self, cfg: dict, config_path: str | None = None, notifier: Notifier | None = None,
-                 probes: list[registry.Running] | None = None, publisher_factory=Publisher, codec=None):
+                 probes: list[registry.Running] | None = None, publisher_factory=Publisher, codec=None,
+                 overrides: dict | None = None):
         self.cfg = cfg
         self.config_path = config_path
+        # Command-line settings laid over the file again at every reload (`--probes` must
+        # not come back as every probe after SIGHUP).
+        self.overrides = overrides or {}
         self.notifier = notifier or Notifier()
         self._given_probes = probes
         self._publisher_factory = publisher_factory
@@ -68,7 +84,11 @@ class Agent:
         self._stop = False
         self._reload = False
         self.reloads = 0
+        self.reloads_refused = 0
         self.loop_errors = 0
+        self._error_log: dict[tuple, list] = {}       # (type, text) -> [repeats since logged, next log time]
+        self.last_published_mono = time.monotonic()   # last window the publisher really took
+        self.watchdog_skipped = 0
         # As dcgm-exporter names the host (NODE_NAME, set from spec.nodeName in Kubernetes,
         # else the host name), so the Hostname label joins its series: in a pod the host
         # name is the pod's, not the node's.
@@ -103,7 +123,8 @@ class Agent:
         return self._publisher_factory(p["endpoint"], host=self.host, sndhwm=p["sndhwm"],
                                        encode=self.codec.encode_envelope,
                                        curve_secret_key_file=p["curve_secret_key_file"],
-                                       curve_allowed_clients_dir=p["curve_allowed_clients_dir"])
+                                       curve_allowed_clients_dir=p["curve_allowed_clients_dir"],
+                                       ipc_group=p["ipc_group"])
 
     def start(self) -> None:
         if self.codec is None:
@@ -114,7 +135,9 @@ class Agent:
         if self.cfg["prometheus"]["enabled"]:
             from .prometheus import MetricsServer
             try:
-                self.prometheus = MetricsServer(self, self.cfg["prometheus"]["listen"])
+                pr = self.cfg["prometheus"]
+                self.prometheus = MetricsServer(self, pr["listen"], max_connections=pr["max_connections"],
+                                                timeout_s=pr["timeout_s"])
             except OSError as exc:
                 self.publisher.close()
                 raise InputError(f"cannot serve Prometheus on {self.cfg['prometheus']['listen']}: {exc.strerror or exc}") from None
@@ -122,6 +145,7 @@ class Agent:
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
         names = ", ".join(r.step.name for r in self.running) or "none"
         log.info("agent ready: publishing on %s; probes: %s", self.cfg["publisher"]["endpoint"], names)
+        self.last_published_mono = time.monotonic()
         self.notifier.ready(f"publishing on {self.cfg['publisher']['endpoint']}; probes: {names}")
 
     def _poll_once(self, window_end: bool = False) -> None:
@@ -133,7 +157,8 @@ class Agent:
             except Exception as exc:
                 r.poll_errors += 1
                 if r.poll_errors == 1 or r.last_error != str(exc):
-                    log.warning("probe %s: poll() raised %s: %s (counted; continuing)", r.step.name, type(exc).__name__, exc)
+                    log.warning("probe %s: poll() raised %s: %s (counted; continuing)", r.step.name,
+                                type(exc).__name__, for_log(exc))
                 r.last_error = str(exc)
                 continue
             if data is None or (isinstance(data, dict) and not data):
@@ -142,7 +167,8 @@ class Agent:
                 self._route(r, data)
             except Exception as exc:
                 r.poll_errors += 1
-                log.warning("probe %s: data could not be used: %s: %s", r.step.name, type(exc).__name__, exc)
+                log.warning("probe %s: data could not be used: %s: %s", r.step.name, type(exc).__name__,
+                            for_log(exc))
 
     def _route(self, r: registry.Running, data) -> None:
         topic = r.step.topic
@@ -177,14 +203,15 @@ class Agent:
         scheduling probes; ended ones stop being; status lines are logged once."""
         for item in data.get("new_pids") or []:
             pid = item[0] if isinstance(item, (list, tuple)) else item
-            log.info("probe %s: served process %s appeared", r.step.name, item)
+            log.info("probe %s: served process %s appeared", r.step.name, for_log(item))
             for other in self.running:
                 add = getattr(other.probe, "add_target", None)
                 if other.step.topic == "sched" and add is not None:
                     try:
                         add(int(pid))
                     except Exception as exc:
-                        log.warning("probe %s: cannot watch pid %s: %s", other.step.name, pid, exc)
+                        log.warning("probe %s: cannot watch pid %s: %s", other.step.name, for_log(pid),
+                                    for_log(exc))
         for pid in data.get("closed_pids") or []:
             for other in self.running:
                 rm = getattr(other.probe, "remove_target", None)
@@ -194,7 +221,7 @@ class Agent:
                     except Exception:
                         pass
         for pid, text in (data.get("status") or {}).items():
-            log.warning("probe %s: process %s: %s", r.step.name, pid, text)
+            log.warning("probe %s: process %s: %s", r.step.name, for_log(pid), for_log(text))
 
     def _add_plain(self, topic: str, data: dict, source: str) -> None:
         payload = plain(data) if topic != "engine" else None
@@ -222,77 +249,150 @@ class Agent:
         return out
 
     def close_window(self, start_ns: int, end_ns: int) -> dict:
-        pub = self.publisher.counters() if self.publisher else {}
+        if self.publisher is None:
+            raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
+        pub = self.publisher.counters()
         agent = self.health.sample(self.probe_counters(), self.records_total,
                                    extra={"publisher_drops": sum(pub.get("drops", {}).values()),
                                           "window_drops": self.builder.drops,
                                           "window_fold_errors": self.builder.fold_errors,
+                                          "publisher_errors": pub.get("errors", 0),
                                           "publisher_stalls": pub.get("stalls", 0),
                                           "publisher_lossy_sent": pub.get("lossy_sent", 0),
                                           "publisher_drops_by_topic": pub.get("drops", {}),
                                           "publisher_bytes_sent": pub.get("bytes_sent", 0),
                                           "subscriptions": pub.get("subscriptions", 0),
                                           "bad_frames": pub.get("bad_frames", 0),
-                                          "reloads": self.reloads, "loop_errors": self.loop_errors})
+                                          "metrics_server": self.prometheus.counters() if self.prometheus else {},
+                                          "reloads": self.reloads, "reloads_refused": self.reloads_refused,
+                                          "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped})
         window = self.builder.close(start_ns, end_ns, agent)
         self.latest_window = window
         if self.prometheus is not None:
             self.prometheus.observe(window)
+        errors_before = self.publisher.errors
         self.publisher.publish("window", self.codec.encode_window(window))
         if window.get("engine"):
             self.publisher.publish("engine", window["engine"])
         self.publisher.publish("health", agent)
         self.windows_published += 1
+        if self.publisher.errors == errors_before:
+            # Taken by the socket (a slow subscriber's drop still counts as published:
+            # the agent works; the loss is counted and shows as a gap).
+            self.last_published_mono = time.monotonic()
         return window
 
+    def load_config(self) -> dict:
+        """The configuration file (or the defaults) with the command-line overrides on top,
+        fully validated; raises :class:`InputError`."""
+        new = config_mod.load(self.config_path, missing_ok=self.config_path is None)
+        if self.overrides:
+            new = config_mod.overlay(new, self.overrides, "command line")
+        return new
+
+    @staticmethod
+    def _socket_settings(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k != "publish_events"}
+
+    def _refuse_reload(self, why: str) -> None:
+        self.reloads_refused += 1
+        log.error("reload refused, keeping the running configuration: %s", why)
+        self.notifier.status(f"reload refused: {why}")
+        self.notifier.ready()
+
     def reload(self) -> None:
+        """Apply the configuration file again (SIGHUP): all or nothing."""
         self._reload = False
         self.notifier.reloading()
         try:
-            new = config_mod.load(self.config_path, missing_ok=self.config_path is None)
+            new = self.load_config()
+            if self._socket_settings(new["publisher"]) != self._socket_settings(self.cfg["publisher"]):
+                from .publisher import check_settings
+                check_settings(new["publisher"])
         except InputError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            self.notifier.status(f"reload refused: {exc}")
-            self.notifier.ready()
+            self._refuse_reload(str(exc))
             return
         old = self.cfg
+        # Sockets first, each able to fail and leave the old one in place; the cheap
+        # settings are applied only once both are settled.
+        new_prom = self.prometheus
+        if new["prometheus"] != old["prometheus"]:
+            try:
+                new_prom = self._swap_prometheus(old["prometheus"], new["prometheus"])
+            except OSError as exc:
+                self._refuse_reload(f"cannot serve Prometheus on {new['prometheus']['listen']}: "
+                                    f"{exc.strerror or exc}")
+                return
+        if self._socket_settings(new["publisher"]) != self._socket_settings(old["publisher"]):
+            try:
+                self._swap_publisher(new["publisher"])
+            except InputError as exc:
+                if new_prom is not self.prometheus and new_prom is not None:
+                    new_prom.close()     # undo the /metrics change too: all or nothing
+                self._refuse_reload(str(exc))
+                return
+        if new_prom is not self.prometheus:
+            if self.prometheus is not None:
+                self.prometheus.close()
+                if new_prom is not None:
+                    new_prom.collector = self.prometheus.collector   # counters go on
+                    new_prom.registry = self.prometheus.registry
+            self.prometheus = new_prom
         self.cfg = new
         self.reloads += 1
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
         self._apply_analysis(new)
-        if new["publisher"] != old["publisher"]:
-            # The old socket must let go of its endpoint before a new one can bind it.
-            seq = dict(self.publisher.seq)
-            self.publisher.close()
-            try:
-                self.publisher = self._make_publisher(new["publisher"])
-            except InputError as exc:
-                log.error("reload: new publisher settings refused, keeping the old ones: %s", exc)
-                self.cfg["publisher"] = old["publisher"]
-                self.publisher = self._make_publisher(old["publisher"])
-            self.publisher.seq = seq
-        if new["prometheus"] != old["prometheus"]:
-            if self.prometheus is not None:
-                self.prometheus.close()
-                self.prometheus = None
-            if new["prometheus"]["enabled"]:
-                from .prometheus import MetricsServer
-                try:
-                    self.prometheus = MetricsServer(self, new["prometheus"]["listen"])
-                except OSError as exc:
-                    log.error("reload: cannot serve Prometheus on %s: %s", new["prometheus"]["listen"], exc)
         if self._given_probes is None and (new["probes"] != old["probes"]):
             keep = [r for r in self.running if r.step.name in new["probes"]["enabled"]
-                    and new["probes"].get(r.step.name) == old["probes"].get(r.step.name)]
+                    and new["probes"].get(r.step.name) == old["probes"].get(r.step.name)
+                    and new["probes"]["pids"] == old["probes"]["pids"]]
             gone = [r for r in self.running if r not in keep]
+            counters = self.probe_counters()
             for r in gone:
-                self.probe_counters_removed[r.step.name] = self.probe_counters()[r.step.name]
+                self.probe_counters_removed[r.step.name] = counters[r.step.name]
             registry.stop_all(gone, log)
             have = {r.step.name for r in keep}
             added = registry.start_all(new, log, [n for n in new["probes"]["enabled"] if n not in have])
             self.running = keep + added
         log.info("configuration reloaded")
         self.notifier.ready(f"reloaded; probes: {', '.join(r.step.name for r in self.running) or 'none'}")
+
+    def _swap_prometheus(self, old: dict, new: dict):
+        """The /metrics server for ``new`` (the running one when only its limits change);
+        raises OSError, leaving the running server untouched, when ``new`` cannot be bound."""
+        from .prometheus import MetricsServer
+        if not new["enabled"]:
+            return None
+        if self.prometheus is not None and old["listen"] == new["listen"]:
+            self.prometheus.configure(max_connections=new["max_connections"], timeout_s=new["timeout_s"])
+            return self.prometheus
+        return MetricsServer(self, new["listen"], max_connections=new["max_connections"],
+                             timeout_s=new["timeout_s"])
+
+    def _swap_publisher(self, p: dict) -> None:
+        """Rebind the stream with ``p``; when that fails, rebind the running settings and
+        raise InputError. Sequence numbers go on either way."""
+        old_pub = self.publisher
+        seq = dict(old_pub.seq) if old_pub is not None else None
+        if old_pub is not None:
+            # The old socket must let go of its endpoint before a new one can bind it.
+            old_pub.close()
+        try:
+            self.publisher = self._make_publisher(p)
+        except InputError as exc:
+            try:
+                self.publisher = self._make_publisher(self.cfg["publisher"])
+            except InputError as exc2:
+                # Neither binds (someone took the endpoint meanwhile): publish nothing,
+                # retry every window, and let the watchdog see it.
+                self.publisher = None
+                log.error("reload: the running publisher could not be bound again either: %s", exc2)
+            else:
+                if seq is not None:
+                    self.publisher.seq = seq
+            raise exc
+        if seq is not None:
+            self.publisher.seq = seq
 
     def run(self) -> int:
         window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
@@ -311,7 +411,8 @@ class Agent:
                     self.reload()
                     window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
                 self._poll_once()
-                self.publisher.service()
+                if self.publisher is not None:
+                    self.publisher.service()
                 mono = time.monotonic_ns()
                 if mono >= win_deadline:
                     # Skip deadlines already missed (a stalled host) rather than bursting.
@@ -319,23 +420,58 @@ class Agent:
                     win_deadline += (missed + 1) * window_ns
                     self._poll_once(window_end=True)
                     end_wall = time.time_ns()
+                    if self.publisher is None:
+                        self._rebind_publisher()
                     w = self.close_window(win_start_wall, end_wall)
                     win_start_wall = end_wall
                     self.notifier.status(_status_line(w))
             except Exception as exc:
                 # A bug met by odd data must cost one window, not the agent.
                 self.loop_errors += 1
-                log.exception("agent loop: %s: %s (counted; continuing)", type(exc).__name__, exc)
+                self._log_loop_error(exc)
                 self.builder = WindowBuilder(host=self.host, model=self.builder.model, gpu=self.builder.gpu,
                                              drops=self.builder.drops, _trackers=self.builder._trackers,
                                              fold_errors=self.builder.fold_errors)
             if wd is not None and time.monotonic() >= next_wd:
-                self.notifier.watchdog()
+                if self.publishing_healthy():
+                    self.notifier.watchdog()
+                else:
+                    self.watchdog_skipped += 1
                 next_wd = time.monotonic() + wd
             sleep_s = min(POLL_S, max(0.0, (win_deadline - time.monotonic_ns()) / 1e9))
             if sleep_s > 0:
                 time.sleep(sleep_s)
         return 0
+
+    def publishing_healthy(self, now: float | None = None) -> bool:
+        """True while windows are really published: the last one within two window
+        lengths (plus a second of slack for a slow close)."""
+        now = time.monotonic() if now is None else now
+        return now - self.last_published_mono <= 2 * self.cfg["agent"]["window_s"] + 1.0
+
+    def _rebind_publisher(self) -> None:
+        try:
+            self.publisher = self._make_publisher(self.cfg["publisher"])
+        except InputError as exc:
+            raise RuntimeError(f"stream still unbound: {exc}") from None
+        log.warning("publisher bound again on %s (sequence numbers restart at 0)", self.cfg["publisher"]["endpoint"])
+
+    def _log_loop_error(self, exc: Exception) -> None:
+        """First occurrence of each error with its traceback; repeats summed, one line a minute."""
+        key = (type(exc).__name__, str(exc)[:200])
+        now = time.monotonic()
+        ent = self._error_log.get(key)
+        if ent is None:
+            if len(self._error_log) > 100:
+                self._error_log.clear()
+            self._error_log[key] = [0, now + ERROR_LOG_EVERY_S]
+            log.exception("agent loop: %s: %s (counted; continuing)", type(exc).__name__, for_log(exc))
+            return
+        ent[0] += 1
+        if now >= ent[1]:
+            log.error("agent loop: %s: %s, %d more time(s) in the last %.0f s (counted; continuing)",
+                      type(exc).__name__, for_log(exc), ent[0], ERROR_LOG_EVERY_S)
+            ent[0], ent[1] = 0, now + ERROR_LOG_EVERY_S
 
     def shutdown(self) -> None:
         """Flush the open window, say STOPPING, stop probes, close sockets."""
@@ -368,7 +504,8 @@ def _status_line(w: dict) -> str:
     kern = sum(g.get("kernels", 0) for g in w.get("gpus", []))
     return (f"window: {kern} kernels on {len(w.get('gpus', []))} GPU/process pairs; "
             f"agent {a.get('cpu_pct', 0):.1f}% CPU, {a.get('rss_bytes', 0) / 2**20:.0f} MiB, "
-            f"drops {a.get('drops', 0) + a.get('publisher_drops', 0)}")
+            f"dropped {a.get('dropped_records', 0)} records, {a.get('dropped_batches', 0)} batches, "
+            f"{a.get('publisher_drops', 0)} stream messages")
 
 
 def configure_logging(level: str) -> None:
@@ -381,10 +518,12 @@ def configure_logging(level: str) -> None:
     root.propagate = False
 
 
-def run_agent(cfg: dict, config_path: str | None, install_signals: bool = True) -> int:
-    """Start, loop, shut down (the body of ``ridgeline agent``)."""
+def run_agent(cfg: dict, config_path: str | None, install_signals: bool = True,
+              overrides: dict | None = None) -> int:
+    """Start, loop, shut down (the body of ``ridgeline agent``); ``overrides`` are the
+    command-line settings, kept across reloads."""
     configure_logging(cfg["agent"]["log_level"])
-    agent = Agent(cfg, config_path)
+    agent = Agent(cfg, config_path, overrides=overrides)
     if install_signals:
         agent.install_signal_handlers()
     agent.start()

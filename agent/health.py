@@ -3,8 +3,11 @@
 Contract: :class:`HealthMeter` is sampled once per window (:meth:`sample`) and returns a
 plain dict with ``cpu_pct`` (percent of one core since the previous sample, user+system),
 ``rss_bytes``, ``peak_rss_bytes``, ``records_per_s``, and the per-probe counters it was
-given (``probes: {name: {records, drops, errors, ...}}``) plus the totals ``drops`` and
-``errors``. Reading /proc is the only I/O here (thin, Linux-only; elsewhere RSS is the
+given (``probes: {name: {records, drops, errors, ...}}``) plus the totals
+``dropped_records`` (records lost: the sum of the probes' ``drops``, which count records),
+``dropped_batches`` (whole batches, scrapes or messages lost before they were read, so
+their record count is unknown: the sum of the probes' ``dropped_batches``) and
+``errors``. The two drop figures are never added together: they count different things. Reading /proc is the only I/O here (thin, Linux-only; elsewhere RSS is the
 peak from ``resource``).
 """
 from __future__ import annotations
@@ -54,7 +57,8 @@ class HealthMeter:
             "records_total": records_total,
             "uptime_s": (now - self.started_ns) / 1e9,
             "probes": probe_counters,
-            "drops": sum(int(v.get("drops", 0) or 0) for v in probe_counters.values()),
+            "dropped_records": sum(int(v.get("drops", 0) or 0) for v in probe_counters.values()),
+            "dropped_batches": sum(int(v.get("dropped_batches", 0) or 0) for v in probe_counters.values()),
             "errors": sum(int(v.get("errors", 0) or 0) for v in probe_counters.values()),
         }
         bpf = [v["bpf_run_time_ns"] for v in probe_counters.values() if isinstance(v.get("bpf_run_time_ns"), (int, float))]

@@ -30,16 +30,22 @@ families that pass ``promtool check metrics``:
   Other families are capped at :data:`MAX_SERIES_PER_FAMILY` label sets.
 * ``ridgeline_build_info`` and the client library's process / platform / GC collectors.
 
-:class:`MetricsServer` serves them over HTTP in a daemon thread; a scrape never touches
-the probes.
+:class:`MetricsServer` serves them over HTTP from one thread, with a deadline per
+connection and a bounded number of connections; a scrape never touches the probes.
 """
 from __future__ import annotations
 
+import collections
+import gzip
 import math
 import platform
+import selectors
+import socket
 import threading
+import time
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     InfoMetricFamily)
 from prometheus_client.gc_collector import GCCollector
@@ -479,6 +485,28 @@ class WindowCollector:
         for t, n in (a.get("publisher_drops_by_topic") or {}).items():
             pd.add_metric([host, t], float(n))
         yield pd
+        # Engine scrapes that failed, by kind (timeout, too_large, connect, http_status, ...).
+        sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures", "Engine /metrics scrapes that failed, by kind",
+                                 labels=["Hostname", "kind"])
+        for kind, n in sorted(((a.get("probes") or {}).get("engine") or {}).get("scrape_failures", {}).items()):
+            if _num(n) is not None:
+                sf.add_metric([host, str(kind)], float(n))
+        yield sf
+        # This endpoint's own defence: slow clients cut, connections evicted or refused.
+        ms = CounterMetricFamily("ridgeline_agent_metrics_server_events",
+                                 "Connection events of the agent's /metrics server (timeouts, evictions, ...)",
+                                 labels=["Hostname", "event"])
+        for ev, n in sorted((a.get("metrics_server") or {}).items()):
+            if ev != "open_connections" and _num(n) is not None:
+                ms.add_metric([host, str(ev)], float(n))
+        yield ms
+        for key, name, doc in (("dropped_records", "ridgeline_agent_dropped_records", "Records the probes lost"),
+                               ("dropped_batches", "ridgeline_agent_dropped_batches",
+                                "Batches or scrapes the probes lost whole (their record count is unknown)")):
+            if _num(a.get(key)) is not None:
+                fam = CounterMetricFamily(name, doc, labels=["Hostname"])
+                fam.add_metric([host], float(a[key]))
+                yield fam
         if _num(a.get("bpf_run_time_ns")) is not None:
             fam = CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "Time the agent's BPF programs ran in the kernel",
                                       labels=["Hostname"])
@@ -497,18 +525,237 @@ def registry_for(collector: WindowCollector) -> CollectorRegistry:
 
 
 class MetricsServer:
-    """Serve a :class:`WindowCollector` on ``listen`` (HOST:PORT); :meth:`observe` feeds it."""
+    """Serve a :class:`WindowCollector` on ``listen`` (HOST:PORT); :meth:`observe` feeds it.
 
-    def __init__(self, agent, listen: str):
+    One thread serves every connection through a selector, so no number of clients can
+    make the agent start threads (the unit's ``TasksMax``). Each connection has
+    ``timeout_s`` in all to send its request (at most 8 KiB of head) and take the answer;
+    then it is closed. At most ``max_connections`` are open: a new one past the limit
+    closes the oldest connection still sending its request (a slow or idle client), or
+    is closed itself when all are being answered. One request per connection
+    (``Connection: close``); ``GET``/``HEAD`` of ``/metrics`` or ``/``, text or
+    OpenMetrics by ``Accept``, gzip by ``Accept-Encoding``. What happened is counted in
+    :attr:`stats` (``requests``, ``timeouts``, ``evicted``, ``refused``, ``bad_requests``,
+    ``not_found``, ``errors``); the descriptors it uses are ``max_connections`` + 3.
+    """
+
+    MAX_HEAD_BYTES = 8192
+
+    def __init__(self, agent, listen: str, max_connections: int = 16, timeout_s: float = 5.0):
         host, _, port = listen.rpartition(":")
+        host = host.strip("[]")
         self.collector = WindowCollector(host=str(getattr(agent, "host", "") or ""))
         self.registry = registry_for(self.collector)
-        self.server, self.thread = start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
-        self.port = self.server.server_port
+        self.max_connections = int(max_connections)
+        self.timeout_s = float(timeout_s)
+        self.stats = collections.Counter()
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        ls = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind((host, int(port)))
+            ls.listen(64)
+            ls.setblocking(False)
+        except BaseException:
+            ls.close()
+            raise
+        self._listener = ls
+        self.port = ls.getsockname()[1]
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(ls, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._conns: dict[socket.socket, _HttpConn] = {}     # in accept order
+        self._cache: tuple | None = None
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, name="ridgeline-metrics", daemon=True)
+        self._thread.start()
 
     def observe(self, window: dict) -> None:
         self.collector.observe(window)
 
+    def configure(self, max_connections: int, timeout_s: float) -> None:
+        """New limits for connections accepted from now on (a reload)."""
+        self.max_connections, self.timeout_s = int(max_connections), float(timeout_s)
+
+    def counters(self) -> dict:
+        return dict(self.stats, open_connections=len(self._conns))
+
+    # -- the serving thread ------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop:
+            now = time.monotonic()
+            wait = 0.5
+            for c in self._conns.values():
+                wait = min(wait, max(0.0, c.deadline - now))
+            try:
+                events = self._sel.select(wait)
+            except OSError:
+                self.stats["errors"] += 1
+                time.sleep(0.05)
+                continue
+            for key, mask in events:
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    try:
+                        self._wake_r.recv(64)
+                    except OSError:
+                        pass
+                elif key.fileobj in self._conns:
+                    conn = self._conns[key.fileobj]
+                    try:
+                        if mask & selectors.EVENT_READ:
+                            self._read(conn)
+                        elif mask & selectors.EVENT_WRITE:
+                            self._write(conn)
+                    except Exception:
+                        self.stats["errors"] += 1
+                        self._close(conn)
+            now = time.monotonic()
+            for conn in [c for c in self._conns.values() if c.deadline <= now]:
+                self.stats["timeouts"] += 1
+                self._close(conn)
+        for conn in list(self._conns.values()):
+            self._close(conn)
+
+    def _accept(self) -> None:
+        for _ in range(64):
+            try:
+                s, _addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                # EMFILE and friends: counted; the connection stays in the backlog.
+                self.stats["accept_errors"] += 1
+                return
+            if len(self._conns) >= self.max_connections:
+                waiting = next((c for c in self._conns.values() if not c.out), None)
+                if waiting is None:
+                    self.stats["refused"] += 1
+                    s.close()
+                    continue
+                self.stats["evicted"] += 1
+                self._close(waiting)
+            s.setblocking(False)
+            conn = _HttpConn(s, time.monotonic() + self.timeout_s)
+            self._conns[s] = conn
+            self._sel.register(s, selectors.EVENT_READ, "conn")
+
+    def _read(self, conn: "_HttpConn") -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        conn.buf += data
+        end = conn.buf.find(b"\r\n\r\n")
+        if end > self.MAX_HEAD_BYTES or (end < 0 and len(conn.buf) > self.MAX_HEAD_BYTES):
+            self.stats["bad_requests"] += 1
+            self._answer(conn, 431, b"request head too large\n")
+            return
+        if end < 0:
+            return
+        self._respond(conn, bytes(conn.buf[:end]))
+
+    def _respond(self, conn: "_HttpConn", head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            self.stats["bad_requests"] += 1
+            self._answer(conn, 400, b"bad request\n")
+            return
+        method, target = parts[0], parts[1].split(b"?", 1)[0]
+        if method not in (b"GET", b"HEAD"):
+            self.stats["bad_requests"] += 1
+            self._answer(conn, 405, b"only GET and HEAD\n", extra=b"Allow: GET, HEAD\r\n")
+            return
+        if target not in (b"/metrics", b"/"):
+            self.stats["not_found"] += 1
+            self._answer(conn, 404, b"not found: try /metrics\n")
+            return
+        headers = {}
+        for line in lines[1:]:
+            k, sep, v = line.partition(b":")
+            if sep:
+                headers[k.strip().lower()] = v.strip().decode("latin-1")
+        body, ctype, gz = self._exposition(headers.get(b"accept", ""), headers.get(b"accept-encoding", ""))
+        self.stats["requests"] += 1
+        extra = b"Content-Encoding: gzip\r\n" if gz else b""
+        self._answer(conn, 200, body, ctype=ctype.encode("latin-1"), extra=extra, head_only=method == b"HEAD")
+
+    def _exposition(self, accept: str, accept_encoding: str) -> tuple[bytes, str, bool]:
+        """The rendered body, reused while no new window arrived (a flood of scrapes costs
+        one rendering per window, not one per request)."""
+        encoder, ctype = choose_encoder(accept)
+        gz = "gzip" in accept_encoding
+        key = (self.collector.windows, ctype, gz)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1], ctype, gz
+        body = encoder(self.registry)
+        if gz:
+            body = gzip.compress(body, compresslevel=5)
+        self._cache = (key, body)
+        return body, ctype, gz
+
+    def _answer(self, conn: "_HttpConn", status: int, body: bytes, ctype: bytes = b"text/plain; charset=utf-8",
+                extra: bytes = b"", head_only: bool = False) -> None:
+        reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+                  431: b"Request Header Fields Too Large"}[status]
+        head = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n"
+                % (status, reason, ctype, len(body), extra))
+        conn.out = memoryview(head + (b"" if head_only else body))
+        self._sel.modify(conn.sock, selectors.EVENT_WRITE, "conn")
+        self._write(conn)
+
+    def _write(self, conn: "_HttpConn") -> None:
+        try:
+            n = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        conn.out = conn.out[n:]
+        if not len(conn.out):
+            self._close(conn)
+
+    def _close(self, conn: "_HttpConn") -> None:
+        if self._conns.pop(conn.sock, None) is None:
+            return
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        """Stop serving and close every socket; idempotent."""
+        if self._stop:
+            return
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=5)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()
+
+
+class _HttpConn:
+    __slots__ = ("sock", "deadline", "buf", "out")
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.deadline = deadline
+        self.buf = bytearray()
+        self.out: memoryview | bytes = b""

@@ -9,17 +9,23 @@ Contract:
   publisher, so a subscriber counts gaps.
 * :meth:`Publisher.publish` never blocks. The socket is an XPUB with ``XPUB_NODROP`` and a
   send high-water mark: when a subscriber's queue is full the send fails at once
-  (``zmq.Again``), the message is dropped and counted per topic (a plain PUB drops
-  silently, which would hide the loss from the agent's own counters). The sequence
-  number is consumed by a dropped message too, so the gap shows at the subscriber.
-* One stalled subscriber must not starve the others (with ``XPUB_NODROP`` a full queue
-  fails the send for everyone). When sends have failed for ``stall_s``, the socket turns
-  lossy (``XPUB_NODROP`` off: only the stalled subscriber loses messages, which it sees
-  as sequence gaps); messages sent in that state are counted in ``lossy_sent``. Every
-  ``probe_s`` it turns ``XPUB_NODROP`` back on to see whether the stall has cleared.
+  (``zmq.Again``) instead of dropping silently as a plain PUB would, so the agent knows.
+* One stalled subscriber never costs the others a message: a send that fails that way
+  is at once sent again with ``XPUB_NODROP`` off, which delivers it to every subscriber
+  with room and skips only the full ones (they see a sequence gap). Such a message is
+  counted in ``drops`` (per topic: messages some subscriber missed) and in
+  ``lossy_sent``; every episode of failures (a failure after ``stall_s`` without one)
+  counts one ``stalls``, and ``lossy`` is true while failures are recent. This works the
+  same whether the failures are continuous or intermittent (a slow reader). A message no
+  subscriber can get (an encoding or socket error) is counted in ``drops`` and
+  ``errors``. The sequence number is consumed either way, so gaps show at subscribers.
 * A tcp bind to an address that is not loopback is refused with :class:`InputError`
   unless a CURVE server secret key is configured; with CURVE, a ZAP authenticator
   admits only the client public keys found in the allowed-clients folder.
+  :func:`check_settings` runs those checks (and reads the key files) without binding.
+* An ``ipc://`` socket is made mode 0660, group ``ipc_group`` when given: only the
+  agent's user and that group can subscribe. Its folder is never created, except a
+  missing folder directly under ``/run`` (mode 0750).
 * :meth:`Publisher.service` drains subscription frames the socket receives (without
   trusting their content: anything malformed is counted in ``bad_frames``).
 """
@@ -90,6 +96,39 @@ def _read_secret_key(path: str) -> tuple[bytes, bytes]:
     return public, key
 
 
+def check_settings(p: dict) -> None:
+    """Raise :class:`InputError` for ``[publisher]`` settings that cannot bind, without
+    binding: the clear-text rule and the CURVE key files."""
+    ep = p["endpoint"]
+    curve = bool(p.get("curve_secret_key_file"))
+    if not is_loopback(ep) and not curve:
+        raise InputError(
+            f"refusing to publish on {ep} in the clear: a non-loopback bind needs CURVE keys "
+            "(set publisher.curve_secret_key_file and publisher.curve_allowed_clients_dir)")
+    if curve:
+        if not p.get("curve_allowed_clients_dir"):
+            raise InputError("publisher.curve_allowed_clients_dir must name the folder of allowed client keys")
+        _read_secret_key(p["curve_secret_key_file"])
+        if not Path(p["curve_allowed_clients_dir"]).is_dir():
+            raise InputError(f"publisher.curve_allowed_clients_dir {p['curve_allowed_clients_dir']}: not a folder")
+
+
+def _ipc_folder(path: str) -> None:
+    """Create the socket's folder only when it sits directly under /run (systemd's
+    RuntimeDirectory does the same); anywhere else it must exist."""
+    folder = Path(path).parent
+    if folder.is_dir():
+        return
+    if str(folder.parent) != "/run":
+        raise InputError(f"cannot bind ipc://{path}: folder {folder} does not exist")
+    try:
+        folder.mkdir(mode=0o750)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise InputError(f"cannot bind ipc://{path}: cannot create {folder}: {exc.strerror or exc}") from None
+
+
 def _default_encoder():
     from ridgeline.aggregator import wire
     return wire.encode_envelope
@@ -101,7 +140,7 @@ class Publisher:
     def __init__(self, endpoint: str, host: str = "", sndhwm: int = 1000,
                  curve_secret_key_file: str = "", curve_allowed_clients_dir: str = "",
                  encode: Callable | None = None, context: zmq.Context | None = None,
-                 stall_s: float = 2.0, probe_s: float = 5.0, clock=time.monotonic):
+                 stall_s: float = 2.0, probe_s: float = 5.0, clock=time.monotonic, ipc_group: str = ""):
         self.endpoint = endpoint
         self.host = host or socket.gethostname()
         self._encode = encode or _default_encoder()
@@ -112,12 +151,11 @@ class Publisher:
         self.bytes_sent = 0
         self.bad_frames = 0
         self.subscriptions = 0
-        self.lossy = False           # XPUB_NODROP off because a subscriber stalled
-        self.lossy_sent = 0
-        self.stalls = 0
+        self.lossy = False           # a subscriber's queue was full within the last stall_s
+        self.lossy_sent = 0          # messages sent past a full subscriber (it missed them)
+        self.stalls = 0              # episodes of full subscriber queues
         self._stall_s, self._probe_s, self._clock = stall_s, probe_s, clock
-        self._failing_since: float | None = None
-        self._next_probe = 0.0
+        self._last_failure: float | None = None
         self.curve = bool(curve_secret_key_file)
         self._auth = None
         if not is_loopback(endpoint) and not self.curve:
@@ -131,7 +169,10 @@ class Publisher:
         sock = self.ctx.socket(zmq.XPUB)
         try:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.SNDHWM, sndhwm)
+            try:
+                sock.setsockopt(zmq.SNDHWM, sndhwm)
+            except (zmq.ZMQError, OverflowError, TypeError, ValueError):
+                raise InputError(f"publisher.sndhwm {sndhwm!r} is not a valid high-water mark") from None
             sock.setsockopt(zmq.RCVHWM, 1000)
             sock.setsockopt(zmq.XPUB_NODROP, 1)
             # Subscriber handshakes and subscription frames are small; a peer sending a
@@ -151,17 +192,23 @@ class Publisher:
                 sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
                 sock.setsockopt(zmq.ZAP_DOMAIN, b"ridgeline")
             if endpoint.startswith("ipc://"):
-                Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+                _ipc_folder(endpoint[len("ipc://"):])
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 raise InputError(f"cannot bind {endpoint}: {exc}") from None
             if endpoint.startswith("ipc://"):
-                # Readable by the owner and its group only (the tmpfiles dir is 0750 too).
+                # Owner and group only: the stream names the host's processes and kernels.
+                # (The folder, 0750 from systemd, is the first gate; this is the second.)
+                path = endpoint[len("ipc://"):]
                 try:
-                    os.chmod(endpoint[len("ipc://"):], 0o660)
-                except OSError:
-                    pass
+                    if ipc_group:
+                        import grp
+                        os.chown(path, -1, grp.getgrnam(ipc_group).gr_gid)
+                    os.chmod(path, 0o660)
+                except (OSError, KeyError) as exc:
+                    raise InputError(f"cannot restrict {path} to its owner and group "
+                                     f"{ipc_group or '(own)'}: {exc}") from None
         except BaseException:
             sock.close(0)
             self._stop_auth()
@@ -176,7 +223,9 @@ class Publisher:
             self._auth = None
 
     def publish(self, topic: str, payload, ts_ns: int | None = None) -> bool:
-        """Encode and send without blocking; False when dropped (counted)."""
+        """Encode and send without blocking. True when the socket took the message (a
+        subscriber whose queue was full may have missed it: counted in ``drops``); False
+        when nobody can get it (counted in ``drops`` and ``errors``)."""
         seq = self.seq.get(topic)
         if seq is None:
             raise ValueError(f"unknown topic {topic!r}")
@@ -187,33 +236,53 @@ class Publisher:
             self.errors += 1
             self.drops[topic] += 1
             raise
-        if self.lossy and self._clock() >= self._next_probe:
-            # Has the stall cleared? Count drops again; the first failure turns lossy again.
-            self.sock.setsockopt(zmq.XPUB_NODROP, 1)
-            self.lossy = False
-            self._failing_since = self._clock() - self._stall_s
+        frames = (topic.encode(), env)
+        copy = len(env) < 65536
         try:
-            self.sock.send_multipart((topic.encode(), env), flags=zmq.NOBLOCK, copy=len(env) < 65536)
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
         except zmq.Again:
-            self.drops[topic] += 1
-            now = self._clock()
-            if self._failing_since is None:
-                self._failing_since = now
-            elif now - self._failing_since >= self._stall_s:
-                self.sock.setsockopt(zmq.XPUB_NODROP, 0)
-                self.lossy = True
-                self.stalls += 1
-                self._next_probe = now + self._probe_s
-            return False
+            # libzmq learns that subscribers have read their messages from commands it
+            # processes lazily (throttled in send()); reading ZMQ_EVENTS processes them now,
+            # so a queue that only looked full gets its message after all.
+            try:
+                self.sock.getsockopt(zmq.EVENTS)
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                return self._send_past_full(topic, frames, copy, len(env))
+            except zmq.ZMQError:
+                self.errors += 1
+                self.drops[topic] += 1
+                return False
         except zmq.ZMQError:
             self.errors += 1
             self.drops[topic] += 1
             return False
-        self._failing_since = None
-        if self.lossy:
-            self.lossy_sent += 1
+        if self.lossy and self._clock() - self._last_failure >= self._stall_s:
+            self.lossy = False
         self.sent[topic] += 1
         self.bytes_sent += len(env)
+        return True
+
+    def _send_past_full(self, topic: str, frames, copy: bool, nbytes: int) -> bool:
+        """Some subscriber's queue is full: send to the others (XPUB_NODROP off for this
+        one message) and count the miss."""
+        now = self._clock()
+        if self._last_failure is None or now - self._last_failure >= self._stall_s:
+            self.stalls += 1
+        self._last_failure = now
+        self.lossy = True
+        self.drops[topic] += 1
+        self.sock.setsockopt(zmq.XPUB_NODROP, 0)
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+        except zmq.ZMQError:
+            self.errors += 1
+            return False
+        finally:
+            self.sock.setsockopt(zmq.XPUB_NODROP, 1)
+        self.lossy_sent += 1
+        self.sent[topic] += 1
+        self.bytes_sent += nbytes
         return True
 
     def service(self, max_frames: int = 1000) -> int:

@@ -98,7 +98,8 @@ def _engine(cfg):
     cls = _cls(mod, ("EngineProbe", "Probe"))
     e = cfg["probes"]["engine"]
     urls = [e["url"]] if e["url"] else []
-    return _build(cls, urls=urls, url=e["url"], pids=list(cfg["probes"]["pids"]), interval_s=e["interval_s"])
+    return _build(cls, urls=urls, url=e["url"], pids=list(cfg["probes"]["pids"]), interval_s=e["interval_s"],
+                  timeout_s=e["timeout_s"], max_body_bytes=e["max_body_bytes"])
 
 
 def _replay(cfg):

@@ -37,7 +37,7 @@ def test_every_default_key_is_documented_with_its_default():
 
 def test_defaults_load_and_roundtrip_through_print_format():
     cfg = config.load("/nonexistent/ridgeline.toml", missing_ok=True)
-    assert cfg["publisher"]["endpoint"] == "tcp://127.0.0.1:7411"
+    assert cfg["publisher"]["endpoint"] == "ipc:///run/ridgeline/stream.sock"
     assert cfg["prometheus"]["listen"] == "127.0.0.1:9464"
     assert tomllib.loads(config.to_toml(cfg)) == cfg
 
@@ -54,9 +54,39 @@ def test_overlay_accepts_int_for_float_and_keeps_other_defaults(tmp_path):
 @pytest.mark.parametrize("text, needle", [
     ('[agent]\nwindow_sec = 1\n', "unknown key 'agent.window_sec'"),
     ('[publisher]\nsndhwm = "lots"\n', "'publisher.sndhwm' must be int, got str"),
-    ('[agent]\nwindow_s = -1\n', "'agent.window_s' must be > 0"),
+    ('[agent]\nwindow_s = -1\n', "'agent.window_s' must be between 0.05 and 3600, got -1.0"),
     ('[publisher]\nendpoint = "udp://x"\n', "must start with tcp:// or ipc://"),
     ('[prometheus]\nlisten = "9464"\n', "must be HOST:PORT"),
+    # issue 14.5: every value range-checked, one line naming the key
+    ('[agent]\nwindow_s = nan\n', "'agent.window_s' must be a finite number, got nan"),
+    ('[agent]\nwindow_s = inf\n', "'agent.window_s' must be a finite number, got inf"),
+    ('[agent]\nwindow_s = -inf\n', "'agent.window_s' must be a finite number"),
+    ('[agent]\nrun_for_s = 1e400\n', "'agent.run_for_s' must be a finite number"),
+    ('[publisher]\nsndhwm = 99999999999999999999\n', "'publisher.sndhwm' must be between 1 and 1e+06"),
+    ('[publisher]\nsndhwm = 0\n', "'publisher.sndhwm' must be between"),
+    ('[publisher]\nendpoint = "tcp://127.0.0.1:99999"\n', "'publisher.endpoint' must be tcp://HOST:PORT with a port in 1..65535"),
+    ('[publisher]\nendpoint = "tcp://127.0.0.1:0"\n', "port in 1..65535"),
+    ('[publisher]\nendpoint = "ipc://relative.sock"\n', "'publisher.endpoint' must be an absolute path"),
+    ('[publisher]\nendpoint = "ipc:///etc/ridgeline-test/x.sock"\n', "folder /etc/ridgeline-test does not exist"),
+    ('[publisher]\nipc_group = "no-such-group-xyz"\n', "'publisher.ipc_group' names no group"),
+    ('[prometheus]\nlisten = "127.0.0.1:99999"\n', "'prometheus.listen' must be HOST:PORT with a port in 1..65535"),
+    ('[prometheus]\nlisten = "0.0.0.0:9464"\n', "'prometheus.listen' 0.0.0.0:9464 is not a loopback address"),
+    ('[prometheus]\nlisten = "[::]:9464"\n', "is not a loopback address"),
+    ('[prometheus]\nmax_connections = 100000\n', "'prometheus.max_connections' must be between 1 and 1024"),
+    ('[probes.engine]\ninterval_s = 0\n', "'probes.engine.interval_s' must be between 0.25 and 3600"),
+    ('[probes.engine]\ninterval_s = -1\n', "'probes.engine.interval_s' must be between"),
+    ('[probes.engine]\ninterval_s = 0.05\n', "'probes.engine.interval_s' must be between"),
+    ('[probes.engine]\nmax_body_bytes = 10\n', "'probes.engine.max_body_bytes' must be between"),
+    ('[probes.engine]\nurl = "file:///etc/passwd"\n', "'probes.engine.url' must be an http:// or https:// URL"),
+    ('[probes]\npids = ["abc", -1]\n', "'probes.pids' must hold process ids"),
+    ('[probes]\npids = [-1]\n', "'probes.pids' must hold process ids"),
+    ('[probes]\npids = [99999999]\n', "'probes.pids' must hold process ids"),
+    ('[probes]\nenabled = ["engine", "nosuch"]\n', "'probes.enabled' names an unknown probe 'nosuch'"),
+    ('[probes.cupti]\nsocket = "/etc/ridgeline-test/cupti.sock"\n', "'probes.cupti.socket' folder /etc/ridgeline-test does not exist"),
+    ('[probes.cupti]\nsocket = "cupti.sock"\n', "'probes.cupti.socket' must be an absolute path"),
+    ('[probes.cupti]\nsocket = "/run/a/../../etc/x/c.sock"\n', "without '.' or '..' parts"),
+    ('[probes.replay]\nspeed = nan\n', "'probes.replay.speed' must be a finite number"),
+    ('[probes.simulator]\nseed = 99999999999999999999\n', "'probes.simulator.seed' must be between"),
     ('agent = 3\n', "'agent' must be a table"),
     ('[agent\n', "invalid TOML"),
 ])
@@ -99,3 +129,43 @@ def test_cli_refuses_clear_text_non_loopback_bind():
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("ridgeline: error: refusing to publish on tcp://0.0.0.0:7499 in the clear")
     assert "Traceback" not in r.stderr
+
+
+def test_every_numeric_key_has_a_range():
+    """No number reaches a socket option or a timer unchecked (issue 14.5)."""
+    numeric = {k for k, v in _leaves(config.defaults())
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numeric == set(config.RANGES)
+
+
+def test_a_bad_socket_path_creates_nothing(tmp_path):
+    """probes.cupti.socket / an ipc endpoint may not make the agent create folders (issue 14.5)."""
+    target = tmp_path / "not" / "here"
+    p = tmp_path / "a.toml"
+    p.write_text(f'[probes.cupti]\nsocket = "{target}/c.sock"\n')
+    with pytest.raises(InputError, match="does not exist"):
+        config.load(p)
+    assert not (tmp_path / "not").exists()
+    # An existing folder is fine, and so is a missing one directly under /run.
+    p.write_text(f'[probes.cupti]\nsocket = "{tmp_path}/c.sock"\n[publisher]\nendpoint = "ipc:///run/rl-x/s.sock"\n')
+    assert config.load(p)["probes"]["cupti"]["socket"] == f"{tmp_path}/c.sock"
+
+
+def test_remote_metrics_need_an_explicit_opt_in(tmp_path):
+    p = tmp_path / "a.toml"
+    p.write_text('[prometheus]\nlisten = "0.0.0.0:9464"\nallow_remote = true\n')
+    assert config.load(p)["prometheus"]["listen"] == "0.0.0.0:9464"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--prometheus-listen", "0.0.0.0:9464"], "is not a loopback address"),
+    (["--prometheus-listen", "127.0.0.1:99999"], "port in 1..65535"),
+    (["--endpoint", "tcp://127.0.0.1:70000"], "port in 1..65535"),
+    (["--probes", "engine,bogus"], "unknown probe 'bogus'"),
+])
+def test_cli_range_errors_are_one_line_exit_2(args, needle):
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "agent", "--print-config", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ridgeline: error: command line: ") and needle in lines[0]

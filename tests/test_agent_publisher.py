@@ -131,9 +131,10 @@ def test_slow_subscriber_never_blocks_and_drops_are_counted(tmp_path):
         for _ in range(2000):
             pub.publish("events", big)          # nobody reads: queues fill
         assert time.monotonic() - t0 < 5        # never blocked
-        assert pub.drops["events"] > 0
-        assert pub.sent["events"] + pub.drops["events"] == 2000
-        assert pub.seq["events"] == 2000        # dropped messages consumed their number
+        assert pub.drops["events"] > 0           # the slow subscriber missed messages: counted
+        assert pub.sent["events"] == 2000 and pub.errors == 0
+        assert pub.lossy_sent == pub.drops["events"]
+        assert pub.seq["events"] == 2000        # missed messages consumed their number
     finally:
         s.close(0)
         ctx.term()
@@ -174,9 +175,14 @@ def test_garbage_from_peers_is_counted_not_fatal():
         pub.close()
 
 
-def test_a_stalled_subscriber_does_not_starve_the_others(tmp_path):
+@pytest.mark.parametrize("reader", ["stalled", "intermittent"])
+def test_a_stalled_subscriber_costs_the_healthy_ones_nothing(tmp_path, reader):
+    """Issue 14.8: one stalled (or slow, intermittently failing) subscriber must not cost
+    a healthy one a single message; its own misses are counted."""
     ep = f"ipc://{tmp_path}/stall.sock"
-    pub = Publisher(ep, sndhwm=4, encode=enc, stall_s=0.2, probe_s=0.5)
+    # A high-water mark well above the few messages a healthy reader has in flight (at a
+    # tiny mark libzmq's lazy read acknowledgements make even a healthy pipe look full).
+    pub = Publisher(ep, sndhwm=20, encode=enc, stall_s=0.2)
     ctx = zmq.Context()
     stuck = ctx.socket(zmq.SUB)
     stuck.setsockopt(zmq.RCVHWM, 1)
@@ -186,20 +192,27 @@ def test_a_stalled_subscriber_does_not_starve_the_others(tmp_path):
     live = _sub(ctx, ep)
     try:
         assert _pump(pub, live) is not None
-        big = {"blob": b"x" * 200_000}
-        got = 0
-        t_end = time.monotonic() + 3
-        while time.monotonic() < t_end:
-            pub.publish("events", big)
-            while live.poll(0):
-                live.recv_multipart()
-                got += 1
-            time.sleep(0.005)
-        assert pub.drops["events"] > 0            # counted while the stall was being detected
-        assert pub.stalls >= 1 and pub.lossy_sent > 0
-        assert got > pub.sent["events"] // 2      # the live subscriber kept receiving
-        stuck.close(0)                            # the stall clears: drops stop growing
-        time.sleep(0.6)
+        assert _pump(pub, stuck) is not None
+        while live.poll(100):
+            live.recv_multipart()
+        big = b"x" * 150_000
+        first = pub.seq["events"]
+        seen = []
+        for i in range(300):
+            pub.publish("events", {"blob": big})
+            if reader == "intermittent" and i % 7 == 0:
+                try:                                   # a slow reader: now and then one message
+                    stuck.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    pass
+            # The healthy subscriber reads each message before the next is sent.
+            assert live.poll(5000), f"healthy subscriber lost message {i}"
+            seen.append(msgpack.unpackb(live.recv_multipart()[1])[1])
+        assert seen == list(range(first, first + 300))
+        assert pub.drops["events"] > 0 and pub.stalls >= 1 and pub.lossy
+        assert pub.sent["events"] >= 300 and pub.errors == 0
+        stuck.close(0)                            # the stall clears: misses stop growing
+        time.sleep(0.3)
         before = pub.drops["events"]
         for _ in range(50):
             pub.publish("events", {"small": 1})
@@ -209,5 +222,6 @@ def test_a_stalled_subscriber_does_not_starve_the_others(tmp_path):
         assert not pub.lossy and pub.drops["events"] == before
     finally:
         live.close(0)
+        stuck.close(0)
         ctx.term()
         pub.close()

@@ -20,9 +20,8 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def load_config(args) -> dict:
-    from ridgeline.agent import config
-    cfg = config.load(args.config, missing_ok=args.config is None)
+def overrides(args, cfg: dict) -> dict:
+    """The command line's settings as a config overlay (kept across SIGHUP reloads)."""
     over: dict = {}
     if getattr(args, "endpoint", None):
         over.setdefault("publisher", {})["endpoint"] = args.endpoint
@@ -41,14 +40,22 @@ def load_config(args) -> dict:
         over.setdefault("prometheus", {})["enabled"] = False
     if getattr(args, "prometheus_listen", None):
         over.setdefault("prometheus", {})["listen"] = args.prometheus_listen
-    return config.overlay(cfg, over, "command line") if over else cfg
+    return over
+
+
+def load_config(args) -> tuple[dict, dict]:
+    """(merged configuration, command-line overlay)."""
+    from ridgeline.agent import config
+    cfg = config.load(args.config, missing_ok=args.config is None)
+    over = overrides(args, cfg)
+    return (config.overlay(cfg, over, "command line") if over else cfg), over
 
 
 def run(args) -> int:
     from ridgeline.agent import config
-    cfg = load_config(args)
+    cfg, over = load_config(args)
     if args.print_config:
         sys.stdout.write(config.to_toml(cfg))
         return 0
     from ridgeline.agent.daemon import run_agent
-    return run_agent(cfg, args.config)
+    return run_agent(cfg, args.config, overrides=over)

@@ -55,7 +55,8 @@ def summary(msg) -> str:
                 f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
     if msg.topic == "health" and isinstance(p, dict):
         return (f"cpu={p.get('cpu_pct', 0):.1f}% rss={p.get('rss_bytes', 0) / 2**20:.0f}MiB "
-                f"records/s={p.get('records_per_s', 0):.0f} drops={p.get('drops', 0)}+{p.get('publisher_drops', 0)}")
+                f"records/s={p.get('records_per_s', 0):.0f} dropped records={p.get('dropped_records', 0)} "
+                f"batches={p.get('dropped_batches', 0)} stream={p.get('publisher_drops', 0)}")
     import orjson
     text = orjson.dumps(jsonable(p), option=orjson.OPT_NON_STR_KEYS).decode()
     return text if len(text) < 200 else text[:197] + "..."

@@ -269,11 +269,14 @@ class CuptiProbe(Probe):
                 dec[k] += d.counters.get(k, 0)
         stats = dict(self.server.stats) if self.server else {}
         lost = lib["dropped_cupti"] + lib["dropped_pool_full"] + lib["dropped_no_agent"] + lib["dropped_send"]
+        # drops counts records; whole batches refused before decoding are a separate figure
+        # (their record count is unknown), and a failed accept() is an error like any other.
         out = {"records": self.records,
-               "drops": lost + stats.get("dropped_batches_queue_full", 0),
-               "errors": (stats.get("protocol_errors", 0) + stats.get("rejected_batches", 0)
-                          + stats.get("rejected_peers", 0) + self.decode_errors + dec["undecodable_records"]
-                          + dec["rejected_records"]),
+               "drops": lost,
+               "dropped_batches": stats.get("dropped_batches_queue_full", 0),
+               "errors": (stats.get("protocol_errors", 0) + stats.get("accept_errors", 0)
+                          + stats.get("rejected_batches", 0) + stats.get("rejected_peers", 0) + self.decode_errors
+                          + dec["undecodable_records"] + dec["rejected_records"]),
                "processes": len(self.decoders),
                "processes_taken_over": sum(1 for d in self.decoders.values() if d.flags & P.FLAG_TAKEN_OVER),
                "connections": self.server.connections if self.server else 0}
