@@ -10,8 +10,11 @@ HTTP request sent to an internal socket of the served process (ZMQ, a torch.dist
 TCPStore) could upset it. A probed port is kept only if its ``/metrics`` carries
 ``vllm:`` or ``sglang:`` series.
 
-Scraping runs on a background thread with a real HTTP client (httpx), a per-request
-timeout and exponential back-off per endpoint; ``poll()`` only drains what was scraped.
+Scraping runs on a background thread with exponential back-off per endpoint; ``poll()``
+only drains what was scraped. Each scrape is bounded: ``timeout_s`` in all (connect,
+redirects, the whole body, however slowly it trickles) and ``max_body_bytes`` of body,
+gzip-decoded in bounded steps (:func:`fetch`). Every failure is counted by kind
+(:data:`FAILURE_KINDS`) in ``counters()["scrape_failures"]``.
 Each scrape is returned as the raw parsed exposition plus its timestamp; normalising is
 the aggregator's job (:mod:`aggregator.engine_metrics`), so this module stays thin.
 """
@@ -23,10 +26,12 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
+import zlib
 from pathlib import Path
 from typing import Iterable
 
-import httpx
+import h11
 
 from . import prom_text
 from .errors import InputError
@@ -246,30 +251,178 @@ def listener_pid(port: int, max_procs: int = 65536) -> int | None:
 
 # --------------------------------------------------------------------------- HTTP
 
-def fetch(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> str:
-    """GET ``url`` and return its text; raises :class:`InputError` with one line on failure."""
+#: Largest ``/metrics`` body read (after gzip decoding); ``probes.engine.max_body_bytes``.
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+#: Largest response head (status line and headers).
+MAX_HEAD_BYTES = 64 * 1024
+MAX_REDIRECTS = 3
+#: Why a scrape failed; each is counted (``scrape_failures`` in the probe's counters).
+FAILURE_KINDS = ("invalid_url", "connect", "timeout", "http_status", "protocol", "too_large", "decode")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+class ScrapeError(InputError):
+    """A failed scrape: one line, and ``kind`` (one of :data:`FAILURE_KINDS`). A bad URL is
+    bad input (exit 2); the others are runtime failures (exit 1)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message, exit_code=2 if kind == "invalid_url" else 1)
+        self.kind = kind
+
+
+class _Body:
+    """Collects a body up to ``limit`` bytes, gunzipping on the way in bounded steps, so
+    neither a huge body nor a small gzip bomb allocates more than ``limit`` (+ one read)."""
+
+    def __init__(self, url: str, limit: int, gz: bool):
+        self.url, self.limit = url, limit
+        self._gz = zlib.decompressobj(16 + zlib.MAX_WBITS) if gz else None
+        self._parts: list[bytes] = []
+        self.size = 0
+        self.raw = 0
+
+    def _add(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise ScrapeError(f"{self.url}: body larger than {self.limit} bytes"
+                              + (" once decompressed" if self._gz else "") + " (probes.engine.max_body_bytes)",
+                              "too_large")
+        self._parts.append(data)
+
+    def feed(self, data: bytes) -> None:
+        self.raw += len(data)
+        if self.raw > self.limit:
+            raise ScrapeError(f"{self.url}: body larger than {self.limit} bytes (probes.engine.max_body_bytes)",
+                              "too_large")
+        if self._gz is None:
+            self._add(data)
+            return
+        try:
+            while data and not self._gz.eof:
+                # At most what still fits, plus one byte to notice the overflow.
+                self._add(self._gz.decompress(data, self.limit - self.size + 1))
+                data = self._gz.unconsumed_tail
+        except zlib.error as exc:
+            raise ScrapeError(f"{self.url}: bad gzip body ({exc})", "decode") from None
+
+    def text(self) -> str:
+        if self._gz is not None and not self._gz.eof:
+            raise ScrapeError(f"{self.url}: gzip body ends early", "decode")
+        return b"".join(self._parts).decode("utf-8", "replace")
+
+
+def _split_url(url: str):
     try:
-        if client is None:
-            with httpx.Client(timeout=timeout_s, follow_redirects=True) as c:
-                r = c.get(url)
-        else:
-            r = client.get(url, timeout=timeout_s)
-    except httpx.InvalidURL as exc:
-        raise InputError(f"{url}: invalid URL ({exc})") from None
-    except httpx.UnsupportedProtocol as exc:
-        raise InputError(f"{url}: unsupported URL ({exc})") from None
-    except httpx.TimeoutException:
-        raise InputError(f"{url}: no answer within {timeout_s:g} s") from None
-    except httpx.HTTPError as exc:
-        raise InputError(f"{url}: cannot reach ({type(exc).__name__}: {exc})") from None
-    if r.status_code != 200:
-        raise InputError(f"{url}: HTTP {r.status_code}")
-    return r.text
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ScrapeError(f"{url}: invalid URL ({exc})", "invalid_url") from None
+    if parts.scheme not in ("http", "https"):
+        raise ScrapeError(f"{url}: unsupported URL (only http:// and https://)", "invalid_url")
+    if not parts.hostname:
+        raise ScrapeError(f"{url}: invalid URL (no host)", "invalid_url")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), parts.netloc, target
 
 
-def scrape(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> dict:
+def _get_once(url: str, deadline: float, timeout_s: float, max_body_bytes: int) -> tuple[int, str | None, str]:
+    """One GET under the absolute ``deadline`` (monotonic): (status, Location, body text)."""
+    scheme, host, port, netloc, target = _split_url(url)
+
+    def left() -> float:
+        r = deadline - time.monotonic()
+        if r <= 0:
+            raise socket.timeout()
+        return r
+
+    try:
+        sock = socket.create_connection((host, port), timeout=left())
+    except (socket.timeout, TimeoutError):
+        raise ScrapeError(f"{url}: no answer within {timeout_s:g} s", "timeout") from None
+    except OSError as exc:
+        raise ScrapeError(f"{url}: cannot reach ({exc.strerror or exc})", "connect") from None
+    try:
+        if scheme == "https":
+            import ssl
+            sock.settimeout(left())
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        req = h11.Request(method="GET", target=target, headers=[
+            ("Host", netloc), ("User-Agent", "ridgeline"), ("Accept-Encoding", "gzip"),
+            ("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1"), ("Connection", "close")])
+        sock.settimeout(left())
+        sock.sendall(conn.send(req) + conn.send(h11.EndOfMessage()))
+        status, location, body = 0, None, None
+        while True:
+            ev = conn.next_event()
+            if ev is h11.NEED_DATA:
+                # The deadline is total: every read gets only what is left of it, so a
+                # server trickling a byte at a time is cut when the scrape's time is up.
+                sock.settimeout(left())
+                conn.receive_data(sock.recv(65536))
+                continue
+            if isinstance(ev, h11.Response):
+                status = ev.status_code
+                headers = {k.lower(): v for k, v in ev.headers}
+                if status != 200:
+                    loc = headers.get(b"location")
+                    return status, loc.decode("latin-1") if loc else None, ""
+                enc = headers.get(b"content-encoding", b"identity").strip().lower()
+                if enc not in (b"gzip", b"identity"):
+                    raise ScrapeError(f"{url}: unsupported Content-Encoding {enc.decode('latin-1')!r}", "decode")
+                length = headers.get(b"content-length")
+                if enc == b"identity" and length is not None and int(length) > max_body_bytes:
+                    raise ScrapeError(f"{url}: body of {int(length)} bytes is larger than {max_body_bytes} "
+                                      "(probes.engine.max_body_bytes)", "too_large")
+                body = _Body(url, max_body_bytes, enc == b"gzip")
+            elif isinstance(ev, h11.Data):
+                body.feed(ev.data)
+            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
+                if body is None:
+                    raise ScrapeError(f"{url}: connection closed before an answer", "protocol")
+                return status, None, body.text()
+            elif isinstance(ev, h11.InformationalResponse):
+                continue
+    except (socket.timeout, TimeoutError):
+        raise ScrapeError(f"{url}: no answer within {timeout_s:g} s", "timeout") from None
+    except h11.RemoteProtocolError as exc:
+        raise ScrapeError(f"{url}: not a valid HTTP answer ({exc})", "protocol") from None
+    except ScrapeError:
+        raise
+    except OSError as exc:
+        raise ScrapeError(f"{url}: cannot reach ({exc.strerror or exc})", "connect") from None
+    finally:
+        sock.close()
+
+
+def fetch(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> str:
+    """GET ``url`` and return its text, within ``timeout_s`` in all (connect, redirects,
+    the whole body) and at most ``max_body_bytes`` of body after gzip decoding; raises
+    :class:`ScrapeError` (an :class:`InputError`) with one line and a failure kind.
+
+    A plain HTTP/1.1 client on h11 with a socket deadline per read: timeouts of a
+    general client are per read, so a server sending a byte now and then would hold
+    the scrape (and the probe's thread) for good. ``client`` is ignored (kept for
+    callers of the old signature). Host names are resolved before the deadline starts
+    counting by the system resolver; endpoints are normally addresses."""
+    deadline = time.monotonic() + timeout_s
+    for _ in range(MAX_REDIRECTS + 1):
+        status, location, text = _get_once(url, deadline, timeout_s, max_body_bytes)
+        if status == 200:
+            return text
+        if status in _REDIRECTS and location:
+            # vLLM's ASGI mount answers /metrics with a redirect to /metrics/.
+            url = urllib.parse.urljoin(url, location)
+            continue
+        raise ScrapeError(f"{url}: HTTP {status}", "http_status")
+    raise ScrapeError(f"{url}: more than {MAX_REDIRECTS} redirects", "http_status")
+
+
+def scrape(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict:
     """One scrape: ``{"endpoint", "ts_ns", "exposition"}`` (a :class:`prom_text.Exposition`)."""
-    text = fetch(url, timeout_s, client)
+    text = fetch(url, timeout_s, max_body_bytes=max_body_bytes)
     ts = time.time_ns()
     return {"endpoint": url, "ts_ns": ts, "exposition": prom_text.parse(text)}
 
@@ -306,8 +459,11 @@ class EngineProbe(Probe):
 
     def __init__(self, urls: Iterable[str] = (), pids: Iterable[int] = (), interval_s: float = DEFAULT_INTERVAL_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S, backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
-                 discover: bool = True, discover_any_port: bool = False, max_queued: int = 256):
+                 discover: bool = True, discover_any_port: bool = False, max_queued: int = 256,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
         super().__init__()
+        self.max_body_bytes = int(max_body_bytes)
+        self.scrape_failures = {k: 0 for k in FAILURE_KINDS}
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.backoff_max_s = float(backoff_max_s)
@@ -322,7 +478,7 @@ class EngineProbe(Probe):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client: httpx.Client | None = None
+        self._client = None       # no pooled client: one connection per scrape, closed after
 
     def set_pids(self, pids: Iterable[int]) -> None:
         """Replace the served processes whose listening ports are searched (thread-safe)."""
@@ -345,7 +501,6 @@ class EngineProbe(Probe):
                             "set engine.urls (e.g. http://127.0.0.1:8000/metrics) or enable discovery")
 
     def start(self) -> None:
-        self._client = httpx.Client(timeout=self.timeout_s, follow_redirects=True)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ridgeline-engine", daemon=True)
         self._thread.start()
@@ -378,7 +533,7 @@ class EngineProbe(Probe):
                         continue
                     known.add(url)
                     try:
-                        res = scrape(url, self.timeout_s, self._client)
+                        res = scrape(url, self.timeout_s, max_body_bytes=self.max_body_bytes)
                     except InputError:
                         with self._lock:
                             self._rejected.add(url)
@@ -425,14 +580,17 @@ class EngineProbe(Probe):
                 continue
             self._refresh_pid(ep, now_s)
             try:
-                res = scrape(ep.url, self.timeout_s, self._client)
+                res = scrape(ep.url, self.timeout_s, max_body_bytes=self.max_body_bytes)
             except InputError as exc:
+                kind = getattr(exc, "kind", "protocol")
+                self.scrape_failures[kind] = self.scrape_failures.get(kind, 0) + 1
                 ep.failures += 1
                 ep.last_error = str(exc)
                 ep.next_s = now_s + backoff_delay_s(ep.failures, self.interval_s, self.backoff_max_s)
                 self.errors += 1
                 with self._lock:
-                    self._errors.append({"endpoint": ep.url, "error": str(exc), "failures": ep.failures})
+                    self._errors.append({"endpoint": ep.url, "error": str(exc), "kind": kind,
+                                         "failures": ep.failures})
                     del self._errors[:-64]
                 continue
             ep.failures = 0
@@ -465,12 +623,12 @@ class EngineProbe(Probe):
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_s + 5)
             self._thread = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def counters(self) -> dict:
         c = super().counters()
         c["endpoints"] = len(self._endpoints)
         c["endpoints_failing"] = sum(1 for e in self._endpoints.values() if e.failures)
+        c["scrape_failures"] = dict(self.scrape_failures)
+        # Whole scrapes dropped because poll() fell behind: batches, not records.
+        c["dropped_batches"], c["drops"] = c["drops"], 0
         return c

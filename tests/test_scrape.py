@@ -81,12 +81,16 @@ def _cli(*args):
                           timeout=60)
 
 
-def test_unreachable_url_one_line_exit_2():
+def test_unreachable_url_one_line_exit_1():
+    # Nothing listening is a runtime failure (exit 1), like `top` finding no agent; a
+    # malformed URL is bad input (exit 2).
     r = _cli("scrape", f"http://127.0.0.1:{free_port()}/metrics", "--json", "--timeout", "2")
-    assert r.returncode == 2 and r.stdout == ""
+    assert r.returncode == 1 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ridgeline: error: http://127.0.0.1:")
     assert "Traceback" not in r.stderr
+    r = _cli("scrape", "http://127.0.0.1:99999/metrics")
+    assert r.returncode == 2 and r.stderr.startswith("ridgeline: error: http://127.0.0.1:99999/metrics: invalid URL")
 
 
 def test_not_an_engine_endpoint_exit_2(capsys):
