@@ -4,6 +4,19 @@ Each subcommand lives in its own module in :mod:`agent.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking
 the parsed arguments and returning an exit code. Modules are discovered, so adding a
 command never edits this file.
+
+One convention for every command (the table is in the README):
+
+* 0: done;
+* 1: a runtime failure: the input was fine but what the command needed did not happen
+  (no agent answering or no data within ``--timeout``, an endpoint unreachable, an
+  enabled probe unavailable): :class:`probes.errors.RuntimeFailure`;
+* 2: bad input or usage: an unknown command, option or choice, a bad value, a bad
+  configuration or input file: :class:`probes.errors.InputError` and argparse's errors;
+* 130: interrupted (SIGINT).
+
+Every error is one line on stderr starting ``ridgeline: error: `` (the command's name
+follows for usage errors), never a traceback.
 """
 from __future__ import annotations
 
@@ -12,17 +25,39 @@ import importlib
 import pkgutil
 import sys
 
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 
 from . import commands
 
+PREFIX = "ridgeline: error: "
+
+
+def version() -> str:
+    from importlib import metadata
+    try:
+        return metadata.version("ridgeline")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error line: ``ridgeline: error: CMD: message`` and exit 2."""
+
+    def error(self, message: str):
+        cmd = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        where = f"{cmd}: " if cmd else ""
+        self.exit(2, f"{PREFIX}{where}{message} (see `{self.prog} --help`)\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ridgeline",
         description="Which cost face holds this LLM server back: GPU memory, compute vs bandwidth, or queueing.",
+        epilog="Exit codes: 0 done, 1 runtime failure (no agent or data, unreachable endpoint, probe "
+               "unavailable), 2 bad input or usage, 130 interrupted.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"ridgeline {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
@@ -37,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return 2
     try:
         code = args.func(args)
-    except InputError as exc:
-        print(f"ridgeline: error: {exc}", file=sys.stderr)
+    except (InputError, RuntimeFailure) as exc:
+        print(f"{PREFIX}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -1,8 +1,10 @@
-"""The one error type a user sees: a message for one line, and an exit code.
+"""The error types a user sees: a message for one line, and an exit code.
 
 Any layer raises :class:`InputError` for bad input (a missing or malformed file, a bad
-option, a config error). The CLI prints ``ridgeline: error: <message>`` and exits with
-``exit_code`` (2), never a traceback.
+option, a config error; exit 2) and :class:`RuntimeFailure` when the input was fine but
+what the command needed did not happen (no agent answering, no data in time, a probe
+that cannot run here; exit 1). The CLI prints ``ridgeline: error: <message>`` and exits
+with ``exit_code``, never a traceback.
 """
 
 
@@ -14,3 +16,9 @@ class InputError(Exception):
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class RuntimeFailure(Exception):
+    """The input was fine, but what the command needed did not happen; one line, exit 1."""
+
+    exit_code = 1

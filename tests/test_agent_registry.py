@@ -75,8 +75,11 @@ def test_build_passes_only_named_parameters():
 def test_check_command_lists_every_probe(capsys):
     from ridgeline.agent.commands import check
     import argparse
-    rc = check.run(argparse.Namespace(config=None, probe=["replay", "simulator"]))
+    from ridgeline.probes.errors import RuntimeFailure
+    # A named probe that cannot run is a runtime failure (exit 1), after the full listing.
+    with pytest.raises(RuntimeFailure, match="probe replay cannot run here"):
+        check.run(argparse.Namespace(config=None, probe=["replay", "simulator"], json=False))
     out = capsys.readouterr().out.splitlines()
-    assert rc == 0 and len(out) == 2
+    assert len(out) == 2
     assert out[0].startswith("replay") and "unavailable" in out[0] and "hint: set probes.replay.path" in out[0]
     assert out[1].startswith("simulator")

@@ -22,11 +22,12 @@ def test_bad_duration(capsys):
     assert "duration" in capsys.readouterr().err
 
 
-def test_no_ebpf_is_one_line_exit_2(capsys, monkeypatch):
+def test_no_ebpf_is_one_line_exit_1(capsys, monkeypatch):
+    # A probe that cannot run here is a runtime failure (exit 1), as in `ridgeline check`.
     import ridgeline.probes.sched as sched
     monkeypatch.setattr(sched.SchedProbe, "check",
                         lambda self: Availability(False, "eBPF probes need root (euid 1000)", "run as root"))
-    assert cli.main(["sched", "--pid", "1", "--duration", "1"]) == 2
+    assert cli.main(["sched", "--pid", "1", "--duration", "1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "need root" in err[0] and err[0].startswith("ridgeline: error: ")
 

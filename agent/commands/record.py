@@ -5,39 +5,50 @@ import signal
 import sys
 import time
 
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
+    from ridgeline.agent.subscriber import add_stream_arguments
     p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write")
-    p.add_argument("--endpoint", default="tcp://127.0.0.1:7411", help="agent endpoint (default: %(default)s)")
+    add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
-    p.add_argument("--topic", action="append", metavar="T", help="only this topic (repeatable; default: all)")
-    p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="S",
+                   help="give up after S seconds without a message, exit 1 (0: wait); what was recorded is kept")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ridgeline.agent.recording import RecordingWriter
-    from ridgeline.agent.subscriber import Subscriber
-    if args.duration < 0:
+    from ridgeline.agent.subscriber import open_stream
+    if not args.duration >= 0:
         raise InputError("--duration must be >= 0")
+    if not args.timeout >= 0:
+        raise InputError("--timeout must be >= 0")
     stop = {"now": False}
 
     def _stop(*_):
         stop["now"] = True
     old = signal.signal(signal.SIGTERM, _stop)
-    sub = Subscriber(args.endpoint, topics=args.topic or (),
-                     server_public_key=args.server_key.encode() if args.server_key else None)
-    t0 = time.monotonic()
+    sub = open_stream(args)
+    t0 = last = time.monotonic()
+    failure = None
     try:
         with RecordingWriter(args.output) as w:
             try:
                 while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
                     msg = sub.receive(0.2)
+                    if sub.refused:
+                        failure = f"record: {sub.refused}"
+                        break
                     if msg is not None:
                         w.write(msg.raw, time.time_ns())
+                        last = time.monotonic()
+                    elif args.timeout and time.monotonic() - last > args.timeout:
+                        failure = (f"record: no message for {args.timeout:g} s from {args.endpoint} "
+                                   "(is `ridgeline agent` running?)")
+                        break
             except KeyboardInterrupt:
                 pass
             gaps = sum(sub.seq.gaps.values())
@@ -47,4 +58,6 @@ def run(args) -> int:
     finally:
         sub.close()
         signal.signal(signal.SIGTERM, old)
+    if failure:
+        raise RuntimeFailure(failure)
     return 0

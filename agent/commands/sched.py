@@ -16,7 +16,7 @@ import numpy as np
 import orjson
 
 from ridgeline.probes import proc
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 from ridgeline.probes.sched_accounting import WINDOW_DTYPE, hist_rows
 
 _SUM_FIELDS = [n for n in WINDOW_DTYPE.names if n not in ("tid", "tgid", "comm", "exited", "runq_max_ns")]
@@ -68,7 +68,7 @@ def merge_cuda(windows: list[np.ndarray]) -> dict[int, dict]:
 
 def _fail(what: str, avail) -> None:
     hint = f"; {avail.hint}" if avail.hint else ""
-    raise InputError(f"{what}: {avail.reason}{hint}")
+    raise RuntimeFailure(f"{what}: {avail.reason}{hint}")
 
 
 def run(args) -> int:
@@ -97,7 +97,8 @@ def run(args) -> int:
         sched.stop()
         if cuda:
             cuda.stop()
-        raise InputError(f"could not load the eBPF probes: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        raise RuntimeFailure("could not load the eBPF probes: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     tids_before = {t: proc.comm(args.pid, t) for t in proc.tids(args.pid)}
     windows, cwindows = [], []
     t_end = time.monotonic() + args.duration
@@ -116,7 +117,7 @@ def run(args) -> int:
             if not proc.alive(args.pid):
                 break
     except OSError as exc:   # a map read failing mid-run: one line, what was collected is lost with it
-        raise InputError(f"reading the eBPF maps failed: {exc}") from None
+        raise RuntimeFailure(f"reading the eBPF maps failed: {exc}") from None
     finally:
         counters = sched.counters()
         ccounters = cuda.counters() if cuda else None

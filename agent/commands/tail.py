@@ -4,19 +4,17 @@ from __future__ import annotations
 import sys
 import time
 
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
+    from ridgeline.agent.subscriber import add_stream_arguments
     p = sub.add_parser("tail", help="print decoded records from the agent's stream")
-    p.add_argument("--endpoint", default="tcp://127.0.0.1:7411", help="agent endpoint (default: %(default)s)")
-    p.add_argument("--topic", action="append", metavar="T",
-                   help="only this topic (repeatable): window, events, sched, device, engine, health")
+    add_stream_arguments(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line (NDJSON)")
     p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N records (0: never)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
-                   help="give up after S seconds without a record (0: wait forever)")
-    p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
+                   help="give up after S seconds without a record (0: wait forever); exit 1")
     p.set_defaults(func=run)
 
 
@@ -65,21 +63,24 @@ def summary(msg) -> str:
 def run(args) -> int:
     import orjson
 
-    from ridgeline.agent.subscriber import Subscriber
+    from ridgeline.agent.subscriber import open_stream
     if args.count < 0:
         raise InputError("--count must be >= 0")
-    sub = Subscriber(args.endpoint, topics=args.topic or (),
-                     server_public_key=args.server_key.encode() if args.server_key else None)
+    if not args.timeout >= 0:
+        raise InputError("--timeout must be >= 0")
+    sub = open_stream(args)
     out = sys.stdout
     n = 0
     last = time.monotonic()
     try:
         while not args.count or n < args.count:
             msg = sub.receive(0.5)
+            if sub.refused:
+                raise RuntimeFailure(f"tail: {sub.refused}")
             if msg is None:
                 if args.timeout and time.monotonic() - last > args.timeout:
-                    print(f"ridgeline tail: no record for {args.timeout:g} s from {args.endpoint}", file=sys.stderr)
-                    return 1
+                    raise RuntimeFailure(f"tail: no record for {args.timeout:g} s from {args.endpoint} "
+                                         "(is `ridgeline agent` running?)")
                 continue
             last = time.monotonic()
             if msg.gap:

@@ -1,20 +1,22 @@
 """``ridgeline top``: live view of the agent's windows (see :mod:`agent.top`)."""
 from __future__ import annotations
 
-import sys
 import time
+
+from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
+    from ridgeline.agent.subscriber import add_stream_arguments
     p = sub.add_parser("top", help="live terminal view of the agent's windows")
-    p.add_argument("--endpoint", default="tcp://127.0.0.1:7411", help="agent endpoint (default: %(default)s)")
+    add_stream_arguments(p, topics=False)
     p.add_argument("--once", action="store_true", help="print one window and exit")
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit after S seconds (0: run until ^C)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="with --once/--duration: give up after S seconds without a window (default: %(default)s)")
+                   help="with --once/--duration: give up after S seconds without a window, exit 1 "
+                        "(default: %(default)s)")
     p.add_argument("--every", type=float, default=5.0, metavar="S",
                    help="without a terminal, print a frame at most every S seconds (default: %(default)s)")
-    p.add_argument("--server-key", metavar="Z85", help="agent's CURVE public key (for a CURVE endpoint)")
     p.set_defaults(func=run)
 
 
@@ -22,11 +24,13 @@ def run(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from ridgeline.agent.subscriber import Subscriber
+    from ridgeline.agent.subscriber import open_stream
     from ridgeline.agent.top import TopState, render
+    for name in ("duration", "timeout", "every"):
+        if not getattr(args, name) >= 0:
+            raise InputError(f"--{name} must be >= 0")
     console = Console()
-    sub = Subscriber(args.endpoint, topics=("window",),
-                     server_public_key=args.server_key.encode() if args.server_key else None)
+    sub = open_stream(args, topics=("window",))
     state = TopState(endpoint=args.endpoint)
     t0 = time.monotonic()
     last_msg = t0
@@ -40,11 +44,12 @@ def run(args) -> int:
             if args.duration and now - t0 >= args.duration:
                 break
             msg = sub.receive(0.25)
+            if sub.refused:
+                raise RuntimeFailure(f"top: {sub.refused}")
             if msg is None:
                 if bounded and time.monotonic() - last_msg > args.timeout:
-                    print(f"ridgeline top: no window from {args.endpoint} for {args.timeout:g} s "
-                          "(is `ridgeline agent` running?)", file=sys.stderr)
-                    return 1
+                    raise RuntimeFailure(f"top: no window from {args.endpoint} for {args.timeout:g} s "
+                                         "(is `ridgeline agent` running?)")
                 continue
             last_msg = time.monotonic()
             state.windows += 1
