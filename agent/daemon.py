@@ -21,7 +21,7 @@ Contract of :class:`Agent`:
   keeps publishing). Window length, log level, analysis, events publishing, the probe
   set, /metrics and the publisher endpoint are applied; sequence numbers continue.
 * Text that came from peers (served processes' status lines, probe error messages) is
-  escaped before it is logged (:mod:`agent.untrusted_text`).
+  escaped before it is logged (:mod:`probes.untrusted_text`).
 * On stop, the open window is closed and published (flush), then ``STOPPING=1``, probes
   are stopped, and sockets closed.
 """
@@ -43,7 +43,7 @@ from . import registry
 from .health import HealthMeter
 from .publisher import Publisher
 from .sdnotify import Notifier
-from .untrusted_text import for_log
+from ridgeline.probes.untrusted_text import for_log
 
 log = logging.getLogger("ridgeline.agent")
 

@@ -1,0 +1,275 @@
+"""SIGHUP reloads that cannot silence the agent (issue 14.4), command-line overrides kept
+across reloads (issue 11.5), a watchdog fed only while windows are published, and peer
+text escaped in the log (issue 14.6)."""
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agent_codec import codec
+from ridgeline.agent import config
+from ridgeline.agent.daemon import Agent
+from ridgeline.agent.sdnotify import Notifier
+from ridgeline.agent.subscriber import Subscriber
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_toml(ep, extra=""):
+    return (f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n{extra}'
+            '[prometheus]\nenabled = false\n[probes]\nenabled = []\n')
+
+
+def collect(sub, seconds, topic="window"):
+    out = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        m = sub.receive(0.1)
+        if m is not None and m.topic == topic:
+            out.append(m)
+    return out
+
+
+@pytest.fixture
+def running_agent(tmp_path):
+    path = tmp_path / "agent.toml"
+    ep = f"ipc://{tmp_path}/r.sock"
+    path.write_text(base_toml(ep))
+    agent = Agent(config.load(path), config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    sub = Subscriber(ep, codec=codec, topics=("window",))
+    try:
+        yield agent, path, ep, sub
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        sub.close()
+
+
+@pytest.mark.parametrize("bad", [
+    '[agent]\nwindow_s = 0.2\n[publisher]\nsndhwm = 99999999999999999999\n',
+    '[agent]\nwindow_s = 0.2\n[prometheus]\nlisten = "127.0.0.1:99999"\n',
+    '[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "tcp://127.0.0.1:99999"\n',
+    '[agent]\nwindow_s = nan\n',
+])
+def test_a_reload_with_a_bad_value_keeps_the_agent_publishing(running_agent, bad):
+    agent, path, ep, sub = running_agent
+    assert collect(sub, 0.8)                       # subscribed and flowing
+    before = (agent.cfg, agent.publisher)
+    path.write_text(bad.replace("[agent]\nwindow_s = 0.2\n", "[agent]\nwindow_s = 0.2\n"
+                                f'[publisher]\nendpoint = "{ep}"\n', 1) if "[publisher]" not in bad else bad)
+    agent.request_reload()
+    after = collect(sub, 1.5)
+    assert agent.reloads_refused == 1 and agent.reloads == 0
+    assert (agent.cfg, agent.publisher) == before        # untouched, same socket
+    assert agent.loop_errors == 0
+    seqs = [m.seq for m in after]
+    assert len(seqs) >= 4 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))   # no gap, no pause
+
+
+def test_a_reload_whose_endpoint_cannot_bind_keeps_the_old_one(running_agent, tmp_path):
+    agent, path, ep, sub = running_agent
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    busy = free_port()
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", busy))
+    blocker.listen(1)
+    prom_port = free_port()
+    try:
+        assert collect(sub, 0.6)
+        # /metrics on a free port, the stream on a taken one: all or nothing.
+        path.write_text(f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "tcp://127.0.0.1:{busy}"\n'
+                        f'[prometheus]\nenabled = true\nlisten = "127.0.0.1:{prom_port}"\n[probes]\nenabled = []\n')
+        seq_before = agent.publisher.seq["window"]
+        agent.request_reload()
+        after = collect(sub, 1.5)                 # the old endpoint, rebound
+        assert agent.reloads_refused == 1 and agent.cfg["publisher"]["endpoint"] == ep
+        assert agent.prometheus is None           # the /metrics half was undone too
+        with socket.socket() as s:                # and its port released
+            s.bind(("127.0.0.1", prom_port))
+        assert after and after[0].seq >= seq_before  # sequence numbers went on
+    finally:
+        taken.close()
+        blocker.close()
+
+
+def test_a_good_reload_still_applies(running_agent):
+    agent, path, ep, sub = running_agent
+    prom = free_port()
+    path.write_text(f'[agent]\nwindow_s = 0.3\n[publisher]\nendpoint = "{ep}"\nsndhwm = 50\n'
+                    f'[prometheus]\nenabled = true\nlisten = "127.0.0.1:{prom}"\n[probes]\nenabled = []\n')
+    agent.request_reload()
+    time.sleep(0.5)
+    assert agent.reloads == 1 and agent.cfg["agent"]["window_s"] == 0.3 and agent.cfg["publisher"]["sndhwm"] == 50
+    assert agent.prometheus is not None and agent.prometheus.port == prom
+    assert collect(sub, 1.0)
+
+
+def test_sighup_keeps_command_line_overrides(tmp_path):
+    """`--probes engine --no-prometheus` must survive SIGHUP (it used to come back as the
+    file's settings: every probe, /metrics on)."""
+    ep = f"ipc://{tmp_path}/o.sock"
+    prom = free_port()
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n'
+                   f'[prometheus]\nlisten = "127.0.0.1:{prom}"\n'
+                   '[probes]\nenabled = ["simulator", "engine"]\n'
+                   f'[probes.engine]\nurl = "http://127.0.0.1:{free_port()}/metrics"\n')
+    agent = subprocess.Popen([sys.executable, "-m", "ridgeline", "agent", "--config", str(cfg),
+                              "--probes", "engine", "--no-prometheus"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sub = Subscriber(ep, codec=codec, topics=("health",))
+    try:
+        first = None
+        end = time.monotonic() + 30
+        while first is None and time.monotonic() < end:
+            first = sub.receive(0.5)
+        assert first is not None, "agent did not start"
+        assert set(first.payload["probes"]) == {"engine"}
+        agent.send_signal(signal.SIGHUP)
+        reloaded = None
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            m = sub.receive(0.5)
+            if m is not None and m.payload.get("reloads") == 1:
+                reloaded = m
+                break
+        assert reloaded is not None, "no reload seen"
+        assert set(reloaded.payload["probes"]) == {"engine"}
+        with socket.socket() as s:                 # --no-prometheus held: the port is free
+            s.bind(("127.0.0.1", prom))
+    finally:
+        sub.close()
+        agent.terminate()
+        _, err = agent.communicate(timeout=30)
+    assert agent.returncode == 0, err
+    assert "Traceback" not in err
+
+
+class NotifySink:
+    """A real AF_UNIX datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+        self.path = str(path)
+
+    def drain(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(self.sock.recv(4096).decode())
+            except BlockingIOError:
+                return out
+
+
+def test_the_watchdog_is_fed_only_while_windows_are_published(tmp_path):
+    sink = NotifySink(tmp_path / "notify")
+    cfg = config.overlay(config.defaults(), {"agent": {"window_s": 0.2},
+                                             "publisher": {"endpoint": f"ipc://{tmp_path}/w.sock"},
+                                             "prometheus": {"enabled": False}, "probes": {"enabled": []}})
+    broken = {"on": False}
+
+    class Codec:
+        def __getattr__(self, name):
+            return getattr(codec, name)
+
+        def encode_window(self, w):
+            if broken["on"]:
+                raise ValueError("cannot encode")
+            return codec.encode_window(w)
+
+    agent = Agent(cfg, probes=[], codec=Codec(),
+                  notifier=Notifier({"NOTIFY_SOCKET": sink.path, "WATCHDOG_USEC": "200000"}))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("ridgeline").addHandler(handler)
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+
+    def watchdogs(seconds):
+        sink.drain()
+        time.sleep(seconds)
+        return sum("WATCHDOG=1" in m for m in sink.drain())
+
+    try:
+        assert watchdogs(1.0) >= 3                  # healthy: fed
+        broken["on"] = True
+        time.sleep(2.0)                             # past the grace of two windows
+        assert watchdogs(1.0) == 0                  # nothing published: systemd will restart us
+        assert agent.loop_errors >= 5
+        broken["on"] = False
+        time.sleep(0.6)
+        assert watchdogs(1.0) >= 3                  # publishing again: fed again
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        logging.getLogger("ridgeline").removeHandler(handler)
+    # One traceback for the repeated error, not one per window.
+    tracebacks = [r for r in records if r.exc_info and "cannot encode" in r.getMessage()]
+    assert len(tracebacks) == 1
+
+
+def test_peer_text_from_the_cupti_socket_is_escaped_in_the_log(tmp_path):
+    from ridgeline.probes.cupti import protocol as P
+    sock_path = tmp_path / "cupti.sock"
+    cfg = config.overlay(config.defaults(), {
+        "agent": {"window_s": 0.2}, "publisher": {"endpoint": f"ipc://{tmp_path}/l.sock"},
+        "prometheus": {"enabled": False},
+        "probes": {"enabled": ["cupti"], "cupti": {"socket": str(sock_path)}}})
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("ridgeline")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    agent = Agent(cfg, codec=codec, notifier=Notifier({}))
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    forged = b"no CUPTI\nridgeline[1] ERROR forged line\r\x1b[2J\xe2\x80\xa8"
+    comm = b"vllm\nfake"
+    h = np.zeros(1, P.HELLO_DTYPE)
+    h["pid"], h["cupti_version"], h["comm_len"], h["status_len"] = 7, 130500, len(comm), len(forged)
+    h["flags"] = P.FLAG_NO_CUPTI
+    pad = lambda b: b + b"\0" * (-len(b) % 8)  # noqa: E731
+    try:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(str(sock_path))
+        c.sendall(P.encode_frame(P.MSG_HELLO, h.tobytes() + pad(comm) + pad(forged)))
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not any("forged" in r.getMessage() for r in records):
+            time.sleep(0.1)
+        c.close()
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = [r.getMessage() for r in records if "forged" in r.getMessage()]
+    assert lines, [r.getMessage() for r in records]
+    for line in lines:
+        assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u2028" not in line
+        assert "\\nridgeline[1] ERROR forged line\\r\\x1b[2J" in line
