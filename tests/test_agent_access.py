@@ -1,0 +1,86 @@
+"""Local access control of the stream (issue 14.6): the default endpoint is a unix socket
+only the agent's user and group can open; other local users, tried as the real user
+`nobody`, cannot connect, so cannot read it. TCP stays for remote CURVE subscribers."""
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+
+import msgpack
+import pytest
+
+from ridgeline.agent import config
+from ridgeline.agent.publisher import Publisher
+
+SETPRIV = shutil.which("setpriv")
+PY = "/usr/bin/python3"     # the venv's interpreter may sit in a folder nobody cannot enter
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not SETPRIV or not os.path.exists(PY),
+                                reason="needs root, setpriv (util-linux) and /usr/bin/python3 to act as `nobody`")
+
+
+def enc(topic, seq, payload, host, ts_ns):
+    return msgpack.packb([topic, seq, host, ts_ns, payload])
+
+
+def test_the_default_stream_is_a_unix_socket_not_tcp():
+    ep = config.defaults()["publisher"]["endpoint"]
+    assert ep.startswith("ipc:///run/ridgeline/")
+
+
+CONNECT = ("import socket, sys\n"
+           "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+           "try:\n"
+           "    s.connect(sys.argv[1])\n"
+           "except PermissionError:\n"
+           "    print('denied'); sys.exit(0)\n"
+           "print('connected')\n")
+
+
+def as_user(uid, gid, path, groups=()):
+    args = [SETPRIV, f"--reuid={uid}", f"--regid={gid}"]
+    args += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    r = subprocess.run(args + [PY, "-c", CONNECT, path], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def open_folder():
+    # A folder anyone may enter, so only the socket's own mode decides.
+    d = tempfile.mkdtemp(prefix="rl-access-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@needs_root
+def test_nobody_cannot_open_the_stream_and_a_group_member_can(open_folder):
+    import grp
+    nogroup = grp.getgrnam("nogroup").gr_gid
+    private = os.path.join(open_folder, "stream.sock")
+    pub = Publisher(f"ipc://{private}", encode=enc)
+    shared = os.path.join(open_folder, "shared.sock")
+    pub2 = Publisher(f"ipc://{shared}", encode=enc, ipc_group="nogroup")
+    try:
+        st = os.stat(private)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o660
+        # Another local user (nobody, in no group of ours): connect() is refused by the kernel.
+        assert as_user(65534, 65534, private) == "denied"
+        # A member of publisher.ipc_group gets in; without the group, the same user does not.
+        assert os.stat(shared).st_gid == nogroup and stat.S_IMODE(os.stat(shared).st_mode) == 0o660
+        assert as_user(65534, 65534, shared, groups=(nogroup,)) == "connected"
+        assert as_user(65534, 65533, shared) == "denied"
+        # The owner (root here, the agent's user) of course can.
+        assert as_user(0, 0, private) == "connected"
+    finally:
+        pub.close()
+        pub2.close()
+
+
+def test_a_socket_folder_is_never_created_outside_run(tmp_path):
+    from ridgeline.probes.errors import InputError
+    with pytest.raises(InputError, match="does not exist"):
+        Publisher(f"ipc://{tmp_path}/a/b/s.sock", encode=enc)
+    assert not (tmp_path / "a").exists()
