@@ -3,9 +3,11 @@
 Contract: :func:`for_log` turns any value (a HELLO status field, a process name, an
 exception message quoting a peer's bytes) into one line of printable text: control
 characters, line breaks, escape sequences and anything unprintable are written as
-Python-style escapes (``\\n``, ``\\x1b``, ``\\u2028``), backslashes are doubled, and the
-result is cut to ``limit`` characters with a marker. A peer can therefore never start a
-new log line, forge a journal field or drive the terminal of whoever reads the log.
+Python-style escapes (``\\n``, ``\\x1b``, ``\\u2028``), and the result is cut to ``limit``
+characters with a marker. Backslashes are kept as they are, so text a probe already
+escaped is not escaped twice (a literal backslash cannot start a line either). A peer
+can therefore never start a new log line, forge a journal field or drive the terminal
+of whoever reads the log.
 """
 from __future__ import annotations
 
@@ -13,8 +15,6 @@ LIMIT = 300
 
 
 def _escape(ch: str) -> str:
-    if ch == "\\":
-        return "\\\\"
     if ch.isprintable() and ch != "\x7f":
         return ch
     code = ord(ch)

@@ -251,7 +251,8 @@ def test_peer_text_from_the_cupti_socket_is_escaped_in_the_log(tmp_path):
     forged = b"no CUPTI\nridgeline[1] ERROR forged line\r\x1b[2J\xe2\x80\xa8"
     comm = b"vllm\nfake"
     h = np.zeros(1, P.HELLO_DTYPE)
-    h["pid"], h["cupti_version"], h["comm_len"], h["status_len"] = 7, 130500, len(comm), len(forged)
+    # The agent checks the HELLO pid against the kernel's (SO_PEERCRED): ours.
+    h["pid"], h["cupti_version"], h["comm_len"], h["status_len"] = os.getpid(), 130500, len(comm), len(forged)
     h["flags"] = P.FLAG_NO_CUPTI
     pad = lambda b: b + b"\0" * (-len(b) % 8)  # noqa: E731
     try:
@@ -273,3 +274,20 @@ def test_peer_text_from_the_cupti_socket_is_escaped_in_the_log(tmp_path):
     for line in lines:
         assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\u2028" not in line
         assert "\\nridgeline[1] ERROR forged line\\r\\x1b[2J" in line
+
+
+@pytest.mark.parametrize("text, want", [
+    ("plain text", "plain text"),
+    ("a\nb\r\x1b[31m\x00\x7f\u2028", "a\\nb\\r\\x1b[31m\\x00\\x7f\\u2028"),
+    ("already \\n escaped", "already \\n escaped"),       # not escaped twice
+    (b"bytes \xff\n", "bytes \ufffd\\n"),
+])
+def test_for_log_makes_one_printable_line(text, want):
+    from ridgeline.probes.untrusted_text import for_log
+    assert for_log(text) == want
+
+
+def test_for_log_is_bounded():
+    from ridgeline.probes.untrusted_text import for_log
+    out = for_log("\n" * 100_000, limit=50)
+    assert len(out) < 80 and "\n" not in out
