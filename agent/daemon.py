@@ -89,6 +89,7 @@ class Agent:
         self._error_log: dict[tuple, list] = {}       # (type, text) -> [repeats since logged, next log time]
         self.last_published_mono = time.monotonic()   # last window the publisher really took
         self.watchdog_skipped = 0
+        self._unbound_seq: dict[str, int] = {}        # sequence numbers while no socket is bound
         # As dcgm-exporter names the host (NODE_NAME, set from spec.nodeName in Kubernetes,
         # else the host name), so the Hostname label joins its series: in a pod the host
         # name is the pod's, not the node's.
@@ -250,6 +251,7 @@ class Agent:
 
     def close_window(self, start_ns: int, end_ns: int) -> dict:
         if self.publisher is None:
+            self._lose_window()
             raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
         pub = self.publisher.counters()
         agent = self.health.sample(self.probe_counters(), self.records_total,
@@ -386,6 +388,7 @@ class Agent:
                 # Neither binds (someone took the endpoint meanwhile): publish nothing,
                 # retry every window, and let the watchdog see it.
                 self.publisher = None
+                self._unbound_seq = dict(seq or {})
                 log.error("reload: the running publisher could not be bound again either: %s", exc2)
             else:
                 if seq is not None:
@@ -453,8 +456,16 @@ class Agent:
         try:
             self.publisher = self._make_publisher(self.cfg["publisher"])
         except InputError as exc:
+            self._lose_window()
             raise RuntimeError(f"stream still unbound: {exc}") from None
-        log.warning("publisher bound again on %s (sequence numbers restart at 0)", self.cfg["publisher"]["endpoint"])
+        self.publisher.seq.update(self._unbound_seq)
+        log.warning("publisher bound again on %s", self.cfg["publisher"]["endpoint"])
+
+    def _lose_window(self) -> None:
+        """A window that could not be published still uses its sequence numbers, so
+        subscribers see the gap once the stream is back."""
+        for topic in ("window", "health"):
+            self._unbound_seq[topic] = self._unbound_seq.get(topic, 0) + 1
 
     def _log_loop_error(self, exc: Exception) -> None:
         """First occurrence of each error with its traceback; repeats summed, one line a minute."""

@@ -291,3 +291,52 @@ def test_for_log_is_bounded():
     from ridgeline.probes.untrusted_text import for_log
     out = for_log("\n" * 100_000, limit=50)
     assert len(out) < 80 and "\n" not in out
+
+
+def test_when_no_socket_can_be_bound_windows_lost_show_as_a_gap(tmp_path):
+    """Both the new and the old endpoint taken: nothing is published, the watchdog is not
+    fed, the agent retries every window, and the lost windows show as a sequence gap."""
+    port, other = free_port(), free_port()
+    path = tmp_path / "agent.toml"
+    path.write_text(base_toml(f"tcp://127.0.0.1:{port}"))
+    agent = Agent(config.load(path), config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    sub = Subscriber(f"tcp://127.0.0.1:{port}", codec=codec, topics=("window",))
+    squatters = []
+    try:
+        assert collect(sub, 0.8)
+        # Someone takes the new endpoint, and the old one the moment it is let go.
+        s1 = socket.socket()
+        s1.bind(("127.0.0.1", other))
+        s1.listen(1)
+        squatters.append(s1)
+        real_make = agent._make_publisher
+
+        def make(p):
+            if p["endpoint"].endswith(f":{port}") and len(squatters) == 1:
+                s2 = socket.socket()
+                s2.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s2.bind(("127.0.0.1", port))
+                s2.listen(1)
+                squatters.append(s2)
+            return real_make(p)
+        agent._make_publisher = make
+        path.write_text(base_toml(f"tcp://127.0.0.1:{other}"))
+        last = agent.publisher.seq["window"]
+        agent.request_reload()
+        time.sleep(1.8)                          # past the watchdog's grace of two windows
+        assert agent.publisher is None and agent.reloads_refused == 1
+        assert not agent.publishing_healthy()
+        squatters[1].close()                     # the endpoint is free again: rebound
+        after = collect(sub, 2.0)
+        assert agent.publisher is not None and after
+        assert after[0].gap >= 2 and after[0].seq > last + 2
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
+        sub.close()
+        for s in squatters:
+            s.close()
