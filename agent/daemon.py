@@ -141,7 +141,8 @@ class Agent:
                                                 timeout_s=pr["timeout_s"])
             except OSError as exc:
                 self.publisher.close()
-                raise InputError(f"cannot serve Prometheus on {self.cfg['prometheus']['listen']}: {exc.strerror or exc}") from None
+                raise InputError(f"cannot serve Prometheus on {self.cfg['prometheus']['listen']}: "
+                                 f"{exc.strerror or exc}") from None
         self.notifier.status("starting probes")
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
         names = ", ".join(r.step.name for r in self.running) or "none"

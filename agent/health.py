@@ -7,8 +7,9 @@ given (``probes: {name: {records, drops, errors, ...}}``) plus the totals
 ``dropped_records`` (records lost: the sum of the probes' ``drops``, which count records),
 ``dropped_batches`` (whole batches, scrapes or messages lost before they were read, so
 their record count is unknown: the sum of the probes' ``dropped_batches``) and
-``errors``. The two drop figures are never added together: they count different things. Reading /proc is the only I/O here (thin, Linux-only; elsewhere RSS is the
-peak from ``resource``).
+``errors``. The two drop figures are never added together: they count different things.
+Reading /proc is the only I/O here (thin, Linux-only; elsewhere RSS is the peak from
+``resource``).
 """
 from __future__ import annotations
 

@@ -486,7 +486,8 @@ class WindowCollector:
             pd.add_metric([host, t], float(n))
         yield pd
         # Engine scrapes that failed, by kind (timeout, too_large, connect, http_status, ...).
-        sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures", "Engine /metrics scrapes that failed, by kind",
+        sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures",
+                                 "Engine /metrics scrapes that failed, by kind",
                                  labels=["Hostname", "kind"])
         for kind, n in sorted(((a.get("probes") or {}).get("engine") or {}).get("scrape_failures", {}).items()):
             if _num(n) is not None:

@@ -188,7 +188,8 @@ def _afterwards(out: Path, model_name: str) -> None:
         last = rec.windows[-1].get("agent", {})
         cpu = [w.get("agent", {}).get("cpu_pct", 0) for w in rec.windows]
         lines.append(f"agent cost while streaming: CPU median {sorted(cpu)[len(cpu) // 2]:.1f}% of one core, "
-                     f"RSS {last.get('rss_bytes', 0) / 2**20:.0f} MiB, dropped {last.get('dropped_records', 0)} records, {last.get('dropped_batches', 0)} batches")
+                     f"RSS {last.get('rss_bytes', 0) / 2**20:.0f} MiB, dropped {last.get('dropped_records', 0)} "
+                     f"records, {last.get('dropped_batches', 0)} batches")
         verdicts = [v.get("verdict") for w in rec.windows for v in (w.get("verdict") or []) if isinstance(v, dict)]
         if verdicts:
             from collections import Counter
