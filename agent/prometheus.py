@@ -541,6 +541,7 @@ class MetricsServer:
     """
 
     MAX_HEAD_BYTES = 8192
+    ACCEPT_PAUSE_S = 0.2
 
     def __init__(self, agent, listen: str, max_connections: int = 16, timeout_s: float = 5.0):
         host, _, port = listen.rpartition(":")
@@ -570,6 +571,8 @@ class MetricsServer:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._conns: dict[socket.socket, _HttpConn] = {}     # in accept order
         self._cache: tuple | None = None
+        self._accept_paused_until = 0.0
+        self.wakeups = 0          # turns of the serving loop (a spin would show here)
         self._stop = False
         self._thread = threading.Thread(target=self._serve, name="ridgeline-metrics", daemon=True)
         self._thread.start()
@@ -587,8 +590,15 @@ class MetricsServer:
     # -- the serving thread ------------------------------------------------------------
     def _serve(self) -> None:
         while not self._stop:
+            self.wakeups += 1
             now = time.monotonic()
             wait = 0.5
+            if self._accept_paused_until:
+                if now >= self._accept_paused_until:
+                    self._accept_paused_until = 0.0
+                    self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+                else:
+                    wait = min(wait, self._accept_paused_until - now)
             for c in self._conns.values():
                 wait = min(wait, max(0.0, c.deadline - now))
             try:
@@ -629,8 +639,11 @@ class MetricsServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                # EMFILE and friends: counted; the connection stays in the backlog.
+                # EMFILE and friends: counted; the connection stays in the backlog. The
+                # listener stays readable, so stop watching it for a moment rather than spin.
                 self.stats["accept_errors"] += 1
+                self._sel.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + self.ACCEPT_PAUSE_S
                 return
             if len(self._conns) >= self.max_connections:
                 waiting = next((c for c in self._conns.values() if not c.out), None)

@@ -107,3 +107,57 @@ def test_reconfigure_and_close_release_the_port():
     srv.close()
     again = MetricsServer(None, f"127.0.0.1:{port}")
     again.close()
+
+
+SERVER_UNDER_EMFILE = r"""
+import resource, socket, sys, time
+from ridgeline.agent.prometheus import MetricsServer
+srv = MetricsServer(None, "127.0.0.1:0", max_connections=64, timeout_s=30)
+srv.observe({"gpus": [], "agent": {"probes": {}}})
+# Fill the descriptor table but for a few: accept() then fails with EMFILE.
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+hog = []
+try:
+    while True:
+        hog.append(open("/dev/null"))
+except OSError:
+    pass
+print(srv.port, flush=True)
+sys.stdin.readline()             # the test has piled connections up
+turns0 = srv.wakeups
+time.sleep(2.0)
+turns = srv.wakeups - turns0
+for f in hog[:40]:
+    f.close()                    # descriptors free again
+sys.stdin.readline()
+print(srv.stats["accept_errors"], turns, flush=True)
+"""
+
+
+def test_out_of_descriptors_is_counted_and_recovered_without_spinning():
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", SERVER_UNDER_EMFILE], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        waiting = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+        p.stdin.write("\n")
+        p.stdin.flush()
+        time.sleep(2.5)
+        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)   # served once fds are free
+        assert r.status_code == 200
+        p.stdin.write("\n")
+        p.stdin.flush()
+        errors, turns = p.stdout.readline().split()
+        assert int(errors) >= 1
+        # While it could not accept, the serving thread waited (a pause of 0.2 s between
+        # tries: about 10 turns in those 2 s) instead of spinning on the readable listener
+        # (hundreds of thousands of turns, a whole core).
+        assert int(turns) < 1000, turns
+        for s in waiting:
+            s.close()
+    finally:
+        p.kill()
+        p.wait()
