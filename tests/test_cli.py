@@ -154,3 +154,24 @@ def test_a_client_key_the_agent_does_not_allow_is_refused_with_exit_1(curve_agen
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].startswith(PREFIX + "tail: the agent at ")
     assert "refused this client key" in r.stderr
+
+
+def _commands():
+    import argparse
+    p = cli.build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(sub.choices)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_answers_a_usage_error_with_exit_2_and_the_prefix(command):
+    r = run(command, "--no-such-option-xyz")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, (command, r.stderr)
+    assert len(lines) == 1 and lines[0].startswith(PREFIX) and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_has_help_exit_0(command):
+    r = run(command, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("usage: ridgeline " + command)
