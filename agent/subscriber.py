@@ -91,8 +91,26 @@ def open_stream(args, topics=None) -> "Subscriber":
     """A :class:`Subscriber` for the parsed ``add_stream_arguments`` options."""
     if not args.endpoint:
         args.endpoint = default_endpoint()
+    _check_ipc_access(args.endpoint)
     return Subscriber(args.endpoint, topics=topics if topics is not None else (getattr(args, "topic", None) or ()),
                       **curve_options(args))
+
+
+def _check_ipc_access(endpoint: str) -> None:
+    """A unix socket this user may not open fails at once (zmq would retry in silence)."""
+    if not endpoint.startswith("ipc://"):
+        return
+    import os
+
+    from ridgeline.probes.errors import RuntimeFailure
+    path = endpoint[len("ipc://"):]
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(folder) and not os.access(folder, os.X_OK):
+        raise RuntimeFailure(f"cannot open {endpoint}: no access to {folder} (the agent's stream is for its "
+                             "user and publisher.ipc_group; ask to be added to that group)")
+    if os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK):
+        raise RuntimeFailure(f"cannot open {endpoint}: permission denied (the agent's stream is for its "
+                             "user and publisher.ipc_group; ask to be added to that group)")
 
 
 def curve_options(args) -> dict:

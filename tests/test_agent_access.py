@@ -84,3 +84,52 @@ def test_a_socket_folder_is_never_created_outside_run(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         Publisher(f"ipc://{tmp_path}/a/b/s.sock", encode=enc)
     assert not (tmp_path / "a").exists()
+
+
+def tail_as(uid, gid, endpoint, groups=()):
+    """`ridgeline tail` run as another user with the system interpreter (the venv's may sit
+    where that user cannot enter), importing this checkout's packages."""
+    import site
+    import sys
+    sp = [p for p in site.getsitepackages() if p.startswith(sys.prefix)][0]
+    code = ("import site, sys\n"
+            f"site.addsitedir({sp!r})\n"
+            "from ridgeline.agent.cli import main\n"
+            f"sys.exit(main(['tail', '--endpoint', {endpoint!r}, '--count', '1', '--timeout', '10']))\n")
+    args = [SETPRIV, f"--reuid={uid}", f"--regid={gid}"]
+    args += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    return subprocess.run(args + [PY, "-c", code], capture_output=True, text=True, timeout=60)
+
+
+@needs_root
+@pytest.mark.parametrize("group", ["", "nogroup"])
+def test_ridgeline_tail_as_nobody_cannot_read_the_agents_stream(open_folder, group):
+    import grp
+    import threading
+
+    from agent_codec import codec
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.agent.sdnotify import Notifier
+    ep = f"ipc://{open_folder}/stream.sock"
+    cfg = config.overlay(config.defaults(), {"agent": {"window_s": 0.2},
+                                             "publisher": {"endpoint": ep, "ipc_group": group},
+                                             "prometheus": {"enabled": False}, "probes": {"enabled": []}})
+    agent = Agent(cfg, probes=[], codec=codec, notifier=Notifier({}))
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    try:
+        if not group:
+            r = tail_as(65534, 65534, ep)
+            # nobody, not in the agent's group: refused at once, nothing read.
+            assert r.returncode == 1 and r.stdout == ""
+            assert "permission denied" in r.stderr and r.stderr.startswith("ridgeline: error: ")
+        else:
+            # the same user as a member of publisher.ipc_group reads the stream.
+            r = tail_as(65534, 65534, ep, groups=(grp.getgrnam(group).gr_gid,))
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.startswith("window") or r.stdout.startswith("health")
+    finally:
+        agent.request_stop()
+        t.join(5)
+        agent.shutdown()
