@@ -70,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse's own message would not name the command the option was given to.
+        cmd = getattr(args, "command", None)
+        where = f"{cmd}: " if cmd else ""
+        help_of = f"ridgeline {cmd}" if cmd else "ridgeline"
+        print(f"{PREFIX}{where}unrecognized arguments: {' '.join(extra)} (see `{help_of} --help`)", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

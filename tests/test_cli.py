@@ -65,7 +65,7 @@ def _cases(tmp):
         (["keys", "-o", f"{tmp}/no-such-dir"], 2, "no such folder"),
         (["analyze", f"{tmp}/missing.json"], 2, "no such file"),
         (["sched", "--pid", "1", "--duration", "0"], 2, "--duration must be positive"),
-        (["tail", "--bogus-flag"], 2, "unrecognized arguments: --bogus-flag"),
+        (["tail", "--bogus-flag"], 2, "tail: unrecognized arguments: --bogus-flag"),
     ]
 
 
