@@ -219,8 +219,22 @@ scrape_configs:
             tmp_path / "prometheus.log", env, procs)
         api = f"http://127.0.0.1:{prom_port}/api/v1"
 
+        def api_get(path, **params):
+            """The API's JSON answer; a server still starting answers 503 (its rule manager
+            or query engine not ready yet), which is waited out for 60 s, not failed on."""
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    r = httpx.get(f"{api}/{path}", params=params, timeout=10)
+                    if r.status_code != 503:
+                        return r.json()
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, f"Prometheus API {path} unavailable for 60 s"
+                time.sleep(1)
+
         def query(expr):
-            r = httpx.get(f"{api}/query", params={"query": expr}, timeout=10).json()
+            r = api_get("query", query=expr)
             assert r["status"] == "success", (expr, r)
             return r["data"]["result"]
 
@@ -233,9 +247,8 @@ scrape_configs:
         deadline = time.monotonic() + 60
         groups = []
         while not groups and time.monotonic() < deadline:
-            try:
-                groups = httpx.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
-            except httpx.HTTPError:
+            groups = api_get("rules").get("data", {}).get("groups", [])
+            if not groups:
                 time.sleep(1)
         assert sum(len(g["rules"]) for g in groups) == 16, groups
         for g in groups:
