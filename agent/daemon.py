@@ -250,7 +250,7 @@ class Agent:
             out[r.step.name] = plain(c)
         return out
 
-    def close_window(self, start_ns: int, end_ns: int) -> dict:
+    def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> dict:
         if self.publisher is None:
             self._lose_window()
             raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
@@ -269,7 +269,7 @@ class Agent:
                                           "metrics_server": self.prometheus.counters() if self.prometheus else {},
                                           "reloads": self.reloads, "reloads_refused": self.reloads_refused,
                                           "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped})
-        window = self.builder.close(start_ns, end_ns, agent)
+        window = self.builder.close(start_ns, end_ns, agent, final=final)
         self.latest_window = window
         if self.prometheus is not None:
             self.prometheus.observe(window)
@@ -494,7 +494,7 @@ class Agent:
                 # one window close.
                 now = time.time_ns()
                 start = (self.latest_window or {}).get("end_ns", now - int(self.cfg["agent"]["window_s"] * 1e9))
-                self.close_window(start, now)
+                self.close_window(start, now, final=True)     # the held open steps too
         except Exception as exc:
             log.warning("final window not flushed: %s", exc)
         registry.stop_all(self.running, log)

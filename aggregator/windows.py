@@ -49,8 +49,11 @@ whole; at most ``MAX_CARRY_KERNELS``) and small batches waiting to be folded tog
 the whole-trace :func:`aggregator.analysis.analyze_trace`: a device's busy time is the sum
 of its steps' busy times (steps of one device follow each other); launch latency joins a
 kernel to its launch record only within one batch; the idle-in-launch-calls cover of the
-verdict rule is not computed (the rule falls back to the short-gap/short-kernel test);
-the step open at window close is mapped with the kernels it has so far.
+verdict rule is not computed (the rule falls back to the short-gap/short-kernel test).
+The step open at window close is not mapped in pieces: it is held and mapped whole, and its
+kernels counted, in the window where it ends (a window's figures may lag by one step per
+device; a source quiet for a whole window, or the agent's last window, releases it), so the
+streaming labels do not depend on where windows close.
 :func:`gpu_figures` keeps the exact whole-trace computation for one Trace.
 """
 from __future__ import annotations
@@ -243,6 +246,7 @@ class WindowBuilder:
     _engine_seen: dict = field(default_factory=dict)   # (source, endpoint) -> (end_ns last scraped, stale after s)
     _folds: dict = field(default_factory=dict)         # (source, name table id) -> SourceFold
     fold_errors: int = 0
+    open_steps_cut: int = 0          # open steps decided at the carry bound (cumulative)
 
     def add_events(self, trace: Trace, source: str = "") -> None:
         """Keep a batch for this window; past ``max_events`` per window the batch is
@@ -346,7 +350,13 @@ class WindowBuilder:
             if isinstance(data, dict) and isinstance(data.get("endpoints"), dict) and ep in data["endpoints"]:
                 self.engine[source] = dict(data, endpoints={k: v for k, v in data["endpoints"].items() if k != ep})
 
-    def close(self, start_ns: int, end_ns: int, agent: dict | None = None) -> dict:
+    def close(self, start_ns: int, end_ns: int, agent: dict | None = None, final: bool = False) -> dict:
+        """Emit the window record and start the next window. Each source's open step (the
+        last step of each device, still running at close) is held and counted in the
+        window where it ends (see :meth:`SourceFold.figures`); ``final=True`` (agent
+        shutdown) folds them into this one. ``agent["window_open_steps_cut"]``: open steps
+        decided before they ended because the held kernels reached ``MAX_CARRY_KERNELS``
+        (cumulative)."""
         if self._scrapes:
             self._engine_close(end_ns)
         self._engine_prune(end_ns)
@@ -355,10 +365,16 @@ class WindowBuilder:
         self._device_recs = {}
         gpus: list[dict] = []
         sources = []
-        for (src, nid), _ in self.events.items():
+        # A source that sent nothing this window but holds an open step: the step is over
+        # (a whole window went by without more of it); it is mapped and counted now.
+        quiet = [key for key, f in self._folds.items() if key not in self.events and f.held_kernels]
+        for src, nid in list(self.events) + quiet:
             sources.append(src)
             try:
-                figs = self._folds[(src, nid)].figures()
+                fold = self._folds[(src, nid)]
+                if (src, nid) in quiet or final:
+                    fold.flush()
+                figs = fold.figures()
             except Exception as exc:   # one bad source loses its own figures only
                 log.warning("window: events from %s could not be folded: %s", src, exc)
                 self.fold_errors += 1
@@ -373,6 +389,10 @@ class WindowBuilder:
             "device": plain(self.device), "engine": plain(self.engine), "sched": plain(self.sched),
             "agent": plain(agent or {}),
         }
+        for f in self._folds.values():
+            self.open_steps_cut += f.open_steps_cut
+            f.open_steps_cut = 0
+        window["agent"]["window_open_steps_cut"] = self.open_steps_cut
         fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their
@@ -527,9 +547,9 @@ class SourceFold:
 
     :meth:`add` folds a batch in O(batch) numpy work and keeps only bounded state: per
     (device, pid, phase) sums and log2 histograms, plus the kernels of each device's open
-    step (held back so that a step cut by a batch edge is phase-mapped whole).
-    :meth:`figures` flushes the held kernels and returns the per-(device, pid) window
-    figures (see the module docstring), then starts the next window empty. The phase
+    step (held back so that a step cut by a batch or window edge is phase-mapped whole).
+    :meth:`figures` returns the per-(device, pid) window figures (see the module
+    docstring), then starts the next window empty, still holding the open steps. The phase
     mapper's remembered step shapes and kernel classes live as long as the source.
     """
 
@@ -541,6 +561,9 @@ class SourceFold:
         self.model, self.gpu = model, gpu
         self._step_work: dict = {}
         self._carry = None              # (kernels, lat_ns, shape_flops, shape_bytes)
+        # Open steps decided before they ended because the carry bound was reached, since
+        # WindowBuilder.close last collected the count (it publishes the running total).
+        self.open_steps_cut = 0
         self._pending: list[Trace] = []
         self._pending_n = 0
         self.reset()
@@ -659,7 +682,14 @@ class SourceFold:
         self._fold(Trace(kernels=k, ranges=trace.ranges, cpu_ops=trace.cpu_ops, names=self.names,
                          devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
 
+    @property
+    def held_kernels(self) -> int:
+        """Kernels of open steps held for the next batch or window."""
+        return len(self._carry[0]) if self._carry is not None else 0
+
     def flush(self) -> None:
+        """Fold everything now, the open steps too (mapped with the kernels they have):
+        for a source that has gone quiet for a whole window, and at agent shutdown."""
         self._drain()
         if self._carry is None:
             return
@@ -685,23 +715,29 @@ class SourceFold:
             loose = np.flatnonzero(kstep < 0)
             if len(loose):                 # kernels in no step: by start, after the steps
                 order = np.concatenate([order, loose[np.argsort(k["start_ns"][loose], kind="stable")]])
-        keep = None
         if not flush and bp.steps and bp.order is not None:
-            # Hold back each device's last step: more of it may come in the next batch.
+            # Hold back each device's last step: more of it may come in the next batch (or
+            # the next window). Bounded: at most MAX_CARRY_KERNELS held in all; a step over
+            # the bound is decided now with the kernels it has (counted in open_steps_cut).
             last: dict[int, int] = {}
             for i, s in enumerate(bp.steps):
                 if s.device not in last or s.start_ns >= bp.steps[last[s.device]].start_ns:
                     last[s.device] = i
+            size = np.bincount(kstep[kstep >= 0], minlength=len(bp.steps))
             held = np.zeros(len(bp.steps) + 1, dtype=bool)
-            held[list(last.values())] = True
+            room = MAX_CARRY_KERNELS
+            for i in sorted(last.values(), key=lambda i: int(size[i])):
+                if size[i] <= room:
+                    held[i] = True
+                    room -= int(size[i])
+                else:
+                    self.open_steps_cut += 1
             hold = held[kstep]              # kstep -1 -> the last slot (False)
-            nh = int(hold.sum())
-            if 0 < nh <= MAX_CARRY_KERNELS:
+            if hold.any():
                 hi = np.flatnonzero(hold)
                 self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
                                shb[hi] if shb is not None else None)
-                keep = ~hold
-                order = order[keep[order]]
+                order = order[~hold[order]]
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
 
@@ -869,7 +905,12 @@ class SourceFold:
 
     # -- window close ------------------------------------------------------------------------
     def figures(self) -> list[dict]:
-        self.flush()
+        """The window's figures; starts the next window. The open step of each device
+        stays held (see :meth:`add`) and is mapped, and counted, in a later window when
+        it is whole: a step cut by the window edge is never mapped in pieces, so the
+        streaming labels do not depend on where windows close. Call :meth:`flush` first to
+        fold the open steps into this window instead."""
+        self._drain()
         out = []
         for (dev, pid), g in sorted(self.groups.items()):
             dev_obj = self.devices.get(dev)

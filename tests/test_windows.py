@@ -61,11 +61,15 @@ def test_builder_closes_and_starts_empty():
     w = b.close(0, 1_000_000_000, {"cpu_pct": 1.0})
     assert w["duration_ns"] == 1_000_000_000 and w["host"] == "h"
     assert w["sources"] == ["replay"]
-    assert sum(g["kernels"] for g in w["gpus"]) == 4
+    # Each device's only step may still be running at close: held, not mapped in pieces.
+    assert sum(g["kernels"] for g in w["gpus"]) == 0
+    assert w["gpus"][0]["copy_bytes"] == {"HtoD": 4096, "DtoH": 128}
     assert w["device"]["nvml"]["devices"][0]["memory_used_bytes"] == 5
-    assert w["agent"]["cpu_pct"] == 1.0
+    assert w["agent"]["cpu_pct"] == 1.0 and w["agent"]["window_open_steps_cut"] == 0
+    # Nothing more came for a whole window: the held steps are over, mapped and counted now.
     w2 = b.close(1_000_000_000, 2_000_000_000)
-    assert w2["gpus"] == []
+    assert sum(g["kernels"] for g in w2["gpus"]) == 4
+    assert b.close(2_000_000_000, 3_000_000_000)["gpus"] == []
     # The latest device and sched samples carry over: a slow probe still shows its last value.
     assert w2["device"]["nvml"]["devices"][0]["memory_used_bytes"] == 5
 
@@ -97,7 +101,7 @@ def test_window_on_real_trace(shared_traces):
     t = load_trace(shared_traces / "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")
     b = WindowBuilder()
     b.add_events(t, "replay")
-    w = b.close(0, 1)
+    w = b.close(0, 1, final=True)         # the agent's last window: the open step too
     assert sum(g["kernels"] for g in w["gpus"]) == len(t.kernels)
     for g in w["gpus"]:
         assert g["busy_ns"] <= g["span_ns"]
@@ -113,7 +117,7 @@ def test_full_window_drops_and_counts_batches():
     b.add_events(_trace())           # 18 held
     b.add_events(_trace())           # would be 27: dropped
     assert b.drops == 18
-    assert sum(g["kernels"] for g in b.close(1, 2)["gpus"]) == 8
+    assert sum(g["kernels"] for g in b.close(1, 2, final=True)["gpus"]) == 8
 
 
 # ------------------------------------------------------------------ incremental fold
@@ -147,6 +151,7 @@ def _fold_in(t: Trace, batches: int, model=None, gpu: str = "") -> dict:
         held = (len(f._carry[0]) if f._carry else 0) + f._pending_n
         assert held <= len(kp) + (f._pending_n if f._pending_n < 32_768 else 0) + 200_000
     out: dict = {}
+    f.flush()                        # the open step too: the stream ends here
     for g in f.figures():
         for ph, v in g["phases"].items():
             x = out.setdefault(ph, [0, 0, 0.0, 0.0])
@@ -214,7 +219,7 @@ def test_window_verdicts_from_the_fold_on_simulated_regimes():
             kp = k[part]
             b.add_events(Trace(kernels=kp, api=t.api[np.isin(t.api["correlation_id"], kp["correlation_id"])],
                                names=t.names, devices=t.devices, meta={"source": "simulated"}))
-        w = b.close(0, 1)
+        w = b.close(0, 1, final=True)
         (g,) = w["gpus"]
         p = g["phases"][phase]
         assert p["verdict"] == verdict, p["evidence"]
