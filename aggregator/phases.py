@@ -213,6 +213,10 @@ VOCAB_MIN_COLS = 32000
 # (scaling and the causal mask are elementwise kernels in between).
 EAGER_GEMM_BEFORE = 8
 _PARENT_OPS = ("aten::linear", "aten::matmul")
+# GEMM families whose grid is bounded by the SM count, not the tile count (see _gemm_width).
+_PERSISTENT_GEMM = re.compile(r"^sm90_xmma_gemm")
+# PyTorch's layer norm launches one block per row (layer_norm_kernel.cu).
+_ROW_NORM = re.compile(r"vectorized_layer_norm_kernel")
 _TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
                           r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
 
@@ -373,9 +377,11 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
     token rows fit one tile (decode, an LM head on the sampled rows) and a multiple of N
     otherwise (checked on real traces: nvjet_tst_144x128 grid 140 = 20 x 7 tiles of
     [888, 512] x [512, 2880]; cutlass 256x128 grid 16 x 15 = 120 x 2 tiles of BERT's
-    [141, 512] x [512, 30522]). Persistent kernels launch one block per SM instead; their
-    estimate is the SM count times the tile and stays far below a vocabulary. hipBLASLt
-    launches count work-items: divided by the block size first."""
+    [141, 512] x [512, 30522]); the LM-head vote checks the rows against the step's tokens
+    (:func:`_step_votes`). Persistent kernels (Hopper ``sm90_xmma``) launch at most one block
+    per SM whatever the tile count: no estimate for them (a 256-wide tile times 126 blocks
+    read as 32256 columns). hipBLASLt launches count work-items: divided by the block size
+    first."""
     k = trace.kernels
     out = cols.copy()
     gemm = ((kc.role == ROLE_GEMM) | (kc.role == ROLE_GEMV)) & (out < 0) & (kc.tile_out > 0) \
@@ -389,6 +395,17 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
         vx = ids[[("gemvx::kernel" in trace.names[int(i)]) for i in ids.tolist()]]
         gemv &= np.isin(k["name_id"], vx)
         out[gemv] = k["grid_x"][gemv].astype(np.int64) * k["block_y"][gemv]
+    if gemm.any():
+        # Persistent GEMMs launch at most one block per SM, each looping over tiles: their
+        # grid says nothing about the width. Real H100 launches of sm90_xmma (segment_k off,
+        # linked to their aten::linear): OWLv2 [5184, 1024] x [1024, 768] tile 256x128 grid
+        # 126 for 21 x 6 (or 41 x 3) tiles, read as 32256 columns; ViT [788, 3072] x [3072,
+        # 768] 128x64 grid 98 for 84 tiles; Qwen [8944, 1024] x [1024, 1024] grid 30 x 4 for
+        # 560 tiles; BERT [141, 2048] x [2048, 512] 64x64 grid 30 for 24 tiles.
+        ids = np.unique(k["name_id"][gemm])
+        pers = ids[[bool(_PERSISTENT_GEMM.search(trace.names[int(i)])) for i in ids.tolist()]]
+        if len(pers):
+            gemm &= ~np.isin(k["name_id"], pers)
     g = np.flatnonzero(gemm)
     blocks = k["grid_x"][g].astype(np.int64) * k["grid_y"][g]
     wi = kc.grid_in_work_items[g] & (k["block_x"][g] > 0)
@@ -520,6 +537,15 @@ class _StepFacts:
             if width_estimated is not None:
                 self.lm_estimated = ok & width_estimated[np.maximum(ex, 0)]
         self._eager_attention(k, kc, st, idx, role, n_steps)
+        # Rows of PyTorch's row-wise layer norm (one block per row: grid.x = rows): the rows
+        # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
+        self.norm_rows = np.zeros(n_steps, dtype=np.int64)
+        nid = k["name_id"][idx]
+        ids = np.unique(nid[nid >= 0])
+        ln = ids[[bool(_ROW_NORM.search(trace.names[int(i)])) for i in ids.tolist()]] if len(ids) else ids
+        if len(ln):
+            on = np.isin(nid, ln)
+            np.maximum.at(self.norm_rows, st[on], k["grid_x"][idx[on]].astype(np.int64))
         self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
         self.inference_only = np.bincount(st[kc.inference_only[in_step]], minlength=n_steps)
         # GEMM rows from CPU ops.
@@ -611,7 +637,7 @@ class _StepFacts:
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
                   self.noncausal, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
-                  self.eager_rows_lo, self.eager_rows_hi]
+                  self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example):
             exc = np.maximum(ex, 0)
@@ -702,7 +728,16 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
         head = f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}"
         ua = int(f.causal_unknown_example[j])
-        if ua >= 0 and not f.causal[j]:
+        rows, tm = _rows_seen(j, f, kc, trace), int(kc.tile_tok[lm])
+        if f.lm_estimated[j] and tm > 0 and rows > tm and int(f.lm_width[j]) // -(-rows // tm) < VOCAB_MIN_COLS:
+            # A launch-grid width is N only when the GEMM's rows fit one token-side tile; over
+            # R rows it is N x ceil(R / tile). Where the step runs on more rows than a tile,
+            # a token-tile count times a narrow N reads as wide: no decoder evidence.
+            votes.append(_Vote(UNKNOWN, 0, f"{head}: {int(f.lm_width[j])} columns from its launch grid and tile, "
+                               f"but the step runs on {rows} rows per GEMM (over {-(-rows // tm)} tiles of {tm}): "
+                               f"as likely {int(f.lm_width[j]) // -(-rows // tm)} columns over all of them; not "
+                               f"decoder evidence", "note"))
+        elif ua >= 0 and not f.causal[j]:
             # An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, mBERT
             # 119547, XLM-R 250002): next to fused attention that could have said it is
             # causal and does not, the width is no decoder evidence.
@@ -812,6 +847,17 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
                            f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
     return votes
+
+
+def _rows_seen(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> int:
+    """Rows the step's GEMMs run on, as far as its kernels tell (0: unknown): the most of the
+    tokens of its per-token kernels (grid.x), the rows of its layer norms and the query rows
+    per sequence-head of its eager attention softmax."""
+    tok = _tokens(j, f, kc, trace)
+    rows = max(tok[0] if tok is not None else 0, int(f.norm_rows[j]))
+    if f.eager_example[j] >= 0 and f.eager_heads[j] > 0:
+        rows = max(rows, int(f.eager_rows_lo[j]) // int(f.eager_heads[j]))
+    return rows
 
 
 def _rows_text(kernel_index: int, src: np.ndarray, texts: list[str], trace: Trace) -> str:
