@@ -243,6 +243,19 @@ def _name_codes(trace: Trace, wanted: dict[str, int] | tuple[str, ...]) -> np.nd
     return lut
 
 
+def _names_matching(trace: Trace, name_ids: np.ndarray, pattern: re.Pattern) -> np.ndarray:
+    """Lookup table over name ids (one slot longer: id -1 reads False): True where the name
+    is among ``name_ids`` and matches ``pattern``. Linear in the ids (a presence table, no
+    sort); the pattern runs once per distinct name."""
+    lut = np.zeros(len(trace.names) + 1, dtype=bool)
+    if len(name_ids):
+        lut[name_ids] = True
+        lut[-1] = False
+        for i in np.flatnonzero(lut).tolist():
+            lut[i] = bool(pattern.search(trace.names[i]))
+    return lut
+
+
 def _present_keys(key: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct values of a non-negative int64 ``key`` below ``size`` (sorted) and, per
     element, the position of its value among them. A counting pass over a dense table
@@ -402,10 +415,7 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
         # 126 for 21 x 6 (or 41 x 3) tiles, read as 32256 columns; ViT [788, 3072] x [3072,
         # 768] 128x64 grid 98 for 84 tiles; Qwen [8944, 1024] x [1024, 1024] grid 30 x 4 for
         # 560 tiles; BERT [141, 2048] x [2048, 512] 64x64 grid 30 for 24 tiles.
-        ids = np.unique(k["name_id"][gemm])
-        pers = ids[[bool(_PERSISTENT_GEMM.search(trace.names[int(i)])) for i in ids.tolist()]]
-        if len(pers):
-            gemm &= ~np.isin(k["name_id"], pers)
+        gemm &= ~_names_matching(trace, k["name_id"][gemm], _PERSISTENT_GEMM)[k["name_id"]]
     g = np.flatnonzero(gemm)
     blocks = k["grid_x"][g].astype(np.int64) * k["grid_y"][g]
     wi = kc.grid_in_work_items[g] & (k["block_x"][g] > 0)
@@ -541,10 +551,9 @@ class _StepFacts:
         # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
         self.norm_rows = np.zeros(n_steps, dtype=np.int64)
         nid = k["name_id"][idx]
-        ids = np.unique(nid[nid >= 0])
-        ln = ids[[bool(_ROW_NORM.search(trace.names[int(i)])) for i in ids.tolist()]] if len(ids) else ids
-        if len(ln):
-            on = np.isin(nid, ln)
+        lut = _names_matching(trace, nid, _ROW_NORM)
+        on = lut[nid]
+        if on.any():
             np.maximum.at(self.norm_rows, st[on], k["grid_x"][idx[on]].astype(np.int64))
         self.training_launch = np.bincount(st[training_launch[in_step]], minlength=n_steps)
         self.inference_only = np.bincount(st[kc.inference_only[in_step]], minlength=n_steps)

@@ -560,7 +560,10 @@ class SourceFold:
         self.devices = {d.index: d for d in devices}
         self.model, self.gpu = model, gpu
         self._step_work: dict = {}
-        self._carry = None              # (kernels, lat_ns, shape_flops, shape_bytes)
+        # (kernels, lat_ns, shape_flops, shape_bytes, ranges, cpu_ops, api): the open steps,
+        # and for an annotated stream the ranges, CPU operators and launch records that may
+        # describe them.
+        self._carry = None
         # Open steps decided before they ended because the carry bound was reached, since
         # WindowBuilder.close last collected the count (it publishes the running total).
         self.open_steps_cut = 0
@@ -671,15 +674,22 @@ class SourceFold:
                 shf, shb = kw.flops, kw.bytes
             except Exception as exc:       # shapes are optional figures
                 log.debug("shapes work failed: %s", exc)
+        ranges, cpu_ops, api = trace.ranges, trace.cpu_ops, a
         if self._carry is not None:
-            ck, cl, cf, cb = self._carry
+            ck, cl, cf, cb, cr, co, ca = self._carry
             if cf is not None or shf is not None:     # shapes on one side only: NaN = unknown
                 cf, cb = (cf, cb) if cf is not None else (np.full(len(ck), np.nan),) * 2
                 shf, shb = (shf, shb) if shf is not None else (np.full(len(k), np.nan),) * 2
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
             k, lat = concat_records([ck, k]), np.concatenate([cl, lat])
+            if len(cr):
+                ranges = concat_records([cr, ranges])
+            if len(co):
+                cpu_ops = concat_records([co, cpu_ops])
+            if len(ca):
+                api = concat_records([ca, api])
             self._carry = None
-        self._fold(Trace(kernels=k, ranges=trace.ranges, cpu_ops=trace.cpu_ops, names=self.names,
+        self._fold(Trace(kernels=k, api=api, ranges=ranges, cpu_ops=cpu_ops, names=self.names,
                          devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
 
     @property
@@ -693,9 +703,10 @@ class SourceFold:
         self._drain()
         if self._carry is None:
             return
-        k, lat, shf, shb = self._carry
+        k, lat, shf, shb, r, o, a = self._carry
         self._carry = None
-        self._fold(Trace(kernels=k, names=self.names, devices=list(self.devices.values())), lat, shf, shb, flush=True)
+        self._fold(Trace(kernels=k, api=a, ranges=r, cpu_ops=o, names=self.names, devices=list(self.devices.values())),
+                   lat, shf, shb, flush=True)
 
     def _fold(self, t: Trace, lat, shf, shb, flush: bool) -> None:
         k = t.kernels
@@ -715,10 +726,12 @@ class SourceFold:
             loose = np.flatnonzero(kstep < 0)
             if len(loose):                 # kernels in no step: by start, after the steps
                 order = np.concatenate([order, loose[np.argsort(k["start_ns"][loose], kind="stable")]])
-        if not flush and bp.steps and bp.order is not None:
+        if not flush and bp.steps:
             # Hold back each device's last step: more of it may come in the next batch (or
             # the next window). Bounded: at most MAX_CARRY_KERNELS held in all; a step over
             # the bound is decided now with the kernels it has (counted in open_steps_cut).
+            # An annotated batch also holds its ranges and CPU operators from the earliest
+            # operator that launched a held kernel on (the ranges and parents enclosing it).
             last: dict[int, int] = {}
             for i, s in enumerate(bp.steps):
                 if s.device not in last or s.start_ns >= bp.steps[last[s.device]].start_ns:
@@ -735,9 +748,26 @@ class SourceFold:
             hold = held[kstep]              # kstep -1 -> the last slot (False)
             if hold.any():
                 hi = np.flatnonzero(hold)
-                self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
-                               shb[hi] if shb is not None else None)
-                order = order[~hold[order]]
+                cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
+                if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
+                    # The launch records of the held kernels (CPU ranges and older Kineto's
+                    # operators map kernels through them).
+                    ca = t.api[np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+                    t0 = int(k["start_ns"][hi].min())
+                    if len(t.cpu_ops):
+                        from .steps import cpu_op_index
+                        op = cpu_op_index(t)[hi]
+                        if (op >= 0).any():
+                            t0 = min(t0, int(t.cpu_ops["start_ns"][op[op >= 0]].min()))
+                    cr = t.ranges[t.ranges["end_ns"] >= t0]
+                    co = t.cpu_ops[t.cpu_ops["end_ns"] >= t0]
+                if len(hi) + len(cr) + len(co) + len(ca) > MAX_CARRY_KERNELS:
+                    self.open_steps_cut += int(held.sum())
+                    hold[:] = False
+                else:
+                    self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
+                                   shb[hi] if shb is not None else None, cr, co, ca)
+                    order = order[~hold[order]]
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
 

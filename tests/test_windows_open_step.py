@@ -39,9 +39,9 @@ def _load(path: Path) -> Trace:
     return _cache[key]
 
 
-def _whole(t: Trace) -> dict:
+def _whole(t: Trace, annotations: bool = False) -> dict:
     """Kernels and kernel time per phase from the whole-trace mapper."""
-    pm = map_phases(t, use_annotations=False)
+    pm = map_phases(t, use_annotations=annotations)
     dur = (t.kernels["end_ns"] - t.kernels["start_ns"]).astype(np.int64)
     out = {}
     for code, name in PHASE_NAMES.items():
@@ -51,7 +51,23 @@ def _whole(t: Trace) -> dict:
     return out
 
 
-def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = True):
+def _replay_batches(t: Trace, per_window: int):
+    """What the replay probe streams: kernels in time order with their launch records, and
+    the CPU operators and ranges that started since the previous batch's last launch."""
+    k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
+    a, r, o = t.api, t.ranges, t.cpu_ops
+    parts = np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window)))
+    lo = np.iinfo(np.int64).min
+    for i, part in enumerate(parts):
+        kp = k[part]
+        ap = a[np.isin(a["correlation_id"], kp["correlation_id"])]
+        hi = np.iinfo(np.int64).max if i == len(parts) - 1 else int((ap if len(ap) else kp)["start_ns"].max())
+        yield Trace(kernels=kp, api=ap, ranges=r[(r["start_ns"] >= lo) & (r["start_ns"] <= hi)],
+                    cpu_ops=o[(o["start_ns"] >= lo) & (o["start_ns"] <= hi)], names=t.names, devices=t.devices)
+        lo = hi + 1
+
+
+def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = True, replay: bool = False):
     """Stream ``t`` through a WindowBuilder, closing a window every ``per_window`` kernels
     (launch records with their kernels), then ``trailing_empty`` windows with no events and,
     with ``final``, the agent's last window. Returns per-phase (kernels, kernel time) summed
@@ -59,10 +75,14 @@ def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = T
     wb = WindowBuilder(host="test")
     k, a = t.kernels, t.api
     wins = []
-    for i, part in enumerate(np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window)))):
-        kp = k[part]
-        wb.add_events(Trace(kernels=kp, api=a[np.isin(a["correlation_id"], kp["correlation_id"])],
-                            copies=t.copies[:0], names=t.names, devices=t.devices), source="cupti")
+    if replay:
+        batches = _replay_batches(t, per_window)
+    else:
+        batches = (Trace(kernels=k[part], api=a[np.isin(a["correlation_id"], k["correlation_id"][part])],
+                         names=t.names, devices=t.devices)
+                   for part in np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window))))
+    for i, b in enumerate(batches):
+        wb.add_events(b, source="replay" if replay else "cupti")
         wins.append(wb.close(i, i + 1, {}))
     for j in range(trailing_empty):
         wins.append(wb.close(len(wins), len(wins) + 1, {}))
@@ -100,6 +120,27 @@ def test_window_size_does_not_change_the_labels_of_shared_traces(trace_path, nam
     whole = _whole(t)
     for per_window in (300, 1000, 3000):
         assert _windows(t, per_window)[0] == whole, per_window
+
+
+@pytest.mark.parametrize("per_window", [300, 1000, 3000])
+@pytest.mark.parametrize("name", NON_LLM)
+def test_window_size_does_not_change_the_labels_of_a_replayed_annotated_trace(name, per_window):
+    """The replay probe streams CPU operators and ranges too (the full mapper per batch): the
+    open step is held with the operators, ranges and launch records that describe it."""
+    t = load_trace(DATA / name)
+    assert _windows(t, per_window, replay=True)[0] == _whole(t, annotations=True)
+
+
+@pytest.mark.parametrize("name", [
+    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
+    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
+    "nvidia-training/hta_a100_rank0_training.json.gz",
+])
+def test_window_size_does_not_change_the_labels_of_replayed_shared_traces(trace_path, name):
+    t = load_trace(trace_path(name))
+    whole = _whole(t, annotations=True)
+    for per_window in (300, 1000, 3000):
+        assert _windows(t, per_window, replay=True)[0] == whole, per_window
 
 
 def test_open_step_waits_for_the_window_where_it_ends():
