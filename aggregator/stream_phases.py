@@ -29,7 +29,7 @@ Approximations (stated in docs/benchmarks.md): a step is decided from its own ke
 device-wide context of a whole trace (e.g. "this device runs a training loop" seen in
 another step) only counts within the step; a step cut by a batch edge is decided in two
 pieces unless the caller carries the last step of each device into the next batch
-(:class:`aggregator.windows.WindowBuilder` does, see ``tail_start``).
+(:class:`aggregator.windows.SourceFold` does, across batches and windows).
 """
 from __future__ import annotations
 
