@@ -52,8 +52,8 @@ kernel to its launch record only within one batch; the idle-in-launch-calls cove
 verdict rule is not computed (the rule falls back to the short-gap/short-kernel test).
 The step open at window close is not mapped in pieces: it is held and mapped whole, and its
 kernels counted, in the window where it ends (a window's figures may lag by one step per
-device; a source quiet for a whole window, or the agent's last window, releases it), so the
-streaming labels do not depend on where windows close.
+device; a device that sends no kernel for a whole window, or the agent's last window,
+releases it), so the streaming labels do not depend on where windows close.
 :func:`gpu_figures` keeps the exact whole-trace computation for one Trace.
 """
 from __future__ import annotations
@@ -366,13 +366,13 @@ class WindowBuilder:
         gpus: list[dict] = []
         sources = []
         # A source that sent nothing this window but holds an open step: the step is over
-        # (a whole window went by without more of it); it is mapped and counted now.
+        # (a whole window went by without more of it); figures() maps and counts it now.
         quiet = [key for key, f in self._folds.items() if key not in self.events and f.held_kernels]
         for src, nid in list(self.events) + quiet:
             sources.append(src)
             try:
                 fold = self._folds[(src, nid)]
-                if (src, nid) in quiet or final:
+                if final:
                     fold.flush()
                 figs = fold.figures()
             except Exception as exc:   # one bad source loses its own figures only
@@ -567,6 +567,7 @@ class SourceFold:
         # Open steps decided before they ended because the carry bound was reached, since
         # WindowBuilder.close last collected the count (it publishes the running total).
         self.open_steps_cut = 0
+        self._active: set[int] = set()  # devices that sent kernels since the last figures()
         self._pending: list[Trace] = []
         self._pending_n = 0
         self.reset()
@@ -661,6 +662,8 @@ class SourceFold:
                     name = COPY_DIRECTION_NAMES.get(d, str(d))
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         k = trace.kernels
+        if len(k):
+            self._active.update(np.unique(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
@@ -696,6 +699,22 @@ class SourceFold:
     def held_kernels(self) -> int:
         """Kernels of open steps held for the next batch or window."""
         return len(self._carry[0]) if self._carry is not None else 0
+
+    def _release_idle(self) -> None:
+        """Fold the held steps of devices that sent no kernel since the last window close."""
+        active, self._active = self._active, set()
+        if self._carry is None:
+            return
+        k, lat, shf, shb, r, o, a = self._carry
+        rel = ~np.isin(k["device"], list(active))
+        if not rel.any():
+            return
+        keep = ~rel
+        self._carry = (k[keep], lat[keep], shf[keep] if shf is not None else None,
+                       shb[keep] if shb is not None else None, r, o, a) if keep.any() else None
+        self._fold(Trace(kernels=k[rel], api=a, ranges=r, cpu_ops=o, names=self.names,
+                         devices=list(self.devices.values())), lat[rel], shf[rel] if shf is not None else None,
+                   shb[rel] if shb is not None else None, flush=True)
 
     def flush(self) -> None:
         """Fold everything now, the open steps too (mapped with the kernels they have):
@@ -939,8 +958,10 @@ class SourceFold:
         stays held (see :meth:`add`) and is mapped, and counted, in a later window when
         it is whole: a step cut by the window edge is never mapped in pieces, so the
         streaming labels do not depend on where windows close. Call :meth:`flush` first to
-        fold the open steps into this window instead."""
+        fold the open steps into this window instead. A device that sent no kernel during
+        the whole window has finished its open step: it is mapped and counted now."""
         self._drain()
+        self._release_idle()
         out = []
         for (dev, pid), g in sorted(self.groups.items()):
             dev_obj = self.devices.get(dev)

@@ -167,3 +167,27 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     assert cut > 0
     assert sum(v[0] for v in got.values()) == len(t.kernels)     # nothing lost, only decided early
     assert all(w["agent"]["window_open_steps_cut"] <= cut for w in wins)
+
+
+def test_a_device_that_stops_releases_its_open_step_while_others_run():
+    """Two GPUs of one source: GPU 1 runs one short forward (BERT, 60 kernels) in the first
+    window only, GPU 0 keeps running (OWLv2). GPU 1's open step is released by the first
+    window in which it sent nothing, not held until the source stops."""
+    owl = _load(DATA / OWLV2)
+    bert = load_trace(DATA / "tracelens_h100_bert_small_fill_mask.json.gz")
+    names = owl.names
+    b = bert.kernels.copy()
+    b["name_id"] = [names.intern(bert.names[int(i)]) for i in b["name_id"].tolist()]
+    b["device"] = 1
+    b["start_ns"] += owl.kernels["start_ns"][0] - b["start_ns"].min()
+    b["end_ns"] += owl.kernels["start_ns"][0] - bert.kernels["start_ns"].min()
+    wb = WindowBuilder(host="test")
+    k = owl.kernels
+    shown = []
+    for i, part in enumerate(np.array_split(np.arange(len(k)), 4)):
+        kp = k[part] if i else windows.concat_records([k[part], b])
+        wb.add_events(Trace(kernels=kp, names=names, devices=owl.devices), source="cupti")
+        w = wb.close(i, i + 1, {})
+        shown.append({(g["device"], ph): v["kernels"] for g in w["gpus"] for ph, v in g["phases"].items()})
+    gpu1 = [{ph: n for (d, ph), n in s.items() if d == 1} for s in shown]
+    assert gpu1 == [{}, {"other": 60}, {}, {}], gpu1
