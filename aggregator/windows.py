@@ -962,6 +962,10 @@ class SourceFold:
         the whole window has finished its open step: it is mapped and counted now."""
         self._drain()
         self._release_idle()
+        held: dict[int, int] = {}
+        if self._carry is not None:
+            d, n = np.unique(self._carry[0]["device"], return_counts=True)
+            held = dict(zip(d.tolist(), n.tolist()))
         out = []
         for (dev, pid), g in sorted(self.groups.items()):
             dev_obj = self.devices.get(dev)
@@ -988,7 +992,9 @@ class SourceFold:
                 "sync": _hist_summary(sync if sync is not None else np.zeros(HIST_BINS, np.int64)),
                 "phases": phases,
                 "phase_source": (f"stream: layered phase mapping per step shape "
-                                 f"({self.shape_hits} steps from remembered shapes, {self.shape_misses} mapped)"),
+                                 f"({self.shape_hits} steps from remembered shapes, {self.shape_misses} mapped"
+                                 + (f"; {held.get(int(dev), 0)} kernels of the open step held for the window "
+                                    "where it ends" if held.get(int(dev)) else "") + ")"),
                 "ceilings": _ceilings(self.gpu or name),
             })
         self.reset()

@@ -63,6 +63,7 @@ def test_builder_closes_and_starts_empty():
     assert w["sources"] == ["replay"]
     # Each device's only step may still be running at close: held, not mapped in pieces.
     assert sum(g["kernels"] for g in w["gpus"]) == 0
+    assert "3 kernels of the open step held for the window where it ends" in w["gpus"][0]["phase_source"]
     assert w["gpus"][0]["copy_bytes"] == {"HtoD": 4096, "DtoH": 128}
     assert w["device"]["nvml"]["devices"][0]["memory_used_bytes"] == 5
     assert w["agent"]["cpu_pct"] == 1.0 and w["agent"]["window_open_steps_cut"] == 0
