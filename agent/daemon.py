@@ -435,7 +435,8 @@ class Agent:
                 self._log_loop_error(exc)
                 self.builder = WindowBuilder(host=self.host, model=self.builder.model, gpu=self.builder.gpu,
                                              drops=self.builder.drops, _trackers=self.builder._trackers,
-                                             fold_errors=self.builder.fold_errors)
+                                             fold_errors=self.builder.fold_errors,
+                                             open_steps_cut=self.builder.open_steps_cut)
             if wd is not None and time.monotonic() >= next_wd:
                 if self.publishing_healthy():
                     self.notifier.watchdog()
