@@ -503,7 +503,13 @@ class WindowCollector:
         yield ms
         for key, name, doc in (("dropped_records", "ridgeline_agent_dropped_records", "Records the probes lost"),
                                ("dropped_batches", "ridgeline_agent_dropped_batches",
-                                "Batches or scrapes the probes lost whole (their record count is unknown)")):
+                                "Batches or scrapes the probes lost whole (their record count is unknown)"),
+                               ("window_drops", "ridgeline_agent_window_dropped_events",
+                                "Events the window builder dropped (its bounded per-window buffers were full)"),
+                               ("window_fold_errors", "ridgeline_agent_window_fold_errors",
+                                "Event batches the window fold could not take (counted, the window still closes)"),
+                               ("window_open_steps_cut", "ridgeline_agent_window_open_steps_cut",
+                                "Open GPU steps decided before their end because the held kernels hit the carry bound")):
             if _num(a.get(key)) is not None:
                 fam = CounterMetricFamily(name, doc, labels=["Hostname"])
                 fam.add_metric([host], float(a[key]))

@@ -79,7 +79,8 @@ def window(threads, launch_tids=(8,), engine=None):
         "sched": {"sched": {"threads": threads}},
         "verdict": [{"device": 0, "pid": 4242, "verdict": "undetermined", "face": None}],
         "agent": {"cpu_pct": 2.0, "rss_bytes": 1000, "probes": {"sched": {"drops": 1, "errors": 0}},
-                  "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6},
+                  "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6,
+                  "window_drops": 3, "window_fold_errors": 1, "window_open_steps_cut": 2},
     }
 
 
@@ -300,3 +301,15 @@ def test_gpu_energy_is_a_counter_for_rate():
     assert families(text)["ridgeline_gpu_energy_joules"].type == "counter"
     assert s.name == "ridgeline_gpu_energy_joules_total" and s.value == 1700.0
     assert s.labels["gpu"] == "0" and s.labels["UUID"].startswith("GPU-")
+
+
+def test_window_builder_losses_are_published_as_counters():
+    """Events the window builder dropped, batches its fold refused and open steps decided at
+    the carry bound are each a counter on /metrics, not only in the health record."""
+    fams = families(exposition([window([thread(8)])]))
+    got = {n: fams[n].samples[0].value for n in ("ridgeline_agent_window_dropped_events",
+                                                  "ridgeline_agent_window_fold_errors",
+                                                  "ridgeline_agent_window_open_steps_cut")}
+    assert got == {"ridgeline_agent_window_dropped_events": 3, "ridgeline_agent_window_fold_errors": 1,
+                   "ridgeline_agent_window_open_steps_cut": 2}
+    assert all(fams[n].type == "counter" for n in got)
