@@ -1,16 +1,42 @@
-"""Perfetto-loadable Chrome-trace JSON of a Trace, with a phase track added.
+"""Perfetto-loadable Chrome-trace JSON of a Trace, with a phase track and launch flows.
 
 :func:`write_perfetto` writes the trace's kernels, copies, API calls, CPU operators and
-ranges as complete ("X") events, plus a process "Ridgeline phases" with one thread per
+ranges as complete ("X") events, plus a process "Ridgeline phases" with one track per
 device whose slices are the steps (name = phase, args = step index, tokens, evidence).
 Every kernel slice carries ``args.phase`` and ``args.step``. Timestamps are microseconds
 (Chrome JSON's unit) relative to the first event, with nanosecond decimals.
 
-The events are built per column with numpy and serialised with orjson; the only Python
-loop is over event records when forming the dicts orjson writes.
+The layout follows the rules of Perfetto's JSON importer (``src/trace_processor/
+importers/json/`` and ``importers/common/slice_tracker.cc`` of google/perfetto), so that
+every slice written is imported, on the track it was written to, with no import error:
+
+* Every track is named: one process per GPU ("GPU 0: <device name>"), one per host
+  process, one for the phases; one thread track per GPU stream and kind — kernels,
+  copies (memcpy/memset) and GPU-side annotations each get their own, because Kineto
+  copies and annotations partially overlap the kernels of their stream.
+* Perfetto keys threads by ``tid`` alone (a tid met under a second pid becomes a new
+  thread), so GPU and phase tracks get synthetic tids from ``TRACK_TID_BASE`` up, unique
+  in the file, and host events keep their real OS tids.
+* On one track, slices must nest or be disjoint (a start equal to an end is disjoint);
+  a slice that partially overlaps another is moved by Perfetto to an overflow track and
+  reported as an import error. The exporter assigns such slices itself to a numbered
+  overlap track of the same stream or thread ("stream 7 kernels (overlap 1)").
+* Within a track, slices are written by start time, the longer first at equal starts:
+  the order the importer's sorter uses, so parents open before their children.
+* Launch flows use the version-2 form, on the slices themselves: the API call that
+  launched a kernel or copy (same correlation id) carries ``bind_id`` and
+  ``flow_out: true``, every kernel and copy it launched ``bind_id`` and ``flow_in: true``
+  (a CUDA-graph launch has one flow to each of its kernels).
+* No ``displayTimeUnit``: current importers ignore it and older ones used it to rescale
+  timestamps.
+
+The events are built per column with numpy and serialised with orjson; the Python loops
+are over event records when forming the dicts orjson writes, and over the slices of a
+track that is not already disjoint when assigning overlap tracks.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,81 +47,252 @@ from ridgeline.probes.events import API_CATEGORY_NAMES, COPY_DIRECTION_NAMES, RA
 
 PHASE_PID = 1_000_000_000       # synthetic pid of the phase track, away from real pids
 GPU_PID_BASE = 1_000_000_100    # synthetic pids of GPU devices
+UNKNOWN_HOST_PID = 999_999_999  # API calls / ops whose process the source does not give
+TRACK_TID_BASE = 1_100_000_000  # synthetic tids (GPU, phase and overlap tracks); OS tids are < 2**22
 
 
 def _us(ns: np.ndarray, t0: int) -> np.ndarray:
     return (ns.astype(np.int64) - t0) / 1e3
 
 
+def nesting_lanes(start_ns: np.ndarray, end_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, lane): the slices of one track in the importer's order (start, then longer
+    first), and for each slice (by original index) the lowest lane on which it nests
+    with the slices already placed there, following SliceTracker::MaybeCloseStack: an
+    open slice ending before the new start, or at it (unless both last 0 ns), is closed;
+    a new slice that starts inside the innermost open one and ends after it cannot nest.
+    """
+    n = len(start_ns)
+    start = np.asarray(start_ns, dtype=np.int64)
+    dur = np.maximum(np.asarray(end_ns, dtype=np.int64) - start, 0)
+    order = np.lexsort((-dur, start))
+    lanes = np.zeros(n, dtype=np.int32)
+    if n < 2:
+        return order, lanes
+    s, e = start[order], start[order] + dur[order]
+    if (s[1:] >= np.maximum.accumulate(e)[:-1]).all():
+        return order, lanes          # disjoint (the usual kernel stream): one lane
+    stacks: list[list[tuple[int, int]]] = []
+    for i, st, d in zip(order.tolist(), s.tolist(), dur[order].tolist()):
+        en = st + d
+        for lane, stack in enumerate(stacks):
+            while stack and (stack[-1][0] < st or (stack[-1][0] == st and not (stack[-1][1] == 0 and d == 0))):
+                stack.pop()
+            if stack and st < stack[-1][0] < en:
+                continue
+            stack.append((en, d))
+            lanes[i] = lane
+            break
+        else:
+            stacks.append([(en, d)])
+            lanes[i] = len(stacks) - 1
+    return order, lanes
+
+
+@dataclass
+class _Tracks:
+    """Synthetic tids and the metadata rows naming processes and threads."""
+    rows: list
+    next_tid: int = TRACK_TID_BASE
+
+    def process(self, pid: int, name: str, sort_index: int | None = None) -> None:
+        self.rows.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
+        if sort_index is not None:
+            self.rows.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                              "args": {"sort_index": sort_index}})
+
+    def thread(self, pid: int, name: str, tid: int | None = None, sort_index: int | None = None) -> int:
+        if tid is None:
+            tid, self.next_tid = self.next_tid, self.next_tid + 1
+        self.rows.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        if sort_index is not None:
+            self.rows.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                              "args": {"sort_index": sort_index}})
+        return tid
+
+
+def _place(tracks: _Tracks, groups: dict, pid_of, name_of, start, end, base_tid=None, sort_of=None):
+    """Tids for rows grouped by ``groups`` (key -> row indices): one named track per key,
+    plus numbered overlap tracks where slices do not nest. Returns (tid per row, row order)."""
+    tid = np.zeros(len(start), dtype=np.int64)
+    order_all = []
+    for rank, (key, rows) in enumerate(sorted(groups.items())):
+        order, lanes = nesting_lanes(start[rows], end[rows])
+        pid, name = pid_of(key), name_of(key)
+        sort = (sort_of(key) if sort_of else rank) * 100
+        lane_tids = [tracks.thread(pid, name, base_tid(key) if base_tid else None, sort)]
+        for lane in range(1, int(lanes.max()) + 1 if len(lanes) else 1):
+            lane_tids.append(tracks.thread(pid, f"{name} (overlap {lane})", None, sort + lane))
+        tid[rows] = np.asarray(lane_tids, dtype=np.int64)[lanes]
+        order_all.append(rows[order])
+    return tid, (np.concatenate(order_all) if order_all else np.zeros(0, dtype=np.int64))
+
+
+def _groups(*cols: np.ndarray) -> dict:
+    """Row indices per distinct tuple of ``cols``."""
+    out: dict = {}
+    for i, key in enumerate(zip(*(c.tolist() for c in cols))):
+        out.setdefault(key, []).append(i)
+    return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _launch_flows(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flow id (0 = none) per API row, kernel and copy: API row index + 1 for the API
+    record with the kernel's or copy's correlation id (the first such record)."""
+    api = trace.api
+    api_flow = np.zeros(len(api), dtype=np.int64)
+    out = []
+    if len(api):
+        order = np.argsort(api["correlation_id"], kind="stable")
+        corr = api["correlation_id"][order]
+    for arr in (trace.kernels, trace.copies):
+        flow = np.zeros(len(arr), dtype=np.int64)
+        if len(api) and len(arr):
+            want = arr["correlation_id"]
+            pos = np.minimum(np.searchsorted(corr, want), len(corr) - 1)
+            hit = (corr[pos] == want) & (want >= 0)
+            src = order[pos[hit]]
+            flow[hit] = src + 1
+            api_flow[src] = src + 1
+        out.append(flow)
+    return api_flow, out[0], out[1]
+
+
 def build_events(trace: Trace, kernel_phase: np.ndarray, kernel_step: np.ndarray, steps: list,
                  phase_names: dict[int, str]) -> list[dict]:
+    """The Chrome-trace events (metadata rows first, then slices) of the export."""
     names = trace.names.strings
     starts = [a["start_ns"] for a in (trace.kernels, trace.copies, trace.api, trace.cpu_ops, trace.ranges) if len(a)]
     t0 = int(min(int(s.min()) for s in starts)) if starts else 0
-    ev: list[dict] = []
-    devices = sorted(set(trace.kernels["device"].tolist()) | set(trace.copies["device"].tolist()))
+    tracks = _Tracks([])
+    slices: list[dict] = []
+    k, c, r = trace.kernels, trace.copies, trace.ranges
+    gpu_r = r[r["device"] >= 0] if len(r) else r
+    host_r = r[r["device"] < 0] if len(r) else r
+    dev_names = {d.index: d.name for d in trace.devices}
+    devices = sorted(set(k["device"].tolist()) | set(c["device"].tolist()) | set(gpu_r["device"].tolist()))
     for d in devices:
-        ev.append({"ph": "M", "name": "process_name", "pid": GPU_PID_BASE + d, "args": {"name": f"GPU {d}"}})
-    ev.append({"ph": "M", "name": "process_name", "pid": PHASE_PID, "args": {"name": "Ridgeline phases"}})
-    ev.append({"ph": "M", "name": "process_sort_index", "pid": PHASE_PID, "args": {"sort_index": -1}})
+        tracks.process(GPU_PID_BASE + d, f"GPU {d}: {dev_names[d]}" if dev_names.get(d) else f"GPU {d}", d)
+    tracks.process(PHASE_PID, "Ridgeline phases", -1)
+    api_flow, kernel_flow, copy_flow = _launch_flows(trace)
 
-    k = trace.kernels
+    # GPU tracks: per device, per stream: kernels, copies, annotations (in that order)
+    # (GPU-side ranges: Kineto puts the stream in tid). Sorted by stream, then kind.
+    kinds = (("kernels", k, k["stream"]), ("copies", c, c["stream"]), ("annotations", gpu_r, gpu_r["tid"]))
+    stream_rank = {s: i for i, s in enumerate(sorted(set().union(*(x[2].tolist() for x in kinds))))}
+    gpu_tids = {}
+    for slot, (label, arr, stream) in enumerate(kinds):
+        if not len(arr):
+            gpu_tids[label] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            continue
+        gpu_tids[label] = _place(
+            tracks, _groups(arr["device"], stream), lambda key: GPU_PID_BASE + key[0],
+            lambda key, lb=label: f"stream {key[1]} {lb}", arr["start_ns"], arr["end_ns"],
+            sort_of=lambda key, sl=slot: stream_rank[key[1]] * 3 + sl)
+    k_tid, k_order = gpu_tids["kernels"]
     if len(k):
         ts, dur = _us(k["start_ns"], t0), np.maximum(k["end_ns"] - k["start_ns"], 0) / 1e3
         pn = [phase_names.get(int(p), str(p)) for p in range(max(phase_names) + 1)]
-        for i, (nid, dev, st, corr, p, s, a, b) in enumerate(zip(
-                k["name_id"].tolist(), k["device"].tolist(), k["stream"].tolist(),
-                k["correlation_id"].tolist(), kernel_phase.tolist(), kernel_step.tolist(),
-                ts.tolist(), dur.tolist())):
-            ev.append({"ph": "X", "cat": "kernel", "name": names[nid] if nid >= 0 else "kernel",
-                       "pid": GPU_PID_BASE + dev, "tid": st, "ts": a, "dur": b,
-                       "args": {"phase": pn[p] if p < len(pn) else str(p), "step": s, "correlation": corr}})
-    c = trace.copies
+        cols = (k["name_id"], k["device"], k_tid, k["correlation_id"], kernel_phase, kernel_step, ts, dur, kernel_flow)
+        for nid, dev, tid, corr, p, s, a, b, fl in zip(*(np.asarray(x)[k_order].tolist() for x in cols)):
+            e = {"ph": "X", "cat": "kernel", "name": names[nid] if nid >= 0 else "kernel",
+                 "pid": GPU_PID_BASE + dev, "tid": tid, "ts": a, "dur": b,
+                 "args": {"phase": pn[p] if p < len(pn) else str(p), "step": s, "correlation": corr}}
+            if fl:
+                e["bind_id"], e["flow_in"] = fl, True
+            slices.append(e)
+    c_tid, c_order = gpu_tids["copies"]
     if len(c):
         ts, dur = _us(c["start_ns"], t0), np.maximum(c["end_ns"] - c["start_ns"], 0) / 1e3
-        for kind, d, dev, st, nbytes, a, b in zip(c["kind"].tolist(), c["direction"].tolist(), c["device"].tolist(),
-                                                  c["stream"].tolist(), c["bytes"].tolist(), ts.tolist(), dur.tolist()):
+        cols = (c["kind"], c["direction"], c["device"], c_tid, c["bytes"], c["correlation_id"], ts, dur, copy_flow)
+        for kind, d, dev, tid, nbytes, corr, a, b, fl in zip(*(np.asarray(x)[c_order].tolist() for x in cols)):
             nm = "Memset" if kind == 1 else f"Memcpy {COPY_DIRECTION_NAMES.get(d, d)}"
-            ev.append({"ph": "X", "cat": "gpu_memcpy" if kind == 0 else "gpu_memset", "name": nm,
-                       "pid": GPU_PID_BASE + dev, "tid": st, "ts": a, "dur": b, "args": {"bytes": nbytes}})
-    for arr, cat in ((trace.api, "cuda_api"), (trace.cpu_ops, "cpu_op")):
-        if not len(arr):
-            continue
-        ts, dur = _us(arr["start_ns"], t0), np.maximum(arr["end_ns"] - arr["start_ns"], 0) / 1e3
-        extra = (arr["category"].tolist() if cat == "cuda_api" else arr["external_id"].tolist())
-        for nid, pid, tid, x, a, b in zip(arr["name_id"].tolist(), arr["pid"].tolist(), arr["tid"].tolist(),
-                                          extra, ts.tolist(), dur.tolist()):
-            args = {"category": API_CATEGORY_NAMES.get(x, x)} if cat == "cuda_api" else {"External id": x}
-            ev.append({"ph": "X", "cat": cat, "name": names[nid] if nid >= 0 else cat, "pid": pid, "tid": tid,
-                       "ts": a, "dur": b, "args": args})
-    r = trace.ranges
-    if len(r):
-        ts, dur = _us(r["start_ns"], t0), np.maximum(r["end_ns"] - r["start_ns"], 0) / 1e3
-        for nid, pid, tid, dev, kind, a, b in zip(r["name_id"].tolist(), r["pid"].tolist(), r["tid"].tolist(),
-                                                  r["device"].tolist(), r["kind"].tolist(), ts.tolist(), dur.tolist()):
-            gpu = dev >= 0
-            ev.append({"ph": "X", "cat": RANGE_KIND_NAMES.get(kind, "range"),
-                       "name": names[nid] if nid >= 0 else "range",
-                       "pid": GPU_PID_BASE + dev if gpu else pid, "tid": tid, "ts": a, "dur": b})
-    for s in steps:
-        args = {"step": int(s.index), "evidence": list(s.evidence)}
-        if s.prefill_tokens is not None:
-            args["prefill_tokens"] = s.prefill_tokens
-        if s.decode_tokens is not None:
-            args["decode_tokens"] = s.decode_tokens
-        ev.append({"ph": "X", "cat": "ridgeline_phase", "name": phase_names.get(int(s.phase), str(s.phase)),
-                   "pid": PHASE_PID, "tid": int(s.device), "ts": (int(s.start_ns) - t0) / 1e3,
-                   "dur": max(int(s.end_ns) - int(s.start_ns), 0) / 1e3, "args": args})
-    for d in sorted({int(s.device) for s in steps}):
-        ev.append({"ph": "M", "name": "thread_name", "pid": PHASE_PID, "tid": d, "args": {"name": f"GPU {d} steps"}})
-    return ev
+            e = {"ph": "X", "cat": "gpu_memcpy" if kind == 0 else "gpu_memset", "name": nm,
+                 "pid": GPU_PID_BASE + dev, "tid": tid, "ts": a, "dur": b,
+                 "args": {"bytes": nbytes, "correlation": corr}}
+            if fl:
+                e["bind_id"], e["flow_in"] = fl, True
+            slices.append(e)
+    g_tid, g_order = gpu_tids["annotations"]
+    if len(gpu_r):
+        ts, dur = _us(gpu_r["start_ns"], t0), np.maximum(gpu_r["end_ns"] - gpu_r["start_ns"], 0) / 1e3
+        cols = (gpu_r["name_id"], gpu_r["device"], g_tid, gpu_r["kind"], ts, dur)
+        for nid, dev, tid, kind, a, b in zip(*(np.asarray(x)[g_order].tolist() for x in cols)):
+            slices.append({"ph": "X", "cat": RANGE_KIND_NAMES.get(kind, "range"),
+                           "name": names[nid] if nid >= 0 else "range",
+                           "pid": GPU_PID_BASE + dev, "tid": tid, "ts": a, "dur": b})
+
+    # host: API calls, CPU operators and CPU-side ranges share their thread's track
+    api, ops = trace.api, trace.cpu_ops
+    h_start = np.concatenate([api["start_ns"], ops["start_ns"], host_r["start_ns"]]).astype(np.int64)
+    h_end = np.concatenate([api["end_ns"], ops["end_ns"], host_r["end_ns"]]).astype(np.int64)
+    h_pid = np.concatenate([api["pid"], ops["pid"], host_r["pid"]]).astype(np.int64)
+    h_pid = np.where(h_pid >= 0, h_pid, UNKNOWN_HOST_PID)
+    h_tid = np.concatenate([api["tid"], ops["tid"], host_r["tid"]]).astype(np.int64)
+    if len(h_start):
+        host_pids = sorted(set(h_pid.tolist()))
+        for p in host_pids:
+            tracks.process(p, "host process (unknown)" if p == UNKNOWN_HOST_PID else f"host process {p}",
+                           len(devices) + 1)
+        # an OS tid names the track unless it is missing or already a thread of another
+        # process (Perfetto would make a new thread at every switch): then a synthetic one
+        groups = _groups(h_pid, h_tid)
+        owner: dict[int, int] = {}
+        for p, t in sorted(groups):
+            owner.setdefault(t, p)
+        tid_of = {key: (key[1] if key[1] > 0 and owner[key[1]] == key[0] else None) for key in groups}
+        h_track, h_order = _place(
+            tracks, groups, lambda key: key[0],
+            lambda key: f"thread {key[1]}" if key[1] > 0 else "thread (unknown)",
+            h_start, h_end, base_tid=lambda key: tid_of[key])
+        h_ts, h_dur = _us(h_start, t0), np.maximum(h_end - h_start, 0) / 1e3
+        n_api, n_ops = len(api), len(ops)
+        h_name = np.concatenate([api["name_id"], ops["name_id"], host_r["name_id"]])
+        api_cat = api["category"].tolist()
+        op_ext = ops["external_id"].tolist()
+        r_kind = host_r["kind"].tolist()
+        for i, nid, pid, tid, a, b in zip(h_order.tolist(), *(x[h_order].tolist() for x in (
+                h_name, h_pid, h_track, h_ts, h_dur))):
+            if i < n_api:
+                e = {"ph": "X", "cat": "cuda_api", "name": names[nid] if nid >= 0 else "cuda_api",
+                     "pid": pid, "tid": tid, "ts": a, "dur": b,
+                     "args": {"category": API_CATEGORY_NAMES.get(api_cat[i], api_cat[i]),
+                              "correlation": int(api["correlation_id"][i])}}
+                if api_flow[i]:
+                    e["bind_id"], e["flow_out"] = int(api_flow[i]), True
+            elif i < n_api + n_ops:
+                e = {"ph": "X", "cat": "cpu_op", "name": names[nid] if nid >= 0 else "cpu_op", "pid": pid,
+                     "tid": tid, "ts": a, "dur": b, "args": {"External id": op_ext[i - n_api]}}
+            else:
+                e = {"ph": "X", "cat": RANGE_KIND_NAMES.get(r_kind[i - n_api - n_ops], "range"),
+                     "name": names[nid] if nid >= 0 else "range", "pid": pid, "tid": tid, "ts": a, "dur": b}
+            slices.append(e)
+
+    # phases: one track per device
+    if steps:
+        s_start = np.array([int(s.start_ns) for s in steps], dtype=np.int64)
+        s_end = np.array([max(int(s.end_ns), int(s.start_ns)) for s in steps], dtype=np.int64)
+        s_dev = np.array([int(s.device) for s in steps], dtype=np.int64)
+        s_tid, s_order = _place(tracks, _groups(s_dev), lambda key: PHASE_PID,
+                                lambda key: f"GPU {key[0]} steps", s_start, s_end)
+        for i in s_order.tolist():
+            s = steps[i]
+            args = {"step": int(s.index), "evidence": list(s.evidence)}
+            if s.prefill_tokens is not None:
+                args["prefill_tokens"] = s.prefill_tokens
+            if s.decode_tokens is not None:
+                args["decode_tokens"] = s.decode_tokens
+            slices.append({"ph": "X", "cat": "ridgeline_phase", "name": phase_names.get(int(s.phase), str(s.phase)),
+                           "pid": PHASE_PID, "tid": int(s_tid[i]), "ts": (int(s_start[i]) - t0) / 1e3,
+                           "dur": (int(s_end[i]) - int(s_start[i])) / 1e3, "args": args})
+    return tracks.rows + slices
 
 
 def write_perfetto(trace: Trace, phase_map, phase_names: dict[int, str], path: str | Path) -> Path:
     """Write the trace with its phase track to ``path``; InputError if it cannot."""
     ev = build_events(trace, np.asarray(phase_map.kernel_phase), np.asarray(phase_map.kernel_step),
                       list(phase_map.steps), phase_names)
-    doc = {"traceEvents": ev, "displayTimeUnit": "ns",
+    doc = {"traceEvents": ev,
            "otherData": {"producer": "ridgeline analyze", "source": str(trace.meta.get("path") or trace.meta.get("source_path") or "")}}
     out = Path(path)
     try:
