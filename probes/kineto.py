@@ -1056,6 +1056,7 @@ _KINDS = (("kernels", KERNEL_DTYPE, (_C_KERNEL,), _fill_kernels, _Builder.build_
 
 
 PARALLEL_MIN_BYTES = 256 << 20   # plain files at least this big are read by two processes
+PARALLEL_MIN_GZ_BYTES = 16 << 20  # gzip files likewise (Kineto JSON gzips 10-20x)
 
 
 def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarray]:
@@ -1178,10 +1179,26 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
         # fork only from a single-threaded caller (the CLI): a fork while other threads
         # hold locks is how children deadlock
         try:
-            parallel = (path.stat().st_size >= PARALLEL_MIN_BYTES and (os.cpu_count() or 1) >= 2
-                        and threading.active_count() == 1)
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                gz = f.read(2) == b"\x1f\x8b"
+            parallel = (size >= (PARALLEL_MIN_GZ_BYTES if gz else PARALLEL_MIN_BYTES)
+                        and (os.cpu_count() or 1) >= 2 and threading.active_count() == 1)
         except OSError:
             parallel = False
+    # the fast path: typed decoding of whole-event pieces (probes.kineto_typed); files it
+    # cannot cut or decode cleanly are read by the structural scanner below
+    from . import kineto_typed
+    try:
+        return kineto_typed.load(path, max(chunk_bytes, kineto_typed.CHUNK_BYTES)
+                                 if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, bool(parallel))
+    except json_chunks.Unsplit:
+        pass
+    return _load_scanned(path, chunk_bytes, bool(parallel))
+
+
+def _load_scanned(path: Path, chunk_bytes: int, parallel: bool) -> Trace:
+    """load_trace by the structural scanner (json_chunks.ArrayStream) alone."""
     if parallel:
         trace = _load_parallel(path, chunk_bytes)
         if trace is not None:

@@ -1,0 +1,366 @@
+"""Typed decoding of Kineto trace events with msgspec: the fast path of :mod:`probes.kineto`.
+
+:func:`load` reads the ``traceEvents`` array in pieces of whole events
+(:meth:`probes.json_chunks.ArrayStream.pieces`) and decodes each piece with one msgspec
+call into small structs that hold only the fields the importer keeps (unknown keys are
+skipped inside msgspec's C decoder). Columns are then taken per event kind with
+``operator.attrgetter`` maps, so no Python code runs per event and field.
+
+Same contract and result as the dict-based reference (:func:`probes.kineto.
+load_trace_via_dicts`): a piece whose values do not fit the structs' types (a string
+where a number belongs, ``null``, an integer wider than 64 bits, a malformed grid, an
+element that is not an object) or that holds a category this module does not know is
+read by that reference builder instead, so the result never depends on the path taken.
+A piece that is not valid JSON (a cut that fell inside a string or a nested array, a
+truncated or corrupt file) raises :class:`json_chunks.Unsplit`: the caller then reads
+the whole file with the structural scanner, which names the problem exactly.
+
+Two readers: with ``parallel`` the file is read by this process and one forked child;
+both decompress the whole stream (ISA-L inflates several GB/s, cheaper than shipping
+bytes between processes) and decode every other piece; the child streams its columns
+back piece by piece, so neither holds more than its columns plus a piece.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections import Counter
+from itertools import repeat
+from operator import attrgetter, eq, itemgetter
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import orjson
+
+from . import json_chunks, kineto
+from .events import (
+    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
+    CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace, empty,
+)
+
+CHUNK_BYTES = 8 << 20
+_ABSENT = -(1 << 62)   # "key not present", where the reference tells absent from -1
+
+
+class _Args(msgspec.Struct, frozen=True, gc=False):
+    device: int = _ABSENT
+    stream: int = _ABSENT
+    context: int = MISSING
+    correlation: int = MISSING
+    external_id: int = msgspec.field(default=MISSING, name="External id")
+    registers: int = msgspec.field(default=MISSING, name="registers per thread")
+    shared_mem: int = msgspec.field(default=MISSING, name="shared memory")
+    grid: tuple[int, int, int] = (MISSING, MISSING, MISSING)
+    block: tuple[int, int, int] = (MISSING, MISSING, MISSING)
+    bytes: int = MISSING
+    cbid: int = MISSING
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str = MISSING
+    tid: int | str = MISSING
+    ts: int | float = 0
+    dur: int | float = 0
+    args: _Args = _NO_ARGS
+
+
+_DECODER = msgspec.json.Decoder(list[_Event])
+
+_KEPT = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "copies",
+         "cuda_runtime": "api", "cuda_driver": "api", "cpu_op": "cpu_ops",
+         "user_annotation": "ranges", "gpu_user_annotation": "ranges", "cuda_sync": "ranges"}
+# categories the reference builder does not keep, met in real traces; any other category
+# sends its piece to the reference builder, which then decides
+_IGNORED = {None, "ac2g", "python_function", "Trace", "overhead", "cpu_instant_event", "fwdbwd",
+            "cuda_profiler_range", "Iteration", "gpu_instant_event"}
+_KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+_CATS = list(_KEPT) + sorted(_IGNORED, key=str)
+_CAT_INDEX = {c: i for i, c in enumerate(_CATS)}
+_KIND_OF_CAT = np.array([_KIND_CODE[_KEPT[c]] if c in _KEPT else -1 for c in _CATS], dtype=np.int8)
+_DTYPES = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE,
+           "cpu_ops": CPU_OP_DTYPE}
+
+_get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
+_aget = {f: attrgetter(f) for f in _Args.__struct_fields__}
+
+
+class _Names:
+    """str -> id through the trace's NameTable, one dict lookup per event."""
+
+    def __init__(self, names):
+        self.table = names
+        self._by_json: dict[bytes, int] = {}
+
+    def ids(self, values: list) -> np.ndarray:
+        index = self.table._index
+        out = list(map(index.get, values))
+        if None in out:
+            intern = self.table.intern
+            out = [MISSING if v is None else intern(v) for v in values]
+        return np.array(out, dtype=np.int32)
+
+    def json_ids(self, raws: list) -> np.ndarray:
+        """Id of the compact JSON text of each raw value ("" = absent -> -1)."""
+        cache = self._by_json
+        keys = list(map(bytes, raws))
+        out = list(map(cache.get, keys))
+        if None in out:
+            for i, key in enumerate(keys):
+                if out[i] is None:
+                    j = cache.get(key)
+                    if j is None:
+                        j = cache[key] = (MISSING if not key else
+                                          self.table.intern(orjson.dumps(orjson.loads(key)).decode()))
+                    out[i] = j
+        return np.array(out, dtype=np.int32)
+
+
+def _ints(values) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64)
+
+
+def _ids32(values: list) -> np.ndarray:
+    """pid/tid as the reference's _id32: non-int -> -1, out-of-range ints folded."""
+    try:
+        col = _ints(values)
+    except (TypeError, ValueError):
+        col = _ints([v if type(v) is int else MISSING for v in values])
+    return kineto._ids32(col)
+
+
+def _times(evs: list, out: np.ndarray) -> None:
+    out["start_ns"] = kineto._us_to_ns(list(map(_get["ts"], evs)))
+    out["end_ns"] = out["start_ns"] + kineto._us_to_ns(list(map(_get["dur"], evs)))
+
+
+def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
+    """Rows of one kind from its events ``evs`` (category index ``cat`` of each)."""
+    out = empty(_DTYPES[kind], len(evs))
+    if not evs:
+        return out
+    _times(evs, out)
+    out["name_id"] = names.ids(list(map(_get["name"], evs)))
+    args = list(map(_get["args"], evs))
+    if kind == "kernels":
+        for col, f in (("device", "device"), ("stream", "stream"), ("context", "context"),
+                       ("correlation_id", "correlation"), ("external_id", "external_id"),
+                       ("registers", "registers"), ("shared_mem_bytes", "shared_mem")):
+            v = _ints(list(map(_aget[f], args)))
+            out[col] = np.where(v == _ABSENT, MISSING, v) if f in ("device", "stream") else v
+        for prefix in ("grid", "block"):
+            xyz = np.array(list(map(_aget[prefix], args)), dtype=np.int64).reshape(-1, 3)
+            out[prefix + "_x"], out[prefix + "_y"], out[prefix + "_z"] = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    elif kind == "copies":
+        for col, f in (("device", "device"), ("stream", "stream"), ("correlation_id", "correlation"),
+                       ("bytes", "bytes")):
+            v = _ints(list(map(_aget[f], args)))
+            out[col] = np.where(v == _ABSENT, MISSING, v)
+        out["kind"] = np.where(cat == _CAT_INDEX["gpu_memset"], COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
+    elif kind == "api":
+        out["pid"] = _ids32(list(map(_get["pid"], evs)))
+        out["tid"] = _ids32(list(map(_get["tid"], evs)))
+        out["correlation_id"] = _ints(map(_aget["correlation"], args))
+        out["external_id"] = _ints(map(_aget["external_id"], args))
+        out["cbid"] = _ints(map(_aget["cbid"], args))
+        out["domain"] = np.where(cat == _CAT_INDEX["cuda_driver"], API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
+    elif kind == "cpu_ops":
+        out["pid"] = _ids32(list(map(_get["pid"], evs)))
+        out["tid"] = _ids32(list(map(_get["tid"], evs)))
+        out["external_id"] = _ints(map(_aget["external_id"], args))
+        out["input_dims_id"] = names.json_ids(list(map(_aget["input_dims"], args)))
+        out["input_types_id"] = names.json_ids(list(map(_aget["input_type"], args)))
+    else:   # ranges: few; the reference's rules, one event at a time
+        kinds, pids, tids, devices = [], [], [], []
+        for e, a, nid in zip(evs, args, out["name_id"].tolist()):
+            step = nid >= 0 and names.table[nid].startswith("ProfilerStep#")
+            if e.cat == "user_annotation":
+                kinds.append(RANGE_PROFILER_STEP if step else RANGE_USER_ANNOTATION)
+                pids.append(e.pid)
+                tids.append(e.tid)
+                devices.append(MISSING)
+            else:
+                kinds.append(RANGE_CUDA_SYNC if e.cat == "cuda_sync"
+                             else RANGE_PROFILER_STEP if step else RANGE_GPU_ANNOTATION)
+                devices.append(e.pid if a.device == _ABSENT else a.device)
+                pids.append(MISSING)
+                tids.append(e.tid if a.stream == _ABSENT else a.stream)
+        out["kind"] = kinds
+        out["pid"], out["tid"], out["device"] = _ids32(pids), _ids32(tids), _ids32(devices)
+        out["external_id"] = _ints(map(_aget["external_id"], args))
+    return out
+
+
+def _reference(piece: bytes, b: kineto._Builder) -> dict[str, np.ndarray]:
+    """The piece read by the reference dict builder (names and counts shared)."""
+    try:
+        events = orjson.loads(b"[" + piece + b"]")
+    except orjson.JSONDecodeError:
+        raise json_chunks.Unsplit("a piece is not valid JSON") from None
+    tmp = kineto._Builder()
+    tmp.names, tmp.counts = b.names, b.counts
+    tmp.add(events)
+    try:
+        return {"kernels": tmp.build_kernels(), "copies": tmp.build_copies(), "api": tmp.build_api(),
+                "ranges": tmp.build_ranges(), "cpu_ops": tmp.build_cpu_ops()}
+    except (OverflowError, ValueError, TypeError):
+        # values the dict builder cannot hold either: the scanner's path decides
+        raise json_chunks.Unsplit("values the reference builder cannot read") from None
+
+
+def _decode_piece(piece: bytes, b: kineto._Builder, names: _Names) -> dict[str, np.ndarray]:
+    """Columns of one piece, per kind; b.counts updated."""
+    try:
+        evs = _DECODER.decode(b"[" + piece + b"]")
+    except msgspec.ValidationError:
+        return _reference(piece, b)
+    except msgspec.DecodeError:
+        raise json_chunks.Unsplit("a piece is not valid JSON") from None
+    codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
+    if None in codes:          # a category this module does not know
+        return _reference(piece, b)
+    code = np.array(codes, dtype=np.int16)
+    per_cat = np.bincount(code, minlength=len(_CATS))
+    kind_of = _KIND_OF_CAT[code]
+    kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool, count=len(evs))] = -1
+    try:
+        cols = {}
+        for k in _KINDS:
+            rows = np.flatnonzero(kind_of == _KIND_CODE[k])
+            idx = rows.tolist()
+            sel = [] if not idx else [evs[idx[0]]] if len(idx) == 1 else list(itemgetter(*idx)(evs))
+            cols[k] = _rows(k, sel, names, code[rows])
+    except (OverflowError, ValueError, TypeError, orjson.JSONDecodeError):
+        return _reference(piece, b)   # an integer wider than int64, a non-JSON shape text ...
+    counts = b.counts
+    for c in np.flatnonzero(per_cat).tolist():
+        key = _CATS[c] if _CATS[c] is not None else "<none>"
+        counts[key] = counts.get(key, 0) + int(per_cat[c])
+    return cols
+
+
+def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, part: int, parts: int, emit) -> None:
+    """Decode the pieces whose index % parts == part; emit(index, cols) for each."""
+    names = _Names(b.names)
+    for i, piece in enumerate(stream.pieces()):
+        if i % parts == part:
+            emit(i, _decode_piece(piece, b, names))
+
+
+def _child(path: str, chunk_bytes: int, conn) -> None:
+    """Forked reader of the odd pieces: sends ("piece", i, cols, new names, counts) per
+    piece, then ("done", ...) or ("error", text)."""
+    try:
+        gc.disable()
+        stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+        b = kineto._Builder()
+        sent = [0]
+
+        def emit(i, cols):
+            strings = b.names.strings
+            conn.send(("piece", i, cols, strings[sent[0]:], None))
+            sent[0] = len(strings)
+        _read(stream, b, 1, 2, emit)
+        conn.send(("done", -1, None, None, b.counts))
+    except BaseException as exc:   # the parent falls back to one reader
+        conn.send(("error", -1, None, f"{type(exc).__name__}: {exc}", None))
+    finally:
+        conn.close()
+        os._exit(0)
+
+
+def _merge(pieces: dict[int, dict], kind: str) -> np.ndarray:
+    parts = [pieces[i][kind] for i in sorted(pieces) if len(pieces[i][kind])]
+    if not parts:
+        return empty(_DTYPES[kind])
+    out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    for i in pieces:
+        pieces[i][kind] = None
+    return out
+
+
+def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send), daemon=True)
+    child.start()
+    send.close()
+    received: list = []
+    failed: list = []
+
+    def receive():
+        try:
+            while True:
+                msg = recv.recv()
+                received.append(msg)
+                if msg[0] != "piece":
+                    return
+        except (EOFError, OSError) as exc:
+            failed.append(str(exc))
+    rx = threading.Thread(target=receive, daemon=True)
+    rx.start()
+    try:
+        stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+        b = kineto._Builder()
+        pieces: dict[int, dict] = {}
+        _read(stream, b, 0, 2, lambda i, cols: pieces.__setitem__(i, cols))
+        rx.join()
+    finally:
+        if child.is_alive():
+            child.kill()
+        child.join()
+    if failed or not received or received[-1][0] != "done":
+        return None
+    # the child's names are its own ids: map them into this table in the order met
+    remap: list[int] = []
+    for tag, i, cols, new_names, counts in received:
+        if tag != "piece":
+            continue
+        remap.extend(b.names.intern(s) for s in new_names)
+        table = np.array(remap or [0], dtype=np.int32)
+        for kind in _KINDS:
+            x = cols[kind]
+            for c in ("name_id", "input_dims_id", "input_types_id"):
+                if c in x.dtype.names and len(x):
+                    x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
+        pieces[i] = cols
+    for k, v in received[-1][4].items():
+        b.counts[k] = b.counts.get(k, 0) + v
+    cols = {kind: _merge(pieces, kind) for kind in _KINDS}
+    return kineto._assemble(path, stream.top, b, cols)
+
+
+def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = False) -> Trace:
+    """The trace at ``path`` (same contract as :func:`probes.kineto.load_trace`).
+
+    Raises :class:`json_chunks.Unsplit` when the file must be read by the structural
+    scanner instead, InputError when it cannot be read at all."""
+    path = Path(path)
+    enabled = gc.isenabled()
+    gc.disable()   # millions of short-lived objects, none cyclic: collections are pure cost
+    try:
+        if parallel:
+            trace = _load_two(path, chunk_bytes)
+            if trace is not None:
+                return trace
+        stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+        b = kineto._Builder()
+        pieces: dict[int, dict] = {}
+        _read(stream, b, 0, 1, lambda i, cols: pieces.__setitem__(i, cols))
+        cols = {kind: _merge(pieces, kind) for kind in _KINDS}
+        return kineto._assemble(path, stream.top, b, cols)
+    finally:
+        if enabled:
+            gc.enable()

@@ -1,0 +1,121 @@
+"""probes.kineto_typed (msgspec typed decoding, the importer's fast path) and the
+structural scanner it falls back to, both against the dict-based reference parse of the
+real shared traces."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from ridgeline.probes import json_chunks, kineto, kineto_typed
+from ridgeline.probes.kineto import load_trace, load_trace_via_dicts
+
+from test_kineto import TRACES, _same
+
+
+@pytest.fixture
+def no_reference(monkeypatch):
+    """Fail if any piece goes to the reference builder: the typed path did the work."""
+    def refuse(piece, b):
+        raise AssertionError("piece read by the reference builder")
+    monkeypatch.setattr(kineto_typed, "_reference", refuse)
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_typed_equals_reference(name, trace_path, no_reference):
+    p = trace_path(name)
+    _same(kineto_typed.load(p), load_trace_via_dicts(p))
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_scanner_equals_reference(name, trace_path):
+    p = trace_path(name)
+    _same(kineto._load_scanned(Path(p), 1 << 20, False), load_trace_via_dicts(p))
+
+
+@pytest.mark.parametrize("chunk", [4096, 100_000])
+def test_piece_size_does_not_matter(chunk, trace_path, no_reference):
+    p = trace_path(TRACES[2])
+    _same(kineto_typed.load(p, chunk_bytes=chunk), load_trace_via_dicts(p))
+
+
+def test_two_readers_equal_one(tmp_path, trace_path, monkeypatch):
+    p = tmp_path / "a100.json"
+    p.write_bytes(gzip.open(trace_path(TRACES[5])).read())
+    ref = load_trace_via_dicts(p)
+    took = []
+    real = kineto_typed._load_two
+    monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real(*a)) or took[-1])
+    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), ref)
+    assert took and took[0] is not None          # really read by two processes
+    gz = trace_path(TRACES[5])
+    _same(kineto_typed.load(gz, chunk_bytes=256 << 10, parallel=True), ref)
+
+
+def _write(tmp_path, events, name="t.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "deviceProperties": []}))
+    return p
+
+
+def _kernel(i, **over):
+    e = {"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 100.5 + i, "dur": 0.25,
+         "args": {"device": 0, "stream": 7, "correlation": i, "grid": [1, 2, 3], "block": [4, 5, 6]}}
+    e.update(over)
+    return e
+
+
+def test_values_off_type_go_to_the_reference_builder(tmp_path):
+    """null, bool, float and string values where ints belong, a two-element grid, a
+    non-object element, a category this module does not know: same result as the
+    reference, piece by piece."""
+    events = [_kernel(i) for i in range(50)]
+    events[3]["args"]["device"] = None
+    events[9]["args"]["stream"] = True
+    events[15]["args"]["correlation"] = 3.0
+    events[21]["pid"] = "Spans"
+    events[27]["args"]["grid"] = [1, 2]
+    events.insert(33, 7)
+    events[40]["cat"] = "Kernel"
+    p = _write(tmp_path, events)
+    ref = load_trace_via_dicts(p)
+    for chunk in (256, 1 << 20):
+        _same(kineto_typed.load(p, chunk_bytes=chunk), ref)
+    assert len(ref.kernels) == 49
+
+
+def test_boundary_inside_a_string_falls_back_to_the_scanner(tmp_path):
+    """'},{' inside a name: the cut there is not valid JSON, so the typed path gives up
+    and load_trace reads the file with the scanner; the result is still exact."""
+    events = [_kernel(i) for i in range(200)]
+    events[100]["name"] = 'odd}, {"ph": "X"} name'
+    p = _write(tmp_path, events)
+    ref = load_trace_via_dicts(p)
+    cuts = [c for c in range(100, 4000, 97)
+            if _raises_unsplit(lambda c=c: kineto_typed.load(p, chunk_bytes=c))]
+    assert cuts, "no piece size put a cut inside the string"
+    for c in cuts[:3]:
+        _same(load_trace(p, chunk_bytes=c), ref)
+
+
+def _raises_unsplit(fn) -> bool:
+    try:
+        fn()
+    except json_chunks.Unsplit:
+        return True
+    return False
+
+
+def test_bad_files_still_name_the_problem(tmp_path, trace_path):
+    from ridgeline.probes.errors import InputError
+    raw = gzip.open(trace_path(TRACES[2])).read()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(InputError, match="truncated JSON"):
+        load_trace(cut)
+    gz = tmp_path / "cut.json.gz"
+    gz.write_bytes(trace_path(TRACES[2]).read_bytes()[:100_000])
+    with pytest.raises(InputError, match="truncated gzip"):
+        load_trace(gz)
