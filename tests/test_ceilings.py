@@ -1,4 +1,6 @@
 """Ceilings table: datasheet figures, device-name matching, user overrides."""
+import re
+
 import pytest
 
 from ridgeline.aggregator import ceilings
@@ -9,13 +11,44 @@ REQUIRED = ["a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-40gb", "a100-pcie-80g
             "rtx-5090", "rtx-4080-laptop"]
 
 
+# the GPUs of the traces people post (issue 13.3)
+POSTED = ["v100-sxm2", "v100-pcie", "v100s-pcie", "a10", "l4", "l40s", "rtx-4090", "rtx-5090", "h20",
+          "h800-sxm", "b200", "gb200", "mi300x", "mi325x", "mi355x"]
+
+
 def test_table_has_required_models_with_sources():
     t = ceilings.load_table()
-    for key in REQUIRED:
+    for key in REQUIRED + POSTED:
         c = t[key]
-        assert c.hbm_bytes_per_s > 0 and c.flops_per_s["bf16"] > 0 and c.flops_per_s["fp32"] > 0
+        assert c.hbm_bytes_per_s > 0 and c.peak_flops_per_s("bf16")[0] > 0 and c.flops_per_s["fp32"] > 0
         assert c.source.get("document") and c.source.get("date"), key
+        assert c.source.get("url", "").startswith("https://"), key
+        assert c.source.get("quoted"), key
         assert c.sm_count and c.memory_bytes
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", text)]
+
+
+@pytest.mark.parametrize("key", sorted(set(ceilings.load_table()) - {"rtx-4080-laptop"}))
+def test_figures_are_the_quoted_datasheet_figures(key):
+    """Every dense FLOP/s figure and the bandwidth appear in the quoted datasheet text:
+    as printed, or as the sparsity figure halved, or per GPU of a two-GPU superchip."""
+    c = ceilings.load_table()[key]
+    nums = _numbers(c.source["quoted"])
+
+    def quoted(value, units):
+        return any(abs(value - n * u * f) <= 0.01 * value for n in nums for u in units for f in (1, 0.5, 0.25))
+    for dtype, v in c.flops_per_s.items():
+        assert quoted(v, (1e12, 1e15)), (key, dtype, v)
+    assert quoted(c.hbm_bytes_per_s, (1e9, 1e12)), (key, c.hbm_bytes_per_s)
+    assert quoted(c.memory_bytes, (1e9,)), (key, c.memory_bytes)
+
+
+def test_volta_has_no_bf16_tensor_path():
+    v100 = ceilings.load_table()["v100-sxm2"]
+    assert v100.peak_flops_per_s("bf16") == (125e12, "fp16")
 
 
 def test_datasheet_values_and_ridge_point():
@@ -51,6 +84,15 @@ def test_datasheet_values_and_ridge_point():
     ("NVIDIA A10", None, None, "a10"),
     ("NVIDIA GeForce RTX 4090", None, None, "rtx-4090"),
     ("NVIDIA GeForce RTX 5090", None, None, "rtx-5090"),
+    ("Tesla V100-SXM2-16GB", 16945512448, 80, "v100-sxm2"),
+    ("Tesla V100-PCIE-32GB", None, 80, "v100-pcie"),
+    ("Tesla V100S-PCIE-32GB", None, None, "v100s-pcie"),
+    ("NVIDIA H20", None, 78, "h20"),
+    ("NVIDIA GB200", 199e9, 148, "gb200"),
+    ("AMD Instinct MI300X", None, 304, "mi300x"),
+    ("AMD Instinct MI300X VF", None, None, "mi300x"),
+    ("AMD Instinct MI325X", None, None, "mi325x"),
+    ("AMD Instinct MI355X", None, None, "mi355x"),
 ])
 def test_from_device_name(name, mem, sms, key):
     assert ceilings.from_device_name(name, mem, sms).key == key
