@@ -408,6 +408,32 @@ def _api_for(correlation: np.ndarray, api: np.ndarray) -> tuple[np.ndarray, np.n
     return order[pos], hit
 
 
+def _stack_parents(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Parent of each interval (sorted by thread, start, longer first) as a stack pass per
+    thread gives it: the latest earlier interval of the thread with end >= this start,
+    -1 if none.
+
+    Vectorised by pointer jumping: every candidate starts at the previous interval; one
+    whose candidate ends before its start jumps to the candidate's own current candidate,
+    which skips only intervals ending before the candidate's start (so before its own).
+    Rounds grow with the nesting depth, not the number of intervals."""
+    n = len(start)
+    cand = np.arange(-1, n - 1, dtype=np.int64)
+    if n:
+        same = np.ones(n, dtype=bool)
+        same[0] = False
+        same[1:] = (pid[1:] == pid[:-1]) & (tid[1:] == tid[:-1])
+        cand[~same] = -1
+    todo = np.flatnonzero(cand >= 0)
+    while len(todo):
+        c = cand[todo]
+        bad = end[c] < start[todo]
+        todo = todo[bad]
+        cand[todo] = cand[c[bad]]
+        todo = todo[cand[todo] >= 0]
+    return cand
+
+
 def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
     """Innermost op on thread (pid, tid) whose [start, end] contains t_ns; -1 if none.
 
@@ -416,21 +442,7 @@ def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarr
     """
     order = np.lexsort((-ops["end_ns"], ops["start_ns"], ops["tid"], ops["pid"]))
     s = ops[order]
-    # parent of each op in sorted order (one linear pass with a stack per thread)
-    parent = np.full(len(s), -1, dtype=np.int64)
-    stack: list[int] = []
-    last_thread = None
-    sp, st, ss, se = s["pid"].tolist(), s["tid"].tolist(), s["start_ns"].tolist(), s["end_ns"].tolist()
-    for i in range(len(s)):
-        thread = (sp[i], st[i])
-        if thread != last_thread:
-            stack.clear()
-            last_thread = thread
-        while stack and se[stack[-1]] < ss[i]:
-            stack.pop()
-        if stack:
-            parent[i] = stack[-1]
-        stack.append(i)
+    parent = _stack_parents(s["pid"], s["tid"], s["start_ns"], s["end_ns"])
     key = (s["pid"].astype(np.int64) << 32) | (s["tid"].astype(np.int64) & 0xFFFFFFFF)
     qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
     # lexicographic search on (thread key, start) via a combined structured sort

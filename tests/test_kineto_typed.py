@@ -119,3 +119,33 @@ def test_bad_files_still_name_the_problem(tmp_path, trace_path):
     gz.write_bytes(trace_path(TRACES[2]).read_bytes()[:100_000])
     with pytest.raises(InputError, match="truncated gzip"):
         load_trace(gz)
+
+
+def _stack_reference(pid, tid, ss, se):
+    """The one-pass stack the vectorised parent search replaced."""
+    parent, stack, last = [-1] * len(ss), [], None
+    for i in range(len(ss)):
+        if (pid[i], tid[i]) != last:
+            stack.clear()
+            last = (pid[i], tid[i])
+        while stack and se[stack[-1]] < ss[i]:
+            stack.pop()
+        if stack:
+            parent[i] = stack[-1]
+        stack.append(i)
+    return parent
+
+
+def test_stack_parents_equal_the_stack_pass():
+    """Nested, disjoint and partially overlapping intervals on several threads."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(1, 300))
+        pid, tid = rng.integers(0, 3, n), rng.integers(0, 2, n)
+        st = rng.integers(0, 200, n)
+        en = st + rng.integers(0, 60, n)
+        o = np.lexsort((-en, st, tid, pid))
+        pid, tid, st, en = pid[o], tid[o], st[o], en[o]
+        assert kineto._stack_parents(pid, tid, st, en).tolist() == \
+            _stack_reference(pid.tolist(), tid.tolist(), st.tolist(), en.tolist())
