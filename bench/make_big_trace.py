@@ -31,7 +31,7 @@ def _load(path: Path) -> dict:
     return orjson.loads(raw)
 
 
-def make_big_trace(source: Path, out: Path, kernels: int, gap_us: int = 100) -> dict:
+def make_big_trace(source: Path, out: Path, kernels: int, gap_us: int = 100, compresslevel: int = 1) -> dict:
     """Write a trace with at least ``kernels`` kernel events; returns a summary dict."""
     doc = _load(source)
     events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
@@ -59,7 +59,7 @@ def make_big_trace(source: Path, out: Path, kernels: int, gap_us: int = 100) -> 
 
     header = {k: v for k, v in doc.items() if k not in ("traceEvents", "metadata")}
     opener = gzip.open if out.suffix == ".gz" else open
-    kwargs = {"compresslevel": 1} if out.suffix == ".gz" else {}
+    kwargs = {"compresslevel": compresslevel} if out.suffix == ".gz" else {}
     with opener(out, "wb", **kwargs) as f:
         f.write(orjson.dumps(header)[:-1] + b',"traceEvents":[')
         f.write(orjson.dumps(meta_rows)[1:-1])

@@ -281,11 +281,16 @@ def _child(path: str, chunk_bytes: int, conn) -> None:
 
 
 def _merge(pieces: dict[int, dict], kind: str) -> np.ndarray:
-    parts = [pieces[i][kind] for i in sorted(pieces) if len(pieces[i][kind])]
-    if not parts:
-        return empty(_DTYPES[kind])
-    out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    for i in pieces:
+    """One kind's rows of all pieces, in piece order; each piece's array is dropped as
+    soon as it is copied, so the peak is the result plus what is not yet copied."""
+    order = sorted(pieces)
+    total = sum(len(pieces[i][kind]) for i in order)
+    out = empty(_DTYPES[kind], total)
+    pos = 0
+    for i in order:
+        a = pieces[i][kind]
+        out[pos:pos + len(a)] = a
+        pos += len(a)
         pieces[i][kind] = None
     return out
 
@@ -325,7 +330,9 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
         return None
     # the child's names are its own ids: map them into this table in the order met
     remap: list[int] = []
-    for tag, i, cols, new_names, counts in received:
+    done_counts = received[-1][4]
+    while received:
+        tag, i, cols, new_names, counts = received.pop(0)
         if tag != "piece":
             continue
         remap.extend(b.names.intern(s) for s in new_names)
@@ -336,7 +343,7 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
                 if c in x.dtype.names and len(x):
                     x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
         pieces[i] = cols
-    for k, v in received[-1][4].items():
+    for k, v in done_counts.items():
         b.counts[k] = b.counts.get(k, 0) + v
     cols = {kind: _merge(pieces, kind) for kind in _KINDS}
     return kineto._assemble(path, stream.top, b, cols)
