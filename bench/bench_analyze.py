@@ -46,10 +46,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import orjson  # noqa: E402
 
-from make_big_trace import DEFAULT_SOURCE, make_big_trace  # noqa: E402
+from make_big_trace import DEFAULT_SOURCE, SHARED, make_big_trace  # noqa: E402
 
 SOURCES = {
-    "A100": ROOT.parent / "shared" / "traces" / "nvidia-training" / "hta_a100_rank0_training.json.gz",
+    "A100": SHARED / "traces" / "nvidia-training" / "hta_a100_rank0_training.json.gz",
     "H100": DEFAULT_SOURCE,
 }
 ISAL = "from isal import igzip; import sys; f = igzip.open(sys.argv[1], 'rb')\nwhile f.read(1 << 22): pass"
@@ -134,6 +134,13 @@ def wire_costs(source: Path) -> dict:
             "json_gz": len(gzip.compress(plain, 6)) / n}
 
 
+def _progress(rows) -> None:
+    """The row just measured, on stderr (a long run keeps what it measured if cut short)."""
+    name, r = rows[-1]
+    print(f"[{time.strftime('%H:%M:%S')}] {name}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s, "
+          f"peak RSS {r['rss_bytes'] / 2**20:,.0f} MiB, rc {r['rc']}, load {loadavg()}", file=sys.stderr, flush=True)
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -174,11 +181,15 @@ def main(argv=None) -> int:
     if gz:
         bare = run_child(f"zcat {shlex.quote(str(path))} > /dev/null", args.timeout, shell=True)
         rows.append(("zcat FILE > /dev/null (bare decompression)", bare))
+        _progress(rows)
         rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)", run_child([PY, "-c", ISAL, str(path)], args.timeout)))
+        _progress(rows)
     ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
     rows.append(("ridgeline analyze --json", ours))
+    _progress(rows)
     load = run_child([PY, "-c", LOAD_ONLY, str(path)], args.timeout)
     rows.append(("ridgeline load_trace only", load))
+    _progress(rows)
     kernels = made["kernels"] or int(load["stdout"].strip().splitlines()[-1])
     hta = None
     if not args.skip_hta:
@@ -189,6 +200,7 @@ def main(argv=None) -> int:
         finally:
             shutil.rmtree(hdir, ignore_errors=True)
         rows.append(("HTA 0.5.0 TraceAnalysis + get_gpu_kernel_breakdown", hta))
+        _progress(rows)
     load_after = loadavg()
     wc = wire_costs(source)
 

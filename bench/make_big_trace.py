@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import math
+import os
 import sys
 from pathlib import Path
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SOURCE = ROOT.parent / "shared" / "traces" / "nvidia-inference" / \
+SHARED = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared"))
+DEFAULT_SOURCE = SHARED / "traces" / "nvidia-inference" / \
     "tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
 
 

@@ -28,11 +28,12 @@ PY = sys.executable
 # here run with no arguments.
 KNOWN = {
     "bench_scale.py": ("agent scale and cost (simulated load)", ["--duration", "60"]),
-    "bench_analyze.py": ("ridgeline analyze vs HTA; bytes per kernel event", ["--kernels", "100000"]),
+    "bench_analyze.py": ("ridgeline analyze vs zcat and HTA; bytes per kernel event", ["--kernels", "100000", "--gzip"]),
     "bench_wire.py": ("wire encoding: bytes per kernel event", []),
     "bench_ebpf.py": ("eBPF probe overheads", ["--rounds", "3"]),
     "bench_cupti_decode.py": ("CUPTI buffer decode rate", ["--kernels", "500000", "--repeat", "3"]),
     "bench_phases.py": ("phase mapping rate", ["--steps", "500", "--replicas", "200"]),
+    "bench_decode.py": ("gzip inflate and JSON parser choices for the importer", []),
 }
 SKIP = {"run_all.py", "make_big_trace.py"}
 

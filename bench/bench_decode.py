@@ -1,0 +1,118 @@
+"""The choices behind the importer's fast path, measured side by side in one run.
+
+    .venv/bin/python bench/bench_decode.py --trace /tmp/ridgeline-bench-200000.json.gz
+
+Decompression of the whole file (each in its own child process, CPU from ``os.wait4``):
+``zcat``, the standard library's gzip, python-isal's ``igzip`` (ISA-L, what the importer
+uses), zlib-ng's ``gzip_ng``. Parsing of the same 64 MiB of the ``traceEvents`` array
+(in this process, CPU time, best of 3, garbage collector off as in the importer):
+orjson into dicts, msgspec typed decoding into the importer's structs (what the importer
+uses), pysimdjson's parse, and the structural numpy scan (``json_chunks.scan``, the first
+stage of the older importer path, before any field is read). zlib-ng and pysimdjson are
+in the ``bench`` extra; a missing one is reported, not skipped silently.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+SHARED_A100 = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared")) / "traces" / \
+    "nvidia-training" / "hta_a100_rank0_training.json.gz"
+
+READ = "import sys\nf = {opener}(sys.argv[1], 'rb')\nwhile f.read(1 << 22): pass"
+DECOMPRESSORS = {
+    "zcat FILE > /dev/null": None,
+    "gzip (standard library)": READ.format(opener="__import__('gzip').open"),
+    "isal.igzip (ISA-L)": READ.format(opener="__import__('isal.igzip').igzip.open"),
+    "zlib_ng.gzip_ng": READ.format(opener="__import__('zlib_ng.gzip_ng').gzip_ng.open"),
+}
+
+
+def child(argv, shell=False) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, shell=shell, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(p.pid, 0)
+    return time.perf_counter() - t0, ru.ru_utime + ru.ru_stime, os.waitstatus_to_exitcode(status)
+
+
+def sample(path: Path, size: int) -> bytes:
+    """``size`` bytes of whole events from the array, as one JSON array text."""
+    from ridgeline.probes import json_chunks
+    out = []
+    n = 0
+    for piece in json_chunks.ArrayStream(path, "traceEvents", 8 << 20).pieces():
+        out.append(piece)
+        n += len(piece)
+        if n >= size:
+            break
+    return b"[" + b",".join(out) + b"]"
+
+
+def best_cpu(fn, repeat=3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        r = fn()
+        best = min(best, time.process_time() - t0)
+        del r
+    return best
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", type=Path, default=SHARED_A100,
+                    help="a Kineto trace, .json.gz (default: the shared A100 training trace; a "
+                         "bench/make_big_trace.py output gives steadier figures)")
+    ap.add_argument("--sample-mib", type=int, default=64)
+    args = ap.parse_args(argv)
+    load0 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    lines = [f"Trace `{args.trace.name}`; load average at start {load0}.", "",
+             "| decompress the whole file | wall s | CPU s | status |", "|---|---:|---:|---|"]
+    for name, code in DECOMPRESSORS.items():
+        if code is None:
+            wall, cpu, rc = child(f"zcat '{args.trace}' > /dev/null", shell=True)
+        else:
+            wall, cpu, rc = child([PY, "-c", code, str(args.trace)])
+        lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {'ok' if rc == 0 else f'FAILED rc={rc} (not installed?)'} |")
+
+    import numpy as np  # noqa: F401
+    import orjson
+
+    from ridgeline.probes import json_chunks, kineto_typed
+    body = sample(args.trace, args.sample_mib << 20)
+    mb = len(body) / 1e6
+    parsers = [("orjson.loads into dicts", lambda: orjson.loads(body)),
+               ("msgspec typed decoding (importer structs)", lambda: kineto_typed._DECODER.decode(body))]
+    try:
+        import simdjson
+        p = simdjson.Parser()
+        parsers.append(("pysimdjson parse (lazy document)", lambda: p.parse(body)))
+    except ImportError:
+        parsers.append(("pysimdjson parse", None))
+    inner = body[1:-1] + b" " * json_chunks.PAD
+    parsers.append(("numpy structural scan only (json_chunks.scan)",
+                    lambda: json_chunks.scan(inner, len(inner) - json_chunks.PAD)))
+    lines += ["", f"| parse {mb:.0f} MB of events (CPU, best of 3, gc off) | CPU s | MB/s |", "|---|---:|---:|"]
+    gc.disable()
+    for name, fn in parsers:
+        if fn is None:
+            lines.append(f"| {name} | not installed | |")
+            continue
+        cpu = best_cpu(fn)
+        lines.append(f"| {name} | {cpu:.2f} | {mb / cpu:,.0f} |")
+    gc.enable()
+    load1 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    lines += ["", f"Load average at end {load1}."]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
