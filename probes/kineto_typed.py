@@ -23,6 +23,7 @@ back piece by piece, so neither holds more than its columns plus a piece.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import threading
 from collections import Counter
@@ -42,6 +43,7 @@ from .events import (
 )
 
 CHUNK_BYTES = 8 << 20
+ROWS_INITIAL_BYTES = 8 << 20
 _ABSENT = -(1 << 62)   # "key not present", where the reference tells absent from -1
 
 
@@ -280,19 +282,60 @@ def _child(path: str, chunk_bytes: int, conn) -> None:
         os._exit(0)
 
 
-def _merge(pieces: dict[int, dict], kind: str) -> np.ndarray:
-    """One kind's rows of all pieces, in piece order; each piece's array is dropped as
-    soon as it is copied, so the peak is the result plus what is not yet copied."""
-    order = sorted(pieces)
-    total = sum(len(pieces[i][kind]) for i in order)
-    out = empty(_DTYPES[kind], total)
-    pos = 0
-    for i in order:
-        a = pieces[i][kind]
-        out[pos:pos + len(a)] = a
-        pos += len(a)
-        pieces[i][kind] = None
-    return out
+class _Rows:
+    """The rows of one kind, appended piece by piece into one anonymous mapping that
+    grows in place (mremap): no per-piece arrays left to merge, and only the pages
+    written are resident, so the columns cost their own size and nothing more."""
+
+    def __init__(self, dtype: np.dtype):
+        self.dtype = dtype
+        self.n = 0
+        self.mm: mmap.mmap | None = None
+
+    def append(self, a: np.ndarray) -> None:
+        if not len(a):
+            return
+        need = (self.n + len(a)) * self.dtype.itemsize
+        if self.mm is None or need > len(self.mm):
+            size = max(need, 2 * len(self.mm) if self.mm is not None else ROWS_INITIAL_BYTES)
+            size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+            if self.mm is None:
+                # private: a shared anonymous mapping cannot grow (its pages past the
+                # first size would raise SIGBUS)
+                self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            else:
+                self.mm.resize(size)
+        view = np.frombuffer(self.mm, dtype=self.dtype, count=self.n + len(a))
+        view[self.n:] = a
+        del view            # a buffer still exported would block the next resize
+        self.n += len(a)
+
+    def array(self) -> np.ndarray:
+        if self.mm is None:
+            return empty(self.dtype)
+        return np.frombuffer(self.mm, dtype=self.dtype, count=self.n)
+
+
+class _InOrder:
+    """Appends pieces' columns in piece order, holding the ones that arrive early."""
+
+    def __init__(self):
+        self.rows = {k: _Rows(_DTYPES[k]) for k in _KINDS}
+        self.next = 0
+        self.pending: dict[int, dict] = {}
+
+    def add(self, i: int, cols: dict) -> None:
+        self.pending[i] = cols
+        while self.next in self.pending:
+            done = self.pending.pop(self.next)
+            for k in _KINDS:
+                self.rows[k].append(done[k])
+            self.next += 1
+
+    def columns(self) -> dict[str, np.ndarray]:
+        if self.pending:
+            raise json_chunks.Unsplit(f"pieces {sorted(self.pending)} arrived without their predecessors")
+        return {k: r.array() for k, r in self.rows.items()}
 
 
 def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
@@ -316,57 +359,43 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
             failed.append(str(exc))
     rx = threading.Thread(target=receive, daemon=True)
     rx.start()
+    out = _InOrder()
+    remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
+    done: list = []
+
+    def drain() -> None:
+        while received:
+            tag, i, cols, new_names, counts = received.pop(0)
+            if tag != "piece":
+                done.append((tag, counts))
+                continue
+            remap.extend(b.names.intern(s) for s in new_names)
+            table = np.array(remap or [0], dtype=np.int32)
+            for kind in _KINDS:
+                x = cols[kind]
+                for c in ("name_id", "input_dims_id", "input_types_id"):
+                    if c in x.dtype.names and len(x):
+                        x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
+            out.add(i, cols)
+
+    def emit(i, cols):
+        out.add(i, cols)
+        drain()
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
-        pieces: dict[int, dict] = {}
-        _read(stream, b, 0, 2, lambda i, cols: pieces.__setitem__(i, cols))
+        _read(stream, b, 0, 2, emit)
         rx.join()
     finally:
         if child.is_alive():
             child.kill()
         child.join()
-    if failed or not received or received[-1][0] != "done":
+    drain()
+    if failed or not done or done[-1][0] != "done":
         return None
-    # the child's names are its own ids: map them into this table in the order met
-    remap: list[int] = []
-    done_counts = received[-1][4]
-    while received:
-        tag, i, cols, new_names, counts = received.pop(0)
-        if tag != "piece":
-            continue
-        remap.extend(b.names.intern(s) for s in new_names)
-        table = np.array(remap or [0], dtype=np.int32)
-        for kind in _KINDS:
-            x = cols[kind]
-            for c in ("name_id", "input_dims_id", "input_types_id"):
-                if c in x.dtype.names and len(x):
-                    x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
-        pieces[i] = cols
-    for k, v in done_counts.items():
+    for k, v in done[-1][1].items():
         b.counts[k] = b.counts.get(k, 0) + v
-    cols = {kind: _merge(pieces, kind) for kind in _KINDS}
-    return kineto._assemble(path, stream.top, b, cols)
-
-
-def _return_freed_memory() -> None:
-    """Make glibc serve allocations of 256 KiB and more with their own mappings, which
-    go back to the system when freed. The per-piece columns are freed while the merged
-    columns are allocated; from the ordinary heap, fragmentation kept both resident
-    (measured: peak RSS of a 200k-kernel load 308 -> 236 MiB). Elsewhere a no-op."""
-    global _MALLOPT_DONE
-    if _MALLOPT_DONE:
-        return
-    _MALLOPT_DONE = True
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 256 << 10)     # M_MMAP_THRESHOLD (fixed: no dynamic raising)
-    except (OSError, AttributeError):
-        pass
-
-
-_MALLOPT_DONE = False
+    return kineto._assemble(path, stream.top, b, out.columns())
 
 
 def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = False) -> Trace:
@@ -375,7 +404,6 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
     Raises :class:`json_chunks.Unsplit` when the file must be read by the structural
     scanner instead, InputError when it cannot be read at all."""
     path = Path(path)
-    _return_freed_memory()
     enabled = gc.isenabled()
     gc.disable()   # millions of short-lived objects, none cyclic: collections are pure cost
     try:
@@ -385,10 +413,9 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
                 return trace
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
-        pieces: dict[int, dict] = {}
-        _read(stream, b, 0, 1, lambda i, cols: pieces.__setitem__(i, cols))
-        cols = {kind: _merge(pieces, kind) for kind in _KINDS}
-        return kineto._assemble(path, stream.top, b, cols)
+        out = _InOrder()
+        _read(stream, b, 0, 1, out.add)
+        return kineto._assemble(path, stream.top, b, out.columns())
     finally:
         if enabled:
             gc.enable()

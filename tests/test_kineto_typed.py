@@ -149,3 +149,20 @@ def test_stack_parents_equal_the_stack_pass():
         pid, tid, st, en = pid[o], tid[o], st[o], en[o]
         assert kineto._stack_parents(pid, tid, st, en).tolist() == \
             _stack_reference(pid.tolist(), tid.tolist(), st.tolist(), en.tolist())
+
+
+def test_rows_grow_in_place(monkeypatch, trace_path):
+    """Columns far larger than the first mapping: the mapping grows and keeps every row."""
+    import numpy as np
+    from ridgeline.probes.events import KERNEL_DTYPE, empty
+    monkeypatch.setattr(kineto_typed, "ROWS_INITIAL_BYTES", 4096)
+    rows = kineto_typed._Rows(KERNEL_DTYPE)
+    parts = []
+    for i in range(40):
+        a = empty(KERNEL_DTYPE, 1000 + i)
+        a["start_ns"] = np.arange(len(a)) + i * 10_000
+        parts.append(a)
+        rows.append(a)
+    assert np.array_equal(rows.array(), np.concatenate(parts))
+    p = trace_path(TRACES[5])
+    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
