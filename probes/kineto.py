@@ -418,13 +418,12 @@ def _stack_parents(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.
     which skips only intervals ending before the candidate's start (so before its own).
     Rounds grow with the nesting depth, not the number of intervals."""
     n = len(start)
-    cand = np.arange(-1, n - 1, dtype=np.int64)
+    idx = np.int32 if n < 2**31 - 1 else np.int64    # half the temporaries' memory
+    cand = np.arange(-1, n - 1, dtype=idx)
     if n:
-        same = np.ones(n, dtype=bool)
-        same[0] = False
-        same[1:] = (pid[1:] == pid[:-1]) & (tid[1:] == tid[:-1])
-        cand[~same] = -1
-    todo = np.flatnonzero(cand >= 0)
+        cand[0] = -1
+        cand[1:][(pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])] = -1
+    todo = np.flatnonzero(cand >= 0).astype(idx)
     while len(todo):
         c = cand[todo]
         bad = end[c] < start[todo]
@@ -445,7 +444,7 @@ def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarr
     # hold every column: 44 bytes per op instead of 24)
     s = {c: ops[c][order] for c in ("pid", "tid", "start_ns", "end_ns")}
     parent = _stack_parents(s["pid"], s["tid"], s["start_ns"], s["end_ns"])
-    key = (s["pid"].astype(np.int64) << 32) | (s["tid"].astype(np.int64) & 0xFFFFFFFF)
+    key = (s.pop("pid").astype(np.int64) << 32) | (s.pop("tid").astype(np.int64) & 0xFFFFFFFF)
     qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
     # lexicographic search on (thread key, start) via a combined structured sort
     res = np.full(len(t_ns), -1, dtype=np.int64)
