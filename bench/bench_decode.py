@@ -9,7 +9,9 @@ uses), zlib-ng's ``gzip_ng``. Parsing of the same 64 MiB of the ``traceEvents`` 
 orjson into dicts, msgspec typed decoding into the importer's structs (what the importer
 uses), pysimdjson's parse, and the structural numpy scan (``json_chunks.scan``, the first
 stage of the older importer path, before any field is read). zlib-ng and pysimdjson are
-in the ``bench`` extra; a missing one is reported, not skipped silently.
+in the ``bench`` extra; a missing one is reported, not skipped silently. Then the whole
+import of the file by one process through each importer path (child processes, CPU from
+``os.wait4``): the structural scanner path and the typed path.
 """
 from __future__ import annotations
 
@@ -32,6 +34,14 @@ DECOMPRESSORS = {
     "gzip (standard library)": READ.format(opener="__import__('gzip').open"),
     "isal.igzip (ISA-L)": READ.format(opener="__import__('isal.igzip').igzip.open"),
     "zlib_ng.gzip_ng": READ.format(opener="__import__('zlib_ng.gzip_ng').gzip_ng.open"),
+}
+
+IMPORTERS = {
+    "structural numpy scanner path (kineto._load_scanned)":
+        "import sys; from pathlib import Path; from ridgeline.probes import kineto\n"
+        "kineto._load_scanned(Path(sys.argv[1]), 4 << 20, False)",
+    "msgspec typed path (kineto_typed.load, what load_trace uses)":
+        "import sys; from ridgeline.probes import kineto_typed; kineto_typed.load(sys.argv[1])",
 }
 
 
@@ -81,6 +91,11 @@ def main(argv=None) -> int:
         else:
             wall, cpu, rc = child([PY, "-c", code, str(args.trace)])
         lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {'ok' if rc == 0 else f'FAILED rc={rc} (not installed?)'} |")
+
+    lines += ["", "| import the whole file, one process | wall s | CPU s | status |", "|---|---:|---:|---|"]
+    for name, code in IMPORTERS.items():
+        wall, cpu, rc = child([PY, "-c", code, str(args.trace)])
+        lines.append(f"| {name} | {wall:.2f} | {cpu:.2f} | {'ok' if rc == 0 else f'FAILED rc={rc}'} |")
 
     import numpy as np  # noqa: F401
     import orjson
