@@ -25,12 +25,15 @@ Only complete events (``"ph": "X"``) are kept. ``trace.meta["event_counts"]`` co
 every event of the file by ``cat`` (``"<none>"`` for events without one), kept or not.
 ``kernel_cpu_op_index(trace)`` maps each kernel to the ``cpu_op`` that launched it.
 
-How it reads: the decompressed bytes are streamed in chunks and scanned with numpy
-(:mod:`probes.json_chunks`); categories are found first, so skipped events cost only the
-scan; numbers are parsed by numpy's C parser and names sliced out in bulk. Events the
-vectorised path cannot read exactly fall back, one by one, to orjson and the same
-dict-based builder as :func:`load_trace_via_dicts` (the reference the tests compare
-against), so results never depend on the path taken.
+How it reads: first by typed decoding (:mod:`probes.kineto_typed`: ISA-L inflate, the
+array cut into pieces of whole events, each decoded by msgspec into structs of the kept
+fields, pieces shared by two processes for big files). A file that path cannot cut is
+read by the structural scanner: the decompressed bytes are streamed in chunks and
+scanned with numpy (:mod:`probes.json_chunks`); categories are found first, so skipped
+events cost only the scan; numbers are parsed by numpy's C parser and names sliced out in
+bulk. Events (scanner) or pieces (typed path) that the fast code cannot read exactly go
+to orjson and the same dict-based builder as :func:`load_trace_via_dicts` (the
+reference the tests compare against), so results never depend on the path taken.
 
 Times: Kineto writes ``ts``/``dur`` in microseconds (ints or floats with up to three
 decimals); they become integer nanoseconds, exact for up to three decimals.
