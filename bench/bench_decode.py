@@ -58,7 +58,7 @@ def sample(path: Path, size: int) -> bytes:
     out = []
     n = 0
     for piece in json_chunks.ArrayStream(path, "traceEvents", 8 << 20).pieces():
-        out.append(piece)
+        out.append(bytes(piece))
         n += len(piece)
         if n >= size:
             break

@@ -278,8 +278,9 @@ class ArrayStream:
             i = data.find(pattern, i + 1)
         return None
 
-    def pieces(self) -> Iterator[bytes]:
-        """The array's text in pieces of whole elements (``{..},{..}``, no brackets),
+    def pieces(self) -> Iterator[memoryview]:
+        """The array's text in pieces of whole elements (``{..},{..}``, no brackets;
+        memoryviews into the block read, valid until the next piece is asked for),
         about ``chunk_bytes`` each, cut at the last ``},{`` of each block read: no
         structural scan except of the last block, where the array ends. Identical
         pieces for identical bytes, so that two readers can share the work by piece
@@ -299,7 +300,7 @@ class ArrayStream:
                         raise Unsplit(f"no element boundary in {len(buf)} bytes")
                     carry = buf
                     continue
-                yield buf[:cut[0]]
+                yield memoryview(buf)[:cut[0]]      # no copy: a reader skipping it pays nothing
                 carry = buf[cut[1]:]
             n = len(buf)
             s = scan(buf + b" " * PAD, n)
@@ -308,7 +309,7 @@ class ArrayStream:
                 raise Unsplit("the array does not end where expected")
             array_end = int(s.pos[closing[0]])
             if buf[:array_end].strip():
-                yield buf[:array_end]
+                yield memoryview(buf)[:array_end]
             self._parse_top(head + buf[array_end:], offset)
         finally:
             r.close()

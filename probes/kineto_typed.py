@@ -204,10 +204,15 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     return out
 
 
-def _reference(piece: bytes, b: kineto._Builder) -> dict[str, np.ndarray]:
+def _bracketed(piece) -> bytes:
+    """The piece as one JSON array text (one copy)."""
+    return b"".join((b"[", piece, b"]"))
+
+
+def _reference(piece, b: kineto._Builder) -> dict[str, np.ndarray]:
     """The piece read by the reference dict builder (names and counts shared)."""
     try:
-        events = orjson.loads(b"[" + piece + b"]")
+        events = orjson.loads(_bracketed(piece))
     except orjson.JSONDecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
     tmp = kineto._Builder()
@@ -221,10 +226,10 @@ def _reference(piece: bytes, b: kineto._Builder) -> dict[str, np.ndarray]:
         raise json_chunks.Unsplit("values the reference builder cannot read") from None
 
 
-def _decode_piece(piece: bytes, b: kineto._Builder, names: _Names) -> dict[str, np.ndarray]:
+def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndarray]:
     """Columns of one piece, per kind; b.counts updated."""
     try:
-        evs = _DECODER.decode(b"[" + piece + b"]")
+        evs = _DECODER.decode(_bracketed(piece))
     except msgspec.ValidationError:
         return _reference(piece, b)
     except msgspec.DecodeError:
