@@ -411,7 +411,7 @@ def _api_for(correlation: np.ndarray, api: np.ndarray) -> tuple[np.ndarray, np.n
     return order[pos], hit
 
 
-def _stack_parents(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Parent of each interval (sorted by thread, start, longer first) as a stack pass per
     thread gives it: the latest earlier interval of the thread with end >= this start,
     -1 if none.
@@ -425,7 +425,7 @@ def _stack_parents(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.
     cand = np.arange(-1, n - 1, dtype=idx)
     if n:
         cand[0] = -1
-        cand[1:][(pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])] = -1
+        cand[1:][thread[1:] != thread[:-1]] = -1
     todo = np.flatnonzero(cand >= 0).astype(idx)
     while len(todo):
         c = cand[todo]
@@ -442,12 +442,13 @@ def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarr
     Ops on one thread nest properly, so the answer is the latest-starting op with
     start <= t, or the nearest ancestor of it that still contains t.
     """
-    order = np.lexsort((-ops["end_ns"], ops["start_ns"], ops["tid"], ops["pid"]))
-    # the four columns used, gathered one by one (a sorted copy of whole records would
-    # hold every column: 44 bytes per op instead of 24)
-    s = {c: ops[c][order] for c in ("pid", "tid", "start_ns", "end_ns")}
-    parent = _stack_parents(s["pid"], s["tid"], s["start_ns"], s["end_ns"])
-    key = (s.pop("pid").astype(np.int64) << 32) | (s.pop("tid").astype(np.int64) & 0xFFFFFFFF)
+    # one int64 thread key instead of pid and tid, and only the columns used, gathered
+    # one by one (a sorted copy of whole records would hold every column)
+    key = (ops["pid"].astype(np.int64) << 32) | (ops["tid"].astype(np.int64) & 0xFFFFFFFF)
+    order = np.lexsort((-ops["end_ns"], ops["start_ns"], key))
+    key = key[order]
+    s = {c: ops[c][order] for c in ("start_ns", "end_ns")}
+    parent = _stack_parents(key, s["start_ns"], s["end_ns"])
     qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
     # lexicographic search on (thread key, start) via a combined structured sort
     res = np.full(len(t_ns), -1, dtype=np.int64)

@@ -147,7 +147,8 @@ def test_stack_parents_equal_the_stack_pass():
         en = st + rng.integers(0, 60, n)
         o = np.lexsort((-en, st, tid, pid))
         pid, tid, st, en = pid[o], tid[o], st[o], en[o]
-        assert kineto._stack_parents(pid, tid, st, en).tolist() == \
+        thread = (pid.astype(np.int64) << 32) | tid
+        assert kineto._stack_parents(thread, st, en).tolist() == \
             _stack_reference(pid.tolist(), tid.tolist(), st.tolist(), en.tolist())
 
 
