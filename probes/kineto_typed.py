@@ -3,7 +3,11 @@
 :func:`load` reads the ``traceEvents`` array in pieces of whole events
 (:meth:`probes.json_chunks.ArrayStream.pieces`) and decodes each piece with one msgspec
 call into small structs that hold only the fields the importer keeps (unknown keys are
-skipped inside msgspec's C decoder). Columns are then taken per event kind with
+skipped inside msgspec's C decoder). The decoder is tagged by ``cat``: events of the
+categories the importer does not keep (flows, python functions, instants) become empty
+structs, their fields skipped unread; a piece with an event without ``cat`` (metadata
+rows) or of another category takes the untagged decoder. Columns are then taken per
+event kind with
 ``operator.attrgetter`` maps, so no Python code runs per event and field.
 
 Same contract and result as the dict-based reference (:func:`probes.kineto.
@@ -66,9 +70,9 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = _Args()
 
 
-class _Event(msgspec.Struct, gc=False):
+class _Fields(msgspec.Struct, gc=False):
+    """The fields kept of an event (its category aside)."""
     ph: str | None = None
-    cat: str | None = None
     name: str | None = None
     pid: int | str = MISSING
     tid: int | str = MISSING
@@ -77,7 +81,12 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS
 
 
+class _Event(_Fields, gc=False):
+    cat: str | None = None
+
+
 _DECODER = msgspec.json.Decoder(list[_Event])
+_code = attrgetter("code")
 
 _KEPT = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "copies",
          "cuda_runtime": "api", "cuda_driver": "api", "cpu_op": "cpu_ops",
@@ -91,6 +100,27 @@ _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _CATS = list(_KEPT) + sorted(_IGNORED, key=str)
 _CAT_INDEX = {c: i for i, c in enumerate(_CATS)}
 _KIND_OF_CAT = np.array([_KIND_CODE[_KEPT[c]] if c in _KEPT else -1 for c in _CATS], dtype=np.int8)
+
+
+def _tagged_decoder():
+    """A decoder of events tagged by "cat": kept categories into full structs, the
+    ignored ones into empty structs (msgspec skips their fields unread). Each class
+    carries its category index ``code`` (and ``ph = None`` when empty). Pieces with an
+    event without "cat" or with another category fail it and take the untagged decoder."""
+    classes = []
+    for i, cat in enumerate(_CATS):
+        if cat is None:
+            continue
+        if cat in _KEPT:
+            cls = msgspec.defstruct(f"_Ev{i}", [], bases=(_Fields,), tag_field="cat", tag=cat,
+                                    namespace={"code": i})
+        else:
+            cls = msgspec.defstruct(f"_Ev{i}", [], tag_field="cat", tag=cat, gc=False,
+                                    namespace={"code": i, "ph": None})
+        classes.append(cls)
+    from typing import Union
+    return msgspec.json.Decoder(list[Union[tuple(classes)]])
+
 _DTYPES = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE,
            "cpu_ops": CPU_OP_DTYPE}
 
@@ -185,15 +215,15 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
         out["input_types_id"] = names.json_ids(list(map(_aget["input_type"], args)))
     else:   # ranges: few; the reference's rules, one event at a time
         kinds, pids, tids, devices = [], [], [], []
-        for e, a, nid in zip(evs, args, out["name_id"].tolist()):
+        for e, a, nid, c in zip(evs, args, out["name_id"].tolist(), cat.tolist()):
             step = nid >= 0 and names.table[nid].startswith("ProfilerStep#")
-            if e.cat == "user_annotation":
+            if c == _CAT_INDEX["user_annotation"]:
                 kinds.append(RANGE_PROFILER_STEP if step else RANGE_USER_ANNOTATION)
                 pids.append(e.pid)
                 tids.append(e.tid)
                 devices.append(MISSING)
             else:
-                kinds.append(RANGE_CUDA_SYNC if e.cat == "cuda_sync"
+                kinds.append(RANGE_CUDA_SYNC if c == _CAT_INDEX["cuda_sync"]
                              else RANGE_PROFILER_STEP if step else RANGE_GPU_ANNOTATION)
                 devices.append(e.pid if a.device == _ABSENT else a.device)
                 pids.append(MISSING)
@@ -228,16 +258,24 @@ def _reference(piece, b: kineto._Builder) -> dict[str, np.ndarray]:
 
 def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndarray]:
     """Columns of one piece, per kind; b.counts updated."""
+    text = _bracketed(piece)
     try:
-        evs = _DECODER.decode(_bracketed(piece))
+        evs = _TAGGED.decode(text)
+        code = np.fromiter(map(_code, evs), dtype=np.int16, count=len(evs))
     except msgspec.ValidationError:
-        return _reference(piece, b)
+        try:
+            evs = _DECODER.decode(text)
+        except msgspec.ValidationError:
+            return _reference(piece, b)
+        except msgspec.DecodeError:
+            raise json_chunks.Unsplit("a piece is not valid JSON") from None
+        codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
+        if None in codes:          # a category this module does not know
+            return _reference(piece, b)
+        code = np.array(codes, dtype=np.int16)
     except msgspec.DecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
-    codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
-    if None in codes:          # a category this module does not know
-        return _reference(piece, b)
-    code = np.array(codes, dtype=np.int16)
+    del text
     per_cat = np.bincount(code, minlength=len(_CATS))
     kind_of = _KIND_OF_CAT[code]
     kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool, count=len(evs))] = -1
@@ -255,6 +293,9 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
         key = _CATS[c] if _CATS[c] is not None else "<none>"
         counts[key] = counts.get(key, 0) + int(per_cat[c])
     return cols
+
+
+_TAGGED = _tagged_decoder()
 
 
 def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, part: int, parts: int, emit) -> None:

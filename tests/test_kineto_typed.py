@@ -167,3 +167,13 @@ def test_rows_grow_in_place(monkeypatch, trace_path):
     assert np.array_equal(rows.array(), np.concatenate(parts))
     p = trace_path(TRACES[5])
     _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
+
+
+@pytest.mark.parametrize("name", [TRACES[2], TRACES[5]])
+def test_tagged_decoder_alone_equals_reference(name, trace_path, monkeypatch):
+    """Pieces decoded by the category-tagged decoder only (the untagged one disabled, so
+    a piece it refuses goes to the reference builder): same result."""
+    import msgspec
+    monkeypatch.setattr(kineto_typed, "_DECODER", msgspec.json.Decoder(list[int]))
+    p = trace_path(name)
+    _same(kineto_typed.load(p, chunk_bytes=64 << 10), load_trace_via_dicts(p))
