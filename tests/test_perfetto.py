@@ -179,17 +179,17 @@ def test_real_trace_processor(name, trace_path, tmp_path, capsys):
     capsys.readouterr()
     t = load_trace(src)
     tp = TraceProcessor(trace=str(out), config=TraceProcessorConfig(bin_path=_tp_binary()))
+
+    def one(sql):
+        return next(iter(tp.query(sql))).n
     try:
-        n = tp.query("select count(*) as n from slice where category in ('kernel', 'gpu_memcpy', 'gpu_memset')"
-                     ).as_pandas_dataframe()["n"][0]
+        n = one("select count(*) as n from slice where category in ('kernel', 'gpu_memcpy', 'gpu_memset')")
         assert n == len(t.kernels) + len(t.copies)
-        errs = tp.query("select name, value from stats where severity in ('error', 'data_loss') and value > 0"
-                        ).as_pandas_dataframe()
-        assert errs.empty, errs.to_dict("records")
-        unnamed = tp.query("select count(*) as n from thread_track tt join thread using (utid) "
-                           "where thread.name is null").as_pandas_dataframe()["n"][0]
-        assert unnamed == 0
-        flows = tp.query("select count(*) as n from flow").as_pandas_dataframe()["n"][0]
-        assert flows > 0
+        errs = [(r.name, r.value) for r in tp.query(
+            "select name, value from stats where severity in ('error', 'data_loss') and value > 0")]
+        assert errs == []
+        assert one("select count(*) as n from thread_track join thread using (utid) "
+                   "where thread.name is null") == 0
+        assert one("select count(*) as n from flow") > 0
     finally:
         tp.close()
