@@ -440,31 +440,30 @@ def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarr
     """Innermost op on thread (pid, tid) whose [start, end] contains t_ns; -1 if none.
 
     Ops on one thread nest properly, so the answer is the latest-starting op with
-    start <= t, or the nearest ancestor of it that still contains t.
+    start <= t, or the nearest ancestor of it that still contains t. One thread at a
+    time: the sort and parent search then hold one thread's ops, not all of them.
     """
-    # one int64 thread key instead of pid and tid, and only the columns used, gathered
-    # one by one (a sorted copy of whole records would hold every column)
     key = (ops["pid"].astype(np.int64) << 32) | (ops["tid"].astype(np.int64) & 0xFFFFFFFF)
-    order = np.lexsort((-ops["end_ns"], ops["start_ns"], key))
-    key = key[order]
-    s = {c: ops[c][order] for c in ("start_ns", "end_ns")}
-    parent = _stack_parents(key, s["start_ns"], s["end_ns"])
     qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
-    # lexicographic search on (thread key, start) via a combined structured sort
     res = np.full(len(t_ns), -1, dtype=np.int64)
     for kv in np.unique(qkey):
-        lo, hi = np.searchsorted(key, kv, "left"), np.searchsorted(key, kv, "right")
-        if lo == hi:
+        members = np.flatnonzero(key == kv)
+        if not len(members):
             continue
+        st, en = ops["start_ns"][members], ops["end_ns"][members]
+        o = np.lexsort((-en, st))
+        members, st, en = members[o], st[o], en[o]
+        del o
+        parent = _stack_parents(np.zeros(len(st), dtype=np.int8), st, en)
         q = np.flatnonzero(qkey == kv)
-        cand = lo + np.searchsorted(s["start_ns"][lo:hi], t_ns[q], side="right") - 1
-        cand = np.where(cand >= lo, cand, -1)
+        tq = t_ns[q]
+        cand = np.searchsorted(st, tq, side="right") - 1
         for _ in range(64):  # nesting depth bound; each round climbs one level
-            bad = (cand >= 0) & (s["end_ns"][np.maximum(cand, 0)] < t_ns[q])
+            bad = (cand >= 0) & (en[np.maximum(cand, 0)] < tq)
             if not bad.any():
                 break
             cand = np.where(bad, parent[np.maximum(cand, 0)], cand)
-        res[q] = np.where(cand >= 0, order[np.maximum(cand, 0)], -1)
+        res[q] = np.where(cand >= 0, members[np.maximum(cand, 0)], -1)
     return res
 
 
