@@ -3,10 +3,10 @@
 :func:`load` reads the ``traceEvents`` array in pieces of whole events
 (:meth:`probes.json_chunks.ArrayStream.pieces`) and decodes each piece with one msgspec
 call into small structs that hold only the fields the importer keeps (unknown keys are
-skipped inside msgspec's C decoder). The decoder is tagged by ``cat``: events of the
-categories the importer does not keep (flows, python functions, instants) become empty
-structs, their fields skipped unread; a piece with an event without ``cat`` (metadata
-rows) or of another category takes the untagged decoder. Columns are then taken per
+skipped inside msgspec's C decoder). The decoder is tagged by ``ph``: only complete
+events ("X") are decoded whole; flows, instants, metadata rows and the other phases keep
+their category alone (it is counted), their other fields skipped unread; a piece with an
+event of an unknown phase or none takes the untagged decoder. Columns are then taken per
 event kind with
 ``operator.attrgetter`` maps, so no Python code runs per event and field.
 
@@ -70,9 +70,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
 _NO_ARGS = _Args()
 
 
-class _Fields(msgspec.Struct, gc=False):
-    """The fields kept of an event (its category aside)."""
-    ph: str | None = None
+class _Body(msgspec.Struct, gc=False):
+    """The fields kept of an event, its phase and category aside."""
     name: str | None = None
     pid: int | str = MISSING
     tid: int | str = MISSING
@@ -81,12 +80,12 @@ class _Fields(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS
 
 
-class _Event(_Fields, gc=False):
+class _Event(_Body, gc=False):
+    ph: str | None = None
     cat: str | None = None
 
 
 _DECODER = msgspec.json.Decoder(list[_Event])
-_code = attrgetter("code")
 
 _KEPT = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "copies",
          "cuda_runtime": "api", "cuda_driver": "api", "cpu_op": "cpu_ops",
@@ -100,26 +99,24 @@ _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
 _CATS = list(_KEPT) + sorted(_IGNORED, key=str)
 _CAT_INDEX = {c: i for i, c in enumerate(_CATS)}
 _KIND_OF_CAT = np.array([_KIND_CODE[_KEPT[c]] if c in _KEPT else -1 for c in _CATS], dtype=np.int8)
+# the Chrome trace format's phases other than "X" (complete)
+_OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "M",
+                 "R", "c", "(", ")")
 
 
 def _tagged_decoder():
-    """A decoder of events tagged by "cat": kept categories into full structs, the
-    ignored ones into empty structs (msgspec skips their fields unread). Each class
-    carries its category index ``code`` (and ``ph = None`` when empty). Pieces with an
-    event without "cat" or with another category fail it and take the untagged decoder."""
-    classes = []
-    for i, cat in enumerate(_CATS):
-        if cat is None:
-            continue
-        if cat in _KEPT:
-            cls = msgspec.defstruct(f"_Ev{i}", [], bases=(_Fields,), tag_field="cat", tag=cat,
-                                    namespace={"code": i})
-        else:
-            cls = msgspec.defstruct(f"_Ev{i}", [], tag_field="cat", tag=cat, gc=False,
-                                    namespace={"code": i, "ph": None})
-        classes.append(cls)
+    """A decoder of events tagged by their phase "ph": complete events ("X") into the full
+    struct, every other phase (flows, instants, metadata, counters...) into a struct of
+    their category alone (msgspec skips the rest unread). A piece with an event of
+    another phase, or without one, fails it and takes the untagged decoder."""
     from typing import Union
-    return msgspec.json.Decoder(list[Union[tuple(classes)]])
+    complete = msgspec.defstruct("_Complete", [("cat", "str | None", None)], bases=(_Body,),
+                                 tag_field="ph", tag="X", namespace={"ph": "X"})
+    others = [msgspec.defstruct(f"_Phase{ord(ph)}", [("cat", "str | None", None)], tag_field="ph",
+                                tag=ph, gc=False, namespace={"ph": ph})
+              for ph in _OTHER_PHASES]
+    return msgspec.json.Decoder(list[Union[(complete, *others)]])
+
 
 _DTYPES = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE,
            "cpu_ops": CPU_OP_DTYPE}
@@ -260,22 +257,19 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
     """Columns of one piece, per kind; b.counts updated."""
     text = _bracketed(piece)
     try:
-        evs = _TAGGED.decode(text)
-        code = np.fromiter(map(_code, evs), dtype=np.int16, count=len(evs))
-    except msgspec.ValidationError:
         try:
-            evs = _DECODER.decode(text)
+            evs = _TAGGED.decode(text)
         except msgspec.ValidationError:
-            return _reference(piece, b)
-        except msgspec.DecodeError:
-            raise json_chunks.Unsplit("a piece is not valid JSON") from None
-        codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
-        if None in codes:          # a category this module does not know
-            return _reference(piece, b)
-        code = np.array(codes, dtype=np.int16)
+            evs = _DECODER.decode(text)
+    except msgspec.ValidationError:
+        return _reference(piece, b)
     except msgspec.DecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
     del text
+    codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
+    if None in codes:          # a category this module does not know
+        return _reference(piece, b)
+    code = np.array(codes, dtype=np.int16)
     per_cat = np.bincount(code, minlength=len(_CATS))
     kind_of = _KIND_OF_CAT[code]
     kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool, count=len(evs))] = -1

@@ -171,7 +171,7 @@ def test_rows_grow_in_place(monkeypatch, trace_path):
 
 @pytest.mark.parametrize("name", [TRACES[2], TRACES[5]])
 def test_tagged_decoder_alone_equals_reference(name, trace_path, monkeypatch):
-    """Pieces decoded by the category-tagged decoder only (the untagged one disabled, so
+    """Pieces decoded by the phase-tagged decoder only (the untagged one disabled, so
     a piece it refuses goes to the reference builder): same result."""
     import msgspec
     monkeypatch.setattr(kineto_typed, "_DECODER", msgspec.json.Decoder(list[int]))
