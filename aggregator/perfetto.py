@@ -293,7 +293,8 @@ def write_perfetto(trace: Trace, phase_map, phase_names: dict[int, str], path: s
     ev = build_events(trace, np.asarray(phase_map.kernel_phase), np.asarray(phase_map.kernel_step),
                       list(phase_map.steps), phase_names)
     doc = {"traceEvents": ev,
-           "otherData": {"producer": "ridgeline analyze", "source": str(trace.meta.get("path") or trace.meta.get("source_path") or "")}}
+           "otherData": {"producer": "ridgeline analyze",
+                         "source": str(trace.meta.get("path") or trace.meta.get("source_path") or "")}}
     out = Path(path)
     try:
         out.write_bytes(orjson.dumps(doc))

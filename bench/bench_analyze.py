@@ -182,7 +182,8 @@ def main(argv=None) -> int:
         bare = run_child(f"zcat {shlex.quote(str(path))} > /dev/null", args.timeout, shell=True)
         rows.append(("zcat FILE > /dev/null (bare decompression)", bare))
         _progress(rows)
-        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)", run_child([PY, "-c", ISAL, str(path)], args.timeout)))
+        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)",
+                     run_child([PY, "-c", ISAL, str(path)], args.timeout)))
         _progress(rows)
     ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
     rows.append(("ridgeline analyze --json", ours))

@@ -31,9 +31,15 @@ from typing import BinaryIO, Iterator
 
 import numpy as np
 import orjson
-from isal import igzip, isal_zlib
 
 from .errors import InputError
+
+try:
+    from isal import igzip, isal_zlib
+    _INFLATE_ERRORS: tuple = (isal_zlib.error,)
+except ImportError:   # a bundle installed without dependencies (the GPU check): zlib
+    igzip = gzip
+    _INFLATE_ERRORS = ()
 
 CHUNK_BYTES = 4 << 20
 PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
@@ -165,7 +171,7 @@ class _Reader:
             return self._s.read(n)
         except EOFError:
             raise InputError(f"{self.path}: truncated gzip file (compressed stream ends early)") from None
-        except (gzip.BadGzipFile, zlib.error, isal_zlib.error, OSError) as exc:
+        except (gzip.BadGzipFile, zlib.error, *_INFLATE_ERRORS, OSError) as exc:
             raise InputError(f"{self.path}: corrupt gzip file ({exc})") from None
 
     def close(self) -> None:

@@ -177,3 +177,28 @@ def test_tagged_decoder_alone_equals_reference(name, trace_path, monkeypatch):
     monkeypatch.setattr(kineto_typed, "_DECODER", msgspec.json.Decoder(list[int]))
     p = trace_path(name)
     _same(kineto_typed.load(p, chunk_bytes=64 << 10), load_trace_via_dicts(p))
+
+
+def test_without_msgspec_and_isal_the_scanner_reads_with_zlib(tmp_path, trace_path):
+    """A host with ridgeline installed without its dependencies (the GPU check's bundle)
+    still reads traces: the scanner path, with the standard library's gzip."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, builtins\n"
+        "real = builtins.__import__\n"
+        "def imp(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('msgspec', 'isal'):\n"
+        "        raise ImportError(name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = imp\n"
+        "from ridgeline.probes.kineto import load_trace\n"
+        "from ridgeline.probes import json_chunks\n"
+        "assert json_chunks.igzip.__name__ == 'gzip'\n"
+        "t = load_trace(sys.argv[1])\n"
+        "print(len(t.kernels), len(t.api))\n")
+    p = trace_path(TRACES[2])
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ref = load_trace_via_dicts(p)
+    assert out.stdout.split() == [str(len(ref.kernels)), str(len(ref.api))]
