@@ -61,6 +61,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "probes.simulator.speed": (0.001, 1000.0),
     "probes.simulator.pid": (0, PID_MAX),
     "probes.simulator.scrape_interval_s": (0.05, 3600.0),
+    "probes.cupti.reclaim_after_s": (0.0, 86400.0),
 }
 
 #: Folders under which a missing socket folder may be created (one level, by systemd's
@@ -224,6 +225,13 @@ def _validate(cfg: dict, origin: str) -> None:
     why = socket_path_problem(probes["cupti"]["socket"])
     if why:
         bad("probes.cupti.socket", why)
+    group = probes["cupti"]["socket_group"]
+    if group:
+        import grp
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            bad("probes.cupti.socket_group", f"names no group on this host ({group!r})")
 
 
 def load(path: str | Path | None = None, missing_ok: bool = False) -> dict:

@@ -39,7 +39,8 @@ from ridgeline.probes.events import Trace
 from ridgeline.aggregator.windows import WindowBuilder, plain
 
 from . import config as config_mod
-from . import registry
+from . import reclaim_request, registry
+from .cupti_takeover import TakeoverWatch
 from .health import HealthMeter
 from .publisher import Publisher
 from .sdnotify import Notifier
@@ -98,6 +99,9 @@ class Agent:
         self._apply_analysis(cfg)
         self.health = HealthMeter()
         self.probe_counters_removed: dict[str, dict] = {}
+        # served processes whose CUPTI another tool took over; when to ask for it back
+        self.takeovers = TakeoverWatch(cfg["probes"]["cupti"]["reclaim_after_s"])
+        self.reclaim_requests_rejected = 0
 
     def _apply_analysis(self, cfg: dict) -> None:
         a = cfg["analysis"]
@@ -224,6 +228,8 @@ class Agent:
                         pass
         for pid, text in (data.get("status") or {}).items():
             log.warning("probe %s: process %s: %s", r.step.name, for_log(pid), for_log(text))
+        if data.get("status"):
+            self.takeovers.status_lines(data["status"])
 
     def _add_plain(self, topic: str, data: dict, source: str) -> None:
         payload = plain(data) if topic != "engine" else None
@@ -250,11 +256,44 @@ class Agent:
             out[r.step.name] = plain(c)
         return out
 
+    def watch_takeovers(self) -> dict:
+        """Once a window: take the operator's reclaim request, note which served
+        processes' CUPTI is taken over, send the reclaims the policy asks for
+        (:mod:`agent.cupti_takeover`); returns the health record's part."""
+        cupti = next((r.probe for r in self.running if hasattr(r.probe, "taken_over_pids")), None)
+        if cupti is None:
+            return {}
+        sock = getattr(cupti, "socket_path", None) or self.cfg["probes"]["cupti"]["socket"]
+        req, rejected = reclaim_request.take_request(sock)
+        self.reclaim_requests_rejected += rejected
+        if req is not None:
+            self.takeovers.request(req["pid"])
+        now = time.time()
+        pids = self.takeovers.observe(cupti.taken_over_pids(), now)
+        sent = []
+        for pid in pids:
+            try:
+                if cupti.reclaim(pid):
+                    sent.append(pid)
+            except Exception as exc:
+                log.warning("cupti: reclaim of pid %d failed: %s", pid, for_log(exc))
+        if sent:
+            log.info("cupti: asked pid(s) %s to reclaim CUPTI from the other tool", ", ".join(map(str, sent)))
+        if req is not None:
+            try:
+                reclaim_request.write_done(sock, req["id"], sent)
+            except OSError as exc:
+                log.warning("cupti: cannot answer the reclaim request: %s", for_log(exc))
+        return {"cupti_taken_over": self.takeovers.report(now),
+                "cupti_reclaims_requested": self.takeovers.reclaims_requested,
+                "cupti_reclaim_requests_rejected": self.reclaim_requests_rejected}
+
     def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> dict:
         if self.publisher is None:
             self._lose_window()
             raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
         pub = self.publisher.counters()
+        takeover = self.watch_takeovers()
         agent = self.health.sample(self.probe_counters(), self.records_total,
                                    extra={"publisher_drops": sum(pub.get("drops", {}).values()),
                                           "window_drops": self.builder.drops,
@@ -268,7 +307,8 @@ class Agent:
                                           "bad_frames": pub.get("bad_frames", 0),
                                           "metrics_server": self.prometheus.counters() if self.prometheus else {},
                                           "reloads": self.reloads, "reloads_refused": self.reloads_refused,
-                                          "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped})
+                                          "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped,
+                                          **takeover})
         window = self.builder.close(start_ns, end_ns, agent, final=final)
         self.latest_window = window
         if self.prometheus is not None:
@@ -345,6 +385,7 @@ class Agent:
         self.reloads += 1
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
         self._apply_analysis(new)
+        self.takeovers.reclaim_after_s = new["probes"]["cupti"]["reclaim_after_s"]
         if self._given_probes is None and (new["probes"] != old["probes"]):
             keep = [r for r in self.running if r.step.name in new["probes"]["enabled"]
                     and new["probes"].get(r.step.name) == old["probes"].get(r.step.name)

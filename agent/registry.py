@@ -84,7 +84,8 @@ def _cuda_uprobes(cfg):
 def _cupti(cfg):
     mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
-    return _build(cls, socket_path=cfg["probes"]["cupti"]["socket"])
+    c = cfg["probes"]["cupti"]
+    return _build(cls, socket_path=c["socket"], socket_group=c["socket_group"] or None)
 
 
 def _nvml(cfg):

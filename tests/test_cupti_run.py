@@ -48,7 +48,14 @@ def test_run_errors_are_one_line():
     r = ridgeline("run", "--", "no-such-command-ridgeline")
     assert r.returncode == 2 and "command not found" in r.stderr
     r = ridgeline("run", "--library", "/nonexistent.so", "--", "true")
-    assert r.returncode == 2 and "not built" in r.stderr
+    assert r.returncode == 2 and "not found" in r.stderr and "--library" in r.stderr
+
+
+def test_run_without_the_built_library_is_a_runtime_failure(tmp_path):
+    # README's exit codes: the command line was fine, what it needs is missing -> 1, not 2
+    r = ridgeline("run", "--", "true", env={"RIDGELINE_CUPTI_LIB": str(tmp_path / "libridgeline_cupti.so")})
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("ridgeline: error: injection library not built") and "Traceback" not in r.stderr
 
 
 def test_run_refuses_to_override_another_injection_tool():

@@ -3,11 +3,21 @@
 Exit 0 when every enabled probe (``[probes] enabled`` of the configuration, or the probes
 named with ``--probe``) can run, 1 when one of them cannot (runtime failure), 2 for an
 unknown probe name or a bad configuration. ``--json`` prints one object:
-``{"ok": bool, "probes": [{"name", "ok", "enabled", "checked", "reason", "hint"}, ...]}``.
+``{"ok": bool, "probes": [{"name", "ok", "enabled", "checked", "reason", "hint"}, ...],
+"agent": {"reachable", "endpoint", "reason", "cupti_taken_over": [{"pid", "since_unix_s",
+"taken_over_s", "status", "reclaims_requested"}, ...]}}``.
+
+The running agent's side comes from its own health record: ``check`` subscribes to the
+agent's stream (``publisher.endpoint`` of the configuration, or ``--endpoint``) and waits
+at most ``--agent-timeout`` seconds for one. An agent that is not running or not
+reachable is reported, not a failure; served processes whose CUPTI another tool
+(torch.profiler) took over are a failure (exit 1): their GPU records are paused.
 """
 from __future__ import annotations
 
 import json
+import os
+import time
 
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
@@ -19,7 +29,59 @@ def register(sub) -> None:
     p.add_argument("--probe", action="append", metavar="NAME", help="check only this probe (repeatable); "
                                                                     "it must be able to run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--agent-timeout", type=float, default=None, metavar="S",
+                   help="wait at most S seconds for the running agent's health record (default: two windows "
+                        "and a second, at most 30; 0: do not ask the agent)")
+    from ridgeline.agent.subscriber import add_stream_arguments
+    add_stream_arguments(p, topics=False)
     p.set_defaults(func=run)
+
+
+def agent_view(args, cfg) -> dict:
+    """What the running agent says about itself: its latest health record's CUPTI takeovers."""
+    from ridgeline.agent.subscriber import open_stream
+    timeout_s = args.agent_timeout
+    if timeout_s is None:
+        timeout_s = min(2 * cfg["agent"]["window_s"] + 1.0, 30.0)
+    args.endpoint = args.endpoint or cfg["publisher"]["endpoint"]
+    out = {"reachable": False, "endpoint": args.endpoint, "reason": "", "cupti_taken_over": []}
+    if timeout_s == 0:
+        out["reason"] = "not asked (--agent-timeout 0)"
+        return out
+    if args.endpoint.startswith("ipc://") and not os.path.exists(args.endpoint[len("ipc://"):]):
+        out["reason"] = "no agent is publishing there (is `ridgeline agent` running?)"
+        return out
+    try:
+        sub = open_stream(args, topics=["health"])
+    except RuntimeFailure as exc:
+        out["reason"] = str(exc)
+        return out
+    try:
+        end = time.monotonic() + timeout_s
+        while True:
+            msg = sub.receive(max(0.0, min(0.2, end - time.monotonic())))
+            if sub.refused:
+                out["reason"] = sub.refused
+                return out
+            if msg is not None and msg.topic == "health" and isinstance(msg.payload, dict):
+                taken = msg.payload.get("cupti_taken_over")
+                out["reachable"] = True
+                out["cupti_taken_over"] = [t for t in taken if isinstance(t, dict)] if isinstance(taken, list) else []
+                return out
+            if time.monotonic() >= end:
+                out["reason"] = f"no health record within {timeout_s:g} s (is `ridgeline agent` running?)"
+                return out
+    finally:
+        sub.close()
+
+
+def _takeover_line(t: dict) -> str:
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t.get("since_unix_s") or 0)))
+    line = (f"  pid {t.get('pid')}: CUPTI taken over by another tool since {since} "
+            f"({float(t.get('taken_over_s') or 0):.0f} s); records paused")
+    if t.get("status"):
+        line += f"; library: {t['status']}"
+    return line + f"  (hint: once that tool is done, `ridgeline cupti reclaim --pid {t.get('pid')}`)"
 
 
 def run(args) -> int:
@@ -43,8 +105,10 @@ def run(args) -> int:
             except Exception:
                 pass
     failing = [r["name"] for r in rows if r["checked"] and not r["ok"]]
+    agent = agent_view(args, cfg)
+    taken = agent["cupti_taken_over"]
     if args.json:
-        print(json.dumps({"ok": not failing, "probes": rows}))
+        print(json.dumps({"ok": not failing and not taken, "probes": rows, "agent": agent}))
     else:
         width = max(len(n) for n in names)
         for r in rows:
@@ -56,7 +120,17 @@ def run(args) -> int:
             if r["hint"]:
                 line += f"  (hint: {r['hint']})"
             print(line, flush=True)
+        if agent["reachable"]:
+            print(f"agent  reachable at {agent['endpoint']}: {len(taken)} served process(es) with CUPTI "
+                  "taken over", flush=True)
+            for t in taken:
+                print(_takeover_line(t), flush=True)
+        else:
+            print(f"agent  not reached at {agent['endpoint']}: {agent['reason']}", flush=True)
     if failing:
         raise RuntimeFailure(f"check: {'probe' if len(failing) == 1 else 'probes'} {', '.join(failing)} "
                              f"cannot run here (see above)")
+    if taken:
+        raise RuntimeFailure(f"check: CUPTI of {len(taken)} served process(es) is taken over by another tool; "
+                             "their GPU records are paused (see above)")
     return 0

@@ -15,7 +15,7 @@ import shutil
 import stat
 import sys
 
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
@@ -44,8 +44,10 @@ def injection_env_from_args(args) -> dict[str, str]:
     from ridgeline.probes.cupti.library import build_hint, injection_env, library_path
     lib = args.library or library_path()
     if not os.path.isfile(lib):
-        hint = build_hint() if not args.library else "check the --library path"
-        raise InputError(f"injection library not built: {lib} ({hint})")
+        if args.library:     # a path the user gave that is not there: bad input
+            raise InputError(f"injection library not found: {lib} (check the --library path)")
+        # the input was fine; what it needs (the built library) is missing: a runtime failure
+        raise RuntimeFailure(f"injection library not built: {lib} ({build_hint()})")
     libcupti = None if args.libcupti in ("", "none") else args.libcupti
     return injection_env(args.socket, args.mode, args.graph_level, libcupti, lib)
 

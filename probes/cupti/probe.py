@@ -66,10 +66,13 @@ class CuptiProbe(Probe):
     name = "cupti"
     optional = True
 
-    def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02, **server_kw):
+    def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02,
+                 socket_group: str | None = None, **server_kw):
         super().__init__()
         self.socket_path = socket_path or os.environ.get("RIDGELINE_SOCKET", DEFAULT_SOCKET)
         self.pump_interval_s = pump_interval_s
+        if socket_group:    # "" (the configuration's default): every local user may connect
+            server_kw["socket_group"] = socket_group
         self._server_kw = server_kw
         self.server: CuptiServer | None = None
         self.decoders: dict[int, ProcessDecoder] = {}
@@ -140,6 +143,10 @@ class CuptiProbe(Probe):
                 if pid is None or p == pid:
                     n += self.server.send_control(self.decoders[p].mode, 0, p, P.CONTROL_RECLAIM)
             return n
+
+    def taken_over_pids(self) -> set[int]:
+        """Pids whose latest HELLO says another CUPTI client took the callbacks over."""
+        return {d.pid for d in list(self.decoders.values()) if d.flags & P.FLAG_TAKEN_OVER}
 
     def set_mode(self, mode: str | int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
         """Switch libraries to ``"always-on"`` or ``"deep"`` (all, or one pid) without restarting them."""
