@@ -1,0 +1,94 @@
+"""agent.cupti_takeover (the reclaim policy, with literal times) and agent.reclaim_request
+(the operator's request file, including hostile ones), and probes.cupti.socket_group
+reaching the real socket."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from ridgeline.agent import config, reclaim_request, registry
+from ridgeline.agent.cupti_takeover import TakeoverWatch
+
+LINE = ("takeover: another CUPTI client (torch.profiler?) re-registered the activity buffer callbacks: buffers "
+        "CUPTI filled for us were not returned by our flushes (1 buffer(s) lost to it); Ridgeline records are "
+        "paused until it is done")
+
+
+def test_default_policy_reports_and_never_reclaims_by_itself():
+    w = TakeoverWatch(0.0)
+    w.status_lines({41: LINE, 42: "resumed: something"})
+    assert w.observe({41}, 1000.0) == []
+    assert w.observe({41}, 1000.0 + 86400) == []
+    assert w.report(1000.0 + 86400) == [{"pid": 41, "since_unix_s": 1000.0, "taken_over_s": 86400.0,
+                                          "status": LINE, "reclaims_requested": 0}]
+    assert w.observe(set(), 90000.0) == [] and w.report(90000.0) == []     # resumed: off the list
+
+
+def test_after_the_configured_age_it_asks_once_per_period():
+    w = TakeoverWatch(30.0)
+    assert w.observe({7, 8}, 100.0) == []
+    assert w.observe({7, 8}, 129.9) == []
+    assert w.observe({7, 8}, 130.0) == [7, 8]
+    assert w.observe({7, 8}, 131.0) == []              # a reclaim that did not work: asked again later,
+    assert w.observe({7}, 160.0) == [7]                # not in a loop
+    assert w.reclaims_requested == 3
+    assert w.report(160.0)[0]["reclaims_requested"] == 2
+    assert w.observe({7}, 170.0) == []
+    assert w.observe({9}, 170.0) == [] and w.report(170.0)[0]["since_unix_s"] == 170.0  # a new episode
+
+
+def test_the_operator_asks_whatever_the_age_and_only_those_taken_over():
+    w = TakeoverWatch(0.0)
+    w.observe({5, 6}, 10.0)
+    w.request(6)
+    w.request(99)                                          # not taken over: nothing to ask
+    assert w.observe({5, 6}, 10.5) == [6]
+    assert w.observe({5, 6}, 11.0) == []                   # one request, one reclaim
+    w.request(None)
+    assert w.observe({5, 6}, 11.5) == [5, 6]
+
+
+def test_request_file_roundtrip(tmp_path):
+    sock = str(tmp_path / "cupti.sock")
+    path = reclaim_request.write_request(sock, "abc", 1234)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert reclaim_request.take_request(sock) == ({"id": "abc", "pid": 1234}, False)
+    assert not os.path.exists(path)
+    assert reclaim_request.take_request(sock) == (None, False)
+    assert reclaim_request.read_done(sock, "abc") is None
+    reclaim_request.write_done(sock, "abc", [1234])
+    assert reclaim_request.read_done(sock, "abc") == [1234] and reclaim_request.read_done(sock, "xyz") is None
+
+
+def test_hostile_request_files_are_removed_and_never_acted_on(tmp_path):
+    sock = str(tmp_path / "cupti.sock")
+    req = tmp_path / reclaim_request.REQUEST_NAME
+    for body in (b"x" * 5000, b"not json", b"[1]", json.dumps({"id": "a", "pid": 0}).encode(),
+                 json.dumps({"id": "a", "pid": True}).encode(), json.dumps({"id": "a" * 65, "pid": None}).encode(),
+                 json.dumps({"id": 3, "pid": None}).encode()):
+        req.write_bytes(body)
+        assert reclaim_request.take_request(sock) == (None, True), body
+        assert not req.exists()
+    (tmp_path / "target").write_text(json.dumps({"id": "a", "pid": None}))
+    req.symlink_to(tmp_path / "target")                     # a link: never followed
+    assert reclaim_request.take_request(sock) == (None, True) and not req.exists()
+    req.write_text(json.dumps({"id": "a", "pid": None}))    # written by another user
+    assert reclaim_request.take_request(sock, owner_uid=os.geteuid() + 1) == (None, True)
+
+
+def test_socket_group_from_the_configuration_reaches_the_socket(tmp_path):
+    import grp
+    group = grp.getgrgid(os.getegid()).gr_name
+    for given, mode, gid in (("", 0o666, None), (group, 0o660, os.getegid())):
+        cfg = config.overlay(config.defaults(), {"probes": {"cupti": {"socket": str(tmp_path / "c.sock"),
+                                                                      "socket_group": given}}})
+        probe = registry.STEPS["cupti"].factory(cfg)
+        probe.start()
+        try:
+            st = os.stat(tmp_path / "c.sock")
+        finally:
+            probe.stop()
+        assert stat.S_IMODE(st.st_mode) == mode, given
+        if gid is not None:
+            assert st.st_gid == gid
