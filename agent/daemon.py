@@ -386,9 +386,10 @@ class Agent:
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
         self._apply_analysis(new)
         self.takeovers.reclaim_after_s = new["probes"]["cupti"]["reclaim_after_s"]
-        if self._given_probes is None and (new["probes"] != old["probes"]):
+        if self._given_probes is None and any(_probe_settings(new, n) != _probe_settings(old, n)
+                                              for n in set(new["probes"]) | set(old["probes"])):
             keep = [r for r in self.running if r.step.name in new["probes"]["enabled"]
-                    and new["probes"].get(r.step.name) == old["probes"].get(r.step.name)
+                    and _probe_settings(new, r.step.name) == _probe_settings(old, r.step.name)
                     and new["probes"]["pids"] == old["probes"]["pids"]]
             gone = [r for r in self.running if r not in keep]
             counters = self.probe_counters()
@@ -551,6 +552,17 @@ class Agent:
                 pass
             self.publisher.close()
         self.notifier.close()
+
+
+#: Keys of a probe's table that the agent applies itself: changing them restarts no probe.
+_AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",)}
+
+
+def _probe_settings(cfg: dict, name: str):
+    v = cfg["probes"].get(name)
+    if isinstance(v, dict) and name in _AGENT_SIDE_KEYS:
+        return {k: x for k, x in v.items() if k not in _AGENT_SIDE_KEYS[name]}
+    return v
 
 
 def _status_line(w: dict) -> str:

@@ -92,3 +92,28 @@ def test_socket_group_from_the_configuration_reaches_the_socket(tmp_path):
         assert stat.S_IMODE(st.st_mode) == mode, given
         if gid is not None:
             assert st.st_gid == gid
+
+
+def test_reload_applies_reclaim_after_s_without_restarting_the_cupti_socket(tmp_path):
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.agent.sdnotify import Notifier
+
+    def write(after):
+        cfg = config.overlay(config.defaults(), {
+            "agent": {"window_s": 0.2}, "publisher": {"endpoint": f"ipc://{tmp_path}/stream.sock"},
+            "prometheus": {"enabled": False},
+            "probes": {"enabled": ["cupti"], "cupti": {"socket": str(tmp_path / "c.sock"), "reclaim_after_s": after}}})
+        (tmp_path / "a.toml").write_text(config.to_toml(cfg))
+        return cfg
+
+    agent = Agent(write(0.0), config_path=str(tmp_path / "a.toml"), notifier=Notifier({}))
+    agent.start()
+    try:
+        (before,) = [r.probe for r in agent.running]
+        assert agent.takeovers.reclaim_after_s == 0.0
+        write(120.0)
+        agent.reload()
+        assert agent.reloads == 1 and agent.takeovers.reclaim_after_s == 120.0
+        assert [r.probe for r in agent.running] == [before]      # served processes stay connected
+    finally:
+        agent.shutdown()
