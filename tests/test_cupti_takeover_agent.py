@@ -101,15 +101,16 @@ def taken(pid):
     return lambda h: [t["pid"] for t in h.get("cupti_taken_over", [])] == [pid]
 
 
-def _take_over(host: Host, app: StubApp) -> dict:
-    """Our kernels arrive; torch.profiler starts (and stops without teardown)."""
+def _take_over(host: Host, app: StubApp, stop: bool = True) -> dict:
+    """Our kernels arrive; torch.profiler starts (and, with ``stop``, stops without teardown)."""
     app("emit 5 0 100")
     host.wait(lambda h: h.get("probes", {}).get("cupti", {}).get("records", 0) >= 5, 10)
     app("emit 3 0 200")                 # into our partial buffer, which Kineto then gets
     assert app("kineto_start")["rc"] == 0
     app("emit 4 0 300")                 # Kineto's
     h = host.wait(taken(app.p.pid), 15)
-    app("kineto_stop 0")                # kinds disabled, CUPTI not finalized: the library waits
+    if stop:
+        app("kineto_stop 0")            # kinds disabled, CUPTI not finalized: the library waits
     return h
 
 
@@ -199,3 +200,26 @@ def test_reclaim_without_an_agent_is_a_runtime_failure_and_leaves_no_request(tmp
     r = subprocess.run([sys.executable, "-m", "ridgeline", "cupti", "reclaim", "--pid", "0"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "--pid" in r.stderr
+
+
+def test_a_reclaim_while_torch_profiler_still_collects_leaves_its_buffers_to_it(host):
+    # The operator's reclaim came too early: Kineto still has a buffer inside CUPTI, which
+    # CUPTI then completes to Ridgeline's callback. Kineto owns it (the stand-in allocates
+    # it with mmap, so a free() by anyone else aborts the process, as Kineto's own
+    # delete of a freed buffer would); the library reads it and leaves it alone.
+    app = StubApp(host.sock, RIDGELINE_FLUSH_MS=100)
+    try:
+        _take_over(host, app, stop=False)
+        paused_records = host.records()
+        app("hold 1")                     # a long kernel: Kineto's current buffer stays in CUPTI
+        app("emit 2 0 900")
+        r = host.cli("cupti", "reclaim")
+        assert r.returncode == 0 and str(app.p.pid) in r.stdout, r.stderr
+        host.wait(lambda h: h["cupti_taken_over"] == [], 10)
+        app("hold 0")                     # CUPTI completes Kineto's buffer, now to Ridgeline
+        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 2, 10)
+        counters = app("counters")        # the served process is alive
+        app("kineto_stop 0")
+    finally:
+        err = app.close()
+    assert counters["reclaims"] == 1 and "free()" not in err and "double free" not in err

@@ -749,18 +749,20 @@ static void cbuf_add(uint8_t *b) {
     pthread_mutex_unlock(&g_cbuf_lock);
 }
 
-/* Returns -1 if b was counted lost (its outstanding count already released), else 0. */
+/* Returns -1 if b was counted lost (its outstanding count already released), 1 if it is
+ * not a buffer we handed out (see buffer_done), else 0. */
 static int cbuf_remove(uint8_t *b) {
-    int lost = 0;
+    int lost = 0, found = !g_cbufs; /* without the table (out of memory) every buffer is ours */
     pthread_mutex_lock(&g_cbuf_lock);
     for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++)
         if (g_cbufs[i].buf == b) {
             lost = g_cbufs[i].lost;
+            found = 1;
             g_cbufs[i].buf = NULL;
             break;
         }
     pthread_mutex_unlock(&g_cbuf_lock);
-    return lost ? -1 : 0;
+    return !found ? 1 : lost ? -1 : 0;
 }
 
 /* The kind of the first record in b, 0 if none yet, -1 if b is no longer mapped. */
@@ -834,7 +836,20 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
  * record held that buffer back. */
 static void buffer_done(uint8_t *buffer) {
     if (!buffer) return;
-    int was_lost = cbuf_remove(buffer) < 0;
+    int r = cbuf_remove(buffer);
+    if (r > 0) {
+        /* Another client's buffer: after a reclaim while that tool (Kineto) still had
+         * buffers inside CUPTI, CUPTI completes them to us. Its owner frees it (Kineto's
+         * CuptiActivityBuffer is a std::vector): freeing it here would be a double free in
+         * the served process. Its records were read; the buffer is left alone. (A buffer
+         * of ours whose entry was forgotten after a takeover leaks here instead.) */
+        static atomic_int said;
+        if (!atomic_exchange(&said, 1))
+            rl_log("reclaim: a buffer of another CUPTI client reached Ridgeline (it was still collecting); "
+                   "left to its owner");
+        return;
+    }
+    int was_lost = r < 0;
     free(buffer);
     if (!was_lost) atomic_fetch_sub(&g_outstanding_buffers, 1);
     /* CUPTI still calls *our* completion callback: nobody replaced it */

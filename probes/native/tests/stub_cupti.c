@@ -47,6 +47,7 @@
 #undef cuptiActivityDisable_v2
 #undef cuptiActivityRegisterTimestampCallback
 
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -477,9 +478,12 @@ static void CUPTIAPI kineto_requested(uint8_t **buffer, size_t *size, size_t *ma
     *size = 0;
     *max_records = 0;
     if (kineto_nbufs < 4096) {
-        *buffer = malloc(4 << 20);   /* kBufSize */
-        *size = 4 << 20;
-        kineto_bufs[kineto_nbufs++] = *buffer;
+        /* kBufSize. Not from malloc: Kineto owns and frees its buffers itself, so a
+         * free() of one by anyone else must fail loudly here (glibc aborts), not pass */
+        void *m = mmap(NULL, 4 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        *buffer = m == MAP_FAILED ? NULL : m;
+        *size = *buffer ? 4 << 20 : 0;
+        if (*buffer) kineto_bufs[kineto_nbufs++] = *buffer;
     }
     pthread_mutex_unlock(&kineto_lock);
 }
