@@ -4,8 +4,8 @@
 ``pid`` null for every taken-over process) into the socket's folder, which only the
 agent's user may write (root; the folder is searchable by others, never writable); the
 running agent takes it at its next window, removes it and answers with
-``cupti-reclaim.done`` (JSON ``{"id", "pids"}``: the processes asked). A request file not
-owned by the agent's user, over :data:`MAX_BYTES`, a link or not JSON of that shape is
+``cupti-reclaim.done`` (JSON ``{"id", "pids"}``: the processes asked). A request file
+owned by neither the agent's user nor root, over :data:`MAX_BYTES`, a link or not JSON of that shape is
 removed and ignored (counted by the caller), never acted on.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ def take_request(socket_path: str, owner_uid: int | None = None) -> tuple[dict |
     try:
         st = os.fstat(fd)
         uid = os.geteuid() if owner_uid is None else owner_uid
-        ok = stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_size <= MAX_BYTES
+        ok = stat.S_ISREG(st.st_mode) and st.st_uid in (uid, 0) and st.st_size <= MAX_BYTES
         data = os.read(fd, MAX_BYTES + 1) if ok else b""
     finally:
         os.close(fd)
