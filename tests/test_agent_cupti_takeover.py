@@ -75,9 +75,12 @@ def test_hostile_request_files_are_removed_and_never_acted_on(tmp_path):
     assert reclaim_request.take_request(sock) == (None, True) and not req.exists()
     me = os.geteuid()
     req.write_text(json.dumps({"id": "a", "pid": None}))    # written by a user who is not the agent's
-    assert reclaim_request.take_request(sock, owner_uid=me + 4242) == ((None, True) if me else
-                                                                      ({"id": "a", "pid": None}, False))
-    # (root may always ask: an agent running as a service user takes root's request)
+    if me == 0:
+        os.chown(req, 65534, -1)
+    assert reclaim_request.take_request(sock, owner_uid=4242) == (None, True)
+    if me == 0:      # root may always ask: an agent running as a service user takes root's request
+        req.write_text(json.dumps({"id": "a", "pid": None}))
+        assert reclaim_request.take_request(sock, owner_uid=4242) == ({"id": "a", "pid": None}, False)
 
 
 def test_socket_group_from_the_configuration_reaches_the_socket(tmp_path):
