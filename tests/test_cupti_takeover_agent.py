@@ -14,7 +14,6 @@ subprocesses. /metrics is checked with Prometheus' own promtool.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
