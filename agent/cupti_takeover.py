@@ -17,7 +17,8 @@ Contract of :class:`TakeoverWatch` (pure: times are given, nothing is sent):
   :meth:`observe` whatever its age;
 * :meth:`report` lists each taken-over process: ``pid``, ``since_unix_s``,
   ``taken_over_s``, ``status`` (the library's own line, escaped by the probe) and
-  ``reclaims_requested``. Processes no longer flagged (resumed, or gone) leave the list.
+  ``reclaims_requested``, at most :data:`REPORT_MAX` of them (longest first; :meth:`count`
+  counts all). Processes no longer flagged (resumed, or gone) leave the list.
 
 Why automatic reclaim is off by default: Kineto keeps its outstanding buffers in its own
 map (``CuptiActivityApi::allocatedGpuTraceBuffers_``) and frees them itself; a reclaim
@@ -32,8 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Status lines kept per process (the library's text; bounded).
-STATUS_MAX_CHARS = 4000
+#: Status line kept per process (the library's text, cut): the health record is sent
+#: every window, so it stays small however many processes are taken over.
+STATUS_MAX_CHARS = 1000
+#: Processes listed in the health record (the longest taken over first); the count
+#: (:meth:`TakeoverWatch.count`) covers them all.
+REPORT_MAX = 64
 
 
 @dataclass
@@ -90,7 +95,11 @@ class TakeoverWatch:
         self._asked_all, self._requested = False, None
         return out
 
+    def count(self) -> int:
+        return len(self._episodes)
+
     def report(self, now_s: float) -> list[dict]:
+        eps = sorted(self._episodes.items(), key=lambda kv: (kv[1].since_unix_s, kv[0]))[:REPORT_MAX]
         return [{"pid": pid, "since_unix_s": ep.since_unix_s, "taken_over_s": max(0.0, now_s - ep.since_unix_s),
                  "status": ep.status, "reclaims_requested": ep.reclaims_requested}
-                for pid, ep in sorted(self._episodes.items())]
+                for pid, ep in eps]

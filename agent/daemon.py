@@ -285,6 +285,7 @@ class Agent:
             except OSError as exc:
                 log.warning("cupti: cannot answer the reclaim request: %s", for_log(exc))
         return {"cupti_taken_over": self.takeovers.report(now),
+                "cupti_processes_taken_over": self.takeovers.count(),
                 "cupti_reclaims_requested": self.takeovers.reclaims_requested,
                 "cupti_reclaim_requests_rejected": self.reclaim_requests_rejected}
 

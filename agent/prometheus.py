@@ -514,13 +514,13 @@ class WindowCollector:
                 fam = CounterMetricFamily(name, doc, labels=["Hostname"])
                 fam.add_metric([host], float(a[key]))
                 yield fam
-        if isinstance(a.get("cupti_taken_over"), list):
+        if _num(a.get("cupti_processes_taken_over")) is not None:
             # legacy CUPTI: another tool (torch.profiler) holds the callbacks; no kernels
             # come from these processes until it is done or they are told to reclaim
             fam = GaugeMetricFamily("ridgeline_agent_cupti_processes_taken_over",
                                     "Served processes whose CUPTI another tool took over (their records paused)",
                                     labels=["Hostname"])
-            fam.add_metric([host], float(len(a["cupti_taken_over"])))
+            fam.add_metric([host], float(a["cupti_processes_taken_over"]))
             yield fam
         if _num(a.get("bpf_run_time_ns")) is not None:
             fam = CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "Time the agent's BPF programs ran in the kernel",

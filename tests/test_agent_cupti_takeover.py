@@ -123,3 +123,15 @@ def test_reload_applies_reclaim_after_s_without_restarting_the_cupti_socket(tmp_
         assert [r.probe for r in agent.running] == [before]      # served processes stay connected
     finally:
         agent.shutdown()
+
+
+def test_the_health_part_stays_small_however_many_processes_are_taken_over():
+    from ridgeline.agent.cupti_takeover import REPORT_MAX, STATUS_MAX_CHARS
+    w = TakeoverWatch(0.0)
+    w.status_lines({p: "takeover: " + "x" * 100_000 for p in range(1, 1001)})
+    for p in range(1, 1001):
+        w.observe(set(range(1, p + 1)), float(p))
+    rep = w.report(2000.0)
+    assert w.count() == 1000 and len(rep) == REPORT_MAX
+    assert [r["pid"] for r in rep] == list(range(1, REPORT_MAX + 1))          # the longest taken over first
+    assert all(len(r["status"]) == STATUS_MAX_CHARS for r in rep)

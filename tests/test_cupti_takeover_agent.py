@@ -118,6 +118,7 @@ def test_takeover_shows_in_health_check_and_metrics_and_the_operator_reclaim_end
     try:
         h = _take_over(host, app)
         (t,) = h["cupti_taken_over"]
+        assert h["cupti_processes_taken_over"] == 1
         assert "takeover:" in t["status"] and "paused" in t["status"]
         assert abs(t["since_unix_s"] - time.time()) < 30 and t["reclaims_requested"] == 0
         # reclaim_after_s = 0: nobody asks by itself, the process stays paused
@@ -129,6 +130,7 @@ def test_takeover_shows_in_health_check_and_metrics_and_the_operator_reclaim_end
         assert r.returncode == 1, r.stdout + r.stderr
         out = json.loads(r.stdout)
         assert out["ok"] is False and out["agent"]["reachable"] is True
+        assert out["agent"]["cupti_processes_taken_over"] == 1
         assert [x["pid"] for x in out["agent"]["cupti_taken_over"]] == [app.p.pid]
         assert "takeover:" in out["agent"]["cupti_taken_over"][0]["status"]
         r = host.cli("check")

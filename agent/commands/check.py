@@ -4,8 +4,9 @@ Exit 0 when every enabled probe (``[probes] enabled`` of the configuration, or t
 named with ``--probe``) can run, 1 when one of them cannot (runtime failure), 2 for an
 unknown probe name or a bad configuration. ``--json`` prints one object:
 ``{"ok": bool, "probes": [{"name", "ok", "enabled", "checked", "reason", "hint"}, ...],
-"agent": {"reachable", "endpoint", "reason", "cupti_taken_over": [{"pid", "since_unix_s",
-"taken_over_s", "status", "reclaims_requested"}, ...]}}``.
+"agent": {"reachable", "endpoint", "reason", "cupti_processes_taken_over", "cupti_taken_over":
+[{"pid", "since_unix_s", "taken_over_s", "status", "reclaims_requested"}, ...]}}`` (at most
+64 listed; the count covers all).
 
 The running agent's side comes from its own health record: ``check`` subscribes to the
 agent's stream (``publisher.endpoint`` of the configuration, or ``--endpoint``) and waits
@@ -44,7 +45,8 @@ def agent_view(args, cfg) -> dict:
     if timeout_s is None:
         timeout_s = min(2 * cfg["agent"]["window_s"] + 1.0, 30.0)
     args.endpoint = args.endpoint or cfg["publisher"]["endpoint"]
-    out = {"reachable": False, "endpoint": args.endpoint, "reason": "", "cupti_taken_over": []}
+    out = {"reachable": False, "endpoint": args.endpoint, "reason": "", "cupti_processes_taken_over": 0,
+           "cupti_taken_over": []}
     if timeout_s == 0:
         out["reason"] = "not asked (--agent-timeout 0)"
         return out
@@ -67,6 +69,8 @@ def agent_view(args, cfg) -> dict:
                 taken = msg.payload.get("cupti_taken_over")
                 out["reachable"] = True
                 out["cupti_taken_over"] = [t for t in taken if isinstance(t, dict)] if isinstance(taken, list) else []
+                n = msg.payload.get("cupti_processes_taken_over")
+                out["cupti_processes_taken_over"] = n if isinstance(n, int) else len(out["cupti_taken_over"])
                 return out
             if time.monotonic() >= end:
                 out["reason"] = f"no health record within {timeout_s:g} s (is `ridgeline agent` running?)"
@@ -107,8 +111,9 @@ def run(args) -> int:
     failing = [r["name"] for r in rows if r["checked"] and not r["ok"]]
     agent = agent_view(args, cfg)
     taken = agent["cupti_taken_over"]
+    n_taken = agent["cupti_processes_taken_over"]
     if args.json:
-        print(json.dumps({"ok": not failing and not taken, "probes": rows, "agent": agent}))
+        print(json.dumps({"ok": not failing and not n_taken, "probes": rows, "agent": agent}))
     else:
         width = max(len(n) for n in names)
         for r in rows:
@@ -121,16 +126,18 @@ def run(args) -> int:
                 line += f"  (hint: {r['hint']})"
             print(line, flush=True)
         if agent["reachable"]:
-            print(f"agent  reachable at {agent['endpoint']}: {len(taken)} served process(es) with CUPTI "
+            print(f"agent  reachable at {agent['endpoint']}: {n_taken} served process(es) with CUPTI "
                   "taken over", flush=True)
             for t in taken:
                 print(_takeover_line(t), flush=True)
+            if n_taken > len(taken):
+                print(f"  ... and {n_taken - len(taken)} more", flush=True)
         else:
             print(f"agent  not reached at {agent['endpoint']}: {agent['reason']}", flush=True)
     if failing:
         raise RuntimeFailure(f"check: {'probe' if len(failing) == 1 else 'probes'} {', '.join(failing)} "
                              f"cannot run here (see above)")
-    if taken:
-        raise RuntimeFailure(f"check: CUPTI of {len(taken)} served process(es) is taken over by another tool; "
+    if n_taken:
+        raise RuntimeFailure(f"check: CUPTI of {n_taken} served process(es) is taken over by another tool; "
                              "their GPU records are paused (see above)")
     return 0
