@@ -42,6 +42,7 @@ from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNK
                                              Signature, classify_kernels, short_name)
 from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
                                         launch_index, segment_kernels)
+from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
@@ -426,6 +427,19 @@ def _gemm_width(trace: Trace, kc: KernelClasses, cols: np.ndarray) -> tuple[np.n
     return out, gemm | gemv
 
 
+def _op_causal(trace: Trace) -> np.ndarray:
+    """Per kernel: the causal flag of the CPU operator that launched it (probes.sdpa: 1 causal,
+    0 not causal and no mask, -1 unknown or not an SDPA operator; -1 without CPU operators).
+    The innermost operator is PyTorch's SDPA backend call (aten::_flash_attention_forward,
+    _efficient_attention_forward ...), which carries the flag the kernel runs with."""
+    n = len(trace.kernels)
+    if not len(trace.cpu_ops) or not n:
+        return np.full(n, CAUSAL_FLAG_UNKNOWN, dtype=np.int8)
+    op = cpu_op_index(trace)
+    flags = trace.cpu_ops["is_causal"]
+    return np.where(op >= 0, flags[np.maximum(op, 0)], CAUSAL_FLAG_UNKNOWN).astype(np.int8)
+
+
 def _training_launched(trace: Trace, launch: np.ndarray) -> np.ndarray:
     """Per kernel: launched from inside an autograd/backward/optimizer CPU op."""
     k, ops = trace.kernels, trace.cpu_ops
@@ -471,7 +485,7 @@ class _StepFacts:
 
     def __init__(self, trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, n_steps: int,
                  rows: np.ndarray, seq: np.ndarray, training_launch: np.ndarray, width: np.ndarray | None = None,
-                 width_estimated: np.ndarray | None = None):
+                 width_estimated: np.ndarray | None = None, op_causal: np.ndarray | None = None):
         k = trace.kernels
         self.n = n_steps
         in_step = kernel_step >= 0
@@ -511,6 +525,14 @@ class _StepFacts:
         # Attention causality (decoder evidence) and query-block launches.
         causal = kc.causal[in_step]
         att = (role == ROLE_ATTENTION) | (role == ROLE_ATTENTION_AUX)
+        # Where the kernel name does not spell its causal flag (aotriton attn_fwd, CK, FA3),
+        # the SDPA operator that launched it may: is_causal=True, or False with no mask.
+        from_op = np.zeros(len(causal), dtype=bool)
+        if op_causal is not None:
+            oc = op_causal[in_step]
+            from_op = att & (causal == CAUSAL_UNKNOWN) & (oc != CAUSAL_FLAG_UNKNOWN)
+            causal = np.where(from_op, np.where(oc == CAUSAL_FLAG_YES, CAUSAL_YES, CAUSAL_NO), causal).astype(causal.dtype)
+        self.causal_from_op = np.bincount(st[from_op & (causal == CAUSAL_YES)], minlength=n_steps)
         self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
         # Fused attention that does not spell its causal flag (aotriton attn_fwd, CK, FA3,
         # xformers): an encoder's launch reads the same as a decoder's.
@@ -523,6 +545,10 @@ class _StepFacts:
         noncausal = qb & (causal == CAUSAL_NO) & ~kc.inference_only[in_step] & (gx_all > 1)
         self.noncausal = np.bincount(st[noncausal], minlength=n_steps)
         self.noncausal_example = self._example(st, noncausal, gx_all, idx, n_steps)
+        # whether that example's flag came from its operator (the evidence text says so)
+        nc_op = np.zeros(len(k), dtype=bool)
+        nc_op[idx[from_op]] = True
+        self.noncausal_from_op = (self.noncausal_example >= 0) & nc_op[np.maximum(self.noncausal_example, 0)]
         self.qb_example = self._example(st, qb & ~noncausal, gx_all, idx, n_steps)
         self.qb_count = np.bincount(st[qb & ~noncausal], minlength=n_steps)
         # LM head: the widest GEMM of the step, launched once, vocabulary-wide and at least
@@ -645,7 +671,7 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
+                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example):
@@ -711,8 +737,10 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     if nc >= 0:
         s_i = int(kc.sig[nc])
         name = short_name(trace.names[int(k["name_id"][nc])])
+        flag = ("is_causal=False and no mask on its SDPA operator" if f.noncausal_from_op[j]
+                else "Is_causal false")
         votes.append(_Vote(OTHER, MEDIUM, f"{name} grid {_grid_text(k, nc)} x{int(f.noncausal[j])}: non-causal "
-                           f"self-attention over {int(k['grid_x'][nc])} query blocks (Is_causal false) => other "
+                           f"self-attention over {int(k['grid_x'][nc])} query blocks ({flag}) => other "
                            f"(encoder or vision transformer, not a decoder LLM)", "noncausal", s_i))
     # Eager attention (no fused attention kernel): softmax rows per sequence-head.
     sx = int(f.eager_example[j])
@@ -726,8 +754,18 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         elif hi < 2 * z:
             votes.append(_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention"))
     # Decoder-LLM evidence.
-    if f.causal[j]:
+    by_name = int(f.causal[j]) - int(f.causal_from_op[j])
+    if by_name > 0:
         votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder-LLM evidence)", "llm"))
+    elif f.causal_from_op[j] and ((f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]):
+        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal_from_op[j])} causal attention launches (is_causal=True on "
+                           f"their SDPA operator) next to an LM head or serving kernels (decoder-LLM evidence)", "llm"))
+    elif f.causal_from_op[j]:
+        # A causal text encoder (CLIP's text tower in a diffusion pipeline) calls SDPA with
+        # is_causal=True too; without an LM head or a serving kernel it is no decoder evidence.
+        votes.append(_Vote(UNKNOWN, 0, f"{int(f.causal_from_op[j])} causal attention launches (is_causal=True on "
+                           f"their SDPA operator) but no LM head or serving kernel: a causal text encoder (CLIP) "
+                           f"reads the same; not decoder evidence", "note"))
     if f.inference_only[j]:
         kinds = sorted({sigs[s].label for s in present.tolist() if sigs[s].inference_only})
         votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.inference_only[j])} serving-engine kernels "
@@ -1098,7 +1136,8 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
     width, width_est = _gemm_width(trace, kc, cols)
     trained = _training_launched(trace, launch)
-    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained, width, width_est)
+    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained, width, width_est,
+                       _op_causal(trace))
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
     decisive_sig = np.full(len(steps), -1, dtype=np.int32)

@@ -146,7 +146,7 @@ COLUMNS: dict[str, int] = {
     "external_id": 7, "grid_x": 8, "grid_y": 9, "grid_z": 10, "block_x": 11, "block_y": 12,
     "block_z": 13, "registers": 14, "shared_mem_bytes": 15, "name_id": 16, "graph_id": 17,
     "graph_node_id": 18, "pid": 19, "tid": 20, "kind": 21, "direction": 22, "bytes": 23,
-    "cbid": 24, "domain": 25, "category": 26, "input_dims_id": 27, "input_types_id": 28,
+    "cbid": 24, "domain": 25, "category": 26, "input_dims_id": 27, "input_types_id": 28, "is_causal": 29,
 }
 _COLUMN_NAMES = {v: k for k, v in COLUMNS.items()}
 

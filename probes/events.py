@@ -124,6 +124,7 @@ CPU_OP_DTYPE = np.dtype([
     ("external_id", "<i8"),
     ("input_dims_id", "<i4"),    # interned JSON text of "Input Dims", -1 if absent
     ("input_types_id", "<i4"),   # interned JSON text of "Input type", -1 if absent
+    ("is_causal", "i1"),         # SDPA operators' causal flag (probes.sdpa): 1 yes, 0 no, -1 unknown/other op
 ])
 
 

@@ -64,7 +64,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from . import json_chunks
+from . import json_chunks, sdpa
 from .errors import InputError
 from .events import (
     API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY,
@@ -317,6 +317,9 @@ class _Builder:
             [dumps(a["Input Dims"]).decode() if "Input Dims" in a else None for a in args])
         out["input_types_id"] = self._intern_all(
             [dumps(a["Input type"]).decode() if "Input type" in a else None for a in args])
+        out["is_causal"] = [sdpa.causal_flag(e.get("name"), a.get("Concrete Inputs"), a.get("Input type"))
+                            if e.get("name") in sdpa.SDPA_OPS else sdpa.CAUSAL_FLAG_UNKNOWN
+                            for e, a in zip(evs, args)]
         return out
 
 
@@ -571,7 +574,7 @@ def _sig_of(text: str) -> int:
 
 _KEYS = ["cat", "ph", "name", "pid", "tid", "ts", "dur", "args",
          "device", "stream", "context", "correlation", "External id", "registers per thread",
-         "shared memory", "grid", "block", "bytes", "cbid", "Input Dims", "Input type"]
+         "shared memory", "grid", "block", "bytes", "cbid", "Input Dims", "Input type", "Concrete Inputs"]
 _K = {k: i for i, k in enumerate(_KEYS)}
 _KEY_SIGS = np.array([_sig_of(k) for k in _KEYS], dtype=np.uint64)
 _KEY_ORDER = np.argsort(_KEY_SIGS)
@@ -771,6 +774,29 @@ class _ChunkFields:
         end = closes[np.minimum(np.searchsorted(closes, v), len(closes) - 1)] + 1
         col[o] = interner.json_ids(self.a, v, end)
         return col
+
+    def json_values(self, key: str, rowmap: np.ndarray, want: np.ndarray) -> dict[int, object]:
+        """Output row -> decoded array value of an args key, for the output rows where
+        ``want`` is True (a few rows: each value is decoded on its own)."""
+        r, o = self.rows(key, 2, rowmap)
+        sel = want[o]
+        r, o = r[sel], o[sel]
+        if not len(r):
+            return {}
+        v = self.v[r]
+        is_arr = self.a[v] == ord("[")
+        v, o = v[is_arr], o[is_arr]
+        if self._closes2 is None:
+            self._closes2 = self.s.pos[(self.s.depth == 2) & (self.s.cls >= 3)]
+        closes = self._closes2
+        end = closes[np.minimum(np.searchsorted(closes, v), len(closes) - 1)] + 1
+        out = {}
+        for row, lo, hi in zip(o.tolist(), v.tolist(), end.tolist()):
+            try:
+                out[row] = orjson.loads(self.a[lo:hi].tobytes())
+            except orjson.JSONDecodeError:
+                pass
+        return out
 
     def event_dicts(self, events: np.ndarray) -> list[dict]:
         buf = self.buf
@@ -1061,6 +1087,24 @@ def _fill_cpu_ops(cf, interner, b, events, rowmap, n, out, bad):
     # after the name: the interner numbers strings in the order met
     out["input_dims_id"] = cf.raw_json("Input Dims", rowmap, n, interner, bad)
     out["input_types_id"] = cf.raw_json("Input type", rowmap, n, interner, bad)
+    out["is_causal"] = _causal_flags(cf, b, rowmap, n, out["name_id"])
+
+
+def _causal_flags(cf, b, rowmap, n, name_id) -> np.ndarray:
+    """The SDPA operators' causal flag (probes.sdpa); only their few rows are decoded."""
+    col = np.full(n, sdpa.CAUSAL_FLAG_UNKNOWN, dtype=np.int8)
+    strings = b.names.strings
+    ids = [i for i in map(b.names.lookup, sdpa.SDPA_OPS) if i >= 0]
+    if not ids or not n:
+        return col
+    want = np.isin(name_id, ids)
+    if not want.any():
+        return col
+    concrete = cf.json_values("Concrete Inputs", rowmap, want)
+    types = cf.json_values("Input type", rowmap, want)
+    for row, ci in concrete.items():
+        col[row] = sdpa.causal_flag(strings[int(name_id[row])], ci, types.get(row))
+    return col
 
 
 # kind, dtype, event categories, kind-specific columns, dict-path builder

@@ -39,7 +39,7 @@ import msgspec
 import numpy as np
 import orjson
 
-from . import json_chunks, kineto
+from . import json_chunks, kineto, sdpa
 from .events import (
     API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
     CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
@@ -65,6 +65,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     cbid: int = MISSING
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    # kept raw (not decoded) on every operator; decoded only on the SDPA operators
+    concrete_inputs: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
 
 
 _NO_ARGS = _Args()
@@ -174,6 +176,26 @@ def _times(evs: list, out: np.ndarray) -> None:
     out["end_ns"] = out["start_ns"] + kineto._us_to_ns(list(map(_get["dur"], evs)))
 
 
+def _raw_json(raw: msgspec.Raw):
+    try:
+        return orjson.loads(bytes(raw)) if len(raw) else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _causal_flags(name_id: np.ndarray, args: list, names: _Names) -> np.ndarray:
+    """The SDPA operators' causal flag (probes.sdpa), as kineto._causal_flags."""
+    col = np.full(len(name_id), sdpa.CAUSAL_FLAG_UNKNOWN, dtype=np.int8)
+    ids = [i for i in map(names.table.lookup, sdpa.SDPA_OPS) if i >= 0]
+    if not ids:
+        return col
+    for row in np.flatnonzero(np.isin(name_id, ids)).tolist():
+        a = args[row]
+        col[row] = sdpa.causal_flag(names.table[int(name_id[row])], _raw_json(a.concrete_inputs),
+                                    _raw_json(a.input_type))
+    return col
+
+
 def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     """Rows of one kind from its events ``evs`` (category index ``cat`` of each)."""
     out = empty(_DTYPES[kind], len(evs))
@@ -210,6 +232,7 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
         out["external_id"] = _ints(map(_aget["external_id"], args))
         out["input_dims_id"] = names.json_ids(list(map(_aget["input_dims"], args)))
         out["input_types_id"] = names.json_ids(list(map(_aget["input_type"], args)))
+        out["is_causal"] = _causal_flags(out["name_id"], args, names)
     else:   # ranges: few; the reference's rules, one event at a time
         kinds, pids, tids, devices = [], [], [], []
         for e, a, nid, c in zip(evs, args, out["name_id"].tolist(), cat.tolist()):

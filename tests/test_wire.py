@@ -64,7 +64,7 @@ def _literal_trace() -> Trace:
     r = empty(ev.RANGE_DTYPE, 1)
     r[0] = (990_000_000, 1_001_000_000, 4242, 4243, -1, ev.RANGE_PROFILER_STEP, 4, 10)
     o = empty(ev.CPU_OP_DTYPE, 1)
-    o[0] = (999_980_000, 1_000_010_000, 4242, 4243, 5, 11, 6, -1)
+    o[0] = (999_980_000, 1_000_010_000, 4242, 4243, 5, 11, 6, -1, 1)   # is_causal=1: column 29
     return Trace(k, c, a, r, o, names, [Device(0, "NVIDIA H100 80GB HBM3", 132, 85018279936, "9.0")],
                  {"source": "literal"})
 
