@@ -545,6 +545,8 @@ class _StepFacts:
         noncausal = qb & (causal == CAUSAL_NO) & ~kc.inference_only[in_step] & (gx_all > 1)
         self.noncausal = np.bincount(st[noncausal], minlength=n_steps)
         self.noncausal_example = self._example(st, noncausal, gx_all, idx, n_steps)
+        # Non-LLM evidence anywhere in the trace (non-causal self-attention, convolution/pooling).
+        self.non_llm_in_trace = bool(noncausal.any() or (role == ROLE_NON_LLM).any())
         # whether that example's flag came from its operator (the evidence text says so)
         nc_op = np.zeros(len(k), dtype=bool)
         nc_op[idx[from_op]] = True
@@ -754,18 +756,19 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         elif hi < 2 * z:
             votes.append(_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention"))
     # Decoder-LLM evidence.
-    by_name = int(f.causal[j]) - int(f.causal_from_op[j])
-    if by_name > 0:
-        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches (decoder-LLM evidence)", "llm"))
-    elif f.causal_from_op[j] and ((f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]):
-        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal_from_op[j])} causal attention launches (is_causal=True on "
-                           f"their SDPA operator) next to an LM head or serving kernels (decoder-LLM evidence)", "llm"))
-    elif f.causal_from_op[j]:
-        # A causal text encoder (CLIP's text tower in a diffusion pipeline) calls SDPA with
-        # is_causal=True too; without an LM head or a serving kernel it is no decoder evidence.
-        votes.append(_Vote(UNKNOWN, 0, f"{int(f.causal_from_op[j])} causal attention launches (is_causal=True on "
-                           f"their SDPA operator) but no LM head or serving kernel: a causal text encoder (CLIP) "
-                           f"reads the same; not decoder evidence", "note"))
+    if f.causal[j]:
+        by_op = f" ({int(f.causal_from_op[j])} by is_causal=True on their SDPA operator)" if f.causal_from_op[j] else ""
+        backed = (f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]
+        if backed or not f.non_llm_in_trace:
+            votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches{by_op} "
+                               f"(decoder-LLM evidence)", "llm"))
+        else:
+            # A diffusion or detection pipeline's causal text tower (CLIP's) reads like a
+            # decoder forward without its LM head; next to non-LLM steps, it is not one.
+            votes.append(_Vote(UNKNOWN, 0, f"{int(f.causal[j])} causal attention launches{by_op} but no LM head or "
+                               f"serving kernel, in a trace with non-LLM steps (non-causal self-attention, "
+                               f"convolution): a causal text encoder (CLIP) reads the same; not decoder evidence",
+                               "note"))
     if f.inference_only[j]:
         kinds = sorted({sigs[s].label for s in present.tolist() if sigs[s].inference_only})
         votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.inference_only[j])} serving-engine kernels "

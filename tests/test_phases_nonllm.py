@@ -6,7 +6,9 @@ MLM head, a ViT image classifier, a TimeSformer video classifier and an OWLv2 de
 transformer on an H100, the BERT and the ViT on an MI300X, and an xDiT Stable Diffusion 3.5
 (diffusion transformer) on an MI300X. Each is checked with its annotations, with annotations ignored, and
 with the CPU operators stripped (kernels only): the layered rule gives the same answer in all
-three modes. Issue 13.1: before the decoder-LLM gate, all of them came out prefill.
+three modes, except where only the SDPA operators' is_causal argument says the attention is
+not causal (aotriton attn_fwd on the MI300X: other with CPU operators, unknown without).
+Issue 13.1: before the decoder-LLM gate, all of them came out prefill.
 """
 from __future__ import annotations
 
@@ -65,7 +67,6 @@ def test_non_llm_forward_is_never_inference(name, mode):
     (H100_VIT, "flash_fwd_kernel grid [2,4,12] x12: non-causal self-attention over 2 query blocks (Is_causal false)"),
     (H100_TIMESFORMER, "non-LLM kernels (convolution/pooling"),
     (H100_OWLV2, "non-LLM kernels (convolution/pooling"),
-    (MI300_VIT, "1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16"),
 ])
 def test_encoders_and_vision_transformers_are_other_with_the_same_evidence_in_every_mode(name, decider, mode):
     pm = phases(name, mode)
@@ -74,14 +75,34 @@ def test_encoders_and_vision_transformers_are_other_with_the_same_evidence_in_ev
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_rocm_bert_without_causality_in_the_kernel_name_is_unknown_not_prefill(mode):
-    """aotriton's attn_fwd does not spell its causal flag; the SDPA operator's is_causal sits
-    in "Concrete Inputs", which the Kineto reader does not keep. Without decoder-LLM evidence
-    the forward is unknown in every mode (it was prefill)."""
+def test_rocm_vit_is_other_by_its_sdpa_flag_with_cpu_ops_and_by_its_convolution_without(mode):
+    pm = phases(MI300_VIT, mode)
+    assert {s.phase for s in pm.steps} == {OTHER}
+    ev = pm.steps[0].evidence
+    if mode == "no_cpu_ops":
+        assert "1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16" in ev[0]
+    else:
+        assert ev[0].startswith("attn_fwd grid [2,12,4] x12: non-causal self-attention over 2 query blocks "
+                                "(is_causal=False and no mask on its SDPA operator) => other")
+        assert any("igemm_fwd_gtcx3_nhwc_bf16" in e for e in ev)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rocm_bert_is_other_by_its_sdpa_flag_and_unknown_from_kernels_alone(mode):
+    """aotriton's attn_fwd does not spell its causal flag; the SDPA operators that launch it
+    record is_causal=False with no mask in "Concrete Inputs" / "Input type": non-causal
+    self-attention => other. From kernels alone nothing says so: unknown (it was prefill
+    before the decoder-LLM gate, unknown in every mode before the flag was read)."""
     pm = phases(MI300_BERT, mode)
-    assert [s.phase for s in pm.steps] == [UNKNOWN]
-    assert pm.steps[0].evidence[0].startswith("no decoder-LLM evidence (causal attention, KV-cache write, paged KV "
-                                              "attention, sampler, LM head) for attn_fwd grid [2,8,1]")
+    if mode == "no_cpu_ops":
+        assert [s.phase for s in pm.steps] == [UNKNOWN]
+        assert pm.steps[0].evidence[0].startswith("no decoder-LLM evidence (causal attention, KV-cache write, paged "
+                                                  "KV attention, sampler, LM head) for attn_fwd grid [2,8,1]")
+    else:
+        assert [s.phase for s in pm.steps] == [OTHER]
+        assert pm.steps[0].evidence[0].startswith(
+            "attn_fwd grid [2,8,1] x4: non-causal self-attention over 2 query blocks (is_causal=False and no mask "
+            "on its SDPA operator) => other")
 
 
 def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path):
@@ -97,18 +118,40 @@ def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path
         assert set(kc.causal[flash].tolist()) == {want}
 
 
+# Where only the SDPA operators say whether the attention is causal (aotriton attn_fwd does
+# not spell it), kernels alone leave those steps unknown.
+SDPA_DECIDES = {MI300_BERT, MI300_SD35}
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_modes_agree(name):
     got = {mode: [s.phase for s in phases(name, mode).steps] for mode in MODES}
-    assert got["annotations"] == got["no_annotations"] == got["no_cpu_ops"], got
+    assert got["annotations"] == got["no_annotations"], got
+    if name in SDPA_DECIDES:
+        assert got["no_cpu_ops"] != got["annotations"]
+        assert all(b == UNKNOWN for a, b in zip(got["annotations"], got["no_cpu_ops"]) if a != b), got
+    else:
+        assert got["no_cpu_ops"] == got["annotations"], got
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_rocm_diffusion_transformer_is_other_where_it_convolves_and_unknown_elsewhere(mode):
-    """xDiT SD3.5 on an MI300X: the VAE step (MIOpen convolutions) is other; the transformer
-    and text-encoder steps (aotriton attention without a causal flag, no LM head) are unknown."""
+    """xDiT SD3.5 on an MI300X. From kernels alone: the VAE step (MIOpen convolutions) is
+    other; the transformer and text-encoder steps (aotriton attention without a causal flag,
+    no LM head) are unknown. With CPU operators the four MMDiT steps are other (their SDPA
+    calls say is_causal=False, no mask) and the four CLIP text-encoder steps stay unknown:
+    their SDPA calls say is_causal=True, but without an LM head or a serving kernel, next to
+    non-LLM steps, a causal text tower is no decoder LLM."""
     pm = phases(MI300_SD35, mode)
-    assert sorted(s.phase for s in pm.steps) == [UNKNOWN] * 8 + [OTHER]
+    if mode == "no_cpu_ops":
+        assert sorted(s.phase for s in pm.steps) == [UNKNOWN] * 8 + [OTHER]
+    else:
+        assert [s.phase for s in pm.steps] == [UNKNOWN] * 4 + [OTHER] * 5
+        for s in pm.steps[:4]:
+            assert any("by is_causal=True on their SDPA operator) but no LM head or serving kernel, in a trace "
+                       "with non-LLM steps" in e for e in s.evidence), s.evidence
+        for s in pm.steps[4:8]:
+            assert s.evidence[0].startswith("attn_fwd grid [35,38,2] x38: non-causal self-attention"), s.evidence
     assert all(s.evidence[0].startswith("no decoder-LLM evidence") for s in pm.steps if s.phase == UNKNOWN)
 
 
@@ -141,15 +184,21 @@ def _widened_mlm_head(tmp_path: Path, vocab: int) -> Path:
 def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path, vocab, mode):
     """An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, XLM-R 250002 are
     above VOCAB_MIN_COLS). Where the attention kernel does not spell its causal flag (aotriton
-    attn_fwd here), that width alone must not turn the encoder's forward into prefill."""
+    attn_fwd here), that width alone must not turn the encoder's forward into prefill: with
+    CPU operators the SDPA calls say the attention is not causal (other), without them the
+    step is unknown."""
     tr = load_trace(_widened_mlm_head(tmp_path, vocab))
     if mode == "no_cpu_ops":
         tr = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
                    cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
     pm = map_phases(tr, use_annotations=mode == "annotations")
-    assert [s.phase for s in pm.steps] == [UNKNOWN], pm.steps[0].evidence
-    assert any("LM-head wide" in e and "does not say whether it is causal" in e for e in pm.steps[0].evidence), \
-        pm.steps[0].evidence
+    if mode == "no_cpu_ops":
+        assert [s.phase for s in pm.steps] == [UNKNOWN], pm.steps[0].evidence
+        assert any("LM-head wide" in e and "does not say whether it is causal" in e for e in pm.steps[0].evidence), \
+            pm.steps[0].evidence
+    else:
+        assert [s.phase for s in pm.steps] == [OTHER], pm.steps[0].evidence
+        assert "is_causal=False and no mask on its SDPA operator" in pm.steps[0].evidence[0]
 
 
 def test_third_party_traces_are_the_listed_files_with_their_licence():
