@@ -47,6 +47,10 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   the decode phase's KV-cache reads from the engine estimate (``kv_read_*``).
   A decoder built before them reads these keys as ``field_74`` ... ``field_108``; the
   golden file ``wire_envelope_engine_window_v1.bin`` pins their bytes.
+* event column 29 (issue 13): ``cpu_ops.is_causal``, the SDPA operators' causal flag. A
+  decoder built before it skips the column; a batch written before it decodes with -1
+  (unknown). ``wire_event_batch_v1.bin`` was regenerated with it (its literal operator
+  carries the flag 1).
 
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 

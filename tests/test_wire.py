@@ -6,6 +6,7 @@ for a deliberate schema change, together with a SCHEMA_VERSION bump).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import zlib
 from pathlib import Path
@@ -279,6 +280,20 @@ def test_stateful_stream_ships_names_once_and_resyncs(trace_path):
     assert "names_missing" not in got3.meta
     assert got3.names.names_of(got3.kernels["name_id"]) == t.names.names_of(parts[3].kernels["name_id"])
 
+
+def test_cpu_op_causal_flag_column_travels_and_is_unknown_from_an_older_encoder():
+    """cpu_ops.is_causal is column 29 (appended to schema 1): it round-trips, and a batch
+    written before it (no column 29) decodes with the flag unknown (-1)."""
+    tr = _literal_trace()
+    assert wire.decode_event_batch(wire.encode_event_batch(tr)).cpu_ops["is_causal"].tolist() == [1]
+    old_dtype = np.dtype([(f, tr.cpu_ops.dtype[f]) for f in tr.cpu_ops.dtype.names if f != "is_causal"])
+    old = np.zeros(len(tr.cpu_ops), dtype=old_dtype)
+    for f in old_dtype.names:
+        old[f] = tr.cpu_ops[f]
+    back = wire.decode_event_batch(wire.encode_event_batch(dataclasses.replace(tr, cpu_ops=old)))
+    assert back.cpu_ops["is_causal"].tolist() == [-1]
+    assert back.cpu_ops["input_dims_id"].tolist() != [] and back.names[int(back.cpu_ops["name_id"][0])] == \
+        tr.names[int(tr.cpu_ops["name_id"][0])]
 
 def _regenerate():
     for name, make in GOLDEN.items():
