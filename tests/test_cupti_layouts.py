@@ -213,16 +213,16 @@ def test_mangled_names_are_demangled_as_cxxfilt_does_and_reach_their_signature()
 def test_names_are_demangled_once_and_hostile_names_cost_nothing():
     from ridgeline.probes.cupti import decode
     calls = []
-    real = decode.demangle
+    real = decode.demangle_many
     try:
-        decode.demangle = lambda s: calls.append(s) or real(s)
+        decode.demangle_many = lambda names: calls.extend(names) or real(names)
         d = decode.ProcessDecoder(1)
         m = R.MANGLED_KERNELS[0][0]
         d.add_names({1: m})
         d.add_names({2: m, 3: "triton_poi_fused_add_0"})     # same name under another pointer (a reconnect)
         assert calls == [m, "triton_poi_fused_add_0"]
     finally:
-        decode.demangle = real
+        decode.demangle_many = real
     # deeply nested or cut names (the library cuts at 4096 bytes): in a child process, so
     # that a demangler crash (stack overflow) would show as a failure, not kill pytest
     code = ("import sys; from ridgeline.probes.cupti.demangle import demangle\n"
@@ -256,3 +256,61 @@ def test_graph_level_records_become_one_row_per_graph_launch(header_set, tmp_pat
     np.testing.assert_array_equal(k["device"], np.arange(9) % 2)
     assert out["trace"].names.names_of(k["name_id"][:3]) == ["CUDA graph 7", "CUDA graph 8", "CUDA graph 9"]
     assert (k["tid"] == 4242).all()
+
+
+def _doubling_name(levels: int) -> str:
+    """An Itanium name whose demangled form doubles with each level (``b<X, X>`` where X
+    is a back-reference to the previous level): 8 bytes per level, 2**levels output."""
+    def sub(i):
+        if i == 0:
+            return "S_"
+        digits, j, r = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ", i - 1, ""
+        while True:
+            r, j = digits[j % 36] + r, j // 36
+            if j == 0:
+                return "S" + r + "_"
+    x = sub(1) + "I1a" + sub(2) + "E"           # S_ = f, S0_ = b, S1_ = a, S2_ = b<a, a>
+    for k in range(2, levels):
+        x = sub(1) + "I" + x + sub(k + 1) + "E"
+    return "_Z1fI1bI" + x + sub(levels + 1) + "EEvv"
+
+
+def test_demangling_bombs_cost_bounded_memory_and_time_and_are_counted():
+    """A hostile peer's names whose demangled form grows exponentially (a 201-byte name
+    gives 109 MB in-process, a 329-byte one 2**40 bytes: the agent would allocate until
+    killed) stay mangled and are counted; the agent's memory does not move, real names
+    around them are still demangled, and after two deadlines the process's names are no
+    longer demangled at all. In a child process so that a failure is a failure, not a
+    hung or OOM-killed pytest."""
+    assert _doubling_name(3).startswith("_Z")
+    from ridgeline.probes.cupti.demangle import demangle
+    assert demangle(_doubling_name(3)) == "void f<b<b<b<a, a>, b<a, a> >, b<b<a, a>, b<a, a> > > >()"
+    code = ("import json, resource, sys\n"
+            "from ridgeline.probes.cupti.decode import ProcessDecoder\n"
+            "bombs, real = json.loads(sys.argv[1]), sys.argv[2]\n"
+            "d = ProcessDecoder(1)\n"
+            "d.add_names({1: bombs[0], 2: real, 3: bombs[1]})\n"
+            "d.add_names({4: bombs[2], 5: real + 'x'})\n"
+            "d.add_names({6: bombs[3]})\n"
+            "print(json.dumps({'names': [d.names[i] for i in range(len(d.names))], 'counters': d.counters,\n"
+            "                  'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+    import json
+    bombs = [_doubling_name(24), _doubling_name(40), _doubling_name(41), _doubling_name(42)]
+    real = R.MANGLED_KERNELS[1][0]
+    import resource
+
+    def limit():        # without the bound the child would take the machine's memory, not only time
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    try:
+        r = subprocess.run([sys.executable, "-c", code, json.dumps(bombs), real], capture_output=True, text=True,
+                           timeout=60, preexec_fn=limit, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("demangling hostile names ran past 60 s")
+    assert r.returncode == 0, r.stderr[-800:]
+    out = json.loads(r.stdout)
+    names, c = out["names"], out["counters"]
+    assert names[0] == bombs[0] and names[2] == bombs[1] and names[3] == bombs[2] and names[5] == bombs[3]
+    assert names[1].startswith("void vllm::paged_attention_v2_kernel<unsigned short")
+    assert names[4] == real + "x"               # demangling stopped for this process after two deadlines
+    assert c["names_not_demangled"] == 5 and c["demangle_deadlines"] == 2 and c["demangling_stopped"] == 1
+    assert out["rss_kib"] < 200 << 10            # the 109 MB answer never reached this process

@@ -20,14 +20,18 @@ timestamps are zero, beyond the int64 nanosecond range, reversed or longer than
 :data:`MAX_DURATION_NS`, whose device is not a plausible ordinal, or whose byte count
 is absurd, is rejected and counted (``rejected_records`` and one ``rejected_<field>``
 counter per reason), never turned into a negative duration or device -1.
-Kernel names are demangled once per name when interned (:mod:`probes.cupti.demangle`).
+Kernel names are demangled once per name when interned (:mod:`probes.cupti.demangle`, in
+a bounded worker process); a name that cannot be demangled safely stays mangled and is
+counted (``names_not_demangled``); after :data:`MAX_DEMANGLE_DEADLINES` names of one
+process ran past the demangler's deadline, that process's names are no longer demangled
+(``demangling_stopped``), so a hostile peer costs the agent a bounded time.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ridgeline.probes.cupti import layouts as L
-from ridgeline.probes.cupti.demangle import demangle
+from ridgeline.probes.cupti.demangle import demangle_many
 from ridgeline.probes.cupti.protocol import MAX_CBID, MAX_DEVICE_ID, Batch, Hello
 from ridgeline.probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
@@ -43,6 +47,9 @@ MAX_TIMESTAMP_NS = (1 << 63) - 1
 MAX_DURATION_NS = 86_400 * 10**9
 #: Largest byte count of one copy (256 TiB, beyond any device memory).
 MAX_COPY_BYTES = 1 << 48
+#: Names of one process that may run past the demangler's deadline before its names are
+#: no longer demangled (each costs the agent's poll up to two deadlines).
+MAX_DEMANGLE_DEADLINES = 2
 
 
 def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
@@ -169,7 +176,8 @@ class ProcessDecoder:
                          "undecodable_records": 0, "unresolved_names": 0, "unjoined_kernels": 0,
                          "unmatched_marker_ends": 0, "open_markers_dropped": 0,
                          "rejected_records": 0, "rejected_timestamps": 0, "rejected_device": 0,
-                         "rejected_bytes": 0, "rejected_sections": 0, "names_over_limit": 0}
+                         "rejected_bytes": 0, "rejected_sections": 0, "names_over_limit": 0,
+                         "names_not_demangled": 0, "demangle_deadlines": 0, "demangling_stopped": 0}
         self.library_counters: dict[str, int] = {}
         self.devices: set[int] = set()
         self.mode = 0
@@ -198,18 +206,38 @@ class ProcessDecoder:
         if not names:
             return
         keep = {}
+        new: dict[str, list[int]] = {}          # raw name -> pointers that carry it
         for p, s in names.items():
             i = self._seen_raw.get(s)
-            if i is None:
+            if i is not None:
+                keep[p] = i
+                continue
+            if s not in new:
                 if self._name_bytes + len(s) > self.max_name_bytes:
                     self.counters["names_over_limit"] += 1
                     continue
                 self._name_bytes += len(s)
-                d = demangle(s)
+                new[s] = []
+            new[s].append(p)
+        if new:
+            raw = list(new)
+            if self.counters["demangling_stopped"]:
+                shown = raw
+                self.counters["names_not_demangled"] += sum(1 for r in raw if r.startswith("_Z"))
+            else:
+                shown, failed = demangle_many(raw)
+                self.counters["names_not_demangled"] += failed["too_long"] + failed["deadline"]
+                self.counters["demangle_deadlines"] += failed["deadline"]
+                if self.counters["demangle_deadlines"] >= MAX_DEMANGLE_DEADLINES:
+                    self.counters["demangling_stopped"] = 1
+            for s, d in zip(raw, shown):
+                if d != s:
+                    self._name_bytes += len(d)     # the demangled spelling is held too
                 i = self._seen_raw[s] = self.names.intern(d)
                 if d != s:
                     self.mangled[i] = s
-            keep[p] = i
+                for p in new[s]:
+                    keep[p] = i
         if not keep:
             return
         ptrs = np.fromiter(keep.keys(), np.uint64, len(keep))

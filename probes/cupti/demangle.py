@@ -8,65 +8,248 @@ The mangled name stays available next to it (``Trace.meta["mangled_names"]``).
 
 A name that is not mangled (``extern "C"`` kernels such as Triton's, cuBLAS ``sm90_xmma``
 names) or that the demangler rejects (a name cut at the library's length limit) is kept
-as it came. Names are bounded (probes.cupti.protocol.MAX_NAME_BYTES) and the demangler
-bounds its recursion, so a hostile name costs at most one failed call.
+as it came.
+
+Why a separate process: names come from any local process that can reach the socket,
+and the demangler is not safe on hostile input. Its output grows exponentially with
+nested back-references (a 201-byte name demangles to 109 MB in 0.8 s, 250 bytes to
+several GB), and deeply nested names have crashed it (stack overflows, the CVE class of
+``d_print_comp``). So ``__cxa_demangle`` runs in a small worker process (the agent's own
+interpreter, no imports beyond the standard library) with an address-space limit, an
+answer limit of :data:`MAX_DEMANGLED_BYTES` per name and a deadline per call: a name that
+takes too long, or crashes the worker, costs that call its deadline and a worker restart,
+never the agent's memory or life. The names not demangled are reported to the caller,
+which keeps them mangled and counts them.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import selectors
+import struct
+import subprocess
+import sys
+import threading
+import time
 from functools import lru_cache
+
+#: Longest demangled name accepted (the longest real kernel names demangle to a few KiB;
+#: the library cuts mangled names at 4096 bytes).
+MAX_DEMANGLED_BYTES = 64 << 10
+#: Address space of the worker process: enough for the interpreter and any real name.
+WORKER_ADDRESS_SPACE_BYTES = 512 << 20
+#: Deadline of one call: a fixed part plus a part per name (real names take microseconds).
+DEADLINE_BASE_S = 0.25
+DEADLINE_PER_NAME_S = 1e-4
+
+_OK, _FAILED, _TOO_LONG, _NO_DEMANGLER = 0, 1, 2, 3
+
+# The worker: reads (u32 length, bytes) requests, answers (u8 status, u32 length, bytes).
+_WORKER_CODE = r"""
+import ctypes, resource, struct, sys
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+resource.setrlimit(resource.RLIMIT_AS, (%(as_bytes)d, %(as_bytes)d))
+fn = free = None
+for name in ("libstdc++.so.6", "libstdc++.so"):
+    try:
+        fn = ctypes.CDLL(name).__cxa_demangle
+        break
+    except (OSError, AttributeError):
+        pass
+if fn is not None:
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_void_p
+    free = ctypes.CDLL(None).free
+    free.argtypes = [ctypes.c_void_p]
+    free.restype = None
+rd, wr = sys.stdin.buffer, sys.stdout.buffer
+def readn(n):
+    b = rd.read(n)
+    if b is None or len(b) != n:
+        sys.exit(0)
+    return b
+while True:
+    (n,) = struct.unpack("<I", readn(4))
+    name = readn(n)
+    out, st = b"", %(no_demangler)d
+    if fn is not None:
+        status = ctypes.c_int(-1)
+        p = fn(name, None, None, ctypes.byref(status))
+        st = %(failed)d
+        if p:
+            try:
+                if status.value == 0:
+                    out, st = ctypes.string_at(p), %(ok)d
+            finally:
+                free(p)
+        if len(out) > %(max_out)d:
+            out, st = b"", %(too_long)d
+    wr.write(struct.pack("<BI", st, len(out)) + out)
+    wr.flush()
+""" % {"as_bytes": WORKER_ADDRESS_SPACE_BYTES, "max_out": MAX_DEMANGLED_BYTES, "ok": _OK, "failed": _FAILED,
+       "too_long": _TOO_LONG, "no_demangler": _NO_DEMANGLER}
 
 
 @lru_cache(maxsize=1)
-def _demangler():
-    """``(__cxa_demangle, free)`` from libstdc++ / libc, or None where there is none."""
+def available() -> bool:
+    """True when the C++ runtime's demangler exists here (loaded, never called, in this process)."""
     for name in ("libstdc++.so.6", ctypes.util.find_library("stdc++")):
         if not name:
             continue
         try:
-            lib = ctypes.CDLL(name)
-            fn = lib.__cxa_demangle
-            break
+            ctypes.CDLL(name).__cxa_demangle
+            return True
         except (OSError, AttributeError):
             continue
-    else:
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_int)]
-    fn.restype = ctypes.c_void_p
-    libc = ctypes.CDLL(None)
-    free = libc.free
-    free.argtypes = [ctypes.c_void_p]
-    free.restype = None
-    return fn, free
+    return False
 
 
-def available() -> bool:
-    """True when the C++ runtime's demangler could be loaded."""
-    return _demangler() is not None
+class _Worker:
+    """One worker process, started on first use and again after it was killed."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+        self.starts = 0
+
+    def _start(self) -> subprocess.Popen | None:
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WORKER_CODE], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        except OSError:
+            self.proc = None
+            return None
+        self.starts += 1
+        os.set_blocking(self.proc.stdin.fileno(), False)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        return self.proc
+
+    def kill(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        try:
+            p.kill()
+        except OSError:
+            pass
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def run(self, names: list[bytes], timeout_s: float) -> list[tuple[int, bytes] | None]:
+        """Answers for ``names`` in order; None for those not answered by the deadline (the
+        worker is then killed: it is stuck on the first of them, or dead)."""
+        answers: list[tuple[int, bytes] | None] = [None] * len(names)
+        p = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        if p is None:
+            return answers
+        payload = memoryview(b"".join(struct.pack("<I", len(b)) + b for b in names))
+        wfd, rfd = p.stdin.fileno(), p.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        sent, got, buf = 0, 0, bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(rfd, selectors.EVENT_READ)
+            if payload:
+                sel.register(wfd, selectors.EVENT_WRITE)
+            while got < len(names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                dead = False
+                for key, _ in sel.select(left):
+                    try:
+                        if key.fd == wfd:
+                            sent += os.write(wfd, payload[sent:sent + (1 << 16)])
+                            if sent == len(payload):
+                                sel.unregister(wfd)
+                            continue
+                        chunk = os.read(rfd, 1 << 20)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        dead = True
+                        break
+                    if not chunk:
+                        dead = True
+                        break
+                    buf += chunk
+                    while len(buf) >= 5:
+                        st, n = struct.unpack_from("<BI", buf)
+                        if n > MAX_DEMANGLED_BYTES:      # the worker is ours; anything else is a broken one
+                            dead = True
+                            break
+                        if len(buf) < 5 + n:
+                            break
+                        answers[got] = (st, bytes(buf[5:5 + n]))
+                        del buf[:5 + n]
+                        got += 1
+                if dead:
+                    break
+        if got < len(names):
+            self.kill()
+        return answers
+
+
+_worker = _Worker()
+
+
+def demangle_many(names: list[str], timeout_s: float | None = None) -> tuple[list[str], dict[str, int]]:
+    """Demangled forms of ``names`` (each name itself where it is not mangled or the
+    demangler rejects it), and how many mangled names could not be demangled safely, by
+    reason: ``too_long`` (over :data:`MAX_DEMANGLED_BYTES`) and ``deadline`` (the worker
+    ran past the deadline on it, or died on it).
+
+    The worker is stuck on (or died of) the first name left unanswered: that name fails,
+    and the names after it get one more call with a fresh worker. So a call costs at most
+    two deadlines of ``timeout_s`` each (default :data:`DEADLINE_BASE_S` plus
+    :data:`DEADLINE_PER_NAME_S` per name) whatever the names.
+    """
+    out = list(names)
+    failed = {"too_long": 0, "deadline": 0}
+    todo: list[int] = []
+    raw: list[bytes] = []
+    for i, s in enumerate(names):
+        if not s.startswith("_Z"):
+            continue
+        try:
+            b = s.encode("utf-8", "surrogateescape")
+        except UnicodeError:
+            continue
+        if b"\0" in b:
+            continue
+        todo.append(i)
+        raw.append(b)
+    for attempt in range(2):
+        if not todo:
+            break
+        t = timeout_s if timeout_s is not None else DEADLINE_BASE_S + DEADLINE_PER_NAME_S * len(raw)
+        with _worker.lock:
+            answers = _worker.run(raw, t)
+        left = None
+        for k, (i, a) in enumerate(zip(todo, answers)):
+            if a is None:
+                left = k
+                break
+            if a[0] == _OK:
+                out[i] = a[1].decode("utf-8", "replace")
+            elif a[0] == _TOO_LONG:
+                failed["too_long"] += 1
+        if left is None:
+            break
+        failed["deadline"] += 1                   # the name the worker was stuck on
+        todo, raw = todo[left + 1:], raw[left + 1:]
+        if attempt == 1:
+            failed["deadline"] += len(todo)       # not tried again: the call's time is spent
+    return out, failed
 
 
 def demangle(name: str) -> str:
     """The demangled form of an Itanium-mangled ``name`` (``_Z...``), else ``name`` itself."""
-    if not name.startswith("_Z"):
-        return name
-    d = _demangler()
-    if d is None:
-        return name
-    fn, free = d
-    status = ctypes.c_int(-1)
-    try:
-        raw = name.encode("utf-8", "surrogateescape")
-    except UnicodeError:
-        return name
-    if b"\0" in raw:
-        return name
-    p = fn(raw, None, None, ctypes.byref(status))
-    if not p:
-        return name
-    try:
-        if status.value != 0:
-            return name
-        return ctypes.string_at(p).decode("utf-8", "replace")
-    finally:
-        free(p)
+    return demangle_many([name])[0][0]

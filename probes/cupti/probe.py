@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 
 _DECODER_COUNTERS = ("undecodable_records", "unresolved_names", "unjoined_kernels", "rejected_records",
                      "rejected_timestamps", "rejected_device", "rejected_bytes", "rejected_sections",
-                     "names_over_limit")
+                     "names_over_limit", "names_not_demangled", "demangle_deadlines", "demangling_stopped")
+#: pids remembered as having made the demangler run past its deadline (bounded)
+_MAX_NO_DEMANGLE_PIDS = 4096
 
 
 def _announce_target(pid: int) -> bool:
@@ -88,6 +90,8 @@ class CuptiProbe(Probe):
         self._retired: dict[str, int] = {}        # counters of processes whose decoder was released
         self._status: dict[int, str] = {}
         self.decode_errors = 0
+        # processes whose names stopped being demangled: a reconnect does not start over
+        self._no_demangle: dict[int, None] = {}
 
     def check(self) -> Availability:
         d = os.path.dirname(self.socket_path) or "."
@@ -171,6 +175,8 @@ class CuptiProbe(Probe):
             dec = self.decoders.get(m.pid)
             if dec is None:
                 dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
+                if m.pid in self._no_demangle:
+                    dec.counters["demangling_stopped"] = 1
             dec.set_hello(m.body)
             if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
                 self._conn_pid[m.conn_id] = m.pid
@@ -231,6 +237,11 @@ class CuptiProbe(Probe):
         for pid in [p for p, d in self.decoders.items() if p not in live and not d.pending()]:
             dec = self.decoders.pop(pid)
             self._remaps.pop(pid, None)
+            if dec.counters["demangling_stopped"]:
+                self._no_demangle.pop(pid, None)
+                self._no_demangle[pid] = None
+                while len(self._no_demangle) > _MAX_NO_DEMANGLE_PIDS:
+                    self._no_demangle.pop(next(iter(self._no_demangle)))
             for k, v in dec.library_counters.items():
                 self._retired[f"library_{k}"] = self._retired.get(f"library_{k}", 0) + v
             for k in _DECODER_COUNTERS:
