@@ -253,3 +253,65 @@ def test_repeated_hello_updates_the_state_and_reclaim_reaches_the_library(tmp_pa
         c.close()
     finally:
         probe.stop()
+
+
+def test_trickling_peer_is_cut_at_the_frame_deadline_though_it_progresses(tmp_path):
+    """Slowloris: one byte at a time, each in time for a progress timeout, never finishing
+    a frame. The deadline runs from the frame's first byte, so the peer is cut."""
+    s = CuptiServer(str(tmp_path / "t.sock"), idle_timeout_s=0.5)
+    s.open()
+    try:
+        slow = connect(s.path)
+        frame = P.encode_frame(P.MSG_HELLO, hello_body())
+        for i in range(12):                     # 1.2 s, a byte every 0.1 s (< idle_timeout_s)
+            try:
+                slow.send(frame[i:i + 1])
+            except OSError:
+                break
+            pump(s, 1)
+            time.sleep(0.1)
+        pump(s, 2)
+        assert s.stats["idle_cut"] == 1 and s.connections == 0
+        slow.close()
+    finally:
+        s.close()
+
+
+def test_connection_that_never_says_hello_is_cut(tmp_path):
+    """A peer that connects and stays silent holds a connection slot (of a bounded number)
+    for ever unless the HELLO the library sends at once is awaited with a deadline."""
+    s = CuptiServer(str(tmp_path / "h.sock"), hello_timeout_s=0.3)
+    s.open()
+    try:
+        silent, good = connect(s.path), connect(s.path)
+        good.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
+        pump(s, 3)
+        time.sleep(0.4)
+        pump(s, 3)
+        assert s.stats["hello_timeout_cut"] == 1 and s.connections == 1
+        assert [m.kind for m in s.drain()] == ["hello", "closed"]
+        silent.close()
+        good.close()
+    finally:
+        s.close()
+
+
+def test_peer_parking_a_large_frame_is_cut_not_the_next_sender(tmp_path):
+    """Half-received bytes are bounded across peers; the peer cut when the bound is passed
+    is the one holding the most, not the legitimate library whose frame came next."""
+    s = CuptiServer(str(tmp_path / "p.sock"), max_partial_bytes=100_000)
+    s.open()
+    try:
+        park = connect(s.path)
+        park.sendall(P.encode_frame(P.MSG_HELLO, b"\0" * 90_000)[:85_000])     # 85 of 90 kB, then silence
+        pump(s)
+        good = connect(s.path)
+        good.sendall(P.encode_frame(P.MSG_HELLO, hello_body())
+                     + P.encode_frame(P.MSG_BATCH, batch_body(0, [(10, 248, 100, bytes(248 * 100))])))
+        pump(s)
+        assert s.stats["partial_cap_cut"] == 1 and s.connections == 1
+        assert [m.kind for m in s.drain() if m.kind != "closed"] == ["hello", "batch"]
+        park.close()
+        good.close()
+    finally:
+        s.close()

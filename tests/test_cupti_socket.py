@@ -264,3 +264,71 @@ def test_peer_text_cannot_write_lines_into_the_log(tmp_path, caplog):
     assert "\n" not in comm
     logged = [r.getMessage() for r in caplog.records if "cupti" in r.getMessage()]
     assert logged and all("\n" not in m and "\x1b" not in m for m in logged)
+
+
+def _unit_memory_max_bytes() -> int:
+    """MemoryMax of the shipped unit (systemd/ridgeline.service): the agent's whole budget."""
+    import re
+    text = (ROOT / "systemd" / "ridgeline.service").read_text()
+    m = re.search(r"^MemoryMax=(\d+)([KMG]?)\s*$", text, re.M)
+    assert m, "systemd/ridgeline.service has no MemoryMax"
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2)]
+
+
+def test_peers_parking_large_frames_keep_the_agent_inside_the_units_memory(tmp_path):
+    """Six local peers each send a HELLO and 95 MiB of a 96 MiB batch, then stall. The
+    agent (default bounds, in its own process) must stay under the unit's MemoryMax
+    (384 MiB: past it the kernel kills the agent); before the fix it held 5 x 95 MiB
+    (peak RSS 585 MiB). A library arriving meanwhile still gets its kernels through."""
+    from ridgeline.probes.cupti import protocol as P
+    sock = str(tmp_path / "m.sock")
+    agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import cupti_records as R
+        from ridgeline.probes.cupti.probe import CuptiProbe
+        p = CuptiProbe({sock!r}); p.start()
+        print("ready", flush=True)
+        kernels, end = 0, time.monotonic() + 8
+        while time.monotonic() < end:
+            r = p.poll()
+            kernels += len(r["trace"].kernels) if "trace" in r else 0
+            time.sleep(0.05)
+        hwm = [int(l.split()[1]) << 10 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+        c = p.counters(); p.stop()
+        print(json.dumps({{"hwm_bytes": hwm, "kernels": kernels, "cut": c.get("server_partial_cap_cut", 0)}}))
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert agent.stdout.readline().strip() == "ready"
+        body = bytes(95 << 20)
+        header = P.encode_frame(P.MSG_BATCH, b"")[:8] + (96 << 20).to_bytes(4, "little") + bytes(4)
+        peers = []
+
+        def park():
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock)
+            peers.append(s)
+            try:
+                s.sendall(R.hello_frame() + header)
+                s.sendall(body)
+            except OSError:
+                pass                               # cut by the agent
+        import threading
+        threads = [threading.Thread(target=park, daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        b, sections = _kernels(4)
+        good = socket.socket(socket.AF_UNIX)
+        good.connect(sock)
+        good.sendall(R.hello_frame() + R.batch_frame(sections, b.names))
+        out = json.loads(agent.stdout.read().strip().splitlines()[-1])
+        good.close()
+        for s in peers:
+            s.close()
+    finally:
+        agent.kill()
+        agent.wait()
+    print("agent peak RSS MiB", out["hwm_bytes"] >> 20)
+    assert out["kernels"] == 4 and out["cut"] >= 1
+    assert out["hwm_bytes"] < _unit_memory_max_bytes(), out

@@ -13,9 +13,18 @@ connectable by local users whose processes we profile) can crash or stall the ag
 * a complete frame whose body does not parse costs only that message
   (``rejected_batches``); the connection stays, as the framing is intact;
 * queued, not yet decoded bytes are bounded; past the bound new batches are dropped
-  and counted; half-received frames of all peers together are bounded too (a peer that
-  pushes the total over the bound is cut);
-* a peer that holds a half-sent frame without progress for ``idle_timeout_s`` is cut.
+  and counted; half-received frames of all peers together are bounded too: past the
+  bound the peer holding the most half-received bytes is cut (``partial_cap_cut``), so a
+  peer that parks a large frame cannot make the next legitimate frame the one cut. The
+  two bounds together (128 + 128 MiB by default) keep the agent inside the unit's
+  ``MemoryMax`` (384 MiB) whatever local peers send;
+* a frame must be complete ``idle_timeout_s`` after its first byte arrived (the agent
+  reads as fast as the peer writes, so only a stalling or trickling peer is slower;
+  ``idle_cut``): one byte per second, which progress-based timeouts never cut, holds a
+  connection at most that long;
+* a connection that has not sent its HELLO ``hello_timeout_s`` after it was accepted is
+  cut (``hello_timeout_cut``): the library sends it at once, so only a peer that holds a
+  connection slot without saying who it is waits that long.
 
 The pid of a process is taken from the kernel (``SO_PEERCRED``), not from the message:
 it is the pid in the agent's namespace, and it cannot be forged by the peer. The pid the
@@ -103,6 +112,8 @@ class _Conn:
     need: int = 0             # body length of the frame being read, 0 while reading a header
     msg_type: int = 0
     last_progress: float = 0.0
+    opened: float = 0.0
+    frame_started: float = 0.0   # when the first byte of the frame being read arrived
     hello: P.Hello | None = None
     rejected: int = 0
 
@@ -111,14 +122,17 @@ class CuptiServer:
     """Listens on ``path``; :meth:`pump` moves bytes from sockets into :meth:`drain`'s queue."""
 
     def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int | None = None,
-                 max_queued_bytes: int = 256 << 20, idle_timeout_s: float = 30.0, socket_mode: int | None = None,
-                 max_partial_bytes: int = 512 << 20, socket_group: str | int | None = None):
+                 max_queued_bytes: int = 128 << 20, idle_timeout_s: float = 30.0, socket_mode: int | None = None,
+                 max_partial_bytes: int = 128 << 20, socket_group: str | int | None = None,
+                 hello_timeout_s: float = 10.0):
         self.path = str(path)
         self.requested_connections = max_connections
         self.max_connections = connection_limit(max_connections)
         self.socket_group = socket_group
         self.max_queued_bytes = max_queued_bytes
+        # the default holds one frame of the largest size (MAX_BODY_BYTES) and then some
         self.max_partial_bytes = max_partial_bytes
+        self.hello_timeout_s = hello_timeout_s
         self._partial_bytes = 0
         self.idle_timeout_s = idle_timeout_s
         # with a group, only its members (and root) may connect; else every local user
@@ -229,9 +243,12 @@ class CuptiServer:
                 break
         now = time.monotonic()
         for c in list(self._conns.values()):
-            if (c.buf or c.need) and now - c.last_progress > self.idle_timeout_s:
+            if (c.buf or c.need) and now - c.frame_started > self.idle_timeout_s:
                 self.stats["idle_cut"] += 1
-                self._drop(c, reason="stalled mid-frame")
+                self._drop(c, reason="frame not complete in time")
+            elif c.hello is None and now - c.opened > self.hello_timeout_s:
+                self.stats["hello_timeout_cut"] += 1
+                self._drop(c, reason="no hello in time")
         return total
 
     def _accept(self, max_round: int = 256) -> None:
@@ -264,7 +281,8 @@ class CuptiServer:
             pid, uid, _gid = struct.unpack("3i", cred)
         except OSError:
             pass
-        c = _Conn(s, self._next_id, pid, uid, last_progress=time.monotonic())
+        now = time.monotonic()
+        c = _Conn(s, self._next_id, pid, uid, last_progress=now, opened=now)
         self._next_id += 1
         self._conns[c.conn_id] = c
         self._sel.register(s, selectors.EVENT_READ, c)
@@ -288,13 +306,18 @@ class CuptiServer:
                 self._drop(c, reason="closed")
                 return got
             got += len(chunk)
+            if not c.buf and not c.need:
+                c.frame_started = time.monotonic()
             c.buf += chunk
             self._partial_bytes += len(chunk)
             c.last_progress = time.monotonic()
-            if self._partial_bytes > self.max_partial_bytes:
+            while self._partial_bytes > self.max_partial_bytes:
+                # cut whoever holds the most: a peer parking a large frame, not the next sender
+                victim = max(self._conns.values(), key=lambda x: (len(x.buf), -x.frame_started))
                 self.stats["partial_cap_cut"] += 1
-                self._drop(c, reason="too much half-received data")
-                return got
+                self._drop(victim, reason="too much half-received data")
+                if victim is c:
+                    return got
             if not c.need:
                 if len(c.buf) < P.FRAME_DTYPE.itemsize:
                     continue
