@@ -151,6 +151,34 @@ def test_unprivileged_peer_connects_and_reports_only_for_itself(run_dir):
         probe.stop()
 
 
+def test_peer_in_its_own_pid_namespace_reports_under_the_pid_the_agent_sees(tmp_path):
+    """A served process in a container (its own pid namespace, the agent in the host's, as
+    with hostPID): the library reports getpid() of its namespace (1 here), the kernel gives
+    the agent the host pid (SO_PEERCRED), and /proc/<host pid>/status lists both (NSpid,
+    outermost first). The peer is accepted and its events carry the host pid; the same
+    claim of pid 1 from a process of the agent's namespace is refused (the other test)."""
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("needs root (unshare --pid) and /usr/bin/python3 for the client")
+    probe = CuptiProbe(str(tmp_path / "ns.sock"))
+    probe.start()
+    try:
+        b, sections = _kernels(4)
+        frames = [R.hello_frame(pid=0).hex(), R.batch_frame(sections, b.names, pid=0).hex()]
+        r = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "/usr/bin/python3", "-c", _CLIENT,
+                            probe.socket_path, "self", *frames], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0 and "unshare" in r.stderr:
+            pytest.skip(f"no pid namespace here: {r.stderr.strip()[-200:]}")
+        me = json.loads(r.stdout.strip().splitlines()[-1])
+        assert me["pid"] == 1 and me["connect"] == "ok", me
+        got = R.poll_until(probe, lambda g: any("trace" in x for x in g))
+        tr = [x["trace"] for x in got if "trace" in x]
+        pids = set(tr[0].kernels["pid"].tolist())
+        assert len(pids) == 1 and pids != {1} and pids != {os.getpid()}
+        assert probe.counters().get("server_rejected_peers", 0) == 0
+    finally:
+        probe.stop()
+
+
 def test_socket_group_limits_who_may_connect(run_dir):
     """With ``socket_group`` the socket is 0660 root:<group>: nobody (not a member) is refused
     by the kernel, before the agent reads a byte."""
