@@ -4,8 +4,9 @@
 #   bash scripts/gpu-check.sh --bundle
 #       On a machine that reaches the package registry: builds build/gpu-check-bundle/, the
 #       wheels a GPU host lacks (pyzmq, orjson, cupti-python and what it imports: cuda-bindings,
-#       cuda-pathfinder, pyelftools) and ridgeline itself; at most 64 MiB, so it travels with the
-#       working tree (`run` carry: build/gpu-check-bundle).
+#       cuda-pathfinder, pyelftools) for Python 3.11-3.13; at most 64 MiB, so it travels with the
+#       working tree (`run` carry: build/gpu-check-bundle). Ridgeline itself is not in it: the
+#       check runs the working tree's code (a wheel built earlier would be stale after any change).
 #   bash scripts/gpu-check.sh [OUTDIR]
 #       On the GPU host, air-gapped: installs the bundle into a private folder (pip --no-index
 #       --no-deps --target: the host's site-packages and its libcupti are never touched; nothing
@@ -18,10 +19,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${RIDGELINE_GPU_BUNDLE:-build/gpu-check-bundle}
 LIMIT_BYTES=$((64 << 20))
-# Small wheels for every Python torch 2.11 supports; cuda-bindings (12 MB per version) only
-# for the versions listed in BINDINGS_PYTHONS, to stay under 64 MiB.
-PYTHONS=${RIDGELINE_GPU_PYTHONS:-"3.10 3.11 3.12 3.13"}
-BINDINGS_PYTHONS=${RIDGELINE_GPU_BINDINGS_PYTHONS:-"3.12 3.11"}
+# Every Python Ridgeline runs on (>= 3.11, pyproject's requires-python) that torch 2.11 hosts
+# ship. cupti-python cannot be imported without cuda-bindings (12 MB per version), which the
+# hosts lack, so it comes for every version too; 3.10 is left out: Ridgeline needs tomllib.
+PYTHONS=${RIDGELINE_GPU_PYTHONS:-"3.11 3.12 3.13"}
+BINDINGS_PYTHONS=${RIDGELINE_GPU_BINDINGS_PYTHONS:-$PYTHONS}
 say() { echo "gpu-check: $*"; }
 
 bundle() {
@@ -39,7 +41,6 @@ bundle() {
             -d "$BUNDLE" cuda-bindings==13.0.3 || { say "cuda-bindings for Python $v failed"; return 1; }
     done
     $py -m pip download -q --no-deps --only-binary=:all: -d "$BUNDLE" cuda-pathfinder==1.9.1 pyelftools==0.33 || return 1
-    $py -m pip wheel -q --no-deps -w "$BUNDLE" . || { say "building the ridgeline wheel failed"; return 1; }
     local size
     size=$(du -cb "$BUNDLE"/*.whl | tail -1 | cut -f1)
     say "bundle $BUNDLE: $(ls "$BUNDLE" | wc -l) wheels, $size bytes (limit $LIMIT_BYTES)"
@@ -74,6 +75,11 @@ say "work folder $WORK, archive into $OUTDIR ($(date -u +%FT%TZ))"
   echo "## compilers"; command -v cc gcc make || true
 } > "$WORK/env.txt" 2>&1
 PY=${PYTHON:-python3}
+if ! $PY -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    say "FAILED: $PY is $($PY --version 2>&1): Ridgeline needs Python >= 3.11 (set PYTHON to the host's"
+    say "        Python 3.11-3.13 that has torch; the bundle carries wheels for $PYTHONS)"
+    exit 2
+fi
 say "python: $PY ($($PY --version 2>&1)); torch: $($PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1 | tail -1)"
 $PY -m pip list 2>/dev/null | grep -i -E "^(torch|nvidia-|cupti|cuda-|numpy|triton|pyzmq|orjson) " > "$WORK/pip.txt" || true
 
@@ -84,7 +90,7 @@ if [ ! -d "$BUNDLE" ]; then
 fi
 DEPS="$WORK/pydeps"
 # one pip call: packages sharing a namespace folder (cuda/) must land together
-pkgs="pyzmq orjson cuda-pathfinder pyelftools cupti-python ridgeline"
+pkgs="pyzmq orjson cuda-pathfinder pyelftools cupti-python"
 $PY -c "import cuda.bindings" 2>/dev/null || pkgs="$pkgs cuda-bindings"
 if ! $PY -m pip install -q --no-deps --no-index --find-links "$BUNDLE" --target "$DEPS" $pkgs 2>"$WORK/pip-install.log"; then
     say "the bundle lacks a wheel for this Python ($(tail -1 "$WORK/pip-install.log")); installing what it has"
@@ -94,6 +100,11 @@ if ! $PY -m pip install -q --no-deps --no-index --find-links "$BUNDLE" --target 
             || say "no $pkg for this Python: the points needing it will fail with that reason"
     done
 fi
+# Ridgeline from this working tree, laid out as the wheel lays it out (package-dir map of
+# pyproject.toml: agent/, probes/, aggregator/ under ridgeline/), so the code checked is the code here
+mkdir -p "$DEPS/ridgeline"
+cp -r ridgeline/. "$DEPS/ridgeline/" && for p in agent probes aggregator; do cp -r "$p" "$DEPS/ridgeline/$p"; done
+find "$DEPS/ridgeline" -name __pycache__ -prune -exec rm -rf {} +
 export PYTHONPATH="$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 (cd "$WORK" && $PY -c "import ridgeline, zmq, orjson; print('gpu-check: ridgeline from', ridgeline.__file__)") \
     || say "ridgeline, pyzmq or orjson not importable from the bundle"
@@ -108,8 +119,14 @@ for sp in sys.path:
                 print(d); raise SystemExit
 PYEOF
 )
-for d in /usr/local/cuda/extras/CUPTI/include /usr/local/cuda/include; do
-    [ -z "$CUPTI_INCLUDE_DIR" ] && [ -f "$d/cupti_activity.h" ] && CUPTI_INCLUDE_DIR=$d
+# a toolkit: where CUDA_HOME/CUDA_PATH or nvcc say, else the usual places; runfile installs put
+# CUPTI under extras/CUPTI/include, packages under targets/<arch>/include (include/ links there)
+nvcc_root=$(command -v nvcc >/dev/null && dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+for root in ${CUDA_HOME:-} ${CUDA_PATH:-} $nvcc_root /usr/local/cuda /usr/local/cuda-13* /usr/local/cuda-12* /opt/nvidia/cuda; do
+    for sub in extras/CUPTI/include include targets/x86_64-linux/include targets/sbsa-linux/include; do
+        d="$root/$sub"
+        [ -z "$CUPTI_INCLUDE_DIR" ] && [ -f "$d/cupti_activity.h" ] && CUPTI_INCLUDE_DIR=$d
+    done
 done
 if [ -n "$CUPTI_INCLUDE_DIR" ]; then
     make -s -C probes/native CUPTI_INCLUDE="$CUPTI_INCLUDE_DIR" > "$WORK/make.log" 2>&1 \

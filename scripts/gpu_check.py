@@ -479,10 +479,12 @@ def child(mode: str, out: Path, timeout: float, wrap: list[str] | None = None, t
                 tick()
             time.sleep(0.2)
         stdout = p.stdout.read()
+    # the reason is the last line of stderr (the exception), read before stdout is appended
+    reason = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1]
     with open(log, "a") as f:
         f.write("\n--- stdout ---\n" + stdout)
     if p.returncode != 0:
-        raise RuntimeError(f"{mode} run failed (rc {p.returncode}): {log.read_text().strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{mode} run failed (rc {p.returncode}): {reason}")
     return json.loads(stdout.strip().splitlines()[-1])
 
 

@@ -44,7 +44,7 @@ def test_script_parses():
 
 @pytest.fixture(scope="module")
 def bundle():
-    if not any(BUNDLE.glob("ridgeline-*.whl")):
+    if not any(BUNDLE.glob("cuda_bindings-*cp313*.whl")):
         r = subprocess.run(["bash", str(SCRIPT), "--bundle"], capture_output=True, text=True, timeout=900, cwd=ROOT)
         if r.returncode != 0:
             tail = r.stdout.strip().splitlines()[-1:] + r.stderr.strip().splitlines()[-1:]
@@ -59,13 +59,17 @@ def test_bundle_is_complete_pinned_and_under_64_mib(bundle):
     wheels = sorted(p.name for p in bundle.glob("*.whl"))
     size = sum(p.stat().st_size for p in bundle.glob("*.whl"))
     assert size <= LIMIT, f"{size} bytes"
-    for tag in ("cp310", "cp311", "cp312", "cp313"):
+    # every Python Ridgeline runs on (pyproject: >= 3.11): cupti-python does not import
+    # without cuda-bindings, which the hosts lack, so that comes for each version too
+    assert 'requires-python = ">=3.11"' in (ROOT / "pyproject.toml").read_text()
+    for tag in ("cp311", "cp312", "cp313"):
         assert any(w.startswith("cupti_python-13.4.0-") and tag in w for w in wheels), tag
+        assert any(w.startswith("cuda_bindings-13.0.3-") and tag in w for w in wheels), tag
         assert any(w.startswith("orjson-3.13.0-") and tag in w for w in wheels), tag
         assert any(w.startswith("pyzmq-27.3.0-") and (tag in w or ("abi3" in w and tag >= "cp312"))
                    for w in wheels), tag
-    assert any(w.startswith("ridgeline-") for w in wheels)
-    assert any(w.startswith("cuda_bindings-") for w in wheels) and any(w.startswith("pyelftools-") for w in wheels)
+    assert any(w.startswith("pyelftools-") for w in wheels) and any(w.startswith("cuda_pathfinder-") for w in wheels)
+    assert not any(w.startswith("ridgeline-") for w in wheels)      # the tree's code runs, never a stale wheel
     assert not any(w.startswith(("nvidia_cuda_cupti", "nvidia-cuda-cupti")) for w in wheels)   # never ship a libcupti
     # the pins are the project's own
     pins = (ROOT / "pyproject.toml").read_text()
@@ -89,9 +93,12 @@ def test_a_run_without_a_gpu_fails_every_point_with_its_reason_and_leaves_one_ar
     pts = data["points"]
     assert [p["key"] for p in pts] == list("abcdefghi")
     assert all(not p["passed"] and p["measured"].startswith("no data:") and p["threshold"] for p in pts)
+    # each failed run says why (its exception), not the log's stdout separator
+    steps = data["steps"]
+    assert "No module named 'torch'" in steps["plain"]["reason"], steps["plain"]
     for key in "abcdefghi":
         assert f"({key}) FAIL" in r.stdout
-    assert "ridgeline from" in r.stdout and "pydeps" in r.stdout      # the bundle's wheel, not the tree
+    assert "ridgeline from" in r.stdout and "pydeps" in r.stdout      # a private copy of this tree's code
     after = subprocess.run([str(py), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
     assert before == after                                             # the interpreter's packages untouched
 
