@@ -192,6 +192,47 @@ def test_socket_group_limits_who_may_connect(run_dir):
         s.close()
 
 
+def test_one_user_flooding_the_socket_leaves_room_for_the_served_processes(run_dir):
+    """A local user (nobody) opens as many connections as it can and holds them: it gets a
+    quarter of the slots; the rest stay for other users' processes (here root's)."""
+    s = CuptiServer(str(run_dir / "cupti.sock"), max_connections=8)
+    s.open()
+    flood = textwrap.dedent("""
+        import socket, sys
+        held = []
+        for _ in range(8):
+            c = socket.socket(socket.AF_UNIX); c.connect(sys.argv[1]); held.append(c)
+        print(len(held), flush=True)
+        sys.stdin.read()
+    """)
+
+    def drop():
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+    p = subprocess.Popen(["/usr/bin/python3", "-c", flood, s.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, preexec_fn=drop, cwd="/")
+    try:
+        assert p.stdout.readline().strip() == "8"
+        for _ in range(20):
+            s.pump(0.01)
+        assert s.connections == 2 and s.stats["refused_connections_uid"] == 6
+        mine = [socket.socket(socket.AF_UNIX) for _ in range(6)]
+        for c in mine:
+            c.connect(s.path)
+            c.sendall(R.hello_frame())
+        for _ in range(20):
+            s.pump(0.01)
+        assert s.connections == 8 and s.stats["refused_connections"] == 0
+        assert sum(m.kind == "hello" for m in s.drain()) == 6
+        for c in mine:
+            c.close()
+    finally:
+        p.stdin.close()
+        p.wait(timeout=10)
+        s.close()
+
+
 # ---------------------------------------------------------------------------- descriptor flood
 
 def test_connection_limit_follows_the_descriptor_limit():

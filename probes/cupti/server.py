@@ -9,7 +9,10 @@ connectable by local users whose processes we profile) can crash or stall the ag
   and that connection is closed (a byte stream cannot be resynchronised);
 * at most ``max_connections`` peers, always well below the process's descriptor limit
   (``RLIMIT_NOFILE``; the rest of the agent needs descriptors too); more are accepted
-  and closed at once (counted as ``refused_connections``);
+  and closed at once (counted as ``refused_connections``); one non-root user holds at
+  most ``max_connections_per_uid`` of them (a quarter by default; ``refused_connections_uid``),
+  so a local user flooding the socket leaves room for the served processes of others
+  (root's peers are not limited: root needs no socket to disturb the agent);
 * a complete frame whose body does not parse costs only that message
   (``rejected_batches``); the connection stays, as the framing is intact;
 * queued, not yet decoded bytes are bounded; past the bound new batches are dropped
@@ -124,11 +127,14 @@ class CuptiServer:
     def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int | None = None,
                  max_queued_bytes: int = 128 << 20, idle_timeout_s: float = 30.0, socket_mode: int | None = None,
                  max_partial_bytes: int = 128 << 20, socket_group: str | int | None = None,
-                 hello_timeout_s: float = 10.0):
+                 hello_timeout_s: float = 10.0, max_connections_per_uid: int | None = None):
         self.path = str(path)
         self.requested_connections = max_connections
         self.max_connections = connection_limit(max_connections)
         self.socket_group = socket_group
+        self.max_connections_per_uid = (max(1, self.max_connections // 4) if max_connections_per_uid is None
+                                        else int(max_connections_per_uid))
+        self._per_uid: collections.Counter = collections.Counter()
         self.max_queued_bytes = max_queued_bytes
         # the default holds one frame of the largest size (MAX_BODY_BYTES) and then some
         self.max_partial_bytes = max_partial_bytes
@@ -281,6 +287,14 @@ class CuptiServer:
             pid, uid, _gid = struct.unpack("3i", cred)
         except OSError:
             pass
+        if uid != 0 and self._per_uid[uid] >= self.max_connections_per_uid:
+            self.stats["refused_connections_uid"] += 1
+            if self.stats["refused_connections_uid"] == 1:
+                log.warning("cupti: uid %d holds %d connections (the per-user limit): its further peers are "
+                            "refused and counted", uid, self._per_uid[uid])
+            s.close()
+            return True
+        self._per_uid[uid] += 1
         now = time.monotonic()
         c = _Conn(s, self._next_id, pid, uid, last_progress=now, opened=now)
         self._next_id += 1
@@ -384,6 +398,9 @@ class CuptiServer:
             return
         self._partial_bytes -= len(c.buf)
         c.buf = bytearray()
+        self._per_uid[c.uid] -= 1
+        if self._per_uid[c.uid] <= 0:
+            del self._per_uid[c.uid]
         try:
             if self._sel is not None:
                 self._sel.unregister(c.sock)
