@@ -15,7 +15,7 @@ and the demangler is not safe on hostile input. Its output grows exponentially w
 nested back-references (a 201-byte name demangles to 109 MB in 0.8 s, 250 bytes to
 several GB), and deeply nested names have crashed it (stack overflows, the CVE class of
 ``d_print_comp``). So ``__cxa_demangle`` runs in a small worker process (the agent's own
-interpreter, no imports beyond the standard library) with an address-space limit, an
+interpreter, no imports beyond the standard library) with an address-space limit (128 MiB), an
 answer limit of :data:`MAX_DEMANGLED_BYTES` per name and a deadline per call: a name that
 takes too long, or crashes the worker, costs that call its deadline and a worker restart,
 never the agent's memory or life. The names not demangled are reported to the caller,
@@ -37,10 +37,13 @@ from functools import lru_cache
 #: Longest demangled name accepted (the longest real kernel names demangle to a few KiB;
 #: the library cuts mangled names at 4096 bytes).
 MAX_DEMANGLED_BYTES = 64 << 10
-#: Address space of the worker process: enough for the interpreter and any real name.
-WORKER_ADDRESS_SPACE_BYTES = 512 << 20
+#: Address space of the worker process: the interpreter takes 15 MB, a real name a few KiB.
+#: Small, because the worker shares the agent's memory budget (the unit's MemoryMax).
+WORKER_ADDRESS_SPACE_BYTES = 128 << 20
 #: Deadline of one call: a fixed part plus a part per name (real names take microseconds).
 DEADLINE_BASE_S = 0.25
+#: How long a new worker may take to start (a loaded host at boot); not part of any deadline.
+WORKER_START_S = 5.0
 DEADLINE_PER_NAME_S = 1e-4
 
 _OK, _FAILED, _TOO_LONG, _NO_DEMANGLER = 0, 1, 2, 3
@@ -50,6 +53,11 @@ _WORKER_CODE = r"""
 import ctypes, resource, struct, sys
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_AS, (%(as_bytes)d, %(as_bytes)d))
+try:
+    with open("/proc/self/oom_score_adj", "w") as f:   # if memory runs out, this process goes first
+        f.write("1000")
+except OSError:
+    pass
 fn = free = None
 for name in ("libstdc++.so.6", "libstdc++.so"):
     try:
@@ -64,6 +72,8 @@ if fn is not None:
     free.argtypes = [ctypes.c_void_p]
     free.restype = None
 rd, wr = sys.stdin.buffer, sys.stdout.buffer
+wr.write(b"R")          # ready: the caller's deadlines start now, not during interpreter start-up
+wr.flush()
 def readn(n):
     b = rd.read(n)
     if b is None or len(b) != n:
@@ -123,6 +133,17 @@ class _Worker:
         self.starts += 1
         os.set_blocking(self.proc.stdin.fileno(), False)
         os.set_blocking(self.proc.stdout.fileno(), False)
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ)
+            ready = b""
+            if sel.select(WORKER_START_S):
+                try:
+                    ready = os.read(self.proc.stdout.fileno(), 1)
+                except OSError:
+                    pass
+        if ready != b"R":
+            self.kill()
+            return None
         return self.proc
 
     def kill(self) -> None:
