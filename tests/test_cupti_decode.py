@@ -1,6 +1,8 @@
 """probes.cupti.decode and layouts in-process: versions, joins across polls, markers, names."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import cupti_records as R
@@ -112,9 +114,10 @@ def test_unknown_kind_is_counted_not_misread():
 
 
 def test_name_bytes_per_process_are_bounded():
-    d = ProcessDecoder(1, max_name_bytes=100)
+    from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES as O
+    d = ProcessDecoder(1, max_name_bytes=100 + 2 * O)   # each name also costs its overhead
     d.add_names({1: "a" * 60, 2: "b" * 30})
-    d.add_names({3: "c" * 20})                     # over the 100 bytes: not interned, counted
+    d.add_names({3: "c" * 20})                     # over the budget: not interned, counted
     ids = d.name_ids(np.array([1, 2, 3], np.uint64))
     assert ids[0] >= 0 and ids[1] >= 0 and ids[2] == MISSING
     assert d.counters["names_over_limit"] == 1 and len(d.names) == 2
@@ -127,3 +130,35 @@ def test_range_checks_at_the_int64_edge():
     v["end"] = [2, MAX_TIMESTAMP_NS, MAX_TIMESTAMP_NS + 5, 10, 99, 2**64 - 1]
     ok, rejected = valid_records(v)
     assert ok.tolist() == [True, True, False, False, False, False] and rejected == {"timestamps": 4}
+
+
+def test_repeated_hellos_with_new_callback_names_stay_within_the_name_budget(tmp_path):
+    """The library sends HELLO again on every takeover change, each naming up to 4096
+    callbacks. A peer repeating HELLOs with new names grew the agent by about 1 MiB each
+    (200 HELLOs: 800,000 names, RSS 66 -> 355 MiB). Callback names now count against the
+    process's name budget, and the probe-wide table has its own; the rest is counted."""
+    import socket as so
+    import cupti_records as R
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    probe = CuptiProbe(str(tmp_path / "h.sock"), max_name_bytes=4 << 20)
+    probe.start()
+    try:
+        c = so.socket(so.AF_UNIX)
+        c.connect(probe.socket_path)
+        for k in range(40):
+            c.sendall(R.hello_frame(cbids=[(1, i, 1, b"%d_%d_" % (k, i) + b"x" * 200) for i in range(4000)]))
+        b = R.make_buffer(4, seed=1, with_markers=False)
+        c.sendall(R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes()), (5, R.API.itemsize, b.api.tobytes())],
+                                b.names))
+        got = R.poll_until(probe, lambda g: sum(len(x["trace"].kernels) for x in g if "trace" in x) >= 4)
+        c.close()
+        dec = probe.decoders[os.getpid()]
+        assert dec._name_bytes <= dec.max_name_bytes
+        assert len(dec.names) < (8 << 20) // 200                # not 40 x 4000 = 160,000
+        assert dec.counters["names_over_limit"] > 100_000
+        assert len(probe.names) <= (4 << 20) // 200 and probe.counters()["names_over_limit"] > 100_000
+        # kernel names sent after the flood: past the budget they are counted, never wrong
+        k = next(x["trace"] for x in got if "trace" in x).kernels
+        assert len(k) == 4
+    finally:
+        probe.stop()

@@ -47,6 +47,8 @@ MAX_TIMESTAMP_NS = (1 << 63) - 1
 MAX_DURATION_NS = 86_400 * 10**9
 #: Largest byte count of one copy (256 TiB, beyond any device memory).
 MAX_COPY_BYTES = 1 << 48
+#: Memory one interned name is counted for beyond its characters (str and dict overhead).
+NAME_OVERHEAD_BYTES = 64
 #: Names of one process that may run past the demangler's deadline before its names are
 #: no longer demangled (each costs the agent's poll up to two deadlines).
 MAX_DEMANGLE_DEADLINES = 2
@@ -144,7 +146,7 @@ class ProcessDecoder:
     """
 
     def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16,
-                 max_name_bytes: int = 64 << 20):
+                 max_name_bytes: int = 8 << 20):
         self.pid = pid
         self.names = NameTable()
         #: local name id -> the mangled name CUPTI reported, for names that were demangled
@@ -198,8 +200,21 @@ class ProcessDecoder:
             nid = np.full(max(size, 1), MISSING, _I4)
             for cb, c, nm in entries:
                 cat[cb] = c
-                nid[cb] = self.names.intern(nm)
+                nid[cb] = self._intern_bounded(nm)
             self._cbid_cat[domain], self._cbid_name[domain] = cat, nid
+
+    def _intern_bounded(self, s: str) -> int:
+        """Intern ``s`` within the process's name budget (a HELLO is sent again on every
+        takeover change, and each may name 4096 callbacks: without the budget a peer
+        repeating HELLOs with new names grew the agent by 1 MiB each); MISSING past it."""
+        i = self.names.lookup(s)
+        if i != MISSING:
+            return i
+        if self._name_bytes + len(s) + NAME_OVERHEAD_BYTES > self.max_name_bytes:
+            self.counters["names_over_limit"] += 1
+            return MISSING
+        self._name_bytes += len(s) + NAME_OVERHEAD_BYTES
+        return self.names.intern(s)
 
     # -- names --------------------------------------------------------------------------
     def add_names(self, names: dict[int, str]) -> None:
@@ -213,10 +228,10 @@ class ProcessDecoder:
                 keep[p] = i
                 continue
             if s not in new:
-                if self._name_bytes + len(s) > self.max_name_bytes:
+                if self._name_bytes + len(s) + NAME_OVERHEAD_BYTES > self.max_name_bytes:
                     self.counters["names_over_limit"] += 1
                     continue
-                self._name_bytes += len(s)
+                self._name_bytes += len(s) + NAME_OVERHEAD_BYTES
                 new[s] = []
             new[s].append(p)
         if new:
@@ -232,7 +247,7 @@ class ProcessDecoder:
                     self.counters["demangling_stopped"] = 1
             for s, d in zip(raw, shown):
                 if d != s:
-                    self._name_bytes += len(d)     # the demangled spelling is held too
+                    self._name_bytes += len(d) + NAME_OVERHEAD_BYTES     # the demangled spelling is held too
                 i = self._seen_raw[s] = self.names.intern(d)
                 if d != s:
                     self.mangled[i] = s

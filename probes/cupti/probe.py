@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.decode import ProcessDecoder
+from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
@@ -69,8 +69,13 @@ class CuptiProbe(Probe):
     optional = True
 
     def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02,
-                 socket_group: str | None = None, **server_kw):
+                 socket_group: str | None = None, max_name_bytes: int = 48 << 20, **server_kw):
         super().__init__()
+        #: bound on the probe-wide name table, which outlives the processes that sent the
+        #: names (each process is bounded too: ProcessDecoder.max_name_bytes)
+        self.max_name_bytes = max_name_bytes
+        self._name_bytes = 0
+        self.names_over_limit = 0
         self.socket_path = socket_path or os.environ.get("RIDGELINE_SOCKET", DEFAULT_SOCKET)
         self.pump_interval_s = pump_interval_s
         if socket_group:    # "" (the configuration's default): every local user may connect
@@ -252,18 +257,30 @@ class CuptiProbe(Probe):
         remap = self._remaps.get(pid, np.empty(0, np.int32))
         if len(remap) < len(dec.names):
             first = len(remap)
-            new = np.fromiter((self.names.intern(dec.names[i]) for i in range(first, len(dec.names))),
+            new = np.fromiter((self._intern_bounded(dec.names[i]) for i in range(first, len(dec.names))),
                               np.int32, len(dec.names) - first)
             remap = self._remaps[pid] = np.concatenate([remap, new])
             for i, mangled in dec.mangled.items():
-                if i >= first:
-                    self.mangled_names.setdefault(int(remap[i]), mangled)
+                if i >= first and remap[i] >= 0 and int(remap[i]) not in self.mangled_names:
+                    self.mangled_names[int(remap[i])] = mangled
+                    self._name_bytes += len(mangled) + NAME_OVERHEAD_BYTES
         if len(remap) == 0:
             return
         for arr in (trace.kernels, trace.copies, trace.api, trace.ranges):
             if len(arr):
                 ids = arr["name_id"]
                 arr["name_id"] = np.where(ids >= 0, remap[np.maximum(ids, 0)], MISSING)
+
+    def _intern_bounded(self, s: str) -> int:
+        i = self.names.lookup(s)
+        if i != MISSING:
+            return i
+        cost = len(s) + NAME_OVERHEAD_BYTES
+        if self._name_bytes + cost > self.max_name_bytes:
+            self.names_over_limit += 1
+            return MISSING
+        self._name_bytes += cost
+        return self.names.intern(s)
 
     def _merge(self, parts) -> tuple[Trace, np.ndarray]:
         meta = {"source": "cupti", "processes": {pid: t.meta for pid, t, _ in parts},
@@ -300,5 +317,6 @@ class CuptiProbe(Probe):
                "connections": self.server.connections if self.server else 0}
         out.update({f"library_{k}": v for k, v in lib.items()})
         out.update(dec)
+        out["names_over_limit"] += self.names_over_limit
         out.update({f"server_{k}": v for k, v in stats.items()})
         return out
