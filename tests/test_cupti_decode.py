@@ -145,7 +145,7 @@ def test_repeated_hellos_with_new_callback_names_stay_within_the_name_budget(tmp
     try:
         c = so.socket(so.AF_UNIX)
         c.connect(probe.socket_path)
-        for k in range(40):
+        for k in range(17):      # the first and the 16 repeats the server lets through at once
             c.sendall(R.hello_frame(cbids=[(1, i, 1, b"%d_%d_" % (k, i) + b"x" * 200) for i in range(4000)]))
         b = R.make_buffer(4, seed=1, with_markers=False)
         c.sendall(R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes()), (5, R.API.itemsize, b.api.tobytes())],
@@ -154,9 +154,9 @@ def test_repeated_hellos_with_new_callback_names_stay_within_the_name_budget(tmp
         c.close()
         dec = probe.decoders[os.getpid()]
         assert dec._name_bytes <= dec.max_name_bytes
-        assert len(dec.names) < (8 << 20) // 200                # not 40 x 4000 = 160,000
-        assert dec.counters["names_over_limit"] > 100_000
-        assert len(probe.names) <= (4 << 20) // 200 and probe.counters()["names_over_limit"] > 100_000
+        assert len(dec.names) < (8 << 20) // 200                # not 17 x 4000 = 68,000
+        assert dec.counters["names_over_limit"] > 30_000
+        assert len(probe.names) <= (4 << 20) // 200 and probe.counters()["names_over_limit"] > 45_000
         # kernel names sent after the flood: past the budget they are counted, never wrong
         k = next(x["trace"] for x in got if "trace" in x).kernels
         assert len(k) == 4

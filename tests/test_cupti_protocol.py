@@ -168,12 +168,14 @@ def test_connection_limit(server):
 
 
 def test_queue_bound_drops_batches(tmp_path):
-    s = CuptiServer(str(tmp_path / "q.sock"), max_queued_bytes=3000)
+    from ridgeline.probes.cupti.server import MESSAGE_OVERHEAD_BYTES as O
+    body = batch_body(0, [(10, 248, 4, bytes(992))])
+    # room for the HELLO and two batches, each with its objects' overhead
+    s = CuptiServer(str(tmp_path / "q.sock"), max_queued_bytes=len(hello_body()) + O + 2 * (len(body) + O) + 10)
     s.open()
     try:
         c = connect(s.path)
         c.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
-        body = batch_body(0, [(10, 248, 4, bytes(992))])
         for _ in range(5):
             c.sendall(P.encode_frame(P.MSG_BATCH, body))
         pump(s)
@@ -313,5 +315,59 @@ def test_peer_parking_a_large_frame_is_cut_not_the_next_sender(tmp_path):
         assert [m.kind for m in s.drain() if m.kind != "closed"] == ["hello", "batch"]
         park.close()
         good.close()
+    finally:
+        s.close()
+
+
+def test_hello_flood_is_cut_and_queues_nothing_more(tmp_path):
+    """A library sends HELLO at connect and on takeover changes. 300,000 HELLOs of 64 bytes
+    held one pump round for 9.7 s and queued 300,000 messages (RSS 85 -> 247 MiB); now a
+    burst of 16 repeats is allowed, then one a second, and a peer going faster is cut."""
+    s = CuptiServer(str(tmp_path / "hf.sock"))
+    s.open()
+    try:
+        c = connect(s.path)
+        c.sendall(P.encode_frame(P.MSG_HELLO, hello_body()) * 200)
+        pump(s, 5)
+        assert s.stats["hello_flood_cut"] == 1 and s.connections == 0
+        msgs = s.drain()
+        assert sum(m.kind == "hello" for m in msgs) == 1 + 16 and msgs[-1].kind == "closed"
+        c.close()
+    finally:
+        s.close()
+
+
+def test_tiny_messages_count_their_objects_against_the_queue_and_the_round(tmp_path):
+    """Batches of 184 bytes: the queue bound counts each message's objects too (400,000 of
+    them took the agent from 137 to 592 MiB under a 256 MiB bound on body bytes), and one
+    round reads a bounded number of frames from one peer, so other peers are served."""
+    from ridgeline.probes.cupti.server import MAX_FRAMES_PER_ROUND, MESSAGE_OVERHEAD_BYTES
+    body = batch_body()
+    s = CuptiServer(str(tmp_path / "tb.sock"), max_queued_bytes=100 * (len(body) + MESSAGE_OVERHEAD_BYTES))
+    s.open()
+    try:
+        c = connect(s.path)
+        try:       # room for every frame in the socket, so that one round could read them all
+            c.setsockopt(socket.SOL_SOCKET, 32, 8 << 20)     # SO_SNDBUFFORCE (root)
+            forced = True
+        except OSError:
+            forced = False
+        c.sendall(P.encode_frame(P.MSG_HELLO, hello_body()))
+        pump(s, 2)
+        assert len(s.drain()) == 1
+        c.sendall(P.encode_frame(P.MSG_BATCH, body) * 3000) if forced else None
+        if forced:
+            s.pump(0.5)
+            assert 0 < s.stats["messages"] - 1 <= MAX_FRAMES_PER_ROUND
+        else:
+            import threading
+            threading.Thread(target=c.sendall, args=(P.encode_frame(P.MSG_BATCH, body) * 3000,), daemon=True).start()
+        for _ in range(200):
+            if s.stats["messages"] == 1 + 3000:
+                break
+            s.pump(0.01)
+        assert s.stats["messages"] == 1 + 3000
+        assert len(s.drain()) == 100 and s.stats["dropped_batches_queue_full"] == 2900
+        c.close()
     finally:
         s.close()

@@ -61,6 +61,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/ridgeline/cupti.sock"
 _RECV_CHUNK = 1 << 20
+#: Memory a queued message costs beyond its body (the parsed objects): counted against
+#: ``max_queued_bytes`` so that a flood of tiny messages is bounded like large ones.
+MESSAGE_OVERHEAD_BYTES = 1024
+#: Frames read from one peer in one round: a peer sending tiny frames cannot hold the
+#: round (300,000 HELLOs of 64 bytes held one round for 9.7 s).
+MAX_FRAMES_PER_ROUND = 1024
+#: Repeated HELLOs (the library sends one on every takeover change): a burst, then one a
+#: second; beyond that the peer is cut (each HELLO costs a /proc read and a queued message).
+HELLO_BURST = 16
+HELLO_PER_S = 1.0
 #: Connections take at most this share of the descriptor limit.
 NOFILE_SHARE = 4
 MAX_CONNECTIONS_CAP = 1024
@@ -119,6 +129,8 @@ class _Conn:
     frame_started: float = 0.0   # when the first byte of the frame being read arrived
     hello: P.Hello | None = None
     rejected: int = 0
+    hello_tokens: float = HELLO_BURST
+    hello_t: float = 0.0
 
 
 class CuptiServer:
@@ -305,7 +317,8 @@ class CuptiServer:
 
     def _read(self, c: _Conn, budget: int) -> int:
         got = 0
-        while got < budget:
+        frames0 = self.stats["messages"]
+        while got < budget and self.stats["messages"] - frames0 < MAX_FRAMES_PER_ROUND:
             want = (c.need - len(c.buf)) if c.need else (P.FRAME_DTYPE.itemsize - len(c.buf))
             try:
                 chunk = c.sock.recv(min(max(want, 1), _RECV_CHUNK))
@@ -353,14 +366,27 @@ class CuptiServer:
         if c.msg_type == P.MSG_HELLO:
             # a library sends HELLO again when its flags or status change (a takeover
             # detected or over): the newest is the state; the pid may not change
+            if c.hello is not None:
+                now = time.monotonic()
+                c.hello_tokens = min(HELLO_BURST, c.hello_tokens + (now - c.hello_t) * HELLO_PER_S)
+                c.hello_t = now
+                if c.hello_tokens < 1:
+                    self.stats["hello_flood_cut"] += 1
+                    raise P.ProtocolError(f"more than {HELLO_BURST} repeated HELLOs at over {HELLO_PER_S:g}/s")
+                c.hello_tokens -= 1
             hello = P.parse_hello(body)
             self._check_identity(c, hello.pid)
+            if c.hello is None:
+                c.hello_t = time.monotonic()
             c.hello = hello
-            self._queue.append(Message("hello", c.conn_id, c.pid, hello))
+            n = len(body) + MESSAGE_OVERHEAD_BYTES
+            self._queued_bytes += n         # counted, never dropped: a library's identity and state
+            self._queue.append(Message("hello", c.conn_id, c.pid, hello, n))
         elif c.msg_type == P.MSG_BATCH:
             if c.hello is None:
                 raise P.ProtocolError("batch before hello")
-            if self._queued_bytes + len(body) > self.max_queued_bytes:
+            n = len(body) + MESSAGE_OVERHEAD_BYTES
+            if self._queued_bytes + n > self.max_queued_bytes:
                 self.stats["dropped_batches_queue_full"] += 1
                 return
             try:
@@ -377,8 +403,8 @@ class CuptiServer:
                     log.warning("cupti: pid %d: batch rejected (later ones counted only): %s", c.pid,
                                 escape(str(e)))
                 return
-            self._queued_bytes += len(body)
-            self._queue.append(Message("batch", c.conn_id, c.pid, batch, len(body)))
+            self._queued_bytes += n
+            self._queue.append(Message("batch", c.conn_id, c.pid, batch, n))
         else:
             raise P.ProtocolError("control messages only flow from the agent to the library")
 
