@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_analyze.py --kernels 200000 --gzip
     .venv/bin/python bench/bench_analyze.py --source H100 --kernels 200000
     .venv/bin/python bench/bench_analyze.py --trace FILE [--skip-hta]
+    .venv/bin/python bench/bench_analyze.py --trace FILE --skip-hta --baseline OTHER/.venv/bin/python
 
 Builds (or reuses) a trace of about ``--kernels`` kernels with bench/make_big_trace.py
 (default source: the shared A100 training trace; ``--source H100`` the H100 one; ``--gzip``
@@ -12,6 +13,8 @@ the same file, in one run:
 
 * ``zcat FILE > /dev/null`` (gzip files): the bare decompression the issue compares to;
 * ISA-L inflate alone (``isal.igzip``, what the importer uses), for reference;
+* with ``--baseline PYTHON``: ``PYTHON -m ridgeline analyze --json FILE``, the same command
+  of another checkout (its virtual environment's python), for before/after in one run;
 * ``ridgeline analyze --json FILE`` (the whole command: import, phases, roofline, report);
 * ``ridgeline``'s importer alone (``probes.kineto.load_trace``);
 * HTA 0.5.0 (``pip install -e .[bench]``): ``TraceAnalysis(trace_dir=...)`` (its parse)
@@ -157,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", type=Path, help="use this trace instead of building one")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="python of another checkout's environment: its analyze --json is run too")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = ap.parse_args(argv)
@@ -184,6 +189,13 @@ def main(argv=None) -> int:
         _progress(rows)
         rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)",
                      run_child([PY, "-c", ISAL, str(path)], args.timeout)))
+        _progress(rows)
+    base = None
+    if args.baseline:
+        where = subprocess.run([str(args.baseline), "-c", "import ridgeline.probes.kineto as k; print(k.__file__)"],
+                               capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        base = run_child([str(args.baseline), "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
+        rows.append((f"ridgeline analyze --json, baseline (`{Path(where).parent.parent}`)", base))
         _progress(rows)
     ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
     rows.append(("ridgeline analyze --json", ours))
@@ -222,6 +234,12 @@ def main(argv=None) -> int:
             f"| analyze CPU / zcat CPU | {ours['cpu_s'] / bare['cpu_s']:.2f} | |",
             f"| analyze peak RSS | {ours['rss_bytes'] / 2**30:.2f} GiB | <= 1 GB |",
         ]
+        if base is not None and base["rc"] == 0:
+            ratio_lines += [
+                f"| baseline analyze wall / zcat wall | {base['wall_s'] / bare['wall_s']:.2f} | |",
+                f"| baseline analyze CPU / zcat CPU | {base['cpu_s'] / bare['cpu_s']:.2f} | |",
+                f"| baseline analyze peak RSS | {base['rss_bytes'] / 2**30:.2f} GiB | |",
+            ]
     if hta is not None and (hta["rc"] == 0 or hta["timed_out"]) and ours["rc"] == 0:
         at_least = ">= " if hta["timed_out"] else ""
         ratio_lines += [

@@ -53,6 +53,7 @@ naming the file and the problem.
 """
 from __future__ import annotations
 
+import bisect
 import gzip
 import os
 import re
@@ -363,6 +364,10 @@ def kernel_cpu_op_index(trace: Trace) -> np.ndarray:
     Older Kineto (2023, e.g. HTA's A100 traces) gives the runtime record an External id
     of its own; there the operator is the innermost ``cpu_op`` on the launching thread
     whose interval contains the launch call. ``-1`` where neither finds one.
+
+    Memory: the API records and operators (5.6 M and 4.2 M at a million kernels) are read
+    :data:`JOIN_ROWS` at a time against the kernels' sorted keys; nothing the size of
+    either is sorted or copied, so the transient memory follows the kernels and the block.
     """
     k = trace.kernels
     ops = trace.cpu_ops
@@ -372,46 +377,101 @@ def kernel_cpu_op_index(trace: Trace) -> np.ndarray:
     api_pos, api_hit = _api_for(k["correlation_id"], trace.api)
     if _external_id_is_correlation(trace.api):
         rest = np.flatnonzero(api_hit)
-        a = trace.api[api_pos[rest]]
-        out[rest] = _enclosing(ops, a["pid"], a["tid"], a["start_ns"])
+        out[rest] = _enclosing_launch(ops, trace.api, api_pos[rest])
         return out
     ext = k["external_id"].copy()
     if len(trace.api):
         api_ext = trace.api["external_id"][api_pos]
         ext = np.where((ext < 0) & api_hit, api_ext, ext)
-    # sort ops by (external_id, start_ns): the last of a run of equal ids is the innermost
-    order = np.lexsort((ops["start_ns"], ops["external_id"]))
-    op_ext = ops["external_id"][order]
-    pos = np.searchsorted(op_ext, ext, side="right") - 1
-    pos_c = np.maximum(pos, 0)
-    hit = (pos >= 0) & (op_ext[pos_c] == ext) & (ext >= 0)
-    out[hit] = order[pos_c[hit]]
-    rest = np.flatnonzero(~hit & api_hit)
+        del api_ext
+    # the op with each External id that starts last (ties: the later record) is the innermost
+    keys, inv = np.unique(ext, return_inverse=True)
+    op = _last_starting(keys, ops["external_id"], ops["start_ns"])[inv]
+    hit = (op >= 0) & (ext >= 0)
+    out[hit] = op[hit]
+    del keys, inv, op, ext
+    hit ^= True
+    hit &= api_hit
+    rest = np.flatnonzero(hit)
+    del hit
     if len(rest):
-        a = trace.api[api_pos[rest]]
-        out[rest] = _enclosing(ops, a["pid"], a["tid"], a["start_ns"])
+        out[rest] = _enclosing_launch(ops, trace.api, api_pos[rest])
     return out
+
+
+# Rows of the API records or operators read at a time by the joins: bounds their transient
+# memory (a few tens of bytes a row) whatever the trace's size.
+JOIN_ROWS = 1 << 18
+
+
+def _key_positions(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``values`` equal to one of the sorted unique ``keys``, and that key's index."""
+    p = np.searchsorted(keys, values)
+    np.minimum(p, len(keys) - 1, out=p)
+    j = np.flatnonzero(keys[p] == values)
+    return j, p[j]
+
+
+def _first_row(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each of the sorted unique ``keys``, the first row of ``values`` equal to it; -1 if none."""
+    first = np.full(len(keys), -1, dtype=np.int64)
+    if not len(keys):
+        return first
+    for lo in range(0, len(values), JOIN_ROWS):
+        j, p = _key_positions(keys, values[lo:lo + JOIN_ROWS])
+        if not len(j):
+            continue
+        u, at = np.unique(p, return_index=True)    # the first row of the block per key
+        new = first[u] < 0
+        first[u[new]] = j[at[new]] + lo
+    return first
+
+
+def _last_starting(keys: np.ndarray, values: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """For each of the sorted unique ``keys``, the row of ``values`` equal to it with the
+    latest ``start`` (ties: the last such row); -1 if none."""
+    best = np.full(len(keys), -1, dtype=np.int64)
+    best_start = np.zeros(len(keys), dtype=np.int64)
+    if not len(keys):
+        return best
+    for lo in range(0, len(values), JOIN_ROWS):
+        j, p = _key_positions(keys, values[lo:lo + JOIN_ROWS])
+        if not len(j):
+            continue
+        s = start[lo:lo + JOIN_ROWS][j]
+        o = np.lexsort((s, p))                       # stable: equal starts keep row order
+        j, p, s = j[o], p[o], s[o]
+        last = np.append(p[1:] != p[:-1], True)      # the last row of each key in the block
+        j, p, s = j[last] + lo, p[last], s[last]
+        # later blocks hold later rows, so an equal start replaces the earlier row
+        take = (best[p] < 0) | (s >= best_start[p])
+        best[p[take]], best_start[p[take]] = j[take], s[take]
+    return best
 
 
 def _external_id_is_correlation(api: np.ndarray) -> bool:
     """True for older Kineto, whose API records carry External id == correlation id
     (an id of the launch itself, not of the operator), so matching ops by it would pair
     unrelated records whose numbers happen to coincide."""
-    launches = api[(api["category"] == API_LAUNCH) & (api["external_id"] >= 0)]
-    if not len(launches):
+    ext = api["external_id"]
+    launches = (api["category"] == API_LAUNCH) & (ext >= 0)   # masks, not a copy of the rows
+    n = int(np.count_nonzero(launches))
+    if not n:
         return False
-    return float(np.mean(launches["external_id"] == launches["correlation_id"])) > 0.9
+    launches &= ext == api["correlation_id"]
+    return int(np.count_nonzero(launches)) / n > 0.9
 
 
 def _api_for(correlation: np.ndarray, api: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Index into ``api`` of the record with each correlation id, and whether it exists."""
-    if not len(api):
+    """Index into ``api`` of the (first) record with each correlation id, and whether it
+    exists (the index is 0 where it does not)."""
+    if not len(api) or not len(correlation):
         return np.zeros(len(correlation), dtype=np.int64), np.zeros(len(correlation), dtype=bool)
-    order = np.argsort(api["correlation_id"], kind="stable")
-    corr = api["correlation_id"][order]
-    pos = np.minimum(np.searchsorted(corr, correlation), len(corr) - 1)
-    hit = (corr[pos] == correlation) & (correlation >= 0)
-    return order[pos], hit
+    keys, inv = np.unique(correlation, return_inverse=True)
+    pos = _first_row(keys, api["correlation_id"])[inv]
+    hit = (pos >= 0) & (correlation >= 0)
+    pos[~hit] = 0
+    return pos, hit
 
 
 def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -439,34 +499,108 @@ def _stack_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> np
     return cand
 
 
+def _enclosing_launch(ops: np.ndarray, api: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """:func:`_enclosing` of the API records ``rows`` (their thread and start)."""
+    return _enclosing(ops, api["pid"][rows], api["tid"][rows], api["start_ns"][rows])
+
+
+def _rows_where(mask: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(mask)`` as int32 where that fits, built a block at a time (the
+    int64 result for a whole thread's operators is the largest temporary otherwise)."""
+    idx = np.int32 if len(mask) < 2**31 - 1 else np.int64
+    out = np.empty(int(np.count_nonzero(mask)), dtype=idx)
+    at = 0
+    for lo in range(0, len(mask), JOIN_ROWS):
+        j = np.flatnonzero(mask[lo:lo + JOIN_ROWS])
+        out[at:at + len(j)] = j + lo
+        at += len(j)
+    return out
+
+
+def _in_stack_order(ops: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """``members`` (rows of one thread's operators, owned by the caller) ordered by start,
+    longer first on equal starts: the stack pass's order, as ``np.lexsort((-end, start))``
+    gives it. Operators come in start order in the files seen (Kineto writes them so) but
+    not always longer first among equal starts: then only runs of equal starts are
+    reordered, in place, a block at a time whose bounds fall between runs."""
+    st, en = ops["start_ns"], ops["end_ns"]
+    n = len(members)
+    ties_out_of_order = False
+    for lo in range(0, n, JOIN_ROWS):
+        m = members[lo:lo + JOIN_ROWS + 1]          # one row of overlap with the next block
+        s, e = st[m], en[m]
+        ds = s[1:] - s[:-1]
+        if (ds < 0).any():                          # not in start order: sort all
+            s, e = st[members], en[members]
+            o = np.lexsort((-e, s))
+            del s, e
+            return members[o]
+        ties_out_of_order |= bool(((ds == 0) & (e[1:] > e[:-1])).any())
+    if not ties_out_of_order:
+        return members
+    lo = 0
+    while lo < n:
+        hi = min(lo + JOIN_ROWS, n)
+        if hi < n:                                  # move the bound past the run it splits
+            last = int(st[members[hi - 1]])
+            hi = bisect.bisect_right(members, last, lo=hi, key=lambda i: int(st[i]))
+        block = members[lo:hi]
+        block[:] = block[np.lexsort((-en[block], st[block]))]
+        lo = hi
+    return members
+
+
 def _enclosing(ops: np.ndarray, pid: np.ndarray, tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
     """Innermost op on thread (pid, tid) whose [start, end] contains t_ns; -1 if none.
 
     Ops on one thread nest properly, so the answer is the latest-starting op with
     start <= t, or the nearest ancestor of it that still contains t. One thread at a
-    time: the sort and parent search then hold one thread's ops, not all of them.
+    time and, within it, :data:`JOIN_ROWS` operators at a time in start order: a block's
+    parents are computed with the chain of operators still open where it begins (the
+    stack of a stack pass, at most the nesting depth) put in front of it, which is all a
+    stack pass over the whole thread would have there, so the parents are the same.
     """
-    key = (ops["pid"].astype(np.int64) << 32) | (ops["tid"].astype(np.int64) & 0xFFFFFFFF)
-    qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
     res = np.full(len(t_ns), -1, dtype=np.int64)
-    for kv in np.unique(qkey):
-        members = np.flatnonzero(key == kv)
+    if not len(t_ns) or not len(ops):
+        return res
+    qkey = (pid.astype(np.int64) << 32) | (tid.astype(np.int64) & 0xFFFFFFFF)
+    op_pid, op_tid, op_st, op_en = ops["pid"], ops["tid"], ops["start_ns"], ops["end_ns"]
+    for kv in np.unique(qkey).tolist():
+        low = kv & 0xFFFFFFFF
+        members = _rows_where((op_pid == kv >> 32) & (op_tid == (low - (1 << 32) if low >> 31 else low)))
         if not len(members):
             continue
-        st, en = ops["start_ns"][members], ops["end_ns"][members]
-        o = np.lexsort((-en, st))
-        members, st, en = members[o], st[o], en[o]
-        del o
-        parent = _stack_parents(np.zeros(len(st), dtype=np.int8), st, en)
-        q = np.flatnonzero(qkey == kv)
+        members = _in_stack_order(ops, members)
+        q = _rows_where(qkey == kv)
         tq = t_ns[q]
-        cand = np.searchsorted(st, tq, side="right") - 1
-        for _ in range(64):  # nesting depth bound; each round climbs one level
-            bad = (cand >= 0) & (en[np.maximum(cand, 0)] < tq)
-            if not bad.any():
-                break
-            cand = np.where(bad, parent[np.maximum(cand, 0)], cand)
-        res[q] = np.where(cand >= 0, members[np.maximum(cand, 0)], -1)
+        # block b holds the queries whose latest-starting op is in it (none before the first op)
+        bounds = op_st[members[::JOIN_ROWS]].tolist() + [None]
+        open_chain = np.zeros(0, dtype=members.dtype)
+        for b, lo in enumerate(range(0, len(members), JOIN_ROWS)):
+            rows = np.concatenate((open_chain, members[lo:lo + JOIN_ROWS]))
+            st, en = op_st[rows], op_en[rows]
+            parent = _stack_parents(np.zeros(len(rows), dtype=np.int8), st, en)
+            inside = tq >= bounds[b]
+            if bounds[b + 1] is not None:
+                inside &= tq < bounds[b + 1]
+            here = _rows_where(inside)
+            del inside
+            if len(here):
+                t = tq[here]
+                n0 = len(open_chain)
+                cand = n0 + np.searchsorted(st[n0:], t, side="right") - 1
+                for _ in range(64):  # nesting depth bound; each round climbs one level
+                    bad = (cand >= 0) & (en[np.maximum(cand, 0)] < t)
+                    if not bad.any():
+                        break
+                    cand = np.where(bad, parent[np.maximum(cand, 0)], cand)
+                res[q[here]] = np.where(cand >= 0, rows[np.maximum(cand, 0)], -1)
+            chain = []                               # the last row and its ancestors
+            i = len(rows) - 1
+            while i >= 0:
+                chain.append(i)
+                i = int(parent[i])
+            open_chain = rows[chain[::-1]]
     return res
 
 
