@@ -43,7 +43,9 @@ except ImportError:   # a bundle installed without dependencies (the GPU check):
 
 CHUNK_BYTES = 4 << 20
 PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
-HEAD_LIMIT = 1 << 30  # bytes read while looking for the array before giving up on streaming
+HEAD_LIMIT = 64 << 20   # bytes read while looking for the array (and after it) before giving up
+MAX_ELEMENT_BYTES = 64 << 20   # one array element larger than this is refused (memory bound)
+_BETWEEN = b" \t\r\n,"    # what may separate two elements
 
 _QUOTE, _BSLASH = 34, 92
 # classes of structural bytes: 1 '{', 2 '[', 3 '}', 4 ']', 5 ':'
@@ -206,6 +208,14 @@ def parse_json(path: Path, data: bytes):
         raise InputError(f"{path}: not valid JSON ({exc.msg} at byte {exc.pos})") from None
 
 
+def _read_capped(r: "_Reader", path: Path, what: str) -> bytes:
+    """The rest of the stream, refused beyond HEAD_LIMIT bytes (memory bound)."""
+    data = r.read(HEAD_LIMIT + 1)
+    if len(data) > HEAD_LIMIT:
+        raise InputError(f"{path}: the {what} is larger than {HEAD_LIMIT >> 20} MiB outside the event array")
+    return data
+
+
 class ArrayStream:
     """Iterate the elements of the array under top-level key ``key`` in chunks.
 
@@ -220,6 +230,7 @@ class ArrayStream:
         self.chunk_bytes = chunk_bytes
         self.top: dict = {}
         self.elements = 0
+        self.top_array = False    # the document is the array itself (Chrome's JSON Array Format)
 
     # -- errors ----------------------------------------------------------------------
     def _fail_whole(self, data: bytes) -> None:
@@ -251,7 +262,10 @@ class ArrayStream:
             first = data.lstrip()[:1]
             if first and first != b"{":
                 if first == b"[":
-                    self._fail_whole(data + r.read(-1))
+                    # Chrome's JSON Array Format: the document is the event array itself
+                    self.top_array = True
+                    at = data.index(b"[")
+                    return data[:at + 1], data[at + 1:], at + 1
                 raise InputError(f"{self.path}: not valid JSON (starts with {first!r})")
             if not more or len(data) > HEAD_LIMIT:
                 break
@@ -263,7 +277,10 @@ class ArrayStream:
             hit = self._locate(data, pattern)
             if hit is not None:
                 return data[:hit + 1], data[hit + 1:], hit + 1
-        self._fail_whole(data + r.read(-1))
+        if len(data) > HEAD_LIMIT:
+            raise InputError(f"{self.path}: no {self.key} array in the first {HEAD_LIMIT >> 20} MiB "
+                             "of the document")
+        self._fail_whole(data + _read_capped(r, self.path, "document"))
         raise AssertionError("unreachable")
 
     def _locate(self, data: bytes, pattern: bytes) -> int | None:
@@ -382,13 +399,24 @@ class ArrayStream:
                     self.elements += len(starts)
                     yield Chunk(s, starts, ends, offset)
                 array_end = int(s.pos[end_at])
-                tail = buf[array_end:n] + (b"" if eof else r.read(-1))
+                tail = buf[array_end:n] + (b"" if eof else _read_capped(r, self.path, "rest after the array"))
                 self._parse_top(head + tail, offset)
+                return
+            if eof and self.top_array and not buf[int(closes[-1]) + 1 if len(closes) else 0:n].strip(_BETWEEN):
+                # the JSON Array Format allows the closing ']' to be missing
+                if len(closes):
+                    self.elements += len(closes)
+                    yield Chunk(s, opens[:len(closes)], closes, offset)
                 return
             if eof:
                 raise self._truncated(offset + n, "inside the traceEvents array")
             if not len(closes):
                 carry = buf[:n]      # one element larger than the chunk: keep reading
+                lead = len(carry) - len(carry.lstrip(_BETWEEN))
+                carry, offset = carry[lead:], offset + lead   # separators cost nothing
+                if len(carry) > MAX_ELEMENT_BYTES:
+                    raise InputError(f"{self.path}: an element of {self.key} near byte {offset} is "
+                                     f"larger than {MAX_ELEMENT_BYTES >> 20} MiB")
                 continue
             last = int(closes[-1])
             starts = opens[:len(closes)]
@@ -407,4 +435,4 @@ class ArrayStream:
                 raise InputError(f"{self.path}: truncated JSON (the document ends after the "
                                  f"{self.key} array before it is complete)") from None
             raise InputError(f"{self.path}: not valid JSON ({exc.msg}, outside the {self.key} array)") from None
-        self.top = top
+        self.top = top if isinstance(top, dict) else {}

@@ -120,6 +120,95 @@ def copy_direction(name: str) -> int:
     return _DIRECTION_BY_NAME.get(f"{m.group(1)}to{m.group(2)}".lower(), COPY_UNKNOWN)
 
 
+# --------------------------------------------------------------------------- validation
+#
+# Kept apart from the parse core on purpose: what a value may be, not how it is read.
+# Times are int64 ns; anything that is not a finite number, lies beyond +-2^62 ns
+# (146 years from the epoch, so sums of two never wrap) or ends before it starts is
+# dropped and counted by reason in ``trace.meta["rejected_events"]``, never turned into
+# a silently wrong number.
+
+TIME_LIMIT_NS = 1 << 62
+_BAD_TIME = np.iinfo(np.int64).min   # marks a time the dict path could not read
+_TIME_LIMIT_US = TIME_LIMIT_NS // 1000
+
+
+def _us_value_to_ns(v) -> int:
+    """One ``ts``/``dur`` value (microseconds) -> ns, or ``_BAD_TIME``."""
+    if type(v) is int:
+        return v * 1000 if -_TIME_LIMIT_US <= v <= _TIME_LIMIT_US else _BAD_TIME
+    if type(v) is float:
+        if not (-_TIME_LIMIT_US <= v <= _TIME_LIMIT_US):    # also False for NaN
+            return _BAD_TIME
+        ip = int(v // 1)
+        return ip * 1000 + round((v - ip) * 1000.0)
+    return _BAD_TIME   # a string, null, bool, list ...
+
+
+def _checked_times(evs: list, out: np.ndarray) -> None:
+    """start_ns/end_ns of dict events; ``_BAD_TIME`` where ts or dur is unusable
+    (a missing dur is 0, a missing ts is unusable)."""
+    conv = _us_value_to_ns
+    start = np.fromiter((conv(e.get("ts")) for e in evs), dtype=np.int64, count=len(evs))
+    dur = np.fromiter((conv(e.get("dur", 0)) for e in evs), dtype=np.int64, count=len(evs))
+    bad = (start == _BAD_TIME) | (dur == _BAD_TIME)
+    out["start_ns"] = np.where(bad, _BAD_TIME, start)
+    out["end_ns"] = np.where(bad, _BAD_TIME, start + np.where(bad, 0, dur))
+
+
+def _would_wrap(got: np.ndarray, up: np.ndarray, m: int):
+    """None when ``got * 10**up`` stays within the time range for every value; else an
+    ok mask over the ``m`` windows (False: re-read by the dict path, which rejects it)."""
+    lim = TIME_LIMIT_NS // _POW10[np.clip(up, 0, 18)]
+    over = (up > 0) & (np.abs(got) > lim)
+    if not over.any():
+        return None
+    return ~over.reshape(m, -1).any(axis=1)
+
+
+def _event_dict(raw: bytes) -> dict:
+    """One event's JSON text as a dict. NaN and Infinity (Python's json writes them,
+    orjson refuses them) are read so that validation can reject the event by reason."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    import json
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"not valid JSON inside an event ({str(exc).splitlines()[0][:80]})") from None
+
+
+def _has_key(cf, key: str, depth: int, rowmap: np.ndarray, n: int) -> np.ndarray:
+    """Per selected event: does it have ``key`` at ``depth`` (whatever its value)?"""
+    m = np.zeros(n, dtype=bool)
+    m[cf.rows(key, depth, rowmap)[1]] = True
+    return m
+
+
+def _reject_invalid_times(trace: Trace) -> None:
+    """Drop rows whose times are unusable, counting each by kind and reason."""
+    rejected: dict[str, dict[str, int]] = {}
+    for kind in ("kernels", "copies", "api", "ranges", "cpu_ops"):
+        a = getattr(trace, kind)
+        if not len(a):
+            continue
+        s, e = a["start_ns"], a["end_ns"]
+        unreadable = (s == _BAD_TIME) | (e == _BAD_TIME)
+        unreadable |= (np.abs(s) > TIME_LIMIT_NS) | (np.abs(e) > TIME_LIMIT_NS)
+        negative = ~unreadable & (e < s)
+        drop = unreadable | negative
+        if not drop.any():
+            continue
+        reasons = {"ts or dur not a number within +-2^62 ns": int(unreadable.sum()),
+                   "negative duration": int(negative.sum())}
+        rejected[kind] = {k: v for k, v in reasons.items() if v}
+        setattr(trace, kind, a[~drop])
+    if rejected:
+        trace.meta["rejected_events"] = rejected
+
+
 # --------------------------------------------------------------------------- reading
 
 def _read_bytes(path: Path) -> bytes:
@@ -219,8 +308,7 @@ class _Builder:
                            dtype=np.int32, count=len(values))
 
     def _times(self, evs, out):
-        out["start_ns"] = _us_to_ns([e.get("ts", 0) for e in evs])
-        out["end_ns"] = out["start_ns"] + _us_to_ns([e.get("dur", 0) for e in evs])
+        _checked_times(evs, out)
 
     def build_kernels(self) -> np.ndarray:
         evs = self.kernels
@@ -658,6 +746,7 @@ def _finish(path: Path, doc: dict, b: _Builder) -> Trace:
 
 
 def _joined(trace: Trace, counts: dict) -> Trace:
+    _reject_invalid_times(trace)
     _join_launch_thread(trace.kernels, trace.api)
     _join_launch_thread(trace.copies, trace.api)
     trace.meta["event_counts"] = dict(sorted(counts.items()))
@@ -934,8 +1023,8 @@ class _ChunkFields:
 
     def event_dicts(self, events: np.ndarray) -> list[dict]:
         buf = self.buf
-        return [orjson.loads(buf[s:e + 1]) for s, e in zip(self.starts[events].tolist(),
-                                                           self.ends[events].tolist())]
+        return [_event_dict(buf[s:e + 1]) for s, e in zip(self.starts[events].tolist(),
+                                                          self.ends[events].tolist())]
 
 
 # bytes kept when numbers are handed to numpy's C parser: digits, '-', '.';
@@ -1011,6 +1100,9 @@ def _parse_selected(a, v, length, scale, per):
     if len(got) != m * per or (frac > 18).any() or (np.abs(got) >= 10**18).any():
         return None, _token_counts_ok(blob, offsets if not len(dots) else None, m, per, v, a, length)
     up = scale - frac
+    wraps = _would_wrap(got, up, m)
+    if wraps is not None:
+        return None, wraps
     scaled = np.where(up >= 0, got * _POW10[np.clip(up, 0, 18)], 0)
     down = up < 0
     if down.any():
@@ -1115,6 +1207,7 @@ def _times(cf: _ChunkFields, rowmap, n, out, bad) -> None:
     ts = cf.numbers("ts", 1, rowmap, n, 3, bad)
     dur = cf.numbers("dur", 1, rowmap, n, 3, bad)
     bad |= ts == MISSING
+    bad |= (dur == MISSING) & _has_key(cf, "dur", 1, rowmap, n)
     out["start_ns"] = ts
     out["end_ns"] = ts + np.where(dur == MISSING, 0, dur)
 
