@@ -166,7 +166,10 @@ _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _RANGES = [(1, 0, 255), (2, -128, 127), (3, 0, 65535), (4, -32768, 32767),
            (5, -2**31, 2**31 - 1)]
 ZLIB_LEVEL = 6
-MAX_ROWS = 50_000_000            # a decoder refuses batches claiming more (memory bound)
+MAX_ROWS = 2_000_000             # a decoder refuses batches claiming more (memory bound)
+MAX_CONST_ROWS = 65_536          # rows of a kind whose columns are all constant (carry no bytes)
+MAX_NAMES = 1 << 20              # names a batch's table may claim (total, base)
+ZLIB_MAX_RATIO = 1032            # deflate never expands more than this: claims beyond it are lies
 
 
 # --------------------------------------------------------------------------- helpers
@@ -338,6 +341,18 @@ def _encode_kind(arr: np.ndarray, name_map: np.ndarray | None) -> dict:
     return {1: n, 2: cols, 3: zlib.compress(raw, ZLIB_LEVEL), 4: len(raw)}
 
 
+def _check_kind_claims(n: int, cols: list, blob: bytes, raw_len: int, what: str) -> None:
+    """Refuse row counts and lengths the batch's own bytes cannot hold, before anything
+    is allocated: a few hundred crafted bytes must not claim gigabytes."""
+    if raw_len > ZLIB_MAX_RATIO * len(blob) + 64:
+        raise _bad(f"{what} claims {raw_len} bytes from {len(blob)} compressed bytes")
+    carrying = sum(1 for c in cols if isinstance(c, list) and len(c) >= 3 and c[1] != CODEC_CONST)
+    if carrying == 0 and n > MAX_CONST_ROWS:
+        raise _bad(f"{what} claims {n} rows with no column data (at most {MAX_CONST_ROWS})")
+    if carrying and n * carrying > raw_len:
+        raise _bad(f"{what} claims {n} rows but its {raw_len} bytes hold at most {raw_len // carrying}")
+
+
 def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
     if not isinstance(m, dict):
         raise _bad(f"{what} is not a map")
@@ -345,6 +360,7 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
     if type(n) is not int or not 0 <= n <= MAX_ROWS or not isinstance(cols, list) \
             or not isinstance(blob, bytes) or type(raw_len) is not int or raw_len < 0:
         raise _bad(f"{what} header is malformed")
+    _check_kind_claims(n, cols, blob, raw_len, what)
     try:
         d = zlib.decompressobj()
         raw = d.decompress(blob, raw_len)
@@ -482,6 +498,8 @@ class EventBatchDecoder:
         if type(base) is not int or not isinstance(names, list) or type(total) is not int \
                 or not all(isinstance(s, str) for s in names) or base < 0 or total < 0:
             raise _bad("event batch name table is malformed")
+        if total > MAX_NAMES or base > MAX_NAMES or len(names) > MAX_NAMES:
+            raise _bad(f"event batch claims a name table of {max(total, base)} names (at most {MAX_NAMES})")
         missing = 0
         if stream is None:
             table = list(names)

@@ -1346,8 +1346,9 @@ PARALLEL_MIN_BYTES = 256 << 20   # plain files at least this big are read by two
 PARALLEL_MIN_GZ_BYTES = 16 << 20  # gzip files likewise (Kineto JSON gzips 10-20x)
 
 
-def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarray]:
-    """Run the per-chunk extraction over ``chunks``; one array per kind, in file order."""
+def _read_parts(chunks, b: _Builder, interner: _Interner, budget=None) -> dict[str, np.ndarray]:
+    """Run the per-chunk extraction over ``chunks``; one array per kind, in file order.
+    Rows kept are charged to ``budget`` (an :class:`EventBudget`) chunk by chunk."""
     parts: dict[str, list] = {k[0]: [] for k in _KINDS}
     cat_names: dict[int, str] = {}
     for chunk in chunks:
@@ -1356,6 +1357,8 @@ def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarra
             arr = _chunk_rows(cf, interner, b, dtype, codes, fill, build)
             if len(arr):
                 parts[kind].append(arr)
+                if budget is not None:
+                    budget.charge(kind, len(arr))
         del cf, chunk
     cols = {}
     for kind, dtype, *_ in _KINDS:
@@ -1365,12 +1368,12 @@ def _read_parts(chunks, b: _Builder, interner: _Interner) -> dict[str, np.ndarra
     return cols
 
 
-def _part_worker(path: str, chunk_bytes: int, head: bytes, start: int, conn) -> None:
+def _part_worker(path: str, chunk_bytes: int, head: bytes, start: int, conn, budget=None) -> None:
     """Child process: read the second half of a plain file, send back plain arrays."""
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = _Builder()
-        cols = _read_parts(stream.iter_part(head, start, None), b, _Interner(b.names))
+        cols = _read_parts(stream.iter_part(head, start, None), b, _Interner(b.names), budget)
         conn.send(("ok", cols, list(b.names), b.counts, stream.top))
     except BaseException as exc:    # reported, and the parent reads the file alone
         conn.send(("error", f"{type(exc).__name__}: {exc}", None, None, None))
@@ -1392,7 +1395,7 @@ def _split_point(path: Path, lo: int, size: int) -> int | None:
     return mid + m.end() if m else None
 
 
-def _load_parallel(path: Path, chunk_bytes: int) -> Trace | None:
+def _load_parallel(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     import multiprocessing as mp
     stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
     head, start, size, gz = stream.head()
@@ -1403,13 +1406,14 @@ def _load_parallel(path: Path, chunk_bytes: int) -> Trace | None:
         return None
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_part_worker, args=(str(path), chunk_bytes, head, split, send), daemon=True)
+    half = budget.half() if budget is not None else None
+    child = ctx.Process(target=_part_worker, args=(str(path), chunk_bytes, head, split, send, half), daemon=True)
     child.start()
     send.close()
     try:
         b = _Builder()
         interner = _Interner(b.names)
-        first = _read_parts(stream.iter_part(head, start, split), b, interner)
+        first = _read_parts(stream.iter_part(head, start, split), b, interner, half)
         # never wait forever on the child: it must answer within a generous time
         # (5 MB/s of its half) or have died, else the file is read here alone
         deadline = time.monotonic() + max(60.0, (size - split) / 5e6)
@@ -1449,7 +1453,7 @@ def _assemble(path: Path, doc: dict, b: _Builder, cols: dict) -> Trace:
 
 
 def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
-               parallel: bool | None = None) -> Trace:
+               parallel: bool | None = None, budget=None) -> Trace:
     """Load a Kineto trace (``.json`` or ``.json.gz``, detected by content) into a Trace.
 
     Streams the file in pieces of whole events (``chunk_bytes`` of decompressed bytes,
@@ -1495,10 +1499,129 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
 def _load_scanned(path: Path, chunk_bytes: int, parallel: bool) -> Trace:
     """load_trace by the structural scanner (json_chunks.ArrayStream) alone."""
     if parallel:
-        trace = _load_parallel(path, chunk_bytes)
+        trace = _load_parallel(path, chunk_bytes, budget)
         if trace is not None:
-            return trace
+            return _checked_schema(path, trace, budget)
     stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
     b = _Builder()
-    cols = _read_parts(stream, b, _Interner(b.names))
-    return _assemble(path, stream.top, b, cols)
+    cols = _read_parts(stream, b, _Interner(b.names), budget)
+    return _checked_schema(path, _assemble(path, stream.top, b, cols), budget)
+
+
+# --------------------------------------------------------------------------- schemas
+#
+# Kept apart from the fast reader above: which schema a file is written in, and the
+# event-by-event reader of the older one.
+#
+# Kineto before PyTorch 1.10 (``schemaVersion`` 1, 2020-2021) names categories in
+# title case (``Kernel``, ``Memcpy``, ``Memset``, ``Runtime``, ``Driver``,
+# ``Operator``), links GPU records to operators with ``external id`` in lower case,
+# writes operator ``Input dims``, string thread ids (``"25738"``, and ``"stream 7"``
+# for GPU rows) and profiler steps as ``Operator`` events named ``ProfilerStep#N``.
+# Such files are small (one profiler window), so they are read event by event,
+# chunk by chunk (memory bounded by the chunk and the kept rows), through the same
+# dict builder as the reference path.
+
+_LEGACY_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset",
+                "Runtime": "cuda_runtime", "Driver": "cuda_driver", "Operator": "cpu_op",
+                "User Annotation": "user_annotation", "gpu_user_annotation": "gpu_user_annotation"}
+_GPU_LIKE_RX = re.compile(r"kernel|memcpy|memset|gpu|hip|stream|xpu|mtia", re.IGNORECASE)
+_STREAM_TID_RX = re.compile(r"^\s*stream\s+(\d+)\s*$", re.IGNORECASE)
+
+
+def _legacy_id(v):
+    """String ids of the old schema as ints: ``"25738"`` -> 25738, ``"stream 7"`` -> 7."""
+    if isinstance(v, str):
+        t = v.strip()
+        if t.isdigit():
+            return int(t)
+        m = _STREAM_TID_RX.match(t)
+        if m:
+            return int(m.group(1))
+    return v
+
+
+def _legacy_event(e: dict) -> dict | None:
+    """An old-schema event in the current schema's spelling, or None (not kept)."""
+    cat = _LEGACY_CATS.get(e.get("cat"))
+    if cat is None or e.get("ph") != "X":
+        return None
+    out = dict(e)
+    name = e.get("name")
+    if cat == "cpu_op" and isinstance(name, str) and name.startswith("ProfilerStep#"):
+        cat = "user_annotation"
+    out["cat"] = cat
+    out["pid"] = _legacy_id(e.get("pid"))
+    out["tid"] = _legacy_id(e.get("tid"))
+    args = e.get("args")
+    if isinstance(args, dict):
+        a = dict(args)
+        if "external id" in a and "External id" not in a:
+            a["External id"] = a.pop("external id")
+        if "Input dims" in a and "Input Dims" not in a:
+            a["Input Dims"] = a.pop("Input dims")
+        out["args"] = a
+    return out
+
+
+def _is_legacy(counts: dict) -> bool:
+    return any(counts.get(c) for c in ("Kernel", "Memcpy", "Memset", "Runtime", "Operator"))
+
+
+def _load_legacy(path: Path, chunk_bytes: int, budget=None) -> Trace:
+    """Read a pre-1.10 Kineto trace (see the section comment), chunk by chunk."""
+    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+    names = NameTable()
+    counts: dict[str, int] = {}
+    parts: dict[str, list] = {k[0]: [] for k in _KINDS}
+    for chunk in stream:
+        buf = chunk.scan.buf
+        b = _Builder()
+        b.names = names
+        kept = []
+        for s_, e_ in zip(chunk.starts.tolist(), chunk.ends.tolist()):
+            e = _event_dict(buf[s_:e_ + 1])
+            if type(e) is not dict:
+                continue
+            cat = e.get("cat")
+            key = cat if isinstance(cat, str) else "<none>"
+            counts[key] = counts.get(key, 0) + 1
+            ev = _legacy_event(e)
+            if ev is not None:
+                kept.append(ev)
+        b.add(kept)
+        for kind, build in (("kernels", _Builder.build_kernels), ("copies", _Builder.build_copies),
+                            ("api", _Builder.build_api), ("ranges", _Builder.build_ranges),
+                            ("cpu_ops", _Builder.build_cpu_ops)):
+            arr = build(b)
+            if len(arr):
+                parts[kind].append(arr)
+                if budget is not None:
+                    budget.charge(kind, len(arr))
+    cols = {kind: (np.concatenate(parts[kind]) if parts[kind] else empty(dtype))
+            for kind, dtype, *_ in _KINDS}
+    top = stream.top
+    trace = Trace(names=names, devices=_devices(top), meta=_meta(path, top), **cols)
+    trace.meta["kineto_schema"] = "pre-1.10 (title-case categories)"
+    return _joined(trace, counts)
+
+
+def _checked_schema(path: Path, trace: Trace, budget=None) -> Trace:
+    """The trace, re-read by the old-schema reader when it is one; InputError naming
+    the schema when the file has GPU-like events but no kernel or copy was read."""
+    counts = trace.meta.get("event_counts", {})
+    if not len(trace.kernels) and not len(trace.copies) and _is_legacy(counts):
+        trace = _load_legacy(path, json_chunks.CHUNK_BYTES, budget)
+        counts = trace.meta.get("event_counts", {})
+    if len(trace.kernels) or len(trace.copies):
+        return trace
+    gpu_like = {c: n for c, n in counts.items() if _GPU_LIKE_RX.search(c)}
+    if gpu_like:
+        seen = ", ".join(f"{c} x{n}" for c, n in sorted(gpu_like.items(), key=lambda x: -x[1])[:6])
+        schema = trace.meta.get("kineto_schema_version", "none")
+        rejected = trace.meta.get("rejected_events")
+        why = f"; rejected: {rejected}" if rejected else ""
+        raise InputError(f"{path}: has GPU-like events ({seen}) but no kernel or copy could be read "
+                         f"(schemaVersion {schema}; reads Kineto categories kernel/gpu_memcpy/gpu_memset "
+                         f"and the pre-1.10 Kernel/Memcpy/Memset{why})")
+    return trace

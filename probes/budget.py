@@ -1,0 +1,54 @@
+"""The memory budget of one analysis: how many events a reader may keep.
+
+Every reader of recorded input (Kineto JSON, recordings, Nsight Systems exports)
+charges the rows it keeps to an :class:`EventBudget` as it reads, and stops with an
+:class:`InputError` (one line, exit 2) as soon as the rows it holds would cost more
+than the budget, instead of growing until the kernel's OOM killer picks a process.
+
+The cost of a row is what an analysis of it costs at its peak, not just the row's own
+bytes: the join of kernels to their CPU operators and the phase mapping hold several
+arrays per row. The weights below were measured with ``ru_maxrss`` on real and
+replicated traces (peak RSS minus the interpreter's own, divided by rows; see
+tests/test_input_bounds.py and docs/analyze.md), rounded up.
+"""
+from __future__ import annotations
+
+from .errors import InputError
+
+DEFAULT_MAX_MEMORY_BYTES = 1 << 30       # the ceiling for any input
+BASE_BYTES = 160 << 20                   # interpreter, numpy, the report, the largest chunk
+
+# peak bytes per kept row, by kind (measured; see the module docstring)
+ROW_COST_BYTES = {"kernels": 300, "copies": 300, "api": 100, "ranges": 150, "cpu_ops": 400}
+
+
+class EventBudget:
+    """Rows kept so far against a memory ceiling.
+
+    ``charge(kind, rows)`` raises :class:`InputError` naming ``source`` when the rows
+    kept so far would cost more than ``max_memory_bytes`` at the analysis' peak.
+    """
+
+    def __init__(self, max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES, source: str = "input"):
+        self.max_memory_bytes = int(max_memory_bytes)
+        self.source = source
+        self.rows = {k: 0 for k in ROW_COST_BYTES}
+        self.cost_bytes = BASE_BYTES
+
+    def charge(self, kind: str, rows: int) -> None:
+        self.rows[kind] = self.rows.get(kind, 0) + int(rows)
+        self.cost_bytes += int(rows) * ROW_COST_BYTES.get(kind, 300)
+        if self.cost_bytes > self.max_memory_bytes:
+            held = ", ".join(f"{n} {k}" for k, n in self.rows.items() if n)
+            raise InputError(
+                f"{self.source}: more events than an analysis within {self.max_memory_bytes >> 20} MiB "
+                f"can hold (after {held}); cut the trace, or raise --max-memory")
+
+    def release(self, kind: str, rows: int) -> None:
+        """Rows handed back (a window analysed and dropped)."""
+        self.rows[kind] = max(0, self.rows.get(kind, 0) - int(rows))
+        self.cost_bytes -= int(rows) * ROW_COST_BYTES.get(kind, 300)
+
+    def half(self) -> "EventBudget":
+        """A budget for one of two parallel readers of one file."""
+        return EventBudget(BASE_BYTES + (self.max_memory_bytes - BASE_BYTES) // 2, self.source)
