@@ -30,6 +30,7 @@ Contract:
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,10 @@ def iter_frames(path: str | Path, report: dict | None = None):
     with f:
         if f.read(len(MAGIC)) != MAGIC:
             raise InputError(f"{p}: not a ridgeline recording (bad magic)")
+        try:
+            size = os.fstat(f.fileno()).st_size
+        except OSError:
+            size = None
         while True:
             head = f.read(_HEAD.size)
             if not head:
@@ -104,6 +109,11 @@ def iter_frames(path: str | Path, report: dict | None = None):
             recv_ns, n = _HEAD.unpack(head)
             if n > MAX_FRAME_BYTES:
                 raise InputError(f"{p}: corrupt recording: frame of {n} bytes at offset {f.tell() - _HEAD.size}")
+            if size is not None and n > size - f.tell():
+                # a length the file cannot hold: never allocate it (a torn or forged tail)
+                if report is not None:
+                    report["truncated"] = True
+                return
             env = f.read(n)
             if len(env) < n:
                 if report is not None:
@@ -204,3 +214,124 @@ def load_recording(path: str | Path, codec=None) -> Recording:
 def load_trace(path: str | Path) -> Trace:
     """The merged event trace of a recording (see :func:`load_recording`)."""
     return load_recording(path).trace
+
+
+# --------------------------------------------------------------------------- segments
+#
+# A recording may be hours long; its events are never merged into one Trace. They are
+# cut into segments, each analysed and dropped before the next is read:
+#
+# * at an agent restart (a sequence number going back on any topic) and at lost
+#   ``events`` messages (a sequence gap): the time between two such segments is the
+#   agent's own downtime, not GPU idle time, so it never enters any idle figure;
+# * when the events held would cost more than the memory budget (probes.budget).
+
+@dataclass
+class Segment:
+    """Events of one stretch of a recording, merged (names re-interned)."""
+    index: int
+    trace: Trace
+    started_by: str          # "start", "restart", "gap" (lost events messages) or "size"
+    batches: int
+    first_recv_ns: int
+    last_recv_ns: int
+
+
+@dataclass
+class StreamSummary:
+    """What :func:`iter_segments` saw, filled in as it reads (plain counts only)."""
+    messages: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)
+    restarts: int = 0
+    truncated: bool = False
+    hosts: set = field(default_factory=set)
+    sources: set = field(default_factory=set)
+    windows: int = 0
+
+
+def _batch_cost(t: Trace) -> int:
+    from ridgeline.probes.budget import ROW_COST_BYTES
+    return sum(len(getattr(t, k)) * ROW_COST_BYTES[k] for k in _KINDS)
+
+
+def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=None,
+                  summary: StreamSummary | None = None):
+    """Yield the :class:`Segment` s of a recording in order, reading it once, holding one
+    segment's events at a time (at most ``max_memory_bytes`` of analysis cost, default
+    :data:`probes.budget.DEFAULT_MAX_MEMORY_BYTES`). ``summary`` collects message counts,
+    gaps, restarts and truncation. InputError (one line, naming the file and frame) for
+    frames that do not decode or a single events message larger than the budget."""
+    from ridgeline.probes.budget import BASE_BYTES, DEFAULT_MAX_MEMORY_BYTES
+    from .subscriber import SeqTracker, decode_payload, envelope_field
+    if codec is None:
+        from ridgeline.aggregator import wire as codec
+    wire = codec
+    p = Path(path)
+    cap = (max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES) - BASE_BYTES
+    sm = summary if summary is not None else StreamSummary()
+    report: dict = {}
+    seq = SeqTracker()
+    batches: list[Trace] = []
+    cost = 0
+    index = 0
+    started_by = "start"
+    pending = None
+    first_recv = last_recv = 0
+
+    def cut():
+        nonlocal batches, cost, index
+        meta = {"path": str(p), "format": "ridgeline-recording", "segment": index,
+                "sources": sorted(s for s in sm.sources if s)}
+        if any(s == "simulated" or "sim" in s for s in sm.sources):
+            meta["simulated"] = True
+        seg = Segment(index, merge_traces(batches, meta), started_by, len(batches), first_recv, last_recv)
+        batches, cost = [], 0
+        index += 1
+        return seg
+
+    for i, (recv_ns, env_bytes) in enumerate(iter_frames(p, report)):
+        try:
+            env = wire.decode_envelope(env_bytes)
+        except InputError as exc:
+            raise InputError(f"{p}: frame {i}: {exc}") from None
+        except Exception as exc:
+            raise InputError(f"{p}: frame {i} does not decode ({type(exc).__name__})") from None
+        topic = envelope_field(env, "topic") or envelope_field(env, "kind")
+        sm.messages[topic] = sm.messages.get(topic, 0) + 1
+        sm.hosts.add(envelope_field(env, "host", "") or "")
+        gap, restarted = seq.see(topic, int(envelope_field(env, "seq")))
+        if restarted:
+            pending = "restart"
+        elif gap and topic == "events" and pending is None:
+            pending = "gap"
+        if topic == "window":
+            sm.windows += 1
+            continue
+        if topic != "events":
+            continue
+        try:
+            batch = decode_payload(wire, topic, envelope_field(env, "payload"))
+        except InputError as exc:
+            raise InputError(f"{p}: frame {i} ({topic}): {exc}") from None
+        sm.sources.add(batch.meta.get("source", ""))
+        c = _batch_cost(batch)
+        if c > cap:
+            raise InputError(f"{p}: frame {i}: one events message holds more than an analysis within "
+                             f"{(cap + BASE_BYTES) >> 20} MiB can hold; raise --max-memory")
+        if batches and (pending is not None or cost + c > cap):
+            reason = pending or "size"
+            yield cut()
+            started_by = reason
+        elif not batches and pending is not None and index:
+            started_by = pending
+        if not batches:
+            first_recv = recv_ns
+        pending = None
+        batches.append(batch)
+        cost += c
+        last_recv = recv_ns
+    sm.gaps = dict(seq.gaps)
+    sm.restarts = seq.restarts
+    sm.truncated = bool(report.get("truncated"))
+    if batches:
+        yield cut()

@@ -1,7 +1,14 @@
 """``ridgeline analyze TRACE...``: per-phase roofline and verdict of recorded traces.
 
-A TRACE is a Kineto / PyTorch-profiler Chrome trace (``.json``, ``.json.gz``) or a
-recording of the agent's stream (``ridgeline record``), told apart by the file's magic.
+A TRACE is a Kineto / PyTorch-profiler Chrome trace (``.json``, ``.json.gz``; the
+current schema, the pre-1.10 one, or Chrome's JSON Array Format), a recording of the
+agent's stream (``ridgeline record``), or an Nsight Systems SQLite export (``nsys export
+--type sqlite``), told apart by the file's content; or a DIRECTORY of such files (one per
+rank, as vLLM writes them), reported per rank and together.
+
+Every input is bounded: only regular files are read (a FIFO or device is refused), the
+events kept must fit the ``--max-memory`` budget (default 1 GiB; probes.budget), and a
+recording is analysed segment by segment (agent.recording_analysis) whatever its length.
 
 One report per trace, in the order given. ``--json`` prints one JSON object for one
 trace and a JSON array of objects for several (keys in docs/analyze.md). ``--plot`` and
@@ -24,7 +31,9 @@ def register(subparsers) -> None:
         description="Analyse recorded GPU traces (Kineto/PyTorch-profiler JSON, .json.gz): phases, "
                     "achieved FLOP/s and bytes/s against the GPU's ceilings, verdicts, idle gaps, "
                     "launch latency and copy traffic.")
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace file(s)")
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="trace file(s): Kineto JSON (.json, .json.gz), a ridgeline recording, an Nsight "
+                        "Systems SQLite export, or a directory of per-rank traces")
     p.add_argument("--gpu", metavar="NAME", help="GPU model for the ceilings (e.g. h100-sxm, 'NVIDIA H200'); "
                                                  "default: from the trace's device properties")
     p.add_argument("--model", metavar="CONFIG", help="Hugging Face config.json (or folder, or a built-in: "
@@ -38,6 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", metavar="FILE.png", help="write a roofline plot (PNG)")
     p.add_argument("--perfetto", metavar="FILE.json", help="write a Perfetto-loadable trace with a phase track")
+    p.add_argument("--max-memory", type=int, default=1024, metavar="MIB",
+                   help="memory an analysis may use (default 1024 MiB): a trace holding more events is "
+                        "refused; a recording is analysed in segments that fit")
     p.add_argument("--no-annotations", action="store_true",
                    help="map phases from kernel events alone, ignoring step annotations")
     p.set_defaults(func=run)
@@ -50,30 +62,90 @@ def _numbered(path: str, i: int, n: int) -> str:
     return str(p.with_name(f"{p.stem}.{i + 1}{p.suffix}"))
 
 
-def _load(path: str):
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_TRACE_SUFFIXES = (".json", ".json.gz", ".rlrec", ".sqlite", ".sqlite3")
+
+
+def _regular_file(path: str) -> Path:
+    """The path, if it names a regular file; InputError otherwise (never open a FIFO:
+    reading one blocks until a writer comes, a device never ends)."""
+    import stat
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{path}: is a directory, not a trace file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a character device" if stat.S_ISCHR(st.st_mode)
+                else "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "not a regular file")
+        raise InputError(f"{path}: is {kind}, not a trace file")
+    return p
+
+
+def _magic(p: Path, n: int = 16) -> bytes:
+    try:
+        with open(p, "rb") as f:
+            return f.read(n)
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read ({exc.strerror})") from None
+
+
+def _named(path: str, exc: InputError) -> InputError:
+    """The error with the file named (readers deep inside may not know it)."""
+    msg = str(exc)
+    return exc if path in msg else InputError(f"{path}: {msg}", exc.exit_code)
+
+
+def _load(path: str, budget=None):
+    """The Trace of a Kineto file or an Nsight Systems export (recordings: _is_recording)."""
+    p = _regular_file(path)
+    try:
+        if _magic(p).startswith(_SQLITE_MAGIC):
+            from ridgeline.probes.nsys import load_trace as load_nsys
+            return load_nsys(p, budget=budget)
+        from ridgeline.probes.kineto import load_trace
+        return load_trace(p, budget=budget)
+    except InputError as exc:
+        raise _named(path, exc) from None
+
+
+def _is_recording(path: str) -> bool:
+    p = _regular_file(path)
     try:
         from ridgeline.agent.recording import is_recording
     except ImportError:          # recordings not supported in this build
-        is_recording = None
-    if is_recording is not None and is_recording(p):
-        # A recording of the agent's stream (`ridgeline record`): its merged event batches.
-        from ridgeline.agent.recording import load_trace as load_recording_trace
-        try:
-            return load_recording_trace(p)
-        except ImportError as exc:    # the wire codec is missing from this build
-            raise InputError(f"{path}: a Ridgeline recording, but its decoder is unavailable ({exc})") from None
-    from ridgeline.probes.kineto import load_trace
-    return load_trace(p)
+        return False
+    return is_recording(p)
+
+
+def _rank_files(path: str) -> list[str]:
+    """Trace files of a per-rank directory, in name order (natural: rank 2 before 10)."""
+    import re
+    d = Path(path)
+    files = [f for f in d.iterdir() if f.name.endswith(_TRACE_SUFFIXES) and not f.name.startswith(".")]
+    if not files:
+        raise InputError(f"{path}: a directory without trace files ({', '.join(_TRACE_SUFFIXES)})")
+    key = lambda f: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", f.name)]  # noqa: E731
+    return [str(f) for f in sorted(files, key=key)]
+
+
+def _warn_rejected(path: str, trace) -> None:
+    rej = trace.meta.get("rejected_events")
+    if rej:
+        n = sum(sum(v.values()) for v in rej.values())
+        detail = "; ".join(f"{k}: " + ", ".join(f"{r} {c}" for r, c in v.items()) for k, v in rej.items())
+        print(f"ridgeline: warning: {path}: {n} events dropped ({detail})", file=sys.stderr)
 
 
 def run(args) -> int:
     from ridgeline.aggregator import model_config
     from ridgeline.aggregator.analysis import _phases_api, analyze_trace
+    from ridgeline.probes.budget import EventBudget
 
     if args.context_len is not None and args.context_len <= 0:
         raise InputError("--context-len must be a positive number of tokens")
@@ -81,43 +153,118 @@ def run(args) -> int:
         raise InputError("--context-len needs --model")
     if args.tensor_parallel < 1:
         raise InputError("--tensor-parallel must be at least 1")
+    if args.max_memory < 256:
+        raise InputError("--max-memory must be at least 256 MiB")
+    max_memory_bytes = args.max_memory << 20
     model = model_config.load(args.model) if args.model else None
     if args.plot and not args.plot.lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the plot is written as PNG; name the file *.png")
-    docs = []
-    n = len(args.traces)
     phase_names, map_phases = _phases_api()
-    for i, path in enumerate(args.traces):
-        trace = _load(path)
+    use_ann = not args.no_annotations
+
+    def analyze_one(trace, path, keep=None):
         trace.meta.setdefault("path", path)
-        pm = map_phases(trace, use_annotations=not args.no_annotations)
+        pm = map_phases(trace, use_annotations=use_ann)
         doc = analyze_trace(trace, gpu=args.gpu, model=model, context_len=args.context_len,
-                            tensor_parallel=args.tensor_parallel,
-                            use_annotations=not args.no_annotations, ceilings_path=args.ceilings,
-                            phase_map=pm)
-        doc["trace"] = path
-        if not args.json:
-            # The report first: a failing output file must not lose it.
-            from ridgeline.aggregator.report import render
-            render(doc)
-        if args.perfetto:
-            from ridgeline.aggregator.perfetto import write_perfetto
-            out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
-            doc["perfetto"] = str(out)
-        if args.plot:
-            from ridgeline.aggregator.plot import plot_roofline
-            out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
-            doc["plot"] = str(out)
-        docs.append(doc)
-        if not args.json:
-            for key in ("plot", "perfetto"):
-                if key in doc:
-                    print(f"{key}: {doc[key]}")
-            if i + 1 < n:
-                print()
+                            tensor_parallel=args.tensor_parallel, use_annotations=use_ann,
+                            ceilings_path=args.ceilings, phase_map=pm)
+        if trace.meta.get("rejected_events"):
+            doc["rejected_events"] = trace.meta["rejected_events"]
+        for key in ("rank", "world_size"):
+            if key in trace.meta:
+                doc[key] = trace.meta[key]
+        if keep is not None:
+            keep[:] = [trace, pm]
+        return doc
+
+    def analyze_path(path: str):
+        """(doc, trace, phase map) of one file; trace and map None for a recording
+        unless --perfetto asks for its last segment."""
+        if _is_recording(path):
+            from ridgeline.agent.recording_analysis import analyze_recording
+            last: list = []
+            try:
+                doc = analyze_recording(path, lambda t: analyze_one(t, path, last if args.perfetto else None),
+                                        max_memory_bytes)
+            except InputError as exc:
+                raise _named(path, exc) from None
+            return doc, *(last or [None, None])
+        trace = _load(path, EventBudget(max_memory_bytes, path))
+        _warn_rejected(path, trace)
+        keep: list = []
+        doc = analyze_one(trace, path, keep)
+        return doc, keep[0], keep[1]
+
+    # one entry per argument: a file, or a directory of per-rank files
+    jobs = []
+    for path in args.traces:
+        if Path(path).is_dir():
+            jobs.append((path, _rank_files(path)))
+        else:
+            jobs.append((path, None))
+    docs = []
+    n = sum(len(files) if files else 1 for _, files in jobs)
+    i = 0
+    for path, files in jobs:
+        group = []
+        for f in files or [path]:
+            doc, trace, pm = analyze_path(f)
+            doc["trace"] = f
+            _outputs(args, doc, trace, pm, phase_names, i, n, f)
+            group.append(doc)
+            i += 1
+        if files is None:
+            docs.append(group[0])
+        else:
+            from ridgeline.agent.rank_report import together
+            both = together(path, group)
+            if not args.json:
+                from ridgeline.agent.rank_report import render_together
+                render_together(both)
+            docs.append(both)
     if args.json:
-        payload = docs[0] if n == 1 else docs
+        payload = docs[0] if len(docs) == 1 else docs
         sys.stdout.buffer.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
     return 0
+
+
+def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
+    """The report (first: a failing output file must not lose it), then plot/Perfetto."""
+    if not args.json:
+        from ridgeline.aggregator.report import render
+        render(doc)
+        rec = doc.get("recording")
+        if rec:
+            print(_recording_line(rec))
+    if args.perfetto:
+        if trace is None:
+            raise InputError(f"{path}: no events to write to --perfetto")
+        from ridgeline.aggregator.perfetto import write_perfetto
+        out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
+        doc["perfetto"] = str(out)
+    if args.plot:
+        from ridgeline.aggregator.plot import plot_roofline
+        out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
+        doc["plot"] = str(out)
+    if not args.json:
+        for key in ("plot", "perfetto"):
+            if key in doc:
+                print(f"{key}: {doc[key]}")
+        if i + 1 < n:
+            print()
+
+
+def _recording_line(rec: dict) -> str:
+    """What the agent's own record says of the recording: restarts, lost messages and
+    the downtime kept out of every idle figure."""
+    gaps = sum(rec.get("gaps", {}).values())
+    parts = [f"recording: {rec['segments']} segment(s)",
+             f"{rec['restarts']} agent restart(s)",
+             f"{gaps} message(s) lost" + (f" ({', '.join(f'{k} {v}' for k, v in rec['gaps'].items())})" if gaps else "")]
+    if rec.get("downtime_ns"):
+        parts.append(f"{rec['downtime_ns'] / 1e9:.3f} s of agent downtime left out of GPU idle time")
+    if rec.get("truncated"):
+        parts.append("last frame truncated")
+    return "; ".join(parts)

@@ -1,0 +1,76 @@
+"""Per-rank traces of one job read together (``ridgeline analyze DIR``).
+
+Distributed runs (vLLM with tensor parallelism, torch.distributed training) write one
+trace per rank. :func:`together` takes the per-rank analysis documents and returns
+``{"directory", "ranks": [doc, ...], "together": {...}}``: the per-rank documents
+unchanged, and across ranks the kernel count and kernel time summed, per phase the
+kernel time and kernels summed and the verdict of each rank, each rank's GPU busy
+ratio, and the slowest rank (most kernel time: the one the others wait for at each
+collective). Ranks run at the same time, so their spans are not added.
+"""
+from __future__ import annotations
+
+
+def _busy_ratio(doc: dict):
+    span = busy = 0
+    for g in (doc.get("idle_gaps") or {}).values():
+        span += g.get("span_ns") or 0
+        busy += g.get("busy_ns") or 0
+    return busy / span if span else None
+
+
+def together(directory: str, docs: list[dict]) -> dict:
+    """See the module docstring."""
+    rows = []
+    phases: dict[str, dict] = {}
+    declared = [d.get("rank") for d in docs]
+    use_declared = None not in declared and len(set(map(str, declared))) == len(declared)
+    for i, d in enumerate(docs):
+        rank = d["rank"] if use_declared else i    # files' order when ranks are missing or repeat
+        rows.append({"rank": rank, "trace": d.get("trace"), "kernels": d.get("kernels", 0),
+                     "kernel_time_ns": d.get("kernel_time_ns", 0), "span_ns": d.get("span_ns", 0),
+                     "busy_ratio": _busy_ratio(d),
+                     "verdicts": {n: p.get("verdict") for n, p in (d.get("phases") or {}).items()}})
+        for name, p in (d.get("phases") or {}).items():
+            acc = phases.setdefault(name, {"kernel_time_ns": 0, "kernels": 0, "ranks": 0, "verdicts": {}})
+            acc["kernel_time_ns"] += p.get("kernel_time_ns", 0) or 0
+            acc["kernels"] += p.get("kernels", 0) or 0
+            acc["ranks"] += 1
+            v = p.get("verdict")
+            acc["verdicts"][v] = acc["verdicts"].get(v, 0) + 1
+    times = [r["kernel_time_ns"] for r in rows]
+    slowest = max(rows, key=lambda r: r["kernel_time_ns"]) if rows else None
+    mean = sum(times) / len(times) if times else 0
+    return {
+        "directory": directory,
+        "ranks": docs,
+        "together": {
+            "ranks": len(rows),
+            "kernels": sum(r["kernels"] for r in rows),
+            "kernel_time_ns": sum(times),
+            "phases": phases,
+            "per_rank": rows,
+            "slowest_rank": slowest["rank"] if slowest else None,
+            "slowest_over_mean_ratio": (slowest["kernel_time_ns"] / mean) if slowest and mean else None,
+        },
+    }
+
+
+def render_together(doc: dict, console=None) -> None:
+    """Terminal table of :func:`together`'s ``together`` part."""
+    from rich.console import Console
+    from rich.table import Table
+    c = console or Console()
+    t = doc["together"]
+    c.print(f"[bold]{doc['directory']}[/bold]: {t['ranks']} ranks together, {t['kernels']:,} kernels, "
+            f"{t['kernel_time_ns'] / 1e6:,.2f} ms of kernel time")
+    tab = Table(title="Ranks", title_justify="left")
+    for col in ("rank", "kernels", "kernel time", "GPU busy", "verdicts"):
+        tab.add_column(col)
+    for r in t["per_rank"]:
+        busy = f"{100 * r['busy_ratio']:.0f}%" if r["busy_ratio"] is not None else "-"
+        tab.add_row(str(r["rank"]), f"{r['kernels']:,}", f"{r['kernel_time_ns'] / 1e6:,.2f} ms", busy,
+                    ", ".join(f"{k}: {v}" for k, v in r["verdicts"].items()))
+    c.print(tab)
+    if t["slowest_rank"] is not None and t["slowest_over_mean_ratio"]:
+        c.print(f"slowest rank: {t['slowest_rank']} ({t['slowest_over_mean_ratio']:.2f}x the mean kernel time)")
