@@ -187,7 +187,7 @@ def _has_key(cf, key: str, depth: int, rowmap: np.ndarray, n: int) -> np.ndarray
     return m
 
 
-def _reject_invalid_times(trace: Trace) -> None:
+def reject_invalid_times(trace: Trace) -> None:
     """Drop rows whose times are unusable, counting each by kind and reason."""
     rejected: dict[str, dict[str, int]] = {}
     for kind in ("kernels", "copies", "api", "ranges", "cpu_ops"):
@@ -746,7 +746,7 @@ def _finish(path: Path, doc: dict, b: _Builder) -> Trace:
 
 
 def _joined(trace: Trace, counts: dict) -> Trace:
-    _reject_invalid_times(trace)
+    reject_invalid_times(trace)
     _join_launch_thread(trace.kernels, trace.api)
     _join_launch_thread(trace.copies, trace.api)
     trace.meta["event_counts"] = dict(sorted(counts.items()))
