@@ -139,32 +139,41 @@ _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
 
 def merge_traces(batches: list[Trace], meta: dict | None = None) -> Trace:
     """One Trace from batches with different name tables: names are re-interned into a
-    single table and every ``name_id`` (and CPU-op dims/types id) remapped, vectorised."""
+    single table and every ``name_id`` (and CPU-op dims/types id) remapped, vectorised;
+    rows ordered by ``start_ns`` (stable). Peak memory per kind: the batches, their
+    concatenation and its sorted copy (the concatenation is dropped before the next kind)."""
     names = NameTable()
     devices: dict[int, object] = {}
-    parts = {k: [] for k in _KINDS}
+    remaps = []
     for b in batches:
-        remap = np.fromiter((names.intern(s) for s in b.names), dtype=np.int64, count=len(b.names))
+        remaps.append(np.fromiter((names.intern(s) for s in b.names), dtype=np.int64, count=len(b.names)))
         for d in b.devices:
             devices.setdefault(d.index, d)
-        for k in _KINDS:
-            a = getattr(b, k)
-            if not len(a):
-                continue
-            a = a.copy()
-            for col in ("name_id", "input_dims_id", "input_types_id"):
-                if col in a.dtype.names:
-                    ids = a[col]
-                    ok = (ids >= 0) & (ids < len(remap))
-                    ids[ok] = remap[ids[ok]]
-                    ids[~ok] = -1
-            parts[k].append(a)
     arrays = {}
     for k in _KINDS:
-        empty_ = getattr(Trace(), k)
-        arrays[k] = np.concatenate(parts[k]) if parts[k] else empty_
+        parts = [getattr(b, k) for b in batches]
+        lens = [len(a) for a in parts]
+        if not sum(lens):
+            arrays[k] = getattr(Trace(), k)
+            continue
+        cat = np.concatenate(parts)
+        offs = np.cumsum([0] + lens)
+        for col in ("name_id", "input_dims_id", "input_types_id"):
+            if col not in cat.dtype.names:
+                continue
+            ids = cat[col]
+            for i, remap in enumerate(remaps):
+                if not lens[i]:
+                    continue
+                seg = ids[offs[i]:offs[i + 1]]       # a view: remapped in place
+                ok = (seg >= 0) & (seg < len(remap))
+                seg[ok] = remap[seg[ok]]
+                seg[~ok] = -1
+        order = np.argsort(cat["start_ns"], kind="stable")
+        arrays[k] = cat[order]
+        del cat, order
     return Trace(arrays["kernels"], arrays["copies"], arrays["api"], arrays["ranges"], arrays["cpu_ops"],
-                 names, [devices[i] for i in sorted(devices)], dict(meta or {})).sorted()
+                 names, [devices[i] for i in sorted(devices)], dict(meta or {}))
 
 
 def load_recording(path: str | Path, codec=None) -> Recording:
@@ -267,7 +276,9 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         from ridgeline.aggregator import wire as codec
     wire = codec
     p = Path(path)
-    cap = (max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES) - BASE_BYTES
+    # a segment's rows are charged at the analysis' peak cost; merging them (batches,
+    # concatenation, sorted copy) needs room too: a segment gets half of the budget
+    cap = ((max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES) - BASE_BYTES) // 2
     sm = summary if summary is not None else StreamSummary()
     report: dict = {}
     seq = SeqTracker()
@@ -301,6 +312,9 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         sm.hosts.add(envelope_field(env, "host", "") or "")
         gap, restarted = seq.see(topic, int(envelope_field(env, "seq")))
         if restarted:
+            # the agent restarted: every topic counts from 0 again, so forget the others'
+            # last numbers (their reset is this same restart, not another one)
+            seq.last = {topic: seq.last[topic]}
             pending = "restart"
         elif gap and topic == "events" and pending is None:
             pending = "gap"
