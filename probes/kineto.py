@@ -1564,6 +1564,22 @@ def _legacy_event(e: dict) -> dict | None:
     return out
 
 
+def _legacy_top(top: dict) -> dict:
+    """``computeProperties`` (the oldest Kineto: ``major``, ``minor``,
+    ``multiProcessorCount``) as ``deviceProperties``."""
+    if top.get("deviceProperties") or not isinstance(top.get("computeProperties"), list):
+        return top
+    props = []
+    for p in top["computeProperties"]:
+        if isinstance(p, dict):
+            q = dict(p)
+            for old, new in (("major", "computeMajor"), ("minor", "computeMinor"), ("multiProcessorCount", "numSms")):
+                if old in q and new not in q:
+                    q[new] = q.pop(old)
+            props.append(q)
+    return dict(top, deviceProperties=props)
+
+
 def _is_legacy(counts: dict) -> bool:
     return any(counts.get(c) for c in ("Kernel", "Memcpy", "Memset", "Runtime", "Operator"))
 
@@ -1601,7 +1617,7 @@ def _load_legacy(path: Path, chunk_bytes: int, budget=None) -> Trace:
     cols = {kind: (np.concatenate(parts[kind]) if parts[kind] else empty(dtype))
             for kind, dtype, *_ in _KINDS}
     top = stream.top
-    trace = Trace(names=names, devices=_devices(top), meta=_meta(path, top), **cols)
+    trace = Trace(names=names, devices=_devices(_legacy_top(top)), meta=_meta(path, top), **cols)
     trace.meta["kineto_schema"] = "pre-1.10 (title-case categories)"
     return _joined(trace, counts)
 

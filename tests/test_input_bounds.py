@@ -138,12 +138,12 @@ def test_whitespace_after_the_array_is_refused(tmp_path):
 # --------------------------------------------------------------------------- gzip bombs
 
 def test_gzip_bomb_of_kernels_stops_at_the_budget(tmp_path):
-    """~4.4 MB of gzip holding ~4.5 GB of kernel events (24M kernels; >3 GB and 300 s
-    before): refused once the kept events would pass the 1 GiB budget."""
-    block = ("".join(kernel_event(i) + "," for i in range(4000))).encode()     # ~0.8 MB, one shape
-    f = _gz_members(tmp_path / "bomb.json.gz", b'{"traceEvents":[', block * 4, 1400,
+    """4.3 MB of gzip holding 1 GB of kernel events (6M kernels; the issue's 4.3 MB
+    bomb took >3 GB and 300 s): refused once the kept events would pass the 1 GiB budget."""
+    block = ((kernel_event(7) + ",") * 50_000).encode()          # 8 MB of one event, ~36 kB gzipped
+    f = _gz_members(tmp_path / "bomb.json.gz", b'{"traceEvents":[', block, 120,
                     kernel_event(0).encode() + b"]}")
-    assert f.stat().st_size < 8 << 20
+    assert f.stat().st_size < 5 << 20
     code, rss, wall, out, err = run_bounded(f)
     one_line_exit_2(code, err)
     assert "more events than an analysis within 1024 MiB can hold" in err and "--max-memory" in err
