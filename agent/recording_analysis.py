@@ -42,6 +42,9 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
                      "start_ns": int(k["start_ns"].min()) if len(k) else None,
                      "end_ns": int(k["end_ns"].max()) if len(k) else None})
         del seg
+    if not docs:     # no events at all: the report of an empty trace, with the recording's facts
+        from ridgeline.probes.events import Trace
+        docs.append(analyze_one(Trace(meta={"path": str(path), "format": "ridgeline-recording"})))
     rec = {"segments": len(segs), "restarts": summary.restarts, "gaps": dict(summary.gaps),
            "messages": dict(summary.messages), "truncated": summary.truncated,
            "hosts": sorted(h for h in summary.hosts if h)}

@@ -350,7 +350,8 @@ def _check_kind_claims(n: int, cols: list, blob: bytes, raw_len: int, what: str)
     if carrying == 0 and n > MAX_CONST_ROWS:
         raise _bad(f"{what} claims {n} rows with no column data (at most {MAX_CONST_ROWS})")
     if carrying and n * carrying > raw_len:
-        raise _bad(f"{what} claims {n} rows but its {raw_len} bytes hold at most {raw_len // carrying}")
+        raise _bad(f"{what} claims {n} rows, which runs past the data "
+                   f"({raw_len} bytes hold at most {raw_len // carrying} rows)")
 
 
 def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:

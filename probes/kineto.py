@@ -1505,7 +1505,10 @@ def _load_scanned(path: Path, chunk_bytes: int, parallel: bool) -> Trace:
     stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
     b = _Builder()
     cols = _read_parts(stream, b, _Interner(b.names), budget)
-    return _checked_schema(path, _assemble(path, stream.top, b, cols), budget)
+    trace = _assemble(path, stream.top, b, cols)
+    if stream.top_array:
+        trace.meta["json_array_format"] = True
+    return _checked_schema(path, trace, budget)
 
 
 # --------------------------------------------------------------------------- schemas
@@ -1626,6 +1629,8 @@ def _checked_schema(path: Path, trace: Trace, budget=None) -> Trace:
     """The trace, re-read by the old-schema reader when it is one; InputError naming
     the schema when the file has GPU-like events but no kernel or copy was read."""
     counts = trace.meta.get("event_counts", {})
+    if not counts and trace.meta.get("json_array_format"):
+        raise InputError(f"{path}: not a Chrome trace (a JSON array without trace event objects)")
     if not len(trace.kernels) and not len(trace.copies) and _is_legacy(counts):
         trace = _load_legacy(path, json_chunks.CHUNK_BYTES, budget)
         counts = trace.meta.get("event_counts", {})
