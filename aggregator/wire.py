@@ -359,7 +359,7 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
         raise _bad(f"{what} is not a map")
     n, cols, blob, raw_len = m.get(1), m.get(2), m.get(3), m.get(4)
     if type(n) is int and n > MAX_ROWS:
-        raise _bad(f"{what} claims {n} rows (at most {MAX_ROWS} per batch)")
+        raise _bad(f"{what} header is malformed: {n} rows claimed (at most {MAX_ROWS} per batch)")
     if type(n) is not int or not 0 <= n <= MAX_ROWS or not isinstance(cols, list) \
             or not isinstance(blob, bytes) or type(raw_len) is not int or raw_len < 0:
         raise _bad(f"{what} header is malformed")

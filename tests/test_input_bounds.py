@@ -228,8 +228,8 @@ def _forged_batch(rows: int, cols: list, blob: bytes = zlib.compress(b""), raw_l
 
 
 @pytest.mark.parametrize("rows,says", [(1_000_000, "rows with no column data"),
-                                       (5_000_000, "at most 2000000 per batch"),
-                                       (50_000_000, "at most 2000000 per batch")])
+                                       (5_000_000, "(at most 2000000 per batch)"),
+                                       (50_000_000, "(at most 2000000 per batch)")])
 def test_forged_recording_constant_columns(tmp_path, rows, says):
     """A few hundred bytes claiming millions of rows of constant-coded columns."""
     cols = [[0, 1, 0, 1000, 0], [1, 1, 0, 5, 3], [2, 1, 0, 0, 0], [15, 1, 0, 0, 0]]
