@@ -20,6 +20,8 @@ BASE_BYTES = 160 << 20                   # interpreter, numpy, the report, the l
 
 # peak bytes per kept row, by kind (measured; see the module docstring)
 ROW_COST_BYTES = {"kernels": 300, "copies": 300, "api": 100, "ranges": 150, "cpu_ops": 400}
+NAME_COST_BYTES = 200    # per interned name on top of its characters (str object, dict entry)
+NAME_COPIES = 3          # a name is held as the str, the reader's bytes key and its slice
 
 
 class EventBudget:
@@ -34,10 +36,25 @@ class EventBudget:
         self.source = source
         self.rows = {k: 0 for k in ROW_COST_BYTES}
         self.cost_bytes = BASE_BYTES
+        self._names_seen = 0
 
     def charge(self, kind: str, rows: int) -> None:
         self.rows[kind] = self.rows.get(kind, 0) + int(rows)
         self.cost_bytes += int(rows) * ROW_COST_BYTES.get(kind, 300)
+        self._check()
+
+    def charge_names(self, names) -> None:
+        """Charge the names interned since the last call (a :class:`NameTable`): distinct
+        names are few in real traces, but each may be as long as an event."""
+        new = names.strings[self._names_seen:]
+        if not new:
+            return
+        self._names_seen += len(new)
+        self.rows["names"] = self.rows.get("names", 0) + len(new)
+        self.cost_bytes += NAME_COPIES * sum(len(s) for s in new) + NAME_COST_BYTES * len(new)
+        self._check()
+
+    def _check(self) -> None:
         if self.cost_bytes > self.max_memory_bytes:
             held = ", ".join(f"{n} {k}" for k, n in self.rows.items() if n)
             raise InputError(

@@ -1359,6 +1359,8 @@ def _read_parts(chunks, b: _Builder, interner: _Interner, budget=None) -> dict[s
                 parts[kind].append(arr)
                 if budget is not None:
                     budget.charge(kind, len(arr))
+        if budget is not None:
+            budget.charge_names(b.names)
         del cf, chunk
     cols = {}
     for kind, dtype, *_ in _KINDS:
@@ -1617,6 +1619,8 @@ def _load_legacy(path: Path, chunk_bytes: int, budget=None) -> Trace:
                 parts[kind].append(arr)
                 if budget is not None:
                     budget.charge(kind, len(arr))
+        if budget is not None:
+            budget.charge_names(names)
     cols = {kind: (np.concatenate(parts[kind]) if parts[kind] else empty(dtype))
             for kind, dtype, *_ in _KINDS}
     top = stream.top

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -26,44 +25,40 @@ CEILING_BYTES = 1 << 30
 AS_LIMIT_BYTES = 3 << 30         # the child dies at this size: a bound breaking fails the test, not the host
 
 
+# The child is started by a small launcher process, not by pytest: ru_maxrss counts the
+# pages of the process it was forked from, so a child forked from a large test process
+# would carry that size into its peak. The launcher forks the child with the address-space
+# limit, reaps it with wait4 and writes the child's own peak RSS to a file.
+_LAUNCHER = """
+import os, resource, subprocess, sys
+limit, out = int(sys.argv[1]), sys.argv[2]
+def pre():
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+p = subprocess.Popen(sys.argv[3:], preexec_fn=pre)
+_, status, ru = os.wait4(p.pid, 0)
+code = os.waitstatus_to_exitcode(status)
+open(out, "w").write(str(ru.ru_maxrss * 1024))
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def run_bounded(*argv, timeout=600, as_limit=AS_LIMIT_BYTES):
     """(exit code, peak RSS bytes, wall s, stdout, stderr) of ``ridgeline analyze ARGV``."""
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (as_limit, as_limit))
-    t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, "-m", "ridgeline", "analyze", *map(str, argv)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit)
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        pytest.fail(f"analyze {argv} ran past {timeout} s")
-    return p.returncode, _peak_rss(p.pid), time.monotonic() - t0, out.decode(), err.decode()
-
-
-_RSS: dict[int, int] = {}
-
-
-def _peak_rss(pid: int) -> int:
-    return _RSS.pop(pid, 0)
-
-
-# Popen reaps with waitpid, which drops the child's rusage; wait4 keeps it. Route the
-# reaping of our children through wait4 so each case gets its own child's peak.
-def _try_wait_with_rusage(self, wait_flags):
-    try:
-        pid, sts, ru = os.wait4(self.pid, wait_flags)
-    except ChildProcessError:
-        return self.pid, 0
-    if pid == self.pid:
-        _RSS[pid] = ru.ru_maxrss * 1024
-    return pid, sts
-
-
-@pytest.fixture(autouse=True)
-def _rusage_per_child(monkeypatch):
-    monkeypatch.setattr(subprocess.Popen, "_try_wait", _try_wait_with_rusage)
+    import tempfile
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
+        t0 = time.monotonic()
+        p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(as_limit), rss_file.name,
+                              sys.executable, "-m", "ridgeline", "analyze", *map(str, argv)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)      # the launcher and the analyze child it started
+            p.communicate()
+            pytest.fail(f"analyze {argv} ran past {timeout} s")
+        wall = time.monotonic() - t0
+        rss = int(rss_file.read() or 0)
+    return p.returncode, rss, wall, out.decode(), err.decode()
 
 
 def one_line_exit_2(code, err):
@@ -315,3 +310,22 @@ def test_restarts_and_lost_messages_are_not_gpu_idle(tmp_path, sim_source, capsy
     code, rss, wall, out, err = run_bounded(f)
     assert code == 0
     assert "1 agent restart(s)" in out and "3 message(s) lost" in out and "left out of GPU idle time" in out
+
+
+def test_many_long_distinct_names_are_charged(tmp_path):
+    """Distinct 8 MB kernel names (each event under the 64 MiB cap) fill the name table,
+    not the rows: they are charged to the budget too."""
+    events = []
+    for i in range(160):
+        name = (f"k{i:04d}" + "x" * (8 << 20))
+        events.append('{"ph":"X","cat":"kernel","name":"%s","pid":0,"tid":7,"ts":%d,"dur":1,'
+                      '"args":{"device":0,"stream":7,"correlation":%d}}' % (name, 1000 + i, i))
+    f = tmp_path / "names.json.gz"
+    with gzip.open(f, "wb", compresslevel=1) as g:
+        g.write(b'{"traceEvents":[')
+        g.write(",".join(events).encode())
+        g.write(b"]}")
+    code, rss, wall, out, err = run_bounded(f)
+    one_line_exit_2(code, err)
+    assert "names" in err and "--max-memory" in err
+    assert rss < CEILING_BYTES, rss
