@@ -27,10 +27,11 @@ from ridgeline.probes.errors import InputError
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "analyze", help="per-phase roofline, verdict and evidence of Kineto traces",
-        description="Analyse recorded GPU traces (Kineto/PyTorch-profiler JSON, .json.gz): phases, "
-                    "achieved FLOP/s and bytes/s against the GPU's ceilings, verdicts, idle gaps, "
-                    "launch latency and copy traffic.")
+        "analyze", help="per-phase roofline, verdict and evidence of recorded traces",
+        description="Analyse recorded GPU traces (Kineto/PyTorch-profiler JSON or .json.gz, any schema; "
+                    "Chrome JSON arrays; ridgeline recordings; Nsight Systems SQLite exports; a directory "
+                    "of per-rank traces): phases, achieved FLOP/s and bytes/s against the GPU's ceilings, "
+                    "verdicts, idle gaps, launch latency and copy traffic. Memory is bounded by --max-memory.")
     p.add_argument("traces", nargs="+", metavar="TRACE",
                    help="trace file(s): Kineto JSON (.json, .json.gz), a ridgeline recording, an Nsight "
                         "Systems SQLite export, or a directory of per-rank traces")
