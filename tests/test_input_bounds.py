@@ -329,3 +329,17 @@ def test_many_long_distinct_names_are_charged(tmp_path):
     one_line_exit_2(code, err)
     assert "names" in err and "--max-memory" in err
     assert rss < CEILING_BYTES, rss
+
+
+@pytest.mark.slow
+def test_thirty_minute_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
+    """The issue's case at full length: 30 minutes of the simulated vLLM stream (75M
+    kernels; the real 83 MB recording drove the host's OOM killer at 23 GB)."""
+    from recording_synth import write_recording
+    f = tmp_path / "thirty.rlrec"
+    info = write_recording(f, sim_source, minutes=30, restart_at_s=900, lost_at_s=300)
+    code, rss, wall, out, err = run_bounded(f, "--json", timeout=1800)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["kernels"] == info["kernels"] and doc["recording"]["restarts"] == 1
+    assert rss < CEILING_BYTES, rss
