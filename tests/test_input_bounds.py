@@ -343,3 +343,26 @@ def test_thirty_minute_recording_is_analysed_in_bounded_memory(tmp_path, sim_sou
     doc = json.loads(out)
     assert doc["kernels"] == info["kernels"] and doc["recording"]["restarts"] == 1
     assert rss < CEILING_BYTES, rss
+
+
+def test_budget_charges_rows_at_their_measured_cost():
+    from ridgeline.probes.budget import BASE_BYTES, ROW_COST_BYTES, EventBudget
+    from ridgeline.probes.errors import InputError
+    b = EventBudget(BASE_BYTES + 10 * ROW_COST_BYTES["kernels"], "t.json")
+    b.charge("kernels", 10)
+    with pytest.raises(InputError, match=r"t\.json: .*after 11 kernels.*--max-memory"):
+        b.charge("kernels", 1)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_budget_holds_on_both_readers_of_a_plain_file(tmp_path, parallel):
+    """The two-process reader of big plain files charges each half; whatever path reads
+    the file, a trace over the budget is refused."""
+    from ridgeline.probes.budget import BASE_BYTES, EventBudget
+    from ridgeline.probes.errors import InputError
+    from ridgeline.probes.kineto import load_trace
+    f = write_trace(tmp_path / "k.json", [kernel_event(i) for i in range(40_000)])
+    with pytest.raises(InputError, match="--max-memory"):
+        load_trace(f, chunk_bytes=1 << 20, parallel=parallel, budget=EventBudget(BASE_BYTES + (4 << 20), str(f)))
+    t = load_trace(f, chunk_bytes=1 << 20, parallel=parallel, budget=EventBudget(BASE_BYTES + (64 << 20), str(f)))
+    assert len(t.kernels) == 40_000

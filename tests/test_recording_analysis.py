@@ -1,0 +1,69 @@
+"""agent.recording_analysis.combine and agent.rank_report.together, with literals."""
+from ridgeline.agent.rank_report import together
+from ridgeline.agent.recording_analysis import MAX_STEPS_KEPT, combine
+
+
+def _doc(kernels, ktime, span, busy, idle, gaps, gap_max, flops, steps, verdict, lat_kernels, lat_p50):
+    return {
+        "kernels": kernels, "kernel_time_ns": ktime, "span_ns": span, "simulated": True,
+        "gpu": {"key": "h100-sxm", "name": "H100"},
+        "phases": {"decode": {"kernel_time_ns": ktime, "busy_ns": busy, "kernels": kernels, "steps": steps,
+                              "window_ns": span, "idle_ns": idle, "gaps": gaps, "flops": flops, "bytes": flops / 2,
+                              "work_busy_ns": busy, "peak_flops_per_s": 1e15, "peak_bytes_per_s": 3e12,
+                              "verdict": verdict, "evidence": [verdict + " evidence"],
+                              "top_kernels": [{"name": "gemm", "count": kernels, "time_ns": ktime,
+                                               "flops": flops, "bytes": flops / 2}]}},
+        "steps": [{"index": i, "phase": "decode"} for i in range(steps)],
+        "idle_gaps": {"0": {"span_ns": span, "busy_ns": busy, "idle_ns": idle, "gaps": gaps,
+                            "gap_p50_ns": 100.0, "gap_max_ns": gap_max,
+                            "gap_histogram": {"<10us": gaps, "10-100us": 0}}},
+        "launch_latency": {"kernels": lat_kernels, "p50_ns": lat_p50, "mean_ns": lat_p50},
+        "copies": [{"kind": "memcpy", "direction": "HtoD", "count": 1, "bytes": 100, "time_ns": 10}],
+    }
+
+
+def test_combine_sums_and_keeps_downtime_out():
+    a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
+    b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
+    segs = [{"index": 0, "started_by": "start", "start_ns": 0, "end_ns": 2000},
+            {"index": 1, "started_by": "restart", "start_ns": 20_002_000, "end_ns": 20_008_000}]
+    doc = combine([a, b], segs, {"segments": 2, "restarts": 1, "gaps": {}})
+    assert doc["kernels"] == 40 and doc["kernel_time_ns"] == 6000
+    assert doc["span_ns"] == 8000                       # not the 20 ms between the segments
+    assert doc["recording"]["downtime_ns"] == 20_000_000
+    g = doc["idle_gaps"]["0"]
+    assert (g["span_ns"], g["busy_ns"], g["idle_ns"], g["gaps"], g["gap_max_ns"]) == (8000, 6000, 2000, 38, 700)
+    assert g["gap_histogram"] == {"<10us": 38, "10-100us": 0} and g["idle_ratio"] == 0.25
+    p = doc["phases"]["decode"]
+    assert p["kernels"] == 40 and p["flops"] == 1e7 and p["achieved_flops_per_s"] == 1e7 / 6e-6
+    assert p["verdict"] == "compute-bound" and p["percentiles_from_segment"] == 1   # the longest segment
+    assert p["top_kernels"] == [{"name": "gemm", "count": 40, "time_ns": 6000, "flops": 1e7, "bytes": 5e6,
+                                 "achieved_flops_per_s": 1e7 / 6e-6, "achieved_bytes_per_s": 5e6 / 6e-6}]
+    assert [s["index"] for s in doc["steps"]] == [0, 1, 2, 3, 4] and doc["steps_total"] == 5
+    assert doc["launch_latency"]["kernels"] == 40 and doc["launch_latency"]["p50_ns"] == 7.0
+    assert doc["launch_latency"]["mean_ns"] == (10 * 5.0 + 30 * 7.0) / 40
+    assert doc["copies"] == [{"kind": "memcpy", "direction": "HtoD", "count": 2, "bytes": 200, "time_ns": 20,
+                              "achieved_bytes_per_s": 200 / 20e-9}]
+
+
+def test_size_cuts_are_not_downtime_and_steps_are_capped():
+    a = _doc(1, 1, 1, 1, 0, 0, 0, 1.0, MAX_STEPS_KEPT, "x", 1, 1.0)
+    segs = [{"index": 0, "started_by": "start", "start_ns": 0, "end_ns": 10},
+            {"index": 1, "started_by": "size", "start_ns": 1000, "end_ns": 1010}]
+    doc = combine([a, a], segs, {"segments": 2, "restarts": 0, "gaps": {}})
+    assert doc["recording"]["downtime_ns"] == 0
+    assert len(doc["steps"]) == MAX_STEPS_KEPT and doc["steps_total"] == 2 * MAX_STEPS_KEPT
+
+
+def test_together_sums_ranks_and_names_the_slowest():
+    a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
+    b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
+    a["rank"], b["rank"] = 1, 0
+    t = together("dir", [a, b])["together"]
+    assert t["ranks"] == 2 and t["kernels"] == 40 and t["kernel_time_ns"] == 6000
+    assert [r["rank"] for r in t["per_rank"]] == [1, 0] and t["slowest_rank"] == 0
+    assert t["slowest_over_mean_ratio"] == 5000 / 3000
+    assert t["phases"]["decode"] == {"kernel_time_ns": 6000, "kernels": 40, "ranks": 2,
+                                     "verdicts": {"memory-bound": 1, "compute-bound": 1}}
+    b["rank"] = 1                                         # repeated ranks: the files' order
+    assert [r["rank"] for r in together("dir", [a, b])["together"]["per_rank"]] == [0, 1]
