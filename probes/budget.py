@@ -7,9 +7,16 @@ than the budget, instead of growing until the kernel's OOM killer picks a proces
 
 The cost of a row is what an analysis of it costs at its peak, not just the row's own
 bytes: the join of kernels to their CPU operators and the phase mapping hold several
-arrays per row. The weights below were measured with ``ru_maxrss`` on real and
-replicated traces (peak RSS minus the interpreter's own, divided by rows; see
-tests/test_input_bounds.py and docs/analyze.md), rounded up.
+arrays per row. The weights below come from ``ru_maxrss`` of ``ridgeline analyze --json``
+(2026-12-01, this machine), rounded up:
+
+* 2M kernels alone: 607 MB -> about 280 B per kernel;
+* 2M kernels + 2M launch calls: 791 MB -> about 90 B per API call;
+* the shared A100 training trace replicated to 304k kernels (83k copies, 1.70M API
+  calls, 1.26M CPU operators, 5.4M events): 775 MB -> about 370 B per CPU operator.
+
+When the importer or the analysis gets leaner these stay conservative (a trace is
+refused earlier than needed, never later); re-measure before lowering them.
 """
 from __future__ import annotations
 
