@@ -247,14 +247,22 @@ def _us_to_ns(values: list) -> np.ndarray:
     """Microseconds (ints, or floats with <= 3 decimals) -> int64 ns, exact.
 
     Floats are split into integer and fractional parts so that large absolute
-    timestamps (1.7e15 us) keep nanosecond resolution.
+    timestamps (1.7e15 us) keep nanosecond resolution. A value that is not a finite
+    number within +-2^62 ns becomes ``_BAD_TIME`` (dropped and counted by
+    :func:`reject_invalid_times`), never a wrapped integer.
     """
     a = np.asarray(values)
     if a.dtype.kind in "iu":
-        return a.astype(np.int64) * 1000
+        ok = (a >= -_TIME_LIMIT_US) & (a <= _TIME_LIMIT_US)
+        return np.where(ok, np.where(ok, a, 0).astype(np.int64) * 1000, _BAD_TIME)
+    if a.dtype.kind != "f":      # strings, None, mixed: one by one
+        return np.fromiter((_us_value_to_ns(v) for v in values), dtype=np.int64, count=len(values))
     a = a.astype(np.float64)
+    ok = (a >= -_TIME_LIMIT_US) & (a <= _TIME_LIMIT_US)      # False for NaN and infinities
+    a = np.where(ok, a, 0.0)
     ip = np.floor(a)
-    return ip.astype(np.int64) * 1000 + np.rint((a - ip) * 1000.0).astype(np.int64)
+    ns = ip.astype(np.int64) * 1000 + np.rint((a - ip) * 1000.0).astype(np.int64)
+    return np.where(ok, ns, _BAD_TIME)
 
 
 def _int_or_missing(v) -> int:
