@@ -73,6 +73,11 @@ class EventBudget:
         self.rows[kind] = max(0, self.rows.get(kind, 0) - int(rows))
         self.cost_bytes -= int(rows) * ROW_COST_BYTES.get(kind, 300)
 
+    def fresh(self) -> "EventBudget":
+        """The same ceiling with nothing charged (a reader starting over after another
+        reader of the same file gave up)."""
+        return EventBudget(self.max_memory_bytes, self.source)
+
     def half(self) -> "EventBudget":
         """A budget for one of two parallel readers of one file."""
         return EventBudget(BASE_BYTES + (self.max_memory_bytes - BASE_BYTES) // 2, self.source)
