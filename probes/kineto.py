@@ -1474,7 +1474,11 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
     thread (``parallel`` forces it on or off); the result is identical, and any trouble
     with the second reader falls back to reading the file in this process.
     Raises :class:`InputError` naming the file for a missing, unreadable, truncated,
-    non-JSON or non-trace file.
+    non-JSON or non-trace file, for a file with GPU-like events of which none could be
+    read (naming its schema), and when the rows kept would pass ``budget`` (a
+    :class:`probes.budget.EventBudget`, charged chunk by chunk; None: unbounded, for
+    callers that bound their input otherwise). Pre-1.10 traces and Chrome's JSON Array
+    Format are read too; events with unusable times are dropped and counted.
     """
     path = Path(path)
     if parallel is None:
