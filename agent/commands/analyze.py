@@ -261,9 +261,10 @@ def _recording_line(rec: dict) -> str:
     """What the agent's own record says of the recording: restarts, lost messages and
     the downtime kept out of every idle figure."""
     gaps = sum(rec.get("gaps", {}).values())
+    by_topic = ", ".join(f"{k} {v}" for k, v in rec.get("gaps", {}).items())
     parts = [f"recording: {rec['segments']} segment(s)",
              f"{rec['restarts']} agent restart(s)",
-             f"{gaps} message(s) lost" + (f" ({', '.join(f'{k} {v}' for k, v in rec['gaps'].items())})" if gaps else "")]
+             f"{gaps} message(s) lost" + (f" ({by_topic})" if gaps else "")]
     if rec.get("downtime_ns"):
         parts.append(f"{rec['downtime_ns'] / 1e9:.3f} s of agent downtime left out of GPU idle time")
     if rec.get("truncated"):
