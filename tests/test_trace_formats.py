@@ -108,6 +108,7 @@ def test_directory_of_rank_traces(tmp_path, trace_path, capsys):
     for i, n in enumerate(names):
         shutil.copy(trace_path(n), tmp_path / f"rank{i}.pt.trace.json.gz")
     (tmp_path / "notes.txt").write_text("not a trace")
+    (tmp_path / "config.json").write_text('{"hidden_size": 1024}')     # other JSON: skipped, said
     doc = run_json(capsys, tmp_path)
     assert doc["directory"] == str(tmp_path)
     singles = [run_json(capsys, trace_path(n)) for n in names]
@@ -124,6 +125,10 @@ def test_directory_of_rank_traces(tmp_path, trace_path, capsys):
 def test_empty_directory_is_one_line(tmp_path, capsys):
     assert main(["analyze", str(tmp_path)]) == 2
     assert "without trace files" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text('{"hidden_size": 1024}')
+    assert main(["analyze", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "skipped" in err and err.strip().splitlines()[-1].endswith("is a trace")
 
 
 # --------------------------------------------------------------------------- Nsight Systems

@@ -209,13 +209,23 @@ def run(args) -> int:
     for path, files in jobs:
         group = []
         for f in files or [path]:
-            doc, trace, pm = analyze_path(f)
+            try:
+                doc, trace, pm = analyze_path(f)
+            except InputError as exc:
+                # a folder of rank traces may hold other JSON (configs, results): said, skipped
+                if files is None or "not a Kineto/Chrome trace" not in str(exc):
+                    raise
+                print(f"ridgeline: warning: skipped {f}: not a trace", file=sys.stderr)
+                i += 1
+                continue
             doc["trace"] = f
             _outputs(args, doc, trace, pm, phase_names, i, n, f)
             group.append(doc)
             i += 1
         if files is None:
             docs.append(group[0])
+        elif not group:
+            raise InputError(f"{path}: none of its {len(files)} trace-named files is a trace")
         else:
             from ridgeline.agent.rank_report import together
             both = together(path, group)
