@@ -182,6 +182,7 @@ def test_bad_times_are_dropped_and_counted(tmp_path, ts, dur, reason):
     assert sum(doc["rejected_events"]["kernels"].values()) == 1
     assert reason in next(iter(doc["rejected_events"]["kernels"]))
     assert "Traceback" not in err and "1 events dropped" in err
+    assert rss < CEILING_BYTES, rss
 
 
 def test_only_bad_kernels_is_one_line_naming_the_schema(tmp_path):
@@ -189,6 +190,7 @@ def test_only_bad_kernels_is_one_line_naming_the_schema(tmp_path):
     code, rss, wall, out, err = run_bounded(f)
     one_line_exit_2(code, err)
     assert "schemaVersion 1" in err and "kernel x5" in err
+    assert rss < CEILING_BYTES, rss
 
 
 def test_fifo_is_refused_not_waited_on(tmp_path):
@@ -197,12 +199,14 @@ def test_fifo_is_refused_not_waited_on(tmp_path):
     code, rss, wall, out, err = run_bounded(fifo, timeout=60)
     one_line_exit_2(code, err)
     assert "is a FIFO" in err
+    assert rss < CEILING_BYTES, rss
 
 
 def test_device_is_refused(tmp_path):
     code, rss, wall, out, err = run_bounded("/dev/zero", timeout=60)
     one_line_exit_2(code, err)
     assert "character device" in err
+    assert rss < CEILING_BYTES, rss
 
 
 # --------------------------------------------------------------------------- recordings
