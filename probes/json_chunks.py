@@ -135,7 +135,7 @@ class Unsplit(Exception):
 # unless it sits inside a string or a nested array -- then the piece it ends is not valid
 # JSON, which the consumer's decoder reports (it must treat that as Unsplit).
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*(?=\{)")
-PIECE_LIMIT = 256 << 20
+PIECE_LIMIT = 32 << 20   # bytes without an element boundary before the scanner takes over (memory bound)
 
 
 @dataclass

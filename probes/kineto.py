@@ -1501,16 +1501,20 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
     try:
         from . import kineto_typed
     except ImportError:   # msgspec absent (a bundle installed without dependencies)
-        return _load_scanned(path, chunk_bytes, bool(parallel))
+        return _load_scanned(path, chunk_bytes, bool(parallel), budget)
     try:
-        return kineto_typed.load(path, max(chunk_bytes, kineto_typed.CHUNK_BYTES)
-                                 if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, bool(parallel))
+        trace = kineto_typed.load(path, max(chunk_bytes, kineto_typed.CHUNK_BYTES)
+                                  if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, bool(parallel),
+                                  budget=budget)
+        return _checked_schema(path, trace, budget)
     except json_chunks.Unsplit:
         pass
-    return _load_scanned(path, chunk_bytes, bool(parallel))
+    if budget is not None:       # the typed reader's charges are void: the scanner starts over
+        budget = budget.fresh()
+    return _load_scanned(path, chunk_bytes, bool(parallel), budget)
 
 
-def _load_scanned(path: Path, chunk_bytes: int, parallel: bool) -> Trace:
+def _load_scanned(path: Path, chunk_bytes: int, parallel: bool, budget=None) -> Trace:
     """load_trace by the structural scanner (json_chunks.ArrayStream) alone."""
     if parallel:
         trace = _load_parallel(path, chunk_bytes, budget)

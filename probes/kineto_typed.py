@@ -380,14 +380,23 @@ class _Rows:
 
 
 class _InOrder:
-    """Appends pieces' columns in piece order, holding the ones that arrive early."""
+    """Appends pieces' columns in piece order, holding the ones that arrive early.
+    Rows, and the names interned so far, are charged to ``budget`` (a
+    :class:`probes.budget.EventBudget`, or None) as pieces arrive."""
 
-    def __init__(self):
+    def __init__(self, budget=None, names=None):
         self.rows = {k: _Rows(_DTYPES[k]) for k in _KINDS}
         self.next = 0
         self.pending: dict[int, dict] = {}
+        self.budget, self.names = budget, names
 
     def add(self, i: int, cols: dict) -> None:
+        if self.budget is not None:
+            for k in _KINDS:
+                if len(cols[k]):
+                    self.budget.charge(k, len(cols[k]))
+            if self.names is not None:
+                self.budget.charge_names(self.names)
         self.pending[i] = cols
         while self.next in self.pending:
             done = self.pending.pop(self.next)
@@ -401,7 +410,7 @@ class _InOrder:
         return {k: r.array() for k, r in self.rows.items()}
 
 
-def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
+def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     import multiprocessing as mp
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
@@ -422,7 +431,7 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
             failed.append(str(exc))
     rx = threading.Thread(target=receive, daemon=True)
     rx.start()
-    out = _InOrder()
+    out = _InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
     done: list = []
 
@@ -447,6 +456,7 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
+        out.names = b.names
         _read(stream, b, 0, 2, emit)
         rx.join()
     finally:
@@ -458,7 +468,10 @@ def _load_two(path: Path, chunk_bytes: int) -> Trace | None:
         return None
     for k, v in done[-1][1].items():
         b.counts[k] = b.counts.get(k, 0) + v
-    return kineto._assemble(path, stream.top, b, out.columns())
+    trace = kineto._assemble(path, stream.top, b, out.columns())
+    if stream.top_array:
+        trace.meta["json_array_format"] = True
+    return trace
 
 
 def _trim_heap() -> None:
@@ -472,24 +485,28 @@ def _trim_heap() -> None:
         pass
 
 
-def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = False) -> Trace:
+def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = False, budget=None) -> Trace:
     """The trace at ``path`` (same contract as :func:`probes.kineto.load_trace`).
 
     Raises :class:`json_chunks.Unsplit` when the file must be read by the structural
-    scanner instead, InputError when it cannot be read at all."""
+    scanner instead, InputError when it cannot be read at all or the rows kept would
+    pass ``budget``."""
     path = Path(path)
     enabled = gc.isenabled()
     gc.disable()   # millions of short-lived objects, none cyclic: collections are pure cost
     try:
         if parallel:
-            trace = _load_two(path, chunk_bytes)
+            trace = _load_two(path, chunk_bytes, budget.fresh() if budget is not None else None)
             if trace is not None:
                 return trace
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
-        out = _InOrder()
+        out = _InOrder(budget.fresh() if budget is not None else None, b.names)
         _read(stream, b, 0, 1, out.add)
-        return kineto._assemble(path, stream.top, b, out.columns())
+        trace = kineto._assemble(path, stream.top, b, out.columns())
+        if stream.top_array:
+            trace.meta["json_array_format"] = True
+        return trace
     finally:
         if enabled:
             gc.enable()
