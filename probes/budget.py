@@ -8,15 +8,18 @@ than the budget, instead of growing until the kernel's OOM killer picks a proces
 The cost of a row is what an analysis of it costs at its peak, not just the row's own
 bytes: the join of kernels to their CPU operators and the phase mapping hold several
 arrays per row. The weights below come from ``ru_maxrss`` of ``ridgeline analyze --json``
-(2026-12-01, this machine), rounded up:
+(2026-12-01, this machine, the typed importer and the vectorised operator join),
+minus the interpreter's 45 MiB, rounded up:
 
-* 2M kernels alone: 607 MB -> about 280 B per kernel;
-* 2M kernels + 2M launch calls: 791 MB -> about 90 B per API call;
+* 2M kernels alone: 606 MiB -> about 280 B per kernel;
+* 2M kernels + 2M launch calls: 826 MiB -> about 110 B per API call;
 * the shared A100 training trace replicated to 304k kernels (83k copies, 1.70M API
-  calls, 1.26M CPU operators, 5.4M events): 775 MB -> about 370 B per CPU operator.
+  calls, 1.26M CPU operators, 5.4M events): 385 MiB -> about 50 B per CPU operator
+  (charged at 100).
 
-When the importer or the analysis gets leaner these stay conservative (a trace is
-refused earlier than needed, never later); re-measure before lowering them.
+The estimate is never below the measured peak (2M kernels: 732 vs 606 MiB; with 2M API
+calls 961 vs 826; the A100 replica 588 vs 385): a trace is refused early rather than
+late. Re-measure before lowering a weight.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ DEFAULT_MAX_MEMORY_BYTES = 1 << 30       # the ceiling for any input
 BASE_BYTES = 160 << 20                   # interpreter, numpy, the report, the largest chunk
 
 # peak bytes per kept row, by kind (measured; see the module docstring)
-ROW_COST_BYTES = {"kernels": 300, "copies": 300, "api": 100, "ranges": 150, "cpu_ops": 400}
+ROW_COST_BYTES = {"kernels": 300, "copies": 300, "api": 120, "ranges": 150, "cpu_ops": 100}
 NAME_COST_BYTES = 200    # per interned name on top of its characters (str object, dict entry)
 NAME_COPIES = 3          # a name is held as the str, the reader's bytes key and its slice
 
