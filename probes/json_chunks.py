@@ -44,7 +44,7 @@ except ImportError:   # a bundle installed without dependencies (the GPU check):
 CHUNK_BYTES = 4 << 20
 PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
 HEAD_LIMIT = 64 << 20   # bytes read while looking for the array (and after it) before giving up
-MAX_ELEMENT_BYTES = 64 << 20   # one array element larger than this is refused (memory bound)
+MAX_ELEMENT_BYTES = 32 << 20   # one array element larger than this is refused (memory bound)
 _BETWEEN = b" \t\r\n,"    # what may separate two elements
 
 _QUOTE, _BSLASH = 34, 92

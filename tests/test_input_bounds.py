@@ -109,7 +109,7 @@ def test_whitespace_inside_an_event_is_refused(tmp_path):
                     b'"cat":"kernel","name":"k","ts":1,"dur":1}]}')
     code, rss, wall, out, err = run_bounded(f)
     one_line_exit_2(code, err)
-    assert "larger than 64 MiB" in err
+    assert "larger than 32 MiB" in err
     assert rss < 512 << 20, rss
 
 
@@ -317,7 +317,7 @@ def test_restarts_and_lost_messages_are_not_gpu_idle(tmp_path, sim_source, capsy
 
 
 def test_many_long_distinct_names_are_charged(tmp_path):
-    """Distinct 8 MB kernel names (each event under the 64 MiB cap) fill the name table,
+    """Distinct 8 MB kernel names (each event under the 32 MiB cap) fill the name table,
     not the rows: they are charged to the budget too."""
     events = []
     for i in range(160):
