@@ -370,3 +370,19 @@ def test_budget_holds_on_both_readers_of_a_plain_file(tmp_path, parallel):
         load_trace(f, chunk_bytes=1 << 20, parallel=parallel, budget=EventBudget(BASE_BYTES + (4 << 20), str(f)))
     t = load_trace(f, chunk_bytes=1 << 20, parallel=parallel, budget=EventBudget(BASE_BYTES + (64 << 20), str(f)))
     assert len(t.kernels) == 40_000
+
+
+def test_the_benchmark_mix_fits_the_default_budget_and_twice_it_does_not():
+    """The 1M-kernel A100 replica of the issue-13 benchmark (measured: 835 MiB peak) is
+    analysed under the 1 GiB default; twice its rows are refused before being read."""
+    from ridgeline.probes.budget import EventBudget
+    from ridgeline.probes.errors import InputError
+    mix = {"kernels": 1_000_000, "copies": 274_000, "api": 5_580_000, "ranges": 59_000, "cpu_ops": 4_140_000}
+    b = EventBudget()
+    for kind, rows in mix.items():
+        b.charge(kind, rows)
+    assert b.cost_bytes <= 1 << 30
+    b2 = EventBudget()
+    with pytest.raises(InputError, match="raise --max-memory"):
+        for kind, rows in mix.items():
+            b2.charge(kind, 2 * rows)
