@@ -78,8 +78,9 @@ def test_check_command_lists_every_probe(capsys):
     from ridgeline.probes.errors import RuntimeFailure
     # A named probe that cannot run is a runtime failure (exit 1), after the full listing.
     with pytest.raises(RuntimeFailure, match="probe replay cannot run here"):
-        check.run(argparse.Namespace(config=None, probe=["replay", "simulator"], json=False))
+        check.run(argparse.Namespace(config=None, probe=["replay", "simulator"], json=False, agent_timeout=0,
+                                            endpoint=None, server_key=None, client_key=None))
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2
+    assert len(out) == 3 and out[2].startswith("agent") and "not asked" in out[2]
     assert out[0].startswith("replay") and "unavailable" in out[0] and "hint: set probes.replay.path" in out[0]
     assert out[1].startswith("simulator")
