@@ -136,44 +136,71 @@ class _Names:
 
     def ids(self, values: list) -> np.ndarray:
         index = self.table._index
-        out = list(map(index.get, values))
-        if None in out:
+        try:
+            # names seen before: one C loop; a new name (None from get) stops it
+            return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+        except (KeyError, TypeError):
             intern = self.table.intern
-            out = [MISSING if v is None else intern(v) for v in values]
-        return np.array(out, dtype=np.int32)
+            return np.array([MISSING if v is None else intern(v) for v in values], dtype=np.int32)
 
     def json_ids(self, raws: list) -> np.ndarray:
         """Id of the compact JSON text of each raw value ("" = absent -> -1)."""
         cache = self._by_json
-        keys = list(map(bytes, raws))
+        # one copy of all the texts, cut at NUL (which valid JSON text never holds
+        # outside an escape), is cheaper than one bytes() per Raw
+        keys = b"\0".join(raws).split(b"\0")
+        if len(keys) != len(raws):
+            keys = list(map(bytes, raws))
+        try:
+            return np.fromiter(map(cache.__getitem__, keys), dtype=np.int32, count=len(keys))
+        except KeyError:
+            pass
         out = list(map(cache.get, keys))
-        if None in out:
-            for i, key in enumerate(keys):
-                if out[i] is None:
-                    j = cache.get(key)
-                    if j is None:
-                        j = cache[key] = (MISSING if not key else
-                                          self.table.intern(orjson.dumps(orjson.loads(key)).decode()))
-                    out[i] = j
+        for i, key in enumerate(keys):
+            if out[i] is None:
+                j = cache.get(key)
+                if j is None:
+                    j = cache[key] = (MISSING if not key else
+                                      self.table.intern(orjson.dumps(orjson.loads(key)).decode()))
+                out[i] = j
         return np.array(out, dtype=np.int32)
 
 
-def _ints(values) -> np.ndarray:
-    return np.fromiter(values, dtype=np.int64)
+def _ints(values, count: int = -1) -> np.ndarray:
+    return np.fromiter(values, dtype=np.int64, count=count)
 
 
-def _ids32(values: list) -> np.ndarray:
-    """pid/tid as the reference's _id32: non-int -> -1, out-of-range ints folded."""
+def _as_is(v):
+    return v
+
+
+def _ids32(get, evs: list) -> np.ndarray:
+    """pid/tid (get of each event) as the reference's _id32: non-int -> -1, out-of-range
+    ints folded."""
     try:
-        col = _ints(values)
+        col = _ints(map(get, evs), len(evs))
     except (TypeError, ValueError):
-        col = _ints([v if type(v) is int else MISSING for v in values])
+        col = _ints([v if type(v) is int else MISSING for v in map(get, evs)])
     return kineto._ids32(col)
 
 
+_EXACT_F64 = float(1 << 53)
+
+
+def _us_col(get, evs: list) -> np.ndarray:
+    """kineto._us_to_ns of one field, without a list or numpy's type inference: ints and
+    floats below 2**53 in magnitude are exact as float64, and there the float rule
+    (integer part * 1000 + rounded fraction) gives what the int rule gives."""
+    a = np.fromiter(map(get, evs), dtype=np.float64, count=len(evs))
+    if not (np.abs(a) < _EXACT_F64).all():      # huge ints (or inf/nan): the reference rule
+        return kineto._us_to_ns(list(map(get, evs)))
+    ip = np.floor(a)
+    return ip.astype(np.int64) * 1000 + np.rint((a - ip) * 1000.0).astype(np.int64)
+
+
 def _times(evs: list, out: np.ndarray) -> None:
-    out["start_ns"] = kineto._us_to_ns(list(map(_get["ts"], evs)))
-    out["end_ns"] = out["start_ns"] + kineto._us_to_ns(list(map(_get["dur"], evs)))
+    out["start_ns"] = _us_col(_get["ts"], evs)
+    out["end_ns"] = out["start_ns"] + _us_col(_get["dur"], evs)
 
 
 def _raw_json(raw: msgspec.Raw):
@@ -198,8 +225,9 @@ def _causal_flags(name_id: np.ndarray, args: list, names: _Names) -> np.ndarray:
 
 def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     """Rows of one kind from its events ``evs`` (category index ``cat`` of each)."""
-    out = empty(_DTYPES[kind], len(evs))
-    if not evs:
+    n = len(evs)
+    out = empty(_DTYPES[kind], n)
+    if not n:
         return out
     _times(evs, out)
     out["name_id"] = names.ids(list(map(_get["name"], evs)))
@@ -208,7 +236,7 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
         for col, f in (("device", "device"), ("stream", "stream"), ("context", "context"),
                        ("correlation_id", "correlation"), ("external_id", "external_id"),
                        ("registers", "registers"), ("shared_mem_bytes", "shared_mem")):
-            v = _ints(list(map(_aget[f], args)))
+            v = _ints(map(_aget[f], args), n)
             out[col] = np.where(v == _ABSENT, MISSING, v) if f in ("device", "stream") else v
         for prefix in ("grid", "block"):
             xyz = np.array(list(map(_aget[prefix], args)), dtype=np.int64).reshape(-1, 3)
@@ -216,20 +244,20 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     elif kind == "copies":
         for col, f in (("device", "device"), ("stream", "stream"), ("correlation_id", "correlation"),
                        ("bytes", "bytes")):
-            v = _ints(list(map(_aget[f], args)))
+            v = _ints(map(_aget[f], args), n)
             out[col] = np.where(v == _ABSENT, MISSING, v)
         out["kind"] = np.where(cat == _CAT_INDEX["gpu_memset"], COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
     elif kind == "api":
-        out["pid"] = _ids32(list(map(_get["pid"], evs)))
-        out["tid"] = _ids32(list(map(_get["tid"], evs)))
-        out["correlation_id"] = _ints(map(_aget["correlation"], args))
-        out["external_id"] = _ints(map(_aget["external_id"], args))
-        out["cbid"] = _ints(map(_aget["cbid"], args))
+        out["pid"] = _ids32(_get["pid"], evs)
+        out["tid"] = _ids32(_get["tid"], evs)
+        out["correlation_id"] = _ints(map(_aget["correlation"], args), n)
+        out["external_id"] = _ints(map(_aget["external_id"], args), n)
+        out["cbid"] = _ints(map(_aget["cbid"], args), n)
         out["domain"] = np.where(cat == _CAT_INDEX["cuda_driver"], API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
     elif kind == "cpu_ops":
-        out["pid"] = _ids32(list(map(_get["pid"], evs)))
-        out["tid"] = _ids32(list(map(_get["tid"], evs)))
-        out["external_id"] = _ints(map(_aget["external_id"], args))
+        out["pid"] = _ids32(_get["pid"], evs)
+        out["tid"] = _ids32(_get["tid"], evs)
+        out["external_id"] = _ints(map(_aget["external_id"], args), n)
         out["input_dims_id"] = names.json_ids(list(map(_aget["input_dims"], args)))
         out["input_types_id"] = names.json_ids(list(map(_aget["input_type"], args)))
         out["is_causal"] = _causal_flags(out["name_id"], args, names)
@@ -249,7 +277,7 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
                 pids.append(MISSING)
                 tids.append(e.tid if a.stream == _ABSENT else a.stream)
         out["kind"] = kinds
-        out["pid"], out["tid"], out["device"] = _ids32(pids), _ids32(tids), _ids32(devices)
+        out["pid"], out["tid"], out["device"] = (_ids32(_as_is, c) for c in (pids, tids, devices))
         out["external_id"] = _ints(map(_aget["external_id"], args))
     return out
 
