@@ -26,6 +26,7 @@ back piece by piece, so neither holds more than its columns plus a piece.
 """
 from __future__ import annotations
 
+import enum
 import gc
 import mmap
 import os
@@ -106,16 +107,39 @@ _OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O"
                  "R", "c", "(", ")")
 
 
+_NCATS = len(_CATS)
+
+
+def _coded_categories(name: str, offset: int) -> type[enum.Enum]:
+    """The known categories as an enum msgspec decodes "cat" into: a member is a
+    singleton (no string made and freed per event) that carries its code in ``_code``
+    (its index in _CATS, plus ``offset``), so one attrgetter pass gives every event's
+    code. A category not in it fails the tagged decoder (the untagged one then reads the
+    piece, and the piece goes to the reference builder as any unknown category does)."""
+    cats = enum.Enum(name, [(f"c{i}", c) for i, c in enumerate(_CATS) if c is not None])
+    for member in cats:
+        member._code = _CAT_INDEX[member.value] + offset
+    return cats
+
+
+_CAT_X = _coded_categories("_CatX", 0)
+_CAT_OTHER = _coded_categories("_CatOther", _NCATS)   # not "X": no rows, counted only
+# code (0.._NCATS-1: "X", _NCATS..: other phases) -> kind code or -1
+_KIND_OF_CODE = np.concatenate([_KIND_OF_CAT, np.full(_NCATS, -1, dtype=np.int8)])
+_NONE_CODE = _CAT_INDEX[None]    # an absent "cat" (None: no _code); kind -1 in any phase
+
+
 def _tagged_decoder():
     """A decoder of events tagged by their phase "ph": complete events ("X") into the full
     struct, every other phase (flows, instants, metadata, counters...) into a struct of
-    their category alone (msgspec skips the rest unread). A piece with an event of
-    another phase, or without one, fails it and takes the untagged decoder."""
+    their category alone (msgspec skips the rest unread), categories as coded enum
+    members (None where absent). A piece with an event of another phase or none, or
+    of an unknown category, fails it and takes the untagged decoder."""
     from typing import Union
-    complete = msgspec.defstruct("_Complete", [("cat", "str | None", None)], bases=(_Body,),
+    complete = msgspec.defstruct("_Complete", [("cat", _CAT_X | None, None)], bases=(_Body,),
                                  tag_field="ph", tag="X", namespace={"ph": "X"})
-    others = [msgspec.defstruct(f"_Phase{ord(ph)}", [("cat", "str | None", None)], tag_field="ph",
-                                tag=ph, gc=False, namespace={"ph": ph})
+    others = [msgspec.defstruct(f"_Phase{ord(ph)}", [("cat", _CAT_OTHER | None, None)],
+                                tag_field="ph", tag=ph, gc=False, namespace={"ph": ph})
               for ph in _OTHER_PHASES]
     return msgspec.json.Decoder(list[Union[(complete, *others)]])
 
@@ -310,20 +334,26 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
     try:
         try:
             evs = _TAGGED.decode(text)
+            # one pass: category and phase in one code
+            code = np.fromiter(map(getattr, map(_get["cat"], evs), repeat("_code"), repeat(_NONE_CODE)),
+                               dtype=np.int16, count=len(evs))
+            kind_of = _KIND_OF_CODE[code]
+            code %= _NCATS
         except msgspec.ValidationError:
             evs = _DECODER.decode(text)
+            codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
+            if None in codes:          # a category this module does not know
+                return _reference(piece, b)
+            code = np.array(codes, dtype=np.int16)
+            kind_of = _KIND_OF_CAT[code]
+            kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool,
+                                 count=len(evs))] = -1
     except msgspec.ValidationError:
         return _reference(piece, b)
     except msgspec.DecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
     del text
-    codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
-    if None in codes:          # a category this module does not know
-        return _reference(piece, b)
-    code = np.array(codes, dtype=np.int16)
-    per_cat = np.bincount(code, minlength=len(_CATS))
-    kind_of = _KIND_OF_CAT[code]
-    kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool, count=len(evs))] = -1
+    per_cat = np.bincount(code, minlength=_NCATS)
     try:
         cols = {}
         for k in _KINDS:

@@ -202,3 +202,46 @@ def test_without_msgspec_and_isal_the_scanner_reads_with_zlib(tmp_path, trace_pa
     assert out.returncode == 0, out.stderr[-2000:]
     ref = load_trace_via_dicts(p)
     assert out.stdout.split() == [str(len(ref.kernels)), str(len(ref.api))]
+
+
+def test_category_codes_and_exact_times_equal_the_reference(tmp_path, no_reference):
+    """The tagged decoder reads "cat" as coded enum members: an absent or null category,
+    known categories on phases other than "X" (counted, no rows), times that are ints,
+    floats or ints past 2**53 us (float64 is not exact there), and operator shapes: same
+    result as the reference, without its help."""
+    # kernels' times all ints (the reference's rule is per kind: ints exact, any float
+    # makes the whole column float), the operators' mixed
+    events = [_kernel(i, ts=100 + i, dur=1) for i in range(20)]
+    events[2]["ts"] = (1 << 53) + 3          # past float64's exact integers
+    events[3]["ts"], events[3]["dur"] = 1683564901550101, 8
+    events[4]["dur"] = 1
+    del events[5]["cat"]
+    events[6]["cat"] = None
+    events += [{"ph": "i", "name": "mark", "pid": 1, "tid": 1, "ts": 5},
+               {"ph": "i", "cat": None, "name": "mark", "pid": 1, "tid": 1, "ts": 6},
+               {"ph": "i", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 7},
+               {"ph": "f", "cat": "kernel", "id": 3, "pid": 0, "tid": 7, "ts": 8, "bp": "e"},
+               {"ph": "s", "cat": "ac2g", "id": 3, "pid": 1, "tid": 1, "ts": 8},
+               {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 9.125, "dur": 2,
+                "args": {"External id": 4, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
+               {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 2, "ts": 12, "dur": 1,
+                "args": {"External id": 5, "Input Dims": [[2, 3], []], "Input type": ["float", "Scalar"]}},
+               {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 2, "ts": 14, "dur": 1,
+                "args": {"External id": 6, "Input Dims": [[2, 3], [3, 4]], "Input type": ["float", "float"]}},
+               {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 2, "ts": 15,
+                "dur": 1, "args": {"External id": 6, "cbid": 211, "correlation": 1}}]
+    p = _write(tmp_path, events)
+    ref = load_trace_via_dicts(p)
+    for chunk in (128, 1 << 20):
+        _same(kineto_typed.load(p, chunk_bytes=chunk), ref)
+    assert len(ref.kernels) == 18 and len(ref.cpu_ops) == 3
+
+
+def test_an_unknown_category_goes_to_the_reference_builder(tmp_path):
+    """A category this module does not know, on a complete event or a flow: the piece is
+    the reference builder's (the tagged decoder refuses it, the untagged one reads it)."""
+    events = [_kernel(i) for i in range(10)]
+    events[4]["cat"] = "gpu_something_new"
+    events.append({"ph": "f", "cat": "new_flow", "id": 3, "pid": 0, "tid": 7, "ts": 8})
+    p = _write(tmp_path, events)
+    _same(kineto_typed.load(p), load_trace_via_dicts(p))
