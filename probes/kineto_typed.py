@@ -6,9 +6,10 @@ call into small structs that hold only the fields the importer keeps (unknown ke
 skipped inside msgspec's C decoder). The decoder is tagged by ``ph``: only complete
 events ("X") are decoded whole; flows, instants, metadata rows and the other phases keep
 their category alone (it is counted), their other fields skipped unread; a piece with an
-event of an unknown phase or none takes the untagged decoder. Columns are then taken per
-event kind with
-``operator.attrgetter`` maps, so no Python code runs per event and field.
+event of an unknown phase or none takes the untagged decoder. Categories decode into
+enum members that carry their code, so one pass tells every event's kind. Columns are
+then taken per event kind with ``operator.attrgetter`` maps into ``np.fromiter``, so no
+Python code runs per event and field.
 
 Same contract and result as the dict-based reference (:func:`probes.kineto.
 load_trace_via_dicts`): a piece whose values do not fit the structs' types (a string
