@@ -209,15 +209,17 @@ def _ids32(get, evs: list) -> np.ndarray:
     return kineto._ids32(col)
 
 
-_EXACT_F64 = float(1 << 53)
+# within it float64 holds every integer exactly, and kineto._us_to_ns reads every value
+_FAST_US = float(min(1 << 53, kineto._TIME_LIMIT_US))
 
 
 def _us_col(get, evs: list) -> np.ndarray:
     """kineto._us_to_ns of one field, without a list or numpy's type inference: ints and
-    floats below 2**53 in magnitude are exact as float64, and there the float rule
-    (integer part * 1000 + rounded fraction) gives what the int rule gives."""
+    floats within +-_FAST_US are exact as float64, and there the float rule (integer part
+    * 1000 + rounded fraction) gives what the int rule gives. A column with a value past
+    it (or not finite) takes kineto._us_to_ns itself."""
     a = np.fromiter(map(get, evs), dtype=np.float64, count=len(evs))
-    if not (np.abs(a) < _EXACT_F64).all():      # huge ints (or inf/nan): the reference rule
+    if not (np.abs(a) <= _FAST_US).all():      # False for NaN too
         return kineto._us_to_ns(list(map(get, evs)))
     ip = np.floor(a)
     return ip.astype(np.int64) * 1000 + np.rint((a - ip) * 1000.0).astype(np.int64)

@@ -212,7 +212,9 @@ def test_category_codes_and_exact_times_equal_the_reference(tmp_path, no_referen
     # kernels' times all ints (the reference's rule is per kind: ints exact, any float
     # makes the whole column float), the operators' mixed
     events = [_kernel(i, ts=100 + i, dur=1) for i in range(20)]
-    events[2]["ts"] = (1 << 53) + 3          # past float64's exact integers
+    events[2]["ts"] = (1 << 53) + 3          # past float64's exact integers (and the time limit)
+    events[7]["ts"] = kineto._TIME_LIMIT_US    # the last time kept
+    events[8]["ts"] = kineto._TIME_LIMIT_US + 1
     events[3]["ts"], events[3]["dur"] = 1683564901550101, 8
     events[4]["dur"] = 1
     del events[5]["cat"]
@@ -234,7 +236,8 @@ def test_category_codes_and_exact_times_equal_the_reference(tmp_path, no_referen
     ref = load_trace_via_dicts(p)
     for chunk in (128, 1 << 20):
         _same(kineto_typed.load(p, chunk_bytes=chunk), ref)
-    assert len(ref.kernels) == 18 and len(ref.cpu_ops) == 3
+    # 20 kernels, 2 without a category, 3 with a time past the limit (7: its end)
+    assert len(ref.kernels) == 15 and len(ref.cpu_ops) == 3
 
 
 def test_an_unknown_category_goes_to_the_reference_builder(tmp_path):
