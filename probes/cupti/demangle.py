@@ -41,7 +41,10 @@ MAX_DEMANGLED_BYTES = 64 << 10
 #: Small, because the worker shares the agent's memory budget (the unit's MemoryMax).
 WORKER_ADDRESS_SPACE_BYTES = 128 << 20
 #: Deadline of one call: a fixed part plus a part per name (real names take microseconds).
-DEADLINE_BASE_S = 0.25
+#: 0.5 s, not less: on a loaded 2-core host the worker may not be scheduled for a few hundred
+#: milliseconds, and a real name that misses its deadline stays mangled; a hostile process
+#: costs at most two deadlines before its names are no longer demangled.
+DEADLINE_BASE_S = 0.5
 #: How long a new worker may take to start (a loaded host at boot); not part of any deadline.
 WORKER_START_S = 5.0
 DEADLINE_PER_NAME_S = 1e-4
