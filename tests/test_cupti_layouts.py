@@ -310,7 +310,34 @@ def test_demangling_bombs_cost_bounded_memory_and_time_and_are_counted():
     out = json.loads(r.stdout)
     names, c = out["names"], out["counters"]
     assert names[0] == bombs[0] and names[2] == bombs[1] and names[3] == bombs[2] and names[5] == bombs[3]
-    assert names[1].startswith("void vllm::paged_attention_v2_kernel<unsigned short")
-    assert names[4] == real + "x"               # demangling stopped for this process after two deadlines
-    assert c["names_not_demangled"] == 5 and c["demangle_deadlines"] == 2 and c["demangling_stopped"] == 1
+    # Whether a bomb ends at its deadline or at the worker's memory limit depends on how
+    # fast this host is; either way it stays mangled, is counted, and costs the agent nothing.
+    assert names[1] in (real, "") or names[1].startswith("void vllm::paged_attention_v2_kernel<unsigned short")
+    assert c["names_not_demangled"] >= 3     # a bomb the worker gives up on (out of memory) is "not mangled"
+    if c["demangle_deadlines"] >= 2:            # two deadlines: later names stay mangled (next test)
+        assert c["demangling_stopped"] == 1
+    else:
+        assert c.get("demangling_stopped", 0) == 0
     assert out["rss_kib"] < 200 << 10            # the 109 MB answer never reached this process
+
+
+def test_two_deadlines_stop_demangling_for_that_process():
+    """Deterministically (every call misses a zero deadline): after two deadlines a
+    process's names are no longer sent to the demangler at all, and each is counted."""
+    code = ("import json, sys\n"
+            "import ridgeline.probes.cupti.demangle as dm\n"
+            "dm.DEADLINE_BASE_S = dm.DEADLINE_PER_NAME_S = 0.0\n"
+            "from ridgeline.probes.cupti.decode import ProcessDecoder\n"
+            "real = sys.argv[1]\n"
+            "d = ProcessDecoder(1)\n"
+            "for i, suffix in enumerate(('', 'x', 'y')):\n"
+            "    d.add_names({i + 1: real + suffix})\n"
+            "print(json.dumps({'names': [d.names[i] for i in range(len(d.names))], 'counters': d.counters}))\n")
+    real = R.MANGLED_KERNELS[1][0]
+    r = subprocess.run([sys.executable, "-c", code, real], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-800:]
+    import json
+    out = json.loads(r.stdout)
+    assert out["names"] == [real, real + "x", real + "y"]
+    c = out["counters"]
+    assert c["names_not_demangled"] == 3 and c["demangle_deadlines"] == 2 and c["demangling_stopped"] == 1
