@@ -137,6 +137,22 @@ class Recording:
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
 
 
+def iter_envelopes(p, report=None, wire=None):
+    """``(recv_ns, envelope)`` for each frame of recording ``p`` (see :func:`iter_frames`;
+    ``wire``: the codec, default ``aggregator.wire``); a frame that does not decode is an
+    :class:`InputError` naming the file and frame."""
+    if wire is None:
+        from ridgeline.aggregator import wire
+    for i, (recv_ns, env_bytes) in enumerate(iter_frames(p, report)):
+        try:
+            env = wire.decode_envelope(env_bytes)
+        except InputError as exc:
+            raise InputError(f"{p}: frame {i}: {exc}") from None
+        except Exception as exc:
+            raise InputError(f"{p}: frame {i} does not decode ({type(exc).__name__})") from None
+        yield recv_ns, env
+
+
 def merge_traces(batches: list[Trace], meta: dict | None = None) -> Trace:
     """One Trace from batches with different name tables: names are re-interned into a
     single table and every ``name_id`` (and CPU-op dims/types id) remapped, vectorised;
@@ -191,13 +207,7 @@ def load_recording(path: str | Path, codec=None) -> Recording:
     messages: dict[str, int] = {}
     hosts: set[str] = set()
     sources: set[str] = set()
-    for i, (_, env_bytes) in enumerate(iter_frames(p, report)):
-        try:
-            env = wire.decode_envelope(env_bytes)
-        except InputError as exc:
-            raise InputError(f"{p}: frame {i}: {exc}") from None
-        except Exception as exc:
-            raise InputError(f"{p}: frame {i} does not decode ({type(exc).__name__})") from None
+    for i, (_, env) in enumerate(iter_envelopes(p, report, wire)):
         topic = envelope_field(env, "topic") or envelope_field(env, "kind")
         payload = envelope_field(env, "payload")
         messages[topic] = messages.get(topic, 0) + 1
@@ -300,13 +310,7 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         index += 1
         return seg
 
-    for i, (recv_ns, env_bytes) in enumerate(iter_frames(p, report)):
-        try:
-            env = wire.decode_envelope(env_bytes)
-        except InputError as exc:
-            raise InputError(f"{p}: frame {i}: {exc}") from None
-        except Exception as exc:
-            raise InputError(f"{p}: frame {i} does not decode ({type(exc).__name__})") from None
+    for i, (recv_ns, env) in enumerate(iter_envelopes(p, report, wire)):
         topic = envelope_field(env, "topic") or envelope_field(env, "kind")
         sm.messages[topic] = sm.messages.get(topic, 0) + 1
         sm.hosts.add(envelope_field(env, "host", "") or "")

@@ -92,10 +92,9 @@ def _nz(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Kernel records (any ``activity_kernelN_dtype`` view) -> KERNEL_DTYPE (into ``out`` if given)."""
-    n = len(v)
-    out = np.empty(n, KERNEL_DTYPE) if out is None else out
+def _copy_span(v: np.ndarray, out: np.ndarray) -> None:
+    """The fields a kernel row and a graph-launch row share: time span, device, stream,
+    context (clamped to int32) and the launch correlation; no external id yet."""
     out["start_ns"] = v["start"]
     out["end_ns"] = v["end"]
     out["device"] = v["device_id"]
@@ -103,6 +102,13 @@ def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int, out: np.ndarra
     out["context"] = np.minimum(v["context_id"], np.iinfo(_I4).max)
     out["correlation_id"] = v["correlation_id"]
     out["external_id"] = MISSING
+
+
+def decode_kernels(v: np.ndarray, name_ids: np.ndarray, pid: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Kernel records (any ``activity_kernelN_dtype`` view) -> KERNEL_DTYPE (into ``out`` if given)."""
+    n = len(v)
+    out = np.empty(n, KERNEL_DTYPE) if out is None else out
+    _copy_span(v, out)
     for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
         out[f] = v[f]
     out["registers"] = v["registers_per_thread"]
@@ -340,13 +346,7 @@ class ProcessDecoder:
         gids = v["graph_id"].astype(_I8)
         uniq, inv = np.unique(gids, return_inverse=True)
         ids = np.array([self.names.intern(f"CUDA graph {int(g)}") for g in uniq], _I4)
-        out["start_ns"] = v["start"]
-        out["end_ns"] = v["end"]
-        out["device"] = v["device_id"]
-        out["stream"] = v["stream_id"]
-        out["context"] = np.minimum(v["context_id"], np.iinfo(_I4).max)
-        out["correlation_id"] = v["correlation_id"]
-        out["external_id"] = MISSING
+        _copy_span(v, out)
         for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "registers", "shared_mem_bytes"):
             out[f] = 0
         out["name_id"] = ids[inv.reshape(-1)] if len(ids) else MISSING
