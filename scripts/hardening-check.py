@@ -1,0 +1,717 @@
+#!/usr/bin/env python3
+"""Issue 14, case by case, as the issue tried it: what the agent and `analyze` do now.
+
+Every case runs the real CLI (`python -m ridgeline ...`) as a child in its own memory
+cgroup (cgroup v2 ``memory.max``, or v1 ``memory.limit_in_bytes`` on a hybrid host) set to
+``--memory-max`` (384M stands in for the unit's MemoryHigh, 512M is its MemoryMax; both
+by default), and the attacks run as the user ``nobody``. For each case it prints the exit
+code, the child's peak RSS (``ru_maxrss`` of the process tree), the cgroup's peak charge
+(RSS plus page cache), OOM kills, wall time and what happened, then a verdict: ``ok`` or
+``DEFECT`` (a traceback, an exit code outside 0/1/2, an OOM kill, a hang, a forged log
+line, windows lost without a counted gap). A table for docs/hardening.md, not a test:
+the tests named in that document assert each bound without timing.
+
+    sudo .venv/bin/python scripts/hardening-check.py [--memory-max 384M,512M] [--only WORD]
+        [--long-recording]      # add the 30-minute recording (written by tests/recording_synth.py)
+
+Needs root (cgroups, setuid nobody). Takes about 10 minutes per memory bound on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.server
+import json
+import os
+import pwd
+import re
+import signal
+import socket
+import socketserver
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+NOBODY = pwd.getpwnam("nobody").pw_uid
+ROWS: list[dict] = []
+
+
+# ------------------------------------------------------------------------------ cgroups
+
+class Cgroup:
+    """A fresh memory cgroup (and optionally a pids one) for one case."""
+
+    def __init__(self, name: str, memory_max: int, pids_max: int | None = None):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+        self.v2 = v2.exists() and "memory" in v2.read_text().split()
+        base = Path("/sys/fs/cgroup") if self.v2 else Path("/sys/fs/cgroup/memory")
+        self.mem = base / f"rl-hardening-{name}-{os.getpid()}"
+        self.mem.mkdir()
+        if self.v2:
+            (self.mem / "memory.max").write_text(str(memory_max))
+            (self.mem / "memory.swap.max").write_text("0")
+        else:
+            (self.mem / "memory.limit_in_bytes").write_text(str(memory_max))
+            try:
+                (self.mem / "memory.memsw.limit_in_bytes").write_text(str(memory_max))
+            except OSError:
+                pass
+        self.pids = None
+        if pids_max is not None:
+            self.pids = self.mem if self.v2 else Path("/sys/fs/cgroup/pids") / self.mem.name
+            self.pids.mkdir(exist_ok=True)
+            (self.pids / "pids.max").write_text(str(pids_max))
+
+    def enter(self) -> None:
+        """In the child before exec."""
+        (self.mem / "cgroup.procs").write_text(str(os.getpid()))
+        if self.pids is not None and self.pids != self.mem:
+            (self.pids / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak_bytes(self) -> int:
+        f = self.mem / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
+        return int(f.read_text()) if f.exists() else 0
+
+    def oom_kills(self) -> int:
+        f = self.mem / ("memory.events" if self.v2 else "memory.oom_control")
+        m = re.search(r"oom_kill (\d+)", f.read_text())
+        return int(m.group(1)) if m else 0
+
+    def close(self) -> None:
+        for d in {self.mem, self.pids} - {None}:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def as_nobody() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (4096, max(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+# The command is forked from this small launcher, not from the checker: a child's
+# ru_maxrss starts at the RSS of the process it was forked from (Linux keeps the
+# high-water mark across exec), and the checker holds numpy and zmq.
+LAUNCHER = r"""
+import os, signal, subprocess, sys
+p = subprocess.Popen(sys.argv[2:])
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, lambda n, f: p.send_signal(n))
+while True:
+    try:
+        _, status, ru = os.wait4(p.pid, 0)
+        break
+    except InterruptedError:
+        continue
+open(sys.argv[1], "w").write(str(ru.ru_maxrss * 1024))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+class Child:
+    """A command in a cgroup; ``finish()`` gives exit code, ru_maxrss, wall time, stderr."""
+
+    def __init__(self, argv, cg: Cgroup, nofile: int | None = None, nobody: bool = False, stdout=None,
+                 env: dict | None = None):
+        self.cg, self.t0 = cg, time.monotonic()
+        self.err = tempfile.TemporaryFile()
+
+        def pre():
+            import resource
+            os.setsid()
+            cg.enter()
+            if nofile:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, max(nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+            if nobody:
+                as_nobody()
+        fd, self.rss_file = tempfile.mkstemp(suffix=".rss")
+        os.close(fd)
+        os.chmod(self.rss_file, 0o666)
+        self.p = subprocess.Popen(["/usr/bin/python3", "-c", LAUNCHER, self.rss_file, *argv], preexec_fn=pre, stdout=stdout or subprocess.DEVNULL, stderr=self.err,
+                                  cwd=str(ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def finish(self, timeout: float, sig=None) -> dict:
+        if sig is not None and self.p.poll() is None:
+            self.p.send_signal(sig)
+        end, status, ru = time.monotonic() + timeout, None, None
+        while time.monotonic() < end:
+            pid, status, ru = os.wait4(self.p.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.05)
+        hung = not status and ru is not None and not pid
+        if hung:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _, status, ru = os.wait4(self.p.pid, 0)
+        self.p.returncode = os.waitstatus_to_exitcode(status)
+        err = self.stderr()
+        try:
+            rss = int(Path(self.rss_file).read_text() or 0)
+        except (OSError, ValueError):
+            rss = 0
+        os.unlink(self.rss_file)
+        return {"exit": "hang" if hung else self.p.returncode, "rss": rss,
+                "cg": self.cg.peak_bytes(), "oom": self.cg.oom_kills(), "time": time.monotonic() - self.t0,
+                "stderr": err, "tracebacks": err.count("Traceback (most recent call last)")}
+
+
+def row(item: str, case: str, r: dict, what: str, ok: bool, bound: int) -> None:
+    bad = [] if ok else ["behaviour"]
+    if r.get("tracebacks"):
+        bad.append(f"{r['tracebacks']} tracebacks")
+    if r["exit"] not in (0, 1, 2):
+        bad.append(f"exit {r['exit']}")
+    if r.get("oom"):
+        bad.append("OOM kill")
+    if r["rss"] > bound:
+        bad.append("RSS over the bound")
+    d = {"item": item, "case": case, "exit": r["exit"], "rss_mib": r["rss"] / 2**20, "cg_mib": r["cg"] / 2**20,
+         "time_s": r["time"], "what": what, "verdict": "ok" if not bad else "DEFECT: " + ", ".join(bad)}
+    ROWS.append(d)
+    print(f"| {item} | {case} | {d['exit']} | {d['rss_mib']:.0f} | {d['cg_mib']:.0f} | {d['time_s']:.1f} | "
+          f"{what} | {d['verdict']} |", flush=True)
+
+
+# ------------------------------------------------------------------------------ the agent
+
+class Agent:
+    """`ridgeline agent` with its sockets in a private folder, in a cgroup."""
+
+    def __init__(self, tmp: Path, cg: Cgroup, extra: str = "", probes=("cupti",), nofile: int = 8192,
+                 engine_url: str = "http://127.0.0.1:1/metrics", port: int = 0, env: dict | None = None):
+        self.dir = tmp / f"run{time.monotonic_ns()}"
+        self.dir.mkdir(mode=0o750)
+        os.chmod(self.dir, 0o751)
+        self.port = port or free_port()
+        self.endpoint = f"ipc://{self.dir}/stream.sock"
+        self.cupti = f"{self.dir}/cupti.sock"
+        self.conf = self.dir / "agent.toml"
+        self.base = {"agent": {"window_s": "1.0"}, "publisher": {"endpoint": f'"{self.endpoint}"'},
+                     "prometheus": {"listen": f'"127.0.0.1:{self.port}"'},
+                     "probes": {"enabled": json.dumps(list(probes))},
+                     "probes.engine": {"url": f'"{engine_url}"'}, "probes.cupti": {"socket": f'"{self.cupti}"'}}
+        self.write(extra)
+        self.child = Child([PY, "-m", "ridgeline", "agent", "--config", str(self.conf)], cg, nofile=nofile, env=env)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and not (os.path.exists(f"{self.dir}/stream.sock") and self.metrics_ok()):
+            time.sleep(0.2)
+
+    def write(self, extra: str) -> None:
+        """The base configuration with ``extra`` ("[section]\nkey = value" lines) laid over it."""
+        conf = {k: dict(v) for k, v in self.base.items()}
+        sect = None
+        for line in extra.splitlines():
+            if line.startswith("["):
+                sect = line.strip("[] ")
+            elif "=" in line:
+                k, v = line.split("=", 1)
+                conf.setdefault(sect, {})[k.strip()] = v.strip()
+        self.conf.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items())
+                                     for s, kv in conf.items()))
+
+    def metrics(self, timeout=5.0) -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=timeout).read().decode()
+
+    def metrics_ok(self, timeout=2.0) -> bool:
+        try:
+            return "ridgeline" in self.metrics(timeout)
+        except OSError:
+            return False
+
+    def counter(self, name: str) -> float:
+        try:
+            text = self.metrics()
+        except OSError:
+            return float("nan")
+        return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+    def stop(self, timeout: float = 20) -> dict:
+        return self.child.finish(timeout, signal.SIGTERM)
+
+
+class Windows:
+    """`ridgeline tail --topic window`: when each window arrived and whether gaps were counted."""
+
+    def __init__(self, endpoint: str, topic: str = "window"):
+        self.p = subprocess.Popen([PY, "-m", "ridgeline", "tail", "--endpoint", endpoint, "--topic", topic, "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
+        self.arrivals: list[tuple[float, int, int]] = []
+        self.payloads: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            self.arrivals.append((time.monotonic(), m.get("seq", -1), m.get("gap", 0)))
+            self.payloads.append(m.get("payload") or {})
+
+    def stop(self) -> dict:
+        self.p.kill()
+        self.p.wait()
+        a = self.arrivals
+        worst = max((b[0] - x[0] for x, b in zip(a, a[1:])), default=float("inf"))
+        return {"n": len(a), "worst_s": worst, "gaps": sum(x[2] for x in a),
+                "seq_holes": sum(1 for x, b in zip(a, a[1:]) if b[1] != x[1] + 1 and b[2] == 0)}
+
+
+def cupti_health(h: Windows) -> dict:
+    """The CUPTI probe's counters in the newest health record."""
+    for p in reversed(h.payloads):
+        cu = (p.get("probes") or {}).get("cupti")
+        if cu:
+            return cu
+    return {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ hostile engine
+
+class HostileEngine(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.body = b"# TYPE vllm:x gauge\n" + b"vllm:num_requests_running 1\n" * (50_000_000 // 28)
+        self.gz = gzip.compress(self.body, compresslevel=9) if mode == "gzip" else b""
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(h):
+                try:
+                    if mode == "trickle":
+                        h.send_response(200)
+                        h.send_header("Content-Length", "100000")
+                        h.end_headers()
+                        for _ in range(100000):
+                            h.wfile.write(b"#")
+                            h.wfile.flush()
+                            time.sleep(1.5)
+                        return
+                    data = self.gz if mode == "gzip" else self.body
+                    h.send_response(200)
+                    if mode == "gzip":
+                        h.send_header("Content-Encoding", "gzip")
+                    h.send_header("Content-Length", str(len(data)))
+                    h.end_headers()
+                    h.wfile.write(data)
+                except OSError:
+                    pass
+
+            def log_message(h, *a):
+                pass
+        super().__init__(("127.0.0.1", 0), H)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/metrics"
+
+
+# ------------------------------------------------------------------------------ nobody's clients
+
+# Stdlib-only clients run by /usr/bin/python3 as nobody (argv[1] is a JSON job).
+NOBODY_CLIENT = r"""
+import json, os, socket, struct, sys, time
+job = json.loads(sys.argv[1]); res = {"uid": os.getuid(), "pid": os.getpid()}
+if job["do"] == "flood":
+    held = []
+    for _ in range(job["n"]):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.setblocking(False)
+        end = time.monotonic() + 20
+        while True:
+            try:
+                s.connect(job["path"]); break
+            except BlockingIOError:
+                if time.monotonic() > end: break
+                time.sleep(0.005)
+            except OSError as e:
+                res["error"] = type(e).__name__; break
+        held.append(s)
+    res["opened"] = len(held); print(json.dumps(res), flush=True)
+    time.sleep(job["hold_s"])
+elif job["do"] == "slow_http":
+    held = []
+    for _ in range(job["n"]):
+        s = socket.create_connection(("127.0.0.1", job["port"])); s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        held.append(s)
+    res["opened"] = len(held); print(json.dumps(res), flush=True)
+    time.sleep(job["hold_s"])
+elif job["do"] == "frames":
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(job["path"])
+        pid = os.getpid() if job["claim"] == "self" else int(job["claim"])
+        for f in job["frames"]:
+            f = bytearray(bytes.fromhex(f)); struct.pack_into("<I", f, 16, pid); s.sendall(bytes(f))
+        time.sleep(job.get("hold_s", 2)); res["sent"] = "ok"
+    except OSError as e:
+        res["sent"] = type(e).__name__
+    print(json.dumps(res), flush=True)
+"""
+
+
+def nobody(job: dict, wait: bool = True):
+    p = subprocess.Popen(["/usr/bin/python3", "-c", NOBODY_CLIENT, json.dumps(job)], preexec_fn=as_nobody,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    if wait:
+        out, err = p.communicate(timeout=120)
+        return json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err[-300:]}
+    return p
+
+
+def cupti_frames():
+    sys.path.insert(0, str(ROOT / "tests"))
+    import cupti_records as R
+    return R
+
+
+# ------------------------------------------------------------------------------ cases
+
+def agent_cases(tmp: Path, mem: int, only: str) -> None:
+    tag = f"{mem >> 20}M"
+
+    def want(name):
+        return only in name
+
+    # -- item 2: engine scrapes
+    for mode in ("plain", "gzip", "trickle"):
+        name = {"plain": "/metrics body 50 MB plain", "gzip": "/metrics body 50 MB gzip-encoded",
+                "trickle": "engine trickling 1 byte / 1.5 s"}[mode]
+        if not want(name):
+            continue
+        eng = HostileEngine(mode)
+        cg = Cgroup(f"eng{mode}", mem)
+        a = Agent(tmp, cg, probes=("engine",), engine_url=eng.url)
+        w = Windows(a.endpoint)
+        time.sleep(15)
+        failures = a.counter("ridgeline_agent_engine_scrape_failures_total")
+        text = a.metrics() if a.metrics_ok() else ""
+        kinds = sorted({k for k, v in re.findall(r'ridgeline_agent_engine_scrape_failures_total\{[^}]*kind="(\w+)"[^}]*\} (\S+)', text)
+                        if float(v) > 0})
+        ws = w.stop()
+        r = a.stop()
+        eng.shutdown()
+        ok = ws["n"] >= 12 and ws["worst_s"] < 2.5 and failures > 0
+        row("2", f"{name} (agent, {tag})", r, f"{ws['n']} windows in 15 s, worst interval {ws['worst_s']:.2f} s; "
+            f"{failures:.0f} failed scrapes counted (with back-off), kinds {kinds}", ok, mem)
+        cg.close()
+        # the one-shot command on the same server
+        eng = HostileEngine(mode)
+        cg = Cgroup(f"scr{mode}", mem)
+        c = Child([PY, "-m", "ridgeline", "scrape", eng.url], cg)
+        r = c.finish(60)
+        eng.shutdown()
+        last = (r["stderr"].strip().splitlines() or [""])[-1][:90]
+        row("2", f"{name} (`ridgeline scrape`, {tag})", r, f"`{last}`", r["exit"] in (1, 2), mem)
+        cg.close()
+
+    # -- item 3: 1,200 CUPTI connections as nobody, with the unit's LimitNOFILE and the default 1024
+    for nofile in (8192, 1024):
+        name = f"1,200 CUPTI socket connections as nobody (LimitNOFILE {nofile})"
+        if not want(name):
+            continue
+        cg = Cgroup("flood", mem)
+        a = Agent(tmp, cg, probes=("cupti",), nofile=nofile)
+        h = Windows(a.endpoint, topic="health")
+        fl = nobody({"do": "flood", "path": a.cupti, "n": 1200, "hold_s": 25}, wait=False)
+        opened = json.loads(fl.stdout.readline() or "{}").get("opened", 0)
+        time.sleep(3)
+        answers = sum(a.metrics_ok(5) for _ in range(20))
+        time.sleep(1.5)
+        h.stop()
+        cu = cupti_health(h)
+        conns, refused = cu.get("connections", -1), cu.get("server_refused_connections", -1)
+        fl.kill()
+        fl.wait()
+        r = a.stop()
+        row("3", f"{name}, {tag}", r, f"nobody opened {opened}; /metrics answered {answers}/20 during the flood; "
+            f"agent holds {conns}, refused and counted {refused} (health)",
+            answers == 20 and opened == 1200 and conns + refused == 1200, mem)
+        cg.close()
+
+    # -- item 3: slow HTTP clients under TasksMax=64
+    name = "200 slow /metrics clients as nobody, pids.max 64 (TasksMax)"
+    if want(name):
+        cg = Cgroup("slow", mem, pids_max=64)
+        a = Agent(tmp, cg, probes=("cupti",))
+        sl = nobody({"do": "slow_http", "port": a.port, "n": 200, "hold_s": 20}, wait=False)
+        opened = json.loads(sl.stdout.readline() or "{}").get("opened", 0)
+        t0 = time.monotonic()
+        answers = sum(a.metrics_ok(6) for _ in range(10))
+        took = time.monotonic() - t0
+        sl.kill()
+        sl.wait()
+        r = a.stop()
+        thread_err = r["stderr"].count("can't start new thread")
+        row("3", f"{name}, {tag}", r, f"nobody held {opened} half-sent requests; a real scrape answered {answers}/10 "
+            f"({took:.1f} s for 10); 'can't start new thread' x{thread_err}", answers == 10 and not thread_err, mem)
+        cg.close()
+
+    # -- item 4: reloads that must not silence the agent
+    for key, bad in (("sndhwm", '[publisher]\nsndhwm = 99999999999999999999\n'),
+                     ("listen", '[prometheus]\nlisten = "127.0.0.1:99999"\n')):
+        name = f"SIGHUP with {key} = {'99999999999999999999' if key == 'sndhwm' else '127.0.0.1:99999'}"
+        if not want(name):
+            continue
+        cg = Cgroup("hup", mem)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        npath = str(tmp / f"notify{time.monotonic_ns()}")
+        notify.bind(npath)
+        notify.setblocking(False)
+        a = Agent(tmp, cg, probes=("cupti",), env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "2000000"})
+        w = Windows(a.endpoint)
+        time.sleep(3)
+        while True:
+            try:
+                notify.recv(4096)
+            except BlockingIOError:
+                break
+        a.write(bad)
+        a.child.p.send_signal(signal.SIGHUP)
+        time.sleep(8)
+        alive = a.metrics_ok()
+        fed = 0
+        while True:
+            try:
+                fed += notify.recv(4096).count(b"WATCHDOG=1")
+            except BlockingIOError:
+                break
+        notify.close()
+        ws = w.stop()
+        r = a.stop()
+        err = r["stderr"]
+        lines = [x for x in err.splitlines() if "reload" in x.lower() or key in x]
+        row("4", f"{name}, {tag}", r, f"{ws['n']} windows in 11 s (uncounted seq holes {ws['seq_holes']}), "
+            f"/metrics {'up' if alive else 'DOWN'}, watchdog fed {fed}x in the 8 s after; log: `…{(lines or [''])[0].split('agent.toml:')[-1][:110]}`",
+            alive and ws["n"] >= 9 and ws["seq_holes"] == 0 and len(lines) <= 2, mem)
+        cg.close()
+
+    # -- items 6, 7: nobody on the stream and the CUPTI socket
+    R = cupti_frames()
+    b = R.make_buffer(4, seed=3, with_markers=False)
+    kern = [(10, R.KERNEL.itemsize, b.kernels.tobytes())]
+    name = "as nobody: read the stream, feed own/forged kernels, HELLO status with newlines"
+    if want(name):
+        cg = Cgroup("nobody", mem)
+        a = Agent(tmp, cg, probes=("cupti",))
+        h = Windows(a.endpoint, topic="health")
+        # the system interpreter (the venv's may sit where nobody cannot enter) with this checkout's packages
+        import site
+        sp = [p for p in site.getsitepackages() if p.startswith(sys.prefix)][0]
+        code = (f"import site, sys; site.addsitedir({sp!r}); from ridgeline.agent.cli import main; "
+                f"sys.exit(main(['tail', '--endpoint', {a.endpoint!r}, '--count', '1', '--timeout', '5']))")
+        tail = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=as_nobody, capture_output=True, text=True, cwd="/tmp",
+                              timeout=60)
+        tail_line = (tail.stderr.strip().splitlines() or [""])[-1].replace(a.endpoint, "ipc://…/stream.sock")[:90]
+        frames = [R.hello_frame(pid=0).hex(), R.batch_frame(kern, b.names, pid=0).hex()]
+        own = nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
+        forged = nobody({"do": "frames", "path": a.cupti, "claim": "1", "frames": frames})
+        evil = R.hello_frame(pid=0, comm=b"vllm\nFAKE", status=b"x\n2026-01-01 CRITICAL agent: forged line\x1b[2J")
+        ev = bytearray(evil)
+        from ridgeline.probes.cupti import protocol as P
+        at = 16 + P.HELLO_DTYPE.fields["flags"][1]
+        ev[at:at + 4] = P.FLAG_CONFLICT.to_bytes(4, "little")
+        nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": [bytes(ev).hex()]})
+        time.sleep(2.5)
+        h.stop()
+        cu = cupti_health(h)
+        rejected = cu.get("server_rejected_peers", -1)
+        r = a.stop()
+        forged_lines = [x for x in r["stderr"].splitlines() if x.startswith("2026-01-01") or x.startswith("FAKE")]
+        row("6", f"{name}, {tag}", r, f"tail as nobody: exit {tail.returncode} `{tail_line}`; own-pid kernels "
+            f"sent, {cu.get('records')} records accepted for nobody's own pid; claiming pid 1: {forged.get('sent')}, rejected peers {rejected}; forged log lines: "
+            f"{len(forged_lines)} (status logged escaped on {sum('forged line' in x for x in r['stderr'].splitlines())} line)", tail.returncode == 1 and not forged_lines, mem)
+        cg.close()
+
+    name = "kernel records start/end 2^64-1, device 0xFFFFFFFF"
+    if want(name):
+        cg = Cgroup("records", mem)
+        a = Agent(tmp, cg, probes=("cupti",))
+        h = Windows(a.endpoint, topic="health")
+        k = b.kernels.copy()
+        k["start"][:2] = 2**64 - 1
+        k["end"][:2] = 2**64 - 1
+        k["device_id"][2:] = 0xFFFFFFFF
+        frames = [R.hello_frame(pid=0).hex(), R.batch_frame([(10, R.KERNEL.itemsize, k.tobytes())], b.names,
+                                                           pid=0, devices=(0xFFFFFFFF,)).hex()]
+        nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
+        time.sleep(2.5)
+        text = a.metrics() if a.metrics_ok() else ""
+        negative = [x for x in text.splitlines() if not x.startswith("#") and re.search(r" -\d", x)]
+        minus_dev = [x for x in text.splitlines() if re.search(r'(gpu|device)="-1"', x)]
+        time.sleep(1.5)
+        h.stop()
+        cu = cupti_health(h)
+        rejected = cu.get("rejected_records", -1)
+        r = a.stop()
+        row("7", f"{name}, {tag}", r, f"4 records sent; rejected and counted {rejected} (health: timestamps "
+            f"{cu.get('rejected_timestamps')}, device {cu.get('rejected_device')}; accepted {cu.get('records')}); negative samples "
+            f"{len(negative)}; device -1 series {len(minus_dev)}", rejected >= 4 and not negative and not minus_dev,
+            mem)
+        cg.close()
+
+    # -- item 8: one stalled subscriber
+    name = "one stalled subscriber beside a healthy one"
+    if want(name):
+        cg = Cgroup("stall", mem)
+        a = Agent(tmp, cg, probes=("simulator",),
+                  extra='[publisher]\nsndhwm = 20\npublish_events = true\n[probes.simulator]\nspeed = 4.0\n'
+                        'rate_per_s = 40.0\n')
+        import zmq
+        ctx = zmq.Context()
+        stalled = ctx.socket(zmq.SUB)
+        stalled.setsockopt(zmq.RCVHWM, 1)
+        stalled.setsockopt(zmq.RCVBUF, 4096)
+        stalled.connect(a.endpoint)
+        stalled.setsockopt(zmq.SUBSCRIBE, b"")          # subscribes to everything, never reads
+        w = Windows(a.endpoint, topic="events")
+        time.sleep(20)
+        ws = w.stop()
+        drops = a.counter("ridgeline_agent_publisher_drops_total")
+        stalled.close(0)
+        ctx.term()
+        r = a.stop()
+        row("8", f"{name}, {tag}", r, f"healthy subscriber: {ws['n']} events batches, counted gaps {ws['gaps']}, "
+            f"uncounted holes {ws['seq_holes']}; sends dropped for the stalled one, counted: {drops:.0f}", ws["n"] >= 10 and ws["gaps"] == 0 and ws["seq_holes"] == 0, mem)
+        cg.close()
+
+
+CONFIG_CASES = [
+    ("window_s = nan", "[agent]\nwindow_s = nan\n", "agent.window_s"),
+    ("window_s = inf", "[agent]\nwindow_s = inf\n", "agent.window_s"),
+    ("prometheus.listen port 70000", '[prometheus]\nlisten = "127.0.0.1:70000"\n', "prometheus.listen"),
+    ("publisher tcp port 99999", '[publisher]\nendpoint = "tcp://127.0.0.1:99999"\n', "publisher.endpoint"),
+    ("sndhwm = 99999999999999999999", "[publisher]\nsndhwm = 99999999999999999999\n", "sndhwm"),
+    ("engine interval_s = 0", "[probes.engine]\ninterval_s = 0\n", "interval_s"),
+    ("engine interval_s = -1", "[probes.engine]\ninterval_s = -1\n", "interval_s"),
+    ("engine interval_s = 0.05", "[probes.engine]\ninterval_s = 0.05\n", "interval_s"),
+    ('pids = ["abc", -1]', '[probes]\npids = ["abc", -1]\n', "pids"),
+    ("probes.cupti.socket in /etc", '[probes.cupti]\nsocket = "/etc/ridgeline-test/c.sock"\n', "socket"),
+    ("prometheus.listen 0.0.0.0", '[prometheus]\nlisten = "0.0.0.0:9464"\n', "listen"),
+]
+
+
+def config_cases(tmp: Path, mem: int, only: str) -> None:
+    for name, text, key in CONFIG_CASES:
+        if only not in f"config: {name}":
+            continue
+        f = tmp / "bad.toml"
+        f.write_text(text)
+        cg = Cgroup("conf", mem)
+        r = Child([PY, "-m", "ridgeline", "agent", "--config", str(f), "--run-for", "2", "--probes", "cupti",
+                   "--no-prometheus", "--endpoint", f"ipc://{tmp}/conf.sock"], cg).finish(30)
+        lines = r["stderr"].strip().splitlines()
+        made = os.path.exists("/etc/ridgeline-test")
+        row("5", f"config: {name}", r, f"`{(lines or [''])[-1].replace(str(f), 'bad.toml')[:130]}`" + (" - made /etc/ridgeline-test" if made else ""),
+            r["exit"] == 2 and len(lines) == 1 and key in lines[0] and not made, mem)
+        cg.close()
+
+
+def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool) -> None:
+    """Issue 14.1's inputs, built by bench/input_bounds.py (the analyze-input engineer's
+    generators), analysed in the cgroup."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        import input_bounds
+    except ImportError:
+        print("| 1 | (bench/input_bounds.py is not in this checkout: item 1 not measured) |", flush=True)
+        return
+    d = tmp / "inputs"
+    if not d.exists():
+        d.mkdir()
+        cases = input_bounds.build(d)
+        if long_recording:
+            import recording_synth
+            rec = d / "long.rlrec"
+            t0 = time.monotonic()
+            recording_synth.write_recording(rec, recording_synth.simulated_trace(d / "sim.json"), minutes=30,
+                                            restart_at_s=900)
+            print(f"# 30-minute recording with a restart: {rec.stat().st_size / 1e6:.0f} MB, written in "
+                  f"{time.monotonic() - t0:.0f} s", flush=True)
+            cases["30-minute recording with an agent restart"] = rec
+        analyze_cases.cases = cases
+    for name, path in analyze_cases.cases.items():
+        if only not in f"analyze: {name}":
+            continue
+        cg = Cgroup("analyze", mem)
+        size = path.stat().st_size if path.is_file() else 0
+        r = Child([PY, "-m", "ridgeline", "analyze", str(path), "--json"], cg).finish(300 if "FIFO" not in name else 60)
+        lines = r["stderr"].strip().splitlines()
+        row("1", f"analyze: {name}" + (f" [{size / 1e6:.1f} MB]" if size else ""), r,
+            f"`{(lines or [''])[-1][:110]}`", r["exit"] in (0, 2), 1 << 30)
+        cg.close()
+
+
+def install_help() -> None:
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
+                       timeout=30)
+    recommends = [x for x in p.stdout.splitlines() if "--no-deps" in x or "--no-build-isolation" in x]
+    wrong = [x for x in recommends if "refus" not in x.lower() and "not" not in x.lower()]
+    r = {"exit": p.returncode, "rss": 0, "cg": 0, "oom": 0, "time": time.monotonic() - t0, "tracebacks": 0}
+    row("8", "install.sh --help", r, f"{len(recommends)} lines name --no-deps/--no-build-isolation, "
+        f"{len(wrong)} recommend them", p.returncode == 0 and not wrong, 1 << 30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--memory-max", default="384M,512M", help="comma list of cgroup memory limits")
+    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--skip-analyze", action="store_true")
+    ap.add_argument("--long-recording", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("ridgeline: error: hardening-check needs root (cgroups, running attacks as nobody)")
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {open('/proc/loadavg').read().split()[:3]}, "
+          f"{os.cpu_count()} CPUs, commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}")
+    print("| item | case | exit | peak RSS MiB | cgroup peak MiB | time s | what happens | verdict |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rl-hardening-") as tmp:
+        tmp = Path(tmp)
+        os.chmod(tmp, 0o755)
+        for m in a.memory_max.split(","):
+            mem = int(m[:-1]) << {"K": 10, "M": 20, "G": 30}[m[-1].upper()]
+            agent_cases(tmp, mem, a.only)
+            config_cases(tmp, mem, a.only)
+            if not a.skip_analyze:
+                analyze_cases(tmp, mem, a.only, a.long_recording)
+        if "install" in "install.sh --help" and a.only in "install.sh --help":
+            install_help()
+    print(f"# load average after: {open('/proc/loadavg').read().split()[:3]}")
+    if a.json:
+        a.json.write_text(json.dumps(ROWS, indent=1))
+    sys.exit(1 if any(r["verdict"] != "ok" for r in ROWS) else 0)
+
+
+if __name__ == "__main__":
+    main()
