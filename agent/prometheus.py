@@ -660,17 +660,37 @@ class MetricsServer:
                 self._accept_paused_until = time.monotonic() + self.ACCEPT_PAUSE_S
                 return
             if len(self._conns) >= self.max_connections:
-                waiting = next((c for c in self._conns.values() if not c.out), None)
-                if waiting is None:
-                    self.stats["refused"] += 1
-                    s.close()
-                    continue
-                self.stats["evicted"] += 1
-                self._close(waiting)
+                waiting = self._oldest_waiting()
+                if len(self._conns) >= self.max_connections:
+                    if waiting is None:
+                        self.stats["refused"] += 1
+                        s.close()
+                        continue
+                    self.stats["evicted"] += 1
+                    self._close(waiting)
             s.setblocking(False)
             conn = _HttpConn(s, time.monotonic() + self.timeout_s)
             self._conns[s] = conn
             self._sel.register(s, selectors.EVENT_READ, "conn")
+
+    def _oldest_waiting(self) -> "_HttpConn | None":
+        """The oldest connection still sending its request, after giving each candidate one
+        read: a scraper accepted in this same burst whose request already arrived is
+        answered, not evicted for the flood behind it. None when all are being answered
+        (or a read closed one, freeing a place)."""
+        for c in list(self._conns.values()):
+            if c.out:
+                continue
+            try:
+                self._read(c)
+            except Exception:
+                self.stats["errors"] += 1
+                self._close(c)
+            if c.sock not in self._conns:
+                return None
+            if not c.out:
+                return c
+        return None
 
     def _read(self, conn: "_HttpConn") -> None:
         try:

@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ PY = sys.executable
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ROWS: list[dict] = []
 CHILDREN: list = []        # every process group started, ended at exit whatever happened
+CGROUPS: list = []         # and every cgroup made, removed then
 
 
 # ------------------------------------------------------------------------------ cgroups
@@ -55,6 +57,7 @@ class Cgroup:
         base = Path("/sys/fs/cgroup") if self.v2 else Path("/sys/fs/cgroup/memory")
         self.mem = base / f"rl-hardening-{name}-{os.getpid()}"
         self.mem.mkdir()
+        CGROUPS.append(self)
         if self.v2:
             (self.mem / "memory.max").write_text(str(memory_max))
             (self.mem / "memory.swap.max").write_text("0")
@@ -86,6 +89,8 @@ class Cgroup:
         return int(m.group(1)) if m else 0
 
     def close(self) -> None:
+        if self in CGROUPS:
+            CGROUPS.remove(self)
         for d in {self.mem, self.pids} - {None}:
             for _ in range(50):
                 try:
@@ -258,6 +263,7 @@ class Windows:
     def __init__(self, endpoint: str, topic: str = "window"):
         self.p = subprocess.Popen([PY, "-m", "ridgeline", "tail", "--endpoint", endpoint, "--topic", topic, "--json"],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT))
+        CHILDREN.append(self.p)
         self.arrivals: list[tuple[float, int, int]] = []
         self.payloads: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -305,6 +311,10 @@ class HostileEngine(socketserver.ThreadingTCPServer):
         self.mode = mode
         self.body = b"# TYPE vllm:x gauge\n" + b"vllm:num_requests_running 1\n" * (50_000_000 // 28)
         self.gz = gzip.compress(self.body, compresslevel=9) if mode == "gzip" else b""
+        if mode == "bomb":                  # 1 GiB of text in about 1 MB of gzip
+            z = zlib.compressobj(9, zlib.DEFLATED, 31)
+            block = b"vllm:num_requests_running 1\n" * (8 << 20 >> 5)
+            self.gz = b"".join(z.compress(block) for _ in range(128)) + z.flush()
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(h):
@@ -318,11 +328,12 @@ class HostileEngine(socketserver.ThreadingTCPServer):
                             h.wfile.flush()
                             time.sleep(1.5)
                         return
-                    data = self.gz if mode == "gzip" else self.body
+                    data = self.gz if mode in ("gzip", "bomb") else self.body
                     h.send_response(200)
-                    if mode == "gzip":
+                    if mode in ("gzip", "bomb"):
                         h.send_header("Content-Encoding", "gzip")
-                    h.send_header("Content-Length", str(len(data)))
+                    if mode != "nolength":          # else the body ends when the server closes
+                        h.send_header("Content-Length", str(len(data)))
                     h.end_headers()
                     h.wfile.write(data)
                 except OSError:
@@ -366,7 +377,15 @@ elif job["do"] == "slow_http":
         s = socket.create_connection(("127.0.0.1", job["port"])); s.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
         held.append(s)
     res["opened"] = len(held); print(json.dumps(res), flush=True)
-    time.sleep(job["hold_s"])
+    end = time.monotonic() + job["hold_s"]
+    while time.monotonic() < end:          # and keep coming: 50 more half-sent requests a second
+        for _ in range(50):
+            try:
+                s = socket.create_connection(("127.0.0.1", job["port"]), timeout=1)
+                s.send(b"GET /metrics HTTP/1.1\r\n"); held.append(s)
+            except OSError:
+                pass
+        time.sleep(1)
 elif job["do"] == "frames":
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(job["path"])
@@ -383,6 +402,7 @@ elif job["do"] == "frames":
 def nobody(job: dict, wait: bool = True):
     p = subprocess.Popen(["/usr/bin/python3", "-c", NOBODY_CLIENT, json.dumps(job)], preexec_fn=as_nobody,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    CHILDREN.append(p)
     if wait:
         out, err = p.communicate(timeout=120)
         return json.loads(out.strip().splitlines()[-1]) if out.strip() else {"error": err[-300:]}
@@ -404,8 +424,10 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         return only in name
 
     # -- item 2: engine scrapes
-    for mode in ("plain", "gzip", "trickle"):
+    for mode in ("plain", "nolength", "gzip", "bomb", "trickle"):
         name = {"plain": "/metrics body 50 MB plain", "gzip": "/metrics body 50 MB gzip-encoded",
+                "nolength": "/metrics body 50 MB plain, no Content-Length",
+                "bomb": "/metrics gzip bomb (1 GiB in 1 MB)",
                 "trickle": "engine trickling 1 byte / 1.5 s"}[mode]
         if not want(name):
             continue
@@ -466,15 +488,21 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         a = Agent(tmp, cg, probes=("cupti",))
         sl = nobody({"do": "slow_http", "port": a.port, "n": 200, "hold_s": 20}, wait=False)
         opened = json.loads(sl.stdout.readline() or "{}").get("opened", 0)
-        t0 = time.monotonic()
-        answers = sum(a.metrics_ok(6) for _ in range(10))
-        took = time.monotonic() - t0
+        answers, worst = 0, 0.0
+        for _ in range(10):                   # a real scraper, once every 0.8 s for 8 s
+            t0 = time.monotonic()
+            answers += a.metrics_ok(6)
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.8)
+        text = a.metrics() if a.metrics_ok() else ""
+        ev = {k: float(v) for k, v in re.findall(
+            r'ridgeline_agent_metrics_server_events_total\{[^}]*event="(\w+)"[^}]*\} (\S+)', text) if float(v)}
         sl.kill()
         sl.wait()
         r = a.stop()
         thread_err = r["stderr"].count("can't start new thread")
-        row("3", f"{name}, {tag}", r, f"nobody held {opened} half-sent requests; a real scrape answered {answers}/10 "
-            f"({took:.1f} s for 10); 'can't start new thread' x{thread_err}", answers == 10 and not thread_err, mem)
+        row("3", f"{name}, {tag}", r, f"nobody opened {opened} half-sent requests, then 50 more a second; a real scrape answered {answers}/10 "
+            f"over 8 s (slowest {worst:.2f} s); server events {ev}; 'can't start new thread' x{thread_err}", answers == 10 and not thread_err, mem)
         cg.close()
 
     # -- item 4: reloads that must not silence the agent
@@ -689,9 +717,14 @@ def _end_children() -> None:
     for p in CHILDREN:
         if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                if os.getpgid(p.pid) == p.pid:
+                    os.killpg(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
             except (ProcessLookupError, PermissionError):
                 pass
+    for cg in list(CGROUPS):
+        cg.close()
 
 
 def main() -> None:

@@ -161,3 +161,54 @@ def test_out_of_descriptors_is_counted_and_recovered_without_spinning():
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_scraper_in_the_same_burst_as_a_flood_is_answered_not_evicted():
+    """Issue 14.3, found by scripts/hardening-check.py (nobody opening 50 half-sent requests
+    a second lost a real scrape in ten): a scraper whose request has arrived, accepted in
+    the same accept burst as enough slow clients to fill the table behind it, was the
+    oldest connection 'still sending its request' and was evicted before it was read.
+    The serving loop is held still so that the scraper and the flood arrive together."""
+    srv = MetricsServer(None, "127.0.0.1:0", max_connections=4, timeout_s=30.0)
+    srv.observe(WINDOW)
+    gate, parked = threading.Event(), threading.Event()
+    gate.set()
+    real_select = srv._sel.select
+
+    def held_select(timeout=None):
+        if not gate.is_set():
+            parked.set()
+            gate.wait()
+        return real_select(timeout)
+    srv._sel.select = held_select
+    socks = []
+    try:
+        socks += _slow_clients(srv.port, 4)
+        end = time.monotonic() + 10
+        while srv.counters()["open_connections"] < 4 and time.monotonic() < end:
+            time.sleep(0.02)
+        gate.clear()
+        assert parked.wait(10)
+        scraper = socket.create_connection(("127.0.0.1", srv.port))
+        scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        socks.append(scraper)
+        socks += _slow_clients(srv.port, 8)          # 8 more: the table of 4 turns over twice
+        time.sleep(0.2)
+        gate.set()
+        scraper.settimeout(10)
+        got = b""
+        while True:
+            chunk = scraper.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        end = time.monotonic() + 10                  # the rest of the burst is still being accepted
+        while srv.stats["evicted"] < 7 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert srv.stats["evicted"] >= 7 and srv.stats["requests"] == 1, dict(srv.stats)
+    finally:
+        gate.set()
+        for s in socks:
+            s.close()
+        srv.close()
