@@ -148,7 +148,8 @@ class Child:
         os.close(fd)
         os.chmod(self.rss_file, 0o666)
         self.p = subprocess.Popen(["/usr/bin/python3", "-c", LAUNCHER, self.rss_file, *argv], preexec_fn=pre, stdout=stdout or subprocess.DEVNULL, stderr=self.err,
-                                  cwd=str(ROOT), env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                  cwd=tempfile.gettempdir(),     # the installed ridgeline, not the stub at ROOT
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         CHILDREN.append(self.p)
 
     def stderr(self) -> str:
@@ -578,7 +579,7 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         forged_lines = [x for x in r["stderr"].splitlines() if x.startswith("2026-01-01") or x.startswith("FAKE")]
         row("6", f"{name}, {tag}", r, f"tail as nobody: exit {tail.returncode} `{tail_line}`; own-pid kernels "
             f"sent, {cu.get('records')} records accepted for nobody's own pid; claiming pid 1: {forged.get('sent')}, rejected peers {rejected}; forged log lines: "
-            f"{len(forged_lines)} (status logged escaped on {sum('forged line' in x for x in r['stderr'].splitlines())} line)", tail.returncode == 1 and not forged_lines, mem)
+            f"{len(forged_lines)} (the status logged escaped, each time on one line: {sum('forged line' in x for x in r['stderr'].splitlines())}x)", tail.returncode == 1 and not forged_lines, mem)
         cg.close()
 
     name = "kernel records start/end 2^64-1, device 0xFFFFFFFF"
