@@ -743,8 +743,14 @@ def main() -> None:
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("ridgeline: error: hardening-check needs root (cgroups, running attacks as nobody)")
+    # the checkout whose code the children run (this interpreter's ridgeline), not this script's
+    src = subprocess.run([PY, "-c", "import os, ridgeline.agent as a; print(os.path.dirname(os.path.dirname(a.__file__)))"],
+                         capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
+    head = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=format:%H:%M"], cwd=src or ROOT,
+                          capture_output=True, text=True).stdout.strip()
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {open('/proc/loadavg').read().split()[:3]}, "
-          f"{os.cpu_count()} CPUs, commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()}")
+          f"{os.cpu_count()} CPUs, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, "
+          f"code {src} at {head}")
     print("| item | case | exit | peak RSS MiB | cgroup peak MiB | time s | what happens | verdict |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory(prefix="rl-hardening-") as tmp:
