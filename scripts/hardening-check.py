@@ -141,13 +141,15 @@ class Child:
             os.setsid()
             cg.enter()
             if nofile:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, max(nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+                hard = max(nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
             if nobody:
                 as_nobody()
         fd, self.rss_file = tempfile.mkstemp(suffix=".rss")
         os.close(fd)
         os.chmod(self.rss_file, 0o666)
-        self.p = subprocess.Popen(["/usr/bin/python3", "-c", LAUNCHER, self.rss_file, *argv], preexec_fn=pre, stdout=stdout or subprocess.DEVNULL, stderr=self.err,
+        self.p = subprocess.Popen(["/usr/bin/python3", "-c", LAUNCHER, self.rss_file, *argv], preexec_fn=pre,
+                                  stdout=stdout or subprocess.DEVNULL, stderr=self.err,
                                   cwd=tempfile.gettempdir(),     # the installed ridgeline, not the stub at ROOT
                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
         CHILDREN.append(self.p)
@@ -439,7 +441,8 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         time.sleep(15)
         failures = a.counter("ridgeline_agent_engine_scrape_failures_total")
         text = a.metrics() if a.metrics_ok() else ""
-        kinds = sorted({k for k, v in re.findall(r'ridgeline_agent_engine_scrape_failures_total\{[^}]*kind="(\w+)"[^}]*\} (\S+)', text)
+        kinds = sorted({k for k, v in re.findall(
+            r'ridgeline_agent_engine_scrape_failures_total\{[^}]*kind="(\w+)"[^}]*\} (\S+)', text)
                         if float(v) > 0})
         ws = w.stop()
         r = a.stop()
@@ -503,8 +506,10 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         sl.wait()
         r = a.stop()
         thread_err = r["stderr"].count("can't start new thread")
-        row("3", f"{name}, {tag}", r, f"nobody opened {opened} half-sent requests, then 50 more a second; a real scrape answered {answers}/10 "
-            f"over 8 s (slowest {worst:.2f} s); server events {ev}; 'can't start new thread' x{thread_err}", answers == 10 and not thread_err, mem)
+        row("3", f"{name}, {tag}", r, f"nobody opened {opened} half-sent requests, then 50 more a second; "
+            f"a real scrape answered {answers}/10 "
+            f"over 8 s (slowest {worst:.2f} s); server events {ev}; 'can't start new thread' x{thread_err}",
+            answers == 10 and not thread_err, mem)
         cg.close()
 
     # -- item 4: reloads that must not silence the agent
@@ -542,7 +547,8 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         err = r["stderr"]
         lines = [x for x in err.splitlines() if "reload" in x.lower() or key in x]
         row("4", f"{name}, {tag}", r, f"{ws['n']} windows in 11 s (uncounted seq holes {ws['seq_holes']}), "
-            f"/metrics {'up' if alive else 'DOWN'}, watchdog fed {fed}x in the 8 s after; log: `…{(lines or [''])[0].split('agent.toml:')[-1][:110]}`",
+            f"/metrics {'up' if alive else 'DOWN'}, watchdog fed {fed}x in the 8 s after; "
+            f"log: `…{(lines or [''])[0].split('agent.toml:')[-1][:110]}`",
             alive and ws["n"] >= 9 and ws["seq_holes"] == 0 and len(lines) <= 2, mem)
         cg.close()
 
@@ -560,7 +566,8 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         sp = [p for p in site.getsitepackages() if p.startswith(sys.prefix)][0]
         code = (f"import site, sys; site.addsitedir({sp!r}); from ridgeline.agent.cli import main; "
                 f"sys.exit(main(['tail', '--endpoint', {a.endpoint!r}, '--count', '1', '--timeout', '5']))")
-        tail = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=as_nobody, capture_output=True, text=True, cwd="/tmp",
+        tail = subprocess.run(["/usr/bin/python3", "-c", code], preexec_fn=as_nobody, capture_output=True, text=True,
+                              cwd="/tmp",
                               timeout=60)
         tail_line = (tail.stderr.strip().splitlines() or [""])[-1].replace(a.endpoint, "ipc://…/stream.sock")[:90]
         frames = [R.hello_frame(pid=0).hex(), R.batch_frame(kern, b.names, pid=0).hex()]
@@ -578,9 +585,12 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         rejected = cu.get("server_rejected_peers", -1)
         r = a.stop()
         forged_lines = [x for x in r["stderr"].splitlines() if x.startswith("2026-01-01") or x.startswith("FAKE")]
+        escaped = sum('forged line' in x for x in r['stderr'].splitlines())
         row("6", f"{name}, {tag}", r, f"tail as nobody: exit {tail.returncode} `{tail_line}`; own-pid kernels "
-            f"sent, {cu.get('records')} records accepted for nobody's own pid; claiming pid 1: {forged.get('sent')}, rejected peers {rejected}; forged log lines: "
-            f"{len(forged_lines)} (the status logged escaped, each time on one line: {sum('forged line' in x for x in r['stderr'].splitlines())}x)", tail.returncode == 1 and not forged_lines, mem)
+            f"sent, {cu.get('records')} records accepted for nobody's own pid; claiming pid 1: {forged.get('sent')}, "
+            f"rejected peers {rejected}; forged log lines: "
+            f"{len(forged_lines)} (the status logged escaped, each time on one line: {escaped}x)",
+            tail.returncode == 1 and not forged_lines, mem)
         cg.close()
 
     name = "kernel records start/end 2^64-1, device 0xFFFFFFFF"
@@ -605,7 +615,8 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         rejected = cu.get("rejected_records", -1)
         r = a.stop()
         row("7", f"{name}, {tag}", r, f"4 records sent; rejected and counted {rejected} (health: timestamps "
-            f"{cu.get('rejected_timestamps')}, device {cu.get('rejected_device')}; accepted {cu.get('records')}); negative samples "
+            f"{cu.get('rejected_timestamps')}, device {cu.get('rejected_device')}; accepted {cu.get('records')}); "
+            f"negative samples "
             f"{len(negative)}; device -1 series {len(minus_dev)}", rejected >= 4 and not negative and not minus_dev,
             mem)
         cg.close()
@@ -632,7 +643,8 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         ctx.term()
         r = a.stop()
         row("8", f"{name}, {tag}", r, f"healthy subscriber: {ws['n']} events batches, counted gaps {ws['gaps']}, "
-            f"uncounted holes {ws['seq_holes']}; sends dropped for the stalled one, counted: {drops:.0f}", ws["n"] >= 10 and ws["gaps"] == 0 and ws["seq_holes"] == 0, mem)
+            f"uncounted holes {ws['seq_holes']}; sends dropped for the stalled one, counted: {drops:.0f}",
+            ws["n"] >= 10 and ws["gaps"] == 0 and ws["seq_holes"] == 0, mem)
         cg.close()
 
 
@@ -662,7 +674,8 @@ def config_cases(tmp: Path, mem: int, only: str) -> None:
                    "--no-prometheus", "--endpoint", f"ipc://{tmp}/conf.sock"], cg).finish(30)
         lines = r["stderr"].strip().splitlines()
         made = os.path.exists("/etc/ridgeline-test")
-        row("5", f"config: {name}", r, f"`{(lines or [''])[-1].replace(str(f), 'bad.toml')[:130]}`" + (" - made /etc/ridgeline-test" if made else ""),
+        last = (lines or [''])[-1].replace(str(f), 'bad.toml')[:130]
+        row("5", f"config: {name}", r, f"`{last}`" + (" - made /etc/ridgeline-test" if made else ""),
             r["exit"] == 2 and len(lines) == 1 and key in lines[0] and not made, mem)
         cg.close()
 
@@ -712,7 +725,8 @@ def install_help() -> None:
     wrong = re.findall(r"--no-deps\W+--no-build-isolation", p.stdout)
     r = {"exit": p.returncode, "rss": 0, "cg": 0, "oom": 0, "time": time.monotonic() - t0, "tracebacks": 0}
     row("8", "install.sh --help", r, f"{len(recommends)} lines name --no-deps/--no-build-isolation, "
-        f"{len(wrong)} recommend them together: `{' '.join(x.strip('# ') for x in recommends)[:150]}`", p.returncode == 0 and not wrong, 1 << 30)
+        f"{len(wrong)} recommend them together: `{' '.join(x.strip('# ') for x in recommends)[:150]}`",
+        p.returncode == 0 and not wrong, 1 << 30)
 
 
 def _end_children() -> None:
@@ -745,11 +759,13 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("ridgeline: error: hardening-check needs root (cgroups, running attacks as nobody)")
     # the checkout whose code the children run (this interpreter's ridgeline), not this script's
-    src = subprocess.run([PY, "-c", "import os, ridgeline.agent as a; print(os.path.dirname(os.path.dirname(a.__file__)))"],
+    src = subprocess.run([PY, "-c",
+                          "import os, ridgeline.agent as a; print(os.path.dirname(os.path.dirname(a.__file__)))"],
                          capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.strip()
     head = subprocess.run(["git", "log", "-1", "--format=%h %ad", "--date=format:%H:%M"], cwd=src or ROOT,
                           capture_output=True, text=True).stdout.strip()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {open('/proc/loadavg').read().split()[:3]}, "
+    load = open('/proc/loadavg').read().split()[:3]
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {load}, "
           f"{os.cpu_count()} CPUs, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB, "
           f"code {src} at {head}")
     print("| item | case | exit | peak RSS MiB | cgroup peak MiB | time s | what happens | verdict |")
