@@ -493,6 +493,17 @@ class WindowCollector:
             if _num(n) is not None:
                 sf.add_metric([host, str(kind)], float(n))
         yield sf
+        # The CUPTI socket's own defence: connections refused at the descriptor-derived
+        # limit, at one user's share of it, and peers cut for claiming another pid.
+        cr = CounterMetricFamily("ridgeline_agent_cupti_refused_connections",
+                                 "Connections the CUPTI socket refused or cut, by reason "
+                                 "(limit, per_user, peer_identity)", labels=["Hostname", "reason"])
+        cupti = (a.get("probes") or {}).get("cupti") or {}
+        for reason, key in (("limit", "server_refused_connections"), ("per_user", "server_refused_connections_uid"),
+                            ("peer_identity", "server_rejected_peers")):
+            if _num(cupti.get(key)) is not None:
+                cr.add_metric([host, reason], float(cupti[key]))
+        yield cr
         # This endpoint's own defence: slow clients cut, connections evicted or refused.
         ms = CounterMetricFamily("ridgeline_agent_metrics_server_events",
                                  "Connection events of the agent's /metrics server (timeouts, evictions, ...)",

@@ -78,7 +78,11 @@ def window(threads, launch_tids=(8,), engine=None):
         "engine": engine or {},
         "sched": {"sched": {"threads": threads}},
         "verdict": [{"device": 0, "pid": 4242, "verdict": "undetermined", "face": None}],
-        "agent": {"cpu_pct": 2.0, "rss_bytes": 1000, "probes": {"sched": {"drops": 1, "errors": 0}},
+        "agent": {"cpu_pct": 2.0, "rss_bytes": 1000, "probes": {"sched": {"drops": 1, "errors": 0},
+                                                         "cupti": {"drops": 0, "errors": 0,
+                                                                   "server_refused_connections": 944,
+                                                                   "server_refused_connections_uid": 3,
+                                                                   "server_rejected_peers": 1}},
                   "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6,
                   "window_drops": 3, "window_fold_errors": 1, "window_open_steps_cut": 2},
     }
@@ -313,3 +317,10 @@ def test_window_builder_losses_are_published_as_counters():
     assert got == {"ridgeline_agent_window_dropped_events": 3, "ridgeline_agent_window_fold_errors": 1,
                    "ridgeline_agent_window_open_steps_cut": 2}
     assert all(fams[n].type == "counter" for n in got)
+
+
+def test_cupti_socket_refusals_are_counters_by_reason():
+    fams = families(exposition([window([thread(8)])]))
+    got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_refused_connections"].samples
+           if s.name.endswith("_total")}
+    assert got == {"limit": 944, "per_user": 3, "peer_identity": 1}
