@@ -313,7 +313,9 @@ def test_demangling_bombs_cost_bounded_memory_and_time_and_are_counted():
     # Whether a bomb ends at its deadline or at the worker's memory limit depends on how
     # fast this host is; either way it stays mangled, is counted, and costs the agent nothing.
     assert names[1] in (real, "") or names[1].startswith("void vllm::paged_attention_v2_kernel<unsigned short")
-    assert c["names_not_demangled"] >= 3     # a bomb the worker gives up on (out of memory) is "not mangled"
+    # A bomb that ends at the answer cap or its deadline is counted; one the worker runs out
+    # of memory on is reported as "not a mangled name" and left as it is (not counted).
+    assert c["names_not_demangled"] >= 1
     if c["demangle_deadlines"] >= 2:            # two deadlines: later names stay mangled (next test)
         assert c["demangling_stopped"] == 1
     else:
