@@ -15,6 +15,7 @@ silence. :func:`default_endpoint` is the agent's configured endpoint.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -39,7 +40,9 @@ def default_endpoint() -> str:
 def server_key(text: str) -> bytes:
     """The agent's CURVE public key from ``--server-key``: 40 Z85 characters, or a
     certificate file (``server.key`` of ``ridgeline keys``/``zmq.auth``)."""
-    if len(text) == 40 and not text.startswith(("/", ".")):
+    # Z85's alphabet holds "/" and ".", so a key may look like a path: a 40-character value
+    # is a key unless a file of that name exists.
+    if len(text) == 40 and not os.path.isfile(text):
         key = text.encode("ascii", "replace")
     else:
         from zmq import auth

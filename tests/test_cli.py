@@ -175,3 +175,12 @@ def test_every_command_answers_a_usage_error_with_exit_2_and_the_prefix(command)
 def test_every_command_has_help_exit_0(command):
     r = run(command, "--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: ridgeline " + command)
+
+
+def test_a_z85_server_key_that_looks_like_a_path_is_a_key():
+    """Z85's alphabet has "/" and ".": a generated public key may start with either (one did
+    in a CI run and was taken for a missing certificate file)."""
+    from ridgeline.agent.subscriber import server_key
+    key = "/P-ca?=yX/MagA:mrm7i3>R*@XH@P<UD@(I4jq9!"
+    assert server_key(key) == key.encode()
+    assert server_key("." + key[1:]) == ("." + key[1:]).encode()
