@@ -285,7 +285,13 @@ def test_demangling_bombs_cost_bounded_memory_and_time_and_are_counted():
     assert _doubling_name(3).startswith("_Z")
     from ridgeline.probes.cupti.demangle import demangle
     assert demangle(_doubling_name(3)) == "void f<b<b<b<a, a>, b<a, a> >, b<b<a, a>, b<a, a> > > >()"
+    # The child's own high-water mark (VmHWM starts anew at exec; ru_maxrss would carry the
+    # RSS of this pytest process, forked for the preexec_fn, into the child).
     code = ("import json, resource, sys\n"
+            "def hwm_kib():\n"
+            "    for line in open('/proc/self/status'):\n"
+            "        if line.startswith('VmHWM:'):\n"
+            "            return int(line.split()[1])\n"
             "from ridgeline.probes.cupti.decode import ProcessDecoder\n"
             "bombs, real = json.loads(sys.argv[1]), sys.argv[2]\n"
             "d = ProcessDecoder(1)\n"
@@ -293,7 +299,7 @@ def test_demangling_bombs_cost_bounded_memory_and_time_and_are_counted():
             "d.add_names({4: bombs[2], 5: real + 'x'})\n"
             "d.add_names({6: bombs[3]})\n"
             "print(json.dumps({'names': [d.names[i] for i in range(len(d.names))], 'counters': d.counters,\n"
-            "                  'rss_kib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))\n")
+            "                  'rss_kib': hwm_kib()}))\n")
     import json
     bombs = [_doubling_name(24), _doubling_name(40), _doubling_name(41), _doubling_name(42)]
     real = R.MANGLED_KERNELS[1][0]
