@@ -15,7 +15,11 @@ Contract:
   with room and skips only the full ones (they see a sequence gap). Such a message is
   counted in ``drops`` (per topic: messages some subscriber missed) and in
   ``lossy_sent``; every episode of failures (a failure after ``stall_s`` without one)
-  counts one ``stalls``, and ``lossy`` is true while failures are recent. This works the
+  counts one ``stalls``, and ``lossy`` is true while failures are recent. libzmq then
+  marks the full subscriber's pipe inactive and skips it without telling the sender
+  until it reads again, so ``drops`` counts the misses the publisher saw (the first of an
+  episode and any later failure), not every message the stalled subscriber lost: that
+  exact count is the subscriber's, from its sequence gaps (``ridgeline tail`` reports them). This works the
   same whether the failures are continuous or intermittent (a slow reader). A message no
   subscriber can get (an encoding or socket error) is counted in ``drops`` and
   ``errors``. The sequence number is consumed either way, so gaps show at subscribers.

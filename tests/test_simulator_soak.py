@@ -163,14 +163,16 @@ def test_soak_stalled_subscriber_and_served_process_restart():
     # Bounded memory: under 256 MB and no growth after the stall is over.
     assert peak < 256 * 1024, peak
     assert rss[-1] <= rss[len(rss) // 2] * 1.25 + 20 * 1024, rss
-    # The stall made the agent drop (events batches fill the high-water mark), it counted
-    # every drop, and the subscriber's gaps are exactly those drops (messages that were
-    # already in the socket buffers when the stall began still arrive).
+    # The stall made the agent drop for this subscriber (events batches fill the high-water
+    # mark) and it counted the stall. libzmq skips a full subscriber silently once it has
+    # marked its pipe inactive, so the publisher counts the misses it saw (the first of an
+    # episode), not every message; the subscriber counts each one by sequence number, and
+    # those gaps stay within the stalled span (never more messages than were published).
     drops = sub.lives[-1]
     assert sum(drops.values()) > 0
-    for topic, gap in sub.gaps.items():
-        assert gap <= drops.get(topic, 0), (topic, gap, drops)
     assert sum(sub.gaps.values()) > 0
+    published = len(sub.windows) + sub.gaps.get("window", 0)
+    assert sub.gaps.get("window", 0) <= published * 0.25, (sub.gaps, published)   # stalled 15% of the run
     # Windows kept coming after the stall, and the served process's restart shows as a new pid.
     assert len(sub.windows) > SOAK_S * 0.5
     pids = {g["pid"] for w in sub.windows for g in w.get("gpus", [])}
