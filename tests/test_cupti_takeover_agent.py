@@ -104,8 +104,14 @@ def _take_over(host: Host, app: StubApp, stop: bool = True) -> dict:
     """Our kernels arrive; torch.profiler starts (and, with ``stop``, stops without teardown)."""
     app("emit 5 0 100")
     host.wait(lambda h: h.get("probes", {}).get("cupti", {}).get("records", 0) >= 5, 10)
-    app("emit 3 0 200")                 # into our partial buffer, which Kineto then gets
+    # Into a buffer of ours that is still inside CUPTI when Kineto starts: held back from
+    # our periodic flush (a record in flight) until after the takeover, so no flush can
+    # return it to us between the two calls (the race a loaded CI host lost once). CUPTI
+    # then completes it to Kineto's callback, which drops and leaks it.
+    app("hold 1")
+    app("emit 3 0 200")
     assert app("kineto_start")["rc"] == 0
+    app("hold 0")
     app("emit 4 0 300")                 # Kineto's
     h = host.wait(taken(app.p.pid), 15)
     if stop:

@@ -72,8 +72,10 @@ def _run_until_taken_over(app, agent):
     app("emit 5 0 100")                      # ours, delivered by our periodic flush
     agent.pump(3, until=lambda a: len(a.corr) >= 5)
     assert sorted(agent.corr) == list(range(100, 105))
-    app("emit 3 0 200")                      # into our next buffer, still partial ...
+    app("hold 1")                            # a record in flight: no flush of ours returns ...
+    app("emit 3 0 200")                      # ... our next buffer, still inside CUPTI ...
     assert app("kineto_start")["rc"] == 0    # ... when torch.profiler starts
+    app("hold 0")                            # CUPTI completes it, now to Kineto's callback
     app("emit 4 0 300")                      # these go to Kineto's buffers
     agent.pump(8, until=Agent.taken_over)
     assert agent.taken_over(), [h.status for h in agent.hellos]
