@@ -1827,19 +1827,24 @@ RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
 
 /* Sets the library up as if CUPTI were there (record sizes from the compiled-in headers)
  * and starts the sender. socket_path NULL keeps RIDGELINE_SOCKET / the default. */
-RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_version) {
-    if (atomic_exchange(&g_initialized, 1)) return -1;
-    if (common_init()) return -1;
-    if (socket_path) set_socket_path(socket_path);
+/* The tail of both test entry points: test mode on, the sender running. */
+static int test_mode_start(void) {
     g_test_mode = 1;
-    g_cupti_version = cupti_version;
-    sizes_from_header();
     atomic_fetch_or(&g_flags, RL_FLAG_TEST_MODE);
     g_init_pid = getpid();
     pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
     atomic_store(&g_active, 1);
     start_sender_if_needed();
     return 0;
+}
+
+RL_EXPORT int ridgeline_test_init(const char *socket_path, uint32_t cupti_version) {
+    if (atomic_exchange(&g_initialized, 1)) return -1;
+    if (common_init()) return -1;
+    if (socket_path) set_socket_path(socket_path);
+    g_cupti_version = cupti_version;
+    sizes_from_header();
+    return test_mode_start();
 }
 
 /* As ridgeline_test_init, but with a real libcupti loaded from libcupti_path: the record
@@ -1866,13 +1871,7 @@ RL_EXPORT int ridgeline_test_init_cupti(const char *socket_path, const char *lib
         return -4;
     }
     sizes_for_runtime(g_cupti_version);
-    g_test_mode = 1;
-    atomic_fetch_or(&g_flags, RL_FLAG_TEST_MODE);
-    g_init_pid = getpid();
-    pthread_atfork(at_fork_prepare, at_fork_parent, at_fork_child);
-    atomic_store(&g_active, 1);
-    start_sender_if_needed();
-    return 0;
+    return test_mode_start();
 }
 
 /* Exactly what CUPTI's completed-buffer callback does with a buffer (the buffer stays the caller's). */
