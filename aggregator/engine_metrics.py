@@ -33,13 +33,24 @@ ENGINE_RE = re.compile(r"^(?:ray_)?(vllm|sglang)[:_](.+)$")
 # collapse by max; everything else (engine/DP rank, finished_reason, Ray replica) sums.
 _DUPLICATE_DIMS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "pid"})
 
-# Canonical histogram -> candidate family names per engine, first found wins.
-HISTOGRAMS: dict[str, dict[str, tuple[str, ...]]] = {
+# SGLang's per-stage request latency: one family, ``stage`` label (the stage names of
+# RequestStage in python/sglang/srt/observability/req_time_stats.py). Of the stages it
+# observes in a unified server (request_process, prefill_forward, chunked_prefill), only
+# prefill_forward is a Ridgeline segment: once per request, from its first forward entry
+# (leaving the waiting queue) to the end of its prefill, chunks included. prefill_waiting
+# (= queue_time_seconds) and decode_loop are not observed, and decode_loop would be one
+# observation per decode step, not per request (docs/engine-metrics.md).
+SGLANG_PER_STAGE = "per_stage_req_latency_seconds"
+
+# Canonical histogram -> candidate families per engine, first found wins. A candidate is a
+# family name, or (family, {label: value}) for the series of one label value (a stage).
+HISTOGRAMS: dict[str, dict[str, tuple[str | tuple[str, dict[str, str]], ...]]] = {
     "ttft_s": {"vllm": ("time_to_first_token_seconds",), "sglang": ("time_to_first_token_seconds",)},
     "itl_s": {"vllm": ("inter_token_latency_seconds", "time_per_output_token_seconds"),
               "sglang": ("inter_token_latency_seconds", "time_per_output_token_seconds")},
     "queue_time_s": {"vllm": ("request_queue_time_seconds",), "sglang": ("queue_time_seconds",)},
-    "prefill_time_s": {"vllm": ("request_prefill_time_seconds",), "sglang": ()},
+    "prefill_time_s": {"vllm": ("request_prefill_time_seconds",),
+                       "sglang": ((SGLANG_PER_STAGE, {"stage": "prefill_forward"}),)},
     "decode_time_s": {"vllm": ("request_decode_time_seconds",), "sglang": ()},
     "e2e_latency_s": {"vllm": ("e2e_request_latency_seconds",), "sglang": ("e2e_request_latency_seconds",)},
     "iteration_tokens": {"vllm": ("iteration_tokens_total",), "sglang": ()},
@@ -266,11 +277,12 @@ def snapshot(expo: Any, ts_ns: int, endpoint: str | None = None) -> dict:
         snap["prefix_cache_unit"] = "tokens" if "prefix_cache_queries" in snap["counters"] else None
 
     for canon, per in HISTOGRAMS.items():
-        for fam in per.get(engine, ()):
-            h = _histogram(fams, fam)
+        for cand in per.get(engine, ()):
+            fam, where = (cand, None) if isinstance(cand, str) else cand
+            h = _histogram(fams, fam, where)
             if h is not None:
                 snap["histograms"][canon] = h
-                snap["sources"][canon] = src(fam)
+                snap["sources"][canon] = src(fam) + _selector(where)
                 break
     snap["version_hint"] = _version_hint(engine, fams, expo)
     return snap
@@ -306,8 +318,23 @@ def _vllm_used_tokens(usage: list[tuple[dict, float]], pools: dict[str, float]) 
     return sum(u * pools.get(e, mean_pool) for e, u in per_engine.items())
 
 
-def _histogram(fams: dict, fam: str) -> dict | None:
-    buckets = fams.get(fam + "_bucket")
+def _selector(where: dict[str, str] | None) -> str:
+    """``{stage="prefill_forward"}`` for the label values a source was selected by."""
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(where.items())) + "}" if where else ""
+
+
+def _only(series: list[tuple[dict, float]], where: dict[str, str] | None) -> list[tuple[dict, float]]:
+    """The series whose labels have every value of ``where``, those labels removed."""
+    if not where:
+        return series
+    return [({k: x for k, x in labels.items() if k not in where}, v) for labels, v in series
+            if all(labels.get(k) == x for k, x in where.items())]
+
+
+def _histogram(fams: dict, fam: str, where: dict[str, str] | None = None) -> dict | None:
+    """The cumulative histogram ``fam`` (ranks aggregated), or None without a ``+Inf``
+    bucket; with ``where``, only its series of those label values (one stage)."""
+    buckets = _only(fams.get(fam + "_bucket", []), where)
     if not buckets:
         return None
     by_le: dict[float, list] = {}
@@ -322,8 +349,8 @@ def _histogram(fams: dict, fam: str) -> dict | None:
         return None
     les = sorted(by_le)
     cum = [_aggregate(by_le[le]) or 0.0 for le in les]
-    count = _aggregate(fams.get(fam + "_count", [])) or cum[-1]
-    total = _aggregate(fams.get(fam + "_sum", [])) or 0.0
+    count = _aggregate(_only(fams.get(fam + "_count", []), where)) or cum[-1]
+    total = _aggregate(_only(fams.get(fam + "_sum", []), where)) or 0.0
     return {"bounds": les[:-1], "cumulative": cum, "count": count, "sum": total}
 
 
@@ -580,8 +607,10 @@ def _segments(dh: dict) -> dict:
 
     vLLM exports each segment as its own histogram (observed when the request finishes;
     TTFT when its first token is out), so each mean is measured. SGLang exports queue,
-    TTFT and e2e only: its prefill is TTFT - queue and its decode e2e - TTFT, as means,
-    tagged ``derived``. ``queue_share_of_ttft_ratio`` is mean queue / mean TTFT (the two
+    TTFT and e2e, and where its per-stage histogram has ``stage="prefill_forward"`` the
+    prefill (measured; its source names the stage); a prefill without that stage is
+    TTFT - queue, and decode is always e2e - TTFT (SGLang observes no per-request decode
+    stage), as means, tagged ``derived``. ``queue_share_of_ttft_ratio`` is mean queue / mean TTFT (the two
     histograms count overlapping, not identical, sets of requests: a ratio of means).
     """
     q, pf, dd = _mean(dh.get("queue_time_s")), _mean(dh.get("prefill_time_s")), _mean(dh.get("decode_time_s"))

@@ -324,3 +324,28 @@ def test_cupti_socket_refusals_are_counters_by_reason():
     got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_refused_connections"].samples
            if s.name.endswith("_total")}
     assert got == {"limit": 944, "per_user": 3, "peer_identity": 1}
+
+
+@needs_promtool
+def test_sglang_per_stage_prefill_passes_through_with_sglangs_buckets():
+    """The SGLang per-stage fixture (tests/data/sglang_per_stage): its prefill_forward
+    stage becomes ridgeline_engine_request_prefill_time_seconds with SGLang's 30
+    exponential bounds, and the exposition still passes promtool."""
+    from pathlib import Path
+    data = Path(__file__).resolve().parent / "data" / "sglang_per_stage"
+    url = "http://127.0.0.1:30000/metrics"
+    t = em.EngineTracker()
+    for i, name in enumerate(("scrape_t0.prom", "scrape_t1.prom")):
+        out = t.update({"scrapes": [{"endpoint": url, "ts_ns": (i + 1) * 10 * S, "pid": 5151,
+                                     "exposition": prom_text.parse((data / name).read_text())}]})
+    text = exposition([window([thread(8)], engine={"engine": out})])
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fam = families(text)["ridgeline_engine_request_prefill_time_seconds"]
+    les = [s.labels["le"] for s in fam.samples if s.name.endswith("_bucket") and s.labels["pid"] == "5151"]
+    assert len(les) == 31 and les[0] == "0.001" and les[-1] == "+Inf"
+    count = [s.value for s in fam.samples if s.name.endswith("_count") and s.labels["pid"] == "5151"]
+    assert count == [18.0]
+    seg = {s.labels["segment"]: s.value for s in families(text)["ridgeline_engine_segment_mean_seconds"].samples
+           if s.labels["pid"] == "5151"}
+    assert seg["prefill"] == pytest.approx(0.12) and seg["decode"] == pytest.approx(2.0)

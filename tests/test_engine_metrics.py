@@ -1,4 +1,6 @@
 """Engine metrics normalisation: real scrapes, generated successors, resets, quantile edges."""
+from pathlib import Path
+
 import pytest
 
 from ridgeline.aggregator import engine_metrics as em
@@ -381,6 +383,52 @@ def test_sglang_segments_are_derived_from_means_and_tagged():
     assert f["prefill_mean_s"] == pytest.approx(0.3) and f["decode_mean_s"] == pytest.approx(3.0)
     assert f["segment_kinds"] == {"queue": "measured", "prefill": "derived", "decode": "derived"}
     assert f["queue_share_of_ttft_ratio"] == pytest.approx(0.25)
+
+
+# SGLang's per-stage latency: two scrapes rendered by prometheus_client (multiprocess mode,
+# as SGLang serves /metrics) from SGLang's own definitions (family, HELP, buckets
+# exponential_buckets(0.001, 1.62, 30), scheduler labels + stage) and its observation
+# points: tests/data/sglang_per_stage/ (generate.py; commits in tests/data/PROVENANCE.md).
+PER_STAGE = Path(__file__).resolve().parent / "data" / "sglang_per_stage"
+
+
+def per_stage_window():
+    t0 = snap((PER_STAGE / "scrape_t0.prom").read_text(), T0)
+    t1 = snap((PER_STAGE / "scrape_t1.prom").read_text(), T0 + 10 * S)
+    return t1, em.window_figures([t1], t0)
+
+
+def test_sglang_per_stage_prefill_forward_is_the_measured_prefill():
+    t1, f = per_stage_window()
+    h = t1["histograms"]["prefill_time_s"]
+    assert len(h["bounds"]) == 30 and h["bounds"][0] == 0.001 and h["bounds"][-1] == pytest.approx(1191.0649, rel=1e-6)
+    assert t1["sources"]["prefill_time_s"] == 'sglang:per_stage_req_latency_seconds{stage="prefill_forward"}'
+    # The window's 8 requests, not the 10 before t0; chunked_prefill (per chunk, 0.04 s) and
+    # request_process (0.002 s) are other stages and must not be mixed in.
+    assert f["prefill_time_s"]["count"] == 8
+    assert f["prefill_mean_s"] == pytest.approx(0.12) and f["queue_mean_s"] == pytest.approx(0.05)
+    assert f["ttft_mean_s"] == pytest.approx(0.2)
+    # SGLang observes no per-request decode stage: decode stays e2e - TTFT, tagged derived.
+    assert f["decode_mean_s"] == pytest.approx(2.0)
+    assert f["segment_kinds"] == {"queue": "measured", "prefill": "measured", "decode": "derived"}
+    rec = em.engine_record(f)
+    assert rec["source"]["families"]["prefill_time_s"].endswith('{stage="prefill_forward"}')
+    # Passed through to /metrics with SGLang's 30 per-stage buckets.
+    lh = rec["latency_histograms"]["prefill_time_s"]
+    assert len(lh["bounds"]) == 30 and lh["count"] == 18
+
+
+def test_sglang_per_stage_without_prefill_forward_keeps_the_derived_prefill():
+    """A server whose per-stage family has no prefill_forward series (e.g. a decode node of a
+    disaggregated pair) gives no measured prefill: the other stages are never taken for it."""
+    def drop(text):
+        return "\n".join(x for x in text.splitlines() if 'stage="prefill_forward"' not in x) + "\n"
+    t0 = snap(drop((PER_STAGE / "scrape_t0.prom").read_text()), T0)
+    t1 = snap(drop((PER_STAGE / "scrape_t1.prom").read_text()), T0 + 10 * S)
+    assert "prefill_time_s" not in t1["histograms"]
+    f = em.window_figures([t1], t0)
+    assert f["segment_kinds"]["prefill"] == "derived"
+    assert f["prefill_mean_s"] == pytest.approx(0.2 - 0.05)
 
 
 def test_vllm_segments_measured_and_queue_share():
