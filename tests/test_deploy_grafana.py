@@ -54,7 +54,8 @@ def test_panels_and_variables():
     for needed in ("Phase time share", "Achieved memory bandwidth vs ceiling", "Achieved FLOP/s vs ceiling",
                    "Roofline position over time", "Verdict timeline", "KV usage vs 85% watermark",
                    "Preemptions and recovery time", "Segmented latency: queue / prefill / decode beside TTFT",
-                   "Launch-thread scheduling", "Agent cost and drops"):
+                   "Launch-thread scheduling", "Agent cost and drops",
+                   "Collection health: CUPTI takeover, socket refusals, engine scrapes"):
         assert needed in titles, needed
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))

@@ -43,7 +43,7 @@ needs_prometheus = pytest.mark.skipif(
 def test_promtool_check_rules():
     r = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     print(r.stdout, r.stderr)
-    assert r.returncode == 0 and "SUCCESS: 16 rules found" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "SUCCESS: 22 rules found" in r.stdout, r.stdout + r.stderr
 
 
 @needs_promtool
@@ -71,20 +71,64 @@ def concrete(expr: str) -> str:
             .replace('=~"$gpu"', '=~".*"').replace('=~"$pid"', '=~".*"'))
 
 
+def literal_exposition() -> str:
+    """/metrics for a literal window: vLLM + SGLang endpoints (a preemption episode open),
+    NVML, threads, and an agent section with a CUPTI takeover, socket refusals, engine
+    scrape failures and lost batches (the series the collection-health rules read)."""
+    from test_agent_prometheus import engine_section, exposition, thread, window
+    w = window([thread(8, 5, launches=3)], engine=engine_section())
+    w["agent"].update(cupti_processes_taken_over=1, dropped_records=1, dropped_batches=2)
+    w["agent"]["probes"]["engine"] = {"drops": 0, "errors": 3, "scrape_failures": {"too_large": 3, "timeout": 0}}
+    return exposition([w])
+
+
+def exposed_names(text: str) -> set[str]:
+    return set(re.findall(r"^([a-z_:]+)[{ ]", text, re.M))
+
+
 def test_dashboard_queries_only_use_exposed_or_recorded_names():
     """Without a Prometheus server: every name a panel reads is a recording rule or a family
     the collector exposes for a literal window (vLLM + SGLang endpoints, NVML, threads)."""
-    from test_agent_prometheus import engine_section, exposition, thread, window
     recorded = set(re.findall(r"^\s*- record: (\S+)$", RULES.read_text(), re.M))
     assert len(recorded) == 10
-    text = exposition([window([thread(8, 5, launches=3)], engine=engine_section())])
-    exposed = set(re.findall(r"^([a-z_:]+)[{ ]", text, re.M))
+    exposed = exposed_names(literal_exposition())
     for title, expr in dashboard_queries():
         for name in re.findall(r"\b(ridgeline[:_][a-z0-9_:]+)", expr):
             if name in ("ridgeline_engine_swapped_requests", "ridgeline_engine_external_prefix_cache_hit_ratio",
                         "ridgeline_engine_preemption_recovery_seconds", "ridgeline_engine_prompt_tokens_cached_ratio"):
                 continue   # V0 / KV-connector / recovered-episode figures: test_engine_metrics, test_preemption_episodes
             assert name in recorded or name in exposed or f"{name}_bucket" in exposed, (title, name)
+
+
+def test_rules_read_only_series_the_agent_exposes():
+    """No rule reads an invented series: every ridgeline_* name in the rules file is a
+    recording rule or a family the collector exposes (the literal window above), and the
+    new collection-health rules read the families they were written for."""
+    rules = RULES.read_text()
+    recorded = set(re.findall(r"^\s*- record: (\S+)$", rules, re.M))
+    exposed = exposed_names(literal_exposition())
+    exprs = re.findall(r"^\s*expr: (?:\|\n((?:\s{10}.*\n)+)|(.*)$)", rules, re.M)
+    assert len(exprs) == 22
+    read = {n for block, line in exprs for n in re.findall(r"\b(ridgeline[:_][a-z0-9_:]+)", block or line)}
+    assert read <= recorded | exposed, sorted(read - recorded - exposed)
+    for name in ("ridgeline_agent_cupti_processes_taken_over", "ridgeline_agent_cupti_refused_connections_total",
+                 "ridgeline_agent_engine_scrape_failures_total", "ridgeline_engine_preemption_episode_elapsed_seconds",
+                 "ridgeline_agent_dropped_batches_total", "ridgeline_agent_window_dropped_events_total",
+                 "ridgeline_agent_window_fold_errors_total"):
+        assert name in read, name
+
+
+def test_collection_health_rules_label_values_exist():
+    """The label values the rules select on are the ones the agent writes: refusal reasons
+    (agent/prometheus.py) and scrape-failure kinds (probes/engine.py FAILURE_KINDS)."""
+    from ridgeline.probes.engine import FAILURE_KINDS
+    text = literal_exposition()
+    reasons = set(re.findall(r'^ridgeline_agent_cupti_refused_connections_total\{.*reason="(\w+)"', text, re.M))
+    assert reasons == {"limit", "per_user", "peer_identity"}
+    rules = RULES.read_text()
+    assert 'reason=~"limit|per_user"' in rules and 'reason="peer_identity"' in rules
+    for kind in re.findall(r'eq \$labels\.kind \\"(\w+)\\"', rules):
+        assert kind in FAILURE_KINDS, kind
 
 
 # Series a vLLM V1 server without a KV connector does not export, so the agent must not
@@ -95,6 +139,15 @@ ABSENT_ON_VLLM_V1 = {
     "ridgeline_engine_kv_evicted_tokens_per_second": "vLLM exports no eviction counter (SGLang evicted_tokens_total)",
     "ridgeline_engine_external_prefix_cache_hit_ratio": "no KV connector (LMCache/NIXL) on the simulated server",
 }
+
+
+# Series the agent exposes only where the cupti probe runs (the simulator test has none):
+# they must stay absent there, never a made-up zero.
+ABSENT_WITHOUT_CUPTI = {
+    "ridgeline_agent_cupti_processes_taken_over": "absent when the cupti probe does not run",
+    "ridgeline_agent_cupti_refused_connections_total": "the CUPTI socket's counters, absent without the probe",
+}
+ABSENT_ON_SIMULATOR = {**ABSENT_ON_VLLM_V1, **ABSENT_WITHOUT_CUPTI}
 
 
 def free_port() -> int:
@@ -239,10 +292,10 @@ scrape_configs:
             return r["data"]["result"]
 
         checks = [(f"dashboard: {t} #{i}", concrete(e)) for i, (t, e) in enumerate(dashboard_queries())
-                  if not any(n in e for n in ABSENT_ON_VLLM_V1)]
+                  if not any(n in e for n in ABSENT_ON_SIMULATOR)]
         absent = [(f"dashboard: {t}", concrete(e)) for t, e in dashboard_queries()
-                  if any(n in e for n in ABSENT_ON_VLLM_V1)]
-        assert len(absent) == len(ABSENT_ON_VLLM_V1)
+                  if any(n in e for n in ABSENT_ON_SIMULATOR)]
+        assert len(absent) == len(ABSENT_ON_SIMULATOR)
         # The rules as the server loaded them (its own parse of the file).
         deadline = time.monotonic() + 60
         groups = []
@@ -250,7 +303,7 @@ scrape_configs:
             groups = api_get("rules").get("data", {}).get("groups", [])
             if not groups:
                 time.sleep(1)
-        assert sum(len(g["rules"]) for g in groups) == 16, groups
+        assert sum(len(g["rules"]) for g in groups) == 22, groups
         for g in groups:
             for r in g["rules"]:
                 if r["type"] == "recording":
@@ -258,7 +311,12 @@ scrape_configs:
                     checks.append((f"record expr {r['name']}", r["query"]))
                 else:
                     for name in selectors(r["query"]):
-                        checks.append((f"alert {r['name']} reads {name}", name))
+                        if name in ABSENT_WITHOUT_CUPTI:
+                            absent.append((f"alert {r['name']} reads {name}", name))
+                        else:
+                            # Seen during the run: the episode's elapsed time exists only while
+                            # an episode is open, its recovery time only after it closed.
+                            checks.append((f"alert {r['name']} reads {name}", f"max_over_time({name}[10m])"))
         # Decode's KV-cache reads from the engine's estimate reach the GPU series only when the
         # engine endpoint carries the served process's pid (the URL-configured one included).
         checks.append(("decode KV reads from the engine estimate",
