@@ -427,10 +427,19 @@ def _xyz(v) -> tuple[int, int, int]:
 
 
 def _per_name(names: NameTable, ids: np.ndarray, fn, dtype) -> np.ndarray:
-    """Apply ``fn(name)`` once per distinct name id, then broadcast (vectorised)."""
-    uniq, inv = np.unique(ids, return_inverse=True)
-    vals = np.array([fn(names[i]) if i >= 0 else 0 for i in uniq.tolist()], dtype=dtype)
-    return vals[inv] if len(uniq) else np.zeros(len(ids), dtype=dtype)
+    """Apply ``fn(name)`` once per distinct name id, then broadcast (vectorised).
+    Name ids are dense (0..len(names)-1, MISSING for none): a table indexed by id + 1
+    replaces a sort of all the ids (np.unique), linear in the rows."""
+    if not len(ids):
+        return np.zeros(0, dtype=dtype)
+    if ids.min() < MISSING:     # not a name id: the sorting way, as before
+        uniq, inv = np.unique(ids, return_inverse=True)
+        vals = np.array([fn(names[i]) if i >= 0 else 0 for i in uniq.tolist()], dtype=dtype)
+        return vals[inv]
+    present = np.flatnonzero(np.bincount(ids.astype(np.int64) + 1, minlength=1))
+    table = np.zeros(int(present[-1]) + 1, dtype=dtype)
+    table[present] = [fn(names[i - 1]) if i > 0 else 0 for i in present.tolist()]
+    return table[ids.astype(np.int64) + 1]
 
 
 # --------------------------------------------------------------------------- joins
@@ -1488,8 +1497,11 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
             size = path.stat().st_size
             with open(path, "rb") as f:
                 gz = f.read(2) == b"\x1f\x8b"
-            # a second reader costs about 20% more CPU in all (each inflates and cuts the
-            # whole stream): worth it only when a CPU is idle for it
+            # a second reader costs CPU (the typed reader's about 6% more in all, each
+            # process inflating and cutting the whole stream; the scanner's about 20%) and
+            # gains wall time only where a CPU is idle: on a busy host (with the kernel's
+            # per-session fair share, autogroup) the two share what one would get
+            # (docs/benchmarks-analyze.md)
             cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             parallel = (size >= (PARALLEL_MIN_GZ_BYTES if gz else PARALLEL_MIN_BYTES)
                         and cpus >= 2 and os.getloadavg()[0] <= cpus - 1

@@ -22,8 +22,10 @@ the whole file with the structural scanner, which names the problem exactly.
 
 Two readers: with ``parallel`` the file is read by this process and one forked child;
 both decompress the whole stream (ISA-L inflates several GB/s, cheaper than shipping
-bytes between processes) and decode every other piece; the child streams its columns
-back piece by piece, so neither holds more than its columns plus a piece.
+bytes between processes) and each decodes its share of the pieces (CHILD_SHARE). The
+child writes each piece's rows to an unlinked spool file and sends only their counts
+and its new names through the pipe, so it never waits on the parent; the parent reads
+them back in file order and punches out what it has read.
 """
 from __future__ import annotations
 
@@ -31,9 +33,8 @@ import enum
 import gc
 import mmap
 import os
-import threading
 from collections import Counter
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter, eq, itemgetter
 from pathlib import Path
 
@@ -159,14 +160,15 @@ class _Names:
         self.table = names
         self._by_json: dict[bytes, int] = {}
 
-    def ids(self, values: list) -> np.ndarray:
+    def ids(self, evs) -> np.ndarray:
+        """The name id of each event (struct with a ``name``)."""
         index = self.table._index
         try:
-            # names seen before: one C loop; a new name (None from get) stops it
-            return np.fromiter(map(index.__getitem__, values), dtype=np.int32, count=len(values))
+            # names seen before: one C loop; a new name (or None) stops it
+            return np.fromiter(map(index.__getitem__, map(_get["name"], evs)), dtype=np.int32, count=len(evs))
         except (KeyError, TypeError):
             intern = self.table.intern
-            return np.array([MISSING if v is None else intern(v) for v in values], dtype=np.int32)
+            return np.array([MISSING if v is None else intern(v) for v in map(_get["name"], evs)], dtype=np.int32)
 
     def json_ids(self, raws: list) -> np.ndarray:
         """Id of the compact JSON text of each raw value ("" = absent -> -1)."""
@@ -257,7 +259,7 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     if not n:
         return out
     _times(evs, out)
-    out["name_id"] = names.ids(list(map(_get["name"], evs)))
+    out["name_id"] = names.ids(evs)
     args = list(map(_get["args"], evs))
     if kind == "kernels":
         for col, f in (("device", "device"), ("stream", "stream"), ("context", "context"),
@@ -266,7 +268,8 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
             v = _ints(map(_aget[f], args), n)
             out[col] = np.where(v == _ABSENT, MISSING, v) if f in ("device", "stream") else v
         for prefix in ("grid", "block"):
-            xyz = np.array(list(map(_aget[prefix], args)), dtype=np.int64).reshape(-1, 3)
+            xyz = np.fromiter(chain.from_iterable(map(_aget[prefix], args)), dtype=np.int64,
+                              count=3 * n).reshape(-1, 3)
             out[prefix + "_x"], out[prefix + "_y"], out[prefix + "_z"] = xyz[:, 0], xyz[:, 1], xyz[:, 2]
     elif kind == "copies":
         for col, f in (("device", "device"), ("stream", "stream"), ("correlation_id", "correlation"),
@@ -362,7 +365,8 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
         for k in _KINDS:
             rows = np.flatnonzero(kind_of == _KIND_CODE[k])
             idx = rows.tolist()
-            sel = [] if not idx else [evs[idx[0]]] if len(idx) == 1 else list(itemgetter(*idx)(evs))
+            # a tuple from itemgetter as it is (map and zip read it as a list)
+            sel = () if not idx else (evs[idx[0]],) if len(idx) == 1 else itemgetter(*idx)(evs)
             cols[k] = _rows(k, sel, names, code[rows])
     except (OverflowError, ValueError, TypeError, orjson.JSONDecodeError):
         return _reference(piece, b)   # an integer wider than int64, a non-JSON shape text ...
@@ -376,17 +380,37 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
 _TAGGED = _tagged_decoder()
 
 
-def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, part: int, parts: int, emit) -> None:
-    """Decode the pieces whose index % parts == part; emit(index, cols) for each."""
+def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, mine, emit) -> None:
+    """Decode the pieces whose index ``mine(i)`` is true; emit(index, cols) for each."""
     names = _Names(b.names)
     for i, piece in enumerate(stream.pieces()):
-        if i % parts == part:
+        if mine(i):
             emit(i, _decode_piece(piece, b, names))
 
 
-def _child(path: str, chunk_bytes: int, conn) -> None:
-    """Forked reader of the odd pieces: sends ("piece", i, cols, new names, counts) per
-    piece, then ("done", ...) or ("error", text)."""
+# The child's share of the pieces. The parent also appends every row in file order
+# and maps the child's name ids, so an even split leaves the child idle at the end; on
+# the 1M-kernel A100-derived trace 9/16 balanced the two (10.2 CPU s each).
+CHILD_SHARE = (9, 16)
+
+
+def _child_takes(i: int) -> bool:
+    """Piece ``i`` goes to the child: CHILD_SHARE of the pieces, spread evenly."""
+    num, den = CHILD_SHARE
+    return (i + 1) * num // den != i * num // den
+
+
+def _parent_takes(i: int) -> bool:
+    return not _child_takes(i)
+
+
+def _child(path: str, chunk_bytes: int, conn, spool) -> None:
+    """Forked reader of its share of the pieces: writes each piece's rows (per kind, in
+    _KINDS order, raw) to the unlinked file ``spool`` and sends ("piece", i, row counts,
+    new names, None) per piece, then ("done", ...) or ("error", text). The messages are
+    small, so the child never waits on the parent: the columns go through the page
+    cache, not through the pipe (a pipe full of columns stalled the child whenever the
+    parent held the GIL in a long decode)."""
     try:
         gc.disable()
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
@@ -394,16 +418,67 @@ def _child(path: str, chunk_bytes: int, conn) -> None:
         sent = [0]
 
         def emit(i, cols):
+            counts = []
+            for k in _KINDS:
+                a = np.ascontiguousarray(cols[k])
+                counts.append(len(a))
+                if len(a):
+                    spool.write(a.view(np.uint8))
+            spool.flush()
             strings = b.names.strings
-            conn.send(("piece", i, cols, strings[sent[0]:], None))
+            conn.send(("piece", i, counts, strings[sent[0]:], None))
             sent[0] = len(strings)
-        _read(stream, b, 1, 2, emit)
+        _read(stream, b, _child_takes, emit)
         conn.send(("done", -1, None, None, b.counts))
     except BaseException as exc:   # the parent falls back to one reader
-        conn.send(("error", -1, None, f"{type(exc).__name__}: {exc}", None))
+        try:
+            conn.send(("error", -1, None, f"{type(exc).__name__}: {exc}", None))
+        except BaseException:
+            pass
     finally:
         conn.close()
         os._exit(0)
+
+
+def _every(i: int) -> bool:
+    return True
+
+
+def _read_rows(fd: int, dtype: np.dtype, n: int, offset: int) -> np.ndarray:
+    """``n`` rows of ``dtype`` at ``offset`` of the spool file, into a fresh array."""
+    out = empty(dtype, n)
+    view = memoryview(out.view(np.uint8))
+    got = 0
+    while got < len(view):
+        k = os.preadv(fd, [view[got:]], offset + got)
+        if k <= 0:
+            raise OSError("the child's spool file ends early")
+        got += k
+    return out
+
+
+_FALLOC_PUNCH_HOLE = 0x01 | 0x02     # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
+
+
+def _release(fd: int, offset: int, length: int) -> None:
+    """Free the spool's bytes already read (a hole punched in the file): where the
+    temporary directory is a tmpfs they would otherwise hold memory until the end.
+    Best effort: a system or file system without hole punching keeps them."""
+    global _fallocate
+    if _fallocate is None:
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            f = libc.fallocate
+            f.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+            _fallocate = f
+        except (OSError, AttributeError):
+            _fallocate = False
+    if _fallocate and length > 0:
+        _fallocate(fd, _FALLOC_PUNCH_HOLE, offset, length)
+
+
+_fallocate = None
 
 
 class _Rows:
@@ -473,58 +548,65 @@ class _InOrder:
 
 def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     import multiprocessing as mp
+    import tempfile
     ctx = mp.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send), daemon=True)
+    # unlinked at once: the page cache holds what the child wrote until it is read,
+    # and nothing is left behind whatever happens to either process
+    spool = tempfile.TemporaryFile()
+    child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send, spool), daemon=True)
     child.start()
     send.close()
-    received: list = []
-    failed: list = []
-
-    def receive():
-        try:
-            while True:
-                msg = recv.recv()
-                received.append(msg)
-                if msg[0] != "piece":
-                    return
-        except (EOFError, OSError) as exc:
-            failed.append(str(exc))
-    rx = threading.Thread(target=receive, daemon=True)
-    rx.start()
     out = _InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
     done: list = []
+    failed: list = []
+    offset = [0]
+    fd = spool.fileno()
 
-    def drain() -> None:
-        while received:
-            tag, i, cols, new_names, counts = received.pop(0)
-            if tag != "piece":
-                done.append((tag, counts))
-                continue
-            remap.extend(b.names.intern(s) for s in new_names)
-            table = np.array(remap or [0], dtype=np.int32)
-            for kind in _KINDS:
-                x = cols[kind]
-                for c in ("name_id", "input_dims_id", "input_types_id"):
-                    if c in x.dtype.names and len(x):
-                        x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
-            out.add(i, cols)
+    def take(msg) -> None:
+        tag, i, counts, new_names, extra = msg
+        if tag != "piece":
+            done.append((tag, extra))
+            return
+        remap.extend(b.names.intern(s) for s in new_names)
+        table = np.array(remap or [0], dtype=np.int32)
+        cols = {}
+        start = offset[0]
+        for kind, n in zip(_KINDS, counts):
+            x = _read_rows(fd, _DTYPES[kind], n, offset[0])
+            offset[0] += n * _DTYPES[kind].itemsize
+            for c in ("name_id", "input_dims_id", "input_types_id"):
+                if c in x.dtype.names and n:
+                    x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
+            cols[kind] = x
+        _release(fd, start, offset[0] - start)
+        out.add(i, cols)
+
+    def drain(block: bool) -> None:
+        """Take the child's messages: those waiting, or (block) all until it ends."""
+        try:
+            while not done and (block or recv.poll()):
+                take(recv.recv())
+        except (EOFError, OSError) as exc:
+            failed.append(str(exc))
+            done.append(("error", None))
 
     def emit(i, cols):
         out.add(i, cols)
-        drain()
+        drain(False)
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
         out.names = b.names
-        _read(stream, b, 0, 2, emit)
-        rx.join()
+        _read(stream, b, _parent_takes, emit)
+        drain(True)
     finally:
-        if child.is_alive():
+        if child.is_alive() and (not done or done[-1][0] != "done"):
             child.kill()
         child.join()
-    drain()
+        recv.close()
+        spool.close()
     if failed or not done or done[-1][0] != "done":
         return None
     for k, v in done[-1][1].items():
@@ -563,7 +645,7 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
         out = _InOrder(budget.fresh() if budget is not None else None, b.names)
-        _read(stream, b, 0, 1, out.add)
+        _read(stream, b, _every, out.add)
         trace = kineto._assemble(path, stream.top, b, out.columns())
         if stream.top_array:
             trace.meta["json_array_format"] = True

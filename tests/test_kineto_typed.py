@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ridgeline.probes import json_chunks, kineto, kineto_typed
@@ -52,6 +54,83 @@ def test_two_readers_equal_one(tmp_path, trace_path, monkeypatch):
     assert took and took[0] is not None          # really read by two processes
     gz = trace_path(TRACES[5])
     _same(kineto_typed.load(gz, chunk_bytes=256 << 10, parallel=True), ref)
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_two_readers_equal_the_reference_on_real_traces(name, trace_path, monkeypatch, no_reference):
+    """The two-reader path (the child's rows through its spool file, its name ids mapped
+    onto the parent's table, pieces merged in file order) against the dict-based
+    reference on every shared trace, with pieces small enough that both readers take
+    several; and the child really took its share."""
+    p = trace_path(name)
+    got = []
+    real = kineto_typed._read_rows
+    monkeypatch.setattr(kineto_typed, "_read_rows", lambda *a: got.append(a[2]) or real(*a))
+    took = []
+    real_two = kineto_typed._load_two
+    monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
+    _same(kineto_typed.load(p, chunk_bytes=64 << 10, parallel=True), load_trace_via_dicts(p))
+    assert took and took[0] is not None
+    assert sum(got) > 0          # rows came from the child's spool file
+
+
+def test_child_share_is_spread_evenly():
+    takes = [kineto_typed._child_takes(i) for i in range(1600)]
+    num, den = kineto_typed.CHILD_SHARE
+    assert sum(takes) == 1600 * num // den
+    # never more than two pieces in a row for either reader
+    runs = "".join("c" if t else "p" for t in takes)
+    assert "ccc" not in runs and "ppp" not in runs
+
+
+def test_a_failing_child_falls_back_to_one_reader(tmp_path, trace_path, monkeypatch):
+    p = trace_path(TRACES[5])
+
+    def broken(*a):
+        raise RuntimeError("child's decode failed")
+    monkeypatch.setattr(kineto_typed, "_child_takes", lambda i: bool(i % 2))
+    real = kineto_typed._decode_piece
+    monkeypatch.setattr(kineto_typed, "_decode_piece",
+                        lambda piece, b, names: real(piece, b, names) if os.getpid() == parent else broken())
+    parent = os.getpid()
+    took = []
+    real_two = kineto_typed._load_two
+    monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
+    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
+    assert took == [None]        # the two-reader attempt gave up; one reader read it all
+
+
+def test_spool_bytes_read_are_released(tmp_path):
+    """The parent punches out what it has read of the child's spool (a tmpfs temporary
+    directory would otherwise hold it in memory until the end)."""
+    import tempfile
+    with tempfile.TemporaryFile(dir=tmp_path) as f:
+        f.write(b"x" * (4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        before = os.fstat(f.fileno()).st_blocks
+        kineto_typed._release(f.fileno(), 0, 3 << 20)
+        after = os.fstat(f.fileno()).st_blocks
+        if after == before:
+            pytest.skip("this file system does not punch holes")
+        assert after * 512 <= (1 << 20) + 65536
+        assert os.fstat(f.fileno()).st_size == 4 << 20          # size kept
+        assert os.pread(f.fileno(), 16, (3 << 20) + 16) == b"x" * 16  # the rest intact
+        assert os.pread(f.fileno(), 4, 0) == b"\0" * 4
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_per_name_equals_the_per_row_definition(name, trace_path):
+    """kineto._per_name (a table by name id) against fn applied to each row's name."""
+    from ridgeline.probes.kineto import api_category, copy_direction
+    t = load_trace(trace_path(name), parallel=False)
+    for rows, fn in ((t.api, api_category), (t.copies, copy_direction)):
+        ids = rows["name_id"]
+        want = [fn(t.names[i]) if i >= 0 else 0 for i in ids.tolist()]
+        assert kineto._per_name(t.names, ids, fn, np.uint8).tolist() == want
+    with_missing = np.array([-1, 3, -1, 0], dtype=np.int32)
+    assert kineto._per_name(t.names, with_missing, len, np.int64).tolist() == \
+        [0, len(t.names[3]), 0, len(t.names[0])]
 
 
 def _write(tmp_path, events, name="t.json"):
