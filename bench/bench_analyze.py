@@ -5,6 +5,7 @@
     .venv/bin/python bench/bench_analyze.py --source H100 --kernels 200000
     .venv/bin/python bench/bench_analyze.py --trace FILE [--skip-hta]
     .venv/bin/python bench/bench_analyze.py --trace FILE --skip-hta --baseline OTHER/.venv/bin/python
+    .venv/bin/python bench/bench_analyze.py --trace FILE --skip-hta --repeat 3 --forced-readers
 
 Builds (or reuses) a trace of about ``--kernels`` kernels with bench/make_big_trace.py
 (default source: the shared A100 training trace; ``--source H100`` the H100 one; ``--gzip``
@@ -16,6 +17,10 @@ the same file, in one run:
 * with ``--baseline PYTHON``: ``PYTHON -m ridgeline analyze --json FILE``, the same command
   of another checkout (its virtual environment's python), for before/after in one run;
 * ``ridgeline analyze --json FILE`` (the whole command: import, phases, roofline, report);
+* with ``--forced-readers``: the same with the importer forced to one process, and to
+  two (by default it takes two only when the load average leaves a CPU idle);
+* with ``--repeat N``: zcat, the baseline, analyze (and the one-reader run) alternate N
+  times, each repetition's ratios are printed and their median compared;
 * ``ridgeline``'s importer alone (``probes.kineto.load_trace``);
 * HTA 0.5.0 (``pip install -e .[bench]``): ``TraceAnalysis(trace_dir=...)`` (its parse)
   plus ``get_gpu_kernel_breakdown()``.
@@ -59,6 +64,15 @@ ISAL = "from isal import igzip; import sys; f = igzip.open(sys.argv[1], 'rb')\nw
 
 PY = sys.executable
 
+# the same command with the importer's readers forced: one process, or two (the
+# default takes two only when the load average leaves a CPU idle)
+FORCED_READERS = """
+import functools, sys
+import ridgeline.probes.kineto as k
+k.load_trace = functools.partial(k.load_trace, parallel=sys.argv[2] == "2")
+from ridgeline.agent.cli import main
+sys.exit(main(["analyze", "--json", sys.argv[1]]))
+"""
 LOAD_ONLY = "from ridgeline.probes.kineto import load_trace; import sys; t = load_trace(sys.argv[1]); print(len(t.kernels))"
 HTA = """
 import sys, logging
@@ -163,6 +177,11 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="python of another checkout's environment: its analyze --json is run too")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run zcat and analyze (and the baseline) alternately this many times")
+    ap.add_argument("--forced-readers", action="store_true",
+                    help="also run analyze with the importer forced to one and to two readers, in each repetition")
+    ap.add_argument("--skip-load-only", action="store_true", help="no importer-alone row")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = ap.parse_args(argv)
     source = SOURCES.get(args.source, Path(args.source))
@@ -183,27 +202,43 @@ def main(argv=None) -> int:
     load_before = loadavg()
     rows = []
     bare = None
-    if gz:
-        bare = run_child(f"zcat {shlex.quote(str(path))} > /dev/null", args.timeout, shell=True)
-        rows.append(("zcat FILE > /dev/null (bare decompression)", bare))
-        _progress(rows)
-        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)",
-                     run_child([PY, "-c", ISAL, str(path)], args.timeout)))
-        _progress(rows)
     base = None
+    reps = []      # (zcat, baseline or None, analyze, load average after) per repetition
+    where = None
     if args.baseline:
         where = subprocess.run([str(args.baseline), "-c", "import ridgeline.probes.kineto as k; print(k.__file__)"],
                                capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        base = run_child([str(args.baseline), "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
-        rows.append((f"ridgeline analyze --json, baseline (`{Path(where).parent.parent}`)", base))
+    if gz:
+        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)",
+                     run_child([PY, "-c", ISAL, str(path)], args.timeout)))
         _progress(rows)
-    ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
-    rows.append(("ridgeline analyze --json", ours))
-    _progress(rows)
-    load = run_child([PY, "-c", LOAD_ONLY, str(path)], args.timeout)
-    rows.append(("ridgeline load_trace only", load))
-    _progress(rows)
-    kernels = made["kernels"] or int(load["stdout"].strip().splitlines()[-1])
+    # zcat and analyze alternate, --repeat times: each pair sees about the same load
+    for rep in range(args.repeat):
+        tag = f" #{rep + 1}" if args.repeat > 1 else ""
+        if gz:
+            bare = run_child(f"zcat {shlex.quote(str(path))} > /dev/null", args.timeout, shell=True)
+            rows.append((f"zcat FILE > /dev/null (bare decompression){tag}", bare))
+            _progress(rows)
+        if args.baseline:
+            base = run_child([str(args.baseline), "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
+            rows.append((f"ridgeline analyze --json, baseline (`{Path(where).parent.parent}`){tag}", base))
+            _progress(rows)
+        ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
+        rows.append((f"ridgeline analyze --json{tag}", ours))
+        _progress(rows)
+        forced = {}
+        for readers in (("1", "2") if args.forced_readers else ()):
+            forced[readers] = run_child([PY, "-c", FORCED_READERS, str(path), readers], args.timeout)
+            rows.append((f"ridgeline analyze --json, importer forced to {readers} reader"
+                         f"{'s' if readers == '2' else ''}{tag}", forced[readers]))
+            _progress(rows)
+        reps.append((bare, base, ours, loadavg(), forced.get("1"), forced.get("2")))
+    kernels = made["kernels"]
+    if not args.skip_load_only or not kernels:
+        load = run_child([PY, "-c", LOAD_ONLY, str(path)], args.timeout)
+        rows.append(("ridgeline load_trace only", load))
+        _progress(rows)
+        kernels = kernels or int(load["stdout"].strip().splitlines()[-1])
     hta = None
     if not args.skip_hta:
         hdir = Path(tempfile.mkdtemp(prefix="hta-bench-", dir=args.workdir))
@@ -228,18 +263,39 @@ def main(argv=None) -> int:
     for name, r in rows:
         lines.append("| " + " | ".join((name,) + fmt(r)) + " |")
     ratio_lines = ["| ratio | value | target |", "|---|---:|---|"]
-    if bare is not None and bare["rc"] == 0 and ours["rc"] == 0:
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    ok = [r for r in reps if r[0] is not None and r[0]["rc"] == 0 and r[2]["rc"] == 0]
+    if ok:
+        def ratios(i, key):
+            return [r[i][key] / r[0][key] for r in ok if r[i] is not None and r[i]["rc"] == 0]
+        wall, cpu = ratios(2, "wall_s"), ratios(2, "cpu_s")
+        many = len(ok) > 1
+        each = (lambda xs: " (each: " + ", ".join(f"{x:.2f}" for x in xs) + ")") if many else (lambda xs: "")
+        med = "median " if many else ""
         ratio_lines += [
-            f"| analyze wall / zcat wall | {ours['wall_s'] / bare['wall_s']:.2f} | <= 2 |",
-            f"| analyze CPU / zcat CPU | {ours['cpu_s'] / bare['cpu_s']:.2f} | |",
-            f"| analyze peak RSS | {ours['rss_bytes'] / 2**30:.2f} GiB | <= 1 GB |",
+            f"| analyze wall / zcat wall | {med}{median(wall):.2f}{each(wall)} | <= 2 |",
+            f"| analyze CPU / zcat CPU | {med}{median(cpu):.2f}{each(cpu)} | |",
+            f"| analyze peak RSS | {max(r[2]['rss_bytes'] for r in ok) / 2**30:.2f} GiB (largest) | <= 1 GB |",
         ]
-        if base is not None and base["rc"] == 0:
+        bwall, bcpu = ratios(1, "wall_s"), ratios(1, "cpu_s")
+        if bwall:
             ratio_lines += [
-                f"| baseline analyze wall / zcat wall | {base['wall_s'] / bare['wall_s']:.2f} | |",
-                f"| baseline analyze CPU / zcat CPU | {base['cpu_s'] / bare['cpu_s']:.2f} | |",
-                f"| baseline analyze peak RSS | {base['rss_bytes'] / 2**30:.2f} GiB | |",
+                f"| baseline analyze wall / zcat wall | {med}{median(bwall):.2f}{each(bwall)} | |",
+                f"| baseline analyze CPU / zcat CPU | {med}{median(bcpu):.2f}{each(bcpu)} | |",
+                f"| baseline analyze peak RSS | {max(r[1]['rss_bytes'] for r in ok) / 2**30:.2f} GiB (largest) | |",
             ]
+        for i, label in ((4, "one reader"), (5, "two readers")):
+            fwall, fcpu = ratios(i, "wall_s"), ratios(i, "cpu_s")
+            if fwall:
+                ratio_lines += [
+                    f"| analyze ({label} forced) wall / zcat wall | {med}{median(fwall):.2f}{each(fwall)} | |",
+                    f"| analyze ({label} forced) CPU / zcat CPU | {med}{median(fcpu):.2f}{each(fcpu)} | |",
+                ]
+        if many:
+            ratio_lines.append("| load average after each repetition | " + "; ".join(r[3] for r in ok) + " | |")
     if hta is not None and (hta["rc"] == 0 or hta["timed_out"]) and ours["rc"] == 0:
         at_least = ">= " if hta["timed_out"] else ""
         ratio_lines += [
