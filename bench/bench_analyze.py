@@ -19,7 +19,7 @@ the same file, in one run:
 * ``ridgeline analyze --json FILE`` (the whole command: import, phases, roofline, report);
 * with ``--forced-readers``: the same with the importer forced to one process, and to
   two (by default it takes two only when the load average leaves a CPU idle);
-* with ``--repeat N``: zcat, the baseline, analyze (and the one-reader run) alternate N
+* with ``--repeat N``: zcat, the baseline, analyze (and the forced-reader runs) alternate N
   times, each repetition's ratios are printed and their median compared;
 * ``ridgeline``'s importer alone (``probes.kineto.load_trace``);
 * HTA 0.5.0 (``pip install -e .[bench]``): ``TraceAnalysis(trace_dir=...)`` (its parse)
@@ -184,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-load-only", action="store_true", help="no importer-alone row")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     source = SOURCES.get(args.source, Path(args.source))
 
     if args.trace:
@@ -203,7 +205,8 @@ def main(argv=None) -> int:
     rows = []
     bare = None
     base = None
-    reps = []      # (zcat, baseline or None, analyze, load average after) per repetition
+    # per repetition: (zcat, baseline, analyze, load average after, one reader, two readers)
+    reps = []
     where = None
     if args.baseline:
         where = subprocess.run([str(args.baseline), "-c", "import ridgeline.probes.kineto as k; print(k.__file__)"],
