@@ -14,9 +14,10 @@ every slice written is imported, on the track it was written to, with no import 
   process, one for the phases; one thread track per GPU stream and kind — kernels,
   copies (memcpy/memset) and GPU-side annotations each get their own, because Kineto
   copies and annotations partially overlap the kernels of their stream.
-* Perfetto keys threads by ``tid`` alone (a tid met under a second pid becomes a new
-  thread), so GPU and phase tracks get synthetic tids from ``TRACK_TID_BASE`` up, unique
-  in the file, and host events keep their real OS tids.
+* Perfetto finds a thread by (tid, pid) (``ProcessTracker::GetThreadOrNull``). GPU and
+  phase tracks get synthetic tids from ``TRACK_TID_BASE`` up, unique in the file, and
+  host events keep their real OS tids (one tid per track, so a track is never two
+  threads by mistake).
 * On one track, slices must nest or be disjoint (a start equal to an end is disjoint);
   a slice that partially overlaps another is moved by Perfetto to an overflow track and
   reported as an import error. The exporter assigns such slices itself to a numbered
@@ -235,7 +236,8 @@ def build_events(trace: Trace, kernel_phase: np.ndarray, kernel_step: np.ndarray
             tracks.process(p, "host process (unknown)" if p == UNKNOWN_HOST_PID else f"host process {p}",
                            len(devices) + 1)
         # an OS tid names the track unless it is missing or already a thread of another
-        # process (Perfetto would make a new thread at every switch): then a synthetic one
+        # process: then a synthetic one, so that every tid in the file is one track
+        # (Perfetto itself would keep the two apart by pid)
         groups = _groups(h_pid, h_tid)
         owner: dict[int, int] = {}
         for p, t in sorted(groups):

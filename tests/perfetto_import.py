@@ -5,7 +5,11 @@ Used where the real ``trace_processor_shell`` cannot run (it is not shipped by a
 registry this project can reach; the ``perfetto`` Python package downloads it at run
 time). This is a transcription, not a model of our own exporter: each rule below is the
 importer's code in google/perfetto at commit ec5d16b14b743ba6063d720956d6d6af6610fd72
-(2026-08-22), restricted to the event phases ("X", "M") and fields our export writes:
+(2026-08-22), restricted to the event phases ("X", "M") and fields our export writes.
+It was checked against the real trace processor of release v58.2 (add693d8b3; its JSON
+importer, slice, flow and sorter code is that commit's; its process_tracker.cc differs
+only in lookups by tid alone, which integer tids do not use), built from source: on the exports of the shared traces and on one small document per rule, recorded
+in tests/data/perfetto/shared_traces.json; that comparison corrected the thread rule.
 
 * ``src/trace_processor/importers/json/json_trace_tokenizer.cc``
   ``ParseTraceEventContents``: an event without "ph" is a ``json_tokenizer_failure``;
@@ -16,9 +20,11 @@ importer's code in google/perfetto at commit ec5d16b14b743ba6063d720956d6d6af661
   The top-level key ``displayTimeUnit`` is reported as ``json_display_time_unit``.
 * ``src/trace_processor/sorter/trace_sorter.h`` (``SlowOperatorLess``): events are
   ordered by ts, then "X" events longer first, then file order.
-* ``importers/json/json_trace_parser.cc`` ``ParseJsonPacket``: threads are found by tid
-  (``ProcessTracker::UpdateThread(tid, pid)``: a tid met under another pid than before
-  starts a new thread); "X" -> ``SliceTracker::Scoped`` on the thread's track; on a
+* ``importers/json/json_trace_parser.cc`` ``ParseJsonPacket``: threads are found by
+  (tid, pid) (``ProcessTracker::UpdateThread(tid, pid)`` -> ``GetThreadOrNull(tid, pid)``:
+  the latest thread with that tid whose process has that pid, else a new thread; so a tid
+  met under a second pid is a second thread, and back under the first pid the first
+  one again); "X" -> ``SliceTracker::Scoped`` on the thread's track; on a
   partial overlap the slice is spilled to an overflow track and
   ``slice_spill_overlapping_complete_event`` (an error) is recorded; an "X" whose
   dur is missing is a ``json_parser_failure``. "M" process_name / thread_name with an
@@ -102,17 +108,17 @@ def import_json(path: str | Path) -> Imported:
         queue.append((ts, key, pos, ph, pid, tid, dur, e))
     queue.sort(key=lambda x: x[:3])
 
-    utid_of_tid: dict = {}
+    utid_of: dict = {}
     stacks: dict = {}
     flow_begin: dict = {}
     overflow: dict = {}
 
     def thread(pid, tid):
-        u = utid_of_tid.get(tid)
-        if u is None or out.threads[u][0] != pid:
+        u = utid_of.get((tid, pid))
+        if u is None:
             u = len(out.threads)
             out.threads[u] = (pid, tid)
-            utid_of_tid[tid] = u
+            utid_of[(tid, pid)] = u
         return u
 
     def scoped(track, ts, dur):
@@ -183,3 +189,28 @@ def import_json(path: str | Path) -> Imported:
             else:
                 stat("flow_without_direction")
     return out
+
+
+def summary(imp: Imported) -> dict:
+    """The figures recorded from the real trace processor (tests/data/perfetto/), from the
+    transcription: slice count, slices per category, flow count, error stats, and per
+    thread that holds slices its process name, thread name and slice count, the slices
+    spilled to the thread's overflow tracks counted apart, with "(spilled)" after the name."""
+    per_cat: dict = {}
+    per_track: dict = {}
+    for utid, _ts, _dur, cat, _name, spilled in imp.slices:
+        per_cat[cat] = per_cat.get(cat, 0) + 1
+        per_track[(utid, bool(spilled))] = per_track.get((utid, bool(spilled)), 0) + 1
+    rows = []
+    for (utid, spilled), n in per_track.items():
+        p, t = imp.process_names.get(imp.threads[utid][0]), imp.thread_names.get(utid)
+        rows.append([p, f"{t} (spilled)" if spilled else t, n])
+    return {"slices": len(imp.slices), "slices_by_category": dict(sorted(per_cat.items())),
+            "flows": len(imp.flows), "error_stats": dict(sorted(imp.errors().items())),
+            "tracks": sorted(rows, key=track_order)}
+
+
+def track_order(row: list) -> tuple:
+    """Sort key of a summary's track rows [process name, thread name, slices]; a name may
+    be None (an unnamed process or thread)."""
+    return (row[0] or "", row[1] or "", row[2])
