@@ -24,7 +24,11 @@ from pathlib import Path
 import msgpack
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data"
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import third_party_missing, third_party_path  # noqa: E402  (the tests' lookup of third-party files)
+
+LEGACY = "kineto_legacy/kineto_tb_plugin_gpu_metrics_input.json"
+CLOVERLEAF = "nsys/pipit_cloverleaf_cuda_perlmutter.sqlite.gz"
 
 _LAUNCHER = """
 import os, resource, subprocess, sys
@@ -64,6 +68,8 @@ def _rlrec(path: Path, payload: bytes) -> Path:
 
 
 def build(d: Path) -> dict[str, Path]:
+    """The cases by name. The two third-party files (tests/THIRD_PARTY.md) are looked for as
+    the tests look for them; an absent one is left out with a line on stderr saying why."""
     c: dict[str, Path] = {}
     c["200 MB of whitespace between events (204 kB .json.gz)"] = _gz_members(
         d / "ws.json.gz", b'{"traceEvents":[' + _kev(1).encode() + b",", b" " * (8 << 20), 25, _kev(2).encode() + b"]}")
@@ -93,10 +99,17 @@ def build(d: Path) -> dict[str, Path]:
     fifo = d / "fifo.json"
     os.mkfifo(fifo)
     c["a FIFO"] = fifo
-    c["pre-1.10 Kineto trace (tests/data)"] = DATA / "kineto_legacy" / "kineto_tb_plugin_gpu_metrics_input.json"
-    nsys = d / "cloverleaf.sqlite"
-    nsys.write_bytes(gzip.decompress((DATA / "nsys" / "pipit_cloverleaf_cuda_perlmutter.sqlite.gz").read_bytes()))
-    c["Nsight Systems SQLite export (tests/data)"] = nsys
+    legacy, cloverleaf = third_party_path(LEGACY), third_party_path(CLOVERLEAF)
+    if legacy:
+        c["pre-1.10 Kineto trace (third-party)"] = legacy
+    else:
+        print(f"skipped case pre-1.10 Kineto trace: {third_party_missing(LEGACY)}", file=sys.stderr)
+    if cloverleaf:
+        nsys = d / "cloverleaf.sqlite"
+        nsys.write_bytes(gzip.decompress(cloverleaf.read_bytes()))
+        c["Nsight Systems SQLite export (third-party)"] = nsys
+    else:
+        print(f"skipped case Nsight Systems SQLite export: {third_party_missing(CLOVERLEAF)}", file=sys.stderr)
     return c
 
 

@@ -3,10 +3,10 @@
 Checked with tools nobody here wrote: hadolint lints the Dockerfile; kubernetes-validate
 (the Kubernetes API's own OpenAPI schemas, strict: unknown fields rejected) validates the
 manifests; the ServiceMonitor is validated against the Prometheus Operator's CRD schema
-(tests/data, with provenance); the ConfigMap's agent.toml goes through the agent's real
-config loader. Each checker is also shown a broken input, so none of these can pass
-vacuously. The image build itself needs buildah or podman and a base image: see
-test_image_builds_and_carries_the_agent.
+(a third-party file, not in the project: tests/THIRD_PARTY.md; absent, that test skips);
+the ConfigMap's agent.toml goes through the agent's real config loader. Each checker is
+also shown a broken input, so none of these can pass vacuously. The image build itself
+needs buildah or podman and a base image: see test_image_builds_and_carries_the_agent.
 """
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import third_party
+
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "kubernetes"
-DATA = Path(__file__).parent / "data"
-CRD = DATA / "prometheus-operator-0.93.0-servicemonitors.crd.yaml"
+CRD = "prometheus-operator-0.93.0-servicemonitors.crd.yaml"     # third_party(CRD)
 BIN = Path(sys.executable).parent
 
 yaml = pytest.importorskip("yaml", reason="PyYAML missing (pip install -e '.[test]': kubernetes-validate brings it)")
@@ -113,7 +114,7 @@ def _strict(schema):
 
 def _servicemonitor_errors(doc: dict) -> list[str]:
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema missing (kubernetes-validate brings it)")
-    crd = yaml.safe_load(CRD.read_text())
+    crd = yaml.safe_load(third_party(CRD).read_text())
     (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == doc["apiVersion"].split("/")[1]]
     schema = _strict(ver["schema"]["openAPIV3Schema"])
     body = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "metadata")}

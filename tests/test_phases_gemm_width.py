@@ -1,7 +1,7 @@
 """A GEMM width estimated from the launch grid x the tile of the kernel name cannot pass
 for a vocabulary-wide LM head when it is a token-tile count times a narrow N.
 
-Real case (tests/data/PROVENANCE.md): the OWLv2 detection transformer (H100, kernels only)
+Real case (third-party, tests/THIRD_PARTY.md): the OWLv2 detection transformer (H100, kernels only)
 projects its 5184 vision tokens with [5184, 1024] x [1024, 768] on
 ``sm90_xmma_gemm_..._tilesize256x128x64`` grid [126,1,1]; read as 126 x 256 = 32256 output
 columns it passed for an LM head in any stretch of the forward without the patch
@@ -9,7 +9,6 @@ convolution (a live window closing mid-forward), and the stretch came out prefil
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
@@ -18,10 +17,11 @@ from ridgeline.aggregator.signatures import ROLE_GEMM, classify_kernels
 from ridgeline.probes.events import NameTable, Trace
 from ridgeline.probes.kineto import load_trace
 
-DATA = Path(__file__).parent / "data" / "traces"
-OWLV2 = DATA / "tracelens_h100_owlv2_zero_shot_detection.json.gz"
-H100 = ["tracelens_h100_bert_small_fill_mask.json.gz", "tracelens_h100_vit_image_classification.json.gz",
-        "tracelens_h100_timesformer_video_classification.json.gz", OWLV2.name]
+from conftest import third_party
+
+OWLV2 = "traces/tracelens_h100_owlv2_zero_shot_detection.json.gz"      # third_party(OWLV2)
+H100 = ["traces/tracelens_h100_bert_small_fill_mask.json.gz", "traces/tracelens_h100_vit_image_classification.json.gz",
+        "traces/tracelens_h100_timesformer_video_classification.json.gz", OWLV2]
 CUTLASS2_256x128 = ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2>"
                     "(cutlass_80_tensorop_bf16_s16816gemm_bf16_256x128_64x3_tn_align2::Params)")
 
@@ -30,7 +30,7 @@ def _owlv2_stretch(rename_to: str | None = None) -> Trace:
     """Kernels only, in time order: the 100 kernels before the first vision projection and
     the 20 after it (text-tower eager attention, the vision tower's last layer norms over
     5185 and 5184 rows, the projection), as a window closing mid-forward would hold them."""
-    t = load_trace(OWLV2)
+    t = load_trace(third_party(OWLV2))
     k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
     proj = next(i for i in range(len(t.names)) if t.names[i].startswith("sm90_xmma") and "tilesize256x128" in t.names[i])
     at = int(np.flatnonzero(k["name_id"] == proj)[0])
@@ -51,7 +51,7 @@ def test_persistent_sm90_gemm_grid_gives_no_width():
     mismatched = checked = 0
     first_side_over_rows = 0
     for name in H100:
-        tr = load_trace(DATA / name)
+        tr = load_trace(third_party(name))
         kc = classify_kernels(tr)
         rows, _, _, _, cols = _gemm_rows(tr)
         est, from_grid = _gemm_width(tr, kc, np.full(len(tr.kernels), -1, dtype=np.int64))

@@ -1,6 +1,7 @@
 """Non-LLM transformer forwards recorded by others are never called prefill, decode or mixed.
 
-The traces (tests/data/traces, provenance in tests/data/PROVENANCE.md) were profiled with the
+The traces (third-party files under traces/, not kept in the project: tests/THIRD_PARTY.md
+says where they come from and where they are looked for; absent, these tests skip) were profiled with the
 PyTorch profiler by the TraceLens authors: Hugging Face pipelines of a BERT encoder with its
 MLM head, a ViT image classifier, a TimeSformer video classifier and an OWLv2 detection
 transformer on an H100, the BERT and the ViT on an MI300X, and an xDiT Stable Diffusion 3.5
@@ -21,7 +22,8 @@ from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, 
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
-DATA = Path(__file__).parent / "data" / "traces"
+from conftest import third_party
+
 H100_BERT = "tracelens_h100_bert_small_fill_mask.json.gz"
 H100_VIT = "tracelens_h100_vit_image_classification.json.gz"
 H100_TIMESFORMER = "tracelens_h100_timesformer_video_classification.json.gz"
@@ -30,6 +32,8 @@ MI300_VIT = "tracelens_mi300_vit_image_classification.json.gz"
 H100_OWLV2 = "tracelens_h100_owlv2_zero_shot_detection.json.gz"
 MI300_SD35 = "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"
 ALL = [H100_BERT, H100_VIT, H100_TIMESFORMER, MI300_BERT, MI300_VIT, H100_OWLV2, MI300_SD35]
+MI300_QWEN = "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # a decoder: tests/test_phases_sdpa.py
+TRACELENS = ALL + [MI300_QWEN]
 MODES = ["annotations", "no_annotations", "no_cpu_ops"]
 
 _cache: dict[str, Trace] = {}
@@ -37,7 +41,7 @@ _cache: dict[str, Trace] = {}
 
 def load(name: str) -> Trace:
     if name not in _cache:
-        _cache[name] = load_trace(DATA / name)
+        _cache[name] = load_trace(third_party("traces/" + name))
     return _cache[name]
 
 
@@ -163,7 +167,7 @@ def _widened_mlm_head(tmp_path: Path, vocab: int) -> Path:
     Everything else is the recorded trace."""
     import gzip
     import json
-    d = json.load(gzip.open(DATA / MI300_BERT))
+    d = json.load(gzip.open(third_party("traces/" + MI300_BERT)))
     head_ext = 518                          # aten::addmm [[30522], [141, 512], [512, 30522]]
     for e in d["traceEvents"]:
         a = e.get("args") or {}
@@ -201,17 +205,30 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
         assert "is_causal=False and no mask on its SDPA operator" in pm.steps[0].evidence[0]
 
 
-def test_third_party_traces_are_the_listed_files_with_their_licence():
-    """Every trace kept here is listed in tests/data/PROVENANCE.md with the SHA-256 of the file
-    as kept, and the MIT notice the TraceLens licence requires in every copy sits next to them."""
-    import hashlib
+def _listed_sha256() -> dict[str, str]:
+    """The ``sha256sum`` block of tests/THIRD_PARTY.md: path under third-party/ -> digest."""
     import re
-    prov = (Path(__file__).parent / "data" / "PROVENANCE.md").read_text()
-    listed = dict((name, digest) for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+\.json\.gz)$", prov, re.M))
-    kept = sorted(p.name for p in DATA.glob("*.json.gz"))
-    assert sorted(listed) == kept
-    for name in kept:
-        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == listed[name], name
-    lic = (DATA / "LICENSE.TraceLens").read_text()
+    doc = (Path(__file__).parent / "THIRD_PARTY.md").read_text()
+    return dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", doc, re.M))
+
+
+def test_third_party_md_lists_every_tracelens_trace_with_its_licence():
+    """tests/THIRD_PARTY.md lists exactly the TraceLens traces the tests use and the licence
+    file that must travel with them, each with the SHA-256 of the file as copied."""
+    listed = sorted(p for p in _listed_sha256() if p.startswith("traces/"))
+    assert listed == sorted(["traces/" + n for n in TRACELENS] + ["traces/LICENSE.TraceLens"])
+
+
+@pytest.mark.parametrize("name", TRACELENS + ["LICENSE.TraceLens"])
+def test_third_party_trace_is_the_listed_file(name):
+    """The file found is the one tests/THIRD_PARTY.md describes (SHA-256 as copied)."""
+    import hashlib
+    p = third_party("traces/" + name)
+    assert hashlib.sha256(p.read_bytes()).hexdigest() == _listed_sha256()["traces/" + name], p
+
+
+def test_tracelens_licence_travels_with_the_traces():
+    """The MIT notice the TraceLens licence requires in every copy sits next to the traces."""
+    lic = third_party("traces/LICENSE.TraceLens").read_text()
     assert "MIT License" in lic and "Copyright (c) 2024 - 2025 Advanced Micro Devices, Inc." in lic
-    assert "shall be included in all" in lic and "LICENSE.TraceLens" in prov
+    assert "shall be included in all" in lic

@@ -1,7 +1,7 @@
 """Causality from the SDPA operator where the attention kernel's name does not spell it.
 
 The decoder is a real Hugging Face Qwen1.5-0.5B forward recorded on an MI300X by the
-TraceLens authors (tests/data/traces, provenance in tests/data/PROVENANCE.md): aotriton's
+TraceLens authors (third-party, not in the project: tests/THIRD_PARTY.md): aotriton's
 ``attn_fwd`` says nothing about causality, while the SDPA operators that launched it record
 the is_causal=True Transformers passed (no mask). The same forward recorded on an H100
 (shared traces) launches ``flash_fwd_kernel``, whose name spells Is_causal. The encoder cases
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
-
 import pytest
 
 from ridgeline.aggregator.phases import OTHER, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
-DATA = Path(__file__).parent / "data" / "traces"
-MI300_QWEN = DATA / "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
+from conftest import third_party
+
+MI300_QWEN = "traces/tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # third_party(MI300_QWEN)
 H100_QWEN = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
 
 
@@ -32,7 +31,7 @@ def _bare(tr: Trace) -> Trace:
 @pytest.mark.parametrize("annotations", [True, False])
 def test_rocm_decoder_forward_is_prefill_by_its_sdpa_is_causal(annotations):
     """Step 0 is the tail of the previous iteration (GEMMs only); step 1 the forward."""
-    pm = map_phases(load_trace(MI300_QWEN), use_annotations=annotations)
+    pm = map_phases(load_trace(third_party(MI300_QWEN)), use_annotations=annotations)
     assert [s.phase for s in pm.steps] == [UNKNOWN, PREFILL], [s.evidence[:3] for s in pm.steps]
     ev = pm.steps[1].evidence
     assert ev[0] == "attn_fwd grid [608,1,1]: 608 query blocks per sequence => prefill", ev
@@ -41,14 +40,14 @@ def test_rocm_decoder_forward_is_prefill_by_its_sdpa_is_causal(annotations):
 
 def test_rocm_decoder_forward_from_kernels_alone_is_unknown():
     """Without CPU operators nothing says aotriton's attention is causal: unknown, not prefill."""
-    pm = map_phases(_bare(load_trace(MI300_QWEN)))
+    pm = map_phases(_bare(load_trace(third_party(MI300_QWEN))))
     assert [s.phase for s in pm.steps] == [UNKNOWN, UNKNOWN], [s.evidence[:2] for s in pm.steps]
 
 
 def test_same_launches_under_non_causal_sdpa_calls_are_other(tmp_path):
     """The recorded forward with every SDPA call's is_causal rewritten False (what an encoder's
     calls record, no mask): non-causal self-attention => other."""
-    d = json.load(gzip.open(MI300_QWEN))
+    d = json.load(gzip.open(third_party(MI300_QWEN)))
     at = {"aten::scaled_dot_product_attention": 5, "aten::_scaled_dot_product_flash_attention": 4,
           "aten::_flash_attention_forward": 8}
     n = 0

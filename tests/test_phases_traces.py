@@ -149,12 +149,11 @@ def test_gemm_width_from_launch_grid_and_tile_matches_the_operators(trace_path):
     on every GEMM of the real traces whose operator gives M and N, for the families that
     launch one block per tile (nvjet, CUTLASS 2.x); the B200 LM head ([1, 2880] x [2880,
     25136], a 192x8 tile) comes out within 1% of its width."""
-    from pathlib import Path
-
+    from conftest import third_party
     from ridgeline.aggregator.phases import _gemm_rows, _gemm_width
     from ridgeline.aggregator.signatures import classify_kernels
     from ridgeline.aggregator.steps import cpu_op_index
-    bert = Path(__file__).parent / "data" / "traces" / "tracelens_h100_bert_small_fill_mask.json.gz"
+    bert = third_party("traces/tracelens_h100_bert_small_fill_mask.json.gz")
     checked = gemvx = 0
     for tr in (load(trace_path, B200), load(trace_path, NANO0), load(trace_path, NANO100), load_trace(bert)):
         kc = classify_kernels(tr)

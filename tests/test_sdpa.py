@@ -1,7 +1,7 @@
 """The causal flag of PyTorch's SDPA operators (probes.sdpa) and its column in the readers.
 
 The literals are the ``Concrete Inputs`` and ``Input type`` lists Kineto recorded on real
-traces (tests/data/traces, provenance in tests/data/PROVENANCE.md): the MI300X BERT encoder
+traces (third-party, not in the project: tests/THIRD_PARTY.md): the MI300X BERT encoder
 (is_causal False, no mask), the MI300X xDiT SD3.5 pipeline (CLIP text towers: True; MMDiT
 joint attention, compiled, calling aten::_scaled_dot_product_flash_attention directly: False)
 and the H100 HF Qwen1.5 forward (True). Positions are those of the schemas in PyTorch's
@@ -18,7 +18,8 @@ from ridgeline.probes import kineto, kineto_typed
 from ridgeline.probes.kineto import load_trace_via_dicts
 from ridgeline.probes.sdpa import CAUSAL_FLAG_NO, CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES, causal_flag
 
-DATA = Path(__file__).parent / "data" / "traces"
+from conftest import third_party
+
 BF16 = "c10::BFloat16"
 
 
@@ -70,7 +71,7 @@ def test_other_ops_and_malformed_inputs_are_unknown():
     ("tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz", {0: 307, 1: 264}),
 ])
 def test_three_readers_give_the_same_column(name, counts):
-    p = DATA / name
+    p = third_party("traces/" + name)
     ref = load_trace_via_dicts(p)
     scanned = kineto._load_scanned(Path(p), 1 << 20, False)
     typed = kineto_typed.load(p)

@@ -57,7 +57,7 @@ REAL_NAMES = [
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
      "unsigned int, long, 4> >(x)", "argmax"),
     ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
-    # ROCm (TraceLens MI300X traces in tests/data/traces; CK names from public profiler tables).
+    # ROCm (TraceLens MI300X traces, third-party: tests/THIRD_PARTY.md; CK names from public profiler tables).
     ("attn_fwd", "triton_attn_fwd"),
     ("void ck_tile::kentry<256, 2, ck_tile::FmhaFwdKernel<ck_tile::BlockFmhaPipelineQRKSVSAsync<x> > >(x)",
      "ck_fmha_fwd"),

@@ -2,7 +2,8 @@
 a folder of per-rank traces, Nsight Systems SQLite exports.
 
 Every expected figure is computed here from the real third-party file with the standard
-library (json, sqlite3), independently of the importers under test.
+library (json, sqlite3), independently of the importers under test. Those files are not in
+the project (tests/THIRD_PARTY.md says where they come from); absent, their tests skip.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import gzip
 import json
 import shutil
 import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -18,10 +18,13 @@ from ridgeline.agent.cli import main
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.kineto import load_trace
 
-DATA = Path(__file__).parent / "data"
-LEGACY = DATA / "kineto_legacy" / "kineto_tb_plugin_gpu_metrics_input.json"
-NSYS = {"saxpy": DATA / "nsys" / "pipit_saxpy_mpi_cuda_perlmutter0.sqlite.gz",
-        "cloverleaf": DATA / "nsys" / "pipit_cloverleaf_cuda_perlmutter.sqlite.gz"}
+from conftest import third_party
+
+# Third-party files, not kept in the project (tests/THIRD_PARTY.md); resolved by third_party()
+# inside each test, which skips when the file is absent.
+LEGACY = "kineto_legacy/kineto_tb_plugin_gpu_metrics_input.json"
+NSYS = {"saxpy": "nsys/pipit_saxpy_mpi_cuda_perlmutter0.sqlite.gz",
+        "cloverleaf": "nsys/pipit_cloverleaf_cuda_perlmutter.sqlite.gz"}
 
 
 def run_json(capsys, *argv):
@@ -34,13 +37,13 @@ def run_json(capsys, *argv):
 # --------------------------------------------------------------------------- pre-1.10 Kineto
 
 def _legacy_events():
-    return json.loads(LEGACY.read_text())["traceEvents"]
+    return json.loads(third_party(LEGACY).read_text())["traceEvents"]
 
 
 def test_legacy_kineto_counts_match_the_file():
     ev = _legacy_events()
     by = lambda cat: [e for e in ev if e.get("cat") == cat and e.get("ph") == "X"]  # noqa: E731
-    t = load_trace(LEGACY)
+    t = load_trace(third_party(LEGACY))
     assert len(t.kernels) == len(by("Kernel")) == 30
     assert len(t.copies) == len(by("Memcpy")) + len(by("Memset"))
     assert len(t.api) == len(by("Runtime"))
@@ -57,7 +60,7 @@ def test_legacy_kineto_counts_match_the_file():
 
 
 def test_legacy_kineto_analyzes(capsys):
-    doc = run_json(capsys, LEGACY)
+    doc = run_json(capsys, third_party(LEGACY))
     assert doc["kernels"] == 30 and doc["steps"]
 
 
@@ -136,7 +139,7 @@ def test_empty_directory_is_one_line(tmp_path, capsys):
 @pytest.fixture(params=sorted(NSYS))
 def nsys_export(request, tmp_path):
     f = tmp_path / (request.param + ".sqlite")
-    f.write_bytes(gzip.decompress(NSYS[request.param].read_bytes()))
+    f.write_bytes(gzip.decompress(third_party(NSYS[request.param]).read_bytes()))
     return f
 
 

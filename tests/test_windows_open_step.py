@@ -2,7 +2,7 @@
 the fragment on its own, so the streaming labels do not depend on where windows close.
 
 Before: a live window closing mid-forward mapped the partial step by itself. On the OWLv2
-detection-transformer trace (tests/data/PROVENANCE.md), a fragment holding one wide
+detection-transformer trace (third-party, tests/THIRD_PARTY.md), a fragment holding one wide
 [5184, 1024] x [1024, 768] GEMM but not the patch convolution passed for a decoder prefill
 (1435 of 4330 kernels prefill with a window every 300 kernels, where the whole-trace mapper
 says "other" for all). The streams here are what CUPTI delivers: kernels and launch records,
@@ -21,8 +21,18 @@ from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
 from ridgeline.probes.kineto import load_trace
 
-DATA = Path(__file__).parent / "data" / "traces"
-NON_LLM = sorted(p.name for p in DATA.glob("*.json.gz"))
+from conftest import third_party
+
+# The TraceLens traces (third-party, tests/THIRD_PARTY.md), by name: a fixed list, so the test
+# ids do not depend on whether the files are present; third_party() skips when one is absent.
+NON_LLM = ["tracelens_h100_bert_small_fill_mask.json.gz",
+           "tracelens_h100_owlv2_zero_shot_detection.json.gz",
+           "tracelens_h100_timesformer_video_classification.json.gz",
+           "tracelens_h100_vit_image_classification.json.gz",
+           "tracelens_mi300_bert_small_fill_mask.json.gz",
+           "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",   # a decoder, but kernels only: no SDPA flag
+           "tracelens_mi300_vit_image_classification.json.gz",
+           "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"]
 OWLV2 = "tracelens_h100_owlv2_zero_shot_detection.json.gz"
 _cache: dict[str, Trace] = {}
 
@@ -101,7 +111,7 @@ def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = T
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
 @pytest.mark.parametrize("name", NON_LLM)
 def test_window_size_does_not_change_the_labels_of_non_llm_traces(name, per_window):
-    t = _load(DATA / name)
+    t = _load(third_party("traces/" + name))
     whole = _whole(t)
     assert "prefill" not in whole and "decode" not in whole and "mixed" not in whole
     got, wins = _windows(t, per_window)
@@ -137,7 +147,7 @@ REPLAY_CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="CLI
 def test_window_size_does_not_change_the_labels_of_a_replayed_annotated_trace(name, per_window):
     """The replay probe streams CPU operators and ranges too (the full mapper per batch): the
     open step is held with the operators, ranges and launch records that describe it."""
-    t = load_trace(DATA / name)
+    t = load_trace(third_party("traces/" + name))
     assert _windows(t, per_window, replay=True)[0] == _whole(t, annotations=True)
 
 
@@ -157,7 +167,7 @@ def test_open_step_waits_for_the_window_where_it_ends():
     """Windows that close mid-forward show nothing of the open step; it is counted whole in
     a later window: when a quiet window goes by (the source sent nothing), without a final
     close."""
-    t = _load(DATA / OWLV2)
+    t = _load(third_party("traces/" + OWLV2))
     got, wins = _windows(t, 1000, trailing_empty=1, final=False)
     assert got == _whole(t)
     shown = [sum(g["kernels"] for g in w["gpus"]) for w in wins]
@@ -171,7 +181,7 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     """Past MAX_CARRY_KERNELS held kernels the open step is decided with what it has; each
     such decision is counted and published in the window's agent record."""
     monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", 200)
-    t = _load(DATA / OWLV2)
+    t = _load(third_party("traces/" + OWLV2))
     got, wins = _windows(t, 300)
     cut = wins[-1]["agent"]["window_open_steps_cut"]
     assert cut > 0
@@ -183,8 +193,8 @@ def test_a_device_that_stops_releases_its_open_step_while_others_run():
     """Two GPUs of one source: GPU 1 runs one short forward (BERT, 60 kernels) in the first
     window only, GPU 0 keeps running (OWLv2). GPU 1's open step is released by the first
     window in which it sent nothing, not held until the source stops."""
-    owl = _load(DATA / OWLV2)
-    bert = load_trace(DATA / "tracelens_h100_bert_small_fill_mask.json.gz")
+    owl = _load(third_party("traces/" + OWLV2))
+    bert = load_trace(third_party("traces/tracelens_h100_bert_small_fill_mask.json.gz"))
     names = owl.names
     b = bert.kernels.copy()
     b["name_id"] = [names.intern(bert.names[int(i)]) for i in b["name_id"].tolist()]
