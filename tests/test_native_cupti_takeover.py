@@ -70,14 +70,14 @@ def agent(tmp_path):
 
 def _run_until_taken_over(app, agent):
     app("emit 5 0 100")                      # ours, delivered by our periodic flush
-    agent.pump(3, until=lambda a: len(a.corr) >= 5)
+    agent.pump(30, until=lambda a: len(a.corr) >= 5)
     assert sorted(agent.corr) == list(range(100, 105))
     app("hold 1")                            # a record in flight: no flush of ours returns ...
     app("emit 3 0 200")                      # ... our next buffer, still inside CUPTI ...
     assert app("kineto_start")["rc"] == 0    # ... when torch.profiler starts
     app("hold 0")                            # CUPTI completes it, now to Kineto's callback
     app("emit 4 0 300")                      # these go to Kineto's buffers
-    agent.pump(8, until=Agent.taken_over)
+    agent.pump(60, until=Agent.taken_over)
     assert agent.taken_over(), [h.status for h in agent.hellos]
 
 
@@ -87,14 +87,14 @@ def test_kineto_takeover_detected_and_collection_back_after_its_teardown(agent, 
         _run_until_taken_over(app, agent)
         status = agent.hellos[-1].status
         assert "takeover:" in status and "paused" in status
-        agent.pump(3, until=lambda a: "clock:" in a.hellos[-1].status)
+        agent.pump(30, until=lambda a: "clock:" in a.hellos[-1].status)
         assert "clock: CUPTI timestamps moved by" in agent.hellos[-1].status     # Kineto's timestamp source
         assert app("kineto_stop 1")["leaked"] >= 1          # Kineto got (and leaked) our buffer
-        agent.pump(5, until=lambda a: not a.taken_over())    # CUPTI finalized: we may register again
+        agent.pump(30, until=lambda a: not a.taken_over())    # CUPTI finalized: we may register again
         assert not agent.taken_over()
         assert "resumed: the other tool finalized CUPTI" in agent.hellos[-1].status
         app("emit 5 0 400")
-        agent.pump(3, until=lambda a: len(a.corr) >= 10)
+        agent.pump(30, until=lambda a: len(a.corr) >= 10)
         c = app("counters")
         log = app("log")["log"]
     finally:
@@ -113,10 +113,10 @@ def test_without_teardown_on_old_cupti_it_stays_paused_until_the_agent_reclaims(
         agent.pump(1.5)
         assert agent.taken_over()
         agent.reclaim()                   # the operator knows: `ridgeline` asks the library to take CUPTI back
-        agent.pump(5, until=lambda a: not a.taken_over())
+        agent.pump(30, until=lambda a: not a.taken_over())
         assert "resumed: the agent asked to reclaim CUPTI" in agent.hellos[-1].status
         app("emit 3 0 500")
-        agent.pump(3, until=lambda a: len(a.corr) >= 8)
+        agent.pump(30, until=lambda a: len(a.corr) >= 8)
     finally:
         app.close()
     assert sorted(agent.corr) == list(range(100, 105)) + list(range(500, 503))
@@ -131,10 +131,10 @@ def test_cupti_13_2_tells_when_the_other_tool_stopped(agent, tmp_path):
         agent.pump(0.5)
         assert agent.taken_over()            # while Kineto runs, its kinds are on: we wait
         app("kineto_stop 0")
-        agent.pump(5, until=lambda a: not a.taken_over())
+        agent.pump(30, until=lambda a: not a.taken_over())
         assert "resumed: the other tool disabled its activity kinds" in agent.hellos[-1].status
         app("emit 2 0 600")
-        agent.pump(3, until=lambda a: len(a.corr) >= 7)
+        agent.pump(30, until=lambda a: len(a.corr) >= 7)
     finally:
         app.close()
     assert sorted(agent.corr) == list(range(100, 105)) + [600, 601]
@@ -144,7 +144,7 @@ def test_multi_subscriber_mode_is_not_watched(agent, tmp_path):
     app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, STUB_CUPTI_MULTI=1)
     try:
         app("emit 3 0 700")
-        agent.pump(3, until=lambda a: len(a.corr) >= 3)
+        agent.pump(30, until=lambda a: len(a.corr) >= 3)
         c = app("counters")
     finally:
         app.close()
@@ -157,12 +157,15 @@ def test_a_long_running_record_is_a_false_alarm_that_clears_itself(agent, tmp_pa
     # takeover for a while; the buffer reaching our own callback proves there was none
     app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100)
     try:
-        app("emit 2 0 800")
+        # The kernel is running before its records are written: held first, so no periodic
+        # flush can return the buffer between the two commands (then nothing of ours would
+        # be outstanding and no false alarm could be raised; the race of the takeover tests)
         app("hold 1")
-        agent.pump(8, until=Agent.taken_over)
+        app("emit 2 0 800")
+        agent.pump(60, until=Agent.taken_over)
         assert agent.taken_over()
         app("hold 0")                         # the kernel ends; CUPTI returns the buffer to us
-        agent.pump(5, until=lambda a: not a.taken_over() and len(a.corr) >= 2)
+        agent.pump(30, until=lambda a: not a.taken_over() and len(a.corr) >= 2)
     finally:
         app.close()
     assert not agent.taken_over() and "resumed: CUPTI still returns buffers to Ridgeline" in agent.hellos[-1].status
