@@ -88,7 +88,7 @@ class App:
         return self.p.stderr.read()
 
 
-def collect(probe, pred, timeout=5.0):
+def collect(probe, pred, timeout=30.0):
     got = {"batches": [], "new_pids": [], "status": {}}
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -100,6 +100,16 @@ def collect(probe, pred, timeout=5.0):
             break
         time.sleep(0.02)
     return got
+
+
+def log_until(app, pred, timeout_s: float = 30.0) -> list[str]:
+    """The stand-in's call log once ``pred(log)`` holds (or at the deadline)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        log = app("log")["log"]
+        if pred(log) or time.monotonic() > end:
+            return log
+        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -116,13 +126,12 @@ def test_what_cupti_is_asked_for_and_buffers_through_callbacks(probe, tmp_path):
         log = app("log")["log"]
         assert app("deliver 200")["rc"] == 0
         got = collect(probe, lambda g: g["batches"])
-        # deep dive and back, without a restart
+        # deep dive and back, without a restart; the control message crosses the socket to
+        # the library's sender thread: wait for its effect, not for a fixed time
         assert probe.set_mode("deep") == 1
-        time.sleep(0.4)
-        deep_log = app("log")["log"]
+        deep_log = log_until(app, lambda x: "latency 1" in x[len(log):])
         probe.set_mode("always-on")
-        time.sleep(0.4)
-        back_log = app("log")["log"]
+        back_log = log_until(app, lambda x: "latency 0" in x[len(deep_log):])
     finally:
         stderr = app.close()
     # legacy single-subscriber CUPTI: probe for another subscriber, then let go at once
