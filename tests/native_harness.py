@@ -135,7 +135,7 @@ def main() -> int:
                 os.close(r)
                 b = R.make_buffer(int(cmd[2]), seed=int(cmd[1]))
                 lib.ridgeline_test_buffer_completed(b.data, len(b.data))
-                until = time.monotonic() + 3
+                until = time.monotonic() + 30
                 while not lib.ridgeline_test_pool_idle() and time.monotonic() < until:
                     time.sleep(0.005)
                 arr = (ctypes.c_uint64 * len(COUNTERS))()
@@ -148,8 +148,22 @@ def main() -> int:
             data = b""
             while chunk := os.read(r, 65536):
                 data += chunk
-            _, status = os.waitpid(pid, 0)
-            out = {"child": json.loads(data or b"{}"), "status": status, "child_s": time.monotonic() - t}
+            # The child closed the pipe right before exiting: from here on only its exit
+            # runs (atexit handlers, inherited locks). Bounded, so a hang fails the test
+            # instead of holding the suite: status None, the child killed.
+            exiting = time.monotonic()
+            status = None
+            while time.monotonic() < exiting + 60:
+                done, st = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = st
+                    break
+                time.sleep(0.005)
+            else:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            out = {"child": json.loads(data or b"{}"), "status": status, "child_s": time.monotonic() - t,
+                   "exit_s": time.monotonic() - exiting}
         elif cmd[0] == "quit":
             lib.ridgeline_test_shutdown()
             print(json.dumps({"bye": True}), flush=True)

@@ -75,7 +75,7 @@ def harness():
         h.close()
 
 
-def poll_until(probe: CuptiProbe, pred, timeout=5.0):
+def poll_until(probe: CuptiProbe, pred, timeout=30.0):
     got = {"batches": [], "new_pids": [], "closed_pids": [], "status": {}}
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -131,7 +131,7 @@ def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
         h = harness()
         assert h(f"init {sock} 130500")["rc"] == 0
         h(f"feed 3 500 {tmp_path / 'exp.npz'}")
-        assert h("idle 3000")["idle"]
+        assert h("idle 30000")["idle"]
         got = poll_until(probe, lambda g: sum(len(b["trace"].kernels) for b in g["batches"]) >= 500)
         exp = _load_expected(tmp_path / "exp.npz")
     finally:
@@ -198,16 +198,17 @@ def test_buffer_path_decodes_field_by_field(built, harness, tmp_path):
 
 
 def test_absent_agent_drops_and_counts_without_blocking(built, harness, tmp_path):
-    h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_RECONNECT_MS=50)
+    h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_RECONNECT_MS=50, RIDGELINE_STALL_MS=5000)
     h(f"init {tmp_path / 'nobody.sock'} 130500")
     calls = [h(f"feed {i} 300 -")["call_ns"] for i in range(20)]
-    assert h("idle 3000")["idle"]
+    assert h("idle 30000")["idle"]
     c = h("counters")
     assert c["records_in"] == 20 * (300 * 3 + 30 * 2 + 4)
     assert c["dropped_no_agent"] == c["records_in"] and c["records_sent"] == 0
-    # ~0.1 ms of work; blocking on the socket would take the stall timeout or forever. The
-    # bound is loose because this shared test machine can preempt any call for a while.
-    assert max(calls) < 500_000_000
+    # ~0.1 ms of work; blocking on the socket would take the stall timeout (5 s here) or
+    # forever. The bound is half of that, not a speed target: a loaded 2-core CI host can
+    # preempt any one call for a while.
+    assert max(calls) < 2_500_000_000
 
 
 def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
@@ -216,12 +217,14 @@ def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
     srv.bind(str(sock))
     srv.listen(4)          # accepts (kernel backlog) but never reads: a stuck agent
     try:
-        h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_POOL_SLOTS=2, RIDGELINE_STALL_MS=1500,
+        h = harness(RIDGELINE_BUFFER_BYTES=1 << 20, RIDGELINE_POOL_SLOTS=2, RIDGELINE_STALL_MS=5000,
                     RIDGELINE_RECONNECT_MS=100000)
         h(f"init {sock} 130500")
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30        # the sender has connected to the stuck agent
+        while h("counters")["connects"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
         calls = [h(f"feed {i} 2000 -")["call_ns"] for i in range(40)]
-        assert h("idle 8000")["idle"]
+        assert h("idle 30000")["idle"]
         c = h("counters")
     finally:
         srv.close()
@@ -230,7 +233,9 @@ def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
     assert c["dropped_send"] > 0
     assert c["records_in"] + c["dropped_pool_full"] == 40 * (2000 * 3 + 200 * 2 + 4)
     assert c["records_sent"] + c["dropped_send"] + c["dropped_no_agent"] == c["records_in"]
-    assert max(calls) < 500_000_000     # never waited for the stuck agent (1.5 s stall timer)
+    # never waited for the stuck agent: a wait would last until the 5 s stall timer; half of
+    # it as the bound leaves room for a loaded host's preemption (not a speed target)
+    assert max(calls) < 2_500_000_000
 
 
 def test_reconnects_after_agent_restart_and_resends_names(built, harness, tmp_path):
@@ -246,12 +251,17 @@ def test_reconnects_after_agent_restart_and_resends_names(built, harness, tmp_pa
     finally:
         probe.stop()
     h("feed 2 100 -")          # agent down: dropped and counted
-    assert h("idle 3000")["idle"]
-    assert h("counters")["dropped_no_agent"] > 0
+    assert h("idle 30000")["idle"]
+    # as "no agent" once the library has seen the close (its sender turns every 50 ms), as
+    # a failed send if the batch came first (a loaded host): every record either way
+    c = h("counters")
+    assert c["dropped_no_agent"] + c["dropped_send"] == c["records_in"] - c["records_sent"] == 100 * 3 + 10 * 2 + 4
     probe2 = CuptiProbe(str(sock))       # a fresh agent knows no names
     probe2.start()
     try:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 30         # the library reconnects on its own (50 ms)
+        while h("counters")["connects"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
         h("feed 3 100 -")
         got = poll_until(probe2, lambda g: g["batches"])
     finally:
@@ -273,12 +283,12 @@ def test_control_switches_mode_and_sampling_without_restart(built, harness, tmp_
         h(f"init {sock} 130500")
         poll_until(probe, lambda g: g["new_pids"])
         assert probe.set_mode("deep", kernel_sample_every=1) == 1
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 30
         while h("counters")["mode"] != MODE_DEEP and time.monotonic() < deadline:
             time.sleep(0.02)
         assert h("counters")["mode"] == MODE_DEEP
         assert probe.set_mode("always-on", kernel_sample_every=4) == 1
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 30
         while h("counters")["kernel_sample_every"] != 4 and time.monotonic() < deadline:
             time.sleep(0.02)
         h("feed 5 400 -")
@@ -338,7 +348,10 @@ def test_forked_child_sends_on_its_own_connection_and_exits_cleanly(built, harne
         got = poll_until(probe, lambda g: g["batches"])
     finally:
         probe.stop()
-    assert r["status"] == 0 and r["child_s"] < 5          # no lock inherited held, no hang at exit
+    # no lock inherited held, no hang at exit: the child's exit alone (after its last word;
+    # the harness kills it at 60 s) takes milliseconds, a lock held for ever is a hang; the
+    # bound leaves room for a loaded host
+    assert r["status"] == 0 and r["exit_s"] < 30, r
     assert r["child"]["records_sent"] > 0 and r["child"]["connects"] >= 1
     pids = {b["pid"] for b in got["batches"]}
     assert len(pids) == 1 and h.p.pid not in pids          # the child's own pid, from the kernel
@@ -354,10 +367,9 @@ def test_many_processes_merge_into_one_trace_with_shared_names(built, harness, t
             h(f"init {sock} 130500")
             h(f"feed {i} {100 * (i + 1)} {tmp_path / f'e{i}.npz'}")
         for h in hs:
-            assert h("idle 3000")["idle"]
-        time.sleep(0.3)
+            assert h("idle 30000")["idle"]
         out = {}
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(out.get("trace").meta["processes"] if out else ()) < 3:
             time.sleep(0.1)
             more = probe.poll()
@@ -440,7 +452,7 @@ def test_deep_mode_never_samples_kernels(built, harness, tmp_path):
         h(f"init {sock} 130500")
         poll_until(probe, lambda g: g["new_pids"])
         assert probe.set_mode("deep", kernel_sample_every=4) == 1
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 30
         while h("counters")["mode"] != MODE_DEEP and time.monotonic() < deadline:
             time.sleep(0.02)
         h("feed 6 400 -")
@@ -466,7 +478,7 @@ def test_socket_path_over_107_bytes_is_refused_not_cut(built, harness, tmp_path)
         h = harness(RIDGELINE_RECONNECT_MS=50)
         h(f"init {long_path} 130500")
         h("feed 1 10 -")
-        assert h("idle 3000")["idle"]
+        assert h("idle 30000")["idle"]
         time.sleep(0.3)
         with pytest.raises(BlockingIOError):
             srv.accept()                                # nobody connected to the cut path
