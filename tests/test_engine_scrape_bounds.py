@@ -122,9 +122,11 @@ class Hostile:
         self.srv.server_close()
 
 
-def _fetch_bounded(url, timeout_s=2.0, cap=CAP):
+def _fetch_bounded(url, timeout_s=30.0, cap=CAP):
     """fetch() on a thread, joined with a generous bound so a hang fails instead of
-    hanging the suite; returns (exception or text, peak traced bytes)."""
+    hanging the suite; returns (exception or text, peak traced bytes). The scrape's own
+    deadline is generous too unless a test is about it: under tracemalloc on a loaded host
+    reading 1 MiB can take seconds, and a deadline hit is another kind of failure."""
     out = {}
 
     def go():
@@ -184,7 +186,8 @@ def test_one_redirect_is_followed():
 
 def test_the_probe_counts_each_failure_kind():
     with Hostile(huge_length) as big, Hostile(trickle_body) as slow, Hostile(bad_gzip) as bad:
-        p = EngineProbe(urls=[big.url, slow.url, bad.url], interval_s=1.0, timeout_s=1.0,
+        # a deadline the trickle (a byte every 1.5 s) trips and a loaded host's reads do not
+        p = EngineProbe(urls=[big.url, slow.url, bad.url], interval_s=1.0, timeout_s=5.0,
                         max_body_bytes=CAP, discover=False)
         p.scrape_due(0.0)
     c = p.counters()
@@ -216,7 +219,7 @@ def test_windows_keep_coming_and_failures_reach_health_and_metrics(tmp_path):
         "prometheus": {"enabled": True, "listen": f"127.0.0.1:{port}"},
         "probes": {"enabled": []}})
     with Hostile(gzip_bomb) as bomb, Hostile(trickle_body) as slow:
-        probe = EngineProbe(urls=[bomb.url, slow.url], interval_s=0.3, timeout_s=0.6, max_body_bytes=CAP,
+        probe = EngineProbe(urls=[bomb.url, slow.url], interval_s=0.3, timeout_s=2.0, max_body_bytes=CAP,
                             discover=False, backoff_max_s=0.3)
         probe.start()
         agent = Agent(cfg, probes=[Running(STEPS["engine"], probe, Availability(True))], codec=codec,
@@ -226,16 +229,20 @@ def test_windows_keep_coming_and_failures_reach_health_and_metrics(tmp_path):
         t.start()
         sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("window", "health"))
         health, windows = [], []
+        def failed_both(h):
+            fails = h[-1].payload["probes"]["engine"]["scrape_failures"] if h else {}
+            return fails.get("too_large", 0) >= 1 and fails.get("timeout", 0) >= 1
         try:
-            end = time.monotonic() + 4
-            while time.monotonic() < end:
+            # until five windows and both failures came (a loaded host may take long)
+            end = time.monotonic() + 60
+            while time.monotonic() < end and not (len(windows) >= 5 and failed_both(health)):
                 m = sub.receive(0.2)
                 if m is not None:
                     (health if m.topic == "health" else windows).append(m)
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
         finally:
             agent.request_stop()
-            t.join(5)
+            t.join(60)
             agent.shutdown()
             sub.close()
     seqs = [m.seq for m in windows]
