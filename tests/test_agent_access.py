@@ -131,5 +131,5 @@ def test_ridgeline_tail_as_nobody_cannot_read_the_agents_stream(open_folder, gro
             assert r.stdout.startswith("window") or r.stdout.startswith("health")
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()

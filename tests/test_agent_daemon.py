@@ -119,7 +119,7 @@ def test_windows_flow_and_a_raising_probe_is_counted(tmp_path):
         msgs = collect(sub, 60, until=enough)
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         sub.close()
     windows = [m.payload for m in msgs if m.topic == "window"]
@@ -143,7 +143,7 @@ def test_stop_flushes_the_open_window(tmp_path):
     # the agent polled the whole trace (0.2 s of replay) and the subscription reached it
     assert wait_for(lambda: replay.records >= 400 and agent.publisher.subscriptions >= 1)
     agent.request_stop()
-    t.join(5)
+    t.join(60)
     agent.shutdown()
     msgs = collect(sub, 1.0)
     sub.close()
@@ -179,7 +179,7 @@ def test_reload_applies_good_config_and_keeps_running_on_bad(tmp_path):
         assert t.is_alive()
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
 
 
@@ -209,7 +209,7 @@ def test_prometheus_exposition_names_and_values(tmp_path):
         assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code == 200
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     assert fams["ridgeline_phase_kernel_seconds"].type == "counter"
@@ -334,7 +334,7 @@ def test_a_failing_window_costs_one_window_not_the_agent(tmp_path, monkeypatch):
         health = collect(sub, 60, until=lambda h: h[-1].payload["loop_errors"] == 1)
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         sub.close()
     assert t is not None and agent.loop_errors == 1

@@ -69,7 +69,7 @@ def running_agent(tmp_path):
         yield agent, path, ep, sub
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         sub.close()
 
@@ -258,7 +258,7 @@ def test_the_watchdog_is_fed_only_while_windows_are_published(tmp_path):
         assert fed(3)                               # publishing again: fed again
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         logging.getLogger("ridgeline").removeHandler(handler)
     # One traceback for the repeated error, not one per window.
@@ -301,7 +301,7 @@ def test_peer_text_from_the_cupti_socket_is_escaped_in_the_log(tmp_path):
         c.close()
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         logger.removeHandler(handler)
         logger.setLevel(old_level)
@@ -372,7 +372,7 @@ def test_when_no_socket_can_be_bound_windows_lost_show_as_a_gap(tmp_path):
         assert after[0].gap >= 2 and after[0].seq > last + 2
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
         sub.close()
         for s in squatters:

@@ -124,7 +124,7 @@ def curve_agent(tmp_path):
         yield f"tcp://127.0.0.1:{port}", keys
     finally:
         agent.request_stop()
-        t.join(5)
+        t.join(60)
         agent.shutdown()
 
 
