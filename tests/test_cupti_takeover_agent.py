@@ -79,12 +79,16 @@ class Host:
         return int(self.health.get("probes", {}).get("cupti", {}).get("records", 0))
 
     def cli(self, *args) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ridgeline", *args, "--config", str(self.cfg_path)],
-                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+        # The commands' own waits for the agent (a health record, a reclaim request taken)
+        # default to two windows + 1 s, 1.4 s here: generous ones for a loaded host (they
+        # return as soon as the agent answers).
+        wait = {"check": ["--agent-timeout", "30"], "cupti": ["--timeout", "30"]}.get(args[0], [])
+        return subprocess.run([sys.executable, "-m", "ridgeline", *args, *wait, "--config", str(self.cfg_path)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
 
     def close(self):
         self.agent.request_stop()
-        self.thread.join(5)
+        self.thread.join(60)
         self.agent.shutdown()
         self.sub.close()
 
@@ -103,7 +107,7 @@ def taken(pid):
 def _take_over(host: Host, app: StubApp, stop: bool = True) -> dict:
     """Our kernels arrive; torch.profiler starts (and, with ``stop``, stops without teardown)."""
     app("emit 5 0 100")
-    host.wait(lambda h: h.get("probes", {}).get("cupti", {}).get("records", 0) >= 5, 10)
+    host.wait(lambda h: h.get("probes", {}).get("cupti", {}).get("records", 0) >= 5, 60)
     # Into a buffer of ours that is still inside CUPTI when Kineto starts: held back from
     # our periodic flush (a record in flight) until after the takeover, so no flush can
     # return it to us between the two calls (the race a loaded CI host lost once). CUPTI
@@ -113,7 +117,7 @@ def _take_over(host: Host, app: StubApp, stop: bool = True) -> dict:
     assert app("kineto_start")["rc"] == 0
     app("hold 0")
     app("emit 4 0 300")                 # Kineto's
-    h = host.wait(taken(app.p.pid), 15)
+    h = host.wait(taken(app.p.pid), 60)
     if stop:
         app("kineto_stop 0")            # kinds disabled, CUPTI not finalized: the library waits
     return h
@@ -128,7 +132,7 @@ def test_takeover_shows_in_health_check_and_metrics_and_the_operator_reclaim_end
         assert "takeover:" in t["status"] and "paused" in t["status"]
         assert abs(t["since_unix_s"] - time.time()) < 30 and t["reclaims_requested"] == 0
         # reclaim_after_s = 0: nobody asks by itself, the process stays paused
-        h = host.wait(lambda h: h["cupti_taken_over"] and h["cupti_taken_over"][0]["taken_over_s"] >= 1.5, 10)
+        h = host.wait(lambda h: h["cupti_taken_over"] and h["cupti_taken_over"][0]["taken_over_s"] >= 1.5, 60)
         assert h["cupti_reclaims_requested"] == 0
         paused_records = host.records()
 
@@ -144,7 +148,7 @@ def test_takeover_shows_in_health_check_and_metrics_and_the_operator_reclaim_end
         assert f"pid {app.p.pid}: CUPTI taken over by another tool since" in r.stdout
         assert f"ridgeline cupti reclaim --pid {app.p.pid}" in r.stdout
 
-        text = httpx.get(f"http://127.0.0.1:{host.port}/metrics", timeout=5).text
+        text = httpx.get(f"http://127.0.0.1:{host.port}/metrics", timeout=30).text
         line = [x for x in text.splitlines() if x.startswith("ridgeline_agent_cupti_processes_taken_over{")]
         assert line and line[0].endswith(" 1.0"), line
         if PROMTOOL:
@@ -154,11 +158,11 @@ def test_takeover_shows_in_health_check_and_metrics_and_the_operator_reclaim_end
         r = host.cli("cupti", "reclaim", "--pid", str(app.p.pid))
         assert r.returncode == 0, r.stderr
         assert f"asked pid(s) {app.p.pid} to reclaim CUPTI" in r.stdout
-        host.wait(lambda h: h["cupti_taken_over"] == [], 10)
+        host.wait(lambda h: h["cupti_taken_over"] == [], 60)
         assert host.records() == paused_records          # nothing came while paused
         app("emit 3 0 500")
-        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 3, 10)
-        text = httpx.get(f"http://127.0.0.1:{host.port}/metrics", timeout=5).text
+        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 3, 60)
+        text = httpx.get(f"http://127.0.0.1:{host.port}/metrics", timeout=30).text
         assert any(x.startswith("ridgeline_agent_cupti_processes_taken_over{") and x.endswith(" 0.0")
                    for x in text.splitlines())
         r = host.cli("check", "--json")
@@ -175,10 +179,10 @@ def test_the_reclaim_policy_brings_records_back_without_the_operator(host):
     try:
         _take_over(host, app)
         paused_records = host.records()
-        h = host.wait(lambda h: h["cupti_taken_over"] == [], 15)
+        h = host.wait(lambda h: h["cupti_taken_over"] == [], 60)
         assert h["cupti_reclaims_requested"] == 1
         app("emit 3 0 600")
-        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 3, 10)
+        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 3, 60)
         counters = app("counters")
     finally:
         app.close()
@@ -222,9 +226,9 @@ def test_a_reclaim_while_torch_profiler_still_collects_leaves_its_buffers_to_it(
         app("emit 2 0 900")
         r = host.cli("cupti", "reclaim")
         assert r.returncode == 0 and str(app.p.pid) in r.stdout, r.stderr
-        host.wait(lambda h: h["cupti_taken_over"] == [], 10)
+        host.wait(lambda h: h["cupti_taken_over"] == [], 60)
         app("hold 0")                     # CUPTI completes Kineto's buffer, now to Ridgeline
-        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 2, 10)
+        host.wait(lambda h: h["probes"]["cupti"]["records"] >= paused_records + 2, 60)
         counters = app("counters")        # the served process is alive
         app("kineto_stop 0")
     finally:
