@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,42 +83,66 @@ def receive(sub, n, timeout_s=30, topic=None):
     return out
 
 
+class NotifyReader:
+    """$NOTIFY_SOCKET read as systemd reads it: at once, on a thread. A unix datagram queue
+    holds 10 messages (net.unix.max_dgram_qlen), and the agent's sends never block: read
+    only now and then, a queue full of WATCHDOG=1 made the agent drop STOPPING=1 (failed
+    2/3 under load)."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.1)
+        self.seen: list[str] = []
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self):
+        while not self._stop:
+            try:
+                self.seen.append(self.sock.recv(4096).decode())
+            except (socket.timeout, TimeoutError):
+                pass
+
+    def wait(self, pred, seconds=60.0) -> bool:
+        end = time.monotonic() + seconds
+        while not pred(list(self.seen)):
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def close(self):
+        self._stop = True
+        self._t.join(10)
+        self.sock.close()
+
+
 def test_sd_notify_ready_watchdog_status_stopping_and_tail(tmp_path, trace_path):
     cfg, ep = write_config(tmp_path, trace_path(TRACE))
     sock_path = str(tmp_path / "notify.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    srv.bind(sock_path)
-    srv.settimeout(30)
+    notify = NotifyReader(sock_path)
     agent = start_agent(cfg, env={"NOTIFY_SOCKET": sock_path, "WATCHDOG_USEC": "400000"})
-    seen = []
     try:
-        while not any("READY=1" in m for m in seen):
-            seen.append(srv.recv(4096).decode())
-        tail = subprocess.run([sys.executable, "-m", "ridgeline", "tail", "--endpoint", ep, "--json", "--count", "6",
-                               "--timeout", "20"], capture_output=True, text=True, timeout=60)
-        assert tail.returncode == 0, tail.stderr
-        recs = [json.loads(line) for line in tail.stdout.splitlines()]
-        assert len(recs) == 6 and {r["topic"] for r in recs} <= {"window", "health", "engine", "device", "sched"}
-        win = [r for r in recs if r["topic"] == "window"]
-        assert win and win[0]["payload"]["sources"] == ["replay"]
-        t_end = time.monotonic() + 5
-        while time.monotonic() < t_end and not (any(m == "WATCHDOG=1" for m in seen)
-                                                and any(m.startswith("STATUS=window") for m in seen)):
-            seen.append(srv.recv(4096).decode())
-        assert "WATCHDOG=1" in seen
-        assert any(m.startswith("STATUS=window:") for m in seen)
+        try:
+            assert notify.wait(lambda seen: any("READY=1" in m for m in seen)), notify.seen
+            tail = subprocess.run([sys.executable, "-m", "ridgeline", "tail", "--endpoint", ep, "--json", "--count",
+                                   "6", "--timeout", "20"], capture_output=True, text=True, timeout=60)
+            assert tail.returncode == 0, tail.stderr
+            recs = [json.loads(line) for line in tail.stdout.splitlines()]
+            assert len(recs) == 6 and {r["topic"] for r in recs} <= {"window", "health", "engine", "device", "sched"}
+            win = [r for r in recs if r["topic"] == "window"]
+            assert win and win[0]["payload"]["sources"] == ["replay"]
+            notify.wait(lambda seen: "WATCHDOG=1" in seen and any(m.startswith("STATUS=window") for m in seen), 30)
+            assert "WATCHDOG=1" in notify.seen
+            assert any(m.startswith("STATUS=window:") for m in notify.seen)
+        finally:
+            rc = stop(agent)
+        assert rc == 0
+        assert notify.wait(lambda seen: any(m.startswith("STOPPING=1") for m in seen), 30), notify.seen[-20:]
     finally:
-        rc = stop(agent)
-    srv.settimeout(5)
-    rest = []
-    try:
-        while True:
-            rest.append(srv.recv(4096).decode())
-    except (socket.timeout, TimeoutError):
-        pass
-    assert rc == 0
-    assert any(m.startswith("STOPPING=1") for m in rest)
-    srv.close()
+        notify.close()
 
 
 def test_sigkill_and_restart_shows_restart_and_no_crash(tmp_path, trace_path):
@@ -178,7 +203,12 @@ def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
         slow.setsockopt(zmq.RCVBUF, 1024)
         slow.setsockopt(zmq.SUBSCRIBE, b"")
         slow.connect(ep)
-        health = receive(fast, 10_000, timeout_s=12, topic="health")
+        # until the slow one's misses show (a loaded host may take long), not for a fixed 12 s
+        health = []
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (len(health) >= 5 and health[-1].payload["publisher_drops"] > 0
+                                              and health[-1].payload["publisher_stalls"] >= 1):
+            health += receive(fast, 1, timeout_s=1, topic="health")
         assert a.poll() is None
         # Drops are counted, the agent never blocked, and the fast subscriber kept
         # receiving while the slow one was stuck (its gaps are only the stall's detection).
@@ -233,11 +263,15 @@ def test_malformed_input_on_every_socket(tmp_path, trace_path):
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                     s.connect(str(cupti_sock))
                     s.sendall(junk)
-        time.sleep(1.5)
+        # the bad subscription frames counted in a health record, and the agent still
+        # publishing windows later (however long a loaded host takes; a fixed 1.5 s before)
+        h = []
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (len(h) >= 3 and h[-1].payload["bad_frames"] >= 1):
+            h += receive(sub, 1, timeout_s=1, topic="health")
         assert a.poll() is None
-        assert httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).status_code == 200
-        h = receive(sub, 2, topic="health")
-        assert len(h) == 2 and h[-1].payload["bad_frames"] >= 1
+        assert httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=30).status_code == 200
+        assert h and h[-1].payload["bad_frames"] >= 1
         x.close(0)
         ctx.term()
     finally:
@@ -312,14 +346,18 @@ def test_record_top_tail_without_agent_fail_cleanly(tmp_path):
 def test_sighup_reloads_and_a_bad_file_is_refused(tmp_path, trace_path):
     cfg, ep = write_config(tmp_path, trace_path(SMALL))
     sock_path = str(tmp_path / "notify.sock")
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    srv.bind(sock_path)
-    srv.settimeout(30)
+    notify = NotifyReader(sock_path)
+    read = [0]
 
     def wait_for(prefix):
-        while True:
-            m = srv.recv(4096).decode()
+        """The next message (after the last one returned) with a line starting with prefix."""
+        def hit(seen):
+            return any(any(line.startswith(prefix) for line in m.split("\n")) for m in seen[read[0]:])
+        assert notify.wait(hit, 60), (prefix, notify.seen)
+        for i in range(read[0], len(notify.seen)):
+            m = notify.seen[i]
             if any(line.startswith(prefix) for line in m.split("\n")):
+                read[0] = i + 1
                 return m
 
     a = start_agent(cfg, env={"NOTIFY_SOCKET": sock_path})
@@ -342,4 +380,4 @@ def test_sighup_reloads_and_a_bad_file_is_refused(tmp_path, trace_path):
         assert len(got) == 3 and a.poll() is None
     finally:
         assert stop(a) == 0
-        srv.close()
+        notify.close()
