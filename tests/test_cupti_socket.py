@@ -80,7 +80,7 @@ _CLIENT = textwrap.dedent("""
         for f in frames:
             f = bytearray(f); struct.pack_into("<I", f, 16, pid); s.sendall(bytes(f))
         s.shutdown(socket.SHUT_WR)
-        s.settimeout(5)
+        s.settimeout(30)     # the agent's thread answers the EOF; a loaded host can be slow
         res["closed_by_agent"] = s.recv(1) == b""
         res["connect"] = "ok"
     except OSError as e:
@@ -96,7 +96,7 @@ _CLIENT = textwrap.dedent("""
 """)
 
 
-def _as_nobody(args, timeout=30):
+def _as_nobody(args, timeout=90):
     def drop():
         os.setgid(NOBODY if os.path.exists("/etc/group") else NOBODY)
         os.setgroups([])
@@ -142,7 +142,7 @@ def test_unprivileged_peer_connects_and_reports_only_for_itself(run_dir):
             # the agent cuts it: seen as EOF, or as a reset while it was still sending
             assert other["connect"] in ("ConnectionResetError", "BrokenPipeError") or other["closed_by_agent"]
         time.sleep(0.2)
-        got = R.poll_until(probe, lambda g: probe.counters()["server_rejected_peers"] >= 2, timeout_s=5)
+        got = R.poll_until(probe, lambda g: probe.counters()["server_rejected_peers"] >= 2, timeout_s=30)
         c = probe.counters()
         assert c["server_rejected_peers"] == 2
         assert not any("trace" in x for x in got)            # nothing reported for pid 1 or the agent
@@ -276,7 +276,7 @@ def test_1200_connections_leave_the_agent_descriptors_for_metrics(tmp_path):
     try:
         port = int(agent.stdout.readline())
         def metrics():
-            return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read())
+            return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30).read())
         for _ in range(1200):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             c.setblocking(False)
@@ -358,8 +358,10 @@ def test_peers_parking_large_frames_keep_the_agent_inside_the_units_memory(tmp_p
         from ridgeline.probes.cupti.probe import CuptiProbe
         p = CuptiProbe({sock!r}); p.start()
         print("ready", flush=True)
-        kernels, end = 0, time.monotonic() + 8
-        while time.monotonic() < end:
+        # 8 s of peers parking frames at least; then on until the late library's kernels
+        # came (a loaded host may take long to move 6 x 95 MiB), within a minute
+        kernels, end, last = 0, time.monotonic() + 8, time.monotonic() + 60
+        while time.monotonic() < last and (time.monotonic() < end or kernels < 4):
             r = p.poll()
             kernels += len(r["trace"].kernels) if "trace" in r else 0
             time.sleep(0.05)
