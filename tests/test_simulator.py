@@ -304,7 +304,8 @@ def test_probe_streams_events_and_engine_scrapes():
     try:
         import time
         got_events = got_scrape = 0
-        for _ in range(30):
+        end = time.monotonic() + 30               # until both came (30 polls in 1.5 s before)
+        while time.monotonic() < end and not (got_events and got_scrape):
             time.sleep(0.05)
             d = p.poll()
             if not d:
