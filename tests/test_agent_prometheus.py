@@ -349,3 +349,23 @@ def test_sglang_per_stage_prefill_passes_through_with_sglangs_buckets():
     seg = {s.labels["segment"]: s.value for s in families(text)["ridgeline_engine_segment_mean_seconds"].samples
            if s.labels["pid"] == "5151"}
     assert seg["prefill"] == pytest.approx(0.12) and seg["decode"] == pytest.approx(2.0)
+
+
+def test_cupti_refusal_counters_exist_at_zero_before_the_first_refusal(tmp_path):
+    """RidgelineCuptiPeerRejected fires on increase(...[10m]) > 0 after a single event; a
+    series that first appears at 1 has no earlier sample, so that one event (the common
+    case: one misconfigured container) never fired. The counters of a fresh CUPTI socket
+    are therefore exported at 0 for every reason the rules read."""
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    probe = CuptiProbe(socket_path=str(tmp_path / "c.sock"))
+    probe.start()
+    try:
+        counters = probe.counters()
+    finally:
+        probe.stop()
+    w = window([thread(8)])
+    w["agent"]["probes"]["cupti"] = counters
+    got = {s.labels["reason"]: s.value
+           for s in families(exposition([w]))["ridgeline_agent_cupti_refused_connections"].samples
+           if s.name.endswith("_total")}
+    assert got == {"limit": 0, "per_user": 0, "peer_identity": 0}

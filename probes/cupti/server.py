@@ -60,6 +60,8 @@ from ridgeline.probes.cupti import protocol as P
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/run/ridgeline/cupti.sock"
+#: counters of refused or cut peers, present from the start (``stats``)
+EXPORTED_REFUSALS = ("refused_connections", "refused_connections_uid", "rejected_peers")
 _RECV_CHUNK = 1 << 20
 #: Memory a queued message costs beyond its body (the parsed objects): counted against
 #: ``max_queued_bytes`` so that a flood of tiny messages is bounded like large ones.
@@ -161,7 +163,10 @@ class CuptiServer:
         self._next_id = 1
         self._queue: collections.deque[Message] = collections.deque()
         self._queued_bytes = 0
-        self.stats = collections.Counter()
+        # The refusals /metrics exports (ridgeline_agent_cupti_refused_connections_total)
+        # exist at 0 from the start: an alert on their increase needs a sample before the
+        # first refusal, or the series appears at 1 and that one event is never seen.
+        self.stats = collections.Counter(dict.fromkeys(EXPORTED_REFUSALS, 0))
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
