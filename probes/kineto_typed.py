@@ -550,12 +550,21 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     import multiprocessing as mp
     import tempfile
     ctx = mp.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    # unlinked at once: the page cache holds what the child wrote until it is read,
-    # and nothing is left behind whatever happens to either process
-    spool = tempfile.TemporaryFile()
-    child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send, spool), daemon=True)
-    child.start()
+    opened: list = []
+    try:
+        recv, send = ctx.Pipe(duplex=False)
+        opened += [recv, send]
+        # unlinked at once: the page cache holds what the child wrote until it is read,
+        # and nothing is left behind whatever happens to either process
+        spool = tempfile.TemporaryFile()
+        opened.append(spool)
+        child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send, spool), daemon=True)
+        child.start()
+    except OSError:
+        # no usable temporary directory, no descriptors or fork refused: one reader
+        for f in opened:
+            f.close()
+        return None
     send.close()
     out = _InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them

@@ -100,6 +100,38 @@ def test_a_failing_child_falls_back_to_one_reader(tmp_path, trace_path, monkeypa
     assert took == [None]        # the two-reader attempt gave up; one reader read it all
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("trouble", ["no temporary directory", "fork refused"])
+def test_no_second_reader_falls_back_to_one(trouble, trace_path, monkeypatch):
+    """Where the second reader cannot be set up (no usable temporary directory for its
+    spool file: a read-only root, a full or missing TMPDIR; or fork refused: a process
+    limit), the file is read by this process alone, as load_trace's contract says of
+    any trouble with the second reader, and no descriptor is left open. Before: the
+    OSError went out of load (analyze printed a traceback, exit 1)."""
+    import tempfile
+    p = trace_path(TRACES[5])
+    if trouble == "no temporary directory":
+        monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/ridgeline-spool")
+    else:
+        import multiprocessing.context
+
+        def refuse(self):     # as Process.start raises it when fork() fails (EAGAIN)
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
+    took = []
+    real_two = kineto_typed._load_two
+    monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
+    before = _open_fds()
+    t = kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True)
+    assert took == [None]
+    assert _open_fds() == before
+    monkeypatch.undo()
+    _same(t, load_trace_via_dicts(p))
+
+
 def test_spool_bytes_read_are_released(tmp_path):
     """The parent punches out what it has read of the child's spool (a tmpfs temporary
     directory would otherwise hold it in memory until the end)."""
