@@ -24,8 +24,10 @@ Two readers: with ``parallel`` the file is read by this process and one forked c
 both decompress the whole stream (ISA-L inflates several GB/s, cheaper than shipping
 bytes between processes) and each decodes its share of the pieces (CHILD_SHARE). The
 child writes each piece's rows to an unlinked spool file and sends only their counts
-and its new names through the pipe, so it never waits on the parent; the parent reads
-them back in file order and punches out what it has read.
+and its new names through the pipe; the parent reads them back in file order, punches
+out what it has read and tells the child how far it got. The child runs at most
+SPOOL_LEAD_BYTES ahead of the parent's reading, so the spool (page cache, or memory
+where the temporary directory is a tmpfs) stays bounded however the two are scheduled.
 """
 from __future__ import annotations
 
@@ -393,6 +395,11 @@ def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, mine, emit) -> No
 # the 1M-kernel A100-derived trace 9/16 balanced the two (10.2 CPU s each).
 CHILD_SHARE = (9, 16)
 
+# How far the child's spool may run ahead of what the parent has read back: beyond it
+# the child waits for the parent. Some 8 pieces of rows: enough that it never waits on
+# a parent that keeps up, small beside the input budget.
+SPOOL_LEAD_BYTES = 64 << 20
+
 
 def _child_takes(i: int) -> bool:
     """Piece ``i`` goes to the child: CHILD_SHARE of the pieces, spread evenly."""
@@ -404,26 +411,35 @@ def _parent_takes(i: int) -> bool:
     return not _child_takes(i)
 
 
-def _child(path: str, chunk_bytes: int, conn, spool) -> None:
+def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
     """Forked reader of its share of the pieces: writes each piece's rows (per kind, in
     _KINDS order, raw) to the unlinked file ``spool`` and sends ("piece", i, row counts,
     new names, None) per piece, then ("done", ...) or ("error", text). The messages are
-    small, so the child never waits on the parent: the columns go through the page
-    cache, not through the pipe (a pipe full of columns stalled the child whenever the
-    parent held the GIL in a long decode)."""
+    small: the columns go through the spool file, not through the pipe (a pipe full of
+    columns stalled the child whenever the parent held the GIL in a long decode). Before
+    writing past SPOOL_LEAD_BYTES beyond the spool offset the parent last reported on
+    ``acks`` it waits for the parent; a parent gone ends the wait (EOF) and the child."""
     try:
+        for f in parent_ends:        # fork copied the parent's ends: an EOF must mean it is gone
+            f.close()
         gc.disable()
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = kineto._Builder()
         sent = [0]
+        written, read_back = [0], [0]
 
         def emit(i, cols):
+            while acks.poll():           # keep the parent's reports from filling the pipe
+                read_back[0] = acks.recv()
+            while written[0] - read_back[0] > SPOOL_LEAD_BYTES:
+                read_back[0] = acks.recv()
             counts = []
             for k in _KINDS:
                 a = np.ascontiguousarray(cols[k])
                 counts.append(len(a))
                 if len(a):
                     spool.write(a.view(np.uint8))
+                    written[0] += a.nbytes
             spool.flush()
             strings = b.names.strings
             conn.send(("piece", i, counts, strings[sent[0]:], None))
@@ -554,11 +570,14 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     try:
         recv, send = ctx.Pipe(duplex=False)
         opened += [recv, send]
+        ack_recv, ack_send = ctx.Pipe(duplex=False)    # parent -> child: spool read up to here
+        opened += [ack_recv, ack_send]
         # unlinked at once: the page cache holds what the child wrote until it is read,
         # and nothing is left behind whatever happens to either process
         spool = tempfile.TemporaryFile()
         opened.append(spool)
-        child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send, spool), daemon=True)
+        child = ctx.Process(target=_child, args=(str(path), chunk_bytes, send, spool, ack_recv,
+                                                 (recv, ack_send)), daemon=True)
         child.start()
     except OSError:
         # no usable temporary directory, no descriptors or fork refused: one reader
@@ -566,6 +585,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
             f.close()
         return None
     send.close()
+    ack_recv.close()
     out = _InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
     done: list = []
@@ -590,6 +610,10 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
                     x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
             cols[kind] = x
         _release(fd, start, offset[0] - start)
+        try:
+            ack_send.send(offset[0])
+        except OSError:              # the child is gone; its messages tell how it ended
+            pass
         out.add(i, cols)
 
     def drain(block: bool) -> None:
@@ -615,6 +639,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
             child.kill()
         child.join()
         recv.close()
+        ack_send.close()
         spool.close()
     if failed or not done or done[-1][0] != "done":
         return None

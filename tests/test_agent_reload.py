@@ -19,6 +19,8 @@ from ridgeline.agent.daemon import Agent
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
 
+from test_agent_daemon import wait_for
+
 
 def free_port():
     with socket.socket() as s:
@@ -43,16 +45,6 @@ def collect(sub, seconds, topic="window", until=None):
             if until is not None and until(out):
                 break
     return out
-
-
-def wait_for(pred, seconds=30.0):
-    """Poll ``pred`` until it holds; False at the deadline."""
-    end = time.monotonic() + seconds
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.fixture

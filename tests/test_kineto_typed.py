@@ -132,6 +132,39 @@ def test_no_second_reader_falls_back_to_one(trouble, trace_path, monkeypatch):
     _same(t, load_trace_via_dicts(p))
 
 
+def test_the_child_runs_at_most_the_spool_lead_ahead_of_the_parent(trace_path, monkeypatch):
+    """The child waits once its spool is SPOOL_LEAD_BYTES past what the parent has read
+    back, so the spool (memory, where the temporary directory is a tmpfs) stays bounded
+    however the two are scheduled. Here the parent takes only piece 0 and then reads the
+    rest of the stream without taking the child's rows until the end: unbounded, the
+    child's whole share would sit in the spool (it did before the bound)."""
+    p = trace_path(TRACES[5])
+    monkeypatch.setattr(kineto_typed, "SPOOL_LEAD_BYTES", 1)
+    monkeypatch.setattr(kineto_typed, "_child_takes", lambda i: i > 0)
+    ahead, pieces = [], []
+    real_read, real_release = kineto_typed._read_rows, kineto_typed._release
+
+    def read_rows(fd, dtype, n, offset):
+        ahead.append(os.fstat(fd).st_size - offset)      # written by the child, not yet read back
+        return real_read(fd, dtype, n, offset)
+
+    def release(fd, offset, length):
+        pieces.append(length)
+        return real_release(fd, offset, length)
+    monkeypatch.setattr(kineto_typed, "_read_rows", read_rows)
+    monkeypatch.setattr(kineto_typed, "_release", release)
+    took = []
+    real_two = kineto_typed._load_two
+    monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
+    t = kineto_typed.load(p, chunk_bytes=64 << 10, parallel=True)
+    assert took and took[0] is not None
+    assert len(pieces) > 8 and sum(pieces) > 8 * max(pieces)     # enough pieces for the bound to show
+    # one piece written past the lead, and the one the child is writing when the parent looks
+    assert max(ahead) <= 2 * max(pieces) + 1, (max(ahead), max(pieces), sum(pieces))
+    monkeypatch.undo()
+    _same(t, load_trace_via_dicts(p))
+
+
 def test_spool_bytes_read_are_released(tmp_path):
     """The parent punches out what it has read of the child's spool (a tmpfs temporary
     directory would otherwise hold it in memory until the end)."""
