@@ -25,7 +25,7 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import third_party_missing, third_party_path  # noqa: E402  (the tests' lookup of third-party files)
+from third_party_files import third_party_missing, third_party_path  # noqa: E402  (the tests' lookup, without pytest)
 
 LEGACY = "kineto_legacy/kineto_tb_plugin_gpu_metrics_input.json"
 CLOVERLEAF = "nsys/pipit_cloverleaf_cuda_perlmutter.sqlite.gz"

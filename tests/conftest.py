@@ -22,12 +22,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import hardware  # noqa: E402
+from third_party_files import third_party_missing, third_party_path  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared"))
 TRACES = SHARED / "traces"
 DATA = Path(__file__).parent / "data"
-THIRD_PARTY_DOC = "tests/THIRD_PARTY.md"
 
 
 def pytest_addoption(parser):
@@ -83,28 +83,6 @@ def shared_trace(name: str) -> Path:
 @pytest.fixture
 def trace_path():
     return shared_trace
-
-
-def third_party_candidates(rel: str) -> list[Path]:
-    """Where the third-party file ``rel`` (a path relative to a third-party folder, e.g.
-    ``traces/LICENSE.TraceLens``) is looked for, in order: ``$RIDGELINE_THIRD_PARTY/rel`` when
-    that variable is set, then ``SHARED/third-party/rel``. Read at call time, never at import,
-    so collection works whether or not the files are present. Never skips: bench/input_bounds.py
-    uses it outside a test."""
-    roots = [Path(v) for v in [os.environ.get("RIDGELINE_THIRD_PARTY")] if v]
-    return [root / rel for root in roots + [SHARED / "third-party"]]
-
-
-def third_party_missing(rel: str) -> str:
-    """One line saying that ``rel`` is absent and where it was looked for."""
-    tried = " or ".join(str(p) for p in third_party_candidates(rel))
-    return (f"third-party file {rel} not present (looked for {tried}; set RIDGELINE_THIRD_PARTY; "
-            f"{THIRD_PARTY_DOC} says where it comes from)")
-
-
-def third_party_path(rel: str) -> Path | None:
-    """The first existing candidate for ``rel``, or None."""
-    return next((p for p in third_party_candidates(rel) if p.exists()), None)
 
 
 def third_party(rel: str) -> Path:

@@ -205,26 +205,12 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
         assert "is_causal=False and no mask on its SDPA operator" in pm.steps[0].evidence[0]
 
 
-def _listed_sha256() -> dict[str, str]:
-    """The ``sha256sum`` block of tests/THIRD_PARTY.md: path under third-party/ -> digest."""
-    import re
-    doc = (Path(__file__).parent / "THIRD_PARTY.md").read_text()
-    return dict((path, digest) for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", doc, re.M))
-
-
 def test_third_party_md_lists_every_tracelens_trace_with_its_licence():
     """tests/THIRD_PARTY.md lists exactly the TraceLens traces the tests use and the licence
     file that must travel with them, each with the SHA-256 of the file as copied."""
-    listed = sorted(p for p in _listed_sha256() if p.startswith("traces/"))
+    from test_third_party_files import listed_sha256
+    listed = sorted(p for p in listed_sha256() if p.startswith("traces/"))
     assert listed == sorted(["traces/" + n for n in TRACELENS] + ["traces/LICENSE.TraceLens"])
-
-
-@pytest.mark.parametrize("name", TRACELENS + ["LICENSE.TraceLens"])
-def test_third_party_trace_is_the_listed_file(name):
-    """The file found is the one tests/THIRD_PARTY.md describes (SHA-256 as copied)."""
-    import hashlib
-    p = third_party("traces/" + name)
-    assert hashlib.sha256(p.read_bytes()).hexdigest() == _listed_sha256()["traces/" + name], p
 
 
 def test_tracelens_licence_travels_with_the_traces():
