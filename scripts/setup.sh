@@ -49,6 +49,25 @@ if { ! command -v strace >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import seccom
         || echo "ridgeline setup: could not install strace/python3-seccomp; the syscall filter tests will skip" >&2
 fi
 
+# The distro's containers-common seccomp profile (what a container runtime's RuntimeDefault
+# is): tests/test_deploy.py shows from it why the DaemonSet ships its own profile. Only that
+# file is taken out of the package (its dependencies pull in a container network stack the
+# tests do not need). Never fatal: that test skips.
+if [ ! -f /usr/share/containers/seccomp.json ] && [ ! -f "$VENV/share/containers-common/seccomp.json" ] \
+        && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
+    cc_tmp="$(mktemp -d)" || cc_tmp=/nonexistent
+    if ( cd "$cc_tmp" && { apt-get download -q golang-github-containers-common >/dev/null 2>&1 \
+            || { [ "$(id -u)" = 0 ] && apt-get update -q >/dev/null 2>&1 \
+                 && apt-get download -q golang-github-containers-common >/dev/null 2>&1; }; } ) \
+            && dpkg-deb -x "$cc_tmp"/golang-github-containers-common_*.deb "$cc_tmp/x" \
+            && [ -f "$cc_tmp/x/usr/share/containers/seccomp.json" ]; then
+        install -D -m 0644 "$cc_tmp/x/usr/share/containers/seccomp.json" "$VENV/share/containers-common/seccomp.json"
+    else
+        echo "ridgeline setup: could not fetch the containers-common seccomp profile; one deploy test will skip" >&2
+    fi
+    [ "$cc_tmp" = /nonexistent ] || rm -rf "$cc_tmp"
+fi
+
 # 2. Virtualenv with pinned dependencies; reinstall only when pyproject.toml changed.
 stamp="$VENV/.ridgeline-installed"
 if [ ! -x "$VENV/bin/python" ]; then
