@@ -588,6 +588,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     ack_recv.close()
     out = _InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
+    table: list = [None]      # remap as an array, rebuilt when it grows
     done: list = []
     failed: list = []
     offset = [0]
@@ -598,8 +599,9 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
         if tag != "piece":
             done.append((tag, extra))
             return
-        remap.extend(b.names.intern(s) for s in new_names)
-        table = np.array(remap or [0], dtype=np.int32)
+        if new_names or table[0] is None:        # the id map grows only when names were added
+            remap.extend(b.names.intern(s) for s in new_names)
+            table[0] = np.array(remap or [0], dtype=np.int32)
         cols = {}
         start = offset[0]
         for kind, n in zip(_KINDS, counts):
@@ -607,7 +609,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
             offset[0] += n * _DTYPES[kind].itemsize
             for c in ("name_id", "input_dims_id", "input_types_id"):
                 if c in x.dtype.names and n:
-                    x[c] = np.where(x[c] >= 0, table[np.maximum(x[c], 0)], x[c])
+                    x[c] = np.where(x[c] >= 0, table[0][np.maximum(x[c], 0)], x[c])
             cols[kind] = x
         _release(fd, start, offset[0] - start)
         try:
