@@ -9,18 +9,47 @@ over kernels.
 """
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import re2
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import NameTable, Trace
 
 DATA_FILE = Path(__file__).parent / "data" / "kernel_signatures.toml"
+
+#: Memory of one compiled name pattern (RE2's DFA cache; past it RE2 runs its NFA, still
+#: linear). RE2's default is 8 MiB; some 70 patterns at that would be a large share of the
+#: unit's MemoryMax.
+NAME_REGEX_MAX_MEM_BYTES = 1 << 20
+
+
+def _re2_options() -> re2.Options:
+    o = re2.Options()
+    o.max_mem = NAME_REGEX_MAX_MEM_BYTES
+    o.log_errors = False        # a refused pattern is one InputError line, not a C++ log line
+    return o
+
+
+_RE2_OPTIONS = _re2_options()
+
+
+@lru_cache(maxsize=1024)
+def name_regex(pattern: str):
+    """``pattern`` compiled by RE2, for every regular expression applied to kernel names.
+
+    Names come from any local process (the CUPTI socket) and from traces of unknown origin;
+    Python's ``re`` backtracks, and a 4 kB name built to match the start of a signature
+    (``fmhaSm1KernelKernel...``) took it over a second per pattern. RE2 has no
+    backtracking: a search is linear in the name whatever the pattern. It refuses
+    look-around and back-references (raises ``re2.error``), which is why the table uses
+    neither. ``\\w``, ``\\d`` and ``\\b`` are ASCII classes in RE2 (kernel names are ASCII).
+    """
+    return re2.compile(pattern, _RE2_OPTIONS)
 
 # Roles (uint8 codes, 0 = no signature matched).
 ROLE_NONE = 0
@@ -52,12 +81,12 @@ GRID_CODES = {"": GRID_NONE, "query_blocks": GRID_QUERY_BLOCKS, "tokens": GRID_T
               "rows": GRID_ROWS, "warp_rows": GRID_WARP_ROWS}
 # PyTorch's softmax_warp_forward<input_t, output_t, acc_t, log2_elements, ...>: the fourth
 # template argument is log2 of the padded row length; it sets the rows per 128-thread block.
-_SOFTMAX_LOG2 = re.compile(r"softmax_warp_forward<[^,<>]+,[^,<>]+,[^,<>]+,\s*(\d+)\s*,")
+_SOFTMAX_LOG2 = name_regex(r"softmax_warp_forward<[^,<>]+,[^,<>]+,[^,<>]+,\s*(\d+)\s*,")
 
 # GEMM tile spelled in the kernel name; the first group pair is the (M, N) tile.
 # Patterns from reference/kernel-signatures.md section 8 (cuBLAS xmma, CUTLASS, nvjet,
 # hipBLASLt macro tiles, trtllm-gen bmm, Ampere sgemm).
-_TILE_PATTERNS = [re.compile(p) for p in (
+_TILE_PATTERNS = [name_regex(p) for p in (
     r"tilesize(\d+)x(\d+)x\d+",
     r"nvjet_\w*?tst_(\d+)x(\d+)",
     r"MT(\d+)x(\d+)x\d+",
@@ -70,13 +99,13 @@ _TILE_PATTERNS = [re.compile(p) for p in (
 # "grid" counts threads (MI300 BERT: Cijk MT16x16 grid [73728,1,1] with block [256,1,1] =
 # 288 workgroups), while Triton kernels on the same device report blocks (attn_fwd grid
 # [2,8,1]).
-_GRID_IN_WORK_ITEMS = re.compile(r"^Cijk_")
+_GRID_IN_WORK_ITEMS = name_regex(r"^Cijk_")
 SMALL_TILE = 16     # token-side tile <= 16: built for a handful of token rows
 LARGE_TILE = 128    # token-side tile >= 128: built for many rows
 
 # Causality of a fused attention kernel, parsed from its name (int8 per kernel).
 CAUSAL_UNKNOWN, CAUSAL_NO, CAUSAL_YES, CAUSAL_LOCAL = -1, 0, 1, 2
-_TRAITS_BLOCK_M = re.compile(r"Flash_fwd_kernel_traits<\s*\d+\s*,\s*(\d+)\s*,")
+_TRAITS_BLOCK_M = name_regex(r"Flash_fwd_kernel_traits<\s*\d+\s*,\s*(\d+)\s*,")
 
 
 @dataclass(frozen=True)
@@ -158,7 +187,7 @@ def template_bools(name: str) -> list[bool]:
 
 def parse_causal(name: str, sig: Signature) -> int:
     """CAUSAL_* code of a kernel of signature ``sig`` from its name."""
-    if sig.causal_pattern and re.search(sig.causal_pattern, name):
+    if sig.causal_pattern and name_regex(sig.causal_pattern).search(name):
         return CAUSAL_YES
     if sig.causal_bool < 0:
         return CAUSAL_UNKNOWN
@@ -208,9 +237,11 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
             raise InputError(f"{where}: duplicate id")
         for key in ("pattern", "causal_pattern"):
             try:
-                re.compile(entry.get(key, ""))
-            except re.error as e:
-                raise InputError(f"{where}: bad {key}: {e}") from None
+                name_regex(entry.get(key, ""))
+            except re2.error as e:
+                # e.g. a look-behind: RE2 runs in linear time by refusing what needs backtracking
+                raise InputError(f"{where}: bad {key} (RE2 syntax, no look-around or back-references): "
+                                 f"{e}") from None
         if entry.get("seqs_axis", "") not in ("", "y"):
             raise InputError(f"{where}: unknown seqs_axis {entry['seqs_axis']!r}")
         for key in ("causal_bool", "local_bool", "local_min_bools"):
@@ -257,7 +288,7 @@ def match_name_ids(names: NameTable, name_ids: np.ndarray, signatures: list[Sign
     pos = np.array([sub.lookup(names[int(i)] if i >= 0 else "") for i in name_ids], dtype=np.int64)
     sub_sig = np.full(len(sub), -1, dtype=np.int32)
     for k, s in enumerate(signatures):
-        hit = sub.ids_matching(s.pattern)
+        hit = sub.ids_matching(name_regex(s.pattern))
         free = hit[sub_sig[hit] < 0]
         sub_sig[free] = k
     return sub_sig[pos] if len(pos) else np.empty(0, dtype=np.int32)
@@ -331,6 +362,9 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
                          rows_per_block=uniq_rpb[inverse] if n else np.empty(0, dtype=np.int32))
 
 
+_TEMPLATE_NAME = name_regex(r"<\s*(?:void\s+)?([\w:]+)")
+
+
 @lru_cache(maxsize=4096)
 def short_name(name: str, limit: int = 60) -> str:
     """Readable kernel name for evidence strings: return type, templates and arguments dropped."""
@@ -348,7 +382,7 @@ def short_name(name: str, limit: int = 60) -> str:
     last = parts[-1]
     if last in ("Kernel", "Kernel2", "device_kernel") and cut < len(base) and base[cut] == "<":
         # cutlass::Kernel2<cutlass_80_..._gemm_...>: the template argument is the real name.
-        m = re.match(r"<\s*(?:void\s+)?([\w:]+)", base[cut:])
+        m = _TEMPLATE_NAME.match(base[cut:])
         if m:
             last = m.group(1).split("::")[-1]
     elif last in ("kernel",) and len(parts) > 1:

@@ -104,18 +104,35 @@ class StreamPhaser:
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
-        """Kernel classes of kernels with these name ids (gathered from per-name arrays)."""
+        """Kernel classes of kernels with these name ids (gathered from per-name arrays).
+
+        Each name is classified once, when it first appears in the (append-only) table:
+        only the ids added since the last call are matched, so the cost over the life of
+        the source is linear in the names (it re-classified the whole table each time the
+        table grew: a peer adding names one batch at a time made it quadratic).
+        """
         n_names = len(self.names)
         if n_names + 1 > self._cls_n:
-            # Classify every name once (ids 0..n-1 and "no name" at the end): a fake
-            # trace with one kernel per name id; only the new ids cost a regex search.
             from ridgeline.probes.events import KERNEL_DTYPE, empty
-            k = empty(KERNEL_DTYPE, n_names + 1)
-            k["name_id"][:n_names] = np.arange(n_names)
-            k["name_id"][n_names] = -1
+            first = max(self._cls_n - 1, 0)
+            # a fake trace with one kernel per new name id and one without a name
+            k = empty(KERNEL_DTYPE, n_names - first + 1)
+            k["name_id"][:-1] = np.arange(first, n_names)
+            k["name_id"][-1] = -1
             kc = classify_kernels(Trace(kernels=k, names=self.names))
             self._signatures = kc.signatures
-            self._cls = {f.name: getattr(kc, f.name) for f in fields(KernelClasses) if f.name != "signatures"}
+            for f in fields(KernelClasses):
+                if f.name == "signatures":
+                    continue
+                a = getattr(kc, f.name)
+                old = self._cls.get(f.name)
+                if old is None or len(old) < n_names + 1:
+                    # capacity doubles: a table growing by one name per batch copies O(n) in all
+                    grown = np.empty(max(2 * (n_names + 1), 64), dtype=a.dtype)
+                    if old is not None:
+                        grown[:first] = old[:first]
+                    old = self._cls[f.name] = grown
+                old[first:n_names + 1] = a          # the new names, then "no name" at index n_names
             self._cls_n = n_names + 1
         nid = np.asarray(name_ids, dtype=np.int64)
         look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)
