@@ -185,7 +185,12 @@ class ProcessDecoder:
                          "unmatched_marker_ends": 0, "open_markers_dropped": 0,
                          "rejected_records": 0, "rejected_timestamps": 0, "rejected_device": 0,
                          "rejected_bytes": 0, "rejected_sections": 0, "names_over_limit": 0,
-                         "names_not_demangled": 0, "demangle_deadlines": 0, "demangling_stopped": 0}
+                         "names_not_demangled": 0, "demangle_deadlines": 0, "demangling_stopped": 0,
+                         "demangle_budget_spent": 0}
+        #: what demangles this process's names: ``raw -> (shown, failed)`` like
+        #: :func:`demangle_many` (None: that function). The probe sets one that charges the
+        #: process's and its user's time budget (probes.cupti.demangle_budget).
+        self.demangler = None
         self.library_counters: dict[str, int] = {}
         self.devices: set[int] = set()
         self.mode = 0
@@ -246,8 +251,10 @@ class ProcessDecoder:
                 shown = raw
                 self.counters["names_not_demangled"] += sum(1 for r in raw if r.startswith("_Z"))
             else:
-                shown, failed = demangle_many(raw)
-                self.counters["names_not_demangled"] += failed["too_long"] + failed["deadline"]
+                shown, failed = (self.demangler or demangle_many)(raw)
+                self.counters["names_not_demangled"] += (failed["too_long"] + failed["deadline"]
+                                                         + failed.get("budget", 0))
+                self.counters["demangle_budget_spent"] += failed.get("budget", 0)
                 self.counters["demangle_deadlines"] += failed["deadline"]
                 if self.counters["demangle_deadlines"] >= MAX_DEMANGLE_DEADLINES:
                     self.counters["demangling_stopped"] = 1

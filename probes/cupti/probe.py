@@ -11,11 +11,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
+from ridgeline.probes.cupti.demangle import demangle_many
+from ridgeline.probes.cupti.demangle_budget import DemangleBudget
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
@@ -25,9 +28,14 @@ log = logging.getLogger(__name__)
 
 _DECODER_COUNTERS = ("undecodable_records", "unresolved_names", "unjoined_kernels", "rejected_records",
                      "rejected_timestamps", "rejected_device", "rejected_bytes", "rejected_sections",
-                     "names_over_limit", "names_not_demangled", "demangle_deadlines", "demangling_stopped")
+                     "names_over_limit", "names_not_demangled", "demangle_deadlines", "demangling_stopped",
+                     "demangle_budget_spent")
 #: pids remembered as having made the demangler run past its deadline (bounded)
 _MAX_NO_DEMANGLE_PIDS = 4096
+#: Message bytes the pump thread decodes ahead of :meth:`CuptiProbe.poll`; past it the
+#: messages wait in the server's bounded queue (whose overflow is counted), so a stalled
+#: main loop does not let decoded events grow without bound.
+MAX_INGESTED_AHEAD_BYTES = 32 << 20
 
 
 def _announce_target(pid: int) -> bool:
@@ -97,6 +105,15 @@ class CuptiProbe(Probe):
         self.decode_errors = 0
         # processes whose names stopped being demangled: a reconnect does not start over
         self._no_demangle: dict[int, None] = {}
+        #: demangler seconds per pid and per uid, whatever each call's outcome; kept here,
+        #: not in a decoder or connection, so a reconnect does not reset it
+        self.demangle_budget = DemangleBudget()
+        self._pid_uid: dict[int, int] = {}
+        # Decoding (and so demangling, which waits on the worker process) runs in the pump
+        # thread, never in poll() on the agent's main loop; this lock guards the decoders,
+        # and is let go while the demangler works, so poll() waits for neither.
+        self._dec_lock = threading.Lock()
+        self._ingested_ahead = 0
 
     def check(self) -> Availability:
         d = os.path.dirname(self.socket_path) or "."
@@ -128,13 +145,18 @@ class CuptiProbe(Probe):
                 if srv is None:
                     return
                 srv.pump(0)
+                msgs = srv.drain() if self._ingested_ahead < MAX_INGESTED_AHEAD_BYTES else []
+            if msgs:
+                self._ingested_ahead += sum(m.nbytes for m in msgs)
+                self.ingest(msgs)
             # wait for readiness outside the lock so poll()/set_mode() never wait long
             self._stop.wait(self.pump_interval_s)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=2)
+            # a demangler call in the thread ends within its deadlines (two of DEADLINE_BASE_S)
+            self._thread.join(timeout=5)
             self._thread = None
         with self._lock:
             if self.server is not None:
@@ -148,9 +170,11 @@ class CuptiProbe(Probe):
             if self.server is None:
                 return 0
             n = 0
-            for p in {d.pid for d in list(self.decoders.values()) if d.flags & P.FLAG_TAKEN_OVER}:
+            with self._dec_lock:
+                modes = {d.pid: d.mode for d in self.decoders.values() if d.flags & P.FLAG_TAKEN_OVER}
+            for p, mode in modes.items():
                 if pid is None or p == pid:
-                    n += self.server.send_control(self.decoders[p].mode, 0, p, P.CONTROL_RECLAIM)
+                    n += self.server.send_control(mode, 0, p, P.CONTROL_RECLAIM)
             return n
 
     def taken_over_pids(self) -> set[int]:
@@ -166,22 +190,45 @@ class CuptiProbe(Probe):
             return self.server.send_control(int(m), kernel_sample_every, pid) if self.server else 0
 
     def ingest(self, messages) -> None:
-        """Decode messages (from :meth:`CuptiServer.drain`); used by :meth:`poll` and by tests."""
-        for m in messages:
-            try:
-                self._ingest_one(m)
-            except Exception as e:        # MemoryError included: one message, never the others
-                self.decode_errors += 1
-                log.warning("cupti: pid %d: %s message not used: %s: %s", m.pid, m.kind, type(e).__name__,
-                            escape(str(e)))
+        """Decode messages (from :meth:`CuptiServer.drain`); used by the pump thread and by tests."""
+        with self._dec_lock:
+            for m in messages:
+                try:
+                    self._ingest_one(m)
+                except Exception as e:        # MemoryError included: one message, never the others
+                    self.decode_errors += 1
+                    log.warning("cupti: pid %d: %s message not used: %s: %s", m.pid, m.kind, type(e).__name__,
+                                escape(str(e)))
+
+    def _demangle(self, pid: int, raw: list[str]) -> tuple[list[str], dict[str, int]]:
+        """A process's new names through the demangler, within its pid's and uid's time
+        budget (charged whatever the outcome); called by its decoder with ``_dec_lock``
+        held, which is let go while the worker runs."""
+        uid = self._pid_uid.get(pid, -1)
+        if not self.demangle_budget.allowed(pid, uid):
+            return list(raw), {"too_long": 0, "deadline": 0, "budget": sum(1 for r in raw if r.startswith("_Z"))}
+        self._dec_lock.release()
+        t0 = time.monotonic()
+        try:
+            return demangle_many(raw)
+        finally:
+            spent = time.monotonic() - t0
+            self._dec_lock.acquire()
+            self.demangle_budget.charge(pid, uid, spent)
 
     def _ingest_one(self, m) -> None:
         if m.kind == "hello":
             dec = self.decoders.get(m.pid)
             if dec is None:
                 dec = self.decoders[m.pid] = ProcessDecoder(m.pid)
+                dec.demangler = lambda raw, pid=m.pid: self._demangle(pid, raw)
                 if m.pid in self._no_demangle:
                     dec.counters["demangling_stopped"] = 1
+            if m.uid >= 0:
+                self._pid_uid.pop(m.pid, None)
+                self._pid_uid[m.pid] = m.uid
+                while len(self._pid_uid) > _MAX_NO_DEMANGLE_PIDS:
+                    self._pid_uid.pop(next(iter(self._pid_uid)))
             dec.set_hello(m.body)
             if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
                 self._conn_pid[m.conn_id] = m.pid
@@ -211,11 +258,19 @@ class CuptiProbe(Probe):
     def poll(self) -> dict:
         if self.server is None:
             return {}
-        self.ingest(self.server.drain())
+        if self._thread is None:        # not started: nothing decodes in the background
+            with self._lock:
+                msgs = self.server.drain()
+            self.ingest(msgs)
         return self.collect()
 
     def collect(self) -> dict:
         """Hand on what :meth:`ingest` decoded (the second half of :meth:`poll`)."""
+        with self._dec_lock:
+            self._ingested_ahead = 0
+            return self._collect()
+
+    def _collect(self) -> dict:
         parts = []
         for pid, dec in self.decoders.items():
             if dec.pending():
@@ -297,11 +352,13 @@ class CuptiProbe(Probe):
     def counters(self) -> dict:
         lib = {k: self._retired.get(f"library_{k}", 0) for k in P.LIBRARY_COUNTERS}
         dec = {k: self._retired.get(k, 0) for k in _DECODER_COUNTERS}
-        for d in self.decoders.values():
-            for k in lib:
-                lib[k] += d.library_counters.get(k, 0)
-            for k in dec:
-                dec[k] += d.counters.get(k, 0)
+        with self._dec_lock:
+            decoders = list(self.decoders.values())
+            for d in decoders:
+                for k in lib:
+                    lib[k] += d.library_counters.get(k, 0)
+                for k in dec:
+                    dec[k] += d.counters.get(k, 0)
         stats = dict(self.server.stats) if self.server else {}
         lost = lib["dropped_cupti"] + lib["dropped_pool_full"] + lib["dropped_no_agent"] + lib["dropped_send"]
         # drops counts records; whole batches refused before decoding are a separate figure
@@ -312,11 +369,13 @@ class CuptiProbe(Probe):
                "errors": (stats.get("protocol_errors", 0) + stats.get("accept_errors", 0)
                           + stats.get("rejected_batches", 0) + stats.get("rejected_peers", 0) + self.decode_errors
                           + dec["undecodable_records"] + dec["rejected_records"]),
-               "processes": len(self.decoders),
-               "processes_taken_over": sum(1 for d in self.decoders.values() if d.flags & P.FLAG_TAKEN_OVER),
+               "processes": len(decoders),
+               "processes_taken_over": sum(1 for d in decoders if d.flags & P.FLAG_TAKEN_OVER),
                "connections": self.server.connections if self.server else 0}
         out.update({f"library_{k}": v for k, v in lib.items()})
         out.update(dec)
         out["names_over_limit"] += self.names_over_limit
+        out["demangle_seconds"] = round(self.demangle_budget.spent_s, 6)
+        out["demangle_budget_refused_calls"] = self.demangle_budget.refused_calls
         out.update({f"server_{k}": v for k, v in stats.items()})
         return out

@@ -115,6 +115,7 @@ class Message:
     pid: int
     body: object = None   # Hello | Batch | None
     nbytes: int = 0
+    uid: int = -1         # the peer's uid (SO_PEERCRED), on "hello": the demangler's budget is per user
 
 
 @dataclass
@@ -386,7 +387,7 @@ class CuptiServer:
             c.hello = hello
             n = len(body) + MESSAGE_OVERHEAD_BYTES
             self._queued_bytes += n         # counted, never dropped: a library's identity and state
-            self._queue.append(Message("hello", c.conn_id, c.pid, hello, n))
+            self._queue.append(Message("hello", c.conn_id, c.pid, hello, n, c.uid))
         elif c.msg_type == P.MSG_BATCH:
             if c.hello is None:
                 raise P.ProtocolError("batch before hello")
