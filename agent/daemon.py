@@ -580,6 +580,9 @@ def configure_logging(level: str) -> None:
     if not root.handlers:
         h = logging.StreamHandler()
         h.setFormatter(logging.Formatter("ridgeline[%(process)d] %(levelname)s %(message)s"))
+        # peers can make lines (bad frames, per connection): limited per kind and per peer
+        from ridgeline.probes.log_limit import LIMIT
+        h.addFilter(LIMIT)
         root.addHandler(h)
     root.setLevel(level.upper())
     root.propagate = False

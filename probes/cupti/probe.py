@@ -375,6 +375,8 @@ class CuptiProbe(Probe):
         out.update({f"library_{k}": v for k, v in lib.items()})
         out.update(dec)
         out["names_over_limit"] += self.names_over_limit
+        from ridgeline.probes.log_limit import LIMIT
+        out["log_lines_suppressed"] = LIMIT.total_suppressed()
         out["demangle_seconds"] = round(self.demangle_budget.spent_s, 6)
         out["demangle_budget_refused_calls"] = self.demangle_budget.refused_calls
         out.update({f"server_{k}": v for k, v in stats.items()})

@@ -256,7 +256,7 @@ class CuptiServer:
                 total += self._read(c, budget_bytes - total)
             except P.ProtocolError as e:
                 self.stats["protocol_errors"] += 1
-                log.warning("cupti: pid %d: %s; connection closed", c.pid, escape(str(e)))
+                log.warning("cupti: pid %d: %s; connection closed", c.pid, escape(str(e)), extra={"peer": c.uid})
                 self._drop(c, reason="protocol error")
             except Exception as e:   # never let a peer crash the agent (MemoryError included)
                 self.stats["protocol_errors"] += 1
