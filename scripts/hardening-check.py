@@ -716,6 +716,78 @@ def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool, inputs_f
         cg.close()
 
 
+# ------------------------------------------------------------------------------ issue 18 (items 1, 2, 5)
+
+def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
+    """Issue 18.1/18.5 as an attacker tries them: adversarial kernel names (tests/adversarial_names.py)
+    through `analyze` and through the CUPTI socket as nobody, and one bad frame per connection."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import adversarial_names as A
+    from ridgeline.aggregator.signatures import load_signatures
+    sigs = load_signatures()
+    names = [n for s in sigs if s.id.startswith("trtllm_gen_fmha") for n in A.names_for(s.pattern, 4096)]
+    tag = f"{mem >> 20}M"
+    name = "18.1 analyze: Kineto trace of adversarial 4 kB kernel names"
+    if only in name:
+        f = tmp / "adversarial-names.json"
+        f.write_text(A.kineto_trace(names))
+        cg = Cgroup("adv", mem)
+        r = Child([PY, "-m", "ridgeline", "analyze", str(f), "--json"], cg).finish(300)
+        row("18.1", f"{name} [{f.stat().st_size / 1e3:.0f} kB], {tag}", r, f"{r['time']:.1f} s", r["exit"] == 0
+            and r["time"] < 60, mem)
+        cg.close()
+    name = "18.1 agent: nobody sends adversarial kernel names over the CUPTI socket"
+    if only in name:
+        R = cupti_frames()
+        cg = Cgroup("advagent", mem)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        npath = str(tmp / f"notify{time.monotonic_ns()}")
+        notify.bind(npath)
+        notify.setblocking(False)
+        a = Agent(tmp, cg, probes=("cupti",), env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "2000000"})
+        w = Windows(a.endpoint)
+        b = R.make_buffer(4, seed=3, with_markers=False)
+        frames = [R.hello_frame(pid=0).hex()]
+        for i in range(0, len(names), 4):       # new names every frame: the table grows each batch
+            chunk = {k: names[(i + j) % len(names)] + str(i) for j, k in enumerate(b.names)}
+            frames.append(R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes())], chunk, pid=0).hex())
+        feeds, t0, last, worst = 0, time.monotonic(), time.monotonic(), 0.0
+        p = nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames, "hold_s": 20}, wait=False)
+        while time.monotonic() - t0 < 25:
+            try:
+                if notify.recv(4096).count(b"WATCHDOG=1"):
+                    now = time.monotonic()
+                    worst, last = max(worst, now - last), now
+                    feeds += 1
+            except BlockingIOError:
+                time.sleep(0.05)
+        worst = max(worst, time.monotonic() - last)
+        answers = sum(a.metrics_ok(5) for _ in range(5))
+        p.kill()
+        p.wait()
+        notify.close()
+        ws = w.stop()
+        r = a.stop()
+        row("18.1", f"{name}, {tag}", r, f"{ws['n']} windows in 25 s, worst window interval {ws['worst_s']:.1f} s, "
+            f"watchdog fed {feeds}x, worst watchdog gap {worst:.1f} s, /metrics {answers}/5",
+            ws["n"] >= 15 and worst < 3 and answers == 5 and r["exit"] == 0, mem)
+        cg.close()
+    name = "18.5 log flood: 300 connections as nobody, one bad frame each"
+    if only in name:
+        cg = Cgroup("logflood", mem)
+        a = Agent(tmp, cg, probes=("cupti",))
+        t0 = time.monotonic()
+        for _ in range(300):
+            nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": [(b"\0" * 32).hex()],
+                    "hold_s": 0}, wait=False)
+        time.sleep(10)
+        r = a.stop()
+        lines = r["stderr"].count("connection closed")
+        row("18.5", f"{name}, {tag}", r, f"{lines} 'connection closed' lines in {time.monotonic() - t0:.0f} s "
+            f"(limit: 10 per peer, 30 + 1/s per kind)", lines <= 60 and r["exit"] == 0, mem)
+        cg.close()
+
+
 def install_help() -> None:
     t0 = time.monotonic()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
@@ -777,6 +849,7 @@ def main() -> None:
             mem = int(m[:-1]) << {"K": 10, "M": 20, "G": 30}[m[-1].upper()]
             agent_cases(tmp, mem, a.only)
             config_cases(tmp, mem, a.only)
+            issue18_names_cases(tmp, mem, a.only)
         if not a.skip_analyze:
             # `analyze` is an operator's command, not the unit: its ceiling is 1 GiB (issue 14.1)
             analyze_cases(tmp, 1 << 30, a.only, a.long_recording, a.inputs_from)
