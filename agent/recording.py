@@ -56,10 +56,8 @@ def is_recording(path: str | Path) -> bool:
 class RecordingWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        try:
-            self._f = open(self.path, "wb")
-        except OSError as exc:
-            raise InputError(f"{self.path}: cannot write recording: {exc.strerror}") from None
+        from ridgeline.probes.output_file import open_output
+        self._f = open_output(self.path, "recording")     # never through another user's link
         self._f.write(MAGIC)
         self.frames = 0
         self.bytes = len(MAGIC)

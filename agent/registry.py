@@ -100,7 +100,8 @@ def _engine(cfg):
     e = cfg["probes"]["engine"]
     urls = [e["url"]] if e["url"] else []
     return _build(cls, urls=urls, url=e["url"], pids=list(cfg["probes"]["pids"]), interval_s=e["interval_s"],
-                  timeout_s=e["timeout_s"], max_body_bytes=e["max_body_bytes"])
+                  timeout_s=e["timeout_s"], max_body_bytes=e["max_body_bytes"],
+                  follow_redirects=e["follow_redirects"])
 
 
 def _replay(cfg):

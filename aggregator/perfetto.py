@@ -298,8 +298,10 @@ def write_perfetto(trace: Trace, phase_map, phase_names: dict[int, str], path: s
            "otherData": {"producer": "ridgeline analyze",
                          "source": str(trace.meta.get("path") or trace.meta.get("source_path") or "")}}
     out = Path(path)
+    from ridgeline.probes.output_file import open_output
     try:
-        out.write_bytes(orjson.dumps(doc))
+        with open_output(out, "Perfetto trace") as f:
+            f.write(orjson.dumps(doc))
     except OSError as exc:
         raise InputError(f"{out}: cannot write Perfetto trace: {exc.strerror or exc}") from None
     return out

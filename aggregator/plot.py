@@ -25,8 +25,10 @@ def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path
     """Write the roofline PNG of ``doc`` to ``path`` and return the path."""
     fig = build_figure(doc, title)
     out = Path(path)
+    from ridgeline.probes.output_file import open_output
     try:
-        fig.savefig(out, format="png", bbox_inches="tight")
+        with open_output(out, "plot") as f:      # never through another user's link
+            fig.savefig(f, format="png", bbox_inches="tight")
     except OSError as exc:
         raise InputError(f"{out}: cannot write plot: {exc.strerror or exc}") from None
     finally:

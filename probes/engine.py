@@ -257,7 +257,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 MAX_HEAD_BYTES = 64 * 1024
 MAX_REDIRECTS = 3
 #: Why a scrape failed; each is counted (``scrape_failures`` in the probe's counters).
-FAILURE_KINDS = ("invalid_url", "connect", "timeout", "http_status", "protocol", "too_large", "decode")
+FAILURE_KINDS = ("invalid_url", "connect", "timeout", "http_status", "protocol", "too_large", "decode",
+                 "redirect_refused")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -395,11 +396,29 @@ def _get_once(url: str, deadline: float, timeout_s: float, max_body_bytes: int) 
         sock.close()
 
 
+def same_origin(url: str, location_url: str) -> bool:
+    """Whether ``location_url`` is on the same scheme, host and port as ``url``."""
+    try:
+        a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(location_url)
+        pa = a.port or (443 if a.scheme == "https" else 80)
+        pb = b.port or (443 if b.scheme == "https" else 80)
+    except ValueError:
+        return False
+    return (a.scheme, (a.hostname or "").lower(), pa) == (b.scheme, (b.hostname or "").lower(), pb)
+
+
 def fetch(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> str:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, follow_redirects: bool = False) -> str:
     """GET ``url`` and return its text, within ``timeout_s`` in all (connect, redirects,
     the whole body) and at most ``max_body_bytes`` of body after gzip decoding; raises
     :class:`ScrapeError` (an :class:`InputError`) with one line and a failure kind.
+
+    Redirects: none is followed unless ``follow_redirects``, and then only to the same
+    scheme, host and port (at most :data:`MAX_REDIRECTS`). The agent runs as root and
+    whoever answers on the engine's port chooses the Location: followed blindly, a 302
+    makes the agent GET another local service's path (``/admin?delete=all`` on another
+    loopback port) and take its answer for engine data. A refused redirect is its own
+    failure kind (``redirect_refused``), counted like the others.
 
     A plain HTTP/1.1 client on h11 with a socket deadline per read: timeouts of a
     general client are per read, so a server sending a byte now and then would hold
@@ -412,17 +431,26 @@ def fetch(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
         if status == 200:
             return text
         if status in _REDIRECTS and location:
-            # vLLM's ASGI mount answers /metrics with a redirect to /metrics/.
-            url = urllib.parse.urljoin(url, location)
+            target = urllib.parse.urljoin(url, location)
+            shown = target[:200].encode("unicode_escape", "backslashreplace").decode("ascii")
+            if not follow_redirects:
+                raise ScrapeError(f"{url}: HTTP {status} redirect to {shown} not followed (set "
+                                  "probes.engine.follow_redirects = true to follow redirects on the same host "
+                                  "and port, or configure the final URL)", "redirect_refused")
+            if not same_origin(url, target):
+                raise ScrapeError(f"{url}: HTTP {status} redirect to {shown} not followed: another host or "
+                                  "port", "redirect_refused")
+            # vLLM's older ASGI mount answered /metrics with a redirect to /metrics/.
+            url = target
             continue
         raise ScrapeError(f"{url}: HTTP {status}", "http_status")
     raise ScrapeError(f"{url}: more than {MAX_REDIRECTS} redirects", "http_status")
 
 
 def scrape(url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client=None,
-           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict:
+           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, follow_redirects: bool = False) -> dict:
     """One scrape: ``{"endpoint", "ts_ns", "exposition"}`` (a :class:`prom_text.Exposition`)."""
-    text = fetch(url, timeout_s, max_body_bytes=max_body_bytes)
+    text = fetch(url, timeout_s, max_body_bytes=max_body_bytes, follow_redirects=follow_redirects)
     ts = time.time_ns()
     return {"endpoint": url, "ts_ns": ts, "exposition": prom_text.parse(text)}
 
@@ -460,9 +488,10 @@ class EngineProbe(Probe):
     def __init__(self, urls: Iterable[str] = (), pids: Iterable[int] = (), interval_s: float = DEFAULT_INTERVAL_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S, backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
                  discover: bool = True, discover_any_port: bool = False, max_queued: int = 256,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, follow_redirects: bool = False):
         super().__init__()
         self.max_body_bytes = int(max_body_bytes)
+        self.follow_redirects = bool(follow_redirects)
         self.scrape_failures = {k: 0 for k in FAILURE_KINDS}
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
@@ -533,7 +562,8 @@ class EngineProbe(Probe):
                         continue
                     known.add(url)
                     try:
-                        res = scrape(url, self.timeout_s, max_body_bytes=self.max_body_bytes)
+                        res = scrape(url, self.timeout_s, max_body_bytes=self.max_body_bytes,
+                                     follow_redirects=self.follow_redirects)
                     except InputError:
                         with self._lock:
                             self._rejected.add(url)
@@ -580,7 +610,8 @@ class EngineProbe(Probe):
                 continue
             self._refresh_pid(ep, now_s)
             try:
-                res = scrape(ep.url, self.timeout_s, max_body_bytes=self.max_body_bytes)
+                res = scrape(ep.url, self.timeout_s, max_body_bytes=self.max_body_bytes,
+                             follow_redirects=self.follow_redirects)
             except InputError as exc:
                 kind = getattr(exc, "kind", "protocol")
                 self.scrape_failures[kind] = self.scrape_failures.get(kind, 0) + 1

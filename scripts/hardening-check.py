@@ -790,6 +790,114 @@ def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
         cg.close()
 
 
+# ------------------------------------------------------------------------------ issue 18 (i18b)
+
+def redirect_cases(tmp: Path, mem: int, only: str) -> None:
+    """18.6: an engine answering 302 to another loopback port's /admin?delete=all."""
+    name = "18.6 engine 302 to another loopback port's /admin?delete=all"
+    if only not in name:
+        return
+    hits: list = []
+
+    class Victim(http.server.BaseHTTPRequestHandler):
+        def do_GET(h):
+            hits.append(h.path)
+            body = b"# TYPE vllm:x gauge\nvllm:num_requests_running 7\n"
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+
+        def log_message(h, *a):
+            pass
+    victim = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Victim)
+    threading.Thread(target=victim.serve_forever, daemon=True).start()
+    vport = victim.server_address[1]
+
+    class Redirector(http.server.BaseHTTPRequestHandler):
+        def do_GET(h):
+            h.send_response(302)
+            h.send_header("Location", f"http://127.0.0.1:{vport}/admin?delete=all")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+
+        def log_message(h, *a):
+            pass
+    red = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Redirector)
+    threading.Thread(target=red.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{red.server_address[1]}/metrics"
+    cg = Cgroup("redirect", mem)
+    a = Agent(tmp, cg, probes=("engine",), engine_url=url)
+    time.sleep(6)
+    text = a.metrics() if a.metrics_ok() else ""
+    refused = sum(float(v) for v in re.findall(
+        r'ridgeline_agent_engine_scrape_failures_total\{[^}]*kind="redirect_refused"[^}]*\} (\S+)', text))
+    r = a.stop()
+    red.shutdown()
+    victim.shutdown()
+    row("18.6", f"{name}, {mem >> 20}M", r, f"other port GET {len(hits)}x ({hits[:1]}); refusals counted "
+        f"{refused:.0f}", not hits and refused > 0, mem)
+    cg.close()
+
+
+def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
+    """18.8: root's analyze --perfetto/--plot and record -o at a name nobody made a symlink."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from third_party_files import third_party_path
+        trace = third_party_path("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz")
+    except ImportError:      # the lookup module is absent: the analyze cases cannot run
+        trace = None
+    d = tmp / "nobody-dir"
+    d.mkdir(exist_ok=True)
+    os.chmod(d, 0o1777)
+    for flag, fname in (("--perfetto", "p.json"), ("--plot", "p.png"), ("record -o", "r.rlrec")):
+        name = f"18.8 root writes {flag} through nobody's symlink"
+        if only not in name or (trace is None and flag != "record -o"):
+            continue
+        victim = tmp / f"victim-{fname}"
+        victim.write_text("precious\n")
+        link = d / fname
+        link.unlink(missing_ok=True)
+        subprocess.run(["/bin/ln", "-s", str(victim), str(link)], preexec_fn=as_nobody, check=True)
+        cg = Cgroup("symlink", mem)
+        if flag == "record -o":
+            argv = [PY, "-m", "ridgeline", "record", "-o", str(link), "--endpoint", f"ipc://{tmp}/none.sock",
+                    "--duration", "1"]
+        else:
+            argv = [PY, "-m", "ridgeline", "analyze", str(trace), flag, str(link), "--json"]
+        r = Child(argv, cg).finish(300)
+        lines = r["stderr"].strip().splitlines()
+        kept = victim.read_text() == "precious\n"
+        row("18.8", f"{name}, {mem >> 20}M", r, f"victim {'kept' if kept else 'OVERWRITTEN'}; "
+            f"`{(lines or [''])[-1][:110]}`", kept and r["exit"] in (1, 2) and len(lines) == 1, mem)
+        cg.close()
+
+
+def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
+    """18.7: analyze bombs, each one line, exit 2, bounded."""
+    d = tmp / "bombs"
+    d.mkdir(exist_ok=True)
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    cases = {}
+    if only in "18.7 analyze: gzip of 1 GiB of '['":
+        with open(d / "brackets.json.gz", "wb") as f:
+            for _ in range(64):
+                f.write(z.compress(b"[" * (1 << 24)))
+            f.write(z.flush())
+        cases["18.7 analyze: gzip of 1 GiB of '['"] = d / "brackets.json.gz"
+    if only in "18.7 analyze: JSON nested a million deep":
+        n = 1_000_000
+        (d / "deep.json").write_bytes(b'{"traceEvents": [' + b"[" * n + b"]" * n + b"]}")
+        cases["18.7 analyze: JSON nested a million deep"] = d / "deep.json"
+    for name, path in cases.items():
+        cg = Cgroup("bomb", 1 << 30)
+        r = Child([PY, "-m", "ridgeline", "analyze", str(path), "--json"], cg).finish(300)
+        lines = r["stderr"].strip().splitlines()
+        row("18.7", name, r, f"`{(lines or [''])[-1][:110]}`", r["exit"] in (0, 2) and len(lines) <= 1, 1 << 30)
+        cg.close()
+
+
 def install_help() -> None:
     t0 = time.monotonic()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
@@ -852,6 +960,10 @@ def main() -> None:
             agent_cases(tmp, mem, a.only)
             config_cases(tmp, mem, a.only)
             issue18_names_cases(tmp, mem, a.only)
+            redirect_cases(tmp, mem, a.only)
+            symlink_output_cases(tmp, mem, a.only)
+        if not a.skip_analyze:
+            analyze_bomb_cases(tmp, 1 << 30, a.only)
         if not a.skip_analyze:
             # `analyze` is an operator's command, not the unit: its ceiling is 1 GiB (issue 14.1)
             analyze_cases(tmp, 1 << 30, a.only, a.long_recording, a.inputs_from)

@@ -31,9 +31,16 @@ fail() { log "eBPF unavailable: $*"; exit 1; }
 command -v dpkg-query >/dev/null || fail "not a Debian-family system (no dpkg); install bcc's python bindings and kernel headers by hand"
 
 # One set-up at a time: several engineers or CI jobs may call this at once.
-LOCK=/run/lock/ridgeline-setup-ebpf.lock
-[ -d /run/lock ] && [ -w /run/lock ] || LOCK=/tmp/ridgeline-setup-ebpf.lock
-exec 9>"$LOCK"
+# The lock is a flock on a directory's descriptor, opened read-only: nothing is created or
+# truncated through a name another user could have prepared (a symlink at
+# /run/lock/ridgeline-setup-ebpf.lock truncated its target where fs.protected_symlinks is
+# off, as in containers). The directory is root's own, 0700, never a symlink (issue 18.8).
+LOCKDIR=/run/ridgeline-setup
+[ -d /run ] && [ -w /run ] || LOCKDIR=/root/.ridgeline-setup
+[ -L "$LOCKDIR" ] && fail "$LOCKDIR is a symbolic link; refusing to use it as the set-up lock"
+mkdir -p -m 0700 "$LOCKDIR" || fail "cannot create the set-up lock directory $LOCKDIR"
+[ ! -L "$LOCKDIR" ] && [ "$(stat -c %u "$LOCKDIR")" = 0 ] || fail "$LOCKDIR is not root's own directory; refusing it as the lock"
+exec 9<"$LOCKDIR"
 flock -w 300 9 || fail "another setup-ebpf.sh holds the lock for 5 minutes"
 
 KREL="$(uname -r)"

@@ -122,7 +122,7 @@ class Hostile:
         self.srv.server_close()
 
 
-def _fetch_bounded(url, timeout_s=30.0, cap=CAP):
+def _fetch_bounded(url, timeout_s=30.0, cap=CAP, **kw):
     """fetch() on a thread, joined with a generous bound so a hang fails instead of
     hanging the suite; returns (exception or text, peak traced bytes). The scrape's own
     deadline is generous too unless a test is about it: under tracemalloc on a loaded host
@@ -132,7 +132,7 @@ def _fetch_bounded(url, timeout_s=30.0, cap=CAP):
     def go():
         tracemalloc.start()
         try:
-            out["res"] = engine.fetch(url, timeout_s=timeout_s, max_body_bytes=cap)
+            out["res"] = engine.fetch(url, timeout_s=timeout_s, max_body_bytes=cap, **kw)
         except Exception as exc:        # noqa: BLE001 - the test inspects it
             out["res"] = exc
         out["peak"] = tracemalloc.get_traced_memory()[1]
@@ -169,19 +169,70 @@ def test_a_trickling_server_is_cut_at_the_total_deadline(behave):
     assert "no answer within 2 s" in str(res)
 
 
-@pytest.mark.parametrize("behave, kind", [(bad_gzip, "decode"), (not_http, "protocol"),
-                                          (redirect_loop, "http_status")])
-def test_broken_answers_are_one_line_of_their_kind(behave, kind):
+@pytest.mark.parametrize("behave, kind, follow", [(bad_gzip, "decode", False), (not_http, "protocol", False),
+                                                  (redirect_loop, "http_status", True),
+                                                  (redirect_loop, "redirect_refused", False)])
+def test_broken_answers_are_one_line_of_their_kind(behave, kind, follow):
     with Hostile(behave) as h:
-        res, _ = _fetch_bounded(h.url)
+        res, _ = _fetch_bounded(h.url, follow_redirects=follow)
     assert isinstance(res, ScrapeError) and res.kind == kind, res
     assert "\n" not in str(res)
 
 
-def test_one_redirect_is_followed():
+def test_one_redirect_is_followed_when_configured():
+    with Hostile(redirect_once) as h:
+        res, _ = _fetch_bounded(h.url, follow_redirects=True)
+    assert res == LINE.decode()
+
+
+def test_no_redirect_is_followed_by_default():
+    # issue 18.6: whoever answers on the engine's port chooses the Location
     with Hostile(redirect_once) as h:
         res, _ = _fetch_bounded(h.url)
-    assert res == LINE.decode()
+    assert isinstance(res, ScrapeError) and res.kind == "redirect_refused", res
+    assert "probes.engine.follow_redirects" in str(res) and "\n" not in str(res)
+
+
+class _Recorder:
+    """Another loopback service: records every request line it gets."""
+
+    def __init__(self):
+        self.lines = []
+        rec = self
+
+        class H(socketserver.BaseRequestHandler):
+            def handle(self):
+                rec.lines.append(self.request.recv(4096).split(b"\r\n", 1)[0])
+                self.request.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(LINE) + LINE)
+
+        self.srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_redirect_to_another_port_is_never_followed(follow):
+    # issue 18.6: a 302 to another loopback port's /admin?delete=all made the agent GET it
+    # and use the answer as engine data
+    victim = _Recorder()
+    try:
+        def to_victim(conn):      # Hostile has read the request
+            conn.sendall(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:%d/admin?delete=all\r\n"
+                         b"Content-Length: 0\r\n\r\n" % victim.port)
+        with Hostile(to_victim) as h:
+            res, _ = _fetch_bounded(h.url, follow_redirects=follow)
+            p = EngineProbe(urls=[h.url], interval_s=1.0, timeout_s=5.0, discover=False, follow_redirects=follow)
+            p.scrape_due(0.0)
+    finally:
+        victim.close()
+    assert isinstance(res, ScrapeError) and res.kind == "redirect_refused", res
+    assert victim.lines == []
+    assert p.counters()["scrape_failures"]["redirect_refused"] == 1
+    assert p.poll()["scrapes"] == []
 
 
 def test_the_probe_counts_each_failure_kind():
