@@ -132,3 +132,10 @@ def test_without_preload_the_ticks_after_a_profile_are_mapped_to_realtime(tmp_pa
         agent.srv.close()
     _check_10ms_kernel(agent, 900, wall)
     assert c["clock_mapped"] >= 1 and c["clock_pairs"] >= 2
+
+
+def test_ridgeline_run_preloads_the_library_before_what_was_preloaded():
+    from ridgeline.probes.cupti.library import injection_env
+    env = injection_env("/tmp/s.sock", libcupti=None, lib=LIB, inherited_preload="/opt/a.so /opt/b.so")
+    assert env["LD_PRELOAD"] == f"{LIB}:/opt/a.so:/opt/b.so" and env["CUDA_INJECTION64_PATH"] == str(LIB)
+    assert "LD_PRELOAD" not in injection_env("/tmp/s.sock", libcupti=None, lib=LIB, preload=False)
