@@ -116,6 +116,7 @@ EXPORT int kineto_configure(int use_tsc) {
     if ((x = cuptiActivityRegisterCallbacks(bufferRequested, bufferCompleted)) != CUPTI_SUCCESS && !r) r = x; /* :318 */
     for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++) {
         if ((x = cuptiActivityEnable(KINDS[i])) != CUPTI_SUCCESS && !r) r = x;
+#if CUPTI_API_VERSION >= 23 /* Kineto: CUDART_VERSION >= 12050; 12.4's header (API 22) lacks these */
         if (KINDS[i] == CUPTI_ACTIVITY_KIND_RUNTIME) /* :344-347 (CUDART >= 12.5) */
             cuptiActivityEnableRuntimeApi(CUPTI_RUNTIME_TRACE_CBID_cudaGetDevice_v3020, 0);
         if (KINDS[i] == CUPTI_ACTIVITY_KIND_DRIVER) { /* :351-358 */
@@ -123,6 +124,7 @@ EXPORT int kineto_configure(int use_tsc) {
             cuptiActivityEnableDriverApi(CUPTI_DRIVER_TRACE_CBID_cuDevicePrimaryCtxGetState, 0);
             cuptiActivityEnableDriverApi(CUPTI_DRIVER_TRACE_CBID_cuCtxGetCurrent, 0);
         }
+#endif
     }
     tracing_enabled = 1;
     return (int)r;
