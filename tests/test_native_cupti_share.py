@@ -19,49 +19,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.server import CuptiServer
-
-import cupti_records as R
 from test_native_cupti_flush import LIB, NATIVE, StubApp, built  # noqa: F401  (the build fixture)
+from test_native_cupti_takeover import Agent as TakeoverAgent
 
 REPLAY = NATIVE / "build" / "libkineto_replay.so"
 FLAG_TAKEN_OVER = getattr(P, "FLAG_TAKEN_OVER", 1 << 6)
 
 
-class Agent:
-    def __init__(self, path):
-        self.srv = CuptiServer(str(path))
-        self.srv.open()
-        self.hellos: list = []
-        self.kernels: dict[int, tuple[int, int]] = {}
-
-    def pump(self, seconds, until=None):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.srv.pump(0.02)
-            for m in self.srv.drain():
-                if m.kind == "hello":
-                    self.hellos.append(m.body)
-                elif m.kind == "batch":
-                    for s in m.body.sections:
-                        if s.kind == 10:
-                            v = np.frombuffer(s.data, R.KERNEL)
-                            for c, a, b in zip(v["correlation_id"], v["start"], v["end"]):
-                                self.kernels[int(c)] = (int(a), int(b))
-            if until and until(self):
-                return
-
-    def taken_over(self):
-        return bool(self.hellos) and bool(self.hellos[-1].flags & FLAG_TAKEN_OVER)
-
-    def reclaim(self):
-        frame = bytearray(P.encode_control(P.MODE_ALWAYS_ON, 0))
-        frame[-8:-4] = (1).to_bytes(4, "little")
-        for c in list(self.srv._conns.values()):
-            c.sock.send(bytes(frame))
+class Agent(TakeoverAgent):
+    """The agent's real server (test_native_cupti_takeover.Agent), closed by the test."""
 
 
 def _check_10ms_kernel(agent, corr, wall_ns):

@@ -33,6 +33,7 @@ class Agent:
         self.srv.open()
         self.hellos: list[P.Hello] = []
         self.corr: list[int] = []
+        self.kernels: dict[int, tuple[int, int]] = {}   # correlation id -> (start, end)
 
     def pump(self, seconds: float, until=None) -> None:
         end = time.monotonic() + seconds
@@ -44,7 +45,10 @@ class Agent:
                 elif m.kind == "batch":
                     for s in m.body.sections:
                         if s.kind == 10:           # the stub writes cupti-python's layout
-                            self.corr += np.frombuffer(s.data, R.KERNEL)["correlation_id"].tolist()
+                            v = np.frombuffer(s.data, R.KERNEL)
+                            self.corr += v["correlation_id"].tolist()
+                            self.kernels.update(zip(v["correlation_id"].tolist(),
+                                                    zip(v["start"].tolist(), v["end"].tolist())))
             if until and until(self):
                 return
 
