@@ -533,6 +533,14 @@ class WindowCollector:
                                     labels=["Hostname"])
             fam.add_metric([host], float(a["cupti_processes_taken_over"]))
             yield fam
+        clk = ((a.get("probes") or {}).get("cupti") or {}).get("clock_disagreements")
+        if _num(clk) is not None:
+            # API/marker CPU timestamps not on the agent's clock (e.g. a profiler's TSC ticks)
+            fam = CounterMetricFamily("ridgeline_agent_cupti_clock_disagreements",
+                                      "CUPTI API and marker records whose CPU timestamps disagree with the agent's "
+                                      "receive time (rejected, never published)", labels=["Hostname"])
+            fam.add_metric([host], float(clk))
+            yield fam
         if _num(a.get("bpf_run_time_ns")) is not None:
             fam = CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "Time the agent's BPF programs ran in the kernel",
                                       labels=["Hostname"])

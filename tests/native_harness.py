@@ -44,7 +44,8 @@ import cupti_records as R  # noqa: E402
 COUNTERS = ["dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send", "sampled_out",
             "names_dropped", "walk_errors", "records_in", "records_sent", "batches_sent", "connects",
             "buffers_refused", "mode", "flags", "kernel_sample_every", "buffers_lost", "flushes", "takeovers",
-            "reclaims"]
+            "reclaims", "clock_mapped", "clock_unmapped", "guest_sessions", "guest_records", "guest_buffers",
+            "guest_dropped", "clock_pairs"]
 
 
 def _spec_buffer(spec: list[dict]) -> tuple[bytes, list]:
@@ -186,6 +187,10 @@ def stub_main(lib_path: str, stub_path: str) -> int:
     stub.stub_log.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     stub.stub_deliver.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.ridgeline_test_counters.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int]
+    stub.stub_record_timed.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+    # libkineto's calls (probes/native/tests/kineto_replay.c), linked against the stub as
+    # libtorch is against libcupti: with the library preloaded, its calls reach ours first
+    replay = ctypes.CDLL(os.environ["STUB_KINETO_REPLAY"]) if os.environ.get("STUB_KINETO_REPLAY") else None
     keep: list = []
     emitted: dict[int, float] = {}
     emitter: list[threading.Thread] = []
@@ -226,6 +231,27 @@ def stub_main(lib_path: str, stub_path: str) -> int:
             out["rc"] = stub.stub_deliver(data, len(data))
         elif cmd[0] == "hold":
             stub.stub_hold(int(cmd[1]))
+        elif cmd[0] == "emit_timed":           # N kernels of DUR_US each, stamped by CUPTI's source
+            n, dur_us, corr0 = int(cmd[1]), int(cmd[2]), int(cmd[3])
+            for i in range(n):
+                rec = bytearray(kernel(corr0 + i))
+                stub.stub_record_timed(bytes(rec), len(rec), dur_us * 1000)
+            out["wall_ns"] = time.time_ns()
+        elif cmd[0] == "k_configure":
+            out["rc"] = replay.kineto_configure(int(cmd[1]))
+        elif cmd[0] == "k_stop":
+            replay.kineto_stop()
+        elif cmd[0] == "k_process":
+            out["records"] = replay.kineto_process()
+            cap = 1 << 16
+            corr, st, en = (ctypes.c_uint32 * cap)(), (ctypes.c_uint64 * cap)(), (ctypes.c_uint64 * cap)()
+            n = replay.kineto_kernels(corr, st, en, cap)
+            out["kernels"] = [[int(corr[i]), int(st[i]), int(en[i])] for i in range(n)]
+        elif cmd[0] == "k_reset":
+            replay.kineto_reset()
+        elif cmd[0] == "k_stats":
+            out["unknown"] = replay.kineto_unknown_buffers()
+            out["outstanding"] = replay.kineto_outstanding()
         elif cmd[0] == "kineto_start":
             out["rc"] = stub.stub_kineto_start()
         elif cmd[0] == "kineto_stop":

@@ -162,3 +162,24 @@ def test_repeated_hellos_with_new_callback_names_stay_within_the_name_budget(tmp
         assert len(k) == 4
     finally:
         probe.stop()
+
+
+def test_cpu_timestamps_on_another_clock_are_rejected_and_counted():
+    # issue 17 item 1: API and marker CPU timestamps are checked against the agent's receive
+    # time. Kineto's TSC ticks (__rdtsc, libkineto ApproximateClock.h:77-79) read as ns are
+    # decades in the past: rejected, counted, never published.
+    now = 1_700_000_000_000_000_000
+    b = R.make_buffer(4, seed=3, t0_ns=now - 1_000_000_000)
+    ticks = b.api.copy()
+    ticks["start"] = 12_490_403_226_381 + np.arange(len(ticks))
+    ticks["end"] = ticks["start"] + 100
+    d = ProcessDecoder(1)
+    d.set_hello(hello())
+    assert d.add_batch(batch([(5, b.api)], b.names), received_ns=now) == len(b.api)
+    assert d.add_batch(batch([(5, ticks)]), received_ns=now) == 0
+    assert d.counters["clock_disagreements"] == len(ticks) and d.counters["rejected_records"] == len(ticks)
+    ahead = b.api.copy()
+    ahead["start"] = now + 10_000_000_000          # 10 s ahead of the agent: another clock too
+    ahead["end"] = ahead["start"] + 100
+    assert d.add_batch(batch([(5, ahead)]), received_ns=now) == 0
+    assert d.counters["clock_disagreements"] == 2 * len(ticks)

@@ -54,6 +54,14 @@ NAME_OVERHEAD_BYTES = 64
 MAX_DEMANGLE_DEADLINES = 2
 
 
+#: CPU timestamps (API calls, NVTX markers) checked against the agent's receive time
+_CPU_CLOCK_KINDS = (L.KIND_RUNTIME, L.KIND_DRIVER, L.KIND_INTERNAL_LAUNCH_API, L.KIND_MARKER)
+CPU_CLOCK_AHEAD_NS = 2_000_000_000       # a record is made before it is received; 2 s of slack
+#: below this no CLOCK_REALTIME ns can be (2001-09-09): ticks of another source (Kineto's TSC);
+#: older real timestamps are not judged (a buffer can be held back long, recordings replayed)
+CPU_CLOCK_FLOOR_NS = 1_000_000_000_000_000_000
+
+
 def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
     """Which records of view ``v`` hold values in range.
 
@@ -186,7 +194,7 @@ class ProcessDecoder:
                          "rejected_records": 0, "rejected_timestamps": 0, "rejected_device": 0,
                          "rejected_bytes": 0, "rejected_sections": 0, "names_over_limit": 0,
                          "names_not_demangled": 0, "demangle_deadlines": 0, "demangling_stopped": 0,
-                         "demangle_budget_spent": 0}
+                         "demangle_budget_spent": 0, "clock_disagreements": 0}
         #: what demangles this process's names: ``raw -> (shown, failed)`` like
         #: :func:`demangle_many` (None: that function). The probe sets one that charges the
         #: process's and its user's time budget (probes.cupti.demangle_budget).
@@ -295,8 +303,14 @@ class ProcessDecoder:
         return out
 
     # -- one message --------------------------------------------------------------------
-    def add_batch(self, batch: Batch) -> int:
-        """Decode one BATCH message; returns the records decoded."""
+    def add_batch(self, batch: Batch, received_ns: int | None = None) -> int:
+        """Decode one BATCH message; returns the records decoded.
+
+        ``received_ns`` (CLOCK_REALTIME when the agent took the message): API and marker
+        records carry CPU timestamps taken in the served process on the same host clock,
+        before the agent received them; one later than ``received_ns`` + CPU_CLOCK_AHEAD_NS
+        or below CPU_CLOCK_FLOOR_NS is on another clock (a timestamp source such as
+        Kineto's TSC ticks): rejected, counted in ``clock_disagreements``, never published."""
         h = batch.header
         self.cupti_version = int(h["cupti_version"]) or self.cupti_version
         self.mode, self.flags = int(h["mode"]), int(h["flags"])
@@ -325,6 +339,14 @@ class ProcessDecoder:
                 self.counters["rejected_records"] += s.count - len(v)
                 for what, n in rejected.items():
                     self.counters[f"rejected_{what}"] += n
+            if received_ns is not None and s.kind in _CPU_CLOCK_KINDS and len(v):
+                ts = v["timestamp"] if s.kind == L.KIND_MARKER else v["start"]
+                bad = (ts > np.uint64(received_ns + CPU_CLOCK_AHEAD_NS)) | (ts < np.uint64(CPU_CLOCK_FLOOR_NS))
+                nbad = int(np.count_nonzero(bad))
+                if nbad:
+                    v = v[~bad]
+                    self.counters["clock_disagreements"] += nbad
+                    self.counters["rejected_records"] += nbad
             n_done += len(v)
             if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
                 decode_kernels(v, self.name_ids(v["name"]), self.pid, self._kernels.reserve(len(v)))

@@ -54,15 +54,22 @@ def find_libcupti() -> Path | None:
 
 
 def injection_env(socket_path: str = DEFAULT_SOCKET, mode: str | None = None, graph_level: bool = False,
-                  libcupti: Path | None | str = "auto", lib: Path | None = None) -> dict[str, str]:
+                  libcupti: Path | None | str = "auto", lib: Path | None = None,
+                  preload: bool = True, inherited_preload: str | None = None) -> dict[str, str]:
     """Variables that make a CUDA process load the injection library at cuInit.
 
     ``NVTX_INJECTION64_PATH`` names the same library, which forwards NVTX to the
-    libcupti it uses, so NVTX ranges arrive as CUPTI MARKER records.
+    libcupti it uses, so NVTX ranges arrive as CUPTI MARKER records. With ``preload``
+    the library is also in ``LD_PRELOAD`` (before what the caller's environment already
+    preloads), so that libtorch's calls into libcupti reach it first and torch.profiler
+    shares a legacy CUPTI with it exactly (docs/cupti.md, "Sharing CUPTI").
     """
     lib = Path(lib) if lib else library_path()
     env = {"CUDA_INJECTION64_PATH": str(lib), "NVTX_INJECTION64_PATH": str(lib),
            "RIDGELINE_SOCKET": str(socket_path)}
+    if preload:
+        rest = os.environ.get("LD_PRELOAD", "") if inherited_preload is None else inherited_preload
+        env["LD_PRELOAD"] = ":".join([str(lib)] + [p for p in rest.replace(" ", ":").split(":") if p and p != str(lib)])
     if mode:
         if mode not in ("always-on", "deep"):
             raise ValueError(f"mode must be 'always-on' or 'deep', not {mode!r}")

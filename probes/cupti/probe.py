@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _DECODER_COUNTERS = ("undecodable_records", "unresolved_names", "unjoined_kernels", "rejected_records",
                      "rejected_timestamps", "rejected_device", "rejected_bytes", "rejected_sections",
                      "names_over_limit", "names_not_demangled", "demangle_deadlines", "demangling_stopped",
-                     "demangle_budget_spent")
+                     "demangle_budget_spent", "clock_disagreements")
 #: pids remembered as having made the demangler run past its deadline (bounded)
 _MAX_NO_DEMANGLE_PIDS = 4096
 #: Message bytes the pump thread decodes ahead of :meth:`CuptiProbe.poll`; past it the
@@ -246,7 +246,7 @@ class CuptiProbe(Probe):
             if dec is None:   # cannot happen: the server requires hello first
                 return
             try:
-                self.records += dec.add_batch(m.body)
+                self.records += dec.add_batch(m.body, received_ns=time.time_ns())
             except Exception as e:    # a decoding bug must not take the agent down
                 self.decode_errors += 1
                 log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__,

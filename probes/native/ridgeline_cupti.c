@@ -561,6 +561,18 @@ static uint64_t count_records(uint8_t *buf, size_t valid) {
 
 static void start_sender_if_needed(void);
 
+/* ridgeline_cupti_guest.c: timestamps of another client's source, and sharing CUPTI with it */
+#include "ridgeline_cupti_guest.h"
+static void clock_snapshot(rl_clock_map_t *out);
+static int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m);
+static int record_ours(const uint8_t *p, int kind, size_t sz);
+static void guest_tee(uint8_t *buf, size_t valid);
+static int guest_own_buffer(uint8_t *buf, size_t size, size_t valid);
+static void guest_adopt(void);
+static void clock_tick(void);
+static atomic_int g_cupti_finalized;
+static atomic_uchar g_our_kind[RL_KIND_MAX];
+
 /* The completed-buffer path: copy records into a pool slot grouped by kind, intern the
  * new name pointers, hand the slot to the sender, return. Never blocks on I/O. */
 static void process_buffer(uint8_t *buf, size_t valid) {
@@ -637,11 +649,14 @@ static void process_buffer(uint8_t *buf, size_t valid) {
     uint64_t sampled = 0;
     uint32_t unknown_kernel_size = 0;
     slot->n_devices = 0;
+    rl_clock_map_t clk;
+    clock_snapshot(&clk);
     pthread_mutex_lock(&g_names_lock);
     for (p = buf; p < walk_end; p += sz) {
         int32_t kind;
         memcpy(&kind, p, 4);
         sz = sizes[kind];
+        if (!record_ours(p, kind, sz)) continue; /* another client's kind, in a shared CUPTI */
         if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || kind == CUPTI_ACTIVITY_KIND_KERNEL) {
             if (every > 1 && (atomic_fetch_add(&g_kernel_counter, 1) % every) != 0) {
                 sampled++;
@@ -673,6 +688,7 @@ static void process_buffer(uint8_t *buf, size_t valid) {
             note_device(slot, dev);
         }
         memcpy(slot->data + offs[kind] + (size_t)kept[kind] * sz, p, sz);
+        (void)clock_fix(slot->data + offs[kind] + (size_t)kept[kind] * sz, kind, sz, &clk);
         kept[kind]++;
     }
     pthread_mutex_unlock(&g_names_lock);
@@ -728,6 +744,7 @@ typedef struct {
     uint64_t written_since_ms; /* first tick at which CUPTI had written into it; 0 = not yet */
     uint32_t ticks;            /* consecutive flushes it was written and not returned */
     int lost;                  /* counted as taken by another client */
+    uint64_t seq;              /* order handed out: the newest is CUPTI's current buffer */
 } cbuf_t;
 
 static int make_pipe(int p[2]) { return pipe2(p, O_CLOEXEC | O_NONBLOCK); }
@@ -736,6 +753,7 @@ static pthread_mutex_t g_cbuf_lock = PTHREAD_MUTEX_INITIALIZER;
 static cbuf_t *g_cbufs;
 static unsigned g_cbufs_cap;
 static int g_peek_pipe[2] = {-1, -1};
+static uint64_t g_cbuf_seq;
 
 static void cbuf_add(uint8_t *b) {
     pthread_mutex_lock(&g_cbuf_lock);
@@ -745,7 +763,7 @@ static void cbuf_add(uint8_t *b) {
         if (g_cbufs[i].lost && !oldest_lost) oldest_lost = &g_cbufs[i];
     }
     if (!freeslot) freeslot = oldest_lost; /* forget the oldest lost one */
-    if (freeslot) *freeslot = (cbuf_t){b, 0, 0, 0};
+    if (freeslot) *freeslot = (cbuf_t){b, 0, 0, 0, ++g_cbuf_seq};
     pthread_mutex_unlock(&g_cbuf_lock);
 }
 
@@ -765,6 +783,14 @@ static int cbuf_remove(uint8_t *b) {
     return !found ? 1 : lost ? -1 : 0;
 }
 
+static int cbuf_known(uint8_t *b) {
+    int found = !g_cbufs;
+    pthread_mutex_lock(&g_cbuf_lock);
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap && !found; i++) found = g_cbufs[i].buf == b;
+    pthread_mutex_unlock(&g_cbuf_lock);
+    return found;
+}
+
 /* The kind of the first record in b, 0 if none yet, -1 if b is no longer mapped. */
 static int peek_kind(const uint8_t *b) {
     int32_t kind = 0;
@@ -782,11 +808,27 @@ static void watch_takeover(uint64_t now) {
     unsigned lost = 0;
     int unmapped = 0;
     pthread_mutex_lock(&g_cbuf_lock);
+    /* The newest buffer handed out is the one CUPTI is filling. A default flush does not
+     * return a buffer holding an incomplete record (cupti_activity.h, cuptiActivityFlushAll:
+     * "It doesn't return buffers which have one or more incomplete records"), and while
+     * the GPU is busy that buffer always holds a kernel in flight: below a buffer's worth of
+     * records a second it stays out for seconds with nothing wrong. Only a buffer CUPTI
+     * has moved on from (it asked us for a newer one) can be overdue; the current one is
+     * judged by an unmapped peek only. (A takeover that keeps the current buffer is
+     * announced by Kineto's timestamp source, clock_tick, or seen exactly when preloaded.) */
+    uint64_t newest = 0;
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++)
+        if (g_cbufs[i].buf && !g_cbufs[i].lost && g_cbufs[i].seq > newest) newest = g_cbufs[i].seq;
     for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++) {
         cbuf_t *e = &g_cbufs[i];
         if (!e->buf || e->lost) continue;
         int k = peek_kind(e->buf);
         if (k < 0) unmapped = 1;
+        if (k > 0 && e->seq == newest) {
+            e->ticks = 0;
+            e->written_since_ms = 0;
+            continue;
+        }
         if (k == 0) {
             e->ticks = 0;
             e->written_since_ms = 0;
@@ -804,6 +846,21 @@ static void watch_takeover(uint64_t now) {
         takeover_detected(lost, unmapped ? "a buffer of ours was freed by someone else"
                                          : "buffers CUPTI filled for us were not returned by our flushes");
     }
+}
+
+/* Sender thread: a takeover shown another way (the other client's timestamp source): every
+ * buffer of ours still inside CUPTI will be completed to that client. */
+static unsigned cbufs_all_lost(void) {
+    unsigned lost = 0;
+    pthread_mutex_lock(&g_cbuf_lock);
+    for (unsigned i = 0; g_cbufs && i < g_cbufs_cap; i++)
+        if (g_cbufs[i].buf && !g_cbufs[i].lost) {
+            g_cbufs[i].lost = 1;
+            lost++;
+        }
+    pthread_mutex_unlock(&g_cbuf_lock);
+    if (lost) atomic_fetch_sub(&g_outstanding_buffers, (int)lost);
+    return lost;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -858,7 +915,6 @@ static void buffer_done(uint8_t *buffer) {
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t *buffer, size_t size,
                                       size_t valid) {
-    (void)size;
     /* counted before the records are queued, so the batch carrying them reports it */
     if (C.GetNumDropped) {
         size_t dropped = 0;
@@ -866,6 +922,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t
             atomic_fetch_add(&K.dropped_cupti, dropped);
     }
     process_buffer(buffer, valid);
+    /* shared CUPTI (preloaded): a buffer the other client handed CUPTI before we registered
+     * goes back to it whole; ours give it a copy of its kinds */
+    if (!cbuf_known(buffer) && guest_own_buffer(buffer, size, valid)) return;
+    guest_tee(buffer, valid);
     buffer_done(buffer);
 }
 
@@ -987,6 +1047,9 @@ static void apply_mode(int mode, int initial) {
         CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
         CUPTI_ACTIVITY_KIND_MARKER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION};
     atomic_store(&g_mode, mode);
+    for (size_t i = 0; i < sizeof always / sizeof always[0]; i++) atomic_store(&g_our_kind[always[i]], 1);
+    atomic_store(&g_our_kind[CUPTI_ACTIVITY_KIND_MARKER_DATA], mode == RL_MODE_DEEP);
+    if (cfg.graph_level) atomic_store(&g_our_kind[CUPTI_ACTIVITY_KIND_GRAPH_TRACE], 1);
     if (!C.lib || g_test_mode || (atomic_load(&g_flags) & RL_FLAG_CONFLICT)) return;
     if (initial) {
         for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
@@ -1066,33 +1129,7 @@ static int kernels_disabled_everywhere(void) {
  * ("normalized to correspond with the ... activity records"). Watched each tick, a move
  * of more than RL_CLOCK_JUMP_NS is reported in a "clock:" status line. */
 #define RL_CLOCK_JUMP_NS 1000000LL
-static int64_t g_clock_offset_ns;
-static int g_clock_known;
-
-static int64_t ts_ns(const struct timespec *t) { return (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec; }
-
-static void clock_watch(void) {
-    if (!C.GetTimestamp) return;
-    for (int attempt = 0; attempt < 3; attempt++) {
-        struct timespec a, b;
-        uint64_t t = 0;
-        clock_gettime(CLOCK_REALTIME, &a);
-        if (C.GetTimestamp(&t) != CUPTI_SUCCESS) return;
-        clock_gettime(CLOCK_REALTIME, &b);
-        if (ts_ns(&b) - ts_ns(&a) > 100000) continue; /* preempted in between: not a clean sample */
-        int64_t off = (int64_t)t - (ts_ns(&a) + ts_ns(&b)) / 2;
-        if (!g_clock_known) {
-            g_clock_known = 1;
-            g_clock_offset_ns = off;
-        } else if (llabs(off - g_clock_offset_ns) > RL_CLOCK_JUMP_NS) {
-            rl_log("clock: CUPTI timestamps moved by %lld ns against CLOCK_REALTIME (now %+lld ns from it): "
-                   "another tool registered its own timestamp source", (long long)(off - g_clock_offset_ns),
-                   (long long)off);
-            g_clock_offset_ns = off;
-        }
-        return;
-    }
-}
+#include "ridgeline_cupti_guest.c"
 
 static int collecting(void) {
     return C.FlushAll && !g_test_mode && !(atomic_load(&g_flags) & (RL_FLAG_CONFLICT | RL_FLAG_NO_CUPTI));
@@ -1103,9 +1140,11 @@ static int collecting(void) {
  * when a buffer fills, then look for a takeover, or for its end. */
 static void sender_tick(uint64_t now) {
     if (!collecting()) return;
+    /* the other client finalized CUPTI (seen exactly when preloaded): ours again */
+    if (atomic_exchange(&g_cupti_finalized, 0)) reclaim("the other CUPTI client finalized CUPTI");
     CUptiResult r = C.FlushAll(0);
     atomic_fetch_add(&K.flushes, 1);
-    clock_watch();
+    clock_tick();
     if (g_multi) return; /* per-subscriber callbacks: nobody can take ours */
     if (!atomic_load(&g_taken_over)) {
         watch_takeover(now);
@@ -1722,6 +1761,7 @@ static int setup_collection(void) {
         report_enable("buffer callbacks", 0, r);
         return -1;
     }
+    guest_adopt();
     if (cfg.graph_level) {
         /* Global and irreversible (CUPTI cannot return to node level): configuration only. */
         r = kind_set(CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 1);
@@ -1879,7 +1919,8 @@ RL_EXPORT void ridgeline_test_buffer_completed(uint8_t *buffer, size_t valid_siz
 
 /* Counters, in this order: dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send,
  * sampled_out, names_dropped, walk_errors, records_in, records_sent, batches_sent, connects,
- * buffers_refused, mode, flags, kernel_sample_every, buffers_lost, flushes, takeovers, reclaims.
+ * buffers_refused, mode, flags, kernel_sample_every, buffers_lost, flushes, takeovers, reclaims,
+ * clock_mapped, clock_unmapped, guest_sessions, guest_records, guest_buffers, guest_dropped, clock_pairs.
  * Returns how many were written. */
 RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
     uint64_t v[] = {atomic_load(&K.dropped_cupti), atomic_load(&K.dropped_pool_full), atomic_load(&K.dropped_no_agent),
@@ -1888,7 +1929,9 @@ RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
                     atomic_load(&K.batches_sent), atomic_load(&K.connects), atomic_load(&K.buffers_refused),
                     (uint64_t)atomic_load(&g_mode), atomic_load(&g_flags), atomic_load(&g_sample_every),
                     atomic_load(&K.buffers_lost), atomic_load(&K.flushes), atomic_load(&K.takeovers),
-                    atomic_load(&K.reclaims)};
+                    atomic_load(&K.reclaims), atomic_load(&g_clock_mapped), atomic_load(&g_clock_unmapped),
+                    atomic_load(&g_guest_sessions), atomic_load(&g_guest_records), atomic_load(&g_guest_buffers),
+                    atomic_load(&g_guest_dropped), atomic_load(&g_clock_pairs)};
     int m = (int)(sizeof v / sizeof v[0]);
     if (n < m) m = n;
     for (int i = 0; i < m; i++) out[i] = v[i];
