@@ -53,7 +53,12 @@ verdict rule is not computed (the rule falls back to the short-gap/short-kernel 
 The step open at window close is not mapped in pieces: it is held and mapped whole, and its
 kernels counted, in the window where it ends (a window's figures may lag by one step per
 device; a device that sends no kernel for a whole window, or the agent's last window,
-releases it), so the streaming labels do not depend on where windows close.
+releases it), so the streaming labels do not depend on where windows close. A step still
+open at the close after the one that first held it, and at least half a window long in its
+own clock, is decided then with the kernels it has (``window_open_steps_cut``): every
+kernel is counted within two window lengths of its arrival at any rate (a step that never
+visibly ends was held until ``MAX_CARRY_KERNELS``, 200,000 kernels: 5.5 hours at 10
+kernels/s); only steps longer than a window are mapped in pieces.
 :func:`gpu_figures` keeps the exact whole-trace computation for one Trace.
 """
 from __future__ import annotations
@@ -355,7 +360,8 @@ class WindowBuilder:
         last step of each device, still running at close) is held and counted in the
         window where it ends (see :meth:`SourceFold.figures`); ``final=True`` (agent
         shutdown) folds them into this one. ``agent["window_open_steps_cut"]``: open steps
-        decided before they ended because the held kernels reached ``MAX_CARRY_KERNELS``
+        decided before they ended, because the held kernels reached ``MAX_CARRY_KERNELS``
+        or the step was still open one window close later and at least half a window long
         (cumulative)."""
         if self._scrapes:
             self._engine_close(end_ns)
@@ -374,7 +380,9 @@ class WindowBuilder:
                 fold = self._folds[(src, nid)]
                 if final:
                     fold.flush()
-                figs = fold.figures()
+                # Held steps still open one window later and at least half a window long
+                # (in their own clock) are decided now: kernels within two windows.
+                figs = fold.figures(hold_ns=max(0, int(end_ns - start_ns)) // 2)
             except Exception as exc:   # one bad source loses its own figures only
                 log.warning("window: events from %s could not be folded: %s", src, exc)
                 self.fold_errors += 1
@@ -568,6 +576,9 @@ class SourceFold:
         # WindowBuilder.close last collected the count (it publishes the running total).
         self.open_steps_cut = 0
         self._active: set[int] = set()  # devices that sent kernels since the last figures()
+        # device -> (start_ns, correlation_id) of the first kernel of its open step at the
+        # last figures(): the same step still open at the next close is decided then.
+        self._held_at_close: dict[int, tuple[int, int]] = {}
         self._pending: list[Trace] = []
         self._pending_n = 0
         self.reset()
@@ -707,6 +718,43 @@ class SourceFold:
             return
         k, lat, shf, shb, r, o, a = self._carry
         rel = ~np.isin(k["device"], list(active))
+        if not rel.any():
+            return
+        keep = ~rel
+        self._carry = (k[keep], lat[keep], shf[keep] if shf is not None else None,
+                       shb[keep] if shb is not None else None, r, o, a) if keep.any() else None
+        self._fold(Trace(kernels=k[rel], api=a, ranges=r, cpu_ops=o, names=self.names,
+                         devices=list(self.devices.values())), lat[rel], shf[rel] if shf is not None else None,
+                   shb[rel] if shb is not None else None, flush=True)
+
+    def _release_overdue(self, hold_ns: int) -> None:
+        """Decide the open steps that were already open at the previous window close and
+        span at least ``hold_ns`` of their own clock, with the kernels they have (each
+        counted in ``open_steps_cut``): a step that never visibly ends (no idle gap, no
+        layer-pattern restart, e.g. a host that launches one kernel at a time) would
+        otherwise be held until ``MAX_CARRY_KERNELS``, and the windows would publish none
+        of its kernels. So every kernel is counted within two window lengths of its arrival,
+        whatever the rate; a step longer than a window is mapped in pieces (at most one
+        piece per window)."""
+        held, self._held_at_close = self._held_at_close, {}
+        if self._carry is None:
+            return
+        k, lat, shf, shb, r, o, a = self._carry
+        dev = k["device"]
+        devs = np.unique(dev).tolist()
+        firsts = {}
+        rel = np.zeros(len(k), dtype=bool)
+        for d in devs:
+            m = dev == d if len(devs) > 1 else np.ones(len(k), dtype=bool)
+            i = int(np.flatnonzero(m)[np.argmin(k["start_ns"][m])])
+            first = (int(k["start_ns"][i]), int(k["correlation_id"][i]))
+            age = int(k["end_ns"][m].max()) - first[0]
+            if held.get(d) == first and age >= hold_ns:
+                rel |= m
+                self.open_steps_cut += 1
+            else:
+                firsts[d] = first
+        self._held_at_close = firsts
         if not rel.any():
             return
         keep = ~rel
@@ -953,15 +1001,19 @@ class SourceFold:
         return self._step_work[key]
 
     # -- window close ------------------------------------------------------------------------
-    def figures(self) -> list[dict]:
+    def figures(self, hold_ns: int | None = None) -> list[dict]:
         """The window's figures; starts the next window. The open step of each device
         stays held (see :meth:`add`) and is mapped, and counted, in a later window when
         it is whole: a step cut by the window edge is never mapped in pieces, so the
         streaming labels do not depend on where windows close. Call :meth:`flush` first to
         fold the open steps into this window instead. A device that sent no kernel during
-        the whole window has finished its open step: it is mapped and counted now."""
+        the whole window has finished its open step: it is mapped and counted now. With
+        ``hold_ns`` (the caller's window length), an open step already held at the previous
+        call and spanning at least ``hold_ns`` is decided now (:meth:`_release_overdue`)."""
         self._drain()
         self._release_idle()
+        if hold_ns is not None:
+            self._release_overdue(hold_ns)
         held: dict[int, int] = {}
         if self._carry is not None:
             d, n = np.unique(self._carry[0]["device"], return_counts=True)

@@ -6,10 +6,12 @@
 Three processes per scenario, launched side by side in one run:
 
 * generator (its own process, so its cost is not the agent's): builds one simulated
-  decode step per GPU (``agent.simulator``, vLLM conventions, Llama-3-8B on H100), tiles
-  it into 50 ms batches at the target kernel rate ahead of time (vectorised numpy), and
-  pushes each batch on its wall-clock deadline over ZeroMQ (PUSH, non-blocking: a full
-  queue drops the batch and counts it). Every kernel comes with its launch API record.
+  decode step per GPU (``agent.simulator``, vLLM conventions, Llama-3-8B on H100, 324
+  kernels), runs whole steps at the target kernel rate (:class:`StepStream`: short steps
+  with idle between them, or with ``xlong`` steps that never visibly end), cuts them into
+  50 ms batches and pushes each batch on its wall-clock deadline over ZeroMQ (PUSH,
+  non-blocking: a full queue drops the batch and counts it). Every kernel comes with its
+  launch API record.
 * agent: the real daemon (``agent.daemon.Agent``: window folding with phases and
   roofline, wire encoding, XPUB publishing, health, Prometheus off) with one probe that
   drains the feed socket (zero-copy ``np.frombuffer``); bounded input queue (RCVHWM).
@@ -19,7 +21,9 @@ Three processes per scenario, launched side by side in one run:
 Measured for the agent process from ``/proc/PID``: CPU (utime + stime over the steady
 interval, after a warm-up) as % of one core, peak RSS (``VmHWM``); dropped records
 (generator send drops + the agent's publisher/window/probe drops); window publish latency
-p50/p99. Targets: <= 5% of one core at 50k kernels/s, <= 256 MB RSS, zero drops with a
+p50/p99; kernels sent and counted in published windows, and the carry lag: from a batch's
+send to the end of the first window that counts it, in window lengths. Targets: carry lag
+< 2 windows at every rate, <= 5% of one core at 50k kernels/s, <= 256 MB RSS, zero drops with a
 subscriber keeping up. Prints one table (markdown) and, with ``--json``, the rows.
 """
 from __future__ import annotations
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 BATCH_S = 0.05
+WINDOW_S = 1.0
 WARMUP_S = 5.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -55,73 +60,105 @@ def step_template(device: int):
     return t.kernels, t.api, list(t.names), e.gpu.name
 
 
-def build_period(gpus: int, rate: int):
-    """Kernels and API records of one BATCH_S period for all GPUs, times from 0."""
-    from ridgeline.probes.events import API_LAUNCH
-    ks, apis, names, gpu_name = [], [], None, ""
-    per = int(rate * BATCH_S)
-    for g in range(gpus):
-        k, a, names, gpu_name = step_template(g)
+class StepStream:
+    """The kernels of one simulated engine at ``rate`` kernels/s per GPU, in time order,
+    cut into BATCH_S batches by start time.
+
+    Whole steps, as an engine runs them: ``steps="short"`` puts one step every
+    n/rate seconds at its simulated length (squeezed to 90% of the step period when the
+    rate leaves less), idle between steps; ``steps="long"`` spreads the kernels evenly
+    (kernel g at g/rate s), so a step lasts n/rate s and never shows an idle gap or a
+    restart: a step that never visibly ends. (The bench used to tile one BATCH_S period
+    with the first rate x BATCH_S kernels of the step: below n/BATCH_S = 6,480 kernels/s
+    every period sent the same truncated step, which never ends, and at 10 kernels/s it
+    sent nothing at all.)"""
+
+    def __init__(self, gpus: int, rate: int, steps: str = "short"):
+        from ridgeline.probes.events import API_LAUNCH
+        self.gpus, self.rate = gpus, rate
+        k, a, names, gpu_name = step_template(0)
         a = a[a["category"] == API_LAUNCH]          # one launch record per kernel
-        n = len(k)
-        reps = -(-per // n)
-        span = BATCH_S * 1e9 / reps                   # compress the step so `per` kernels fill the period
-        scale = span / max(1, int(k["end_ns"].max() - k["start_ns"].min()))
-        t0 = int(k["start_ns"].min())
-        kk = np.tile(k, reps)[:per]
-        aa = np.tile(a, reps)[:per]
-        lap = np.repeat(np.arange(reps, dtype=np.int64), n)[:per]
-        for arr in (kk, aa):
-            for f in ("start_ns", "end_ns"):
-                arr[f] = ((arr[f] - t0) * scale).astype(np.int64) + (lap * span).astype(np.int64)
-        kk["correlation_id"] = np.arange(per) + g * per
-        aa["correlation_id"] = kk["correlation_id"]
-        ks.append(kk)
-        apis.append(aa)
-    return np.concatenate(ks), np.concatenate(apis), names, gpu_name
+        o = np.argsort(k["start_ns"], kind="stable")
+        self.k, self.a = k[o], a[o]
+        self.names, self.gpu_name = names, gpu_name
+        self.n = n = len(k)
+        t0 = int(self.k["start_ns"].min())
+        length = max(1, int(self.k["end_ns"].max()) - t0)
+        self.period_ns = period = int(1e9 * n / rate)
+        if steps == "long":
+            gap = period // n
+            self.off = np.arange(n, dtype=np.int64) * gap
+            self.dur = np.minimum(self.k["end_ns"] - self.k["start_ns"], gap // 2).astype(np.int64)
+        else:
+            scale = min(1.0, 0.9 * period / length)
+            self.off = ((self.k["start_ns"] - t0) * scale).astype(np.int64)
+            self.dur = np.maximum(((self.k["end_ns"] - self.k["start_ns"]) * scale).astype(np.int64), 1)
+        self.api_lead = (self.k["start_ns"] - self.a["start_ns"]).astype(np.int64)
+        self.api_dur = (self.a["end_ns"] - self.a["start_ns"]).astype(np.int64)
+
+    def first_index(self, t_ns: int) -> int:
+        """Global index of the first kernel starting at or after t_ns (times from 0)."""
+        j = t_ns // self.period_ns
+        r = int(np.searchsorted(self.off, t_ns - j * self.period_ns, side="left"))
+        return int(j * self.n + r)
+
+    def batch(self, i: int, base_ns: int = 0):
+        """Kernels and launch records of batch i (starts in [i, i+1) x BATCH_S), all GPUs."""
+        b = int(BATCH_S * 1e9)
+        g = np.arange(self.first_index(i * b), self.first_index((i + 1) * b), dtype=np.int64)
+        r = g % self.n
+        start = (g // self.n) * self.period_ns + self.off[r] + base_ns
+        ks, aps = [], []
+        for dev in range(self.gpus):
+            kk = self.k[r]
+            aa = self.a[r]
+            kk["start_ns"] = start
+            kk["end_ns"] = start + self.dur[r]
+            kk["device"] = dev
+            kk["correlation_id"] = g + dev * (1 << 40)
+            aa["start_ns"] = start - self.api_lead[r]
+            aa["end_ns"] = aa["start_ns"] + self.api_dur[r]
+            aa["correlation_id"] = kk["correlation_id"]
+            ks.append(kk)
+            aps.append(aa)
+        return (ks[0], aps[0]) if self.gpus == 1 else (np.concatenate(ks), np.concatenate(aps))
 
 
-def generator_main(endpoint: str, gpus: int, rate: int, duration_s: float, t_start: float, out: mp.Queue):
+def generator_main(endpoint: str, gpus: int, rate: int, steps: str, duration_s: float, t_start: float,
+                   out: mp.Queue):
     import zmq
-    k0, a0, names, gpu_name = build_period(gpus, rate)
+    stream = StepStream(gpus, rate, steps)
     periods = int(duration_s / BATCH_S)
-    # Batches ahead of time: a ring of pre-shifted copies; each send only adds an offset.
-    ring = 8
-    ks = [k0.copy() for _ in range(ring)]
-    ap = [a0.copy() for _ in range(ring)]
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 20)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
-    sock.send_multipart([b"names", json.dumps({"names": names, "gpu": gpu_name, "gpus": gpus}).encode()])
+    sock.send_multipart([b"names", json.dumps({"names": stream.names, "gpu": stream.gpu_name,
+                                               "gpus": gpus}).encode()])
     while time.time() < t_start:
         time.sleep(0.001)
     base_ns = int(t_start * 1e9)
     sent = dropped = late = 0
-    n = len(k0)
+    sends = []                                        # (wall time sent, kernels sent so far)
     cpu0 = time.process_time()
     for i in range(periods):
-        slot = i % ring
-        off = base_ns + int(i * BATCH_S * 1e9)
-        k, a = ks[slot], ap[slot]
-        for dst, src in ((k, k0), (a, a0)):
-            dst["start_ns"] = src["start_ns"] + off
-            dst["end_ns"] = src["end_ns"] + off
-        k["correlation_id"] = k0["correlation_id"] + i * n
-        a["correlation_id"] = k["correlation_id"]
+        k, a = stream.batch(i, base_ns)               # built ahead of its deadline
         deadline = t_start + (i + 1) * BATCH_S         # a batch leaves when its period has passed
         delay = deadline - time.time()
         if delay > 0:
             time.sleep(delay)
         elif delay < -BATCH_S:
             late += 1
+        if not len(k):
+            continue
         try:
             sock.send_multipart([b"k", k.data, a.data], flags=zmq.NOBLOCK, copy=True)
-            sent += n
+            sent += len(k)
+            sends.append((time.time(), sent))
         except zmq.Again:
-            dropped += n
-    out.put({"sent": sent, "dropped": dropped, "late_batches": late, "per_batch": n,
+            dropped += len(k)
+    out.put({"sent": sent, "dropped": dropped, "late_batches": late, "sends": sends,
              "generator_cpu_s": time.process_time() - cpu0})
     sock.close()
     ctx.term()
@@ -193,7 +230,7 @@ def agent_main(feed: str, pub: str, duration_s: float):
     from ridgeline.probes.probe import Availability
     logging.basicConfig(level=logging.WARNING)
     cfg = config_mod.defaults()
-    cfg["agent"]["window_s"] = 1.0
+    cfg["agent"]["window_s"] = WINDOW_S
     cfg["agent"]["run_for_s"] = duration_s
     cfg["publisher"]["endpoint"] = pub
     cfg["prometheus"]["enabled"] = False
@@ -223,7 +260,7 @@ def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
         s.setsockopt(zmq.SUBSCRIBE, t)
     ready.set()
     lat, seqs, last = [], {}, {}
-    kernels = []
+    kernels, ends = [], []
     drops_seen = 0
     agent_drops = {}
     while time.time() < until:
@@ -240,11 +277,12 @@ def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
             w = wire.decode_window(e.payload)
             lat.append(now - int(w["end_ns"]))
             kernels.append(sum(g.get("kernels", 0) for g in w.get("gpus", [])))
+            ends.append(int(w["end_ns"]))
             ag = w.get("agent", {}) or {}
             agent_drops = {"publisher_drops": ag.get("publisher_drops", 0), "window_drops": ag.get("window_drops", 0),
                            "probe_drops": sum((c or {}).get("drops", 0) for c in (ag.get("probes") or {}).values())
                            if isinstance(ag.get("probes"), dict) else 0}
-    out.put({"latency_ns": lat, "gaps": seqs, "windows": len(lat), "kernels_per_window": kernels,
+    out.put({"latency_ns": lat, "gaps": seqs, "windows": len(lat), "kernels_per_window": kernels, "window_end_ns": ends,
              "agent_drops": agent_drops})
     s.close(0)
     ctx.term()
@@ -266,23 +304,17 @@ def proc_status_kb(pid: int, key: str) -> int:
     return 0
 
 
-def fold_cost_ms(gpus: int, rate: int, repeats: int = 3) -> float:
+def fold_cost_ms(gpus: int, rate: int, steps: str = "short", repeats: int = 3) -> float:
     """CPU ms to fold one 1-s window of this scenario in-process (WindowBuilder add +
     close, with phases and roofline, and wire encoding): the agent's cost without the
     feed, the loop and the publisher. Median of ``repeats`` after one warm-up."""
     from ridgeline.aggregator import wire
     from ridgeline.aggregator.windows import WindowBuilder
     from ridgeline.probes.events import Device, NameTable, Trace
-    k0, a0, names, gpu_name = build_period(gpus, rate)
-    nt = NameTable(names)
-    devs = [Device(g, gpu_name) for g in range(gpus)]
-    batches = []
-    for i in range(int(1 / BATCH_S)):
-        k, a = k0.copy(), a0.copy()
-        for arr in (k, a):
-            arr["start_ns"] += int(i * BATCH_S * 1e9)
-            arr["end_ns"] += int(i * BATCH_S * 1e9)
-        batches.append((k, a))
+    stream = StepStream(gpus, rate, steps)
+    nt = NameTable(stream.names)
+    devs = [Device(g, stream.gpu_name) for g in range(gpus)]
+    batches = [stream.batch(i) for i in range(int(1 / BATCH_S))]
     costs = []
     for r in range(repeats + 1):
         wb = WindowBuilder(host="bench")
@@ -295,7 +327,21 @@ def fold_cost_ms(gpus: int, rate: int, repeats: int = 3) -> float:
     return float(np.median(costs))
 
 
-def run_scenario(gpus: int, rate: int, duration_s: float, tag: str) -> dict:
+def carry_lag_windows(sends: list, window_end_ns: list, kernels: list, window_s: float) -> tuple[float, float]:
+    """(max, p99) over the sent batches of the time from a batch's send to the end of the
+    first published window whose running kernel count covers it, in window lengths; inf
+    where no window covered it."""
+    if not sends:
+        return 0.0, 0.0
+    cum = np.cumsum(np.asarray(kernels, dtype=np.int64))
+    ends = np.asarray(window_end_ns, dtype=np.float64) / 1e9
+    t, need = np.asarray([x[0] for x in sends]), np.asarray([x[1] for x in sends], dtype=np.int64)
+    j = np.searchsorted(cum, need, side="left")
+    lag = np.where(j < len(cum), ends[np.minimum(j, len(ends) - 1)] - t, np.inf) / window_s
+    return float(lag.max()), float(np.percentile(lag, 99))
+
+
+def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str = "short") -> dict:
     load0 = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     feed = f"ipc:///tmp/ridgeline-bench-feed-{os.getpid()}-{tag}"
@@ -306,11 +352,12 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str) -> dict:
     time.sleep(3.0)                                   # agent binds and imports
     ready = ctx.Event()
     t_start = time.time() + 4.0
-    until = t_start + WARMUP_S + duration_s + 3
+    # The subscriber stays long enough to see the last batches' open steps released.
+    until = t_start + WARMUP_S + duration_s + 3 * WINDOW_S + 3
     sub = ctx.Process(target=subscriber_main, args=(pub, until, q_sub, ready), name="subscriber")
     sub.start()
     ready.wait(20)
-    gen = ctx.Process(target=generator_main, args=(feed, gpus, rate, WARMUP_S + duration_s, t_start, q_gen),
+    gen = ctx.Process(target=generator_main, args=(feed, gpus, rate, steps, WARMUP_S + duration_s, t_start, q_gen),
                       name="generator")
     gen.start()
     while time.time() < t_start + WARMUP_S:
@@ -329,8 +376,13 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str) -> dict:
         agent.terminate()
     lat = np.array(s["latency_ns"][1:] or [0], dtype=np.float64)   # the first window is partial
     drops = g["dropped"] + sum(s["agent_drops"].values())
+    lag_max, lag_p99 = carry_lag_windows(g["sends"], s["window_end_ns"], s["kernels_per_window"], WINDOW_S)
+    kpw = s["kernels_per_window"][1:] or [0]
     return {
-        "scenario": f"{gpus} GPU x {rate:,} kernels/s", "gpus": gpus, "rate_per_gpu": rate,
+        "scenario": f"{gpus} GPU x {rate:,} kernels/s, {steps} steps", "gpus": gpus, "rate_per_gpu": rate,
+        "steps": steps, "kernels_in_windows": int(sum(s["kernels_per_window"])),
+        "carry_lag_windows_max": lag_max, "carry_lag_windows_p99": lag_p99,
+        "kernels_per_window_mean": float(np.mean(kpw)),
         "duration_s": round(w1 - w0, 1),
         "kernels_sent": g["sent"], "agent_cpu_pct_of_core": 100.0 * (c1 - c0) / (w1 - w0),
         "agent_peak_rss_mb": hwm_kb / 1024.0, "dropped_records": drops, "generator_drops": g["dropped"],
@@ -341,7 +393,7 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str) -> dict:
         "publish_latency_p99_ms": float(np.percentile(lat, 99)) / 1e6,
         "kernels_per_window_median": float(np.median(s["kernels_per_window"][1:] or [0])),
         "load_avg_1m": (load0, os.getloadavg()[0]),
-        "fold_cpu_ms_per_window": fold_cost_ms(gpus, rate),
+        "fold_cpu_ms_per_window": fold_cost_ms(gpus, rate, steps),
     }
 
 
@@ -350,13 +402,17 @@ def table(rows: list[dict], command: str) -> str:
            f"Host: {platform.node() or 'host'}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
            "generator, agent and subscriber in separate processes, side by side.", "",
            "| scenario | s | agent CPU (% of one core) | peak RSS (MB) | dropped records | seq gaps | "
-           "windows | kernels/window (median) | publish latency p50 / p99 (ms) | fold CPU per window, "
+           "windows | kernels/window (median / mean) | kernels sent / in windows | carry lag, windows (p99 / max) | "
+           "publish latency p50 / p99 (ms) | fold CPU per window, "
            "in-process (ms) | generator CPU % | host load avg (start, end) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r['scenario']} | {r['duration_s']:.0f} | {r['agent_cpu_pct_of_core']:.1f} | "
                    f"{r['agent_peak_rss_mb']:.0f} | {r['dropped_records']:,} | {r['seq_gaps']} | {r['windows']} | "
-                   f"{r['kernels_per_window_median']:,.0f} | {r['publish_latency_p50_ms']:.1f} / "
+                   f"{r['kernels_per_window_median']:,.0f} / {r['kernels_per_window_mean']:,.0f} | "
+                   f"{r['kernels_sent']:,} / {r['kernels_in_windows']:,} | "
+                   f"{r['carry_lag_windows_p99']:.2f} / {r['carry_lag_windows_max']:.2f} | "
+                   f"{r['publish_latency_p50_ms']:.1f} / "
                    f"{r['publish_latency_p99_ms']:.1f} | {r['fold_cpu_ms_per_window']:.0f} | "
                    f"{r['generator_cpu_pct']:.1f} | {r['load_avg_1m'][0]:.1f}, {r['load_avg_1m'][1]:.1f} |")
     out.append("")
@@ -369,13 +425,18 @@ def table(rows: list[dict], command: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per scenario (default 60)")
-    ap.add_argument("--scenarios", default="1x50000,8x100000", help="GPUSxRATE,... (kernels/s per GPU)")
+    ap.add_argument("--scenarios", default="1x50000,8x100000",
+                    help="GPUSxRATE[xlong],... (kernels/s per GPU; xlong: steps that never visibly end)")
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     args = ap.parse_args(argv)
     rows = []
     for i, sc in enumerate(args.scenarios.split(",")):
-        gpus, rate = (int(x) for x in sc.lower().split("x"))
-        rows.append(run_scenario(gpus, rate, args.duration, str(i)))
+        parts = sc.lower().split("x")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("long", "short")):
+            print(f"bench_scale: bad scenario {sc!r} (GPUSxRATE or GPUSxRATExlong)", file=sys.stderr)
+            return 2
+        gpus, rate = int(parts[0]), int(parts[1])
+        rows.append(run_scenario(gpus, rate, args.duration, str(i), parts[2] if len(parts) == 3 else "short"))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     cmd = "python bench/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(table(rows, cmd.strip()))

@@ -91,13 +91,17 @@ def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = T
         batches = (Trace(kernels=k[part], api=a[np.isin(a["correlation_id"], k["correlation_id"][part])],
                          names=t.names, devices=t.devices)
                    for part in np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window))))
+    # Windows of one second (the agent's default) on the agent's clock: a step shorter than
+    # half a window in its own clock is held whole however many windows it spans (a step
+    # still open one close later and longer than that is decided then, test_windows_rates).
+    s = 1_000_000_000
     for i, b in enumerate(batches):
         wb.add_events(b, source="replay" if replay else "cupti")
-        wins.append(wb.close(i, i + 1, {}))
+        wins.append(wb.close(i * s, (i + 1) * s, {}))
     for j in range(trailing_empty):
-        wins.append(wb.close(len(wins), len(wins) + 1, {}))
+        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}))
     if final:
-        wins.append(wb.close(len(wins), len(wins) + 1, {}, final=True))
+        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}, final=True))
     out: dict = {}
     for w in wins:
         for g in w["gpus"]:
