@@ -1,0 +1,383 @@
+"""Each served request joined with the GPU steps it ran in: "is it slow, or dragged?"
+
+Inputs (all plain, typed):
+
+* ``requests``: :class:`probes.request_spans.RequestSpan` records (the engine's own span:
+  arrival, queue time, time to first token, end, token counts);
+* ``steps``: a :data:`STEP_DTYPE` array of the GPU steps Ridgeline saw (start, end, phase);
+* ``kv``: a :data:`KV_DTYPE` array of the engine's KV-cache usage samples (time, ratio).
+
+A request's life is cut by its own span: queued ``[arrival, arrival + queue)``, prefill
+``[arrival + queue, arrival + TTFT)`` (every step inside is one of its prefill chunks:
+chunked prefill counts as many chunks as steps), decode ``[arrival + TTFT, end)``. A step
+belongs to the requests whose prefill or decode interval holds its midpoint; a member's
+context grows linearly over its decode steps (prompt + tokens so far), a prefilling
+member's prompt is spread evenly over its chunks.
+
+Dragged time: for each decode step of request R, the *culprits* are the co-batched members
+that are prefill chunks, or long sequences (context >= ``long_tokens`` and longer than R's
+own). The step time the same batch takes without them comes from a linear step-time model
+``c0 + c1 * decode_members + c2 * context_tokens + c3 * prefill_tokens`` fitted by least
+squares on the window's measured steps when the window has both kinds (steps with culprits
+and steps without) and the fit is determined; else from ``estimate_step_ns`` (the
+roofline model of the served model on its GPU) and marked ``"roofline_estimate"``; else
+nothing is attributed (``"none"``). R's dragged time in a step is the measured step time
+minus that baseline (never below 0), shared among the culprits in proportion to their
+marginal cost in the model. Summed over R's decode steps, per culprit.
+
+All figures are ns, token counts, or ratios. Pure: no I/O, numpy only.
+"""
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from ridgeline.probes.request_spans import RequestSpan
+
+from .phases import DECODE, MIXED, PREFILL
+
+STEP_DTYPE = np.dtype([("start_ns", np.int64), ("end_ns", np.int64), ("phase", np.uint8)])
+KV_DTYPE = np.dtype([("ts_ns", np.int64), ("usage_ratio", np.float64)])
+
+#: A co-batched sequence at least this long (prompt + generated) counts as a long one.
+LONG_SEQUENCE_TOKENS = 2048
+#: KV-cache usage at or over this ratio while a request waited: the pool was full.
+KV_FULL_RATIO = 0.95
+#: Culprits kept per request, and requests kept per window's slowest list.
+MAX_CULPRITS = 5
+MAX_SLOWEST = 20
+#: Requests joined per window at most (the newest are kept; the rest are counted).
+MAX_REQUESTS = 20_000
+#: Measured steps of each kind (with culprits, without) the fit needs at least.
+MIN_FIT_STEPS = 4
+#: A request whose decode is more than this share added by others is "being dragged".
+DRAGGED_VERDICT_SHARE = 0.2
+
+SOURCE_MEASURED = "measured"
+SOURCE_ESTIMATE = "roofline_estimate"
+SOURCE_NONE = "none"
+SOURCE_NO_CULPRITS = "no_culprits"      # nothing co-batched with it was a culprit: dragged 0
+
+
+class Culprit(msgspec.Struct, frozen=True):
+    request_id: str
+    kind: str                 # "prefill_chunk" | "long_sequence" | both, joined by "+"
+    added_ns: int
+    tokens: int               # the culprit's prompt tokens
+
+
+class RequestStory(msgspec.Struct, frozen=True):
+    request_id: str
+    engine: str
+    start_ns: int
+    end_ns: int
+    e2e_ns: int
+    queue_ns: int
+    kv_usage_max_queued_ratio: float     # -1: no KV sample while it waited
+    kv_full_while_queued: bool
+    prefill_ns: int
+    prefill_chunks: int
+    decode_ns: int
+    decode_steps: int
+    ns_per_token: float                  # decode time per generated token (-1: unknown)
+    dragged_ns: int
+    dragged_by_prefill_ns: int
+    dragged_by_long_ns: int
+    dragged_source: str                  # measured | roofline_estimate | none
+    alone_decode_ns: int                 # decode time without the culprits
+    preemptions: int                     # -1: the engine did not say
+    recovery_ns: int                     # -1: not measured
+    prompt_tokens: int
+    completion_tokens: int
+    culprits: list[Culprit] = []
+
+
+class WindowRequests(msgspec.Struct):
+    """A window's per-request aggregates (never one series per request)."""
+    requests: int = 0
+    requests_dropped: int = 0
+    decode_ns: int = 0
+    dragged_ns: int = 0
+    dragged_share_ratio: float = 0.0
+    queue_p99_ns: int = 0
+    prefill_p99_ns: int = 0
+    decode_p99_ns: int = 0
+    dragged_p99_ns: int = 0
+    e2e_p99_ns: int = 0
+    top_culprit_id: str = ""
+    top_culprit_added_ns: int = 0
+    top_culprit_tokens: int = 0
+    dragged_source: str = SOURCE_NONE
+    slowest: list[RequestStory] = []
+
+
+def _intervals(r: RequestSpan) -> tuple[int, int, int, int]:
+    arrival, end = r.start_ns, r.end_ns
+    sched = arrival + r.queue_ns if r.queue_ns >= 0 else arrival
+    if r.ttft_ns >= 0:
+        first = arrival + r.ttft_ns
+    elif r.prefill_ns >= 0:
+        first = sched + r.prefill_ns
+    else:
+        first = sched
+    sched, first = min(sched, end), min(max(first, sched), end)
+    return arrival, sched, first, end
+
+
+def _diff_add(arr: np.ndarray, lo: np.ndarray, hi: np.ndarray, val: np.ndarray) -> None:
+    """arr[lo:hi] += val for every (lo, hi, val), by a difference array (arr has n+1 slots)."""
+    np.add.at(arr, lo, val)
+    np.add.at(arr, hi, -val)
+
+
+class _Batch:
+    """Per-step batch composition, columnar."""
+
+    def __init__(self, reqs: list[RequestSpan], steps: np.ndarray):
+        n = len(steps)
+        self.mid = (steps["start_ns"] + steps["end_ns"]) // 2
+        self.dur = (steps["end_ns"] - steps["start_ns"]).astype(np.float64)
+        iv = np.array([_intervals(r) for r in reqs], dtype=np.int64).reshape(-1, 4)
+        self.pf_lo = np.searchsorted(self.mid, iv[:, 1], "left")
+        self.pf_hi = np.searchsorted(self.mid, iv[:, 2], "left")
+        self.dc_lo = self.pf_hi
+        self.dc_hi = np.searchsorted(self.mid, iv[:, 3], "left")
+        prompt = np.array([max(r.prompt_tokens, 0) for r in reqs], dtype=np.float64)
+        gen = np.array([max(r.completion_tokens, 0) for r in reqs], dtype=np.float64)
+        self.prompt, self.gen = prompt, gen
+        npf = np.maximum(self.pf_hi - self.pf_lo, 1)
+        self.chunk = prompt / npf                       # tokens per prefill chunk
+        ndc = np.maximum(self.dc_hi - self.dc_lo, 1)
+        self.slope = gen / ndc                          # context growth per decode step
+        self.ctx0 = prompt - self.slope * self.dc_lo    # context at step j: ctx0 + slope * j
+        ndec = np.zeros(n + 1)
+        _diff_add(ndec, self.dc_lo, self.dc_hi, np.ones(len(reqs)))
+        a = np.zeros(n + 1)
+        b = np.zeros(n + 1)
+        _diff_add(a, self.dc_lo, self.dc_hi, self.ctx0)
+        _diff_add(b, self.dc_lo, self.dc_hi, self.slope)
+        pf = np.zeros(n + 1)
+        _diff_add(pf, self.pf_lo, self.pf_hi, self.chunk)
+        j = np.arange(n, dtype=np.float64)
+        self.n_dec = np.cumsum(ndec)[:n]
+        self.ctx = np.cumsum(a)[:n] + np.cumsum(b)[:n] * j
+        self.pf = np.cumsum(pf)[:n]
+        self.features = np.column_stack([np.ones(n), self.n_dec, self.ctx, self.pf])
+        self.intervals = iv
+
+    def ctx_at(self, i: int, j: np.ndarray) -> np.ndarray:
+        return self.ctx0[i] + self.slope[i] * j
+
+
+def _fit(batch: _Batch, culprit_steps: np.ndarray) -> np.ndarray | None:
+    """Least-squares step-time coefficients from the measured steps, when the window has
+    steps with culprits and without, and the fit is determined on the features that vary."""
+    # Steps with decoding members only: prefill-only steps are another regime, and the
+    # baseline is only ever asked for a decode step.
+    used = batch.n_dec > 0
+    with_c = int(culprit_steps[used].sum())
+    if with_c < MIN_FIT_STEPS or int(used.sum()) - with_c < MIN_FIT_STEPS:
+        return None
+    x, y = batch.features[used], batch.dur[used]
+    coef, _res, rank, _sv = np.linalg.lstsq(x, y, rcond=None)
+    varying = 1 + int(np.ptp(x[:, 1]) > 0) + int(np.ptp(x[:, 2]) > 0) + int(np.ptp(x[:, 3]) > 0)
+    if rank < min(varying, 2):
+        return None
+    return coef
+
+
+def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None = None,
+         estimate_step_ns=None, long_tokens: int = LONG_SEQUENCE_TOKENS) -> list[RequestStory]:
+    """The story of each request (see the module docstring). ``estimate_step_ns(decode_members,
+    context_tokens, prefill_tokens) -> ns`` is the roofline fallback (arrays in, array out)."""
+    reqs = sorted(requests, key=lambda r: r.start_ns)[-MAX_REQUESTS:]
+    steps = np.sort(np.asarray(steps, dtype=STEP_DTYPE), order="start_ns")
+    steps = steps[np.isin(steps["phase"], (PREFILL, DECODE, MIXED))]
+    if not reqs:
+        return []
+    batch = _Batch(reqs, steps)
+    n_steps = len(steps)
+    idx = np.arange(n_steps, dtype=np.float64)
+    # Culprit presence per step (for the fit's "both kinds"): a prefill chunk co-batched
+    # with a decode, or a long sequence co-batched with another sequence.
+    long_cnt = np.zeros(n_steps + 1)
+    for i in range(len(reqs)):
+        lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
+        if hi > lo:
+            js = np.arange(lo, hi)
+            is_long = batch.ctx_at(i, js) >= long_tokens
+            long_cnt[js[is_long]] += 1
+    long_cnt = long_cnt[:n_steps]
+    culprit_steps = ((batch.pf > 0) & (batch.n_dec > 0)) | ((long_cnt > 0) & (batch.n_dec >= 2))
+    coef = _fit(batch, culprit_steps) if n_steps else None
+    source = SOURCE_MEASURED if coef is not None else (SOURCE_ESTIMATE if estimate_step_ns else SOURCE_NONE)
+    kv = np.sort(np.asarray(kv if kv is not None else np.empty(0, KV_DTYPE), dtype=KV_DTYPE), order="ts_ns")
+    out = []
+    for i, r in enumerate(reqs):
+        arrival, sched, first, end = (int(v) for v in batch.intervals[i])
+        lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
+        added: dict[int, list] = {}          # culprit index -> [ns, kinds]
+        dragged_pf = dragged_long = 0.0
+        has_culprits = False
+        if hi > lo:
+            js = np.arange(lo, hi)
+            own_ctx = batch.ctx_at(i, js)
+            # Co-members of each of R's decode steps: requests whose intervals overlap R's.
+            cand = np.flatnonzero((batch.pf_hi > lo) & (batch.pf_lo < hi) | (batch.dc_hi > lo) & (batch.dc_lo < hi))
+            cand = cand[cand != i]
+            cost_rows, kinds, who = [], [], []
+            n_c = np.zeros(len(js))
+            ctx_c = np.zeros(len(js))
+            pf_c = np.zeros(len(js))
+            for c in cand:
+                in_pf = (js >= batch.pf_lo[c]) & (js < batch.pf_hi[c])
+                in_dc = (js >= batch.dc_lo[c]) & (js < batch.dc_hi[c])
+                c_ctx = np.where(in_dc, batch.ctx_at(c, js), 0.0)
+                is_long = in_dc & (c_ctx >= long_tokens) & (c_ctx > own_ctx)
+                pf_tok = np.where(in_pf, batch.chunk[c], 0.0)
+                if not (is_long.any() or in_pf.any()):
+                    continue
+                n_c += is_long
+                ctx_c += np.where(is_long, c_ctx, 0.0)
+                pf_c += pf_tok
+                who.append(c)
+                kinds.append((in_pf, is_long))
+                cost_rows.append((is_long, np.where(is_long, c_ctx, 0.0), pf_tok))
+            has_culprits = bool(who)
+            if who and source != SOURCE_NONE:
+                dur = batch.dur[js]
+                if coef is not None:
+                    base = (coef[0] + coef[1] * (batch.n_dec[js] - n_c) + coef[2] * (batch.ctx[js] - ctx_c)
+                            + coef[3] * (batch.pf[js] - pf_c))
+                    unit = (coef[1], coef[2], coef[3])
+                else:
+                    base = np.asarray(estimate_step_ns(batch.n_dec[js] - n_c, batch.ctx[js] - ctx_c,
+                                                       batch.pf[js] - pf_c), dtype=np.float64)
+                    full = np.asarray(estimate_step_ns(batch.n_dec[js], batch.ctx[js], batch.pf[js]),
+                                      dtype=np.float64)
+                    # The estimate's step time scaled to the measured one.
+                    base = base * np.where(full > 0, dur / np.maximum(full, 1.0), 1.0)
+                    unit = None
+                extra = np.maximum(dur - base, 0.0)
+                costs = []
+                for (is_long, cctx, pft) in cost_rows:
+                    if unit is not None:
+                        costs.append(np.maximum(unit[0] * is_long + unit[1] * cctx + unit[2] * pft, 0.0))
+                    else:
+                        costs.append((cctx + pft).astype(np.float64))
+                costs = np.array(costs)
+                tot = costs.sum(axis=0)
+                present = np.array([(a | b) for a, b in kinds], dtype=np.float64)
+                share = np.where(tot > 0, costs / np.where(tot > 0, tot, 1.0),
+                                 present / np.maximum(present.sum(axis=0), 1.0))
+                per = share * extra
+                for k, c in enumerate(who):
+                    ns = float(per[k].sum())
+                    in_pf, is_long = kinds[k]
+                    pf_part = float((per[k] * (in_pf & ~is_long)).sum())
+                    dragged_pf += pf_part
+                    dragged_long += ns - pf_part
+                    kind = "+".join(n for n, m in (("prefill_chunk", in_pf), ("long_sequence", is_long)) if m.any())
+                    added[c] = [ns, kind]
+        culprits = sorted((Culprit(reqs[c].request_id, kind, int(round(ns)), max(reqs[c].prompt_tokens, 0))
+                           for c, (ns, kind) in added.items() if ns >= 1.0),
+                          key=lambda x: -x.added_ns)[:MAX_CULPRITS]
+        dragged = int(round(dragged_pf + dragged_long))
+        decode_ns = max(0, end - first)
+        q = kv[(kv["ts_ns"] >= arrival) & (kv["ts_ns"] <= max(sched, arrival))] if len(kv) else kv
+        if len(kv) and not len(q) and sched > arrival:
+            # No sample inside the wait: the one just before it describes it.
+            k = int(np.searchsorted(kv["ts_ns"], arrival, "right")) - 1
+            q = kv[k:k + 1] if k >= 0 else q
+        kv_max = float(q["usage_ratio"].max()) if len(q) and sched > arrival else -1.0
+        out.append(RequestStory(
+            request_id=r.request_id, engine=r.engine, start_ns=arrival, end_ns=end,
+            e2e_ns=r.e2e_ns if r.e2e_ns >= 0 else end - arrival, queue_ns=sched - arrival,
+            kv_usage_max_queued_ratio=kv_max, kv_full_while_queued=kv_max >= KV_FULL_RATIO,
+            prefill_ns=first - sched, prefill_chunks=int(batch.pf_hi[i] - batch.pf_lo[i]),
+            decode_ns=decode_ns, decode_steps=hi - lo,
+            ns_per_token=decode_ns / r.completion_tokens if r.completion_tokens > 0 else -1.0,
+            dragged_ns=dragged, dragged_by_prefill_ns=int(round(dragged_pf)),
+            dragged_by_long_ns=int(round(dragged_long)),
+            dragged_source=source if has_culprits else SOURCE_NO_CULPRITS,
+            alone_decode_ns=max(0, decode_ns - dragged), preemptions=r.preemptions, recovery_ns=-1,
+            prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits))
+    return out
+
+
+def _p99(v: list[int]) -> int:
+    return int(np.percentile(np.asarray(v, dtype=np.float64), 99)) if v else 0
+
+
+def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowRequests:
+    """Per-window aggregates: dragged-time share, p99 per segment, the top culprit."""
+    if not stories:
+        return WindowRequests(requests_dropped=dropped)
+    dec = sum(s.decode_ns for s in stories)
+    drg = sum(s.dragged_ns for s in stories)
+    by: dict[str, list] = {}
+    tokens = {}
+    for s in stories:
+        for c in s.culprits:
+            by.setdefault(c.request_id, [0])[0] += c.added_ns
+            tokens[c.request_id] = c.tokens
+    top = max(by.items(), key=lambda kv: kv[1][0]) if by else ("", [0])
+    sources = {s.dragged_source for s in stories}
+    src = SOURCE_MEASURED if SOURCE_MEASURED in sources else (SOURCE_ESTIMATE if SOURCE_ESTIMATE in sources
+                                                              else SOURCE_NONE)
+    slowest = sorted(stories, key=lambda s: -s.e2e_ns)[:MAX_SLOWEST]
+    return WindowRequests(
+        requests=len(stories), requests_dropped=dropped, decode_ns=dec, dragged_ns=drg,
+        dragged_share_ratio=drg / dec if dec else 0.0,
+        queue_p99_ns=_p99([s.queue_ns for s in stories]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
+        decode_p99_ns=_p99([s.decode_ns for s in stories]), dragged_p99_ns=_p99([s.dragged_ns for s in stories]),
+        e2e_p99_ns=_p99([s.e2e_ns for s in stories]), top_culprit_id=top[0], top_culprit_added_ns=int(top[1][0]),
+        top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest)
+
+
+def story_text(s: RequestStory) -> str:
+    """One request's story in plain words with its numbers (``ridgeline why``)."""
+    def sec(ns: int) -> str:
+        return f"{ns / 1e9:.2f} s" if ns >= 1e8 else f"{ns / 1e6:.1f} ms"
+    lines = [f"request {s.request_id} ({s.engine}): {sec(s.e2e_ns)} end to end, "
+             f"{max(s.prompt_tokens, 0)} prompt tokens, {max(s.completion_tokens, 0)} generated."]
+    q = f"queued {sec(s.queue_ns)}"
+    if s.kv_usage_max_queued_ratio >= 0:
+        q += (f"; the KV cache was full then ({s.kv_usage_max_queued_ratio:.0%} used)" if s.kv_full_while_queued
+              else f"; the KV cache was not full then (at most {s.kv_usage_max_queued_ratio:.0%} used)")
+    lines.append(q + ".")
+    lines.append(f"its own prefill: {sec(s.prefill_ns)} in {s.prefill_chunks} step(s)"
+                 + (" (chunked)." if s.prefill_chunks > 1 else "."))
+    per = f" ({s.ns_per_token / 1e6:.1f} ms per token)" if s.ns_per_token > 0 else ""
+    lines.append(f"decode: {sec(s.decode_ns)} over {s.decode_steps} GPU step(s){per}.")
+    if s.dragged_source == SOURCE_NO_CULPRITS:
+        lines.append("dragged: no; no prefill chunk or long sequence was batched with it.")
+    elif s.dragged_source == SOURCE_NONE:
+        lines.append("dragged: not known (no step-time baseline: the window has no steps without co-batched "
+                     "culprits and no roofline model is configured).")
+    elif s.dragged_ns > 0:
+        alone_per = (f" ({s.alone_decode_ns / s.completion_tokens / 1e6:.1f} ms per token)"
+                     if s.completion_tokens > 0 else "")
+        est = " (ESTIMATE from the roofline model)" if s.dragged_source == SOURCE_ESTIMATE else \
+            " (measured against this window's steps without them)"
+        lines.append(f"dragged: {sec(s.dragged_ns)} of its decode was added by co-batched work{est}: "
+                     f"{sec(s.dragged_by_prefill_ns)} by prefill chunks, {sec(s.dragged_by_long_ns)} by long "
+                     f"sequences. Alone it would have decoded in {sec(s.alone_decode_ns)}{alone_per}.")
+        for c in s.culprits:
+            lines.append(f"  culprit {c.request_id}: +{sec(c.added_ns)} ({c.kind.replace('_', ' ')}, "
+                         f"{c.tokens} prompt tokens)")
+    else:
+        lines.append("dragged: no; nothing co-batched with it added measurable time.")
+    if s.preemptions > 0:
+        lines.append(f"preempted {s.preemptions} time(s)"
+                     + (f", {sec(s.recovery_ns)} to recover." if s.recovery_ns >= 0 else "."))
+    elif s.preemptions == 0:
+        lines.append("never preempted.")
+    if s.dragged_source == SOURCE_NONE:
+        verdict = "not judged (co-batched with culprits, no baseline)"
+    elif s.dragged_ns > DRAGGED_VERDICT_SHARE * max(s.decode_ns, 1):
+        verdict = f"being dragged ({s.dragged_ns / max(s.decode_ns, 1):.0%} of its decode was added by others)"
+    else:
+        verdict = "slow on its own" if s.e2e_ns > 0 else "no time measured"
+    lines.append(f"verdict: {verdict}.")
+    return "\n".join(lines)

@@ -1,0 +1,331 @@
+"""The engines' per-request OpenTelemetry spans, decoded into one typed record.
+
+Contract:
+
+* :class:`RequestSpan` is the record every later stage reads: one served request, its
+  times in nanoseconds (``*_ns``), its token counts (``*_tokens``), the engine it came
+  from. Fields an engine did not send are ``-1`` (never guessed here).
+* :func:`decode_protobuf` reads an OTLP ``ExportTraceServiceRequest`` with the real
+  schema (``opentelemetry-proto``'s generated module); :func:`decode_json` reads the
+  OTLP/JSON form (camelCase field names, ids as hex, 64-bit integers as strings, per
+  the OTLP specification's JSON mapping) through msgspec Structs. Both return
+  ``(spans, SpanStats)``: the request spans recognised, and counts of what was seen,
+  ignored (a span that is no engine's request span) and cut (attributes over
+  ``max_attributes`` per span or over ``max_attribute_bytes`` long are dropped, counted).
+  Malformed input raises :class:`SpanDecodeError` with one line.
+* Attribute names are the engines' own: vLLM's ``SpanAttributes`` (``vllm/tracing.py``,
+  values unchanged since tracing appeared: the ``gen_ai.*`` names), SGLang's request root
+  span (``python/sglang/srt/tracing/trace.py``: ``trace_req_start`` names it
+  ``"{role} Req {rid[:8]}"`` with the attribute ``rid``; its stage slices are child spans).
+  tests/test_request_spans.py names the commits these were read at.
+"""
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+# vLLM SpanAttributes (vllm/tracing.py, class SpanAttributes): the names used here.
+VLLM_REQUEST_ID = "gen_ai.request.id"
+VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+VLLM_MODEL = "gen_ai.response.model"
+VLLM_QUEUE_S = "gen_ai.latency.time_in_queue"
+VLLM_TTFT_S = "gen_ai.latency.time_to_first_token"
+VLLM_E2E_S = "gen_ai.latency.e2e"
+VLLM_PREFILL_S = "gen_ai.latency.time_in_model_prefill"
+VLLM_DECODE_S = "gen_ai.latency.time_in_model_decode"
+VLLM_INFERENCE_S = "gen_ai.latency.time_in_model_inference"
+#: vLLM's journey events (later releases) carry the request's preemption count.
+VLLM_NUM_PREEMPTIONS = "num_preemptions"
+#: SGLang: the root span of a request carries its id as ``rid``.
+SGLANG_RID = "rid"
+
+#: Every attribute this module reads (others are dropped at decode: no memory spent).
+WANTED = frozenset({VLLM_REQUEST_ID, VLLM_PROMPT_TOKENS, VLLM_COMPLETION_TOKENS, VLLM_MODEL, VLLM_QUEUE_S,
+                    VLLM_TTFT_S, VLLM_E2E_S, VLLM_PREFILL_S, VLLM_DECODE_S, VLLM_INFERENCE_S, SGLANG_RID,
+                    VLLM_NUM_PREEMPTIONS})
+
+MAX_ATTRIBUTES = 128
+MAX_ATTRIBUTE_BYTES = 4096
+MAX_EVENTS = 256
+#: SGLang stage slices whose name says which segment of the request they are.
+SGLANG_SEGMENTS = (("queue", "queue_ns"), ("wait", "queue_ns"), ("prefill", "prefill_ns"),
+                   ("decode", "decode_ns"))
+
+
+class SpanDecodeError(ValueError):
+    """The body is no OTLP trace export; one line."""
+
+
+class RequestSpan(msgspec.Struct, frozen=True):
+    request_id: str
+    engine: str                  # "vllm" | "sglang"
+    start_ns: int                # arrival (span start), unix epoch ns
+    end_ns: int                  # finished (span end)
+    queue_ns: int = -1
+    ttft_ns: int = -1
+    prefill_ns: int = -1
+    decode_ns: int = -1
+    e2e_ns: int = -1
+    prompt_tokens: int = -1
+    completion_tokens: int = -1
+    preemptions: int = -1
+    model: str = ""
+    trace_id: str = ""
+
+    @property
+    def first_token_ns(self) -> int:
+        """When the first token came (arrival + TTFT), or -1."""
+        return self.start_ns + self.ttft_ns if self.ttft_ns >= 0 else -1
+
+    @property
+    def scheduled_ns(self) -> int:
+        """When the request left the queue (arrival + queue time), or -1."""
+        return self.start_ns + self.queue_ns if self.queue_ns >= 0 else -1
+
+
+class SpanStats(msgspec.Struct):
+    spans_seen: int = 0
+    spans_ignored: int = 0          # no engine's request span
+    attributes_dropped: int = 0     # over the per-span count
+    attributes_too_long: int = 0    # over the length bound
+    events_dropped: int = 0
+
+    def add(self, o: "SpanStats") -> None:
+        for f in self.__struct_fields__:
+            setattr(self, f, getattr(self, f) + getattr(o, f))
+
+
+def _seconds_ns(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 1e7:
+        return -1
+    return int(round(v * 1e9))
+
+
+def _count(v) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or v > 2**40:
+        return -1
+    return int(v)
+
+
+def _text(v, limit: int = 256) -> str:
+    return v[:limit] if isinstance(v, str) else ""
+
+
+def to_record(name: str, start_ns: int, end_ns: int, attrs: dict, trace_id: str = "",
+              preemptions: int = -1, children: list[tuple[str, int]] | None = None) -> RequestSpan | None:
+    """One decoded span as a :class:`RequestSpan`, or None when it is no request span."""
+    if start_ns <= 0 or end_ns < start_ns:
+        return None
+    rid = attrs.get(VLLM_REQUEST_ID)
+    if isinstance(rid, str) and rid:
+        return RequestSpan(
+            request_id=rid[:256], engine="vllm", start_ns=int(start_ns), end_ns=int(end_ns),
+            queue_ns=_seconds_ns(attrs.get(VLLM_QUEUE_S)), ttft_ns=_seconds_ns(attrs.get(VLLM_TTFT_S)),
+            prefill_ns=_seconds_ns(attrs.get(VLLM_PREFILL_S)), decode_ns=_seconds_ns(attrs.get(VLLM_DECODE_S)),
+            e2e_ns=_seconds_ns(attrs.get(VLLM_E2E_S)), prompt_tokens=_count(attrs.get(VLLM_PROMPT_TOKENS)),
+            completion_tokens=_count(attrs.get(VLLM_COMPLETION_TOKENS)), preemptions=preemptions,
+            model=_text(attrs.get(VLLM_MODEL)), trace_id=trace_id)
+    rid = attrs.get(SGLANG_RID)
+    if isinstance(rid, str) and rid and " Req " in f" {name}":
+        seg = {"queue_ns": -1, "prefill_ns": -1, "decode_ns": -1}
+        for child, dur in children or ():
+            low = child.lower()
+            for word, key in SGLANG_SEGMENTS:
+                if word in low:
+                    seg[key] = max(seg[key], 0) + dur
+                    break
+        return RequestSpan(request_id=rid[:256], engine="sglang", start_ns=int(start_ns), end_ns=int(end_ns),
+                           e2e_ns=int(end_ns - start_ns), trace_id=trace_id, **seg)
+    return None
+
+
+# -- protobuf ----------------------------------------------------------------------------
+def _pb_value(v, max_bytes: int, stats: SpanStats):
+    kind = v.WhichOneof("value")
+    if kind == "string_value":
+        s = v.string_value
+        if len(s) > max_bytes:
+            stats.attributes_too_long += 1
+            return None
+        return s
+    if kind in ("int_value", "double_value", "bool_value"):
+        return getattr(v, kind)
+    return None      # arrays, maps, bytes: no request field is one
+
+
+def _pb_attrs(kvs, max_attributes: int, max_bytes: int, stats: SpanStats) -> dict:
+    out = {}
+    n = len(kvs)
+    if n > max_attributes:
+        stats.attributes_dropped += n - max_attributes
+    for i in range(min(n, max_attributes)):
+        kv = kvs[i]
+        if kv.key in WANTED:
+            val = _pb_value(kv.value, max_bytes, stats)
+            if val is not None:
+                out[kv.key] = val
+    return out
+
+
+def _pb_module():
+    # Imported on first use: a daemon that never receives spans never loads protobuf.
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    return trace_service_pb2
+
+
+def decode_protobuf(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
+                    max_attribute_bytes: int = MAX_ATTRIBUTE_BYTES) -> tuple[list[RequestSpan], SpanStats]:
+    from google.protobuf.message import DecodeError
+    pb = _pb_module()
+    msg = pb.ExportTraceServiceRequest()
+    try:
+        msg.ParseFromString(body)
+    except (DecodeError, RecursionError, ValueError) as exc:
+        raise SpanDecodeError(f"not an OTLP ExportTraceServiceRequest: {str(exc)[:120]}") from None
+    stats = SpanStats()
+    raw = []
+    for rs in msg.resource_spans:
+        for ss in rs.scope_spans:
+            for sp in ss.spans:
+                stats.spans_seen += 1
+                attrs = _pb_attrs(sp.attributes, max_attributes, max_attribute_bytes, stats)
+                pre = -1
+                nev = len(sp.events)
+                if nev > MAX_EVENTS:
+                    stats.events_dropped += nev - MAX_EVENTS
+                for i in range(min(nev, MAX_EVENTS)):
+                    ea = _pb_attrs(sp.events[i].attributes, max_attributes, max_attribute_bytes, stats)
+                    pre = max(pre, _count(ea.get(VLLM_NUM_PREEMPTIONS)))
+                raw.append((sp.name[:256], int(sp.start_time_unix_nano), int(sp.end_time_unix_nano), attrs,
+                            sp.trace_id.hex(), sp.span_id.hex(), sp.parent_span_id.hex(), pre))
+    return _records(raw, stats), stats
+
+
+def _records(raw: list, stats: SpanStats) -> list[RequestSpan]:
+    # SGLang's stage slices are children (or grandchildren, under the thread span) of the
+    # request's root span, in the same export when its batch processor sent them together.
+    parent = {r[5]: r[6] for r in raw}
+    children: dict[str, list[tuple[str, int]]] = {}
+    for name, s, e, _a, _t, sid, pid, _p in raw:
+        seen = 0
+        while pid and seen < 4:
+            children.setdefault(pid, []).append((name, max(0, e - s)))
+            pid = parent.get(pid, "")
+            seen += 1
+    out = []
+    for name, s, e, attrs, tid, sid, _pid, pre in raw:
+        rec = to_record(name, s, e, attrs, tid, pre, children.get(sid))
+        if rec is None:
+            stats.spans_ignored += 1
+        else:
+            out.append(rec)
+    return out
+
+
+# -- JSON (OTLP/JSON mapping) -------------------------------------------------------------
+class _JValue(msgspec.Struct, omit_defaults=True):
+    stringValue: str | None = None
+    intValue: int | str | None = None
+    doubleValue: float | str | None = None
+    boolValue: bool | None = None
+
+
+class _JKeyValue(msgspec.Struct):
+    key: str = ""
+    value: _JValue = msgspec.field(default_factory=_JValue)
+
+
+class _JEvent(msgspec.Struct):
+    attributes: list[_JKeyValue] = []
+
+
+class _JSpan(msgspec.Struct):
+    traceId: str = ""
+    spanId: str = ""
+    parentSpanId: str = ""
+    name: str = ""
+    startTimeUnixNano: int | str = 0
+    endTimeUnixNano: int | str = 0
+    attributes: list[_JKeyValue] = []
+    events: list[_JEvent] = []
+
+
+class _JScopeSpans(msgspec.Struct):
+    spans: list[_JSpan] = []
+
+
+class _JResourceSpans(msgspec.Struct):
+    scopeSpans: list[_JScopeSpans] = []
+
+
+class _JExport(msgspec.Struct):
+    resourceSpans: list[_JResourceSpans] = []
+
+
+_JSON = msgspec.json.Decoder(_JExport)
+
+
+def _jnum(v):
+    if isinstance(v, str):
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return v
+
+
+def _j_attrs(kvs: list[_JKeyValue], max_attributes: int, max_bytes: int, stats: SpanStats) -> dict:
+    out = {}
+    if len(kvs) > max_attributes:
+        stats.attributes_dropped += len(kvs) - max_attributes
+    for kv in kvs[:max_attributes]:
+        if kv.key not in WANTED:
+            continue
+        v = kv.value
+        if v.stringValue is not None:
+            if len(v.stringValue) > max_bytes:
+                stats.attributes_too_long += 1
+                continue
+            out[kv.key] = v.stringValue
+        elif v.intValue is not None:
+            n = _jnum(v.intValue)
+            if isinstance(n, int):
+                out[kv.key] = n
+        elif v.doubleValue is not None:
+            n = _jnum(v.doubleValue)
+            if isinstance(n, (int, float)):
+                out[kv.key] = float(n)
+        elif v.boolValue is not None:
+            out[kv.key] = v.boolValue
+    return out
+
+
+def decode_json(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
+                max_attribute_bytes: int = MAX_ATTRIBUTE_BYTES) -> tuple[list[RequestSpan], SpanStats]:
+    try:
+        msg = _JSON.decode(body)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise SpanDecodeError(f"not an OTLP/JSON trace export: {str(exc)[:120]}") from None
+    stats = SpanStats()
+    raw = []
+    for rs in msg.resourceSpans:
+        for ss in rs.scopeSpans:
+            for sp in ss.spans:
+                stats.spans_seen += 1
+                attrs = _j_attrs(sp.attributes, max_attributes, max_attribute_bytes, stats)
+                pre = -1
+                if len(sp.events) > MAX_EVENTS:
+                    stats.events_dropped += len(sp.events) - MAX_EVENTS
+                for ev in sp.events[:MAX_EVENTS]:
+                    pre = max(pre, _count(_j_attrs(ev.attributes, max_attributes, max_attribute_bytes,
+                                                   stats).get(VLLM_NUM_PREEMPTIONS)))
+                s, e = _jnum(sp.startTimeUnixNano), _jnum(sp.endTimeUnixNano)
+                raw.append((sp.name[:256], s if isinstance(s, int) else 0, e if isinstance(e, int) else 0,
+                            attrs, sp.traceId[:64].lower(), sp.spanId[:32].lower(), sp.parentSpanId[:32].lower(),
+                            pre))
+    return _records(raw, stats), stats

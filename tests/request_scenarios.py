@@ -1,0 +1,85 @@
+"""Continuous-batching scenarios for the request join tests: the seed's example.
+
+A tiny scheduler steps a batch: every step, each decoding request makes one token, a
+prefilling request takes one chunk of its prompt. The step's GPU time is the seed's:
+15 ms for a batch of short sequences, 40 ms while the 4,000-token request is in it (as a
+prefill chunk or as a long sequence). The spans carry vLLM's attributes (arrival, queue,
+TTFT, e2e, token counts) as ``probes.request_spans.to_record`` builds them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL
+from ridgeline.aggregator.request_join import STEP_DTYPE
+from ridgeline.probes.request_spans import RequestSpan
+
+MS = 1_000_000
+BASE_NS = 15 * MS
+HEAVY_NS = 40 * MS
+T0 = 1_700_000_000_000_000_000
+
+
+class Req:
+    def __init__(self, rid, arrival_step, prompt, gen, chunk=8192, heavy=False):
+        self.rid, self.arrival_step, self.prompt, self.gen = rid, arrival_step, prompt, gen
+        self.chunk, self.heavy = chunk, heavy
+        self.prefilled = self.made = 0
+        self.t_arrival = self.t_sched = self.t_first = self.t_end = None
+
+
+def run(reqs: list[Req], max_steps: int = 100_000, arrival_ns: dict | None = None):
+    """Steps until every request finished: (steps array, RequestSpan list)."""
+    t = T0
+    steps = []
+    for step in range(max_steps):
+        live = [r for r in reqs if r.arrival_step <= step and r.t_end is None]
+        for r in live:
+            if r.t_arrival is None:
+                r.t_arrival = t
+        if not live:
+            if all(r.t_end is not None for r in reqs):
+                break
+            t += BASE_NS
+            continue
+        dur = HEAVY_NS if any(r.heavy for r in live) and len(live) > 1 else BASE_NS
+        pf = [r for r in live if r.prefilled < r.prompt]
+        dc = [r for r in live if r.prefilled >= r.prompt]
+        for r in pf:
+            if r.t_sched is None:
+                r.t_sched = t
+            r.prefilled = min(r.prompt, r.prefilled + r.chunk)
+            if r.prefilled >= r.prompt:
+                r.t_first = t + dur        # the first token comes with the last chunk
+                r.made = 1
+        for r in dc:
+            r.made += 1
+        for r in live:
+            if r.t_first is not None and r.made >= r.gen and r.t_end is None:
+                r.t_end = t + dur
+        phase = MIXED if pf and dc else (PREFILL if pf else DECODE)
+        steps.append((t, t + dur, phase))
+        t += dur
+    spans = [RequestSpan(request_id=r.rid, engine="vllm", start_ns=r.t_arrival, end_ns=r.t_end,
+                         queue_ns=r.t_sched - r.t_arrival, ttft_ns=r.t_first - r.t_arrival,
+                         prefill_ns=r.t_first - r.t_sched, decode_ns=r.t_end - r.t_first,
+                         e2e_ns=r.t_end - r.t_arrival, prompt_tokens=r.prompt, completion_tokens=r.gen,
+                         preemptions=0)
+             for r in reqs]
+    return np.array(steps, dtype=STEP_DTYPE), spans
+
+
+def seed_alone():
+    """The 500-token answer alone: 7.5 s of decode at 15 ms per token."""
+    return run([Req("answer-500", 0, 100, 501)])
+
+
+def seed_batched(with_quiet_steps: bool = True):
+    """The same answer batched with a 4,000-token request (chunked prefill of 1,000-token
+    chunks, then a long sequence decoding beside it). ``with_quiet_steps``: the window also
+    holds an earlier short request that ran alone (steps without culprits)."""
+    reqs = [Req("answer-500", 40 if with_quiet_steps else 0, 100, 501),
+            Req("long-4000", 41 if with_quiet_steps else 1, 4000, 497, chunk=1000, heavy=True)]
+    if with_quiet_steps:
+        reqs.insert(0, Req("early-40", 0, 120, 39))
+    return run(reqs)

@@ -1,0 +1,94 @@
+"""The request join (aggregator.request_join): the seed's example, reproduced.
+
+Alone, the 500-token answer decodes in 7.5 s at 15 ms per token; batched with one
+4,000-token request (its chunked prefill, then its long context), per-token time is 40 ms
+and the answer takes 20 s; the added 12.5 s must be attributed to that request, within 10%.
+The scenarios are stepped by tests/request_scenarios.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import request_scenarios as sc
+from ridgeline.aggregator import request_join as rj
+
+
+def _story(stories, rid):
+    return next(s for s in stories if s.request_id == rid)
+
+
+def test_seed_alone_is_slow_on_its_own():
+    steps, spans = sc.seed_alone()
+    s = _story(rj.join(spans, steps), "answer-500")
+    assert abs(s.decode_ns - 7.5e9) <= 0.01 * 7.5e9
+    assert abs(s.ns_per_token - 15e6) < 0.2e6
+    assert s.dragged_ns == 0 and s.culprits == []
+    assert s.dragged_source == rj.SOURCE_NO_CULPRITS
+    assert "slow on its own" in rj.story_text(s)
+
+
+def test_seed_batched_added_time_goes_to_the_long_request():
+    steps, spans = sc.seed_batched()
+    stories = rj.join(spans, steps)
+    s = _story(stories, "answer-500")
+    assert abs(s.decode_ns - 20e9) <= 0.01 * 20e9
+    assert s.dragged_source == rj.SOURCE_MEASURED
+    assert s.culprits and s.culprits[0].request_id == "long-4000"
+    # The seed's figure: 20 s - 7.5 s = 12.5 s, within 10%.
+    assert abs(s.culprits[0].added_ns - 12.5e9) <= 0.10 * 12.5e9
+    assert abs(s.alone_decode_ns - 7.5e9) <= 0.10 * 7.5e9
+    assert s.dragged_by_prefill_ns > 0 and s.dragged_by_long_ns > s.dragged_by_prefill_ns
+    assert "culprit long-4000" in rj.story_text(s)
+    # The long request itself is not dragged by the short one.
+    assert _story(stories, "long-4000").dragged_ns == 0
+    w = rj.window_figures(stories)
+    assert w.top_culprit_id == "long-4000" and w.top_culprit_tokens == 4000
+    assert abs(w.dragged_share_ratio - 12.5e9 / w.decode_ns) < 0.1 * 12.5e9 / w.decode_ns
+    assert w.decode_p99_ns >= s.decode_ns * 0.99
+
+
+def test_without_quiet_steps_the_roofline_estimate_is_used_and_marked():
+    steps, spans = sc.seed_batched(with_quiet_steps=False)
+    s = _story(rj.join(spans, steps), "answer-500")
+    assert s.dragged_source == rj.SOURCE_NONE and s.dragged_ns == 0
+    assert "not judged" in rj.story_text(s)
+
+    def roofline(n_dec, ctx, pf):
+        # A memory-bound decode model: weights once per step (15 ms) plus the KV read of
+        # every context token (25 ms per 4,000 tokens), prefill tokens at 25 us each.
+        return 15e6 * (np.asarray(n_dec) > 0) + 25e6 / 4000 * np.asarray(ctx) + 25e3 * np.asarray(pf)
+
+    s = _story(rj.join(spans, steps, estimate_step_ns=roofline), "answer-500")
+    assert s.dragged_source == rj.SOURCE_ESTIMATE
+    assert s.culprits[0].request_id == "long-4000"
+    assert abs(s.dragged_ns - 12.5e9) <= 0.15 * 12.5e9
+    assert "ESTIMATE" in rj.story_text(s)
+
+
+def test_queue_time_and_full_kv_while_queued():
+    steps, spans = sc.run([sc.Req("first", 0, 100, 50), sc.Req("second", 0, 100, 50)])
+    # Give "second" a queue: its span says it waited 200 ms while KV usage was 97%.
+    sec = next(r for r in spans if r.request_id == "second")
+    import msgspec
+    late = msgspec.structs.replace(sec, start_ns=sec.start_ns - 200 * sc.MS, queue_ns=200 * sc.MS,
+                                   ttft_ns=sec.ttft_ns + 200 * sc.MS)
+    kv = np.array([(late.start_ns + 50 * sc.MS, 0.97), (late.start_ns + 400 * sc.MS, 0.5)], dtype=rj.KV_DTYPE)
+    s = _story(rj.join([spans[0], late], steps, kv=kv), "second")
+    assert s.queue_ns == 200 * sc.MS
+    assert s.kv_full_while_queued and s.kv_usage_max_queued_ratio == 0.97
+    assert "KV cache was full" in rj.story_text(s)
+
+
+def test_chunked_prefill_counted():
+    steps, spans = sc.run([sc.Req("chunky", 0, 4000, 10, chunk=1000)])
+    s = _story(rj.join(spans, steps), "chunky")
+    assert s.prefill_chunks == 4
+    assert s.prefill_ns == 4 * sc.BASE_NS
+
+
+def test_no_requests_or_no_steps():
+    assert rj.join([], np.empty(0, rj.STEP_DTYPE)) == []
+    _steps, spans = sc.seed_alone()
+    s = rj.join(spans, np.empty(0, rj.STEP_DTYPE))[0]
+    assert s.decode_steps == 0 and s.dragged_ns == 0
+    assert rj.window_figures([]).requests == 0

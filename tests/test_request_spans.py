@@ -1,0 +1,183 @@
+"""The engines' request spans decoded (probes.request_spans), against their real source.
+
+vLLM, ``vllm/tracing.py``, ``class SpanAttributes``, read at these commits of
+github.com/vllm-project/vllm (the attribute values below are the source's, verbatim):
+
+* 91310096deedb007defd3f019a7058ac4e8587d9: the names used here, with
+  ``GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL/DECODE/INFERENCE`` (added after the first
+  releases with tracing) and ``OTEL_TRACES_EXPORTER`` handling;
+* 03b8a674ec7e654ab285df6f013a53a24381f941: the same names plus the journey-event names
+  (``JOURNEY_NUM_PREEMPTIONS = "num_preemptions"``, events named ``journey.<TYPE>``);
+* an older stored version (no prefill/decode/inference attributes, forward/execute
+  split over two lines): the same values for every name it has.
+The request span is named ``llm_request`` (vLLM's output processor, SERVER kind).
+
+SGLang, ``python/sglang/srt/tracing/trace.py`` at
+021a89235fcc8d4bff2069b2530ad34886974c04: ``trace_req_start`` opens the request's root
+span named ``f"{role} Req {orig_rid[:8]}"`` with ``attrs = {"rid": orig_rid}``; stage
+slices (``trace_slice_start(name, rid)``) are children of the per-thread span under it.
+"""
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from ridgeline.probes import request_spans as rs
+
+# (SpanAttributes constant, value) as in vllm/tracing.py at 91310096.
+VLLM_SPAN_ATTRIBUTES = {
+    "GEN_AI_USAGE_COMPLETION_TOKENS": "gen_ai.usage.completion_tokens",
+    "GEN_AI_USAGE_PROMPT_TOKENS": "gen_ai.usage.prompt_tokens",
+    "GEN_AI_RESPONSE_MODEL": "gen_ai.response.model",
+    "GEN_AI_REQUEST_ID": "gen_ai.request.id",
+    "GEN_AI_LATENCY_TIME_IN_QUEUE": "gen_ai.latency.time_in_queue",
+    "GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN": "gen_ai.latency.time_to_first_token",
+    "GEN_AI_LATENCY_E2E": "gen_ai.latency.e2e",
+    "GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL": "gen_ai.latency.time_in_model_prefill",
+    "GEN_AI_LATENCY_TIME_IN_MODEL_DECODE": "gen_ai.latency.time_in_model_decode",
+    "GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE": "gen_ai.latency.time_in_model_inference",
+    "JOURNEY_NUM_PREEMPTIONS": "num_preemptions",   # at 03b8a674
+}
+OURS = {"GEN_AI_USAGE_COMPLETION_TOKENS": rs.VLLM_COMPLETION_TOKENS, "GEN_AI_USAGE_PROMPT_TOKENS": rs.VLLM_PROMPT_TOKENS,
+        "GEN_AI_RESPONSE_MODEL": rs.VLLM_MODEL, "GEN_AI_REQUEST_ID": rs.VLLM_REQUEST_ID,
+        "GEN_AI_LATENCY_TIME_IN_QUEUE": rs.VLLM_QUEUE_S, "GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN": rs.VLLM_TTFT_S,
+        "GEN_AI_LATENCY_E2E": rs.VLLM_E2E_S, "GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL": rs.VLLM_PREFILL_S,
+        "GEN_AI_LATENCY_TIME_IN_MODEL_DECODE": rs.VLLM_DECODE_S,
+        "GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE": rs.VLLM_INFERENCE_S,
+        "JOURNEY_NUM_PREEMPTIONS": rs.VLLM_NUM_PREEMPTIONS}
+
+
+def test_attribute_names_are_vllms():
+    assert OURS == VLLM_SPAN_ATTRIBUTES
+
+
+def sdk_spans(make):
+    """Spans made by the real OpenTelemetry SDK, encoded by its real OTLP encoder."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    mem = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(mem))
+    make(tp.get_tracer("vllm.v1.engine.output_processor"))
+    return encode_spans(mem.get_finished_spans()).SerializeToString()
+
+
+def vllm_request(tracer, rid="cmpl-abc", start=1_000_000_000, queue=0.25, ttft=0.4, e2e=8.0, preempt=None):
+    sp = tracer.start_span("llm_request", start_time=start)
+    sp.set_attributes({rs.VLLM_REQUEST_ID: rid, rs.VLLM_QUEUE_S: queue, rs.VLLM_TTFT_S: ttft, rs.VLLM_E2E_S: e2e,
+                       rs.VLLM_PREFILL_S: ttft - queue, rs.VLLM_DECODE_S: e2e - ttft,
+                       rs.VLLM_PROMPT_TOKENS: 100, rs.VLLM_COMPLETION_TOKENS: 500, rs.VLLM_MODEL: "m"})
+    if preempt is not None:
+        sp.add_event("journey.PREEMPTED", attributes={"event.type": "PREEMPTED", "num_preemptions": preempt})
+    sp.end(end_time=start + int(e2e * 1e9))
+
+
+def test_vllm_span_from_the_real_sdk():
+    body = sdk_spans(lambda t: vllm_request(t, preempt=2))
+    spans, stats = rs.decode_protobuf(body)
+    assert stats.spans_seen == 1 and stats.spans_ignored == 0
+    s = spans[0]
+    assert (s.request_id, s.engine, s.queue_ns, s.ttft_ns, s.e2e_ns) == ("cmpl-abc", "vllm", 250_000_000,
+                                                                        400_000_000, 8_000_000_000)
+    assert (s.prompt_tokens, s.completion_tokens, s.preemptions, s.model) == (100, 500, 2, "m")
+    assert s.first_token_ns == s.start_ns + 400_000_000
+
+
+def test_sglang_root_span_and_slices():
+    def make(t):
+        from opentelemetry import trace
+        root = t.start_span(" Req 8f3a2b1c", start_time=10**9, attributes={"rid": "8f3a2b1c9d"})
+        ctx = trace.set_span_in_context(root)
+        th = t.start_span("Scheduler [TP 0] (host:abcd | pid:1)", start_time=10**9, context=ctx)
+        c2 = trace.set_span_in_context(th)
+        for name, a, b in (("wait_queue", 0, 100), ("prefill_forward", 100, 300), ("decode_loop", 300, 1300)):
+            sl = t.start_span(name, start_time=10**9 + a * 10**6, context=c2)
+            sl.end(end_time=10**9 + b * 10**6)
+        th.end(end_time=10**9 + 1300 * 10**6)
+        root.end(end_time=10**9 + 1300 * 10**6)
+    spans, stats = rs.decode_protobuf(sdk_spans(make))
+    assert stats.spans_seen == 5 and len(spans) == 1
+    s = spans[0]
+    assert (s.engine, s.request_id, s.queue_ns, s.prefill_ns, s.decode_ns) == ("sglang", "8f3a2b1c9d", 100 * 10**6,
+                                                                             200 * 10**6, 1000 * 10**6)
+
+
+def test_json_mapping_same_record():
+    body = b'''{"resourceSpans":[{"resource":{},"scopeSpans":[{"scope":{"name":"vllm"},"spans":[{
+      "traceId":"5B8EFFF798038103D269B633813FC60C","spanId":"EEE19B7EC3C1B174","name":"llm_request",
+      "startTimeUnixNano":"1000000000","endTimeUnixNano":"9000000000","kind":2,
+      "attributes":[{"key":"gen_ai.request.id","value":{"stringValue":"r1"}},
+                    {"key":"gen_ai.usage.completion_tokens","value":{"intValue":"500"}},
+                    {"key":"gen_ai.latency.time_in_queue","value":{"doubleValue":0.5}},
+                    {"key":"other","value":{"arrayValue":{"values":[{"intValue":"1"}]}}}]}]}]}]}'''
+    spans, stats = rs.decode_json(body)
+    s = spans[0]
+    assert (s.request_id, s.completion_tokens, s.queue_ns, s.start_ns) == ("r1", 500, 500_000_000, 10**9)
+    assert s.trace_id == "5b8efff798038103d269b633813fc60c"
+
+
+def test_bounds_on_attributes():
+    # Built with the real schema directly: the SDK itself caps a span at 128 attributes.
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    msg = trace_service_pb2.ExportTraceServiceRequest()
+    sp = msg.resource_spans.add().scope_spans.add().spans.add()
+    sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano = "llm_request", 10**9, 2 * 10**9
+    a = sp.attributes.add()
+    a.key, a.value.string_value = rs.VLLM_REQUEST_ID, "x" * 10_000
+    for i in range(200):
+        a = sp.attributes.add()
+        a.key, a.value.int_value = f"junk.{i}", i
+    spans, stats = rs.decode_protobuf(msg.SerializeToString(), max_attributes=64, max_attribute_bytes=4096)
+    assert spans == [] and stats.spans_ignored == 1
+    assert stats.attributes_too_long == 1 and stats.attributes_dropped == 201 - 64
+
+
+@pytest.mark.parametrize("body", [b"\xff" * 64, b"\x0a\x05abc", gzip.compress(b"x"),
+                                  b"\x0a" + b"\x80" * 12])
+def test_garbage_protobuf_one_line(body):
+    with pytest.raises(rs.SpanDecodeError):
+        rs.decode_protobuf(body)
+
+
+def test_deeply_nested_protobuf_refused():
+    # An AnyValue kvlist nested 10,000 deep inside a span attribute: upb's recursion limit.
+    from opentelemetry.proto.common.v1 import common_pb2  # noqa: F401
+    inner = b""
+    for _ in range(10_000):
+        # AnyValue{kvlist_value(6): KeyValueList{values(1): KeyValue{key(1)="k", value(2): inner}}}
+        kv = b"\x0a\x01k" + b"\x12" + _varint(len(inner)) + inner
+        kvl = b"\x0a" + _varint(len(kv)) + kv
+        inner = b"\x32" + _varint(len(kvl)) + kvl
+    attr = b"\x0a\x01a\x12" + _varint(len(inner)) + inner
+    span = b"\x3a" + _varint(len(attr)) + attr          # Span.attributes = 9? see below
+    with pytest.raises(rs.SpanDecodeError):
+        rs.decode_protobuf(_export(span))
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _export(span_fields: bytes) -> bytes:
+    # Span.attributes is field 9 (wire type 2: tag 0x4a); ScopeSpans.spans 2; ResourceSpans.scope_spans 2;
+    # ExportTraceServiceRequest.resource_spans 1.
+    span_fields = b"\x4a" + span_fields[1:]
+    span = b"\x12" + _varint(len(span_fields)) + span_fields
+    ss = b"\x12" + _varint(len(span)) + span
+    return b"\x0a" + _varint(len(ss)) + ss
+
+
+def test_json_garbage_and_depth():
+    for body in (b"{", b"[1,2", b'{"resourceSpans": 5}', b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(rs.SpanDecodeError):
+            rs.decode_json(body)
