@@ -263,7 +263,9 @@ class StreamSummary:
     truncated: bool = False
     hosts: set = field(default_factory=set)
     sources: set = field(default_factory=set)
+    models: set = field(default_factory=set)
     windows: int = 0
+    last_window: bytes | None = None    # the last window's payload, decoded by who needs it
 
 
 def _batch_cost(t: Trace) -> int:
@@ -303,6 +305,8 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
                 "sources": sorted(s for s in sm.sources if s)}
         if any(s == "simulated" or "sim" in s for s in sm.sources):
             meta["simulated"] = True
+        if len(sm.models) == 1:      # the model the events' source named (the simulator does)
+            meta["model"] = next(iter(sm.models))
         seg = Segment(index, merge_traces(batches, meta), started_by, len(batches), first_recv, last_recv)
         batches, cost = [], 0
         index += 1
@@ -322,6 +326,7 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
             pending = "gap"
         if topic == "window":
             sm.windows += 1
+            sm.last_window = envelope_field(env, "payload")
             continue
         if topic != "events":
             continue
@@ -330,6 +335,8 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         except InputError as exc:
             raise InputError(f"{p}: frame {i} ({topic}): {exc}") from None
         sm.sources.add(batch.meta.get("source", ""))
+        if isinstance(batch.meta.get("model"), str) and len(sm.models) < 8:
+            sm.models.add(batch.meta["model"][:200])
         c = _batch_cost(batch)
         if c > cap:
             raise InputError(f"{p}: frame {i}: one events message holds more than an analysis within "

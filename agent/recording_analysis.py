@@ -48,7 +48,28 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
     rec = {"segments": len(segs), "restarts": summary.restarts, "gaps": dict(summary.gaps),
            "messages": dict(summary.messages), "truncated": summary.truncated,
            "hosts": sorted(h for h in summary.hosts if h)}
-    return combine(docs, segs, rec)
+    doc = combine(docs, segs, rec)
+    last = _last_window_verdicts(summary.last_window)
+    if last:
+        # the agent's own judgement, with the engine and scheduler figures a trace lacks
+        doc["answer"] = last
+        doc["answer_title"] = "Answer (the recording's last window, as the agent judged it)"
+    return doc
+
+
+def _last_window_verdicts(payload) -> list:
+    from ridgeline.aggregator import wire
+    from ridgeline.aggregator.answer import verdict_records
+    from ridgeline.probes.errors import InputError
+
+    from .subscriber import decode_payload
+    if payload is None:
+        return []
+    try:
+        w = decode_payload(wire, "window", payload)
+    except InputError:
+        return []       # a torn last window: the trace's own answer stands
+    return verdict_records(w.get("verdict") if isinstance(w, dict) else None)
 
 
 def _downtime_ns(segs: list[dict]) -> int:

@@ -133,7 +133,8 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     else:
         gpu_doc["name"] = dev.name if dev else None
     span = (int(k["end_ns"].max() - k["start_ns"].min())) if len(k) else 0
-    return {
+    idle_gaps = roofline.idle_gaps(trace, gaps)
+    doc = {
         "schema": SCHEMA,
         "trace": str(trace.meta.get("path") or trace.meta.get("source_path") or ""),
         # Traces from the workload generator say so (recording meta, or the device
@@ -147,7 +148,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
         "phases": phases,
         "steps": [_step_dict(s, PHASE_NAMES, step_work.get(int(s.index)),
                              *step_stats.get(int(s.index), (0, 0))) for s in steps],
-        "idle_gaps": roofline.idle_gaps(trace, gaps),
+        "idle_gaps": idle_gaps,
         "launch_latency": roofline.launch_latency(trace, join=join),
         "copies": roofline.copy_traffic(trace),
         "work": {"shapes_kernels": int(kw.known.sum()), "shapes_notes": kw.notes,
@@ -155,3 +156,20 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
                  "tensor_parallel": tensor_parallel},
         "annotations_used": bool(use_annotations),
     }
+    doc["answer"] = [trace_answer(phases, idle_gaps, span, idx)]
+    return doc
+
+
+def trace_answer(phases: dict, idle_gaps: dict, span_ns: int, device: int | None) -> dict:
+    """The window verdict (:func:`verdict.judge`) of the whole trace: the roofline and the
+    GPU's idle share; a trace carries no engine or scheduler figures, and the answer says
+    those faces are unknown."""
+    from . import verdict
+    d = idle_gaps.get(str(device)) if device is not None else None
+    if d is None and len(idle_gaps) == 1:
+        d = next(iter(idle_gaps.values()))
+    idle = int(d["idle_ns"]) if d else None
+    busy = int(d["span_ns"]) - idle if d else None
+    v = verdict.judge(verdict.VerdictInputs(window_ns=int(span_ns), device=device, phases=phases,
+                                            gpu_busy_ns=busy, gpu_idle_ns=idle))
+    return verdict.verdict_record(v)

@@ -90,6 +90,9 @@ GAUGES: dict[str, dict[str, tuple[str, ...]]] = {
     "num_running": {"vllm": ("num_requests_running",), "sglang": ("num_running_reqs",)},
     "num_waiting": {"vllm": ("num_requests_waiting",), "sglang": ("num_queue_reqs",)},
     "num_swapped": {"vllm": ("num_requests_swapped",), "sglang": ()},
+    # The batch cap: SGLang exports it (sglang:max_running_requests, docs/references/
+    # production_metrics.md); vLLM does not export --max-num-seqs.
+    "max_running": {"vllm": (), "sglang": ("max_running_requests",)},
     "kv_used_tokens": {"vllm": (), "sglang": ("num_used_tokens",)},
     "kv_pool_tokens": {"vllm": (), "sglang": ("max_total_num_tokens",)},
     "generation_throughput_tokens_per_s": {"vllm": ("avg_generation_throughput_toks_per_s",),
@@ -509,6 +512,7 @@ def window_figures(scrapes: list[dict], previous: dict | None = None) -> dict:
         "num_running_requests": g.get("num_running"),
         "num_waiting_requests": g.get("num_waiting"),
         "num_swapped_requests": g.get("num_swapped"),
+        "max_running_requests": g.get("max_running"),
         "num_waiting_change": (g["num_waiting"] - seq[0]["gauges"]["num_waiting"])
         if have_delta and "num_waiting" in g and "num_waiting" in seq[0]["gauges"] else None,
         "preemptions_total": cur["counters"].get("preemptions"),
@@ -666,7 +670,7 @@ def _work_estimates(dc: dict, dt_s: float | None) -> dict:
 _RECORD_KEYS = (
     "kv_usage_ratio", "kv_usage_max_ratio", "kv_pool_tokens", "kv_used_tokens",
     "num_running_requests", "num_waiting_requests", "num_waiting_change", "num_swapped_requests",
-    "queue_mean_s", "prefill_mean_s", "decode_mean_s", "ttft_mean_s", "e2e_mean_s",
+    "max_running_requests", "queue_mean_s", "prefill_mean_s", "decode_mean_s", "ttft_mean_s", "e2e_mean_s",
     "queue_share_of_ttft_ratio", "segment_kinds",
     "external_prefix_cache_hit_ratio", "prompt_tokens_cached_ratio",
     "kv_evicted_tokens", "kv_eviction_rate_tokens_per_s", "kv_eviction_source",

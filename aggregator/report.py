@@ -29,6 +29,16 @@ def _ns(x):
     return f"{x:.0f} ns"
 
 
+def _rate(bps):
+    """Bytes per second in the unit that shows its digits (a 48 MB/s copy is not 0.0 GB/s)."""
+    if bps is None:
+        return "-"
+    for unit, s in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= s:
+            return f"{bps / s:.2f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
 def _bytes(x):
     if x is None:
         return "-"
@@ -41,6 +51,21 @@ def _bytes(x):
 VERDICT_STYLE = {"memory-bound": "bold blue", "compute-bound": "bold green",
                  "latency/launch-bound": "bold yellow", "host-bound": "bold red",
                  "undetermined": "dim"}
+
+
+def render_answer(records, c: Console, title: str) -> None:
+    """The binding face with its reasons, the other faces' figures, caveats and limits
+    (:func:`aggregator.answer.answer_lines`), one block per verdict."""
+    from rich.markup import escape
+
+    from .answer import answer_lines, verdict_records
+    recs = verdict_records(records)
+    if not recs:
+        return
+    c.print(f"[bold]{title}[/bold]")
+    for rec in recs:
+        for i, line in enumerate(answer_lines(rec)):
+            c.print(("  " if i == 0 else "  ") + escape(line), style="bold" if i == 0 else None)
 
 
 def render(doc: dict, console: Console | None = None) -> None:
@@ -64,6 +89,7 @@ def render(doc: dict, console: Console | None = None) -> None:
 
     if not doc["kernels"]:
         c.print("no GPU kernels in this trace: nothing to place on the roofline", style="yellow")
+    render_answer(doc.get("answer"), c, doc.get("answer_title") or "Answer (the whole trace)")
     t = Table(title="Phases", title_justify="left")
     for col, w in (("phase", 7), ("GPU time", 8), ("kernels", 7), ("TFLOP/s", 7), ("TB/s", 6),
                    ("FLOP/B", 6), ("idle", 4), ("verdict", 12)):
@@ -139,5 +165,5 @@ def render(doc: dict, console: Console | None = None) -> None:
             ct.add_column(col)
         for r in doc["copies"]:
             ct.add_row(r["kind"], r["direction"], f"{r['count']:,}", _bytes(r["bytes"]), _ns(r["time_ns"]),
-                       "-" if r["achieved_bytes_per_s"] is None else f"{r['achieved_bytes_per_s'] / 1e9:.1f} GB/s")
+                       _rate(r["achieved_bytes_per_s"]))
         c.print(ct)

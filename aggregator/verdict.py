@@ -85,6 +85,11 @@ class Thresholds:
         (the bandwidth and compute rules then do not apply).
     implausible_pct: a % of peak above this is a work-model overcount, not a measurement;
         it is reported and not used as evidence.
+    near_ratio: a figure within this fraction of its threshold (or an intensity within it
+        of the ridge point) is reported as a caveat: the call could go either way.
+    max_num_seqs: the engine's batch cap (vLLM ``--max-num-seqs``, which vLLM does not
+        export); SGLang's exported ``max_running_requests`` wins where present. With it,
+        a running batch at the cap is named as the limit that binds.
     """
     kv_watermark_ratio: float = 0.85
     kv_full_ratio: float = 0.75
@@ -99,6 +104,8 @@ class Thresholds:
     compute_bound_min_pct: float = 50.0
     gpu_idle_bound_ratio: float = 0.50
     implausible_pct: float = 110.0
+    near_ratio: float = 0.10
+    max_num_seqs: float | None = None
 
 
 DEFAULT_THRESHOLDS = Thresholds()
@@ -272,8 +279,12 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
         if phase is not None:
             ceil = (f"; {phase_name} at {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s and "
                     f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s")
-        held.append((QUEUE, [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s",
-                             (f"KV usage {kv:.1%} below watermark" if kv is not None else "KV usage unknown") + ceil]))
+        qwhy = [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s"]
+        cap_line = _batch_cap_line(e, th)
+        if cap_line is not None and cap_line[1]:
+            qwhy.append(cap_line[0])
+        qwhy.append((f"KV usage {kv:.1%} below watermark" if kv is not None else "KV usage unknown") + ceil)
+        held.append((QUEUE, qwhy))
 
     if phase is not None:
         bw = (f"{phase_name}: {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak HBM bytes/s "
@@ -312,9 +323,184 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
     else:
         name, reasons = UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")]
     phase_of = phase_name if (name in (BANDWIDTH, COMPUTE, QUEUE) or fallback) else None
+    ctx = _FaceContext(name=name, held=dict(held), phase_name=phase_name, phase=phase, kv=kv, pre=pre,
+                       waiting=waiting, qmean=qmean, idle_ratio=idle_ratio, idle_src=idle_src, lt=lt,
+                       window_ns=inp.window_ns, ceilings_apply=ceilings_apply, engine=e, device=d,
+                       fallback=bool(fallback) and not held)
     return {"device": inp.device, "pid": inp.pid, "verdict": name, "face": FACES[name], "phase": phase_of,
             "reasons": reasons, "also": [h[0] for h in held[1:]], "figures": figures, "missing": missing,
+            "faces": _faces(ctx, th), "caveats": _caveats(ctx, th), "limits": _limits(ctx, th),
             "thresholds": asdict(th)}
+
+
+# --------------------------------------------------------------------------- the other faces
+
+# Faces in the order an operator reads them: GPU memory, the two roofline ceilings,
+# queueing, the host. host and launch share one line (both: the GPU waits for the CPU).
+FACE_ORDER = ("memory-capacity", "bandwidth", "compute", "queue", "host")
+_FACE_VERDICTS = {"memory-capacity": (KV_CAPACITY,), "bandwidth": (BANDWIDTH,), "compute": (COMPUTE,),
+                  "queue": (QUEUE,), "host": (HOST, LAUNCH)}
+
+
+_NO_INPUT = {"memory-capacity": "no engine metrics", "bandwidth": "no per-phase roofline",
+             "compute": "no per-phase roofline", "queue": "no engine metrics", "host": "no GPU busy/idle time"}
+
+
+@dataclass
+class _FaceContext:
+    name: str
+    held: dict
+    phase_name: str | None
+    phase: dict | None
+    kv: float | None
+    pre: float | None
+    waiting: float | None
+    qmean: float | None
+    idle_ratio: float | None
+    idle_src: str | None
+    lt: dict | None
+    window_ns: int
+    ceilings_apply: bool
+    engine: dict | None
+    device: dict | None
+    fallback: bool
+
+
+def _pct(p: dict | None, k: str) -> float | None:
+    v = None if p is None else p.get(k)
+    return None if v is None else float(v)
+
+
+def _face_figure(face: str, c: _FaceContext, th: Thresholds) -> str | None:
+    """The number that places this face (rules it out, or says how far it is): None when
+    the inputs for it are missing."""
+    if face == "memory-capacity":
+        if c.kv is None and c.pre is None:
+            return None
+        parts = []
+        if c.kv is not None:
+            parts.append(f"KV {c.kv:.1%} of the pool (watermark {th.kv_watermark_ratio:.0%})")
+        if c.pre is not None:
+            parts.append(f"{c.pre:.0f} preemptions")
+        if c.waiting is not None:
+            parts.append(f"{c.waiting:.0f} waiting")
+        return ", ".join(parts)
+    if face in ("bandwidth", "compute"):
+        if c.phase is None:
+            return None
+        key, word, need = (("pct_of_peak_bytes", "peak HBM bytes/s", th.bandwidth_bound_min_pct)
+                           if face == "bandwidth" else ("pct_of_peak_flops", "peak FLOP/s", th.compute_bound_min_pct))
+        pct = _pct(c.phase, key)
+        txt = (f"{c.phase_name} {pct:.0f}% of {word} (binds at {need:.0f}%)" if pct is not None
+               else f"{c.phase_name} % of {word} unknown")
+        if not c.ceilings_apply and c.idle_ratio is not None:
+            txt += f"; GPU idle {c.idle_ratio:.0%} >= {th.gpu_idle_bound_ratio:.0%}: no ceiling binds an idle GPU"
+        return txt
+    if face == "queue":
+        if c.waiting is None and c.qmean is None:
+            return None
+        w = "-" if c.waiting is None else f"{c.waiting:.0f}"
+        q = "-" if c.qmean is None else f"{c.qmean:.2f} s"
+        return (f"{w} waiting, mean queue time {q} (binds at >= {th.waiting_min:.0f} waiting and "
+                f">= {th.queue_time_min_s:g} s)")
+    if face == "host":
+        if c.idle_ratio is None:
+            return None
+        txt = f"GPU idle {c.idle_ratio:.0%} of {c.idle_src} (binds at >= {th.gpu_idle_min_ratio:.0%})"
+        if c.lt is not None and c.window_ns > 0:
+            on = (c.lt.get("on_cpu_ns") or 0) / c.window_ns
+            off = ((c.lt.get("runq_wait_ns") or 0) + (c.lt.get("blocked_ns") or 0)) / c.window_ns
+            txt += f"; launch thread on-CPU {on:.0%}, off-CPU {off:.0%} of the window"
+        return txt
+    return None
+
+
+def _faces(c: _FaceContext, th: Thresholds) -> list[dict]:
+    """Every face with its state (binds / also holds / ruled out / below the thresholds /
+    unknown) and the figure behind it."""
+    out = []
+    for face in FACE_ORDER:
+        names = _FACE_VERDICTS[face]
+        fig = _face_figure(face, c, th)
+        if c.name in names:
+            state = "binds (below the thresholds)" if c.fallback else "binds"
+            reasons = list(c.held.get(c.name) or [])
+        elif any(n in c.held for n in names):
+            state, reasons = "also holds", list(next(c.held[n] for n in names if n in c.held))
+        elif fig is None:
+            state, reasons = "unknown", []
+        else:
+            state, reasons = "ruled out", []
+        out.append({"face": face, "state": state, "figure": fig or _NO_INPUT[face], "reasons": reasons})
+    return out
+
+
+def _near(value: float, threshold: float, th: Thresholds) -> bool:
+    return threshold > 0 and abs(value - threshold) <= th.near_ratio * threshold
+
+
+def _caveats(c: _FaceContext, th: Thresholds) -> list[str]:
+    """Where the call could go the other way: a figure within ``near_ratio`` of its
+    threshold, an intensity within it of the ridge point, both ceilings about as close."""
+    out = []
+    p = c.phase
+    if c.fallback:
+        out.append(f"no face reached its threshold: {c.name} is the roofline's call for {c.phase_name}, "
+                   "not a ceiling the server is pressed against")
+    if p is not None and c.name in (BANDWIDTH, COMPUTE) or (p is not None and c.fallback):
+        ai, ridge = _pct(p, "arithmetic_intensity"), _pct(p, "ridge_point")
+        pf, pb = _pct(p, "pct_of_peak_flops"), _pct(p, "pct_of_peak_bytes")
+        if ai is not None and ridge and _near(ai, ridge, th):
+            out.append(f"{c.phase_name} intensity {ai:.0f} FLOP/B is within {abs(ai - ridge) / ridge:.0%} of the "
+                       f"ridge point {ridge:.0f}: compute- vs memory-bound is a coin toss")
+        if pf is not None and pb is not None and abs(pf - pb) <= 100 * th.near_ratio:
+            out.append(f"{c.phase_name} at {pf:.0f}% of peak FLOP/s and {pb:.0f}% of peak bytes/s: "
+                       "both ceilings about equally near")
+        for key, need, word in (("pct_of_peak_bytes", th.bandwidth_bound_min_pct, "HBM bytes/s"),
+                                ("pct_of_peak_flops", th.compute_bound_min_pct, "FLOP/s")):
+            v = _pct(p, key)
+            if v is not None and _near(v, need, th):
+                out.append(f"{c.phase_name} at {v:.0f}% of peak {word}, within {abs(v - need):.0f} points of "
+                           f"the {need:.0f}% threshold")
+    if c.kv is not None and c.name != KV_CAPACITY and _near(c.kv, th.kv_watermark_ratio, th):
+        out.append(f"KV {c.kv:.1%} is within {abs(c.kv - th.kv_watermark_ratio) * 100:.0f} points of the "
+                   f"{th.kv_watermark_ratio:.0%} watermark")
+    if c.idle_ratio is not None and c.name not in (HOST, LAUNCH) and _near(c.idle_ratio, th.gpu_idle_min_ratio, th):
+        out.append(f"GPU idle {c.idle_ratio:.0%} is near the {th.gpu_idle_min_ratio:.0%} at which the host binds")
+    return out
+
+
+def _batch_cap_line(e: dict | None, th: Thresholds) -> tuple[str, bool] | None:
+    """(text, at the cap) for the running batch against the engine's batch cap, or None
+    when the cap is unknown."""
+    cap = _g(e, "max_running_requests")
+    src = "the engine's max_running_requests"
+    if cap is None and th.max_num_seqs is not None:
+        cap, src = th.max_num_seqs, "max_num_seqs (configured)"
+    running = _g(e, "num_running_requests")
+    if not cap or running is None:
+        return None
+    at = running >= cap * (1 - th.near_ratio / 2)
+    return (f"batch cap: running {running:.0f} of {cap:.0f} ({src})" + (": the batch is full" if at else ""), at)
+
+
+def _limits(c: _FaceContext, th: Thresholds) -> list[str]:
+    """The configured or physical limits that bind now: the batch cap, the KV pool, clock
+    throttling."""
+    out = []
+    cap = _batch_cap_line(c.engine, th)
+    if cap is not None and cap[1]:
+        out.append(cap[0])
+    if c.kv is not None and c.kv >= th.kv_watermark_ratio:
+        pool = _g(c.engine, "kv_pool_tokens")
+        out.append(f"KV pool: {c.kv:.1%} used" + (f" of {pool:,.0f} tokens" if pool else ""))
+    # gpu_idle, application clocks and the display clock do not cost throughput (the
+    # same split as probes.nvml's clock_slowdown); the others are limits that bind.
+    reasons = [r for r in (_g(c.device, "clock_event_reasons") or [])
+               if r not in ("gpu_idle", "applications_clocks_setting", "display_clock_setting")]
+    if reasons:
+        out.append(f"clocks held back: {', '.join(str(r) for r in reasons)}")
+    return out
 
 
 # --------------------------------------------------------------------------- window glue
@@ -441,7 +627,8 @@ def verdict_record(v: dict) -> dict:
     f = v["figures"]
     rec = {"device": v["device"], "pid": v["pid"], "verdict": v["verdict"], "face": v["face"],
            "phase": v["phase"], "reasons": list(v["reasons"]), "also": list(v["also"]),
-           "missing": list(v["missing"])}
+           "missing": list(v["missing"]), "faces": [dict(x) for x in v.get("faces") or []],
+           "caveats": list(v.get("caveats") or []), "limits": list(v.get("limits") or [])}
     for k in ("kv_usage_ratio", "preemptions", "num_waiting_requests", "queue_time_mean_s", "gpu_idle_ratio",
               "gpu_busy_time_pct", "dram_bw_util_pct"):
         rec[k] = f.get(k)

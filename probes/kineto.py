@@ -734,6 +734,15 @@ def _meta(path: Path, doc: dict) -> dict:
         v = doc.get(key)
         if isinstance(v, (int, float, str)):
             meta[name] = v
+    # A trace written by ``ridgeline simulate --trace`` names its model and says it is
+    # simulated in ``metadata`` (agent.simulator.kineto_writer); other writers' metadata
+    # is not read (it is free-form).
+    md = doc.get("metadata")
+    if isinstance(md, dict) and str(md.get("generator", "")).startswith("ridgeline"):
+        if isinstance(md.get("model"), str):
+            meta["model"] = md["model"][:200]
+        if md.get("simulated") is True:
+            meta["simulated"] = True
     dist = doc.get("distributedInfo")
     if isinstance(dist, dict):
         for key in ("rank", "world_size", "backend"):

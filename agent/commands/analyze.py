@@ -135,6 +135,20 @@ def _rank_files(path: str) -> list[str]:
     return [str(f) for f in sorted(files, key=key)]
 
 
+def carried_model(meta: dict, path: str, said: set):
+    """The model a recording's or a simulated trace's metadata names (``meta["model"]``),
+    when it is one of the built-in configurations; said once per file on stderr. A path
+    named inside a file is never opened (the file is input, not configuration)."""
+    from ridgeline.aggregator import model_config
+    name = meta.get("model")
+    if not isinstance(name, str) or name.lower() not in model_config.BUILTIN:
+        return None
+    if path not in said:
+        said.add(path)
+        print(f"ridgeline: {path}: model {name} from the trace's metadata (--model overrides)", file=sys.stderr)
+    return model_config.builtin(name)
+
+
 def _warn_rejected(path: str, trace) -> None:
     rej = trace.meta.get("rejected_events")
     if rej:
@@ -163,10 +177,13 @@ def run(args) -> int:
     phase_names, map_phases = _phases_api()
     use_ann = not args.no_annotations
 
+    said: set = set()
+
     def analyze_one(trace, path, keep=None):
         trace.meta.setdefault("path", path)
         pm = map_phases(trace, use_annotations=use_ann)
-        doc = analyze_trace(trace, gpu=args.gpu, model=model, context_len=args.context_len,
+        m = model if model is not None else carried_model(trace.meta, path, said)
+        doc = analyze_trace(trace, gpu=args.gpu, model=m, context_len=args.context_len,
                             tensor_parallel=args.tensor_parallel, use_annotations=use_ann,
                             ceilings_path=args.ceilings, phase_map=pm)
         if trace.meta.get("rejected_events"):

@@ -103,6 +103,8 @@ model = "{args.model}"
 rate_per_s = {args.rate}
 seed = {args.seed}
 pid = {sim_pid}
+# the engine probe scrapes the served process: one engine for the one process
+engine_metrics = false
 """
 
 
@@ -207,6 +209,13 @@ def _afterwards(out: Path, model_name: str) -> None:
     model = model_config.load(model_name)
     doc = analyze_trace(trace, model=model, phase_map=pm)
     doc["trace"] = str(out / "stream.rlrec") + " (SIMULATED)"
+    from ridgeline.aggregator.answer import verdict_records
+    last_verdicts = verdict_records(rec.windows[-1].get("verdict")) if rec.windows else []
+    if last_verdicts:
+        # the same window top, tail and /metrics showed last: the agent's judgement with the
+        # engine and scheduler figures (the trace alone has neither)
+        doc["answer"] = last_verdicts
+        doc["answer_title"] = "Answer (the last window, as top, tail and /metrics showed it)"
     plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
     excerpt = last_seconds(trace, PERFETTO_LAST_S)
     write_perfetto(excerpt, map_phases(excerpt), phase_names, out / "trace.perfetto.json")

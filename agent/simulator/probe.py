@@ -36,7 +36,8 @@ class SimulatorProbe(Probe):
     def __init__(self, gpu: str = "h100", model: str = "llama-3-8b", rate_per_s: float = 4.0, seed: int = 0,
                  engine: str = "vllm", speed: float = 1.0, serve_metrics: bool = False, scrape_interval_s: float = 1.0,
                  config: SimConfig | None = None, device: int = 0, pid: int = 90_000,
-                 max_buffer_kernels: int = 2_000_000, name: str = "simulator", **_ignored):
+                 max_buffer_kernels: int = 2_000_000, name: str = "simulator", engine_metrics: bool = True,
+                 **_ignored):
         super().__init__(name=name)
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -46,6 +47,7 @@ class SimulatorProbe(Probe):
             scheduler=SchedulerConfig(), max_buffer_kernels=max_buffer_kernels)
         self.seed, self.speed = seed, speed
         self.serve_metrics = serve_metrics
+        self.engine_metrics = engine_metrics
         self.scrape_interval_ns = int(scrape_interval_s * 1e9)
         self.engine: SimEngine | None = None
         self.metrics_port: int | None = None
@@ -114,7 +116,7 @@ class SimulatorProbe(Probe):
         if len(trace.kernels) or len(trace.api):
             self.records += len(trace.kernels) + len(trace.api) + len(trace.copies)
             out = {"kind": "events", "trace": trace}
-        if now >= self._next_scrape_ns:
+        if self.engine_metrics and now >= self._next_scrape_ns:
             self._next_scrape_ns = now + self.scrape_interval_ns
             text = eng.metrics.text().decode()
             scrape = {"endpoint": f"simulated://pid{eng.cfg.pid}/metrics", "ts_ns": eng.cfg.time_base_ns + now,
