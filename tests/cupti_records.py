@@ -143,7 +143,7 @@ def make_buffer(n_kernels: int = 200, seed: int = 0, t0_ns: int = 1_700_000_000_
         m["flags_"] = [2, 2, 4, 4]          # START, START, END, END
         m["id"] = [seed * 10 + 1, seed * 10 + 2, seed * 10 + 2, seed * 10 + 1]
         m["timestamp"] = [t0_ns + 10, t0_ns + 20, t0_ns + 500, t0_ns + 900]
-        m["object_kind"] = 1                # thread
+        m["object_kind"] = int(C.ActivityObjectKind.THREAD)   # cupti-python's enum, from the header
         m["object_id"]["pt"]["process_id"] = 4242
         m["object_id"]["pt"]["thread_id"] = [1001, 1001, 1001, 1001]
         m["name"] = [mptrs[0], mptrs[1], 0, 0]

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import cupti_records as R
+from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.events import MISSING
 
@@ -349,3 +350,100 @@ def test_two_deadlines_stop_demangling_for_that_process():
     assert out["names"] == [real, real + "x", real + "y"]
     c = out["counters"]
     assert c["names_not_demangled"] == 3 and c["demangle_deadlines"] == 2 and c["demangling_stopped"] == 1
+
+
+def test_enum_values_the_decoder_uses_are_the_headers(header_set, tmp_path):
+    """Kind numbers, marker flags and object kinds, compiled against each real header set:
+    MARKER_OBJECT_THREAD is CUPTI_ACTIVITY_OBJECT_THREAD (2 in every release; 1 is PROCESS)."""
+    want = {"CUPTI_ACTIVITY_OBJECT_PROCESS": L.MARKER_OBJECT_PROCESS,
+            "CUPTI_ACTIVITY_OBJECT_THREAD": L.MARKER_OBJECT_THREAD,
+            "CUPTI_ACTIVITY_FLAG_MARKER_INSTANTANEOUS": L.MARKER_FLAG_INSTANTANEOUS,
+            "CUPTI_ACTIVITY_FLAG_MARKER_START": L.MARKER_FLAG_START,
+            "CUPTI_ACTIVITY_FLAG_MARKER_END": L.MARKER_FLAG_END,
+            "CUPTI_ACTIVITY_KIND_MEMCPY": L.KIND_MEMCPY, "CUPTI_ACTIVITY_KIND_MEMSET": L.KIND_MEMSET,
+            "CUPTI_ACTIVITY_KIND_KERNEL": L.KIND_KERNEL, "CUPTI_ACTIVITY_KIND_DRIVER": L.KIND_DRIVER,
+            "CUPTI_ACTIVITY_KIND_RUNTIME": L.KIND_RUNTIME,
+            "CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL": L.KIND_CONCURRENT_KERNEL,
+            "CUPTI_ACTIVITY_KIND_MARKER": L.KIND_MARKER, "CUPTI_ACTIVITY_KIND_MARKER_DATA": L.KIND_MARKER_DATA,
+            "CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION": L.KIND_EXTERNAL_CORRELATION,
+            "CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API": L.KIND_INTERNAL_LAUNCH_API,
+            "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": L.KIND_GRAPH_TRACE}
+    src = tmp_path / "enums.c"
+    src.write_text("#include <stdio.h>\n#include <cupti_activity.h>\nint main(void) {\n"
+                   + "".join(f'printf("{n} %lld\\n", (long long){n});\n' for n in want) + "return 0; }\n")
+    exe = tmp_path / "enums"
+    subprocess.run(["cc", f"-I{header_set.include}", f"-I{R.COMPAT_INCLUDE}", "-o", str(exe), str(src)],
+                   check=True, capture_output=True, timeout=120)
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                       check=True).stdout.splitlines())
+    assert {n: int(v) for n, v in got.items()} == want, header_set.label
+
+
+def test_nvtx_ranges_carry_the_thread_each_header_writes(header_set, tmp_path):
+    """Push/pop ranges as CUPTI writes them (CUpti_ActivityMarker2 with objectKind
+    CUPTI_ACTIVITY_OBJECT_THREAD, filled through the release's own header) decode with the
+    thread id written, not -1 (the range-based step mapping needs it)."""
+    t0 = 1_764_000_000_000_000_000
+    start, end = L.MARKER_FLAG_START, L.MARKER_FLAG_END
+    names = {0x7F00_0000_2000: "prefill", 0x7F00_0000_2100: "decode", 0x7F00_0000_3000: "vllm"}
+    mangled = {0x7F00_0000_1000: R.MANGLED_KERNELS[0][0]}
+    lines = [f"M {start} {t0 + 10} 1 {os.getpid()} 5001 {0x7F00_0000_2000} {0x7F00_0000_3000}",
+             f"M {start} {t0 + 20} 2 {os.getpid()} 5002 {0x7F00_0000_2100} {0x7F00_0000_3000}",
+             f"M {end} {t0 + 900} 1 {os.getpid()} 5001 0 0",
+             f"M {end} {t0 + 950} 2 {os.getpid()} 5002 0 0",
+             f"K {t0 + 100} {t0 + 200} 0 1 7 1 1 1 128 1 1 32 0 0 77 {0x7F00_0000_1000} 0 0"]
+    sections, api = header_set.write(lines, tmp_path)
+    out, counters = _send_and_poll(tmp_path, sections, {**names, **mangled}, api, 1)
+    r = out["trace"].ranges
+    r = r[np.argsort(r["start_ns"])]
+    assert len(r) == 2, (r, counters)
+    assert list(r["tid"]) == [5001, 5002], header_set.label
+    assert out["trace"].names.names_of(r["name_id"]) == ["prefill", "decode"]
+    np.testing.assert_array_equal(r["end_ns"] - r["start_ns"], [890, 930])
+
+
+def _header_cbid(include, domain: str, name: str) -> int:
+    text = (include / f"cupti_{domain}_cbid.h").read_text()
+    import re
+    return int(re.search(rf"CUPTI_{domain.upper()}_TRACE_CBID_{name}\s*=\s*(\d+)", text).group(1))
+
+
+def test_graph_replay_launch_latency_is_the_first_node_only(header_set, tmp_path):
+    """Node-level CUDA graphs: every node of a replay carries the cudaGraphLaunch's
+    correlation id. Only the first node's start minus the launch is a launch latency; the
+    other nodes keep their thread but no latency (they are node offsets)."""
+    t0 = 1_764_000_000_000_000_000
+    gl = _header_cbid(header_set.include, "runtime", "cudaGraphLaunch_v10000")
+    lk = _header_cbid(header_set.include, "runtime", "cudaLaunchKernel_v7000")
+    name = 0x7F00_0000_1000
+    lines = []
+    for rep in range(3):                         # 3 replays of a 4-node graph, nodes written out of order
+        base = t0 + rep * 1_000_000
+        for node in (2, 0, 3, 1):
+            s = base + 10_000 + node * 20_000
+            lines.append(f"K {s} {s + 15_000} 0 1 7 1 1 1 128 1 1 32 0 0 {600 + rep} {name} {node + 1} 9")
+        lines.append(f"A 5 {gl} {base} {base + 2_000} {os.getpid()} 4242 {600 + rep}")
+    lines.append(f"K {t0 + 5_000_000} {t0 + 5_001_000} 0 1 7 1 1 1 128 1 1 32 0 0 700 {name} 0 0")   # eager
+    lines.append(f"A 5 {lk} {t0 + 4_996_000} {t0 + 4_997_000} {os.getpid()} 4242 700")
+    sections, api_version = header_set.write(lines, tmp_path)
+    probe = CuptiProbe(str(tmp_path / "cupti.sock"))
+    probe.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(probe.socket_path)
+            cbids = ((1, lk, 1, b"cudaLaunchKernel_v7000"), (1, gl, 2, b"cudaGraphLaunch_v10000"))
+            c.sendall(R.hello_frame(cupti_version=api_version, cbids=cbids)
+                      + R.batch_frame(sections, {name: R.MANGLED_KERNELS[0][0]}, cupti_version=api_version))
+            got = R.poll_until(probe, lambda g: sum(len(x["trace"].kernels) for x in g if "trace" in x) >= 13,
+                               timeout_s=20)
+    finally:
+        probe.stop()
+    x = next(x for x in got if "trace" in x)
+    k, lat = x["trace"].kernels, x["launch_latency_ns"]
+    assert len(k) == 13 and (k["tid"] == 4242).all()
+    for rep in range(3):
+        sel = np.flatnonzero(k["correlation_id"] == 600 + rep)
+        first = sel[np.argmin(k["start_ns"][sel])]
+        assert lat[first] == 10_000, header_set.label
+        assert (lat[sel[sel != first]] == MISSING).all(), lat[sel]
+    assert lat[np.flatnonzero(k["correlation_id"] == 700)[0]] == 4_000

@@ -460,6 +460,7 @@ class ProcessDecoder:
                 pos, hit = index.find(kernels["correlation_id"])
                 kernels["tid"] = np.where(hit, api_all["tid"][pos], MISSING)
                 latency = np.where(hit, kernels["start_ns"] - api_all["start_ns"][pos], MISSING)
+                latency[_later_graph_nodes(kernels, api_all["category"][pos], hit)] = MISSING
                 api_used[pos[hit]] = True
             if len(copies):
                 pos, hit = index.find(copies["correlation_id"])
@@ -528,6 +529,21 @@ class ProcessDecoder:
         out["kind"] = RANGE_NVTX
         out["external_id"] = MISSING
         return out[np.argsort(out["start_ns"], kind="stable")] if n else out
+
+
+def _later_graph_nodes(kernels: np.ndarray, api_category: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    """Kernels joined to a graph launch that are not its first node (by start).
+
+    Every node of a replay shares the cudaGraphLaunch's correlation id; only the first
+    node's start minus the launch is a launch latency, the others are node offsets.
+    """
+    graph = np.flatnonzero(hit & (api_category == API_GRAPH_LAUNCH))
+    out = np.zeros(len(kernels), bool)
+    if len(graph) > 1:
+        order = graph[np.lexsort((kernels["start_ns"][graph], kernels["correlation_id"][graph]))]
+        corr = kernels["correlation_id"][order]
+        out[order[1:][corr[1:] == corr[:-1]]] = True
+    return out
 
 
 _MARKER_START_DTYPE = np.dtype([("id", "<u4"), ("start_ns", _I8), ("name_id", _I4), ("tid", _I4), ("instant", "?")])

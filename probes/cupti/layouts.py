@@ -36,7 +36,10 @@ KIND_GRAPH_TRACE = 51
 MARKER_FLAG_INSTANTANEOUS = 1 << 0
 MARKER_FLAG_START = 1 << 1
 MARKER_FLAG_END = 1 << 2
-MARKER_OBJECT_THREAD = 1   # CUPTI_ACTIVITY_OBJECT_THREAD: object_id holds process/thread ids
+#: CUpti_ActivityObjectKind: 2 (THREAD) in every header of 12.4..13.x, 1 is PROCESS (object_id
+#: then holds only the process id). tests/test_cupti_layouts.py compares these with each header.
+MARKER_OBJECT_PROCESS = 1  # CUPTI_ACTIVITY_OBJECT_PROCESS
+MARKER_OBJECT_THREAD = 2   # CUPTI_ACTIVITY_OBJECT_THREAD: object_id.pt holds process and thread ids
 
 #: Oldest CUPTI whose layouts were checked (cuptiGetVersion() of CUDA 12.4 is 22; CUDA 13
 #: reports 130000 and up). 0 means "not reported" (test drivers) and is accepted.

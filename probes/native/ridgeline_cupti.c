@@ -143,6 +143,7 @@ typedef CUptiResult (*fn_GetEnabledKinds)(CUpti_SubscriberHandle, CUpti_Activity
 typedef CUptiResult (*fn_EnableApi2)(CUpti_SubscriberHandle, CUpti_CallbackId, uint8_t);
 typedef int (*fn_NvtxInit)(void *);
 typedef CUptiResult (*fn_GetAttribute2)(CUpti_SubscriberHandle, CUpti_ActivityAttribute, size_t *, void *);
+typedef CUptiResult (*fn_SetAttribute)(CUpti_ActivityAttribute, size_t *, void *);
 
 static struct {
     void *lib;
@@ -164,6 +165,7 @@ static struct {
     fn_Kind2 Enable2, Disable2;
     fn_EnableApi2 EnableRuntimeApi2, EnableDriverApi2;
     fn_GetAttribute2 GetAttribute2;
+    fn_SetAttribute SetAttribute;
     fn_GetNumDropped2 GetNumDropped2;
     fn_GetEnabledKinds GetEnabledKinds;
     fn_GetTimestamp GetTimestamp;
@@ -184,6 +186,7 @@ static struct {
     int initial_mode;
     unsigned kernel_sample_every;
     int quiet;
+    unsigned device_buffer_pool_limit; /* CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_POOL_LIMIT (0 = CUPTI's default) */
     int exit_flush;
     int sigterm_flush;      /* flush on SIGTERM when the application has no handler of its own */
     unsigned stop_flush_ms; /* how long a stop (SIGTERM) may wait for the records to ship */
@@ -375,6 +378,12 @@ static void read_config(void) {
     cfg.exit_flush = (int)env_long("RIDGELINE_EXIT_FLUSH", 1, 0, 1);
     cfg.sigterm_flush = (int)env_long("RIDGELINE_SIGTERM_FLUSH", 1, 0, 1);
     cfg.stop_flush_ms = (unsigned)env_long("RIDGELINE_STOP_FLUSH_MS", 500, 10, 5000);
+    /* CUPTI's default is 250 device buffers per context of 3.2 MB each (CUDA 12.4..13.5
+     * headers, CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_POOL_LIMIT / _DEVICE_BUFFER_SIZE), allocated
+     * on the application's thread as load grows: up to 800 MB of device memory per context
+     * that vLLM did not count when it sized its KV cache. 8 buffers (25.6 MB) hold 800k
+     * records, 1.6M records/s at the 500 ms flush; past them CUPTI drops and counts. */
+    cfg.device_buffer_pool_limit = (unsigned)env_long("RIDGELINE_DEVICE_BUFFER_POOL_LIMIT", 8, 0, 250);
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -864,22 +873,92 @@ static unsigned cbufs_all_lost(void) {
 }
 
 /* ------------------------------------------------------------------------------------ */
+/* sink buffers: refusing a buffer (NULL) can crash CUPTI before API version 27 (CUDA 12.9;
+ * 12.4 reports 22, 12.8 26). There a refused request gets a sink instead: CUPTI writes into
+ * it, and its records are dropped on completion and counted as dropped_cupti, which is
+ * what CUPTI itself counts when it has no buffer. Sinks are small and bounded; past
+ * RL_MAX_SINKS all further ones share one static sink, never read and never freed.      */
+
+#define RL_CUPTI_NULL_BUFFER_SAFE 27
+#define RL_SINK_BYTES ((size_t)256 << 10)
+#define RL_MAX_SINKS 64
+static pthread_mutex_t g_sink_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *g_sinks[RL_MAX_SINKS];
+static _Alignas(8) uint8_t g_static_sink[RL_SINK_BYTES];
+static atomic_uint_fast64_t g_sinks_handed;   /* sinks handed out (for the tests) */
+
+/* 1 when this libcupti may crash on a NULL buffer (0 = not reported: be safe). */
+static int null_buffer_unsafe(void) { return g_cupti_version < RL_CUPTI_NULL_BUFFER_SAFE; }
+
+static uint8_t *sink_get(void) {
+    uint8_t *b = malloc(RL_SINK_BYTES);
+    pthread_mutex_lock(&g_sink_lock);
+    int placed = 0;
+    for (unsigned i = 0; b && i < RL_MAX_SINKS; i++)
+        if (!g_sinks[i]) {
+            g_sinks[i] = b;
+            placed = 1;
+            break;
+        }
+    pthread_mutex_unlock(&g_sink_lock);
+    if (!placed) {
+        free(b);
+        b = g_static_sink;
+    }
+    memset(b, 0, 8);
+    atomic_fetch_add(&g_sinks_handed, 1);
+    return b;
+}
+
+/* If b is a sink: count its records as dropped, free it, return 1. */
+static uint64_t count_records(uint8_t *buf, size_t valid);
+static int sink_release(uint8_t *b, size_t valid) {
+    int found = b == g_static_sink;
+    if (!found) {
+        pthread_mutex_lock(&g_sink_lock);
+        for (unsigned i = 0; i < RL_MAX_SINKS; i++)
+            if (g_sinks[i] == b) {
+                g_sinks[i] = NULL;
+                found = 1;
+                break;
+            }
+        pthread_mutex_unlock(&g_sink_lock);
+        if (!found) return 0;
+        if (valid) atomic_fetch_add(&K.dropped_cupti, count_records(b, valid));
+        free(b);
+        return 1;
+    }
+    /* the static sink may be written by several CUPTI buffers at once: its content is
+     * not trusted; each completion counts as at least one record lost */
+    atomic_fetch_add(&K.dropped_cupti, valid ? 1 : 0);
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------ */
 /* CUPTI buffer callbacks                                                                */
+
+static void refuse_buffer(uint8_t **buffer, size_t *size) {
+    atomic_fetch_add(&K.buffers_refused, 1);
+    if (!null_buffer_unsafe()) return;
+    *buffer = sink_get();
+    *size = RL_SINK_BYTES;
+}
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
     *max_records = 0;
     *size = 0;
     *buffer = NULL;
-    /* Bounded: past the cap CUPTI drops records and counts them (reported as dropped_cupti). */
+    /* Bounded: past the cap CUPTI drops records and counts them (reported as dropped_cupti);
+     * before CUPTI API version 27 CUPTI gets a sink instead of NULL (see sink_get). */
     if (atomic_fetch_add(&g_outstanding_buffers, 1) >= (int)cfg.max_cupti_buffers) {
         atomic_fetch_sub(&g_outstanding_buffers, 1);
-        atomic_fetch_add(&K.buffers_refused, 1);
+        refuse_buffer(buffer, size);
         return;
     }
     void *b = NULL;
     if (posix_memalign(&b, 8, cfg.buffer_bytes) != 0) {
         atomic_fetch_sub(&g_outstanding_buffers, 1);
-        atomic_fetch_add(&K.buffers_refused, 1);
+        refuse_buffer(buffer, size);
         return;
     }
     memset(b, 0, 8); /* kind 0 until CUPTI writes a record: what watch_takeover looks at */
@@ -921,6 +1000,7 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream_id, uint8_t
         if (C.GetNumDropped(ctx, stream_id, &dropped) == CUPTI_SUCCESS && dropped)
             atomic_fetch_add(&K.dropped_cupti, dropped);
     }
+    if (sink_release(buffer, valid)) return;
     process_buffer(buffer, valid);
     /* shared CUPTI (preloaded): a buffer the other client handed CUPTI before we registered
      * goes back to it whole; ours give it a copy of its kinds */
@@ -948,6 +1028,7 @@ static void CUPTIAPI buffer_completed2(uint8_t *buffer, size_t size, size_t vali
         if (C.GetNumDropped(NULL, 0, &dropped) != CUPTI_SUCCESS) dropped = 0;
     }
     if (dropped) atomic_fetch_add(&K.dropped_cupti, dropped);
+    if (sink_release(buffer, valid)) return;
     process_buffer(buffer, valid);
     buffer_done(buffer);
 }
@@ -971,6 +1052,10 @@ typedef struct {
 _Static_assert(CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000 == RL_CBID_RT___cudaLaunchKernel_v13000 &&
                    CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_ptsz_v13000 == RL_CBID_RT___cudaLaunchKernel_ptsz_v13000,
                "CUDA 13 launch cbids");
+#endif
+#define RL_CBID_DR_cuCtxSynchronize_v2 800
+#if CUPTI_API_VERSION >= 130001
+_Static_assert(CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2 == RL_CBID_DR_cuCtxSynchronize_v2, "CUDA 13 cbid");
 #endif
 #define RT(n, cat) {RL_DOMAIN_RUNTIME, CUPTI_RUNTIME_TRACE_CBID_##n, cat, #n, 0}
 /* Driver launches too: Triton and other JIT kernels are launched with cuLaunchKernel, not
@@ -1007,6 +1092,33 @@ static const cbid_ent_t CBIDS[] = {
     DR(cuStreamSynchronize_ptsz, RL_API_SYNC),
     DR(cuCtxSynchronize, RL_API_SYNC),
     DR(cuEventSynchronize, RL_API_SYNC),
+    /* CUDA 13's cuCtxSynchronize (cbid 800, absent from 12.x headers; asked for as above) */
+    {RL_DOMAIN_DRIVER, RL_CBID_DR_cuCtxSynchronize_v2, RL_API_SYNC, "cuCtxSynchronize_v2", 0},
+    /* Copies and memsets: their API records give each copy its launching thread (joined by
+     * correlation id, as kernels are). The calls PyTorch (cudaMemcpyAsync, cudaMemsetAsync)
+     * and Triton/NCCL (cuMemcpy*Async, cuMemsetD*Async) make; all in the 12.4 headers. */
+    RT(cudaMemcpy_v3020, RL_API_MEMCPY),
+    RT(cudaMemcpyAsync_v3020, RL_API_MEMCPY),
+    RT(cudaMemcpy_ptds_v7000, RL_API_MEMCPY),
+    RT(cudaMemcpyAsync_ptsz_v7000, RL_API_MEMCPY),
+    RT(cudaMemcpy2DAsync_v3020, RL_API_MEMCPY),
+    RT(cudaMemcpyPeerAsync_v4000, RL_API_MEMCPY),
+    RT(cudaMemsetAsync_v3020, RL_API_MEMSET),
+    RT(cudaMemsetAsync_ptsz_v7000, RL_API_MEMSET),
+    RT(cudaMemset_v3020, RL_API_MEMSET),
+    DR(cuMemcpy, RL_API_MEMCPY),
+    DR(cuMemcpyAsync, RL_API_MEMCPY),
+    DR(cuMemcpyHtoD_v2, RL_API_MEMCPY),
+    DR(cuMemcpyDtoH_v2, RL_API_MEMCPY),
+    DR(cuMemcpyDtoD_v2, RL_API_MEMCPY),
+    DR(cuMemcpyHtoDAsync_v2, RL_API_MEMCPY),
+    DR(cuMemcpyDtoHAsync_v2, RL_API_MEMCPY),
+    DR(cuMemcpyDtoDAsync_v2, RL_API_MEMCPY),
+    DR(cuMemcpyPeerAsync, RL_API_MEMCPY),
+    DR(cuMemsetD8Async, RL_API_MEMSET),
+    DR(cuMemsetD32Async, RL_API_MEMSET),
+    DR(cuMemsetD8_v2, RL_API_MEMSET),
+    DR(cuMemsetD32_v2, RL_API_MEMSET),
 };
 #define N_CBIDS (sizeof CBIDS / sizeof CBIDS[0])
 
@@ -1685,6 +1797,7 @@ static int resolve_cupti(char *why, size_t why_cap) {
     SYM(GetNumDropped2, "cuptiActivityGetNumDroppedRecords_v2");
     SYM(GetEnabledKinds, "cuptiActivityGetEnabledKinds");
     SYM(GetTimestamp, "cuptiGetTimestamp");
+    SYM(SetAttribute, "cuptiActivitySetAttribute");
     if (!C.GetVersion || !C.RegisterCallbacks || !C.Enable || !C.Disable || !C.GetNextRecord || !C.Subscribe ||
         !C.Unsubscribe) {
         snprintf(why, why_cap, "the loaded libcupti lacks the activity API entry points");
@@ -1711,14 +1824,20 @@ static int claim_cupti(void) {
             /* Trust but verify: holding a subscriber in single-subscriber mode would make
              * torch.profiler's own subscribe fail later, so keep it only if CUPTI says
              * multiple subscribers are really on. */
-            uint8_t state = 1;
+            uint8_t state = 0;
             size_t sz = sizeof state;
-            if (C.GetAttribute2 &&
-                C.GetAttribute2(g_sub, (CUpti_ActivityAttribute)RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE, &sz, &state) == CUPTI_SUCCESS &&
-                state != 1) {
+            CUptiResult ar = C.GetAttribute2 ? C.GetAttribute2(g_sub, (CUpti_ActivityAttribute)RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE,
+                                                               &sz, &state)
+                                             : CUPTI_ERROR_NOT_SUPPORTED;
+            /* A state that cannot be read means legacy: holding the one legacy subscriber
+             * would make torch.profiler's (Kineto's cuptiSubscribe) fail, silently. */
+            if (ar != CUPTI_SUCCESS || state != 1) {
+                if (ar != CUPTI_SUCCESS)
+                    rl_log("multi-subscriber state unreadable (cuptiActivityGetAttribute_v2: %s (%d)): "
+                           "taken as legacy single-subscriber CUPTI", cupti_err(ar), (int)ar);
                 (void)C.Unsubscribe(g_sub);
                 g_sub = NULL;
-                return 0; /* we were the only subscriber: legacy v1 path, as below */
+                return 0; /* legacy v1 path, as below */
             }
             g_multi = 1;
             atomic_fetch_or(&g_flags, RL_FLAG_MULTI_SUBSCRIBER);
@@ -1753,6 +1872,20 @@ static int claim_cupti(void) {
     return 0;
 }
 
+/* Bounds the device memory CUPTI takes per context (see read_config). We run inside
+ * cuInit, before any context exists, so the bound holds for every context. */
+static void set_device_buffer_pool_limit(void) {
+    if (!cfg.device_buffer_pool_limit) return;
+    if (!C.SetAttribute) {
+        rl_log("device buffer pool left at CUPTI's default: libcupti has no cuptiActivitySetAttribute");
+        return;
+    }
+    size_t v = cfg.device_buffer_pool_limit, sz = sizeof v;
+    CUptiResult r = C.SetAttribute(CUPTI_ACTIVITY_ATTR_DEVICE_BUFFER_POOL_LIMIT, &sz, &v);
+    if (r != CUPTI_SUCCESS)
+        rl_log("device buffer pool limit %zu not set: %s (%d)", v, cupti_err(r), (int)r);
+}
+
 static int setup_collection(void) {
     CUptiResult r;
     if (g_multi) r = C.RegisterCallbacks2(g_sub, buffer_requested2, buffer_completed2);
@@ -1762,6 +1895,7 @@ static int setup_collection(void) {
         return -1;
     }
     guest_adopt();
+    set_device_buffer_pool_limit();
     if (cfg.graph_level) {
         /* Global and irreversible (CUPTI cannot return to node level): configuration only. */
         r = kind_set(CUPTI_ACTIVITY_KIND_GRAPH_TRACE, 1);
@@ -1801,12 +1935,71 @@ static int common_init(void) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* which descendants are collected (docs/cupti.md, "Which processes are collected")      */
+
+/* The environment reaches every descendant. Those matched here are left alone (no CUPTI,
+ * no agent connection): Inductor's compile workers (torch/_inductor/compile_worker/
+ * subproc_pool.py starts `python .../compile_worker/__main__.py`; older releases
+ * `python -m torch._inductor.compile_worker`) and its autotune workers
+ * (torch/_inductor/autotune_process.py starts `python .../__autotune_main__.py`), whose
+ * kernel timings would otherwise be taken under CUPTI's overhead. Engine workers (vLLM's
+ * and SGLang's multiprocessing children) match nothing and are collected.
+ * RIDGELINE_INJECT_SKIP=a;b;... replaces the list ("" collects every process); an entry
+ * matches an argument among the first RL_SKIP_ARGS that ends with it.
+ * Kept equal to DEFAULT_SKIP of probes/cupti/injection_policy.py (tests check). */
+#define RL_DEFAULT_SKIP                                                                  \
+    "torch/_inductor/compile_worker/__main__.py;torch._inductor.compile_worker;"         \
+    "torch/_inductor/__autotune_main__.py;torch._inductor.autotune_process"
+#define RL_SKIP_ARGS 4
+
+/* 1 when the policy leaves this process alone; why names the matching entry. */
+static int policy_skips(char *why, size_t why_cap) {
+    const char *list = getenv("RIDGELINE_INJECT_SKIP");
+    if (!list) list = RL_DEFAULT_SKIP;
+    if (!*list) return 0;
+    char args[8192];
+    int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, args, sizeof args - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    args[n] = 0;
+    const char *a = args + strlen(args) + 1; /* argv[1] */
+    for (int i = 0; i < RL_SKIP_ARGS && a < args + n; i++, a += strlen(a) + 1) {
+        size_t la = strlen(a);
+        for (const char *e = list; *e;) {
+            size_t le = strcspn(e, ";");
+            if (le && le <= la && !strncmp(a + la - le, e, le)) {
+                snprintf(why, why_cap, "%.*s", (int)le, e);
+                return 1;
+            }
+            e += le + (e[le] == ';');
+        }
+    }
+    return 0;
+}
+
+static int g_skipped = -1; /* -1 not decided yet */
+
+static int skipped_by_policy(void) {
+    if (g_skipped < 0) {
+        char why[512] = {0};
+        g_skipped = policy_skips(why, sizeof why);
+        if (g_skipped && !getenv("RIDGELINE_QUIET"))
+            fprintf(stderr, "ridgeline-cupti[%d]: not collected: this process matches \"%s\" of the injection "
+                            "policy (RIDGELINE_INJECT_SKIP)\n", (int)getpid(), why);
+    }
+    return g_skipped;
+}
+
 /* Called by the CUDA driver during cuInit. Always returns 1: whatever happens here, the
  * application continues, with or without Ridgeline. */
 RL_EXPORT int InitializeInjection(void) {
     if (atomic_exchange(&g_initialized, 1)) return 1;
     const char *dis = getenv("RIDGELINE_DISABLE");
     if (dis && *dis && strcmp(dis, "0")) return 1;
+    if (skipped_by_policy()) return 1;
     if (common_init()) return 1;
     char why[2048] = {0};
     if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
@@ -1851,6 +2044,7 @@ RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
     char why[2048] = {0};
     const char *dis = getenv("RIDGELINE_DISABLE");
     if (dis && *dis && strcmp(dis, "0")) return 0;
+    if (skipped_by_policy()) return 0;
     if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
         rl_log("NVTX forwarding off: %s", why);
         return 0;
@@ -1861,6 +2055,28 @@ RL_EXPORT int InitializeInjectionNvtx2(void *get_export_table) {
         return 0;
     }
     return f(get_export_table);
+}
+
+/* NVTX extensions (payloads, counters, memory: nvtxExtImplInit.h of NVTX 3) look up
+ * InitializeInjectionNvtxExtension in the library NVTX_INJECTION64_PATH names, not
+ * InitializeInjectionNvtx2: forwarded the same way, to the libcupti that exports it
+ * (13.x does; 12.x does not, and the extension then stays off, as without Ridgeline). */
+typedef int (*fn_NvtxExtInit)(void *);
+RL_EXPORT int InitializeInjectionNvtxExtension(void *export_function) {
+    char why[2048] = {0};
+    const char *dis = getenv("RIDGELINE_DISABLE");
+    if (dis && *dis && strcmp(dis, "0")) return 0;
+    if (skipped_by_policy()) return 0;
+    if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
+        rl_log("NVTX extension forwarding off: %s", why);
+        return 0;
+    }
+    fn_NvtxExtInit f = (fn_NvtxExtInit)dlsym(C.lib, "InitializeInjectionNvtxExtension");
+    if (!f) {
+        rl_log("NVTX extension forwarding off: libcupti has no InitializeInjectionNvtxExtension");
+        return 0;
+    }
+    return f(export_function);
 }
 
 /* ---- test entry points: drive the buffer path without a GPU (tests/test_native_cupti.py) ---- */
@@ -1989,6 +2205,10 @@ RL_EXPORT long ridgeline_test_layout(const char *what) {
     if (!strcmp(what, "socket_path_len")) return (long)strlen(cfg.socket_path);
     return -1;
 }
+
+/* The compiled-in injection policy and the sinks handed out (tests). */
+RL_EXPORT const char *ridgeline_test_skip_default(void) { return RL_DEFAULT_SKIP; }
+RL_EXPORT uint64_t ridgeline_test_sinks_handed(void) { return atomic_load(&g_sinks_handed); }
 
 /* Record sizes the library uses, for the agent-side cross-check in tests. */
 RL_EXPORT uint32_t ridgeline_test_record_size(uint32_t kind) { return kind < RL_KIND_MAX ? g_rec_size[kind] : 0; }

@@ -79,7 +79,8 @@ enum {
 };
 
 /* API categories, numerically equal to probes/events.py API_* constants. */
-enum { RL_API_OTHER = 0, RL_API_LAUNCH = 1, RL_API_GRAPH_LAUNCH = 2, RL_API_SYNC = 3 };
+enum { RL_API_OTHER = 0, RL_API_LAUNCH = 1, RL_API_GRAPH_LAUNCH = 2, RL_API_SYNC = 3, RL_API_MEMCPY = 4,
+       RL_API_MEMSET = 5 }; /* = API_* of probes/events.py */
 /* API domains, numerically equal to probes/events.py API_DOMAIN_*. */
 enum { RL_DOMAIN_RUNTIME = 1, RL_DOMAIN_DRIVER = 2 };
 

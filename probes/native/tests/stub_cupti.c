@@ -6,6 +6,8 @@
  *   STUB_CUPTI_OTHER_SUBSCRIBER=s   another tool holds CUPTI: subscribe fails with
  *                                   CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED naming s
  *   STUB_CUPTI_MULTI=1              multi-subscriber mode is available (CUDA >= 13.2, r610+)
+ *   STUB_CUPTI_MULTI_STATE=N|fail   what CUPTI_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE reads
+ *                                   (default 1; "fail": the attribute cannot be read)
  *   STUB_CUPTI_CONFLICT_KINDS=a,b   enabling these activity kinds fails (another user)
  *   STUB_CUPTI_DROPPED=N            records CUPTI reports dropped, once (v1 and v2 calls)
  *   STUB_CUPTI_NO_STRUCT_SIZE=1     no cuptiActivityGetStructSize (CUPTI < 13.2): the
@@ -348,10 +350,23 @@ EXPORT CUptiResult cuptiActivityGetAttribute_v2(CUpti_SubscriberHandle s, CUpti_
     logf_("getattr2 %d", (int)a);
     if ((int)a == RL_ACTIVITY_ATTR_MULTIPLE_SUBSCRIBER_STATE && *n >= 1) {
         const char *st = getenv("STUB_CUPTI_MULTI_STATE");  /* what CUPTI reports; default 1 */
+        if (st && !strcmp(st, "fail")) return CUPTI_ERROR_NOT_SUPPORTED;   /* cannot be read */
         *(uint8_t *)v = (uint8_t)(st ? atoi(st) : 1);
         return CUPTI_SUCCESS;
     }
     return CUPTI_ERROR_NOT_SUPPORTED;
+}
+
+/* cuptiActivitySetAttribute: logs attribute and value (size_t attributes only). */
+EXPORT CUptiResult cuptiActivitySetAttribute(CUpti_ActivityAttribute a, size_t *n, void *v) {
+    logf_("setattr %d %zu", (int)a, (n && *n == sizeof(size_t)) ? *(size_t *)v : (size_t)0);
+    return CUPTI_SUCCESS;
+}
+
+/* NVTX 3's extension entry point (exported by the real libcupti.so.13, not by 12.x). */
+EXPORT int InitializeInjectionNvtxExtension(void *export_function) {
+    logf_("nvtx_ext_init %s", export_function ? "fn" : "null");
+    return 1;
 }
 
 /* NVTX's injection entry point: libcupti implements it to receive NVTX calls. */
