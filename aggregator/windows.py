@@ -716,10 +716,15 @@ class SourceFold:
         active, self._active = self._active, set()
         if self._carry is None:
             return
-        k, lat, shf, shb, r, o, a = self._carry
+        k = self._carry[0]
         rel = ~np.isin(k["device"], list(active))
         if not rel.any():
             return
+        self._release_carry(rel)
+
+    def _release_carry(self, rel: np.ndarray) -> None:
+        """Fold the carried kernels selected by ``rel`` as finished steps; keep the rest."""
+        k, lat, shf, shb, r, o, a = self._carry
         keep = ~rel
         self._carry = (k[keep], lat[keep], shf[keep] if shf is not None else None,
                        shb[keep] if shb is not None else None, r, o, a) if keep.any() else None
@@ -739,7 +744,7 @@ class SourceFold:
         held, self._held_at_close = self._held_at_close, {}
         if self._carry is None:
             return
-        k, lat, shf, shb, r, o, a = self._carry
+        k = self._carry[0]
         dev = k["device"]
         devs = np.unique(dev).tolist()
         firsts = {}
@@ -757,12 +762,7 @@ class SourceFold:
         self._held_at_close = firsts
         if not rel.any():
             return
-        keep = ~rel
-        self._carry = (k[keep], lat[keep], shf[keep] if shf is not None else None,
-                       shb[keep] if shb is not None else None, r, o, a) if keep.any() else None
-        self._fold(Trace(kernels=k[rel], api=a, ranges=r, cpu_ops=o, names=self.names,
-                         devices=list(self.devices.values())), lat[rel], shf[rel] if shf is not None else None,
-                   shb[rel] if shb is not None else None, flush=True)
+        self._release_carry(rel)
 
     def flush(self) -> None:
         """Fold everything now, the open steps too (mapped with the kernels they have):
