@@ -420,6 +420,16 @@ def cupti_frames():
 
 # ------------------------------------------------------------------------------ cases
 
+def watched_cupti_agent(tmp: Path, cg):
+    """An agent with the CUPTI probe and a 2 s systemd watchdog, and the notify socket that
+    hears its pings (non-blocking, read between checks)."""
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    npath = str(tmp / f"notify{time.monotonic_ns()}")
+    notify.bind(npath)
+    notify.setblocking(False)
+    return notify, Agent(tmp, cg, probes=("cupti",), env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "2000000"})
+
+
 def agent_cases(tmp: Path, mem: int, only: str) -> None:
     tag = f"{mem >> 20}M"
 
@@ -519,11 +529,7 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
         if not want(name):
             continue
         cg = Cgroup("hup", mem)
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        npath = str(tmp / f"notify{time.monotonic_ns()}")
-        notify.bind(npath)
-        notify.setblocking(False)
-        a = Agent(tmp, cg, probes=("cupti",), env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "2000000"})
+        notify, a = watched_cupti_agent(tmp, cg)
         w = Windows(a.endpoint)
         time.sleep(3)
         while True:
@@ -740,11 +746,7 @@ def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
     if only in name:
         R = cupti_frames()
         cg = Cgroup("advagent", mem)
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        npath = str(tmp / f"notify{time.monotonic_ns()}")
-        notify.bind(npath)
-        notify.setblocking(False)
-        a = Agent(tmp, cg, probes=("cupti",), env={"NOTIFY_SOCKET": npath, "WATCHDOG_USEC": "2000000"})
+        notify, a = watched_cupti_agent(tmp, cg)
         w = Windows(a.endpoint)
         b = R.make_buffer(4, seed=3, with_markers=False)
         frames = [R.hello_frame(pid=0).hex()]
