@@ -96,9 +96,10 @@ def run(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise InputError("no command given: ridgeline run [--] CMD [ARGS...]")
-    other = os.environ.get("CUDA_INJECTION64_PATH")
-    if other and other not in ("none", env["CUDA_INJECTION64_PATH"]):
-        raise InputError(f"CUDA_INJECTION64_PATH is already set to {other} (another tool); unset it first")
+    from ridgeline.probes.cupti.injection_policy import owner_problem
+    owner = owner_problem(dict(os.environ), cmd, env["CUDA_INJECTION64_PATH"])
+    if owner:
+        raise InputError(owner)
     exe = shutil.which(cmd[0])
     if exe is None:
         raise InputError(f"command not found: {cmd[0]}")
