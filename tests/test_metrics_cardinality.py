@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
@@ -25,6 +26,7 @@ from ridgeline.agent import prometheus as prom
 from ridgeline.aggregator import ceilings, engine_metrics as em, phases, verdict
 from ridgeline.probes import nvml, prom_text
 
+ROOT = Path(__file__).resolve().parent.parent
 S = 1_000_000_000
 GPUS, PROCESSES = 8, 4
 HOST = "gpu-node-1"
@@ -186,6 +188,14 @@ def test_series_at_8_gpus_x_4_processes_stay_within_the_budget():
     tp2 = series_by_family(render(layout=tensor_parallel_2))
     print(f"TP=2 layout (8 (GPU, process) pairs): {sum(tp2.values())}", grouped(tp2))
     assert sum(tp2.values()) < total
+
+
+def test_the_fleet_alert_and_the_agent_example_use_this_budget():
+    rules = (ROOT / "deploy" / "prometheus" / "ridgeline-fleet-rules.yml").read_text()
+    assert f'scrape_samples_scraped{{job=~"ridgeline.*"}} > {SERIES_BUDGET_8X4}' in rules
+    assert f"per-host budget of {SERIES_BUDGET_8X4}" in rules
+    example = (ROOT / "deploy" / "prometheus" / "prometheus-agent.yml").read_text()
+    assert f"is {SERIES_BUDGET_8X4} at 8 GPUs" in example and f"sample_limit: {5 * SERIES_BUDGET_8X4}" in example
 
 
 def test_series_do_not_grow_with_time_at_a_fixed_state():
