@@ -232,8 +232,13 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
             sent = sum(float(v) for v in re.findall(r"^prometheus_remote_storage_samples_total\{.*\} (\S+)$", text, re.M))
             failed = sum(float(v) for v in
                          re.findall(r"^prometheus_remote_storage_samples_failed_total\{.*\} (\S+)$", text, re.M))
-            print(cluster, "samples sent", sent, "failed", failed)
-            assert sent > 0 and failed == 0, (cluster, sent, failed)
+            # Remote-write cost per sample (snappy-compressed protobuf on the wire), for sizing
+            # a fleet's ingest from the per-host series budget (docs/metrics.md).
+            sent_bytes = sum(float(v) for v in
+                             re.findall(r"^prometheus_remote_storage_bytes_total\{.*\} (\S+)$", text, re.M))
+            print(cluster, "samples sent", sent, "failed", failed, "bytes", sent_bytes,
+                  f"({sent_bytes / max(sent, 1):.2f} bytes/sample)")
+            assert sent > 0 and failed == 0 and sent_bytes > 0, (cluster, sent, failed, sent_bytes)
         # The dashboard's phase series came from both clusters (its $host variable spans both).
         hosts_seen = query("count by (cluster, Hostname) (ridgeline_phase_time_share_ratio)")
         assert {s["metric"]["cluster"] for s in hosts_seen} == set(CLUSTERS), hosts_seen
