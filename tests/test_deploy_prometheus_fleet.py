@@ -212,6 +212,12 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
         assert not missing, (missing, (tmp_path / "agent-east.log").read_text()[-2000:])
         assert all(not query(expr) for _, expr in absent), [e for _, e in absent if query(e)]
 
+        # Every rule of both files evaluates on the central server without error (the
+        # alerts included, firing or not).
+        ruled = [(r["name"], r.get("health"), r.get("lastError", ""))
+                 for g in api_get("rules").json()["data"]["groups"] for r in g["rules"]]
+        assert len(ruled) == 38 and all(h == "ok" and not e for _, h, e in ruled), \
+            [x for x in ruled if x[1] != "ok" or x[2]]
         # Every Ridgeline series arrived with its cluster, and each host in its own.
         assert not query('count({__name__=~"ridgeline_.+", cluster=""})')
         hosts = {(s["metric"]["cluster"], s["metric"]["Hostname"]) for s in query("ridgeline_build_info")}
