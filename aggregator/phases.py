@@ -40,7 +40,7 @@ from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNK
                                              ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
                                              ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
                                              Signature, classify_kernels, short_name)
-from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
+from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, enclosing_roots, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
                                         launch_index, segment_kernels)
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
@@ -991,6 +991,32 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
 
 # ---------------------------------------------------------------------------------------------
 
+def fold_nested_annotations(hit: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray, pids: np.ndarray,
+                            tids: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """Per kernel, the CPU step annotation it is mapped to (``hit``, -1 none), with nested
+    annotations of one thread folded into one: every range of a nesting group
+    (:func:`aggregator.steps.enclosing_roots`) maps to the member holding the most kernels
+    (the engine's own step range; earliest on ties). Returns the new mapping and, per kept
+    range, the ranges folded into it."""
+    root = enclosing_roots(starts_ns, ends_ns, pids, tids)
+    if not len(root) or bool((root == np.arange(len(root))).all()):
+        return hit, {}
+    n_of = np.bincount(hit[hit >= 0], minlength=len(root))
+    rep = np.arange(len(root), dtype=np.int64)
+    best: dict[int, int] = {}
+    for i in range(len(root)):
+        g = int(root[i])
+        if g not in best or n_of[i] > n_of[best[g]]:
+            best[g] = i
+    folded: dict[int, list[int]] = {}
+    for i in range(len(root)):
+        rep[i] = best[int(root[i])]
+        if rep[i] != i:
+            folded.setdefault(int(rep[i]), []).append(i)
+    out = np.where(hit >= 0, rep[np.maximum(hit, 0)], -1).astype(hit.dtype)
+    return out, folded
+
+
 def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
     """GPU-side copies of one annotation (one per stream) merged: (name_id, ext, device) -> span."""
     r = trace.ranges[sel]
@@ -1045,6 +1071,8 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         free = hit_gpu < 0
         hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
                                         r["tid"][cpu_sel], launch=launch, candidates=free)
+        hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
+                                                  r["pid"][cpu_sel], r["tid"][cpu_sel])
         # One step per (range, device) that holds kernels.
         # One step per (annotation, device): the GPU-side copy and the CPU range of one
         # annotation (same name and external id) are the same step.
@@ -1088,6 +1116,10 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                                       source="annotation"))
                     ann_of_step[j] = (ann, text)
                     step_of_key[key] = j
+                    if src.startswith("CPU"):
+                        for fo in folded.get(int(h), []):
+                            steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
+                                                     f"is the same engine step (its kernels are in this step)")
                 idx_of_u[u] = j
             kernel_step[on] = idx_of_u[inv]
         # ProfilerStep ranges: weak boundaries for the kernels left over.
