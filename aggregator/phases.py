@@ -574,6 +574,10 @@ class _StepFacts:
             self.lm_width = np.where(ok, wmax, -1)
             if width_estimated is not None:
                 self.lm_estimated = ok & width_estimated[np.maximum(ex, 0)]
+        # Rows of the LM head from its CPU operator (the sampled sequences: one row per request
+        # in vLLM V1 and SGLang, every verified token with speculative decoding); -1 unknown.
+        self.lm_rows = np.where(self.lm_head >= 0, rows[np.maximum(self.lm_head, 0)], -1) if len(rows) \
+            else np.full(n_steps, -1, dtype=np.int64)
         self._eager_attention(k, kc, st, idx, role, n_steps)
         # Rows of PyTorch's row-wise layer norm (one block per row: grid.x = rows): the rows
         # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
@@ -673,7 +677,7 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
+                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example):
@@ -798,6 +802,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         else:
             votes.append(_Vote(UNKNOWN, WEAK, f"{head}: LM head, {int(f.lm_width[j])} output columns ({how}) "
                                f"(decoder-LLM evidence)", "llm"))
+    att_votes = discount_empty_capable(att_votes, sigs)
     # Attention class: prefill and decode attention kernels side by side => mixed.
     p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
     d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
@@ -822,7 +827,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
             votes.append(_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): "
                                f"several new tokens per sequence => prefill", "tokens"))
         else:
-            votes.append(_Vote(UNKNOWN, 0, f"{text}: {t} tokens in the step", "tokens"))
+            votes.extend(tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j])))
         if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].seqs_axis == "y":
             # One varlen launch over B sequences and T tokens whose longest query is at most
             # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
@@ -897,6 +902,61 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
                            f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
     return votes
+
+
+def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> list[_Vote]:
+    """Decode-attention votes of kernels that can run empty (``runs_empty`` signatures) are no
+    evidence next to a prefill attention kernel: vLLM's chunked_prefill_paged_decode (ROCm
+    and Triton backends) launches its decode kernel over every sequence after the prefill
+    part, whether or not the batch holds a decode (programs of longer queries return). Such a
+    vote becomes a note; a step with only that kernel (no prefill part launched) stays decode."""
+    if not any(v.phase == PREFILL and v.strength >= MEDIUM for v in att_votes):
+        return att_votes
+    out = []
+    for v in att_votes:
+        if v.phase == DECODE and v.sig >= 0 and sigs[v.sig].runs_empty:
+            out.append(_Vote(UNKNOWN, 0, f"{v.text.split(' => ')[0]}: launched over every sequence next to the "
+                             f"prefill attention, it can run empty: not decode evidence by itself", "note", v.sig))
+        else:
+            out.append(v)
+    return out
+
+
+# KV-cache writes over at least this many tokens are prefill-sized, as GEMM rows are (the
+# CPU-operator rule above: >= 512 rows => prefill-leaning); a decode batch that large is
+# possible (a stated limit), hence only a weak vote, which needs a second weak class (GEMM
+# tiles) to decide.
+PREFILL_MIN_TOKENS = 512
+
+
+def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool) -> list[_Vote]:
+    """Votes from a step's token count (``tokens``, from the grid of its per-token kernels;
+    ``rank`` the family's strength) when the attention launch does not give the sequences.
+
+    ``sampled_rows``: the LM head's rows from its CPU operator (-1 unknown): one row per
+    sequence sampled (vLLM V1 computes logits at each request's last scheduled token,
+    SGLang likewise; a speculative verify step samples every token). Tokens equal to the
+    sampled rows: one new token per sequence => decode; more tokens than rows: several per
+    sequence => prefill, where up to rows - 1 sequences may be one-token decodes (mixed when
+    the step continues a running batch, :func:`mixed_by_continuity`). Without sampled rows,
+    a KV-cache write over PREFILL_MIN_TOKENS or more with no split-KV combine in the step
+    (``unsplit``) is prefill-leaning (weak)."""
+    if rank == STRONG and sampled_rows > 0:
+        if tokens == sampled_rows:
+            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
+                          f"one new token per sequence => decode", "tokens")]
+        if tokens > sampled_rows:
+            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
+                         f"several new tokens per sequence => prefill", "tokens")]
+            if sampled_rows > 1:
+                out.append(_Vote(UNKNOWN, 0, f"{tokens} tokens over {sampled_rows} sampled sequences: up to "
+                                 f"{sampled_rows - 1} of them may be one-token decodes", "mixed_slots",
+                                 value=sampled_rows - 1))
+            return out
+    if rank == STRONG and unsplit and tokens >= PREFILL_MIN_TOKENS:
+        return [_Vote(PREFILL, WEAK, f"{text}: {tokens} tokens in the step and no split-KV combine => "
+                      f"prefill-leaning", "tokens")]
+    return [_Vote(UNKNOWN, 0, f"{text}: {tokens} tokens in the step", "tokens")]
 
 
 def _rows_seen(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> int:

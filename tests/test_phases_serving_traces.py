@@ -130,3 +130,83 @@ def test_kernels_in_cpu_ranges_falls_back_to_the_enclosing_range():
     tr = T(kernels=k, api=a)
     hit = kernels_in_cpu_ranges(tr, np.array([0, 10]), np.array([100, 90]), np.array([1, 1]), np.array([7, 7]))
     assert hit.tolist() == [1, 0, -1]
+
+
+# ---------------------------------------------------------------- the step's own evidence (literals)
+
+FA3 = ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
+       "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, "
+       "128, cutlass::bfloat16_t, float, cutlass::arch::Sm90, true, false, false, true, true, false, false, true, true, "
+       "true, false, false>, flash::CollectiveEpilogueFwd<cute::tuple<cute::C<128>, cute::C<128>, cute::C<128> >, "
+       "cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cutlass::bfloat16_t, cutlass::arch::Sm90, 256, true, true, "
+       "false, false>, flash::VarlenDynamicPersistentTileScheduler<128, 256, 128, false, true, true> > > >"
+       "(flash::FlashAttnFwdSm90<...>::Params)")
+ROCM_PAGED = "void paged_attention_ll4mi_QKV_mfma16_kernel<__hip_bfloat16, __hip_bfloat16, 0, 128, 16, 4, 256, true, 1>(x)"
+TRITON_PREFIX_PREFILL = "_fwd_kernel"
+
+
+def test_prefill_from_kv_write_tokens_and_gemm_tiles_without_a_prefill_kernel_name():
+    """Issue 20.1: an eager vLLM V1 prefill with the FlashAttention-3 forward (the same kernel
+    serves both phases) and no split-KV combine: its 1000 tokens (KV-cache write grid.x) and
+    its large-tile GEMMs are two weak prefill classes => prefill, not unknown."""
+    from test_phases import TraceBuilder, layers
+    b = TraceBuilder()
+    layers(b, 0, 4, FA3, 1000, attention_grid=(132, 1, 1))
+    pm = map_phases(b.build())
+    assert [s.phase for s in pm.steps] == [PREFILL], pm.steps[0].evidence
+    ev = pm.steps[0].evidence
+    assert ev[0].endswith("1000 tokens in the step and no split-KV combine => prefill-leaning")
+    assert "GEMMs use large tiles" in ev[1]
+    assert pm.steps[0].prefill_tokens == 1000
+
+
+def test_rocm_paged_decode_kernel_next_to_prefill_attention_is_not_mixed():
+    """Issue 20.2: vLLM's chunked_prefill_paged_decode (vllm/v1/attention/ops/
+    chunked_prefill_paged_decode.py @ 69f87df3) launches the prefill part (Triton
+    _fwd_kernel) and then paged_attention_rocm over every sequence whatever the decode
+    count: the ROCm decode kernel next to a prefill kernel is no decode evidence, the step is
+    prefill (it was mixed). Alone (no prefill part launched) it still says decode."""
+    from test_phases import TraceBuilder, layers
+    b = TraceBuilder()
+    t = 0.0
+    for _ in range(4):
+        t = layers(b, t, 1, TRITON_PREFIX_PREFILL, 888)
+        b.kernel(ROCM_PAGED, t - 5, grid=(3, 4, 8))
+    st = map_phases(b.build()).steps
+    assert [s.phase for s in st] == [PREFILL], st[0].evidence
+    assert any("can run empty: not decode evidence by itself" in e for e in st[0].evidence)
+    b = TraceBuilder()
+    layers(b, 0, 4, ROCM_PAGED, 32, attention_grid=(32, 4, 8))
+    st = map_phases(b.build()).steps
+    assert [s.phase for s in st] == [DECODE]
+
+
+def test_tokens_against_the_lm_head_rows():
+    """The LM head samples one row per sequence: tokens == rows => decode; more tokens =>
+    prefill with up to rows - 1 one-token decodes (the real vLLM mixed step below)."""
+    from ridgeline.aggregator.phases import MEDIUM, STRONG, WEAK, tokens_alone_votes
+    v = tokens_alone_votes(32, "k", STRONG, 32, True)
+    assert [(x.phase, x.strength) for x in v] == [(DECODE, MEDIUM)]
+    v = tokens_alone_votes(8192, "k", STRONG, 46, True)
+    assert [(x.phase, x.strength, x.cls, x.value) for x in v] == [(PREFILL, MEDIUM, "tokens", 0),
+                                                                  (UNKNOWN, 0, "mixed_slots", 45)]
+    assert [(x.phase, x.strength) for x in tokens_alone_votes(1000, "k", STRONG, -1, True)] == [(PREFILL, WEAK)]
+    assert [x.phase for x in tokens_alone_votes(1000, "k", STRONG, -1, False)] == [UNKNOWN]   # split-KV: decode-like
+    assert [x.phase for x in tokens_alone_votes(100, "k", STRONG, -1, True)] == [UNKNOWN]
+
+
+def test_vllm_mixed_step_without_annotations():
+    """The real piecewise-graph mixed step (9 prefill chunks, 37 decodes, 8192 tokens)
+    stripped: 8192 KV-cache writes against 46 LM-head rows => prefill with up to 45
+    one-token decodes, and mixed when it continues a running batch (a decode step that
+    ended 1 ms before it on the device). Alone in its trace it cannot be told from a
+    46-prompt prefill: the kernels do not show the per-sequence query lengths."""
+    from ridgeline.aggregator.phases import mixed_by_continuity
+    tr = load(VLLM_MIXED)
+    pm = map_phases(stripped(tr))
+    (st,) = pm.steps
+    assert st.phase == PREFILL and st.mixed_slots == 45
+    assert st.evidence[0] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
+                              "46 rows: several new tokens per sequence => prefill")
+    prev = {st.device: [(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)]}
+    assert mixed_by_continuity([st], prev) == [0] and st.phase == MIXED
