@@ -210,3 +210,16 @@ def test_vllm_mixed_step_without_annotations():
                               "46 rows: several new tokens per sequence => prefill")
     prev = {st.device: [(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)]}
     assert mixed_by_continuity([st], prev) == [0] and st.phase == MIXED
+
+
+@pytest.mark.parametrize("name", SERVING)
+def test_live_windows_label_the_serving_steps_as_analyze_does(name):
+    """Issue 20 target: live windows (kernels and launch records as CUPTI sends them, and the
+    replay probe's stream with CPU operators and ranges) label the same kernels the same way
+    as the whole-trace mapper, at every window size."""
+    from test_windows_open_step import _load, _whole, _windows
+    kernels_only = _load(third_party("traces/" + name))
+    full = load(name)
+    for per_window in (100, 300, 1000):
+        assert _windows(kernels_only, per_window)[0] == _whole(kernels_only), per_window
+        assert _windows(full, per_window, replay=True)[0] == _whole(full, annotations=True), per_window
