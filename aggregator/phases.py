@@ -533,6 +533,9 @@ class _StepFacts:
             from_op = att & (causal == CAUSAL_UNKNOWN) & (oc != CAUSAL_FLAG_UNKNOWN)
             causal = np.where(from_op, np.where(oc == CAUSAL_FLAG_YES, CAUSAL_YES, CAUSAL_NO), causal).astype(causal.dtype)
         self.causal_from_op = np.bincount(st[from_op & (causal == CAUSAL_YES)], minlength=n_steps)
+        from_grid = att & (causal == CAUSAL_UNKNOWN) & aotriton_causal_grid(trace, kc, idx)
+        causal = np.where(from_grid, CAUSAL_YES, causal).astype(causal.dtype)
+        self.causal_from_grid = np.bincount(st[from_grid], minlength=n_steps)
         self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
         # Fused attention that does not spell its causal flag (aotriton attn_fwd, CK, FA3,
         # xformers): an encoder's launch reads the same as a decoder's.
@@ -677,7 +680,7 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
+                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example):
@@ -762,6 +765,9 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     # Decoder-LLM evidence.
     if f.causal[j]:
         by_op = f" ({int(f.causal_from_op[j])} by is_causal=True on their SDPA operator)" if f.causal_from_op[j] else ""
+        if f.causal_from_grid[j]:
+            by_op += (f" ({int(f.causal_from_grid[j])} by aotriton's causal persistent grid: a multiple of the "
+                      f"device's {_cu_count(trace)} compute units)")
         backed = (f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]
         if backed or not f.non_llm_in_trace:
             votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches{by_op} "
@@ -902,6 +908,41 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
                            f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
     return votes
+
+
+# aotriton's attention forward: the kernel symbol is plain ``attn_fwd``.
+_AOTRITON_ATTN_FWD = re.compile(r"^attn_fwd$")
+# Non-causal persistent launches size their grid on 80 "CUs" (aotriton attn_fwd.cc).
+AOTRITON_NONCAUSAL_CUS = 80
+
+
+def _cu_count(trace: Trace) -> int:
+    counts = {int(d.sm_count) for d in trace.devices if isinstance(d.sm_count, int) and d.sm_count > 0}
+    return counts.pop() if len(counts) == 1 else 0
+
+
+def aotriton_causal_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> np.ndarray:
+    """Per kernel of ``idx``: an aotriton ``attn_fwd`` launch whose grid says it is causal.
+
+    ROCm/aotriton v2src/flash/attn_fwd.cc @ 22c35371 (``_attn_fwd_common``): the regular grid
+    is (query blocks, heads, batch); a persistent kernel (PERSISTENT_TYPE != 0, a tuning
+    choice) gets (min(Num_CU * GRID_CU_MULTIP, blocks x heads x batch), 1, 1) with ``Num_CU =
+    is_causal ? getMultiProcessorCount(stream) : 80``. A one-dimensional grid (heads > 1 in
+    every real model, so not the regular one) that is a multiple of the device's compute
+    units and not of 80 is a causal launch (the MI300X HF Qwen forward: [608,1,1] = 2 x 304
+    CUs). Unknown device CU count: nothing. Only "causal" is read: a non-causal launch can
+    be cut by the block count."""
+    k = trace.kernels
+    cu = _cu_count(trace)
+    out = np.zeros(len(idx), dtype=bool)
+    if cu <= 0 or cu % AOTRITON_NONCAUSAL_CUS == 0 or not len(idx):
+        return out
+    nid = k["name_id"][idx]
+    lut = _names_matching(trace, nid, _AOTRITON_ATTN_FWD)
+    gx = k["grid_x"][idx].astype(np.int64)
+    out = lut[nid] & (k["grid_y"][idx] == 1) & (k["grid_z"][idx] == 1) & (gx > 0) & (gx % cu == 0) \
+        & (gx % AOTRITON_NONCAUSAL_CUS != 0)
+    return out
 
 
 def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> list[_Vote]:
