@@ -1100,20 +1100,20 @@ def fold_nested_annotations(hit: np.ndarray, starts_ns: np.ndarray, ends_ns: np.
     (the engine's own step range; earliest on ties). Returns the new mapping and, per kept
     range, the ranges folded into it."""
     root = enclosing_roots(starts_ns, ends_ns, pids, tids)
-    if not len(root) or bool((root == np.arange(len(root))).all()):
+    n = len(root)
+    if not n or bool((root == np.arange(n)).all()):
         return hit, {}
-    n_of = np.bincount(hit[hit >= 0], minlength=len(root))
-    rep = np.arange(len(root), dtype=np.int64)
-    best: dict[int, int] = {}
-    for i in range(len(root)):
-        g = int(root[i])
-        if g not in best or n_of[i] > n_of[best[g]]:
-            best[g] = i
+    n_of = np.bincount(hit[hit >= 0], minlength=n)
+    # Per group: the member with the most kernels (earliest index on ties) is the first of
+    # the (group, -kernels, index) order.
+    o = np.lexsort((np.arange(n), -n_of, root))
+    first = np.r_[True, root[o][1:] != root[o][:-1]]
+    best_of_root = np.empty(n, dtype=np.int64)
+    best_of_root[root[o][first]] = o[first]
+    rep = best_of_root[root]
     folded: dict[int, list[int]] = {}
-    for i in range(len(root)):
-        rep[i] = best[int(root[i])]
-        if rep[i] != i:
-            folded.setdefault(int(rep[i]), []).append(i)
+    for i in np.flatnonzero(rep != np.arange(n)).tolist():     # only the nested ranges
+        folded.setdefault(int(rep[i]), []).append(i)
     out = np.where(hit >= 0, rep[np.maximum(hit, 0)], -1).astype(hit.dtype)
     return out, folded
 

@@ -292,22 +292,24 @@ def enclosing_roots(starts_ns: np.ndarray, ends_ns: np.ndarray, pids: np.ndarray
     """For each CPU range, the index of the outermost range of the same thread that contains
     it (itself when none does). Nested step annotations on one thread describe one engine
     step (TraceLens's vLLM-style ``execute_...`` range around SGLang's own ``step[...]``
-    range): they are one step, not two. Ranges sorted by (thread, start, -end); a running
-    maximum of the ends says whether an earlier range still covers a start."""
+    range): they are one step, not two. Columnar: ranges sorted by (thread, start, -end); a
+    range is contained when an earlier range of its thread ends at or after its end (a
+    running maximum of the ends, offset per thread so that one accumulate serves all
+    threads); a contained range belongs to the latest root before it."""
     n = len(starts_ns)
     out = np.arange(n, dtype=np.int64)
     if n < 2:
         return out
     thread = (pids.astype(np.int64) << 32) | (tids.astype(np.int64) & 0xFFFFFFFF)
     o = np.lexsort((-ends_ns, starts_ns, thread))
-    root = -1
-    root_end = np.iinfo(np.int64).min
-    root_thread = None
-    for i in o.tolist():
-        if root >= 0 and thread[i] == root_thread and ends_ns[i] <= root_end:
-            out[i] = root
-        else:
-            root, root_end, root_thread = i, ends_ns[i], thread[i]
+    t_rank = np.cumsum(np.r_[0, thread[o][1:] != thread[o][:-1]])
+    lo = int(min(starts_ns.min(), ends_ns.min()))
+    span = int(max(starts_ns.max(), ends_ns.max())) - lo + 1
+    key = (ends_ns[o] - lo) + t_rank * span
+    prev_max = np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(key)[:-1]]
+    root = ~(prev_max >= key)
+    root_at = np.maximum.accumulate(np.where(root, np.arange(n), 0))
+    out[o] = o[root_at]
     return out
 
 
