@@ -108,10 +108,10 @@ def test_enclosing_roots_and_fold_nested_annotations_literals():
     tid = np.array([7, 7, 7, 8])
     assert enclosing_roots(s, e, pid, tid).tolist() == [0, 0, 2, 3]
     # Three levels, a later sibling, and a range of another thread inside the same window.
-    s = np.array([0, 10, 20, 50, 30, 120], dtype=np.int64)
-    e = np.array([100, 90, 40, 60, 35, 130], dtype=np.int64)
-    tid = np.array([7, 7, 7, 7, 9, 7])
-    assert enclosing_roots(s, e, np.ones(6, int), tid).tolist() == [0, 0, 0, 0, 4, 5]
+    s3 = np.array([0, 10, 20, 50, 30, 120], dtype=np.int64)
+    e3 = np.array([100, 90, 40, 60, 35, 130], dtype=np.int64)
+    t3 = np.array([7, 7, 7, 7, 9, 7])
+    assert enclosing_roots(s3, e3, np.ones(6, int), t3).tolist() == [0, 0, 0, 0, 4, 5]
     hit = np.array([0, 1, 1, 1, -1, 2, 3, 0], dtype=np.int32)
     out, folded = fold_nested_annotations(hit, s, e, pid, tid)
     assert out.tolist() == [1, 1, 1, 1, -1, 2, 3, 1] and folded == {1: [0]}
