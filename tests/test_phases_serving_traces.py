@@ -228,3 +228,31 @@ def test_live_windows_label_the_serving_steps_as_analyze_does(name):
     for per_window in (100, 300, 1000):
         assert _windows(kernels_only, per_window)[0] == _whole(kernels_only), per_window
         assert _windows(full, per_window, replay=True)[0] == _whole(full, annotations=True), per_window
+
+
+def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per_layer():
+    """Issue 20.2: vLLM's ROCm backend launches, per layer, the prefill part (_fwd_kernel) and
+    then paged_attention_ll4mi over every sequence (chunked_prefill_paged_decode): attention
+    launches one and five kernels apart. Taken together they made "one kernel per layer" and
+    every layer a restart (80 steps per engine step); one name alone gives the 6-kernel layer.
+    Three engine steps of 20 layers, each closed by an LM head and a sampler."""
+    from test_phases import ELEMENTWISE, GEMM_LARGE, RESHAPE_AND_CACHE, TraceBuilder
+    argmax = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
+              "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(3):
+        for _ in range(20):
+            b.kernel(RESHAPE_AND_CACHE, t, grid=(700, 1, 1))
+            b.kernel(GEMM_LARGE, t + 2, grid=(8, 8, 1))
+            b.kernel(TRITON_PREFIX_PREFILL, t + 4, grid=(6, 8, 4))
+            b.kernel(ROCM_PAGED, t + 6, grid=(4, 4, 8))
+            b.kernel(GEMM_LARGE, t + 8, grid=(8, 8, 1))
+            b.kernel(ELEMENTWISE, t + 10, grid=(64, 1, 1))
+            t += 12
+        b.kernel(GEMM_LARGE, t, grid=(8, 8, 1))
+        b.kernel(argmax, t + 2)
+        t += 300
+    pm = map_phases(b.build())
+    assert [(s.phase, s.kernels) for s in pm.steps] == [(PREFILL, 122)] * 3, \
+        [(s.phase_name, s.kernels, s.evidence[-1]) for s in pm.steps][:5]
