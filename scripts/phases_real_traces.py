@@ -8,8 +8,8 @@ only). Prints a Markdown table (docs/phases.md holds the last one).
     python scripts/phases_real_traces.py [--shared DIR] [--third-party DIR]
 
 Traces are read from SHARED/traces (tests/conftest.py SHARED) and from the third-party
-folder (tests/THIRD_PARTY.md); absent files are listed as absent. Exit 2 with one line on
-an unreadable folder.
+folder (tests/THIRD_PARTY.md); absent files are listed as absent. A file the reader refuses
+ends the run with one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ridgeline.aggregator.phases import PHASE_NAMES, map_phases, parse_step_annotation
+from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
@@ -87,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         if not p.exists():
             print(f"| `{p.name}` | absent | | | | | | | |")
             continue
-        tr = load_trace(p)
+        try:
+            tr = load_trace(p)
+        except InputError as e:
+            print(f"phases_real_traces: {e}", file=sys.stderr)
+            return 2
         cells = []
         for t in (tr, without(tr, True), without(tr, False)):
             cells += summary(tr, map_phases(t))
