@@ -187,9 +187,13 @@ def _fit(batch: _Batch, culprit_steps: np.ndarray) -> np.ndarray | None:
 
 
 def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None = None,
-         estimate_step_ns=None, long_tokens: int = LONG_SEQUENCE_TOKENS) -> list[RequestStory]:
+         estimate_step_ns=None, long_tokens: int = LONG_SEQUENCE_TOKENS,
+         report: set[str] | None = None) -> list[RequestStory]:
     """The story of each request (see the module docstring). ``estimate_step_ns(decode_members,
-    context_tokens, prefill_tokens) -> ns`` is the roofline fallback (arrays in, array out)."""
+    context_tokens, prefill_tokens) -> ns`` is the roofline fallback (arrays in, array out).
+    ``report``: tell the stories of these request ids only; the others still count as
+    co-batched members (the agent joins the requests due in a window against every
+    request it still holds)."""
     reqs = sorted(requests, key=lambda r: r.start_ns)[-MAX_REQUESTS:]
     steps = np.sort(np.asarray(steps, dtype=STEP_DTYPE), order="start_ns")
     steps = steps[np.isin(steps["phase"], (PREFILL, DECODE, MIXED))]
@@ -214,6 +218,8 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
     kv = np.sort(np.asarray(kv if kv is not None else np.empty(0, KV_DTYPE), dtype=KV_DTYPE), order="ts_ns")
     out = []
     for i, r in enumerate(reqs):
+        if report is not None and r.request_id not in report:
+            continue
         arrival, sched, first, end = (int(v) for v in batch.intervals[i])
         lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
         added: dict[int, list] = {}          # culprit index -> [ns, kinds]

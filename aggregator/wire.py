@@ -94,7 +94,7 @@ from ridgeline.probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL
                            Device, NameTable, Trace, empty)
 
 SCHEMA_VERSION = 1
-TOPICS = ("window", "events", "sched", "device", "engine", "health")
+TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")
 
 # Envelope field numbers.
 F_VERSION, F_TOPIC, F_HOST, F_SEQ, F_TS, F_PAYLOAD = range(6)
