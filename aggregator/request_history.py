@@ -14,8 +14,10 @@ seen over its whole life, many windows earlier, and so were the requests batched
 :meth:`RequestHistory.close` (once per window) joins the requests that are *due*, those
 that ended at least ``join_delay_ns`` before the window's end, so that a request batched
 with them and ending a little later has sent its span too, against every request held
-and the steps of the busiest (device, process) over their lives. Each request is told
-once. It returns ``(WindowRequests, stories)``: the window's aggregates (the wire's
+and the steps of the busiest (device, process) over their lives (and ``FIT_LOOKBACK_S``
+before, for the step-time fit). Each request is told
+once, at most :data:`MAX_JOIN_PER_WINDOW` a window (oldest first; the rest wait, counted
+in ``join_backlog``). It returns ``(WindowRequests, stories)``: the window's aggregates (the wire's
 ``requests`` record) and every story told (bounded by ``MAX_REQUESTS``). A request whose
 span comes later than ``history_ns`` after it ended finds no steps: it is told with
 no decode steps, never guessed.
@@ -38,6 +40,10 @@ MAX_STEPS = 200_000
 MAX_KV_SAMPLES = 16_384
 HISTORY_S = 120.0
 JOIN_DELAY_S = 5.0
+#: Seconds of steps before the told requests' lives that the step-time fit also reads.
+FIT_LOOKBACK_S = 30.0
+#: Requests joined per window at most (the join costs about a millisecond a request).
+MAX_JOIN_PER_WINDOW = 64
 #: Ids of requests already told, remembered so that a span sent twice is told once.
 MAX_TOLD = 100_000
 
@@ -60,6 +66,7 @@ class RequestHistory:
         self.steps_dropped = 0
         self.requests_joined = 0        # cumulative
         self._dropped_at_close = 0
+        self.join_backlog = 0           # due requests left for the next window at the last close
 
     def configure(self, history_s: float, join_delay_s: float) -> None:
         self.history_ns, self.join_delay_ns = int(history_s * 1e9), int(join_delay_s * 1e9)
@@ -119,7 +126,14 @@ class RequestHistory:
             del self._requests[rid]
 
     def close(self, end_ns: int) -> tuple[rj.WindowRequests, list[rj.RequestStory]]:
-        due = {rid for rid, r in self._requests.items() if r.end_ns <= end_ns - self.join_delay_ns}
+        due_list = sorted((r for rid, r in self._requests.items()
+                           if r.end_ns <= end_ns - self.join_delay_ns and rid not in self._told),
+                          key=lambda r: r.end_ns)
+        # Bounded work per window: the oldest first, the rest wait for the next window (a
+        # server ending more than this many requests a window for long loses the oldest
+        # at the held bound, counted).
+        self.join_backlog = max(0, len(due_list) - MAX_JOIN_PER_WINDOW)
+        due = {r.request_id for r in due_list[:MAX_JOIN_PER_WINDOW]}
         stories: list[rj.RequestStory] = []
         if due:
             stories = self._join(due)
@@ -136,7 +150,9 @@ class RequestHistory:
 
     def _join(self, due: set[str]) -> list[rj.RequestStory]:
         told = [self._requests[rid] for rid in due]
-        lo = min(r.start_ns for r in told)
+        # The steps over their lives, and FIT_LOOKBACK_S before: the baseline step time is
+        # fitted on steps with culprits and without, and the quiet ones may be earlier.
+        lo = min(r.start_ns for r in told) - int(FIT_LOOKBACK_S * 1e9)
         hi = max(r.end_ns for r in told)
         members = [r for r in self._requests.values() if r.end_ns >= lo and r.start_ns <= hi]
         st = self._held_steps()
