@@ -44,3 +44,15 @@ def test_analyze_shows_the_recordings_slowest_requests(tmp_path):
     doc = doc[0] if isinstance(doc, list) else doc
     assert doc["requests"]["told"] == 3
     assert doc["requests"]["slowest"][0]["culprits"][0]["request_id"] == "long-4000"
+
+
+def test_analyze_perfetto_of_a_recording_has_a_track_per_request(tmp_path):
+    rec = tmp_path / "r.rlrec"
+    write(rec)
+    out = tmp_path / "t.json"
+    r = subprocess.run([sys.executable, "-m", "ridgeline", "analyze", str(rec), "--perfetto", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from ridgeline.aggregator.perfetto import REQUEST_PID
+    ev = json.loads(out.read_text())["traceEvents"]
+    assert len({e["tid"] for e in ev if e.get("cat") == "ridgeline_request" and e["pid"] == REQUEST_PID}) == 3

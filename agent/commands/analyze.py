@@ -281,7 +281,11 @@ def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
         if trace is None:
             raise InputError(f"{path}: no events to write to --perfetto")
         from ridgeline.aggregator.perfetto import write_perfetto
-        out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
+        stories = None
+        if doc.get("requests"):       # a recording's served requests: a track each
+            from ridgeline.agent import request_view
+            stories, _bad = request_view.stories_of({"stories": doc["requests"].get("slowest") or []})
+        out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n), requests=stories)
         doc["perfetto"] = str(out)
     if args.plot:
         from ridgeline.aggregator.plot import plot_roofline
