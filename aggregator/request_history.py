@@ -57,6 +57,7 @@ class RequestHistory:
         self.history_ns = int(history_s * 1e9)
         self.join_delay_ns = int(join_delay_s * 1e9)
         self.estimate_step_ns = estimate_step_ns
+        self.estimate_key = None        # what estimate_step_ns was built for (the window builder's)
         self._steps: list[np.ndarray] = []
         self._n_steps = 0
         self._requests: dict[str, RequestSpan] = {}

@@ -336,6 +336,22 @@ class WindowBuilder:
         self.requests.add_requests(spans)
         self.records += len(spans)
 
+    def _request_estimate(self) -> None:
+        """The roofline baseline of the request join (aggregator.request_roofline), for the
+        served model (analysis.model) on this window's GPU, when both are known."""
+        names = [d.name for f in self._folds.values() for d in f.devices.values() if d.name]
+        gpu = self.gpu or (names[0] if names else "")
+        key = (id(self.model), gpu)
+        if getattr(self.requests, "estimate_key", None) == key:
+            return
+        self.requests.estimate_key = key
+        ceil = _ceilings_obj(gpu) if self.model is not None else None
+        if ceil is None:
+            self.requests.estimate_step_ns = None
+            return
+        from .request_roofline import step_time_estimator
+        self.requests.estimate_step_ns = step_time_estimator(self.model, ceil)
+
     def _requests_close(self, end_ns: int, window: dict) -> None:
         """The request join's part of the window: steps and KV samples go to the history,
         the due requests are joined; ``window["requests"]`` gets the aggregates."""
@@ -348,6 +364,7 @@ class WindowBuilder:
             self.stories = []
             return
         from .request_history import HELD_DTYPE
+        self._request_estimate()
         if steps:
             self.requests.add_steps(np.array(steps, dtype=HELD_DTYPE))
         for data in self.engine.values():

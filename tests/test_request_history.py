@@ -81,3 +81,32 @@ def test_window_builder_logs_the_steps_the_simulated_engine_ran():
     assert np.abs(logged["start_ns"][order] - gs).max() <= 10_000
     assert np.abs(logged["end_ns"][order] - ge).max() <= 10_000
     assert set(np.unique(logged["pid"])) == {eng.cfg.pid}
+
+
+def test_roofline_baseline_of_the_served_model_when_no_quiet_steps():
+    """Without steps free of culprits the measured fit is impossible; with analysis.model
+    and a known GPU the window builder gives the join the roofline model's step time
+    (llama-3-8b on an H100: the 4,000-token context's KV read costs a decode step more
+    than a 100-token one's), and the story says it is an estimate."""
+    from ridgeline.aggregator import model_config
+    from ridgeline.aggregator import request_join as rj
+    from ridgeline.aggregator.request_roofline import step_time_estimator
+    from ridgeline.aggregator.windows import _ceilings_obj
+    shape, ceil = model_config.load("llama-3-8b"), _ceilings_obj("h100-sxm")
+    est = step_time_estimator(shape, ceil)
+    one, long_ctx = est(np.array([1.0]), np.array([100.0]), np.array([0.0]))[0], \
+        est(np.array([2.0]), np.array([4100.0]), np.array([0.0]))[0]
+    # One short decode: the weights' read (16 GB at the H100's 3.35 TB/s, ~4.8 ms) dominates.
+    assert abs(one - shape.weight_bytes / ceil.hbm_bytes_per_s * 1e9) <= 0.02 * one
+    kv = (4100 - 100 + 1) * shape.kv_bytes_per_token / ceil.hbm_bytes_per_s * 1e9
+    assert abs((long_ctx - one) - kv) <= 0.02 * kv       # plus the long context's KV read
+    steps, spans = sc.seed_batched(with_quiet_steps=False)
+    b = WindowBuilder(model=model_config.load("llama-3-8b"), gpu="h100-sxm")
+    b.requests = rh.RequestHistory(history_s=3600, join_delay_s=0)
+    b.requests.add_steps(held(steps))
+    b.requests.add_requests(spans)
+    w = b.close(0, int(steps["end_ns"].max()) + 1)
+    s = next(x for x in b.stories if x.request_id == "answer-500")
+    assert s.dragged_source == rj.SOURCE_ESTIMATE and w["requests"]["dragged_source"] == rj.SOURCE_ESTIMATE
+    assert s.culprits and s.culprits[0].request_id == "long-4000"
+    assert 0 < s.dragged_ns < s.decode_ns and "ESTIMATE" in rj.story_text(s)
