@@ -109,6 +109,7 @@ class Agent:
         request join needs (from the first window on: a request's span comes at its end)."""
         o = cfg["probes"]["otlp"]
         if "otlp" not in cfg["probes"]["enabled"]:
+            self.builder.requests = None      # no spans come: hold no steps for them
             return
         if self.builder.requests is None:
             from ridgeline.aggregator.request_history import RequestHistory
@@ -592,7 +593,7 @@ class Agent:
 
 
 #: Keys of a probe's table that the agent applies itself: changing them restarts no probe.
-_AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",)}
+_AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",), "otlp": ("history_s", "join_delay_s")}
 
 
 def _probe_settings(cfg: dict, name: str):

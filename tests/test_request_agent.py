@@ -150,3 +150,31 @@ def test_why_from_a_saved_listing_and_bad_input(tmp_path, capsys):
     assert cli.main(["why", "answer-500", "--input", str(p)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and "Traceback" not in err and "not JSON" in err
+
+
+def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
+    path = tmp_path / "agent.toml"
+    ep = f"ipc://{tmp_path}/r.sock"
+
+    def write(extra):
+        path.write_text(f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n'
+                        f'[probes]\nenabled = {extra}\n[probes.otlp]\nhistory_s = 60.0\njoin_delay_s = 1.0\n')
+    write('["otlp"]')
+    agent = Agent(config.load(str(path)), config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
+    agent.start()
+    try:
+        h = agent.builder.requests
+        assert h is not None and h.history_ns == 60 * 10**9 and h.join_delay_ns == 10**9
+        path.write_text(path.read_text().replace("join_delay_s = 1.0", "join_delay_s = 3.0"))
+        agent.reload()
+        assert agent.builder.requests is h and h.join_delay_ns == 3 * 10**9
+        # Only agent-side keys changed: the receiver would not be restarted for them.
+        from ridgeline.agent.daemon import _probe_settings
+        old = config.load(str(path))
+        assert _probe_settings(old, "otlp") == _probe_settings(
+            config.overlay(old, {"probes": {"otlp": {"join_delay_s": 9.0, "history_s": 30.0}}}), "otlp")
+        write("[]")
+        agent.reload()
+        assert agent.builder.requests is None
+    finally:
+        agent.shutdown()
