@@ -39,6 +39,14 @@ def stories_of(payload) -> tuple[list[rj.RequestStory], int]:
     return out, bad
 
 
+def printable(s: rj.RequestStory) -> rj.RequestStory:
+    """The story with its request ids (a peer's text: the engine's span) made one printable
+    line each, so a request id can never drive the terminal of whoever reads it."""
+    culprits = [msgspec.structs.replace(c, request_id=for_log(c.request_id)) for c in s.culprits]
+    return msgspec.structs.replace(s, request_id=for_log(s.request_id), engine=for_log(s.engine),
+                                   culprits=culprits)
+
+
 def slowest(stories: list[rj.RequestStory], limit: int) -> list[rj.RequestStory]:
     by_id = {s.request_id: s for s in stories}
     return sorted(by_id.values(), key=lambda s: -s.e2e_ns)[:limit]

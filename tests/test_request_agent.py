@@ -178,3 +178,17 @@ def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
         assert agent.builder.requests is None
     finally:
         agent.shutdown()
+
+
+def test_why_never_prints_a_peers_control_characters(tmp_path, capsys):
+    import msgspec
+    from ridgeline.agent.request_view import as_json
+    from ridgeline.aggregator import request_join as rj
+    steps, spans = sc.seed_batched()
+    evil = "long-\x1b]0;pwned\x07\n4000"
+    spans = [msgspec.structs.replace(s, request_id=evil) if s.request_id == "long-4000" else s for s in spans]
+    p = tmp_path / "r.json"
+    p.write_text(as_json(rj.join(spans, steps), 1))
+    assert cli.main(["why", "answer-500", "--input", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "culprit long-\\x1b]0;pwned\\x07\\n4000" in out

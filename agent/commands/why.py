@@ -43,5 +43,6 @@ def run(args) -> int:
         stories, _ = collect(args, want_id=args.request_id)
         found = [s for s in stories if s.request_id == args.request_id]
     story = found[-1]
-    print(json.dumps(msgspec.to_builtins(story), indent=1) if args.json else story_text(story))
+    print(json.dumps(msgspec.to_builtins(story), indent=1) if args.json
+          else story_text(request_view.printable(story)))
     return 0
