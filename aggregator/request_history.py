@@ -42,8 +42,8 @@ HISTORY_S = 120.0
 JOIN_DELAY_S = 5.0
 #: Seconds of steps before the told requests' lives that the step-time fit also reads.
 FIT_LOOKBACK_S = 30.0
-#: Requests joined per window at most (the join costs about a millisecond a request).
-MAX_JOIN_PER_WINDOW = 64
+#: Requests joined per window at most (bench/bench_requests.py: a few ms of CPU each).
+MAX_JOIN_PER_WINDOW = 32
 #: Ids of requests already told, remembered so that a span sent twice is told once.
 MAX_TOLD = 100_000
 
