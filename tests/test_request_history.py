@@ -110,3 +110,39 @@ def test_roofline_baseline_of_the_served_model_when_no_quiet_steps():
     assert s.dragged_source == rj.SOURCE_ESTIMATE and w["requests"]["dragged_source"] == rj.SOURCE_ESTIMATE
     assert s.culprits and s.culprits[0].request_id == "long-4000"
     assert 0 < s.dragged_ns < s.decode_ns and "ESTIMATE" in rj.story_text(s)
+
+
+def test_simulator_spans_reach_the_receiver_through_the_sdk():
+    """The simulated engine's spans (agent/simulator/spans.py), sent by the real SDK
+    exporter, decode at the receiver with the simulator's own times, tokens and
+    preemption counts."""
+    import time
+
+    import pytest
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from ridgeline.agent.simulator.probe import SimulatorProbe
+    from ridgeline.probes.otlp_receiver import OtlpReceiver
+    r = OtlpReceiver("127.0.0.1:0")
+    r.start()
+    try:
+        p = SimulatorProbe(rate_per_s=30, speed=20.0, otlp_endpoint=f"http://127.0.0.1:{r.address[1]}/v1/traces")
+        p.start()
+        got, end = [], time.monotonic() + 30
+        while time.monotonic() < end and len(got) < 5:
+            p.poll()
+            got += r.drain()
+            time.sleep(0.05)
+        eng = p.engine
+        p.stop()                      # flushes the batch processor
+        got += r.drain()
+    finally:
+        r.close()
+    assert len(got) >= 5
+    done = {f"sim-{eng.cfg.pid}-{i}": q for i, q in enumerate(list(eng.finished)[:eng.finished_total])}
+    base = eng.cfg.time_base_ns
+    for s in got:
+        q = done[s.request_id]
+        assert (s.start_ns, s.end_ns) == (base + q.arrival_ns, base + q.last_token_ns)
+        assert s.prompt_tokens == q.prompt and s.completion_tokens == q.generated
+        assert s.first_token_ns == pytest.approx(base + q.first_token_ns, abs=1_000)
+        assert s.preemptions == q.preemptions

@@ -107,7 +107,8 @@ class SimulatorProbe(Probe):
         for i, r in enumerate(done):
             serial = eng.finished_total - len(done) + i
             self.spans.emit(f"sim-{eng.cfg.pid}-{serial}", base + r.arrival_ns, base + max(r.scheduled_ns, r.arrival_ns),
-                            base + r.first_token_ns, base + r.last_token_ns, r.prompt, r.generated)
+                            base + r.first_token_ns, base + r.last_token_ns, r.prompt, r.generated,
+                            preemptions=r.preemptions)
         self._spans_told = eng.finished_total
 
     def restart_process(self) -> None:

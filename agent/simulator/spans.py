@@ -51,7 +51,9 @@ class RequestSpanEmitter:
         self.emitted = 0
 
     def emit(self, request_id: str, arrival_ns: int, scheduled_ns: int, first_token_ns: int, end_ns: int,
-             prompt_tokens: int, completion_tokens: int) -> None:
+             prompt_tokens: int, completion_tokens: int, preemptions: int | None = None) -> None:
+        """One span; ``preemptions`` (when given) rides on a ``journey.FINISHED`` event's
+        ``num_preemptions``, as vLLM's journey events carry it."""
         s = 1e-9
         attrs = {rs.VLLM_REQUEST_ID: request_id, rs.VLLM_PROMPT_TOKENS: int(prompt_tokens),
                  rs.VLLM_COMPLETION_TOKENS: int(completion_tokens),
@@ -63,6 +65,8 @@ class RequestSpanEmitter:
         if self.model:
             attrs[rs.VLLM_MODEL] = self.model
         span = self.tracer.start_span(SPAN_NAME, kind=self._kind, start_time=int(arrival_ns), attributes=attrs)
+        if preemptions is not None:
+            span.add_event("journey.FINISHED", {rs.VLLM_NUM_PREEMPTIONS: int(preemptions)}, timestamp=int(end_ns))
         span.end(end_time=int(end_ns))
         self.emitted += 1
 
