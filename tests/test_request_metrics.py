@@ -64,3 +64,14 @@ def test_promtool_check_metrics_passes_with_the_request_families():
     assert "ridgeline_request_segment_p99_seconds" in text
     r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_top_shows_the_windows_requests():
+    from rich.console import Console
+    from ridgeline.agent.top import render
+    w = with_requests(seed_stories())
+    c = Console(width=200, record=True)
+    c.print(render(w))
+    text = c.export_text()
+    assert "requests: 3 joined; decode dragged 31% (measured)" in text
+    assert "top culprit long-4000 +12.50 s (4000 prompt tokens)" in text
