@@ -129,25 +129,39 @@ def _event_columns(kind: str) -> list[tuple[str, str]]:
 
 
 def _typed(cols) -> list[tuple[str, str]]:
-    return [(c, {"i": "int64", "f": "float64", "s": "dict"}[k]) for c, k in cols]
+    return [(c, {"i": "int64", "f": "float64", "s": "dict", "t": "string", "c": "culprits"}[k]) for c, k in cols]
 
 
 TABLES: dict[str, list[tuple[str, str]]] = {k: _event_columns(k) for k in EVENT_DTYPES}
 TABLES["windows"] = _typed(_WINDOW_KEY + tuple((c, k) for c, k, _ in WINDOW_COLUMNS))
 TABLES["window_phases"] = _typed(_WINDOW_KEY + (("device", "i"), ("pid", "i"), ("phase", "s")) + PHASE_COLUMNS)
 TABLES["verdicts"] = _typed(_WINDOW_KEY + (("device", "i"), ("pid", "i"), ("phase", "s"), ("verdict", "s"),
-                                           ("face", "s"), ("record_json", "s")))
-TABLES["messages"] = _typed(_KEY + (("ts_ns", "i"), ("topic", "s"), ("seq", "i"), ("meta_json", "s")))
+                                           ("face", "s"), ("record_json", "t")))
+TABLES["messages"] = _typed(_KEY + (("ts_ns", "i"), ("topic", "s"), ("seq", "i"), ("meta_json", "t")))
 TABLES["devices"] = _typed(_KEY + (("device", "i"), ("name", "s"), ("sm_count", "i"),
                                    ("memory_total_bytes", "i"), ("compute_capability", "s")))
+# Reserved: one row per request of a window's slowest list, the fields of
+# aggregator.request_join.RequestStory. No window record carries them yet, so no
+# recording has this table; its schema is fixed here so that fleet queries can be
+# written (docs/fleet.md) and checked against it.
+RESERVED_TABLES: dict[str, list[tuple[str, str]]] = {"requests": _typed(_WINDOW_KEY + (
+    ("request_id", "t"), ("engine", "s"), ("start_ns", "i"), ("end_ns", "i"), ("e2e_ns", "i"), ("queue_ns", "i"),
+    ("kv_usage_max_queued_ratio", "f"), ("kv_full_while_queued", "i"), ("prefill_ns", "i"),
+    ("prefill_chunks", "i"), ("decode_ns", "i"), ("decode_steps", "i"), ("ns_per_token", "f"),
+    ("dragged_ns", "i"), ("dragged_by_prefill_ns", "i"), ("dragged_by_long_ns", "i"), ("dragged_source", "s"),
+    ("alone_decode_ns", "i"), ("preemptions", "i"), ("recovery_ns", "i"), ("prompt_tokens", "i"),
+    ("completion_tokens", "i"), ("culprits", "c")))}
 
 
 def arrow_schema(table: str):
     """The Arrow schema of a table's files (without the Hive partition columns)."""
     pa, _ = _pa()
     types = {"dict": pa.dictionary(pa.int32(), pa.string()), "int64": pa.int64(), "float64": pa.float64(),
-             "int32": pa.int32(), "uint8": pa.uint8(), "int8": pa.int8()}
-    return pa.schema([(c, types[t]) for c, t in TABLES[table]],
+             "int32": pa.int32(), "uint8": pa.uint8(), "int8": pa.int8(), "string": pa.string(),
+             "culprits": pa.list_(pa.struct([("request_id", pa.string()), ("kind", pa.string()),
+                                             ("added_ns", pa.int64()), ("tokens", pa.int64())]))}
+    cols = TABLES[table] if table in TABLES else RESERVED_TABLES[table]
+    return pa.schema([(c, types[t]) for c, t in cols],
                      metadata={"ridgeline.schema_version": str(SCHEMA_VERSION), "ridgeline.table": table})
 
 
@@ -226,6 +240,8 @@ def _rows_table(pa, table: str, rows: list[dict]):
         vals = [r.get(c) for r in rows]
         if t == "dict":
             cols.append(pa.array([None if v is None else str(v) for v in vals], type=pa.string()).dictionary_encode())
+        elif t == "string":
+            cols.append(pa.array([None if v is None else str(v) for v in vals], type=pa.string()))
         else:
             cols.append(pa.array(vals, type=pa.int64() if t == "int64" else pa.float64()))
     return pa.Table.from_arrays(cols, schema=arrow_schema(table))
