@@ -5,8 +5,10 @@ simulator's run (``ridgeline simulate``: vLLM-style kernels, copies, launch call
 step annotations): one ``events`` batch per window of 1 s of the simulated GPU's events,
 and the ``window`` the agent's real :class:`aggregator.windows.WindowBuilder` folds
 from it (phases, roofline with the model's analytic work, verdict), encoded with the real
-wire codec. The agent's clock (``recv_ns``, window start/end) advances ``window_s`` per
-window from ``t0_ns``, so a few windows span hours of wall clock. A host may be
+wire codec. A window is as long as the GPU took for its batch (``events_s``, times the
+slow factor) and one starts every ``window_s`` of the agent's clock from ``t0_ns`` (a
+sampled recording: a few windows span hours of wall clock at the cost of seconds of
+events). A host may be
 ``slowed`` from a window on: its GPU takes ``slow_factor`` times as long for the same
 work (every event time of the slice stretched), as a throttled or degraded GPU does.
 """
@@ -51,11 +53,13 @@ def write_host(out: Path, source: Trace, host: str, model: str, windows: int = 1
                     a["correlation_id"] = np.where(a["correlation_id"] >= 0,
                                                    a["correlation_id"] + i * 10_000_000, -1)
                 arrays[k] = a
-            gpu_clock += int(1e9 * f)
+            gpu_clock += int(events_s * f * 1e9)      # the next batch follows on (no idle GPU between)
             tr = Trace(names=source.names, devices=source.devices,
                        meta={"source": "simulated", "model": model}, **arrays)
+            # the agent's window holds the batch: as long as the GPU took for it, one
+            # every window_s (a sampled recording: hours of wall clock, seconds of events)
             start = t0_ns + int(i * window_s * 1e9)
-            end = start + int(window_s * 1e9)
+            end = start + int(events_s * f * 1e9)
             w.write(wire.encode_envelope("events", i, enc.encode(tr), host, end - 1000), end - 1000)
             wb.add_events(tr)
             win = wb.close(start, end, final=(i == windows - 1))
