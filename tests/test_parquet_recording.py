@@ -176,3 +176,31 @@ def test_host_names_are_partition_safe():
     assert pqr.host_dir("gpu-07.example") == "gpu-07.example"
     assert pqr.host_dir("a/b=c d") == "a%2Fb%3Dc%20d"
     assert pqr.host_dir("") == "unknown"
+
+
+def test_record_format_parquet_from_a_live_agent(tmp_path, trace_path, capsys):
+    """``ridgeline record --format parquet`` against the real agent replaying a real
+    trace: the folder holds the stream's windows and events, and analyze reads it."""
+    import subprocess
+    import sys
+
+    from test_agent_stream import TRACE, start_agent, stop, write_config
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
+    a = start_agent(cfg)
+    out = tmp_path / "live"
+    try:
+        rec = subprocess.run([sys.executable, "-m", "ridgeline", "record", "--format", "parquet", "-o", str(out),
+                              "--endpoint", ep, "--duration", "5"], capture_output=True, text=True, timeout=90)
+        # kept up with the stream: no message lost to the subscriber's queue
+        assert rec.returncode == 0 and "messages" in rec.stderr and "missing" not in rec.stderr, rec.stderr
+    finally:
+        assert stop(a) == 0
+    msgs = pq.ParquetDataset(out / "messages").read().to_pylist()
+    topics = [m["topic"] for m in msgs]
+    assert topics.count("window") >= 1 and topics.count("events") >= 2
+    k = pq.ParquetDataset(out / "kernels").read()
+    assert k.num_rows > 100 and "" not in set(k.column("name").to_pylist()[:50])
+    assert set(k.column("frame").to_pylist()) <= {m["frame"] for m in msgs if m["topic"] == "events"}
+    assert pq.ParquetDataset(out / "windows").read().num_rows >= 1
+    doc = _analyze(capsys, out)
+    assert doc["kernels"] == k.num_rows and doc["recording"]["messages"]["window"] == topics.count("window")
