@@ -417,7 +417,9 @@ class ParquetRecordingWriter:
             if isinstance(parts[0], dict):
                 t = _rows_table(pa, table, parts)
             else:
-                t = pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+                # chunks keep their own dictionaries: the Parquet writer builds each
+                # column chunk's dictionary page itself
+                t = pa.concat_tables(parts)
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 path = d / f"part-{self.recording}-{n:06d}.parquet"
