@@ -265,7 +265,7 @@ class StreamSummary:
     sources: set = field(default_factory=set)
     models: set = field(default_factory=set)
     windows: int = 0
-    last_window: bytes | None = None    # the last window's payload, decoded by who needs it
+    last_window: bytes | dict | None = None    # the last window's payload (bytes: decoded by who needs it)
     # the "requests" topic (issue 22): stories told, and the slowest kept (bounded)
     requests_told: int = 0
     slowest_requests: list = field(default_factory=list)
@@ -297,17 +297,40 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
     :data:`probes.budget.DEFAULT_MAX_MEMORY_BYTES`). ``summary`` collects message counts,
     gaps, restarts and truncation. InputError (one line, naming the file and frame) for
     frames that do not decode or a single events message larger than the budget."""
-    from ridgeline.probes.budget import BASE_BYTES, DEFAULT_MAX_MEMORY_BYTES
-    from .subscriber import SeqTracker, decode_payload, envelope_field
+    from .subscriber import decode_payload, envelope_field
     if codec is None:
         from ridgeline.aggregator import wire as codec
     wire = codec
     p = Path(path)
+    report: dict = {}
+
+    def messages():
+        for i, (recv_ns, env) in enumerate(iter_envelopes(p, report, wire)):
+            topic = envelope_field(env, "topic") or envelope_field(env, "kind")
+            payload = envelope_field(env, "payload")
+            # events decode lazily (a window's payload stays bytes: decoded by who needs it)
+            thunk = ((lambda payload=payload: decode_payload(wire, "events", payload)) if topic == "events"
+                     else (lambda payload=payload: payload))
+            yield (i, recv_ns, topic, int(envelope_field(env, "seq")), envelope_field(env, "host", "") or "",
+                   thunk)
+    yield from segments_of(messages(), p, max_memory_bytes, summary, report)
+
+
+def segments_of(messages, p, max_memory_bytes: int | None = None, summary: StreamSummary | None = None,
+                report: dict | None = None, fmt: str = "ridgeline-recording"):
+    """The segmentation of :func:`iter_segments` over any stream of messages
+    ``(frame, recv_ns, topic, seq, host, payload())`` in recorded order (a ``.rlrec`` file,
+    or the messages table of a Parquet recording, agent.parquet_recording): the same
+    cuts at restarts, lost events messages and the memory budget, so both give the same
+    segments. ``payload()`` returns the events :class:`Trace` (or raises InputError) and,
+    for a window, what :func:`agent.recording_analysis._last_window_verdicts` reads."""
+    from ridgeline.probes.budget import BASE_BYTES, DEFAULT_MAX_MEMORY_BYTES
+    from .subscriber import SeqTracker
     # a segment's rows are charged at the analysis' peak cost; merging them (batches,
     # concatenation, sorted copy) needs room too: a segment gets half of the budget
     cap = ((max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES) - BASE_BYTES) // 2
     sm = summary if summary is not None else StreamSummary()
-    report: dict = {}
+    report = report if report is not None else {}
     seq = SeqTracker()
     batches: list[Trace] = []
     cost = 0
@@ -318,7 +341,7 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
 
     def cut():
         nonlocal batches, cost, index
-        meta = {"path": str(p), "format": "ridgeline-recording", "segment": index,
+        meta = {"path": str(p), "format": fmt, "segment": index,
                 "sources": sorted(s for s in sm.sources if s)}
         if any(s == "simulated" or "sim" in s for s in sm.sources):
             meta["simulated"] = True
@@ -329,11 +352,10 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         index += 1
         return seg
 
-    for i, (recv_ns, env) in enumerate(iter_envelopes(p, report, wire)):
-        topic = envelope_field(env, "topic") or envelope_field(env, "kind")
+    for i, recv_ns, topic, seq_no, host, payload in messages:
         sm.messages[topic] = sm.messages.get(topic, 0) + 1
-        sm.hosts.add(envelope_field(env, "host", "") or "")
-        gap, restarted = seq.see(topic, int(envelope_field(env, "seq")))
+        sm.hosts.add(host)
+        gap, restarted = seq.see(topic, seq_no)
         if restarted:
             # the agent restarted: every topic counts from 0 again, so forget the others'
             # last numbers (their reset is this same restart, not another one)
@@ -343,15 +365,15 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
             pending = "gap"
         if topic == "window":
             sm.windows += 1
-            sm.last_window = envelope_field(env, "payload")
+            sm.last_window = payload()
             continue
         if topic == "requests":
-            _keep_slowest(sm, envelope_field(env, "payload"))
+            _keep_slowest(sm, payload())
             continue
         if topic != "events":
             continue
         try:
-            batch = decode_payload(wire, topic, envelope_field(env, "payload"))
+            batch = payload()
         except InputError as exc:
             raise InputError(f"{p}: frame {i} ({topic}): {exc}") from None
         sm.sources.add(batch.meta.get("source", ""))

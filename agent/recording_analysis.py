@@ -29,12 +29,17 @@ _PHASE_SUMS = ("kernel_time_ns", "busy_ns", "kernels", "steps", "window_ns", "id
                "flops", "bytes", "work_busy_ns")
 
 
-def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | None = None) -> dict:
-    """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined."""
+def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | None = None,
+                      segments=None, fmt: str = "ridgeline-recording") -> dict:
+    """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined.
+    ``segments(max_memory_bytes, summary)``: the segment iterator (default: the ``.rlrec``
+    file's, agent.recording.iter_segments; a Parquet recording gives its own)."""
     from .recording import StreamSummary, iter_segments
     summary = StreamSummary()
     docs, segs = [], []
-    for seg in iter_segments(path, max_memory_bytes, summary=summary):
+    if segments is None:
+        segments = lambda mm, sm: iter_segments(path, mm, summary=sm)  # noqa: E731
+    for seg in segments(max_memory_bytes, summary):
         docs.append(analyze_one(seg.trace))
         k = seg.trace.kernels
         segs.append({"index": seg.index, "started_by": seg.started_by, "batches": seg.batches,
@@ -44,7 +49,7 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
         del seg
     if not docs:     # no events at all: the report of an empty trace, with the recording's facts
         from ridgeline.probes.events import Trace
-        docs.append(analyze_one(Trace(meta={"path": str(path), "format": "ridgeline-recording"})))
+        docs.append(analyze_one(Trace(meta={"path": str(path), "format": fmt})))
     rec = {"segments": len(segs), "restarts": summary.restarts, "gaps": dict(summary.gaps),
            "messages": dict(summary.messages), "truncated": summary.truncated,
            "hosts": sorted(h for h in summary.hosts if h)}
@@ -69,6 +74,8 @@ def _last_window_verdicts(payload) -> list:
     from .subscriber import decode_payload
     if payload is None:
         return []
+    if isinstance(payload, dict):        # already decoded (a Parquet recording's verdicts)
+        return verdict_records(payload.get("verdict"))
     try:
         w = decode_payload(wire, "window", payload)
     except InputError:

@@ -56,6 +56,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+class ParquetRef(tuple):
+    """One recording (host, recording id) in a Parquet recording folder."""
+    __slots__ = ()
+
+    def __new__(cls, root: str, host: str, recording: str):
+        return super().__new__(cls, (root, host, recording))
+
+    root = property(lambda self: self[0])
+    host = property(lambda self: self[1])
+    recording = property(lambda self: self[2])
+
+    def __str__(self) -> str:
+        return f"{self.root} (host={self.host}, recording={self.recording})"
+
+
 def _numbered(path: str, i: int, n: int) -> str:
     if n == 1:
         return path
@@ -195,9 +210,19 @@ def run(args) -> int:
             keep[:] = [trace, pm]
         return doc
 
-    def analyze_path(path: str):
+    def analyze_path(path):
         """(doc, trace, phase map) of one file; trace and map None for a recording
         unless --perfetto asks for its last segment."""
+        if isinstance(path, ParquetRef):
+            from ridgeline.agent import parquet_recording as pqr
+            from ridgeline.agent.recording_analysis import analyze_recording
+            last: list = []
+            label = str(path)
+            doc = analyze_recording(
+                label, lambda t: analyze_one(t, label, last if args.perfetto else None), max_memory_bytes,
+                segments=lambda mm, sm: pqr.iter_segments(path.root, path.host, path.recording, mm, sm),
+                fmt=pqr.FORMAT)
+            return doc, *(last or [None, None])
         if _is_recording(path):
             from ridgeline.agent.recording_analysis import analyze_recording
             last: list = []
@@ -216,7 +241,15 @@ def run(args) -> int:
     # one entry per argument: a file, or a directory of per-rank files
     jobs = []
     for path in args.traces:
-        if Path(path).is_dir():
+        from ridgeline.agent.parquet_recording import is_parquet_recording, recordings_in
+        if is_parquet_recording(path):
+            # a Parquet recording folder (ridgeline record --format parquet / export): one
+            # report per host and recording in it, each as its .rlrec would give
+            found = recordings_in(path)
+            if not found:
+                raise InputError(f"{path}: a Parquet recording folder without messages")
+            jobs.extend((ParquetRef(path, h, r), None) for h, r in found)
+        elif Path(path).is_dir():
             jobs.append((path, _rank_files(path)))
         else:
             jobs.append((path, None))
@@ -235,8 +268,8 @@ def run(args) -> int:
                 print(f"ridgeline: warning: skipped {f}: not a trace", file=sys.stderr)
                 i += 1
                 continue
-            doc["trace"] = f
-            _outputs(args, doc, trace, pm, phase_names, i, n, f)
+            doc["trace"] = str(f)
+            _outputs(args, doc, trace, pm, phase_names, i, n, str(f))
             group.append(doc)
             i += 1
         if files is None:

@@ -11,7 +11,11 @@ from ridgeline.probes.errors import InputError, RuntimeFailure
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
     p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="recording to write (a folder with --format parquet)")
+    p.add_argument("--format", choices=("rlrec", "parquet"), default="rlrec",
+                   help="rlrec: one framed file (default); parquet: Hive-style folders host=/gpu=/hour= "
+                        "(docs/parquet-schema.md; needs the ridgeline[parquet] extra)")
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -22,6 +26,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from ridgeline.agent.recording import RecordingWriter
     from ridgeline.agent.subscriber import open_stream
+    if args.format == "parquet":
+        from ridgeline.agent.parquet_recording import ParquetRecordingWriter as RecordingWriter  # noqa: N814
     if not args.duration >= 0:
         raise InputError("--duration must be >= 0")
     if not args.timeout >= 0:
@@ -36,13 +42,19 @@ def run(args) -> int:
     failure = None
     try:
         with RecordingWriter(args.output) as w:
+            t0 = last = time.monotonic()     # --duration counts from the writer's readiness
             try:
                 while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
                     msg = sub.receive(0.2)
                     if sub.refused:
                         failure = f"record: {sub.refused}"
                         break
-                    if msg is not None:
+                    if msg is not None and args.format == "parquet":
+                        # the subscriber decoded the payload already (a stateful stream's
+                        # names are decoded once)
+                        w.add_message(msg.topic, msg.seq, msg.host, msg.ts_ns, time.time_ns(), msg.payload)
+                        last = time.monotonic()
+                    elif msg is not None:
                         w.write(msg.raw, time.time_ns())
                         last = time.monotonic()
                     elif args.timeout and time.monotonic() - last > args.timeout:
@@ -52,6 +64,7 @@ def run(args) -> int:
             except KeyboardInterrupt:
                 pass
             gaps = sum(sub.seq.gaps.values())
+            w.close()       # a Parquet writer writes its last files here: counted below
             print(f"ridgeline record: {w.frames} messages, {w.bytes} bytes to {args.output}"
                   + (f"; {gaps} missing (sequence gaps)" if gaps else "")
                   + (f"; {sub.bad} undecodable skipped" if sub.bad else ""), file=sys.stderr)
