@@ -139,15 +139,33 @@ class StreamPhaser:
         return KernelClasses(signatures=self._signatures, **{f: a[look] for f, a in self._cls.items()})
 
     # -- batches -----------------------------------------------------------------------
-    def map_batch(self, trace: Trace) -> BatchPhases:
+    @staticmethod
+    def kernels_only(trace: Trace) -> bool:
+        """Whether :meth:`map_batch` cuts this batch into steps from its kernels alone
+        (no ranges, no CPU operators), so that :meth:`segment` may come first."""
+        return not (len(trace.ranges) or len(trace.cpu_ops))
+
+    def segment(self, trace: Trace):
+        """The steps :meth:`map_batch` would cut a kernels-only batch into (its kernel
+        classes and :func:`aggregator.steps.segment_kernels`), for a caller that decides
+        which steps to hold back before any is phase-mapped."""
+        kc = self.classes(trace.kernels["name_id"])
+        return kc, segment_kernels(trace, kc)
+
+    def map_batch(self, trace: Trace, seg=None, skip: np.ndarray | None = None) -> BatchPhases:
+        """Phases of one batch. ``seg``: :meth:`segment`'s answer for this batch (a
+        kernels-only batch); ``skip``: per step of it (and one more slot), True for the
+        steps not to decide now: the caller holds them back and maps them whole later, so
+        deciding their partial shape would only be thrown away (each was a new shape, a
+        full phase mapping, every fold). Skipped steps keep UNKNOWN phases, are not in
+        ``order`` and leave no trace in the continuity history."""
         k = trace.kernels
         n = len(k)
         if n == 0:
             return BatchPhases(np.empty(0, np.uint8), np.empty(0, np.int32))
-        if len(trace.ranges) or len(trace.cpu_ops):
+        if not self.kernels_only(trace):
             return self._full(trace)
-        kc = self.classes(k["name_id"])
-        seg = segment_kernels(trace, kc)
+        kc, seg = seg if seg is not None else self.segment(trace)
         ks = np.asarray(seg.kernel_step, dtype=np.int64)
         # Kernels of each step in (step, start) order; a step's shape is the sequence
         # of its kernels' name ids and launch dimensions.
@@ -158,6 +176,8 @@ class StreamPhaser:
         order = np.argsort((ks << 40) | np.minimum(rel, (1 << 40) - 1), kind="stable")
         sks = ks[order]
         on = sks >= 0
+        if skip is not None and skip.any():
+            on &= ~skip[sks]                # sks -1 reads the extra slot
         if not on.all():
             order, sks = order[on], sks[on]
         phase = np.full(n, UNKNOWN, dtype=np.uint8)
@@ -232,12 +252,17 @@ class StreamPhaser:
                 continue
             steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
                                   x.decode_tokens, x.evidence, x.mixed_slots)
-        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected)
+        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected), or skipped
             if steps[j] is None:
                 steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
         # Steps in time order per device (segments are per device, in time order).
         step_ids = sks[first]
-        for j in mixed_by_continuity(steps, self.previous_step):
+        if skip is not None and skip[:len(steps)].any():
+            at = np.flatnonzero(~skip[:len(steps)]).tolist()
+            relabel = [at[i] for i in mixed_by_continuity([steps[j] for j in at], self.previous_step)]
+        else:
+            relabel = mixed_by_continuity(steps, self.previous_step)
+        for j in relabel:
             steps[j].prefill_tokens = steps[j].decode_tokens = None
             p = int(np.searchsorted(step_ids, j))
             if p < len(step_ids) and step_ids[p] == j:

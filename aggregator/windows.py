@@ -780,7 +780,15 @@ class SourceFold:
         n = len(k)
         if not n:
             return
-        bp = self.phaser.map_batch(t)
+        held = None
+        if not flush and self.phaser.kernels_only(t):
+            # The steps to hold back are chosen from the segmentation, before any step is
+            # phase-mapped: the held ones are mapped whole in a later fold, not now.
+            seg = self.phaser.segment(t)
+            held = self._held_steps(seg[1].segments, np.asarray(seg[1].kernel_step, dtype=np.int64))
+            bp = self.phaser.map_batch(t, seg=seg, skip=held)
+        else:
+            bp = self.phaser.map_batch(t)
         self.shape_hits += bp.shape_hits
         self.shape_misses += bp.shape_misses
         kstep = bp.kernel_step.astype(np.int64)
@@ -793,25 +801,14 @@ class SourceFold:
             loose = np.flatnonzero(kstep < 0)
             if len(loose):                 # kernels in no step: by start, after the steps
                 order = np.concatenate([order, loose[np.argsort(k["start_ns"][loose], kind="stable")]])
-        if not flush and bp.steps:
+        if not flush and (held is not None or bp.steps):
             # Hold back each device's last step: more of it may come in the next batch (or
             # the next window). Bounded: at most MAX_CARRY_KERNELS held in all; a step over
             # the bound is decided now with the kernels it has (counted in open_steps_cut).
             # An annotated batch also holds its ranges and CPU operators from the earliest
             # operator that launched a held kernel on (the ranges and parents enclosing it).
-            last: dict[int, int] = {}
-            for i, s in enumerate(bp.steps):
-                if s.device not in last or s.start_ns >= bp.steps[last[s.device]].start_ns:
-                    last[s.device] = i
-            size = np.bincount(kstep[kstep >= 0], minlength=len(bp.steps))
-            held = np.zeros(len(bp.steps) + 1, dtype=bool)
-            room = MAX_CARRY_KERNELS
-            for i in sorted(last.values(), key=lambda i: int(size[i])):
-                if size[i] <= room:
-                    held[i] = True
-                    room -= int(size[i])
-                else:
-                    self.open_steps_cut += 1
+            if held is None:
+                held = self._held_steps(bp.steps, kstep)
             hold = held[kstep]              # kstep -1 -> the last slot (False)
             if hold.any():
                 hi = np.flatnonzero(hold)
@@ -837,6 +834,25 @@ class SourceFold:
                     order = order[~hold[order]]
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
+
+    def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
+        """Per step (``device``, ``start_ns``), and one more slot for "no step": True for
+        each device's last step, held for the next batch; at most MAX_CARRY_KERNELS in
+        all, smallest first, a step over the bound counted in ``open_steps_cut``."""
+        last: dict[int, int] = {}
+        for i, s in enumerate(steps):
+            if s.device not in last or s.start_ns >= steps[last[s.device]].start_ns:
+                last[s.device] = i
+        size = np.bincount(kstep[kstep >= 0], minlength=len(steps))
+        held = np.zeros(len(steps) + 1, dtype=bool)
+        room = MAX_CARRY_KERNELS
+        for i in sorted(last.values(), key=lambda i: int(size[i])):
+            if size[i] <= room:
+                held[i] = True
+                room -= int(size[i])
+            else:
+                self.open_steps_cut += 1
+        return held
 
     def _fold_kernels(self, k, order, phase, kstep, steps, lat, shf, shb) -> None:
         """Fold the kernels ``order`` (indices sorted by step, then start) with their
