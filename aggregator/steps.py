@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ridgeline.aggregator.columns import distinct
 from ridgeline.aggregator.signatures import GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses, short_name
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
 from ridgeline.probes.kineto import kernel_cpu_op_index
@@ -302,7 +303,7 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     if not sel.any():
         return Segmentation(kernel_step, segments)
     device = k["device"]
-    devices = np.unique(device[sel])
+    devices = distinct(device if mask is None else device[sel])
     for dev in devices:
         idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
         s = k["start_ns"][idx]

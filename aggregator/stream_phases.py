@@ -85,6 +85,24 @@ class _Shape:
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
 
 
+class _GatheredClasses:
+    """The :class:`KernelClasses` of some kernels, each per-kernel array gathered from the
+    per-name arrays (``per_name[f][look]``) when first read: segmentation reads four of
+    the fourteen, and gathering all of them was a pass over the kernels each."""
+
+    def __init__(self, signatures, per_name: dict, look: np.ndarray):
+        self.signatures = signatures
+        self._per_name, self._look = per_name, look
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        per = self.__dict__.get("_per_name")
+        if per is None or name not in per:
+            raise AttributeError(name)
+        a = per[name][self._look]
+        self.__dict__[name] = a
+        return a
+
+
 class StreamPhaser:
     """Streaming phase mapper of one source (see the module docstring)."""
 
@@ -136,7 +154,7 @@ class StreamPhaser:
             self._cls_n = n_names + 1
         nid = np.asarray(name_ids, dtype=np.int64)
         look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)
-        return KernelClasses(signatures=self._signatures, **{f: a[look] for f, a in self._cls.items()})
+        return _GatheredClasses(self._signatures, self._cls, look)
 
     # -- batches -----------------------------------------------------------------------
     @staticmethod

@@ -73,6 +73,8 @@ import numpy as np
 from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
 
+from .columns import distinct, distinct_inverse
+
 log = logging.getLogger("ridgeline.windows")
 
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
@@ -486,9 +488,12 @@ MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and win
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
     """Bin index per value: 0 for <= 0, else the binary exponent (1 ns -> 1, 2-3 ns -> 2, ...).
     Read from the float64 exponent bits (no logarithm per value)."""
-    v = np.maximum(np.asarray(values_ns, dtype=np.float64), 0.5)
-    e = (v.view(np.int64) >> 52) - 1022
-    return np.clip(e, 0, HIST_BINS - 1)
+    v = np.asarray(values_ns, dtype=np.float64)
+    v = np.maximum(v, 0.5, out=v if v is not values_ns else None)
+    e = v.view(np.int64)
+    e >>= 52
+    e -= 1022                      # >= 0: values were raised to 0.5 (exponent 1022)
+    return np.minimum(e, HIST_BINS - 1, out=e)
 
 
 def hist_percentile_ns(hist: np.ndarray, q: float) -> float | None:
@@ -646,12 +651,12 @@ class SourceFold:
             what = np.where((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH), 0, np.where(cat == API_SYNC, 1, 2))
             m = what < 2
             if m.any():
-                upid, pinv = np.unique(a["pid"][m], return_inverse=True)
-                idx = (pinv.reshape(-1) * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
+                upid, pinv = distinct_inverse(a["pid"][m])
+                idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
                 h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
                 lm = what == 0
                 if lm.any():   # the launch threads: /metrics keeps their scheduling series
-                    pairs = np.unique((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
+                    pairs = distinct((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
                     for pt in pairs[:256].tolist():
                         tids = self.launch_tids.setdefault(int(pt >> 32), set())
                         if len(tids) < MAX_LAUNCH_TIDS:
@@ -674,7 +679,7 @@ class SourceFold:
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         k = trace.kernels
         if len(k):
-            self._active.update(np.unique(k["device"]).tolist())
+            self._active.update(distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
