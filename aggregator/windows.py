@@ -639,11 +639,21 @@ class SourceFold:
         if len(parts) == 1:
             self._ingest(parts[0])
             return
-        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("kernels", "copies", "api")}
-        self._ingest(Trace(kernels=cat["kernels"], copies=cat["copies"], api=cat["api"], names=self.names,
-                           devices=list(self.devices.values()), meta=parts[-1].meta))
+        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("copies", "api")}
+        # The held open step's kernels go first in the same copy: _ingest would otherwise
+        # copy the whole batch a second time to put them in front.
+        ck = self._carry[0] if self._carry is not None and not len(self._carry[4]) and not len(self._carry[5]) \
+            else None
+        lead = [ck] if ck is not None else []
+        both = concat_records(lead + [p.kernels for p in parts])
+        n0 = len(ck) if ck is not None else 0
+        self._ingest(Trace(kernels=both[n0:], copies=cat["copies"], api=cat["api"], names=self.names,
+                           devices=list(self.devices.values()), meta=parts[-1].meta),
+                     with_carry=both if ck is not None else None)
 
-    def _ingest(self, trace: Trace) -> None:
+    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None) -> None:
+        """Fold one batch, after the held open steps. ``with_carry``: the held kernels
+        followed by ``trace.kernels`` in one array, when the caller has made it."""
         a = trace.api
         if len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
@@ -700,7 +710,8 @@ class SourceFold:
                 cf, cb = (cf, cb) if cf is not None else (np.full(len(ck), np.nan),) * 2
                 shf, shb = (shf, shb) if shf is not None else (np.full(len(k), np.nan),) * 2
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
-            k, lat = concat_records([ck, k]), np.concatenate([cl, lat])
+            k = with_carry if with_carry is not None else concat_records([ck, k])
+            lat = np.concatenate([cl, lat])
             if len(cr):
                 ranges = concat_records([cr, ranges])
             if len(co):
