@@ -924,14 +924,24 @@ class SourceFold:
         ugp, gp_of_unit = np.unique(ukey[first], return_inverse=True)
         gp_of_unit = gp_of_unit.reshape(-1)
         ng = len(ugp)
-        gp_of_kernel = gp_of_unit[unit]
-        kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur), minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-        gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
-                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
         lo = lat[order]
-        lm = lo >= 0
-        lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
-                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+        lat_known = bool(len(lo)) and int(lo.min()) >= 0
+        if ng == 1:
+            # One (device, pid, phase) in the batch (a steady stream): every kernel's
+            # group is 0, no per-kernel group index to build.
+            gp_of_kernel = None
+            kd_h = np.bincount(log2_bins(dur), minlength=HIST_BINS).reshape(1, HIST_BINS)
+            gap_h = np.bincount(log2_bins(gap_len), minlength=HIST_BINS).reshape(1, HIST_BINS)
+            lat_h = np.bincount(log2_bins(lo if lat_known else lo[lo >= 0]), minlength=HIST_BINS).reshape(1, HIST_BINS)
+        else:
+            gp_of_kernel = gp_of_unit[unit]
+            kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur),
+                               minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+            gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
+                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+            lm = lo >= 0
+            lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
+                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
         # Operator-shape work per kernel (None: the batch had no CPU operators).
         have_shapes = False
         if shf is not None:
@@ -939,6 +949,8 @@ class SourceFold:
             known = ~np.isnan(fo)
             have_shapes = bool(known.any())
         if have_shapes:
+            if gp_of_kernel is None:
+                gp_of_kernel = np.zeros(n, dtype=np.intp)
             bo = shb[order]
             sh_f = _bincount2(gp_of_kernel[known], fo[known], ng)
             sh_b = _bincount2(gp_of_kernel[known], bo[known], ng)
