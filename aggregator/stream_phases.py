@@ -47,6 +47,8 @@ from .steps import segment_kernels
 _MUL = np.uint64(0x9E3779B97F4A7C15)       # odd constants of a multiplicative hash
 _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F,
                               0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
+# The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
+_CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
 
 
 @dataclass
@@ -191,8 +193,13 @@ class StreamPhaser:
         # batch): the batch is mostly in order already, which a stable sort exploits.
         st = k["start_ns"]
         rel = st - st.min()
-        order = np.argsort((ks << 40) | np.minimum(rel, (1 << 40) - 1), kind="stable")
-        sks = ks[order]
+        key = (ks << 40) | np.minimum(rel, (1 << 40) - 1)
+        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+            # Already in (step, start) order (one device, in time order): no sort, no gather.
+            order, sks = np.arange(n), ks
+        else:
+            order = np.argsort(key, kind="stable")
+            sks = ks[order]
         on = sks >= 0
         if skip is not None and skip.any():
             on &= ~skip[sks]                # sks -1 reads the extra slot
@@ -214,14 +221,18 @@ class StreamPhaser:
             self._pw = pw
         with np.errstate(over="ignore"):
             # Per-kernel value in batch order (strided column reads), then one gather.
-            v = ((k["name_id"].astype(np.int64) + 1).astype(np.uint64) * _C[0]
-                 + k["grid_x"].astype(np.uint64) * _C[1]
-                 + k["grid_y"].astype(np.uint64) * _C[2]
-                 + k["block_x"].astype(np.uint64) * _C[3]
-                 # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too
-                 + k["grid_z"].astype(np.uint64) * _C[4]
-                 + k["block_y"].astype(np.uint64) * _C[5])
-            h = np.add.reduceat(v[order] * self._pw[pos], first)
+            # In int64 (two's complement: the same bits as the uint64 products of the
+            # sign-extended columns), each column multiplied straight from its int32 field.
+            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
+            v = k["name_id"].astype(np.int64)
+            v += 1
+            v *= _CI[0]
+            tmp = np.empty(n, dtype=np.int64)
+            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
+                np.multiply(k[f], c, out=tmp, dtype=np.int64)
+                v += tmp
+            v = v.view(np.uint64)
+            h = np.add.reduceat((v if len(order) == n and sks is ks else v[order]) * self._pw[pos], first)
             h = h ^ (lens.astype(np.uint64) * _MUL)
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)

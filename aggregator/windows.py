@@ -1120,14 +1120,18 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
     if not len(launch):
         return lat
-    corr = a["correlation_id"][launch]
+    every = len(launch) == len(a)          # only launch records (a kernel stream): no gather
+    corr = a["correlation_id"] if every else a["correlation_id"][launch]
     if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
         o = np.argsort(corr, kind="stable")
         corr, launch = corr[o], launch[o]
+        every = False
     kc = k["correlation_id"]
     if len(kc) == len(corr) and np.array_equal(kc, corr):
         # One launch record per kernel, in the same order (the common case): no search.
-        lat[:] = np.where(kc >= 0, np.maximum(k["start_ns"] - a["start_ns"][launch], 0), -1)
+        d = k["start_ns"] - (a["start_ns"] if every else a["start_ns"][launch])
+        np.maximum(d, 0, out=d)
+        lat[:] = np.where(kc >= 0, d, -1) if int(kc.min()) < 0 else d
         return lat
     pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
     hit = (corr[pos] == kc) & (kc >= 0)
