@@ -98,6 +98,15 @@ class Receiver:
             time.sleep(0.02)
         return self.kernels
 
+    def drops(self) -> dict:
+        """Cumulative record drops by cause (the library's counters as the agent received
+        them) and batches the agent's bounded queue refused."""
+        c = self.probe.counters()
+        out = {k: c.get(f"library_{k}", 0) for k in ("dropped_cupti", "dropped_pool_full", "dropped_no_agent",
+                                                     "dropped_send")}
+        out["agent_batches_refused"] = c.get("dropped_batches", 0)
+        return out
+
     def close(self):
         self._stop.set()
         self._t.join(5)
@@ -149,20 +158,23 @@ def main(argv=None) -> int:
     try:
         for rate in rates:
             per = {"bare": [], "cupti": [], "inject": []}
-            received = []
+            received, drops = [], []
             for _ in range(args.runs):
                 for mode in ("bare", "cupti", "inject"):
-                    before = recv.kernels
+                    before, d0 = recv.kernels, recv.drops()
                     r = run_app(app, mode, args.launches, rate, args.linger_ms, sock)
                     per[mode].append(r["cpu_ns"] / args.launches)
                     if mode == "inject":
                         received.append(recv.wait_for(before + args.launches, 10.0) - before)
+                        time.sleep(0.5)          # the process's last counters reach the agent
+                        d1 = recv.drops()
+                        drops.append({k: d1[k] - d0[k] for k in d1 if d1[k] != d0[k]})
             med = {m: median(v) for m, v in per.items()}
             rows.append({"rate_per_s": rate, "launches": args.launches, "runs": args.runs,
                          "ns_per_launch": per, "median_ns_per_launch": med,
                          "library_ns_per_launch": med["inject"] - med["cupti"],
                          "with_cupti_ns_per_launch": med["inject"] - med["bare"],
-                         "kernels_received": received})
+                         "kernels_received": received, "drops": drops})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     finally:
         recv.close()
@@ -173,15 +185,16 @@ def main(argv=None) -> int:
            f"stand-in libcupti, {args.launches:,} launches per run, modes alternating, {args.runs} runs each.", "",
            "| launches/s | bare ns/launch (min / median / max) | cupti (stub + minimal client) | "
            "inject (stub + libridgeline_cupti) | library's own (inject - cupti, medians) | "
-           "inject - bare | kernels at the agent (per run) |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
+           "inject - bare | kernels at the agent (per run) | records dropped, by cause (per run) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         def mmm(m):
             v = sorted(r["ns_per_launch"][m])
             return f"{v[0]:.0f} / {median(v):.0f} / {v[-1]:.0f}"
         out.append(f"| {r['rate_per_s'] or 'burst'} | {mmm('bare')} | {mmm('cupti')} | {mmm('inject')} | "
                    f"**{r['library_ns_per_launch']:.0f}** | {r['with_cupti_ns_per_launch']:.0f} | "
-                   f"{', '.join(f'{k:,}' for k in r['kernels_received'])} |")
+                   f"{', '.join(f'{k:,}' for k in r['kernels_received'])} | "
+                   f"{'; '.join(', '.join(f'{k} {v:,}' for k, v in d.items()) or 'none' for d in r['drops'])} |")
     out.append("")
     out.append("Target: the library's own CPU <= 1,000 ns per launch. CPU of all the served process's threads "
                "(getrusage) over the loop and the linger, per launch.")
