@@ -485,6 +485,12 @@ MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and wi
 MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and window
 
 
+# API record category -> 0 launch (kernel or graph), 1 synchronisation, 2 anything else.
+_API_WHAT = np.full(256, 2, dtype=np.int8)
+_API_WHAT[[API_LAUNCH, API_GRAPH_LAUNCH]] = 0
+_API_WHAT[API_SYNC] = 1
+
+
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
     """Bin index per value: 0 for <= 0, else the binary exponent (1 ns -> 1, 2-3 ns -> 2, ...).
     Read from the float64 exponent bits (no logarithm per value)."""
@@ -657,15 +663,21 @@ class SourceFold:
         a = trace.api
         if len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
-            cat = a["category"]
-            what = np.where((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH), 0, np.where(cat == API_SYNC, 1, 2))
-            m = what < 2
-            if m.any():
+            what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
+            launches_only = int(what.max()) == 0
+            m = slice(None) if launches_only else what < 2
+            if launches_only or m.any():
                 upid, pinv = distinct_inverse(a["pid"][m])
-                idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
-                h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
-                lm = what == 0
-                if lm.any():   # the launch threads: /metrics keeps their scheduling series
+                if launches_only and len(upid) == 1:
+                    # One process, only launch records (a kernel stream): the histogram of
+                    # the durations alone, no per-record index.
+                    h = np.zeros((1, 2, HIST_BINS), dtype=np.int64)
+                    h[0, 0] = np.bincount(log2_bins(dur), minlength=HIST_BINS)
+                else:
+                    idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
+                    h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
+                lm = slice(None) if launches_only else what == 0
+                if launches_only or lm.any():   # the launch threads: /metrics keeps their scheduling series
                     pairs = distinct((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
                     for pt in pairs[:256].tolist():
                         tids = self.launch_tids.setdefault(int(pt >> 32), set())
