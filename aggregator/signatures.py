@@ -10,6 +10,7 @@ over kernels.
 from __future__ import annotations
 
 import tomllib
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -296,41 +297,26 @@ def match_name_ids(names: NameTable, name_ids: np.ndarray, signatures: list[Sign
     return sub_sig[pos] if len(pos) else np.empty(0, dtype=np.int32)
 
 
-def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) -> KernelClasses:
-    """Classify every kernel of ``trace`` by its name (vectorised over kernels)."""
-    sigs = list(signatures) if signatures is not None else list(_default_signatures())
-    k = trace.kernels
-    n = len(k)
-    # Distinct name ids through a table over the name table (linear; no sort of the kernels).
-    shifted = k["name_id"].astype(np.int64) + 1             # -1 (no name) -> slot 0
-    present = np.zeros(len(trace.names) + 1, dtype=bool)
-    present[shifted] = True
-    slots = np.flatnonzero(present)
-    uniq = (slots - 1).astype(np.int32)
-    slot_pos = np.zeros(len(present), dtype=np.int64)
-    slot_pos[slots] = np.arange(len(slots))
-    inverse = slot_pos[shifted]
-    uniq_sig = match_name_ids(trace.names, uniq, sigs)
-    role_of = np.array([ROLE_CODES[s.role] for s in sigs] + [ROLE_NONE], dtype=np.uint8)
-    hint_of = np.array([HINT_CODES[s.phase] for s in sigs] + [HINT_NEUTRAL], dtype=np.uint8)
-    strength_of = np.array([STRENGTH_CODES[s.strength] for s in sigs] + [0], dtype=np.uint8)
+def _classify_ids(names: NameTable, uniq: np.ndarray, sigs: list[Signature]) -> dict[str, np.ndarray]:
+    """Per-name classes of the distinct name ids ``uniq`` (-1: no name): signature index,
+    GEMM tile sides, grid-in-work-items, causality, query block and softmax rows per block.
+    One regex search per name and signature; nothing here depends on the kernels."""
+    uniq_sig = match_name_ids(names, uniq, sigs)
     grid_of = np.array([GRID_CODES[s.grid_rule] for s in sigs] + [GRID_NONE], dtype=np.uint8)
-    end_of = np.array([s.step_end for s in sigs] + [False], dtype=bool)
-    inf_of = np.array([s.inference_only for s in sigs] + [False], dtype=bool)
     # Tiles: parsed once per distinct GEMM name.
     uniq_tile = np.full((len(uniq), 2), -1, dtype=np.int32)
     uniq_wi = np.zeros(len(uniq), dtype=bool)
     for j in np.flatnonzero((uniq_sig >= 0) & (grid_of[uniq_sig] == GRID_TILE)):
-        t = parse_tile(trace.names[int(uniq[j])])
+        t = parse_tile(names[int(uniq[j])])
         if t is not None:
             uniq_tile[j] = t
-        uniq_wi[j] = bool(_GRID_IN_WORK_ITEMS.search(trace.names[int(uniq[j])]))
+        uniq_wi[j] = bool(_GRID_IN_WORK_ITEMS.search(names[int(uniq[j])]))
     # Causality and query block of attention kernels: once per distinct name.
     uniq_causal = np.full(len(uniq), CAUSAL_UNKNOWN, dtype=np.int8)
     uniq_block_m = np.full(len(uniq), -1, dtype=np.int32)
     att = np.array([s.role in ("attention", "attention_aux") for s in sigs] + [False], dtype=bool)
     for j in np.flatnonzero((uniq_sig >= 0) & att[np.where(uniq_sig >= 0, uniq_sig, len(sigs))]):
-        name = trace.names[int(uniq[j])]
+        name = names[int(uniq[j])]
         uniq_causal[j] = parse_causal(name, sigs[int(uniq_sig[j])])
         m = _TRAITS_BLOCK_M.search(name)
         if m:
@@ -344,24 +330,109 @@ def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) ->
         if grid_of[uniq_sig[j]] == GRID_ROWS:
             uniq_rpb[j] = 1
             continue
-        m = _SOFTMAX_LOG2.search(trace.names[int(uniq[j])])
+        m = _SOFTMAX_LOG2.search(names[int(uniq[j])])
         if m:
             elements = 1 << int(m.group(1))
             warp = min(elements, 32)
             uniq_rpb[j] = (128 // warp) * (2 if elements <= 128 else 1)
-    sig = uniq_sig[inverse] if n else np.empty(0, dtype=np.int32)
+    return {"sig": uniq_sig.astype(np.int32), "tile_out": uniq_tile[:, 0].copy(), "tile_tok": uniq_tile[:, 1].copy(),
+            "grid_in_work_items": uniq_wi, "causal": uniq_causal, "block_m": uniq_block_m, "rows_per_block": uniq_rpb}
+
+
+class _NameClasses:
+    """The per-name classes of one append-only :class:`NameTable` under one signature
+    list, filled as names are first seen: a name is matched once for the life of the
+    table, whichever trace or batch it comes in (the live agent's phase mapper classifies
+    one step's kernels per new step shape; re-matching the names each time was most of
+    its cost). Slot 0 is "no name" (id -1), slot i + 1 the name of id i."""
+
+    def __init__(self, sigs_key):
+        self.sigs_key = sigs_key
+        self.done = np.zeros(1, dtype=bool)
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def update(self, names: NameTable, slots: np.ndarray, sigs: list[Signature]) -> None:
+        """Classify the slots not classified yet."""
+        size = len(names) + 1
+        if len(self.done) < size:
+            cap = max(2 * size, 64)          # doubling: a table growing one name at a time copies O(n) in all
+            done = np.zeros(cap, dtype=bool)
+            done[:len(self.done)] = self.done
+            self.done = done
+            for f, a in self.arrays.items():
+                g = np.empty(cap, dtype=a.dtype)
+                g[:len(a)] = a
+                self.arrays[f] = g
+        new = slots[~self.done[slots]]
+        if not len(new):
+            return
+        got = _classify_ids(names, (new - 1).astype(np.int32), sigs)
+        for f, a in got.items():
+            if f not in self.arrays:
+                self.arrays[f] = np.empty(len(self.done), dtype=a.dtype)
+            self.arrays[f][new] = a
+        self.done[new] = True
+
+
+_NAME_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def classify_kernels(trace: Trace, signatures: list[Signature] | None = None) -> KernelClasses:
+    """Classify every kernel of ``trace`` by its name (vectorised over kernels).
+
+    With the built-in signatures, each name of the trace's (append-only) name table is
+    matched once per process (:class:`_NameClasses`, kept as long as the table lives);
+    an explicit ``signatures`` list is matched afresh."""
+    default = _default_signatures()
+    sigs = list(signatures) if signatures is not None else list(default)
+    k = trace.kernels
+    n = len(k)
+    names = trace.names
+    # Distinct name ids through a table over the name table (linear; no sort of the kernels).
+    shifted = k["name_id"].astype(np.int64) + 1             # -1 (no name) -> slot 0
+    present = np.zeros(len(names) + 1, dtype=bool)
+    present[shifted] = True
+    slots = np.flatnonzero(present)
+    memo = None
+    if signatures is None:
+        try:
+            memo = _NAME_CLASSES.get(names)
+            if memo is None or memo.sigs_key is not default:
+                memo = _NAME_CLASSES[names] = _NameClasses(default)
+        except TypeError:               # a name table that cannot be weakly referenced: no memo
+            memo = None
+    if memo is not None:
+        memo.update(names, slots, sigs)
+        per, inverse = memo.arrays, shifted
+    else:
+        slot_pos = np.zeros(len(present), dtype=np.int64)
+        slot_pos[slots] = np.arange(len(slots))
+        inverse = slot_pos[shifted]
+        per = _classify_ids(names, (slots - 1).astype(np.int32), sigs)
+    role_of = np.array([ROLE_CODES[s.role] for s in sigs] + [ROLE_NONE], dtype=np.uint8)
+    hint_of = np.array([HINT_CODES[s.phase] for s in sigs] + [HINT_NEUTRAL], dtype=np.uint8)
+    strength_of = np.array([STRENGTH_CODES[s.strength] for s in sigs] + [0], dtype=np.uint8)
+    grid_of = np.array([GRID_CODES[s.grid_rule] for s in sigs] + [GRID_NONE], dtype=np.uint8)
+    end_of = np.array([s.step_end for s in sigs] + [False], dtype=bool)
+    inf_of = np.array([s.inference_only for s in sigs] + [False], dtype=bool)
+    if not n:
+        inverse = inverse[:0]
+    sig = per["sig"][inverse] if len(slots) else np.empty(0, dtype=np.int32)
     look = np.where(sig >= 0, sig, len(sigs))
-    tiles = uniq_tile[inverse] if n else np.empty((0, 2), dtype=np.int32)
-    tile_min = np.where(tiles.min(axis=1) > 0, tiles.min(axis=1), -1).astype(np.int32) if n else \
-        np.empty(0, dtype=np.int32)
+    tile_out = per["tile_out"][inverse] if len(slots) else np.empty(0, dtype=np.int32)
+    tile_tok = per["tile_tok"][inverse] if len(slots) else np.empty(0, dtype=np.int32)
+    tmin = np.minimum(tile_out, tile_tok)
+    tile_min = np.where(tmin > 0, tmin, -1).astype(np.int32)
+
+    def col(f, dt):
+        return per[f][inverse] if len(slots) else np.empty(0, dtype=dt)
     return KernelClasses(signatures=sigs, sig=sig.astype(np.int32), role=role_of[look], hint=hint_of[look],
                          strength=strength_of[look], grid_rule=grid_of[look], tile_min=tile_min,
                          step_end=end_of[look], inference_only=inf_of[look],
-                         tile_out=np.ascontiguousarray(tiles[:, 0]), tile_tok=np.ascontiguousarray(tiles[:, 1]),
-                         causal=uniq_causal[inverse] if n else np.empty(0, dtype=np.int8),
-                         block_m=uniq_block_m[inverse] if n else np.empty(0, dtype=np.int32),
-                         grid_in_work_items=uniq_wi[inverse] if n else np.empty(0, dtype=bool),
-                         rows_per_block=uniq_rpb[inverse] if n else np.empty(0, dtype=np.int32))
+                         tile_out=tile_out, tile_tok=tile_tok,
+                         causal=col("causal", np.int8), block_m=col("block_m", np.int32),
+                         grid_in_work_items=col("grid_in_work_items", bool),
+                         rows_per_block=col("rows_per_block", np.int32))
 
 
 _TEMPLATE_NAME = name_regex(r"<\s*(?:void\s+)?([\w:]+)")

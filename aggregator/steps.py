@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ridgeline.aggregator.columns import distinct
 from ridgeline.aggregator.signatures import GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses, short_name
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
 from ridgeline.probes.kineto import kernel_cpu_op_index
@@ -384,40 +385,53 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     if not sel.any():
         return Segmentation(kernel_step, segments)
     device = k["device"]
-    devices = np.unique(device[sel])
+    devices = distinct(device if mask is None else device[sel])
     for dev in devices:
         idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
         s = k["start_ns"][idx]
+        whole = len(idx) == n           # every kernel, in batch order (so far)
         if len(idx) > 1 and not bool((s[1:] >= s[:-1]).all()):
             o = np.lexsort((idx, s))
             idx, s = idx[o], s[o]
+            whole = False
         m = len(idx)
-        e = k["end_ns"][idx]
+        # Every kernel in batch order (one device, in time order: the common case): the
+        # columns are read as they are, not gathered through an identity index.
+
+        def col(a, idx=idx, whole=whole):
+            return a if whole else a[idx]
+        e = col(k["end_ns"])
         gaps = _idle_gaps(s, e)
         cut = np.zeros(max(m - 1, 0), dtype=bool)
         reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
         if m > 1:
-            role = classes.role[idx]
-            layer_at, per_layer, marker_name = layer_marker(k["name_id"][idx], role == ROLE_ATTENTION)
+            role = col(classes.role)
+            layer_at, per_layer, marker_name = layer_marker(col(k["name_id"]), role == ROLE_ATTENTION)
             limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
-            inside = np.zeros(m - 1, dtype=bool)
-            if len(layer_at) > PATTERN_MIN_REPEATS:
+            # Only gaps of at least GAP_MIN_NS can reach the threshold: the median and the
+            # layer-interval test are computed when there are any (a serving stream's steps
+            # rarely leave the GPU idle that long, and they were passes over every kernel).
+            at = np.flatnonzero(gaps >= GAP_MIN_NS)
+            thr = float(GAP_MIN_NS)
+            if len(at):
+                med = float(np.median(gaps))
+                thr = max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * med)
+                at = at[gaps[at] >= thr]
+            if len(at) and len(layer_at) > PATTERN_MIN_REPEATS:
                 # Gap j (after kernel j) lies inside a layer interval when the markers around
                 # it are at most one usual layer apart.
-                nxt = np.searchsorted(layer_at, np.arange(m - 1) + 1, side="left")
+                nxt = np.searchsorted(layer_at, at + 1, side="left")
                 ok = (nxt > 0) & (nxt < len(layer_at))
                 a = layer_at[np.maximum(nxt - 1, 0)]
                 b_ = layer_at[np.minimum(nxt, len(layer_at) - 1)]
                 inside = ok & (b_ - a <= limit)
-            med = float(np.median(gaps))
-            thr = max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * med)
-            at = np.flatnonzero((gaps >= thr) & (~inside | (gaps >= GAP_INSIDE_LAYERS_NS)))
+                at = at[~inside | (gaps[at] >= GAP_INSIDE_LAYERS_NS)]
             _mark(cut, reason, at, [f"GPU idle {g / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)" for g in gaps[at].tolist()])
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).
-            grid_x = k["grid_x"][idx]
-            tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (classes.grid_rule[idx] == GRID_TOKENS)
-                                 & (classes.strength[idx] == STRONG) & (grid_x > 0))
+            grid_x = col(k["grid_x"])
+            tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (col(classes.grid_rule) == GRID_TOKENS)
+                                 & (col(classes.strength) == STRONG) & (grid_x > 0))
             if len(tok) > 1:
                 gx = grid_x[tok]
                 c = np.flatnonzero(gx[1:] != gx[:-1])
@@ -429,7 +443,7 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
             if not len(layer) and marker_name >= 0:
                 layer = layer_at
             # Sampling closes a step when layer kernels follow it.
-            ends = np.flatnonzero(classes.step_end[idx])
+            ends = np.flatnonzero(col(classes.step_end))
             if len(ends) and len(layer):
                 nxt = np.searchsorted(layer, ends, side="right")
                 ok = nxt < len(layer)
@@ -446,10 +460,10 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                        for n in d[c].tolist()])
             # CUDA graph relaunch: a graph id already seen in the current step. Sequential
             # (each cut resets what was seen), so one pass over graph launches, not kernels.
-            gid = k["graph_id"][idx]
+            gid = col(k["graph_id"])
             first = np.empty(0, dtype=np.int64)
             if bool((gid >= 0).any()):
-                corr = k["correlation_id"][idx]
+                corr = col(k["correlation_id"])
                 first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1])
                                                                     | (gid[1:] != gid[:-1]))))
             seen: set[int] = set()

@@ -47,6 +47,8 @@ from .steps import segment_kernels
 _MUL = np.uint64(0x9E3779B97F4A7C15)       # odd constants of a multiplicative hash
 _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86659FD93, 0xA0761D6478BD642F,
                               0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
+# The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
+_CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
 
 
 @dataclass
@@ -83,6 +85,24 @@ class _Shape:
     evidence: str
     inference_only: bool = False      # holds a kernel only serving engines launch
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
+
+
+class _GatheredClasses:
+    """The :class:`KernelClasses` of some kernels, each per-kernel array gathered from the
+    per-name arrays (``per_name[f][look]``) when first read: segmentation reads four of
+    the fourteen, and gathering all of them was a pass over the kernels each."""
+
+    def __init__(self, signatures, per_name: dict, look: np.ndarray):
+        self.signatures = signatures
+        self._per_name, self._look = per_name, look
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        per = self.__dict__.get("_per_name")
+        if per is None or name not in per:
+            raise AttributeError(name)
+        a = per[name][self._look]
+        self.__dict__[name] = a
+        return a
 
 
 class StreamPhaser:
@@ -136,18 +156,36 @@ class StreamPhaser:
             self._cls_n = n_names + 1
         nid = np.asarray(name_ids, dtype=np.int64)
         look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)
-        return KernelClasses(signatures=self._signatures, **{f: a[look] for f, a in self._cls.items()})
+        return _GatheredClasses(self._signatures, self._cls, look)
 
     # -- batches -----------------------------------------------------------------------
-    def map_batch(self, trace: Trace) -> BatchPhases:
+    @staticmethod
+    def kernels_only(trace: Trace) -> bool:
+        """Whether :meth:`map_batch` cuts this batch into steps from its kernels alone
+        (no ranges, no CPU operators), so that :meth:`segment` may come first."""
+        return not (len(trace.ranges) or len(trace.cpu_ops))
+
+    def segment(self, trace: Trace):
+        """The steps :meth:`map_batch` would cut a kernels-only batch into (its kernel
+        classes and :func:`aggregator.steps.segment_kernels`), for a caller that decides
+        which steps to hold back before any is phase-mapped."""
+        kc = self.classes(trace.kernels["name_id"])
+        return kc, segment_kernels(trace, kc)
+
+    def map_batch(self, trace: Trace, seg=None, skip: np.ndarray | None = None) -> BatchPhases:
+        """Phases of one batch. ``seg``: :meth:`segment`'s answer for this batch (a
+        kernels-only batch); ``skip``: per step of it (and one more slot), True for the
+        steps not to decide now: the caller holds them back and maps them whole later, so
+        deciding their partial shape would only be thrown away (each was a new shape, a
+        full phase mapping, every fold). Skipped steps keep UNKNOWN phases, are not in
+        ``order`` and leave no trace in the continuity history."""
         k = trace.kernels
         n = len(k)
         if n == 0:
             return BatchPhases(np.empty(0, np.uint8), np.empty(0, np.int32))
-        if len(trace.ranges) or len(trace.cpu_ops):
+        if not self.kernels_only(trace):
             return self._full(trace)
-        kc = self.classes(k["name_id"])
-        seg = segment_kernels(trace, kc)
+        kc, seg = seg if seg is not None else self.segment(trace)
         ks = np.asarray(seg.kernel_step, dtype=np.int64)
         # Kernels of each step in (step, start) order; a step's shape is the sequence
         # of its kernels' name ids and launch dimensions.
@@ -155,9 +193,16 @@ class StreamPhaser:
         # batch): the batch is mostly in order already, which a stable sort exploits.
         st = k["start_ns"]
         rel = st - st.min()
-        order = np.argsort((ks << 40) | np.minimum(rel, (1 << 40) - 1), kind="stable")
-        sks = ks[order]
+        key = (ks << 40) | np.minimum(rel, (1 << 40) - 1)
+        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+            # Already in (step, start) order (one device, in time order): no sort, no gather.
+            order, sks = np.arange(n), ks
+        else:
+            order = np.argsort(key, kind="stable")
+            sks = ks[order]
         on = sks >= 0
+        if skip is not None and skip.any():
+            on &= ~skip[sks]                # sks -1 reads the extra slot
         if not on.all():
             order, sks = order[on], sks[on]
         phase = np.full(n, UNKNOWN, dtype=np.uint8)
@@ -176,14 +221,18 @@ class StreamPhaser:
             self._pw = pw
         with np.errstate(over="ignore"):
             # Per-kernel value in batch order (strided column reads), then one gather.
-            v = ((k["name_id"].astype(np.int64) + 1).astype(np.uint64) * _C[0]
-                 + k["grid_x"].astype(np.uint64) * _C[1]
-                 + k["grid_y"].astype(np.uint64) * _C[2]
-                 + k["block_x"].astype(np.uint64) * _C[3]
-                 # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too
-                 + k["grid_z"].astype(np.uint64) * _C[4]
-                 + k["block_y"].astype(np.uint64) * _C[5])
-            h = np.add.reduceat(v[order] * self._pw[pos], first)
+            # In int64 (two's complement: the same bits as the uint64 products of the
+            # sign-extended columns), each column multiplied straight from its int32 field.
+            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
+            v = k["name_id"].astype(np.int64)
+            v += 1
+            v *= _CI[0]
+            tmp = np.empty(n, dtype=np.int64)
+            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
+                np.multiply(k[f], c, out=tmp, dtype=np.int64)
+                v += tmp
+            v = v.view(np.uint64)
+            h = np.add.reduceat((v if len(order) == n and sks is ks else v[order]) * self._pw[pos], first)
             h = h ^ (lens.astype(np.uint64) * _MUL)
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
@@ -232,12 +281,17 @@ class StreamPhaser:
                 continue
             steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
                                   x.decode_tokens, x.evidence, x.mixed_slots)
-        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected)
+        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected), or skipped
             if steps[j] is None:
                 steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
         # Steps in time order per device (segments are per device, in time order).
         step_ids = sks[first]
-        for j in mixed_by_continuity(steps, self.previous_step):
+        if skip is not None and skip[:len(steps)].any():
+            at = np.flatnonzero(~skip[:len(steps)]).tolist()
+            relabel = [at[i] for i in mixed_by_continuity([steps[j] for j in at], self.previous_step)]
+        else:
+            relabel = mixed_by_continuity(steps, self.previous_step)
+        for j in relabel:
             steps[j].prefill_tokens = steps[j].decode_tokens = None
             p = int(np.searchsorted(step_ids, j))
             if p < len(step_ids) and step_ids[p] == j:

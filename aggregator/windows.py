@@ -73,6 +73,8 @@ import numpy as np
 from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
 
+from .columns import distinct, distinct_inverse
+
 log = logging.getLogger("ridgeline.windows")
 
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
@@ -543,12 +545,21 @@ MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and wi
 MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and window
 
 
+# API record category -> 0 launch (kernel or graph), 1 synchronisation, 2 anything else.
+_API_WHAT = np.full(256, 2, dtype=np.int8)
+_API_WHAT[[API_LAUNCH, API_GRAPH_LAUNCH]] = 0
+_API_WHAT[API_SYNC] = 1
+
+
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
     """Bin index per value: 0 for <= 0, else the binary exponent (1 ns -> 1, 2-3 ns -> 2, ...).
     Read from the float64 exponent bits (no logarithm per value)."""
-    v = np.maximum(np.asarray(values_ns, dtype=np.float64), 0.5)
-    e = (v.view(np.int64) >> 52) - 1022
-    return np.clip(e, 0, HIST_BINS - 1)
+    v = np.asarray(values_ns, dtype=np.float64)
+    v = np.maximum(v, 0.5, out=v if v is not values_ns else None)
+    e = v.view(np.int64)
+    e >>= 52
+    e -= 1022                      # >= 0: values were raised to 0.5 (exponent 1022)
+    return np.minimum(e, HIST_BINS - 1, out=e)
 
 
 def hist_percentile_ns(hist: np.ndarray, q: float) -> float | None:
@@ -698,24 +709,40 @@ class SourceFold:
         if len(parts) == 1:
             self._ingest(parts[0])
             return
-        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("kernels", "copies", "api")}
-        self._ingest(Trace(kernels=cat["kernels"], copies=cat["copies"], api=cat["api"], names=self.names,
-                           devices=list(self.devices.values()), meta=parts[-1].meta))
+        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("copies", "api")}
+        # The held open step's kernels go first in the same copy: _ingest would otherwise
+        # copy the whole batch a second time to put them in front.
+        ck = self._carry[0] if self._carry is not None and not len(self._carry[4]) and not len(self._carry[5]) \
+            else None
+        lead = [ck] if ck is not None else []
+        both = concat_records(lead + [p.kernels for p in parts])
+        n0 = len(ck) if ck is not None else 0
+        self._ingest(Trace(kernels=both[n0:], copies=cat["copies"], api=cat["api"], names=self.names,
+                           devices=list(self.devices.values()), meta=parts[-1].meta),
+                     with_carry=both if ck is not None else None)
 
-    def _ingest(self, trace: Trace) -> None:
+    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None) -> None:
+        """Fold one batch, after the held open steps. ``with_carry``: the held kernels
+        followed by ``trace.kernels`` in one array, when the caller has made it."""
         a = trace.api
         if len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
-            cat = a["category"]
-            what = np.where((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH), 0, np.where(cat == API_SYNC, 1, 2))
-            m = what < 2
-            if m.any():
-                upid, pinv = np.unique(a["pid"][m], return_inverse=True)
-                idx = (pinv.reshape(-1) * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
-                h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
-                lm = what == 0
-                if lm.any():   # the launch threads: /metrics keeps their scheduling series
-                    pairs = np.unique((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
+            what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
+            launches_only = int(what.max()) == 0
+            m = slice(None) if launches_only else what < 2
+            if launches_only or m.any():
+                upid, pinv = distinct_inverse(a["pid"][m])
+                if launches_only and len(upid) == 1:
+                    # One process, only launch records (a kernel stream): the histogram of
+                    # the durations alone, no per-record index.
+                    h = np.zeros((1, 2, HIST_BINS), dtype=np.int64)
+                    h[0, 0] = np.bincount(log2_bins(dur), minlength=HIST_BINS)
+                else:
+                    idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
+                    h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
+                lm = slice(None) if launches_only else what == 0
+                if launches_only or lm.any():   # the launch threads: /metrics keeps their scheduling series
+                    pairs = distinct((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
                     for pt in pairs[:256].tolist():
                         tids = self.launch_tids.setdefault(int(pt >> 32), set())
                         if len(tids) < MAX_LAUNCH_TIDS:
@@ -738,7 +765,7 @@ class SourceFold:
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         k = trace.kernels
         if len(k):
-            self._active.update(np.unique(k["device"]).tolist())
+            self._active.update(distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
@@ -759,7 +786,8 @@ class SourceFold:
                 cf, cb = (cf, cb) if cf is not None else (np.full(len(ck), np.nan),) * 2
                 shf, shb = (shf, shb) if shf is not None else (np.full(len(k), np.nan),) * 2
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
-            k, lat = concat_records([ck, k]), np.concatenate([cl, lat])
+            k = with_carry if with_carry is not None else concat_records([ck, k])
+            lat = np.concatenate([cl, lat])
             if len(cr):
                 ranges = concat_records([cr, ranges])
             if len(co):
@@ -844,7 +872,15 @@ class SourceFold:
         n = len(k)
         if not n:
             return
-        bp = self.phaser.map_batch(t)
+        held = None
+        if not flush and self.phaser.kernels_only(t):
+            # The steps to hold back are chosen from the segmentation, before any step is
+            # phase-mapped: the held ones are mapped whole in a later fold, not now.
+            seg = self.phaser.segment(t)
+            held = self._held_steps(seg[1].segments, np.asarray(seg[1].kernel_step, dtype=np.int64))
+            bp = self.phaser.map_batch(t, seg=seg, skip=held)
+        else:
+            bp = self.phaser.map_batch(t)
         self.shape_hits += bp.shape_hits
         self.shape_misses += bp.shape_misses
         kstep = bp.kernel_step.astype(np.int64)
@@ -857,25 +893,14 @@ class SourceFold:
             loose = np.flatnonzero(kstep < 0)
             if len(loose):                 # kernels in no step: by start, after the steps
                 order = np.concatenate([order, loose[np.argsort(k["start_ns"][loose], kind="stable")]])
-        if not flush and bp.steps:
+        if not flush and (held is not None or bp.steps):
             # Hold back each device's last step: more of it may come in the next batch (or
             # the next window). Bounded: at most MAX_CARRY_KERNELS held in all; a step over
             # the bound is decided now with the kernels it has (counted in open_steps_cut).
             # An annotated batch also holds its ranges and CPU operators from the earliest
             # operator that launched a held kernel on (the ranges and parents enclosing it).
-            last: dict[int, int] = {}
-            for i, s in enumerate(bp.steps):
-                if s.device not in last or s.start_ns >= bp.steps[last[s.device]].start_ns:
-                    last[s.device] = i
-            size = np.bincount(kstep[kstep >= 0], minlength=len(bp.steps))
-            held = np.zeros(len(bp.steps) + 1, dtype=bool)
-            room = MAX_CARRY_KERNELS
-            for i in sorted(last.values(), key=lambda i: int(size[i])):
-                if size[i] <= room:
-                    held[i] = True
-                    room -= int(size[i])
-                else:
-                    self.open_steps_cut += 1
+            if held is None:
+                held = self._held_steps(bp.steps, kstep)
             hold = held[kstep]              # kstep -1 -> the last slot (False)
             if hold.any():
                 hi = np.flatnonzero(hold)
@@ -901,6 +926,25 @@ class SourceFold:
                     order = order[~hold[order]]
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
+
+    def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
+        """Per step (``device``, ``start_ns``), and one more slot for "no step": True for
+        each device's last step, held for the next batch; at most MAX_CARRY_KERNELS in
+        all, smallest first, a step over the bound counted in ``open_steps_cut``."""
+        last: dict[int, int] = {}
+        for i, s in enumerate(steps):
+            if s.device not in last or s.start_ns >= steps[last[s.device]].start_ns:
+                last[s.device] = i
+        size = np.bincount(kstep[kstep >= 0], minlength=len(steps))
+        held = np.zeros(len(steps) + 1, dtype=bool)
+        room = MAX_CARRY_KERNELS
+        for i in sorted(last.values(), key=lambda i: int(size[i])):
+            if size[i] <= room:
+                held[i] = True
+                room -= int(size[i])
+            else:
+                self.open_steps_cut += 1
+        return held
 
     def _fold_kernels(self, k, order, phase, kstep, steps, lat, shf, shb) -> None:
         """Fold the kernels ``order`` (indices sorted by step, then start) with their
@@ -956,14 +1000,24 @@ class SourceFold:
         ugp, gp_of_unit = np.unique(ukey[first], return_inverse=True)
         gp_of_unit = gp_of_unit.reshape(-1)
         ng = len(ugp)
-        gp_of_kernel = gp_of_unit[unit]
-        kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur), minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-        gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
-                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
         lo = lat[order]
-        lm = lo >= 0
-        lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
-                            minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+        lat_known = bool(len(lo)) and int(lo.min()) >= 0
+        if ng == 1:
+            # One (device, pid, phase) in the batch (a steady stream): every kernel's
+            # group is 0, no per-kernel group index to build.
+            gp_of_kernel = None
+            kd_h = np.bincount(log2_bins(dur), minlength=HIST_BINS).reshape(1, HIST_BINS)
+            gap_h = np.bincount(log2_bins(gap_len), minlength=HIST_BINS).reshape(1, HIST_BINS)
+            lat_h = np.bincount(log2_bins(lo if lat_known else lo[lo >= 0]), minlength=HIST_BINS).reshape(1, HIST_BINS)
+        else:
+            gp_of_kernel = gp_of_unit[unit]
+            kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur),
+                               minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+            gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
+                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
+            lm = lo >= 0
+            lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
+                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
         # Operator-shape work per kernel (None: the batch had no CPU operators).
         have_shapes = False
         if shf is not None:
@@ -971,6 +1025,8 @@ class SourceFold:
             known = ~np.isnan(fo)
             have_shapes = bool(known.any())
         if have_shapes:
+            if gp_of_kernel is None:
+                gp_of_kernel = np.zeros(n, dtype=np.intp)
             bo = shb[order]
             sh_f = _bincount2(gp_of_kernel[known], fo[known], ng)
             sh_b = _bincount2(gp_of_kernel[known], bo[known], ng)
@@ -1146,14 +1202,18 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
     if not len(launch):
         return lat
-    corr = a["correlation_id"][launch]
+    every = len(launch) == len(a)          # only launch records (a kernel stream): no gather
+    corr = a["correlation_id"] if every else a["correlation_id"][launch]
     if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
         o = np.argsort(corr, kind="stable")
         corr, launch = corr[o], launch[o]
+        every = False
     kc = k["correlation_id"]
     if len(kc) == len(corr) and np.array_equal(kc, corr):
         # One launch record per kernel, in the same order (the common case): no search.
-        lat[:] = np.where(kc >= 0, np.maximum(k["start_ns"] - a["start_ns"][launch], 0), -1)
+        d = k["start_ns"] - (a["start_ns"] if every else a["start_ns"][launch])
+        np.maximum(d, 0, out=d)
+        lat[:] = np.where(kc >= 0, d, -1) if int(kc.min()) < 0 else d
         return lat
     pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
     hit = (corr[pos] == kc) & (kc >= 0)

@@ -35,6 +35,7 @@ KNOWN = {
     "bench_phases.py": ("phase mapping rate", ["--steps", "500", "--replicas", "200"]),
     "bench_decode.py": ("gzip inflate and JSON parser choices for the importer", []),
     "bench_requests.py": ("OTLP span decode vs the bare parse; the request join per window", []),
+    "bench_served.py": ("injection library's own host CPU per kernel launch (stand-in libcupti)", ["--runs", "3"]),
 }
 SKIP = {"run_all.py", "make_big_trace.py"}
 

@@ -144,7 +144,7 @@ class NameTable:
     regular expression, to be used with ``np.isin(events["name_id"], ids)``.
     """
 
-    __slots__ = ("_strings", "_index")
+    __slots__ = ("_strings", "_index", "__weakref__")   # weakref: per-table memos (signatures)
 
     def __init__(self, strings: Iterable[str] = ()):
         self._strings: list[str] = []
