@@ -3,7 +3,9 @@
 Each subcommand lives in its own module in :mod:`agent.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking
 the parsed arguments and returning an exit code. Modules are discovered, so adding a
-command never edits this file.
+command never edits this file. A module is named for its command (``inject-unit`` lives
+in ``inject_unit.py``): ``ridgeline CMD ...`` imports that module alone, so a command
+pays only for its own imports (tests/test_cli_imports.py holds every module to it).
 
 One convention for every command (the table is in the README):
 

@@ -59,3 +59,17 @@ def test_full_parser_still_lists_every_command(argv):
     text = p.stdout + p.stderr
     for name in ("analyze", "agent", "top", "inject-unit"):
         assert name in text
+
+
+def test_every_command_module_registers_the_command_it_is_named_for():
+    """main() imports only the module named for argv[0]: a module registering another
+    name would leave that command unreachable."""
+    import pkgutil
+
+    from ridgeline.agent import cli, commands
+    names = [m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
+    assert "analyze" in names
+    for name in names:
+        parser = cli.build_parser(only=name)
+        sub = next(a for a in parser._actions if a.dest == "command")
+        assert list(sub.choices) == [name.replace("_", "-")], name
