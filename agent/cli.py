@@ -3,7 +3,9 @@
 Each subcommand lives in its own module in :mod:`agent.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking
 the parsed arguments and returning an exit code. Modules are discovered, so adding a
-command never edits this file.
+command never edits this file. A module is named for its command (``inject-unit`` lives
+in ``inject_unit.py``): ``ridgeline CMD ...`` imports that module alone, so a command
+pays only for its own imports (tests/test_cli_imports.py holds every module to it).
 
 One convention for every command (the table is in the README):
 
@@ -49,19 +51,40 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{PREFIX}{where}{message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Version(argparse.Action):
+    """``--version``, its text found only when asked: importlib.metadata costs every
+    other command tens of milliseconds of imports."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stdout.write(f"ridgeline {version()}\n")   # on stdout, as argparse's own action
+        parser.exit(0)
+
+
+def _command_module(argv: list[str]) -> str | None:
+    """The module of the command ``argv`` starts with (``inject-unit`` -> inject_unit),
+    or None. Only that module is imported then: each command imports what it needs,
+    and ``ridgeline analyze`` has no use for zmq or the CUPTI server (issue 21.3)."""
+    if not argv or argv[0].startswith("-"):
+        return None
+    return argv[0].replace("-", "_")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only`` (a command's module name), that command alone is
+    registered (every command when the name is not a command's)."""
     parser = Parser(
         prog="ridgeline",
         description="Which cost face holds this LLM server back: GPU memory, compute vs bandwidth, or queueing.",
         epilog="Exit codes: 0 done, 1 runtime failure (no agent or data, unreachable endpoint, probe "
                "unavailable), 2 bad input or usage, 130 interrupted.",
     )
-    parser.add_argument("--version", action="version", version=f"ridgeline {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    if only is not None and only in names:
+        names = [only]
+    for name in names:
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
@@ -69,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(_command_module(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse's own message would not name the command the option was given to.

@@ -6,6 +6,15 @@
     .venv/bin/python bench/bench_analyze.py --trace FILE [--skip-hta]
     .venv/bin/python bench/bench_analyze.py --trace FILE --skip-hta --baseline OTHER/.venv/bin/python
     .venv/bin/python bench/bench_analyze.py --trace FILE --skip-hta --repeat 3 --forced-readers
+    .venv/bin/python bench/bench_analyze.py --scaled --kernels 200000 --source H100 --repeat 3 --one-cpu
+
+``--scaled`` builds the trace with ``../shared/tools/scale_kineto_trace.py SRC OUT
+--target-kernels N`` (the shared tool every figure of docs/benchmarks-analyze.md names:
+whole copies of the source's kernel, memcpy, memset and runtime events, gzip level 6)
+instead of bench/make_big_trace.py. ``--one-cpu`` pins this process and every child to
+CPU 0 (``taskset -c 0``): a busy GPU host gives analyze no second CPU. With ``--repeat N``
+HTA runs N times too, alternating with analyze, and the ratios are given as min / median /
+max over the repetitions.
 
 Builds (or reuses) a trace of about ``--kernels`` kernels with bench/make_big_trace.py
 (default source: the shared A100 training trace; ``--source H100`` the H100 one; ``--gzip``
@@ -60,6 +69,7 @@ SOURCES = {
     "A100": SHARED / "traces" / "nvidia-training" / "hta_a100_rank0_training.json.gz",
     "H100": DEFAULT_SOURCE,
 }
+SCALE_TOOL = SHARED / "tools" / "scale_kineto_trace.py"
 ISAL = "from isal import igzip; import sys; f = igzip.open(sys.argv[1], 'rb')\nwhile f.read(1 << 22): pass"
 
 PY = sys.executable
@@ -158,6 +168,25 @@ def _progress(rows) -> None:
           f"peak RSS {r['rss_bytes'] / 2**20:,.0f} MiB, rc {r['rc']}, load {loadavg()}", file=sys.stderr, flush=True)
 
 
+def run_hta(path: Path, gz: bool, args) -> dict:
+    """HTA on ``path``: it reads a directory of rank files, so a link to it in a fresh one."""
+    hdir = Path(tempfile.mkdtemp(prefix="hta-bench-", dir=args.workdir))
+    (hdir / ("rank0.json.gz" if gz else "rank0.json")).symlink_to(path.resolve())
+    try:
+        return run_child([PY, "-c", HTA, str(hdir)], args.timeout)
+    finally:
+        shutil.rmtree(hdir, ignore_errors=True)
+
+
+def spread(xs: list[float], unit: str = "") -> str:
+    """One ratio, or min / median / max of several."""
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}{unit}"
+    mid = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return f"{xs[0]:.2f} / {mid:.2f} / {xs[-1]:.2f}{unit} (min / median / max of {len(xs)})"
+
+
 def loadavg() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -183,14 +212,28 @@ def main(argv=None) -> int:
                     help="also run analyze with the importer forced to one and to two readers, in each repetition")
     ap.add_argument("--skip-load-only", action="store_true", help="no importer-alone row")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    ap.add_argument("--scaled", action="store_true",
+                    help="build the trace with ../shared/tools/scale_kineto_trace.py (always gzipped)")
+    ap.add_argument("--one-cpu", action="store_true", help="pin this process and its children to CPU 0")
     args = ap.parse_args(argv)
+    if args.one_cpu:
+        os.sched_setaffinity(0, {0})
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
     source = SOURCES.get(args.source, Path(args.source))
 
+    builder = "bench/make_big_trace.py"
     if args.trace:
         path = args.trace
         made = {"kernels": None, "bytes": path.stat().st_size, "replicas": "-"}
+    elif args.scaled:
+        builder = f"`../shared/tools/scale_kineto_trace.py {source.name} OUT --target-kernels {args.kernels}`"
+        path = args.workdir / f"ridgeline-bench-scaled-{args.kernels}-{args.source}.json.gz"
+        if not path.exists():
+            print(f"building {path} ...", flush=True)
+            subprocess.run([PY, str(SCALE_TOOL), str(source), str(path), "--target-kernels", str(args.kernels)],
+                           check=True, stdout=subprocess.DEVNULL)
+        made = {"kernels": None, "bytes": path.stat().st_size, "replicas": "whole copies"}
     else:
         tag = "" if source == SOURCES["A100"] else f"-{source.name.split('_')[1]}"
         path = args.workdir / f"ridgeline-bench-{args.kernels}{tag}.json{'.gz' if args.gzip else ''}"
@@ -211,10 +254,12 @@ def main(argv=None) -> int:
     if args.baseline:
         where = subprocess.run([str(args.baseline), "-c", "import ridgeline.probes.kineto as k; print(k.__file__)"],
                                capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    isal = None
     if gz:
-        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)",
-                     run_child([PY, "-c", ISAL, str(path)], args.timeout)))
+        isal = run_child([PY, "-c", ISAL, str(path)], args.timeout)
+        rows.append(("ISA-L inflate alone (isal.igzip, 4 MiB reads)", isal))
         _progress(rows)
+    htas = []
     # zcat and analyze alternate, --repeat times: each pair sees about the same load
     for rep in range(args.repeat):
         tag = f" #{rep + 1}" if args.repeat > 1 else ""
@@ -235,6 +280,10 @@ def main(argv=None) -> int:
             rows.append((f"ridgeline analyze --json, importer forced to {readers} reader"
                          f"{'s' if readers == '2' else ''}{tag}", forced[readers]))
             _progress(rows)
+        if not args.skip_hta:
+            htas.append((run_hta(path, gz, args), ours))
+            rows.append((f"HTA 0.5.0 TraceAnalysis + get_gpu_kernel_breakdown{tag}", htas[-1][0]))
+            _progress(rows)
         reps.append((bare, base, ours, loadavg(), forced.get("1"), forced.get("2")))
     kernels = made["kernels"]
     if not args.skip_load_only or not kernels:
@@ -242,16 +291,6 @@ def main(argv=None) -> int:
         rows.append(("ridgeline load_trace only", load))
         _progress(rows)
         kernels = kernels or int(load["stdout"].strip().splitlines()[-1])
-    hta = None
-    if not args.skip_hta:
-        hdir = Path(tempfile.mkdtemp(prefix="hta-bench-", dir=args.workdir))
-        (hdir / ("rank0.json.gz" if gz else "rank0.json")).symlink_to(path.resolve())
-        try:
-            hta = run_child([PY, "-c", HTA, str(hdir)], args.timeout)
-        finally:
-            shutil.rmtree(hdir, ignore_errors=True)
-        rows.append(("HTA 0.5.0 TraceAnalysis + get_gpu_kernel_breakdown", hta))
-        _progress(rows)
     load_after = loadavg()
     wc = wire_costs(source)
 
@@ -299,12 +338,21 @@ def main(argv=None) -> int:
                 ]
         if many:
             ratio_lines.append("| load average after each repetition | " + "; ".join(r[3] for r in ok) + " | |")
-    if hta is not None and (hta["rc"] == 0 or hta["timed_out"]) and ours["rc"] == 0:
-        at_least = ">= " if hta["timed_out"] else ""
+    if isal is not None and isal["rc"] == 0:
+        xs = [r[2]["wall_s"] / isal["wall_s"] for r in reps if r[2]["rc"] == 0]
+        if xs:
+            ratio_lines.append(f"| analyze wall / ISA-L inflate wall | {spread(xs)} | <= 4 |")
+            cs = [r[2]["cpu_s"] / isal["cpu_s"] for r in reps if r[2]["rc"] == 0]
+            ratio_lines.append(f"| analyze CPU / ISA-L inflate CPU | {spread(cs)} | |")
+    pairs = [(h, o) for h, o in htas if (h["rc"] == 0 or h["timed_out"]) and o["rc"] == 0]
+    if pairs:
+        at_least = ">= " if any(h["timed_out"] for h, _ in pairs) else ""
         ratio_lines += [
-            f"| HTA wall / analyze wall | {at_least}{hta['wall_s'] / ours['wall_s']:.1f}x | >= 10x |",
-            f"| HTA CPU / analyze CPU | {at_least}{hta['cpu_s'] / ours['cpu_s']:.1f}x | |",
-            f"| HTA peak RSS / analyze peak RSS | {at_least}{hta['rss_bytes'] / ours['rss_bytes']:.1f}x | >= 10x |",
+            f"| HTA wall / analyze wall | {at_least}{spread([h['wall_s'] / o['wall_s'] for h, o in pairs], 'x')} "
+            "| >= 20x |",
+            f"| HTA CPU / analyze CPU | {at_least}{spread([h['cpu_s'] / o['cpu_s'] for h, o in pairs], 'x')} | |",
+            f"| HTA peak RSS / analyze peak RSS | "
+            f"{at_least}{spread([h['rss_bytes'] / o['rss_bytes'] for h, o in pairs], 'x')} | >= 10x |",
         ]
     wire_lines = [
         f"| bytes per kernel event ({wc['kernels']} kernels of `{source.name}`) | bytes |",
@@ -318,9 +366,11 @@ def main(argv=None) -> int:
            f"load average before {load_before}, after {load_after} (the machine is shared: "
            "other work running at the same time slows every row alike)")
     size = (f"{made['bytes'] / 1e6:,.0f} MB gzipped" if gz else f"{made['bytes'] / 1e9:.2f} GB of Kineto JSON")
+    if args.one_cpu:
+        env += "; every run pinned to CPU 0"
     text = "\n".join([
         f"Trace: `{path.name}`, {kernels:,} kernels, {size}, built by "
-        f"`bench/make_big_trace.py` from `{source.name}` (replicas: {made['replicas']}).",
+        f"{builder} from `{source.name}` (replicas: {made['replicas']}).",
         f"Machine: {env}.",
         "",
         "Reproduce: `.venv/bin/pip install -e .[bench] && .venv/bin/python " + cmd.strip() + "`",

@@ -12,6 +12,16 @@ stage of the older importer path, before any field is read). zlib-ng and pysimdj
 in the ``bench`` extra; a missing one is reported, not skipped silently. Then the whole
 import of the file by one process through each importer path (child processes, CPU from
 ``os.wait4``): the structural scanner path and the typed path.
+
+Issue 21.2's candidates for a columnar reader are measured on the same sample, each as a
+multiple of ISA-L's inflate time for the same number of inflated bytes (the floor; the
+inflate rate is measured in this process on the whole file): the typed path's per-piece
+work up to its columns (``kineto_typed._decode_piece``), pysimdjson touching every
+event's ``cat`` and ``ts`` (its parse alone is lazy), and a thin native layer over
+simdjson's on-demand API (``bench/simdjson_columns.cpp``: every event's category, name
+id, times, pid and kernel/copy args into columns, no object per event), built here with
+g++ against the distribution's ``libsimdjson-dev`` when its header is present.
+``--one-cpu`` pins this process and its children to CPU 0 (``taskset -c 0``'s effect).
 """
 from __future__ import annotations
 
@@ -65,6 +75,79 @@ def sample(path: Path, size: int) -> bytes:
     return b"[" + b",".join(out) + b"]"
 
 
+def sample_pieces(path: Path, size: int) -> list[bytes]:
+    """The pieces of whole events (as load_trace cuts them) that ``sample`` joins."""
+    from ridgeline.probes import json_chunks
+    out, n = [], 0
+    for piece in json_chunks.ArrayStream(path, "traceEvents", 8 << 20).pieces():
+        out.append(bytes(piece))
+        n += len(piece)
+        if n >= size:
+            break
+    return out
+
+
+def typed_columns(pieces) -> int:
+    from ridgeline.probes import kineto, kineto_typed
+    b = kineto._Builder()
+    names = kineto_typed._Names(b.names)
+    return sum(len(kineto_typed._decode_piece(p, b, names)["kernels"]) for p in pieces)
+
+
+def simdjson_touch(parser, body: bytes) -> int:
+    n = 0
+    for e in parser.parse(body):
+        if e.get("cat") == "kernel":
+            n += e.get("ts") is not None
+    return n
+
+
+def isal_rate(path: Path) -> float:
+    """Inflated bytes per CPU second of ISA-L on the whole file."""
+    from isal import igzip
+    t0, n = time.process_time(), 0
+    with igzip.open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 22)
+            if not b:
+                break
+            n += len(b)
+    return n / (time.process_time() - t0)
+
+
+def native_columns():
+    """A callable running bench/simdjson_columns.cpp over a JSON array text, or None
+    where g++ or simdjson.h is missing (reported as not available)."""
+    import ctypes
+    import shutil
+    import tempfile
+
+    import numpy as np
+    src = ROOT / "bench" / "simdjson_columns.cpp"
+    if not shutil.which("g++") or not Path("/usr/include/simdjson.h").exists():
+        return None
+    lib = Path(tempfile.gettempdir()) / "ridgeline-bench-simdjson_columns.so"
+    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+        subprocess.run(["g++", "-O3", "-shared", "-fPIC", str(src), "-lsimdjson", "-o", str(lib)], check=True)
+    so = ctypes.CDLL(str(lib))
+    so.columns.restype = ctypes.c_long
+    so.columns.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t] + [ctypes.c_void_p] * 4
+
+    def run(body: bytes) -> int:
+        cap = body.count(b"{") + 1   # at least one per event
+        padded = body + b" " * 64          # SIMDJSON_PADDING
+        cat = np.empty(cap, np.int32)
+        nid = np.empty(cap, np.int32)
+        ints = np.empty((cap, 8), np.int64)
+        dims = np.empty((cap, 6), np.int64)
+        n = so.columns(padded, len(body), cap, cat.ctypes.data, nid.ctypes.data, ints.ctypes.data,
+                       dims.ctypes.data)
+        if n < 0:
+            raise RuntimeError(f"simdjson_columns failed: {n}")
+        return int((cat[:n] == 0).sum())
+    return run
+
+
 def best_cpu(fn, repeat=3) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -81,7 +164,10 @@ def main(argv=None) -> int:
                     help="a Kineto trace, .json.gz (default: the shared A100 training trace; a "
                          "bench/make_big_trace.py output gives steadier figures)")
     ap.add_argument("--sample-mib", type=int, default=64)
+    ap.add_argument("--one-cpu", action="store_true", help="pin to CPU 0, children too")
     args = ap.parse_args(argv)
+    if args.one_cpu:
+        os.sched_setaffinity(0, {0})
     load0 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     lines = [f"Trace `{args.trace.name}`; load average at start {load0}.", "",
              "| decompress the whole file | wall s | CPU s | status |", "|---|---:|---:|---|"]
@@ -114,14 +200,31 @@ def main(argv=None) -> int:
     inner = body[1:-1] + b" " * json_chunks.PAD
     parsers.append(("numpy structural scan only (json_chunks.scan)",
                     lambda: json_chunks.scan(inner, len(inner) - json_chunks.PAD)))
-    lines += ["", f"| parse {mb:.0f} MB of events (CPU, best of 3, gc off) | CPU s | MB/s |", "|---|---:|---:|"]
+    pieces = [memoryview(b) for b in sample_pieces(args.trace, args.sample_mib << 20)]
+    parsers.append(("typed path per piece, up to its columns (kineto_typed._decode_piece)",
+                    lambda: typed_columns(pieces)))
+    try:
+        import simdjson
+        p2 = simdjson.Parser()
+        parsers.append(("pysimdjson parse + every event's cat and ts read",
+                        lambda: simdjson_touch(p2, body)))
+    except ImportError:
+        parsers.append(("pysimdjson parse + cat, ts", None))
+    native = native_columns()
+    parsers.append(("simdjson on-demand, native columns (bench/simdjson_columns.cpp)",
+                    None if native is None else lambda: native(body)))
+    rate = isal_rate(args.trace)
+    lines += ["", f"ISA-L inflate (isal.igzip, this process, whole file): {rate / 1e6:,.0f} MB/s of "
+                  f"inflated JSON = {mb / rate * 1e6:.3f} CPU s for the sample.",
+              "", f"| parse {mb:.0f} MB of events (CPU, best of 3, gc off) | CPU s | MB/s | x ISA-L inflate |",
+              "|---|---:|---:|---:|"]
     gc.disable()
     for name, fn in parsers:
         if fn is None:
-            lines.append(f"| {name} | not installed | |")
+            lines.append(f"| {name} | not available | | |")
             continue
         cpu = best_cpu(fn)
-        lines.append(f"| {name} | {cpu:.2f} | {mb / cpu:,.0f} |")
+        lines.append(f"| {name} | {cpu:.2f} | {mb / cpu:,.0f} | {cpu / (mb * 1e6 / rate):.1f} |")
     gc.enable()
     load1 = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     lines += ["", f"Load average at end {load1}."]

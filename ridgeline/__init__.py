@@ -7,9 +7,14 @@ pyproject.toml), so that they never collide with other distributions' top-level 
 """
 from __future__ import annotations
 
-from importlib import metadata as _metadata
 
-try:
-    __version__ = _metadata.version("ridgeline")
-except _metadata.PackageNotFoundError:   # a source tree that was never installed
-    __version__ = "0+unknown"
+def __getattr__(name: str):
+    # __version__ found when asked: importlib.metadata is some 0.1-0.4 s of imports that
+    # every command (analyze above all, issue 21.3) would otherwise pay at start-up
+    if name == "__version__":
+        from importlib import metadata
+        try:
+            return metadata.version("ridgeline")
+        except metadata.PackageNotFoundError:   # a source tree that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
