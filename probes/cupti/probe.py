@@ -145,12 +145,15 @@ class CuptiProbe(Probe):
                 if srv is None:
                     return
                 srv.pump(0)
+                backlogged = srv.accept_backlogged
                 msgs = srv.drain() if self._ingested_ahead < MAX_INGESTED_AHEAD_BYTES else []
             if msgs:
                 self._ingested_ahead += sum(m.nbytes for m in msgs)
                 self.ingest(msgs)
-            # wait for readiness outside the lock so poll()/set_mode() never wait long
-            self._stop.wait(self.pump_interval_s)
+            # wait for readiness outside the lock so poll()/set_mode() never wait long;
+            # not while connections wait in the backlog (a flood must not delay a library)
+            if not backlogged:
+                self._stop.wait(self.pump_interval_s)
 
     def stop(self) -> None:
         self._stop.set()
