@@ -62,6 +62,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "probes.simulator.pid": (0, PID_MAX),
     "probes.simulator.scrape_interval_s": (0.05, 3600.0),
     "probes.cupti.reclaim_after_s": (0.0, 86400.0),
+    "probes.cupti.idle_peer_s": (5.0, 86400.0),
 }
 
 #: Folders under which a missing socket folder may be created (one level, by systemd's

@@ -95,9 +95,9 @@ def _server(tmp_path, proc, **kw):
 
 def _pump_until(s, what, seconds=5.0):
     end = time.monotonic() + seconds
-    while time.monotonic() < end and not what():
+    while not (ok := what()) and time.monotonic() < end:
         s.pump(0.01)
-    return what()
+    return ok
 
 
 def _batch():

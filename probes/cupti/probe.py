@@ -77,8 +77,10 @@ class CuptiProbe(Probe):
     optional = True
 
     def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02,
-                 socket_group: str | None = None, max_name_bytes: int = 48 << 20, **server_kw):
+                 socket_group: str | None = None, max_name_bytes: int = 48 << 20, idle_peer_s: float = 300.0,
+                 **server_kw):
         super().__init__()
+        server_kw["idle_peer_s"] = idle_peer_s
         #: bound on the probe-wide name table, which outlives the processes that sent the
         #: names (each process is bounded too: ProcessDecoder.max_name_bytes)
         self.max_name_bytes = max_name_bytes
