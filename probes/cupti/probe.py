@@ -111,6 +111,7 @@ class CuptiProbe(Probe):
         #: not in a decoder or connection, so a reconnect does not reset it
         self.demangle_budget = DemangleBudget()
         self._pid_uid: dict[int, int] = {}
+        self._pid_comm: dict[int, str] = {}       # escaped, cut to the kernel's 15 bytes (issue 18.3)
         # Decoding (and so demangling, which waits on the worker process) runs in the pump
         # thread, never in poll() on the agent's main loop; this lock guards the decoders,
         # and is let go while the demangler works, so poll() waits for neither.
@@ -186,6 +187,11 @@ class CuptiProbe(Probe):
         """Pids whose latest HELLO says another CUPTI client took the callbacks over."""
         return {d.pid for d in list(self.decoders.values()) if d.flags & P.FLAG_TAKEN_OVER}
 
+    def taken_over_owners(self) -> dict[int, tuple[int, str]]:
+        """``{pid: (uid, comm)}`` of the taken-over processes: the uid from the kernel
+        (SO_PEERCRED), the comm the library sent (escaped, 15 characters at most)."""
+        return {pid: (self._pid_uid.get(pid, -1), self._pid_comm.get(pid, "")) for pid in self.taken_over_pids()}
+
     def set_mode(self, mode: str | int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
         """Switch libraries to ``"always-on"`` or ``"deep"`` (all, or one pid) without restarting them."""
         m = {"always-on": P.MODE_ALWAYS_ON, "deep": P.MODE_DEEP}.get(mode, mode) if isinstance(mode, str) else mode
@@ -234,6 +240,10 @@ class CuptiProbe(Probe):
                 self._pid_uid[m.pid] = m.uid
                 while len(self._pid_uid) > _MAX_NO_DEMANGLE_PIDS:
                     self._pid_uid.pop(next(iter(self._pid_uid)))
+            self._pid_comm.pop(m.pid, None)
+            self._pid_comm[m.pid] = escape(m.body.comm, 15)
+            while len(self._pid_comm) > _MAX_NO_DEMANGLE_PIDS:
+                self._pid_comm.pop(next(iter(self._pid_comm)))
             dec.set_hello(m.body)
             if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
                 self._conn_pid[m.conn_id] = m.pid
@@ -244,8 +254,10 @@ class CuptiProbe(Probe):
                 # whoever logs it cannot be made to write lines of the peer's choosing
                 self._status[m.pid] = escape(m.body.status.strip(), 4000)
                 if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI | P.FLAG_TAKEN_OVER):
-                    log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
-                                escape(m.body.status.strip()))
+                    # whose process it is (any user may flag its own process as taken over),
+                    # and rate-limited per uid by the agent's log limiter (the peer)
+                    log.warning("cupti: pid %d (%s, uid %d): %s", m.pid, escape(m.body.comm, 15), m.uid,
+                                escape(m.body.status.strip()), extra={"peer": m.uid})
         elif m.kind == "batch":
             dec = self.decoders.get(m.pid)
             if dec is None:   # cannot happen: the server requires hello first
