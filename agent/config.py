@@ -71,6 +71,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "probes.otlp.max_queued_spans": (1, 10_000_000),
     "probes.otlp.history_s": (10.0, 3600.0),
     "probes.otlp.join_delay_s": (0.0, 600.0),
+    "probes.cupti.idle_peer_s": (5.0, 86400.0),
 }
 
 #: Folders under which a missing socket folder may be created (one level, by systemd's

@@ -16,9 +16,14 @@ Contract of :class:`TakeoverWatch` (pure: times are given, nothing is sent):
   that old; :meth:`request` (the operator's ``ridgeline cupti reclaim``) asks at the next
   :meth:`observe` whatever its age;
 * :meth:`report` lists each taken-over process: ``pid``, ``since_unix_s``,
-  ``taken_over_s``, ``status`` (the library's own line, escaped by the probe) and
-  ``reclaims_requested``, at most :data:`REPORT_MAX` of them (longest first; :meth:`count`
-  counts all). Processes no longer flagged (resumed, or gone) leave the list.
+  ``taken_over_s``, ``status`` (the library's own line, escaped by the probe),
+  ``reclaims_requested``, and whose process it is, ``uid`` and ``comm`` (given by
+  :meth:`owners`; -1 and "" until then), at most :data:`REPORT_MAX` of them (longest
+  first; :meth:`count` counts all). Processes no longer flagged (resumed, or gone) leave
+  the list;
+* :meth:`by_uid` counts them per uid for /metrics: any local user may flag its own
+  process as taken over (issue 18.3), so the alert says whose; at most :data:`UID_SERIES`
+  uids (those with the most), the rest under ``"other"``.
 
 Why automatic reclaim is off by default: Kineto keeps its outstanding buffers in its own
 map (``CuptiActivityApi::allocatedGpuTraceBuffers_``) and frees them itself; a reclaim
@@ -39,6 +44,8 @@ STATUS_MAX_CHARS = 1000
 #: Processes listed in the health record (the longest taken over first); the count
 #: (:meth:`TakeoverWatch.count`) covers them all.
 REPORT_MAX = 64
+#: uids named on /metrics (bounded cardinality); the others are summed under "other"
+UID_SERIES = 16
 
 
 @dataclass
@@ -47,6 +54,8 @@ class _Episode:
     status: str = ""
     reclaims_requested: int = 0
     last_request_s: float | None = None
+    uid: int = -1
+    comm: str = ""
 
 
 class TakeoverWatch:
@@ -98,8 +107,25 @@ class TakeoverWatch:
     def count(self) -> int:
         return len(self._episodes)
 
+    def owners(self, owners: dict) -> None:
+        """``{pid: (uid, comm)}`` of the taken-over processes (the probe's)."""
+        for pid, (uid, comm) in owners.items():
+            ep = self._episodes.get(int(pid))
+            if ep is not None:
+                ep.uid, ep.comm = int(uid), str(comm)[:15]
+
+    def by_uid(self) -> dict[str, int]:
+        n: dict[str, int] = {}
+        for ep in self._episodes.values():
+            n[str(ep.uid)] = n.get(str(ep.uid), 0) + 1
+        top = sorted(n.items(), key=lambda kv: (-kv[1], kv[0]))
+        out = dict(top[:UID_SERIES])
+        if len(top) > UID_SERIES:
+            out["other"] = sum(v for _, v in top[UID_SERIES:])
+        return out
+
     def report(self, now_s: float) -> list[dict]:
         eps = sorted(self._episodes.items(), key=lambda kv: (kv[1].since_unix_s, kv[0]))[:REPORT_MAX]
         return [{"pid": pid, "since_unix_s": ep.since_unix_s, "taken_over_s": max(0.0, now_s - ep.since_unix_s),
-                 "status": ep.status, "reclaims_requested": ep.reclaims_requested}
+                 "status": ep.status, "reclaims_requested": ep.reclaims_requested, "uid": ep.uid, "comm": ep.comm}
                 for pid, ep in eps]

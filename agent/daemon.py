@@ -291,6 +291,8 @@ class Agent:
             self.takeovers.request(req["pid"])
         now = time.time()
         pids = self.takeovers.observe(cupti.taken_over_pids(), now)
+        if hasattr(cupti, "taken_over_owners"):
+            self.takeovers.owners(cupti.taken_over_owners())
         sent = []
         for pid in pids:
             try:
@@ -307,6 +309,7 @@ class Agent:
                 log.warning("cupti: cannot answer the reclaim request: %s", for_log(exc))
         return {"cupti_taken_over": self.takeovers.report(now),
                 "cupti_processes_taken_over": self.takeovers.count(),
+                "cupti_taken_over_by_uid": self.takeovers.by_uid(),
                 "cupti_reclaims_requested": self.takeovers.reclaims_requested,
                 "cupti_reclaim_requests_rejected": self.reclaim_requests_rejected}
 

@@ -509,6 +509,8 @@ class WindowCollector:
             if _num(cupti.get(key)) is not None:
                 cr.add_metric([host, reason], float(cupti[key]))
         yield cr
+        yield from self._cupti_peers(host, cupti)
+        yield from self._cupti_takeover_owners(host, a)
         # This endpoint's own defence: slow clients cut, connections evicted or refused.
         ms = CounterMetricFamily("ridgeline_agent_metrics_server_events",
                                  "Connection events of the agent's /metrics server (timeouts, evictions, ...)",
@@ -552,6 +554,44 @@ class WindowCollector:
             fam.add_metric([host], a["bpf_run_time_ns"] * 1e-9)
             yield fam
 
+
+    # -- issue 18.3/18.4: CUPTI peers cut for their identity or for idling (own block) --
+    #: (reason label, counter of the CUPTI probe) of ridgeline_agent_cupti_connections_cut
+    CUPTI_CUTS = (("process_gone", "server_process_gone_cut"), ("pid_reused", "server_pid_reused_cut"),
+                  ("idle", "server_idle_peer_cut"), ("fair_share", "server_evicted_fair_share"))
+
+    def _cupti_peers(self, host: str, cupti: dict):
+        """Connections the CUPTI socket cut after accepting them: the process behind it gone
+        or its pid given to another process, idle after HELLO, or evicted so that root or a
+        user holding fewer connections gets a slot; and the batches dropped with a reused
+        pid's connection. Exported at 0 from the socket's start (the probe's counters)."""
+        cut = CounterMetricFamily("ridgeline_agent_cupti_connections_cut",
+                                  "Connections the CUPTI socket cut after accepting them, by reason "
+                                  "(process_gone, pid_reused, idle, fair_share)", labels=["Hostname", "reason"])
+        for reason, key in self.CUPTI_CUTS:
+            if _num(cupti.get(key)) is not None:
+                cut.add_metric([host, reason], float(cupti[key]))
+        yield cut
+        if _num(cupti.get("server_identity_dropped_batches")) is not None:
+            fam = CounterMetricFamily("ridgeline_agent_cupti_identity_dropped_batches",
+                                      "CUPTI batches dropped because their connection's pid belonged to another "
+                                      "process by the time they were checked", labels=["Hostname"])
+            fam.add_metric([host], float(cupti["server_identity_dropped_batches"]))
+            yield fam
+
+    def _cupti_takeover_owners(self, host: str, a: dict):
+        """Taken-over processes per uid (any local user may flag its own process): the
+        alert says whose. At most agent.cupti_takeover.UID_SERIES uids, then "other"."""
+        by = a.get("cupti_taken_over_by_uid")
+        if not isinstance(by, dict):
+            return
+        fam = GaugeMetricFamily("ridgeline_agent_cupti_processes_taken_over_by_user",
+                                "Served processes whose CUPTI another tool took over, by the uid the process "
+                                "runs as (the kernel's; 'other' past 16 uids)", labels=["Hostname", "uid"])
+        for uid, n in list(by.items())[:17]:
+            if _num(n) is not None:
+                fam.add_metric([host, str(uid)[:16]], float(n))
+        yield fam
 
 def registry_for(collector: WindowCollector) -> CollectorRegistry:
     """A registry with ``collector`` and the client library's process, platform and GC collectors."""

@@ -85,7 +85,8 @@ def _cupti(cfg):
     mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
     c = cfg["probes"]["cupti"]
-    return _build(cls, socket_path=c["socket"], socket_group=c["socket_group"] or None)
+    return _build(cls, socket_path=c["socket"], socket_group=c["socket_group"] or None,
+                  idle_peer_s=c["idle_peer_s"])
 
 
 def _nvml(cfg):

@@ -792,6 +792,223 @@ def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
         cg.close()
 
 
+# ------------------------------------------------------------------------------ issue 18 (items 3, 4)
+
+def as_uid(uid: int):
+    def drop():
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, max(4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])))
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    return drop
+
+
+# argv[1] a JSON job; every HELLO/batch frame gets this process's pid at byte 16
+PEER_CLIENT = r"""
+import json, os, socket, struct, sys, time
+job = json.loads(sys.argv[1])
+def own(h):
+    f = bytearray(bytes.fromhex(h)); struct.pack_into("<I", f, 16, os.getpid()); return bytes(f)
+if job["do"] == "hold":               # n connections, each with a HELLO, held until stdin closes
+    held = []
+    for _ in range(job["n"]):
+        s = socket.socket(socket.AF_UNIX); s.connect(job["path"])
+        try:
+            s.sendall(own(job["hello"])); held.append(s)
+        except OSError:
+            pass
+    time.sleep(job.get("check_s", 0))
+    def still_open(s):            # not closed by the agent (EOF or reset)
+        s.setblocking(False)
+        try:
+            return s.recv(1) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+    print(json.dumps({"uid": os.getuid(), "held": sum(map(still_open, held))}), flush=True)
+    sys.stdin.read()
+elif job["do"] == "hand_over":        # HELLO, then a child keeps the socket and the parent exits
+    s = socket.socket(socket.AF_UNIX); s.connect(job["path"]); s.sendall(own(job["hello"]))
+    batch = own(job["batch"])
+    time.sleep(1.0)
+    if os.fork() == 0:
+        os.setsid()
+        open(job["go"]).read()
+        sent = 0
+        try:
+            for _ in range(job["n"]):
+                s.sendall(batch); sent += 1
+        except OSError:
+            pass
+        time.sleep(2)
+        os._exit(0)
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    os._exit(0)
+elif job["do"] == "connect_flood":    # connect and close as fast as possible
+    end, n = time.monotonic() + job["s"], 0
+    while time.monotonic() < end:
+        s = socket.socket(socket.AF_UNIX); s.setblocking(False)
+        try:
+            s.connect(job["path"]); n += 1
+        except OSError:
+            pass
+        s.close()
+    print(json.dumps({"connects": n}), flush=True)
+"""
+
+
+def peer(uid: int, job: dict):
+    p = subprocess.Popen(["/usr/bin/python3", "-c", PEER_CLIENT, json.dumps(job)], preexec_fn=as_uid(uid),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    CHILDREN.append(p)
+    return p
+
+
+class Watchdog:
+    """Reads the agent's notify socket in a thread: the worst gap between WATCHDOG=1 pings."""
+
+    def __init__(self, notify: socket.socket):
+        self.notify, self.last, self.worst, self.feeds, self.stop_ = notify, time.monotonic(), 0.0, 0, False
+        notify.settimeout(0.1)
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self):
+        while not self.stop_:
+            try:
+                if self.notify.recv(4096).count(b"WATCHDOG=1"):
+                    now = time.monotonic()
+                    self.worst, self.last = max(self.worst, now - self.last), now
+                    self.feeds += 1
+            except (socket.timeout, BlockingIOError):
+                pass
+
+    def stop(self) -> float:
+        self.stop_ = True
+        self.t.join()
+        self.notify.close()
+        return max(self.worst, time.monotonic() - self.last)
+
+
+def spawn_with_pid(pid: int, tries: int = 50):
+    """A root process given exactly ``pid`` (ns_last_pid, as CRIU restores pids), or None."""
+    for _ in range(tries):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        v = subprocess.Popen(["sleep", "60"])
+        if v.pid == pid:
+            CHILDREN.append(v)
+            return v
+        v.kill()
+        v.wait()
+    return None
+
+
+def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
+    """18.3: a connection outliving its process under a reused pid; 18.4: 4 users x 256
+    idle connections, then root's and a fifth user's libraries, and a connect flood."""
+    R = cupti_frames()
+    tag = f"{mem >> 20}M"
+    hello = R.hello_frame(pid=0).hex()
+    name = "18.3 nobody's forked child sends 10,000 kernels under a pid reused by root's process"
+    if only in name:
+        cg = Cgroup("pidreuse", mem)
+        notify, a = watched_cupti_agent(tmp, cg)
+        wd = Watchdog(notify)
+        h = Windows(a.endpoint, topic="health")
+        b = R.make_buffer(200, seed=3, with_markers=False)
+        batch = R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes())], b.names, pid=0).hex()
+        go = tmp / f"go{time.monotonic_ns()}"
+        os.mkfifo(go, 0o666)
+        os.chmod(go, 0o666)
+        p = peer(NOBODY, {"do": "hand_over", "path": a.cupti, "hello": hello, "batch": batch, "n": 50,
+                          "go": str(go)})
+        pid = json.loads(p.stdout.readline() or "{}").get("pid", 0)
+        p.wait(timeout=30)
+        victim = spawn_with_pid(pid) if pid else None
+        open(go, "w").close()
+        time.sleep(6)
+        h.stop()
+        cu = cupti_health(h)
+        gap = wd.stop()
+        r = a.stop()
+        if victim is not None:
+            victim.kill()
+        under_victim = cu.get("records", -1) if victim is not None else "n/a (pid not reused)"
+        row("18.3", f"{name}, {tag}", r, f"victim got pid {pid}: {victim is not None}; records accepted "
+            f"{under_victim}; pid_reused_cut {cu.get('server_pid_reused_cut')}, process_gone_cut "
+            f"{cu.get('server_process_gone_cut')}, batches dropped {cu.get('server_identity_dropped_batches')}; "
+            f"worst watchdog gap {gap:.1f} s", victim is not None and cu.get("records", 1) == 0 and gap < 3, mem)
+        cg.close()
+    name = "18.4 four users x 256 idle CUPTI connections, then root's and a fifth user's libraries"
+    if only in name:
+        cg = Cgroup("starve", mem)
+        notify, a = watched_cupti_agent(tmp, cg)
+        wd = Watchdog(notify)
+        h = Windows(a.endpoint, topic="health")
+        holders = []
+        for uid in (NOBODY, 60001, 60002, 60003):
+            holders.append(peer(uid, {"do": "hold", "path": a.cupti, "hello": hello, "n": 256}))
+        held = sum(json.loads(x.stdout.readline() or "{}").get("held", 0) for x in holders)
+        time.sleep(2)
+        fifth = peer(60004, {"do": "hold", "path": a.cupti, "hello": hello, "n": 1, "check_s": 3})
+        root = socket.socket(socket.AF_UNIX)
+        root.connect(a.cupti)
+        root.sendall(R.hello_frame())
+        fifth_held = json.loads(fifth.stdout.readline() or "{}").get("held", 0)     # after its 3 s
+        root.setblocking(False)
+        try:
+            root_open = root.recv(1) != b""
+        except BlockingIOError:
+            root_open = True
+        except OSError:                        # refused: the agent closed it at once
+            root_open = False
+        time.sleep(1.5)
+        h.stop()
+        cu = cupti_health(h)
+        for x in holders + [fifth]:
+            x.stdin.close()
+        gap = wd.stop()
+        r = a.stop()
+        row("18.4", f"{name}, {tag}", r, f"held {held}/1024; root's connection kept: {root_open}, the fifth user's "
+            f"kept {fifth_held}/1 after 3 s; evicted_fair_share {cu.get('server_evicted_fair_share')}, "
+            f"refused {cu.get('server_refused_connections')}, per-user refused "
+            f"{cu.get('server_refused_connections_uid')}; worst watchdog gap {gap:.1f} s",
+            held == 1024 and root_open and fifth_held == 1 and cu.get("server_evicted_fair_share", 0) >= 2
+            and gap < 3, mem)
+        cg.close()
+    name = "18.4 connect flood from 3 processes while a library connects"
+    if only in name:
+        cg = Cgroup("cflood", mem)
+        notify, a = watched_cupti_agent(tmp, cg)
+        wd = Watchdog(notify)
+        floods = [peer(NOBODY, {"do": "connect_flood", "path": a.cupti, "s": 10}) for _ in range(3)]
+        time.sleep(2)
+        # the library's way (probes/native/ridgeline_cupti.c connect_agent): non-blocking
+        # connect, EAGAIN (backlog full) retried RIDGELINE_RECONNECT_MS (1 s) later
+        t0, eagain, ok = time.monotonic(), 0, False
+        while time.monotonic() - t0 < 15 and not ok:
+            c = socket.socket(socket.AF_UNIX)
+            c.setblocking(False)
+            try:
+                c.connect(a.cupti)
+                c.sendall(R.hello_frame())
+                ok = True
+            except BlockingIOError:
+                eagain += 1
+                c.close()
+                time.sleep(1.0)
+        delay = time.monotonic() - t0
+        connects = sum(json.loads(x.stdout.readline() or "{}").get("connects", 0) for x in floods)
+        gap = wd.stop()
+        r = a.stop()
+        row("18.4", f"{name}, {tag}", r, f"flood: {connects} connects in 10 s; the library connected after "
+            f"{delay:.2f} s ({eagain} EAGAIN); worst watchdog gap {gap:.1f} s", ok and eagain == 0 and gap < 3, mem)
+        cg.close()
+
+
 # ------------------------------------------------------------------------------ issue 18 (i18b)
 
 def redirect_cases(tmp: Path, mem: int, only: str) -> None:
@@ -962,6 +1179,7 @@ def main() -> None:
             agent_cases(tmp, mem, a.only)
             config_cases(tmp, mem, a.only)
             issue18_names_cases(tmp, mem, a.only)
+            issue18_peer_cases(tmp, mem, a.only)
             redirect_cases(tmp, mem, a.only)
             symlink_output_cases(tmp, mem, a.only)
         if not a.skip_analyze:

@@ -88,6 +88,7 @@ def test_overlay_accepts_int_for_float_and_keeps_other_defaults(tmp_path):
     ('[probes.cupti]\nsocket_group = "no-such-group-xyz"\n', "'probes.cupti.socket_group' names no group"),
     ('[probes.cupti]\nreclaim_after_s = -1\n', "'probes.cupti.reclaim_after_s' must be between 0 and 86400"),
     ('[probes.cupti]\nreclaim_after_s = nan\n', "'probes.cupti.reclaim_after_s' must be a finite number"),
+    ('[probes.cupti]\nidle_peer_s = 1\n', "'probes.cupti.idle_peer_s' must be between 5 and 86400"),
     ('[probes.replay]\nspeed = nan\n', "'probes.replay.speed' must be a finite number"),
     ('[probes.simulator]\nseed = 99999999999999999999\n', "'probes.simulator.seed' must be between"),
     ('agent = 3\n', "'agent' must be a table"),

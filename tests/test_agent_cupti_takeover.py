@@ -21,8 +21,23 @@ def test_default_policy_reports_and_never_reclaims_by_itself():
     assert w.observe({41}, 1000.0) == []
     assert w.observe({41}, 1000.0 + 86400) == []
     assert w.report(1000.0 + 86400) == [{"pid": 41, "since_unix_s": 1000.0, "taken_over_s": 86400.0,
-                                          "status": LINE, "reclaims_requested": 0}]
+                                          "status": LINE, "reclaims_requested": 0, "uid": -1, "comm": ""}]
     assert w.observe(set(), 90000.0) == [] and w.report(90000.0) == []     # resumed: off the list
+
+
+def test_the_report_says_whose_process_it_is_and_uids_on_metrics_are_bounded():
+    """Issue 18.3: any local user may flag its own process as taken over; the report and
+    /metrics say whose (uid from the kernel, comm as sent, cut to 15), uids bounded."""
+    from ridgeline.agent.cupti_takeover import UID_SERIES
+    w = TakeoverWatch(0.0)
+    pids = set(range(100, 100 + UID_SERIES + 5)) | {7}
+    w.observe(pids, 10.0)
+    w.owners({p: (p, "vllm-worker-with-a-long-name") for p in pids - {7}} | {7: (100, "python")})
+    rep = {r["pid"]: r for r in w.report(11.0)}
+    assert rep[7]["uid"] == 100 and rep[7]["comm"] == "python" and rep[101]["comm"] == "vllm-worker-wit"
+    by = w.by_uid()
+    assert len(by) == UID_SERIES + 1 and by["100"] == 2 and by["other"] == len(pids) - UID_SERIES - 1
+    assert sum(by.values()) == len(pids)
 
 
 def test_after_the_configured_age_it_asks_once_per_period():

@@ -82,7 +82,12 @@ def window(threads, launch_tids=(8,), engine=None):
                                                          "cupti": {"drops": 0, "errors": 0,
                                                                    "server_refused_connections": 944,
                                                                    "server_refused_connections_uid": 3,
-                                                                   "server_rejected_peers": 1}},
+                                                                   "server_rejected_peers": 1,
+                                                                   "server_process_gone_cut": 5,
+                                                                   "server_pid_reused_cut": 2,
+                                                                   "server_idle_peer_cut": 7,
+                                                                   "server_evicted_fair_share": 4,
+                                                                   "server_identity_dropped_batches": 9}},
                   "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6,
                   "window_drops": 3, "window_fold_errors": 1, "window_open_steps_cut": 2},
     }
@@ -324,6 +329,38 @@ def test_cupti_socket_refusals_are_counters_by_reason():
     got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_refused_connections"].samples
            if s.name.endswith("_total")}
     assert got == {"limit": 944, "per_user": 3, "peer_identity": 1}
+
+
+def test_cupti_connections_cut_and_takeovers_by_uid_are_published():
+    """Issue 18.3/18.4: connections cut after accepting them, by reason, the batches dropped
+    with a reused pid's connection, and taken-over processes by uid (bounded)."""
+    w = window([thread(8)])
+    w["agent"]["cupti_taken_over_by_uid"] = {"1000": 2, "0": 1, "other": 3}
+    fams = families(exposition([w]))
+    got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_connections_cut"].samples
+           if s.name.endswith("_total")}
+    assert got == {"process_gone": 5, "pid_reused": 2, "idle": 7, "fair_share": 4}
+    assert [s.value for s in fams["ridgeline_agent_cupti_identity_dropped_batches"].samples
+            if s.name.endswith("_total")] == [9]
+    by = {s.labels["uid"]: s.value for s in fams["ridgeline_agent_cupti_processes_taken_over_by_user"].samples}
+    assert by == {"1000": 2, "0": 1, "other": 3}
+    assert fams["ridgeline_agent_cupti_processes_taken_over_by_user"].type == "gauge"
+
+
+def test_cupti_cut_counters_exist_at_zero_from_the_sockets_start(tmp_path):
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    probe = CuptiProbe(socket_path=str(tmp_path / "c.sock"))
+    probe.start()
+    try:
+        counters = probe.counters()
+    finally:
+        probe.stop()
+    w = window([thread(8)])
+    w["agent"]["probes"]["cupti"] = counters
+    fams = families(exposition([w]))
+    got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_connections_cut"].samples
+           if s.name.endswith("_total")}
+    assert got == {"process_gone": 0, "pid_reused": 0, "idle": 0, "fair_share": 0}
 
 
 @needs_promtool

@@ -77,7 +77,8 @@ def literal_exposition() -> str:
     scrape failures and lost batches (the series the collection-health rules read)."""
     from test_agent_prometheus import engine_section, exposition, thread, window
     w = window([thread(8, 5, launches=3)], engine=engine_section())
-    w["agent"].update(cupti_processes_taken_over=1, dropped_records=1, dropped_batches=2)
+    w["agent"].update(cupti_processes_taken_over=1, dropped_records=1, dropped_batches=2,
+                      cupti_taken_over_by_uid={"1000": 1})
     w["agent"]["probes"]["engine"] = {"drops": 0, "errors": 3, "scrape_failures": {"too_large": 3, "timeout": 0}}
     return exposition([w])
 
@@ -111,7 +112,7 @@ def test_rules_read_only_series_the_agent_exposes():
     assert len(exprs) == 22
     read = {n for block, line in exprs for n in re.findall(r"\b(ridgeline[:_][a-z0-9_:]+)", block or line)}
     assert read <= recorded | exposed, sorted(read - recorded - exposed)
-    for name in ("ridgeline_agent_cupti_processes_taken_over", "ridgeline_agent_cupti_refused_connections_total",
+    for name in ("ridgeline_agent_cupti_processes_taken_over_by_user", "ridgeline_agent_cupti_refused_connections_total",
                  "ridgeline_agent_engine_scrape_failures_total", "ridgeline_engine_preemption_episode_elapsed_seconds",
                  "ridgeline_agent_dropped_batches_total", "ridgeline_agent_window_dropped_events_total",
                  "ridgeline_agent_window_fold_errors_total"):
@@ -145,6 +146,7 @@ ABSENT_ON_VLLM_V1 = {
 # they must stay absent there, never a made-up zero.
 ABSENT_WITHOUT_CUPTI = {
     "ridgeline_agent_cupti_processes_taken_over": "absent when the cupti probe does not run",
+    "ridgeline_agent_cupti_processes_taken_over_by_user": "absent when the cupti probe does not run",
     "ridgeline_agent_cupti_refused_connections_total": "the CUPTI socket's counters, absent without the probe",
 }
 ABSENT_ON_SIMULATOR = {**ABSENT_ON_VLLM_V1, **ABSENT_WITHOUT_CUPTI}

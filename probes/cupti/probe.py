@@ -77,8 +77,10 @@ class CuptiProbe(Probe):
     optional = True
 
     def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02,
-                 socket_group: str | None = None, max_name_bytes: int = 48 << 20, **server_kw):
+                 socket_group: str | None = None, max_name_bytes: int = 48 << 20, idle_peer_s: float = 300.0,
+                 **server_kw):
         super().__init__()
+        server_kw["idle_peer_s"] = idle_peer_s
         #: bound on the probe-wide name table, which outlives the processes that sent the
         #: names (each process is bounded too: ProcessDecoder.max_name_bytes)
         self.max_name_bytes = max_name_bytes
@@ -109,6 +111,7 @@ class CuptiProbe(Probe):
         #: not in a decoder or connection, so a reconnect does not reset it
         self.demangle_budget = DemangleBudget()
         self._pid_uid: dict[int, int] = {}
+        self._pid_comm: dict[int, str] = {}       # escaped, cut to the kernel's 15 bytes (issue 18.3)
         # Decoding (and so demangling, which waits on the worker process) runs in the pump
         # thread, never in poll() on the agent's main loop; this lock guards the decoders,
         # and is let go while the demangler works, so poll() waits for neither.
@@ -145,12 +148,15 @@ class CuptiProbe(Probe):
                 if srv is None:
                     return
                 srv.pump(0)
+                backlogged = srv.accept_backlogged
                 msgs = srv.drain() if self._ingested_ahead < MAX_INGESTED_AHEAD_BYTES else []
             if msgs:
                 self._ingested_ahead += sum(m.nbytes for m in msgs)
                 self.ingest(msgs)
-            # wait for readiness outside the lock so poll()/set_mode() never wait long
-            self._stop.wait(self.pump_interval_s)
+            # wait for readiness outside the lock so poll()/set_mode() never wait long;
+            # not while connections wait in the backlog (a flood must not delay a library)
+            if not backlogged:
+                self._stop.wait(self.pump_interval_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -180,6 +186,11 @@ class CuptiProbe(Probe):
     def taken_over_pids(self) -> set[int]:
         """Pids whose latest HELLO says another CUPTI client took the callbacks over."""
         return {d.pid for d in list(self.decoders.values()) if d.flags & P.FLAG_TAKEN_OVER}
+
+    def taken_over_owners(self) -> dict[int, tuple[int, str]]:
+        """``{pid: (uid, comm)}`` of the taken-over processes: the uid from the kernel
+        (SO_PEERCRED), the comm the library sent (escaped, 15 characters at most)."""
+        return {pid: (self._pid_uid.get(pid, -1), self._pid_comm.get(pid, "")) for pid in self.taken_over_pids()}
 
     def set_mode(self, mode: str | int, kernel_sample_every: int = 0, pid: int | None = None) -> int:
         """Switch libraries to ``"always-on"`` or ``"deep"`` (all, or one pid) without restarting them."""
@@ -229,6 +240,10 @@ class CuptiProbe(Probe):
                 self._pid_uid[m.pid] = m.uid
                 while len(self._pid_uid) > _MAX_NO_DEMANGLE_PIDS:
                     self._pid_uid.pop(next(iter(self._pid_uid)))
+            self._pid_comm.pop(m.pid, None)
+            self._pid_comm[m.pid] = escape(m.body.comm, 15)
+            while len(self._pid_comm) > _MAX_NO_DEMANGLE_PIDS:
+                self._pid_comm.pop(next(iter(self._pid_comm)))
             dec.set_hello(m.body)
             if m.conn_id not in self._conn_pid:    # a repeated HELLO only updates the state
                 self._conn_pid[m.conn_id] = m.pid
@@ -239,8 +254,10 @@ class CuptiProbe(Probe):
                 # whoever logs it cannot be made to write lines of the peer's choosing
                 self._status[m.pid] = escape(m.body.status.strip(), 4000)
                 if m.body.flags & (P.FLAG_CONFLICT | P.FLAG_NO_CUPTI | P.FLAG_TAKEN_OVER):
-                    log.warning("cupti: pid %d (%s): %s", m.pid, escape(m.body.comm),
-                                escape(m.body.status.strip()))
+                    # whose process it is (any user may flag its own process as taken over),
+                    # and rate-limited per uid by the agent's log limiter (the peer)
+                    log.warning("cupti: pid %d (%s, uid %d): %s", m.pid, escape(m.body.comm, 15), m.uid,
+                                escape(m.body.status.strip()), extra={"peer": m.uid})
         elif m.kind == "batch":
             dec = self.decoders.get(m.pid)
             if dec is None:   # cannot happen: the server requires hello first

@@ -27,7 +27,18 @@ connectable by local users whose processes we profile) can crash or stall the ag
   connection at most that long;
 * a connection that has not sent its HELLO ``hello_timeout_s`` after it was accepted is
   cut (``hello_timeout_cut``): the library sends it at once, so only a peer that holds a
-  connection slot without saying who it is waits that long.
+  connection slot without saying who it is waits that long;
+* a connection that said HELLO and then sends nothing for ``idle_peer_s`` is cut
+  (``idle_peer_cut``): a library with no GPU work reconnects when it has some (its HELLO
+  and names are sent again), so an idle slot is not held for good (issue 18.4);
+* when every slot is taken, a newcomer is not simply refused: a peer of root (uid 0) or of
+  a user holding fewer connections than the user holding the most takes the slot of that
+  user's longest-idle connection (``evicted_fair_share``; one not yet past HELLO first), so
+  one user's connections never refuse another user's process, and root's processes are
+  refused only when root's own connections fill every slot. The listen backlog is the
+  system's largest and each round accepts up to ``ACCEPT_PER_ROUND`` (the probe's thread
+  goes on at once while more wait), so a connect flood does not keep a real library's
+  non-blocking ``connect()`` failing with EAGAIN.
 
 The pid of a process is taken from the kernel (``SO_PEERCRED``), not from the message:
 it is the pid in the agent's namespace, and it cannot be forged by the peer. The pid the
@@ -55,6 +66,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from ridgeline.probes.cupti import peer_process
 from ridgeline.probes.cupti import protocol as P
 
 log = logging.getLogger(__name__)
@@ -62,6 +74,13 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET = "/run/ridgeline/cupti.sock"
 #: counters of refused or cut peers, present from the start (``stats``)
 EXPORTED_REFUSALS = ("refused_connections", "refused_connections_uid", "rejected_peers")
+#: counters of connections cut for their peer's identity or for idling (issue 18.3/18.4),
+#: also present from the start
+EXPORTED_CUTS = ("process_gone_cut", "pid_reused_cut", "identity_dropped_batches", "idle_peer_cut",
+                 "evicted_fair_share")
+#: Connections accepted in one round at most; more waiting makes the round end with
+#: ``accept_backlogged`` set, and the probe's thread pumps again at once.
+ACCEPT_PER_ROUND = 1024
 _RECV_CHUNK = 1 << 20
 #: Memory a queued message costs beyond its body (the parsed objects): counted against
 #: ``max_queued_bytes`` so that a flood of tiny messages is bounded like large ones.
@@ -86,6 +105,17 @@ def connection_limit(requested: int | None = None) -> int:
     ceiling = MAX_CONNECTIONS_CAP if soft == resource.RLIM_INFINITY else max(8, soft // NOFILE_SHARE)
     want = MAX_CONNECTIONS_CAP if requested is None else int(requested)
     return max(1, min(want, ceiling))
+
+
+def peer_cred(s: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process that connected ``s``, from the kernel (``SO_PEERCRED``);
+    (0, -1) when it gives none."""
+    try:
+        cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return 0, -1
+    pid, uid, _gid = struct.unpack("3i", cred)
+    return pid, uid
 
 
 def namespace_pids(pid: int) -> list[int]:
@@ -134,6 +164,11 @@ class _Conn:
     rejected: int = 0
     hello_tokens: float = HELLO_BURST
     hello_t: float = 0.0
+    accepted_ticks: int = 0      # boot clock at accept, in the ticks of /proc/<pid>/stat
+    start_ticks: int | None = None   # the peer process's start time, bound at HELLO
+    checked: float = 0.0         # when the start time was last checked
+    held: list = field(default_factory=list)   # batches waiting for a check after their arrival
+    held_bytes: int = 0
 
 
 class CuptiServer:
@@ -142,7 +177,10 @@ class CuptiServer:
     def __init__(self, path: str = DEFAULT_SOCKET, max_connections: int | None = None,
                  max_queued_bytes: int = 128 << 20, idle_timeout_s: float = 30.0, socket_mode: int | None = None,
                  max_partial_bytes: int = 128 << 20, socket_group: str | int | None = None,
-                 hello_timeout_s: float = 10.0, max_connections_per_uid: int | None = None):
+                 hello_timeout_s: float = 10.0, max_connections_per_uid: int | None = None,
+                 idle_peer_s: float = 300.0, identity_check_s: float = 0.25, identity_sweep_s: float = 5.0,
+                 proc_start=peer_process.read_start_ticks, boot_ticks=peer_process.boot_ticks,
+                 peer_cred=peer_cred):
         self.path = str(path)
         self.requested_connections = max_connections
         self.max_connections = connection_limit(max_connections)
@@ -156,6 +194,15 @@ class CuptiServer:
         self.hello_timeout_s = hello_timeout_s
         self._partial_bytes = 0
         self.idle_timeout_s = idle_timeout_s
+        self.idle_peer_s = float(idle_peer_s)
+        self.identity_check_s = float(identity_check_s)
+        self.identity_sweep_s = float(identity_sweep_s)
+        # the boundary to /proc and the boot clock: a parameter, so tests can fake pid reuse
+        self._proc_start = proc_start
+        self._boot_ticks = boot_ticks
+        self._peer_cred = peer_cred
+        self._held_bytes = 0
+        self.accept_backlogged = False
         # with a group, only its members (and root) may connect; else every local user
         self.socket_mode = socket_mode if socket_mode is not None else (0o660 if socket_group is not None else 0o666)
         self._sel: selectors.BaseSelector | None = None
@@ -167,7 +214,7 @@ class CuptiServer:
         # The refusals /metrics exports (ridgeline_agent_cupti_refused_connections_total)
         # exist at 0 from the start: an alert on their increase needs a sample before the
         # first refusal, or the series appears at 1 and that one event is never seen.
-        self.stats = collections.Counter(dict.fromkeys(EXPORTED_REFUSALS, 0))
+        self.stats = collections.Counter(dict.fromkeys(EXPORTED_REFUSALS + EXPORTED_CUTS, 0))
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
@@ -192,7 +239,9 @@ class CuptiServer:
             gid = self.socket_group if isinstance(self.socket_group, int) else grp.getgrnam(self.socket_group).gr_gid
             os.chown(self.path, -1, gid)
         os.chmod(self.path, self.socket_mode)
-        s.listen(128)
+        # the system's largest backlog (net.core.somaxconn): a connect flood fills a small
+        # one between two rounds, and a real library's non-blocking connect then fails
+        s.listen(socket.SOMAXCONN)
         self._listener = s
         self._sel = selectors.DefaultSelector()
         self._sel.register(s, selectors.EVENT_READ, None)
@@ -273,13 +322,22 @@ class CuptiServer:
             elif c.hello is None and now - c.opened > self.hello_timeout_s:
                 self.stats["hello_timeout_cut"] += 1
                 self._drop(c, reason="no hello in time")
+            elif c.hello is not None and now - c.last_progress > self.idle_peer_s:
+                self.stats["idle_peer_cut"] += 1
+                self._drop(c, reason="no data in time")
+            elif c.hello is not None and ((c.held and now - c.checked >= self.identity_check_s)
+                                          or now - c.checked >= self.identity_sweep_s):
+                self._verify(c, now)
         return total
 
-    def _accept(self, max_round: int = 256) -> None:
-        """Accept what is pending (at most ``max_round`` per round, so a flood cannot starve reads)."""
+    def _accept(self, max_round: int = ACCEPT_PER_ROUND) -> None:
+        """Accept what is pending (at most ``max_round`` per round, so a flood cannot starve
+        reads; ``accept_backlogged`` tells the caller that more wait)."""
         for _ in range(max_round):
             if not self._accept_one():
+                self.accept_backlogged = False
                 return
+        self.accept_backlogged = True
 
     def _accept_one(self) -> bool:
         try:
@@ -291,20 +349,8 @@ class CuptiServer:
             if self.stats["accept_errors"] == 1 or e.errno not in (errno.EMFILE, errno.ENFILE):
                 log.warning("cupti: accept failed: %s", e)
             return False
-        if len(self._conns) >= self.max_connections:
-            self.stats["refused_connections"] += 1
-            if self.stats["refused_connections"] == 1:
-                log.warning("cupti: %d connections (the limit, below the descriptor limit): further peers "
-                            "are refused and counted", self.max_connections)
-            s.close()
-            return True
         s.setblocking(False)
-        pid, uid = 0, -1
-        try:
-            cred = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            pid, uid, _gid = struct.unpack("3i", cred)
-        except OSError:
-            pass
+        pid, uid = self._peer_cred(s)
         if uid != 0 and self._per_uid[uid] >= self.max_connections_per_uid:
             self.stats["refused_connections_uid"] += 1
             if self.stats["refused_connections_uid"] == 1:
@@ -312,14 +358,43 @@ class CuptiServer:
                             "refused and counted", uid, self._per_uid[uid])
             s.close()
             return True
+        if len(self._conns) >= self.max_connections:
+            victim = self._fair_share_victim(uid)
+            if victim is None:
+                self.stats["refused_connections"] += 1
+                if self.stats["refused_connections"] == 1:
+                    log.warning("cupti: %d connections (the limit, below the descriptor limit): further peers "
+                                "are refused and counted", self.max_connections)
+                s.close()
+                return True
+            self.stats["evicted_fair_share"] += 1
+            log.info("cupti: pid %d (uid %d) gives its connection to a process of uid %d (every slot taken; "
+                     "uid %d holds the most)", victim.pid, victim.uid, uid, victim.uid, extra={"peer": victim.uid})
+            self._drop(victim, reason="evicted for another user's process")
         self._per_uid[uid] += 1
         now = time.monotonic()
-        c = _Conn(s, self._next_id, pid, uid, last_progress=now, opened=now)
+        c = _Conn(s, self._next_id, pid, uid, last_progress=now, opened=now, accepted_ticks=self._boot_ticks())
         self._next_id += 1
         self._conns[c.conn_id] = c
         self._sel.register(s, selectors.EVENT_READ, c)
         self.stats["connections"] += 1
         return True
+
+    def _fair_share_victim(self, uid: int) -> _Conn | None:
+        """The connection a newcomer of ``uid`` takes when every slot is taken, or None.
+
+        The user holding the most connections gives one if that leaves it at least as many
+        as the newcomer's user then holds (root's newcomers take from any other user), so
+        repeated rounds level users out and never turn one over another. Its connection
+        not yet past HELLO, else the one idle longest, goes."""
+        others = [(n, u) for u, n in self._per_uid.items() if u != uid and (uid == 0 or u != 0)]
+        if not others:
+            return None
+        n, top = max(others)
+        if uid != 0 and n <= self._per_uid[uid] + 1:
+            return None
+        return min((c for c in self._conns.values() if c.uid == top),
+                   key=lambda c: (c.hello is not None, c.last_progress), default=None)
 
     def _read(self, c: _Conn, budget: int) -> int:
         got = 0
@@ -360,11 +435,15 @@ class CuptiServer:
                 c.need = n
                 if n == 0:
                     self._frame_done(c, b"")
+                    if c.conn_id not in self._conns:     # cut for its identity
+                        return got
                 continue
             if len(c.buf) >= c.need:
                 body, c.buf, c.need = c.buf, bytearray(), 0
                 self._partial_bytes -= len(body)
                 self._frame_done(c, body)
+                if c.conn_id not in self._conns:
+                    return got
         return got
 
     def _frame_done(self, c: _Conn, body) -> None:
@@ -382,6 +461,10 @@ class CuptiServer:
                 c.hello_tokens -= 1
             hello = P.parse_hello(body)
             self._check_identity(c, hello.pid)
+            # bind the connection to the process's start time (first HELLO), or check it
+            # (a repeated one; what waits is handed on first, so the order stays)
+            if not self._verify(c, time.monotonic()):
+                return
             if c.hello is None:
                 c.hello_t = time.monotonic()
             c.hello = hello
@@ -392,7 +475,7 @@ class CuptiServer:
             if c.hello is None:
                 raise P.ProtocolError("batch before hello")
             n = len(body) + MESSAGE_OVERHEAD_BYTES
-            if self._queued_bytes + n > self.max_queued_bytes:
+            if self._queued_bytes + self._held_bytes + n > self.max_queued_bytes:
                 self.stats["dropped_batches_queue_full"] += 1
                 return
             try:
@@ -409,8 +492,13 @@ class CuptiServer:
                     log.warning("cupti: pid %d: batch rejected (later ones counted only): %s", c.pid,
                                 escape(str(e)))
                 return
-            self._queued_bytes += n
-            self._queue.append(Message("batch", c.conn_id, c.pid, batch, n))
+            # held until a check of the peer's start time made after its arrival
+            c.held.append(Message("batch", c.conn_id, c.pid, batch, n))
+            c.held_bytes += n
+            self._held_bytes += n
+            now = time.monotonic()
+            if now - c.checked >= self.identity_check_s:
+                self._verify(c, now)
         else:
             raise P.ProtocolError("control messages only flow from the agent to the library")
 
@@ -425,9 +513,48 @@ class CuptiServer:
             self.stats["rejected_peers"] += 1
             raise P.ProtocolError(f"peer pid {c.pid} claims to be pid {claimed}; refused")
 
+    def _verify(self, c: _Conn, now: float) -> bool:
+        """Check that the process behind ``c`` is the one that connected (binding its start
+        time the first time); hand on its held batches, or cut it. True: still connected."""
+        c.checked = now
+        t = self._proc_start(c.pid)
+        verdict = peer_process.judge(c.start_ticks, t, c.accepted_ticks)
+        if verdict == peer_process.ALIVE:
+            c.start_ticks = t
+            self._release_held(c)
+            return True
+        if verdict == peer_process.REUSED:
+            self.stats["identity_dropped_batches"] += len(c.held)
+            self._held_bytes -= c.held_bytes
+            c.held, c.held_bytes = [], 0
+            self.stats["pid_reused_cut"] += 1
+            log.warning("cupti: pid %d (uid %d) is another process than the one that connected (start time "
+                        "%s, now %s): the connection is cut and its unchecked batches dropped", c.pid, c.uid,
+                        c.start_ticks, t, extra={"peer": c.uid})
+            self._drop(c, reason="pid reused")
+        else:
+            # gone: what it sent before is its own (no one else holds the pid yet)
+            self._release_held(c)
+            self.stats["process_gone_cut"] += 1
+            self._drop(c, reason="process gone")
+        return False
+
+    def _release_held(self, c: _Conn) -> None:
+        for m in c.held:
+            self._queue.append(m)
+        self._queued_bytes += c.held_bytes
+        self._held_bytes -= c.held_bytes
+        c.held, c.held_bytes = [], 0
+
     def _drop(self, c: _Conn, reason: str | None) -> None:
-        if self._conns.pop(c.conn_id, None) is None:
+        if c.conn_id not in self._conns:
             return
+        if c.held:
+            # batches not checked yet (a close, an eviction): one last check decides
+            self._verify(c, time.monotonic())
+            if c.conn_id not in self._conns:
+                return
+        self._conns.pop(c.conn_id)
         self._partial_bytes -= len(c.buf)
         c.buf = bytearray()
         self._per_uid[c.uid] -= 1
