@@ -136,7 +136,7 @@ TABLES["windows"] = _typed(_WINDOW_KEY + tuple((c, k) for c, k, _ in WINDOW_COLU
 TABLES["window_phases"] = _typed(_WINDOW_KEY + (("device", "i"), ("pid", "i"), ("phase", "s")) + PHASE_COLUMNS)
 TABLES["verdicts"] = _typed(_WINDOW_KEY + (("device", "i"), ("pid", "i"), ("phase", "s"), ("verdict", "s"),
                                            ("face", "s"), ("record_json", "t")))
-TABLES["messages"] = _typed(_KEY + (("ts_ns", "i"), ("topic", "s"), ("seq", "i"), ("meta_json", "t")))
+TABLES["messages"] = _typed(_KEY + (("ts_ns", "i"), ("topic", "s"), ("seq", "i"), ("meta_json", "t"), ("events", "i")))
 TABLES["devices"] = _typed(_KEY + (("device", "i"), ("name", "s"), ("sm_count", "i"),
                                    ("memory_total_bytes", "i"), ("compute_capability", "s")))
 # Reserved: one row per request of a window's slowest list, the fields of
@@ -179,13 +179,15 @@ def host_dir(host: str) -> str:
 
 def _dict_array(pa, ids: np.ndarray, strings: list[str]):
     """Dictionary array of the strings ``ids`` name (-1 or out of range: null), with a
-    dictionary of the names used only."""
+    dictionary of the names used only (a lookup table, no sort: O(rows + names))."""
     ids = np.asarray(ids, dtype=np.int64)
     ok = (ids >= 0) & (ids < len(strings))
-    used, inv = np.unique(np.where(ok, ids, -1), return_inverse=True)
-    start = 1 if len(used) and used[0] == -1 else 0
-    dictionary = pa.array([strings[int(i)] for i in used[start:]], type=pa.string())
-    idx = inv.astype(np.int32) - start
+    present = np.bincount(ids[ok], minlength=len(strings)) > 0 if len(strings) else np.zeros(0, bool)
+    used = np.flatnonzero(present)
+    lut = np.full(len(strings) + 1, -1, dtype=np.int32)    # slot len(strings): the nulls
+    lut[used] = np.arange(len(used), dtype=np.int32)
+    idx = lut[np.where(ok, ids, len(strings))]
+    dictionary = pa.array([strings[int(i)] for i in used], type=pa.string())
     return pa.DictionaryArray.from_arrays(pa.array(idx, mask=~ok), dictionary)
 
 
@@ -282,6 +284,16 @@ def window_rows(window: dict, key: dict) -> tuple[list[dict], list[dict], list[d
     return wins, phases, verdicts
 
 
+def _write_options(pa, schema) -> dict:
+    """Dictionary pages for the names only; integers delta-encoded (times and ids that
+    grow row to row: ~1 byte per kernel row instead of ~7, at the same CPU cost), zstd."""
+    names = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+    ints = {f.name: "DELTA_BINARY_PACKED" for f in schema if pa.types.is_integer(f.type)}
+    # row groups of 64k rows: their frame statistics let a reader take a chunk of frames
+    # without decoding the whole file
+    return {"compression": "zstd", "use_dictionary": names, "column_encoding": ints, "row_group_size": 65_536}
+
+
 class ParquetRecordingWriter:
     """Writes a Parquet recording under ``root`` (see the module docstring)."""
 
@@ -313,6 +325,10 @@ class ParquetRecordingWriter:
         self.next_part = first_part
         self._devices: set = set()
         self._model: dict[str, str] = {}       # host -> the model its events named last
+        # pyarrow initialises its compute kernels on first use (seconds on a busy host):
+        # paid here, not on the first message of a live recording
+        import pyarrow.compute  # noqa: F401
+        events_table("kernels", np.zeros(1, KERNEL_DTYPE), NameTable(["warm-up"]), self.recording, 0, 0)
 
     # -- input
     def write(self, envelope: bytes, recv_ns: int) -> None:
@@ -329,14 +345,16 @@ class ParquetRecordingWriter:
         frame = self.frames
         self.frames += 1
         meta = None
+        events = None
         if topic == "events":
+            events = sum(len(getattr(payload, k)) for k in EVENT_DTYPES)
             meta = orjson.dumps(payload.meta, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
             self.add_events(payload, frame, recv_ns, host)
         elif topic == "window" and isinstance(payload, dict):
             self.add_window(payload, frame, recv_ns, host)
         self._add_rows("messages", host, None, recv_ns, [
             {"recording": self.recording, "frame": frame, "recv_ns": recv_ns, "ts_ns": ts_ns, "topic": topic,
-             "seq": seq, "meta_json": meta}])
+             "seq": seq, "meta_json": meta, "events": events}])
         if self._held >= self.flush_rows:
             self.flush()
 
@@ -409,12 +427,14 @@ class ParquetRecordingWriter:
             if isinstance(parts[0], dict):
                 t = _rows_table(pa, table, parts)
             else:
-                t = pa.concat_tables(parts).unify_dictionaries().combine_chunks()
+                # chunks keep their own dictionaries: the Parquet writer builds each
+                # column chunk's dictionary page itself
+                t = pa.concat_tables(parts)
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 path = d / f"part-{self.recording}-{n:06d}.parquet"
                 tmp = d / f".{path.name}.tmp"
-                pq.write_table(t, tmp, compression="zstd")
+                pq.write_table(t, tmp, **_write_options(pa, t.schema))
                 os.replace(tmp, path)
                 self.bytes += path.stat().st_size
             except OSError as exc:
@@ -470,7 +490,7 @@ def _dataset(root: Path, table: str):
         raise InputError(f"{d}: not a readable Parquet table ({exc})") from None
 
 
-def _read(root: Path, table: str, host: str, recording: str, hour: str | None = None):
+def _read(root: Path, table: str, host: str, recording: str, hour: str | None = None, frames=None):
     import pyarrow.dataset as ds
     dset = _dataset(root, table)
     if dset is None:
@@ -478,6 +498,8 @@ def _read(root: Path, table: str, host: str, recording: str, hour: str | None = 
     f = (ds.field("host") == host_dir(host)) & (ds.field("recording") == recording)
     if hour is not None:
         f = f & (ds.field("hour") == hour)
+    if frames is not None:
+        f = f & (ds.field("frame") >= frames[0]) & (ds.field("frame") <= frames[1])
     try:
         return dset.to_table(filter=f)
     except (OSError, ValueError) as exc:
@@ -543,11 +565,14 @@ def _names_ids(col, names: NameTable) -> np.ndarray:
     return np.where(valid, lut[np.where(valid, idx, 0)] if len(lut) else -1, -1)
 
 
-def iter_messages(root: str | Path, host: str, recording: str):
+def iter_messages(root: str | Path, host: str, recording: str, max_memory_bytes: int | None = None):
     """The recording's messages ``(frame, recv_ns, topic, seq, host, payload())`` in
     recorded order (see :func:`agent.recording.segments_of`), reading one hour partition
-    of events at a time."""
+    of events at a time, in chunks of frames within a quarter of ``max_memory_bytes``
+    (probes.budget's row costs)."""
+    from ridgeline.probes.budget import DEFAULT_MAX_MEMORY_BYTES, ROW_COST_BYTES
     root = Path(root)
+    budget = (max_memory_bytes or DEFAULT_MAX_MEMORY_BYTES) // 4
     _check_manifest(root)
     msgs = _read(root, "messages", host, recording)
     if msgs is None or not msgs.num_rows:
@@ -568,18 +593,34 @@ def iter_messages(root: str | Path, host: str, recording: str):
         for f, j in zip(verd.column("frame").to_pylist(), verd.column("record_json").to_pylist()):
             verdicts.setdefault(f, []).append(orjson.loads(j))
     names = NameTable()
-    hour_of = {}
-    cols = {c: msgs.column(c).to_pylist() for c in ("frame", "recv_ns", "topic", "seq", "hour", "meta_json")}
-    for f, h in zip(cols["frame"], cols["hour"]):
-        hour_of[f] = h
-    loaded_hour = None
+    cols = {c: msgs.column(c).to_pylist() for c in ("frame", "recv_ns", "topic", "seq", "hour", "meta_json", "events")}
+    loaded = None
     by_frame: dict[int, dict] = {}
 
-    def load_hour(h):
+    # Events are read in chunks of consecutive frames of one hour, each within a quarter
+    # of the budget (messages.events: rows per events message; the row groups' frame
+    # statistics let the reader skip the rest), so memory is bounded whatever the hour holds.
+    per_row = max(ROW_COST_BYTES.values())
+    chunk_of: dict[int, int] = {}
+    chunks: list[tuple[str, int, int]] = []
+    acc = 0
+    for f, h, t, n in zip(cols["frame"], cols["hour"], cols["topic"], cols["events"]):
+        if t != "events":
+            continue
+        c = (n or 0) * per_row
+        if not chunks or chunks[-1][0] != h or acc + c > budget:
+            chunks.append((h, f, f))
+            acc = 0
+        chunks[-1] = (h, chunks[-1][1], f)
+        acc += c
+        chunk_of[f] = len(chunks) - 1
+
+    def load_chunk(ci):
         nonlocal by_frame
         by_frame = {}
+        h, lo, hi = chunks[ci]
         for kind in EVENT_DTYPES:
-            t = _read(root, kind, host, recording, hour=h)
+            t = _read(root, kind, host, recording, hour=h, frames=(lo, hi))
             if t is None or not t.num_rows:
                 continue
             # files of several GPUs: back to one batch's recorded order (frame, then start)
@@ -597,10 +638,10 @@ def iter_messages(root: str | Path, host: str, recording: str):
     for i in range(msgs.num_rows):
         frame, topic = cols["frame"][i], cols["topic"][i]
         if topic == "events":
-            h = hour_of[frame]
-            if h != loaded_hour:
-                load_hour(h)
-                loaded_hour = h
+            ci = chunk_of[frame]
+            if ci != loaded:
+                load_chunk(ci)
+                loaded = ci
 
             def payload(frame=frame, meta=cols["meta_json"][i]):
                 parts = by_frame.pop(frame, {})
@@ -617,5 +658,5 @@ def iter_segments(root: str | Path, host: str, recording: str, max_memory_bytes:
     """The segments of one recording of the folder, cut as its ``.rlrec`` would be."""
     from .recording import segments_of
     where = f"{root} (host={host}, recording={recording})"
-    yield from segments_of(iter_messages(root, host, recording), where, max_memory_bytes, summary,
+    yield from segments_of(iter_messages(root, host, recording, max_memory_bytes), where, max_memory_bytes, summary,
                            fmt=FORMAT)

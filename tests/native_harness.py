@@ -236,7 +236,10 @@ def stub_main(lib_path: str, stub_path: str) -> int:
             for i in range(n):
                 rec = bytearray(kernel(corr0 + i))
                 stub.stub_record_timed(bytes(rec), len(rec), dur_us * 1000)
+            lo, hi = ctypes.c_int64(), ctypes.c_int64()
+            stub.stub_last_timed_span(ctypes.byref(lo), ctypes.byref(hi))
             out["wall_ns"] = time.time_ns()
+            out["span_ns"] = [lo.value, hi.value]    # what really passed (the last kernel)
         elif cmd[0] == "k_configure":
             out["rc"] = replay.kineto_configure(int(cmd[1]))
         elif cmd[0] == "k_stop":

@@ -1,4 +1,5 @@
-"""docs/fleet.md's queries, run verbatim by real DuckDB over the Parquet recordings of
+"""docs/fleet.md's queries, run verbatim by real DuckDB (and the ClickHouse ones by
+ClickHouse's engine, chDB) over the Parquet recordings of
 several simulated hosts, their results checked against the figures of the agent's own
 windows (what each host's WindowBuilder folded, kept by tests/fleet_synth.py).
 
@@ -30,15 +31,23 @@ WINDOWS, WINDOW_S = 18, 300.0
 HOUR_NS = 3600 * 1_000_000_000
 
 
-def queries() -> dict[str, str]:
+def queries(engine: str = "query") -> dict[str, str]:
     text = (ROOT / "docs" / "fleet.md").read_text()
-    return dict(re.findall(r"<!-- query: (\w+) -->\n```sql\n(.*?)```", text, flags=re.S))
+    return dict(re.findall(r"<!-- " + engine + r": (\w+) -->\n```sql\n(.*?)```", text, flags=re.S))
 
 
 def run(con, name: str, fleet: Path):
     res = con.sql(queries()[name].replace("FLEET", str(fleet)))
     cols = res.columns
     return [dict(zip(cols, row)) for row in res.fetchall()]
+
+
+def run_clickhouse(name: str, fleet: Path) -> list[dict]:
+    """The ClickHouse block of docs/fleet.md, run by ClickHouse's engine (chDB)."""
+    import json
+    chdb = pytest.importorskip("chdb", reason="chdb (ClickHouse in-process, a test extra) is not installed")
+    out = chdb.query(queries("clickhouse")[name].replace("FLEET", str(fleet)), "JSONEachRow")
+    return [json.loads(line) for line in str(out).splitlines() if line.strip()]
 
 
 def _qwen_source(base: Path):
@@ -109,6 +118,9 @@ def test_decode_below_half_peak(fleet):
     assert [(r["host"], r["gpu"]) for r in rows] == [("gpu-b", 0)]
     assert rows[0]["of_peak_ratio"] == pytest.approx(want["gpu-b"], rel=1e-9)
     assert want["gpu-b"] < 0.4 and 0.5 < want["gpu-c"] < 0.9 and want["gpu-a"] > 0.8
+    ch = run_clickhouse("decode_below_half_peak", fleet["dir"])
+    assert [(r["host"], r["gpu"]) for r in ch] == [("gpu-b", 0)]
+    assert ch[0]["of_peak_ratio"] == pytest.approx(want["gpu-b"], rel=1e-9)
 
 
 def test_face_share_per_model(fleet):
@@ -128,6 +140,9 @@ def test_face_share_per_model(fleet):
         assert got == pytest.approx({f: v / total for (m, f), v in want.items() if m == model})
         assert sum(got.values()) == pytest.approx(1.0)
     assert {m for m, _ in want} == {"llama-3-8b", "qwen3-0.6b"}
+    ch = run_clickhouse("face_share_per_model", fleet["dir"])
+    assert {(r["model"], r["face_or_none"]): r["share_of_time_ratio"] for r in ch} == pytest.approx(
+        {(r["model"], r["face"]): r["share_of_time_ratio"] for r in rows})
 
 
 def test_slowest_requests_query_binds_to_the_reserved_schema(fleet, tmp_path):
@@ -160,3 +175,7 @@ def test_straggler_per_tp_group(fleet):
     assert (r["host"], r["straggler_gpu"]) == ("tp-host", 2)
     assert r["collectives_last"] == r["collectives"] == fleet["collectives"] > 50
     assert r["mean_late_ns"] == pytest.approx(LATE_NS)
+    ch = run_clickhouse("straggler_per_tp_group", fleet["dir"])
+    assert [(c["host"], c["straggler_gpu"], c["collectives_last"], c["collectives"]) for c in ch] == \
+        [("tp-host", 2, r["collectives_last"], r["collectives"])]
+    assert ch[0]["mean_late_ns"] == pytest.approx(LATE_NS)

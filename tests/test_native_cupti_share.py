@@ -31,10 +31,16 @@ class Agent(TakeoverAgent):
     """The agent's real server (test_native_cupti_takeover.Agent), closed by the test."""
 
 
-def _check_10ms_kernel(agent, corr, wall_ns):
+def _check_10ms_kernel(agent, corr, timed):
+    """The 10 ms kernel stamped with the other client's ticks arrives as CLOCK_REALTIME ns,
+    its duration within 5% of 10 ms of what really passed between its two timestamps (a
+    loaded host stretches the stub's busy wait: the span the stub bracketed with
+    CLOCK_REALTIME reads, lo..hi, is the truth)."""
     start, end = agent.kernels[corr]
+    wall_ns, (lo, hi) = timed["wall_ns"], timed["span_ns"]
     assert abs(start - wall_ns) < 1_000_000_000, (start, wall_ns)      # CLOCK_REALTIME ns, not ticks
-    assert abs((end - start) - 10_000_000) < 500_000, end - start        # 10 ms within 5%
+    assert lo >= 10_000_000
+    assert lo - 500_000 < end - start < hi + 500_000, (end - start, lo, hi)   # within 5% of 10 ms
 
 
 def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
@@ -54,7 +60,7 @@ def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
         app("k_reset")
         stats = app("k_stats")
         app("emit 3 0 500")                 # after it
-        wall = app("emit_timed 1 10000 900")["wall_ns"]
+        timed = app("emit_timed 1 10000 900")
         want = set(range(100, 105)) | {200, 201, 202} | set(range(300, 304)) | {500, 501, 502, 900}
         agent.pump(30, until=lambda a: want <= set(a.kernels))
         c = app("counters")
@@ -71,7 +77,7 @@ def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
     # CUPTI kept Ridgeline's callbacks: Kineto's registration never reached it
     assert log.count("register") == 1
     # Kineto's timestamp source (__rdtsc) is in force after its session: still ns at the agent
-    _check_10ms_kernel(agent, 900, wall)
+    _check_10ms_kernel(agent, 900, timed)
     status = agent.hellos[-1].status
     assert "clock: another CUPTI client registered its timestamp source (ticks" in status
 
@@ -91,13 +97,13 @@ def test_without_preload_the_ticks_after_a_profile_are_mapped_to_realtime(tmp_pa
         app("k_process")
         agent.reclaim()
         agent.pump(30, until=lambda a: not a.taken_over())
-        wall = app("emit_timed 1 10000 900")["wall_ns"]
+        timed = app("emit_timed 1 10000 900")
         agent.pump(30, until=lambda a: 900 in a.kernels)
         c = app("counters")
     finally:
         app.close()
         agent.srv.close()
-    _check_10ms_kernel(agent, 900, wall)
+    _check_10ms_kernel(agent, 900, timed)
     assert c["clock_mapped"] >= 1 and c["clock_pairs"] >= 2
 
 

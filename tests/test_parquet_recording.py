@@ -66,7 +66,7 @@ def test_schema_document_lists_every_column_and_type():
                 "syncs", "phase", "steps", "flops", "verdict", "work_source", "face", "record_json", "topic",
                 "seq", "meta_json", "sm_count", "compute_capability", "request_id", "engine", "prefill_chunks",
                 "decode_steps", "dragged_source", "preemptions", "prompt_tokens", "completion_tokens",
-                "culprits", "kv_full_while_queued", "arithmetic_intensity", "bytes"}
+                "culprits", "kv_full_while_queued", "arithmetic_intensity", "bytes", "events"}
     for cols in list(pqr.TABLES.values()) + list(pqr.RESERVED_TABLES.values()):
         for c, _ in cols:
             assert c in unitless or re.search(r"(_ns|_bytes|_per_s|_pct|_ratio)$|^pct_of_|^ns_per_", c), c
@@ -176,3 +176,46 @@ def test_host_names_are_partition_safe():
     assert pqr.host_dir("gpu-07.example") == "gpu-07.example"
     assert pqr.host_dir("a/b=c d") == "a%2Fb%3Dc%20d"
     assert pqr.host_dir("") == "unknown"
+
+
+def test_record_format_parquet_from_a_live_agent(tmp_path, trace_path, capsys):
+    """``ridgeline record --format parquet`` against the real agent replaying a real
+    trace: the folder holds the stream's windows and events, and analyze reads it."""
+    import subprocess
+    import sys
+
+    from test_agent_stream import TRACE, start_agent, stop, write_config
+    cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
+    a = start_agent(cfg)
+    out = tmp_path / "live"
+    try:
+        rec = subprocess.run([sys.executable, "-m", "ridgeline", "record", "--format", "parquet", "-o", str(out),
+                              "--endpoint", ep, "--duration", "5"], capture_output=True, text=True, timeout=90)
+        # kept up with the stream: no message lost to the subscriber's queue
+        assert rec.returncode == 0 and "messages" in rec.stderr and "missing" not in rec.stderr, rec.stderr
+    finally:
+        assert stop(a) == 0
+    msgs = pq.ParquetDataset(out / "messages").read().to_pylist()
+    topics = [m["topic"] for m in msgs]
+    assert topics.count("window") >= 1 and topics.count("events") >= 2
+    k = pq.ParquetDataset(out / "kernels").read()
+    assert k.num_rows > 100 and "" not in set(k.column("name").to_pylist()[:50])
+    assert set(k.column("frame").to_pylist()) <= {m["frame"] for m in msgs if m["topic"] == "events"}
+    assert pq.ParquetDataset(out / "windows").read().num_rows >= 1
+    doc = _analyze(capsys, out)
+    assert doc["kernels"] == k.num_rows and doc["recording"]["messages"]["window"] == topics.count("window")
+
+
+def test_a_small_memory_budget_reads_in_chunks_and_cuts_the_same_segments(tmp_path, sim_source, capsys):
+    """Events are read a chunk of frames at a time within the budget; segments are cut
+    by size exactly where the .rlrec's are."""
+    from fleet_synth import write_host
+    from ridgeline.agent.recording import iter_segments as rlrec_segments
+    rec = tmp_path / "h.rlrec"
+    write_host(rec, sim_source, "h", "llama-3-8b", windows=5, window_s=1.0, events_s=1.0)
+    _export(capsys, rec, tmp_path / "pq")
+    budget = (160 << 20) + (40 << 20)         # probes.budget.BASE_BYTES + room for ~1 batch per segment
+    want = [(s.index, s.started_by, s.batches, len(s.trace.kernels)) for s in rlrec_segments(rec, budget)]
+    got = [(s.index, s.started_by, s.batches, len(s.trace.kernels))
+           for s in pqr.iter_segments(tmp_path / "pq", "h", "h", budget)]
+    assert got == want and len(want) >= 3 and {s[1] for s in want[1:]} == {"size"}

@@ -57,6 +57,7 @@ def run(args) -> int:
     failure = None
     try:
         with RecordingWriter(args.output) as w:
+            t0 = last = time.monotonic()     # --duration counts from the writer's readiness
             try:
                 while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
                     msg = sub.receive(0.2)

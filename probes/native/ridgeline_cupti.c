@@ -2001,6 +2001,10 @@ RL_EXPORT int InitializeInjection(void) {
     if (dis && *dis && strcmp(dis, "0")) return 1;
     if (skipped_by_policy()) return 1;
     if (common_init()) return 1;
+    const char *nvtx_owner;
+    if (foreign_injection("NVTX_INJECTION64_PATH", &nvtx_owner))
+        rl_log("NVTX_INJECTION64_PATH=%s names another tool: NVTX ranges go to it, not to Ridgeline, and steps "
+               "are cut from the kernels alone", nvtx_owner);
     char why[2048] = {0};
     if (!C.lib && !(C.lib = load_cupti(why, sizeof why))) {
         atomic_fetch_or(&g_flags, RL_FLAG_NO_CUPTI);

@@ -23,6 +23,9 @@
 
 #include "ridgeline_cupti_guest.h"
 
+#include <link.h>
+#include <sys/stat.h>
+
 /* ---- timestamps ----------------------------------------------------------------------- */
 
 /* Field offsets of the timestamps of each record kind Ridgeline ships (the same in every
@@ -77,20 +80,26 @@ static int src_now(uint64_t *t) {
     return C.GetTimestamp && C.GetTimestamp(t) == CUPTI_SUCCESS ? 0 : -1;
 }
 
-/* One (source, CLOCK_REALTIME) pair, the realtime read on both sides (midpoint); a pair
- * whose reads are more than 100 us apart (preempted) is taken again. */
+/* One (source, CLOCK_REALTIME) pair, the realtime read on both sides (midpoint). The
+ * tightest of up to 8 tries is kept (done at once below 2 us): a try that was preempted
+ * between its reads puts up to half its spread into the pair, and over the first 2 ms
+ * scale a 100 us spread alone is a 5% error in every duration. None within 100 us: no pair. */
 static int clock_pair(uint64_t *t, int64_t *rt) {
-    for (int attempt = 0; attempt < 5; attempt++) {
+    int64_t best = INT64_MAX;
+    for (int attempt = 0; attempt < 8 && best > 2000; attempt++) {
+        uint64_t ti;
         int64_t a = rt_now_ns();
-        if (src_now(t)) return -1;
+        if (src_now(&ti)) return -1;
         int64_t b = rt_now_ns();
-        if (b - a <= 100000) {
+        if (b - a < best) {
+            best = b - a;
+            *t = ti;
             *rt = a + (b - a) / 2;
-            atomic_fetch_add(&g_clock_pairs, 1);
-            return 0;
         }
     }
-    return -1;
+    if (best > 100000) return -1;
+    atomic_fetch_add(&g_clock_pairs, 1);
+    return 0;
 }
 
 /* Two pairs RL_CLOCK_CALIBRATE_NS apart: a first scale as soon as ticks appear; the
@@ -304,10 +313,67 @@ static int sharing(void) {
            !(atomic_load(&g_flags) & (RL_FLAG_CONFLICT | RL_FLAG_NO_CUPTI));
 }
 
-/* The real entry point: the libcupti we loaded, else the next object (the client's). */
+/* A libcupti some other object loaded, found by its file name among the loaded objects:
+ * a tool that owns CUDA injection (CUDA_INJECTION64_PATH names its library, not ours)
+ * loads its libcupti with dlopen(RTLD_LOCAL), which puts it outside the global scope
+ * that RTLD_NEXT searches, while its calls still bind to our preloaded entry points
+ * first (the global scope comes before a dlopen'ed object's own). Not finding it
+ * returned CUPTI_ERROR_NOT_INITIALIZED to that tool: our preload broke it. */
+static int find_cupti_cb(struct dl_phdr_info *info, size_t size, void *data) {
+    (void)size;
+    const char *n = info->dlpi_name;
+    if (!n || !*n) return 0;
+    const char *b = strrchr(n, '/');
+    b = b ? b + 1 : n;
+    if (strncmp(b, "libcupti", 8)) return 0;
+    snprintf((char *)data, PATH_MAX, "%s", n);
+    return 1;
+}
+
+static void *loaded_cupti(void) {
+    static void *_Atomic handle;
+    void *h = atomic_load(&handle);
+    if (h) return h;
+    char path[PATH_MAX] = {0};
+    if (!dl_iterate_phdr(find_cupti_cb, path)) return NULL;
+    h = dlopen(path, RTLD_NOW | RTLD_NOLOAD); /* a reference to the loaded one, never a load */
+    if (h) atomic_store(&handle, h);
+    return h;
+}
+
+/* 1 when the injection variable `var` names another file than this library. For
+ * CUDA_INJECTION64_PATH the driver then initialises that tool, never us, so here we only
+ * pass CUPTI calls through; for NVTX_INJECTION64_PATH the ranges go to that tool. */
+static int foreign_injection(const char *var, const char **owner) {
+    const char *p = getenv(var);
+    *owner = p;
+    if (!p || !*p || !strcmp(p, "none")) return 0;
+    Dl_info info;
+    struct stat a, b;
+    if (!dladdr((void *)&foreign_injection, &info) || !info.dli_fname) return 0;
+    if (stat(p, &a) || stat(info.dli_fname, &b)) return strcmp(p, info.dli_fname) != 0;
+    return a.st_dev != b.st_dev || a.st_ino != b.st_ino;
+}
+
+static atomic_int g_foreign_noted;
+
+/* Said once, on the first CUPTI call that reaches us without Ridgeline collecting. */
+static void note_foreign_owner(void) {
+    const char *owner;
+    if (atomic_load(&g_initialized) || atomic_exchange(&g_foreign_noted, 1) || !foreign_injection("CUDA_INJECTION64_PATH", &owner)) return;
+    rl_log("another tool owns CUDA injection (CUDA_INJECTION64_PATH=%s): Ridgeline collects nothing in this "
+           "process and passes its CUPTI calls through unchanged", owner);
+}
+
+/* The real entry point: the libcupti we loaded, else the next object (the client's),
+ * else a libcupti loaded out of the global scope (the owner's, see loaded_cupti). */
 static void *real_fn(void *ours, const char *name) {
     if (ours) return ours;
-    return dlsym(RTLD_NEXT, name);
+    note_foreign_owner();
+    void *f = dlsym(RTLD_NEXT, name);
+    if (f) return f;
+    void *h = loaded_cupti();
+    return h ? dlsym(h, name) : NULL;
 }
 #define REAL(field, name, type) ((type)real_fn((void *)C.field, name))
 

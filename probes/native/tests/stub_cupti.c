@@ -559,15 +559,36 @@ EXPORT size_t stub_log(char *out, size_t cap) {
 
 /* A kernel of dur_ns as CUPTI reports it: start and end read from the timestamp source in
  * force (a registered one: CUPTI converts GPU timestamps through it, cupti_activity.h,
- * cuptiActivityRegisterTimestampCallback), the kernel "running" in between. */
+ * cuptiActivityRegisterTimestampCallback), the kernel "running" in between. The time that
+ * really passed between the two reads (a loaded host preempts the busy wait, and the span
+ * grows past dur_ns) is bracketed by CLOCK_REALTIME reads: stub_last_timed_span. */
+static int64_t timed_lo_ns, timed_hi_ns;
+
+static int64_t realtime_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+EXPORT void stub_last_timed_span(int64_t *lo, int64_t *hi) {
+    *lo = timed_lo_ns;
+    *hi = timed_hi_ns;
+}
+
 EXPORT int stub_record_timed(uint8_t *data, size_t len, uint64_t dur_ns) {
     uint64_t t0, t1;
+    int64_t r0 = realtime_ns();
     cuptiGetTimestamp(&t0);
+    int64_t r1 = realtime_ns();
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     do clock_gettime(CLOCK_MONOTONIC, &b);
     while ((uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)(b.tv_nsec - a.tv_nsec) < dur_ns);
+    int64_t r2 = realtime_ns();
     cuptiGetTimestamp(&t1);
+    int64_t r3 = realtime_ns();
+    timed_lo_ns = r2 - r1;
+    timed_hi_ns = r3 - r0;
     if (len >= 32) {
         memcpy(data + 16, &t0, 8);
         memcpy(data + 24, &t1, 8);
