@@ -42,7 +42,6 @@ RuntimeFailure naming the extra; the daemon never imports this module.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import time
 import uuid
@@ -298,7 +297,8 @@ def _write_options(pa, schema) -> dict:
 class ParquetRecordingWriter:
     """Writes a Parquet recording under ``root`` (see the module docstring)."""
 
-    def __init__(self, root: str | Path, recording: str | None = None, flush_rows: int = FLUSH_ROWS):
+    def __init__(self, root: str | Path, recording: str | None = None, flush_rows: int = FLUSH_ROWS,
+                 first_part: int = 0, first_frame: int = 0):
         self._pa, self._pq = _pa()
         self.root = Path(root)
         self.recording = recording or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
@@ -313,13 +313,16 @@ class ParquetRecordingWriter:
         except OSError as exc:
             raise InputError(f"{root}: cannot write a Parquet recording here ({exc.strerror})") from None
         self.flush_rows = flush_rows
-        self.frames = 0
+        # first_part/first_frame: where a writer resuming a recording goes on (agent.object_sink
+        # replays a journal into one numbered as the writer that died, so its files and rows
+        # are the same ones again)
+        self.frames = first_frame
         self.bytes = 0            # bytes of Parquet files written
         self.files = 0
         self.rows = 0
         self._buf: dict[tuple, list] = {}
         self._held = 0
-        self._seq = itertools.count()
+        self.next_part = first_part
         self._devices: set = set()
         self._model: dict[str, str] = {}       # host -> the model its events named last
         # pyarrow initialises its compute kernels on first use (seconds on a busy host):
@@ -412,7 +415,10 @@ class ParquetRecordingWriter:
         """Write what is buffered: one file per table and partition."""
         pa, pq = self._pa, self._pq
         buf, self._buf, self._held = self._buf, {}, 0
-        n = next(self._seq)
+        if not buf:
+            return
+        n = self.next_part
+        self.next_part += 1
         for (table, host, gpu, hour), parts in buf.items():
             d = self.root / table / f"host={host}"
             if gpu is not None:
@@ -434,6 +440,11 @@ class ParquetRecordingWriter:
             except OSError as exc:
                 raise RuntimeFailure(f"{d}: cannot write Parquet ({exc.strerror})") from None
             self.files += 1
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows buffered, not yet in a file."""
+        return self._held
 
     def close(self) -> None:
         if self._buf:

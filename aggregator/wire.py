@@ -569,7 +569,33 @@ class EventBatchDecoder:
         return trace
 
 
+    def snapshot(self) -> dict[int, list[str]]:
+        """The name tables of the synced streams: what a decoder needs to go on decoding
+        those streams mid-way (agent.object_sink writes it at the head of each journal)."""
+        return {sid: list(st.names) for sid, st in self._streams.items() if st.synced}
+
+    def restore(self, snap: dict[int, list[str]]) -> None:
+        """Take the name tables of :meth:`snapshot` (each checked as a shipped table is)."""
+        for sid, names in snap.items():
+            if type(sid) is not int or not isinstance(names, list) or len(names) > MAX_NAMES \
+                    or not all(isinstance(x, str) for x in names):
+                raise _bad("decoder snapshot is malformed")
+            self._streams[sid] = _StreamState(names=list(names), synced=True)
+            while len(self._streams) > self.max_streams:
+                self._streams.popitem(last=False)
+
+
 _default_decoder = EventBatchDecoder()
+
+
+def decoder_snapshot() -> dict[int, list[str]]:
+    """:meth:`EventBatchDecoder.snapshot` of the decoder :func:`decode_event_batch` uses."""
+    return _default_decoder.snapshot()
+
+
+def decoder_restore(snap: dict[int, list[str]]) -> None:
+    """:meth:`EventBatchDecoder.restore` into the decoder :func:`decode_event_batch` uses."""
+    _default_decoder.restore(snap)
 
 
 def decode_event_batch(data: bytes) -> Trace:

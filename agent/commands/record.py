@@ -16,6 +16,15 @@ def register(sub) -> None:
     p.add_argument("--format", choices=("rlrec", "parquet"), default="rlrec",
                    help="rlrec: one framed file (default); parquet: Hive-style folders host=/gpu=/hour= "
                         "(docs/parquet-schema.md; needs the ridgeline[parquet] extra)")
+    p.add_argument("--sink", default=None, metavar="URL",
+                   help="with --format parquet: roll the files through a spool to URL (s3://BUCKET/PREFIX or "
+                        "a folder); -o is then the spool folder (agent/object_sink.py)")
+    p.add_argument("--sink-endpoint", default=None, metavar="HOST:PORT", help="S3-compatible endpoint")
+    p.add_argument("--sink-scheme", default="https", choices=("http", "https"))
+    p.add_argument("--sink-region", default=None)
+    p.add_argument("--roll-s", type=float, default=60.0, metavar="S", help="with --sink: a file set every S seconds")
+    p.add_argument("--spool-max-bytes", type=int, default=2 << 30, metavar="N",
+                   help="with --sink: the spool's cap; past it the oldest unsent files are dropped, counted")
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -28,6 +37,12 @@ def run(args) -> int:
     from ridgeline.agent.subscriber import open_stream
     if args.format == "parquet":
         from ridgeline.agent.parquet_recording import ParquetRecordingWriter as RecordingWriter  # noqa: N814
+    if args.sink is not None:
+        if args.format != "parquet":
+            raise InputError("--sink needs --format parquet")
+        if not (args.roll_s > 0 and args.spool_max_bytes > 0):
+            raise InputError("--roll-s and --spool-max-bytes must be > 0")
+        return _run_sink(args)
     if not args.duration >= 0:
         raise InputError("--duration must be >= 0")
     if not args.timeout >= 0:
@@ -73,4 +88,39 @@ def run(args) -> int:
         signal.signal(signal.SIGTERM, old)
     if failure:
         raise RuntimeFailure(failure)
+    return 0
+
+
+def _run_sink(args) -> int:
+    """``record --format parquet --sink URL``: the stream through agent.object_sink."""
+    from ridgeline.agent.object_sink import ObjectSink
+    from ridgeline.agent.subscriber import open_stream
+    stop = {"now": False}
+
+    def _stop(*_):
+        stop["now"] = True
+    old = signal.signal(signal.SIGTERM, _stop)
+    sink = ObjectSink(args.output, args.sink, endpoint=args.sink_endpoint, scheme=args.sink_scheme,
+                      region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes)
+    sub = open_stream(args)
+    t0 = time.monotonic()
+    try:
+        while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
+            msg = sub.receive(0.2)
+            if sub.refused:
+                raise RuntimeFailure(f"record: {sub.refused}")
+            if msg is not None:
+                sink.write(msg.raw, time.time_ns(), (msg.topic, msg.seq, msg.host, msg.ts_ns, msg.payload))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+        sink.close()
+        signal.signal(signal.SIGTERM, old)
+        c = sink.counters
+        print(f"ridgeline record: {c.messages} messages; {c.files_uploaded} files ({c.bytes_uploaded} bytes) to "
+              f"{args.sink}; {sink.pending_files()} still in the spool {args.output}"
+              + (f"; {c.dropped_files} dropped over the spool cap" if c.dropped_files else "")
+              + (f"; {c.upload_errors} failed uploads (last: {c.last_error})" if c.upload_errors else ""),
+              file=sys.stderr)
     return 0

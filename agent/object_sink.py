@@ -1,0 +1,357 @@
+"""Rolling Parquet files to a folder or to S3-compatible object storage, through a bounded
+local spool that loses nothing across a restart of the recorder or an outage of the store.
+
+``ridgeline record --format parquet --sink URL --spool DIR`` runs it beside the agent (a
+process of its own: the daemon never imports pyarrow). What it keeps:
+
+* **Journal first.** Every message the recorder receives is appended to
+  ``SPOOL/journal/<n>.rjl`` (a length-prefixed frame) before it reaches the Parquet writer,
+  which buffers rows in memory. When the writer rolls (every ``roll_s`` seconds, or past
+  ``roll_rows`` rows) its files are complete under ``SPOOL/out/`` (written under a dot-name
+  and renamed), the next part and frame numbers are saved in ``SPOOL/state.json``, and only
+  then is the journal removed. A recorder killed with -9 mid-file leaves its journal: on
+  start the journal is replayed into a writer that numbers parts and frames as the dead one
+  did, so the files it writes have the same names and rows (a crash after the rename but
+  before the journal went rewrites the same files, never duplicates). A torn last frame
+  (killed mid-append) is dropped and counted.
+* **Upload after.** A thread uploads every complete file under ``SPOOL/out/`` (oldest
+  first) to ``URL`` under the same relative path (the Hive layout of
+  docs/parquet-schema.md, manifest included), then deletes it locally. A failure keeps the
+  file and retries with backoff (1 s doubling to 60 s): an outage of the store costs spool
+  space, not data. An object store's PUT is all or nothing, and a re-upload after a crash
+  writes the same bytes to the same key.
+* **Bounded.** ``spool_max_bytes`` caps the spool (journal and files). Past it, the oldest
+  complete files are deleted unsent, and their bytes and files are counted
+  (``dropped_files``, ``dropped_bytes``); the journal is never dropped (it holds what has no
+  file yet). The host's disk is never filled: free space below ``min_free_bytes`` counts as
+  over the cap too.
+
+URLs: ``file:///path`` or a plain path (a folder: for a mounted share), or
+``s3://bucket/prefix`` with ``endpoint`` (``host:port``), ``scheme`` and the usual AWS
+credentials from the environment (pyarrow's S3 filesystem, the AWS SDK). S3-compatible
+servers often lack the SDK's newer default checksums, so the sink asks for checksums only
+where an operation requires them (``AWS_REQUEST_CHECKSUM_CALCULATION=when_required``) unless
+the environment already says otherwise.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from ridgeline.probes.errors import InputError, RuntimeFailure
+
+JOURNAL_HEADER = struct.Struct("<IQB")       # frame bytes, recv_ns, kind
+FRAME_ENVELOPE, FRAME_NAMES = 0, 1
+# A journal starts with the event decoder's name tables (FRAME_NAMES, msgpack): event batches
+# ship each name once per stream, so a journal replayed alone must know the names its batches
+# refer to from before it began.
+MAX_FRAME_BYTES = 256 << 20                   # the subscriber's own bound on one message
+STATE = "state.json"
+
+
+@dataclass
+class SinkCounters:
+    messages: int = 0
+    rolls: int = 0
+    files_uploaded: int = 0
+    bytes_uploaded: int = 0
+    upload_errors: int = 0
+    dropped_files: int = 0
+    dropped_bytes: int = 0
+    replayed_messages: int = 0
+    torn_frames: int = 0
+    last_error: str = ""
+    errors_by_kind: dict = field(default_factory=dict)
+
+
+def _fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_journal(path: Path) -> tuple[dict, list[tuple[bytes, int]], int]:
+    """(the name tables at its head, its complete envelope frames, torn frames: 0 or 1, as
+    only the last append can be cut short)."""
+    import msgpack
+    names: dict = {}
+    out, torn = [], 0
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos < len(data):
+        if pos + JOURNAL_HEADER.size > len(data):
+            torn += 1
+            break
+        n, recv_ns, kind = JOURNAL_HEADER.unpack_from(data, pos)
+        if n > MAX_FRAME_BYTES or pos + JOURNAL_HEADER.size + n > len(data):
+            torn += 1
+            break
+        start = pos + JOURNAL_HEADER.size
+        body = data[start:start + n]
+        if kind == FRAME_NAMES:
+            names = msgpack.unpackb(body, strict_map_key=False)
+        else:
+            out.append((body, recv_ns))
+        pos = start + n
+    return names, out, torn
+
+
+class Destination:
+    """Where complete files go: ``put(rel, data)``."""
+
+    def __init__(self, url: str, endpoint: str | None = None, scheme: str = "https", region: str | None = None):
+        self.url = url
+        if url.startswith("s3://"):
+            os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+            os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
+            try:
+                import pyarrow.fs as pafs
+            except ImportError:
+                raise RuntimeFailure("the S3 sink needs pyarrow: pip install 'ridgeline[parquet]'") from None
+            bucket_prefix = url[len("s3://"):].strip("/")
+            if not bucket_prefix:
+                raise InputError(f"{url}: no bucket (s3://BUCKET[/PREFIX])")
+            self.base = bucket_prefix
+            # the sink retries on its own, with backoff and without blocking the recorder: the
+            # SDK's own retries (up to 10, with backoff) would hold one round for a minute
+            kw = {"scheme": scheme, "connect_timeout": 3, "request_timeout": 30,
+                  "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1)}
+            if endpoint:
+                kw["endpoint_override"] = endpoint
+            if region:
+                kw["region"] = region
+            self.fs = pafs.S3FileSystem(**kw)
+            self.local = None
+        else:
+            self.local = Path(url[len("file://"):] if url.startswith("file://") else url)
+            self.fs = None
+
+    def put(self, rel: str, data: bytes) -> None:
+        if self.local is not None:
+            dest = self.local / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.part")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+            return
+        with self.fs.open_output_stream(f"{self.base}/{rel}") as out:
+            out.write(data)
+
+
+class ObjectSink:
+    """See the module docstring. ``write(envelope, recv_ns)`` as a RecordingWriter;
+    ``close()`` rolls, uploads what it can within ``close_timeout_s`` and stops."""
+
+    def __init__(self, spool: str | Path, url: str, *, endpoint: str | None = None, scheme: str = "https",
+                 region: str | None = None, roll_s: float = 60.0, roll_rows: int = 500_000,
+                 spool_max_bytes: int = 2 << 30, min_free_bytes: int = 1 << 30, upload_interval_s: float = 1.0,
+                 recording: str | None = None, close_timeout_s: float = 30.0, clock=time.monotonic):
+        from .parquet_recording import ParquetRecordingWriter
+        self._writer_cls = ParquetRecordingWriter
+        self.spool = Path(spool)
+        self.out = self.spool / "out"
+        self.jdir = self.spool / "journal"
+        for d in (self.out, self.jdir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.dest = Destination(url, endpoint, scheme, region)
+        self.roll_s, self.roll_rows = roll_s, roll_rows
+        self.spool_max_bytes, self.min_free_bytes = spool_max_bytes, min_free_bytes
+        self.upload_interval_s, self.close_timeout_s = upload_interval_s, close_timeout_s
+        self.clock = clock
+        self.counters = SinkCounters()
+        self._manifest_sent = False
+        self._lock = threading.Lock()          # the writer and the journal
+        self._stop = threading.Event()
+        self._state = self._load_state(recording)
+        self._journal_no = self._state["journal"]
+        self._writer = self._new_writer()
+        self._replay()
+        self._open_journal()
+        self._rolled_at = self.clock()
+        self._thread = threading.Thread(target=self._upload_loop, name="ridgeline-sink", daemon=True)
+        self._thread.start()
+
+    # -- state ---------------------------------------------------------------------
+    def _load_state(self, recording: str | None) -> dict:
+        p = self.spool / STATE
+        if p.exists():
+            try:
+                st = orjson.loads(p.read_bytes())
+                return {"recording": str(st["recording"]), "next_part": int(st["next_part"]),
+                        "next_frame": int(st["next_frame"]), "journal": int(st["journal"])}
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise InputError(f"{p}: unreadable sink state ({exc}); move the spool aside") from None
+        rec = recording or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
+        st = {"recording": rec, "next_part": 0, "next_frame": 0, "journal": 0}
+        self._save_state(st)
+        return st
+
+    def _save_state(self, st: dict) -> None:
+        p = self.spool / STATE
+        tmp = p.with_name(".state.json.tmp")
+        with open(tmp, "wb") as f:
+            f.write(orjson.dumps(st))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        _fsync_dir(self.spool)
+
+    def _new_writer(self):
+        w = self._writer_cls(self.out, recording=self._state["recording"], flush_rows=1 << 62,
+                             first_part=self._state["next_part"], first_frame=self._state["next_frame"])
+        return w
+
+    def _replay(self) -> None:
+        """Journals left by a recorder that died: their messages again, in order, then one roll."""
+        left = []
+        for j in sorted(self.jdir.glob("*.rjl")):
+            if int(j.stem) < self._state["journal"]:
+                j.unlink()                 # rolled already (the state says so): its files exist
+            else:
+                left.append(j)
+        if not left:
+            return
+        from ridgeline.aggregator import wire
+        for j in left:
+            names, frames, torn = read_journal(j)
+            self.counters.torn_frames += torn
+            wire.decoder_restore(names)
+            for env, recv_ns in frames:
+                self._writer.write(env, recv_ns)
+                self.counters.replayed_messages += 1
+        self._roll_locked(old_journals=left)
+
+    def _open_journal(self) -> None:
+        import msgpack
+
+        from ridgeline.aggregator import wire
+        self._journal = open(self.jdir / f"{self._journal_no:08d}.rjl", "ab")
+        head = msgpack.packb(wire.decoder_snapshot())
+        self._journal.write(JOURNAL_HEADER.pack(len(head), 0, FRAME_NAMES) + head)
+        self._journal.flush()
+
+    # -- input -----------------------------------------------------------------------
+    def write(self, envelope: bytes, recv_ns: int, decoded: tuple | None = None) -> None:
+        """One message as received. ``decoded``: ``(topic, seq, host, ts_ns, payload)`` when
+        the subscriber decoded it already (an event batch's names are decoded once per
+        stream, so it must not be decoded twice)."""
+        with self._lock:
+            # the journal first: a message is durable before it is buffered (a process kill
+            # keeps what was written; fsync at each roll covers the machine's)
+            self._journal.write(JOURNAL_HEADER.pack(len(envelope), recv_ns, FRAME_ENVELOPE) + envelope)
+            self._journal.flush()
+            if decoded is None:
+                self._writer.write(envelope, recv_ns)
+            else:
+                topic, seq, host, ts_ns, payload = decoded
+                self._writer.add_message(topic, seq, host, ts_ns, recv_ns, payload)
+            self.counters.messages += 1
+            if self.clock() - self._rolled_at >= self.roll_s or self._writer.pending_rows >= self.roll_rows:
+                self._roll_locked()
+
+    def roll(self) -> None:
+        with self._lock:
+            self._roll_locked()
+
+    def _roll_locked(self, old_journals: list[Path] | None = None) -> None:
+        w = self._writer
+        w.flush()
+        if getattr(self, "_journal", None) is not None and old_journals is None:
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+            self._journal.close()
+            old_journals = [self.jdir / f"{self._journal_no:08d}.rjl"]
+        self._journal_no += 1
+        self._state = {"recording": self._state["recording"], "next_part": w.next_part, "next_frame": w.frames,
+                       "journal": self._journal_no}
+        self._save_state(self._state)         # the files are complete: now the journal may go
+        for j in old_journals or []:
+            j.unlink(missing_ok=True)
+        self._open_journal()
+        self._rolled_at = self.clock()
+        self.counters.rolls += 1
+
+    # -- output ----------------------------------------------------------------------
+    def _files(self) -> list[Path]:
+        """Complete files under out/, oldest first (dot-names are being written); the manifest
+        first, once per process."""
+        files = [p for p in self.out.rglob("*") if p.is_file() and not p.name.startswith(".")
+                 and not (p.name == "_ridgeline_parquet.json" and self._manifest_sent)]
+        return sorted(files, key=lambda p: (p.name != "_ridgeline_parquet.json", p.stat().st_mtime_ns, str(p)))
+
+    def spool_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.spool.rglob("*") if p.is_file())
+
+    def _enforce_cap(self) -> None:
+        files = [f for f in self._files() if f.name != "_ridgeline_parquet.json"]
+        total = self.spool_bytes()
+        while files and (total > self.spool_max_bytes or self._free_bytes() < self.min_free_bytes):
+            f = files.pop(0)
+            size = f.stat().st_size
+            f.unlink(missing_ok=True)
+            total -= size
+            self.counters.dropped_files += 1
+            self.counters.dropped_bytes += size
+
+    def _free_bytes(self) -> int:
+        st = os.statvfs(self.spool)
+        return st.f_bavail * st.f_frsize
+
+    def upload_once(self) -> int:
+        """Upload every complete file now; returns how many went. Stops at the first failure
+        (the store is down: the rest waits for the next round)."""
+        self._enforce_cap()
+        sent = 0
+        for f in self._files():
+            rel = f.relative_to(self.out).as_posix()
+            try:
+                data = f.read_bytes()
+                self.dest.put(rel, data)
+            except OSError as exc:                 # pyarrow's S3 errors are OSError
+                self.counters.upload_errors += 1
+                kind = type(exc).__name__
+                self.counters.errors_by_kind[kind] = self.counters.errors_by_kind.get(kind, 0) + 1
+                self.counters.last_error = f"{rel}: {exc}"[:300]
+                return sent
+            if f.name == "_ridgeline_parquet.json":
+                self._manifest_sent = True
+            else:
+                f.unlink(missing_ok=True)
+            self.counters.files_uploaded += 1
+            self.counters.bytes_uploaded += len(data)
+            sent += 1
+        return sent
+
+    def _upload_loop(self) -> None:
+        delay = self.upload_interval_s
+        while not self._stop.wait(delay):
+            before = self.counters.upload_errors
+            self.upload_once()
+            delay = min(60.0, delay * 2) if self.counters.upload_errors > before else self.upload_interval_s
+
+    def pending_files(self) -> int:
+        return sum(1 for f in self._files() if f.name != "_ridgeline_parquet.json")
+
+    def close(self) -> None:
+        with self._lock:
+            self._roll_locked()
+        self._stop.set()
+        self._thread.join()
+        end = time.monotonic() + self.close_timeout_s
+        while self.pending_files() and time.monotonic() < end:
+            if not self.upload_once():
+                time.sleep(0.5)
+        with self._lock:
+            self._journal.close()
