@@ -62,7 +62,7 @@ def _cases(tmp):
         (["agent", "--print-config", "--prometheus-listen", "127.0.0.1:99999"], 2, "port in 1..65535"),
         (["scrape", "http://127.0.0.1:99999/metrics"], 2, "invalid URL"),
         (["scrape", f"http://127.0.0.1:{free_port()}/metrics", "--timeout", "2"], 1, "cannot reach"),
-        (["keys", "-o", f"{tmp}/no-such-dir"], 2, "no such folder"),
+        (["keys", "-o", "/dev/null/keys"], 2, "cannot create the folder"),
         (["analyze", f"{tmp}/missing.json"], 2, "no such file"),
         (["sched", "--pid", "1", "--duration", "0"], 2, "--duration must be positive"),
         (["tail", "--bogus-flag"], 2, "tail: unrecognized arguments: --bogus-flag"),
@@ -94,6 +94,11 @@ def test_ok_cases_exit_0(tmp_path):
     assert (tmp_path / "client.key").exists() and (tmp_path / "client.key_secret").stat().st_mode & 0o077 == 0
     r = run("keys", "-o", str(tmp_path))          # never overwrites a key
     assert r.returncode == 2 and "exists" in r.stderr
+    # A missing folder (and its parents) is made, private: it holds a secret key.
+    r = run("keys", "-o", str(tmp_path / "new" / "keys"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "new" / "keys" / "client.key_secret").is_file()
+    assert (tmp_path / "new" / "keys").stat().st_mode & 0o077 == 0
 
 
 @pytest.fixture
@@ -184,3 +189,15 @@ def test_a_z85_server_key_that_looks_like_a_path_is_a_key():
     key = "/P-ca?=yX/MagA:mrm7i3>R*@XH@P<UD@(I4jq9!"
     assert server_key(key) == key.encode()
     assert server_key("." + key[1:]) == ("." + key[1:]).encode()
+
+
+@pytest.mark.parametrize("command", ["demo", "top", "record", "check", "capacity", "keys", "simulate", "sched",
+                                     "scrape", "cupti"])
+def test_help_has_a_plain_text_description(command):
+    """Every command's --help says what it does, in plain text: no reST markup (issue 24.7)."""
+    r = run(command, "--help")
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.split("\noptions:")[0]
+    desc = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+    assert len(desc.split()) >= 8, r.stdout[:600]
+    assert "``" not in r.stdout and ":mod:" not in r.stdout and ":func:" not in r.stdout, r.stdout[:600]

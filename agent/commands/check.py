@@ -20,12 +20,13 @@ import json
 import os
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="print each probe's availability with reason and hint",
-                       description=__doc__.split("\n\n")[0])
+                       description=description(__doc__))
     p.add_argument("--config", metavar="FILE", help="config file (default: /etc/ridgeline/agent.toml if present)")
     p.add_argument("--probe", action="append", metavar="NAME", help="check only this probe (repeatable); "
                                                                     "it must be able to run")

@@ -1,16 +1,23 @@
-"""``ridgeline record``: save the agent's stream to a recording file (see :mod:`agent.recording`)."""
+"""``ridgeline record``: save the running agent's stream (windows, events, engine and device
+records) to a recording file (``.rlrec``) that ``ridgeline analyze`` reports on and
+``ridgeline agent`` can replay as live; what was recorded is kept when it stops.
+
+Format: see :mod:`agent.recording`.
+"""
 from __future__ import annotations
 
 import signal
 import sys
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)")
+    p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)",
+                       description=description(__doc__))
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write")
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ridgeline.aggregator import ceilings as _ceilings
 from ridgeline.probes.errors import InputError
 
-ALIASES = {"h100": "h100-sxm", "h200": "h200-sxm", "a100": "a100-sxm4-80gb", "h800": "h800-sxm"}
+ALIASES = _ceilings.SHORT_NAMES
 
 
 @dataclass(frozen=True)
