@@ -30,7 +30,10 @@ _PHASE_SUMS = ("kernel_time_ns", "busy_ns", "kernels", "steps", "window_ns", "id
 
 
 def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | None = None) -> dict:
-    """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined."""
+    """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined.
+    InputError when the recording holds no events and is cut off or has no frame at all."""
+    from ridgeline.probes.errors import InputError
+
     from .recording import StreamSummary, iter_segments
     summary = StreamSummary()
     docs, segs = [], []
@@ -42,6 +45,15 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
                      "start_ns": int(k["start_ns"].min()) if len(k) else None,
                      "end_ns": int(k["end_ns"].max()) if len(k) else None})
         del seg
+    if not docs and not summary.windows and (summary.truncated or not summary.messages):
+        # Nothing to report on (no events, no window the agent judged) and the file says
+        # why: cut off (a recorder killed early, a partial copy) or no frame at all. Exit 2
+        # with that, not a report of 0 kernels.
+        n = sum(summary.messages.values())
+        why = ("truncated recording: it ends inside a frame" if summary.truncated
+               else "empty recording: no frame after its header")
+        raise InputError(f"{path}: {why}; {n} complete message(s) before that, no events or windows "
+                         "among them (nothing to analyse)")
     if not docs:     # no events at all: the report of an empty trace, with the recording's facts
         from ridgeline.probes.events import Trace
         docs.append(analyze_one(Trace(meta={"path": str(path), "format": "ridgeline-recording"})))
