@@ -253,6 +253,9 @@ def run(args) -> int:
         else:
             from ridgeline.agent.rank_report import together
             both = together(path, group)
+            for why in both["together"]["not_one_job"]:
+                print(f"ridgeline: warning: {path}: the traces are not one job ({why}); "
+                      "no slowest rank named", file=sys.stderr)
             if not args.json:
                 from ridgeline.agent.rank_report import render_together
                 render_together(both)
