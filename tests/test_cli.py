@@ -79,16 +79,29 @@ def test_exit_codes_and_one_error_line_per_command(tmp_path, i):
     assert "Traceback" not in r.stderr
 
 
+def _engine_config(tmp_path, url):
+    from ridgeline.agent import config
+    cfg = config.overlay(config.defaults(), {"probes": {"engine": {"url": url}}})
+    (tmp_path / "engine.toml").write_text(config.to_toml(cfg))
+    return str(tmp_path / "engine.toml")
+
+
 def test_ok_cases_exit_0(tmp_path):
-    assert run("check", "--probe", "engine").returncode == 0
-    r = run("check", "--probe", "engine", "--json")
     import json
-    out = json.loads(r.stdout)
-    assert r.returncode == 0 and out["ok"] and out["probes"][0]["name"] == "engine"
-    r = run("check", "--probe", "replay", "--probe", "engine", "--json")
-    out = json.loads(r.stdout)
-    assert r.returncode == 1 and not out["ok"]
-    assert [p["ok"] for p in out["probes"]] == [False, True]
+
+    from engine_samples import V011, MetricsServer, sample_text
+    with MetricsServer(sample_text(V011)) as srv:
+        conf = _engine_config(tmp_path, srv.url)
+        r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"answering ({srv.url})" in r.stdout
+        r = run("check", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0")
+        out = json.loads(r.stdout)
+        assert r.returncode == 0 and out["ok"] and out["probes"][0]["name"] == "engine"
+        r = run("check", "--probe", "replay", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0")
+        out = json.loads(r.stdout)
+        assert r.returncode == 1 and not out["ok"]
+        assert [p["ok"] for p in out["probes"]] == [False, True]
     r = run("keys", "-o", str(tmp_path))
     assert r.returncode == 0
     assert (tmp_path / "client.key").exists() and (tmp_path / "client.key_secret").stat().st_mode & 0o077 == 0
@@ -201,3 +214,16 @@ def test_help_has_a_plain_text_description(command):
     desc = head.split("\n\n", 1)[1] if "\n\n" in head else ""
     assert len(desc.split()) >= 8, r.stdout[:600]
     assert "``" not in r.stdout and ":mod:" not in r.stdout and ":func:" not in r.stdout, r.stdout[:600]
+
+
+def test_check_says_an_engine_endpoint_does_not_answer(tmp_path):
+    """Issue 24.3: not `engine ok` when nothing listens at the configured endpoint."""
+    import json
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    conf = _engine_config(tmp_path, dead)
+    r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("engine")]
+    assert "unavailable" in line and f"{dead} not answering: cannot reach (Connection refused)" in line, line
+    out = json.loads(run("check", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0").stdout)
+    assert out["probes"][0]["ok"] is False and dead in out["probes"][0]["reason"]
