@@ -199,8 +199,9 @@ def from_device_name(name: str, memory_bytes: float | None = None, sm_count: int
 
 # Short names a user types for a family with several parts: the SXM part, the one the
 # simulator and demo mean by it (one table, so `capacity --gpu h100` and `demo --gpu h100`
-# agree).
-SHORT_NAMES = {"h100": "h100-sxm", "h200": "h200-sxm", "a100": "a100-sxm4-80gb", "h800": "h800-sxm"}
+# agree). Not "a100": its parts differ in memory (40 or 80 GB) and bandwidth, so the
+# part must be named.
+SHORT_NAMES = {"h100": "h100-sxm", "h200": "h200-sxm", "h800": "h800-sxm"}
 
 
 def lookup(name: str, table: dict[str, Ceilings] | None = None, memory_bytes: float | None = None,

@@ -101,12 +101,14 @@ def test_cli_gpu_short_name_as_demo_and_simulate_take_it(capsys):
     from ridgeline.agent.simulator.hardware import gpu_spec
     from ridgeline.aggregator import ceilings
     assert main(["capacity", "--gpu", "h100", "--weights", "16GB", "--kv-per-request", "1GB", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert "--gpu h100 is h100-sxm (80 GB)" in cap.err
     assert out["gpu_memory_bytes"] == ceilings.lookup("h100-sxm").memory_bytes == gpu_spec("h100").memory_bytes
     assert out["warnings"] == []
     # A name that is no short name and matches several parts stays ambiguous.
     with pytest.raises(Exception, match="ambiguous"):
-        ceilings.lookup("a100-sxm4")
+        ceilings.lookup("a100")          # 40 or 80 GB: the part must be named
 
 
 def test_cli_weights_larger_than_the_gpu_warn(capsys):

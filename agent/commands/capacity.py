@@ -96,6 +96,8 @@ def run(args) -> int:
         if not c.memory_bytes:
             raise InputError(f"--gpu {args.gpu}: memory size not in the ceilings table; give --gpu-memory")
         gpu_mem = c.memory_bytes
+        if c.key != args.gpu:      # a short or loose name: say which part it is
+            print(f"ridgeline capacity: --gpu {args.gpu} is {c.key} ({c.memory_bytes / 1e9:.0f} GB)", file=sys.stderr)
     weights = _size(args.weights, "weights") if args.weights else (shape.weight_bytes if shape else None)
     pool = _size(args.kv_pool, "kv-pool") if args.kv_pool else None
     if pool is None and (gpu_mem is None or weights is None):
