@@ -99,8 +99,10 @@ if [ "$R" != "" ]; then
     # pip and venv wrote DIR/opt/ridgeline/venv into the launchers' shebangs and the activate
     # scripts; the tree is for an image whose / is DIR, so they must name /opt/ridgeline/venv.
     # Only text files naming that folder are rewritten (the python links stay as they are).
-    grep -lIF -- "$PREFIX/venv" "$PREFIX"/venv/bin/* 2>/dev/null | while IFS= read -r f; do
-        [ -L "$f" ] || sed -i "s|$PREFIX/venv|/opt/ridgeline/venv|g" "$f"
+    find "$PREFIX/venv/bin" -maxdepth 1 -type f -print0 | while IFS= read -r -d '' f; do
+        if grep -qIF -- "$PREFIX/venv" "$f"; then
+            sed -i "s|$PREFIX/venv|/opt/ridgeline/venv|g" "$f"
+        fi
     done
 fi
 install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
