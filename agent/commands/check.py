@@ -8,6 +8,11 @@ unknown probe name or a bad configuration. ``--json`` prints one object:
 [{"pid", "since_unix_s", "taken_over_s", "status", "reclaims_requested"}, ...]}}`` (at most
 64 listed; the count covers all).
 
+Each row tells the state the probe would meet now: a configured engine endpoint is asked
+once (one that does not answer is unavailable, with the endpoint and the error); the
+CUPTI row says when a running agent already listens on its socket, or when this host has
+no NVIDIA driver (nothing here can connect).
+
 The running agent's side comes from its own health record: ``check`` subscribes to the
 agent's stream (``publisher.endpoint`` of the configuration, or ``--endpoint``) and waits
 at most ``--agent-timeout`` seconds for one. An agent that is not running or not
