@@ -62,6 +62,15 @@ RANGES: dict[str, tuple[float, float]] = {
     "probes.simulator.pid": (0, PID_MAX),
     "probes.simulator.scrape_interval_s": (0.05, 3600.0),
     "probes.cupti.reclaim_after_s": (0.0, 86400.0),
+    "probes.otlp.max_body_bytes": (1024, 64 * 2**20),
+    "probes.otlp.max_connections": (1, 1024),
+    "probes.otlp.request_timeout_s": (0.1, 300.0),
+    "probes.otlp.spans_per_s": (1.0, 1_000_000.0),
+    "probes.otlp.max_attributes": (1, 4096),
+    "probes.otlp.max_attribute_bytes": (16, 2**20),
+    "probes.otlp.max_queued_spans": (1, 10_000_000),
+    "probes.otlp.history_s": (10.0, 3600.0),
+    "probes.otlp.join_delay_s": (0.0, 600.0),
 }
 
 #: Folders under which a missing socket folder may be created (one level, by systemd's
@@ -222,6 +231,21 @@ def _validate(cfg: dict, origin: str) -> None:
         scheme, _, rest = url.partition("://")
         if scheme not in ("http", "https") or not rest or rest.startswith("/"):
             bad("probes.engine.url", f"must be an http:// or https:// URL, got {url!r}")
+    otlp = probes["otlp"]["listen"]
+    if otlp.startswith("unix:"):
+        why = socket_path_problem(otlp[len("unix:"):])
+        if why:
+            bad("probes.otlp.listen", why)
+    else:
+        host, port = _host_port(otlp)
+        if not host or port is None:
+            bad("probes.otlp.listen", f"must be HOST:PORT with a port in 1..65535 or unix:/path, got {otlp!r}")
+        if not probes["otlp"]["allow_remote"] and not is_loopback(f"tcp://{host}:{port}"):
+            bad("probes.otlp.listen", f"{otlp} is not a loopback address: the span receiver has no "
+                "authentication, so taking spans from beyond this host needs probes.otlp.allow_remote = true")
+    sim_otlp = probes["simulator"]["otlp_endpoint"]
+    if sim_otlp and (not sim_otlp.startswith(("http://", "https://")) or len(sim_otlp) > 2048):
+        bad("probes.simulator.otlp_endpoint", f"must be an http:// or https:// URL, got {sim_otlp[:80]!r}")
     why = socket_path_problem(probes["cupti"]["socket"])
     if why:
         bad("probes.cupti.socket", why)

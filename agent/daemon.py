@@ -98,12 +98,26 @@ class Agent:
         # name is the pod's, not the node's.
         self.host = cfg["agent"]["host"] or os.environ.get("NODE_NAME") or socket.gethostname()
         self.builder = WindowBuilder(host=self.host)
+        self._apply_requests(cfg)
         self._apply_analysis(cfg)
         self.health = HealthMeter()
         self.probe_counters_removed: dict[str, dict] = {}
         # served processes whose CUPTI another tool took over; when to ask for it back
         self.takeovers = TakeoverWatch(cfg["probes"]["cupti"]["reclaim_after_s"])
         self.reclaim_requests_rejected = 0
+
+    def _apply_requests(self, cfg: dict) -> None:
+        """With the OTLP probe enabled, the window builder keeps the steps and requests the
+        request join needs (from the first window on: a request's span comes at its end)."""
+        o = cfg["probes"]["otlp"]
+        if "otlp" not in cfg["probes"]["enabled"]:
+            self.builder.requests = None      # no spans come: hold no steps for them
+            return
+        if self.builder.requests is None:
+            from ridgeline.aggregator.request_history import RequestHistory
+            self.builder.requests = RequestHistory(o["history_s"], o["join_delay_s"])
+        else:
+            self.builder.requests.configure(o["history_s"], o["join_delay_s"])
 
     def _apply_analysis(self, cfg: dict) -> None:
         a = cfg["analysis"]
@@ -197,6 +211,13 @@ class Agent:
             return
         if not isinstance(data, dict):
             raise TypeError(f"poll() returned {type(data).__name__}, expected a dict or a Trace")
+        if topic == "requests":
+            spans = data.get("requests")
+            if not isinstance(spans, list):
+                raise TypeError("a requests probe's poll() must return {'requests': [RequestSpan, ...]}")
+            self.records_total += len(spans)
+            self.builder.add_requests(spans)
+            return
         if topic == "events":
             # An event source's side news: processes that appeared or ended, their status.
             self._process_news(r, data)
@@ -322,6 +343,7 @@ class Agent:
                                    extra={"publisher_drops": sum(pub.get("drops", {}).values()),
                                           "window_drops": self.builder.drops,
                                           "window_fold_errors": self.builder.fold_errors,
+                                          **self._request_counters(),
                                           "publisher_errors": pub.get("errors", 0),
                                           "publisher_stalls": pub.get("stalls", 0),
                                           "publisher_lossy_sent": pub.get("lossy_sent", 0),
@@ -341,6 +363,11 @@ class Agent:
         self.publisher.publish("window", self.codec.encode_window(window))
         if window.get("engine"):
             self.publisher.publish("engine", window["engine"])
+        if self.builder.stories:
+            # Every story told this window (bounded): `ridgeline requests` and `why` read them.
+            import msgspec
+            self.publisher.publish("requests", {"end_ns": int(end_ns),
+                                                "stories": msgspec.to_builtins(self.builder.stories)})
         self.publisher.publish("health", agent)
         self.windows_published += 1
         if self.publisher.errors == errors_before:
@@ -348,6 +375,13 @@ class Agent:
             # the agent works; the loss is counted and shows as a gap).
             self.last_published_mono = time.monotonic()
         return window
+
+    def _request_counters(self) -> dict:
+        h = self.builder.requests
+        if h is None:
+            return {}
+        return {"requests_joined": h.requests_joined, "requests_dropped": h.requests_dropped,
+                "request_steps_dropped": h.steps_dropped, "request_stories_unpublished": self.builder.stories_unpublished}
 
     def load_config(self) -> dict:
         """The configuration file (or the defaults) with the command-line overrides on top,
@@ -409,6 +443,7 @@ class Agent:
         self.reloads += 1
         logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
         self._apply_analysis(new)
+        self._apply_requests(new)
         self.takeovers.reclaim_after_s = new["probes"]["cupti"]["reclaim_after_s"]
         if self._given_probes is None and any(_probe_settings(new, n) != _probe_settings(old, n)
                                               for n in set(new["probes"]) | set(old["probes"])):
@@ -502,7 +537,9 @@ class Agent:
                 self.builder = WindowBuilder(host=self.host, model=self.builder.model, gpu=self.builder.gpu,
                                              drops=self.builder.drops, _trackers=self.builder._trackers,
                                              fold_errors=self.builder.fold_errors,
-                                             open_steps_cut=self.builder.open_steps_cut)
+                                             open_steps_cut=self.builder.open_steps_cut,
+                                             requests=self.builder.requests,
+                                             stories_unpublished=self.builder.stories_unpublished)
             if wd is not None and time.monotonic() >= next_wd:
                 if self.publishing_healthy():
                     self.notifier.watchdog()
@@ -579,7 +616,7 @@ class Agent:
 
 
 #: Keys of a probe's table that the agent applies itself: changing them restarts no probe.
-_AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",)}
+_AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",), "otlp": ("history_s", "join_delay_s")}
 
 
 def _probe_settings(cfg: dict, name: str):

@@ -124,6 +124,9 @@ class WindowCollector:
         self._ident: dict[tuple, tuple] = {}            # (pid, CUDA ordinal) -> (NVML index, UUID, name)
         self._nvml_places = False                       # NVML has said which processes run on which GPU
         self.gpu_series_evicted = 0
+        # -- issue 22: request join aggregates (agent/request_metrics.py) --
+        from .request_metrics import RequestMetrics
+        self.request_metrics = RequestMetrics()
 
     # ------------------------------------------------------------------ accumulation
     def _host(self, w: dict) -> str:
@@ -203,6 +206,7 @@ class WindowCollector:
             self._expire_gpu_series()
             self.records = float((window.get("agent") or {}).get("records_total", self.records))
             self._observe_threads(window, launch)
+            self.request_metrics.observe(window)     # issue 22
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
@@ -277,6 +281,7 @@ class WindowCollector:
             yield from self._device(w)
             yield from self._verdicts(w)
             yield from self._agent(w.get("agent") or {}, w)
+            yield from self.request_metrics.families(self._host(w), w)     # issue 22
 
     def _build_info(self):
         from ridgeline.aggregator import wire

@@ -46,7 +46,7 @@ import zmq
 
 from ridgeline.probes.errors import InputError
 
-TOPICS = ("window", "events", "sched", "device", "engine", "health")
+TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")
 
 
 def _tcp_host(endpoint: str) -> str:

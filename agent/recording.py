@@ -266,6 +266,23 @@ class StreamSummary:
     models: set = field(default_factory=set)
     windows: int = 0
     last_window: bytes | None = None    # the last window's payload, decoded by who needs it
+    # the "requests" topic (issue 22): stories told, and the slowest kept (bounded)
+    requests_told: int = 0
+    slowest_requests: list = field(default_factory=list)
+
+
+#: Request stories an analysis keeps from a recording (the slowest).
+MAX_REQUESTS_KEPT = 50
+
+
+def _keep_slowest(sm: StreamSummary, payload) -> None:
+    stories = payload.get("stories") if isinstance(payload, dict) else None
+    if not isinstance(stories, list):
+        return
+    good = [s for s in stories if isinstance(s, dict) and isinstance(s.get("e2e_ns"), int)]
+    sm.requests_told += len(good)
+    keep = sorted(sm.slowest_requests + good, key=lambda s: -s["e2e_ns"])
+    sm.slowest_requests = keep[:MAX_REQUESTS_KEPT]
 
 
 def _batch_cost(t: Trace) -> int:
@@ -327,6 +344,9 @@ def iter_segments(path: str | Path, max_memory_bytes: int | None = None, codec=N
         if topic == "window":
             sm.windows += 1
             sm.last_window = envelope_field(env, "payload")
+            continue
+        if topic == "requests":
+            _keep_slowest(sm, envelope_field(env, "payload"))
             continue
         if topic != "events":
             continue

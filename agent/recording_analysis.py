@@ -61,6 +61,10 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
            "messages": dict(summary.messages), "truncated": summary.truncated,
            "hosts": sorted(h for h in summary.hosts if h)}
     doc = combine(docs, segs, rec)
+    if summary.requests_told:
+        # the agent's request join (issue 22): the slowest requests with their segments and
+        # culprits, as `ridgeline requests` showed them live
+        doc["requests"] = {"told": summary.requests_told, "slowest": summary.slowest_requests}
     last = _last_window_verdicts(summary.last_window)
     if last:
         # the agent's own judgement, with the engine and scheduler figures a trace lacks

@@ -104,6 +104,15 @@ def _engine(cfg):
                   follow_redirects=e["follow_redirects"])
 
 
+def _otlp(cfg):
+    mod = _module("ridgeline.probes.otlp_receiver", "install opentelemetry-proto (a dependency of ridgeline)")
+    o = cfg["probes"]["otlp"]
+    return mod.OtlpProbe(o["listen"], max_body_bytes=o["max_body_bytes"], max_connections=o["max_connections"],
+                         request_timeout_s=o["request_timeout_s"], spans_per_s=o["spans_per_s"],
+                         max_attributes=o["max_attributes"], max_attribute_bytes=o["max_attribute_bytes"],
+                         max_queued_spans=o["max_queued_spans"])
+
+
 def _replay(cfg):
     from ridgeline.probes.replay import ReplayProbe
     r = cfg["probes"]["replay"]
@@ -142,6 +151,7 @@ STEPS: dict[str, Step] = {s.name: s for s in (
     Step("cupti", "events", _cupti, "CUPTI activity records from injected processes (kernels, copies, API)"),
     Step("nvml", "device", _nvml, "NVML: memory, clocks, power, busy time, GPM"),
     Step("engine", "engine", _engine, "the serving engine's Prometheus /metrics (vLLM, SGLang)"),
+    Step("otlp", "requests", _otlp, "OTLP/HTTP receiver of the engines' per-request spans (vLLM, SGLang)"),
     Step("simulator", "events", _simulator, "SIMULATED continuous-batching server (no GPU needed)"),
     Step("replay", "events", _replay, "a recorded trace replayed as live"),
 )}

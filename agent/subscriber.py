@@ -71,7 +71,7 @@ def client_keys(path: str) -> tuple[bytes, bytes]:
     return public, secret
 
 
-TOPICS = ("window", "events", "sched", "device", "engine", "health")
+TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")
 
 
 def add_stream_arguments(p, topics: bool = True) -> None:

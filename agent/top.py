@@ -269,5 +269,22 @@ def render(window: dict, state: TopState | None = None):
     for p in (engine_panel(window.get("engine") or {}), sched_panel(window.get("sched") or {})):
         if p is not None:
             parts.append(p)
+    req = requests_line(window.get("requests"))
+    if req is not None:
+        parts.append(req)
     parts.append(agent_line(window.get("agent") or {}, state))
     return Group(*parts)
+
+
+def requests_line(r) -> Text | None:
+    """The window's joined requests (issue 22): how many, the dragged share, the top culprit."""
+    if not isinstance(r, dict) or not r.get("requests"):
+        return None
+    from ridgeline.probes.untrusted_text import for_log
+    line = (f"requests: {r['requests']} joined; decode dragged {r.get('dragged_share_ratio', 0):.0%} "
+            f"({r.get('dragged_source', '?')}); p99 e2e {r.get('e2e_p99_ns', 0) / 1e9:.2f} s, "
+            f"queue {r.get('queue_p99_ns', 0) / 1e9:.2f} s")
+    if r.get("top_culprit_id"):
+        line += (f"; top culprit {for_log(r['top_culprit_id'], 40)} +{r.get('top_culprit_added_ns', 0) / 1e9:.2f} s "
+                 f"({r.get('top_culprit_tokens', 0)} prompt tokens)")
+    return Text(line + "   (ridgeline requests / why ID)")

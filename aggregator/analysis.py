@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import Trace
 
 from . import ceilings as ceilings_mod
-from . import roofline
+from . import roofline, stragglers
 from .model_config import ModelShape
 from .work import StepWork, kernel_op_index, kernel_work_from_shapes, step_work_from_model
 
@@ -155,6 +156,8 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
                  "model": model.to_dict() if model else None, "context_len": context_len,
                  "tensor_parallel": tensor_parallel},
         "annotations_used": bool(use_annotations),
+        # ranks of one TP/PP group in this trace (a host's CUPTI recording holds them all)
+        "stragglers": msgspec.to_builtins(stragglers.analyse(trace)[0].groups),
     }
     doc["answer"] = [trace_answer(phases, idle_gaps, span, idx)]
     return doc

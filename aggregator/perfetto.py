@@ -52,6 +52,8 @@ PHASE_PID = 1_000_000_000       # synthetic pid of the phase track, away from re
 GPU_PID_BASE = 1_000_000_100    # synthetic pids of GPU devices
 UNKNOWN_HOST_PID = 999_999_999  # API calls / ops whose process the source does not give
 TRACK_TID_BASE = 1_100_000_000  # synthetic tids (GPU, phase and overlap tracks); OS tids are < 2**22
+REQUEST_PID = 1_000_000_001     # synthetic pid of the served requests' tracks (issue 22)
+MAX_REQUEST_TRACKS = 200        # request tracks written at most (the slowest)
 
 
 def _us(ns: np.ndarray, t0: int) -> np.ndarray:
@@ -168,11 +170,14 @@ def is_simulated(trace: Trace) -> bool:
 
 
 def build_events(trace: Trace, kernel_phase: np.ndarray, kernel_step: np.ndarray, steps: list,
-                 phase_names: dict[int, str]) -> list[dict]:
+                 phase_names: dict[int, str], requests: list | None = None) -> list[dict]:
     """The Chrome-trace events (metadata rows first, then slices) of the export; a
     simulated trace's process names start with ``SIMULATED``."""
     names = trace.names.strings
     starts = [a["start_ns"] for a in (trace.kernels, trace.copies, trace.api, trace.cpu_ops, trace.ranges) if len(a)]
+    requests = sorted(requests or [], key=lambda s: -s.e2e_ns)[:MAX_REQUEST_TRACKS]
+    if requests:
+        starts.append(np.array([s.start_ns for s in requests], dtype=np.int64))
     t0 = int(min(int(s.min()) for s in starts)) if starts else 0
     tracks = _Tracks([], prefix="SIMULATED " if is_simulated(trace) else "")
     slices: list[dict] = []
@@ -296,13 +301,42 @@ def build_events(trace: Trace, kernel_phase: np.ndarray, kernel_step: np.ndarray
             slices.append({"ph": "X", "cat": "ridgeline_phase", "name": phase_names.get(int(s.phase), str(s.phase)),
                            "pid": PHASE_PID, "tid": int(s_tid[i]), "ts": (int(s_start[i]) - t0) / 1e3,
                            "dur": (int(s_end[i]) - int(s_start[i])) / 1e3, "args": args})
+    if requests:
+        slices.extend(_request_slices(tracks, requests, t0))
     return tracks.rows + slices
 
 
-def write_perfetto(trace: Trace, phase_map, phase_names: dict[int, str], path: str | Path) -> Path:
-    """Write the trace with its phase track to ``path``; InputError if it cannot."""
+def _request_slices(tracks: _Tracks, requests: list, t0: int) -> list[dict]:
+    """One track per served request (``aggregator.request_join.RequestStory``), beside the
+    GPU steps: its queued, prefill and decode segments, one after the other (disjoint), the
+    decode slice carrying the time others added and who they were."""
+    tracks.process(REQUEST_PID, "Ridgeline requests", -2)
+    out = []
+    for rank, s in enumerate(requests):
+        tid = tracks.thread(REQUEST_PID, f"request {s.request_id[:64]} ({s.e2e_ns / 1e9:.2f} s)", sort_index=rank)
+        sched = s.start_ns + s.queue_ns
+        first = sched + s.prefill_ns
+        for name, a, b, args in (
+                ("queued", s.start_ns, sched, {"kv_full": s.kv_full_while_queued}),
+                ("prefill", sched, first, {"chunks": s.prefill_chunks, "prompt_tokens": s.prompt_tokens}),
+                ("decode", first, first + s.decode_ns,
+                 {"steps": s.decode_steps, "completion_tokens": s.completion_tokens,
+                  "dragged_ms": s.dragged_ns / 1e6, "dragged_source": s.dragged_source,
+                  "alone_decode_ms": s.alone_decode_ns / 1e6,
+                  "culprits": [f"{c.request_id[:64]} +{c.added_ns / 1e6:.1f} ms ({c.kind})" for c in s.culprits]})):
+            if b > a:
+                out.append({"ph": "X", "cat": "ridgeline_request", "name": name, "pid": REQUEST_PID, "tid": tid,
+                            "ts": (a - t0) / 1e3, "dur": (b - a) / 1e3, "args": args})
+    return out
+
+
+def write_perfetto(trace: Trace, phase_map, phase_names: dict[int, str], path: str | Path,
+                   requests: list | None = None) -> Path:
+    """Write the trace with its phase track to ``path`` (and a track per served request,
+    ``requests``: RequestStory records, the slowest :data:`MAX_REQUEST_TRACKS`); InputError
+    if it cannot."""
     ev = build_events(trace, np.asarray(phase_map.kernel_phase), np.asarray(phase_map.kernel_step),
-                      list(phase_map.steps), phase_names)
+                      list(phase_map.steps), phase_names, requests)
     doc = {"traceEvents": ev,
            "otherData": {"producer": "ridgeline analyze",
                          "source": str(trace.meta.get("path") or trace.meta.get("source_path") or "")}}

@@ -40,7 +40,7 @@ from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNK
                                              ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
                                              ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
                                              Signature, classify_kernels, short_name)
-from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
+from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, enclosing_roots, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
                                         launch_index, segment_kernels)
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
@@ -533,6 +533,9 @@ class _StepFacts:
             from_op = att & (causal == CAUSAL_UNKNOWN) & (oc != CAUSAL_FLAG_UNKNOWN)
             causal = np.where(from_op, np.where(oc == CAUSAL_FLAG_YES, CAUSAL_YES, CAUSAL_NO), causal).astype(causal.dtype)
         self.causal_from_op = np.bincount(st[from_op & (causal == CAUSAL_YES)], minlength=n_steps)
+        from_grid = att & (causal == CAUSAL_UNKNOWN) & aotriton_causal_grid(trace, kc, idx)
+        causal = np.where(from_grid, CAUSAL_YES, causal).astype(causal.dtype)
+        self.causal_from_grid = np.bincount(st[from_grid], minlength=n_steps)
         self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
         # Fused attention that does not spell its causal flag (aotriton attn_fwd, CK, FA3,
         # xformers): an encoder's launch reads the same as a decoder's.
@@ -574,6 +577,10 @@ class _StepFacts:
             self.lm_width = np.where(ok, wmax, -1)
             if width_estimated is not None:
                 self.lm_estimated = ok & width_estimated[np.maximum(ex, 0)]
+        # Rows of the LM head from its CPU operator (the sampled sequences: one row per request
+        # in vLLM V1 and SGLang, every verified token with speculative decoding); -1 unknown.
+        self.lm_rows = np.where(self.lm_head >= 0, rows[np.maximum(self.lm_head, 0)], -1) if len(rows) \
+            else np.full(n_steps, -1, dtype=np.int64)
         self._eager_attention(k, kc, st, idx, role, n_steps)
         # Rows of PyTorch's row-wise layer norm (one block per row: grid.x = rows): the rows
         # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
@@ -673,7 +680,7 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.qb_count, self.lm_width, self.lm_estimated, self.eager_heads,
+                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example):
@@ -758,6 +765,9 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
     # Decoder-LLM evidence.
     if f.causal[j]:
         by_op = f" ({int(f.causal_from_op[j])} by is_causal=True on their SDPA operator)" if f.causal_from_op[j] else ""
+        if f.causal_from_grid[j]:
+            by_op += (f" ({int(f.causal_from_grid[j])} by aotriton's causal persistent grid: a multiple of the "
+                      f"device's {_cu_count(trace)} compute units)")
         backed = (f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]
         if backed or not f.non_llm_in_trace:
             votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches{by_op} "
@@ -798,6 +808,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         else:
             votes.append(_Vote(UNKNOWN, WEAK, f"{head}: LM head, {int(f.lm_width[j])} output columns ({how}) "
                                f"(decoder-LLM evidence)", "llm"))
+    att_votes = discount_empty_capable(att_votes, sigs)
     # Attention class: prefill and decode attention kernels side by side => mixed.
     p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
     d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
@@ -822,7 +833,7 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
             votes.append(_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): "
                                f"several new tokens per sequence => prefill", "tokens"))
         else:
-            votes.append(_Vote(UNKNOWN, 0, f"{text}: {t} tokens in the step", "tokens"))
+            votes.extend(tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j])))
         if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].seqs_axis == "y":
             # One varlen launch over B sequences and T tokens whose longest query is at most
             # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
@@ -897,6 +908,96 @@ def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src
         votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
                            f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
     return votes
+
+
+# aotriton's attention forward: the kernel symbol is plain ``attn_fwd``.
+_AOTRITON_ATTN_FWD = re.compile(r"^attn_fwd$")
+# Non-causal persistent launches size their grid on 80 "CUs" (aotriton attn_fwd.cc).
+AOTRITON_NONCAUSAL_CUS = 80
+
+
+def _cu_count(trace: Trace) -> int:
+    counts = {int(d.sm_count) for d in trace.devices if isinstance(d.sm_count, int) and d.sm_count > 0}
+    return counts.pop() if len(counts) == 1 else 0
+
+
+def aotriton_causal_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> np.ndarray:
+    """Per kernel of ``idx``: an aotriton ``attn_fwd`` launch whose grid says it is causal.
+
+    ROCm/aotriton v2src/flash/attn_fwd.cc @ 22c35371 (``_attn_fwd_common``): the regular grid
+    is (query blocks, heads, batch); a persistent kernel (PERSISTENT_TYPE != 0, a tuning
+    choice) gets (min(Num_CU * GRID_CU_MULTIP, blocks x heads x batch), 1, 1) with ``Num_CU =
+    is_causal ? getMultiProcessorCount(stream) : 80``. A one-dimensional grid (heads > 1 in
+    every real model, so not the regular one) that is a multiple of the device's compute
+    units and not of 80 is a causal launch (the MI300X HF Qwen forward: [608,1,1] = 2 x 304
+    CUs). Unknown device CU count: nothing. Only "causal" is read: a non-causal launch can
+    be cut by the block count."""
+    k = trace.kernels
+    cu = _cu_count(trace)
+    out = np.zeros(len(idx), dtype=bool)
+    if cu <= 0 or cu % AOTRITON_NONCAUSAL_CUS == 0 or not len(idx):
+        return out
+    nid = k["name_id"][idx]
+    lut = _names_matching(trace, nid, _AOTRITON_ATTN_FWD)
+    gx = k["grid_x"][idx].astype(np.int64)
+    out = lut[nid] & (k["grid_y"][idx] == 1) & (k["grid_z"][idx] == 1) & (gx > 0) & (gx % cu == 0) \
+        & (gx % AOTRITON_NONCAUSAL_CUS != 0)
+    return out
+
+
+def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> list[_Vote]:
+    """Decode-attention votes of kernels that can run empty (``runs_empty`` signatures) are no
+    evidence next to a prefill attention kernel: vLLM's chunked_prefill_paged_decode (ROCm
+    and Triton backends) launches its decode kernel over every sequence after the prefill
+    part, whether or not the batch holds a decode (programs of longer queries return). Such a
+    vote becomes a note; a step with only that kernel (no prefill part launched) stays decode."""
+    if not any(v.phase == PREFILL and v.strength >= MEDIUM for v in att_votes):
+        return att_votes
+    out = []
+    for v in att_votes:
+        if v.phase == DECODE and v.sig >= 0 and sigs[v.sig].runs_empty:
+            out.append(_Vote(UNKNOWN, 0, f"{v.text.split(' => ')[0]}: launched over every sequence next to the "
+                             f"prefill attention, it can run empty: not decode evidence by itself", "note", v.sig))
+        else:
+            out.append(v)
+    return out
+
+
+# KV-cache writes over at least this many tokens are prefill-sized, as GEMM rows are (the
+# CPU-operator rule above: >= 512 rows => prefill-leaning); a decode batch that large is
+# possible (a stated limit), hence only a weak vote, which needs a second weak class (GEMM
+# tiles) to decide.
+PREFILL_MIN_TOKENS = 512
+
+
+def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool) -> list[_Vote]:
+    """Votes from a step's token count (``tokens``, from the grid of its per-token kernels;
+    ``rank`` the family's strength) when the attention launch does not give the sequences.
+
+    ``sampled_rows``: the LM head's rows from its CPU operator (-1 unknown): one row per
+    sequence sampled (vLLM V1 computes logits at each request's last scheduled token,
+    SGLang likewise; a speculative verify step samples every token). Tokens equal to the
+    sampled rows: one new token per sequence => decode; more tokens than rows: several per
+    sequence => prefill, where up to rows - 1 sequences may be one-token decodes (mixed when
+    the step continues a running batch, :func:`mixed_by_continuity`). Without sampled rows,
+    a KV-cache write over PREFILL_MIN_TOKENS or more with no split-KV combine in the step
+    (``unsplit``) is prefill-leaning (weak)."""
+    if rank == STRONG and sampled_rows > 0:
+        if tokens == sampled_rows:
+            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
+                          f"one new token per sequence => decode", "tokens")]
+        if tokens > sampled_rows:
+            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
+                         f"several new tokens per sequence => prefill", "tokens")]
+            if sampled_rows > 1:
+                out.append(_Vote(UNKNOWN, 0, f"{tokens} tokens over {sampled_rows} sampled sequences: up to "
+                                 f"{sampled_rows - 1} of them may be one-token decodes", "mixed_slots",
+                                 value=sampled_rows - 1))
+            return out
+    if rank == STRONG and unsplit and tokens >= PREFILL_MIN_TOKENS:
+        return [_Vote(PREFILL, WEAK, f"{text}: {tokens} tokens in the step and no split-KV combine => "
+                      f"prefill-leaning", "tokens")]
+    return [_Vote(UNKNOWN, 0, f"{text}: {tokens} tokens in the step", "tokens")]
 
 
 def _rows_seen(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> int:
@@ -991,6 +1092,32 @@ def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list
 
 # ---------------------------------------------------------------------------------------------
 
+def fold_nested_annotations(hit: np.ndarray, starts_ns: np.ndarray, ends_ns: np.ndarray, pids: np.ndarray,
+                            tids: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]]]:
+    """Per kernel, the CPU step annotation it is mapped to (``hit``, -1 none), with nested
+    annotations of one thread folded into one: every range of a nesting group
+    (:func:`aggregator.steps.enclosing_roots`) maps to the member holding the most kernels
+    (the engine's own step range; earliest on ties). Returns the new mapping and, per kept
+    range, the ranges folded into it."""
+    root = enclosing_roots(starts_ns, ends_ns, pids, tids)
+    n = len(root)
+    if not n or bool((root == np.arange(n)).all()):
+        return hit, {}
+    n_of = np.bincount(hit[hit >= 0], minlength=n)
+    # Per group: the member with the most kernels (earliest index on ties) is the first of
+    # the (group, -kernels, index) order.
+    o = np.lexsort((np.arange(n), -n_of, root))
+    first = np.r_[True, root[o][1:] != root[o][:-1]]
+    best_of_root = np.empty(n, dtype=np.int64)
+    best_of_root[root[o][first]] = o[first]
+    rep = best_of_root[root]
+    folded: dict[int, list[int]] = {}
+    for i in np.flatnonzero(rep != np.arange(n)).tolist():     # only the nested ranges
+        folded.setdefault(int(rep[i]), []).append(i)
+    out = np.where(hit >= 0, rep[np.maximum(hit, 0)], -1).astype(hit.dtype)
+    return out, folded
+
+
 def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
     """GPU-side copies of one annotation (one per stream) merged: (name_id, ext, device) -> span."""
     r = trace.ranges[sel]
@@ -1045,6 +1172,8 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         free = hit_gpu < 0
         hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
                                         r["tid"][cpu_sel], launch=launch, candidates=free)
+        hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
+                                                  r["pid"][cpu_sel], r["tid"][cpu_sel])
         # One step per (range, device) that holds kernels.
         # One step per (annotation, device): the GPU-side copy and the CPU range of one
         # annotation (same name and external id) are the same step.
@@ -1088,6 +1217,10 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                                       source="annotation"))
                     ann_of_step[j] = (ann, text)
                     step_of_key[key] = j
+                    if src.startswith("CPU"):
+                        for fo in folded.get(int(h), []):
+                            steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
+                                                     f"is the same engine step (its kernels are in this step)")
                 idx_of_u[u] = j
             kernel_step[on] = idx_of_u[inv]
         # ProfilerStep ranges: weak boundaries for the kernels left over.

@@ -159,6 +159,20 @@ def render(doc: dict, console: Console | None = None) -> None:
                 f"p50 {_ns(ll['p50_ns'])}, p90 {_ns(ll['p90_ns'])}, p99 {_ns(ll['p99_ns'])}")
     else:
         c.print("Launch latency: no kernel has a launch API record", style="dim")
+    for g in doc.get("stragglers") or []:
+        gt = Table(title=f"Collectives of TP/PP group {g['group']}: {g['instances']:,} collectives, the others wait "
+                         f"{_fmt(g['waiting_share'], 0.01, 1, '%')} of their time for the last rank",
+                   title_justify="left")
+        for col in ("rank", "pid", "dev", "last", "late by p50", "p99", "waits", "why late"):
+            gt.add_column(col, no_wrap=True)
+        for i, r in enumerate(g["ranks"]):
+            gt.add_row(("* " if i == g["straggler"] else "") + str(i), str(r["pid"]), str(r["device"]),
+                       f"{r['last_count']:,} ({_fmt(r['last_share'], 0.01, 0, '%')})",
+                       _ns(r["late_by_p50_ns"]) if r["last_count"] else "-",
+                       _ns(r["late_by_p99_ns"]) if r["last_count"] else "-", _ns(r["wait_ns"]), r["cause"] or "-")
+        if g["misaligned"]:
+            gt.caption = f"{g['misaligned']} collectives left out: their ends did not agree across the ranks"
+        c.print(gt)
     if doc["copies"]:
         ct = Table(title="Copy traffic", title_justify="left")
         for col in ("kind", "direction", "count", "bytes", "time", "achieved"):

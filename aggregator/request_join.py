@@ -169,6 +169,22 @@ class _Batch:
         return self.ctx0[i] + self.slope[i] * j
 
 
+def _first_long_step(batch: _Batch, long_tokens: int) -> np.ndarray:
+    """Per member, the first decode step index at which ``ctx_at >= long_tokens`` (its
+    ``dc_hi`` when none), exactly as the elementwise comparison decides it."""
+    lo, hi = batch.dc_lo.astype(np.int64), batch.dc_hi.astype(np.int64)
+    ctx0, slope = batch.ctx0, batch.slope
+    with np.errstate(divide="ignore", invalid="ignore"):
+        j = np.where(slope > 0, np.ceil((long_tokens - ctx0) / np.where(slope > 0, slope, 1.0)),
+                     np.where(ctx0 >= long_tokens, -np.inf, np.inf))
+    j = np.clip(np.nan_to_num(j, posinf=2**62, neginf=-2**62), lo, hi).astype(np.int64)
+    # Rounding of the division: settle on the step the comparison itself gives.
+    back = (j - 1 >= lo) & (ctx0 + slope * (j - 1) >= long_tokens)
+    j = np.where(back, j - 1, j)
+    fwd = (j < hi) & (ctx0 + slope * j < long_tokens)
+    return np.where(fwd, j + 1, j)
+
+
 def _fit(batch: _Batch, culprit_steps: np.ndarray) -> np.ndarray | None:
     """Least-squares step-time coefficients from the measured steps, when the window has
     steps with culprits and without, and the fit is determined on the features that vary."""
@@ -187,9 +203,13 @@ def _fit(batch: _Batch, culprit_steps: np.ndarray) -> np.ndarray | None:
 
 
 def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None = None,
-         estimate_step_ns=None, long_tokens: int = LONG_SEQUENCE_TOKENS) -> list[RequestStory]:
+         estimate_step_ns=None, long_tokens: int = LONG_SEQUENCE_TOKENS,
+         report: set[str] | None = None) -> list[RequestStory]:
     """The story of each request (see the module docstring). ``estimate_step_ns(decode_members,
-    context_tokens, prefill_tokens) -> ns`` is the roofline fallback (arrays in, array out)."""
+    context_tokens, prefill_tokens) -> ns`` is the roofline fallback (arrays in, array out).
+    ``report``: tell the stories of these request ids only; the others still count as
+    co-batched members (the agent joins the requests due in a window against every
+    request it still holds)."""
     reqs = sorted(requests, key=lambda r: r.start_ns)[-MAX_REQUESTS:]
     steps = np.sort(np.asarray(steps, dtype=STEP_DTYPE), order="start_ns")
     steps = steps[np.isin(steps["phase"], (PREFILL, DECODE, MIXED))]
@@ -200,20 +220,21 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
     idx = np.arange(n_steps, dtype=np.float64)
     # Culprit presence per step (for the fit's "both kinds"): a prefill chunk co-batched
     # with a decode, or a long sequence co-batched with another sequence.
+    # A member is long from the first of its decode steps where its context (growing
+    # linearly) reaches long_tokens: one interval each, summed by a difference array.
     long_cnt = np.zeros(n_steps + 1)
-    for i in range(len(reqs)):
-        lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
-        if hi > lo:
-            js = np.arange(lo, hi)
-            is_long = batch.ctx_at(i, js) >= long_tokens
-            long_cnt[js[is_long]] += 1
-    long_cnt = long_cnt[:n_steps]
+    first_long = _first_long_step(batch, long_tokens)
+    has = first_long < batch.dc_hi
+    _diff_add(long_cnt, first_long[has], batch.dc_hi[has], np.ones(int(has.sum())))
+    long_cnt = np.cumsum(long_cnt)[:n_steps]
     culprit_steps = ((batch.pf > 0) & (batch.n_dec > 0)) | ((long_cnt > 0) & (batch.n_dec >= 2))
     coef = _fit(batch, culprit_steps) if n_steps else None
     source = SOURCE_MEASURED if coef is not None else (SOURCE_ESTIMATE if estimate_step_ns else SOURCE_NONE)
     kv = np.sort(np.asarray(kv if kv is not None else np.empty(0, KV_DTYPE), dtype=KV_DTYPE), order="ts_ns")
     out = []
     for i, r in enumerate(reqs):
+        if report is not None and r.request_id not in report:
+            continue
         arrival, sched, first, end = (int(v) for v in batch.intervals[i])
         lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
         added: dict[int, list] = {}          # culprit index -> [ns, kinds]
@@ -225,6 +246,13 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             # Co-members of each of R's decode steps: requests whose intervals overlap R's.
             cand = np.flatnonzero((batch.pf_hi > lo) & (batch.pf_lo < hi) | (batch.dc_hi > lo) & (batch.dc_lo < hi))
             cand = cand[cand != i]
+            # Only those that can be culprits: a prefill chunk inside R's decode steps, or a
+            # sequence whose context reaches long_tokens there (it grows linearly, so its
+            # largest is at the last step shared). The rest would add nothing below.
+            ov_pf = (batch.pf_hi[cand] > lo) & (batch.pf_lo[cand] < hi)
+            ov_dc = (batch.dc_hi[cand] > lo) & (batch.dc_lo[cand] < hi)
+            last = np.minimum(batch.dc_hi[cand], hi) - 1
+            cand = cand[ov_pf | (ov_dc & (batch.ctx0[cand] + batch.slope[cand] * last >= long_tokens))]
             cost_rows, kinds, who = [], [], []
             n_c = np.zeros(len(js))
             ctx_c = np.zeros(len(js))

@@ -127,6 +127,7 @@ class Signature:
     local_min_bools: int = 0    # ... read only when the name has at least this many booleans
     causal_pattern: str = ""    # regex: the name spells a causal mask (e.g. "causal" in aiter kernel names)
     seqs_axis: str = ""         # "y": grid.y = sequences of an unsplit launch
+    runs_empty: bool = False    # launched over every sequence, exits for the ones it does not serve
 
 
 @dataclass
@@ -255,7 +256,8 @@ def load_signatures(path: str | Path | None = None) -> list[Signature]:
                              inference_only=bool(entry.get("inference_only", False)),
                              causal_bool=int(entry.get("causal_bool", -1)), local_bool=int(entry.get("local_bool", -1)),
                              local_min_bools=int(entry.get("local_min_bools", 0)),
-                             causal_pattern=entry.get("causal_pattern", ""), seqs_axis=entry.get("seqs_axis", "")))
+                             causal_pattern=entry.get("causal_pattern", ""), seqs_axis=entry.get("seqs_axis", ""),
+                             runs_empty=bool(entry.get("runs_empty", False))))
     if not out:
         raise InputError(f"{p}: no [[signature]] entries")
     return out

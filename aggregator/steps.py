@@ -50,6 +50,52 @@ MARKER_MIN_SPAN = 3
 # ... and at most this many (a kernel that recurs once per forward of a benchmark loop is not
 # a layer marker: its spacing is the whole step; layers of real models span 10-60 kernels).
 MARKER_MAX_SPAN = 128
+# Nesting levels of CPU ranges a launch is looked up through (engine step annotation inside
+# a profiler's or a patch's own range).
+NEST_DEPTH = 4
+
+
+def _spacing_mode(pos: np.ndarray) -> tuple[int, int, int]:
+    """(most common spacing, its count, number of spacings) of sorted positions."""
+    if len(pos) < 2:
+        return 0, 0, 0
+    vals, counts = np.unique(np.diff(pos), return_counts=True)
+    j = int(np.argmax(counts))
+    return int(vals[j]), int(counts[j]), len(pos) - 1
+
+
+def attention_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarray, int]:
+    """Positions of the attention launches that mark layers, and the usual kernels per layer
+    (empty, 0: attention does not repeat regularly).
+
+    Candidates: every attention launch, and the launches of each attention kernel name
+    alone; the most regular candidate wins (share of spacings equal to their mode; ties:
+    more launches). A layer that launches its attention as two kernels (ROCm paged decode
+    attention: ``paged_attention_ll4mi_QKV_mfma16_kernel`` then
+    ``paged_attention_ll4mi_reduce_kernel``, one kernel apart, 14 kernels to the next
+    layer in the MI300X SGLang decode step) alternates spacings 1 and 14: all launches
+    together give a "layer" of one kernel and every layer reads as a restart; one name alone
+    gives the real 15. Layers that alternate attention kernel names (sliding-window and
+    full layers) stay most regular with all launches together.
+    """
+    att = np.flatnonzero(attention)
+    if len(att) <= PATTERN_MIN_REPEATS:
+        return np.empty(0, dtype=np.int64), 0
+    best = None
+    cands = [att]
+    names = np.unique(name_ids[att])
+    if len(names) > 1:
+        cands += [att[name_ids[att] == nm] for nm in names.tolist()]
+    for pos in cands:
+        period, hits, n = _spacing_mode(pos)
+        if hits < PATTERN_MIN_REPEATS:
+            continue
+        key = (hits / n, len(pos))
+        if best is None or key > best[0]:
+            best = (key, pos, period)
+    if best is None:
+        return np.empty(0, dtype=np.int64), 0
+    return best[1], best[2]
 
 
 def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -62,11 +108,9 @@ def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarra
     one stable sort of the positions by name and one np.unique over (name, spacing).
     """
     m = len(name_ids)
-    att = np.flatnonzero(attention)
-    if len(att) > PATTERN_MIN_REPEATS:
-        vals, counts = np.unique(np.diff(att), return_counts=True)
-        if counts.max() >= PATTERN_MIN_REPEATS:
-            return att, int(vals[np.argmax(counts)]), -1
+    att, period = attention_marker(name_ids, attention)
+    if len(att):
+        return att, period, -1
     if m < 2 * (PATTERN_MIN_REPEATS + 1):
         return np.empty(0, dtype=np.int64), 0, -1
     order = np.argsort(name_ids, kind="stable")
@@ -228,6 +272,44 @@ def kernels_in_cpu_ranges(trace: Trace, starts_ns: np.ndarray, ends_ns: np.ndarr
         hit = np.where(ok, r[np.maximum(pos, 0)], -1)
         ok &= api_start[on] < ends_ns[np.maximum(hit, 0)]
         out[ks[on[ok]]] = hit[ok]
+        # A launch after a nested range ended but inside its enclosing one (SGLang's
+        # step[DECODE] inside an execute_... range: the sampler runs after the inner range
+        # closes) belongs to the enclosing range: step back over earlier-starting ranges,
+        # a few nesting levels deep.
+        miss = np.flatnonzero(~ok & (pos > 0))
+        for _ in range(NEST_DEPTH):
+            if not len(miss):
+                break
+            pos[miss] -= 1
+            cand = r[pos[miss]]
+            inside = api_start[on[miss]] < ends_ns[cand]
+            out[ks[on[miss[inside]]]] = cand[inside]
+            miss = miss[~inside & (pos[miss] > 0)]
+    return out
+
+
+def enclosing_roots(starts_ns: np.ndarray, ends_ns: np.ndarray, pids: np.ndarray, tids: np.ndarray) -> np.ndarray:
+    """For each CPU range, the index of the outermost range of the same thread that contains
+    it (itself when none does). Nested step annotations on one thread describe one engine
+    step (TraceLens's vLLM-style ``execute_...`` range around SGLang's own ``step[...]``
+    range): they are one step, not two. Columnar: ranges sorted by (thread, start, -end); a
+    range is contained when an earlier range of its thread ends at or after its end (a
+    running maximum of the ends, offset per thread so that one accumulate serves all
+    threads); a contained range belongs to the latest root before it."""
+    n = len(starts_ns)
+    out = np.arange(n, dtype=np.int64)
+    if n < 2:
+        return out
+    thread = (pids.astype(np.int64) << 32) | (tids.astype(np.int64) & 0xFFFFFFFF)
+    o = np.lexsort((-ends_ns, starts_ns, thread))
+    t_rank = np.cumsum(np.r_[0, thread[o][1:] != thread[o][:-1]])
+    lo = int(min(starts_ns.min(), ends_ns.min()))
+    span = int(max(starts_ns.max(), ends_ns.max())) - lo + 1
+    key = (ends_ns[o] - lo) + t_rank * span
+    prev_max = np.r_[np.iinfo(np.int64).min, np.maximum.accumulate(key)[:-1]]
+    root = ~(prev_max >= key)
+    root_at = np.maximum.accumulate(np.where(root, np.arange(n), 0))
+    out[o] = o[root_at]
     return out
 
 

@@ -78,6 +78,10 @@ log = logging.getLogger("ridgeline.windows")
 _KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
 MAX_DEVICE_SAMPLES = 256
 MAX_ENGINE_SCRAPES = 64
+#: Steps per source and window kept for the request join (aggregator.request_history).
+MAX_STEP_LOG = 50_000
+#: Request stories a window hands to the ``requests`` topic at most (the rest are counted).
+MAX_STORIES_PUBLISHED = 2_000
 # An endpoint not scraped successfully for this long (or 3 of its scrape intervals, if
 # longer) leaves the window's engine figures: a dead server's last KV usage and queue must
 # not stay on /metrics, in alerts and dashboards, as if current.
@@ -252,6 +256,11 @@ class WindowBuilder:
     _folds: dict = field(default_factory=dict)         # (source, name table id) -> SourceFold
     fold_errors: int = 0
     open_steps_cut: int = 0          # open steps decided at the carry bound (cumulative)
+    # aggregator.request_history.RequestHistory when request spans are taken in (the OTLP
+    # probe runs), else None: then no step is kept and the window has no "requests".
+    requests: object = None
+    stories: list = field(default_factory=list)     # the stories told at the last close
+    stories_unpublished: int = 0                    # over MAX_STORIES_PUBLISHED (cumulative)
 
     def add_events(self, trace: Trace, source: str = "") -> None:
         """Keep a batch for this window; past ``max_events`` per window the batch is
@@ -317,6 +326,56 @@ class WindowBuilder:
             return
         self.engine[source] = data
         self.records += 1
+
+    def add_requests(self, spans: list) -> None:
+        """Request spans (``probes.request_spans.RequestSpan``) the engines sent; joined
+        with the steps when they are due (see :mod:`aggregator.request_history`)."""
+        if self.requests is None:
+            from .request_history import RequestHistory
+            self.requests = RequestHistory()
+        self.requests.add_requests(spans)
+        self.records += len(spans)
+
+    def _request_estimate(self) -> None:
+        """The roofline baseline of the request join (aggregator.request_roofline), for the
+        served model (analysis.model) on this window's GPU, when both are known."""
+        names = [d.name for f in self._folds.values() for d in f.devices.values() if d.name]
+        gpu = self.gpu or (names[0] if names else "")
+        key = (id(self.model), gpu)
+        if getattr(self.requests, "estimate_key", None) == key:
+            return
+        self.requests.estimate_key = key
+        ceil = _ceilings_obj(gpu) if self.model is not None else None
+        if ceil is None:
+            self.requests.estimate_step_ns = None
+            return
+        from .request_roofline import step_time_estimator
+        self.requests.estimate_step_ns = step_time_estimator(self.model, ceil)
+
+    def _requests_close(self, end_ns: int, window: dict) -> None:
+        """The request join's part of the window: steps and KV samples go to the history,
+        the due requests are joined; ``window["requests"]`` gets the aggregates."""
+        import msgspec
+        steps = []
+        for f in self._folds.values():
+            steps.extend(f.step_log)
+            f.step_log = []
+        if self.requests is None:
+            self.stories = []
+            return
+        from .request_history import HELD_DTYPE
+        self._request_estimate()
+        if steps:
+            self.requests.add_steps(np.array(steps, dtype=HELD_DTYPE))
+        for data in self.engine.values():
+            for ep in ((data.get("endpoints") or {}).values() if isinstance(data, dict) else ()):
+                kv = ep.get("kv_usage_ratio") if isinstance(ep, dict) else None
+                if isinstance(kv, (int, float)) and not isinstance(kv, bool):
+                    self.requests.add_kv(end_ns, float(kv))
+        figures, stories = self.requests.close(end_ns)
+        self.stories_unpublished += max(0, len(stories) - MAX_STORIES_PUBLISHED)
+        self.stories = stories[:MAX_STORIES_PUBLISHED]
+        window["requests"] = plain(msgspec.to_builtins(figures))
 
     def _engine_close(self, end_ns: int) -> None:
         from ridgeline.aggregator import engine_metrics
@@ -401,6 +460,7 @@ class WindowBuilder:
             self.open_steps_cut += f.open_steps_cut
             f.open_steps_cut = 0
         window["agent"]["window_open_steps_cut"] = self.open_steps_cut
+        self._requests_close(int(end_ns), window)
         fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their
@@ -581,6 +641,10 @@ class SourceFold:
         self._held_at_close: dict[int, tuple[int, int]] = {}
         self._pending: list[Trace] = []
         self._pending_n = 0
+        # (start_ns, end_ns, phase, device, pid) of each step folded since the window last
+        # closed: the request join's GPU side (bounded; past it counted in steps_unlogged).
+        self.step_log: list[tuple] = []
+        self.steps_unlogged = 0
         self.reset()
 
     def reset(self) -> None:
@@ -944,6 +1008,12 @@ class SourceFold:
                 continue
             p = accs[gp_of_unit[u]]
             p.steps += 1
+            if len(self.step_log) < MAX_STEP_LOG:
+                gk = int(u_gkey[u])
+                self.step_log.append((int(st.start_ns), int(st.end_ns), int(st.phase), gk >> 32,
+                                      int(np.int64(gk & 0xFFFFFFFF).astype(np.int32))))
+            else:
+                self.steps_unlogged += 1
             p.window_ns += int(u_end[u] - u_start[u])
             p.step_busy_ns += int(u_busy[u])
             if len(p.evidence) < MAX_EVIDENCE or st.evidence in p.evidence:

@@ -52,6 +52,14 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   (unknown). ``wire_event_batch_v1.bin`` was regenerated with it (its literal operator
   carries the flag 1).
 
+* fields 109-143 (issue 22): the window's ``requests`` record (requests joined, dragged-time
+  share, p99 of each segment, the top culprit) and the request stories of the ``requests``
+  topic (appended to ``TOPICS``: ``{"end_ns", "stories": [...]}``, one message per window
+  that told a request). A decoder built before them reads ``field_109`` ... ``field_143``
+  and refuses the new topic's envelopes as an unknown topic (counted, skipped); the golden
+  files ``wire_envelope_requests_window_v1.bin`` and ``wire_envelope_requests_v1.bin`` pin
+  their bytes.
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================
@@ -94,7 +102,7 @@ from ridgeline.probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL
                            Device, NameTable, Trace, empty)
 
 SCHEMA_VERSION = 1
-TOPICS = ("window", "events", "sched", "device", "engine", "health")
+TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")
 
 # Envelope field numbers.
 F_VERSION, F_TOPIC, F_HOST, F_SEQ, F_TS, F_PAYLOAD = range(6)
@@ -140,6 +148,16 @@ FIELDS: dict[str, int] = {
     "preemption_episodes_total": 98, "preemption_episodes_recovered_total": 99, "preemption_recovery_s": 100,
     "preemption_last_recovery_s": 101, "latency_histograms": 102, "bounds": 103, "cumulative": 104,
     "launch_tids": 105, "kv_read_bytes_per_s": 106, "kv_read_source": 107, "achieved_bytes_with_kv_per_s": 108,
+    # served requests joined with the GPU steps (issue 22; see "Version notes"): the window's
+    # "requests" aggregates and the stories of the "requests" topic
+    "requests": 109, "requests_dropped": 110, "decode_ns": 111, "dragged_ns": 112, "dragged_share_ratio": 113,
+    "queue_p99_ns": 114, "prefill_p99_ns": 115, "decode_p99_ns": 116, "dragged_p99_ns": 117, "e2e_p99_ns": 118,
+    "top_culprit_id": 119, "top_culprit_added_ns": 120, "top_culprit_tokens": 121, "dragged_source": 122,
+    "slowest": 123, "request_id": 124, "e2e_ns": 125, "queue_ns": 126, "kv_usage_max_queued_ratio": 127,
+    "kv_full_while_queued": 128, "prefill_ns": 129, "prefill_chunks": 130, "decode_steps": 131,
+    "ns_per_token": 132, "dragged_by_prefill_ns": 133, "dragged_by_long_ns": 134, "alone_decode_ns": 135,
+    "preemptions": 136, "recovery_ns": 137, "prompt_tokens": 138, "completion_tokens": 139, "culprits": 140,
+    "kind": 141, "added_ns": 142, "stories": 143,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

@@ -34,6 +34,7 @@ KNOWN = {
     "bench_cupti_decode.py": ("CUPTI buffer decode rate", ["--kernels", "500000", "--repeat", "3"]),
     "bench_phases.py": ("phase mapping rate", ["--steps", "500", "--replicas", "200"]),
     "bench_decode.py": ("gzip inflate and JSON parser choices for the importer", []),
+    "bench_requests.py": ("OTLP span decode vs the bare parse; the request join per window", []),
 }
 SKIP = {"run_all.py", "make_big_trace.py"}
 

@@ -6,9 +6,8 @@ on a machine without a GPU (it says so and fails every point with that reason).
 
 Workloads run as child processes with random weights (no downloads), plain PyTorch:
 
-  plain       no injection: steps/s, device copy bandwidth, bf16 GEMM FLOP/s
-  injected    the same under `ridgeline run` (always-on mode), the agent's CuptiProbe,
-              NVML/GPM and CUPTI PM sampling listening here
+  plain       no injection: decode step times, device copy bandwidth, bf16 GEMM FLOP/s
+  injected    the same under `ridgeline run` (always-on mode), the agent's CuptiProbe listening here
   graphlevel  CUDA-graph replays under `ridgeline run --graph-level`
   torchprof   the same profiled steps under torch.profiler (Kineto)
 
@@ -27,6 +26,17 @@ that launches N scans of its own. Points and thresholds (THRESHOLDS below):
   (g) overhead: steps/s with and without injection
   (h) NVML and GPM readings
   (i) PM sampling and activity timestamps on one clock
+  (j) torch.profiler inside an injected process, with GPU work in flight: the same kernel
+      count as torch.profiler uninjected, no "unknown buffer", our records resume after it
+  (k) after that profiler session (Kineto's __rdtsc timestamp source in force), a ~10 ms
+      torch.cuda._sleep comes out in CLOCK_REALTIME ns and within 5% of its CUDA-event time
+  (l) seconds of back-to-back kernels with no synchronisation never set the takeover flag
+
+Runs: plain and injected (no side probes: (a) and (g) compare like with like, after the
+same warm-up), graphlevel, torchprof, and shared (torch.profiler inside the injected
+process, then the sustained load and the clock kernel, with NVML and the PM sampler
+beside it; the PM sampler runs in a subprocess of its own, so that a crash of cupti-python
+against the host's older libcupti loses (i) only).
 
 Every judging function is pure (plain numbers or arrays in, a :class:`Point` out) and is
 tested on literal inputs by tests/test_cupti_gpu_check.py.
@@ -60,19 +70,32 @@ TIMED_STEPS = 64            # (g): decode steps timed for steps/s
 GRAPH_REPLAYS = 10          # (c)
 TRITON_CALLS = 5            # (d)
 CHILD_SCANS = 20            # (e)
+OVERHEAD_BLOCK_S = 2.0      # (g): alternating eager / CUDA-graph decode blocks of this length
+OVERHEAD_BLOCKS = 2         # of each kind
+BACKGROUND_GEMMS = 400      # (j): GEMMs in flight on a side stream when the profiler starts
+SUSTAINED_S = 3.0           # (l): back-to-back kernels, no synchronisation
+SLEEP_MS = 10.0             # (k)
 
 THRESHOLDS = {
-    "a": "kernel count and summed kernel time of the profiled steps within 1% of torch.profiler",
+    "a": "after the same warm-up, no side probes: kernel count of the profiled steps equal to torch.profiler's, "
+         "median per-kernel duration ratio within 2% of 1 and summed kernel time within 2%",
     "b": ">= 99% of kernels paired in order carry torch.profiler's name",
     "c": "every replay: eager kernel count, all with graph/node ids; graph-level: 1 record per replay, "
          "no per-node kernels",
     "d": ">= 1 Triton kernel per call, >= 99% joined to a driver-API launch",
     "e": "child pid has >= its scans' kernels, parent has its own, no pid shared",
     "f": "prefill compute-bound, decode memory-bound (roofline rule), decode bytes/s 20-105% of copy bandwidth",
-    "g": "steps/s injected >= 97% of plain (overhead <= 3%)",
+    "g": "decode step time injected vs plain, in alternating blocks of >= 2 s, eager and CUDA-graph: "
+         "median within 3%, p99 within 5%",
     "h": "NVML util/memory/power present; GPM SM and DRAM utilisation in [0, 100], DRAM > 0 under load",
     "i": ">= 90% of PM-sampled DRAM bytes fall in samples that overlap Ridgeline's kernels",
+    "j": "torch.profiler in an injected process sees as many kernels as uninjected, no 'unknown buffer', "
+         "and Ridgeline's records resume after it",
+    "k": "a ~10 ms sleep kernel after the profiler session: start within 1 s of time.time_ns(), duration "
+         "within 5% of its CUDA-event time",
+    "l": f"{SUSTAINED_S:.0f} s of kernels with no synchronisation: takeover flag never set, every launch recorded",
 }
+POINTS = "abcdefghijkl"
 
 
 @dataclass
@@ -103,7 +126,7 @@ def _rel(a: float, b: float) -> float:
 # judging (pure)
 
 def judge_kernels_vs_profiler(rl_names: list[str], rl_dur_ns, tp_names: list[str], tp_dur_ns,
-                              tol: float = 0.01, name_share: float = 0.99) -> tuple[Point, Point]:
+                              tol: float = 0.02, name_share: float = 0.99) -> tuple[Point, Point]:
     """(a) and (b): kernels of the same profiled steps, each list in start order."""
     import numpy as np
     rl_d, tp_d = np.asarray(rl_dur_ns, float), np.asarray(tp_dur_ns, float)
@@ -114,13 +137,11 @@ def judge_kernels_vs_profiler(rl_names: list[str], rl_dur_ns, tp_names: list[str
     count_dev = _rel(len(rl_d), len(tp_d))
     time_dev = _rel(rl_d.sum(), tp_d.sum())
     n = min(len(rl_d), len(tp_d))
-    per_kernel = np.abs(rl_d[:n] / np.maximum(tp_d[:n], 1) - 1)
-    a = Point("a", count_dev <= tol and time_dev <= tol,
-              f"kernels {len(rl_d)} vs {len(tp_d)} ({100 * count_dev:.2f}%), time {rl_d.sum() / 1e6:.3f} vs "
-              f"{tp_d.sum() / 1e6:.3f} ms ({100 * time_dev:.2f}%), per-kernel duration median dev "
-              f"{100 * float(np.median(per_kernel)):.1f}% (separate runs)",
-              detail={"count_dev": count_dev, "time_dev": time_dev,
-                      "per_kernel_median_dev": float(np.median(per_kernel))})
+    ratio = float(np.median(rl_d[:n] / np.maximum(tp_d[:n], 1)))
+    a = Point("a", len(rl_d) == len(tp_d) and abs(ratio - 1) <= tol and time_dev <= tol,
+              f"kernels {len(rl_d)} vs {len(tp_d)}, median per-kernel duration ratio {ratio:.3f}, time "
+              f"{rl_d.sum() / 1e6:.3f} vs {tp_d.sum() / 1e6:.3f} ms ({100 * time_dev:.2f}%) (separate runs, same "
+              f"warm-up)", detail={"count_dev": count_dev, "time_dev": time_dev, "per_kernel_median_ratio": ratio})
     same = sum(x == y for x, y in zip(rl_names[:n], tp_names[:n]))
     share = same / len(tp_names)
     diff = [(x, y) for x, y in zip(rl_names[:n], tp_names[:n]) if x != y][:5]
@@ -201,14 +222,58 @@ def judge_phases(prefill: dict | None, decode: dict | None, peak_flops: float | 
                           f"{copy_bps / 1e9:.0f} GB/s", detail=out)
 
 
-def judge_overhead(plain_steps_per_s: float | None, injected_steps_per_s: float | None,
-                   max_overhead: float = 0.03) -> Point:
-    """(g)."""
-    if not plain_steps_per_s or not injected_steps_per_s:
-        return missing("g", "no steps/s from the plain or the injected run")
-    ov = 1 - injected_steps_per_s / plain_steps_per_s
-    return Point("g", ov <= max_overhead, f"{plain_steps_per_s:.1f} vs {injected_steps_per_s:.1f} steps/s "
-                                          f"(overhead {100 * ov:.1f}%)", detail={"overhead": ov})
+def judge_overhead(plain_step_s: dict | None, injected_step_s: dict | None, max_median: float = 0.03,
+                   max_p99: float = 0.05) -> Point:
+    """(g): per kind ("eager", "graph"), the decode step times (s) of each run's alternating blocks."""
+    import numpy as np
+    if not plain_step_s or not injected_step_s:
+        return missing("g", "no step times from the plain or the injected run")
+    out, ok, parts = {}, True, []
+    for kind in ("eager", "graph"):
+        a, b = np.asarray(plain_step_s.get(kind, []), float), np.asarray(injected_step_s.get(kind, []), float)
+        if len(a) < 10 or len(b) < 10:
+            return missing("g", f"fewer than 10 {kind} steps timed")
+        med = float(np.median(b) / np.median(a) - 1)
+        p99 = float(np.percentile(b, 99) / np.percentile(a, 99) - 1)
+        out[kind] = {"median_overhead": med, "p99_overhead": p99, "steps": [len(a), len(b)]}
+        ok = ok and med <= max_median and p99 <= max_p99
+        parts.append(f"{kind}: median {1e3 * np.median(a):.3f} vs {1e3 * np.median(b):.3f} ms ({100 * med:+.1f}%), "
+                     f"p99 {100 * p99:+.1f}%")
+    return Point("g", ok, "; ".join(parts), detail=out)
+
+
+def judge_shared_profiler(kineto_injected: int | None, kineto_plain: int | None, stderr: str,
+                          resumed_kernels: int, launched_after: int) -> Point:
+    """(j): Kineto's kernel count inside the injected process vs uninjected, its complaint, our records after."""
+    if kineto_injected is None or kineto_plain is None:
+        return missing("j", "no torch.profiler kernel count from the shared or the torchprof run")
+    unknown = stderr.count("unknown buffer")
+    ok = kineto_injected == kineto_plain and kineto_plain > 0 and unknown == 0 and resumed_kernels >= launched_after
+    return Point("j", ok, f"torch.profiler kernels {kineto_injected} injected vs {kineto_plain} plain, "
+                          f"{unknown} 'unknown buffer', Ridgeline kernels after it {resumed_kernels} of "
+                          f"{launched_after} launched", detail={"unknown_buffer": unknown})
+
+
+def judge_clock_after_profile(start_ns: int | None, dur_ns: int | None, wall_ns: int, event_ns: float,
+                              tol: float = 0.05) -> Point:
+    """(k): the sleep kernel's record after the profiler session."""
+    if start_ns is None or dur_ns is None:
+        return missing("k", "no sleep kernel record after the profiler session")
+    off = abs(start_ns - wall_ns)
+    dev = _rel(dur_ns, event_ns)
+    return Point("k", off < 1_000_000_000 and dev <= tol,
+                 f"start {off / 1e6:.1f} ms from time.time_ns(), duration {dur_ns / 1e6:.3f} ms vs CUDA events "
+                 f"{event_ns / 1e6:.3f} ms ({100 * dev:.1f}%)", detail={"offset_ns": off, "duration_dev": dev})
+
+
+def judge_sustained(taken_over_processes: int, flags_taken_over: bool, recorded: int, launched: int) -> Point:
+    """(l): the sustained load's kernels, every one recorded, and no takeover flagged."""
+    if launched <= 0:
+        return missing("l", "no sustained load ran")
+    ok = taken_over_processes == 0 and not flags_taken_over and recorded >= launched
+    return Point("l", ok, f"{recorded} of {launched} launches recorded, takeover flagged: "
+                          f"{bool(taken_over_processes or flags_taken_over)}",
+                 detail={"taken_over_processes": taken_over_processes})
 
 
 def judge_nvml(records: list[dict]) -> Point:
@@ -330,25 +395,8 @@ def workload(mode: str, out: Path) -> dict:
     torch.cuda.synchronize()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
 
-    if mode != "torchprof" and mode != "graphlevel":
-        nvtx.range_push("prefill")
-        nxt = forward(tokens, 0).argmax(-1, keepdim=True)
-        torch.cuda.synchronize()
-        nvtx.range_pop()
-        nvtx.range_push("decode")
-        for s in range(DECODE_STEPS):
-            nxt = forward(nxt, PROMPT + s).argmax(-1, keepdim=True)
-        torch.cuda.synchronize()
-        nvtx.range_pop()
-        # (g) steps/s of decode
-        t0 = time.perf_counter()
-        for s in range(TIMED_STEPS):
-            nxt = forward(nxt, PROMPT + DECODE_STEPS + s).argmax(-1, keepdim=True)
-        torch.cuda.synchronize()
-        res["steps_per_s"] = TIMED_STEPS / (time.perf_counter() - t0)
-
-    # (a)/(b): the profiled steps, the same in every mode
-    pos0 = PROMPT + DECODE_STEPS + TIMED_STEPS
+    # (a)/(b): the profiled steps, right after the same warm-up in every mode
+    pos0 = PROMPT + DECODE_STEPS + 8
     nxt = tokens[:, :1]
 
     def profiled():
@@ -358,18 +406,96 @@ def workload(mode: str, out: Path) -> dict:
             nxt = forward(nxt, pos0 + s).argmax(-1, keepdim=True)
             torch.cuda.synchronize()
             nvtx.range_pop()
-    if mode == "torchprof":
+
+    def torch_profile(name: str, background: bool) -> int:
+        """The profiled steps under torch.profiler; with ``background``, GEMMs launched before it
+        on a side stream are still running when it starts (GPU work in flight; launched before
+        its window, so not its kernels). The trace is kept, its kernel count returned."""
         from torch.profiler import ProfilerActivity, profile
+        if background:
+            side = torch.cuda.Stream()
+            bg = torch.randn(2048, 2048, device=dev, dtype=dt)
+            with torch.cuda.stream(side):
+                for _ in range(BACKGROUND_GEMMS):
+                    bg @ bg
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             profiled()
-        path = out / "torch_trace.json"
+        torch.cuda.synchronize()
+        path = out / f"{name}.json"
         prof.export_chrome_trace(str(path))
-        with open(path, "rb") as f, gzip.open(out / "torch_trace.json.gz", "wb") as g:
+        events = json.loads(path.read_text()).get("traceEvents", [])
+        with open(path, "rb") as f, gzip.open(out / f"{name}.json.gz", "wb") as g:
             shutil.copyfileobj(f, g)
         path.unlink()
+        return sum(1 for e in events if e.get("cat") == "kernel")
+
+    if mode == "torchprof":
+        res["kineto_kernels"] = torch_profile("torch_trace", background=False)
+        return res
+    if mode == "shared":
+        res["kineto_kernels"] = torch_profile("torch_trace_shared", background=True)
+        res["profiler_stop_ns"] = time.time_ns()
+        # (l) back-to-back kernels, no synchronisation (the launch queue is never drained)
+        x = torch.randn(1 << 20, device=dev)
+        n, end = 0, time.perf_counter() + SUSTAINED_S
+        while time.perf_counter() < end:
+            x.mul_(1.0000001)
+            n += 1
+        torch.cuda.synchronize()
+        res["sustained_launches"] = n
+        # (k) a sleep of about SLEEP_MS, timed by CUDA events too
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        torch.cuda._sleep(1_000_000)
+        e1.record()
+        torch.cuda.synchronize()
+        cycles = int(1_000_000 * SLEEP_MS / max(e0.elapsed_time(e1), 1e-3))
+        res["sleep_wall_ns"] = time.time_ns()
+        e0.record()
+        torch.cuda._sleep(cycles)
+        e1.record()
+        torch.cuda.synchronize()
+        res["sleep_event_ns"] = e0.elapsed_time(e1) * 1e6
+        time.sleep(1.0)                      # one flush period: the library ships before exit anyway
         return res
     if mode != "graphlevel":
         profiled()
+        nvtx.range_push("prefill")
+        nxt = forward(tokens, 0).argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        nvtx.range_pop()
+        nvtx.range_push("decode")
+        for s in range(DECODE_STEPS):
+            nxt = forward(nxt, PROMPT + s).argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        nvtx.range_pop()
+        # (g) decode step times, eager and CUDA-graph (one decode step captured at a fixed position),
+        # in alternating blocks
+        step_tok = nxt.clone()
+        pos_g = PROMPT + DECODE_STEPS + PROFILED_STEPS + 8
+
+        def eager():
+            forward(step_tok, pos_g).argmax(-1)
+        gs = torch.cuda.Stream()
+        gs.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(gs):
+            eager()
+        torch.cuda.current_stream().wait_stream(gs)
+        g_dec = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_dec):
+            forward(step_tok, pos_g).argmax(-1)
+        torch.cuda.synchronize()
+        times: dict[str, list[float]] = {"eager": [], "graph": []}
+        for _ in range(OVERHEAD_BLOCKS):
+            for kind, fn in (("eager", eager), ("graph", g_dec.replay)):
+                end = time.perf_counter() + OVERHEAD_BLOCK_S
+                while time.perf_counter() < end:
+                    t = time.perf_counter()
+                    fn()
+                    torch.cuda.synchronize()
+                    times[kind].append(time.perf_counter() - t)
+        res["step_s"] = times
+        res["steps_per_s"] = 1.0 / float(sorted(times["eager"])[len(times["eager"]) // 2])
 
     # (c) one eager MLP step, then K replays of it captured in a CUDA graph
     x_static = torch.randn(BATCH, 1, h, device=dev, dtype=dt)
@@ -488,6 +614,73 @@ def child(mode: str, out: Path, timeout: float, wrap: list[str] | None = None, t
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def choose_pm_metrics(names: list[str]) -> list[str]:
+    """PM-sampling metrics from the device's own list: DRAM bytes for (i), and a tensor-pipe
+    counter (Hopper's gmma first, else hmma) to see prefill's tensor work."""
+    want = [m for m in ("dram__bytes_read.sum", "dram__bytes_write.sum") if m in names]
+    for pat in ("gmma", "hmma"):
+        hit = sorted(n for n in names if pat in n and n.endswith(".sum"))
+        if hit:
+            want.append(hit[0])
+            break
+    return want
+
+
+def pm_sampler_main(out: Path) -> int:
+    """(internal) PM sampling of device 0 until SIGTERM; samples saved every second to
+    OUT/pm_samples.npz (so a crash keeps what came before), metric names to OUT/pm_metrics.json."""
+    import signal
+    import numpy as np
+    from ridgeline.probes.cupti.pm_sampler import PmSampler, metric_list
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    names = sorted({n for v in metric_list(0)["base_metrics"].values() if isinstance(v, list) for n in v})
+    metrics = choose_pm_metrics(names)
+    (out / "pm_metrics.json").write_text(json.dumps({"available": len(names), "chosen": metrics}))
+    if not metrics:
+        print("no DRAM metrics in the device's PM-sampling list", file=sys.stderr)
+        return 3
+    sampler = PmSampler(0, metrics=metrics, interval_ns=2_000_000)
+    sampler.start()
+    parts, last = [], time.monotonic()
+
+    def save():
+        np.savez(out / "pm_samples.tmp.npz", start_ns=np.concatenate([p["start_ns"] for p in parts]),
+                 end_ns=np.concatenate([p["end_ns"] for p in parts]),
+                 **{m: np.concatenate([p["values"][m] for p in parts]) for m in metrics})
+        os.replace(out / "pm_samples.tmp.npz", out / "pm_samples.npz")
+    try:
+        while not stop:
+            time.sleep(0.1)
+            got = sampler.poll()
+            if got and len(got.get("start_ns", [])):
+                parts.append(got)
+            if parts and time.monotonic() - last > 1.0:
+                last = time.monotonic()
+                save()
+        got = sampler.poll()
+        if got and len(got.get("start_ns", [])):
+            parts.append(got)
+        if parts:
+            save()
+    finally:
+        sampler.stop()
+    return 0
+
+
+def read_pm_samples(pm_dir: Path) -> tuple[dict | None, str]:
+    """What the PM sampler process saved: ({"start_ns", "end_ns", "values"}, "") or (None, why)."""
+    import numpy as np
+    f = pm_dir / "pm_samples.npz"
+    if not f.exists():
+        log = pm_dir.parent / "log_pm_sampler.txt"
+        tail = (log.read_text(errors="replace").strip().splitlines() or ["no output"])[-1] if log.exists() else ""
+        return None, f"the PM sampler saved no samples ({tail})"
+    with np.load(f) as z:
+        values = {k: z[k] for k in z.files if k not in ("start_ns", "end_ns")}
+        return {"start_ns": z["start_ns"], "end_ns": z["end_ns"], "values": values}, ""
+
+
 def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False, side: bool = False):
     """One injected run with the agent's probes listening here: (result, trace, nvml records, pm samples)."""
     import numpy as np
@@ -497,25 +690,26 @@ def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False
     sock.parent.mkdir(parents=True, exist_ok=True)
     probe = CuptiProbe(str(sock))
     probe.start()
-    nvml = sampler = None
+    nvml = None
     nvml_records, pm, notes = [], None, {}
+    pm_proc = None
     if side:
         try:
             from ridgeline.probes.nvml import NvmlProbe
             nvml = NvmlProbe(interval_s=0.5)
             nvml.start()
-        except Exception as e:
+        except Exception as e:   # noqa: BLE001  pynvml's NVMLError and import errors alike: (h) says why
             notes["nvml"] = f"{type(e).__name__}: {e}"
             nvml = None
-        try:
-            from ridgeline.probes.cupti.pm_sampler import PmSampler
-            sampler = PmSampler(0, metrics=["dram__bytes_read.sum", "dram__bytes_write.sum"], interval_ns=2_000_000)
-            sampler.start()
-        except Exception as e:
-            from ridgeline.probes.cupti.pm_sampler import unavailable_reason
-            notes["pm"] = " / ".join(unavailable_reason(e))
-            sampler = None
-    parts, pm_parts = [], []
+        # PM sampling in a process of its own: cupti-python 13.4 against the host's older libcupti
+        # meets grown structs, and a crash there must lose (i) only
+        pm_dir = out / "pm"
+        pm_dir.mkdir(exist_ok=True)
+        pm_proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--pm-sampler", "--out",
+                                    str(pm_dir)], stdout=subprocess.DEVNULL,
+                                   stderr=open(out / "log_pm_sampler.txt", "w"), cwd=out)
+        time.sleep(1.0)                    # configured before the workload's kernels start
+    parts = []
 
     def tick():
         got = probe.poll()
@@ -523,10 +717,7 @@ def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False
             parts.append(got["trace"])
         if nvml is not None:
             nvml_records.extend((nvml.poll() or {}).get("devices", []))
-        if sampler is not None:
-            s = sampler.poll()
-            if s and len(s.get("start_ns", [])):
-                pm_parts.append(s)
+
     try:
         wrap = [sys.executable, "-m", "ridgeline", "run", "--socket", str(sock)]
         if graph_level:
@@ -536,17 +727,23 @@ def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False
         while time.monotonic() < end:
             tick()
             time.sleep(0.1)
-        if pm_parts:
-            pm = {"start_ns": np.concatenate([x["start_ns"] for x in pm_parts]),
-                  "end_ns": np.concatenate([x["end_ns"] for x in pm_parts]),
-                  "values": {m: np.concatenate([x["values"][m] for x in pm_parts]) for m in pm_parts[0]["values"]}}
     finally:
-        for p in (sampler, nvml):
-            if p is not None:
-                try:
-                    p.stop()
-                except Exception:
-                    pass
+        if nvml is not None:
+            try:
+                nvml.stop()
+            except Exception as e:                              # noqa: BLE001  (NVMLError)
+                notes["nvml_stop"] = f"{type(e).__name__}: {e}"
+        if pm_proc is not None:
+            pm_proc.terminate()
+            try:
+                pm_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pm_proc.kill()
+                pm_proc.wait()
+            notes["pm_sampler_rc"] = pm_proc.returncode
+            pm, why = read_pm_samples(out / "pm")
+            if why:
+                notes["pm"] = why
         counters = probe.counters()
         probe.stop()
     if not parts:
@@ -561,14 +758,15 @@ def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False
     return res, trace, nvml_records, pm, counters, notes
 
 
-def analyse(results: dict, trace, trace_graph, torch_trace, nvml_records, pm) -> list[Point]:
+def analyse(results: dict, trace, trace_graph, torch_trace, nvml_records, pm, trace_shared=None,
+            shared_counters: dict | None = None, shared_stderr: str = "") -> list[Point]:
     """Every point from what the runs recorded."""
     import numpy as np
     points: dict[str, Point] = {}
     inj, plain = results.get("injected") or {}, results.get("plain") or {}
     k = trace.kernels if trace is not None else None
     if trace is None:
-        for key in "abcdefi":
+        for key in "abcdef":
             points[key] = missing(key, "the injected run delivered no events")
     else:
         dur = k["end_ns"] - k["start_ns"]
@@ -609,18 +807,40 @@ def analyse(results: dict, trace, trace_graph, torch_trace, nvml_records, pm) ->
                               "median_kernel_ns": float(np.median(d))}
         points["f"] = judge_phases(phases.get("prefill"), phases.get("decode"), plain.get("gemm_flops_per_s"),
                                    plain.get("copy_bytes_per_s"))
-        if pm and len(pm.get("start_ns", [])):
-            v = pm["values"]
-            dram = np.asarray(v.get("dram__bytes_read.sum", 0)) + np.asarray(v.get("dram__bytes_write.sum", 0))
-            points["i"] = judge_clock(pm["start_ns"], pm["end_ns"], dram, k["start_ns"], k["end_ns"])
-        else:
-            points["i"] = missing("i", "no PM samples")
     for key in "ab":
         if points.get(key) is None:
             points[key] = missing(key, "no torch.profiler trace")
-    points["g"] = judge_overhead(plain.get("steps_per_s"), inj.get("steps_per_s"))
+    points["g"] = judge_overhead(plain.get("step_s"), inj.get("step_s"))
     points["h"] = judge_nvml(nvml_records)
-    return [points[x] for x in "abcdefghi"]
+    shared, tp = results.get("shared") or {}, results.get("torchprof") or {}
+    if trace_shared is None:
+        for key in "ijkl":
+            points[key] = missing(key, "the shared run delivered no events")
+    else:
+        ks = trace_shared.kernels
+        if pm and len(pm.get("start_ns", [])):
+            v = pm["values"]
+            dram = np.asarray(v.get("dram__bytes_read.sum", 0)) + np.asarray(v.get("dram__bytes_write.sum", 0))
+            points["i"] = judge_clock(pm["start_ns"], pm["end_ns"], dram, ks["start_ns"], ks["end_ns"])
+        else:
+            points["i"] = missing("i", "no PM samples")
+        stop = shared.get("profiler_stop_ns") or 0
+        after = ks["start_ns"] >= stop
+        launched = int(shared.get("sustained_launches") or 0)
+        points["j"] = judge_shared_profiler(shared.get("kineto_kernels"), tp.get("kineto_kernels"), shared_stderr,
+                                            int(after.sum()), launched + 2)
+        names = trace_shared.names.names_of(ks["name_id"])
+        sleeps = [i for i in np.flatnonzero(after) if "spin_kernel" in names[i] or "sleep" in names[i].lower()]
+        last = max(sleeps, key=lambda i: ks["start_ns"][i]) if sleeps else None
+        points["k"] = judge_clock_after_profile(
+            int(ks["start_ns"][last]) if last is not None else None,
+            int(ks["end_ns"][last] - ks["start_ns"][last]) if last is not None else None,
+            int(shared.get("sleep_wall_ns") or 0), float(shared.get("sleep_event_ns") or 0))
+        flagged = any(int(m.get("flags", 0)) & (1 << 6) for m in trace_shared.meta["processes"].values())
+        mul = sum(1 for i in np.flatnonzero(after) if "mul" in names[i].lower())
+        points["l"] = judge_sustained(int((shared_counters or {}).get("processes_taken_over", 0)), flagged, mul,
+                                      launched)
+    return [points[x] for x in POINTS]
 
 
 def main_driver(out: Path, budget_s: float) -> int:
@@ -629,7 +849,7 @@ def main_driver(out: Path, budget_s: float) -> int:
         import numpy as np
         from ridgeline.probes.cupti.probe import CuptiProbe  # noqa: F401
     except ImportError as e:           # nothing can be judged: say so for every point
-        points = [missing(k, f"{type(e).__name__}: {e}") for k in "abcdefghi"]
+        points = [missing(k, f"{type(e).__name__}: {e}") for k in POINTS]
         (out / "gpu_check.json").write_text(json.dumps({"points": [asdict(p) for p in points]}, indent=2))
         print("\n".join(p.line() for p in points), flush=True)
         return 1
@@ -652,13 +872,15 @@ def main_driver(out: Path, budget_s: float) -> int:
         print(f"gpu-check: {step}: {status} {kw.get('reason', '')}", flush=True)
 
     results: dict = {}
-    trace = trace_graph = torch_trace = pm = None
+    trace = trace_graph = torch_trace = pm = trace_shared = None
     nvml_records: list = []
+    shared_counters: dict = {}
     for name, fn in (
         ("plain", lambda: child("plain", out, min(120, left()))),
-        ("injected", lambda: run_injected(out, "injected", min(150, left()), side=True)),
+        ("injected", lambda: run_injected(out, "injected", min(120, left()))),
+        ("torchprof", lambda: child("torchprof", out, min(60, left()))),
+        ("shared", lambda: run_injected(out, "shared", min(90, left()), side=True)),
         ("graphlevel", lambda: run_injected(out, "graphlevel", min(60, left()), graph_level=True)),
-        ("torchprof", lambda: child("torchprof", out, min(90, left()))),
     ):
         if left() < 20:
             note(name, "skipped", reason="out of time")
@@ -666,8 +888,10 @@ def main_driver(out: Path, budget_s: float) -> int:
         try:
             r = fn()
             if name == "injected":
-                results[name], trace, nvml_records, pm, counters, notes = r
-                data["probe_counters"], data["side_notes"] = counters, notes
+                results[name], trace, _, _, data["probe_counters"], _ = r
+            elif name == "shared":
+                results[name], trace_shared, nvml_records, pm, shared_counters, notes = r
+                data["probe_counters_shared"], data["side_notes"] = shared_counters, notes
             elif name == "graphlevel":
                 results[name], trace_graph, _, _, data["probe_counters_graphlevel"], _ = r
             else:
@@ -691,7 +915,9 @@ def main_driver(out: Path, budget_s: float) -> int:
     if pm:
         np.savez_compressed(out / "pm_samples.npz", start_ns=pm["start_ns"], end_ns=pm["end_ns"],
                             **{m.replace(".", "_"): v for m, v in pm["values"].items()})
-    points = analyse(results, trace, trace_graph, torch_trace, nvml_records, pm)
+    log_shared = out / "log_shared.txt"
+    points = analyse(results, trace, trace_graph, torch_trace, nvml_records, pm, trace_shared, shared_counters,
+                     log_shared.read_text(errors="replace") if log_shared.exists() else "")
     data["points"] = [asdict(p) for p in points]
     data["passed"] = sum(p.passed for p in points)
     data["finished_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
@@ -718,13 +944,16 @@ def write_provenance(out: Path, data: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--workload", choices=["plain", "injected", "graphlevel", "torchprof"])
+    ap.add_argument("--workload", choices=["plain", "injected", "graphlevel", "torchprof", "shared"])
+    ap.add_argument("--pm-sampler", action="store_true", help="(internal) PM sampling until SIGTERM")
     ap.add_argument("--budget-s", type=float, default=330)
     a = ap.parse_args()
     out = Path(a.out)
     if a.workload:
         print(json.dumps(workload(a.workload, out)), flush=True)
         return 0
+    if a.pm_sampler:
+        return pm_sampler_main(out)
     return main_driver(out, a.budget_s)
 
 

@@ -26,3 +26,8 @@ def test_demo_leaves_report_plot_perfetto_recording_and_metrics(tmp_path):
     assert all(g["source"] == "simulated" for w in rec.windows for g in w["gpus"])
     metrics = (out / "metrics.txt").read_text()
     assert "ridgeline_phase_kernel_seconds_total" in metrics and "ridgeline_engine_kv_usage_ratio" in metrics
+    # The per-request view (issue 22): the simulated engine's spans, sent through the real
+    # OpenTelemetry SDK exporter to the agent's receiver, joined with the simulated steps.
+    requests = (out / "requests.txt").read_text()
+    assert "ridgeline requests" in requests and "ridgeline why sim-" in requests and "verdict:" in requests
+    assert "ridgeline_requests_joined_total" in metrics and "ridgeline_otlp_spans_accepted_total" in metrics

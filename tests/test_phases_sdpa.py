@@ -38,10 +38,16 @@ def test_rocm_decoder_forward_is_prefill_by_its_sdpa_is_causal(annotations):
     assert "24 causal attention launches (24 by is_causal=True on their SDPA operator) (decoder-LLM evidence)" in ev
 
 
-def test_rocm_decoder_forward_from_kernels_alone_is_unknown():
-    """Without CPU operators nothing says aotriton's attention is causal: unknown, not prefill."""
+def test_rocm_decoder_forward_from_kernels_alone_is_prefill_by_aotritons_causal_grid():
+    """Without CPU operators (issue 20.3): aotriton sizes a persistent launch on the device's
+    compute units only when it is causal (ROCm/aotriton v2src/flash/attn_fwd.cc @ 22c35371,
+    ``Num_CU = is_causal ? getMultiProcessorCount(stream) : 80``): attn_fwd grid [608,1,1]
+    on a 304-CU MI300X is causal, the forward prefill. The MI300X BERT (attn_fwd grid
+    [2,8,1], the regular grid) stays unknown (tests/test_phases_nonllm.py)."""
     pm = map_phases(_bare(load_trace(third_party(MI300_QWEN))))
-    assert [s.phase for s in pm.steps] == [UNKNOWN, UNKNOWN], [s.evidence[:2] for s in pm.steps]
+    assert [s.phase for s in pm.steps] == [UNKNOWN, PREFILL], [s.evidence[:2] for s in pm.steps]
+    assert ("24 causal attention launches (24 by aotriton's causal persistent grid: a multiple of the device's 304 "
+            "compute units) (decoder-LLM evidence)") in pm.steps[1].evidence
 
 
 def test_same_launches_under_non_causal_sdpa_calls_are_other(tmp_path):

@@ -70,7 +70,8 @@ def test_b200_vllm_step_is_prefill(trace_path, mode):
         assert st.source == "kernels"
         assert st.evidence[0] == ("fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ1 x36: "
                                   "trtllm-gen FMHA context kernel => prefill")
-        assert "reshape_and_cache_flash_kernel grid [888,1,1]: 888 tokens in the step" in st.evidence
+        assert ("reshape_and_cache_flash_kernel grid [888,1,1]: 888 tokens in the step and no split-KV combine => "
+                "prefill-leaning") in st.evidence
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -92,3 +92,28 @@ def test_no_requests_or_no_steps():
     s = rj.join(spans, np.empty(0, rj.STEP_DTYPE))[0]
     assert s.decode_steps == 0 and s.dragged_ns == 0
     assert rj.window_figures([]).requests == 0
+
+
+def test_first_long_step_is_the_elementwise_comparison():
+    """The vectorised start of each member's long stretch equals the step-by-step
+    comparison of its growing context (random members, slopes 0 included)."""
+    rng = np.random.default_rng(5)
+    steps, _ = sc.seed_alone()
+    steps = np.concatenate([steps] * 3)
+    steps["start_ns"] = np.arange(len(steps)) * 10_000_000
+    steps["end_ns"] = steps["start_ns"] + 9_000_000
+    from ridgeline.probes.request_spans import RequestSpan
+    reqs = []
+    for i in range(300):
+        a = int(rng.integers(0, len(steps) - 10)) * 10_000_000
+        d = int(rng.integers(1, 400)) * 10_000_000
+        reqs.append(RequestSpan(f"m{i}", "vllm", a, a + d, queue_ns=0, ttft_ns=int(rng.integers(0, d)),
+                                prompt_tokens=int(rng.integers(0, 4000)),
+                                completion_tokens=int(rng.choice([0, int(rng.integers(1, 3000))]))))
+    batch = rj._Batch(reqs, steps)
+    got = rj._first_long_step(batch, rj.LONG_SEQUENCE_TOKENS)
+    for i in range(len(reqs)):
+        lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
+        js = np.arange(lo, hi)
+        hit = np.flatnonzero(batch.ctx_at(i, js) >= rj.LONG_SEQUENCE_TOKENS)
+        assert got[i] == (lo + hit[0] if len(hit) else hi), i

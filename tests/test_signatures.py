@@ -34,7 +34,7 @@ REAL_NAMES = [
     ("std::enable_if<(((8)>(0)))&&vllm::_typeConvert<c10::BFloat16>::exists, void>::type "
      "vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, c10::BFloat16*)", "vllm_norm_rotary"),
     ("void vllm::paged_attention_v2_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128>(x)", "vllm_paged_attention"),
-    ("paged_attention_ll4mi_QKV_mfma16_kernel", "vllm_paged_attention"),
+    ("paged_attention_ll4mi_QKV_mfma16_kernel", "rocm_paged_attention"),
     ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<true, 2u>(x)", "flashinfer_decode"),
     ("void flashinfer::BatchPrefillWithRaggedKVCacheKernel<KernelTraits>(x)", "flashinfer_prefill_ragged"),
     ("void flashinfer::PODWithKVCacheTensorKernel<KTraits>(x)", "flashinfer_pod"),

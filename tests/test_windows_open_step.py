@@ -30,10 +30,11 @@ NON_LLM = ["tracelens_h100_bert_small_fill_mask.json.gz",
            "tracelens_h100_timesformer_video_classification.json.gz",
            "tracelens_h100_vit_image_classification.json.gz",
            "tracelens_mi300_bert_small_fill_mask.json.gz",
-           "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",   # a decoder, but kernels only: no SDPA flag
            "tracelens_mi300_vit_image_classification.json.gz",
            "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"]
 OWLV2 = "tracelens_h100_owlv2_zero_shot_detection.json.gz"
+# A decoder forward: prefill from kernels alone too (aotriton's causal persistent grid, issue 20.3).
+MI300_QWEN = "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
 _cache: dict[str, Trace] = {}
 
 
@@ -143,7 +144,15 @@ def test_window_size_does_not_change_the_labels_of_shared_traces(trace_path, nam
 # prefill there. Kernels-only streams (what CUPTI sends) carry no SDPA flag and agree.
 SD35 = "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"
 REPLAY_CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="CLIP rule needs the whole trace"))
-                if n == SD35 else n for n in NON_LLM]
+                if n == SD35 else n for n in NON_LLM + [MI300_QWEN]]
+
+
+@pytest.mark.parametrize("per_window", [300, 1000, 3000])
+def test_window_size_does_not_change_the_labels_of_the_rocm_decoder_forward(per_window):
+    t = _load(third_party("traces/" + MI300_QWEN))
+    whole = _whole(t)
+    assert "prefill" in whole
+    assert _windows(t, per_window)[0] == whole, per_window
 
 
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])

@@ -91,7 +91,33 @@ ENGINE_WINDOW = {
                                           "count": 3.0, "sum": 2.5}}}}}},
 }
 
+# A window with the issue-22 request aggregates (wire fields 109-143), and a "requests"
+# message: the seed example's figures (tests/request_scenarios.py), written out as literals.
+STORY = {"request_id": "answer-500", "engine": "vllm", "start_ns": 1_700_000_000_600_000_000,
+         "end_ns": 1_700_000_020_615_000_000, "e2e_ns": 20_015_000_000, "queue_ns": 0,
+         "kv_usage_max_queued_ratio": -1.0, "kv_full_while_queued": False, "prefill_ns": 15_000_000,
+         "prefill_chunks": 1, "decode_ns": 20_000_000_000, "decode_steps": 500, "ns_per_token": 39920159.68,
+         "dragged_ns": 12_500_000_000, "dragged_by_prefill_ns": 100_000_000, "dragged_by_long_ns": 12_400_000_000,
+         "dragged_source": "measured", "alone_decode_ns": 7_500_000_000, "preemptions": 0, "recovery_ns": -1,
+         "prompt_tokens": 100, "completion_tokens": 501,
+         "culprits": [{"request_id": "long-4000", "kind": "prefill_chunk+long_sequence", "added_ns": 12_500_000_000,
+                       "tokens": 4000}]}
+REQUESTS_WINDOW = {
+    "start_ns": 1_700_000_020_000_000_000, "end_ns": 1_700_000_021_000_000_000, "duration_ns": 1_000_000_000,
+    "sources": ["simulated"],
+    "requests": {"requests": 3, "requests_dropped": 0, "decode_ns": 40_410_000_000, "dragged_ns": 12_500_000_000,
+                 "dragged_share_ratio": 0.3093, "queue_p99_ns": 0, "prefill_p99_ns": 157_100_000,
+                 "decode_p99_ns": 19_996_800_000, "dragged_p99_ns": 12_250_000_000, "e2e_p99_ns": 20_014_700_000,
+                 "top_culprit_id": "long-4000", "top_culprit_added_ns": 12_500_000_000, "top_culprit_tokens": 4000,
+                 "dragged_source": "measured", "slowest": [STORY]},
+}
+
 GOLDEN = {
+    "wire_envelope_requests_window_v1.bin": lambda: wire.encode_envelope(
+        "window", 9, wire.encode_window(REQUESTS_WINDOW), "gpu-host-1", 1_700_000_021_000_000_123),
+    "wire_envelope_requests_v1.bin": lambda: wire.encode_envelope(
+        "requests", 2, {"end_ns": 1_700_000_021_000_000_000, "stories": [STORY]}, "gpu-host-1",
+        1_700_000_021_000_000_456),
     "wire_envelope_engine_window_v1.bin": lambda: wire.encode_envelope(
         "window", 8, wire.encode_window(ENGINE_WINDOW), "gpu-host-1", 1_700_000_002_000_000_123),
     "wire_envelope_window_v1.bin": lambda: wire.encode_envelope(
@@ -122,6 +148,20 @@ def test_golden_engine_window_numbers_the_issue12_fields():
     # The new keys travel as their numbers, not as text.
     for key in ("queue_share_of_ttft_ratio", "preemption_last_recovery_s", "latency_histograms", "launch_tids"):
         assert key.encode() not in raw and wire.FIELDS[key] >= 74
+
+
+def test_golden_requests_window_and_topic_number_the_issue22_fields():
+    raw = (DATA / "wire_envelope_requests_window_v1.bin").read_bytes()
+    assert wire.decode_window(wire.decode_envelope(raw).payload) == REQUESTS_WINDOW
+    raw2 = (DATA / "wire_envelope_requests_v1.bin").read_bytes()
+    env = wire.decode_envelope(raw2)
+    assert env.topic == "requests" and env.payload["stories"] == [STORY]
+    for key in ("dragged_share_ratio", "top_culprit_tokens", "alone_decode_ns", "culprits"):
+        assert key.encode() not in raw and key.encode() not in raw2 and wire.FIELDS[key] >= 109
+    # Every field of the typed records is numbered (none travels as text).
+    from ridgeline.aggregator import request_join as rj
+    for cls in (rj.WindowRequests, rj.RequestStory, rj.Culprit):
+        assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
 
 
 def test_golden_health_decodes_to_literal():

@@ -268,6 +268,15 @@ def run(args) -> int:
     return 0
 
 
+def _requests_text(req: dict) -> str:
+    """The recording's served requests (the agent's request join): the slowest ones."""
+    from ridgeline.agent import request_view
+    stories, bad = request_view.stories_of({"stories": req.get("slowest") or []})
+    head = f"requests told by the agent: {req.get('told', 0)}; the {min(len(stories), 10)} slowest:"
+    return head + "\n" + request_view.table(request_view.slowest(stories, 10)) + \
+        (f"\n({bad} malformed request record(s) skipped)" if bad else "")
+
+
 def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
     """The report (first: a failing output file must not lose it), then plot/Perfetto."""
     if not args.json:
@@ -276,11 +285,17 @@ def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
         rec = doc.get("recording")
         if rec:
             print(_recording_line(rec))
+        if doc.get("requests"):
+            print(_requests_text(doc["requests"]))
     if args.perfetto:
         if trace is None:
             raise InputError(f"{path}: no events to write to --perfetto")
         from ridgeline.aggregator.perfetto import write_perfetto
-        out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n))
+        stories = None
+        if doc.get("requests"):       # a recording's served requests: a track each
+            from ridgeline.agent import request_view
+            stories, _bad = request_view.stories_of({"stories": doc["requests"].get("slowest") or []})
+        out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n), requests=stories)
         doc["perfetto"] = str(out)
     if args.plot:
         from ridgeline.aggregator.plot import plot_roofline

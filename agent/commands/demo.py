@@ -77,7 +77,12 @@ def _stop(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout_s: float = 
         return proc.wait()
 
 
-def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port: int, args) -> str:
+def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port: int, args,
+                otlp_port: int = 0) -> str:
+    otlp_probe = '"otlp", ' if otlp_port else ""
+    otlp_section = ("\n[probes.otlp]\n# the simulated engine's per-request spans come here, as vLLM's would\n"
+                    f'listen = "127.0.0.1:{otlp_port}"\njoin_delay_s = 2.0\n') if otlp_port else ""
+    otlp_endpoint = f'otlp_endpoint = "http://127.0.0.1:{otlp_port}/v1/traces"' if otlp_port else ""
     return f"""# Written by `ridgeline demo`: the agent's configuration for this run.
 [agent]
 window_s = 1.0
@@ -95,9 +100,9 @@ sndhwm = 10000
 listen = "127.0.0.1:{prom_port}"
 
 [probes]
-enabled = ["sched", "simulator", "engine"]
+enabled = ["sched", {otlp_probe}"simulator", "engine"]
 pids = [{sim_pid}]
-
+{otlp_section}
 [probes.engine]
 url = "http://127.0.0.1:{sim_port}/metrics"
 
@@ -109,7 +114,19 @@ seed = {args.seed}
 pid = {sim_pid}
 # the engine probe scrapes the served process: one engine for the one process
 engine_metrics = false
+{otlp_endpoint}
 """
+
+
+def spans_available() -> str:
+    """"" when the OpenTelemetry SDK and exporter (the extra ``otlp``) can be imported,
+    else why not."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        return str(exc)
+    return ""
 
 
 def run(args) -> int:
@@ -117,7 +134,8 @@ def run(args) -> int:
         raise InputError("--duration must be > 0")
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    for old in ("stream.rlrec", "report.txt", "roofline.png", "trace.perfetto.json", "metrics.txt"):
+    for old in ("stream.rlrec", "report.txt", "roofline.png", "trace.perfetto.json", "metrics.txt", "requests.json",
+                "requests.txt"):
         (out / old).unlink(missing_ok=True)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     prom_port = free_port()
@@ -133,7 +151,12 @@ def run(args) -> int:
         procs["simulator"] = sim
         line = _wait_line(sim, "metrics on http://127.0.0.1:", 60)
         sim_port = int(line.rsplit(":", 1)[1].split("/")[0])
-        (out / "agent.toml").write_text(demo_config(out, endpoint, prom_port, sim.pid, sim_port, args))
+        missing = spans_available()
+        if missing:
+            print(f"ridgeline demo: no per-request view: the OpenTelemetry SDK is not installed ({missing}); "
+                  "install the extra `pip install 'ridgeline[otlp]'` to see `ridgeline requests`", flush=True)
+        otlp_port = 0 if missing else free_port()
+        (out / "agent.toml").write_text(demo_config(out, endpoint, prom_port, sim.pid, sim_port, args, otlp_port))
         agent_log = open(out / "agent.log", "w")
         procs["agent"] = subprocess.Popen(_ridgeline("agent", "--config", str(out / "agent.toml")),
                                           stdout=agent_log, stderr=subprocess.STDOUT, env=env)
@@ -146,6 +169,8 @@ def run(args) -> int:
                                         "--timeout", "30"), env=env)
         if top.returncode != 0:
             print(f"ridgeline demo: top ended with {top.returncode}; see {out / 'agent.log'}", file=sys.stderr)
+        if otlp_port:
+            _requests(endpoint, out, env)
         _scrape(prom_port, out / "metrics.txt")
         procs["record"].wait(timeout=30)
     finally:
@@ -153,6 +178,31 @@ def run(args) -> int:
             _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)
     _afterwards(out, args.model)
     return 0
+
+
+def _requests(endpoint: str, out: Path, env: dict) -> None:
+    """The per-request view: the slowest requests of the next windows, and the story of
+    the slowest one (``ridgeline requests``, ``ridgeline why``), saved as requests.txt."""
+    r = subprocess.run(_ridgeline("requests", "--endpoint", endpoint, "--windows", "3", "--limit", "5", "--json"),
+                       env=env, capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        print(f"ridgeline demo: requests ended with {r.returncode}: {r.stderr.strip()}", file=sys.stderr)
+        return
+    (out / "requests.json").write_text(r.stdout)
+    import json
+    doc = json.loads(r.stdout)
+    from ridgeline.agent import request_view
+    stories = request_view.load_json(str(out / "requests.json"))
+    lines = ["", "ridgeline requests (SIMULATED requests, their spans sent through the OpenTelemetry SDK):",
+             request_view.table(stories)]
+    if doc["requests"]:
+        rid = doc["requests"][0]["request_id"]
+        why = subprocess.run(_ridgeline("why", rid, "--input", str(out / "requests.json")), env=env,
+                             capture_output=True, text=True, timeout=60)
+        lines += ["", f"ridgeline why {rid}:", why.stdout.rstrip() or why.stderr.rstrip()]
+    text = "\n".join(lines) + "\n"
+    (out / "requests.txt").write_text(text)
+    print(text, flush=True)
 
 
 def _scrape(port: int, path: Path) -> None:
@@ -225,7 +275,8 @@ def _afterwards(out: Path, model_name: str) -> None:
     write_perfetto(excerpt, map_phases(excerpt), phase_names, out / "trace.perfetto.json")
     _write_report(out, lines, doc)
     print(f"\nridgeline demo: done. Output folder {out}:")
-    for name in ("report.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt", "agent.log"):
+    for name in ("report.txt", "requests.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt",
+                 "agent.log"):
         p = out / name
         if p.exists():
             print(f"  {p}  ({p.stat().st_size} bytes)")

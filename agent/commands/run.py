@@ -1,7 +1,9 @@
 """``ridgeline run [--] CMD...``: run a command with the CUPTI injection library loaded.
 
 Sets ``CUDA_INJECTION64_PATH`` (the CUDA driver loads the library at cuInit) and
-``NVTX_INJECTION64_PATH`` (NVTX ranges reach CUPTI), plus where the agent listens, then
+``NVTX_INJECTION64_PATH`` (NVTX ranges reach CUPTI), plus where the agent listens, and
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``_PROTOCOL`` (the engine's per-request spans go
+to the agent's receiver once the engine's own tracing flag is on), then
 replaces itself with the command (exec), so signals and the exit status are the
 command's own. Child processes inherit the environment, so tensor-parallel workers are
 injected too. Without a running agent the command runs normally; the library drops and
@@ -21,6 +23,11 @@ from ridgeline.probes.errors import InputError, RuntimeFailure
 def register(sub) -> None:
     p = sub.add_parser("run", help="run a command with Ridgeline's CUPTI injection (zero code changes)")
     add_injection_options(p)
+    p.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                   help="where the command's OpenTelemetry traces go (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): "
+                        "default the agent's span receiver, probes.otlp.listen of /etc/ridgeline/agent.toml "
+                        "(http://127.0.0.1:4318/v1/traces); 'none' sets nothing. A value already in the "
+                        "environment is kept")
     p.add_argument("--print-env", action="store_true", help="print the variables and exit instead of running")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments (after --)")
     p.set_defaults(func=run)
@@ -85,8 +92,36 @@ def socket_problem(path: str, uid: int, gids: set[int]) -> str | None:
     return None
 
 
+def otlp_env(endpoint: str | None) -> dict[str, str]:
+    """The OpenTelemetry exporter variables that need no flag: the OTLP/HTTP traces endpoint
+    (the agent's receiver) and its protocol. The engine still turns its tracing on with its
+    own flag (vLLM ``--otlp-traces-endpoint``, SGLang ``--enable-trace``)."""
+    if endpoint is None:
+        from ridgeline.agent import config
+        try:
+            listen = config.load(None, missing_ok=True)["probes"]["otlp"]["listen"]
+        except InputError:
+            listen = "127.0.0.1:4318"
+        if listen.startswith("unix:"):
+            return {}        # the OpenTelemetry exporters post over TCP only
+        host, _, port = listen.rpartition(":")
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        endpoint = f"http://{host}:{port}/v1/traces"
+    if endpoint == "none":
+        return {}
+    if not endpoint.startswith(("http://", "https://")):
+        raise InputError(f"--otlp-endpoint must be an http:// or https:// URL or 'none', got {endpoint!r}")
+    out = {}
+    for k, v in (("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint),
+                 ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")):
+        if k not in os.environ:
+            out[k] = v
+    return out
+
+
 def run(args) -> int:
     env = injection_env_from_args(args)
+    env.update(otlp_env(args.otlp_endpoint))
     if args.print_env:
         for k, v in env.items():
             print(f"{k}={v}")

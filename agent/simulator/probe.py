@@ -37,7 +37,7 @@ class SimulatorProbe(Probe):
                  engine: str = "vllm", speed: float = 1.0, serve_metrics: bool = False, scrape_interval_s: float = 1.0,
                  config: SimConfig | None = None, device: int = 0, pid: int = 90_000,
                  max_buffer_kernels: int = 2_000_000, name: str = "simulator", engine_metrics: bool = True,
-                 **_ignored):
+                 otlp_endpoint: str = "", **_ignored):
         super().__init__(name=name)
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -57,6 +57,12 @@ class SimulatorProbe(Probe):
         self._drops_before = 0
         self.max_steps_per_poll = 64
         self.lag_ns = 0
+        # Per-request spans through the real OpenTelemetry exporter, as vLLM started with
+        # --otlp-traces-endpoint sends them (agent/simulator/spans.py); "" sends none.
+        self.otlp_endpoint = otlp_endpoint
+        self.spans = None
+        self._spans_told = 0
+        self.spans_unavailable = ""
 
     def check(self) -> Availability:
         try:
@@ -83,6 +89,27 @@ class SimulatorProbe(Probe):
         self.engine = self._new_engine(self.seed)
         if self.serve_metrics:
             self.metrics_port = self.engine.metrics.serve(0)
+        if self.otlp_endpoint and self.spans is None:
+            from .spans import RequestSpanEmitter, SpansUnavailable
+            try:
+                self.spans = RequestSpanEmitter(self.otlp_endpoint, model=self.config.model)
+            except SpansUnavailable as exc:
+                self.spans_unavailable = str(exc)
+
+    def _emit_spans(self, eng: SimEngine) -> None:
+        """Spans of the requests finished since the last poll (their times on the wall clock)."""
+        new = eng.finished_total - self._spans_told
+        if self.spans is None or new <= 0:
+            self._spans_told = eng.finished_total
+            return
+        base = eng.cfg.time_base_ns
+        done = list(eng.finished)[-min(new, len(eng.finished)):]
+        for i, r in enumerate(done):
+            serial = eng.finished_total - len(done) + i
+            self.spans.emit(f"sim-{eng.cfg.pid}-{serial}", base + r.arrival_ns, base + max(r.scheduled_ns, r.arrival_ns),
+                            base + r.first_token_ns, base + r.last_token_ns, r.prompt, r.generated,
+                            preemptions=r.preemptions)
+        self._spans_told = eng.finished_total
 
     def restart_process(self) -> None:
         """The served process exits and a new one (next pid) takes its place."""
@@ -93,6 +120,7 @@ class SimulatorProbe(Probe):
         if old.metrics:
             old.metrics.close()
         self.restarts += 1
+        self._spans_told = 0
         self.config.pid += 1
         self.config.tid += 1
         self._t0_mono = time.monotonic_ns()
@@ -111,6 +139,7 @@ class SimulatorProbe(Probe):
         # says so in ``lag_ns``) instead of making each poll longer than the last.
         eng.run_until(now, max_steps=self.max_steps_per_poll)
         self.lag_ns = max(0, now - eng.clock_ns)
+        self._emit_spans(eng)
         trace = eng.drain()
         out = {}
         if len(trace.kernels) or len(trace.api):
@@ -128,6 +157,9 @@ class SimulatorProbe(Probe):
         return out or None
 
     def stop(self) -> None:
+        if self.spans is not None:
+            self.spans.close()
+            self.spans = None
         if self.engine is not None and self.engine.metrics:
             self.engine.metrics.close()
         if self.engine is not None:
@@ -137,7 +169,8 @@ class SimulatorProbe(Probe):
     def counters(self) -> dict:
         drops = self._drops_before + (self.engine.dropped_kernels if self.engine else 0)
         return {"records": self.records, "drops": drops, "errors": self.errors, "restarts": self.restarts,
-                "lag_ns": self.lag_ns, "simulated": True}
+                "lag_ns": self.lag_ns, "simulated": True,
+                "request_spans_sent": self.spans.emitted if self.spans is not None else 0}
 
 
 def make_probe(section: dict) -> SimulatorProbe:

@@ -1,0 +1,114 @@
+"""The request join's part of ``/metrics``: per-window aggregates, never one series per request.
+
+Contract: :class:`RequestMetrics` is fed each window (:meth:`observe`) by
+:class:`agent.prometheus.WindowCollector` and yields its families (:meth:`families`), all
+labelled ``Hostname`` only (plus ``segment`` or ``source``, from fixed sets):
+
+* counters ``ridgeline_requests_joined_total``, ``ridgeline_requests_dropped_total``,
+  ``ridgeline_request_decode_seconds_total`` and ``ridgeline_request_dragged_seconds_total``
+  (their ``rate()`` ratio is the dragged share over any interval);
+* gauges of the last window that joined a request (their time in
+  ``ridgeline_request_figures_timestamp_seconds``): ``ridgeline_request_dragged_share_ratio``
+  (``source``: measured, roofline_estimate or none), ``ridgeline_request_segment_p99_seconds``
+  (``segment``: queue, prefill, decode, dragged, e2e), ``ridgeline_request_top_culprit_added_seconds``
+  and ``ridgeline_request_top_culprit_prompt_tokens`` (the top culprit's size);
+* the OTLP receiver's own counters, from the health record's ``probes.otlp``:
+  ``ridgeline_otlp_spans_accepted_total``, ``ridgeline_otlp_spans_refused_total`` and
+  ``ridgeline_otlp_refused_total`` by ``reason`` (the receiver's fixed refusal kinds).
+"""
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+SEGMENTS = ("queue", "prefill", "decode", "dragged", "e2e")
+SOURCES = ("measured", "roofline_estimate", "none")
+
+
+def _n(v) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+class RequestMetrics:
+    def __init__(self):
+        self.joined = self.dropped = self.decode_s = self.dragged_s = 0.0
+        self.last: dict | None = None        # the last window's "requests" with requests joined
+        self.last_end_ns = 0
+        self.seen = False                    # a window ever carried "requests" (the join runs)
+
+    def observe(self, window: dict) -> None:
+        r = window.get("requests")
+        if not isinstance(r, dict):
+            return
+        self.seen = True
+        self.joined += _n(r.get("requests"))
+        self.dropped += _n(r.get("requests_dropped"))
+        self.decode_s += _n(r.get("decode_ns")) * 1e-9
+        self.dragged_s += _n(r.get("dragged_ns")) * 1e-9
+        if _n(r.get("requests")) > 0:
+            self.last, self.last_end_ns = r, int(_n(window.get("end_ns")))
+
+    def families(self, host: str, window: dict):
+        yield from self._receiver(host, window)
+        if not self.seen:
+            return
+        for name, doc, value in (
+                ("ridgeline_requests_joined", "Served requests joined with the GPU steps they ran in", self.joined),
+                ("ridgeline_requests_dropped",
+                 "Request spans not joined: over the held bound, or sent again after being told", self.dropped),
+                ("ridgeline_request_decode_seconds", "Decode time of the joined requests", self.decode_s),
+                ("ridgeline_request_dragged_seconds",
+                 "Decode time of the joined requests added by co-batched prefill chunks and long sequences",
+                 self.dragged_s)):
+            c = CounterMetricFamily(name, doc, labels=["Hostname"])
+            c.add_metric([host], value)
+            yield c
+        r = self.last
+        if r is None:
+            return
+        ts = GaugeMetricFamily("ridgeline_request_figures_timestamp_seconds",
+                               "End of the window the request gauges describe (the last one that joined a request)",
+                               labels=["Hostname"])
+        ts.add_metric([host], self.last_end_ns * 1e-9)
+        yield ts
+        share = GaugeMetricFamily("ridgeline_request_dragged_share_ratio",
+                                  "Share of the window's request decode time added by co-batched work "
+                                  "(source: how the baseline step time was had)", labels=["Hostname", "source"])
+        src = r.get("dragged_source") if r.get("dragged_source") in SOURCES else "none"
+        share.add_metric([host, src], _n(r.get("dragged_share_ratio")))
+        yield share
+        p99 = GaugeMetricFamily("ridgeline_request_segment_p99_seconds",
+                                "99th percentile over the window's joined requests of each segment's time",
+                                labels=["Hostname", "segment"])
+        for seg in SEGMENTS:
+            p99.add_metric([host, seg], _n(r.get(f"{seg}_p99_ns")) * 1e-9)
+        yield p99
+        for name, doc, value in (
+                ("ridgeline_request_top_culprit_added_seconds",
+                 "Decode time the window's top culprit added to the requests batched with it",
+                 _n(r.get("top_culprit_added_ns")) * 1e-9),
+                ("ridgeline_request_top_culprit_prompt_tokens", "Prompt tokens of the window's top culprit",
+                 _n(r.get("top_culprit_tokens")))):
+            g = GaugeMetricFamily(name, doc, labels=["Hostname"])
+            g.add_metric([host], value)
+            yield g
+
+    @staticmethod
+    def _receiver(host: str, window: dict):
+        c = ((window.get("agent") or {}).get("probes") or {}).get("otlp")
+        if not isinstance(c, dict) or "spans_accepted" not in c:
+            return
+        for key, name, doc in (("spans_accepted", "ridgeline_otlp_spans_accepted",
+                                "Request spans the OTLP receiver took in"),
+                               ("spans_refused", "ridgeline_otlp_spans_refused",
+                                "Request spans the OTLP receiver refused (span rate or queue bound)")):
+            f = CounterMetricFamily(name, doc, labels=["Hostname"])
+            f.add_metric([host], _n(c.get(key)))
+            yield f
+        r = CounterMetricFamily("ridgeline_otlp_refused", "OTLP export requests or connections the receiver refused, "
+                                "by reason (body_too_large, rate, connections, timeout, bad_body, ...)",
+                                labels=["Hostname", "reason"])
+        from ridgeline.probes.otlp_receiver import REFUSAL_KINDS
+        refused = c.get("refused") if isinstance(c.get("refused"), dict) else {}
+        for kind in REFUSAL_KINDS:
+            r.add_metric([host, kind], _n(refused.get(kind)))
+        yield r

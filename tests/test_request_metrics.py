@@ -1,0 +1,77 @@
+"""The request join on /metrics (agent.request_metrics): Prometheus' own linter passes,
+the figures are the window's aggregates (the seed example's), and no series is per request."""
+from __future__ import annotations
+
+import subprocess
+
+import msgspec
+import pytest
+
+import request_scenarios as sc
+from ridgeline.aggregator import request_join as rj
+from test_agent_prometheus import PROMTOOL, exposition, families, needs_promtool, thread, window
+
+
+def with_requests(stories=None, otlp=None):
+    w = window([thread(8)])
+    w["end_ns"] = 1_700_000_021_000_000_000
+    if stories is not None:
+        w["requests"] = msgspec.to_builtins(rj.window_figures(stories))
+    if otlp is not None:
+        w["agent"]["probes"]["otlp"] = otlp
+    return w
+
+
+def seed_stories():
+    steps, spans = sc.seed_batched()
+    return rj.join(spans, steps)
+
+
+OTLP = {"drops": 7, "errors": 0, "spans_accepted": 3, "spans_refused": 7,
+        "refused": {"body_too_large": 2, "rate": 1, "connections": 4}}
+
+
+def test_request_families_carry_the_window_aggregates():
+    text = exposition([with_requests(seed_stories(), OTLP), with_requests([], OTLP)])
+    f = families(text)
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in f.values() for s in fam.samples}
+    h = ("Hostname", "node-a")
+    assert val[("ridgeline_requests_joined_total", (h,))] == 3
+    assert val[("ridgeline_request_dragged_seconds_total", (h,))] == pytest.approx(12.5, rel=0.1)
+    share = val[("ridgeline_request_dragged_share_ratio", (h, ("source", "measured")))]
+    assert share == pytest.approx(12.5 / 40.41, rel=0.1)
+    # The gauges keep the last window that joined a request (the second joined none).
+    assert val[("ridgeline_request_segment_p99_seconds", (h, ("segment", "decode")))] == pytest.approx(20.0, rel=0.01)
+    assert val[("ridgeline_request_top_culprit_prompt_tokens", (h,))] == 4000
+    assert val[("ridgeline_request_top_culprit_added_seconds", (h,))] == pytest.approx(12.5, rel=0.1)
+    assert val[("ridgeline_request_figures_timestamp_seconds", (h,))] == pytest.approx(1_700_000_021.0)
+    assert val[("ridgeline_otlp_refused_total", (h, ("reason", "connections")))] == 4
+    assert val[("ridgeline_otlp_spans_refused_total", (h,))] == 7
+    # Never one series per request: no label holds a request id.
+    for fam in f.values():
+        for s in fam.samples:
+            assert not any(v in ("answer-500", "long-4000", "early-40") for v in s.labels.values()), s
+
+
+def test_no_request_families_without_the_join():
+    text = exposition([window([thread(8)])])
+    assert "ridgeline_request" not in text and "ridgeline_otlp" not in text
+
+
+@needs_promtool
+def test_promtool_check_metrics_passes_with_the_request_families():
+    text = exposition([with_requests(seed_stories(), OTLP)])
+    assert "ridgeline_request_segment_p99_seconds" in text
+    r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_top_shows_the_windows_requests():
+    from rich.console import Console
+    from ridgeline.agent.top import render
+    w = with_requests(seed_stories())
+    c = Console(width=200, record=True)
+    c.print(render(w))
+    text = c.export_text()
+    assert "requests: 3 joined; decode dragged 31% (measured)" in text
+    assert "top culprit long-4000 +12.50 s (4000 prompt tokens)" in text

@@ -1,0 +1,46 @@
+"""The Perfetto export's track per served request (issue 22), beside the GPU steps: its
+queued, prefill and decode slices, imported whole by the transcription of Perfetto's JSON
+importer (tests/perfetto_import.py), the decode slice naming the culprits."""
+from __future__ import annotations
+
+import json
+
+import msgspec
+import numpy as np
+
+import request_scenarios as sc
+from perfetto_import import import_json
+from phase_literals import NAMES, Step, phase_map
+from ridgeline.aggregator import request_join as rj
+from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
+from test_perfetto import _literal
+
+
+def seed_stories_near_the_literal():
+    steps, spans = sc.seed_batched()
+    shift = 500_000 - sc.T0
+    return [msgspec.structs.replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift)
+            for s in rj.join(spans, steps)]
+
+
+def test_a_track_per_request_beside_the_steps(tmp_path):
+    t = _literal()
+    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
+                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
+    stories = seed_stories_near_the_literal()
+    out = write_perfetto(t, pm, NAMES, tmp_path / "t.json", requests=stories)
+    imp = import_json(out)
+    assert imp.errors() == {}
+    assert imp.process_names[REQUEST_PID] == "Ridgeline requests" and PHASE_PID in imp.process_names
+    ev = json.loads(out.read_text())["traceEvents"]
+    req = [e for e in ev if e.get("cat") == "ridgeline_request"]
+    tracks = {e["tid"] for e in req}
+    assert len(tracks) == 3                                   # one track per request
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e.get("pid") == REQUEST_PID
+             and e["name"] == "thread_name"}
+    assert any(n.startswith("request answer-500 (20.0") for n in names)
+    dec = next(e for e in req if e["name"] == "decode" and e["args"]["completion_tokens"] == 501)
+    assert abs(dec["dur"] - 20e6) < 0.01 * 20e6                # microseconds
+    assert dec["args"]["culprits"][0].startswith("long-4000 +12")
+    # every request slice was imported, on its own request's track
+    assert sum(1 for s in imp.slices if s[3] == "ridgeline_request") == len(req)
