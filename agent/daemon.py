@@ -82,6 +82,8 @@ class Agent:
         self.latest_window: dict | None = None
         self.windows_published = 0
         self.records_total = 0
+        # Engine endpoints whose last scrape failed -> that error: warned once per outage.
+        self.engine_down: dict[str, str] = {}
         self._stop = False
         self._reload = False
         self.reloads = 0
@@ -223,7 +225,28 @@ class Agent:
                 self._add_plain("engine", data, r.step.name)
             return
         self.records_total += 1
+        if topic == "engine":
+            self._engine_news(data)
         self._add_plain(topic, data, r.step.name)
+
+    def _engine_news(self, data: dict) -> None:
+        """One warning when an engine endpoint stops answering (or never did), with the
+        endpoint and the error; one line when it answers again. The probe retries with
+        back-off and counts every failure (ridgeline_probe_errors_total)."""
+        for e in data.get("errors") or []:
+            if not isinstance(e, dict) or not isinstance(e.get("endpoint"), str):
+                continue
+            ep, err = e["endpoint"], str(e.get("error"))
+            err = err[len(ep) + 2:] if err.startswith(ep + ": ") else err     # the endpoint is said once
+            if ep not in self.engine_down:
+                log.warning("engine endpoint %s not answering: %s (retrying with back-off; said once until it "
+                            "answers)", for_log(ep), for_log(err))
+            self.engine_down[ep] = err
+        for s in data.get("scrapes") or []:
+            ep = s.get("endpoint") if isinstance(s, dict) else None
+            if ep in self.engine_down:
+                del self.engine_down[ep]
+                log.info("engine endpoint %s answering again", for_log(ep))
 
     def _process_news(self, r: registry.Running, data: dict) -> None:
         """New served processes (announced by the CUPTI library) become targets of the

@@ -90,6 +90,19 @@ class _Thread:
         self.launch = False
 
 
+def simulated_sources(w: dict) -> list[str]:
+    """The window's simulated sources, sorted: GPU sources named ``simulated`` (the
+    simulator probe), and ``engine`` when an engine endpoint's record says ``simulated``
+    (which endpoints: ``ridgeline_engine_info{simulated="true"}``)."""
+    from .top import engine_records
+    out = {s for s in (w.get("sources") or []) if isinstance(s, str) and s.startswith("simulat")}
+    out |= {g["source"] for g in (w.get("gpus") or []) if isinstance(g, dict)
+            and isinstance(g.get("source"), str) and g["source"].startswith("simulat")}
+    if any(rec.get("simulated") for _, rec in engine_records(w.get("engine") or {})):
+        out.add("engine")
+    return sorted(out)
+
+
 class WindowCollector:
     def __init__(self, host: str = ""):
         self._lock = threading.Lock()
@@ -259,6 +272,7 @@ class WindowCollector:
         with self._lock:
             w = self.window
             yield self._build_info()
+            yield self._simulated(w or {})
             yield from self._counters(w or {})
             if w is None:
                 return
@@ -276,6 +290,18 @@ class WindowCollector:
         info.add_metric([self.host or ""], {"version": _version(), "schema_version": str(wire.SCHEMA_VERSION),
                                             "python_version": platform.python_version()})
         return info
+
+    def _simulated(self, w: dict):
+        """One series says whether this host's figures are simulated (docs/metrics.md,
+        "Simulated data"): host-wide metadata is one series joined on Hostname, as
+        ``ridgeline_build_info`` is, not a label on every series (which would change every
+        series' identity, and break rate(), when a host goes from the demo to real data)."""
+        sim = simulated_sources(w)
+        g = GaugeMetricFamily("ridgeline_simulated", "1 while any figure this agent exposes comes from a simulated "
+                              "source (sources: which); join on Hostname to mark or drop them",
+                              labels=["Hostname", "sources"])
+        g.add_metric([self._host(w), ",".join(sim)], 1.0 if sim else 0.0)
+        return g
 
     def _counters(self, w):
         gl = list(GPU_LABELS)

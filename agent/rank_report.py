@@ -7,8 +7,42 @@ unchanged, and across ranks the kernel count and kernel time summed, per phase t
 kernel time and kernels summed and the verdict of each rank, each rank's GPU busy
 ratio, and the slowest rank (most kernel time: the one the others wait for at each
 collective). Ranks run at the same time, so their spans are not added.
+
+Only traces of one job compare that way: :func:`not_one_job` gives the reasons a set of
+traces is not one (different GPU models, different declared world sizes, more traces than
+the world size they declare). Then ``together["one_job"]`` is False, its reasons are in
+``together["not_one_job"]``, and no slowest rank is named (a laptop's decode step is not
+the straggler of a B200 tensor-parallel group); the sums and per-trace rows remain.
 """
 from __future__ import annotations
+
+
+def _name(d: dict, i: int) -> str:
+    from pathlib import Path
+    return Path(str(d.get("trace") or f"trace {i}")).name
+
+
+def not_one_job(docs: list[dict]) -> list[str]:
+    """Why these per-trace documents cannot be ranks of one job (empty: they may be)."""
+    out = []
+    gpus: dict[str, list[str]] = {}
+    for i, d in enumerate(docs):
+        g = d.get("gpu") or {}
+        name = g.get("device_name") or g.get("key")
+        if name:
+            gpus.setdefault(str(name), []).append(_name(d, i))
+    if len(gpus) > 1:
+        out.append("different GPUs: " + "; ".join(f"{g} ({', '.join(fs)})" for g, fs in gpus.items()))
+    ws = [d.get("world_size") for d in docs]
+    declared = {w for w in ws if isinstance(w, int) and not isinstance(w, bool)}
+    if len(declared) > 1:
+        out.append("different world sizes: " + "/".join("none" if w is None else str(w) for w in ws))
+    elif declared:
+        (w,) = declared
+        n = sum(1 for x in ws if x == w)
+        if n > w:
+            out.append(f"{n} traces declare world size {w}: more than one job's ranks")
+    return out
 
 
 def _busy_ratio(doc: dict):
@@ -39,13 +73,16 @@ def together(directory: str, docs: list[dict]) -> dict:
             v = p.get("verdict")
             acc["verdicts"][v] = acc["verdicts"].get(v, 0) + 1
     times = [r["kernel_time_ns"] for r in rows]
-    slowest = max(rows, key=lambda r: r["kernel_time_ns"]) if rows else None
+    problems = not_one_job(docs)
+    slowest = max(rows, key=lambda r: r["kernel_time_ns"]) if rows and not problems else None
     mean = sum(times) / len(times) if times else 0
     return {
         "directory": directory,
         "ranks": docs,
         "together": {
             "ranks": len(rows),
+            "one_job": not problems,
+            "not_one_job": problems,
             "kernels": sum(r["kernels"] for r in rows),
             "kernel_time_ns": sum(times),
             "phases": phases,
@@ -62,8 +99,11 @@ def render_together(doc: dict, console=None) -> None:
     from rich.table import Table
     c = console or Console()
     t = doc["together"]
-    c.print(f"[bold]{doc['directory']}[/bold]: {t['ranks']} ranks together, {t['kernels']:,} kernels, "
-            f"{t['kernel_time_ns'] / 1e6:,.2f} ms of kernel time")
+    what = f"{t['ranks']} ranks together" if t.get("one_job", True) else f"{t['ranks']} traces, not one job"
+    c.print(f"[bold]{doc['directory']}[/bold]: {what}, {t['kernels']:,} kernels, "
+            f"{t['kernel_time_ns'] / 1e6:,.2f} ms of kernel time", markup=True, highlight=False)
+    for why in t.get("not_one_job") or []:
+        c.print(f"not one job ({why}): ranks are not compared, no slowest rank", markup=False, highlight=False)
     tab = Table(title="Ranks", title_justify="left")
     for col in ("rank", "kernels", "kernel time", "GPU busy", "verdicts"):
         tab.add_column(col)

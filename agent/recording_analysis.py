@@ -33,7 +33,10 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
                       segments=None, fmt: str = "ridgeline-recording") -> dict:
     """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined.
     ``segments(max_memory_bytes, summary)``: the segment iterator (default: the ``.rlrec``
-    file's, agent.recording.iter_segments; a Parquet recording gives its own)."""
+    file's, agent.recording.iter_segments; a Parquet recording gives its own).
+    InputError when the recording holds no events and is cut off or has no frame at all."""
+    from ridgeline.probes.errors import InputError
+
     from .recording import StreamSummary, iter_segments
     summary = StreamSummary()
     docs, segs = [], []
@@ -47,6 +50,15 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
                      "start_ns": int(k["start_ns"].min()) if len(k) else None,
                      "end_ns": int(k["end_ns"].max()) if len(k) else None})
         del seg
+    if not docs and not summary.windows and (summary.truncated or not summary.messages):
+        # Nothing to report on (no events, no window the agent judged) and the file says
+        # why: cut off (a recorder killed early, a partial copy) or no frame at all. Exit 2
+        # with that, not a report of 0 kernels.
+        n = sum(summary.messages.values())
+        why = ("truncated recording: it ends inside a frame" if summary.truncated
+               else "empty recording: no frame after its header")
+        raise InputError(f"{path}: {why}; {n} complete message(s) before that, no events or windows "
+                         "among them (nothing to analyse)")
     if not docs:     # no events at all: the report of an empty trace, with the recording's facts
         from ridgeline.probes.events import Trace
         docs.append(analyze_one(Trace(meta={"path": str(path), "format": fmt})))

@@ -146,9 +146,26 @@ def engine_panel(engine: dict) -> Panel | None:
             f"   preemptions/s {_fmt(e.get('preemption_rate_per_s'), '', 1, 2)}"))
         rows.append(segments_line(e))
         rows.append(kv_line(e))
+    # Configured or discovered endpoints that do not answer: their absence shown, with why.
+    shown = {ep for ep, _ in engine_records(engine)}
+    for ep, err in engine_failures(engine).items():
+        if ep not in shown:
+            rows.append(Text(f"{ep}: not answering: {err}", style="bold red"))
     if not rows:
         return None
     return Panel(Group(*rows), title="engine", title_align="left")
+
+
+def engine_failures(engine: dict) -> dict[str, str]:
+    """Endpoint -> its latest scrape error, from the window's engine section (the engine
+    probe's ``errors``, kept by the window builder until the endpoint answers)."""
+    out: dict[str, str] = {}
+    for data in (engine or {}).values():
+        for e in (data.get("errors") if isinstance(data, dict) else None) or []:
+            if isinstance(e, dict) and isinstance(e.get("endpoint"), str):
+                err = str(e.get("error") or "scrape failed")
+                out[e["endpoint"]] = err[len(e["endpoint"]) + 2:] if err.startswith(e["endpoint"] + ": ") else err
+    return out
 
 
 def segments_line(e: dict) -> Text:

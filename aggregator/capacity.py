@@ -65,11 +65,17 @@ def plan(*, gpu_memory_bytes: float | None = None, weight_bytes: float | None = 
     ``memory_fraction`` and a ``reserve_bytes``); and either ``per_request_bytes`` or
     ``bytes_per_token`` with ``context_tokens`` (prompt lengths) and ``output_tokens``.
     """
+    warnings = []
     if pool_bytes is None:
         if gpu_memory_bytes is None or weight_bytes is None:
             raise ValueError("need the KV pool size, or GPU memory and weight bytes")
         pool_bytes = kv_pool_bytes(gpu_memory_bytes, weight_bytes, memory_fraction, reserve_bytes)
         pool_source = "gpu_memory x fraction - weights - reserve"
+        if pool_bytes <= 0:
+            # Every ceiling below is then 0: say why rather than print zeros as a plan.
+            warnings.append(f"weights {weight_bytes / GB:.1f} GB + reserve {reserve_bytes / GB:.1f} GB leave no KV "
+                            f"pool in {gpu_memory_bytes / GB:.1f} GB x {memory_fraction:.2f}: the model does not "
+                            "fit on this GPU (give the weights per GPU when it is split across GPUs)")
     else:
         pool_source = "given"
     rows = []
@@ -86,7 +92,8 @@ def plan(*, gpu_memory_bytes: float | None = None, weight_bytes: float | None = 
     return {"gpu_memory_bytes": gpu_memory_bytes, "weight_bytes": weight_bytes,
             "memory_fraction": memory_fraction, "reserve_bytes": reserve_bytes,
             "kv_pool_bytes": pool_bytes, "kv_pool_source": pool_source,
-            "kv_bytes_per_token": bytes_per_token, "output_tokens": output_tokens, "rows": rows}
+            "kv_bytes_per_token": bytes_per_token, "output_tokens": output_tokens, "rows": rows,
+            "warnings": warnings}
 
 
 def ceiling_from_pool_tokens(pool_tokens: float, tokens_per_request: float) -> int:

@@ -197,15 +197,26 @@ def from_device_name(name: str, memory_bytes: float | None = None, sm_count: int
     return min(cands, key=rank)
 
 
+# Short names a user types for a family with several parts: the SXM part, the one the
+# simulator and demo mean by it (one table, so `capacity --gpu h100` and `demo --gpu h100`
+# agree). Not "a100": its parts differ in memory (40 or 80 GB) and bandwidth, so the
+# part must be named.
+SHORT_NAMES = {"h100": "h100-sxm", "h200": "h200-sxm", "h800": "h800-sxm"}
+
+
 def lookup(name: str, table: dict[str, Ceilings] | None = None, memory_bytes: float | None = None,
            sm_count: int | None = None) -> Ceilings:
-    """Entry by key, display name or device name (case and punctuation ignored).
+    """Entry by key, display name, device name (case and punctuation ignored) or one of
+    :data:`SHORT_NAMES`.
 
     Raises :class:`InputError` listing the known keys when nothing matches.
     """
     table = table if table is not None else load_table()
     if name in table:
         return table[name]
+    short = SHORT_NAMES.get(name.strip().lower())
+    if short in table:
+        return table[short]
     n = _norm(name)
     for c in table.values():
         if n in (_norm(c.key), _norm(c.gpu)):

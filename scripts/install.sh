@@ -4,13 +4,15 @@
 #                                   the CUPTI injection library, built by the package build
 #                                   (needs a C compiler and make: scripts/setup-native.sh)
 #   /etc/systemd/system/ridgeline.service
-#   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0750)
+#   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0751)
 #   /etc/ridgeline/agent.toml       default config (kept if already there, kept on uninstall)
 # Installing into / as root also sets up the eBPF prerequisites (scripts/setup-ebpf.sh:
 # distro bcc, kernel headers, tracefs; never fatal) and links the distro bcc into the venv.
 #
 # Options:
-#   --root DIR     install under DIR instead of / (tests, image builds); touches nothing else
+#   --root DIR     install under DIR instead of / (tests, image builds); touches nothing else.
+#                  The tree runs where it will be installed: the venv's launchers and
+#                  activate scripts name /opt/ridgeline/venv, not DIR/opt/ridgeline/venv
 #   --uninstall    remove what install put there (config stays; remove it by hand)
 #   --python PY    interpreter for the virtualenv (default: python3)
 #   --no-ebpf      skip scripts/setup-ebpf.sh (the bcc link into the venv is still made)
@@ -93,6 +95,16 @@ assert lib.is_file(), lib
 print(f"ridgeline: injection library {lib}")
 EOF
 bash "$SRC/scripts/link-bcc.sh" "$PREFIX/venv" || true
+if [ "$R" != "" ]; then
+    # pip and venv wrote DIR/opt/ridgeline/venv into the launchers' shebangs and the activate
+    # scripts; the tree is for an image whose / is DIR, so they must name /opt/ridgeline/venv.
+    # Only text files naming that folder are rewritten (the python links stay as they are).
+    find "$PREFIX/venv/bin" -maxdepth 1 -type f -print0 | while IFS= read -r -d '' f; do
+        if grep -qIF -- "$PREFIX/venv" "$f"; then
+            sed -i "s|$PREFIX/venv|/opt/ridgeline/venv|g" "$f"
+        fi
+    done
+fi
 install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
 install -m 0644 "$SRC/systemd/ridgeline.conf" "$TMPF"
 if [ ! -e "$CONF" ]; then

@@ -20,7 +20,7 @@ if ! have apt-get; then
     echo "setup-native: no C compiler/make and no apt-get: install gcc and make" >&2
     exit 1
 fi
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc make libc6-dev >/dev/null \
-  || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends gcc make libc6-dev >/dev/null; } \
-  || { echo "setup-native: installing gcc/make failed" >&2; exit 1; }
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
+apt_install gcc make libc6-dev || { echo "setup-native: installing gcc/make failed (see above)" >&2; exit 1; }
 have make && have cc

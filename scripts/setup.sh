@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PY:-python3}
+# apt_install: waits for the dpkg lock, keeps apt's errors (scripts/apt.sh).
+# shellcheck source=scripts/apt.sh
+. scripts/apt.sh
 
 # 1. System prerequisites (eBPF: distro bcc, kernel headers, tracefs). Never fatal:
 #    without them Ridgeline still runs, the eBPF probes report why they are unavailable.
@@ -17,7 +20,7 @@ fi
 
 # systemd-analyze: the unit tests verify systemd/ridgeline.service and score its sandboxing.
 if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { apt-get install -y -q systemd >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q systemd >/dev/null 2>&1; }; } \
+    apt_install systemd \
         || echo "ridgeline setup: could not install systemd-analyze; unit tests will skip" >&2
 fi
 
@@ -29,9 +32,7 @@ fi
 # so the package's service, which its postinst enables and starts where systemd runs, is
 # stopped and disabled again when this script installed it.
 if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    if { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
-        || { apt-get update -q >/dev/null 2>&1 \
-        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }; }; then
+    if apt_install prometheus; then
         if [ -d /run/systemd/system ]; then
             systemctl disable --now prometheus.service >/dev/null 2>&1 || true
         fi
@@ -44,8 +45,7 @@ fi
 # syscalls and runs them under the unit's SystemCallFilter. Never fatal: those tests skip.
 if { ! command -v strace >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1; } \
         && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace python3-seccomp >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 \
-        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace python3-seccomp >/dev/null 2>&1; }; } \
+    apt_install strace python3-seccomp \
         || echo "ridgeline setup: could not install strace/python3-seccomp; the syscall filter tests will skip" >&2
 fi
 
@@ -56,13 +56,16 @@ fi
 if [ ! -f /usr/share/containers/seccomp.json ] && [ ! -f "$VENV/share/containers-common/seccomp.json" ] \
         && command -v apt-get >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1; then
     cc_tmp="$(mktemp -d)" || cc_tmp=/nonexistent
-    if ( cd "$cc_tmp" && { apt-get download -q golang-github-containers-common >/dev/null 2>&1 \
-            || { [ "$(id -u)" = 0 ] && apt-get update -q >/dev/null 2>&1 \
-                 && apt-get download -q golang-github-containers-common >/dev/null 2>&1; }; } ) \
+    # apt-get download takes no dpkg lock (the update waits for it); the first try's errors
+    # are shown when the retry fails too.
+    if ( cd "$cc_tmp" && { apt-get download -q golang-github-containers-common >/dev/null 2>"$cc_tmp/err" \
+            || { [ "$(id -u)" = 0 ] && apt-get update -q -o "DPkg::Lock::Timeout=$APT_LOCK_TIMEOUT_S" >/dev/null \
+                 && apt-get download -q golang-github-containers-common >/dev/null; }; } ) \
             && dpkg-deb -x "$cc_tmp"/golang-github-containers-common_*.deb "$cc_tmp/x" \
             && [ -f "$cc_tmp/x/usr/share/containers/seccomp.json" ]; then
         install -D -m 0644 "$cc_tmp/x/usr/share/containers/seccomp.json" "$VENV/share/containers-common/seccomp.json"
     else
+        [ -s "$cc_tmp/err" ] && sed 's/^/    /' "$cc_tmp/err" >&2
         echo "ridgeline setup: could not fetch the containers-common seccomp profile; one deploy test will skip" >&2
     fi
     [ "$cc_tmp" = /nonexistent ] || rm -rf "$cc_tmp"

@@ -349,3 +349,40 @@ def test_host_name_as_dcgm_exporter_names_it(tmp_path, monkeypatch):
     assert Agent(cfg_for(tmp_path, host="given"), probes=[], codec=codec, notifier=Notifier({})).host == "given"
     monkeypatch.delenv("NODE_NAME")
     assert Agent(cfg_for(tmp_path), probes=[], codec=codec, notifier=Notifier({})).host == socket.gethostname()
+
+
+def test_an_engine_endpoint_that_does_not_answer_is_warned_once(tmp_path, caplog):
+    """Issue 24.3: no engine at the configured endpoint -> one warning with the endpoint and
+    the error (not 40 s of silence); one line when it answers again."""
+    import logging
+
+    from engine_samples import V011, MetricsServer, sample_text
+    from ridgeline.probes.engine import EngineProbe
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    with MetricsServer(sample_text(V011), status=503) as srv:
+        probe = EngineProbe(urls=[dead, srv.url], discover=False, timeout_s=2.0)
+        agent = Agent(cfg_for(tmp_path), probes=[running(probe, "engine")], codec=codec, notifier=Notifier({}))
+        agent.start()
+        try:
+            with caplog.at_level(logging.INFO, logger="ridgeline"):
+                for now_s in (1e6, 2e6, 3e6):        # three scrape rounds past any back-off
+                    probe.scrape_due(now_s)
+                    agent._poll_once()
+                warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+                assert len(warned) == 2, warned
+                (refused,) = [w for w in warned if dead in w]
+                assert refused == (f"engine endpoint {dead} not answering: cannot reach (Connection refused) "
+                                   "(retrying with back-off; said once until it answers)"), refused
+                (http,) = [w for w in warned if srv.url in w]
+                assert http.startswith(f"engine endpoint {srv.url} not answering: HTTP 503"), http
+                assert set(agent.engine_down) == {dead, srv.url}
+                caplog.clear()
+                srv.status = 200
+                probe.scrape_due(4e6)
+                agent._poll_once()
+                assert [r.getMessage() for r in caplog.records if "answering again" in r.getMessage()] == [
+                    f"engine endpoint {srv.url} answering again"]
+                assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+                assert set(agent.engine_down) == {dead}
+        finally:
+            agent.shutdown()

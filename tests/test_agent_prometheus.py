@@ -406,3 +406,26 @@ def test_cupti_refusal_counters_exist_at_zero_before_the_first_refusal(tmp_path)
            for s in families(exposition([w]))["ridgeline_agent_cupti_refused_connections"].samples
            if s.name.endswith("_total")}
     assert got == {"limit": 0, "per_user": 0, "peer_identity": 0}
+
+
+def test_simulated_data_is_one_host_series_joined_on_hostname():
+    """Issue 24.5 (docs/metrics.md, "Simulated data"): `ridgeline_simulated` is 1, naming the
+    simulated sources, while any figure comes from the simulator; 0 on measured data. The
+    GPU series of a simulated source carry source="simulated" themselves."""
+    real = families(exposition([window([thread(8)])]))
+    (s,) = real["ridgeline_simulated"].samples
+    assert s.value == 0.0 and s.labels == {"Hostname": "node-a", "sources": ""}
+    w = window([thread(8)])
+    w["gpus"][0]["source"] = "simulated"
+    w["sources"] = ["simulated"]
+    fams = families(exposition([w]))
+    (s,) = fams["ridgeline_simulated"].samples
+    assert s.value == 1.0 and s.labels == {"Hostname": "node-a", "sources": "simulated"}
+    gpu_series = [x for f in fams.values() if f.name.startswith("ridgeline_phase_") or f.name == "ridgeline_gpu_busy_ratio"
+                  for x in f.samples]
+    assert gpu_series and all(x.labels["source"] == "simulated" for x in gpu_series)
+    # An engine endpoint whose record says simulated (the simulator's own engine view).
+    w = window([thread(8)], engine={"simulator": {"endpoints": {"simulated://pid4242": {
+        "engine": "vllm", "simulated": True, "kv_usage_ratio": 0.01}}}})
+    (s,) = families(exposition([w]))["ridgeline_simulated"].samples
+    assert s.value == 1.0 and s.labels["sources"] == "engine"

@@ -75,3 +75,28 @@ def test_bar_marks_the_alert_line():
     assert len(b) == 20 and b[17] == "│" and b.count("█") == 10
     assert bar(None, width=5).plain == "n/a  "
     assert bar(7.0, width=4).plain == "████"
+
+
+def test_an_engine_that_does_not_answer_is_shown_absent():
+    """Issue 24.3: the real engine probe's failed scrape, through the real window builder,
+    shows in top as the endpoint not answering, with the error (no panel at all before)."""
+    import socket
+
+    from ridgeline.aggregator.windows import WindowBuilder
+    from ridgeline.probes.engine import EngineProbe
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
+    probe = EngineProbe(urls=[dead], discover=False, timeout_s=2.0)
+    probe.scrape_due(1e6)
+    b = WindowBuilder(host="h")
+    b.add_engine(probe.poll(), "engine")
+    window = b.close(0, 1_000_000_000)
+    t = text_of(window)
+    assert f"{dead}: not answering: cannot reach (Connection refused)" in t, t
+    # An endpoint that still has figures (kept until stale) shows those, not the line.
+    eng = dict(WINDOW["engine"]["engine"], errors=[{"endpoint": "http://127.0.0.1:8000/metrics", "error": "x"},
+                                                   {"endpoint": dead, "error": f"{dead}: HTTP 503"}])
+    t = text_of(dict(WINDOW, engine={"engine": eng}))
+    assert "KV" in t and "127.0.0.1:8000/metrics: not answering" not in t
+    assert f"{dead}: not answering: HTTP 503" in t

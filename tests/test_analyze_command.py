@@ -138,9 +138,8 @@ def test_recordings_are_dispatched_by_magic(tmp_path, capsys):
     err = capsys.readouterr().err
     # Whatever the recording loader says of it, it is the recording loader saying it
     # (the Kineto importer would complain about JSON), or the report of an empty stream.
-    assert code in (0, 2)
-    if code == 2:
-        assert err.startswith("ridgeline: error: ") and "JSON" not in err
+    assert code == 2 and err.startswith("ridgeline: error: ") and "JSON" not in err
+    assert "truncated recording" in err and err.count("\n") == 1, err
 
 
 def test_analyze_a_recording_of_the_stream(trace_path, capsys, tmp_path):
@@ -160,3 +159,72 @@ def test_analyze_a_recording_of_the_stream(trace_path, capsys, tmp_path):
     for name, p in doc["phases"].items():
         assert p["kernels"] == direct["phases"][name]["kernels"]
         assert p["busy_ns"] == direct["phases"][name]["busy_ns"]
+
+
+def _events_recording(path, batches: int):
+    """A recording of ``batches`` events messages (three kernels each), real wire encoding."""
+    import numpy as np
+
+    from ridgeline.agent.recording import RecordingWriter
+    from ridgeline.aggregator import wire
+    from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+    with RecordingWriter(path) as w:
+        for i in range(batches):
+            k = empty(KERNEL_DTYPE, 3)
+            k["name_id"] = 0
+            k["start_ns"] = 1_000_000 * i + np.arange(3) * 1000
+            k["end_ns"] = k["start_ns"] + 500
+            k["device"] = 0
+            t = Trace(kernels=k, names=NameTable(["gemm_kernel"]), devices=[Device(0, "NVIDIA H100 80GB HBM3")])
+            w.write(wire.encode_envelope("events", i, wire.encode_event_batch(t), "host", 1 + i), 1 + i)
+    return path.read_bytes()
+
+
+def test_truncated_recording_without_a_complete_frame_exits_2(tmp_path, capsys):
+    """A recording cut inside its first frame: one line, exit 2, not a report of 0 kernels (issue 24.3)."""
+    f = tmp_path / "stream.rlrec"
+    raw = _events_recording(f, 1)
+    f.write_bytes(raw[:len(raw) // 2])
+    err = _err(capsys, ["analyze", str(f)])
+    assert "truncated recording" in err and "0 complete message(s)" in err, err
+    f.write_bytes(raw[:8])                       # the header and nothing else
+    assert "empty recording" in _err(capsys, ["analyze", str(f)])
+    f.write_bytes(raw[:5])                       # cut inside the header
+    assert "cut off inside its 8-byte header" in _err(capsys, ["analyze", str(f)])
+
+
+def test_truncated_recording_keeps_its_complete_frames_and_warns(tmp_path, capsys):
+    f = tmp_path / "stream.rlrec"
+    raw = _events_recording(f, 2)
+    f.write_bytes(raw[:-7])                      # the second frame cut off
+    assert main(["analyze", str(f), "--json"]) == 0
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert doc["kernels"] == 3 and doc["recording"]["truncated"]
+    assert "warning" in cap.err and "truncated recording" in cap.err
+
+
+@pytest.mark.parametrize("name,content,says", [
+    ("x.sqlite", b"\xcd\x2a\x9a\x45" * 64, "not an SQLite database"),
+    ("x.sqlite", b"\x89PNG\r\n\x1a\n" + b"\x00" * 64, "its content is a PNG image"),
+    ("x.rlrec", b"\xcd\x2a\x9a\x45" * 64, "not a ridgeline recording"),
+    ("x.rlrec", b"PK\x03\x04" + b"\x00" * 64, "its content is a zip archive"),
+    ("x.json", b"\x7fELF\x02\x01" + b"\x00" * 64, "its content is an ELF binary"),
+    ("x.json.gz", b"", "empty file"),
+])
+def test_garbage_is_named_by_its_content(tmp_path, capsys, name, content, says):
+    """Not "not valid JSON" for a file that was never JSON: what it is, from its magic bytes."""
+    f = tmp_path / name
+    f.write_bytes(content)
+    err = _err(capsys, ["analyze", str(f)])
+    assert says in err and "JSON" not in err.split(":", 2)[-1].replace("Kineto JSON", ""), err
+
+
+def test_a_garbage_file_in_a_rank_folder_is_skipped_with_its_content_named(trace_path, tmp_path, capsys):
+    import shutil
+    d = tmp_path / "ranks"
+    d.mkdir()
+    shutil.copy(trace_path(DECODE), d / "rank0.json.gz")
+    (d / "rank1.sqlite").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    assert main(["analyze", str(d), "--json"]) == 0
+    assert "skipped" in capsys.readouterr().err

@@ -94,3 +94,29 @@ def test_cli_engine_without_pool_exit_2():
         r = subprocess.run([sys.executable, "-m", "ridgeline", "capacity", "--engine", srv.url, "--context", "512"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "does not expose its KV pool size" in r.stderr
+
+
+def test_cli_gpu_short_name_as_demo_and_simulate_take_it(capsys):
+    """`--gpu h100` is the SXM part, the same entry `demo --gpu h100` and `simulate` use."""
+    from ridgeline.agent.simulator.hardware import gpu_spec
+    from ridgeline.aggregator import ceilings
+    assert main(["capacity", "--gpu", "h100", "--weights", "16GB", "--kv-per-request", "1GB", "--json"]) == 0
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert "--gpu h100 is h100-sxm (80 GB)" in cap.err
+    assert out["gpu_memory_bytes"] == ceilings.lookup("h100-sxm").memory_bytes == gpu_spec("h100").memory_bytes
+    assert out["warnings"] == []
+    # A name that is no short name and matches several parts stays ambiguous.
+    with pytest.raises(Exception, match="ambiguous"):
+        ceilings.lookup("a100")          # 40 or 80 GB: the part must be named
+
+
+def test_cli_weights_larger_than_the_gpu_warn(capsys):
+    assert main(["capacity", "--gpu-memory", "80GB", "--weights", "100GB", "--kv-per-request", "1GB"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.rstrip().endswith(" 0")            # the ceiling is still printed as computed
+    (line,) = [ln for ln in cap.err.splitlines() if "warning" in ln]
+    assert "weights 100.0 GB" in line and "80.0 GB" in line and "does not fit" in line
+    assert main(["capacity", "--gpu-memory", "80GB", "--weights", "100GB", "--kv-per-request", "1GB",
+                 "--json"]) == 0
+    assert "does not fit" in json.loads(capsys.readouterr().out)["warnings"][0]

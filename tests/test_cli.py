@@ -62,7 +62,7 @@ def _cases(tmp):
         (["agent", "--print-config", "--prometheus-listen", "127.0.0.1:99999"], 2, "port in 1..65535"),
         (["scrape", "http://127.0.0.1:99999/metrics"], 2, "invalid URL"),
         (["scrape", f"http://127.0.0.1:{free_port()}/metrics", "--timeout", "2"], 1, "cannot reach"),
-        (["keys", "-o", f"{tmp}/no-such-dir"], 2, "no such folder"),
+        (["keys", "-o", "/dev/null/keys"], 2, "cannot create the folder"),
         (["analyze", f"{tmp}/missing.json"], 2, "no such file"),
         (["sched", "--pid", "1", "--duration", "0"], 2, "--duration must be positive"),
         (["tail", "--bogus-flag"], 2, "tail: unrecognized arguments: --bogus-flag"),
@@ -79,21 +79,39 @@ def test_exit_codes_and_one_error_line_per_command(tmp_path, i):
     assert "Traceback" not in r.stderr
 
 
+def _engine_config(tmp_path, url):
+    from ridgeline.agent import config
+    cfg = config.overlay(config.defaults(), {"probes": {"engine": {"url": url}}})
+    (tmp_path / "engine.toml").write_text(config.to_toml(cfg))
+    return str(tmp_path / "engine.toml")
+
+
 def test_ok_cases_exit_0(tmp_path):
-    assert run("check", "--probe", "engine").returncode == 0
-    r = run("check", "--probe", "engine", "--json")
     import json
-    out = json.loads(r.stdout)
-    assert r.returncode == 0 and out["ok"] and out["probes"][0]["name"] == "engine"
-    r = run("check", "--probe", "replay", "--probe", "engine", "--json")
-    out = json.loads(r.stdout)
-    assert r.returncode == 1 and not out["ok"]
-    assert [p["ok"] for p in out["probes"]] == [False, True]
+
+    from engine_samples import V011, MetricsServer, sample_text
+    with MetricsServer(sample_text(V011)) as srv:
+        conf = _engine_config(tmp_path, srv.url)
+        r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"answering ({srv.url})" in r.stdout
+        r = run("check", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0")
+        out = json.loads(r.stdout)
+        assert r.returncode == 0 and out["ok"] and out["probes"][0]["name"] == "engine"
+        r = run("check", "--probe", "replay", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0")
+        out = json.loads(r.stdout)
+        assert r.returncode == 1 and not out["ok"]
+        assert [p["ok"] for p in out["probes"]] == [False, True]
     r = run("keys", "-o", str(tmp_path))
     assert r.returncode == 0
     assert (tmp_path / "client.key").exists() and (tmp_path / "client.key_secret").stat().st_mode & 0o077 == 0
     r = run("keys", "-o", str(tmp_path))          # never overwrites a key
     assert r.returncode == 2 and "exists" in r.stderr
+    # A missing folder (and its parents) is made, private: it holds a secret key.
+    r = run("keys", "-o", str(tmp_path / "new" / "keys"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "new" / "keys" / "client.key_secret").is_file()
+    assert (tmp_path / "new" / "keys").stat().st_mode & 0o077 == 0
 
 
 @pytest.fixture
@@ -184,3 +202,28 @@ def test_a_z85_server_key_that_looks_like_a_path_is_a_key():
     key = "/P-ca?=yX/MagA:mrm7i3>R*@XH@P<UD@(I4jq9!"
     assert server_key(key) == key.encode()
     assert server_key("." + key[1:]) == ("." + key[1:]).encode()
+
+
+@pytest.mark.parametrize("command", ["demo", "top", "record", "check", "capacity", "keys", "simulate", "sched",
+                                     "scrape", "cupti"])
+def test_help_has_a_plain_text_description(command):
+    """Every command's --help says what it does, in plain text: no reST markup (issue 24.7)."""
+    r = run(command, "--help")
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.split("\noptions:")[0]
+    desc = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+    assert len(desc.split()) >= 8, r.stdout[:600]
+    assert "``" not in r.stdout and ":mod:" not in r.stdout and ":func:" not in r.stdout, r.stdout[:600]
+
+
+def test_check_says_an_engine_endpoint_does_not_answer(tmp_path):
+    """Issue 24.3: not `engine ok` when nothing listens at the configured endpoint."""
+    import json
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    conf = _engine_config(tmp_path, dead)
+    r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("engine")]
+    assert "unavailable" in line and f"{dead} not answering: cannot reach (Connection refused)" in line, line
+    out = json.loads(run("check", "--probe", "engine", "--json", "--config", conf, "--agent-timeout", "0").stdout)
+    assert out["probes"][0]["ok"] is False and dead in out["probes"][0]["reason"]

@@ -403,3 +403,60 @@ def test_peers_parking_large_frames_keep_the_agent_inside_the_units_memory(tmp_p
     print("agent peak RSS MiB", out["hwm_bytes"] >> 20)
     assert out["kernels"] == 4 and out["cut"] >= 1
     assert out["hwm_bytes"] < _unit_memory_max_bytes(), out
+
+
+def test_unix_listeners_from_proc_net_unix_literal():
+    from ridgeline.probes.cupti.probe import unix_listeners
+    # Lines as Linux prints them (net/unix/af_unix.c unix_seq_show): flags 00010000 is
+    # __SO_ACCEPTCON (listening); the path is the rest of the line.
+    text = ("Num       RefCount Protocol Flags    Type St Inode Path\n"
+            "0000000000000000: 00000002 00000000 00010000 0001 01 21611 /run/ridgeline/cupti.sock\n"
+            "0000000000000000: 00000003 00000000 00000000 0001 03 363279 /run/ridgeline/cupti.sock\n"
+            "0000000000000000: 00000002 00000000 00010000 0001 01 16893 /run/a path with spaces\n"
+            "0000000000000000: 00000002 00000000 00000000 0002 01 16894 /run/dgram.sock\n"
+            "0000000000000000: 00000003 00000000 00000000 0001 03 77529\n")
+    assert unix_listeners(text) == {"/run/ridgeline/cupti.sock", "/run/a path with spaces"}
+
+
+def test_check_tells_a_live_agent_socket_and_a_host_without_driver(tmp_path):
+    """Issue 24.3: not `will listen on` while an agent already listens there (opening would
+    take its socket), and a host with no NVIDIA driver is said to have none."""
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    path = str(tmp_path / "cupti.sock")
+    probe = CuptiProbe(socket_path=path)
+    probe.driver_version_file = str(tmp_path / "no-driver-version")
+    av = probe.check()
+    assert av.ok and "no NVIDIA driver" in av.reason and str(tmp_path / "no-driver-version") in av.reason
+    (tmp_path / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    probe.driver_version_file = str(tmp_path / "version")
+    assert probe.check().reason in (f"will listen on {path}",
+                                    f"listening is possible, but the injection library "
+                                    f"{__import__('ridgeline.probes.cupti.library', fromlist=['x']).library_path()} "
+                                    "is not built")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)     # an agent already there
+    try:
+        live.bind(path)
+        live.listen(1)
+        av = probe.check()
+        assert not av.ok and probe.socket_in_use and av.reason == f"an agent already listens on {path}"
+    finally:
+        live.close()
+    assert os.path.exists(path)          # a stale socket file, nobody listening: usable again
+    assert probe.check().ok and not probe.socket_in_use
+
+
+def test_ridgeline_check_beside_a_running_agent_says_it_listens(tmp_path):
+    from ridgeline.agent import config
+    path = str(tmp_path / "cupti.sock")
+    cfg = config.overlay(config.defaults(), {"probes": {"enabled": ["cupti"], "cupti": {"socket": path}}})
+    (tmp_path / "a.toml").write_text(config.to_toml(cfg))
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        live.bind(path)
+        live.listen(1)
+        r = subprocess.run([sys.executable, "-m", "ridgeline", "check", "--probe", "cupti", "--agent-timeout", "0",
+                            "--config", str(tmp_path / "a.toml")], capture_output=True, text=True, timeout=60)
+    finally:
+        live.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"a running agent listens on {path}" in r.stdout and "will listen" not in r.stdout

@@ -66,7 +66,10 @@ def installed(clean_clone, tmp_path_factory) -> Path:
 def _ridgeline(root: Path, *args: str, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RIDGELINE_CUPTI_LIB", "CUDA_INJECTION64_PATH")}
     env.update(kw.pop("env", {}))
-    return subprocess.run([str(root / "opt/ridgeline/venv/bin/ridgeline"), *args], capture_output=True,
+    # The launcher's shebang names /opt/ridgeline/venv (where the tree will run), not this
+    # test's DIR: run it with the tree's interpreter, as the image's / would.
+    venv = root / "opt/ridgeline/venv"
+    return subprocess.run([str(venv / "bin/python"), str(venv / "bin/ridgeline"), *args], capture_output=True,
                           text=True, timeout=timeout_s, env=env, **kw)
 
 
@@ -123,6 +126,23 @@ def test_install_from_a_clean_clone_then_run_injects_the_built_library(installed
     assert "cannot load injection" not in r.stderr
     m = re.search(r"app: injection=(-?\d+) sum=5050", r.stdout)
     assert m and int(m.group(1)) >= 0, r.stdout + r.stderr
+
+
+def test_a_tree_installed_under_root_runs_where_it_is_installed(installed):
+    """`--root DIR` builds a tree for an image: the unit runs /opt/ridgeline/venv/bin/ridgeline,
+    so the launchers and activate scripts must name /opt/ridgeline/venv, never DIR (issue 24.7)."""
+    bindir = installed / "opt/ridgeline/venv/bin"
+    assert (bindir / "ridgeline").read_text().splitlines()[0] == "#!/opt/ridgeline/venv/bin/python"
+    unit = (installed / "etc/systemd/system/ridgeline.service").read_text()
+    assert "ExecStart=/opt/ridgeline/venv/bin/ridgeline" in unit
+    for f in bindir.iterdir():
+        if f.is_file() and not f.is_symlink():
+            assert str(installed) not in f.read_text(errors="replace"), f
+    assert "/opt/ridgeline/venv" in (bindir / "activate").read_text()
+    # The tmpfiles comment tells the mode its entry sets.
+    conf = (installed / "etc/tmpfiles.d/ridgeline.conf").read_text()
+    assert re.search(r"^d\s+/run/ridgeline\s+0751\s", conf, re.M) and "mode 0751" in conf
+    assert "no access for others" not in conf
 
 
 def test_installed_agent_reads_its_embedded_defaults(installed):
@@ -215,3 +235,51 @@ def test_an_install_without_the_dependencies_is_caught(clean_clone, tmp_path):
 def test_install_refuses_unknown_option():
     r = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--bogus"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown option --bogus" in r.stderr
+
+
+def _fake_apt(tmp_path: Path, install_rc: int) -> Path:
+    """An apt-get on PATH that logs its arguments, and whose install fails with apt's own
+    words when ``install_rc`` is not 0 (update always succeeds)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "apt-get").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> "{tmp_path}/calls"\n'
+        'case "$1" in update) echo "Reading package lists..."; exit 0 ;; esac\n'
+        'echo "Reading package lists..."\n'
+        f'[ {install_rc} = 0 ] && exit 0\n'
+        'echo "E: Unable to locate package $7" >&2\n'
+        f"exit {install_rc}\n")
+    (bindir / "apt-get").chmod(0o755)
+    return bindir
+
+
+@pytest.mark.parametrize("install_rc", [0, 100])
+def test_setup_apt_waits_for_the_dpkg_lock_and_keeps_errors(tmp_path, install_rc):
+    """scripts/apt.sh (what setup.sh and setup-native.sh install with): every apt-get call
+    waits for the dpkg lock, stdout stays quiet, and a failure shows apt's own error."""
+    bindir = _fake_apt(tmp_path, install_rc)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/apt.sh"; apt_install nosuchpkg'], capture_output=True,
+                       text=True, timeout=60, env=env)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert all("-o DPkg::Lock::Timeout=60" in c for c in calls), calls
+    assert r.stdout == ""
+    if install_rc == 0:
+        assert r.returncode == 0 and calls == [
+            "install -y -q --no-install-recommends -o DPkg::Lock::Timeout=60 nosuchpkg"] and r.stderr == ""
+    else:
+        # Tried, lists refreshed, tried again; both errors shown, the status kept.
+        assert r.returncode == 100 and [c.split()[0] for c in calls] == ["install", "update", "install"]
+        assert r.stderr.count("E: Unable to locate package nosuchpkg") == 2, r.stderr
+        assert "apt-get install nosuchpkg failed" in r.stderr
+
+
+def test_setup_scripts_install_only_through_apt_sh():
+    """No apt-get install/update in the set-up scripts that drops its errors or skips the lock."""
+    for name in ("setup.sh", "setup-native.sh"):
+        text = (ROOT / "scripts" / name).read_text()
+        assert "apt_install" in text and ". " in text and "apt.sh" in text, name
+        for line in text.splitlines():
+            if re.search(r"apt-get (-\S+ )*(install|update)\b", line):
+                assert "DPkg::Lock::Timeout" in line and "2>&1" not in line and "2>/dev/null" not in line, line

@@ -257,3 +257,21 @@ def test_real_trace_processor_edge_cases(case, tmp_path):
         real.close()
     imp = import_json(path)
     assert got == (summary(imp), transcribed_stats(imp))
+
+
+def test_simulated_data_is_marked_in_the_export(tmp_path):
+    """Issue 24.5: the README promises SIMULATED in the trace metadata; the export says so in
+    its otherData and on every process (track header) name, as imported."""
+    t = _literal()
+    t.meta["simulated"] = True
+    _, out = _export(tmp_path, t)
+    doc = json.loads(out.read_text())
+    assert doc["otherData"]["simulated"] is True and "SIMULATED" in doc["otherData"]["note"]
+    names = import_json(out).process_names
+    assert names and all(n.startswith("SIMULATED ") for n in names.values()), names
+    assert names[PHASE_PID] == "SIMULATED Ridgeline phases"
+    (tmp_path / "real").mkdir()
+    _, out = _export(tmp_path / "real")                   # measured data: no marker
+    doc = json.loads(out.read_text())
+    assert "simulated" not in doc["otherData"]
+    assert not any("SIMULATED" in n for n in import_json(out).process_names.values())

@@ -67,3 +67,45 @@ def test_together_sums_ranks_and_names_the_slowest():
                                      "verdicts": {"memory-bound": 1, "compute-bound": 1}}
     b["rank"] = 1                                         # repeated ranks: the files' order
     assert [r["rank"] for r in together("dir", [a, b])["together"]["per_rank"]] == [0, 1]
+
+
+def test_together_refuses_to_rank_traces_of_different_jobs():
+    """Issue 24.3: an RTX 4080 laptop, a B200 TP8 rank and an H100 (world sizes 1/1/8/none)
+    are no job's ranks: said, and no slowest rank named."""
+    from ridgeline.agent.rank_report import not_one_job
+    a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
+    b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
+    a["rank"], b["rank"], a["world_size"], b["world_size"] = 0, 1, 2, 2
+    assert not_one_job([a, b]) == []                                     # one job: ranked
+    assert together("dir", [a, b])["together"]["slowest_rank"] == 1
+    b["gpu"] = {"key": "b200", "device_name": "NVIDIA B200"}
+    a["gpu"]["device_name"], a["trace"], b["trace"] = "NVIDIA H100 80GB HBM3", "/x/r0.json", "/x/r1.json"
+    t = together("dir", [a, b])["together"]
+    assert not t["one_job"] and t["slowest_rank"] is None and t["slowest_over_mean_ratio"] is None
+    assert t["not_one_job"] == ["different GPUs: NVIDIA H100 80GB HBM3 (r0.json); NVIDIA B200 (r1.json)"]
+    assert t["kernels"] == 40                                            # the sums remain
+    b["gpu"] = a["gpu"]
+    c = dict(a, world_size=8)
+    d = {k: v for k, v in a.items() if k != "world_size"}
+    assert not_one_job([a, b, c, d]) == ["different world sizes: 2/2/8/none"]
+    a["world_size"] = b["world_size"] = 1
+    assert not_one_job([a, b]) == ["2 traces declare world size 1: more than one job's ranks"]
+
+
+def test_analyze_dir_of_unrelated_shared_traces_warns(trace_path, tmp_path, capsys):
+    import json
+    import shutil
+
+    from ridgeline.agent.cli import main
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for name in ("nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
+                 "tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
+                 "tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"):
+        shutil.copy(trace_path(f"nvidia-inference/{name}"), d / name)
+    assert main(["analyze", str(d), "--json"]) == 0
+    cap = capsys.readouterr()
+    t = json.loads(cap.out)["together"]
+    assert not t["one_job"] and t["slowest_rank"] is None
+    assert any(w.startswith("different GPUs: ") and "NVIDIA B200" in w for w in t["not_one_job"])
+    assert "not one job" in cap.err and "no slowest rank" in cap.err

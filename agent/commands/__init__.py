@@ -1,1 +1,16 @@
 """One module per ``ridgeline`` subcommand; each exposes ``register(subparsers)``."""
+
+import re
+
+_ROLE = re.compile(r":(?:func|mod|class|meth|data|attr):`~?([^`]+)`")
+
+
+def description(doc: str | None, paragraph: int = 0) -> str | None:
+    """One paragraph of a command module's docstring as plain text for ``--help``: argparse
+    prints the text as it is, so reST markup (````code````, ``:mod:`x```) is taken out."""
+    if not doc:
+        return None
+    parts = doc.strip().split("\n\n")
+    text = parts[min(paragraph, len(parts) - 1)]
+    text = _ROLE.sub(lambda m: m.group(1).split(".")[-1] if m.group(0).startswith(":func") else m.group(1), text)
+    return " ".join(text.replace("``", "").split())

@@ -120,6 +120,10 @@ def _named(path: str, exc: InputError) -> InputError:
 def _load(path: str, budget=None):
     """The Trace of a Kineto file or an Nsight Systems export (recordings: _is_recording)."""
     p = _regular_file(path)
+    from ridgeline.probes.file_kind import mismatch
+    bad = mismatch(path, _magic(p))
+    if bad:          # named by its content, not by the first parser that fails on it
+        raise InputError(bad)
     try:
         if _magic(p).startswith(_SQLITE_MAGIC):
             from ridgeline.probes.nsys import load_trace as load_nsys
@@ -231,6 +235,9 @@ def run(args) -> int:
                                         max_memory_bytes)
             except InputError as exc:
                 raise _named(path, exc) from None
+            if (doc.get("recording") or {}).get("truncated"):
+                print(f"ridgeline: warning: {path}: truncated recording (it ends inside a frame); "
+                      "analysed its complete frames", file=sys.stderr)
             return doc, *(last or [None, None])
         trace = _load(path, EventBudget(max_memory_bytes, path))
         _warn_rejected(path, trace)
@@ -263,7 +270,7 @@ def run(args) -> int:
                 doc, trace, pm = analyze_path(f)
             except InputError as exc:
                 # a folder of rank traces may hold other JSON (configs, results): said, skipped
-                if files is None or "not a Kineto/Chrome trace" not in str(exc):
+                if files is None or not ("not a Kineto/Chrome trace" in str(exc) or "its content is" in str(exc)):
                     raise
                 print(f"ridgeline: warning: skipped {f}: not a trace", file=sys.stderr)
                 i += 1
@@ -279,6 +286,9 @@ def run(args) -> int:
         else:
             from ridgeline.agent.rank_report import together
             both = together(path, group)
+            for why in both["together"]["not_one_job"]:
+                print(f"ridgeline: warning: {path}: the traces are not one job ({why}); "
+                      "no slowest rank named", file=sys.stderr)
             if not args.json:
                 from ridgeline.agent.rank_report import render_together
                 render_together(both)

@@ -10,7 +10,8 @@ Examples::
 Sizes take B/KB/MB/GB/TB (powers of 10) or KiB/MiB/GiB/TiB; a bare number is GB.
 ``--json`` keys: ``gpu_memory_bytes``, ``weight_bytes``, ``memory_fraction``,
 ``reserve_bytes``, ``kv_pool_bytes``, ``kv_pool_source``, ``kv_bytes_per_token``,
-``output_tokens``, ``model``, ``rows`` (``kv_per_request_bytes``, ``context_tokens``,
+``output_tokens``, ``model``, ``warnings`` (also printed on stderr), ``rows``
+(``kv_per_request_bytes``, ``context_tokens``,
 ``concurrency_ceiling``). With ``--engine URL`` the pool comes from the running engine in
 tokens (vLLM ``num_gpu_blocks x block_size``, SGLang ``max_total_num_tokens``) and the
 JSON has ``engine``, ``kv_pool_tokens`` and ``rows`` (``tokens_per_request``,
@@ -19,14 +20,16 @@ JSON has ``engine``, ``kv_pool_tokens`` and ``rows`` (``tokens_per_request``,
 from __future__ import annotations
 
 import json
+import sys
 
+from ridgeline.agent.commands import description
 from ridgeline.aggregator import capacity
 from ridgeline.probes.errors import InputError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("capacity", help="KV-cache concurrency ceiling for a GPU, model and context length",
-                              description=__doc__.split("\n\n")[0])
+                              description=description(__doc__))
     p.add_argument("--gpu-memory", help="GPU memory (e.g. 80GB)")
     p.add_argument("--gpu", help="GPU model name from the ceilings table (gives its memory size)")
     p.add_argument("--weights", help="weight bytes on this GPU (default: from --model)")
@@ -93,6 +96,8 @@ def run(args) -> int:
         if not c.memory_bytes:
             raise InputError(f"--gpu {args.gpu}: memory size not in the ceilings table; give --gpu-memory")
         gpu_mem = c.memory_bytes
+        if c.key != args.gpu:      # a short or loose name: say which part it is
+            print(f"ridgeline capacity: --gpu {args.gpu} is {c.key} ({c.memory_bytes / 1e9:.0f} GB)", file=sys.stderr)
     weights = _size(args.weights, "weights") if args.weights else (shape.weight_bytes if shape else None)
     pool = _size(args.kv_pool, "kv-pool") if args.kv_pool else None
     if pool is None and (gpu_mem is None or weights is None):
@@ -111,6 +116,8 @@ def run(args) -> int:
     except ValueError as exc:
         raise InputError(str(exc)) from None
     out["model"] = getattr(shape, "name", None)
+    for w in out["warnings"]:
+        print(f"ridgeline capacity: warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(out))
         return 0

@@ -8,6 +8,11 @@ unknown probe name or a bad configuration. ``--json`` prints one object:
 [{"pid", "since_unix_s", "taken_over_s", "status", "reclaims_requested"}, ...]}}`` (at most
 64 listed; the count covers all).
 
+Each row tells the state the probe would meet now: a configured engine endpoint is asked
+once (one that does not answer is unavailable, with the endpoint and the error); the
+CUPTI row says when a running agent already listens on its socket, or when this host has
+no NVIDIA driver (nothing here can connect).
+
 The running agent's side comes from its own health record: ``check`` subscribes to the
 agent's stream (``publisher.endpoint`` of the configuration, or ``--endpoint``) and waits
 at most ``--agent-timeout`` seconds for one. An agent that is not running or not
@@ -20,12 +25,13 @@ import json
 import os
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="print each probe's availability with reason and hint",
-                       description=__doc__.split("\n\n")[0])
+                       description=description(__doc__))
     p.add_argument("--config", metavar="FILE", help="config file (default: /etc/ridgeline/agent.toml if present)")
     p.add_argument("--probe", action="append", metavar="NAME", help="check only this probe (repeatable); "
                                                                     "it must be able to run")
@@ -88,6 +94,36 @@ def _takeover_line(t: dict) -> str:
     return line + f"  (hint: once that tool is done, `ridgeline cupti reclaim --pid {t.get('pid')}`)"
 
 
+def _real_state(name: str, probe, row: dict) -> dict:
+    """What the probe would meet now, beyond whether it can start: an agent already
+    holding the CUPTI socket is the CUPTI side working (the agent is running), not a
+    failure; a configured engine endpoint is asked once, and one that does not answer
+    makes the engine row unavailable with the endpoint and the error."""
+    if name == "cupti" and getattr(probe, "socket_in_use", False):
+        return dict(row, ok=True, reason=f"a running agent listens on {probe.socket_path} (injected processes "
+                                         "connect there)", hint="")
+    if name == "engine" and row["ok"] and hasattr(probe, "endpoints"):
+        from ridgeline.probes import engine as engine_probe
+        down = []
+        for url in probe.endpoints():
+            try:
+                res = engine_probe.scrape(url, probe.timeout_s, max_body_bytes=probe.max_body_bytes,
+                                          follow_redirects=probe.follow_redirects)
+            except InputError as exc:
+                err = str(exc)
+                down.append(f"{url} not answering: {err[len(url) + 2:] if err.startswith(url + ': ') else err}")
+                continue
+            if not engine_probe.is_engine_exposition(res["exposition"]):
+                down.append(f"{url} answers, but without vLLM or SGLang metrics")
+        if down:
+            return dict(row, ok=False, reason="; ".join(down),
+                        hint="start the engine or set probes.engine.url to where it serves /metrics; "
+                             "the agent retries with back-off and warns once")
+        if probe.endpoints():
+            return dict(row, reason=f"{row['reason']}, answering ({', '.join(probe.endpoints())})")
+    return row
+
+
 def run(args) -> int:
     from ridgeline.agent import config, registry
     cfg = config.load(args.config, missing_ok=args.config is None)
@@ -101,8 +137,9 @@ def run(args) -> int:
     rows = []
     for name in names:
         probe, av = registry.availability(name, cfg)
-        rows.append({"name": name, "ok": bool(av.ok), "enabled": name in enabled, "checked": name in required,
-                     "reason": av.reason or "", "hint": av.hint or ""})
+        row = {"name": name, "ok": bool(av.ok), "enabled": name in enabled, "checked": name in required,
+               "reason": av.reason or "", "hint": av.hint or ""}
+        rows.append(_real_state(name, probe, row))
         if probe is not None:
             try:
                 probe.stop()

@@ -14,12 +14,13 @@ import json
 import secrets
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     p = sub.add_parser("cupti", help="act on the CUPTI probe of the running agent",
-                       description=__doc__.split("\n\n")[0])
+                       description=description(__doc__))
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
     r = verbs.add_parser("reclaim", help="ask taken-over processes to take CUPTI back (after torch.profiler)")
     r.add_argument("--pid", type=int, default=None, metavar="N", help="only this process (default: every one)")

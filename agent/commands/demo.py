@@ -25,11 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on a simulated server (no GPU needed)")
+    p = sub.add_parser("demo", help="run the whole pipeline on a simulated server (no GPU needed)",
+                       description=description(__doc__) + " A simulated vLLM-style server, the agent, "
+                       "`record` and `top` run on loopback, all labelled SIMULATED; then a report, a roofline "
+                       "plot and a Perfetto trace land in the output folder.")
     p.add_argument("-o", "--output", default="demo-out", metavar="DIR", help="output folder (default: %(default)s)")
     p.add_argument("--duration", type=float, default=25.0, metavar="S", help="seconds to stream (default: %(default)s)")
     p.add_argument("--rate", type=float, default=6.0, help="simulated requests per second (default: %(default)s)")

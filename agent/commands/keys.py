@@ -5,7 +5,7 @@
 the agent's ``publisher.curve_allowed_clients_dir``), ``NAME.key_secret`` holds both keys
 and stays with its owner (mode 0600; the agent's ``publisher.curve_secret_key_file`` for a
 server, ``--client-key`` of ``tail``/``top``/``record`` for a client). Existing files are
-never overwritten.
+never overwritten; a missing folder is created (mode 0700).
 """
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import os
 import re
 from pathlib import Path
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
     p = sub.add_parser("keys", help="make a CURVE key pair (zmq certificate files) for the stream",
-                       description=__doc__.split("\n\n")[0])
+                       description=description(__doc__))
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the two files into")
     p.add_argument("--name", default="client", help="file name stem: NAME.key and NAME.key_secret "
                                                     "(default: %(default)s)")
@@ -31,7 +32,11 @@ def run(args) -> int:
         raise InputError(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
     out = Path(args.output)
     if not out.is_dir():
-        raise InputError(f"{out}: no such folder")
+        # A missing folder is made (0700: it will hold a secret key), as `mkdir -p` would.
+        try:
+            out.mkdir(mode=0o700, parents=True)
+        except OSError as exc:
+            raise InputError(f"{out}: cannot create the folder ({exc.strerror or exc})") from None
     public, secret = out / f"{args.name}.key", out / f"{args.name}.key_secret"
     for f in (public, secret):
         if f.exists():

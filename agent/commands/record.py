@@ -1,16 +1,24 @@
-"""``ridgeline record``: save the agent's stream to a recording file (see :mod:`agent.recording`)."""
+"""``ridgeline record``: save the running agent's stream (windows, events, engine and device
+records) to a recording file (``.rlrec``), or with ``--format parquet`` to Parquet folders (optionally
+rolled to object storage with ``--sink``), that ``ridgeline analyze`` reports on and
+``ridgeline agent`` can replay as live; what was recorded is kept when it stops.
+
+Format: see :mod:`agent.recording`.
+"""
 from __future__ import annotations
 
 import signal
 import sys
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)")
+    p = sub.add_parser("record", help="save the agent's stream to a file (replayable, analyzable)",
+                       description=description(__doc__))
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="recording to write (a folder with --format parquet)")
     p.add_argument("--format", choices=("rlrec", "parquet"), default="rlrec",

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import orjson
 
+from ridgeline.agent.commands import description
 from ridgeline.probes import proc
 from ridgeline.probes.errors import InputError, RuntimeFailure
 from ridgeline.probes.sched_accounting import WINDOW_DTYPE, hist_rows
@@ -27,7 +28,7 @@ _CUDA_FIELDS = ("launches", "graph_launches", "copies", "copy_htod_bytes", "copy
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("sched", help="per-thread scheduling (+ CUDA call) report of a process, via eBPF",
-                              description=__doc__.split("\n\n")[1] if __doc__ else None)
+                              description=description(__doc__, 1))
     p.add_argument("--pid", type=int, required=True, help="process to observe (all its threads)")
     p.add_argument("--duration", type=float, default=5.0, help="seconds to observe (default 5)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import engine as engine_probe
 from ridgeline.probes.errors import InputError
@@ -31,7 +32,7 @@ HIST_KEYS = tuple(em.HISTOGRAMS)
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("scrape", help="scrape a vLLM/SGLang /metrics endpoint and print normalised figures",
-                              description=__doc__.split("\n\n")[0])
+                              description=description(__doc__))
     p.add_argument("url", help="endpoint, e.g. http://127.0.0.1:8000/metrics (a bare host:port gets /metrics)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeout", type=float, default=engine_probe.DEFAULT_TIMEOUT_S, help="seconds per request")

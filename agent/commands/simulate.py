@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="simulate a continuous-batching LLM server (labelled simulated)",
-                              description=__doc__.split("\n\n")[1])
+                              description=description(__doc__, 1))
     p.add_argument("--gpu", default="h100", help="GPU from the ceilings table (default h100 = h100-sxm)")
     p.add_argument("--model", default="llama-3-8b", help="built-in model name or path to an HF config.json")
     p.add_argument("--engine", default="vllm", help="kernel conventions: vllm or hf (engine_kernels.toml)")

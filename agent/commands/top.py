@@ -1,14 +1,22 @@
-"""``ridgeline top``: live view of the agent's windows (see :mod:`agent.top`)."""
+"""``ridgeline top``: live view of the running agent's windows, one frame per window: per GPU
+the verdict (which face binds, and why) with each phase's
+roofline position, the serving engine's KV cache and latencies, and the agent's own health.
+
+Reads the agent's stream (``--endpoint``, default the configuration's
+``publisher.endpoint``); without a terminal it prints frames (see :mod:`agent.top`).
+"""
 from __future__ import annotations
 
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("top", help="live terminal view of the agent's windows")
+    p = sub.add_parser("top", help="live terminal view of the agent's windows",
+                       description=description(__doc__))
     add_stream_arguments(p, topics=False)
     p.add_argument("--once", action="store_true", help="print one window and exit")
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit after S seconds (0: run until ^C)")

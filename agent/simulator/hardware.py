@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ridgeline.aggregator import ceilings as _ceilings
 from ridgeline.probes.errors import InputError
 
-ALIASES = {"h100": "h100-sxm", "h200": "h200-sxm", "a100": "a100-sxm4-80gb", "h800": "h800-sxm"}
+# The ceilings table's short names, and the simulator's own default A100 part.
+ALIASES = {**_ceilings.SHORT_NAMES, "a100": "a100-sxm4-80gb"}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,37 @@ _MAX_NO_DEMANGLE_PIDS = 4096
 #: messages wait in the server's bounded queue (whose overflow is counted), so a stalled
 #: main loop does not let decoded events grow without bound.
 MAX_INGESTED_AHEAD_BYTES = 32 << 20
+#: The NVIDIA kernel driver's version file: absent, no process on this host can run CUDA
+#: (and so none loads the injection library). Present inside GPU containers too: the
+#: NVIDIA container runtime mounts /proc/driver/nvidia.
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+_SO_ACCEPTCON = 0x10000      # linux/net.h __SO_ACCEPTCON: the socket listens
+
+
+def unix_listeners(proc_net_unix: str) -> set[str]:
+    """Paths of listening Unix sockets in ``/proc/net/unix`` text (pure: tested with literals).
+    Read passively: connecting to find out would reach the running agent as a client."""
+    out = set()
+    for line in proc_net_unix.splitlines()[1:]:
+        parts = line.split(None, 7)
+        if len(parts) == 8:
+            try:
+                flags = int(parts[3], 16)
+            except ValueError:
+                continue
+            if flags & _SO_ACCEPTCON:
+                out.add(parts[7])
+    return out
+
+
+def socket_listening(path: str, proc_net_unix: str = "/proc/net/unix") -> bool:
+    """True when a process in this network namespace listens on the Unix socket ``path``."""
+    try:
+        with open(proc_net_unix, encoding="utf-8", errors="replace") as f:
+            text = f.read(64 << 20)     # bounded: a host with very many sockets is read in part
+    except OSError:
+        return False
+    return os.path.abspath(path) in unix_listeners(text)
 
 
 def _announce_target(pid: int) -> bool:
@@ -117,8 +148,15 @@ class CuptiProbe(Probe):
         # and is let go while the demangler works, so poll() waits for neither.
         self._dec_lock = threading.Lock()
         self._ingested_ahead = 0
+        self.driver_version_file = DRIVER_VERSION_FILE
+        self.socket_in_use = False        # set by check(): a live listener holds socket_path
 
     def check(self) -> Availability:
+        # Another agent's live socket: opening ours would unlink it and take its processes.
+        self.socket_in_use = socket_listening(self.socket_path)
+        if self.socket_in_use:
+            return Availability(False, f"an agent already listens on {self.socket_path}",
+                                "that agent serves the injected processes; stop it before starting another here")
         d = os.path.dirname(self.socket_path) or "."
         probe_dir = d
         while not os.path.isdir(probe_dir):
@@ -130,6 +168,10 @@ class CuptiProbe(Probe):
         if not lib.exists():
             return Availability(True, f"listening is possible, but the injection library {lib} is not built",
                                 build_hint())
+        if not os.path.exists(self.driver_version_file):
+            return Availability(True, f"will listen on {self.socket_path}, but this host has no NVIDIA driver "
+                                f"({self.driver_version_file} absent): no process here runs CUDA, none will connect",
+                                "run the agent on the GPU host, with the NVIDIA driver loaded")
         return Availability(True, f"will listen on {self.socket_path}", "")
 
     def start(self) -> None:
