@@ -877,27 +877,43 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
 
 
 def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
-    """18.7: analyze bombs, each one line, exit 2, bounded."""
+    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/analyze_bombs.py)."""
+    import gzip as gz
+    import shutil
+    sys.path.insert(0, str(ROOT / "tests"))
+    import analyze_bombs
+    from third_party_files import third_party_path
     d = tmp / "bombs"
     d.mkdir(exist_ok=True)
-    z = zlib.compressobj(9, zlib.DEFLATED, 31)
-    cases = {}
-    if only in "18.7 analyze: gzip of 1 GiB of '['":
-        with open(d / "brackets.json.gz", "wb") as f:
-            for _ in range(64):
-                f.write(z.compress(b"[" * (1 << 24)))
-            f.write(z.flush())
-        cases["18.7 analyze: gzip of 1 GiB of '['"] = d / "brackets.json.gz"
-    if only in "18.7 analyze: JSON nested a million deep":
-        n = 1_000_000
-        (d / "deep.json").write_bytes(b'{"traceEvents": [' + b"[" * n + b"]" * n + b"]}")
-        cases["18.7 analyze: JSON nested a million deep"] = d / "deep.json"
-    for name, path in cases.items():
+    cases = {
+        "18.7 analyze: gzip of 1 GiB of '['": lambda: analyze_bombs.gzip_of_brackets(d / "brackets.json.gz"),
+        "18.7 analyze: JSON nested a million deep": lambda: analyze_bombs.nested_json(d / "deep.json"),
+        "18.7 analyze: JSON nested a million deep in an event's args":
+            lambda: analyze_bombs.nested_json(d / "deep-args.json", inside_event=True),
+    }
+    export = third_party_path("nsys/pipit_saxpy_mpi_cuda_perlmutter0.sqlite.gz")
+
+    def nsys_copy(name):
+        f = d / name
+        f.write_bytes(gz.decompress(export.read_bytes()))
+        return f
+    if export is not None:
+        for kind in analyze_bombs.GENERATED:
+            cases[f"18.7 analyze: Nsight export with a generated column ({kind})"] = \
+                lambda kind=kind: analyze_bombs.nsys_generated_column(nsys_copy(f"gen-{kind}.sqlite"), kind)
+        cases["18.7 analyze: Nsight export with int64 overflow (exit 0: values unknown, counted)"] = \
+            lambda: analyze_bombs.nsys_int64_overflow(nsys_copy("overflow.sqlite"))
+    for name, build in cases.items():
+        if only not in name:
+            continue
+        path = build()
         cg = Cgroup("bomb", 1 << 30)
         r = Child([PY, "-m", "ridgeline", "analyze", str(path), "--json"], cg).finish(300)
         lines = r["stderr"].strip().splitlines()
-        row("18.7", name, r, f"`{(lines or [''])[-1][:110]}`", r["exit"] in (0, 2) and len(lines) <= 1, 1 << 30)
+        want = (0,) if "overflow" in name else (2,)
+        row("18.7", name, r, f"`{(lines or [''])[-1][:110]}`", r["exit"] in want and len(lines) <= 1, 1 << 30)
         cg.close()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def install_help() -> None:
