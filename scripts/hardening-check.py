@@ -916,6 +916,50 @@ def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
+    """18.9: `record` onto a full disk (a 256 KiB tmpfs), fed the golden window envelope."""
+    name = "18.9 record onto a full disk (256 KiB tmpfs)"
+    if only not in name:
+        return
+    import zmq
+    sys.path.insert(0, str(ROOT))
+    env = (ROOT / "tests" / "data" / "wire_envelope_window_v1.bin").read_bytes()
+    mnt = tmp / "small"
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    ep = f"ipc://{tmp}/full-disk.sock"
+    pub.bind(ep)
+    stop = threading.Event()
+
+    def send():
+        while not stop.is_set():
+            pub.send_multipart([b"window", env])
+            time.sleep(0.002)
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    cg = Cgroup("fulldisk", mem)
+    try:
+        out = mnt / "r.rlrec"
+        r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
+                  cg).finish(120)
+        from ridgeline.agent.recording import iter_frames
+        report: dict = {}
+        frames = sum(1 for _ in iter_frames(out, report))
+        lines = r["stderr"].strip().splitlines()
+        row("18.9", f"{name}, {mem >> 20}M", r, f"{frames} frames readable, truncated tail: "
+            f"{bool(report.get('truncated'))}; `{(lines or [''])[-1][:110]}`",
+            r["exit"] == 1 and len(lines) == 1 and frames > 0 and not report.get("truncated"), mem)
+    finally:
+        stop.set()
+        t.join()
+        pub.close(0)
+        ctx.term()
+        cg.close()
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
 def install_help() -> None:
     t0 = time.monotonic()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
@@ -980,6 +1024,7 @@ def main() -> None:
             issue18_names_cases(tmp, mem, a.only)
             redirect_cases(tmp, mem, a.only)
             symlink_output_cases(tmp, mem, a.only)
+            record_full_disk_case(tmp, mem, a.only)
         if not a.skip_analyze:
             analyze_bomb_cases(tmp, 1 << 30, a.only)
         if not a.skip_analyze:
