@@ -960,6 +960,78 @@ def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
         subprocess.run(["umount", str(mnt)], check=False)
 
 
+def sighup_storm_case(tmp: Path, mem: int, only: str) -> None:
+    """18.9: SIGHUP every 10 ms for 20 s while the config is rewritten (half the writes cut)."""
+    import random
+    name = "18.9 SIGHUP storm while the config file is rewritten"
+    if only not in name:
+        return
+    d = tmp / "storm"
+    d.mkdir(exist_ok=True)
+    ports = [free_port(), free_port()]
+
+    def text(port):
+        return (f'[agent]\nwindow_s = 1.0\n[publisher]\nendpoint = "ipc://{d}/s.sock"\n'
+                f'[prometheus]\nlisten = "127.0.0.1:{port}"\n[probes]\nenabled = ["cupti"]\n'
+                f'[probes.cupti]\nsocket = "{d}/cupti.sock"\n')
+    conf = d / "agent.toml"
+    conf.write_text(text(ports[0]))
+    cg = Cgroup("storm", mem)
+    c = Child([PY, "-m", "ridgeline", "agent", "--config", str(conf)], cg)
+    time.sleep(8)
+
+    def rss_mib():
+        kids = Path(f"/proc/{c.p.pid}/task/{c.p.pid}/children").read_text().split()
+        return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{kids[0]}/status").read_text()).group(1)) / 1024
+    rss0, peak, rng, n = rss_mib(), 0.0, random.Random(18), 0
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        n += 1
+        t = text(ports[n % 2])
+        with open(conf, "w") as f:
+            f.write(t if n % 2 == 0 else t[:rng.randrange(len(t))])
+        c.p.send_signal(signal.SIGHUP)
+        time.sleep(0.01)
+        peak = max(peak, rss_mib())
+    conf.write_text(text(ports[1]))
+    c.p.send_signal(signal.SIGHUP)
+    ok_last = False
+    for _ in range(60):
+        try:
+            ok_last = urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=1).status == 200
+            break
+        except OSError:
+            time.sleep(0.5)
+    r = c.finish(30, signal.SIGTERM)
+    others = [ln for ln in r["stderr"].splitlines() if "probe " in ln and "started" in ln and "cupti" not in ln]
+    row("18.9", f"{name}, {mem >> 20}M", r, f"{n} SIGHUPs; agent RSS {rss0:.0f} -> peak {peak:.0f} MiB; other probes "
+        f"started {len(others)}; last file applied: {ok_last}", ok_last and not others and peak - rss0 < 30, mem)
+    cg.close()
+
+
+def reinstall_case(tmp: Path, only: str) -> None:
+    """18.9: install.sh twice under --root: /etc/ridgeline's mode and an edited unit kept."""
+    name = "18.9 install.sh over an install keeps /etc/ridgeline's mode and unit edits"
+    if only not in name:
+        return
+    root = tmp / "install-root"
+    t0 = time.monotonic()
+    inst = ["bash", str(ROOT / "scripts" / "install.sh"), "--root", str(root), "--no-ebpf"]
+    p = subprocess.run(inst, capture_output=True, text=True, timeout=1200)
+    etc, unit = root / "etc/ridgeline", root / "etc/systemd/system/ridgeline.service"
+    ok = p.returncode == 0
+    if ok:
+        os.chmod(etc, 0o700)
+        unit.write_text(unit.read_text().replace("[Service]\n", "[Service]\nNice=5\n", 1))
+        p = subprocess.run(inst, capture_output=True, text=True, timeout=1200)
+    mode = oct(etc.stat().st_mode & 0o777) if etc.exists() else "-"
+    kept = unit.exists() and "Nice=5" in unit.read_text()
+    r = {"exit": p.returncode, "rss": 0, "cg": 0, "oom": 0, "time": time.monotonic() - t0, "tracebacks": 0}
+    row("18.9", name, r, f"/etc/ridgeline {mode}, unit edit {'kept' if kept else 'LOST'}; "
+        f"`{(p.stderr.strip().splitlines() or [''])[-1][:100]}`", p.returncode == 0 and mode == "0o700" and kept,
+        1 << 30)
+
+
 def install_help() -> None:
     t0 = time.monotonic()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
@@ -1025,6 +1097,7 @@ def main() -> None:
             redirect_cases(tmp, mem, a.only)
             symlink_output_cases(tmp, mem, a.only)
             record_full_disk_case(tmp, mem, a.only)
+            sighup_storm_case(tmp, mem, a.only)
         if not a.skip_analyze:
             analyze_bomb_cases(tmp, 1 << 30, a.only)
         if not a.skip_analyze:
@@ -1032,6 +1105,7 @@ def main() -> None:
             analyze_cases(tmp, 1 << 30, a.only, a.long_recording, a.inputs_from)
         if "install" in "install.sh --help" and a.only in "install.sh --help":
             install_help()
+        reinstall_case(tmp, a.only)
     print(f"# load average after: {open('/proc/loadavg').read().split()[:3]}")
     if a.json:
         a.json.write_text(json.dumps(ROWS, indent=1))
