@@ -1032,6 +1032,39 @@ def reinstall_case(tmp: Path, only: str) -> None:
         1 << 30)
 
 
+DEMANGLER_PROBE = r"""
+import os, signal, sys
+from ridgeline.probes.cupti import demangle as dm
+w = dm._Worker()
+ok = w.run([b"_ZN5flash3fwdIiEEvT_"], 5.0)
+st = dict(l.split(":", 1) for l in open(f"/proc/{w.proc.pid}/status").read().splitlines() if ":" in l)
+code = dm._LOCKDOWN_CODE + "\nlockdown()\nos.open('/etc/hostname', os.O_RDONLY)\n"
+import subprocess
+r = subprocess.run([sys.executable, "-I", "-S", "-c", code]).returncode
+print(ok[0][0] == dm._OK, st["Uid"].split()[0], st["CapEff"].strip(), st["CapBnd"].strip(), st["CapAmb"].strip(),
+      st["Seccomp"].strip(), r == -signal.SIGSYS)
+w.kill()
+"""
+
+
+def demangler_privilege_case(tmp: Path, mem: int, only: str) -> None:
+    """18.2: the demangler worker of a root agent: its uid, capabilities, seccomp mode, and
+    a forbidden system call after the same lockdown."""
+    name = "18.2 demangler worker of a root agent: uid, capabilities, seccomp"
+    if only not in name:
+        return
+    cg = Cgroup("demangler", mem)
+    out = tmp / "demangler.out"
+    with open(out, "w") as f:
+        r = Child([PY, "-c", DEMANGLER_PROBE], cg, stdout=f).finish(60)
+    got = out.read_text().split()
+    ok = len(got) == 7 and got[0] == "True" and got[1] == str(NOBODY) and set(got[2:5]) == {"0000000000000000"} \
+        and got[5] == "2" and got[6] == "True"
+    row("18.2", f"{name}, {mem >> 20}M", r, f"demangles {got[:1]}, uid {got[1:2]}, CapEff/Bnd/Amb {got[2:5]}, "
+        f"Seccomp {got[5:6]}, open() after lockdown killed by SIGSYS {got[6:7]}", ok, mem)
+    cg.close()
+
+
 def install_help() -> None:
     t0 = time.monotonic()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--help"], capture_output=True, text=True,
@@ -1098,6 +1131,7 @@ def main() -> None:
             symlink_output_cases(tmp, mem, a.only)
             record_full_disk_case(tmp, mem, a.only)
             sighup_storm_case(tmp, mem, a.only)
+            demangler_privilege_case(tmp, mem, a.only)
         if not a.skip_analyze:
             analyze_bomb_cases(tmp, 1 << 30, a.only)
         if not a.skip_analyze:
