@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ridgeline.probes.errors import InputError
+from ridgeline.probes.errors import InputError, RuntimeFailure
 from ridgeline.probes.events import Trace, NameTable
 
 MAGIC = b"RLREC\x00\x01\n"
@@ -54,20 +54,40 @@ def is_recording(path: str | Path) -> bool:
 
 
 class RecordingWriter:
+    """Frames appended unbuffered (one ``write`` per frame, retried over short writes).
+
+    A write that fails (a full disk, a quota, a file-size limit; issue 18.9 saw two chained
+    tracebacks) cuts the file back to its last whole frame and raises
+    :class:`RuntimeFailure`, one line: the file stays a readable recording, and nothing
+    is left in a buffer for ``close`` to fail on again."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         from ridgeline.probes.output_file import open_output
-        self._f = open_output(self.path, "recording")     # never through another user's link
-        self._f.write(MAGIC)
+        # never through another user's link; raw: no buffer to flush after a failure
+        self._f = open_output(self.path, "recording").detach()
         self.frames = 0
+        self.bytes = 0
+        self._put(MAGIC)
         self.bytes = len(MAGIC)
+
+    def _put(self, data: bytes) -> None:
+        view, done = memoryview(data), 0
+        try:
+            while done < len(view):
+                done += self._f.write(view[done:])
+        except OSError as exc:
+            # ftruncate frees blocks: it works on a full disk
+            os.ftruncate(self._f.fileno(), self.bytes)
+            self._f.close()
+            kept = f"{self.frames} messages ({self.bytes} bytes) kept" if self.frames else "nothing kept"
+            raise RuntimeFailure(f"{self.path}: cannot write the recording ({exc.strerror or exc}); "
+                                 f"{kept}, the file ends at the last whole message") from None
 
     def write(self, envelope: bytes, recv_ns: int) -> None:
         if len(envelope) > MAX_FRAME_BYTES:
             raise ValueError("envelope larger than a recording frame may be")
-        self._f.write(_HEAD.pack(recv_ns, len(envelope)))
-        self._f.write(envelope)
-        self._f.flush()
+        self._put(_HEAD.pack(recv_ns, len(envelope)) + envelope)
         self.frames += 1
         self.bytes += _HEAD.size + len(envelope)
 

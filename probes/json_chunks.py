@@ -45,6 +45,15 @@ CHUNK_BYTES = 4 << 20
 PAD = 64            # spaces appended to every buffer so fixed-width windows never overrun
 HEAD_LIMIT = 64 << 20   # bytes read while looking for the array (and after it) before giving up
 MAX_ELEMENT_BYTES = 32 << 20   # one array element larger than this is refused (memory bound)
+# The scan holds about 40 bytes per bracket (positions, quote ranks, classes, depths), so
+# bytes made of brackets cost 40x their size: a buffer with more '{'/'[' than this is
+# refused before it is scanned (a real Kineto event has 2-6 brackets in 200-500 bytes;
+# 2M openings cost about 160 MiB at the scan's peak). Issue 18.7: 1 GiB of '[' in 1 MB
+# of gzip was OOM-killed while the carry of one unfinished element grew to 36 MiB.
+MAX_OPENS_PER_SCAN = 1 << 21
+# Kineto nests at most 5 deep (document, traceEvents, event, args, a list of input dims,
+# one of its shapes); deeper is refused, not handed to a recursive decoder.
+MAX_DEPTH = 64
 _BETWEEN = b" \t\r\n,"    # what may separate two elements
 
 _QUOTE, _BSLASH = 34, 92
@@ -326,6 +335,7 @@ class ArrayStream:
                 yield memoryview(buf)[:cut[0]]      # no copy: a reader skipping it pays nothing
                 carry = buf[cut[1]:]
             n = len(buf)
+            self._check_density(buf + b" " * PAD, offset)
             s = scan(buf + b" " * PAD, n)
             closing = np.flatnonzero(s.depth < 0)
             if not len(closing) or s.cls[closing[0]] != 4:
@@ -379,7 +389,9 @@ class ArrayStream:
             n = len(buf) - PAD
             if n == 0 and eof:
                 raise self._truncated(offset, "inside the traceEvents array")
+            self._check_density(buf, offset)
             s = scan(buf, n)
+            self._check_depth(s, offset)
             closing = s.depth < 0
             end_at = int(np.argmax(closing)) if closing.any() else -1
             if end_at >= 0 and stop is not None:
@@ -426,6 +438,25 @@ class ArrayStream:
             yield Chunk(s, starts, closes, offset)
             carry = buf[last + 1:n]
             offset += last + 1
+
+    def _check_density(self, buf: bytes, offset: int) -> None:
+        """Refuse, before scanning, a buffer whose brackets would cost more memory than
+        the scan is allowed (bytes.count: no copy, no array)."""
+        opens = buf.count(b"[") + buf.count(b"{")
+        if opens > MAX_OPENS_PER_SCAN:
+            raise InputError(f"{self.path}: not a Kineto trace ({opens} '[' or '{{' in "
+                             f"{len(buf) - PAD} bytes of {self.key} from byte {offset}; "
+                             f"at most {MAX_OPENS_PER_SCAN} are read at once)")
+
+    def _check_depth(self, s: Scan, offset: int) -> None:
+        """Refuse nesting deeper than MAX_DEPTH (the buffer starts inside the array, at
+        depth 1 of the document)."""
+        if len(s.depth):
+            deepest = int(s.depth.max()) + 1
+            if deepest > MAX_DEPTH:
+                at = offset + int(s.pos[int(np.argmax(s.depth))])
+                raise InputError(f"{self.path}: not a Kineto trace (JSON nested {deepest} deep near byte "
+                                 f"{at}; at most {MAX_DEPTH})")
 
     def _parse_top(self, text: bytes, offset: int) -> None:
         try:

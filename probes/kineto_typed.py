@@ -360,6 +360,9 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
         return _reference(piece, b)
     except msgspec.DecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
+    except RecursionError:
+        # nested past msgspec's limit: the scanner refuses it by depth (issue 18.7)
+        raise json_chunks.Unsplit("a piece nests too deep") from None
     del text
     per_cat = np.bincount(code, minlength=_NCATS)
     try:

@@ -24,7 +24,11 @@ copies get the pid/tid of the runtime/driver call with the same ``correlationId`
 
 Bounded: row counts are read first and charged to the caller's
 :class:`probes.budget.EventBudget` before any row is fetched; rows are fetched in
-blocks; strings are cut at :data:`MAX_NAME_CHARS`. Values of the wrong SQLite type
+blocks; strings are cut at :data:`MAX_NAME_CHARS`. A table read that is not a plain
+table (a virtual table, or one with generated columns, computed on every read: issue
+18.7 found one that allocated 800 MB per row or spun for minutes) is refused; every
+query runs under SQLite's progress handler with a budget of VM steps and of wall time
+that grows with the rows counted, and no value may exceed :data:`MAX_VALUE_BYTES`. Values of the wrong SQLite type
 (a string where a time belongs) become unusable times, dropped and counted like the
 Kineto importer does (``meta["rejected_events"]``). Any problem with the file raises
 :class:`InputError` naming it.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +59,20 @@ _NVTX_RANGE_TYPES = (59, 60)          # NvtxPushPopRange, NvtxStartEndRange
 # CUPTI_ActivityMemcpyKind 0..10 are the COPY_* values; 11..13 are unified-memory copies
 _UVM_COPY = {11: COPY_HTOD, 12: COPY_DTOH, 13: COPY_DTOD}
 _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
+MAX_VALUE_BYTES = 16 << 20      # SQLITE_LIMIT_LENGTH: no string or blob (stored or computed) beyond
+# The progress handler runs every _TICK_OPS virtual-machine steps (100: a computed value
+# can cost a row 0.25 s, so a coarser tick overshoots the time budget by seconds; the
+# CloverLeaf export reads 7% slower than at 10,000). The step budget is
+# STEPS_BASE for the schema and counts, plus STEPS_PER_ROW per counted row (our queries
+# took 290k steps for the 5,936 rows of the shared CloverLeaf export, about 50 a row:
+# 40x headroom), and the wall-time budget TIME_BASE_S plus TIME_PER_ROW_S per row (that
+# export read in 0.15 s, 25 us a row with the fixed cost, on this 2-core machine).
+_TICK_OPS = 100
+STEPS_BASE = 50_000_000
+STEPS_PER_ROW = 2_000
+TIME_BASE_S = 30.0
+TIME_PER_ROW_S = 20e-6
+_INT32 = (-(1 << 31), (1 << 31) - 1)
 
 
 def is_nsys_export(path: str | Path) -> bool:
@@ -70,14 +89,54 @@ def _int(col: str, default: int = MISSING) -> str:
 
 
 class _Db:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, steps: int = STEPS_BASE, seconds: float = TIME_BASE_S):
         self.path = path
+        self.steps, self.seconds = 0, 0.0
+        self.max_steps, self.t0 = steps, time.monotonic()
+        self.max_seconds = seconds
+        self.over = ""          # which budget stopped a query
         try:
             # read-only and immutable: never writes a journal next to someone's file
             self.c = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+            self.c.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+            self.c.set_progress_handler(self._tick, _TICK_OPS)
             self.tables = {r[0] for r in self.c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            self.virtual = {r[0] for r in self.c.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%'")}
         except sqlite3.Error as exc:
             raise InputError(f"{path}: not a readable SQLite database ({exc})") from None
+
+    def _tick(self) -> int:
+        """SQLite's progress handler: nonzero interrupts the query."""
+        self.steps += _TICK_OPS
+        if self.steps > self.max_steps:
+            self.over = f"more than {self.max_steps} SQLite steps"
+        elif time.monotonic() - self.t0 > self.max_seconds:
+            self.over = f"more than {self.max_seconds:.0f} s"
+        return 1 if self.over else 0
+
+    def allow_rows(self, rows: int) -> None:
+        """Grow the budgets by what ``rows`` counted rows may cost to read."""
+        self.max_steps = STEPS_BASE + STEPS_PER_ROW * rows
+        self.max_seconds = TIME_BASE_S + TIME_PER_ROW_S * rows
+
+    def _error(self, exc: sqlite3.Error) -> InputError:
+        if self.over:
+            return InputError(f"{self.path}: Nsight Systems export takes {self.over} to read "
+                              "(budget of the rows it counts); refused")
+        if isinstance(exc, sqlite3.DataError) or "too big" in str(exc):
+            return InputError(f"{self.path}: Nsight Systems export holds a value over "
+                              f"{MAX_VALUE_BYTES >> 20} MiB ({exc})")
+        return InputError(f"{self.path}: Nsight Systems export does not read ({exc})")
+
+    def check_plain(self, table: str) -> None:
+        """Refuse a table whose reads compute: a virtual table, or generated columns."""
+        if table in self.virtual:
+            raise InputError(f"{self.path}: {table} is a virtual table, not an Nsight Systems export's")
+        computed = [r[1] for r in self.q(f"PRAGMA table_xinfo({table})") if r[6] != 0]
+        if computed:
+            raise InputError(f"{self.path}: {table} has generated columns ({', '.join(computed[:4])}), "
+                             "which no Nsight Systems export has; refused")
 
     def columns(self, table: str) -> set[str]:
         return {r[1] for r in self.q(f"PRAGMA table_info({table})")}
@@ -86,7 +145,13 @@ class _Db:
         try:
             return self.c.execute(sql, args)
         except sqlite3.Error as exc:
-            raise InputError(f"{self.path}: Nsight Systems export does not read ({exc})") from None
+            raise self._error(exc) from None
+
+    def fetch(self, cur, n: int) -> list:
+        try:
+            return cur.fetchmany(n)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
 
     def count(self, table: str) -> int:
         return int(self.q(f"SELECT count(*) FROM {table}").fetchone()[0]) if table in self.tables else 0
@@ -97,10 +162,14 @@ class _Db:
         cur = self.q(sql)
         i = 0
         while i < n:
-            block = cur.fetchmany(_FETCH_ROWS)
+            block = self.fetch(cur, _FETCH_ROWS)
             if not block:
                 break
-            b = np.array(block, dtype=np.int64).reshape(-1, width)
+            try:
+                b = np.array(block, dtype=np.int64).reshape(-1, width)
+            except (OverflowError, TypeError, ValueError):
+                # our SQL makes every value an int64 or a default; this is a guard
+                raise InputError(f"{self.path}: Nsight Systems export has a value outside int64") from None
             take = min(len(b), n - i)
             out[i:i + take] = b[:take]
             i += take
@@ -142,15 +211,29 @@ def _kernels(db: _Db, strings: _Strings, n: int) -> np.ndarray:
             ("grid_x", _int("gridX")), ("grid_y", _int("gridY")), ("grid_z", _int("gridZ")),
             ("block_x", _int("blockX")), ("block_y", _int("blockY")), ("block_z", _int("blockZ")),
             ("registers", _int("registersPerThread")),
-            ("shared_mem_bytes", f"{_int('staticSharedMemory', 0)} + {_int('dynamicSharedMemory', 0)}"),
+            # two columns, summed below: their sum in SQL leaves int64 as a REAL (issue 18.7)
+            ("shared_static", _int("staticSharedMemory", 0)), ("shared_dynamic", _int("dynamicSharedMemory", 0)),
             ("graph_node_id", _int("graphNodeId") if "graphNodeId" in cols else str(MISSING)),
             ("name", _int(name_col))]
     a = db.rows(f"SELECT {', '.join(sql for _, sql in want)} FROM {t} ORDER BY start", n, len(want))
     out = empty(KERNEL_DTYPE, len(a))
-    for j, (col, _) in enumerate(want[:-1]):
-        out[col] = a[:, j]
+    at = {col: j for j, (col, _) in enumerate(want)}
+    for col, j in at.items():
+        if col in KERNEL_DTYPE.names and col != "name":
+            out[col] = _fit(a[:, j], KERNEL_DTYPE[col])
+    static, dynamic = a[:, at["shared_static"]], a[:, at["shared_dynamic"]]
+    ok = (static >= 0) & (dynamic >= 0) & (static <= _INT32[1]) & (dynamic <= _INT32[1] - static)
+    out["shared_mem_bytes"] = np.where(ok, static + np.where(ok, dynamic, 0), MISSING)
     out["name_id"] = strings.ids(a[:, -1])
     return out
+
+
+def _fit(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """int64 values for a column of ``dtype``: those an int32 cannot hold become MISSING
+    (a cast would wrap them into plausible sizes)."""
+    if dtype == np.int32:
+        return np.where((values >= _INT32[0]) & (values <= _INT32[1]), values, MISSING)
+    return values
 
 
 def _copies(db: _Db, strings: _Strings, n_memcpy: int, n_memset: int) -> np.ndarray:
@@ -287,6 +370,9 @@ def load_trace(path: str | Path, budget=None) -> Trace:
             shown = ", ".join(sorted(db.tables)[:8]) or "none"
             raise InputError(f"{path}: an SQLite file without Nsight Systems CUDA tables "
                              f"(CUPTI_ACTIVITY_KIND_*; tables: {shown})")
+        for t in sorted((activity | {"NVTX_EVENTS", "StringIds", "TARGET_INFO_GPU", "META_DATA_EXPORT",
+                                     "EXPORT_META_DATA"}) & db.tables):
+            db.check_plain(t)
         counts = {t: db.count(t) for t in activity}
         if "NVTX_EVENTS" in db.tables:
             types = ",".join(map(str, _NVTX_RANGE_TYPES))
@@ -297,6 +383,7 @@ def load_trace(path: str | Path, budget=None) -> Trace:
             budget.charge("copies", counts["CUPTI_ACTIVITY_KIND_MEMCPY"] + counts["CUPTI_ACTIVITY_KIND_MEMSET"])
             budget.charge("api", counts["CUPTI_ACTIVITY_KIND_RUNTIME"] + counts["CUPTI_ACTIVITY_KIND_DRIVER"])
             budget.charge("ranges", counts.get("NVTX_EVENTS", 0))
+        db.allow_rows(sum(counts.values()) + db.count("StringIds"))
         names = NameTable()
         strings = _Strings(db, names)
         kernels = (_kernels(db, strings, counts["CUPTI_ACTIVITY_KIND_KERNEL"])

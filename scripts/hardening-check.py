@@ -1094,27 +1094,192 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
 
 
 def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
-    """18.7: analyze bombs, each one line, exit 2, bounded."""
+    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/analyze_bombs.py)."""
+    import gzip as gz
+    import shutil
+    sys.path.insert(0, str(ROOT / "tests"))
+    import analyze_bombs
+    from third_party_files import third_party_path
     d = tmp / "bombs"
     d.mkdir(exist_ok=True)
-    z = zlib.compressobj(9, zlib.DEFLATED, 31)
-    cases = {}
-    if only in "18.7 analyze: gzip of 1 GiB of '['":
-        with open(d / "brackets.json.gz", "wb") as f:
-            for _ in range(64):
-                f.write(z.compress(b"[" * (1 << 24)))
-            f.write(z.flush())
-        cases["18.7 analyze: gzip of 1 GiB of '['"] = d / "brackets.json.gz"
-    if only in "18.7 analyze: JSON nested a million deep":
-        n = 1_000_000
-        (d / "deep.json").write_bytes(b'{"traceEvents": [' + b"[" * n + b"]" * n + b"]}")
-        cases["18.7 analyze: JSON nested a million deep"] = d / "deep.json"
-    for name, path in cases.items():
+    cases = {
+        "18.7 analyze: gzip of 1 GiB of '['": lambda: analyze_bombs.gzip_of_brackets(d / "brackets.json.gz"),
+        "18.7 analyze: JSON nested a million deep": lambda: analyze_bombs.nested_json(d / "deep.json"),
+        "18.7 analyze: JSON nested a million deep in an event's args":
+            lambda: analyze_bombs.nested_json(d / "deep-args.json", inside_event=True),
+    }
+    export = third_party_path("nsys/pipit_saxpy_mpi_cuda_perlmutter0.sqlite.gz")
+
+    def nsys_copy(name):
+        f = d / name
+        f.write_bytes(gz.decompress(export.read_bytes()))
+        return f
+    if export is not None:
+        for kind in analyze_bombs.GENERATED:
+            cases[f"18.7 analyze: Nsight export with a generated column ({kind})"] = \
+                lambda kind=kind: analyze_bombs.nsys_generated_column(nsys_copy(f"gen-{kind}.sqlite"), kind)
+        cases["18.7 analyze: Nsight export with int64 overflow (exit 0: values unknown, counted)"] = \
+            lambda: analyze_bombs.nsys_int64_overflow(nsys_copy("overflow.sqlite"))
+    for name, build in cases.items():
+        if only not in name:
+            continue
+        path = build()
         cg = Cgroup("bomb", 1 << 30)
         r = Child([PY, "-m", "ridgeline", "analyze", str(path), "--json"], cg).finish(300)
         lines = r["stderr"].strip().splitlines()
-        row("18.7", name, r, f"`{(lines or [''])[-1][:110]}`", r["exit"] in (0, 2) and len(lines) <= 1, 1 << 30)
+        want = (0,) if "overflow" in name else (2,)
+        row("18.7", name, r, f"`{(lines or [''])[-1][:110]}`", r["exit"] in want and len(lines) <= 1, 1 << 30)
         cg.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
+    """18.9: `record` onto a full disk (a 256 KiB tmpfs), fed the golden window envelope."""
+    name = "18.9 record onto a full disk (256 KiB tmpfs)"
+    if only not in name:
+        return
+    import zmq
+    sys.path.insert(0, str(ROOT))
+    env = (ROOT / "tests" / "data" / "wire_envelope_window_v1.bin").read_bytes()
+    mnt = tmp / "small"
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    ep = f"ipc://{tmp}/full-disk.sock"
+    pub.bind(ep)
+    stop = threading.Event()
+
+    def send():
+        while not stop.is_set():
+            pub.send_multipart([b"window", env])
+            time.sleep(0.002)
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    cg = Cgroup("fulldisk", mem)
+    try:
+        out = mnt / "r.rlrec"
+        r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
+                  cg).finish(120)
+        from ridgeline.agent.recording import iter_frames
+        report: dict = {}
+        frames = sum(1 for _ in iter_frames(out, report))
+        lines = r["stderr"].strip().splitlines()
+        row("18.9", f"{name}, {mem >> 20}M", r, f"{frames} frames readable, truncated tail: "
+            f"{bool(report.get('truncated'))}; `{(lines or [''])[-1][:110]}`",
+            r["exit"] == 1 and len(lines) == 1 and frames > 0 and not report.get("truncated"), mem)
+    finally:
+        stop.set()
+        t.join()
+        pub.close(0)
+        ctx.term()
+        cg.close()
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def sighup_storm_case(tmp: Path, mem: int, only: str) -> None:
+    """18.9: SIGHUP every 10 ms for 20 s while the config is rewritten (half the writes cut)."""
+    import random
+    name = "18.9 SIGHUP storm while the config file is rewritten"
+    if only not in name:
+        return
+    d = tmp / "storm"
+    d.mkdir(exist_ok=True)
+    ports = [free_port(), free_port()]
+
+    def text(port):
+        return (f'[agent]\nwindow_s = 1.0\n[publisher]\nendpoint = "ipc://{d}/s.sock"\n'
+                f'[prometheus]\nlisten = "127.0.0.1:{port}"\n[probes]\nenabled = ["cupti"]\n'
+                f'[probes.cupti]\nsocket = "{d}/cupti.sock"\n')
+    conf = d / "agent.toml"
+    conf.write_text(text(ports[0]))
+    cg = Cgroup("storm", mem)
+    c = Child([PY, "-m", "ridgeline", "agent", "--config", str(conf)], cg)
+    time.sleep(8)
+
+    def rss_mib():
+        kids = Path(f"/proc/{c.p.pid}/task/{c.p.pid}/children").read_text().split()
+        return int(re.search(r"VmRSS:\s+(\d+)", Path(f"/proc/{kids[0]}/status").read_text()).group(1)) / 1024
+    rss0, peak, rng, n = rss_mib(), 0.0, random.Random(18), 0
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        n += 1
+        t = text(ports[n % 2])
+        with open(conf, "w") as f:
+            f.write(t if n % 2 == 0 else t[:rng.randrange(len(t))])
+        c.p.send_signal(signal.SIGHUP)
+        time.sleep(0.01)
+        peak = max(peak, rss_mib())
+    conf.write_text(text(ports[1]))
+    c.p.send_signal(signal.SIGHUP)
+    ok_last = False
+    for _ in range(60):
+        try:
+            ok_last = urllib.request.urlopen(f"http://127.0.0.1:{ports[1]}/metrics", timeout=1).status == 200
+            break
+        except OSError:
+            time.sleep(0.5)
+    r = c.finish(30, signal.SIGTERM)
+    others = [ln for ln in r["stderr"].splitlines() if "probe " in ln and "started" in ln and "cupti" not in ln]
+    row("18.9", f"{name}, {mem >> 20}M", r, f"{n} SIGHUPs; agent RSS {rss0:.0f} -> peak {peak:.0f} MiB; other probes "
+        f"started {len(others)}; last file applied: {ok_last}", ok_last and not others and peak - rss0 < 30, mem)
+    cg.close()
+
+
+def reinstall_case(tmp: Path, only: str) -> None:
+    """18.9: install.sh twice under --root: /etc/ridgeline's mode and an edited unit kept."""
+    name = "18.9 install.sh over an install keeps /etc/ridgeline's mode and unit edits"
+    if only not in name:
+        return
+    root = tmp / "install-root"
+    t0 = time.monotonic()
+    inst = ["bash", str(ROOT / "scripts" / "install.sh"), "--root", str(root), "--no-ebpf"]
+    p = subprocess.run(inst, capture_output=True, text=True, timeout=1200)
+    etc, unit = root / "etc/ridgeline", root / "etc/systemd/system/ridgeline.service"
+    ok = p.returncode == 0
+    if ok:
+        os.chmod(etc, 0o700)
+        unit.write_text(unit.read_text().replace("[Service]\n", "[Service]\nNice=5\n", 1))
+        p = subprocess.run(inst, capture_output=True, text=True, timeout=1200)
+    mode = oct(etc.stat().st_mode & 0o777) if etc.exists() else "-"
+    kept = unit.exists() and "Nice=5" in unit.read_text()
+    r = {"exit": p.returncode, "rss": 0, "cg": 0, "oom": 0, "time": time.monotonic() - t0, "tracebacks": 0}
+    row("18.9", name, r, f"/etc/ridgeline {mode}, unit edit {'kept' if kept else 'LOST'}; "
+        f"`{(p.stderr.strip().splitlines() or [''])[-1][:100]}`", p.returncode == 0 and mode == "0o700" and kept,
+        1 << 30)
+
+
+DEMANGLER_PROBE = r"""
+import os, signal, sys
+from ridgeline.probes.cupti import demangle as dm
+w = dm._Worker()
+ok = w.run([b"_ZN5flash3fwdIiEEvT_"], 5.0)
+st = dict(l.split(":", 1) for l in open(f"/proc/{w.proc.pid}/status").read().splitlines() if ":" in l)
+code = dm._LOCKDOWN_CODE + "\nlockdown()\nos.open('/etc/hostname', os.O_RDONLY)\n"
+import subprocess
+r = subprocess.run([sys.executable, "-I", "-S", "-c", code]).returncode
+print(ok[0][0] == dm._OK, st["Uid"].split()[0], st["CapEff"].strip(), st["CapBnd"].strip(), st["CapAmb"].strip(),
+      st["Seccomp"].strip(), r == -signal.SIGSYS)
+w.kill()
+"""
+
+
+def demangler_privilege_case(tmp: Path, mem: int, only: str) -> None:
+    """18.2: the demangler worker of a root agent: its uid, capabilities, seccomp mode, and
+    a forbidden system call after the same lockdown."""
+    name = "18.2 demangler worker of a root agent: uid, capabilities, seccomp"
+    if only not in name:
+        return
+    cg = Cgroup("demangler", mem)
+    out = tmp / "demangler.out"
+    with open(out, "w") as f:
+        r = Child([PY, "-c", DEMANGLER_PROBE], cg, stdout=f).finish(60)
+    got = out.read_text().split()
+    ok = len(got) == 7 and got[0] == "True" and got[1] == str(NOBODY) and set(got[2:5]) == {"0000000000000000"} \
+        and got[5] == "2" and got[6] == "True"
+    row("18.2", f"{name}, {mem >> 20}M", r, f"demangles {got[:1]}, uid {got[1:2]}, CapEff/Bnd/Amb {got[2:5]}, "
+        f"Seccomp {got[5:6]}, open() after lockdown killed by SIGSYS {got[6:7]}", ok, mem)
+    cg.close()
 
 
 def install_help() -> None:
@@ -1182,6 +1347,9 @@ def main() -> None:
             issue18_peer_cases(tmp, mem, a.only)
             redirect_cases(tmp, mem, a.only)
             symlink_output_cases(tmp, mem, a.only)
+            record_full_disk_case(tmp, mem, a.only)
+            sighup_storm_case(tmp, mem, a.only)
+            demangler_privilege_case(tmp, mem, a.only)
         if not a.skip_analyze:
             analyze_bomb_cases(tmp, 1 << 30, a.only)
         if not a.skip_analyze:
@@ -1189,6 +1357,7 @@ def main() -> None:
             analyze_cases(tmp, 1 << 30, a.only, a.long_recording, a.inputs_from)
         if "install" in "install.sh --help" and a.only in "install.sh --help":
             install_help()
+        reinstall_case(tmp, a.only)
     print(f"# load average after: {open('/proc/loadavg').read().split()[:3]}")
     if a.json:
         a.json.write_text(json.dumps(ROWS, indent=1))

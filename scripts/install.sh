@@ -6,6 +6,8 @@
 #   /etc/systemd/system/ridgeline.service
 #   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0751)
 #   /etc/ridgeline/agent.toml       default config (kept if already there, kept on uninstall)
+# A reinstall keeps /etc/ridgeline's mode, the config, drop-ins (ridgeline.service.d/) and
+# an edited unit (the new one goes beside it as ridgeline.service.ridgeline-new).
 # Installing into / as root also sets up the eBPF prerequisites (scripts/setup-ebpf.sh:
 # distro bcc, kernel headers, tracefs; never fatal) and links the distro bcc into the venv.
 #
@@ -57,7 +59,7 @@ if [ "$UNINSTALL" = 1 ]; then
     if [ "$LIVE" = 1 ]; then
         systemctl disable --now ridgeline.service 2>/dev/null || true
     fi
-    rm -f "$UNIT" "$TMPF"
+    rm -f "$UNIT" "$UNIT.ridgeline-new" "$TMPF"
     rm -rf "$PREFIX"
     if [ "$LIVE" = 1 ]; then systemctl daemon-reload; fi
     echo "ridgeline: uninstalled from ${ROOT}; config kept at $CONF"
@@ -70,7 +72,8 @@ if [ "$R" = "" ] && [ "$(id -u)" != 0 ]; then
 fi
 
 install -d -m 0755 "$PREFIX" "$(dirname "$UNIT")" "$(dirname "$TMPF")"
-install -d -m 0750 "$(dirname "$CONF")"
+# Made 0750 once: a reinstall keeps the mode an admin gave it (install -d -m would reset it).
+if [ ! -d "$(dirname "$CONF")" ]; then install -d -m 0750 "$(dirname "$CONF")"; fi
 if [ ! -x "$PREFIX/venv/bin/python" ]; then
     "$PY" -m venv "$PREFIX/venv"
 fi
@@ -105,7 +108,21 @@ if [ "$R" != "" ]; then
         fi
     done
 fi
-install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
+# The unit as last installed ($PRISTINE) tells our old unit from a local edit. An edited
+# unit (or one this script cannot tell from an edit: no record of what it installed) is
+# kept, the new one put beside it, and the admin told to move the edits to a drop-in,
+# $UNIT.d/*.conf ('systemctl edit ridgeline'), which this script never touches.
+PRISTINE="$PREFIX/share/ridgeline.service"
+if [ -e "$UNIT" ] && ! cmp -s "$UNIT" "$SRC/systemd/ridgeline.service" \
+        && { [ ! -e "$PRISTINE" ] || ! cmp -s "$UNIT" "$PRISTINE"; }; then
+    install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT.ridgeline-new"
+    echo "ridgeline: $UNIT has local edits: kept; the new unit is $UNIT.ridgeline-new (move the edits to a drop-in, $UNIT.d/local.conf, then replace the unit with it)" >&2
+else
+    install -m 0644 "$SRC/systemd/ridgeline.service" "$UNIT"
+    rm -f "$UNIT.ridgeline-new"
+fi
+install -d -m 0755 "$PREFIX/share"
+install -m 0644 "$SRC/systemd/ridgeline.service" "$PRISTINE"
 install -m 0644 "$SRC/systemd/ridgeline.conf" "$TMPF"
 if [ ! -e "$CONF" ]; then
     install -m 0640 "$SRC/agent/data/agent.toml" "$CONF"

@@ -352,6 +352,8 @@ def test_when_no_socket_can_be_bound_windows_lost_show_as_a_gap(tmp_path):
             return real_make(p)
         agent._make_publisher = make
         path.write_text(base_toml(f"tcp://127.0.0.1:{other}"))
+        settled = time.time() - 10       # written a while ago: reloaded at once (daemon.RELOAD_SETTLE_S)
+        os.utime(path, (settled, settled))
         last = agent.publisher.seq["window"]
         agent.request_reload()
         # past the watchdog's grace of two windows (however long a loaded host takes)

@@ -283,3 +283,34 @@ def test_setup_scripts_install_only_through_apt_sh():
         for line in text.splitlines():
             if re.search(r"apt-get (-\S+ )*(install|update)\b", line):
                 assert "DPkg::Lock::Timeout" in line and "2>&1" not in line and "2>/dev/null" not in line, line
+
+
+def test_reinstall_keeps_the_config_folder_mode_unit_edits_and_drop_ins(installed, clean_clone):
+    """Issue 18.9: install.sh over an install reset /etc/ridgeline to 0750 and overwrote
+    local unit edits."""
+    etc, unit = installed / "etc/ridgeline", installed / "etc/systemd/system/ridgeline.service"
+    new, dropin = unit.with_name("ridgeline.service.ridgeline-new"), unit.with_name("ridgeline.service.d") / "local.conf"
+    packaged = (clean_clone / "systemd/ridgeline.service").read_text()
+    try:
+        os.chmod(etc, 0o700)
+        r = _install(clean_clone, installed)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert stat.S_IMODE(etc.stat().st_mode) == 0o700
+        assert unit.read_text() == packaged and not new.exists()     # ours, unedited: replaced
+        dropin.parent.mkdir()
+        dropin.write_text("[Service]\nMemoryMax=1G\n")
+        edited = packaged.replace("[Service]\n", "[Service]\nNice=5\n", 1)
+        assert edited != packaged
+        unit.write_text(edited)
+        r = _install(clean_clone, installed)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert unit.read_text() == edited and new.read_text() == packaged
+        assert dropin.read_text() == "[Service]\nMemoryMax=1G\n"
+        assert "has local edits: kept" in r.stderr and stat.S_IMODE(etc.stat().st_mode) == 0o700
+    finally:
+        os.chmod(etc, 0o750)
+        unit.write_text(packaged)
+        new.unlink(missing_ok=True)
+        dropin.unlink(missing_ok=True)
+        if dropin.parent.exists():
+            dropin.parent.rmdir()

@@ -27,6 +27,7 @@ import ctypes
 import ctypes.util
 import os
 import selectors
+import signal
 import struct
 import subprocess
 import sys
@@ -51,8 +52,64 @@ DEADLINE_PER_NAME_S = 1e-4
 
 _OK, _FAILED, _TOO_LONG, _NO_DEMANGLER = 0, 1, 2, 3
 
+# Before it reads a name, the worker gives up what it does not need to demangle (issue
+# 18.2: it parsed hostile names as root with the unit's capabilities): as root it drops
+# the capability bounding set and becomes the user nobody; then it clears the ambient
+# capabilities, sets every capability set to empty (capset), sets no_new_privs and loads
+# a seccomp filter that allows only what its loop calls (read, write, memory, exit,
+# signal return) and kills the process on any other system call (SECCOMP_RET_KILL_PROCESS:
+# the parent sees SIGSYS and counts it, :attr:`_Worker.seccomp_kills`). Unknown
+# architecture or a failed step: the worker exits before reading names (names stay mangled).
+_LOCKDOWN_CODE = r"""
+import ctypes, os, platform, pwd, struct
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
+# (audit arch, {name: number}) from the kernel's unistd tables (arch/x86/entry/syscalls/
+# syscall_64.tbl, include/uapi/asm-generic/unistd.h for arm64)
+_ARCH = {"x86_64": (0xC000003E, dict(read=0, write=1, close=3, mmap=9, munmap=11, brk=12, rt_sigaction=13,
+                                     rt_sigprocmask=14, rt_sigreturn=15, mremap=25, madvise=28, exit=60,
+                                     sigaltstack=131, futex=202, exit_group=231, getrandom=318, capset=126)),
+         "aarch64": (0xC00000B7, dict(read=63, write=64, close=57, mmap=222, munmap=215, brk=214,
+                                      rt_sigaction=134, rt_sigprocmask=135, rt_sigreturn=139, mremap=216,
+                                      madvise=233, exit=93, sigaltstack=132, futex=98, exit_group=94,
+                                      getrandom=278, capset=91))}
+ALLOWED = ("read", "write", "close", "mmap", "munmap", "brk", "mremap", "madvise", "rt_sigaction",
+           "rt_sigprocmask", "rt_sigreturn", "sigaltstack", "futex", "getrandom", "exit", "exit_group")
+def _prctl(*a):
+    a = a + (0,) * (5 - len(a))
+    if _libc.prctl(*a) != 0:
+        raise OSError(ctypes.get_errno(), "prctl %d" % a[0])
+def lockdown():
+    arch, nr = _ARCH[platform.machine()]
+    if os.geteuid() == 0:
+        for cap in range(64):                 # the bounding set: no exec can regain a capability
+            if _libc.prctl(24, cap, 0, 0, 0) != 0 and cap < 41:    # PR_CAPBSET_DROP; EINVAL past the last
+                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+        u = pwd.getpwnam("nobody")
+        os.setgroups([])
+        os.setgid(u.pw_gid)
+        os.setuid(u.pw_uid)                   # from root without keepcaps: permitted and effective cleared
+    _prctl(47, 4)                             # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    head = struct.pack("<Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = bytes(24)                          # two (effective, permitted, inheritable) u32 triples
+    hb, db = ctypes.create_string_buffer(head), ctypes.create_string_buffer(data)
+    if _libc.syscall(nr["capset"], hb, db) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    _prctl(38, 1)                             # PR_SET_NO_NEW_PRIVS
+    ld_w_abs, jeq_k, ret_k = 0x20, 0x15, 0x06
+    kill, allow = 0x80000000, 0x7FFF0000      # SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ALLOW
+    prog = [(ld_w_abs, 0, 0, 4), (jeq_k, 1, 0, arch), (ret_k, 0, 0, kill), (ld_w_abs, 0, 0, 0)]
+    for name in ALLOWED:
+        prog += [(jeq_k, 0, 1, nr[name]), (ret_k, 0, 0, allow)]
+    prog.append((ret_k, 0, 0, kill))
+    filt = ctypes.create_string_buffer(b"".join(struct.pack("<HBBI", *i) for i in prog))
+    fprog = ctypes.create_string_buffer(struct.pack("<HxxxxxxQ", len(prog), ctypes.addressof(filt)))
+    _prctl(22, 2, ctypes.addressof(fprog))    # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+"""
+
 # The worker: reads (u32 length, bytes) requests, answers (u8 status, u32 length, bytes).
-_WORKER_CODE = r"""
+_WORKER_CODE = _LOCKDOWN_CODE + r"""
 import ctypes, resource, struct, sys
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 resource.setrlimit(resource.RLIMIT_AS, (%(as_bytes)d, %(as_bytes)d))
@@ -75,6 +132,10 @@ if fn is not None:
     free.argtypes = [ctypes.c_void_p]
     free.restype = None
 rd, wr = sys.stdin.buffer, sys.stdout.buffer
+try:
+    lockdown()
+except (OSError, KeyError) as exc:      # no user nobody, an architecture without a table, a refused step
+    sys.exit(3)
 wr.write(b"R")          # ready: the caller's deadlines start now, not during interpreter start-up
 wr.flush()
 def readn(n):
@@ -125,6 +186,7 @@ class _Worker:
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.starts = 0
+        self.seccomp_kills = 0    # workers killed by the seccomp filter (a forbidden system call)
 
     def _start(self) -> subprocess.Popen | None:
         try:
@@ -163,15 +225,19 @@ class _Worker:
             except OSError:
                 pass
         try:
-            p.wait(timeout=5)
+            code = p.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            pass
+            return
+        if code == -signal.SIGSYS:
+            self.seccomp_kills += 1
 
     def run(self, names: list[bytes], timeout_s: float) -> list[tuple[int, bytes] | None]:
         """Answers for ``names`` in order; None for those not answered by the deadline (the
         worker is then killed: it is stuck on the first of them, or dead)."""
         answers: list[tuple[int, bytes] | None] = [None] * len(names)
-        p = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+        if self.proc is not None and self.proc.poll() is not None:
+            self.kill()           # died since the last call: reaped, a seccomp kill counted
+        p = self.proc if self.proc is not None else self._start()
         if p is None:
             return answers
         payload = memoryview(b"".join(struct.pack("<I", len(b)) + b for b in names))
