@@ -185,3 +185,20 @@ sglang:inter_token_latency_seconds_bucket{le="+Inf",model_name="meta-llama/Llama
 sglang:inter_token_latency_seconds_sum{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2100.0
 sglang:inter_token_latency_seconds_count{model_name="meta-llama/Llama-3.1-8B-Instruct"} 250000.0
 """
+
+
+def busy_vllm_v011() -> tuple[str, str]:
+    """The real vLLM 0.11 scrape (idle) and the same advanced by a busy minute: preemptions,
+    prompt tokens, prefix-cache hits, KV at 90%, 7 waiting, and every latency histogram
+    observed (the one busy state the /metrics tests render)."""
+    base = sample_text(V011)
+    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000,
+                                   "vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 400},
+                   gauges={"vllm:kv_cache_usage_perc": 0.9, "vllm:num_requests_waiting": 7},
+                   observe={"vllm:time_to_first_token_seconds": [0.02] * 10,
+                            "vllm:request_queue_time_seconds": [0.4] * 10,
+                            "vllm:request_prefill_time_seconds": [0.35] * 10,
+                            "vllm:request_decode_time_seconds": [2.0] * 10,
+                            "vllm:inter_token_latency_seconds": [0.02] * 100,
+                            "vllm:e2e_request_latency_seconds": [2.5] * 10})
+    return base, busy

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_samples import V011, advance, sample_text
+from engine_samples import busy_vllm_v011
 from ridgeline.agent import prometheus as prom
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import prom_text
@@ -29,16 +29,7 @@ SGL_LABELS = 'engine_type="unified",model_name="qwen",moe_ep_rank="0",pp_rank="0
 
 def engine_section():
     """Tracker output for a vLLM endpoint (the real 0.11 scrape, advanced) and an SGLang one."""
-    base = sample_text(V011)
-    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000,
-                                   "vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 400},
-                   gauges={"vllm:kv_cache_usage_perc": 0.9, "vllm:num_requests_waiting": 7},
-                   observe={"vllm:time_to_first_token_seconds": [0.02] * 10,
-                            "vllm:request_queue_time_seconds": [0.4] * 10,
-                            "vllm:request_prefill_time_seconds": [0.35] * 10,
-                            "vllm:request_decode_time_seconds": [2.0] * 10,
-                            "vllm:inter_token_latency_seconds": [0.02] * 100,
-                            "vllm:e2e_request_latency_seconds": [2.5] * 10})
+    base, busy = busy_vllm_v011()
     def sgl(k):
         return (f'sglang:func_latency_seconds_bucket{{le="+Inf",name="generate_request"}} 4\n'
                 f'sglang:cache_hit_rate{{{SGL_LABELS}}} 0.0075\n'

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_samples import V011, advance, sample_text
+from engine_samples import busy_vllm_v011
 from ridgeline.agent import prometheus as prom
 from ridgeline.aggregator import ceilings, engine_metrics as em, phases, verdict
 from ridgeline.probes import nvml, prom_text
@@ -42,16 +42,7 @@ PIDS = [4100 + p for p in range(PROCESSES)]
 
 def _engine_section() -> dict:
     """The real vLLM 0.11 scrape, advanced once, for each of the 4 served processes."""
-    base = sample_text(V011)
-    busy = advance(base, counters={"vllm:num_preemptions_total": 4, "vllm:prompt_tokens_total": 1000,
-                                   "vllm:prefix_cache_queries_total": 1000, "vllm:prefix_cache_hits_total": 400},
-                   gauges={"vllm:kv_cache_usage_perc": 0.9, "vllm:num_requests_waiting": 7},
-                   observe={"vllm:time_to_first_token_seconds": [0.02] * 10,
-                            "vllm:request_queue_time_seconds": [0.4] * 10,
-                            "vllm:request_prefill_time_seconds": [0.35] * 10,
-                            "vllm:request_decode_time_seconds": [2.0] * 10,
-                            "vllm:inter_token_latency_seconds": [0.02] * 100,
-                            "vllm:e2e_request_latency_seconds": [2.5] * 10})
+    base, busy = busy_vllm_v011()
     t = em.EngineTracker()
 
     def polled(text, ts):
