@@ -3,6 +3,8 @@
 reaching the real socket."""
 from __future__ import annotations
 
+import time
+
 import json
 import os
 import stat
@@ -125,6 +127,8 @@ def test_reload_applies_reclaim_after_s_without_restarting_the_cupti_socket(tmp_
             "prometheus": {"enabled": False},
             "probes": {"enabled": ["cupti"], "cupti": {"socket": str(tmp_path / "c.sock"), "reclaim_after_s": after}}})
         (tmp_path / "a.toml").write_text(config.to_toml(cfg))
+        settled = time.time() - 10       # written a while ago: reloaded at once (daemon.RELOAD_SETTLE_S)
+        os.utime(tmp_path / "a.toml", (settled, settled))
         return cfg
 
     agent = Agent(write(0.0), config_path=str(tmp_path / "a.toml"), notifier=Notifier({}))

@@ -10,6 +10,8 @@ against the simulator in tests/test_request_history.py).
 """
 from __future__ import annotations
 
+import os
+
 import json
 import re
 import socket
@@ -156,9 +158,14 @@ def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
     path = tmp_path / "agent.toml"
     ep = f"ipc://{tmp_path}/r.sock"
 
+    def settle():
+        t = time.time() - 10             # written a while ago: reloaded at once (daemon.RELOAD_SETTLE_S)
+        os.utime(path, (t, t))
+
     def write(extra):
         path.write_text(f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n'
                         f'[probes]\nenabled = {extra}\n[probes.otlp]\nhistory_s = 60.0\njoin_delay_s = 1.0\n')
+        settle()
     write('["otlp"]')
     agent = Agent(config.load(str(path)), config_path=str(path), probes=[], codec=codec, notifier=Notifier({}))
     agent.start()
@@ -166,6 +173,7 @@ def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
         h = agent.builder.requests
         assert h is not None and h.history_ns == 60 * 10**9 and h.join_delay_ns == 10**9
         path.write_text(path.read_text().replace("join_delay_s = 1.0", "join_delay_s = 3.0"))
+        settle()
         agent.reload()
         assert agent.builder.requests is h and h.join_delay_ns == 3 * 10**9
         # Only agent-side keys changed: the receiver would not be restarted for them.

@@ -120,9 +120,13 @@ def test_directory_of_rank_traces(tmp_path, trace_path, capsys):
     assert t["ranks"] == 2 and t["kernels"] == sum(d["kernels"] for d in singles)
     assert t["kernel_time_ns"] == sum(d["kernel_time_ns"] for d in singles)
     assert [r["rank"] for r in t["per_rank"]] == [0, 1]
+    # two decode steps of one process, each trace declaring world size 1: summed, but not
+    # ranked as one job (issue 24.3: unrelated traces were ranked with a "slowest rank")
+    assert t["one_job"] is False and any("world size 1" in why for why in t["not_one_job"])
+    assert t["slowest_rank"] is None
     assert main(["analyze", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "2 ranks together" in out
+    out, err = capsys.readouterr()
+    assert "not one job" in err and "slowest rank:" not in out
 
 
 def test_empty_directory_is_one_line(tmp_path, capsys):
