@@ -49,8 +49,13 @@ def summary(msg) -> str:
         a = p.get("agent", {})
         from ridgeline.agent.top import verdict_text
         vs = verdict_text(p.get("verdict"))
+        from ridgeline.aggregator.answer import answer_lines, verdict_records
+        # The answer, as the report and top word it (aggregator.answer), on the record's
+        # one line: `tail` prints one line per record.
+        answer = "".join(" | " + line.strip() for rec in verdict_records(p.get("verdict"))
+                         for line in answer_lines(rec))
         return (f"{len(gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
-                f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
+                f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB" + answer)
     if msg.topic == "health" and isinstance(p, dict):
         return (f"cpu={p.get('cpu_pct', 0):.1f}% rss={p.get('rss_bytes', 0) / 2**20:.0f}MiB "
                 f"records/s={p.get('records_per_s', 0):.0f} dropped records={p.get('dropped_records', 0)} "
