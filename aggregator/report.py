@@ -104,6 +104,11 @@ def render(doc: dict, console: Console | None = None) -> None:
             _fmt(p["idle_ratio"], 0.01, 0, "%"),
             f"[{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]")
     t.caption = "TFLOP/s and TB/s over busy time (% of peak); FLOP/B (ridge point); idle = GPU idle in the phase's steps"
+    # The GPU's own idle share beside it: idle between steps is in no phase (issue 24.2).
+    whole = [f"GPU {dev} idle {_fmt(d.get('idle_ratio'), 0.01, 0, '%')} of its span"
+             for dev, d in (doc.get("idle_gaps") or {}).items() if d.get("idle_ratio") is not None]
+    if whole:
+        t.caption += "; " + ", ".join(whole) + " (between steps too: see the idle gaps)"
     c.print(t)
     for name, p in doc["phases"].items():
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]: "
