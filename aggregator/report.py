@@ -119,15 +119,26 @@ def render(doc: dict, console: Console | None = None) -> None:
         if not tk:
             continue
         kt = Table(title=f"Top kernels: {name}", title_justify="left")
-        for col, j in (("kernel", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
-                       ("kind", "left"), ("TFLOP/s", "right"), ("TB/s", "right")):
+        # Per-kernel work comes from the operators' input shapes only; where no kernel of
+        # the phase has any, the columns would be all "-": said once instead (issue 24.2).
+        per_kernel = any(r.get("category") or r.get("achieved_flops_per_s") is not None
+                         or r.get("achieved_bytes_per_s") is not None for r in tk)
+        cols = [("kernel", "left"), ("count", "right"), ("time", "right"), ("share", "right")]
+        if per_kernel:
+            cols += [("kind", "left"), ("TFLOP/s", "right"), ("TB/s", "right")]
+        for col, j in cols:
             kt.add_column(col, justify=j, no_wrap=True)
         for r in tk:
             nm = r["name"] if len(r["name"]) <= 56 else r["name"][:55] + "…"
-            kt.add_row(nm, f"{r['count']:,}", _ns(r["time_ns"]),
-                       _fmt(r["time_ns"] / p["kernel_time_ns"] if p["kernel_time_ns"] else None, 0.01, 0, "%"),
-                       r.get("category") or "-", _fmt(r["achieved_flops_per_s"], 1e12, 1),
-                       _fmt(r["achieved_bytes_per_s"], 1e12, 2))
+            row = [nm, f"{r['count']:,}", _ns(r["time_ns"]),
+                   _fmt(r["time_ns"] / p["kernel_time_ns"] if p["kernel_time_ns"] else None, 0.01, 0, "%")]
+            if per_kernel:
+                row += [r.get("category") or "-", _fmt(r["achieved_flops_per_s"], 1e12, 1),
+                        _fmt(r["achieved_bytes_per_s"], 1e12, 2)]
+            kt.add_row(*row)
+        if not per_kernel:
+            kt.caption = ("per-kernel kind, TFLOP/s and TB/s need the operators' input shapes (a trace "
+                          "recorded with record_shapes); this one has none: the phase figures come from the model")
         c.print(kt)
 
     steps = doc["steps"]
