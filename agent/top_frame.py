@@ -76,44 +76,61 @@ def _device_figures(window: dict) -> dict:
     return out
 
 
+def _power_line(f: dict) -> Text:
+    """Power against its limit, SM clock against its maximum, memory, temperature, and the
+    clock-event reasons that cost throughput."""
+    gib = 1 / 2**30
+    slowed = [r for r in f.get("clock_event_reasons") or []
+              if r not in ("gpu_idle", "applications_clocks_setting", "display_clock_setting")]
+    t = Text(f"  power {_num(f.get('power_w'), digits=0)}/{_num(f.get('power_limit_w'), digits=0)} W  "
+             f"SM {_num(f.get('sm_clock_mhz'), digits=0)}/{_num(f.get('sm_clock_max_mhz'), digits=0)} MHz  "
+             f"mem {_num(f.get('memory_used_bytes'), gib)}/{_num(f.get('memory_total_bytes'), gib)} GiB  "
+             f"{_num(f.get('temperature_c'), digits=0)} C  throttle ")
+    t.append(", ".join(slowed) if slowed else "none", style="yellow" if slowed else None)
+    return t
+
+
+def _xid_ecc(f: dict) -> Text:
+    """Xid errors of the window and the ECC counters (``unknown`` where NVML is silent)."""
+    xc = f.get("xid_errors_count")
+    t = Text("  XID ")
+    if xc is None:
+        t.append("unknown", style="dim")
+    elif xc:
+        t.append(f"{', '.join(str(x) for x in f.get('xid_errors') or [])} ({xc} in the window)", style="bold red")
+    else:
+        t.append("none")
+    unc_v, unc_a = f.get("ecc_uncorrected_volatile_errors_total"), f.get("ecc_uncorrected_aggregate_errors_total")
+    cor_v = f.get("ecc_corrected_volatile_errors_total")
+    ecc = ("unknown" if unc_v is None and cor_v is None else
+           f"uncorr {_num(unc_v, digits=0)} vol/{_num(unc_a, digits=0)} life, corr {_num(cor_v, digits=0)} vol")
+    t.append(f"  ECC {ecc}", style="bold red" if unc_v else None)
+    return t
+
+
+def _pages_rows(f: dict) -> str:
+    """Retired pages (pre-Ampere) and remapped rows (Ampere and later), where reported."""
+    out = ""
+    sbe, dbe = f.get("retired_pages_single_bit_count"), f.get("retired_pages_double_bit_count")
+    if sbe is not None or dbe is not None:
+        out += (f"  retired pages {_num(sbe, digits=0)}/{_num(dbe, digits=0)}"
+                + (" pending" if f.get("retired_pages_pending") else ""))
+    rc, ru = f.get("remapped_rows_correctable_count"), f.get("remapped_rows_uncorrectable_count")
+    if rc is not None or ru is not None:
+        out += (f"  remapped rows {_num(rc, digits=0)}/{_num(ru, digits=0)}"
+                + (" pending" if f.get("remapped_rows_pending") else "")
+                + (" FAILED" if f.get("remapped_rows_failed") else ""))
+    return out
+
+
 def device_lines(f: dict | None) -> list[Text]:
     """Power, clocks and throttle reasons, memory, temperature; then Xid / ECC / retired
     pages / remapped rows (``unknown`` where NVML does not report them, never 0)."""
     if not f:
         return [Text("  device: no NVML figures in this window", style="dim")]
-    gib = 1 / 2**30
-    slowed = [r for r in f.get("clock_event_reasons") or []
-              if r not in ("gpu_idle", "applications_clocks_setting", "display_clock_setting")]
-    first = Text(f"  power {_num(f.get('power_w'), digits=0)}/{_num(f.get('power_limit_w'), digits=0)} W  "
-                 f"SM {_num(f.get('sm_clock_mhz'), digits=0)}/{_num(f.get('sm_clock_max_mhz'), digits=0)} MHz  "
-                 f"mem {_num(f.get('memory_used_bytes'), gib)}/{_num(f.get('memory_total_bytes'), gib)} GiB  "
-                 f"{_num(f.get('temperature_c'), digits=0)} C  throttle ")
-    first.append(", ".join(slowed) if slowed else "none", style="yellow" if slowed else None)
-    xc = f.get("xid_errors_count")
-    second = Text("  XID ")
-    if xc is None:
-        second.append("unknown", style="dim")
-    elif xc:
-        second.append(f"{', '.join(str(x) for x in f.get('xid_errors') or [])} ({xc} in the window)",
-                      style="bold red")
-    else:
-        second.append("none")
-    unc_v, unc_a = f.get("ecc_uncorrected_volatile_errors_total"), f.get("ecc_uncorrected_aggregate_errors_total")
-    cor_v = f.get("ecc_corrected_volatile_errors_total")
-    ecc = ("unknown" if unc_v is None and cor_v is None else
-           f"uncorr {_num(unc_v, digits=0)} vol/{_num(unc_a, digits=0)} life, corr {_num(cor_v, digits=0)} vol")
-    second.append(f"  ECC {ecc}", style="bold red" if unc_v else None)
-    sbe, dbe = f.get("retired_pages_single_bit_count"), f.get("retired_pages_double_bit_count")
-    if sbe is not None or dbe is not None:
-        second.append(f"  retired pages {_num(sbe, digits=0)}/{_num(dbe, digits=0)}"
-                      + (" pending" if f.get("retired_pages_pending") else ""))
-    rc, ru = f.get("remapped_rows_correctable_count"), f.get("remapped_rows_uncorrectable_count")
-    if rc is not None or ru is not None:
-        second.append(f"  remapped rows {_num(rc, digits=0)}/{_num(ru, digits=0)}"
-                      + (" pending" if f.get("remapped_rows_pending") else "")
-                      + (" FAILED" if f.get("remapped_rows_failed") else ""),
-                      style="bold red" if f.get("remapped_rows_failed") else None)
-    return [first, second]
+    health = _xid_ecc(f)
+    health.append(_pages_rows(f), style="bold red" if f.get("remapped_rows_failed") else None)
+    return [_power_line(f), health]
 
 
 _PHASE_HEAD = "  phase     time   TB/s  %peak  TFLOP/s  %peak  FLOP/B  roofline"
@@ -203,45 +220,59 @@ def _agent_line(a: dict, state: TopState) -> Text:
                 + (f", restarts {state.restarts}" if state.restarts else ""), style="dim")
 
 
-def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> list[tuple[int, Text]]:
-    """Every line of the frame with its priority (0 always shown; higher goes first)."""
+def _header(window: dict, state: TopState) -> Text:
     sources = window.get("sources") or []
     head = Text(f"ridgeline top  {window.get('host', '')}  window {(window.get('duration_ns') or 0) / 1e9:.2f} s"
                 f"  #{state.windows}", style="bold")
     if any(s in ("simulated", "replay") or "sim" in s for s in sources):
         head.append(f"  {'/'.join(s.upper() for s in sources)} DATA", style="bold magenta")
-    lines: list[tuple[int, Text]] = [(0, head)]
+    return head
+
+
+def _pair_lines(g: dict, rec: dict | None, hist, device: dict | None, width: int) -> list[tuple[int, Text]]:
+    """The first GPU/process in full: title, verdict with sparkline, the other faces (the
+    reasons after the first go early), the phase table, the device."""
+    lines: list[tuple[int, Text]] = [(1, Text(_gpu_title(g))), (0, _verdict_head(rec, hist))]
+    for line in answer_lines(rec)[1:] if rec else []:
+        lines.append((3 if line.lstrip().startswith("because") else 1, Text(line)))
+    lines += [(2 if j < 2 else 3, t) for j, t in enumerate(phase_lines(g, width))]
+    lines += [(2 if j == 0 else 3, t) for j, t in enumerate(device_lines(device))]
+    return lines
+
+
+def _no_pair_lines(window: dict, verdicts: dict) -> list[tuple[int, Text]]:
+    lines = [(0, Text("no GPU events in this window" if not window.get("gpus") else
+                      "no GPU/process matches the selection (g / p to change)", style="dim"))]
+    engine_only = verdicts.get((None, None))
+    if engine_only is not None:
+        lines += [(1, Text(x)) for x in answer_lines(engine_only)]
+    return lines
+
+
+def _requests_line(req) -> list[tuple[int, Text]]:
+    if not (isinstance(req, dict) and req.get("requests")):
+        return []
+    return [(4, Text(f"requests {req['requests']} joined; decode dragged {req.get('dragged_share_ratio') or 0:.0%};"
+                     f" p99 e2e {(req.get('e2e_p99_ns') or 0) / 1e9:.2f} s  (ridgeline requests)"))]
+
+
+def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> list[tuple[int, Text]]:
+    """Every line of the frame with its priority (0 always shown; higher goes first)."""
+    lines: list[tuple[int, Text]] = [(0, _header(window, state))]
     verdicts = {(r.get("device"), r.get("pid")): r for r in verdict_records(window.get("verdict"))}
-    devices = _device_figures(window)
     pairs = view.pick(window.get("gpus") or [], verdicts)
     if not pairs:
-        lines.append((0, Text("no GPU events in this window" if not window.get("gpus") else
-                              "no GPU/process matches the selection (g / p to change)", style="dim")))
-        engine_only = verdicts.get((None, None))
-        if engine_only is not None:
-            lines += [(1, Text(x)) for x in answer_lines(engine_only)]
+        lines += _no_pair_lines(window, verdicts)
+    devices = _device_figures(window)
     for i, g in enumerate(pairs):
         key = (g.get("device"), g.get("pid"))
-        rec = verdicts.get(key)
-        if i > 0:      # the others: one line each, below the first in full
+        if i == 0:
+            lines += _pair_lines(g, verdicts.get(key), view.history.get(key), devices.get(g.get("device")), width)
+        else:      # the others: one line each, below the first in full
             lines.append((3, Text(f"GPU {g.get('device')} pid {g.get('pid')}: ").append_text(
-                _verdict_head(rec, view.history.get(key)))))
-            continue
-        lines.append((1, Text(_gpu_title(g))))
-        lines.append((0, _verdict_head(rec, view.history.get(key))))
-        for j, line in enumerate(answer_lines(rec)[1:] if rec else []):
-            prio = 3 if line.lstrip().startswith("because") else 1
-            lines.append((prio, Text(line)))
-        for j, t in enumerate(phase_lines(g, width)):
-            lines.append((2 if j < 2 else 3, t))
-        for j, t in enumerate(device_lines(devices.get(g.get("device")))):
-            lines.append((2 if j == 0 else 3, t))
+                _verdict_head(verdicts.get(key), view.history.get(key)))))
     lines += engine_lines(window.get("engine") or {})
-    req = window.get("requests")
-    if isinstance(req, dict) and req.get("requests"):
-        lines.append((4, Text(f"requests {req['requests']} joined; decode dragged "
-                              f"{req.get('dragged_share_ratio') or 0:.0%}; p99 e2e {(req.get('e2e_p99_ns') or 0) / 1e9:.2f} s"
-                              "  (ridgeline requests)")))
+    lines += _requests_line(window.get("requests"))
     lines.append((0, _agent_line(window.get("agent") or {}, state)))
     return lines
 

@@ -87,17 +87,22 @@ def fold(recs: list[dict]) -> dict:
         out["nvlink_tx_bytes_per_s"] = out["gpm_nvlink_tx_bytes_per_s"]
     if out["nvlink_rx_bytes_per_s"] is None:
         out["nvlink_rx_bytes_per_s"] = out["gpm_nvlink_rx_bytes_per_s"]
-    for k in _HEALTH_LAST:
-        out[k] = last.get(k)
-    # Xid errors arrive as events, each sample holding those since the one before: the
-    # window has them all (the latest MAX_XIDS_PER_WINDOW codes, and how many came).
+    out.update(_health(recs))
+    out["gpm"] = any(r.get("source", "").endswith("+gpm") for r in recs)
+    out["source"] = "nvml+gpm" if out["gpm"] else "nvml"
+    return out
+
+
+def _health(recs: list[dict]) -> dict:
+    """Memory health of the latest sample, and every Xid of the window: Xid errors arrive
+    as events, each sample holding those since the one before (the latest
+    MAX_XIDS_PER_WINDOW codes are kept, and how many came)."""
+    out = {k: recs[-1].get(k) for k in _HEALTH_LAST}
     xs = [r for r in recs if r.get("xid_errors_count") is not None]
     out["xid_errors_count"] = sum(r["xid_errors_count"] for r in xs) if xs else None
     codes = [x for r in xs for x in r.get("xid_errors") or []]
     out["xid_errors"] = codes[-MAX_XIDS_PER_WINDOW:] if xs else None
     out["xid_last"] = codes[-1] if codes else None
-    out["gpm"] = any(r.get("source", "").endswith("+gpm") for r in recs)
-    out["source"] = "nvml+gpm" if out["gpm"] else "nvml"
     return out
 
 
