@@ -604,6 +604,23 @@ class WindowCollector:
                                       "process by the time they were checked", labels=["Hostname"])
             fam.add_metric([host], float(cupti["server_identity_dropped_batches"]))
             yield fam
+        yield from self._cupti_names(host, cupti)
+
+    def _cupti_names(self, host: str, cupti: dict):
+        """What peers' kernel names cost the agent, by the probe's own counters: demangler
+        workers the seccomp filter killed (a parsed name should never make one), and names
+        left unmatched by the signatures because their process's or user's matching time
+        was spent (issue 18.1/18.2)."""
+        for key, name, doc in (
+                ("demangler_seccomp_kills", "ridgeline_agent_cupti_demangler_seccomp_kills",
+                 "Demangler worker processes killed by their seccomp filter (a forbidden system call)"),
+                ("names_not_classified", "ridgeline_agent_cupti_names_unclassified",
+                 "Kernel names from injected processes left unmatched by the signatures: the process's or "
+                 "its user's matching time budget was spent")):
+            if _num(cupti.get(key)) is not None:
+                fam = CounterMetricFamily(name, doc, labels=["Hostname"])
+                fam.add_metric([host], float(cupti[key]))
+                yield fam
 
     def _cupti_takeover_owners(self, host: str, a: dict):
         """Taken-over processes per uid (any local user may flag its own process): the

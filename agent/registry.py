@@ -85,8 +85,10 @@ def _cupti(cfg):
     mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
     c = cfg["probes"]["cupti"]
+    from ridgeline.aggregator.signatures import PeerNameClassifier
+    # names are matched on the probe's pump thread, within a budget per process (issue 18.1)
     return _build(cls, socket_path=c["socket"], socket_group=c["socket_group"] or None,
-                  idle_peer_s=c["idle_peer_s"])
+                  idle_peer_s=c["idle_peer_s"], name_classifier=PeerNameClassifier())
 
 
 def _nvml(cfg):

@@ -78,7 +78,9 @@ def window(threads, launch_tids=(8,), engine=None):
                                                                    "server_pid_reused_cut": 2,
                                                                    "server_idle_peer_cut": 7,
                                                                    "server_evicted_fair_share": 4,
-                                                                   "server_identity_dropped_batches": 9}},
+                                                                   "server_identity_dropped_batches": 9,
+                                                                   "demangler_seccomp_kills": 1,
+                                                                   "names_not_classified": 12}},
                   "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6,
                   "window_drops": 3, "window_fold_errors": 1, "window_open_steps_cut": 2},
     }
@@ -335,6 +337,11 @@ def test_cupti_connections_cut_and_takeovers_by_uid_are_published():
             if s.name.endswith("_total")] == [9]
     by = {s.labels["uid"]: s.value for s in fams["ridgeline_agent_cupti_processes_taken_over_by_user"].samples}
     assert by == {"1000": 2, "0": 1, "other": 3}
+    # issue 18.1/18.2: demangler workers the seccomp filter killed, names left unmatched (budget)
+    assert [s.value for s in fams["ridgeline_agent_cupti_demangler_seccomp_kills"].samples
+            if s.name.endswith("_total")] == [1]
+    assert [s.value for s in fams["ridgeline_agent_cupti_names_unclassified"].samples
+            if s.name.endswith("_total")] == [12]
     assert fams["ridgeline_agent_cupti_processes_taken_over_by_user"].type == "gauge"
 
 
