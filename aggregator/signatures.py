@@ -385,7 +385,10 @@ def store_name_classes(names: NameTable, ids: np.ndarray, rows: dict[str, np.nda
 
 def name_classes_generation(names: NameTable) -> int:
     """How many times stored classes of ``names`` were replaced (see :func:`store_name_classes`)."""
-    memo = _NAME_CLASSES.get(names)
+    try:
+        memo = _NAME_CLASSES.get(names)
+    except TypeError:           # a name table that cannot be weakly referenced: never stored into
+        return 0
     return memo.generation if memo is not None else 0
 
 
