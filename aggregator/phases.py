@@ -1405,11 +1405,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         st.index = i
 
     # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
-    rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
-    width, width_est = _gemm_width(trace, kc, cols)
-    trained = _training_launched(trace, launch)
-    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained, width, width_est,
-                       _op_causal(trace))
+    facts, rows_at, rows_texts, trained = _evidence_facts(trace, kc, launch, kernel_step, len(steps))
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
     decisive_sig = np.full(len(steps), -1, dtype=np.int32)
@@ -1495,6 +1491,29 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         kernel_evidence[own] = first_code + inv.reshape(-1)
     return PhaseMap(steps=steps, kernel_phase=kernel_phase, kernel_step=kernel_step,
                     kernel_evidence=kernel_evidence.astype(np.int32), evidence_names=evidence_names)
+
+
+def _evidence_facts(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray, n_steps: int):
+    """Per-step facts of the steps of ``kernel_step``, with the GEMM-rows texts and the
+    per-kernel training-launch flags they were computed from."""
+    rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
+    width, width_est = _gemm_width(trace, kc, cols)
+    trained = _training_launched(trace, launch)
+    facts = _StepFacts(trace, kc, kernel_step, n_steps, rows, seq, trained, width, width_est, _op_causal(trace))
+    return facts, rows_at, rows_texts, trained
+
+
+def step_views(trace: Trace, kernel_step: np.ndarray | None = None) -> list[StepView]:
+    """What the vote rules read about each step of ``kernel_step`` (int per kernel, -1 in no
+    step; default: every kernel in one step), as :func:`map_phases` computes it: for running
+    one rule of :data:`VOTE_RULES` alone on a step."""
+    if kernel_step is None:
+        kernel_step = np.zeros(len(trace.kernels), dtype=np.int32)
+    kernel_step = np.asarray(kernel_step, dtype=np.int32)
+    n_steps = int(kernel_step.max()) + 1 if len(kernel_step) else 0
+    kc = classify_kernels(trace)
+    facts, rows_at, rows_texts, _ = _evidence_facts(trace, kc, launch_index(trace), kernel_step, n_steps)
+    return [StepView(j, facts, trace, kc, (rows_at, rows_texts)) for j in range(n_steps)]
 
 
 def _vote_value(votes: list[_Vote], cls: str) -> int:
