@@ -882,22 +882,29 @@ def rule_attention_phase(s: StepView) -> list[_Vote]:
     can run empty is no evidence next to a prefill one; prefill and decode attention side by
     side (>= medium each) => mixed (strong)."""
     att = discount_empty_capable(_signature_attention_votes(s) + _query_block_votes(s), s.sigs)
-    p = max((v.strength for v in att if v.phase == PREFILL), default=0)
-    d = max((v.strength for v in att if v.phase == DECODE), default=0)
-    if p >= MEDIUM and d >= MEDIUM:
-        pv = next(v for v in att if v.phase == PREFILL and v.strength == p)
-        dv = next(v for v in att if v.phase == DECODE and v.strength == d)
+    pv, dv = _strongest(att, PREFILL), _strongest(att, DECODE)
+    if pv is not None and dv is not None and min(pv.strength, dv.strength) >= MEDIUM:
         return [_Vote(MIXED, STRONG, f"prefill and decode attention in one step ({pv.text}; {dv.text}) => mixed",
                       "attention")]
+    # Phase votes first, then what says no phase, as notes.
     return [v for v in att if v.phase != UNKNOWN] + [_Vote(UNKNOWN, 0, v.text, "note") for v in att
                                                      if v.phase == UNKNOWN]
+
+
+def _strongest(votes: list[_Vote], phase: int) -> _Vote | None:
+    """The first of the strongest votes for ``phase`` (None without one)."""
+    best = None
+    for v in votes:
+        if v.phase == phase and (best is None or v.strength > best.strength):
+            best = v
+    return best
 
 
 def rule_tokens(s: StepView) -> list[_Vote]:
     """Tokens in the step (grid.x of per-token kernels) against the attention launch's
     sequences, else against the LM head's sampled rows (:func:`tokens_alone_votes`); one
     varlen launch with room for one-token decodes gives mixed slots."""
-    f, j, k = s.f, s.j, s.k
+    f, j = s.f, s.j
     tok = _tokens(j, f, s.kc, s.trace)
     if tok is None:
         return []
@@ -914,17 +921,22 @@ def rule_tokens(s: StepView) -> list[_Vote]:
     else:
         out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]))
     if rank == STRONG and seqs > 1 and t > seqs:
-        # One varlen launch over B sequences and T tokens whose longest query is at most
-        # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
-        # other B - p_min may be one-token decodes (decided against the previous step).
-        ex = int(f.qb_example[j])
-        bm = int(s.kc.block_m[ex]) if s.kc.block_m[ex] > 0 else 128
-        q_max = int(k["grid_x"][ex]) * bm
-        p_min = -(-(t - seqs) // max(q_max - 1, 1))
-        if p_min < seqs:
-            out.append(_Vote(UNKNOWN, 0, f"{t} tokens over {seqs} sequences, longest query <= {q_max}: "
-                             f"{seqs - p_min} of them may be one-token decodes", "mixed_slots", value=seqs - p_min))
+        out += _varlen_mixed_slots(s, t, seqs)
     return out
+
+
+def _varlen_mixed_slots(s: StepView, tokens: int, seqs: int) -> list[_Vote]:
+    """One varlen launch over B sequences and T tokens whose longest query is at most
+    grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the other
+    B - p_min may be one-token decodes (decided against the previous step)."""
+    ex = int(s.f.qb_example[s.j])
+    bm = int(s.kc.block_m[ex]) if s.kc.block_m[ex] > 0 else 128
+    q_max = int(s.k["grid_x"][ex]) * bm
+    p_min = -(-(tokens - seqs) // max(q_max - 1, 1))
+    if p_min >= seqs:
+        return []
+    return [_Vote(UNKNOWN, 0, f"{tokens} tokens over {seqs} sequences, longest query <= {q_max}: {seqs - p_min} of "
+                  f"them may be one-token decodes", "mixed_slots", value=seqs - p_min)]
 
 
 def rule_sequences(s: StepView) -> list[_Vote]:
