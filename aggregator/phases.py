@@ -22,7 +22,8 @@ and is recorded:
    (causal attention, a serving-engine kernel, an LM head); without it non-causal
    self-attention and convolutions are other, anything else unknown. Conflicting evidence
    => unknown. A prefill launch with room for one-token decodes that continues a running
-   batch is mixed (:func:`mixed_by_continuity`).
+   batch, or opens the recording, is mixed (:func:`mixed_by_continuity`). Each class of
+   evidence is one rule of :data:`VOTE_RULES` (``StepView -> list of votes``).
 
 The signature table is data (``aggregator/data/kernel_signatures.toml``). All per-kernel
 work is numpy over the kernel arrays; votes are computed once per group of steps with identical
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -1283,11 +1284,15 @@ def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
     return [int(x) for x in uk[:, 0]], starts, ends, uk[:, 2].astype(np.int32), [int(x) for x in uk[:, 1]]
 
 
-def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
+def map_phases(trace: Trace, use_annotations: bool = True, *, seen_devices: Container[int] = (),
+               first_step_unknown_history: bool = True) -> PhaseMap:
     """Label every step and kernel of ``trace`` (see the module docstring for the method).
 
     ``use_annotations=False`` ignores every range (engine annotations, NVTX, ProfilerStep)
-    and decides from kernel events (and CPU operators) alone.
+    and decides from kernel events (and CPU operators) alone. ``seen_devices``: devices
+    whose earlier steps were seen elsewhere (a stream's previous batches), so that their
+    first step here is not the first of the recording; ``first_step_unknown_history=False``:
+    no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
     """
     k = trace.kernels
     n = len(k)
@@ -1480,7 +1485,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     for st, g in zip(steps, group.tolist()):
         if st.source == "kernels":
             st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
-    mixed_by_continuity(steps)
+    mixed_by_continuity(steps, seen_devices=seen_devices, first_step_unknown_history=first_step_unknown_history)
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
@@ -1532,7 +1537,8 @@ def _vote_value(votes: list[_Vote], cls: str) -> int:
     return next((v.value for v in votes if v.cls == cls), 0)
 
 
-def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
+def mixed_by_continuity(steps: list, previous: dict | None = None, seen_devices: Container[int] = (),
+                        first_step_unknown_history: bool = True) -> list[int]:
     """Relabel kernel-decided prefill steps as mixed where a continuous-batching engine ran
     decodes in the same varlen launch (in place; ``steps`` in time order per device; each
     has ``device``, ``start_ns``, ``end_ns``, ``phase``, ``mixed_slots``, ``evidence``).
@@ -1544,10 +1550,21 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
     the other B - p_min can be one-token decodes (``mixed_slots``). They are taken to be
     decodes when the previous step on the device was LLM inference (prefill, decode or
     mixed) that ended less than GAP_MIN_NS before: the engine kept running and its requests
-    go on decoding. A pure prefill batch after an idle engine stays prefill; one scheduled
-    right after a decode step by an engine that does not mix would be called mixed (a stated
-    limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before ``steps``
-    (streaming); updated in place.
+    go on decoding. A pure prefill batch after an idle engine (a step that is not inference,
+    or a gap of GAP_MIN_NS or more, before it) stays prefill; one scheduled right after a
+    decode step by an engine that does not mix would be called mixed (a stated limit).
+
+    The first step seen on a device (no step before it in the recording or the stream) has
+    no history: whether the engine was idle is unknown. Its slots are taken to be decodes
+    too: a continuous-batching engine (vLLM V1, SGLang) schedules its running requests'
+    decodes in every step, so a step of several sequences with prefill tokens is mixed
+    except right after the engine was idle, which a recording that starts with the step
+    cannot show. A multi-request prefill that opens a recording is then called mixed (a
+    stated limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before
+    ``steps`` (streaming); updated in place. ``seen_devices``: devices with steps seen before
+    ``steps`` that ``previous`` does not hold (a stream's annotated batches): their first step
+    here is not the recording's first. ``first_step_unknown_history=False``: no step of
+    ``steps`` is the recording's first (one step mapped alone to be cached as a shape).
     """
     last = previous if previous is not None else {}
     out = []
@@ -1556,12 +1573,21 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
         # again in the next batch is dropped from the history and recorded anew).
         hist = [h for h in last.get(st.device, []) if h[0] < st.start_ns]
         prev = hist[-1] if hist else None
-        if st.phase == PREFILL and st.mixed_slots > 0 and prev is not None \
-                and prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
-            st.phase = MIXED
+        text = None
+        if st.phase != PREFILL or st.mixed_slots <= 0:
+            pass
+        elif prev is None:
+            if first_step_unknown_history and st.device not in seen_devices:
+                text = (f"up to {st.mixed_slots} sequences of the prefill launch can be one-token decodes, and "
+                        f"nothing before this step on the device says the engine was idle (the recording starts "
+                        f"with it): taken to continue a running batch, as a continuous-batching engine's steps "
+                        f"with several sequences do => mixed")
+        elif prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
             text = (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
                     f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
                     f"decodes => mixed")
+        if text is not None:
+            st.phase = MIXED
             if isinstance(st.evidence, list):
                 st.evidence.insert(0, text)
                 st.prefill_tokens = st.decode_tokens = None

@@ -203,18 +203,31 @@ def test_tokens_against_the_lm_head_rows():
 def test_vllm_mixed_step_without_annotations():
     """The real piecewise-graph mixed step (9 prefill chunks, 37 decodes, 8192 tokens)
     stripped: 8192 KV-cache writes against 46 LM-head rows => prefill with up to 45
-    one-token decodes, and mixed when it continues a running batch (a decode step that
-    ended 1 ms before it on the device). Alone in its trace it cannot be told from a
-    46-prompt prefill: the kernels do not show the per-sequence query lengths."""
+    one-token decodes. The recording starts with it (nothing before it says the engine was
+    idle): mixed, as when it continues a running batch (a decode step that ended 1 ms before
+    it on the device); after an idle engine (a non-inference step, or a gap of 5 ms or more)
+    it stays prefill. The kernels alone do not show the per-sequence query lengths: a
+    46-prompt prefill opening a recording reads the same (a stated limit)."""
     from ridgeline.aggregator.phases import mixed_by_continuity
     tr = load(VLLM_MIXED)
     pm = map_phases(stripped(tr))
     (st,) = pm.steps
-    assert st.phase == PREFILL and st.mixed_slots == 45
-    assert st.evidence[0] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
+    assert st.phase == MIXED and st.mixed_slots == 45
+    assert st.evidence[0].startswith("up to 45 sequences of the prefill launch can be one-token decodes, and nothing "
+                                     "before this step on the device says the engine was idle")
+    assert st.evidence[1] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
                               "46 rows: several new tokens per sequence => prefill")
-    prev = {st.device: [(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)]}
-    assert mixed_by_continuity([st], prev) == [0] and st.phase == MIXED
+    assert (pm.kernel_phase == MIXED).all()
+    # Mapped as a piece whose history is elsewhere: prefill, then decided by that history.
+    for prev, phase in (([(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)], MIXED),
+                        ([(st.start_ns - 3_000_000, st.start_ns - 1_000_000, UNKNOWN)], PREFILL),
+                        ([(st.start_ns - 30_000_000, st.start_ns - 20_000_000, DECODE)], PREFILL)):
+        (piece,) = map_phases(stripped(tr), first_step_unknown_history=False).steps
+        assert piece.phase == PREFILL
+        assert mixed_by_continuity([piece], {piece.device: prev}) == ([0] if phase == MIXED else [])
+        assert piece.phase == phase
+    (seen,) = map_phases(stripped(tr), seen_devices={st.device}).steps
+    assert seen.phase == PREFILL
 
 
 @pytest.mark.parametrize("name", SERVING)
