@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -1284,14 +1284,14 @@ def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
     return [int(x) for x in uk[:, 0]], starts, ends, uk[:, 2].astype(np.int32), [int(x) for x in uk[:, 1]]
 
 
-def map_phases(trace: Trace, use_annotations: bool = True, *, seen_devices: Container[int] = (),
+def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Mapping[int, int] | None = None,
                first_step_unknown_history: bool = True) -> PhaseMap:
     """Label every step and kernel of ``trace`` (see the module docstring for the method).
 
     ``use_annotations=False`` ignores every range (engine annotations, NVTX, ProfilerStep)
-    and decides from kernel events (and CPU operators) alone. ``seen_devices``: devices
-    whose earlier steps were seen elsewhere (a stream's previous batches), so that their
-    first step here is not the first of the recording; ``first_step_unknown_history=False``:
+    and decides from kernel events (and CPU operators) alone. ``first_step_ns``: per device,
+    the start of the earliest step seen elsewhere (a stream's previous batches): a step here
+    that starts after it is not the first of the recording; ``first_step_unknown_history=False``:
     no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
     """
     k = trace.kernels
@@ -1485,7 +1485,7 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, seen_devices: Cont
     for st, g in zip(steps, group.tolist()):
         if st.source == "kernels":
             st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
-    mixed_by_continuity(steps, seen_devices=seen_devices, first_step_unknown_history=first_step_unknown_history)
+    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
@@ -1537,7 +1537,7 @@ def _vote_value(votes: list[_Vote], cls: str) -> int:
     return next((v.value for v in votes if v.cls == cls), 0)
 
 
-def mixed_by_continuity(steps: list, previous: dict | None = None, seen_devices: Container[int] = (),
+def mixed_by_continuity(steps: list, previous: dict | None = None, first_step_ns: Mapping[int, int] | None = None,
                         first_step_unknown_history: bool = True) -> list[int]:
     """Relabel kernel-decided prefill steps as mixed where a continuous-batching engine ran
     decodes in the same varlen launch (in place; ``steps`` in time order per device; each
@@ -1561,10 +1561,11 @@ def mixed_by_continuity(steps: list, previous: dict | None = None, seen_devices:
     except right after the engine was idle, which a recording that starts with the step
     cannot show. A multi-request prefill that opens a recording is then called mixed (a
     stated limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before
-    ``steps`` (streaming); updated in place. ``seen_devices``: devices with steps seen before
-    ``steps`` that ``previous`` does not hold (a stream's annotated batches): their first step
-    here is not the recording's first. ``first_step_unknown_history=False``: no step of
-    ``steps`` is the recording's first (one step mapped alone to be cached as a shape).
+    ``steps`` (streaming); updated in place. ``first_step_ns``: per device, the start of the
+    earliest step seen before, also by a path that keeps no ``previous`` (a stream's annotated
+    batches): only a step starting at or before it can be the recording's first (a held step
+    mapped again stays the first). ``first_step_unknown_history=False``: no step of ``steps``
+    is the recording's first (one step mapped alone to be cached as a shape).
     """
     last = previous if previous is not None else {}
     out = []
@@ -1577,7 +1578,8 @@ def mixed_by_continuity(steps: list, previous: dict | None = None, seen_devices:
         if st.phase != PREFILL or st.mixed_slots <= 0:
             pass
         elif prev is None:
-            if first_step_unknown_history and st.device not in seen_devices:
+            first = (first_step_ns or {}).get(st.device)
+            if first_step_unknown_history and (first is None or st.start_ns <= first):
                 text = (f"up to {st.mixed_slots} sequences of the prefill launch can be one-token decodes, and "
                         f"nothing before this step on the device says the engine was idle (the recording starts "
                         f"with it): taken to continue a running batch, as a continuous-batching engine's steps "

@@ -121,9 +121,9 @@ class StreamPhaser:
         # device -> the last few (start_ns, end_ns, phase) mapped: a prefill launch that
         # continues a running batch is mixed (aggregator.phases.mixed_by_continuity).
         self.previous_step: dict[int, list[tuple[int, int, int]]] = {}
-        # Devices with steps mapped so far (by either path): a device's first step in a later
-        # batch is not the first of the recording (mixed_by_continuity).
-        self.seen_devices: set[int] = set()
+        # device -> start of the earliest step mapped so far (by either path): a later step
+        # of a later batch is not the first of the recording (mixed_by_continuity).
+        self.first_step_ns: dict[int, int] = {}
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
@@ -292,11 +292,11 @@ class StreamPhaser:
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
             decided = [steps[j] for j in at]
-            relabel = [at[i] for i in mixed_by_continuity(decided, self.previous_step, self.seen_devices)]
+            relabel = [at[i] for i in mixed_by_continuity(decided, self.previous_step, self.first_step_ns)]
         else:
             decided = steps
-            relabel = mixed_by_continuity(steps, self.previous_step, self.seen_devices)
-        self.seen_devices.update(int(x.device) for x in decided)
+            relabel = mixed_by_continuity(steps, self.previous_step, self.first_step_ns)
+        self._saw(decided)
         for j in relabel:
             steps[j].prefill_tokens = steps[j].decode_tokens = None
             p = int(np.searchsorted(step_ids, j))
@@ -304,6 +304,12 @@ class StreamPhaser:
                 at = order[first[p]:first[p] + lens[p]]
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
+
+    def _saw(self, steps) -> None:
+        for x in steps:
+            d, t = int(x.device), int(x.start_ns)
+            if t < self.first_step_ns.get(d, t + 1):
+                self.first_step_ns[d] = t
 
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
         """Phase of one step's kernels by the full layered method, kept as a shape."""
@@ -325,8 +331,8 @@ class StreamPhaser:
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
         self.map_phases_calls += 1
-        pm = map_phases(trace, use_annotations=True, seen_devices=self.seen_devices)
-        self.seen_devices.update(int(s.device) for s in pm.steps)
+        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns)
+        self._saw(pm.steps)
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
                             + (s.evidence[0] if s.evidence else "")) for s in pm.steps]
