@@ -31,6 +31,7 @@ facts, and Python loops otherwise run over distinct names, (op, dims) pairs, dev
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -923,6 +924,61 @@ def rule_tokens(s: StepView) -> list[_Vote]:
         out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]))
     if rank == STRONG and seqs > 1 and t > seqs:
         out += _varlen_mixed_slots(s, t, seqs)
+    return _bound_mixed_slots(s, t, out)
+
+
+# CK's group-mode (varlen) batch prefill over a paged KV cache: the mangled name carries the
+# tile (TileFmhaShape<sequence<kM0, kN0, kK0, kN1, kK1, kQKHeaddim>>) and the argument kind.
+_CK_GROUP_PREFILL = re.compile(r"FmhaBatchPrefillWithPagedKVCacheKernel.*?TileFmhaShapeINS_\d+sequenceIJ"
+                               r"Li(\d+)ELi\d+ELi\d+ELi(\d+)ELi\d+ELi(\d+)E.*FmhaFwdGroupModeKargs")
+
+
+def ck_group_prefill_bound(s: StepView) -> tuple[int, int, int] | None:
+    """(kernel, sequences, longest query bound) of the step's CK group-mode batch-prefill
+    launch, None without one. ROCm/composable_kernel
+    include/ck_tile/ops/fmha/kernel/fmha_batch_prefill_kernel.hpp (``GridSize``, group mode):
+    grid (nhead, batch, ceil(max_seqlen_q / kM0) * ceil(hdim_v / kN1)); hdim_v is taken as
+    the name's kQKHeaddim. The MI300X SGLang extend step: grid [32,15,8], tile 128 x ... x 128:
+    15 sequences, longest query <= 1024."""
+    k = s.k
+    for s_i in s.present():
+        ex = int(s.f.max_example[s.j, s_i])
+        if ex < 0 or k["grid_y"][ex] <= 0 or k["grid_z"][ex] <= 0:
+            continue
+        m = _CK_GROUP_PREFILL.search(s.trace.names[int(k["name_id"][ex])])
+        if m is None:
+            continue
+        km0, kn1, hdim = (int(x) for x in m.groups())
+        tiles_m = int(k["grid_z"][ex]) // max(-(-hdim // max(kn1, 1)), 1)
+        if km0 > 0 and tiles_m > 0:
+            return ex, int(k["grid_y"][ex]), tiles_m * km0
+    return None
+
+
+def _bound_mixed_slots(s: StepView, tokens: int, votes: list[_Vote]) -> list[_Vote]:
+    """One-token-decode slots capped by a varlen launch that bounds the longest query (CK
+    group-mode batch prefill): B sequences and T tokens need at least p_min = ceil((T - B) /
+    (q_max - 1)) long ones; with p_min = B no sequence can be a one-token decode."""
+    if not any(v.cls == "mixed_slots" for v in votes):
+        return votes
+    bound = ck_group_prefill_bound(s)
+    if bound is None:
+        return votes
+    ex, seqs, q_max = bound
+    if seqs <= 0 or tokens < seqs:
+        return votes
+    p_min = min(-(-(tokens - seqs) // max(q_max - 1, 1)), seqs)
+    room = seqs - p_min
+    out = []
+    for v in votes:
+        if v.cls != "mixed_slots":
+            out.append(v)
+        elif room <= 0:
+            out.append(_Vote(UNKNOWN, 0, f"{s.name(ex)} grid {_grid_text(s.k, ex)}: {tokens} tokens over {seqs} "
+                             f"sequences, longest query <= {q_max}: every sequence is a prefill, no room for "
+                             f"one-token decodes", "note"))
+        else:
+            out.append(dataclasses.replace(v, value=min(v.value, room)))
     return out
 
 

@@ -308,3 +308,38 @@ def test_rule_alone_on_a_real_recording(rule, trace, step, expected, text):
 
 def test_every_rule_fires_on_some_real_recording():
     assert {r for r, *_ in REAL} == set(RULES)
+
+
+# CK's group-mode batch prefill (the MI300X SGLang extend step's kernel name, mangled): tile
+# TileFmhaShape<sequence<128, 128, 32, 128, 32, 128>>, FmhaFwdGroupModeKargs.
+CK_GROUP_PREFILL = (
+    "_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCacheKernelINS_40BlockFmhaBatchPrefillPipelineQRKSVSAsyncI"
+    "NS_36BlockFmhaBatchPrefillPipelineProblemIDF16bDF16bDF16bffDF16bhfDF16bfDF16bNS_13TileFmhaShapeINS_8sequenceIJLi128E"
+    "Li128ELi32ELi128ELi32ELi128EEEENS5_IJLi4ELi1ELi1EEEENS5_IJLi32ELi32ELi16EEEES7_S8_Lb1EEELb1ENS_17ComposedAttentionIL"
+    "j0ELb1EEENS_30SimplifiedGenericAttentionMaskILb1EEELb0ELi1ENS_26TileFmhaBatchPrefillTraitsILb1ELb1ELb1ELb1ELb0ELNS_22"
+    "BlockAttentionBiasEnumE0ELb0ELb0ELb0ELNS_28BlockAttentionQuantScaleEnumE0ELin1ELb0ELb0ELi1ELNS_37BlockAttentionKVCach"
+    "eMemoryLayoutEnumE1ELNS_36BlockAttentionKVCacheLookupTableEnumE1ELNS_33BlockAttentionKVCacheLoadModeEnumE0EEEEENS_53B"
+    "lockFmhaBatchPrefillPipelineQRKSVSAsyncDefaultPolicyEEENS_17Default2DEpilogueINS_24Default2DEpilogueProblemIfDF16bLb1E"
+    "Lb1ELb1EEEvEEEEJNSS_21FmhaFwdGroupModeKargsEEEEvDpT1_")
+
+
+@pytest.mark.parametrize("m_tiles, slots", [(1, None), (8, 3)])
+def test_tokens_rule_slots_bounded_by_a_ck_group_mode_prefill_grid(m_tiles, slots):
+    """400 tokens, 4 sampled rows (LM head operator): up to 3 one-token decodes. A CK
+    group-mode launch over 4 sequences whose longest query is at most m_tiles x 128: with
+    one tile (<= 128 each, 512 in all) every sequence is needed for the 400 tokens; with 8
+    the bound leaves room for 3."""
+    b = TraceBuilder()
+    for i in range(3):
+        b.kernel(RESHAPE_AND_CACHE, 10 * i, grid=(400, 1, 1))
+        b.kernel(CK_GROUP_PREFILL, 10 * i + 2, grid=(32, 4, m_tiles))
+    lm_head(b, 100, rows=4)
+    votes = RULES["tokens"](step_views(b.build())[0])
+    assert votes[0].phase == PREFILL and votes[0].text.endswith("the LM head samples 4 rows: several new tokens per "
+                                                                "sequence => prefill")
+    if slots is None:
+        assert brief(votes[1:]) == [(UNKNOWN, 0, "note")]
+        assert votes[1].text.endswith("grid [32,4,1]: 400 tokens over 4 sequences, longest query <= 128: every "
+                                      "sequence is a prefill, no room for one-token decodes")
+    else:
+        assert [(v.cls, v.value) for v in votes[1:]] == [("mixed_slots", slots)]

@@ -58,7 +58,8 @@ def test_annotated_engine_step_is_one_step(name, phase, tokens):
         assert pm.steps[0].evidence[1].startswith("enclosing annotation execute_")
 
 
-@pytest.mark.parametrize("name, phase", [(SGLANG_DECODE, DECODE), (SGLANG_EXTEND, PREFILL), (VLLM_DECODE, DECODE)])
+@pytest.mark.parametrize("name, phase", [(SGLANG_DECODE, DECODE), (SGLANG_EXTEND, PREFILL), (VLLM_DECODE, DECODE),
+                                         (VLLM_MIXED, MIXED)])
 def test_stripped_engine_step_keeps_its_phase_and_its_kernels(name, phase):
     """Without annotations: one LLM step holding every kernel but, in the SGLang traces, the
     first one (an arange launched inside the execute_ range that the GPU ran 463/493 ms
@@ -72,6 +73,19 @@ def test_stripped_engine_step_keeps_its_phase_and_its_kernels(name, phase):
     assert llm[0].kernels == len(tr.kernels) - lone
     assert len(pm.steps) == 1 + lone
     assert not any("layer pattern restarts" in e for s in pm.steps for e in s.evidence)
+    if name == SGLANG_EXTEND:
+        # 15 sequences of at most 1024 tokens (CK group-mode grid [32,15,8], tile 128) hold
+        # 15360 tokens: no room for one-token decodes, so a prefill even where nothing before
+        # it on the device says the engine was idle.
+        assert any(e.startswith("_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCache grid [32,15,8]: 15360 "
+                                "tokens over 15 sequences, longest query <= 1024: every sequence is a prefill")
+                   for e in llm[0].evidence)
+        assert llm[0].mixed_slots == 0
+        # Without the lone arange the extend step opens its recording: still a prefill.
+        o = np.argsort(tr.kernels["start_ns"], kind="stable")
+        only = Trace(kernels=tr.kernels[np.sort(o[1:])], api=tr.api, cpu_ops=tr.cpu_ops, ranges=empty(RANGE_DTYPE),
+                     names=tr.names, devices=tr.devices, meta=tr.meta)
+        assert [s.phase for s in map_phases(only).steps] == [PREFILL]
 
 
 def test_two_kernel_attention_layers_are_one_layer():
