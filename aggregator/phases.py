@@ -1630,20 +1630,7 @@ def mixed_by_continuity(steps: list, previous: dict | None = None, first_step_ns
         # again in the next batch is dropped from the history and recorded anew).
         hist = [h for h in last.get(st.device, []) if h[0] < st.start_ns]
         prev = hist[-1] if hist else None
-        text = None
-        if st.phase != PREFILL or st.mixed_slots <= 0:
-            pass
-        elif prev is None:
-            first = (first_step_ns or {}).get(st.device)
-            if first_step_unknown_history and (first is None or st.start_ns <= first):
-                text = (f"up to {st.mixed_slots} sequences of the prefill launch can be one-token decodes, and "
-                        f"nothing before this step on the device says the engine was idle (the recording starts "
-                        f"with it): taken to continue a running batch, as a continuous-batching engine's steps "
-                        f"with several sequences do => mixed")
-        elif prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
-            text = (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
-                    f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
-                    f"decodes => mixed")
+        text = _mixed_slots_taken(st, prev, first_step_ns, first_step_unknown_history)
         if text is not None:
             st.phase = MIXED
             if isinstance(st.evidence, list):
@@ -1654,6 +1641,28 @@ def mixed_by_continuity(steps: list, previous: dict | None = None, first_step_ns
             out.append(i)
         last[st.device] = (hist + [(st.start_ns, st.end_ns, st.phase)])[-4:]
     return out
+
+
+def _mixed_slots_taken(st, prev: tuple | None, first_step_ns: Mapping[int, int] | None,
+                       first_step_unknown_history: bool) -> str | None:
+    """Why a prefill step's one-token-decode slots are taken as decodes (None: they are not):
+    it continues a running batch (``prev``: the device's previous step), or it is the first
+    step of the recording on its device (:func:`mixed_by_continuity`)."""
+    if st.phase != PREFILL or st.mixed_slots <= 0:
+        return None
+    if prev is None:
+        first = (first_step_ns or {}).get(st.device)
+        if not first_step_unknown_history or (first is not None and st.start_ns > first):
+            return None
+        return (f"up to {st.mixed_slots} sequences of the prefill launch can be one-token decodes, and nothing "
+                f"before this step on the device says the engine was idle (the recording starts with it): taken "
+                f"to continue a running batch, as a continuous-batching engine's steps with several sequences do "
+                f"=> mixed")
+    if prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
+        return (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
+                f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
+                f"decodes => mixed")
+    return None
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:
