@@ -60,6 +60,11 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   files ``wire_envelope_requests_window_v1.bin`` and ``wire_envelope_requests_v1.bin`` pin
   their bytes.
 
+* fields 144-157 (issue 23): the window's ``stragglers`` record (per tensor-parallel group:
+  its ranks, collectives, waiting share, the straggler, how late and why;
+  ``aggregator.straggler_window``). A decoder built before them reads ``field_144`` ...
+  ``field_157``; the golden file ``wire_envelope_stragglers_window_v1.bin`` pins their bytes.
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================
@@ -158,6 +163,11 @@ FIELDS: dict[str, int] = {
     "ns_per_token": 132, "dragged_by_prefill_ns": 133, "dragged_by_long_ns": 134, "alone_decode_ns": 135,
     "preemptions": 136, "recovery_ns": 137, "prompt_tokens": 138, "completion_tokens": 139, "culprits": 140,
     "kind": 141, "added_ns": 142, "stories": 143,
+    # tensor-parallel stragglers in the live window (issue 23; see "Version notes")
+    "stragglers": 144, "groups": 145, "ranks": 146, "last_count": 147, "wait_ns": 148, "collectives": 149,
+    "waiting_share_ratio": 150, "straggler_pid": 151, "straggler_device": 152,
+    "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155, "cause": 156,
+    "straggler_kernels_dropped": 157,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

@@ -1,0 +1,202 @@
+"""Tensor-parallel stragglers online: :mod:`aggregator.stragglers` over the agent's windows.
+
+The agent folds each event batch when it arrives and keeps no batch (``aggregator.windows``),
+but the straggler analysis needs every rank's kernels side by side, and the ranks' CUPTI
+buffers arrive when each process flushes them, not together. :class:`LiveStragglers` keeps,
+for the last :data:`HOLD_WINDOWS` windows (by arrival), the kernels and copies of the
+sources that have shown a collective kernel (a process that never runs one costs one
+classification per batch and nothing held), at most :data:`MAX_HELD_KERNELS` kernels
+(past it the oldest window goes, counted in ``kernels_dropped``).
+
+At each window close it runs :func:`aggregator.stragglers.analyse` over what it holds and
+reports each collective once: per group (its ranks, as (pid, device)), the instances that
+ended after the last one reported and no later than the group's *settled* time, the
+earliest of its ranks' latest kernel ends (a rank whose buffer has not come yet holds the
+group's newer collectives back to a later window instead of pairing them wrongly).
+
+:meth:`LiveStragglers.close` returns :class:`WindowStragglers` (the window record's
+``stragglers``): per group the collectives reported, the share of the group's time its
+ranks spent waiting in them for the last rank, the straggler (the rank most often last),
+how late it was (p50, p99), its dominant cause (``kernel``, ``copy``, ``host``: see
+:mod:`aggregator.stragglers`) and per rank how often it was last and how long it waited.
+At most :data:`MAX_GROUPS` groups (the most waiting first). Pure: numpy and msgspec.
+"""
+from __future__ import annotations
+
+import collections
+
+import msgspec
+import numpy as np
+
+from ridgeline.probes.events import COPY_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
+
+from . import stragglers as S
+from .signatures import ROLE_COLLECTIVE, classify_kernels
+
+#: Windows of kernels held (by arrival): a rank's buffer may come a window after another's.
+HOLD_WINDOWS = 3
+#: Kernels held at most, over all sources (8 ranks x 3 windows at about 12,000 kernels/s).
+MAX_HELD_KERNELS = 300_000
+#: Groups reported per window at most (8 GPUs x 8 processes cannot form more than 32).
+MAX_GROUPS = 16
+#: Group keys remembered (their last reported collective).
+MAX_GROUP_KEYS = 256
+
+_HELD_KERNEL = np.dtype([("pid", "<i4"), ("device", "<i4"), ("name_id", "<i4"), ("start_ns", "<i8"),
+                         ("end_ns", "<i8"), ("collective", "?")])
+_HELD_COPY = np.dtype([("pid", "<i4"), ("device", "<i4"), ("start_ns", "<i8"), ("end_ns", "<i8")])
+
+
+class RankStragglers(msgspec.Struct, frozen=True):
+    pid: int
+    device: int
+    last_count: int            # collectives of this window where it arrived last
+    wait_ns: int               # time its collectives spun waiting for the last rank
+
+
+class GroupStragglers(msgspec.Struct, frozen=True):
+    ranks: list[RankStragglers]
+    collectives: int
+    waiting_share_ratio: float          # of the ranks' time since the last report, waiting
+    straggler_pid: int                  # -1: no collective this window
+    straggler_device: int
+    straggler_last_share_ratio: float
+    late_by_p50_ns: int
+    late_by_p99_ns: int
+    cause: str                          # kernel | copy | host | ""
+
+
+class WindowStragglers(msgspec.Struct):
+    groups: list[GroupStragglers] = []
+    straggler_kernels_dropped: int = 0  # cumulative: over MAX_HELD_KERNELS
+
+
+class LiveStragglers:
+    def __init__(self):
+        self.names = NameTable()           # collective names, one table over every source
+        self._windows: collections.deque = collections.deque()   # [(kernels, copies)] per window
+        self._open_k: list[np.ndarray] = []
+        self._open_c: list[np.ndarray] = []
+        self._held = 0
+        self._with_collectives: set = set()
+        self._reported: collections.OrderedDict = collections.OrderedDict()   # group key -> end_ns
+        self.kernels_dropped = 0
+
+    def add(self, trace: Trace, source: str) -> None:
+        k = trace.kernels
+        if not len(k) and not len(trace.copies):
+            return
+        coll = classify_kernels(trace).role == ROLE_COLLECTIVE if len(k) else np.zeros(0, bool)
+        if coll.any():
+            self._with_collectives.add(source)
+        elif source not in self._with_collectives:
+            return
+        rows = np.zeros(len(k), _HELD_KERNEL)
+        for f in ("pid", "device", "start_ns", "end_ns"):
+            rows[f] = k[f]
+        rows["collective"] = coll
+        rows["name_id"] = -1
+        if coll.any():
+            ids = k["name_id"][coll]
+            u, inv = np.unique(ids, return_inverse=True)
+            glob = np.array([self.names.intern(trace.names[int(i)]) for i in u], np.int32)
+            rows["name_id"][coll] = glob[inv]
+        c = trace.copies
+        crow = np.zeros(len(c), _HELD_COPY)
+        for f in _HELD_COPY.names:
+            crow[f] = c[f]
+        self._open_k.append(rows)
+        self._open_c.append(crow)
+        self._held += len(rows)
+        while self._held > MAX_HELD_KERNELS and self._windows:
+            old_k, _old_c = self._windows.popleft()
+            self._held -= len(old_k)
+            self.kernels_dropped += len(old_k)
+        if self._held > MAX_HELD_KERNELS:      # one window alone over the bound: its oldest batches go
+            while self._held > MAX_HELD_KERNELS and len(self._open_k) > 1:
+                self._held -= len(self._open_k[0])
+                self.kernels_dropped += len(self._open_k.pop(0))
+                self._open_c.pop(0)
+
+    def close(self) -> WindowStragglers | None:
+        """This window's figures, or None when no source has shown a collective."""
+        self._windows.append((np.concatenate(self._open_k) if self._open_k else np.zeros(0, _HELD_KERNEL),
+                              np.concatenate(self._open_c) if self._open_c else np.zeros(0, _HELD_COPY)))
+        self._open_k, self._open_c = [], []
+        while len(self._windows) > HOLD_WINDOWS:
+            self._held -= len(self._windows.popleft()[0])
+        if not self._with_collectives:
+            return None
+        ks = np.concatenate([w[0] for w in self._windows])
+        cs = np.concatenate([w[1] for w in self._windows])
+        groups = self._figures(ks, cs) if len(ks) else []
+        groups.sort(key=lambda g: -g.waiting_share_ratio)
+        return WindowStragglers(groups=groups[:MAX_GROUPS], straggler_kernels_dropped=self.kernels_dropped)
+
+    def _figures(self, ks: np.ndarray, cs: np.ndarray) -> list[GroupStragglers]:
+        order = np.argsort(ks["start_ns"], kind="stable")
+        ks = ks[order]
+        k = empty(KERNEL_DTYPE, len(ks))
+        for f in ("pid", "device", "name_id", "start_ns", "end_ns"):
+            k[f] = ks[f]
+        c = empty(COPY_DTYPE, len(cs))
+        for f in _HELD_COPY.names:
+            c[f] = cs[f]
+        summary, inst = S.analyse(Trace(kernels=k, copies=c, names=self.names), collective=ks["collective"])
+        keys_all = S._rank_keys(k)
+        out = []
+        for g in summary.groups:
+            members = [(r.pid, r.device) for r in g.ranks]
+            key = tuple(members)
+            mk = np.array([(p << 32) | (d & 0xFFFFFFFF) for p, d in members], np.int64)
+            # Settled: every rank has sent its kernels up to here (an instance's ends agree
+            # within the tolerance, so one whose kernel every rank has sent ends by then).
+            settled = min(int(k["end_ns"][keys_all == m].max()) for m in mk) + S.END_TOLERANCE_NS
+            last = self._reported.get(key, -1)
+            mine = inst[(inst["group"] == g.group) & (inst["end_ns"] > last) & (inst["end_ns"] <= settled)]
+            if not len(mine):
+                continue
+            self._reported[key] = int(mine["end_ns"].max())
+            self._reported.move_to_end(key)
+            while len(self._reported) > MAX_GROUP_KEYS:
+                self._reported.popitem(last=False)
+            m = len(members)
+            counts = np.bincount(mine["late_rank"], minlength=m)
+            strag = int(np.argmax(counts))
+            late = mine[mine["late_rank"] == strag]
+            causes = np.bincount(late["cause"], minlength=3)
+            begin = last if last >= 0 else int(mine["start_ns"].min())
+            span = max(1, int(mine["end_ns"].max()) - begin)
+            per_rank = self._per_rank_wait(k, keys_all, mk, mine)
+            out.append(GroupStragglers(
+                ranks=[RankStragglers(pid=p, device=d, last_count=int(counts[i]), wait_ns=int(per_rank[i]))
+                       for i, (p, d) in enumerate(members)],
+                collectives=len(mine), waiting_share_ratio=float(mine["wait_ns"].sum()) / (m * span),
+                straggler_pid=members[strag][0], straggler_device=members[strag][1],
+                straggler_last_share_ratio=float(counts[strag]) / len(mine),
+                late_by_p50_ns=int(np.percentile(late["late_by_ns"], 50)),
+                late_by_p99_ns=int(np.percentile(late["late_by_ns"], 99)),
+                cause=S.CAUSE_NAMES[int(np.argmax(causes))]))
+        return out
+
+    @staticmethod
+    def _per_rank_wait(k, keys_all, mk, mine) -> np.ndarray:
+        """Per rank, summed over the reported collectives: the last arrival minus its own
+        start of that collective (its kernel of that name whose end is nearest the
+        instance's, within the end tolerance)."""
+        wait = np.zeros(len(mk), np.int64)
+        for j, m in enumerate(mk):
+            sel = np.flatnonzero(keys_all == m)
+            for name_id in np.unique(mine["name_id"]):
+                rows = mine[mine["name_id"] == name_id]
+                own = sel[k["name_id"][sel] == name_id]
+                if not len(own):
+                    continue
+                o = np.argsort(k["end_ns"][own], kind="stable")
+                ends, starts = k["end_ns"][own][o], k["start_ns"][own][o]
+                i = np.clip(np.searchsorted(ends, rows["end_ns"]), 0, len(ends) - 1)
+                lo = np.clip(i - 1, 0, len(ends) - 1)
+                pick = np.where(np.abs(ends[lo] - rows["end_ns"]) < np.abs(ends[i] - rows["end_ns"]), lo, i)
+                hit = np.abs(ends[pick] - rows["end_ns"]) <= S.END_TOLERANCE_NS
+                wait[j] += int(np.maximum(0, rows["late_start_ns"][hit] - starts[pick][hit]).sum())
+        return wait

@@ -1,0 +1,107 @@
+"""Tensor-parallel stragglers in the live window (issue 23): aggregator.straggler_window over
+the window builder, with the ranks' batches arriving as CUPTI sends them (one process each,
+its own name table, a rank's buffer a window late), each collective reported once."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ridgeline.aggregator import straggler_window as SW
+from ridgeline.aggregator import wire
+from ridgeline.aggregator.windows import WindowBuilder
+from ridgeline.probes.events import NameTable, Trace
+
+from test_stragglers import TP4, US, Builder, tp_group
+
+
+def per_rank_batches(trace: Trace, pieces: int):
+    """Each rank's kernels as its own process would send them: its own name table (ids
+    shifted, so that tables disagree), cut into ``pieces`` batches in time order."""
+    out = {}
+    for pid in np.unique(trace.kernels["pid"]):
+        k = trace.kernels[trace.kernels["pid"] == pid].copy()
+        c = trace.copies[trace.copies["pid"] == pid].copy()
+        names = NameTable([f"pad-{pid}-{i}" for i in range(int(pid) % 5)] + list(trace.names.strings))
+        k["name_id"] += int(pid) % 5
+        cuts = np.array_split(np.arange(len(k)), pieces)
+        batches = []
+        for ix in cuts:
+            lo, hi = k["start_ns"][ix].min(), k["end_ns"][ix].max()
+            cs = c[(c["start_ns"] >= lo) & (c["start_ns"] < hi)]
+            batches.append(Trace(kernels=k[ix], copies=cs, names=names, meta={"source": "cupti"}))
+        out[int(pid)] = batches
+    return out
+
+
+def run_windows(batches: dict, lag: dict | None = None, windows: int = 8):
+    """Feed window w the w-th batch of each rank (a rank in ``lag`` sends its first batch on
+    time, then each later one that many windows late); returns the window records."""
+    lag = lag or {}
+    b = WindowBuilder(host="h")
+    out = []
+    for w in range(windows):
+        for pid, bs in batches.items():
+            for i, bt in enumerate(bs):
+                if (i if i == 0 else i + lag.get(pid, 0)) == w:
+                    b.add_events(bt, source=f"cupti:{pid}")
+        out.append(b.close(w * 10**9, (w + 1) * 10**9))
+    return out
+
+
+def test_live_window_names_the_slowed_rank_and_reports_each_collective_once():
+    t = tp_group(Builder(), TP4, steps=60, slow={2: 120}).trace()
+    recs = run_windows(per_rank_batches(t, 4), lag={104: 1})
+    groups = [g for r in recs for g in (r.get("stragglers") or {}).get("groups", [])]
+    assert sum(g["collectives"] for g in groups) == 60          # every all-reduce, once
+    # window 1: rank 104's second buffer has not come, its collectives wait for it
+    assert sum(g["collectives"] for g in recs[1]["stragglers"]["groups"]) == 0
+    for g in groups:
+        assert [(r["pid"], r["device"]) for r in g["ranks"]] == TP4
+        assert (g["straggler_pid"], g["straggler_device"]) == (103, 2)
+        assert g["straggler_last_share_ratio"] == 1.0 and g["cause"] == "kernel"
+        assert g["late_by_p50_ns"] == pytest.approx(120 * US, abs=8 * US)
+        # the three others wait ~120 us per collective, the late one hardly at all
+        waits = [r["wait_ns"] for r in g["ranks"]]
+        assert all(waits[i] == pytest.approx(g["collectives"] * 120 * US, rel=0.1) for i in (0, 1, 3))
+        assert waits[2] < g["collectives"] * 10 * US
+    step = 400 + 120 + 2 + 30 + 20
+    big = max(groups, key=lambda g: g["collectives"])
+    assert big["waiting_share_ratio"] == pytest.approx(3 * 120 / (4 * step), rel=0.2)
+
+
+def test_a_late_launch_is_host_bound_live():
+    t = tp_group(Builder(), TP4, steps=40, idle_before={1: 150}).trace()
+    recs = run_windows(per_rank_batches(t, 2), windows=4)
+    groups = [g for r in recs for g in (r.get("stragglers") or {}).get("groups", [])]
+    assert sum(g["collectives"] for g in groups) == 40
+    assert all((g["straggler_pid"], g["cause"]) == (102, "host") for g in groups)
+
+
+def test_no_collectives_nothing_held_and_no_record():
+    b = Builder()
+    b.kernel(1, 0, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", 0, 1000)
+    wb = WindowBuilder(host="h")
+    wb.add_events(b.trace(), source="cupti:1")
+    rec = wb.close(0, 10**9)
+    assert "stragglers" not in rec and wb.stragglers._held == 0
+
+
+def test_held_kernels_are_bounded_and_the_drop_counted(monkeypatch):
+    monkeypatch.setattr(SW, "MAX_HELD_KERNELS", 500)
+    t = tp_group(Builder(), TP4, steps=200).trace()
+    live = SW.LiveStragglers()
+    for i, bt in enumerate(per_rank_batches(t, 4)[101] + per_rank_batches(t, 4)[102]):
+        live.add(bt, "cupti:101" if i < 4 else "cupti:102")
+    assert live._held <= 500 and live.kernels_dropped == 2 * 400 - live._held
+    assert live.close().straggler_kernels_dropped == live.kernels_dropped
+
+
+def test_window_stragglers_travel_as_numbers():
+    t = tp_group(Builder(), TP4, steps=30, slow={0: 90}).trace()
+    rec = run_windows(per_rank_batches(t, 1), windows=1)[0]
+    raw = wire.encode_window(rec)
+    for key in ("straggler_last_share_ratio", "waiting_share_ratio", "late_by_p50_ns", "stragglers"):
+        assert key.encode() not in raw
+    assert wire.decode_window(raw)["stragglers"] == rec["stragglers"]
+    for cls in (SW.WindowStragglers, SW.GroupStragglers, SW.RankStragglers):
+        assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
