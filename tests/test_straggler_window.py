@@ -105,3 +105,64 @@ def test_window_stragglers_travel_as_numbers():
     assert wire.decode_window(raw)["stragglers"] == rec["stragglers"]
     for cls in (SW.WindowStragglers, SW.GroupStragglers, SW.RankStragglers):
         assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
+
+
+def _live_records():
+    t = tp_group(Builder(), TP4, steps=60, slow={2: 120}).trace()
+    return run_windows(per_rank_batches(t, 4), lag={104: 1})
+
+
+def test_stragglers_on_metrics_bounded_and_promtool_clean():
+    import subprocess
+
+    from test_agent_prometheus import PROMTOOL, exposition, families, thread, window
+    recs = _live_records()
+    ws = []
+    for r in recs:
+        w = window([thread(8)])
+        if "stragglers" in r:
+            w["stragglers"] = r["stragglers"]
+        ws.append(w)
+    text = exposition(ws)
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families(text).values() for s in f.samples}
+    h, g = ("Hostname", "node-a"), ("group", "0,1,2,3")
+
+    def v(name, *labels):
+        return val[(name, tuple(sorted((h, g) + labels)))]
+    assert v("ridgeline_tp_collectives_total") == 60
+    assert v("ridgeline_tp_straggler_gpu") == 2
+    assert v("ridgeline_tp_straggler_cause", ("cause", "kernel")) == 1
+    assert v("ridgeline_tp_straggler_cause", ("cause", "host")) == 0
+    assert v("ridgeline_tp_straggler_late_seconds", ("percentile", "p50")) == pytest.approx(120e-6, abs=8e-6)
+    assert v("ridgeline_tp_rank_last_share_ratio", ("gpu", "2")) == 1.0
+    assert v("ridgeline_tp_wait_seconds_total") == pytest.approx(3 * 60 * 120e-6, rel=0.1)
+    if PROMTOOL:
+        r = subprocess.run([PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_straggler_series_are_bounded_by_groups():
+    from ridgeline.agent import straggler_metrics as SM
+    m = SM.StragglerMetrics()
+    for i in range(3 * SM.MAX_GROUPS):
+        g = {"ranks": [{"pid": i, "device": i, "last_count": 1, "wait_ns": 0},
+                       {"pid": i + 1000, "device": i + 1000, "last_count": 0, "wait_ns": 5}],
+             "collectives": 1, "waiting_share_ratio": 0.1, "straggler_device": i, "cause": "copy"}
+        m.observe({"stragglers": {"groups": [g]}})
+    fams = list(m.families("h"))
+    groups = {s.labels["group"] for f in fams for s in f.samples if "group" in s.labels}
+    assert len(groups) == SM.MAX_GROUPS and m.evicted == 2 * SM.MAX_GROUPS
+    series = sum(len(f.samples) for f in fams)
+    assert series <= SM.MAX_GROUPS * (2 + 3 + 2 + 3 + 2) + 1
+
+
+def test_top_names_the_straggler():
+    from rich.console import Console
+
+    from ridgeline.agent.top import render
+    rec = next(r for r in _live_records() if (r.get("stragglers") or {}).get("groups"))
+    c = Console(width=220, record=True)
+    c.print(render(rec))
+    text = c.export_text()
+    assert "TP group GPUs 0,1,2,3:" in text
+    assert "straggler GPU 2 (pid 103) last in 100%, late by 1" in text and "kernel-bound" in text
