@@ -66,6 +66,22 @@ class Culprit(msgspec.Struct, frozen=True):
     tokens: int               # the culprit's prompt tokens
 
 
+#: Upper bounds (s) of the per-window end-to-end histogram (``/metrics``: its buckets carry
+#: exemplars, the request ids of the slowest request in each); the last bucket is +Inf.
+E2E_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+#: Request ids in exemplars are cut to this (OpenMetrics: an exemplar's label names and
+#: values together hold at most 128 UTF-8 characters; with ``trace_id`` 32 hex).
+EXEMPLAR_ID_CHARS = 64
+
+
+class Exemplar(msgspec.Struct, frozen=True):
+    """The slowest request of one bucket of the window's end-to-end histogram."""
+    bucket: int                # index into E2E_BOUNDS_S (len(E2E_BOUNDS_S): +Inf)
+    request_id: str
+    trace_id: str
+    e2e_ns: int
+
+
 class RequestStory(msgspec.Struct, frozen=True):
     request_id: str
     engine: str
@@ -90,6 +106,7 @@ class RequestStory(msgspec.Struct, frozen=True):
     prompt_tokens: int
     completion_tokens: int
     culprits: list[Culprit] = []
+    trace_id: str = ""                   # the engine span's trace (hex), for exemplars
 
 
 class WindowRequests(msgspec.Struct):
@@ -109,6 +126,9 @@ class WindowRequests(msgspec.Struct):
     top_culprit_tokens: int = 0
     dragged_source: str = SOURCE_NONE
     slowest: list[RequestStory] = []
+    e2e_total_ns: int = 0
+    e2e_bucket_counts: list[int] = []    # per E2E_BOUNDS_S bucket and +Inf, not cumulative
+    exemplars: list[Exemplar] = []
 
 
 def _intervals(r: RequestSpan) -> tuple[int, int, int, int]:
@@ -362,7 +382,8 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             dragged_source=source if has_culprits else SOURCE_NO_CULPRITS,
             alone_decode_ns=max(0, decode_ns - dragged), preemptions=r.preemptions,
             recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
-            prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits))
+            prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
+            trace_id=r.trace_id[:32]))
     return out
 
 
@@ -387,13 +408,23 @@ def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowReque
     src = SOURCE_MEASURED if SOURCE_MEASURED in sources else (SOURCE_ESTIMATE if SOURCE_ESTIMATE in sources
                                                               else SOURCE_NONE)
     slowest = sorted(stories, key=lambda s: -s.e2e_ns)[:MAX_SLOWEST]
+    e2e = np.array([s.e2e_ns for s in stories], dtype=np.float64) * 1e-9
+    bucket = np.searchsorted(np.asarray(E2E_BOUNDS_S), e2e, "left")       # le: value <= bound
+    counts = np.bincount(bucket, minlength=len(E2E_BOUNDS_S) + 1)
+    worst: dict[int, RequestStory] = {}
+    for b, s in zip(bucket.tolist(), stories):
+        if b not in worst or s.e2e_ns > worst[b].e2e_ns:
+            worst[b] = s
+    exemplars = [Exemplar(b, s.request_id[:EXEMPLAR_ID_CHARS], s.trace_id, s.e2e_ns) for b, s in sorted(worst.items())]
     return WindowRequests(
         requests=len(stories), requests_dropped=dropped, decode_ns=dec, dragged_ns=drg,
         dragged_share_ratio=drg / dec if dec else 0.0,
         queue_p99_ns=_p99([s.queue_ns for s in stories]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
         decode_p99_ns=_p99([s.decode_ns for s in stories]), dragged_p99_ns=_p99([s.dragged_ns for s in stories]),
         e2e_p99_ns=_p99([s.e2e_ns for s in stories]), top_culprit_id=top[0], top_culprit_added_ns=int(top[1][0]),
-        top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest)
+        top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest,
+        e2e_total_ns=int(sum(s.e2e_ns for s in stories)), e2e_bucket_counts=[int(c) for c in counts],
+        exemplars=exemplars)
 
 
 def story_text(s: RequestStory) -> str:

@@ -65,6 +65,11 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   ``aggregator.straggler_window``). A decoder built before them reads ``field_144`` ...
   ``field_157``; the golden file ``wire_envelope_stragglers_window_v1.bin`` pins their bytes.
 
+* fields 158-162 (issue 22): the window's request histogram of end-to-end time
+  (``e2e_total_ns``, ``e2e_bucket_counts``) and its ``exemplars`` (per bucket the slowest
+  request's id and ``trace_id``), which ``/metrics`` serves as OpenMetrics exemplars; a
+  story's ``trace_id``.
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================
@@ -168,6 +173,8 @@ FIELDS: dict[str, int] = {
     "waiting_share_ratio": 150, "straggler_pid": 151, "straggler_device": 152,
     "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155, "cause": 156,
     "straggler_kernels_dropped": 157,
+    # the request join's end-to-end histogram and its exemplars (issue 22, second part)
+    "e2e_total_ns": 158, "e2e_bucket_counts": 159, "exemplars": 160, "bucket": 161, "trace_id": 162,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"
