@@ -41,6 +41,10 @@ MAX_HELD_KERNELS = 300_000
 MAX_GROUPS = 16
 #: Group keys remembered (their last reported collective).
 MAX_GROUP_KEYS = 256
+#: Kernels that ended this long before the earliest collective reported at the last close
+#: are left out of the next analysis (reported already; what a lagging rank still owes is
+#: after it): the time "since the previous collective" and the grouping need only a margin.
+LOOKBACK_NS = 100_000_000
 
 _HELD_KERNEL = np.dtype([("pid", "<i4"), ("device", "<i4"), ("name_id", "<i4"), ("start_ns", "<i8"),
                          ("end_ns", "<i8"), ("collective", "?")])
@@ -81,6 +85,7 @@ class LiveStragglers:
         self._with_collectives: set = set()
         self._reported: collections.OrderedDict = collections.OrderedDict()   # group key -> end_ns
         self.kernels_dropped = 0
+        self._cutoff_ns = None               # see LOOKBACK_NS
 
     def add(self, trace: Trace, source: str) -> None:
         k = trace.kernels
@@ -129,6 +134,9 @@ class LiveStragglers:
             return None
         ks = np.concatenate([w[0] for w in self._windows])
         cs = np.concatenate([w[1] for w in self._windows])
+        if self._cutoff_ns is not None:
+            ks = ks[ks["end_ns"] >= self._cutoff_ns]
+            cs = cs[cs["end_ns"] >= self._cutoff_ns]
         groups = self._figures(ks, cs) if len(ks) else []
         groups.sort(key=lambda g: -g.waiting_share_ratio)
         return WindowStragglers(groups=groups[:MAX_GROUPS], straggler_kernels_dropped=self.kernels_dropped)
@@ -145,6 +153,7 @@ class LiveStragglers:
         summary, inst = S.analyse(Trace(kernels=k, copies=c, names=self.names), collective=ks["collective"])
         keys_all = S._rank_keys(k)
         out = []
+        reported_ends = []
         for g in summary.groups:
             members = [(r.pid, r.device) for r in g.ranks]
             key = tuple(members)
@@ -157,6 +166,7 @@ class LiveStragglers:
             if not len(mine):
                 continue
             self._reported[key] = int(mine["end_ns"].max())
+            reported_ends.append(int(mine["end_ns"].max()))
             self._reported.move_to_end(key)
             while len(self._reported) > MAX_GROUP_KEYS:
                 self._reported.popitem(last=False)
@@ -177,6 +187,9 @@ class LiveStragglers:
                 late_by_p50_ns=int(np.percentile(late["late_by_ns"], 50)),
                 late_by_p99_ns=int(np.percentile(late["late_by_ns"], 99)),
                 cause=S.CAUSE_NAMES[int(np.argmax(causes))]))
+        # Every group reported this time has told all its collectives up to its newest
+        # reported end: nothing before the earliest of those (minus the margin) is needed.
+        self._cutoff_ns = (min(reported_ends) - LOOKBACK_NS) if reported_ends else self._cutoff_ns
         return out
 
     @staticmethod
