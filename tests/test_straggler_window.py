@@ -166,3 +166,17 @@ def test_top_names_the_straggler():
     text = c.export_text()
     assert "TP group GPUs 0,1,2,3:" in text
     assert "straggler GPU 2 (pid 103) last in 100%, late by 1" in text and "kernel-bound" in text
+
+
+def test_a_real_single_rank_trace_is_held_but_no_group_is_claimed_live():
+    """The B200 vLLM TP8 trace's rank 0 (its multimem all-reduce and NCCL all-gather seen as
+    collectives) through the window builder: its kernels are held for the analysis, and
+    no group is claimed from one rank."""
+    from conftest import shared_trace
+    from ridgeline.probes.kineto import load_trace
+    t = load_trace(shared_trace("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"))
+    wb = WindowBuilder(host="h")
+    wb.add_events(t, source="replay")
+    rec = wb.close(0, 10**9)
+    assert wb.stragglers._held == len(t.kernels)
+    assert rec["stragglers"]["groups"] == []
