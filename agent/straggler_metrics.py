@@ -15,7 +15,9 @@ per 8 ranks: under 300 series for a host's worth of groups.
   ``ridgeline_tp_straggler_gpu`` (the GPU index most often last),
   ``ridgeline_tp_straggler_late_seconds`` (``percentile`` p50, p99),
   ``ridgeline_tp_straggler_cause`` (1 for the dominant cause, 0 for the others) and
-  ``ridgeline_tp_rank_last_share_ratio`` per ``gpu``.
+  ``ridgeline_tp_rank_last_share_ratio`` per ``gpu``, and
+  ``ridgeline_tp_launch_off_cpu_ratio`` (``rank``: straggler, others; the launch threads'
+  run-queue plus blocked share, when the scheduling probe saw them).
 """
 from __future__ import annotations
 
@@ -90,6 +92,13 @@ class StragglerMetrics:
                       ["cause"])
             for c in CAUSES:
                 cause.add_metric([host, key, c], 1.0 if g.get("cause") == c else 0.0)
+            offc = f(GaugeMetricFamily, "ridgeline_tp_launch_off_cpu_ratio", "Share of the window the launch "
+                     "threads were off-CPU (run queue or blocked): the straggler's, and the other ranks' median",
+                     ["rank"])
+            for who, k in (("straggler", "straggler_launch_off_cpu_ratio"), ("others", "others_launch_off_cpu_ratio")):
+                v = g.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0:
+                    offc.add_metric([host, key, who], float(v))
             share = f(GaugeMetricFamily, "ridgeline_tp_rank_last_share_ratio", "Share of the group's "
                       "collectives at which this rank arrived last", ["gpu"])
             n = _n(g.get("collectives")) or 1.0

@@ -29,6 +29,11 @@ def stragglers_lines(s) -> list[Text]:
                 f"(pid {g.get('straggler_pid')}) last in {float(g.get('straggler_last_share_ratio') or 0):.0%}, "
                 f"late by {_us(g.get('late_by_p50_ns'))} (p99 {_us(g.get('late_by_p99_ns'))}), "
                 f"{g.get('cause') or '?'}-bound; ranks waiting {share:.0%} of the time")
+        mine, others = g.get("straggler_launch_off_cpu_ratio"), g.get("others_launch_off_cpu_ratio")
+        if isinstance(mine, (int, float)) and mine >= 0:
+            line += f"; its launch thread off-CPU {mine:.0%}"
+            if isinstance(others, (int, float)) and others >= 0:
+                line += f" (others {others:.0%})"
         out.append(Text(line, style="yellow" if share >= 0.05 else ""))
     if len(groups) > MAX_LINES:
         out.append(Text(f"... and {len(groups) - MAX_LINES} more TP groups", style="dim"))

@@ -68,11 +68,53 @@ class GroupStragglers(msgspec.Struct, frozen=True):
     late_by_p50_ns: int
     late_by_p99_ns: int
     cause: str                          # kernel | copy | host | ""
+    # The launch threads' share of the window off-CPU (run queue + blocked), from the
+    # scheduling probe, for the straggler and the median of the other ranks (-1: unknown):
+    # a "host" straggler whose launch thread was off-CPU much more than the others' is
+    # held back by the CPU (annotate_launch_threads).
+    straggler_launch_off_cpu_ratio: float = -1.0
+    others_launch_off_cpu_ratio: float = -1.0
 
 
 class WindowStragglers(msgspec.Struct):
     groups: list[GroupStragglers] = []
     straggler_kernels_dropped: int = 0  # cumulative: over MAX_HELD_KERNELS
+
+
+def _off_cpu(window: dict, pid: int, device: int) -> float:
+    tids = set()
+    for g in window.get("gpus") or []:
+        if isinstance(g, dict) and g.get("pid") == pid and g.get("device") == device:
+            tids.update(t for t in (g.get("launch_tids") or []) if isinstance(t, int))
+    on = off = 0.0
+    for data in (window.get("sched") or {}).values():
+        for th in (data.get("threads") or []) if isinstance(data, dict) else ():
+            if not isinstance(th, dict) or th.get("pid") != pid:
+                continue
+            if tids and th.get("tid") not in tids or not tids and not th.get("launches"):
+                continue
+            v = [th.get(k) for k in ("on_cpu_ns", "runq_wait_ns", "blocked_ns")]
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                continue
+            on += v[0]
+            off += v[1] + v[2]
+    return off / (on + off) if on + off > 0 else -1.0
+
+
+def annotate_launch_threads(window: dict) -> None:
+    """Fill each group's ``straggler_launch_off_cpu_ratio`` and ``others_launch_off_cpu_ratio``
+    from the window's scheduling rows: the threads that launched the rank's kernels (the
+    GPU entry's ``launch_tids``, else the threads the probe saw launching), their run-queue
+    plus blocked time over their whole time. Unknown stays -1."""
+    s = window.get("stragglers")
+    for g in (s.get("groups") or []) if isinstance(s, dict) else ():
+        ranks = g.get("ranks") or []
+        mine = _off_cpu(window, g.get("straggler_pid"), g.get("straggler_device"))
+        others = [_off_cpu(window, r.get("pid"), r.get("device")) for r in ranks
+                  if (r.get("pid"), r.get("device")) != (g.get("straggler_pid"), g.get("straggler_device"))]
+        others = [x for x in others if x >= 0]
+        g["straggler_launch_off_cpu_ratio"] = mine
+        g["others_launch_off_cpu_ratio"] = float(np.median(others)) if others else -1.0
 
 
 class LiveStragglers:

@@ -475,6 +475,8 @@ class WindowBuilder:
             figures = self.stragglers.close()
             if figures is not None:
                 window["stragglers"] = plain(msgspec.to_builtins(figures))
+                from .straggler_window import annotate_launch_threads
+                annotate_launch_threads(window)
         fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their

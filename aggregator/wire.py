@@ -69,6 +69,9 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   (``e2e_total_ns``, ``e2e_bucket_counts``) and its ``exemplars`` (per bucket the slowest
   request's id and ``trace_id``), which ``/metrics`` serves as OpenMetrics exemplars; a
   story's ``trace_id``.
+* fields 163-164 (issue 23): per straggler group, the launch threads' off-CPU share of the
+  straggler and of the other ranks (``straggler_launch_off_cpu_ratio``,
+  ``others_launch_off_cpu_ratio``).
 
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
@@ -175,6 +178,8 @@ FIELDS: dict[str, int] = {
     "straggler_kernels_dropped": 157,
     # the request join's end-to-end histogram and its exemplars (issue 22, second part)
     "e2e_total_ns": 158, "e2e_bucket_counts": 159, "exemplars": 160, "bucket": 161, "trace_id": 162,
+    # the straggler's launch threads off-CPU against the other ranks' (issue 23)
+    "straggler_launch_off_cpu_ratio": 163, "others_launch_off_cpu_ratio": 164,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

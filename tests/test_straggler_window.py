@@ -180,3 +180,43 @@ def test_a_real_single_rank_trace_is_held_but_no_group_is_claimed_live():
     rec = wb.close(0, 10**9)
     assert wb.stragglers._held == len(t.kernels)
     assert rec["stragglers"]["groups"] == []
+
+
+def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
+    """Rank 1's launches come late (its GPU idles before each collective) and the scheduling
+    probe saw its launch thread in the run queue most of the window: the group says host,
+    and the straggler's launch thread off-CPU share against the others'."""
+    t = tp_group(Builder(), TP4, steps=30, idle_before={1: 150}).trace()
+    wb = WindowBuilder(host="h")
+    for pid, (bt,) in per_rank_batches(t, 1).items():
+        wb.add_events(bt, source=f"cupti:{pid}")
+    off = {101: 0.02, 102: 0.6, 103: 0.05, 104: 0.04}
+    wb.add_sched({"threads": [{"tgid": pid, "tid": pid + 7, "comm": "python", "launches": 100,
+                               "on_cpu_ns": (1 - f) * 1e9, "runq_wait_ns": f * 0.8e9, "blocked_ns": f * 0.2e9}
+                              for pid, f in off.items()]})
+    rec = wb.close(0, 10**9)
+    (g,) = rec["stragglers"]["groups"]
+    assert (g["straggler_pid"], g["cause"]) == (102, "host")
+    assert g["straggler_launch_off_cpu_ratio"] == pytest.approx(0.6)
+    assert g["others_launch_off_cpu_ratio"] == pytest.approx(0.04)
+    assert wire.decode_window(wire.encode_window(rec))["stragglers"] == rec["stragglers"]
+    from rich.console import Console
+
+    from ridgeline.agent.top import render
+    c = Console(width=260, record=True)
+    c.print(render(rec))
+    text = c.export_text()
+    assert "host-bound; ranks waiting" in text and "its launch thread off-CPU 60% (others 4%)" in text
+    from test_agent_prometheus import exposition, families
+    w = dict(rec, host="node-a")
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in families(exposition([w])).values() for s in f.samples}
+    assert val[("ridgeline_tp_launch_off_cpu_ratio", (("Hostname", "node-a"), ("group", "0,1,2,3"),
+                                                       ("rank", "straggler")))] == pytest.approx(0.6)
+
+
+def test_no_scheduling_rows_leave_the_launch_figures_unknown():
+    t = tp_group(Builder(), TP4, steps=10, slow={0: 50}).trace()
+    rec = run_windows(per_rank_batches(t, 1), windows=1)[0]
+    (g,) = rec["stragglers"]["groups"]
+    assert g["straggler_launch_off_cpu_ratio"] == -1.0 and g["others_launch_off_cpu_ratio"] == -1.0

@@ -122,7 +122,8 @@ STRAGGLERS_WINDOW = {
                   {"pid": 104, "device": 3, "last_count": 0, "wait_ns": 7_230_000}],
         "collectives": 60, "waiting_share_ratio": 0.1563, "straggler_pid": 103, "straggler_device": 2,
         "straggler_last_share_ratio": 1.0, "late_by_p50_ns": 120_500, "late_by_p99_ns": 123_000,
-        "cause": "kernel"}], "straggler_kernels_dropped": 0},
+        "cause": "kernel", "straggler_launch_off_cpu_ratio": 0.04, "others_launch_off_cpu_ratio": 0.05}],
+        "straggler_kernels_dropped": 0},
 }
 
 GOLDEN = {
