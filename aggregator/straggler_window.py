@@ -39,6 +39,8 @@ HOLD_WINDOWS = 3
 MAX_HELD_KERNELS = 300_000
 #: Groups reported per window at most (8 GPUs x 8 processes cannot form more than 32).
 MAX_GROUPS = 16
+#: Name tables whose collective names are remembered (one per served process and source).
+MAX_NAME_TABLES = 256
 #: Group keys remembered (their last reported collective).
 MAX_GROUP_KEYS = 256
 #: Kernels that ended this long before the earliest collective reported at the last close
@@ -128,12 +130,13 @@ class LiveStragglers:
         self._reported: collections.OrderedDict = collections.OrderedDict()   # group key -> end_ns
         self.kernels_dropped = 0
         self._cutoff_ns = None               # see LOOKBACK_NS
+        self._roles: dict[int, tuple] = {}   # id(name table) -> (table, collective per name id + 1)
 
     def add(self, trace: Trace, source: str) -> None:
         k = trace.kernels
         if not len(k) and not len(trace.copies):
             return
-        coll = classify_kernels(trace).role == ROLE_COLLECTIVE if len(k) else np.zeros(0, bool)
+        coll = self._collective_names(trace.names)[k["name_id"].astype(np.int64) + 1] if len(k) else np.zeros(0, bool)
         if coll.any():
             self._with_collectives.add(source)
         elif source not in self._with_collectives:
@@ -164,6 +167,23 @@ class LiveStragglers:
                 self._held -= len(self._open_k[0])
                 self.kernels_dropped += len(self._open_k.pop(0))
                 self._open_c.pop(0)
+
+    def _collective_names(self, names: NameTable) -> np.ndarray:
+        """Per name id + 1 (slot 0: no name), whether it is a collective kernel: classified
+        once per name of each name table (a batch costs one index, not a classification)."""
+        held = self._roles.get(id(names))
+        if held is not None and held[0] is names and len(held[1]) == len(names) + 1:
+            return held[1]
+        old = held[1] if held is not None and held[0] is names else np.zeros(1, bool)
+        new_ids = np.arange(len(old) - 1, len(names), dtype=np.int32)
+        k = empty(KERNEL_DTYPE, len(new_ids))
+        k["name_id"] = new_ids
+        roles = classify_kernels(Trace(kernels=k, names=names)).role == ROLE_COLLECTIVE
+        arr = np.concatenate([old, roles])
+        if len(self._roles) >= MAX_NAME_TABLES and id(names) not in self._roles:
+            self._roles.pop(next(iter(self._roles)))
+        self._roles[id(names)] = (names, arr)
+        return arr
 
     def close(self) -> WindowStragglers | None:
         """This window's figures, or None when no source has shown a collective."""
