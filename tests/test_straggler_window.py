@@ -220,3 +220,19 @@ def test_no_scheduling_rows_leave_the_launch_figures_unknown():
     rec = run_windows(per_rank_batches(t, 1), windows=1)[0]
     (g,) = rec["stragglers"]["groups"]
     assert g["straggler_launch_off_cpu_ratio"] == -1.0 and g["others_launch_off_cpu_ratio"] == -1.0
+
+
+@pytest.mark.parametrize("groups,ranks,series", [(4, 2, 53), (4, 8, 77)])
+def test_straggler_series_per_host_layout(groups, ranks, series):
+    """docs/metrics.md, "Cardinality budget": the ridgeline_tp_* series of a host's TP groups
+    (4 served processes of TP=2, or of TP=8), counted as the real renderer emits them."""
+    from test_agent_prometheus import exposition, families, thread, window
+    w = window([thread(8)])
+    w["stragglers"] = {"groups": [{
+        "ranks": [{"pid": 100 * g + r, "device": g * ranks + r, "last_count": 1, "wait_ns": 5} for r in range(ranks)],
+        "collectives": 10, "waiting_share_ratio": 0.1, "straggler_pid": 100 * g, "straggler_device": g * ranks,
+        "straggler_last_share_ratio": 0.5, "late_by_p50_ns": 1000, "late_by_p99_ns": 2000, "cause": "host",
+        "straggler_launch_off_cpu_ratio": 0.3, "others_launch_off_cpu_ratio": 0.1} for g in range(groups)],
+        "straggler_kernels_dropped": 0}
+    n = sum(len(f.samples) for name, f in families(exposition([w])).items() if name.startswith("ridgeline_tp_"))
+    assert n == series
