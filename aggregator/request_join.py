@@ -88,7 +88,7 @@ class RequestStory(msgspec.Struct, frozen=True):
     start_ns: int
     end_ns: int
     e2e_ns: int
-    queue_ns: int
+    queue_ns: int                        # -1: the engine did not report it
     kv_usage_max_queued_ratio: float     # -1: no KV sample while it waited
     kv_full_while_queued: bool
     prefill_ns: int
@@ -372,7 +372,9 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         kv_max = float(q["usage_ratio"].max()) if len(q) and sched > arrival else -1.0
         out.append(RequestStory(
             request_id=r.request_id, engine=r.engine, start_ns=arrival, end_ns=end,
-            e2e_ns=r.e2e_ns if r.e2e_ns >= 0 else end - arrival, queue_ns=sched - arrival,
+            e2e_ns=r.e2e_ns if r.e2e_ns >= 0 else end - arrival,
+            # -1 when the engine did not say (SGLang's metrics file has no queue time).
+            queue_ns=sched - arrival if r.queue_ns >= 0 else -1,
             kv_usage_max_queued_ratio=kv_max, kv_full_while_queued=kv_max >= KV_FULL_RATIO,
             prefill_ns=first - sched, prefill_chunks=int(batch.pf_hi[i] - batch.pf_lo[i]),
             decode_ns=decode_ns, decode_steps=hi - lo,
@@ -419,7 +421,7 @@ def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowReque
     return WindowRequests(
         requests=len(stories), requests_dropped=dropped, decode_ns=dec, dragged_ns=drg,
         dragged_share_ratio=drg / dec if dec else 0.0,
-        queue_p99_ns=_p99([s.queue_ns for s in stories]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
+        queue_p99_ns=_p99([s.queue_ns for s in stories if s.queue_ns >= 0]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
         decode_p99_ns=_p99([s.decode_ns for s in stories]), dragged_p99_ns=_p99([s.dragged_ns for s in stories]),
         e2e_p99_ns=_p99([s.e2e_ns for s in stories]), top_culprit_id=top[0], top_culprit_added_ns=int(top[1][0]),
         top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest,
@@ -433,7 +435,7 @@ def story_text(s: RequestStory) -> str:
         return f"{ns / 1e9:.2f} s" if ns >= 1e8 else f"{ns / 1e6:.1f} ms"
     lines = [f"request {s.request_id} ({s.engine}): {sec(s.e2e_ns)} end to end, "
              f"{max(s.prompt_tokens, 0)} prompt tokens, {max(s.completion_tokens, 0)} generated."]
-    q = f"queued {sec(s.queue_ns)}"
+    q = f"queued {sec(s.queue_ns)}" if s.queue_ns >= 0 else "queue time: not reported by the engine"
     if s.kv_usage_max_queued_ratio >= 0:
         q += (f"; the KV cache was full then ({s.kv_usage_max_queued_ratio:.0%} used)" if s.kv_full_while_queued
               else f"; the KV cache was not full then (at most {s.kv_usage_max_queued_ratio:.0%} used)")

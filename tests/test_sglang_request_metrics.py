@@ -97,6 +97,9 @@ def test_the_seed_example_from_sglang_files_names_the_culprit(tmp_path):
     story = next(s for s in stories if s.request_id == "answer-500")
     assert story.engine == "sglang" and story.culprits[0].request_id == "long-4000"
     assert abs(story.culprits[0].added_ns - 12.5e9) <= 0.10 * 12.5e9
+    # The file has no queue time: the story says so rather than telling 0.
+    from ridgeline.aggregator.request_join import story_text
+    assert story.queue_ns == -1 and "queue time: not reported by the engine." in story_text(story)
 
 
 def test_follow_appends_partial_lines_rotation_and_bounds(tmp_path):
