@@ -203,6 +203,22 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
 # ----------------------------------------------------------------- agent health
 
 
+class ProbeCounters(msgspec.Struct, omit_defaults=True):
+    """One probe's cumulative counters (``probes.probe.Probe.counters``; the values of
+    :attr:`Health.probes`, where a probe may add counters of its own by name)."""
+    records: Annotated[Num, N(48)] = 0
+    drops: Annotated[Num, N(49)] = 0
+    errors: Annotated[Num, N(50)] = 0
+    bpf_run_time_ns: Annotated[Num | None, N(52)] = None
+
+
+class ProbeMessage(msgspec.Struct):
+    """A message of the ``sched``, ``device`` and ``engine`` topics: what one probe
+    delivered, as it delivered it (``agent.daemon``)."""
+    source: Annotated[str, N(45)]
+    data: Annotated[Any, N(68)]
+
+
 class Health(msgspec.Struct, omit_defaults=True):
     """The agent's own cost and counters (``agent.health``; the window's ``agent`` record
     and the ``health`` topic)."""
@@ -214,7 +230,7 @@ class Health(msgspec.Struct, omit_defaults=True):
     bpf_run_time_ns: Annotated[Num | None, N(52)] = None
     # travel as names
     records_total: Num | None = None
-    probes: dict[str, Any] = {}
+    probes: dict[str, dict[str, Any]] = {}     # per probe: ProbeCounters and its own counters
     publisher_drops_by_topic: dict[str, Any] = {}
     metrics_server: dict[str, Any] = {}
     cupti_processes_taken_over: Any = None
@@ -326,13 +342,14 @@ class Window(msgspec.Struct, omit_defaults=True):
 
 #: Every Struct whose fields are numbered; :func:`wire_fields` reads them.
 RECORDS = (Window, GpuProcess, PhaseFigures, Latency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
-           EngineFigures, Health, Step, StepTokens, Culprit, RequestStory, WindowRequests, RequestsMessage)
+           EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, RequestStory, WindowRequests, RequestsMessage)
 
-#: Numbers the first release gave to names no record carries today. Kept so that a
-#: recording of that time still decodes them by name; never given to another name.
+#: Numbers the first release gave to names no typed record declares (its guesses at the
+#: device and engine records, which carry other names today). Kept so that a recording of
+#: that time still decodes them by name; never given to another name.
 RETIRED: dict[str, int] = {
-    "records": 48, "kv_usage": 61, "num_running": 62, "num_waiting": 63, "preemptions_total": 64,
-    "prefix_cache_hit_rate": 65, "name": 66, "data": 68, "p90_ns": 69, "p95_ns": 70, "reason": 72,
+    "kv_usage": 61, "num_running": 62, "num_waiting": 63, "preemptions_total": 64,
+    "prefix_cache_hit_rate": 65, "name": 66, "p90_ns": 69, "p95_ns": 70, "reason": 72,
     "value": 73, "prefill_tokens": 41, "decode_tokens": 42,
 }
 
