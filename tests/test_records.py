@@ -129,3 +129,25 @@ def test_phase_is_one_table():
     # the codes are stored in uint8 columns and compared against them
     col = np.array([0, 2, 2, 3], dtype=np.uint8)
     assert int((col == Phase.DECODE).sum()) == 2 and records.PHASE_NAMES[col[3]] == "mixed"
+
+
+def test_a_window_of_a_real_trace_reads_as_typed_records(shared_traces):
+    """The records declare what the window builder really writes: a window of a real trace,
+    through the wire, converts, and its typed figures are the dict's."""
+    from ridgeline.aggregator.windows import WindowBuilder
+    from ridgeline.probes.kineto import load_trace
+    t = load_trace(shared_traces / "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")
+    b = WindowBuilder(host="h")
+    b.add_events(t, "replay")
+    d = wire.decode_window(wire.encode_window(b.close(0, 1, agent={"cpu_pct": 1.0}, final=True)))
+    w = records.window_of(d)
+    assert sum(g.kernels for g in w.gpus) == len(t.kernels) > 0
+    for g, gd in zip(w.gpus, d["gpus"], strict=True):
+        assert (g.source, g.span_ns, g.launch.count) == ("replay", gd["span_ns"], gd["launch"]["count"])
+        assert g.ceilings.hbm_bytes_per_s == gd["ceilings"]["hbm_bytes_per_s"] > 0
+        assert set(g.phases) == set(gd["phases"]) and g.phases
+        for ph, f in g.phases.items():
+            fd = gd["phases"][ph]
+            assert (f.kernel_time_ns, f.verdict, f.evidence, f.work_busy_ns) == \
+                (fd["kernel_time_ns"], fd["verdict"], fd["evidence"], fd["work_busy_ns"])
+    assert w.agent.cpu_pct == 1.0 and w.host == "h"
