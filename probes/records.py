@@ -140,11 +140,27 @@ class SchedThread(msgspec.Struct, omit_defaults=True):
     blocked_ns: Annotated[Num | None, N(57)] = None
     voluntary_switches: Annotated[Num | None, N(58)] = None
     involuntary_switches: Annotated[Num | None, N(59)] = None
+    # travel as names
+    launches: Num | None = None     # CUDA launch calls the sched probe counted from it
+    oncpu_ns: Num | None = None     # the sched probe's own spellings (probes.sched_accounting)
+    runq_ns: Num | None = None
+    off_cpu_ns: Num | None = None
 
 
 class SchedFigures(msgspec.Struct, omit_defaults=True):
     """One scheduling source's figures: its threads (a list, or a map by tid)."""
     threads: Annotated[Any, N(60)] = None
+
+
+# ----------------------------------------------------------------- device
+
+
+class DeviceSample(msgspec.Struct, omit_defaults=True):
+    """Who one NVML device sample is about (``probes.nvml``; its figures are read by
+    ``aggregator.device_metrics``)."""
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    gpu_name: str | None = None
 
 
 # ----------------------------------------------------------------- engine
@@ -194,6 +210,16 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     latency_histograms: Annotated[dict[str, LatencyHistogram], N(102)] = {}
     # travel as names
     kv_usage_ratio: Num | None = None
+    queue_time_p50_s: Num | None = None
+    queue_time_p99_s: Num | None = None
+    ttft_p50_s: Num | None = None
+    ttft_p99_s: Num | None = None
+    itl_p50_s: Num | None = None
+    itl_p99_s: Num | None = None
+    num_running_requests: Num | None = None
+    num_waiting_requests: Num | None = None
+    preemption_rate_per_s: Num | None = None
+    prefix_cache_hit_ratio: Num | None = None
     version_hint: str | None = None
     model_names: Any = None
     simulated: bool | None = None
@@ -229,12 +255,18 @@ class Health(msgspec.Struct, omit_defaults=True):
     records_per_s: Annotated[Num | None, N(51)] = None
     bpf_run_time_ns: Annotated[Num | None, N(52)] = None
     # travel as names
-    records_total: Num | None = None
     probes: dict[str, dict[str, Any]] = {}     # per probe: ProbeCounters and its own counters
+    publisher_drops: Num | None = None
     publisher_drops_by_topic: dict[str, Any] = {}
     metrics_server: dict[str, Any] = {}
-    cupti_processes_taken_over: Any = None
-    cupti_taken_over_by_uid: Any = None
+    records_total: Num | None = None
+    dropped_records: Num | None = None
+    dropped_batches: Num | None = None
+    window_drops: Num | None = None
+    window_fold_errors: Num | None = None
+    window_open_steps_cut: Num | None = None
+    cupti_processes_taken_over: Num | None = None
+    cupti_taken_over_by_uid: Any = None        # {uid: processes}
 
 
 # ----------------------------------------------------------------- steps
