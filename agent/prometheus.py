@@ -120,8 +120,7 @@ class WindowCollector:
     def __init__(self, host: str = ""):
         self._lock = threading.Lock()
         self.host = host
-        self.window: dict | None = None     # the latest window as observed (request metrics read it)
-        self.typed: Window | None = None     # the same, as typed records
+        self.window: Window | None = None    # the latest window, as typed records
         self.windows = 0
         self.windows_unreadable = 0          # windows refused by window_of (logged), never exposed
         self.phase_kernel_seconds: dict[tuple, float] = {}
@@ -190,8 +189,7 @@ class WindowCollector:
             self.windows_unreadable += 1
             return
         with self._lock:
-            self.window = window
-            self.typed = w
+            self.window = w
             self.windows += 1
             nvml_records = []
             for _src, nv in w.device.items():
@@ -233,7 +231,7 @@ class WindowCollector:
             if w.agent.records_total is not None:
                 self.records = float(w.agent.records_total)
             self._observe_threads(w, launch)
-            self.request_metrics.observe(window)     # issue 22
+            self.request_metrics.observe(w)     # issue 22
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
@@ -303,7 +301,7 @@ class WindowCollector:
     # ------------------------------------------------------------------ collection
     def collect(self):
         with self._lock:
-            w = self.typed
+            w = self.window
             yield self._build_info()
             yield self._simulated(w or Window())
             yield from self._counters(w)
@@ -314,7 +312,7 @@ class WindowCollector:
             yield from self._device(w)
             yield from self._verdicts(w)
             yield from self._agent(w.agent, w)
-            yield from self.request_metrics.families(self._host(w), self.window)     # issue 22
+            yield from self.request_metrics.families(self._host(w), w)     # issue 22
 
     def _build_info(self):
         from ridgeline.aggregator import wire
