@@ -110,7 +110,7 @@ def simulated_sources(w: Window) -> list[str]:
 
 def _engine_figures(rec: dict) -> EngineFigures | None:
     try:
-        return msgspec.convert(rec, EngineFigures, strict=False)
+        return msgspec.convert(rec, EngineFigures)
     except msgspec.ValidationError as exc:     # one bad endpoint record loses its own labels
         log.debug("engine record not readable: %s", exc)
         return None
@@ -197,7 +197,7 @@ class WindowCollector:
                     if not isinstance(r, dict):
                         continue
                     try:
-                        d = msgspec.convert(r, DeviceSample, strict=False)
+                        d = msgspec.convert(r, DeviceSample)
                     except msgspec.ValidationError:     # not an NVML sample: not placed
                         continue
                     if d.gpu_index is not None:
@@ -257,7 +257,7 @@ class WindowCollector:
         from .top import _sched_threads
         for row in _sched_threads(window.sched):
             try:
-                th = msgspec.convert(row, SchedThread, strict=False)
+                th = msgspec.convert(row, SchedThread)
             except msgspec.ValidationError as exc:    # one bad row loses that thread's figures
                 log.debug("sched row not readable: %s", exc)
                 continue

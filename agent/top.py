@@ -133,7 +133,7 @@ def engine_panel(engine: dict) -> Panel | None:
     rows = []
     for src, rec in engine_records(engine):
         try:
-            e = msgspec.convert(rec, EngineFigures, strict=False)
+            e = msgspec.convert(rec, EngineFigures)
         except msgspec.ValidationError as exc:      # one endpoint's record of the wrong shape, said
             rows.append(Text(f"{src}: engine record not readable: {exc}", style="bold red"))
             continue
@@ -232,7 +232,7 @@ def sched_panel(sched: dict) -> Panel | None:
     threads = []
     for row in _sched_threads(sched):
         try:
-            threads.append(msgspec.convert(row, SchedThread, strict=False))
+            threads.append(msgspec.convert(row, SchedThread))
         except msgspec.ValidationError:      # a row of the wrong shape is not shown
             continue
     if not threads:

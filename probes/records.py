@@ -414,4 +414,4 @@ def window_of(record: dict) -> Window:
     """A decoded window (the dict of ``wire.decode_window`` or ``WindowBuilder.close``)
     as a :class:`Window`. Keys it does not declare are ignored; ``msgspec.ValidationError``
     when a declared one has the wrong type."""
-    return msgspec.convert(record, Window, strict=False)
+    return msgspec.convert(record, Window)

@@ -59,7 +59,7 @@ def summary(msg) -> str:
                 f"rss={(a.rss_bytes or 0) / 2**20:.0f}MiB")
     if msg.topic == "health" and isinstance(p, dict):
         try:
-            h = msgspec.convert(p, Health, strict=False)
+            h = msgspec.convert(p, Health)
         except msgspec.ValidationError as exc:
             return f"health not readable as a health record: {exc}"
         return (f"cpu={h.cpu_pct or 0:.1f}% rss={(h.rss_bytes or 0) / 2**20:.0f}MiB "
