@@ -141,6 +141,8 @@ class WindowCollector:
         # -- issue 22: request join aggregates (agent/request_metrics.py) --
         from .request_metrics import RequestMetrics
         self.request_metrics = RequestMetrics()
+        from .straggler_metrics import StragglerMetrics     # issue 23
+        self.straggler_metrics = StragglerMetrics()
 
     # ------------------------------------------------------------------ accumulation
     def _host(self, w: Window | None) -> str:
@@ -232,6 +234,7 @@ class WindowCollector:
                 self.records = float(w.agent.records_total)
             self._observe_threads(w, launch)
             self.request_metrics.observe(w)     # issue 22
+            self.straggler_metrics.observe(window)   # issue 23
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
@@ -313,6 +316,7 @@ class WindowCollector:
             yield from self._verdicts(w)
             yield from self._agent(w.agent, w)
             yield from self.request_metrics.families(self._host(w), w)     # issue 22
+            yield from self.straggler_metrics.families(self._host(w))       # issue 23
 
     def _build_info(self):
         from ridgeline.aggregator import wire

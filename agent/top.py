@@ -290,6 +290,8 @@ def render(window: dict, state: TopState | None = None):
     req = requests_line(w.requests)
     if req is not None:
         parts.append(req)
+    from .straggler_view import stragglers_lines      # issue 23
+    parts.extend(stragglers_lines(window.get("stragglers")))
     parts.append(agent_line(w.agent, state))
     return Group(*parts)
 

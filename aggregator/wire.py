@@ -62,6 +62,19 @@ golden-byte tests only pin keys that already exist. Keep units in names (``_ns``
   files ``wire_envelope_requests_window_v1.bin`` and ``wire_envelope_requests_v1.bin`` pin
   their bytes.
 
+* fields 144-157 (issue 23): the window's ``stragglers`` record (per tensor-parallel group:
+  its ranks, collectives, waiting share, the straggler, how late and why;
+  ``aggregator.straggler_window``). A decoder built before them reads ``field_144`` ...
+  ``field_157``; the golden file ``wire_envelope_stragglers_window_v1.bin`` pins their bytes.
+
+* fields 158-162 (issue 22): the window's request histogram of end-to-end time
+  (``e2e_total_ns``, ``e2e_bucket_counts``) and its ``exemplars`` (per bucket the slowest
+  request's id and ``trace_id``), which ``/metrics`` serves as OpenMetrics exemplars; a
+  story's ``trace_id``.
+* fields 163-164 (issue 23): per straggler group, the launch threads' off-CPU share of the
+  straggler and of the other ranks (``straggler_launch_off_cpu_ratio``,
+  ``others_launch_off_cpu_ratio``).
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================

@@ -308,7 +308,7 @@ class RequestStory(msgspec.Struct, frozen=True):
     start_ns: Annotated[int, N(1)]
     end_ns: Annotated[int, N(2)]
     e2e_ns: Annotated[int, N(125)]
-    queue_ns: Annotated[int, N(126)]
+    queue_ns: Annotated[int, N(126)]                        # -1: the engine did not report it
     kv_usage_max_queued_ratio: Annotated[float, N(127)]     # -1: no KV sample while it waited
     kv_full_while_queued: Annotated[bool, N(128)]
     prefill_ns: Annotated[int, N(129)]
@@ -322,10 +322,19 @@ class RequestStory(msgspec.Struct, frozen=True):
     dragged_source: Annotated[str, N(122)]       # measured | roofline_estimate | none
     alone_decode_ns: Annotated[int, N(135)]      # decode time without the culprits
     preemptions: Annotated[int, N(136)]          # -1: the engine did not say
-    recovery_ns: Annotated[int, N(137)]          # -1: not measured
+    recovery_ns: Annotated[int, N(137)]          # time preempted, until resumed (-1: not measured)
     prompt_tokens: Annotated[int, N(138)]
     completion_tokens: Annotated[int, N(139)]
     culprits: Annotated[list[Culprit], N(140)] = []
+    trace_id: Annotated[str, N(162)] = ""        # the engine span's trace (hex), for exemplars
+
+
+class Exemplar(msgspec.Struct, frozen=True):
+    """The slowest request of one bucket of the window's end-to-end histogram."""
+    bucket: Annotated[int, N(161)]       # index into aggregator.request_join.E2E_BOUNDS_S (its length: +Inf)
+    request_id: Annotated[str, N(124)]
+    trace_id: Annotated[str, N(162)]
+    e2e_ns: Annotated[int, N(125)]
 
 
 class WindowRequests(msgspec.Struct):
@@ -345,12 +354,51 @@ class WindowRequests(msgspec.Struct):
     top_culprit_tokens: Annotated[int, N(121)] = 0
     dragged_source: Annotated[str, N(122)] = "none"      # aggregator.request_join.SOURCE_NONE
     slowest: Annotated[list[RequestStory], N(123)] = []
+    e2e_total_ns: Annotated[int, N(158)] = 0
+    e2e_bucket_counts: Annotated[list[int], N(159)] = []    # per E2E_BOUNDS_S bucket and +Inf, not cumulative
+    exemplars: Annotated[list[Exemplar], N(160)] = []
 
 
 class RequestsMessage(msgspec.Struct):
     """A message of the ``requests`` topic: the stories a window told."""
     end_ns: Annotated[int, N(2)]
     stories: Annotated[list[RequestStory], N(143)]
+
+
+# ----------------------------------------------------------------- stragglers
+
+
+class RankStragglers(msgspec.Struct, frozen=True):
+    """One rank of a tensor-parallel group over the window (``aggregator.straggler_window``)."""
+    pid: Annotated[int, N(12)]
+    device: Annotated[int, N(7)]
+    last_count: Annotated[int, N(147)]       # collectives of this window where it arrived last
+    wait_ns: Annotated[int, N(148)]          # time its collectives spun waiting for the last rank
+
+
+class GroupStragglers(msgspec.Struct, frozen=True):
+    """One tensor-parallel group's collectives over the window, and its straggler."""
+    ranks: Annotated[list[RankStragglers], N(146)]
+    collectives: Annotated[int, N(149)]
+    waiting_share_ratio: Annotated[float, N(150)]          # of the ranks' time since the last report, waiting
+    straggler_pid: Annotated[int, N(151)]                  # -1: no collective this window
+    straggler_device: Annotated[int, N(152)]
+    straggler_last_share_ratio: Annotated[float, N(153)]
+    late_by_p50_ns: Annotated[int, N(154)]
+    late_by_p99_ns: Annotated[int, N(155)]
+    cause: Annotated[str, N(156)]                          # kernel | copy | host | ""
+    # The launch threads' share of the window off-CPU (run queue + blocked), from the
+    # scheduling probe, for the straggler and the median of the other ranks (-1: unknown):
+    # a "host" straggler whose launch thread was off-CPU much more than the others' is
+    # held back by the CPU (aggregator.straggler_window.annotate_launch_threads).
+    straggler_launch_off_cpu_ratio: Annotated[float, N(163)] = -1.0
+    others_launch_off_cpu_ratio: Annotated[float, N(164)] = -1.0
+
+
+class WindowStragglers(msgspec.Struct):
+    """The window's ``stragglers`` record."""
+    groups: Annotated[list[GroupStragglers], N(145)] = []
+    straggler_kernels_dropped: Annotated[int, N(157)] = 0  # cumulative: over MAX_HELD_KERNELS
 
 
 # ----------------------------------------------------------------- the window
@@ -370,11 +418,13 @@ class Window(msgspec.Struct, omit_defaults=True):
     verdict: Annotated[Any, N(10)] = None           # a list of verdicts per GPU and process
     agent: Annotated[Health, N(11)] = msgspec.field(default_factory=Health)
     requests: Annotated[WindowRequests | None, N(109)] = None
+    stragglers: Annotated[WindowStragglers | None, N(144)] = None
 
 
 #: Every Struct whose fields are numbered; :func:`wire_fields` reads them.
 RECORDS = (Window, GpuProcess, PhaseFigures, Latency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
-           EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, RequestStory, WindowRequests, RequestsMessage)
+           EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, RequestStory, Exemplar,
+           WindowRequests, RequestsMessage, RankStragglers, GroupStragglers, WindowStragglers)
 
 #: Numbers the first release gave to names no typed record declares (its guesses at the
 #: device and engine records, which carry other names today). Kept so that a recording of

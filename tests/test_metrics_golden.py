@@ -27,7 +27,8 @@ DATA = Path(__file__).parent / "data"
 UPDATE = os.environ.get("RIDGELINE_UPDATE_GOLDEN") == "1"
 WINDOWS = {"metrics_window_v1.txt": "wire_envelope_window_v1.bin",
            "metrics_engine_window_v1.txt": "wire_envelope_engine_window_v1.bin",
-           "metrics_requests_window_v1.txt": "wire_envelope_requests_window_v1.bin"}
+           "metrics_requests_window_v1.txt": "wire_envelope_requests_window_v1.bin",
+           "metrics_stragglers_window_v1.txt": "wire_envelope_stragglers_window_v1.bin"}
 
 
 def render(wire_file: str, monkeypatch) -> str:

@@ -52,7 +52,12 @@ PINNED = {
     "kv_full_while_queued": 128, "prefill_ns": 129, "prefill_chunks": 130, "decode_steps": 131,
     "ns_per_token": 132, "dragged_by_prefill_ns": 133, "dragged_by_long_ns": 134, "alone_decode_ns": 135,
     "preemptions": 136, "recovery_ns": 137, "prompt_tokens": 138, "completion_tokens": 139, "culprits": 140,
-    "kind": 141, "added_ns": 142, "stories": 143,
+    "kind": 141, "added_ns": 142, "stories": 143, "stragglers": 144, "groups": 145, "ranks": 146,
+    "last_count": 147, "wait_ns": 148, "collectives": 149, "waiting_share_ratio": 150, "straggler_pid": 151,
+    "straggler_device": 152, "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155,
+    "cause": 156, "straggler_kernels_dropped": 157, "e2e_total_ns": 158, "e2e_bucket_counts": 159,
+    "exemplars": 160, "bucket": 161, "trace_id": 162, "straggler_launch_off_cpu_ratio": 163,
+    "others_launch_off_cpu_ratio": 164,
 }
 
 
