@@ -112,6 +112,12 @@ class OtlpSettings(_Section):
     join_delay_s: Annotated[float, _range(0.0, 600.0)]
 
 
+class SglangRequestsSettings(_Section):
+    dir: str
+    max_bytes_per_poll: Annotated[int, _range(4096, 256 * 2**20)]
+    max_line_bytes: Annotated[int, _range(1024, 16 * 2**20)]
+
+
 class CuptiSettings(_Section):
     socket: str
     socket_group: str
@@ -143,6 +149,7 @@ class ProbesSettings(_Section):
     pids: list[Annotated[int, _range(1, PID_MAX)]]
     engine: EngineSettings
     otlp: OtlpSettings
+    sglang_requests: SglangRequestsSettings
     cupti: CuptiSettings
     replay: ReplaySettings
     simulator: SimulatorSettings
@@ -358,6 +365,12 @@ def _validate(cfg: Config, origin: str) -> None:
         if not probes.otlp.allow_remote and not is_loopback(f"tcp://{host}:{port}"):
             bad("probes.otlp.listen", f"{otlp} is not a loopback address: the span receiver has no "
                 "authentication, so taking spans from beyond this host needs probes.otlp.allow_remote = true")
+    sg_dir = probes.sglang_requests.dir
+    if len(sg_dir) > 4096 or "\x00" in sg_dir:
+        bad("probes.sglang_requests.dir", "must be a folder path (at most 4096 characters, no NUL)")
+    if "sglang_requests" in probes.enabled and not sg_dir:
+        bad("probes.sglang_requests.dir", "must be set when the sglang_requests probe is enabled (SGLang's "
+            "--export-metrics-to-file-dir)")
     sim_otlp = probes.simulator.otlp_endpoint
     if sim_otlp and (not sim_otlp.startswith(("http://", "https://")) or len(sim_otlp) > 2048):
         bad("probes.simulator.otlp_endpoint", f"must be an http:// or https:// URL, got {sim_otlp[:80]!r}")
