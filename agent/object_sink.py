@@ -36,6 +36,7 @@ the environment already says otherwise.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 import time
@@ -148,6 +149,20 @@ class Destination:
             return
         with self.fs.open_output_stream(f"{self.base}/{rel}") as out:
             out.write(data)
+
+
+def _stat_files(root: Path) -> dict[Path, os.stat_result]:
+    """The plain files under ``root`` with their stat; one renamed or removed meanwhile (the
+    writer renames its dot-file when complete) is left out, not an error."""
+    out = {}
+    for p in root.rglob("*"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[p] = st
+    return out
 
 
 class ObjectSink:
@@ -288,7 +303,7 @@ class ObjectSink:
         """Complete files under out/, oldest first (dot-names are being written); the manifest
         first, once per process. ``stats``: the spool's files already stat'ed this round."""
         if stats is None:
-            stats = {p: p.stat() for p in self.out.rglob("*") if p.is_file()}
+            stats = _stat_files(self.out)
         files = [p for p in stats if p.is_relative_to(self.out) and not p.name.startswith(".")
                  and not (p.name == "_ridgeline_parquet.json" and self._manifest_sent)]
         return sorted(files, key=lambda p: (p.name != "_ridgeline_parquet.json", stats[p].st_mtime_ns, str(p)))
@@ -299,7 +314,7 @@ class ObjectSink:
     def _enforce_cap(self) -> list[Path]:
         """Drop the oldest files past the spool's caps; returns what is left to upload."""
         # one walk of the spool a round: each file stat'ed once, the upload queue taken from it
-        stats = {p: p.stat() for p in self.spool.rglob("*") if p.is_file()}
+        stats = _stat_files(self.spool)
         total = sum(st.st_size for st in stats.values())
         files = [f for f in self._files(stats) if f.name != "_ridgeline_parquet.json"]
         while files and (total > self.spool_max_bytes or self._free_bytes() < self.min_free_bytes):
