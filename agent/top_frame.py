@@ -272,6 +272,8 @@ def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> l
             lines.append((3, Text(f"GPU {g.get('device')} pid {g.get('pid')}: ").append_text(
                 _verdict_head(verdicts.get(key), view.history.get(key)))))
     lines += engine_lines(window.get("engine") or {})
+    from .straggler_view import stragglers_lines      # issue 23: one line per TP group
+    lines += [(2, t) for t in stragglers_lines(window.get("stragglers"))]
     lines += _requests_line(window.get("requests"))
     lines.append((0, _agent_line(window.get("agent") or {}, state)))
     return lines

@@ -107,3 +107,16 @@ def test_sort_by_pressure_puts_the_most_pressed_gpu_first():
     view = ViewState(sort="pressure")
     assert [g["device"] for g in view.pick(w["gpus"], {(r["device"], r["pid"]): r for r in w["verdict"]})] == [1, 0]
     assert [g["device"] for g in ViewState().pick(w["gpus"], {})] == [0, 1]
+
+
+def test_the_frame_keeps_the_straggler_lines():
+    """Issue 23's TP-group line (agent/straggler_view.py) is in the fitted frame too."""
+    from ridgeline.agent.straggler_view import stragglers_lines
+    w = view_window()
+    w["stragglers"] = {"groups": [{"collectives": 120, "ranks": [{"device": 0}, {"device": 1}],
+                                   "straggler_device": 1, "straggler_pid": 4243, "straggler_last_share_ratio": 0.9,
+                                   "late_by_p50_ns": 250_000, "late_by_p99_ns": 900_000, "cause": "host",
+                                   "waiting_share_ratio": 0.2}]}
+    want = [t.plain for t in stragglers_lines(w["stragglers"])]
+    assert want and want[0].startswith("TP group GPUs 0,1: 120 collectives; straggler GPU 1")
+    assert want[0] in frame(w, TopState(), ViewState(), 400, None).plain
