@@ -22,7 +22,7 @@ def register(sub) -> None:
                        description=description(__doc__))
     add_stream_arguments(p, topics=False)
     p.add_argument("--once", action="store_true", help="print one window and exit")
-    p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit after S seconds (0: run until ^C)")
+    p.add_argument("--duration", type=float, default=0.0, metavar="S", help="exit S seconds after the first window (0: run until ^C)")
     p.add_argument("--timeout", type=float, default=10.0, metavar="S",
                    help="with --once/--duration: give up after S seconds without a window, exit 1 "
                         "(default: %(default)s)")
@@ -40,10 +40,11 @@ def run(args) -> int:
     sub = open_stream(args, topics=("window",))
     state = TopState(endpoint=args.endpoint)
     screen = _Screen(state, once=args.once, every=args.every)
-    t0 = last_msg = time.monotonic()
+    last_msg = time.monotonic()
+    first_window = None          # --duration counts from the first frame: a slow start shows one
     bounded = args.once or args.duration
     try:
-        while not (args.duration and time.monotonic() - t0 >= args.duration):
+        while not (args.duration and first_window is not None and time.monotonic() - first_window >= args.duration):
             if screen.keys_pressed():
                 break                          # q
             msg = sub.receive(0.25)
@@ -55,6 +56,8 @@ def run(args) -> int:
                                          "(is `ridgeline agent` running?)")
                 continue
             last_msg = time.monotonic()
+            if first_window is None:
+                first_window = last_msg
             state.windows += 1
             state.gaps = dict(sub.seq.gaps)
             state.restarts = sub.seq.restarts
