@@ -1,4 +1,4 @@
-/* Included once by ridgeline_cupti.c (it uses that file's state): CUPTI timestamps that
+/* Part of libridgeline_cupti.so (see ridgeline_cupti.c): CUPTI timestamps that
  * another client's timestamp source turned into ticks, and sharing a legacy CUPTI with a
  * later client (torch.profiler / Kineto) exactly, when `ridgeline run` preloads this
  * library (LD_PRELOAD) so that libtorch's calls into libcupti reach the entry points
@@ -21,7 +21,7 @@
  * the client disables them. Records outside the client's capture window are dropped by
  * Kineto itself (GenericActivityProfiler.cpp:413 outOfRange). */
 
-#include "ridgeline_cupti_guest.h"
+#include "ridgeline_cupti_internal.h"
 
 #include <link.h>
 #include <sys/stat.h>
@@ -60,7 +60,7 @@ static const uint8_t *ts_offsets(int kind, int *n) {
 static pthread_mutex_t g_clock_lock = PTHREAD_MUTEX_INITIALIZER;
 static rl_clock_map_t g_clock_map;           /* under g_clock_lock */
 static uint64_t (*_Atomic g_ts_cb)(void);    /* a source registered through our entry point */
-static atomic_uint_fast64_t g_clock_mapped, g_clock_unmapped, g_clock_pairs;
+atomic_uint_fast64_t g_clock_mapped, g_clock_unmapped, g_clock_pairs;
 
 static int64_t rt_now_ns(void) {
     struct timespec t;
@@ -127,7 +127,7 @@ static int clock_calibrate(rl_clock_map_t *m) {
  * through the map; without a map it becomes 0, which the agent rejects and counts
  * (rejected_timestamps): a tick is never published as nanoseconds. Returns 1 if any field
  * of the record could not be mapped. */
-static int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m) {
+int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m) {
     int n, unmapped = 0, mapped = 0;
     const uint8_t *offs = ts_offsets(kind, &n);
     for (int i = 0; i < n; i++) {
@@ -149,14 +149,12 @@ static int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m)
     return unmapped;
 }
 
-static void clock_snapshot(rl_clock_map_t *out) {
+void clock_snapshot(rl_clock_map_t *out) {
     pthread_mutex_lock(&g_clock_lock);
     *out = g_clock_map;
     pthread_mutex_unlock(&g_clock_lock);
 }
 
-static void takeover_detected(unsigned lost, const char *why);
-static unsigned cbufs_all_lost(void);
 static atomic_int g_guest_seen;
 
 /* Sender thread, every flush period: a (source, CLOCK_REALTIME) pair. Ticks (a value
@@ -166,7 +164,7 @@ static atomic_int g_guest_seen;
 static int64_t g_clock_offset_ns;
 static int g_clock_known;
 
-static void clock_tick(void) {
+void clock_tick(void) {
     uint64_t t;
     int64_t rt;
     if (clock_pair(&t, &rt)) return;
@@ -221,7 +219,7 @@ static void note_our_kinds(void) {
         if (CBIDS[i].cbid < 4096) g_our_cbid[CBIDS[i].domain == RL_DOMAIN_DRIVER][CBIDS[i].cbid] = 1;
 }
 
-static int record_ours(const uint8_t *p, int kind, size_t sz) {
+int record_ours(const uint8_t *p, int kind, size_t sz) {
     if (!atomic_load(&g_guest_seen)) return 1;
     if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER) {
         uint32_t cbid;
@@ -242,7 +240,7 @@ static int g_guest_stopping;  /* it disabled CONCURRENT_KERNEL: its next forced 
 static uint64_t g_guest_kinds; /* kinds it enabled (bit per kind) */
 static uint8_t *g_stage;      /* its buffer we fill with copies; one outstanding while open */
 static size_t g_stage_size, g_stage_used;
-static atomic_uint_fast64_t g_guest_records, g_guest_buffers, g_guest_sessions, g_guest_dropped;
+atomic_uint_fast64_t g_guest_records, g_guest_buffers, g_guest_sessions, g_guest_dropped;
 static __thread int t_forwarding;
 
 /* Caller holds g_guest_lock. Hands the staging buffer to the client (its bufferCompleted
@@ -266,7 +264,7 @@ static void stage_complete(int renew) {
 }
 
 /* Our completion callback, after our own copy: the client's kinds go to it. */
-static void guest_tee(uint8_t *buf, size_t valid) {
+void guest_tee(uint8_t *buf, size_t valid) {
     if (!atomic_load(&g_guest_seen)) return;
     pthread_mutex_lock(&g_guest_lock);
     if (!g_guest_open) {
@@ -300,7 +298,7 @@ static void guest_tee(uint8_t *buf, size_t valid) {
 /* A buffer that is not ours reached our completion callback: the client's own, handed to
  * CUPTI before we registered (it registered first). Its records were read; it goes to its
  * owner. Returns 1 if it did. */
-static int guest_own_buffer(uint8_t *buf, size_t size, size_t valid) {
+int guest_own_buffer(uint8_t *buf, size_t size, size_t valid) {
     pthread_mutex_lock(&g_guest_lock);
     CUpti_BuffersCallbackCompleteFunc comp = g_guest_comp;
     if (comp) comp(NULL, 0, buf, size, valid);
@@ -344,7 +342,7 @@ static void *loaded_cupti(void) {
 /* 1 when the injection variable `var` names another file than this library. For
  * CUDA_INJECTION64_PATH the driver then initialises that tool, never us, so here we only
  * pass CUPTI calls through; for NVTX_INJECTION64_PATH the ranges go to that tool. */
-static int foreign_injection(const char *var, const char **owner) {
+int foreign_injection(const char *var, const char **owner) {
     const char *p = getenv(var);
     *owner = p;
     if (!p || !*p || !strcmp(p, "none")) return 0;
@@ -379,7 +377,7 @@ static void *real_fn(void *ours, const char *name) {
 
 /* At InitializeInjection, after our callbacks are registered: a client that registered
  * before us (its calls passed through) and is collecting becomes a shared session. */
-static void guest_adopt(void) {
+void guest_adopt(void) {
     note_our_kinds();
     pthread_mutex_lock(&g_guest_lock);
     if (g_guest_comp && (g_guest_kinds >> CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL & 1) && !g_guest_open) {
