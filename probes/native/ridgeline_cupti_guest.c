@@ -41,21 +41,6 @@ _Static_assert(offsetof(CUpti_ActivityMarker2, timestamp) == 8, "marker timestam
 _Static_assert(offsetof(CUpti_ActivityGraphTrace2, start) == 8 && offsetof(CUpti_ActivityGraphTrace2, end) == 16,
                "graph trace timestamps");
 
-static const uint8_t *ts_offsets(int kind, int *n) {
-    static const uint8_t kernel[] = {16, 24, 32, 120, 128}, span16[] = {16, 24}, span8[] = {8, 16}, one8[] = {8};
-    switch (kind) {
-    case CUPTI_ACTIVITY_KIND_KERNEL:
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: *n = 5; return kernel;
-    case CUPTI_ACTIVITY_KIND_MEMCPY:
-    case CUPTI_ACTIVITY_KIND_MEMSET: *n = 2; return span16;
-    case CUPTI_ACTIVITY_KIND_RUNTIME:
-    case CUPTI_ACTIVITY_KIND_DRIVER:
-    case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API:
-    case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: *n = 2; return span8;
-    case CUPTI_ACTIVITY_KIND_MARKER: *n = 1; return one8;
-    default: *n = 0; return NULL;
-    }
-}
 
 static pthread_mutex_t g_clock_lock = PTHREAD_MUTEX_INITIALIZER;
 static rl_clock_map_t g_clock_map;           /* under g_clock_lock */
@@ -127,27 +112,6 @@ static int clock_calibrate(rl_clock_map_t *m) {
  * through the map; without a map it becomes 0, which the agent rejects and counts
  * (rejected_timestamps): a tick is never published as nanoseconds. Returns 1 if any field
  * of the record could not be mapped. */
-int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m) {
-    int n, unmapped = 0, mapped = 0;
-    const uint8_t *offs = ts_offsets(kind, &n);
-    for (int i = 0; i < n; i++) {
-        if ((size_t)offs[i] + 8 > sz) continue;
-        uint64_t v;
-        memcpy(&v, rec + offs[i], 8);
-        if (v == 0 || v >= RL_NS_FLOOR) continue;
-        if (m->valid) {
-            v = rl_clock_map(m, v);
-            mapped = 1;
-        } else {
-            v = 0;
-            unmapped = 1;
-        }
-        memcpy(rec + offs[i], &v, 8);
-    }
-    if (unmapped) atomic_fetch_add(&g_clock_unmapped, 1);
-    else if (mapped) atomic_fetch_add(&g_clock_mapped, 1);
-    return unmapped;
-}
 
 void clock_snapshot(rl_clock_map_t *out) {
     pthread_mutex_lock(&g_clock_lock);
@@ -155,7 +119,7 @@ void clock_snapshot(rl_clock_map_t *out) {
     pthread_mutex_unlock(&g_clock_lock);
 }
 
-static atomic_int g_guest_seen;
+atomic_int g_guest_seen;
 
 /* Sender thread, every flush period: a (source, CLOCK_REALTIME) pair. Ticks (a value
  * below RL_NS_FLOOR): the map is made (first time) or refined (anchor = this pair, scale
@@ -212,23 +176,13 @@ void clock_tick(void) {
 /* While another client shares CUPTI, the buffers also hold the kinds it enabled (whole
  * RUNTIME/DRIVER, SYNCHRONIZATION, ...): Ridgeline keeps only its own kinds and cbids. */
 /* g_our_kind (declared in ridgeline_cupti.c): set by apply_mode */
-static uint8_t g_our_cbid[2][4096]; /* [driver?][cbid] */
+uint8_t g_our_cbid[2][4096]; /* [driver?][cbid] */
 
 static void note_our_kinds(void) {
     for (size_t i = 0; i < N_CBIDS; i++)
         if (CBIDS[i].cbid < 4096) g_our_cbid[CBIDS[i].domain == RL_DOMAIN_DRIVER][CBIDS[i].cbid] = 1;
 }
 
-int record_ours(const uint8_t *p, int kind, size_t sz) {
-    if (!atomic_load(&g_guest_seen)) return 1;
-    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER) {
-        uint32_t cbid;
-        if (sz < 8) return 0;
-        memcpy(&cbid, p + 4, 4);
-        return cbid < 4096 && g_our_cbid[kind == CUPTI_ACTIVITY_KIND_DRIVER][cbid];
-    }
-    return kind > 0 && kind < RL_KIND_MAX && atomic_load(&g_our_kind[kind]);
-}
 
 /* ---- the other client (guest) ---------------------------------------------------------- */
 

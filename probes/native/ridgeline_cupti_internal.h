@@ -205,6 +205,11 @@ typedef struct {
     int deep_only;
 } cbid_ent_t;
 
+/* Every name declared below is internal to the library: hidden, so that the compiler reaches
+ * it directly from any part, as it did a static of one file (-fvisibility=hidden covers only
+ * definitions, not these declarations). */
+#pragma GCC visibility push(hidden)
+
 /* ---- state shared by the parts (defined in the file of their concern) ---- */
 extern const char rl_default_skip[]; /* RL_DEFAULT_SKIP of ridgeline_cupti.c */
 extern pthread_mutex_t g_pool_lock;
@@ -270,7 +275,6 @@ long env_long(const char *name, long dflt, long lo, long hi);
 void set_socket_path(const char *p);
 void read_config(void);
 int names_alloc(void);
-void intern_ptr(uintptr_t ptr);
 void sizes_from_header(void);
 void sizes_for_runtime(uint32_t version);
 size_t record_size(uint8_t *buf, size_t valid, uint8_t *p);
@@ -310,13 +314,89 @@ void at_fork_parent(void);
 void at_fork_child(void);
 void at_exit(void);
 void install_sigterm(void);
-int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m);
 void clock_snapshot(rl_clock_map_t *out);
 void clock_tick(void);
-int record_ours(const uint8_t *p, int kind, size_t sz);
 void guest_tee(uint8_t *buf, size_t valid);
 int guest_own_buffer(uint8_t *buf, size_t size, size_t valid);
 int foreign_injection(const char *var, const char **owner);
 void guest_adopt(void);
+
+/* ---- per record of the completed-buffer path (ridgeline_cupti_pool.c), inline: called for
+ * every record, where a call into another file costs what the copy does ---- */
+
+/* name interning (ridgeline_cupti_names.c): a pointer seen before costs one probe */
+void intern_new(uintptr_t ptr, uint32_t h);
+static inline void intern_ptr(uintptr_t ptr) {
+    if (!ptr) return;
+    uint32_t mask = g_names_cap - 1;
+    uint32_t h = (uint32_t)((ptr >> 3) * 0x9E3779B97F4A7C15ull >> 32) & mask;
+    while (g_names[h].ptr) {
+        if (g_names[h].ptr == ptr) return;
+        h = (h + 1) & mask;
+    }
+    intern_new(ptr, h);
+}
+
+/* timestamps and sharing (ridgeline_cupti_guest.c) */
+extern atomic_int g_guest_seen;
+extern uint8_t g_our_cbid[2][4096]; /* [driver?][cbid] */
+
+/* Field offsets of the timestamps of each record kind Ridgeline ships (the same in every
+ * layout of CUDA 12.4 .. 13.5; checked against the header built with in
+ * ridgeline_cupti_guest.c). */
+static inline const uint8_t *ts_offsets(int kind, int *n) {
+    static const uint8_t kernel[] = {16, 24, 32, 120, 128}, span16[] = {16, 24}, span8[] = {8, 16}, one8[] = {8};
+    switch (kind) {
+    case CUPTI_ACTIVITY_KIND_KERNEL:
+    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: *n = 5; return kernel;
+    case CUPTI_ACTIVITY_KIND_MEMCPY:
+    case CUPTI_ACTIVITY_KIND_MEMSET: *n = 2; return span16;
+    case CUPTI_ACTIVITY_KIND_RUNTIME:
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+    case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API:
+    case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: *n = 2; return span8;
+    case CUPTI_ACTIVITY_KIND_MARKER: *n = 1; return one8;
+    default: *n = 0; return NULL;
+    }
+}
+
+/* a record's ticks of another timestamp source as CLOCK_REALTIME ns (0 where unmapped);
+ * 1 when some were unmapped */
+static inline int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m) {
+    int n, unmapped = 0, mapped = 0;
+    const uint8_t *offs = ts_offsets(kind, &n);
+    for (int i = 0; i < n; i++) {
+        if ((size_t)offs[i] + 8 > sz) continue;
+        uint64_t v;
+        memcpy(&v, rec + offs[i], 8);
+        if (v == 0 || v >= RL_NS_FLOOR) continue;
+        if (m->valid) {
+            v = rl_clock_map(m, v);
+            mapped = 1;
+        } else {
+            v = 0;
+            unmapped = 1;
+        }
+        memcpy(rec + offs[i], &v, 8);
+    }
+    if (unmapped) atomic_fetch_add(&g_clock_unmapped, 1);
+    else if (mapped) atomic_fetch_add(&g_clock_mapped, 1);
+    return unmapped;
+}
+
+/* 1 when the record is of a kind (and API call) Ridgeline enabled, not only the guest */
+static inline int record_ours(const uint8_t *p, int kind, size_t sz) {
+    if (!atomic_load(&g_guest_seen)) return 1;
+    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+        uint32_t cbid;
+        if (sz < 8) return 0;
+        memcpy(&cbid, p + 4, 4);
+        return cbid < 4096 && g_our_cbid[kind == CUPTI_ACTIVITY_KIND_DRIVER][cbid];
+    }
+    return kind > 0 && kind < RL_KIND_MAX && atomic_load(&g_our_kind[kind]);
+}
+
+
+#pragma GCC visibility pop
 
 #endif

@@ -38,14 +38,8 @@ static size_t long_name(const char *s, char out[RL_NAME_MAX_LEN]) {
 }
 
 /* Caller holds g_names_lock. */
-void intern_ptr(uintptr_t ptr) {
-    if (!ptr) return;
-    uint32_t mask = g_names_cap - 1;
-    uint32_t h = (uint32_t)((ptr >> 3) * 0x9E3779B97F4A7C15ull >> 32) & mask;
-    while (g_names[h].ptr) {
-        if (g_names[h].ptr == ptr) return;
-        h = (h + 1) & mask;
-    }
+/* A name not seen before, at its free hash slot h (intern_ptr found it). */
+void intern_new(uintptr_t ptr, uint32_t h) {
     if (g_names_count >= g_names_max) {
         atomic_fetch_add(&K.names_dropped, 1);
         return;
