@@ -45,13 +45,14 @@ from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNK
                                              Signature, classify_kernels, short_name)
 from ridgeline.aggregator.steps import (GAP_MIN_NS, enclosing_roots, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
                                         launch_index, segment_kernels)
+from ridgeline.probes.records import PHASE_NAMES, Phase
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
                            Trace)
 
-UNKNOWN, PREFILL, DECODE, MIXED, OTHER = 0, 1, 2, 3, 4
-PHASE_NAMES = {UNKNOWN: "unknown", PREFILL: "prefill", DECODE: "decode", MIXED: "mixed", OTHER: "other"}
+# The phase codes are probes.records.Phase; the short names are the mapper's own spelling.
+UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
 
 
 @dataclass

@@ -160,7 +160,7 @@ extern struct rl_config cfg;
 struct rl_counters {
     atomic_uint_fast64_t dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send, sampled_out,
         names_dropped, walk_errors, records_in, records_sent, batches_sent, connects, buffers_refused,
-        buffers_lost, flushes, takeovers, reclaims;
+        buffers_lost, flushes, takeovers, reclaims, connects_busy;
 };
 extern struct rl_counters K;
 

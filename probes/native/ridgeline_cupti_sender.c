@@ -29,7 +29,15 @@ static void sender_tick(uint64_t now) {
         reclaim("the other tool disabled its activity kinds (it stopped)");
 }
 
-static int connect_agent(void) {
+/* Retry delays after a connect found the agent's backlog full (EAGAIN): the agent is there
+ * but a connect flood (any local user can make one) holds its queue, so come back soon, not
+ * after RIDGELINE_RECONNECT_MS (1 s; no agent at all) -- at most one attempt a 250 ms. */
+#define RL_BUSY_RETRY_MIN_MS 10u
+#define RL_BUSY_RETRY_MAX_MS 250u
+
+/* A connected socket, or -1; *busy set when the agent's backlog was full (EAGAIN). */
+static int connect_agent(int *busy) {
+    *busy = 0;
     if (!cfg.socket_path[0]) return -1; /* refused at start-up (logged) */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -39,6 +47,7 @@ static int connect_agent(void) {
     memcpy(a.sun_path, cfg.socket_path, strlen(cfg.socket_path));
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         /* EAGAIN (backlog full) and EINPROGRESS are treated as "not now": retry later */
+        *busy = errno == EAGAIN || errno == EWOULDBLOCK;
         close(fd);
         return -1;
     }
@@ -80,6 +89,7 @@ static void *sender_main(void *arg) {
     (void)arg;
     int fd = -1;
     uint64_t next_connect = 0;
+    unsigned busy_ms = 0; /* the current retry delay while the agent's backlog is full */
     outmsg_t msg = {0};
     int pending = 0;
     uint8_t in[256];
@@ -98,8 +108,17 @@ static void *sender_main(void *arg) {
             next_tick = now + cfg.flush_ms;
         }
         if (fd < 0 && now >= next_connect) {
-            fd = connect_agent();
-            next_connect = now + cfg.reconnect_ms;
+            int busy;
+            fd = connect_agent(&busy);
+            if (busy) {
+                atomic_fetch_add(&K.connects_busy, 1);
+                busy_ms = busy_ms ? 2 * busy_ms : RL_BUSY_RETRY_MIN_MS;
+                if (busy_ms > RL_BUSY_RETRY_MAX_MS) busy_ms = RL_BUSY_RETRY_MAX_MS;
+                next_connect = now + (busy_ms < cfg.reconnect_ms ? busy_ms : cfg.reconnect_ms);
+            } else {
+                busy_ms = 0;
+                next_connect = now + cfg.reconnect_ms;
+            }
             if (fd >= 0) {
                 atomic_fetch_add(&K.connects, 1);
                 g_names_sent = 0;

@@ -64,8 +64,8 @@ RL_EXPORT void ridgeline_test_buffer_completed(uint8_t *buffer, size_t valid_siz
 /* Counters, in this order: dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send,
  * sampled_out, names_dropped, walk_errors, records_in, records_sent, batches_sent, connects,
  * buffers_refused, mode, flags, kernel_sample_every, buffers_lost, flushes, takeovers, reclaims,
- * clock_mapped, clock_unmapped, guest_sessions, guest_records, guest_buffers, guest_dropped, clock_pairs.
- * Returns how many were written. */
+ * clock_mapped, clock_unmapped, guest_sessions, guest_records, guest_buffers, guest_dropped, clock_pairs,
+ * connects_busy. Returns how many were written. */
 RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
     uint64_t v[] = {atomic_load(&K.dropped_cupti), atomic_load(&K.dropped_pool_full), atomic_load(&K.dropped_no_agent),
                     atomic_load(&K.dropped_send), atomic_load(&K.sampled_out), atomic_load(&K.names_dropped),
@@ -75,7 +75,7 @@ RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
                     atomic_load(&K.buffers_lost), atomic_load(&K.flushes), atomic_load(&K.takeovers),
                     atomic_load(&K.reclaims), atomic_load(&g_clock_mapped), atomic_load(&g_clock_unmapped),
                     atomic_load(&g_guest_sessions), atomic_load(&g_guest_records), atomic_load(&g_guest_buffers),
-                    atomic_load(&g_guest_dropped), atomic_load(&g_clock_pairs)};
+                    atomic_load(&g_guest_dropped), atomic_load(&g_clock_pairs), atomic_load(&K.connects_busy)};
     int m = (int)(sizeof v / sizeof v[0]);
     if (n < m) m = n;
     for (int i = 0; i < m; i++) out[i] = v[i];
