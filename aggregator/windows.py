@@ -72,6 +72,7 @@ import numpy as np
 
 from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from ridgeline.probes.records import PHASE_NAMES
 
 from .columns import distinct, distinct_inverse
@@ -926,8 +927,7 @@ class SourceFold:
                     ca = t.api[np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                     t0 = int(k["start_ns"][hi].min())
                     if len(t.cpu_ops):
-                        from .steps import cpu_op_index
-                        op = cpu_op_index(t)[hi]
+                        op = kernel_cpu_op_index(t)[hi]
                         if (op >= 0).any():
                             t0 = min(t0, int(t.cpu_ops["start_ns"][op[op >= 0]].min()))
                     cr = t.ranges[t.ranges["end_ns"] >= t0]

@@ -25,6 +25,8 @@ import cupti_records as R
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
 LIB = NATIVE / "libridgeline_cupti.so"
+# the same library plus the test entry points: the harness reads the counters through them
+TESTLIB = NATIVE / "build" / "libridgeline_cupti_test.so"
 STUB = NATIVE / "build" / "libcupti_stub.so"
 HARNESS = Path(__file__).parent / "native_harness.py"
 
@@ -42,7 +44,7 @@ class StubApp:
         e = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "RIDGELINE_"))}
         e.update(RIDGELINE_LIBCUPTI=str(STUB), RIDGELINE_SOCKET=str(sock), RIDGELINE_RECONNECT_MS="50",
                  **{k: str(v) for k, v in env.items()})
-        self.p = subprocess.Popen([sys.executable, str(HARNESS), "--stub", str(LIB), str(STUB)],
+        self.p = subprocess.Popen([sys.executable, str(HARNESS), "--stub", str(TESTLIB), str(STUB)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=e)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from ridgeline.probes.cupti import protocol as P
-from test_native_cupti_flush import LIB, NATIVE, StubApp, built  # noqa: F401  (the build fixture)
+from test_native_cupti_flush import LIB, NATIVE, TESTLIB, StubApp, built  # noqa: F401  (the build fixture)
 from test_native_cupti_takeover import Agent as TakeoverAgent
 
 REPLAY = NATIVE / "build" / "libkineto_replay.so"
@@ -45,7 +45,7 @@ def _check_10ms_kernel(agent, corr, timed):
 
 def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
     agent = Agent(tmp_path / "cupti.sock")
-    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, LD_PRELOAD=str(LIB),
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, LD_PRELOAD=str(TESTLIB),
                   STUB_KINETO_REPLAY=str(REPLAY))
     try:
         app("emit 5 0 100")
