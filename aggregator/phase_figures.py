@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 
 import numpy as np
 
@@ -96,8 +97,10 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
 def fine_bins(values_ns: np.ndarray) -> np.ndarray:
     """Bin per value: 0 for < 1 ns, else octave and the top ``SUB_BITS`` mantissa bits,
     read from the float64 bits (no logarithm per value)."""
-    v = np.maximum(np.asarray(values_ns, dtype=np.float64), 0.5)
-    b = v.view(np.int64) >> (52 - SUB_BITS)
+    v = np.asarray(values_ns).astype(np.float64)          # a fresh array: worked on in place
+    np.maximum(v, 0.5, out=v)
+    b = v.view(np.int64)
+    b >>= 52 - SUB_BITS
     b -= 1022 << SUB_BITS            # 0.5 -> bin 0, 1 -> SUB_BINS
     return np.minimum(b, FINE_BINS - 1, out=b)
 
@@ -123,7 +126,10 @@ def group_key(device: np.ndarray | int, pid: np.ndarray | int):
 
 
 def split_group_key(gk: int) -> tuple[int, int]:
-    return int(gk) >> 32, int(np.int64(int(gk) & 0xFFFFFFFF).astype(np.int32))
+    """(device, pid) of a :func:`group_key` (the pid as the signed 32-bit value it was)."""
+    gk = int(gk)
+    pid = gk & 0xFFFFFFFF
+    return gk >> 32, pid - (1 << 32) if pid >= 1 << 31 else pid
 
 
 class PhaseSums:
@@ -224,44 +230,53 @@ def _evidence_add(ev: dict[str, int], line: str, n: int) -> None:
 def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Merged intervals of the host's launch calls (kernel, graph, memcpy, memset) and of
     its synchronisation calls."""
+    e = np.empty(0, np.int64)
     if not len(api):
-        e = np.empty(0, np.int64)
         return (e, e), (e, e)
     cat = api["category"]
-    return (_union(api["start_ns"][_LAUNCHING[cat]], api["end_ns"][_LAUNCHING[cat]]),
-            _union(api["start_ns"][_SYNCING[cat]], api["end_ns"][_SYNCING[cat]]))
+    lm, sm = _LAUNCHING[cat], _SYNCING[cat]
+    # Contiguous copies first: the record's fields are unaligned (50-byte records), and
+    # numpy's arithmetic on unaligned strided views is several times slower.
+    st, en = np.ascontiguousarray(api["start_ns"]), np.ascontiguousarray(api["end_ns"])
+    if lm.all():                    # a kernel stream's launch records: no mask, no sync
+        return _union(st, en), (e, e)
+    return _union(st[lm], en[lm]), (_union(st[sm], en[sm]) if sm.any() else (e, e))
 
 
 def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted disjoint intervals covering the given ones; no sort when they come sorted and
-    disjoint already (one thread's calls do)."""
+    """Sorted disjoint intervals covering the given ones. No sort when they come in start
+    order (one thread's calls, a stream's records)."""
     s = np.asarray(start, np.int64)
     e = np.maximum(np.asarray(end, np.int64), s)
-    if len(s) < 2 or ((s[1:] > e[:-1]).all()):
+    if len(s) < 2:
         return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], np.maximum.accumulate(e[o])
+    if not (s[1:] >= s[:-1]).all():
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+    e = np.maximum.accumulate(e)
     new = np.empty(len(s), bool)
     new[0] = True
     np.greater(s[1:], e[:-1], out=new[1:])
     idx = np.flatnonzero(new)
+    if len(idx) == len(s):
+        return s, e
     return s[idx], e[np.r_[idx[1:] - 1, len(s) - 1]]
 
 
-def _covered(q_start: np.ndarray, q_end: np.ndarray, ms: np.ndarray, me: np.ndarray) -> int:
-    """Nanoseconds of the query intervals covered by sorted disjoint intervals, summed."""
-    if not len(ms) or not len(q_start):
-        return 0
-    lens = me - ms
-    before = np.concatenate([[0], np.cumsum(lens)])
-
-    def cum(x):
-        i = np.searchsorted(ms, x, side="right") - 1
-        ic = np.maximum(i, 0)
-        inside = np.clip(x - ms[ic], 0, lens[ic])
-        return np.where(i >= 0, before[ic] + inside, 0)
-
-    return int(np.maximum(cum(q_end) - cum(q_start), 0).sum())
+def _coverage_at(xs: tuple[np.ndarray, ...], ms: np.ndarray, me: np.ndarray) -> list[np.ndarray]:
+    """Nanoseconds covered by sorted disjoint intervals up to each x of each array in xs.
+    The covered length is piecewise linear in x (rising inside an interval, flat between),
+    so ``np.interp`` reads it, O(1) per x when the x come nearly sorted (times from the
+    first interval on, exact in float64 for spans under 104 days)."""
+    t0 = int(ms[0])
+    xp = np.empty(2 * len(ms))
+    xp[0::2] = ms - t0
+    xp[1::2] = me - t0
+    fp = np.empty(2 * len(ms))
+    fp[0] = 0.0
+    np.cumsum(me - ms, out=fp[1::2])
+    fp[2::2] = fp[1:-1:2]
+    return [np.interp((x - t0).astype(np.float64), xp, fp) for x in xs]
 
 
 def _bincount_rows(index: np.ndarray, weights, size: int) -> np.ndarray:
@@ -287,6 +302,11 @@ def evidence_line(step) -> str:
     ev = step.evidence
     if not isinstance(ev, str):
         return ev[0] if ev else ""
+    return _stream_line(ev)
+
+
+@lru_cache(maxsize=4096)
+def _stream_line(ev: str) -> str:
     m = _STREAM_LINE.match(ev)
     return m.group(1) if m else ev
 
@@ -321,13 +341,23 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
     ph = np.asarray(phase).astype(np.int64)
     stp = np.asarray(step, np.int64)
     one_group = np.ndim(gkey) == 0
-    gk = np.full(n, int(gkey), np.int64) if one_group else np.asarray(gkey, np.int64)
-    ukey = (gk << 3) | ph
     brk = np.empty(n, dtype=bool)
     brk[0] = True
-    np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
-    brk[1:] |= stp[1:] != stp[:-1]
-    first = np.flatnonzero(brk)
+    if one_group:
+        # One GPU and process: a unit breaks where (step, phase) does, one comparison.
+        sp = (stp << 3) | ph
+        np.not_equal(sp[1:], sp[:-1], out=brk[1:])
+        first = np.flatnonzero(brk)
+        u_gkey = np.full(len(first), int(gkey), np.int64)
+        u_ukey = (u_gkey << 3) | ph[first]
+    else:
+        gk = np.asarray(gkey, np.int64)
+        ukey = (gk << 3) | ph
+        np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
+        brk[1:] |= stp[1:] != stp[:-1]
+        first = np.flatnonzero(brk)
+        u_gkey = gk[first]
+        u_ukey = ukey[first]
     nu = len(first)
     unit = np.cumsum(brk) - 1
     # Merged runs inside each unit: shifting each unit by unit * width keeps units apart.
@@ -351,12 +381,11 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
     u_end = np.maximum.reduceat(e, first)
     u_step = stp[first]
     u_ph = ph[first]
-    u_gkey = gk[first]
     same = r_unit[1:] == r_unit[:-1]
     gap_len = (r_s[1:] - r_e[:-1])[same]
     gap_unit = r_unit[1:][same]
     # Rows of the (group, phase) pairs.
-    ugp, row_of_unit = np.unique(ukey[first], return_inverse=True)
+    ugp, row_of_unit = np.unique(u_ukey, return_inverse=True)
     row_of_unit = row_of_unit.reshape(-1)
     ng = len(ugp)
     rows = sums.rows(ugp)
@@ -385,16 +414,15 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
         h[:, H_LAUNCH] = _hist_rows(lr, lat[lat_ok], ng)
         add[:, I["launch_kernels"]] = np.bincount(lr, minlength=ng)
         add[:, I["launch_latency_ns"]] = np.bincount(lr, weights=lat[lat_ok], minlength=ng)
-    # The host during the gaps (per gap row: few gaps per step in a busy stream).
+    # The host during the gaps: the covered length up to each run's start and end, read
+    # once per run; a gap's cover is the difference between its two ends.
     if host is not None and len(gap_len):
-        (ls, le), (ss, se) = host
-        gs = r_e[:-1][same] - off[ri[1:][same]]
-        ge = gs + gap_len
-        if len(ls) or len(ss):
-            for r in np.unique(g_row).tolist():
-                m = g_row == r if ng > 1 else slice(None)
-                add[r, I["gap_launch_ns"]] = _covered(gs[m], ge[m], ls, le)
-                add[r, I["gap_sync_ns"]] = _covered(gs[m], ge[m], ss, se)
+        run_s, run_e = s[ri], r_e - off[ri]
+        for col, (hs, he) in ((I["gap_launch_ns"], host[0]), (I["gap_sync_ns"], host[1])):
+            if len(hs):
+                cs, ce = _coverage_at((run_s[1:][same], run_e[:-1][same]), hs, he)
+                cov = cs - ce
+                add[:, col] = np.rint(_bincount_rows(g_row, np.maximum(cov, 0.0), ng))
     # Operator-shape work per kernel.
     if shape_flops is not None:
         known = ~np.isnan(shape_flops)

@@ -36,17 +36,16 @@ import numpy as np  # noqa: E402
 
 
 def window_batches(gpus: int, rate: int):
-    from bench_scale import BATCH_S, build_period
+    """One second of the agent's feed in bench_scale: whole simulated decode steps
+    (``bench_scale.StepStream``, short steps with idle between them) in 50 ms batches."""
+    from bench_scale import BATCH_S, StepStream
     from ridgeline.probes.events import Device, NameTable, Trace
-    k0, a0, names, gpu_name = build_period(gpus, rate)
-    nt = NameTable(names)
-    devs = [Device(g, gpu_name) for g in range(gpus)]
+    stream = StepStream(gpus, rate)
+    nt = NameTable(stream.names)
+    devs = [Device(g, stream.gpu_name) for g in range(gpus)]
     out = []
     for i in range(int(1 / BATCH_S)):
-        k, a = k0.copy(), a0.copy()
-        for arr in (k, a):
-            arr["start_ns"] += int(i * BATCH_S * 1e9)
-            arr["end_ns"] += int(i * BATCH_S * 1e9)
+        k, a = stream.batch(i)
         out.append(Trace(kernels=k, api=a, names=nt, devices=devs, meta={"source": "simulated"}))
     return out
 
