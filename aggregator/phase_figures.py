@@ -264,10 +264,10 @@ def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _coverage_at(xs: tuple[np.ndarray, ...], ms: np.ndarray, me: np.ndarray) -> list[np.ndarray]:
-    """Nanoseconds covered by sorted disjoint intervals up to each x of each array in xs.
-    The covered length is piecewise linear in x (rising inside an interval, flat between),
-    so ``np.interp`` reads it, O(1) per x when the x come nearly sorted (times from the
-    first interval on, exact in float64 for spans under 104 days)."""
+    """Nanoseconds covered by sorted disjoint intervals up to each x of each array in xs
+    (float64, counted from ``ms[0]``). The covered length is piecewise linear in x (rising
+    inside an interval, flat between), so ``np.interp`` reads it, O(1) per x when the x
+    come nearly sorted (exact in float64 for spans under 104 days)."""
     t0 = int(ms[0])
     xp = np.empty(2 * len(ms))
     xp[0::2] = ms - t0
@@ -276,7 +276,7 @@ def _coverage_at(xs: tuple[np.ndarray, ...], ms: np.ndarray, me: np.ndarray) -> 
     fp[0] = 0.0
     np.cumsum(me - ms, out=fp[1::2])
     fp[2::2] = fp[1:-1:2]
-    return [np.interp((x - t0).astype(np.float64), xp, fp) for x in xs]
+    return [np.interp(x, xp, fp) for x in xs]
 
 
 def _bincount_rows(index: np.ndarray, weights, size: int) -> np.ndarray:
@@ -414,15 +414,17 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
         h[:, H_LAUNCH] = _hist_rows(lr, lat[lat_ok], ng)
         add[:, I["launch_kernels"]] = np.bincount(lr, minlength=ng)
         add[:, I["launch_latency_ns"]] = np.bincount(lr, weights=lat[lat_ok], minlength=ng)
-    # The host during the gaps: the covered length up to each run's start and end, read
-    # once per run; a gap's cover is the difference between its two ends.
+    # The host during the gaps: the covered length up to each end of each gap, from one
+    # interpolation table per kind of host call; a gap's cover is the difference.
     if host is not None and len(gap_len):
-        run_s, run_e = s[ri], r_e - off[ri]
+        gi = np.flatnonzero(same)
+        g0 = r_e[gi] - off[ri[gi]]              # gap starts, in the kernels' own clock
         for col, (hs, he) in ((I["gap_launch_ns"], host[0]), (I["gap_sync_ns"], host[1])):
             if len(hs):
-                cs, ce = _coverage_at((run_s[1:][same], run_e[:-1][same]), hs, he)
-                cov = cs - ce
-                add[:, col] = np.rint(_bincount_rows(g_row, np.maximum(cov, 0.0), ng))
+                x0 = (g0 - int(hs[0])).astype(np.float64)
+                cs, ce = _coverage_at((x0 + gap_len, x0), hs, he)
+                cs -= ce
+                add[:, col] = np.rint(cs.sum() if ng == 1 else _bincount_rows(g_row, cs, ng))
     # Operator-shape work per kernel.
     if shape_flops is not None:
         known = ~np.isnan(shape_flops)
