@@ -43,6 +43,8 @@ MIN_WORK_COVERAGE = 0.5         # figures must cover half of the phase's kernel 
 SHAPES_PREFERRED_COVERAGE = 0.8  # shapes win over the model when they cover this much
 IMPLAUSIBLE_RATIO = 1.5         # figures implying > 1.5x a ceiling are not this work
 
+FOLD_SLICE_KERNELS = 65_536     # phase_sums folds a whole trace in slices of about this many
+
 GAP_BUCKETS_NS = (10_000, 100_000, 1_000_000, 10_000_000)
 GAP_BUCKET_NAMES = ("<10us", "10-100us", "100us-1ms", "1-10ms", ">=10ms")
 
@@ -367,16 +369,29 @@ def phase_sums(trace: Trace, kernel_phase: np.ndarray, steps: list, kernel_work:
     dcol, pcol = k["device"], k["pid"]
     one = dcol.min() == dcol.max() and pcol.min() == pcol.max()
     gk = int(group_key(dcol[0], pcol[0])) if one else group_key(dcol, pcol)[order]
-    shf = shb = shd = None
-    if kernel_work is not None:
-        shf = np.where(kernel_work.known, kernel_work.flops, np.nan)[order]
-        shb = kernel_work.bytes[order]
-        shd = kernel_work.dtype_code[order]
-    fold_kernels(sums, start_ns=st[order], end_ns=k["end_ns"][order], phase=np.asarray(kernel_phase)[order],
-                 step=ks[order], gkey=gk, steps=by_index, latency_ns=launch_latency_ns(k, trace.api)[order],
-                 shape_flops=shf, shape_bytes=shb, shape_dtype=shd,
-                 step_work=(lambda s: step_work.get(int(s.index))) if step_work else None,
-                 host=host_intervals(trace.api))
+    lat = launch_latency_ns(k, trace.api)
+    host = host_intervals(trace.api)
+    flops = np.where(kernel_work.known, kernel_work.flops, np.nan) if kernel_work is not None else None
+    kp = np.asarray(kernel_phase)
+    ks_o = ks[order]
+    # Folded in slices cut where a step ends (sums add; a step is never cut), so the
+    # fold's temporaries stay bounded whatever the trace's size.
+    cuts = [0]
+    while len(ks_o) - cuts[-1] > FOLD_SLICE_KERNELS:
+        at = cuts[-1] + FOLD_SLICE_KERNELS
+        nxt = np.flatnonzero(ks_o[at:] != ks_o[at - 1])
+        if not len(nxt):
+            break
+        cuts.append(at + int(nxt[0]))
+    cuts.append(len(ks_o))
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        o = order[a:b]
+        fold_kernels(sums, start_ns=st[o], end_ns=k["end_ns"][o], phase=kp[o], step=ks_o[a:b],
+                     gkey=gk if one else gk[a:b], steps=by_index, latency_ns=lat[o],
+                     shape_flops=flops[o] if flops is not None else None,
+                     shape_bytes=kernel_work.bytes[o] if kernel_work is not None else None,
+                     shape_dtype=kernel_work.dtype_code[o] if kernel_work is not None else None,
+                     step_work=(lambda s: step_work.get(int(s.index))) if step_work else None, host=host)
     return sums
 
 

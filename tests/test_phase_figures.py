@@ -105,3 +105,12 @@ def test_sums_add_and_by_phase_are_row_sums():
     assert a.ints[:, 0].sum() == 22 and len(a) == 3
     p = a.by_phase()
     assert p.keys.tolist() == [1, 2] and p.ints[:, 0].tolist() == [5, 17]
+
+
+def test_a_whole_trace_folded_in_slices_gives_the_figures_of_one_fold(monkeypatch):
+    from ridgeline.aggregator import roofline
+    model = model_config.builtin("llama-3-8b")
+    t = _simulated(128, 400, 40)
+    once = _analyze_phases(t, model, "h100-sxm")
+    monkeypatch.setattr(roofline, "FOLD_SLICE_KERNELS", 500)
+    assert _analyze_phases(t, model, "h100-sxm") == once
