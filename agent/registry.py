@@ -24,12 +24,14 @@ from typing import Callable
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import Availability
 
+from . import config
+
 
 @dataclass
 class Step:
     name: str
     topic: str
-    factory: Callable[[dict], object]
+    factory: Callable[[config.Config], object]
     about: str
     # Polled once per window, just before it closes (the probe reports deltas per poll:
     # one poll per window gives per-window figures and costs least).
@@ -72,21 +74,23 @@ def _cls(mod, names: tuple[str, ...]):
 def _sched(cfg):
     mod = _module("ridgeline.probes.sched", "install the distro bcc (scripts/setup-ebpf.sh)")
     cls = _cls(mod, ("SchedProbe", "Probe"))
-    return _build(cls, pids=list(cfg["probes"]["pids"]))
+    return _build(cls, pids=list(cfg.probes.pids))
 
 
 def _cuda_uprobes(cfg):
     mod = _module("ridgeline.probes.cuda_uprobes", "install the distro bcc (scripts/setup-ebpf.sh)")
     cls = _cls(mod, ("CudaUprobesProbe", "CudaUprobeProbe", "UprobeProbe", "Probe"))
-    return _build(cls, pids=list(cfg["probes"]["pids"]))
+    return _build(cls, pids=list(cfg.probes.pids))
 
 
 def _cupti(cfg):
     mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
     cls = _cls(mod, ("CuptiProbe", "Probe"))
-    c = cfg["probes"]["cupti"]
-    return _build(cls, socket_path=c["socket"], socket_group=c["socket_group"] or None,
-                  idle_peer_s=c["idle_peer_s"])
+    c = cfg.probes.cupti
+    from ridgeline.aggregator.signatures import PeerNameClassifier
+    # names are matched on the probe's pump thread, within a budget per process (issue 18.1)
+    return _build(cls, socket_path=c.socket, socket_group=c.socket_group or None,
+                  idle_peer_s=c.idle_peer_s, name_classifier=PeerNameClassifier())
 
 
 def _nvml(cfg):
@@ -98,32 +102,39 @@ def _nvml(cfg):
 def _engine(cfg):
     mod = _module("ridgeline.probes.engine", "this ridgeline build is incomplete")
     cls = _cls(mod, ("EngineProbe", "Probe"))
-    e = cfg["probes"]["engine"]
-    urls = [e["url"]] if e["url"] else []
-    return _build(cls, urls=urls, url=e["url"], pids=list(cfg["probes"]["pids"]), interval_s=e["interval_s"],
-                  timeout_s=e["timeout_s"], max_body_bytes=e["max_body_bytes"],
-                  follow_redirects=e["follow_redirects"])
+    e = cfg.probes.engine
+    urls = [e.url] if e.url else []
+    return _build(cls, urls=urls, url=e.url, pids=list(cfg.probes.pids), interval_s=e.interval_s,
+                  timeout_s=e.timeout_s, max_body_bytes=e.max_body_bytes,
+                  follow_redirects=e.follow_redirects)
 
 
 def _otlp(cfg):
     mod = _module("ridgeline.probes.otlp_receiver", "install opentelemetry-proto (a dependency of ridgeline)")
-    o = cfg["probes"]["otlp"]
-    return mod.OtlpProbe(o["listen"], max_body_bytes=o["max_body_bytes"], max_connections=o["max_connections"],
-                         request_timeout_s=o["request_timeout_s"], spans_per_s=o["spans_per_s"],
-                         max_attributes=o["max_attributes"], max_attribute_bytes=o["max_attribute_bytes"],
-                         max_queued_spans=o["max_queued_spans"])
+    o = cfg.probes.otlp
+    return mod.OtlpProbe(o.listen, max_body_bytes=o.max_body_bytes, max_connections=o.max_connections,
+                         request_timeout_s=o.request_timeout_s, spans_per_s=o.spans_per_s,
+                         max_attributes=o.max_attributes, max_attribute_bytes=o.max_attribute_bytes,
+                         max_queued_spans=o.max_queued_spans)
+
+
+def _sglang_requests(cfg):
+    from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
+    s = cfg.probes.sglang_requests
+    return SglangRequestMetricsProbe(s.dir, max_bytes_per_poll=s.max_bytes_per_poll,
+                                     max_line_bytes=s.max_line_bytes)
 
 
 def _replay(cfg):
     from ridgeline.probes.replay import ReplayProbe
-    r = cfg["probes"]["replay"]
-    return ReplayProbe(r["path"] or None, speed=r["speed"], loop=r["loop"])
+    r = cfg.probes.replay
+    return ReplayProbe(r.path or None, speed=r.speed, loop=r.loop)
 
 
 def _simulator(cfg):
     mod = _module("ridgeline.agent.simulator", "the workload generator is not installed")
     factory = getattr(mod, "make_probe", None)
-    s = dict(cfg["probes"]["simulator"])
+    s = config.as_table(cfg.probes.simulator)
     if not s.get("pid"):
         s.pop("pid", None)
     if factory is not None:
@@ -153,12 +164,14 @@ STEPS: dict[str, Step] = {s.name: s for s in (
     Step("nvml", "device", _nvml, "NVML: memory, clocks, power, busy time, GPM"),
     Step("engine", "engine", _engine, "the serving engine's Prometheus /metrics (vLLM, SGLang)"),
     Step("otlp", "requests", _otlp, "OTLP/HTTP receiver of the engines' per-request spans (vLLM, SGLang)"),
+    Step("sglang_requests", "requests", _sglang_requests,
+         "SGLang's per-request metrics files (--export-metrics-to-file), where it sends no traces"),
     Step("simulator", "events", _simulator, "SIMULATED continuous-batching server (no GPU needed)"),
     Step("replay", "events", _replay, "a recorded trace replayed as live"),
 )}
 
 
-def availability(name: str, cfg: dict) -> tuple[object | None, Availability]:
+def availability(name: str, cfg: config.Config) -> tuple[object | None, Availability]:
     step = STEPS.get(name)
     if step is None:
         return None, Availability(False, f"unknown probe {name!r}", f"known probes: {', '.join(STEPS)}")
@@ -178,9 +191,9 @@ def availability(name: str, cfg: dict) -> tuple[object | None, Availability]:
     return probe, av
 
 
-def start_all(cfg: dict, log: logging.Logger, names: list[str] | None = None) -> list[Running]:
+def start_all(cfg: config.Config, log: logging.Logger, names: list[str] | None = None) -> list[Running]:
     running: list[Running] = []
-    for name in (names if names is not None else cfg["probes"]["enabled"]):
+    for name in (names if names is not None else cfg.probes.enabled):
         probe, av = availability(name, cfg)
         step = STEPS.get(name)
         optional = bool(getattr(probe, "optional", True)) if probe is not None else True

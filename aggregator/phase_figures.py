@@ -38,7 +38,8 @@ import numpy as np
 
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC
 
-from .phases import PHASE_NAMES
+from ridgeline.probes.records import PHASE_NAMES
+
 from .work import DTYPE_KEYS, SOURCE_MODEL, SOURCE_SHAPES
 
 SUB_BITS = 3                          # mantissa bits kept: 8 bins per octave

@@ -71,6 +71,7 @@ import numpy as np
 
 from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
+from ridgeline.probes.records import PHASE_NAMES
 
 from .columns import distinct, distinct_inverse
 from .phase_figures import (PhaseSums, figures_by_phase, fold_kernels, group_key, host_intervals,
@@ -178,6 +179,9 @@ class WindowBuilder:
     # probe runs), else None: then no step is kept and the window has no "requests".
     requests: object = None
     stories: list = field(default_factory=list)     # the stories told at the last close
+    # aggregator.straggler_window.LiveStragglers: the kernels of the sources that run
+    # collectives, held a few windows for the tensor-parallel straggler analysis.
+    stragglers: object = None
     stories_unpublished: int = 0                    # over MAX_STORIES_PUBLISHED (cumulative)
 
     def add_events(self, trace: Trace, source: str = "") -> None:
@@ -201,6 +205,10 @@ class WindowBuilder:
             self.fold_errors += 1
         self.events[(key, id(trace.names))] = True
         self.records += n
+        if self.stragglers is None:
+            from .straggler_window import LiveStragglers
+            self.stragglers = LiveStragglers()
+        self.stragglers.add(trace, key)
 
     def add_sched(self, data: dict, source: str = "sched") -> None:
         """Scheduling figures of the window (the probe is polled once per window). Thread
@@ -379,6 +387,13 @@ class WindowBuilder:
             f.open_steps_cut = 0
         window["agent"]["window_open_steps_cut"] = self.open_steps_cut
         self._requests_close(int(end_ns), window)
+        if self.stragglers is not None:
+            import msgspec
+            figures = self.stragglers.close()
+            if figures is not None:
+                window["stragglers"] = plain(msgspec.to_builtins(figures))
+                from .straggler_window import annotate_launch_threads
+                annotate_launch_threads(window)
         fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their
@@ -950,7 +965,7 @@ class SourceFold:
                 launch = sum((h for (p, w), h in self.api_hist.items() if w == "launch"), np.zeros(HIST_BINS, np.int64))
                 sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
             phases = figures_by_phase(self.sums.select(self.sums.group_rows(int(group_key(dev, pid)))),
-                                      PHASE_NAMES_STREAM, ceilings=ceil,
+                                      PHASE_NAMES, ceilings=ceil,
                                       model_dtype=self.model.ceiling_dtype if self.model is not None else None)
             out.append({
                 "device": int(dev), "pid": int(pid), "gpu": name,
@@ -984,7 +999,6 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
 
 
-PHASE_NAMES_STREAM = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
 
 
 @lru_cache(maxsize=64)

@@ -188,7 +188,7 @@ def test_checks_are_rate_limited_per_connection(tmp_path):
 # A served process that hands its connection to a child and exits: argv socket path, go
 # FIFO, HELLO hex, batch hex (the pid, at byte 16, is set to the parent's).
 _FORKER = textwrap.dedent("""
-    import os, socket, struct, sys
+    import os, signal, socket, struct, sys
     path, go, hello, batch = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), bytearray.fromhex(sys.argv[4])
     s = socket.socket(socket.AF_UNIX); s.connect(path)
     me = os.getpid()
@@ -197,6 +197,7 @@ _FORKER = textwrap.dedent("""
     sys.stdin.readline()                 # the agent has seen the HELLO
     if os.fork() == 0:                   # the child keeps the socket, the parent exits
         os.setsid()
+        signal.alarm(60)                 # never outlives its test (a FIFO nobody opens blocks)
         open(go).read()                  # told to send
         try:
             s.sendall(bytes(batch) * 3)
@@ -281,8 +282,12 @@ def test_real_exit_is_found_by_the_sweep(tmp_path):
     s = CuptiServer(str(tmp_path / "w.sock"), identity_sweep_s=0.3)
     s.open()
     try:
-        _forked_peer(s, tmp_path)                # the child stays silent, holding the socket
+        _, go = _forked_peer(s, tmp_path)        # the child stays silent, holding the socket
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0
+        try:                                     # let the child go (it finds the socket cut)
+            os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:                          # ENXIO: no reader, the child is gone already
+            pass
     finally:
         s.close()
