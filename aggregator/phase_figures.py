@@ -502,7 +502,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
     gaps and what the host did in them, FLOPs and bytes with their source, the roofline
     position, launch latency, the verdict and its evidence. ``total_*``: the sums over the
     rows the phase shares a GPU with (its group, or all phases of a trace)."""
-    from . import roofline
+    from . import roofline_rules
     iv = sums.ints[row]
     fv = sums.floats[row]
     hv = sums.hists[row]
@@ -523,7 +523,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
                                    "busy_ns": g["model_busy_ns"], "coverage_ratio": model_cov,
                                    "dtype": model_dtype, "steps": g["model_steps"],
                                    "notes": sorted(sums.notes.get(key, ()))}
-    wc = roofline.choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
+    wc = roofline_rules.choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
     src, chosen, cov = wc["work_source"], wc["chosen"], wc["work_coverage_ratio"]
     span = g["window_ns"]
     idle = max(0, span - g["window_busy_ns"])
@@ -533,7 +533,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
     sync_cover = (g["gap_sync_ns"] / gap_total) if gap_total > 0 else None
     med_gap = fine_percentile_ns(hv[H_GAP], 50)
     med_k = fine_percentile_ns(hv[H_KERNEL], 50)
-    verdict, evidence = roofline.decide_verdict(
+    verdict, evidence = roofline_rules.decide_verdict(
         idle_ratio=idle_ratio, launch_cover_ratio=launch_cover, sync_cover_ratio=sync_cover,
         median_gap_ns=med_gap, median_kernel_ns=med_k, arithmetic_intensity=wc["arithmetic_intensity"],
         ridge_point=wc["ridge_point"], pct_of_peak_flops=wc["pct_of_peak_flops"],
