@@ -42,6 +42,7 @@ RuntimeFailure naming the extra; the daemon never imports this module.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 import uuid
@@ -152,15 +153,20 @@ RESERVED_TABLES: dict[str, list[tuple[str, str]]] = {"requests": _typed(_WINDOW_
     ("completion_tokens", "i"), ("culprits", "c")))}
 
 
+@functools.cache
 def arrow_schema(table: str):
-    """The Arrow schema of a table's files (without the Hive partition columns)."""
+    """The Arrow schema of a table's files (without the Hive partition columns). The
+    event tables' numbers are never null (a source's unknown is -1): required columns,
+    which spare the Parquet encoder a definition level per value (a seventh of its time
+    on kernel rows)."""
     pa, _ = _pa()
     types = {"dict": pa.dictionary(pa.int32(), pa.string()), "int64": pa.int64(), "float64": pa.float64(),
              "int32": pa.int32(), "uint8": pa.uint8(), "int8": pa.int8(), "string": pa.string(),
              "culprits": pa.list_(pa.struct([("request_id", pa.string()), ("kind", pa.string()),
                                              ("added_ns", pa.int64()), ("tokens", pa.int64())]))}
     cols = TABLES[table] if table in TABLES else RESERVED_TABLES[table]
-    return pa.schema([(c, types[t]) for c, t in cols],
+    required = table in EVENT_DTYPES
+    return pa.schema([pa.field(c, types[t], nullable=not (required and t != "dict")) for c, t in cols],
                      metadata={"ridgeline.schema_version": str(SCHEMA_VERSION), "ridgeline.table": table})
 
 
@@ -197,26 +203,148 @@ def _const_dict(pa, value, n: int):
     return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([str(value)]))
 
 
-def events_table(kind: str, arr: np.ndarray, names: NameTable, recording: str, frame: int, recv_ns: int):
-    """The Arrow table of one batch's events of ``kind``."""
-    pa, _ = _pa()
-    n = len(arr)
-    cols = [_const_dict(pa, recording, n), pa.array(np.full(n, frame, dtype=np.int64)),
-            pa.array(np.full(n, recv_ns, dtype=np.int64))]
+ROW_GROUP_ROWS = 65_536   # rows per row group of the event files
+
+
+class _EventChunks:
+    """The event batches of one table, host and hour, held as the callers' numpy arrays
+    until the flush (batches are not changed once published): a message costs a list
+    append, not an Arrow table per batch and column."""
+
+    __slots__ = ("arrs", "frames", "recv", "names", "rows")
+
+    def __init__(self):
+        self.arrs: list[np.ndarray] = []
+        self.frames: list[int] = []
+        self.recv: list[int] = []
+        self.names: list[NameTable] = []
+        self.rows = 0
+
+    def add(self, arr: np.ndarray, frame: int, recv_ns: int, names: NameTable) -> None:
+        self.arrs.append(arr)
+        self.frames.append(frame)
+        self.recv.append(recv_ns)
+        self.names.append(names)
+        self.rows += len(arr)
+
+    def by_gpu(self, kind: str) -> dict:
+        """``{device or None: [(chunk index, rows)]}``, rows a slice or indices in recorded
+        order: a file per GPU for the tables partitioned by GPU, one for the others."""
+        if kind not in GPU_TABLES:
+            return {None: [(i, slice(None)) for i in range(len(self.arrs))]}
+        out: dict = {}
+        for i, a in enumerate(self.arrs):
+            devs = a["device"]
+            lo, hi = int(devs.min()), int(devs.max())
+            if lo == hi:
+                out.setdefault(lo, []).append((i, slice(None)))
+                continue
+            order = np.argsort(devs, kind="stable")     # each GPU's rows in recorded order
+            sdevs = devs[order]
+            cuts = np.flatnonzero(np.diff(sdevs)) + 1
+            for s, e in zip(np.r_[0, cuts], np.r_[cuts, len(sdevs)]):
+                out.setdefault(int(sdevs[s]), []).append((i, order[s:e]))
+        return out
+
+
+def _row_groups(chunks: _EventChunks, pieces: list, rows: int):
+    """The pieces (``(chunk index, slice(None) or indices)``) cut into groups of at most
+    ``rows`` rows: ``[(chunk index, a slice with bounds or indices, length)]`` each."""
+    group, held = [], 0
+    for i, sel in pieces:
+        n = len(chunks.arrs[i]) if isinstance(sel, slice) else len(sel)
+        start = 0
+        while start < n:
+            take = min(rows - held, n - start)
+            group.append((i, slice(start, start + take) if isinstance(sel, slice) else sel[start:start + take], take))
+            held += take
+            start += take
+            if held == rows:
+                yield group
+                group, held = [], 0
+    if group:
+        yield group
+
+
+class _ColumnPool:
+    """Contiguous column buffers of one row group, reused from group to group and flush
+    to flush: the copy out of the structured rows then writes memory that is already
+    mapped (fresh buffers cost a page fault per 4 KiB, two thirds of that copy)."""
+
+    def __init__(self, rows: int):
+        self.rows = rows
+        self._bufs: dict[tuple, np.ndarray] = {}
+
+    def get(self, name: str, dtype) -> np.ndarray:
+        key = (name, np.dtype(dtype).str)
+        buf = self._bufs.get(key)
+        if buf is None:
+            buf = self._bufs[key] = np.empty(self.rows, dtype=dtype)
+        return buf
+
+
+def _group_table(pa, kind: str, chunks: _EventChunks, group: list, recording: str, pool: _ColumnPool):
+    """The Arrow table of one row group: its columns copied into the pool's buffers (the
+    table refers to them: written before the next group fills them again)."""
+    m = sum(k for *_, k in group)
+    frame, recv = pool.get("frame", np.int64)[:m], pool.get("recv_ns", np.int64)[:m]
+    o = 0
+    spans = []
+    for i, sel, k in group:
+        frame[o:o + k] = chunks.frames[i]
+        recv[o:o + k] = chunks.recv[i]
+        spans.append((i, sel, o, o + k))
+        o += k
+    arrays = [_const_dict(pa, recording, m), pa.array(frame), pa.array(recv)]
     codes = _CODE_COLUMNS.get(kind, {})
-    strings = names.strings
-    for name in arr.dtype.names:
+    dtype = EVENT_DTYPES[kind]
+    for name in dtype.names:
         if name in _NAME_COLUMNS:
-            cols.append(_dict_array(pa, arr[name], strings))
-        elif name in codes:
+            ids, strings = _group_name_ids(chunks, spans, name, m)
+            arrays.append(_dict_array(pa, ids, strings))
+            continue
+        col = pool.get(name, dtype[name])[:m]
+        for i, sel, lo, hi in spans:
+            col[lo:hi] = chunks.arrs[i][name][sel]
+        if name in codes:
             table = codes[name]
             keys = sorted(table)
             lut = np.full(256, -1, dtype=np.int64)
             lut[keys] = np.arange(len(keys))
-            cols.append(_dict_array(pa, lut[arr[name].astype(np.int64) & 0xFF], [table[k] for k in keys]))
+            arrays.append(_dict_array(pa, lut[col.astype(np.int64) & 0xFF], [table[k] for k in keys]))
         else:
-            cols.append(pa.array(arr[name]))
-    return pa.Table.from_arrays(cols, schema=arrow_schema(kind))
+            arrays.append(pa.array(col))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(kind))
+
+
+def _group_name_ids(chunks: _EventChunks, spans: list, name: str, m: int) -> tuple[np.ndarray, list[str]]:
+    """The ids of a name column of one row group and the strings they index. Batches of
+    one stream share one append-only NameTable (the common case: its ids as they are);
+    those of several are mapped onto one table of this group."""
+    first = chunks.names[spans[0][0]]
+    out = np.empty(m, dtype=np.int64)
+    if all(chunks.names[i] is first for i, *_ in spans):
+        for i, sel, lo, hi in spans:
+            out[lo:hi] = chunks.arrs[i][name][sel]
+        return out, first.strings
+    merged = NameTable()
+    luts: dict[int, np.ndarray] = {}
+    for i, sel, lo, hi in spans:
+        t = chunks.names[i]
+        lut = luts.get(id(t))
+        if lut is None:
+            lut = luts[id(t)] = np.array([merged.intern(s) for s in t.strings] + [-1], dtype=np.int64)
+        ids = chunks.arrs[i][name][sel].astype(np.int64)
+        out[lo:hi] = lut[np.where((ids >= 0) & (ids < len(t.strings)), ids, len(t.strings))]
+    return out, merged.strings
+
+
+def events_table(kind: str, arr: np.ndarray, names: NameTable, recording: str, frame: int, recv_ns: int):
+    """The Arrow table of one batch's events of ``kind`` (all its GPUs in one table)."""
+    pa, _ = _pa()
+    chunks = _EventChunks()
+    chunks.add(arr, frame, recv_ns, names)
+    return _group_table(pa, kind, chunks, [(0, slice(0, len(arr)), len(arr))], recording, _ColumnPool(len(arr)))
 
 
 def _get(rec, path):
@@ -284,14 +412,24 @@ def window_rows(window: dict, key: dict) -> tuple[list[dict], list[dict], list[d
     return wins, phases, verdicts
 
 
+# Columns with min/max statistics: the keys and times readers prune row groups by
+# (iter_messages takes chunks of frames; fleet queries filter on time). Statistics on
+# every column cost a fifth of the encoder's time and prune nothing anyone asks for.
+STATISTICS_COLUMNS = ("recording", "frame", "recv_ns", "start_ns", "end_ns", "window_start_ns", "window_end_ns",
+                      "ts_ns")
+
+
 def _write_options(pa, schema) -> dict:
-    """Dictionary pages for the names only; integers delta-encoded (times and ids that
-    grow row to row: ~1 byte per kernel row instead of ~7, at the same CPU cost), zstd."""
+    """Dictionary pages for the names only; zstd; statistics for :data:`STATISTICS_COLUMNS`.
+    64-bit integers (times, correlation ids, sizes: they grow row to row or sit at -1)
+    delta-encoded: ~0.5 bytes per kernel row instead of ~7. The narrower ones (devices,
+    pids, tids, launch shapes: few values, in runs) plain, which zstd packs smaller than
+    the deltas and the encoder writes in half the time (bench/bench_parquet.py)."""
     names = [f.name for f in schema if pa.types.is_dictionary(f.type)]
-    ints = {f.name: "DELTA_BINARY_PACKED" for f in schema if pa.types.is_integer(f.type)}
-    # row groups of 64k rows: their frame statistics let a reader take a chunk of frames
-    # without decoding the whole file
-    return {"compression": "zstd", "use_dictionary": names, "column_encoding": ints, "row_group_size": 65_536}
+    ints = {f.name: "DELTA_BINARY_PACKED" if f.type == pa.int64() else "PLAIN"
+            for f in schema if pa.types.is_integer(f.type)}
+    stats = [c for c in STATISTICS_COLUMNS if c in schema.names]
+    return {"compression": "zstd", "use_dictionary": names, "column_encoding": ints, "write_statistics": stats}
 
 
 class ParquetRecordingWriter:
@@ -320,8 +458,10 @@ class ParquetRecordingWriter:
         self.bytes = 0            # bytes of Parquet files written
         self.files = 0
         self.rows = 0
-        self._buf: dict[tuple, list] = {}
+        self._buf: dict[tuple, list] = {}              # (table, host, gpu, hour) -> rows
+        self._events: dict[tuple, _EventChunks] = {}   # (table, host, hour) -> event batches
         self._held = 0
+        self._pool = _ColumnPool(ROW_GROUP_ROWS)
         self.next_part = first_part
         self._devices: set = set()
         self._model: dict[str, str] = {}       # host -> the model its events named last
@@ -361,18 +501,19 @@ class ParquetRecordingWriter:
     def add_events(self, trace: Trace, frame: int, recv_ns: int, host: str) -> None:
         if isinstance(trace.meta.get("model"), str):
             self._model[host] = trace.meta["model"][:200]
+        hour = _hour(recv_ns)
         for kind in EVENT_DTYPES:
             arr = getattr(trace, kind)
             if not len(arr):
                 continue
-            if kind in GPU_TABLES:
-                devs = arr["device"]
-                for d in np.unique(devs):
-                    self._add(kind, host, int(d), recv_ns,
-                              events_table(kind, arr[devs == d], trace.names, self.recording, frame, recv_ns))
-            else:
-                self._add(kind, host, None, recv_ns,
-                          events_table(kind, arr, trace.names, self.recording, frame, recv_ns))
+            # held as they are until the flush (batches are not changed once published)
+            key = (kind, host_dir(host), hour)
+            chunks = self._events.get(key)
+            if chunks is None:
+                chunks = self._events[key] = _EventChunks()
+            chunks.add(arr, frame, recv_ns, trace.names)
+            self._held += len(arr)
+            self.rows += len(arr)
         new = [d for d in trace.devices if (host, d.index) not in self._devices]
         if new:
             self._devices.update((host, d.index) for d in new)
@@ -393,11 +534,6 @@ class ParquetRecordingWriter:
         if verdicts:
             self._add_rows("verdicts", host, None, recv_ns, verdicts)
 
-    def _add(self, table: str, host: str, gpu, recv_ns: int, t) -> None:
-        self._buf.setdefault((table, host_dir(host), gpu, _hour(recv_ns)), []).append(t)
-        self._held += t.num_rows
-        self.rows += t.num_rows
-
     def _add_rows(self, table: str, host: str, gpu, recv_ns: int, rows: list[dict]) -> None:
         """Plain rows (messages, windows, verdicts): made a table when flushed."""
         self._buf.setdefault((table, host_dir(host), gpu, _hour(recv_ns)), []).extend(rows)
@@ -415,31 +551,42 @@ class ParquetRecordingWriter:
         """Write what is buffered: one file per table and partition."""
         pa, pq = self._pa, self._pq
         buf, self._buf, self._held = self._buf, {}, 0
-        if not buf:
+        events, self._events = self._events, {}
+        if not buf and not events:
             return
         n = self.next_part
         self.next_part += 1
-        for (table, host, gpu, hour), parts in buf.items():
+        files = [((table, host, gpu, hour), _rows_table(pa, table, rows)) for (table, host, gpu, hour), rows in buf.items()]
+        for (kind, host, hour), chunks in events.items():
+            files.extend(((kind, host, gpu, hour), (chunks, pieces)) for gpu, pieces in chunks.by_gpu(kind).items())
+        for (table, host, gpu, hour), what in files:
             d = self.root / table / f"host={host}"
             if gpu is not None:
                 d = d / f"gpu={gpu}"
             d = d / f"hour={hour}"
-            if isinstance(parts[0], dict):
-                t = _rows_table(pa, table, parts)
-            else:
-                # chunks keep their own dictionaries: the Parquet writer builds each
-                # column chunk's dictionary page itself
-                t = pa.concat_tables(parts)
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 path = d / f"part-{self.recording}-{n:06d}.parquet"
                 tmp = d / f".{path.name}.tmp"
-                pq.write_table(t, tmp, **_write_options(pa, t.schema))
+                if isinstance(what, tuple):
+                    self._write_events(tmp, table, *what)
+                else:
+                    pq.write_table(what, tmp, row_group_size=ROW_GROUP_ROWS, **_write_options(pa, what.schema))
                 os.replace(tmp, path)
                 self.bytes += path.stat().st_size
             except OSError as exc:
                 raise RuntimeFailure(f"{d}: cannot write Parquet ({exc.strerror})") from None
             self.files += 1
+
+    def _write_events(self, path: Path, kind: str, chunks: _EventChunks, pieces: list) -> None:
+        """One event file, a row group at a time (each group's columns in the pool's buffers)."""
+        pa, pq = self._pa, self._pq
+        schema = arrow_schema(kind)
+        with pq.ParquetWriter(path, schema, **_write_options(pa, schema)) as w:
+            for group in _row_groups(chunks, pieces, ROW_GROUP_ROWS):
+                t = _group_table(pa, kind, chunks, group, self.recording, self._pool)
+                w.write_table(t, row_group_size=ROW_GROUP_ROWS)
+                del t     # the pool's buffers are filled again by the next group
 
     @property
     def pending_rows(self) -> int:
@@ -447,7 +594,7 @@ class ParquetRecordingWriter:
         return self._held
 
     def close(self) -> None:
-        if self._buf:
+        if self._buf or self._events:
             self.flush()
 
     def __enter__(self):
