@@ -61,6 +61,7 @@ SCHEMA_VERSION = 1
 FORMAT = "ridgeline-parquet"
 MANIFEST = "_ridgeline_parquet.json"
 FLUSH_ROWS = 1_000_000           # rows buffered before files are written (bounded memory)
+COMPRESSIONS = ("zstd", "lz4", "snappy", "none")
 
 # Codes stored as their names (dictionary-encoded strings); the inverse maps read them back.
 COPY_KIND_NAMES = {COPY_KIND_MEMCPY: "memcpy", COPY_KIND_MEMSET: "memset"}
@@ -186,21 +187,44 @@ def host_dir(host: str) -> str:
 def _dict_array(pa, ids: np.ndarray, strings: list[str]):
     """Dictionary array of the strings ``ids`` name (-1 or out of range: null), with a
     dictionary of the names used only (a lookup table, no sort: O(rows + names))."""
-    ids = np.asarray(ids, dtype=np.int64)
-    ok = (ids >= 0) & (ids < len(strings))
-    present = np.bincount(ids[ok], minlength=len(strings)) > 0 if len(strings) else np.zeros(0, bool)
+    n = len(strings)
+    every = len(ids) == 0 or (int(ids.min()) >= 0 and int(ids.max()) < n)
+    ok = None if every else (ids >= 0) & (ids < n)
+    present = np.bincount(ids if every else ids[ok], minlength=n) > 0 if n else np.zeros(0, bool)
     used = np.flatnonzero(present)
-    lut = np.full(len(strings) + 1, -1, dtype=np.int32)    # slot len(strings): the nulls
+    lut = np.full(n + 1, -1, dtype=np.int32)    # slot n: the nulls
     lut[used] = np.arange(len(used), dtype=np.int32)
-    idx = lut[np.where(ok, ids, len(strings))]
     dictionary = pa.array([strings[int(i)] for i in used], type=pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(idx, mask=~ok), dictionary)
+    if every:
+        return pa.DictionaryArray.from_arrays(pa.array(lut[ids]), dictionary)
+    return pa.DictionaryArray.from_arrays(pa.array(lut[np.where(ok, ids, n)], mask=~ok), dictionary)
 
 
-def _const_dict(pa, value, n: int):
+@functools.cache
+def _code_dictionary(kind: str, column: str):
+    """(index of each u8 code in the names of its table, -1 unknown; the names as an Arrow array)."""
+    pa, _ = _pa()
+    table = _CODE_COLUMNS[kind][column]
+    keys = sorted(table)
+    lut = np.full(256, -1, dtype=np.int32)
+    lut[keys] = np.arange(len(keys), dtype=np.int32)
+    return lut, pa.array([table[k] for k in keys], type=pa.string())
+
+
+def _code_array(pa, kind: str, column: str, codes: np.ndarray):
+    """Dictionary array of a code column's names (a code no table names: null)."""
+    lut, dictionary = _code_dictionary(kind, column)
+    idx = lut[codes]
+    if not len(idx) or int(idx.min()) >= 0:
+        return pa.DictionaryArray.from_arrays(pa.array(idx), dictionary)
+    return pa.DictionaryArray.from_arrays(pa.array(idx, mask=idx < 0), dictionary)
+
+
+def _const_dict(pa, value, n: int, zeros: np.ndarray | None = None):
     if value is None:
         return pa.nulls(n, type=pa.dictionary(pa.int32(), pa.string()))
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([str(value)]))
+    idx = np.zeros(n, dtype=np.int32) if zeros is None else zeros[:n]
+    return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array([str(value)]))
 
 
 ROW_GROUP_ROWS = 65_536   # rows per row group of the event files
@@ -274,6 +298,7 @@ class _ColumnPool:
     def __init__(self, rows: int):
         self.rows = rows
         self._bufs: dict[tuple, np.ndarray] = {}
+        self.zeros = np.zeros(rows, dtype=np.int32)    # the constant columns' indices (never written)
 
     def get(self, name: str, dtype) -> np.ndarray:
         key = (name, np.dtype(dtype).str)
@@ -295,47 +320,43 @@ def _group_table(pa, kind: str, chunks: _EventChunks, group: list, recording: st
         recv[o:o + k] = chunks.recv[i]
         spans.append((i, sel, o, o + k))
         o += k
-    arrays = [_const_dict(pa, recording, m), pa.array(frame), pa.array(recv)]
+    arrays = [_const_dict(pa, recording, m, pool.zeros), pa.array(frame), pa.array(recv)]
     codes = _CODE_COLUMNS.get(kind, {})
     dtype = EVENT_DTYPES[kind]
     for name in dtype.names:
         if name in _NAME_COLUMNS:
-            ids, strings = _group_name_ids(chunks, spans, name, m)
+            ids, strings = _group_name_ids(chunks, spans, name, pool.get(name, np.int64)[:m])
             arrays.append(_dict_array(pa, ids, strings))
             continue
         col = pool.get(name, dtype[name])[:m]
         for i, sel, lo, hi in spans:
             col[lo:hi] = chunks.arrs[i][name][sel]
-        if name in codes:
-            table = codes[name]
-            keys = sorted(table)
-            lut = np.full(256, -1, dtype=np.int64)
-            lut[keys] = np.arange(len(keys))
-            arrays.append(_dict_array(pa, lut[col.astype(np.int64) & 0xFF], [table[k] for k in keys]))
-        else:
-            arrays.append(pa.array(col))
+        arrays.append(_code_array(pa, kind, name, col) if name in codes else pa.array(col))
     return pa.Table.from_arrays(arrays, schema=arrow_schema(kind))
 
 
-def _group_name_ids(chunks: _EventChunks, spans: list, name: str, m: int) -> tuple[np.ndarray, list[str]]:
+def _group_name_ids(chunks: _EventChunks, spans: list, name: str, out: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """The ids of a name column of one row group and the strings they index. Batches of
     one stream share one append-only NameTable (the common case: its ids as they are);
     those of several are mapped onto one table of this group."""
     first = chunks.names[spans[0][0]]
-    out = np.empty(m, dtype=np.int64)
     if all(chunks.names[i] is first for i, *_ in spans):
         for i, sel, lo, hi in spans:
             out[lo:hi] = chunks.arrs[i][name][sel]
         return out, first.strings
     merged = NameTable()
-    luts: dict[int, np.ndarray] = {}
     for i, sel, lo, hi in spans:
+        # decoded batches carry a table each (the stream's names so far): only the names
+        # a batch uses are interned, O(rows + names) with no Python loop over the table
         t = chunks.names[i]
-        lut = luts.get(id(t))
-        if lut is None:
-            lut = luts[id(t)] = np.array([merged.intern(s) for s in t.strings] + [-1], dtype=np.int64)
+        n = len(t)
         ids = chunks.arrs[i][name][sel].astype(np.int64)
-        out[lo:hi] = lut[np.where((ids >= 0) & (ids < len(t.strings)), ids, len(t.strings))]
+        ok = (ids >= 0) & (ids < n)
+        used = np.flatnonzero(np.bincount(ids[ok], minlength=n))
+        lut = np.full(n + 1, -1, dtype=np.int64)
+        strings = t.strings
+        lut[used] = [merged.intern(strings[j]) for j in used.tolist()]
+        out[lo:hi] = lut[np.where(ok, ids, n)]
     return out, merged.strings
 
 
@@ -414,12 +435,13 @@ def window_rows(window: dict, key: dict) -> tuple[list[dict], list[dict], list[d
 
 # Columns with min/max statistics: the keys and times readers prune row groups by
 # (iter_messages takes chunks of frames; fleet queries filter on time). Statistics on
-# every column cost a fifth of the encoder's time and prune nothing anyone asks for.
-STATISTICS_COLUMNS = ("recording", "frame", "recv_ns", "start_ns", "end_ns", "window_start_ns", "window_end_ns",
-                      "ts_ns")
+# every column cost a fifth of the encoder's time and prune nothing anyone asks for; on
+# a dictionary column they cost as much as its values (``recording`` has none: a file
+# holds one recording, named in the file's name).
+STATISTICS_COLUMNS = ("frame", "recv_ns", "start_ns", "end_ns", "window_start_ns", "window_end_ns", "ts_ns")
 
 
-def _write_options(pa, schema) -> dict:
+def _write_options(pa, schema, compression: str = "zstd") -> dict:
     """Dictionary pages for the names only; zstd; statistics for :data:`STATISTICS_COLUMNS`.
     64-bit integers (times, correlation ids, sizes: they grow row to row or sit at -1)
     delta-encoded: ~0.5 bytes per kernel row instead of ~7. The narrower ones (devices,
@@ -429,15 +451,20 @@ def _write_options(pa, schema) -> dict:
     ints = {f.name: "DELTA_BINARY_PACKED" if f.type == pa.int64() else "PLAIN"
             for f in schema if pa.types.is_integer(f.type)}
     stats = [c for c in STATISTICS_COLUMNS if c in schema.names]
-    return {"compression": "zstd", "use_dictionary": names, "column_encoding": ints, "write_statistics": stats}
+    return {"compression": compression, "use_dictionary": names, "column_encoding": ints, "write_statistics": stats}
 
 
 class ParquetRecordingWriter:
     """Writes a Parquet recording under ``root`` (see the module docstring)."""
 
     def __init__(self, root: str | Path, recording: str | None = None, flush_rows: int = FLUSH_ROWS,
-                 first_part: int = 0, first_frame: int = 0):
+                 first_part: int = 0, first_frame: int = 0, compression: str = "zstd"):
         self._pa, self._pq = _pa()
+        if compression not in COMPRESSIONS:
+            raise InputError(f"Parquet compression {compression!r}: one of {', '.join(COMPRESSIONS)}")
+        # zstd: the smallest files; lz4: a fifth less of the encoder's CPU for a third more
+        # bytes (bench/bench_parquet.py)
+        self.compression = compression
         self.root = Path(root)
         self.recording = recording or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
         if not all(c in _SAFE for c in self.recording):
@@ -571,7 +598,8 @@ class ParquetRecordingWriter:
                 if isinstance(what, tuple):
                     self._write_events(tmp, table, *what)
                 else:
-                    pq.write_table(what, tmp, row_group_size=ROW_GROUP_ROWS, **_write_options(pa, what.schema))
+                    pq.write_table(what, tmp, row_group_size=ROW_GROUP_ROWS,
+                                   **_write_options(pa, what.schema, self.compression))
                 os.replace(tmp, path)
                 self.bytes += path.stat().st_size
             except OSError as exc:
@@ -582,7 +610,7 @@ class ParquetRecordingWriter:
         """One event file, a row group at a time (each group's columns in the pool's buffers)."""
         pa, pq = self._pa, self._pq
         schema = arrow_schema(kind)
-        with pq.ParquetWriter(path, schema, **_write_options(pa, schema)) as w:
+        with pq.ParquetWriter(path, schema, **_write_options(pa, schema, self.compression)) as w:
             for group in _row_groups(chunks, pieces, ROW_GROUP_ROWS):
                 t = _group_table(pa, kind, chunks, group, self.recording, self._pool)
                 w.write_table(t, row_group_size=ROW_GROUP_ROWS)
@@ -682,7 +710,7 @@ def _to_events(kind: str, t) -> np.ndarray:
             col = _dict_column(col)
             lut = np.fromiter((inv.get(v, 0) for v in col.dictionary.to_pylist()), dtype=np.int64,
                               count=len(col.dictionary))
-            idx = col.indices.to_numpy(zero_copy_only=False)
+            idx = col.indices.fill_null(0).to_numpy(zero_copy_only=False)
             valid = np.asarray(col.is_valid())
             out[name] = np.where(valid, lut[np.where(valid, idx, 0)] if len(lut) else 0, 0)
         else:
@@ -707,7 +735,7 @@ def _names_ids(col, names: NameTable) -> np.ndarray:
     col = _dict_column(col)
     lut = np.fromiter((names.intern(s) for s in col.dictionary.to_pylist()), dtype=np.int64,
                       count=len(col.dictionary))
-    idx = col.indices.to_numpy(zero_copy_only=False)
+    idx = col.indices.fill_null(0).to_numpy(zero_copy_only=False)   # nulls: not NaN in floats
     valid = np.asarray(col.is_valid())
     return np.where(valid, lut[np.where(valid, idx, 0)] if len(lut) else -1, -1)
 

@@ -9,17 +9,21 @@ side by side in one run, CPU time of one core (``process_time``, median of 3):
 * publish: what the agent pays per batch to publish it: the stateful wire encoder
   (``EventBatchEncoder.encode``) and the envelope (``encode_envelope``);
 * rlrec: ``ridgeline record`` writing the published envelopes to a ``.rlrec`` file;
-* parquet: ``ParquetRecordingWriter.add_events`` on the decoded batches plus the flushes
+* parquet: ``ParquetRecordingWriter.add_message`` on the decoded batches plus the flushes
   (files written every 1 M rows; the last flush included), i.e. what a sink writing
-  Parquet from the agent's own batches would pay; and ``ParquetRecordingWriter.write``
-  from the envelopes (what ``record --format parquet`` / ``export`` pay: decoding too).
+  Parquet from the agent's own batches would pay (also with lz4 in place of zstd: the
+  encoder's CPU against the bytes); and ``ParquetRecordingWriter.write`` from the
+  envelopes (what ``record --format parquet`` / ``export`` pay: decoding too).
 
-Prints one markdown table: CPU seconds per second of stream, events per CPU second,
-bytes on disk (or on the wire) per event, and the ratio to publishing.
+Removing the files is outside the timings (a fresh folder for each run). Prints one
+markdown table: CPU seconds per second of stream, events per CPU second, bytes on disk
+(or on the wire) per event, the ratio to publishing, and the load average.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import shutil
 import statistics
 import sys
@@ -67,34 +71,44 @@ def main() -> int:
     wire_bytes = sum(len(e) for e in envs)
 
     tmp = Path(tempfile.mkdtemp(prefix="ridgeline-bench-parquet-"))
+    runs = itertools.count()
+
+    def fresh() -> Path:
+        d = tmp / f"run{next(runs)}"
+        return d
+
+    def clean():
+        for d in tmp.iterdir():
+            shutil.rmtree(d) if d.is_dir() else d.unlink()
+
+    def timed(fn):
+        s, out = _cpu(fn)
+        clean()
+        return s, out
+
     try:
         def rlrec():
-            p = tmp / "r.rlrec"
+            p = fresh().with_suffix(".rlrec")
             with RecordingWriter(p) as w:
                 for i, e in enumerate(envs):
                     w.write(e, recv[i])
-            size = p.stat().st_size
-            p.unlink()
-            return size
-        rl_s, rl_bytes = _cpu(rlrec)
+            return p.stat().st_size
+        rl_s, rl_bytes = timed(rlrec)
 
-        def parquet_batches():
-            d = tmp / "pq"
-            with ParquetRecordingWriter(d, recording="bench") as w:
+        def parquet_batches(compression="zstd"):
+            with ParquetRecordingWriter(fresh(), recording="bench", compression=compression) as w:
                 for i, b in enumerate(batches):
                     w.add_message("events", i, "bench-host", recv[i], recv[i], b)
-            shutil.rmtree(d)
             return w.bytes
-        pq_s, pq_bytes = _cpu(parquet_batches)
+        pq_s, pq_bytes = timed(parquet_batches)
+        lz_s, lz_bytes = timed(lambda: parquet_batches("lz4"))
 
         def parquet_envelopes():
-            d = tmp / "pq2"
-            with ParquetRecordingWriter(d, recording="bench") as w:
+            with ParquetRecordingWriter(fresh(), recording="bench") as w:
                 for i, e in enumerate(envs):
                     w.write(e, recv[i])
-            shutil.rmtree(d)
             return w.bytes
-        pqe_s, pqe_bytes = _cpu(parquet_envelopes)
+        pqe_s, pqe_bytes = timed(parquet_envelopes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -104,12 +118,14 @@ def main() -> int:
     for name, s, b in (("publish (wire encode + envelope)", pub_s, wire_bytes),
                        ("record .rlrec (framed envelopes)", rl_s, rl_bytes),
                        ("Parquet from the agent's batches", pq_s, pq_bytes),
+                       ("Parquet from the agent's batches, lz4", lz_s, lz_bytes),
                        ("Parquet from envelopes (decode + write)", pqe_s, pqe_bytes)):
         rows.append(f"| {name} | {s / secs:.3f} | {events / max(s, 1e-9):,.0f} | {b / events:.2f} | "
                     f"{s / max(pub_s, 1e-9):.2f}x |")
     print(f"{secs} s of the simulated vLLM stream: {events:,} events "
           f"({sum(len(b.kernels) for b in batches):,} kernels), one batch per second\n")
     print("\n".join(rows))
+    print("\nload average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print("\nReproduce: .venv/bin/python bench/bench_parquet.py --seconds", secs)
     return 0
 

@@ -221,3 +221,62 @@ def test_a_small_memory_budget_reads_in_chunks_and_cuts_the_same_segments(tmp_pa
     got = [(s.index, s.started_by, s.batches, len(s.trace.kernels))
            for s in pqr.iter_segments(tmp_path / "pq", "h", "h", budget)]
     assert got == want and len(want) >= 3 and {s[1] for s in want[1:]} == {"size"}
+
+
+def _kernels(devices, names, name_ids, start_ns):
+    import numpy as np
+
+    from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace
+    k = np.zeros(len(devices), KERNEL_DTYPE)
+    k["device"], k["name_id"], k["start_ns"] = devices, name_ids, start_ns
+    k["end_ns"] = k["start_ns"] + 10
+    k["pid"] = k["tid"] = k["external_id"] = k["graph_id"] = -1
+    return Trace(kernels=k, names=NameTable(names))
+
+
+def test_batches_of_several_gpus_and_name_tables_keep_their_rows_across_row_groups(tmp_path, monkeypatch):
+    """The writer holds batches and writes a row group at a time through reused column
+    buffers: with groups of 3 rows, batches of two GPUs interleaved and each batch with its
+    own name table (as decoded envelopes are), every GPU's file holds its rows in recorded
+    order, with their names, frames and receive times."""
+    monkeypatch.setattr(pqr, "ROW_GROUP_ROWS", 3)
+    batches = [_kernels([0, 1, 0, 1, 0], ["a", "b", "c"], [0, 1, 2, -1, 0], [10, 11, 12, 13, 14]),
+               _kernels([1, 1, 0, 1], ["x", "c", "a"], [0, 1, 2, 0], [20, 21, 22, 23]),
+               _kernels([0, 0], ["z"], [0, 5], [30, 31])]      # 5: a name the table lacks: null
+    with pqr.ParquetRecordingWriter(tmp_path / "rec", recording="r") as w:
+        for i, b in enumerate(batches):
+            w.add_message("events", i, "h", 100 + i, 1_796_119_200 * 10**9 + i, b)
+    want = {}
+    for frame, b in enumerate(batches):
+        for d, n, s in zip(b.kernels["device"], b.kernels["name_id"], b.kernels["start_ns"]):
+            name = b.names[int(n)] if 0 <= n < len(b.names) else None
+            want.setdefault(int(d), []).append((frame, 1_796_119_200 * 10**9 + frame, int(s), name))
+    for d, rows in want.items():
+        (f,) = (tmp_path / "rec" / "kernels" / "host=h" / f"gpu={d}").glob("hour=*/*.parquet")
+        pf = pq.ParquetFile(f)
+        assert pf.metadata.num_row_groups == -(-len(rows) // 3), d
+        t = pf.read()
+        assert list(zip(*(t.column(c).to_pylist() for c in ("frame", "recv_ns", "start_ns", "name")))) == rows, d
+        assert t.column("device").to_pylist() == [d] * len(rows)
+        assert not t.schema.field("start_ns").nullable and t.schema.field("name").nullable
+    # and read back as the stream's batches: the same events, GPU by GPU
+    got = [p() for *_, p in pqr.iter_messages(tmp_path / "rec", "h", "r")]
+    assert [len(t.kernels) for t in got] == [5, 4, 2]
+    assert [got[1].names[int(i)] for i in got[1].kernels["name_id"]] == ["x", "c", "a", "x"]
+    assert got[2].kernels["name_id"][1] == -1 and list(got[0].kernels["start_ns"]) == [10, 11, 12, 13, 14]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_compression_is_a_setting_and_reads_back_the_same(tmp_path, compression):
+    b = _kernels([0, 0, 0], ["a", "b"], [0, 1, 1], [1, 2, 3])
+    with pqr.ParquetRecordingWriter(tmp_path / "rec", recording="r", compression=compression) as w:
+        w.add_message("events", 0, "h", 1, 1_796_119_200 * 10**9, b)
+    (f,) = (tmp_path / "rec" / "kernels").rglob("*.parquet")
+    assert pq.ParquetFile(f).metadata.row_group(0).column(0).compression.lower().startswith(compression)
+    assert pq.read_table(f).column("name").to_pylist() == ["a", "b", "b"]
+
+
+def test_an_unknown_compression_is_refused(tmp_path):
+    from ridgeline.probes.errors import InputError
+    with pytest.raises(InputError, match="compression 'brotli9'"):
+        pqr.ParquetRecordingWriter(tmp_path / "rec", compression="brotli9")
