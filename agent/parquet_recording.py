@@ -30,7 +30,8 @@ Contract:
 * :class:`ParquetRecordingWriter` ``(root)``: ``write(envelope, recv_ns)`` (the
   :class:`agent.recording.RecordingWriter` call), or ``add_events``/``add_window``;
   buffers at most ``flush_rows`` rows, then writes one file per table and partition;
-  ``close()`` flushes.
+  ``close()`` flushes. Event batches are held as the caller's arrays until the flush:
+  they must not be changed after they are given (the stream's batches never are).
 * :func:`is_parquet_recording(path)`: a folder with the manifest.
 * :func:`recordings_in(root) -> [(host, recording)]`.
 * :func:`iter_messages(root, host, recording)`: the messages in recorded order, in the
