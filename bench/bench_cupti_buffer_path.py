@@ -7,8 +7,9 @@ served process, so its cost per record is the library's overhead per kernel. The
 ridgeline_cupti.c into ten files could have made it slower (helpers no longer inlined across
 translation units). This bench builds both libraries from source into a temporary folder
 with the Makefile of each (the old one from ``git archive <base>``, this checkout's with its
-test twin, which carries the ridgeline_test_* entry points), plus any ``--variant`` (this
-checkout built with extra CFLAGS, e.g. ``-flto``), then alternates them: each run is one
+test twin, which carries the ridgeline_test_* entry points), plus any ``--commit`` (another
+commit's library, from its own tree) and ``--variant`` (this checkout built with extra
+CFLAGS, e.g. ``-flto``), then alternates them: each run is one
 child process per library (order rotated every round), which feeds the same synthetic
 buffer (kernels + runtime API + external correlations + memcpy/memset + NVTX markers, as
 tests/cupti_records.py builds it) ``--buffers`` times and reads the calling thread's CPU
@@ -17,7 +18,7 @@ loaded machine are not counted). A run's figure is the median over its buffers; 
 gives min / median / max over runs, and the median of the per-round ratios to the base.
 
 Usage: .venv/bin/python bench/bench_cupti_buffer_path.py [--runs 7] [--buffers 40]
-       [--base c6b3232] [--variant lto=-flto]
+       [--base c6b3232] [--commit first-split=fc21c1a] [--variant lto=-flto]
 """
 from __future__ import annotations
 
@@ -65,21 +66,32 @@ def make(native: Path, target: Path, extra_cflags: str, inc: str, out_vars: dict
                          f"{(p.stderr.strip().splitlines() or ['no output'])[-1]}")
 
 
-def build_all(work: Path, base: str, variants: list[tuple[str, str]], inc: str) -> list[tuple[str, str, Path]]:
-    """(label, how built, library with the ridgeline_test_* entry points) for each build."""
-    old = work / "base"
-    old.mkdir()
-    arch = subprocess.run(["git", "-C", str(ROOT), "archive", base, "probes/native"], capture_output=True)
+def archived_test_library(work: Path, rev: str, inc: str) -> Path:
+    """The library with the ridgeline_test_* entry points of commit ``rev``, built by that
+    commit's own Makefile from ``git archive``: the shipped library itself before the split,
+    its test twin (build/libridgeline_cupti_test.so) after."""
+    tree = work / f"rev-{rev}"
+    tree.mkdir()
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "probes/native"], capture_output=True)
     if arch.returncode != 0:
-        raise SystemExit(f"bench_cupti_buffer_path: git archive {base} failed: {arch.stderr.decode().strip()}")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=arch.stdout, check=True)
-    old_native = old / "probes" / "native"
-    old_lib = old_native / "libridgeline_cupti.so"   # before the split it carried the test entry points
-    make(old_native, old_lib, "", inc, {})
-    libs = [(f"pre-split {base}", "one file, -O2", old_lib)]
+        raise SystemExit(f"bench_cupti_buffer_path: git archive {rev} failed: {arch.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=arch.stdout, check=True)
+    native = tree / "probes" / "native"
+    split = "TESTLIB" in (native / "Makefile").read_text()
+    lib = native / ("build/libridgeline_cupti_test.so" if split else "libridgeline_cupti.so")
+    make(native, lib, "", inc, {})
+    return lib
+
+
+def build_all(work: Path, base: str, commits: list[tuple[str, str]], variants: list[tuple[str, str]],
+              inc: str) -> list[tuple[str, str, Path]]:
+    """(label, how built, library with the ridgeline_test_* entry points) for each build."""
+    libs = [(f"pre-split {base}", "one file, -O2", archived_test_library(work, base, inc))]
+    for label, rev in commits:
+        libs.append((label, f"commit {rev}, -O2", archived_test_library(work, rev, inc)))
     native = ROOT / "probes" / "native"
     for label, flags in [("this checkout", ""), *variants]:
-        d = work / (label.replace(" ", "_") or "variant")
+        d = work / f"build-{len(libs)}"
         lib, stub = d / "libridgeline_cupti.so", d / "build" / "libcupti_stub.so"
         testlib = d / "build" / "libridgeline_cupti_test.so"
         make(native, testlib, flags, inc, {"LIB": lib, "STUB": stub})
@@ -134,6 +146,8 @@ def main() -> int:
     ap.add_argument("--base", default=BASE, help="commit of the library compared against")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL=CFLAGS",
                     help="also this checkout built with extra CFLAGS (repeatable), e.g. lto=-flto")
+    ap.add_argument("--commit", action="append", default=[], metavar="LABEL=REV",
+                    help="also the library of another commit (repeatable), e.g. first-split=fc21c1a")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -142,13 +156,15 @@ def main() -> int:
     if a.runs < 1 or a.buffers < 1 or a.warm < 0:
         print("bench_cupti_buffer_path: --runs and --buffers must be >= 1, --warm >= 0", file=sys.stderr)
         return 2
-    variants = []
-    for v in a.variant:
-        label, sep, flags = v.partition("=")
-        if not sep or not label:
-            print(f"bench_cupti_buffer_path: --variant {v!r}: expected LABEL=CFLAGS", file=sys.stderr)
-            return 2
-        variants.append((label, flags))
+    pairs: dict[str, list[tuple[str, str]]] = {"--variant": [], "--commit": []}
+    for opt, given in (("--variant", a.variant), ("--commit", a.commit)):
+        for v in given:
+            label, sep, value = v.partition("=")
+            if not sep or not label or (opt == "--commit" and not value):
+                print(f"bench_cupti_buffer_path: {opt} {v!r}: expected LABEL={'CFLAGS' if opt == '--variant' else 'REV'}",
+                      file=sys.stderr)
+                return 2
+            pairs[opt].append((label, value))
     if not shutil.which("make") or not shutil.which(os.environ.get("CC", "cc")):
         print("bench_cupti_buffer_path: needs make and a C compiler", file=sys.stderr)
         return 2
@@ -159,7 +175,7 @@ def main() -> int:
         return 2
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="ridgeline-bench-cupti-") as tmp:
-        libs = build_all(Path(tmp), a.base, variants, inc)
+        libs = build_all(Path(tmp), a.base, pairs["--commit"], pairs["--variant"], inc)
         per_lib: list[list[float]] = [[] for _ in libs]
         n_rec = 0
         for r in range(a.runs):
@@ -171,7 +187,7 @@ def main() -> int:
     print(f"# bench_cupti_buffer_path: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"{a.runs} rounds x {a.buffers} buffers of {n_rec:,} mixed records (4 MiB), calling thread's CPU time; "
           f"load average {load0[0]:.1f} at start, {load1[0]:.1f} at end")
-    extra = "".join(f" --variant {v}" for v in a.variant)
+    extra = "".join(f" --commit {v}" for v in a.commit) + "".join(f" --variant {v}" for v in a.variant)
     print(f"# command: .venv/bin/python bench/bench_cupti_buffer_path.py --runs {a.runs} --buffers {a.buffers} "
           f"--base {a.base}{extra}")
     print("| library | build | min ns/record | median ns/record | max ns/record | vs pre-split (median of rounds) |")
