@@ -70,8 +70,7 @@ def archived_test_library(work: Path, rev: str, inc: str) -> Path:
     """The library with the ridgeline_test_* entry points of commit ``rev``, built by that
     commit's own Makefile from ``git archive``: the shipped library itself before the split,
     its test twin (build/libridgeline_cupti_test.so) after."""
-    tree = work / f"rev-{rev}"
-    tree.mkdir()
+    tree = Path(tempfile.mkdtemp(prefix=f"rev-{rev}-", dir=work))   # the same commit may be asked twice (A/A)
     arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "probes/native"], capture_output=True)
     if arch.returncode != 0:
         raise SystemExit(f"bench_cupti_buffer_path: git archive {rev} failed: {arch.stderr.decode().strip()}")
@@ -99,6 +98,18 @@ def build_all(work: Path, base: str, commits: list[tuple[str, str]], variants: l
     return libs
 
 
+def fitting_buffer(R):
+    """The largest synthetic buffer (kernels with their runtime API and external correlation
+    records, memcpys, memsets, NVTX markers) that fits one 4 MiB pool slot, as CUPTI's own
+    buffers of that size do."""
+    per = BUFFER_BYTES // (R.KERNEL.itemsize + R.API.itemsize + R.EXTCORR.itemsize)
+    while True:
+        b = R.make_buffer(per, seed=3, with_markers=True)
+        if len(b.data) <= BUFFER_BYTES:
+            return b
+        per = per * BUFFER_BYTES // len(b.data) - 8
+
+
 def child(lib_path: str, buffers: int, warm: int) -> None:
     """One run: the library in this process, its completed-buffer path fed ``buffers``
     times; prints {"ns_per_record": [...], "records": n} on stdout."""
@@ -112,8 +123,7 @@ def child(lib_path: str, buffers: int, warm: int) -> None:
     sock = f"/nonexistent/ridgeline-bench-{os.getpid()}.sock".encode()
     if lib.ridgeline_test_init(sock, 130500) != 0:
         raise SystemExit(f"bench_cupti_buffer_path: ridgeline_test_init failed in {lib_path}")
-    per = BUFFER_BYTES // (R.KERNEL.itemsize + R.API.itemsize + R.EXTCORR.itemsize)
-    b = R.make_buffer(per, seed=3, with_markers=True)
+    b = fitting_buffer(R)
     n_rec = len(b.kernels) + len(b.api) + len(b.extcorr) + len(b.copies) + len(b.memsets) + len(b.markers)
     out = []
     for i in range(warm + buffers):
@@ -124,6 +134,14 @@ def child(lib_path: str, buffers: int, warm: int) -> None:
             out.append(dt / n_rec)
         while not lib.ridgeline_test_pool_idle():
             time.sleep(0.0005)
+    # The path measured must be the whole one: a buffer larger than a pool slot, or a walk
+    # cut short, is counted and dropped after the first pass (what an earlier version of this
+    # bench and bench_cupti_decode's library row timed without knowing).
+    c = (ctypes.c_uint64 * 8)()
+    lib.ridgeline_test_counters(c, 8)
+    if c[1] or c[6] or c[7] != (warm + buffers) * n_rec:
+        raise SystemExit(f"bench_cupti_buffer_path: {lib_path} did not take every record "
+                         f"(dropped_pool_full {c[1]}, walk_errors {c[6]}, records_in {c[7]} of {(warm + buffers) * n_rec})")
     lib.ridgeline_test_shutdown()
     print(json.dumps({"ns_per_record": out, "records": n_rec}))
 
