@@ -27,6 +27,7 @@ import ctypes
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -205,7 +206,7 @@ def main() -> int:
     print(f"# bench_cupti_buffer_path: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
           f"{a.runs} rounds x {a.buffers} buffers of {n_rec:,} mixed records (4 MiB), calling thread's CPU time; "
           f"load average {load0[0]:.1f} at start, {load1[0]:.1f} at end")
-    extra = "".join(f" --commit {v}" for v in a.commit) + "".join(f" --variant {v}" for v in a.variant)
+    extra = "".join(f" --commit {shlex.quote(v)}" for v in a.commit) + "".join(f" --variant {shlex.quote(v)}" for v in a.variant)
     print(f"# command: .venv/bin/python bench/bench_cupti_buffer_path.py --runs {a.runs} --buffers {a.buffers} "
           f"--base {a.base}{extra}")
     print("| library | build | min ns/record | median ns/record | max ns/record | vs pre-split (median of rounds) |")
