@@ -6,7 +6,9 @@ Contract:
   :class:`Step`: the topic its data goes to (``events``, ``sched``, ``device``,
   ``engine``) and a factory that builds the probe from the configuration. Factories
   import their module lazily, so a missing module (no bcc, no CUPTI, no simulator)
-  makes only that probe unavailable.
+  makes only that probe unavailable. Its names, in its order, are
+  :data:`agent.probe_names.PROBE_NAMES` (what the configuration checks ``probes.enabled``
+  against, without importing this module, whose factories take its ``Config``).
 * :func:`availability(name, cfg)` builds the probe and returns ``(probe|None,
   Availability)`` without starting anything.
 * :func:`start_all(cfg, log)` runs the steps in the configured order: build, ``check()``,

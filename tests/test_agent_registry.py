@@ -4,6 +4,7 @@ import logging
 import pytest
 
 from ridgeline.agent import config, registry
+from ridgeline.agent.probe_names import PROBE_NAMES
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import Availability, Probe
 
@@ -17,6 +18,13 @@ def test_every_step_reports_availability_without_raising():
             assert av.reason, name
         if probe is not None:
             probe.stop()
+
+
+def test_the_steps_are_the_probe_names_the_config_accepts():
+    """agent.config checks probes.enabled against PROBE_NAMES, not STEPS (which would close
+    an import circle): a step added or renamed here without it would be refused at load,
+    or a name accepted at load would have no step."""
+    assert tuple(registry.STEPS) == PROBE_NAMES
 
 
 def test_unknown_probe_names_the_known_ones():
