@@ -234,7 +234,7 @@ class WindowCollector:
                 self.records = float(w.agent.records_total)
             self._observe_threads(w, launch)
             self.request_metrics.observe(w)     # issue 22
-            self.straggler_metrics.observe(window)   # issue 23
+            self.straggler_metrics.observe(w)   # issue 23
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`

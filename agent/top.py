@@ -291,7 +291,7 @@ def render(window: dict, state: TopState | None = None):
     if req is not None:
         parts.append(req)
     from .straggler_view import stragglers_lines      # issue 23
-    parts.extend(stragglers_lines(window.get("stragglers")))
+    parts.extend(stragglers_lines(w.stragglers))
     parts.append(agent_line(w.agent, state))
     return Group(*parts)
 

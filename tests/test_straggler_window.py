@@ -10,6 +10,7 @@ from ridgeline.aggregator import straggler_window as SW
 from ridgeline.aggregator import wire
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import NameTable, Trace
+from ridgeline.probes.records import window_of
 
 from test_stragglers import TP4, US, Builder, tp_group
 
@@ -147,8 +148,9 @@ def test_straggler_series_are_bounded_by_groups():
     for i in range(3 * SM.MAX_GROUPS):
         g = {"ranks": [{"pid": i, "device": i, "last_count": 1, "wait_ns": 0},
                        {"pid": i + 1000, "device": i + 1000, "last_count": 0, "wait_ns": 5}],
-             "collectives": 1, "waiting_share_ratio": 0.1, "straggler_device": i, "cause": "copy"}
-        m.observe({"stragglers": {"groups": [g]}})
+             "collectives": 1, "waiting_share_ratio": 0.1, "straggler_pid": i, "straggler_device": i,
+             "straggler_last_share_ratio": 1.0, "late_by_p50_ns": 5, "late_by_p99_ns": 5, "cause": "copy"}
+        m.observe(window_of({"stragglers": {"groups": [g]}}))
     fams = list(m.families("h"))
     groups = {s.labels["group"] for f in fams for s in f.samples if "group" in s.labels}
     assert len(groups) == SM.MAX_GROUPS and m.evicted == 2 * SM.MAX_GROUPS
