@@ -56,7 +56,8 @@ from prometheus_client.process_collector import ProcessCollector
 import msgspec
 
 from ridgeline.aggregator import gpu_identity
-from ridgeline.probes.records import DeviceSample, EngineFigures, GpuProcess, Health, SchedThread, Window, window_of
+from ridgeline.probes.records import (CuptiProbeCounters, DeviceSample, DeviceSamples, EngineFigures, EngineProbeCounters, GpuProcess,
+                                      Health, ProbeCounters, SchedThread, Window, window_of)
 
 log = logging.getLogger("ridgeline.prometheus")
 
@@ -103,7 +104,7 @@ def simulated_sources(w: Window) -> list[str]:
     from .top import engine_records
     out = {s for s in w.sources if s.startswith("simulat")}
     out |= {g.source for g in w.gpus if g.source and g.source.startswith("simulat")}
-    if any(rec.get("simulated") for _, rec in engine_records(w.engine)):
+    if any(e is not None and e.simulated for e in (_engine_figures(rec) for _, rec in engine_records(w.engine))):
         out.add("engine")
     return sorted(out)
 
@@ -114,6 +115,28 @@ def _engine_figures(rec: dict) -> EngineFigures | None:
     except msgspec.ValidationError as exc:     # one bad endpoint record loses its own labels
         log.debug("engine record not readable: %s", exc)
         return None
+
+
+def _probe_counters(raw, cls: type[ProbeCounters]) -> ProbeCounters | None:
+    """One probe's counters of :attr:`Health.probes` as ``cls``; None when absent or not
+    readable (one bad probe record loses its own series, the others stay)."""
+    if raw is None:
+        return None
+    try:
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as exc:
+        log.debug("probe counters not readable: %s", exc)
+        return None
+
+
+def _device_samples(data) -> list:
+    """The samples of one source of :attr:`Window.device`; none when it is not a
+    :class:`DeviceSamples` (another probe's shape, or a producer's bug: logged)."""
+    try:
+        return msgspec.convert(data, DeviceSamples).devices
+    except msgspec.ValidationError as exc:
+        log.debug("device record not readable: %s", exc)
+        return []
 
 
 class WindowCollector:
@@ -195,7 +218,7 @@ class WindowCollector:
             self.windows += 1
             nvml_records = []
             for _src, nv in w.device.items():
-                for r in (nv.get("devices") if isinstance(nv, dict) else None) or []:
+                for r in _device_samples(nv):
                     if not isinstance(r, dict):
                         continue
                     try:
@@ -473,9 +496,8 @@ class WindowCollector:
                 h = hists.setdefault(name, HistogramMetricFamily(name, doc, labels=["Hostname", "endpoint", "pid",
                                                                                   "engine"]))
                 h.add_metric([host, str(ep), pid, str(e.engine)], buckets, total)
-            for aname, st in e.alerts.items() if isinstance(e.alerts, dict) else ():
-                if isinstance(st, dict):
-                    firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.get("firing") else 0.0)
+            for aname, st in e.alerts.items():
+                firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.firing else 0.0)
         yield info
         yield from fams.values()
         yield from hists.values()
@@ -487,16 +509,21 @@ class WindowCollector:
         fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         keys: dict[str, list] = {}
         for _src, data in w.device.items():
-            recs = data.get("devices") if isinstance(data, dict) else None
-            if not isinstance(recs, list):
+            recs = _device_samples(data)
+            if not recs:
                 continue
             try:
                 figs = device_metrics.window_figures(recs).values()
             except Exception:
                 continue
             for fig in figs:
-                ids = {"Hostname": host, "gpu": str(fig.get("gpu_index")), "UUID": str(fig.get("gpu_uuid") or ""),
-                       "gpu_model": str(fig.get("gpu_name") or "")}
+                try:
+                    d = msgspec.convert(fig, DeviceSample)
+                except msgspec.ValidationError as exc:     # one GPU's figures lose their series
+                    log.debug("device figures not readable: %s", exc)
+                    continue
+                ids = {"Hostname": host, "gpu": str(d.gpu_index), "UUID": str(d.gpu_uuid or ""),
+                       "gpu_model": str(d.gpu_name or "")}
                 for name, labels, value in device_metrics.prometheus_samples(fig, ids):
                     labels.pop("gpu_name", None)
                     if name not in fams:
@@ -544,9 +571,10 @@ class WindowCollector:
         drops = CounterMetricFamily("ridgeline_agent_probe_drops", "Records a probe dropped (bounded buffers full)",
                                     labels=["Hostname", "probe"])
         errors = CounterMetricFamily("ridgeline_agent_probe_errors", "Errors a probe met", labels=["Hostname", "probe"])
-        for name, c in a.probes.items():
-            drops.add_metric([host, name], float(c.get("drops", 0) or 0))
-            errors.add_metric([host, name], float(c.get("errors", 0) or 0))
+        for name, raw in a.probes.items():
+            c = _probe_counters(raw, ProbeCounters) or ProbeCounters()
+            drops.add_metric([host, name], float(c.drops or 0))
+            errors.add_metric([host, name], float(c.errors or 0))
         yield drops
         yield errors
         pd = CounterMetricFamily("ridgeline_agent_publisher_drops", "Stream messages dropped for slow subscribers",
@@ -558,7 +586,8 @@ class WindowCollector:
         sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures",
                                  "Engine /metrics scrapes that failed, by kind",
                                  labels=["Hostname", "kind"])
-        for kind, n in sorted((a.probes.get("engine") or {}).get("scrape_failures", {}).items()):
+        engine = _probe_counters(a.probes.get("engine"), EngineProbeCounters) or EngineProbeCounters()
+        for kind, n in sorted(engine.scrape_failures.items()):
             if _num(n) is not None:
                 sf.add_metric([host, str(kind)], float(n))
         yield sf
@@ -567,11 +596,12 @@ class WindowCollector:
         cr = CounterMetricFamily("ridgeline_agent_cupti_refused_connections",
                                  "Connections the CUPTI socket refused or cut, by reason "
                                  "(limit, per_user, peer_identity)", labels=["Hostname", "reason"])
-        cupti = a.probes.get("cupti") or {}
-        for reason, key in (("limit", "server_refused_connections"), ("per_user", "server_refused_connections_uid"),
-                            ("peer_identity", "server_rejected_peers")):
-            if _num(cupti.get(key)) is not None:
-                cr.add_metric([host, reason], float(cupti[key]))
+        cupti = _probe_counters(a.probes.get("cupti"), CuptiProbeCounters) or CuptiProbeCounters()
+        for reason, n in (("limit", cupti.server_refused_connections),
+                          ("per_user", cupti.server_refused_connections_uid),
+                          ("peer_identity", cupti.server_rejected_peers)):
+            if _num(n) is not None:
+                cr.add_metric([host, reason], float(n))
         yield cr
         yield from self._cupti_peers(host, cupti)
         yield from self._cupti_takeover_owners(host, a)
@@ -604,7 +634,7 @@ class WindowCollector:
                                     labels=["Hostname"])
             fam.add_metric([host], float(a.cupti_processes_taken_over))
             yield fam
-        clk = (a.probes.get("cupti") or {}).get("clock_disagreements")
+        clk = cupti.clock_disagreements
         if _num(clk) is not None:
             # API/marker CPU timestamps not on the agent's clock (e.g. a profiler's TSC ticks)
             fam = CounterMetricFamily("ridgeline_agent_cupti_clock_disagreements",
@@ -624,7 +654,7 @@ class WindowCollector:
     CUPTI_CUTS = (("process_gone", "server_process_gone_cut"), ("pid_reused", "server_pid_reused_cut"),
                   ("idle", "server_idle_peer_cut"), ("fair_share", "server_evicted_fair_share"))
 
-    def _cupti_peers(self, host: str, cupti: dict):
+    def _cupti_peers(self, host: str, cupti: CuptiProbeCounters):
         """Connections the CUPTI socket cut after accepting them: the process behind it gone
         or its pid given to another process, idle after HELLO, or evicted so that root or a
         user holding fewer connections gets a slot; and the batches dropped with a reused
@@ -633,31 +663,32 @@ class WindowCollector:
                                   "Connections the CUPTI socket cut after accepting them, by reason "
                                   "(process_gone, pid_reused, idle, fair_share)", labels=["Hostname", "reason"])
         for reason, key in self.CUPTI_CUTS:
-            if _num(cupti.get(key)) is not None:
-                cut.add_metric([host, reason], float(cupti[key]))
+            n = getattr(cupti, key)
+            if _num(n) is not None:
+                cut.add_metric([host, reason], float(n))
         yield cut
-        if _num(cupti.get("server_identity_dropped_batches")) is not None:
+        if _num(cupti.server_identity_dropped_batches) is not None:
             fam = CounterMetricFamily("ridgeline_agent_cupti_identity_dropped_batches",
                                       "CUPTI batches dropped because their connection's pid belonged to another "
                                       "process by the time they were checked", labels=["Hostname"])
-            fam.add_metric([host], float(cupti["server_identity_dropped_batches"]))
+            fam.add_metric([host], float(cupti.server_identity_dropped_batches))
             yield fam
         yield from self._cupti_names(host, cupti)
 
-    def _cupti_names(self, host: str, cupti: dict):
+    def _cupti_names(self, host: str, cupti: CuptiProbeCounters):
         """What peers' kernel names cost the agent, by the probe's own counters: demangler
         workers the seccomp filter killed (a parsed name should never make one), and names
         left unmatched by the signatures because their process's or user's matching time
         was spent (issue 18.1/18.2)."""
-        for key, name, doc in (
-                ("demangler_seccomp_kills", "ridgeline_agent_cupti_demangler_seccomp_kills",
+        for n, name, doc in (
+                (cupti.demangler_seccomp_kills, "ridgeline_agent_cupti_demangler_seccomp_kills",
                  "Demangler worker processes killed by their seccomp filter (a forbidden system call)"),
-                ("names_not_classified", "ridgeline_agent_cupti_names_unclassified",
+                (cupti.names_not_classified, "ridgeline_agent_cupti_names_unclassified",
                  "Kernel names from injected processes left unmatched by the signatures: the process's or "
                  "its user's matching time budget was spent")):
-            if _num(cupti.get(key)) is not None:
+            if _num(n) is not None:
                 fam = CounterMetricFamily(name, doc, labels=["Hostname"])
-                fam.add_metric([host], float(cupti[key]))
+                fam.add_metric([host], float(n))
                 yield fam
 
     def _cupti_takeover_owners(self, host: str, a: Health):

@@ -141,8 +141,7 @@ def engine_panel(engine: dict) -> Panel | None:
         line = Text(f"{src}: KV ")
         line.append_text(bar(kv, mark=KV_ALERT_RATIO))
         line.append(f" {_fmt(kv, '%', 100, 0)} (alert at {KV_ALERT_RATIO:.0%})")
-        al = e.alerts or {}
-        alerts = [n for n, st in al.items() if isinstance(st, dict) and st.get("firing")] if isinstance(al, dict) else []
+        alerts = [n for n, st in e.alerts.items() if st.firing]
         if kv is not None and kv >= KV_ALERT_RATIO or alerts:
             line.append(f"  ALERT {', '.join(str(a) for a in alerts if a) or 'KV'}", style="bold red")
         rows.append(line)
