@@ -439,3 +439,17 @@ def test_a_window_of_the_wrong_shape_is_refused_counted_and_the_last_one_stays(c
     fams = families(generate_latest(prom.registry_for(c)).decode())
     assert fams["ridgeline_phase_kernels"].samples[0].value == 3.0
     assert 'ridgeline_phase_kernels_total{' in before
+
+
+def test_a_probes_counters_of_the_wrong_shape_lose_their_own_series_only():
+    """The CUPTI counters are read as records.CuptiProbeCounters: a counter that is not a
+    number loses the CUPTI probe's series, not the other probes' nor the device's."""
+    w = window([thread(8)])
+    w["agent"]["probes"]["cupti"]["server_rejected_peers"] = "one"
+    w["device"]["other"] = {"devices": "not a list"}
+    fams = families(exposition([w]))
+    assert not [s for s in fams["ridgeline_agent_cupti_refused_connections"].samples if s.name.endswith("_total")]
+    drops = {s.labels["probe"]: s.value for s in fams["ridgeline_agent_probe_drops"].samples
+             if s.name.endswith("_total")}
+    assert drops == {"sched": 1.0, "cupti": 0.0}
+    assert [s.labels["gpu"] for s in fams["ridgeline_gpu_busy_time_ratio"].samples] == ["0"]
