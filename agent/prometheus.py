@@ -56,8 +56,9 @@ from prometheus_client.process_collector import ProcessCollector
 import msgspec
 
 from ridgeline.aggregator import gpu_identity
-from ridgeline.probes.records import (CuptiProbeCounters, DeviceSample, DeviceSamples, EngineFigures, EngineProbeCounters, GpuProcess,
-                                      Health, ProbeCounters, SchedThread, Window, window_of)
+from ridgeline.probes.records import (CuptiProbeCounters, DeviceSample, DeviceSamples, EngineFigures,
+                                      EngineProbeCounters, GpuProcess, Health, ProbeCounters, SchedThread, Window,
+                                      window_of)
 
 log = logging.getLogger("ridgeline.prometheus")
 

@@ -1,13 +1,14 @@
 """Tensor-parallel stragglers on ``/metrics`` (issue 23), bounded.
 
 Contract: :class:`StragglerMetrics` is fed each typed window (:meth:`observe`, its
-:class:`probes.records.WindowStragglers`) by :class:`agent.prometheus.WindowCollector` and yields its families (:meth:`families`). A group
-is labelled ``group`` = its GPUs' indices joined by commas (``"0,1,2,3"``; stable across a
-server restart, unlike process ids); per-rank series add ``gpu``, the cause ``cause`` from
-the fixed set. Cardinality: at most :data:`MAX_GROUPS` groups (a group unseen for
-:data:`STALE_WINDOWS` windows is dropped, then the least recently seen past the bound,
-counted in ``ridgeline_tp_groups_evicted_total``), each with 11 series plus one per rank
-(the analysis reads at most 64 ranks): at most 16 x 11 + 64 + 1 = 241 series.
+:class:`probes.records.WindowStragglers`) by :class:`agent.prometheus.WindowCollector` and
+yields its families (:meth:`families`). A group is labelled ``group`` = its GPUs' indices
+joined by commas (``"0,1,2,3"``; stable across a server restart, unlike process ids);
+per-rank series add ``gpu``, the cause ``cause`` from the fixed set. Cardinality: at most
+:data:`MAX_GROUPS` groups (a group unseen for :data:`STALE_WINDOWS` windows is dropped, then
+the least recently seen past the bound, counted in ``ridgeline_tp_groups_evicted_total``),
+each with 11 series plus one per rank (the analysis reads at most 64 ranks): at most
+16 x 11 + 64 + 1 = 241 series.
 
 * counters ``ridgeline_tp_collectives_total`` and ``ridgeline_tp_wait_seconds_total``
   (the ranks' time spinning in collectives for the last rank; rate() over any interval);
