@@ -95,13 +95,6 @@ class PhaseMap:
     def evidence_of(self, kernel_index: int) -> str:
         return self.evidence_names[int(self.kernel_evidence[kernel_index])]
 
-    def kernel_time_ns_by_phase(self, kernels: np.ndarray) -> dict[str, int]:
-        """Total kernel duration per phase name (kernels: the trace's kernel array)."""
-        dur = (kernels["end_ns"] - kernels["start_ns"]).astype(np.int64)
-        tot = np.bincount(self.kernel_phase, weights=dur, minlength=len(PHASE_NAMES))
-        return {PHASE_NAMES[i]: int(tot[i]) for i in PHASE_NAMES}
-
-
 # ---------------------------------------------------------------------------------------------
 # Layer 1: step annotations
 

@@ -289,15 +289,3 @@ class SchedProbe(Probe):
         """records, drops (ring buffer full + thread map full + held events), errors, gaps, and
         per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
         return bpfmod.with_prog_stats(self._counts(), self.bpf)
-
-
-def sched_window_to_dicts(window: np.ndarray) -> list[dict]:
-    """Plain dicts of WINDOW_DTYPE rows (for JSON); the histogram as a list of slot counts."""
-    out = []
-    for r in window:
-        d = {name: (r[name].decode(errors="replace") if name == "comm" else
-                    bool(r[name]) if name == "exited" else
-                    [int(x) for x in r[name]] if name == "runq_hist" else int(r[name]))
-             for name in WINDOW_DTYPE.names}
-        out.append(d)
-    return out
