@@ -209,7 +209,7 @@ def kv_line(e: dict) -> Text:
 def _sched_threads(sched: dict) -> list[dict]:
     """Thread rows from whatever the scheduling probe delivered (list or dict of threads)."""
     out = []
-    for src, data in (sched or {}).items():
+    for data in (sched or {}).values():
         threads = data.get("threads") if isinstance(data, dict) else None
         if isinstance(threads, dict):
             threads = [dict(v, tid=k) if isinstance(v, dict) else {"tid": k} for k, v in threads.items()]

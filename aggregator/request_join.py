@@ -217,7 +217,6 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         return []
     batch = _Batch(reqs, steps)
     n_steps = len(steps)
-    idx = np.arange(n_steps, dtype=np.float64)
     # Culprit presence per step (for the fit's "both kinds"): a prefill chunk co-batched
     # with a decode, or a long sequence co-batched with another sequence.
     # A member is long from the first of its decode steps where its context (growing

@@ -387,7 +387,6 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
     pct_of_peak_flops, pct_of_peak_bytes, idle_ratio, verdict, evidence``.
     """
     k = trace.kernels
-    n = len(k)
     dur = np.maximum(k["end_ns"] - k["start_ns"], 0)
     gaps = _device_gaps(trace) if gaps is None else gaps
     total_busy = sum(int((me - ms).sum()) for ms, me, _, _ in gaps.values())

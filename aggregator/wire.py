@@ -88,7 +88,6 @@ whole table every ``full_every`` batches so a late or lossy subscriber recovers.
 """
 from __future__ import annotations
 
-import itertools
 import random
 import zlib
 from collections import OrderedDict

@@ -353,7 +353,7 @@ def _get_once(url: str, deadline: float, timeout_s: float, max_body_bytes: int) 
             ("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1"), ("Connection", "close")])
         sock.settimeout(left())
         sock.sendall(conn.send(req) + conn.send(h11.EndOfMessage()))
-        status, location, body = 0, None, None
+        status, body = 0, None
         while True:
             ev = conn.next_event()
             if ev is h11.NEED_DATA:

@@ -35,7 +35,6 @@ import enum
 import gc
 import mmap
 import os
-from collections import Counter
 from itertools import chain, repeat
 from operator import attrgetter, eq, itemgetter
 from pathlib import Path

@@ -33,8 +33,7 @@ from . import btf
 from . import proc
 from .probe import Availability, Probe
 from .targets import TargetSet
-from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WINDOW_DTYPE,
-                               WindowAccountant, hist_by_tgid)
+from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WindowAccountant, hist_by_tgid)
 
 BPF_SOURCE = Path(__file__).with_name("sched_bpf.c")
 # Raw tracepoint argument layouts the program relies on (checked against BTF before loading).

@@ -28,7 +28,6 @@ import re
 import signal
 import socket
 import socketserver
-import struct
 import subprocess
 import sys
 import tempfile
@@ -577,7 +576,7 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
                               timeout=60)
         tail_line = (tail.stderr.strip().splitlines() or [""])[-1].replace(a.endpoint, "ipc://…/stream.sock")[:90]
         frames = [R.hello_frame(pid=0).hex(), R.batch_frame(kern, b.names, pid=0).hex()]
-        own = nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
+        nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
         forged = nobody({"do": "frames", "path": a.cupti, "claim": "1", "frames": frames})
         evil = R.hello_frame(pid=0, comm=b"vllm\nFAKE", status=b"x\n2026-01-01 CRITICAL agent: forged line\x1b[2J")
         ev = bytearray(evil)

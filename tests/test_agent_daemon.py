@@ -4,7 +4,6 @@ import threading
 import time
 
 import httpx
-import pytest
 
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent

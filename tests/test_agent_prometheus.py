@@ -163,7 +163,7 @@ def test_thread_series_are_bounded_and_stale_ones_expire():
     # minutes of 1 s windows: 3000 thread ids seen in all.
     c = prom.WindowCollector("node-a")
     next_tid = 100
-    for i in range(600):
+    for _ in range(600):
         churn = [thread(next_tid + k, on_cpu_ms=0.5) for k in range(5)]
         next_tid += 5
         c.observe(window([thread(8, 300, launches=1000), thread(9, 100), thread(10, 50)] + churn))

@@ -27,7 +27,6 @@ import sys
 import time
 import tracemalloc
 
-import numpy as np
 
 import cupti_records as R
 from ridgeline.probes.cupti import protocol as P

@@ -170,7 +170,7 @@ def test_out_of_range_values_written_by_the_header_are_rejected_and_counted(tmp_
            f"K {t0} {2**64 - 1} 0 1 7 1 1 1 128 1 1 32 0 0 101 0 0 0",               # end beyond int64
            f"K {t0} {t0 + 1000} {2**32 - 1} 1 7 1 1 1 128 1 1 32 0 0 102 0 0 0",    # device 0xFFFFFFFF
            f"K {t0 + 5000} {t0} 0 1 7 1 1 1 128 1 1 32 0 0 103 0 0 0",               # ends before it starts
-           f"K 0 0 0 1 7 1 1 1 128 1 1 32 0 0 104 0 0 0",                            # no timestamps
+           "K 0 0 0 1 7 1 1 1 128 1 1 32 0 0 104 0 0 0",                            # no timestamps
            f"C 1 {2**63 + 5} {t0} {t0 + 10} 0 1 7 105 0 0"]                          # bytes beyond int64
     sections, api = hs.write(good + bad, tmp_path)
     out, counters = _send_and_poll(tmp_path, sections, {}, api, 5)

@@ -23,7 +23,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import cupti_records as R

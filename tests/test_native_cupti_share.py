@@ -17,7 +17,6 @@ side is lost, and timestamps after the profiler's TSC source stay CLOCK_REALTIME
 """
 from __future__ import annotations
 
-import time
 
 from ridgeline.probes.cupti import protocol as P
 from test_native_cupti_flush import LIB, NATIVE, StubApp, built  # noqa: F401  (the build fixture)

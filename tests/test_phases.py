@@ -700,7 +700,7 @@ def test_prefill_launch_continuing_a_running_batch_is_mixed():
     at least one long query, up to 7 one-token decodes. Right after a decode step of the same
     engine it is mixed; after the engine idled it is a prefill."""
     def decode_step(b, t, seqs):
-        for i in range(3):
+        for _ in range(3):
             b.kernel(RESHAPE_AND_CACHE, t, grid=(seqs, 1, 1))
             b.kernel(SPLITKV, t + 2, grid=(1, seqs, 16))
             b.kernel(GEMM_SMALL, t + 4, grid=(8, 8, 1))
@@ -709,7 +709,7 @@ def test_prefill_launch_continuing_a_running_batch_is_mixed():
         return t + 5
 
     def varlen_step(b, t):
-        for i in range(3):
+        for _ in range(3):
             b.kernel(RESHAPE_AND_CACHE, t, grid=(40, 1, 1))
             b.kernel(FLASH_FWD_VARLEN, t + 2, grid=(1, 8, 16))
             b.kernel(GEMM_LARGE, t + 4, grid=(8, 8, 1))
@@ -739,7 +739,7 @@ def test_paged_split_kv_launch_with_more_tokens_than_sequences_continuing_a_batc
     b = TraceBuilder()
     t = 0.0
     for seqs, tokens, gx in ((5, 5, 1), (6, 70, 2)):
-        for i in range(3):
+        for _ in range(3):
             b.kernel(RESHAPE_AND_CACHE, t, grid=(tokens, 1, 1))
             b.kernel(SPLITKV, t + 2, grid=(gx, seqs, 16))
             b.kernel(GEMM_SMALL, t + 4, grid=(8, 8, 1))

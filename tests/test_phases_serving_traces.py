@@ -241,7 +241,7 @@ def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per
               "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
     b = TraceBuilder()
     t = 0.0
-    for step in range(3):
+    for _step in range(3):
         for _ in range(20):
             b.kernel(RESHAPE_AND_CACHE, t, grid=(700, 1, 1))
             b.kernel(GEMM_LARGE, t + 2, grid=(8, 8, 1))

@@ -99,7 +99,7 @@ def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = T
     for i, b in enumerate(batches):
         wb.add_events(b, source="replay" if replay else "cupti")
         wins.append(wb.close(i * s, (i + 1) * s, {}))
-    for j in range(trailing_empty):
+    for _ in range(trailing_empty):
         wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}))
     if final:
         wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}, final=True))

@@ -27,7 +27,6 @@ def run(args) -> int:
 
     from ridgeline.agent.parquet_recording import ParquetRecordingWriter
     from ridgeline.agent.recording import iter_frames, is_recording
-    from ridgeline.aggregator import wire
     src = Path(args.recording)
     if not src.is_file():
         raise InputError(f"{src}: no such recording file")

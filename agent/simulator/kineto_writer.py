@@ -69,7 +69,7 @@ def _events(trace: Trace):
             yield {"ph": "X", "cat": "cuda_runtime", "name": names[nid], "pid": pid, "tid": tid,
                    "ts": ts[i], "dur": dur[i], "args": {"cbid": cbid, "correlation": corr}}
     r = trace.ranges
-    for i, row in enumerate(r.tolist()):
+    for row in r.tolist():
         s, e, pid, tid, dev, kind, nid, _ext = row
         if kind == RANGE_GPU_ANNOTATION:
             cat, p = "gpu_user_annotation", dev
