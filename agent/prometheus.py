@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import gzip
+import logging
 import math
 import platform
 import selectors
@@ -72,11 +73,14 @@ def _num(v) -> float | None:
     return None
 
 
+log = logging.getLogger("ridgeline.prometheus")
+
+
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        from importlib.metadata import version
         return version("ridgeline")
-    except Exception:
+    except PackageNotFoundError:      # run from a source tree that was never installed
         return "unknown"
 
 
@@ -109,6 +113,9 @@ class WindowCollector:
         self.host = host
         self.window: dict | None = None
         self.windows = 0
+        # Records a scrape could not render, by (section, error type): counted, the first of
+        # each logged with its traceback (a bug met by odd data costs that record's series).
+        self.render_errors: collections.Counter = collections.Counter()
         self.phase_kernel_seconds: dict[tuple, float] = {}
         self.phase_kernels: dict[tuple, float] = {}
         self.work_bytes: dict[tuple, float] = {}          # + (phase, work_source)
@@ -394,6 +401,13 @@ class WindowCollector:
         yield peak_fl
         yield from fams.values()
 
+    def _render_failed(self, section: str, exc: Exception) -> None:
+        key = (section, type(exc).__name__)
+        self.render_errors[key] += 1
+        if self.render_errors[key] == 1:
+            log.warning("/metrics: a %s record could not be rendered: %s: %s (counted; said once per kind)",
+                        section, type(exc).__name__, exc, exc_info=exc)
+
     def _engine(self, w):
         from ridgeline.aggregator import engine_metrics
         from .top import engine_records
@@ -418,7 +432,8 @@ class WindowCollector:
             try:
                 samples = engine_metrics.prometheus_samples(rec, lab)
                 histograms = engine_metrics.prometheus_histograms(rec)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one engine record's series lost, not the scrape; counted, logged)
+                self._render_failed("engine", exc)
                 continue
             for name, labels, value in samples:
                 counter = name.endswith("_total")
@@ -454,7 +469,8 @@ class WindowCollector:
                 continue
             try:
                 figs = device_metrics.window_figures(recs).values()
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one source's device series lost, not the scrape; counted, logged)
+                self._render_failed("device", exc)
                 continue
             for fig in figs:
                 ids = {"Hostname": host, "gpu": str(fig.get("gpu_index")), "UUID": str(fig.get("gpu_uuid") or ""),
@@ -726,8 +742,12 @@ class MetricsServer:
                             self._read(conn)
                         elif mask & selectors.EVENT_WRITE:
                             self._write(conn)
-                    except Exception:
+                    except OSError:                    # the scraper went away
                         self.stats["errors"] += 1
+                        self._close(conn)
+                    except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                        self.stats["errors"] += 1
+                        log.exception("/metrics: request handling failed (counted; connection closed)")
                         self._close(conn)
             now = time.monotonic()
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
@@ -773,8 +793,12 @@ class MetricsServer:
                 continue
             try:
                 self._read(c)
-            except Exception:
+            except OSError:                    # the scraper went away
                 self.stats["errors"] += 1
+                self._close(c)
+            except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                self.stats["errors"] += 1
+                log.exception("/metrics: request handling failed (counted; connection closed)")
                 self._close(c)
             if c.sock not in self._conns:
                 return None

@@ -23,10 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-try:
-    from ridgeline.aggregator.phases import PHASE_NAMES
-except Exception:   # phases module absent in a partial checkout: the agreed codes
-    PHASE_NAMES = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
+from ridgeline.aggregator.phases import PHASE_NAMES
 
 EXTENSIVE = "count"        # a quantity per interval (bytes, ops): split by overlap share
 INTENSIVE = "ratio"        # a level over the interval (utilisation 0..1): overlap-weighted mean

@@ -70,6 +70,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
                            Trace)
 
@@ -156,8 +157,8 @@ def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[di
     k = trace.kernels
     dur = np.maximum(k["end_ns"] - k["start_ns"], 0).astype(np.int64)
     total = int(dur.sum())
+    from ridgeline.aggregator import analysis
     try:
-        from ridgeline.aggregator import analysis
         res = analysis.analyze_trace(trace, model=model, gpu=gpu or None)
         phases = {}
         for name, f in (res.get("phases") or {}).items():
@@ -169,20 +170,18 @@ def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[di
         if phases or not len(k):
             return phases, "analysis"
         source = "analysis: no phases"
-    except ImportError:
-        source = "none"
-    except Exception as exc:   # a mapper/roofline failure loses the phase split, not the window
-        log.debug("phase analysis failed: %s", exc)
+    except Exception as exc:  # noqa: BLE001  (a mapper/roofline bug loses the phase split, not the window; logged, and said in the source)
+        log.warning("phase analysis failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         source = f"analysis failed: {type(exc).__name__}: {exc}"[:200]
     return ({"unknown": {"kernels": int(len(k)), "kernel_time_ns": total, "time_share_pct": 100.0 if total else 0.0}}
             if len(k) else {}), source
 
 
 def _ceilings(gpu_name: str) -> dict | None:
+    from ridgeline.aggregator import ceilings
     try:
-        from ridgeline.aggregator import ceilings
         c = ceilings.from_device_name(gpu_name) if gpu_name else None
-    except Exception:
+    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
         return None
     if c is None:
         return None
@@ -280,7 +279,7 @@ class WindowBuilder:
         # Folded now: the window keeps running figures, not the batch.
         try:
             fold.add(trace)
-        except Exception as exc:   # one bad batch loses its own figures only
+        except Exception as exc:  # noqa: BLE001  (one bad batch loses its own figures only; counted, logged)
             log.warning("window: events from %s could not be folded: %s: %s", key, type(exc).__name__, exc)
             self.fold_errors += 1
         self.events[(key, id(trace.names))] = True
@@ -387,7 +386,7 @@ class WindowBuilder:
                 tracker = self._trackers[source] = engine_metrics.EngineTracker()
             try:
                 rec = tracker.update(polled)
-            except Exception as exc:   # one bad scrape set loses this window's engine figures only
+            except Exception as exc:  # noqa: BLE001  (one bad scrape set loses this window's engine figures only; counted, logged)
                 log.warning("engine figures from %s failed: %s: %s", source, type(exc).__name__, exc)
                 self.engine_errors += 1
                 continue
@@ -444,7 +443,7 @@ class WindowBuilder:
                 # Held steps still open one window later and at least half a window long
                 # (in their own clock) are decided now: kernels within two windows.
                 figs = fold.figures(hold_ns=max(0, int(end_ns - start_ns)) // 2)
-            except Exception as exc:   # one bad source loses its own figures only
+            except Exception as exc:  # noqa: BLE001  (one bad source loses its own figures only; counted, logged)
                 log.warning("window: events from %s could not be folded: %s", src, exc)
                 self.fold_errors += 1
                 continue
@@ -515,22 +514,13 @@ def fill_decode_kv_read(window: dict) -> None:
 
 
 def verdict_of(window: dict):
-    """The verdict module's judgement of a window, or None where it cannot judge."""
+    """The verdict module's judgement of a window: its verdict records (an "unknown" one naming
+    the error where judging failed)."""
+    from ridgeline.aggregator import verdict
     try:
-        from ridgeline.aggregator import verdict
-    except ImportError:
-        return None
-    fn = getattr(verdict, "window_verdict", None) or getattr(verdict, "judge_window", None)
-    if fn is None:
-        return None
-    try:
-        res = fn(window)
-        rec = getattr(verdict, "verdict_record", None)
-        if isinstance(res, list) and rec is not None:
-            return [plain(rec(v)) for v in res]
-        return plain(res)
-    except Exception as exc:
-        log.debug("verdict failed: %s", exc)
+        return [plain(verdict.verdict_record(v)) for v in verdict.window_verdict(window)]
+    except Exception as exc:  # noqa: BLE001  (a verdict bug loses the verdict, not the window; logged, and said in it)
+        log.warning("verdict failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return {"verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -646,6 +636,7 @@ class SourceFold:
         # Open steps decided before they ended because the carry bound was reached, since
         # WindowBuilder.close last collected the count (it publishes the running total).
         self.open_steps_cut = 0
+        self.shape_errors = 0           # batches whose operator shapes gave no work figures
         self._active: set[int] = set()  # devices that sent kernels since the last figures()
         # device -> (start_ns, correlation_id) of the first kernel of its open step at the
         # last figures(): the same step still open at the next close is decided then.
@@ -777,8 +768,9 @@ class SourceFold:
                 from .work import kernel_work_from_shapes
                 kw = kernel_work_from_shapes(trace)
                 shf, shb = kw.flops, kw.bytes
-            except Exception as exc:       # shapes are optional figures
-                log.debug("shapes work failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001  (shapes are optional figures: they alone are lost; counted, logged)
+                self.shape_errors += 1
+                log.warning("work from operator shapes failed: %s: %s", type(exc).__name__, exc)
         ranges, cpu_ops, api = trace.ranges, trace.cpu_ops, a
         if self._carry is not None:
             ck, cl, cf, cb, cr, co, ca = self._carry
@@ -1117,10 +1109,8 @@ class SourceFold:
         key = (pre, dec)
         if key not in self._step_work:
             from .work import step_work_from_model
-            try:
-                w = step_work_from_model(self.model, pre, dec)
-            except Exception:
-                w = None
+            # A failure here is the project's own: it reaches fold.add's handler (counted, logged).
+            w = step_work_from_model(self.model, pre, dec)
             if len(self._step_work) > 4096:
                 self._step_work.clear()
             self._step_work[key] = w
@@ -1228,10 +1218,10 @@ PHASE_NAMES_STREAM = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "o
 def _ceilings_obj(gpu_name: str):
     if not gpu_name:
         return None
+    from ridgeline.aggregator import ceilings
     try:
-        from ridgeline.aggregator import ceilings
         return ceilings.from_device_name(gpu_name) or ceilings.lookup(gpu_name)
-    except Exception:
+    except InputError:      # a GPU the table does not know (or cannot tell apart): no ceilings
         return None
 
 

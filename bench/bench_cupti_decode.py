@@ -173,7 +173,7 @@ def main() -> int:
         med = statistics.median(t for t, _ in times)
         rows.append(("cupti-python objects (from_ptr + 10 fields)", a.objects, med, a.objects / med,
                      statistics.median(w for _, w in times)))
-    except Exception as e:  # cupti-python missing: the table says so
+    except Exception as e:  # noqa: BLE001  (cupti-python missing or failing: the table says so)
         rows.append((f"cupti-python objects: unavailable ({type(e).__name__})", 0, float("nan"), float("nan"),
                      float("nan")))
     libcost = run_library()

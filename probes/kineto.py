@@ -1403,7 +1403,7 @@ def _part_worker(path: str, chunk_bytes: int, head: bytes, start: int, conn, bud
         b = _Builder()
         cols = _read_parts(stream.iter_part(head, start, None), b, _Interner(b.names), budget)
         conn.send(("ok", cols, list(b.names), b.counts, stream.top))
-    except BaseException as exc:    # reported, and the parent reads the file alone
+    except BaseException as exc:  # noqa: BLE001  (a child process: any failure is sent to the parent, which reads alone)
         conn.send(("error", f"{type(exc).__name__}: {exc}", None, None, None))
     finally:
         conn.close()

@@ -448,10 +448,10 @@ def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
             sent[0] = len(strings)
         _read(stream, b, _child_takes, emit)
         conn.send(("done", -1, None, None, b.counts))
-    except BaseException as exc:   # the parent falls back to one reader
+    except BaseException as exc:  # noqa: BLE001  (a child process: any failure is sent to the parent, which reads alone)
         try:
             conn.send(("error", -1, None, f"{type(exc).__name__}: {exc}", None))
-        except BaseException:
+        except (OSError, ValueError):   # the parent hung up (or the pipe is closed): it reads alone
             pass
     finally:
         conn.close()

@@ -24,11 +24,14 @@ bandwidth; the keys say ``busy_time`` so nobody reads them as headroom. GPM's
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any, Iterable
 
 from .probe import Availability, Probe
+
+log = logging.getLogger("ridgeline.nvml")
 
 #: NVML clock-event ("throttle") reason bits (nvml.h ``nvmlClocksEventReason*``); the
 #: names say why the SM clock is below its maximum. Checked against pynvml in the tests.
@@ -374,8 +377,11 @@ class NvmlProbe(Probe):
         for i, h in enumerate(self._handles):
             try:
                 rec = device_record(read_device(self._nv, h, i, self._gpm_state[i]))
-            except Exception:  # a driver hiccup must not kill the sampler
+            except Exception as exc:  # noqa: BLE001  (a driver hiccup must not kill the sampler; counted, logged)
                 self.errors += 1
+                if self.errors == 1:
+                    log.warning("nvml: device %d not read: %s: %s (counted in errors; said once)", i,
+                                type(exc).__name__, exc)
                 continue
             with self._lock:
                 if len(self._queue) >= self._max_queued:
@@ -402,10 +408,10 @@ class NvmlProbe(Probe):
                 if st.get("sample") is not None:
                     try:
                         self._nv.nvmlGpmSampleFree(st["sample"])
-                    except Exception:
-                        pass
+                    except self._nv.NVMLError:
+                        self.errors += 1
             try:
                 self._nv.nvmlShutdown()
-            except Exception:
-                pass
+            except self._nv.NVMLError:
+                self.errors += 1
             self._nv = None

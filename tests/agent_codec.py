@@ -25,7 +25,7 @@ class StandInCodec:
     def decode_envelope(b):
         try:
             d = msgpack.unpackb(b, strict_map_key=False)
-        except Exception as exc:
+        except (ValueError, TypeError) as exc:   # what msgpack raises for malformed bytes
             raise InputError(f"bad envelope: {exc}") from None
         if not isinstance(d, dict) or d.get("v") != 0:
             raise InputError("bad envelope version")
