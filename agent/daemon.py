@@ -34,7 +34,7 @@ import socket
 import time
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import Trace
+from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
 
 from ridgeline.aggregator.windows import WindowBuilder, plain
 
@@ -52,14 +52,6 @@ POLL_S = 0.05
 #: A loop error is logged with its traceback once per kind; repeats are summed and
 #: logged at most this often.
 ERROR_LOG_EVERY_S = 60.0
-
-
-def _as_trace(data) -> Trace | None:
-    if isinstance(data, Trace):
-        return data
-    if isinstance(data, dict) and isinstance(data.get("trace"), Trace):
-        return data["trace"]
-    return None
 
 
 # A config file modified less than this long ago is being written: a reload waits for it
@@ -202,41 +194,24 @@ class Agent:
                             for_log(exc))
 
     def _route(self, r: registry.Running, data) -> None:
-        topic = r.step.topic
-        trace = _as_trace(data)
-        if trace is not None:
-            src = trace.meta.get("source") or r.step.name
-            self.builder.add_events(trace, source=src)
-            self.records_total += len(trace.kernels) + len(trace.copies) + len(trace.api) + len(trace.ranges)
+        res: PollResult = poll_result(r.step.topic, data)
+        self.records_total += res.records
+        if res.trace is not None:
+            src = res.trace.meta.get("source") or r.step.name
+            self.builder.add_events(res.trace, source=src)
             if self.cfg["publisher"]["publish_events"]:
-                self.publisher.publish("events", self.codec.encode_event_batch(trace))
-            # A source may carry side figures (a simulator's engine view) and process
-            # news (the CUPTI probe's new and closed pids) next to its events.
-            if isinstance(data, dict):
-                for key in ("engine", "device", "sched"):
-                    if isinstance(data.get(key), dict):
-                        self._add_plain(key, data[key], f"{r.step.name}")
-                self._process_news(r, data)
-            return
-        if not isinstance(data, dict):
-            raise TypeError(f"poll() returned {type(data).__name__}, expected a dict or a Trace")
-        if topic == "requests":
-            spans = data.get("requests")
-            if not isinstance(spans, list):
-                raise TypeError("a requests probe's poll() must return {'requests': [RequestSpan, ...]}")
-            self.records_total += len(spans)
-            self.builder.add_requests(spans)
-            return
-        if topic == "events":
-            # An event source's side news: processes that appeared or ended, their status.
-            self._process_news(r, data)
-            if isinstance(data.get("scrapes"), list):
-                self._add_plain("engine", data, r.step.name)
-            return
-        self.records_total += 1
-        if topic == "engine":
-            self._engine_news(data)
-        self._add_plain(topic, data, r.step.name)
+                self.publisher.publish("events", self.codec.encode_event_batch(res.trace))
+        if res.requests is not None:
+            self.builder.add_requests(res.requests)
+        # A source may carry side figures (a simulator's engine view) next to its events.
+        for topic, payload in (("engine", res.engine), ("device", res.device), ("sched", res.sched)):
+            if payload is not None:
+                if topic == "engine":
+                    self._engine_news(payload)
+                self._add_plain(topic, payload, r.step.name)
+        # Process news (the CUPTI probe's new and closed pids, their status lines).
+        if res.news is not None:
+            self._process_news(r, res.news)
 
     def _engine_news(self, data: dict) -> None:
         """One warning when an engine endpoint stops answering (or never did), with the
@@ -257,35 +232,33 @@ class Agent:
                 del self.engine_down[ep]
                 log.info("engine endpoint %s answering again", for_log(ep))
 
-    def _process_news(self, r: registry.Running, data: dict) -> None:
+    def _process_news(self, r: registry.Running, news: ProcessNews) -> None:
         """New served processes (announced by the CUPTI library) become targets of the
         scheduling probes; ended ones stop being; status lines are logged once."""
-        for item in data.get("new_pids") or []:
+        for item in news.new:
             pid = item[0] if isinstance(item, (list, tuple)) else item
             log.info("probe %s: served process %s appeared", r.step.name, for_log(item))
             for other in self.running:
-                add = getattr(other.probe, "add_target", None)
-                if other.step.topic == "sched" and add is not None:
+                if other.step.topic == "sched" and isinstance(other.probe, Targeted):
                     try:
-                        add(int(pid))
+                        other.probe.add_target(int(pid))
                     except Exception as exc:  # noqa: BLE001  (bcc raises plain Exception; counted, logged)
                         other.poll_errors += 1
                         log.warning("probe %s: cannot watch pid %s: %s", other.step.name, for_log(pid),
                                     for_log(exc))
-        for pid in data.get("closed_pids") or []:
+        for pid in news.closed:
             for other in self.running:
-                rm = getattr(other.probe, "remove_target", None)
-                if other.step.topic == "sched" and rm is not None:
+                if other.step.topic == "sched" and isinstance(other.probe, Targeted):
                     try:
-                        rm(int(pid))
+                        other.probe.remove_target(int(pid))
                     except Exception as exc:  # noqa: BLE001  (bcc raises plain Exception; counted, logged)
                         other.poll_errors += 1
                         log.warning("probe %s: cannot stop watching pid %s: %s", other.step.name, for_log(pid),
                                     for_log(exc))
-        for pid, text in (data.get("status") or {}).items():
+        for pid, text in news.status.items():
             log.warning("probe %s: process %s: %s", r.step.name, for_log(pid), for_log(text))
-        if data.get("status"):
-            self.takeovers.status_lines(data["status"])
+        if news.status:
+            self.takeovers.status_lines(news.status)
 
     def _add_plain(self, topic: str, data: dict, source: str) -> None:
         payload = plain(data) if topic != "engine" else None
@@ -316,18 +289,17 @@ class Agent:
         """Once a window: take the operator's reclaim request, note which served
         processes' CUPTI is taken over, send the reclaims the policy asks for
         (:mod:`agent.cupti_takeover`); returns the health record's part."""
-        cupti = next((r.probe for r in self.running if hasattr(r.probe, "taken_over_pids")), None)
+        cupti = next((r.probe for r in self.running if isinstance(r.probe, CuptiControl)), None)
         if cupti is None:
             return {}
-        sock = getattr(cupti, "socket_path", None) or self.cfg["probes"]["cupti"]["socket"]
+        sock = cupti.socket_path or self.cfg["probes"]["cupti"]["socket"]
         req, rejected = reclaim_request.take_request(sock)
         self.reclaim_requests_rejected += rejected
         if req is not None:
             self.takeovers.request(req["pid"])
         now = time.time()
         pids = self.takeovers.observe(cupti.taken_over_pids(), now)
-        if hasattr(cupti, "taken_over_owners"):
-            self.takeovers.owners(cupti.taken_over_owners())
+        self.takeovers.owners(cupti.taken_over_owners())
         sent = []
         for pid in pids:
             try:

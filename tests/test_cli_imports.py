@@ -61,6 +61,16 @@ def test_full_parser_still_lists_every_command(argv):
         assert name in text
 
 
+def test_the_command_list_names_every_command_module():
+    """Registration is explicit (agent.commands.COMMANDS): a module left off the list
+    would be a command nobody can run."""
+    import pkgutil
+
+    from ridgeline.agent import commands
+    names = {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
+    assert set(commands.COMMANDS) == names and len(commands.COMMANDS) == len(names)
+
+
 def test_every_command_module_registers_the_command_it_is_named_for():
     """main() imports only the module named for argv[0]: a module registering another
     name would leave that command unreachable."""
