@@ -98,7 +98,7 @@ def simulated_sources(w: dict) -> list[str]:
     """The window's simulated sources, sorted: GPU sources named ``simulated`` (the
     simulator probe), and ``engine`` when an engine endpoint's record says ``simulated``
     (which endpoints: ``ridgeline_engine_info{simulated="true"}``)."""
-    from .top import engine_records
+    from .window_sections import engine_records
     out = {s for s in (w.get("sources") or []) if isinstance(s, str) and s.startswith("simulat")}
     out |= {g["source"] for g in (w.get("gpus") or []) if isinstance(g, dict)
             and isinstance(g.get("source"), str) and g["source"].startswith("simulat")}
@@ -236,8 +236,8 @@ class WindowCollector:
                 del store[k]
 
     def _observe_threads(self, window: dict, launch: set) -> None:
-        from .top import _sched_threads
-        for th in _sched_threads(window.get("sched") or {}):
+        from .window_sections import sched_threads
+        for th in sched_threads(window.get("sched") or {}):
             key = (str(th.get("pid")), str(th.get("tid")))
             if th.get("launches"):        # the sched probe counted CUDA launch calls from it
                 launch.add(key)
@@ -410,7 +410,7 @@ class WindowCollector:
 
     def _engine(self, w):
         from ridgeline.aggregator import engine_metrics
-        from .top import engine_records
+        from .window_sections import engine_records
         host = self._host(w)
         fams: dict[str, object] = {}
         keys: dict[str, list] = {}

@@ -47,7 +47,7 @@ def summary(msg) -> str:
         gpus = p.get("gpus", [])
         kern = sum(g.get("kernels", 0) for g in gpus)
         a = p.get("agent", {})
-        from ridgeline.agent.top import verdict_text
+        from ridgeline.agent.window_sections import verdict_text
         vs = verdict_text(p.get("verdict"))
         return (f"{len(gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
                 f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")

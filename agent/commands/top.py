@@ -29,6 +29,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ridgeline.agent.extras import require
+    require("rich", "ridgeline top")
     from rich.console import Console
     from rich.live import Live
 
