@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from ridgeline.probes.cupti import protocol as P  # noqa: E402
 from ridgeline.probes.cupti.decode import ProcessDecoder  # noqa: E402
-import cupti_records as R  # noqa: E402
+from support import cupti_records as R  # noqa: E402
 
 BUFFER_BYTES = 4 << 20
 

@@ -12,7 +12,7 @@ line, windows lost without a counted gap). A table for docs/hardening.md, not a 
 the tests named in that document assert each bound without timing.
 
     sudo .venv/bin/python scripts/hardening-check.py [--memory-max 384M,512M] [--only WORD]
-        [--long-recording]      # add the 30-minute recording (written by tests/recording_synth.py)
+        [--long-recording]      # add the 30-minute recording (written by tests/support/recording_synth.py)
 
 Needs root (cgroups, setuid nobody). Takes about 10 minutes per memory bound on 2 cores.
 """
@@ -413,7 +413,7 @@ def nobody(job: dict, wait: bool = True):
 
 def cupti_frames():
     sys.path.insert(0, str(ROOT / "tests"))
-    import cupti_records as R
+    from support import cupti_records as R
     return R
 
 
@@ -700,7 +700,7 @@ def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool, inputs_f
         d.mkdir()
         cases = input_bounds.build(d)
         if long_recording:
-            import recording_synth
+            from support import recording_synth
             rec = d / "long.rlrec"
             t0 = time.monotonic()
             recording_synth.write_recording(rec, recording_synth.simulated_trace(d / "sim.json"), minutes=30,
@@ -724,10 +724,10 @@ def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool, inputs_f
 # ------------------------------------------------------------------------------ issue 18 (items 1, 2, 5)
 
 def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
-    """Issue 18.1/18.5 as an attacker tries them: adversarial kernel names (tests/adversarial_names.py)
+    """Issue 18.1/18.5 as an attacker tries them: adversarial kernel names (tests/support/adversarial_names.py)
     through `analyze` and through the CUPTI socket as nobody, and one bad frame per connection."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import adversarial_names as A
+    from support import adversarial_names as A
     from ridgeline.aggregator.signatures import load_signatures
     sigs = load_signatures()
     names = [n for s in sigs if s.id.startswith("trtllm_gen_fmha") for n in A.names_for(s.pattern, 4096)]
@@ -1062,7 +1062,7 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
     """18.8: root's analyze --perfetto/--plot and record -o at a name nobody made a symlink."""
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from third_party_files import third_party_path
+        from support.third_party_files import third_party_path
         trace = third_party_path("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz")
     except ImportError:      # the lookup module is absent: the analyze cases cannot run
         trace = None
@@ -1093,12 +1093,12 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
 
 
 def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
-    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/analyze_bombs.py)."""
+    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/support/analyze_bombs.py)."""
     import gzip as gz
     import shutil
     sys.path.insert(0, str(ROOT / "tests"))
-    import analyze_bombs
-    from third_party_files import third_party_path
+    from support import analyze_bombs
+    from support.third_party_files import third_party_path
     d = tmp / "bombs"
     d.mkdir(exist_ok=True)
     cases = {
@@ -1318,7 +1318,7 @@ def main() -> None:
     ap.add_argument("--skip-analyze", action="store_true")
     ap.add_argument("--long-recording", action="store_true")
     ap.add_argument("--inputs-from", type=Path, default=ROOT,
-                    help="checkout whose bench/input_bounds.py and tests/recording_synth.py build item 1's inputs")
+                    help="checkout whose bench/input_bounds.py and tests/support/recording_synth.py build item 1's inputs")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     a = ap.parse_args()
     if os.geteuid() != 0:

@@ -10,7 +10,7 @@ from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
-from agent_codec import codec
+from support.agent_codec import codec
 from ridgeline.probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
 from ridgeline.probes.probe import Availability, Probe
 from ridgeline.probes.replay import ReplayProbe
@@ -355,7 +355,7 @@ def test_an_engine_endpoint_that_does_not_answer_is_warned_once(tmp_path, caplog
     the error (not 40 s of silence); one line when it answers again."""
     import logging
 
-    from engine_samples import V011, MetricsServer, sample_text
+    from support.engine_samples import V011, MetricsServer, sample_text
     from ridgeline.probes.engine import EngineProbe
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     with MetricsServer(sample_text(V011), status=503) as srv:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine_samples import busy_vllm_v011
+from support.engine_samples import busy_vllm_v011
 from ridgeline.agent import prometheus as prom
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import prom_text

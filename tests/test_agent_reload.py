@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from agent_codec import codec
+from support.agent_codec import codec
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.sdnotify import Notifier

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agent_codec import REAL_WIRE
+from support.agent_codec import REAL_WIRE
 
 pytestmark = pytest.mark.skipif(not REAL_WIRE, reason="aggregator.wire (the stream's codec) is not installed yet")
 

@@ -8,7 +8,7 @@ from ridgeline.aggregator.ceilings import load_table
 from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
 from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
 
-from phase_literals import Step, phase_map
+from support.phase_literals import Step, phase_map
 
 SHARED = [
     "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",

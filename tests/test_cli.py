@@ -88,7 +88,7 @@ def _engine_config(tmp_path, url):
 def test_ok_cases_exit_0(tmp_path):
     import json
 
-    from engine_samples import V011, MetricsServer, sample_text
+    from support.engine_samples import V011, MetricsServer, sample_text
     with MetricsServer(sample_text(V011)) as srv:
         conf = _engine_config(tmp_path, srv.url)
         r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
@@ -117,7 +117,7 @@ def test_ok_cases_exit_0(tmp_path):
 def curve_agent(tmp_path):
     """A real agent publishing windows over CURVE on loopback tcp, its keys and an
     allowed client's made by `ridgeline keys`."""
-    from agent_codec import codec
+    from support.agent_codec import codec
     from ridgeline.agent import config
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier

@@ -28,7 +28,7 @@ import time
 import tracemalloc
 
 
-import cupti_records as R
+from support import cupti_records as R
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.probe import CuptiProbe
 

@@ -1,7 +1,7 @@
 """CUPTI records of every supported CUDA release decode field by field through the agent.
 
 For each real header set (nvidia-cuda-cupti wheels of CUDA 12.4, 12.8, 13.0 and the newest
-13.x; downloaded into ~/.cache/ridgeline-cupti when missing) tests/cupti_header_records.c
+13.x; downloaded into ~/.cache/ridgeline-cupti when missing) tests/support/cupti_header_records.c
 is compiled against the headers with the struct versions that release's libcupti writes
 (the newest of each kind the headers define) and fills real records through the header's
 own types. The bytes then go, as libridgeline_cupti.so sends them, over the real socket to
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-import cupti_records as R
+from support import cupti_records as R
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.events import MISSING

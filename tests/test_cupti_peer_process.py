@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-import cupti_records as R
+from support import cupti_records as R
 from ridgeline.probes.cupti import peer_process as PP
 from ridgeline.probes.cupti.server import CuptiServer
 

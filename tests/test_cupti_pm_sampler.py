@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import hardware
+from support import hardware
 from ridgeline.probes.cupti.pm_sampler import PmSampler, unavailable_reason
 
 

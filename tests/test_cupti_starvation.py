@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-import cupti_records as R
+from support import cupti_records as R
 from ridgeline.probes.cupti.server import CuptiServer
 
 

@@ -1,7 +1,7 @@
 """libridgeline_cupti.so without a GPU: build, buffer path end to end, drops, reconnect, missing CUPTI.
 
 The library's completed-buffer path is driven through its test entry point by a stand-in
-process (tests/native_harness.py) with buffers laid out exactly as CUPTI lays them out
+process (tests/support/native_harness.py) with buffers laid out exactly as CUPTI lays them out
 (cupti-python dtypes, name pointers into real strings of that process). The agent side
 is the real CuptiServer/CuptiProbe listening on a socket in tmp_path.
 """
@@ -23,13 +23,13 @@ from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
 
-import cupti_records as R
+from support import cupti_records as R
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
 LIB = NATIVE / "libridgeline_cupti.so"
 APP = NATIVE / "build" / "ridgeline_inject_app"
-HARNESS = Path(__file__).parent / "native_harness.py"
+HARNESS = Path(__file__).parent / "support" / "native_harness.py"
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ CUPTI completes a buffer only when it is full or flushed (cuptiActivityFlushPeri
 full buffers only), so at 10 kernels/s a 4 MiB buffer would take many minutes. The stand-in
 libcupti (probes/native/tests/stub_cupti.c) holds partial buffers exactly so, until a
 cuptiActivityFlushAll; the served process is the real InitializeInjection path
-(tests/native_harness.py --stub) and the agent the real CuptiProbe.
+(tests/support/native_harness.py --stub) and the agent the real CuptiProbe.
 """
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from ridgeline.probes.cupti.probe import CuptiProbe
-import cupti_records as R
+from support import cupti_records as R
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
 LIB = NATIVE / "libridgeline_cupti.so"
 STUB = NATIVE / "build" / "libcupti_stub.so"
-HARNESS = Path(__file__).parent / "native_harness.py"
+HARNESS = Path(__file__).parent / "support" / "native_harness.py"
 
 
 @pytest.fixture(scope="module", autouse=True)

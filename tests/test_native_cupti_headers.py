@@ -193,7 +193,7 @@ def test_test_mode_sizes_are_the_headers_newest(release, tmp_path):
 def _harness(lib: Path) -> Harness:
     env = dict(os.environ, RIDGELINE_QUIET="1")
     h = Harness.__new__(Harness)
-    h.p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "native_harness.py"), str(lib)],
+    h.p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "support" / "native_harness.py"), str(lib)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     return h
 

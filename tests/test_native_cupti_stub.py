@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ridgeline.probes.cupti.probe import CuptiProbe
-import cupti_records as R
+from support import cupti_records as R
 from ridgeline.probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ STUB = NATIVE / "build" / "libcupti_stub.so"
 APP = textwrap.dedent(f"""
     import ctypes, json, os, sys, time
     sys.path.insert(0, {str(Path(__file__).parent)!r})
-    import cupti_records as R
+    from support import cupti_records as R
     lib = ctypes.CDLL({str(LIB)!r})
     rc = lib.InitializeInjection()
     stub = ctypes.CDLL({str(STUB)!r})      # the very object the library dlopen'ed

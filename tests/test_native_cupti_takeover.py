@@ -18,7 +18,7 @@ import pytest
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.server import CuptiServer
 
-import cupti_records as R
+from support import cupti_records as R
 from test_native_cupti_flush import StubApp, built  # noqa: F401  (the build fixture)
 
 # ridgeline_wire.h RL_FLAG_TAKEN_OVER; the agent's protocol module may not name it yet

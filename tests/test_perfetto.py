@@ -16,16 +16,11 @@ from ridgeline.probes.events import (
     NameTable, Trace, empty,
 )
 
-from perfetto_import import import_json, summary
-from perfetto_trace_processor import EDGE_CASES, transcribed_stats
-from phase_literals import NAMES, Step, phase_map
+from support.perfetto_import import import_json, summary
+from support.perfetto_trace_processor import EDGE_CASES, SHARED, transcribed_stats
+from support.phase_literals import NAMES, Step, phase_map
 
-SHARED = ["nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
-          "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
-          "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
-          "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
-          "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
-          "nvidia-training/hta_a100_rank0_training.json.gz"]
+
 
 
 def _literal():
@@ -216,7 +211,7 @@ def test_real_trace_processor(name, trace_path, tmp_path, capsys):
     per launched kernel or copy, every slice on a named thread track of a named process
     (none spilled), no error or data-loss stat; and the same figures as the
     transcription and as the recorded fixture."""
-    from perfetto_trace_processor import RealImport, version
+    from support.perfetto_trace_processor import RealImport, version
 
     from ridgeline.probes.kineto import load_trace
     src, out = _export_shared(name, trace_path, tmp_path, capsys)
@@ -247,7 +242,7 @@ def test_real_trace_processor(name, trace_path, tmp_path, capsys):
 @pytest.mark.skipif(not _tp_binary(), reason="no trace_processor_shell (set RIDGELINE_TRACE_PROCESSOR)")
 @pytest.mark.parametrize("case", sorted(EDGE_CASES))
 def test_real_trace_processor_edge_cases(case, tmp_path):
-    from perfetto_trace_processor import RealImport
+    from support.perfetto_trace_processor import RealImport
     path = tmp_path / "e.json"
     path.write_text(json.dumps(EDGE_CASES[case]))
     real = RealImport(_tp_binary(), path)

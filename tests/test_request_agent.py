@@ -2,7 +2,7 @@
 exporter into the agent's OTLP receiver, joined with the steps at window close, published
 on the ``requests`` topic, told by ``ridgeline why`` and listed by ``ridgeline requests``.
 
-The seed's example (tests/request_scenarios.py): a 500-token answer batched with one
+The seed's example (tests/support/request_scenarios.py): a 500-token answer batched with one
 4,000-token request takes 20 s instead of 7.5 s; ``ridgeline why`` must attribute the
 added 12.5 s to that request, within 10%. The GPU side (the steps) is the scenario's, put
 into the agent's step history as the window builder's step log would (that log is tested
@@ -23,8 +23,8 @@ import time
 import numpy as np
 import pytest
 
-import request_scenarios as sc
-from agent_codec import codec
+from support import request_scenarios as sc
+from support.agent_codec import codec
 from ridgeline.agent import cli, config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import request_scenarios as sc
+from support import request_scenarios as sc
 from ridgeline.aggregator import request_history as rh
 from ridgeline.aggregator.windows import WindowBuilder
 

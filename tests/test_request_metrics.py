@@ -7,7 +7,7 @@ import subprocess
 import msgspec
 import pytest
 
-import request_scenarios as sc
+from support import request_scenarios as sc
 from ridgeline.aggregator import request_join as rj
 from test_agent_prometheus import PROMTOOL, exposition, families, needs_promtool, thread, window
 

@@ -1,6 +1,6 @@
 """The Perfetto export's track per served request (issue 22), beside the GPU steps: its
 queued, prefill and decode slices, imported whole by the transcription of Perfetto's JSON
-importer (tests/perfetto_import.py), the decode slice naming the culprits."""
+importer (tests/support/perfetto_import.py), the decode slice naming the culprits."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import json
 import msgspec
 import numpy as np
 
-import request_scenarios as sc
-from perfetto_import import import_json
-from phase_literals import NAMES, Step, phase_map
+from support import request_scenarios as sc
+from support.perfetto_import import import_json
+from support.phase_literals import NAMES, Step, phase_map
 from ridgeline.aggregator import request_join as rj
 from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
 from test_perfetto import _literal

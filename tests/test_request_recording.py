@@ -8,7 +8,7 @@ import sys
 
 import msgspec
 
-import request_scenarios as sc
+from support import request_scenarios as sc
 from ridgeline.agent.recording import RecordingWriter
 from ridgeline.agent.simulator.engine import SimConfig, SimEngine
 from ridgeline.agent.simulator.workload import Workload

@@ -6,7 +6,7 @@ from ridgeline.aggregator import ceilings, roofline, work
 from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
                            COPY_KIND_MEMCPY, COPY_KIND_MEMSET, KERNEL_DTYPE, NameTable, Trace, empty)
 
-from phase_literals import NAMES, Step
+from support.phase_literals import NAMES, Step
 
 
 def kernels(intervals, device=0, corr0=1):

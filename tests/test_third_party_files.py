@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import third_party
-from third_party_files import third_party_missing, third_party_path
+from support.third_party_files import third_party_missing, third_party_path
 
 DOC = Path(__file__).parent / "THIRD_PARTY.md"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY_DOC = "tests/THIRD_PARTY.md"
 
 
