@@ -108,7 +108,7 @@ def test_ridgeline_tail_as_nobody_cannot_read_the_agents_stream(open_folder, gro
     import grp
     import threading
 
-    from support.agent_codec import codec
+    from ridgeline.aggregator import wire as codec
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier
     checkout = Path(__file__).resolve().parent.parent / "agent"

@@ -10,16 +10,11 @@ from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
-from support.agent_codec import codec
+from ridgeline.aggregator import wire as codec
 from ridgeline.probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
 from ridgeline.probes.probe import Availability, Probe
 from ridgeline.probes.replay import ReplayProbe
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.net import free_port, wait_for
 
 
 def literal_trace(n=200, every_ns=5_000_000):
@@ -73,16 +68,6 @@ def collect(sub, seconds, topics=None, until=None):
             if until is not None and until(out):
                 break
     return out
-
-
-def wait_for(pred, seconds=30.0):
-    """Poll ``pred`` until it holds; False at the deadline."""
-    end = time.monotonic() + seconds
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def replay_of(trace):

@@ -13,19 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from support.agent_codec import codec
+from ridgeline.aggregator import wire as codec
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
 
-from test_agent_daemon import wait_for
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support.net import wait_for
+from support.net import free_port
 
 
 def base_toml(ep, extra=""):

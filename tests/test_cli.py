@@ -2,7 +2,6 @@
 1 runtime failure, 2 bad input or usage), one error prefix, --version, and tail/top/record
 reading a CURVE-protected stream with a key pair made by `ridgeline keys`."""
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +9,7 @@ import threading
 import pytest
 
 from ridgeline.agent import cli
+from support.net import free_port
 
 PREFIX = "ridgeline: error: "
 
@@ -17,12 +17,6 @@ PREFIX = "ridgeline: error: "
 def run(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "ridgeline", *args], capture_output=True, text=True,
                           timeout=timeout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_help_lists_commands(capsys):
@@ -117,7 +111,7 @@ def test_ok_cases_exit_0(tmp_path):
 def curve_agent(tmp_path):
     """A real agent publishing windows over CURVE on loopback tcp, its keys and an
     allowed client's made by `ridgeline keys`."""
-    from support.agent_codec import codec
+    from ridgeline.aggregator import wire as codec
     from ridgeline.agent import config
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier

@@ -3,7 +3,7 @@ import pytest
 
 from ridgeline.aggregator import device_metrics as dm
 from ridgeline.probes import nvml
-from test_nvml import h200_raw
+from support.nvml_samples import h200_raw
 
 S = 1_000_000_000
 

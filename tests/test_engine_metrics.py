@@ -500,7 +500,7 @@ def test_swapped_requests_shown():
 def test_new_window_fields_survive_a_recording(tmp_path):
     """Segments, KV dynamics and the engine's histograms go through the wire into a
     recording (`ridgeline record`) and come back from `load_recording` unchanged."""
-    from support.agent_codec import codec
+    from ridgeline.aggregator import wire as codec
     from ridgeline.agent.recording import RecordingWriter, load_recording
     base = sample_text(V011)
     url = "http://127.0.0.1:8000/metrics"

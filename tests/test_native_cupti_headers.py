@@ -35,7 +35,7 @@ from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.server import CuptiServer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_native_cupti import Harness  # noqa: E402
+from support.cupti_stub import Harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"

@@ -251,7 +251,7 @@ def test_unknown_kernel_layout_never_dereferences_the_name_offset(probe, tmp_pat
     """CUPTI reports (cuptiActivityGetStructSize) a kernel record size no known layout has:
     whatever sits at the usual name offset must not be read as a pointer. The records carry
     a wild pointer there; reading it would kill the served process."""
-    from test_native_cupti_flush import StubApp
+    from support.cupti_stub import StubApp
     name_off = R.KERNEL.fields["name"][1]
     app = StubApp(tmp_path / "cupti.sock", STUB_CUPTI_KERNEL_SIZE=256, RIDGELINE_FLUSH_MS=0)
     try:

@@ -184,7 +184,7 @@ def test_record_format_parquet_from_a_live_agent(tmp_path, trace_path, capsys):
     import subprocess
     import sys
 
-    from test_agent_stream import TRACE, start_agent, stop, write_config
+    from support.agent_process import TRACE, start_agent, stop, write_config
     cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
     a = start_agent(cfg)
     out = tmp_path / "live"

@@ -11,46 +11,15 @@ import numpy as np
 import pytest
 
 from ridgeline.aggregator.perfetto import GPU_PID_BASE, PHASE_PID, nesting_lanes, write_perfetto
-from ridgeline.probes.events import (
-    API_DTYPE, API_LAUNCH, COPY_DTYPE, COPY_HTOD, KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-    NameTable, Trace, empty,
-)
 
 from support.perfetto_import import import_json, summary
 from support.perfetto_trace_processor import EDGE_CASES, SHARED, transcribed_stats
 from support.phase_literals import NAMES, Step, phase_map
-
-
-
-
-def _literal():
-    """Two kernels and a copy on stream 7 (the copy overlaps the first kernel, the second
-    kernel partially overlaps the first), launched by three API calls; a GPU annotation
-    spanning them."""
-    names = NameTable(["gemm", "cudaLaunchKernel", "cudaMemcpyAsync", "fwd"])
-    k = empty(KERNEL_DTYPE, 3)
-    k["start_ns"] = [1_000_000, 1_001_500, 9_000_000]
-    k["end_ns"] = [1_002_000, 1_004_000, 9_000_100]
-    k["device"], k["stream"], k["name_id"] = 0, 7, 0
-    k["correlation_id"] = [11, 12, 13]
-    c = empty(COPY_DTYPE, 1)
-    c["start_ns"], c["end_ns"], c["device"], c["stream"] = 1_000_500, 1_001_000, 0, 7
-    c["direction"], c["bytes"], c["correlation_id"] = COPY_HTOD, 4096, 14
-    api = empty(API_DTYPE, 4)
-    api["start_ns"] = [999_000, 999_600, 8_999_000, 999_800]
-    api["end_ns"] = [999_500, 999_700, 8_999_500, 999_900]
-    api["pid"], api["tid"] = 10, 11
-    api["category"], api["name_id"] = API_LAUNCH, 1
-    api["name_id"][3] = 2
-    api["correlation_id"] = [11, 12, 13, 14]
-    r = empty(RANGE_DTYPE, 1)
-    r["start_ns"], r["end_ns"], r["device"], r["tid"] = 999_000, 9_000_200, 0, 7
-    r["kind"], r["name_id"] = RANGE_GPU_ANNOTATION, 3
-    return Trace(kernels=k, copies=c, api=api, ranges=r, names=names)
+from support.phase_literals import annotated_literal_trace
 
 
 def _export(tmp_path, t=None):
-    t = t or _literal()
+    t = t or annotated_literal_trace()
     pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"]),
                     Step(1, 9_000_000, 9_000_100, 0, 2, None, 4, ["grid"])],
                    np.array([1, 1, 2], np.uint8), np.array([0, 0, 1], np.int32))
@@ -257,7 +226,7 @@ def test_real_trace_processor_edge_cases(case, tmp_path):
 def test_simulated_data_is_marked_in_the_export(tmp_path):
     """Issue 24.5: the README promises SIMULATED in the trace metadata; the export says so in
     its otherData and on every process (track header) name, as imported."""
-    t = _literal()
+    t = annotated_literal_trace()
     t.meta["simulated"] = True
     _, out = _export(tmp_path, t)
     doc = json.loads(out.read_text())

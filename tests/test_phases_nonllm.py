@@ -208,8 +208,8 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
 def test_third_party_md_lists_every_tracelens_trace_with_its_licence():
     """tests/THIRD_PARTY.md lists exactly the TraceLens traces the tests use and the licence
     file that must travel with them, each with the SHA-256 of the file as copied."""
-    from test_phases_serving_traces import SERVING
-    from test_third_party_files import listed_sha256
+    from support.third_party_files import SERVING
+    from support.third_party_files import listed_sha256
     listed = sorted(p for p in listed_sha256() if p.startswith("traces/"))
     assert listed == sorted(["traces/" + n for n in TRACELENS + SERVING] + ["traces/LICENSE.TraceLens"])
 

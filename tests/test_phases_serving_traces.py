@@ -21,12 +21,8 @@ from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
 from conftest import third_party
+from support.third_party_files import SERVING, SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED
 
-SGLANG_DECODE = "tracelens_mi300_sglang_qwen3_8b_decode.json.gz"
-SGLANG_EXTEND = "tracelens_mi300_sglang_qwen3_8b_extend.json.gz"
-VLLM_DECODE = "tracelens_mi300_vllm_gptoss_decode_full.json.gz"
-VLLM_MIXED = "tracelens_mi300_vllm_gptoss_mixed_piecewise.json.gz"
-SERVING = [SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED]
 
 _cache: dict[str, Trace] = {}
 
@@ -154,7 +150,7 @@ def test_prefill_from_kv_write_tokens_and_gemm_tiles_without_a_prefill_kernel_na
     """Issue 20.1: an eager vLLM V1 prefill with the FlashAttention-3 forward (the same kernel
     serves both phases) and no split-KV combine: its 1000 tokens (KV-cache write grid.x) and
     its large-tile GEMMs are two weak prefill classes => prefill, not unknown."""
-    from test_phases import TraceBuilder, layers
+    from support.phase_traces import TraceBuilder, layers
     b = TraceBuilder()
     layers(b, 0, 4, FA3, 1000, attention_grid=(132, 1, 1))
     pm = map_phases(b.build())
@@ -171,7 +167,7 @@ def test_rocm_paged_decode_kernel_next_to_prefill_attention_is_not_mixed():
     _fwd_kernel) and then paged_attention_rocm over every sequence whatever the decode
     count: the ROCm decode kernel next to a prefill kernel is no decode evidence, the step is
     prefill (it was mixed). Alone (no prefill part launched) it still says decode."""
-    from test_phases import TraceBuilder, layers
+    from support.phase_traces import TraceBuilder, layers
     b = TraceBuilder()
     t = 0.0
     for _ in range(4):
@@ -222,12 +218,12 @@ def test_live_windows_label_the_serving_steps_as_analyze_does(name):
     """Issue 20 target: live windows (kernels and launch records as CUPTI sends them, and the
     replay probe's stream with CPU operators and ranges) label the same kernels the same way
     as the whole-trace mapper, at every window size."""
-    from test_windows_open_step import _load, _whole, _windows
-    kernels_only = _load(third_party("traces/" + name))
+    from support.window_replay import load_kernels, whole_phases, windowed_phases
+    kernels_only = load_kernels(third_party("traces/" + name))
     full = load(name)
     for per_window in (100, 300, 1000):
-        assert _windows(kernels_only, per_window)[0] == _whole(kernels_only), per_window
-        assert _windows(full, per_window, replay=True)[0] == _whole(full, annotations=True), per_window
+        assert windowed_phases(kernels_only, per_window)[0] == whole_phases(kernels_only), per_window
+        assert windowed_phases(full, per_window, replay=True)[0] == whole_phases(full, annotations=True), per_window
 
 
 def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per_layer():
@@ -236,7 +232,7 @@ def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per
     launches one and five kernels apart. Taken together they made "one kernel per layer" and
     every layer a restart (80 steps per engine step); one name alone gives the 6-kernel layer.
     Three engine steps of 20 layers, each closed by an LM head and a sampler."""
-    from test_phases import ELEMENTWISE, GEMM_LARGE, RESHAPE_AND_CACHE, TraceBuilder
+    from support.phase_traces import ELEMENTWISE, GEMM_LARGE, RESHAPE_AND_CACHE, TraceBuilder
     argmax = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
               "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
     b = TraceBuilder()

@@ -4,12 +4,12 @@ from rich.console import Console
 from ridgeline.aggregator.analysis import analyze_trace
 from ridgeline.aggregator.report import render
 
-from test_analysis import _decode_trace
+from support.phase_literals import decode_literal_trace
 
 
 def test_render_shows_phase_verdict_evidence_and_source():
     from ridgeline.aggregator import model_config
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
     c = Console(record=True, width=160)
     render(doc, c)
@@ -21,7 +21,7 @@ def test_render_shows_phase_verdict_evidence_and_source():
 
 
 def test_render_without_ceilings_says_why():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     from ridgeline.probes.events import Device
     t.devices = [Device(0, "Mystery GPU")]
     c = Console(record=True, width=160)

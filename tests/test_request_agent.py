@@ -14,7 +14,6 @@ import os
 
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -24,21 +23,16 @@ import numpy as np
 import pytest
 
 from support import request_scenarios as sc
-from support.agent_codec import codec
+from ridgeline.aggregator import wire as codec
 from ridgeline.agent import cli, config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.aggregator.request_history import HELD_DTYPE
 from ridgeline.probes.otlp_receiver import OtlpProbe
+from support.net import free_port
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shifted_seed(pid=4242):

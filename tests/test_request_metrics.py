@@ -9,7 +9,8 @@ import pytest
 
 from support import request_scenarios as sc
 from ridgeline.aggregator import request_join as rj
-from test_agent_prometheus import PROMTOOL, exposition, families, needs_promtool, thread, window
+from support.metrics_windows import exposition, families, thread, window
+from support.prometheus_server import PROMTOOL, needs_promtool
 
 
 def with_requests(stories=None, otlp=None):

@@ -13,7 +13,7 @@ from support.perfetto_import import import_json
 from support.phase_literals import NAMES, Step, phase_map
 from ridgeline.aggregator import request_join as rj
 from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
-from test_perfetto import _literal
+from support.phase_literals import annotated_literal_trace
 
 
 def seed_stories_near_the_literal():
@@ -24,7 +24,7 @@ def seed_stories_near_the_literal():
 
 
 def test_a_track_per_request_beside_the_steps(tmp_path):
-    t = _literal()
+    t = annotated_literal_trace()
     pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
                    np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
     stories = seed_stories_near_the_literal()
