@@ -891,6 +891,13 @@ class Watchdog:
         return max(self.worst, time.monotonic() - self.last)
 
 
+def watched_health(tmp: Path, cgroup: str, mem: int):
+    """A CUPTI agent in a cgroup of its own: (cgroup, agent, its watchdog, its health stream)."""
+    cg = Cgroup(cgroup, mem)
+    notify, a = watched_cupti_agent(tmp, cg)
+    return cg, a, Watchdog(notify), Windows(a.endpoint, topic="health")
+
+
 def spawn_with_pid(pid: int, tries: int = 50):
     """A root process given exactly ``pid`` (ns_last_pid, as CRIU restores pids), or None."""
     for _ in range(tries):
@@ -913,10 +920,7 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
     hello = R.hello_frame(pid=0).hex()
     name = "18.3 nobody's forked child sends 10,000 kernels under a pid reused by root's process"
     if only in name:
-        cg = Cgroup("pidreuse", mem)
-        notify, a = watched_cupti_agent(tmp, cg)
-        wd = Watchdog(notify)
-        h = Windows(a.endpoint, topic="health")
+        cg, a, wd, h = watched_health(tmp, "pidreuse", mem)
         b = R.make_buffer(200, seed=3, with_markers=False)
         batch = R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes())], b.names, pid=0).hex()
         go = tmp / f"go{time.monotonic_ns()}"
@@ -943,10 +947,7 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
         cg.close()
     name = "18.4 four users x 256 idle CUPTI connections, then root's and a fifth user's libraries"
     if only in name:
-        cg = Cgroup("starve", mem)
-        notify, a = watched_cupti_agent(tmp, cg)
-        wd = Watchdog(notify)
-        h = Windows(a.endpoint, topic="health")
+        cg, a, wd, h = watched_health(tmp, "starve", mem)
         holders = []
         for uid in (NOBODY, 60001, 60002, 60003):
             holders.append(peer(uid, {"do": "hold", "path": a.cupti, "hello": hello, "n": 256}))
@@ -1137,29 +1138,19 @@ def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
     name = "18.9 record onto a full disk (256 KiB tmpfs)"
     if only not in name:
         return
-    import zmq
     sys.path.insert(0, str(ROOT))
-    env = (ROOT / "tests" / "data" / "wire_envelope_window_v1.bin").read_bytes()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.golden_stream import golden_window_stream
     mnt = tmp / "small"
     mnt.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
     ep = f"ipc://{tmp}/full-disk.sock"
-    pub.bind(ep)
-    stop = threading.Event()
-
-    def send():
-        while not stop.is_set():
-            pub.send_multipart([b"window", env])
-            time.sleep(0.002)
-    t = threading.Thread(target=send, daemon=True)
-    t.start()
     cg = Cgroup("fulldisk", mem)
     try:
         out = mnt / "r.rlrec"
-        r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
-                  cg).finish(120)
+        with golden_window_stream(ep):
+            r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
+                      cg).finish(120)
         from ridgeline.agent.recording import iter_frames
         report: dict = {}
         frames = sum(1 for _ in iter_frames(out, report))
@@ -1168,10 +1159,6 @@ def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
             f"{bool(report.get('truncated'))}; `{(lines or [''])[-1][:110]}`",
             r["exit"] == 1 and len(lines) == 1 and frames > 0 and not report.get("truncated"), mem)
     finally:
-        stop.set()
-        t.join()
-        pub.close(0)
-        ctx.term()
         cg.close()
         subprocess.run(["umount", str(mnt)], check=False)
 

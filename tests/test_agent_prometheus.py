@@ -257,7 +257,8 @@ def test_cupti_connections_cut_and_takeovers_by_uid_are_published():
     assert fams["ridgeline_agent_cupti_processes_taken_over_by_user"].type == "gauge"
 
 
-def test_cupti_cut_counters_exist_at_zero_from_the_sockets_start(tmp_path):
+def fresh_cupti_families(tmp_path) -> dict:
+    """/metrics families of a window whose agent section holds a fresh CUPTI socket's counters."""
     from ridgeline.probes.cupti.probe import CuptiProbe
     probe = CuptiProbe(socket_path=str(tmp_path / "c.sock"))
     probe.start()
@@ -267,7 +268,11 @@ def test_cupti_cut_counters_exist_at_zero_from_the_sockets_start(tmp_path):
         probe.stop()
     w = window([thread(8)])
     w["agent"]["probes"]["cupti"] = counters
-    fams = families(exposition([w]))
+    return families(exposition([w]))
+
+
+def test_cupti_cut_counters_exist_at_zero_from_the_sockets_start(tmp_path):
+    fams = fresh_cupti_families(tmp_path)
     got = {s.labels["reason"]: s.value for s in fams["ridgeline_agent_cupti_connections_cut"].samples
            if s.name.endswith("_total")}
     assert got == {"process_gone": 0, "pid_reused": 0, "idle": 0, "fair_share": 0}
@@ -303,17 +308,8 @@ def test_cupti_refusal_counters_exist_at_zero_before_the_first_refusal(tmp_path)
     series that first appears at 1 has no earlier sample, so that one event (the common
     case: one misconfigured container) never fired. The counters of a fresh CUPTI socket
     are therefore exported at 0 for every reason the rules read."""
-    from ridgeline.probes.cupti.probe import CuptiProbe
-    probe = CuptiProbe(socket_path=str(tmp_path / "c.sock"))
-    probe.start()
-    try:
-        counters = probe.counters()
-    finally:
-        probe.stop()
-    w = window([thread(8)])
-    w["agent"]["probes"]["cupti"] = counters
     got = {s.labels["reason"]: s.value
-           for s in families(exposition([w]))["ridgeline_agent_cupti_refused_connections"].samples
+           for s in fresh_cupti_families(tmp_path)["ridgeline_agent_cupti_refused_connections"].samples
            if s.name.endswith("_total")}
     assert got == {"limit": 0, "per_user": 0, "peer_identity": 0}
 

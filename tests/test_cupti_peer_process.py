@@ -22,6 +22,7 @@ import pytest
 from support import cupti_records as R
 from ridgeline.probes.cupti import peer_process as PP
 from ridgeline.probes.cupti.server import CuptiServer
+from support.cupti_server import cupti_server, pump_until
 
 
 # ------------------------------------------------------------------------------ the parser
@@ -94,10 +95,7 @@ def _server(tmp_path, proc, **kw):
 
 
 def _pump_until(s, what, seconds=5.0):
-    end = time.monotonic() + seconds
-    while not (ok := what()) and time.monotonic() < end:
-        s.pump(0.01)
-    return ok
+    return pump_until(s, what, seconds)
 
 
 def _batch():
@@ -265,24 +263,16 @@ def test_real_fork_and_exit_the_connection_is_cut(tmp_path):
     """No reuse: the parent exited, its child sends under the parent's pid; what came is
     handed on (under a pid nobody holds) and the connection is cut, so the child cannot
     go on reporting once the pid is given to someone else."""
-    s = CuptiServer(str(tmp_path / "f.sock"), identity_sweep_s=3600)
-    s.open()
-    try:
+    with cupti_server(tmp_path / "f.sock", identity_sweep_s=3600) as s:
         pid, go = _forked_peer(s, tmp_path)
         open(go, "w").close()
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0 and s.stats["pid_reused_cut"] == 0
         assert {m.pid for m in s.drain()} <= {pid}
-    finally:
-        s.close()
 
 
 def test_real_exit_is_found_by_the_sweep(tmp_path):
-    s = CuptiServer(str(tmp_path / "w.sock"), identity_sweep_s=0.3)
-    s.open()
-    try:
+    with cupti_server(tmp_path / "w.sock", identity_sweep_s=0.3) as s:
         _forked_peer(s, tmp_path)                # the child stays silent, holding the socket
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0
-    finally:
-        s.close()

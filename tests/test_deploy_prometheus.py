@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import httpx
-from support.prometheus_server import (ABSENT_ON_SIMULATOR, ABSENT_WITHOUT_CUPTI, PROMETHEUS,
-                                       PROMTOOL, RULES, agent_toml, api_get, concrete, dashboard_queries,
-                                       http_get, needs_prometheus, needs_promtool, selectors,
-                                       serves_metrics, start_on_free_port, start_simulator)
+from support.prometheus_server import (ABSENT_ON_SIMULATOR, PROMETHEUS,
+                                       PROMTOOL, RULES, agent_toml, api_get, concrete, rule_checks, dashboard_queries,
+                                       http_get, needs_prometheus, needs_promtool, serves_metrics, start_on_free_port, start_simulator)
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "ridgeline-rules.test.yml"
@@ -159,19 +158,8 @@ scrape_configs:
             if not groups:
                 time.sleep(1)
         assert sum(len(g["rules"]) for g in groups) == 22, groups
-        for g in groups:
-            for r in g["rules"]:
-                if r["type"] == "recording":
-                    checks.append((f"record {r['name']}", r["name"]))
-                    checks.append((f"record expr {r['name']}", r["query"]))
-                else:
-                    for name in selectors(r["query"]):
-                        if name in ABSENT_WITHOUT_CUPTI:
-                            absent.append((f"alert {r['name']} reads {name}", name))
-                        else:
-                            # Seen during the run: the episode's elapsed time exists only while
-                            # an episode is open, its recovery time only after it closed.
-                            checks.append((f"alert {r['name']} reads {name}", f"max_over_time({name}[10m])"))
+        more, more_absent, _ = rule_checks(groups)
+        checks, absent = checks + more, absent + more_absent
         # Decode's KV-cache reads from the engine's estimate reach the GPU series only when the
         # engine endpoint carries the served process's pid (the URL-configured one included).
         checks.append(("decode KV reads from the engine estimate",

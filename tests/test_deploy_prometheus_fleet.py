@@ -26,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from support.prometheus_server import (ABSENT_ON_SIMULATOR, ABSENT_WITHOUT_CUPTI, PROMETHEUS, PROMTOOL, RULES, agent_toml,
-                                       api_get, concrete, dashboard_queries, http_get, needs_prometheus,
-                                       needs_promtool, selectors, serves_metrics, start_on_free_port, start_simulator)
+from support.prometheus_server import (ABSENT_ON_SIMULATOR, PROMETHEUS, PROMTOOL, RULES, agent_toml,
+                                       api_get, concrete, rule_checks, dashboard_queries, http_get, needs_prometheus,
+                                       needs_promtool, serves_metrics, start_on_free_port, start_simulator)
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_RULES = ROOT / "deploy" / "prometheus" / "ridgeline-fleet-rules.yml"
@@ -133,19 +133,8 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
             if not groups:
                 time.sleep(1)
         assert sum(len(g["rules"]) for g in groups) == 22 + 16, [g["name"] for g in groups]
-        recorded = []
-        for g in groups:
-            for r in g["rules"]:
-                if r["type"] == "recording":
-                    recorded.append(r["name"])
-                    checks.append((f"record {r['name']}", r["name"]))
-                    checks.append((f"record expr {r['name']}", r["query"]))
-                else:
-                    for name in selectors(r["query"]):
-                        if name in ABSENT_WITHOUT_CUPTI:
-                            absent.append((f"alert {r['name']} reads {name}", name))
-                        else:
-                            checks.append((f"alert {r['name']} reads {name}", f"max_over_time({name}[10m])"))
+        more, more_absent, recorded = rule_checks(groups)
+        checks, absent = checks + more, absent + more_absent
         checks.append(("alert RidgelineSeriesOverBudget reads scrape_samples_scraped",
                        'scrape_samples_scraped{job=~"ridgeline.*"}'))
         # The fleet rules per cluster and per model, for both clusters.

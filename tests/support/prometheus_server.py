@@ -191,3 +191,25 @@ def api_get(base: str, path: str, **params) -> httpx.Response:
             pass
         assert time.monotonic() < deadline, f"Prometheus API {path} unavailable for 60 s"
         time.sleep(1)
+
+
+def rule_checks(groups: list) -> tuple[list, list, list]:
+    """From the rule groups a server loaded (its own parse of the files): (checks, absent,
+    recorded): each recording rule's series and expression must return data; each series an
+    alert reads must have existed within 10 minutes (an episode's elapsed time exists only
+    while one is open, its recovery time only after it closed), or stay absent where only
+    the cupti probe exposes it; ``recorded`` names the recording rules."""
+    checks, absent, recorded = [], [], []
+    for g in groups:
+        for r in g["rules"]:
+            if r["type"] == "recording":
+                recorded.append(r["name"])
+                checks.append((f"record {r['name']}", r["name"]))
+                checks.append((f"record expr {r['name']}", r["query"]))
+            else:
+                for name in selectors(r["query"]):
+                    if name in ABSENT_WITHOUT_CUPTI:
+                        absent.append((f"alert {r['name']} reads {name}", name))
+                    else:
+                        checks.append((f"alert {r['name']} reads {name}", f"max_over_time({name}[10m])"))
+    return checks, absent, recorded
