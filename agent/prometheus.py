@@ -503,7 +503,7 @@ class WindowCollector:
         v = w.get("verdict")
         if isinstance(v, list):
             for x in v[:MAX_SERIES_PER_FAMILY]:
-                if isinstance(x, dict) and x.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                if isinstance(x, dict) and x.get("verdict") in verdict.VERDICTS:
                     gpu = self._gpu_identity(x.get("pid"), x.get("device"))[0]
                     for _name, labels, value in verdict.prometheus_samples(x):
                         state.add_metric([host, gpu, str(labels.get("pid", "")),

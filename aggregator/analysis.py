@@ -25,17 +25,10 @@ from .work import StepWork, kernel_op_index, kernel_work_from_shapes, step_work_
 SCHEMA = "ridgeline.analyze/1"
 
 
-# The agreed phase codes (aggregator.phases); used only if that module is absent.
-_FALLBACK_PHASE_NAMES = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
-
-
 def _phases_api():
-    try:
-        from .phases import PHASE_NAMES, map_phases
-    except ImportError:
-        def map_phases(trace, use_annotations=True):
-            raise InputError("phase mapping (aggregator.phases) is not installed")
-        return _FALLBACK_PHASE_NAMES, map_phases
+    """The phase names and the mapper (imported when first asked for: aggregator.phases
+    loads the kernel signatures)."""
+    from .phases import PHASE_NAMES, map_phases
     return PHASE_NAMES, map_phases
 
 

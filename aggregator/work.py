@@ -311,25 +311,10 @@ def _attention_work(layout: str, dims: list, types: list):
 # ---------------------------------------------------------------------------------
 
 def kernel_op_index(trace: Trace) -> np.ndarray:
-    """Index into ``trace.cpu_ops`` of the operator that launched each kernel, -1 if none."""
-    try:
-        # memoised per Trace: phase mapping needs the same join
-        from .steps import cpu_op_index as kernel_cpu_op_index
-    except ImportError:     # importer not present: plain External id join
-        kernel_cpu_op_index = None
-    if kernel_cpu_op_index is not None:
-        return np.asarray(kernel_cpu_op_index(trace), dtype=np.int64)
-    k, ops = trace.kernels, trace.cpu_ops
-    out = np.full(len(k), -1, dtype=np.int64)
-    if not len(k) or not len(ops):
-        return out
-    order = np.lexsort((ops["start_ns"], ops["external_id"]))
-    ext = ops["external_id"][order]
-    pos = np.searchsorted(ext, k["external_id"], side="right") - 1
-    pc = np.maximum(pos, 0)
-    hit = (pos >= 0) & (ext[pc] == k["external_id"]) & (k["external_id"] >= 0)
-    out[hit] = order[pc[hit]]
-    return out
+    """Index into ``trace.cpu_ops`` of the operator that launched each kernel, -1 if none
+    (the importer's join, memoised per Trace: phase mapping needs the same one)."""
+    from .steps import cpu_op_index
+    return np.asarray(cpu_op_index(trace), dtype=np.int64)
 
 
 def kernel_work_from_shapes(trace: Trace, op_index: np.ndarray | None = None) -> KernelWork:

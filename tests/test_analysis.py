@@ -8,16 +8,9 @@ from ridgeline.aggregator.ceilings import load_table
 from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
 from ridgeline.probes.events import Device
 
+from support.kineto_traces import TRACES as SHARED
 from support.phase_literals import decode_literal_trace
 
-SHARED = [
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
-    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
-    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
-    "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
-    "nvidia-training/hta_a100_rank0_training.json.gz",
-]
 H100_QWEN = SHARED[3]
 PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per_s", "achieved_bytes_per_s",
               "arithmetic_intensity", "verdict", "evidence", "pct_of_peak_flops", "pct_of_peak_bytes",

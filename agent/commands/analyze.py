@@ -135,12 +135,8 @@ def _load(path: str, budget=None):
 
 
 def _is_recording(path: str) -> bool:
-    p = _regular_file(path)
-    try:
-        from ridgeline.agent.recording import is_recording
-    except ImportError:          # recordings not supported in this build
-        return False
-    return is_recording(p)
+    from ridgeline.agent.recording import is_recording
+    return is_recording(_regular_file(path))
 
 
 def _rank_files(path: str) -> list[str]:

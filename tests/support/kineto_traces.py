@@ -1,5 +1,5 @@
 """The shared Kineto traces the readers are checked on, and how two readings are compared
-(tests/test_kineto.py, tests/test_kineto_typed.py).
+(tests/test_kineto.py, tests/test_kineto_typed.py, tests/test_analysis.py).
 """
 from __future__ import annotations
 
