@@ -36,6 +36,7 @@ the environment already says otherwise.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import threading
 import time
@@ -148,6 +149,20 @@ class Destination:
             return
         with self.fs.open_output_stream(f"{self.base}/{rel}") as out:
             out.write(data)
+
+
+def _stat_files(root: Path) -> dict[Path, os.stat_result]:
+    """The plain files under ``root`` with their stat; one renamed or removed meanwhile (the
+    writer renames its dot-file when complete) is left out, not an error."""
+    out = {}
+    for p in root.rglob("*"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[p] = st
+    return out
 
 
 class ObjectSink:
@@ -284,26 +299,33 @@ class ObjectSink:
         self.counters.rolls += 1
 
     # -- output ----------------------------------------------------------------------
-    def _files(self) -> list[Path]:
+    def _files(self, stats: dict[Path, os.stat_result] | None = None) -> list[Path]:
         """Complete files under out/, oldest first (dot-names are being written); the manifest
-        first, once per process."""
-        files = [p for p in self.out.rglob("*") if p.is_file() and not p.name.startswith(".")
+        first, once per process. ``stats``: the spool's files already stat'ed this round."""
+        if stats is None:
+            stats = _stat_files(self.out)
+        files = [p for p in stats if p.is_relative_to(self.out) and not p.name.startswith(".")
                  and not (p.name == "_ridgeline_parquet.json" and self._manifest_sent)]
-        return sorted(files, key=lambda p: (p.name != "_ridgeline_parquet.json", p.stat().st_mtime_ns, str(p)))
+        return sorted(files, key=lambda p: (p.name != "_ridgeline_parquet.json", stats[p].st_mtime_ns, str(p)))
 
     def spool_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.spool.rglob("*") if p.is_file())
 
-    def _enforce_cap(self) -> None:
-        files = [f for f in self._files() if f.name != "_ridgeline_parquet.json"]
-        total = self.spool_bytes()
+    def _enforce_cap(self) -> list[Path]:
+        """Drop the oldest files past the spool's caps; returns what is left to upload."""
+        # one walk of the spool a round: each file stat'ed once, the upload queue taken from it
+        stats = _stat_files(self.spool)
+        total = sum(st.st_size for st in stats.values())
+        files = [f for f in self._files(stats) if f.name != "_ridgeline_parquet.json"]
         while files and (total > self.spool_max_bytes or self._free_bytes() < self.min_free_bytes):
             f = files.pop(0)
-            size = f.stat().st_size
+            size = stats[f].st_size
             f.unlink(missing_ok=True)
             total -= size
+            del stats[f]
             self.counters.dropped_files += 1
             self.counters.dropped_bytes += size
+        return self._files(stats)
 
     def _free_bytes(self) -> int:
         st = os.statvfs(self.spool)
@@ -312,9 +334,8 @@ class ObjectSink:
     def upload_once(self) -> int:
         """Upload every complete file now; returns how many went. Stops at the first failure
         (the store is down: the rest waits for the next round)."""
-        self._enforce_cap()
         sent = 0
-        for f in self._files():
+        for f in self._enforce_cap():
             rel = f.relative_to(self.out).as_posix()
             try:
                 data = f.read_bytes()

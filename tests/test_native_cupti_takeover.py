@@ -137,7 +137,13 @@ def test_sustained_load_without_synchronisation_is_never_flagged(agent, tmp_path
     # flush returns it, for seconds; full buffers are completed as CUPTI does. Before the
     # fix every such buffer was counted lost after 3 flushes and 1 s (takeover flagged,
     # buffers_lost growing, `ridgeline check` failing).
-    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, RIDGELINE_BUFFER_BYTES=256 << 10)
+    # A full 256 KiB buffer is larger than a unix socket's send buffer, so it goes out only as
+    # this test's agent reads it; on a starved CI machine the agent can miss the library's
+    # default 2 s stall limit, and the library then rightly drops the batch (dropped_send,
+    # connects 2: seen in CI). The stall limit has its own tests (test_native_cupti.py); here
+    # it is lifted so that only what this test is about can lose records.
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, RIDGELINE_BUFFER_BYTES=256 << 10,
+                  RIDGELINE_STALL_MS=60000)
     try:
         app("hold 1")                         # the GPU is never idle: a kernel is always in flight
         app("emit 1600 400 10000")            # 4 s at 400 kernels/s, ~1,000 records a buffer
@@ -154,4 +160,4 @@ def test_sustained_load_without_synchronisation_is_never_flagged(agent, tmp_path
         app.close()
     assert not any(seen) and not any(h.flags & P.FLAG_TAKEN_OVER for h in agent.hellos)
     assert c["takeovers"] == 0 and c["buffers_lost"] == 0
-    assert sorted(agent.corr) == list(range(10000, 11600))     # and every record arrived
+    assert sorted(agent.corr) == list(range(10000, 11600)), c   # and every record arrived
