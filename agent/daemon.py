@@ -33,10 +33,10 @@ import signal
 import socket
 import time
 
+from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
-
-from ridgeline.aggregator.windows import WindowBuilder, plain
+from ridgeline.probes.untrusted_text import for_log
 
 from . import config as config_mod
 from . import reclaim_request, registry
@@ -44,7 +44,6 @@ from .cupti_takeover import TakeoverWatch
 from .health import HealthMeter
 from .publisher import Publisher
 from .sdnotify import Notifier
-from ridgeline.probes.untrusted_text import for_log
 
 log = logging.getLogger("ridgeline.agent")
 

@@ -46,9 +46,8 @@ import threading
 import time
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -410,6 +409,7 @@ class WindowCollector:
 
     def _engine(self, w):
         from ridgeline.aggregator import engine_metrics
+
         from .window_sections import engine_records
         host = self._host(w)
         fams: dict[str, object] = {}

@@ -36,15 +36,40 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNKNOWN, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
-                                             ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
-                                             ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
-                                             Signature, classify_kernels, short_name)
-from ridgeline.aggregator.steps import (GAP_MIN_NS, cpu_op_index, enclosing_roots, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
-                                        launch_index, segment_kernels)
+from ridgeline.aggregator.signatures import (
+    CAUSAL_LOCAL,
+    CAUSAL_NO,
+    CAUSAL_UNKNOWN,
+    CAUSAL_YES,
+    LARGE_TILE,
+    MEDIUM,
+    ROLE_ATTENTION,
+    ROLE_ATTENTION_AUX,
+    ROLE_GEMM,
+    ROLE_GEMV,
+    ROLE_NON_LLM,
+    ROLE_PER_TOKEN,
+    ROLE_SOFTMAX,
+    ROLE_TRAINING,
+    SMALL_TILE,
+    STRONG,
+    WEAK,
+    KernelClasses,
+    Signature,
+    classify_kernels,
+    short_name,
+)
+from ridgeline.aggregator.steps import (
+    GAP_MIN_NS,
+    cpu_op_index,
+    enclosing_roots,
+    kernels_in_cpu_ranges,
+    kernels_in_gpu_ranges,
+    launch_index,
+    segment_kernels,
+)
+from ridgeline.probes.events import RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
-from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
-                           Trace)
 
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = 0, 1, 2, 3, 4
 PHASE_NAMES = {UNKNOWN: "unknown", PREFILL: "prefill", DECODE: "decode", MIXED: "mixed", OTHER: "other"}

@@ -19,8 +19,15 @@ from __future__ import annotations
 import numpy as np
 
 from ridgeline.probes.events import (
-    API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC, COPY_DIRECTION_NAMES,
-    COPY_KIND_MEMCPY, COPY_KIND_MEMSET, Trace,
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    API_MEMCPY,
+    API_MEMSET,
+    API_SYNC,
+    COPY_DIRECTION_NAMES,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    Trace,
 )
 
 from .ceilings import Ceilings

@@ -71,8 +71,7 @@ from functools import lru_cache
 import numpy as np
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
-                           Trace)
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
 
 from .columns import distinct, distinct_inverse
 

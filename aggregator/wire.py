@@ -97,8 +97,17 @@ import msgpack
 import numpy as np
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import (API_DTYPE, COPY_DTYPE, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
-                           Device, NameTable, Trace, empty)
+from ridgeline.probes.events import (
+    API_DTYPE,
+    COPY_DTYPE,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    RANGE_DTYPE,
+    Device,
+    NameTable,
+    Trace,
+    empty,
+)
 
 SCHEMA_VERSION = 1
 TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")

@@ -34,9 +34,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from support import cupti_records as R  # noqa: E402
+
 from ridgeline.probes.cupti import protocol as P  # noqa: E402
 from ridgeline.probes.cupti.decode import ProcessDecoder  # noqa: E402
-from support import cupti_records as R  # noqa: E402
 
 BUFFER_BYTES = 4 << 20
 

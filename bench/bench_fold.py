@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 
 def window_batches(gpus: int, rate: int):
     from bench_scale import BATCH_S, build_period
+
     from ridgeline.probes.events import Device, NameTable, Trace
     k0, a0, names, gpu_name = build_period(gpus, rate)
     nt = NameTable(names)

@@ -179,6 +179,7 @@ class FeedProbe:
 
     def __init__(self, endpoint: str):
         import zmq
+
         from ridgeline.probes.events import NameTable
         self.zmq = zmq
         self.ctx = zmq.Context()

@@ -21,6 +21,7 @@ the aggregator's job (:mod:`aggregator.engine_metrics`), so this module stays th
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import struct
@@ -28,7 +29,6 @@ import threading
 import time
 import urllib.parse
 import zlib
-import logging
 from pathlib import Path
 from typing import Iterable
 

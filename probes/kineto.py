@@ -68,11 +68,32 @@ import orjson
 from . import json_chunks, sdpa
 from .errors import InputError
 from .events import (
-    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY,
-    API_MEMSET, API_OTHER, API_SYNC, COPY_DIRECTION_NAMES, COPY_DTYPE, COPY_KIND_MEMCPY,
-    COPY_KIND_MEMSET, COPY_UNKNOWN, CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC,
-    RANGE_DTYPE, RANGE_GPU_ANNOTATION, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Device,
-    NameTable, Trace, empty,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    API_MEMCPY,
+    API_MEMSET,
+    API_OTHER,
+    API_SYNC,
+    COPY_DIRECTION_NAMES,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    COPY_UNKNOWN,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_CUDA_SYNC,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    Device,
+    NameTable,
+    Trace,
+    empty,
 )
 
 __all__ = ["load_trace", "load_trace_via_dicts", "kernel_cpu_op_index", "api_category", "copy_direction"]

@@ -29,11 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from . import bpf as bpfmod
-from . import btf
-from . import proc
+from . import btf, proc
 from .probe import Availability, Probe
+from .sched_accounting import EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WindowAccountant, hist_by_tgid
 from .targets import TargetSet
-from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WindowAccountant, hist_by_tgid)
 
 BPF_SOURCE = Path(__file__).with_name("sched_bpf.c")
 # Raw tracepoint argument layouts the program relies on (checked against BTF before loading).

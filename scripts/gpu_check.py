@@ -294,6 +294,7 @@ def judge_nvml(records: list[dict]) -> Point:
 def judge_clock(pm_start, pm_end, pm_dram_bytes, k_start, k_end, share: float = 0.90) -> Point:
     """(i): PM samples whose interval overlaps a kernel must hold the DRAM traffic."""
     import numpy as np
+
     from ridgeline.aggregator.roofline import covered_ns, union_intervals
     pm_start, pm_end = np.asarray(pm_start, np.int64), np.asarray(pm_end, np.int64)
     dram = np.asarray(pm_dram_bytes, float)
@@ -347,6 +348,7 @@ def model_work(phase: str, steps: int = DECODE_STEPS) -> tuple[float, float]:
 
 def workload(mode: str, out: Path) -> dict:
     import resource
+
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
@@ -630,7 +632,9 @@ def pm_sampler_main(out: Path) -> int:
     """(internal) PM sampling of device 0 until SIGTERM; samples saved every second to
     OUT/pm_samples.npz (so a crash keeps what came before), metric names to OUT/pm_metrics.json."""
     import signal
+
     import numpy as np
+
     from ridgeline.probes.cupti.pm_sampler import PmSampler, metric_list
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
@@ -684,6 +688,7 @@ def read_pm_samples(pm_dir: Path) -> tuple[dict | None, str]:
 def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False, side: bool = False):
     """One injected run with the agent's probes listening here: (result, trace, nvml records, pm samples)."""
     import numpy as np
+
     from ridgeline.probes.cupti.probe import CuptiProbe
     from ridgeline.probes.events import Trace
     sock = out / "tmp" / f"cupti-{mode}.sock"
@@ -847,6 +852,7 @@ def main_driver(out: Path, budget_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         import numpy as np
+
         from ridgeline.probes.cupti.probe import CuptiProbe  # noqa: F401
     except ImportError as e:           # nothing can be judged: say so for every point
         points = [missing(k, f"{type(e).__name__}: {e}") for k in POINTS]

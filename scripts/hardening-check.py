@@ -728,6 +728,7 @@ def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
     through `analyze` and through the CUPTI socket as nobody, and one bad frame per connection."""
     sys.path.insert(0, str(ROOT / "tests"))
     from support import adversarial_names as A
+
     from ridgeline.aggregator.signatures import load_signatures
     sigs = load_signatures()
     names = [n for s in sigs if s.id.startswith("trtllm_gen_fmha") for n in A.names_for(s.pattern, 4096)]

@@ -4,6 +4,7 @@ import threading
 import time
 
 import httpx
+from support.net import free_port, wait_for
 
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
@@ -11,10 +12,9 @@ from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
 from ridgeline.aggregator import wire as codec
-from ridgeline.probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE, Device, NameTable, Trace, empty
 from ridgeline.probes.probe import Availability, Probe
 from ridgeline.probes.replay import ReplayProbe
-from support.net import free_port, wait_for
 
 
 def literal_trace(n=200, every_ns=5_000_000):
@@ -341,6 +341,7 @@ def test_an_engine_endpoint_that_does_not_answer_is_warned_once(tmp_path, caplog
     import logging
 
     from support.engine_samples import V011, MetricsServer, sample_text
+
     from ridgeline.probes.engine import EngineProbe
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     with MetricsServer(sample_text(V011), status=503) as srv:

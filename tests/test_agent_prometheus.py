@@ -11,12 +11,12 @@ import subprocess
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.metrics_windows import S, engine_section, exposition, families, thread, window
+from support.prometheus_server import PROMTOOL, needs_promtool
 
 from ridgeline.agent import prometheus as prom
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import prom_text
-from support.prometheus_server import PROMTOOL, needs_promtool
-from support.metrics_windows import S, engine_section, exposition, families, thread, window
 
 
 @needs_promtool

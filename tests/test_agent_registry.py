@@ -91,8 +91,9 @@ def test_each_step_builds_the_class_named_for_it_from_its_table():
 
 
 def test_check_command_lists_every_probe(capsys):
-    from ridgeline.agent.commands import check
     import argparse
+
+    from ridgeline.agent.commands import check
     from ridgeline.probes.errors import RuntimeFailure
     # A named probe that cannot run is a runtime failure (exit 1), after the full listing.
     with pytest.raises(RuntimeFailure, match="probe replay cannot run here"):

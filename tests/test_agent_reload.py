@@ -12,15 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from support.net import free_port, wait_for
 
-from ridgeline.aggregator import wire as codec
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
-
-from support.net import wait_for
-from support.net import free_port
+from ridgeline.aggregator import wire as codec
 
 
 def base_toml(ep, extra=""):

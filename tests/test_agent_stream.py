@@ -10,10 +10,8 @@ import threading
 import time
 
 import pytest
-
-from support.net import free_port
 from support.agent_process import TRACE, start_agent, stop, write_config
-
+from support.net import free_port
 
 SMALL = "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz"   # 17 kernels per 3.9 ms lap
 
@@ -178,6 +176,7 @@ def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
 def test_malformed_input_on_every_socket(tmp_path, trace_path):
     import httpx
     import zmq
+
     from ridgeline.agent import config, registry
     prom = free_port()
     cupti_sock = tmp_path / "cupti.sock"

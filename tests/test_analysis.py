@@ -1,15 +1,14 @@
 """Whole-trace analysis on literal traces and on every shared trace."""
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES as SHARED
+from support.phase_literals import decode_literal_trace
 
 from ridgeline.aggregator import model_config
 from ridgeline.aggregator.analysis import analyze_trace, choose_ceilings
 from ridgeline.aggregator.ceilings import load_table
 from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
 from ridgeline.probes.events import Device
-
-from support.kineto_traces import TRACES as SHARED
-from support.phase_literals import decode_literal_trace
 
 H100_QWEN = SHARED[3]
 PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per_s", "achieved_bytes_per_s",

@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
-
-from support import analyze_bombs
 from conftest import third_party
+from support import analyze_bombs
+
 from ridgeline.agent.cli import main
 from ridgeline.probes import json_chunks, nsys
 from ridgeline.probes.errors import InputError

@@ -7,9 +7,9 @@ import sys
 import threading
 
 import pytest
+from support.net import free_port
 
 from ridgeline.agent import cli
-from support.net import free_port
 
 PREFIX = "ridgeline: error: "
 
@@ -111,10 +111,10 @@ def test_ok_cases_exit_0(tmp_path):
 def curve_agent(tmp_path):
     """A real agent publishing windows over CURVE on loopback tcp, its keys and an
     allowed client's made by `ridgeline keys`."""
-    from ridgeline.aggregator import wire as codec
     from ridgeline.agent import config
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier
+    from ridgeline.aggregator import wire as codec
     keys, allowed = tmp_path / "keys", tmp_path / "allowed"
     keys.mkdir()
     allowed.mkdir()

@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from support import cupti_records as R
+
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.events import MISSING

@@ -18,12 +18,11 @@ import textwrap
 import time
 
 import pytest
-
 from support import cupti_records as R
-from ridgeline.probes.cupti import peer_process as PP
-from ridgeline.probes.cupti.server import CuptiServer
 from support.cupti_server import cupti_server, pump_until
 
+from ridgeline.probes.cupti import peer_process as PP
+from ridgeline.probes.cupti.server import CuptiServer
 
 # ------------------------------------------------------------------------------ the parser
 
@@ -172,7 +171,7 @@ def test_checks_are_rate_limited_per_connection(tmp_path):
     try:
         c = socket.socket(socket.AF_UNIX)
         c.connect(s.path)
-        import threading       # more than a socket buffer holds: sent while the server reads
+        import threading  # more than a socket buffer holds: sent while the server reads
         threading.Thread(target=c.sendall, args=(R.hello_frame() + _batch() * 200,), daemon=True).start()
         got = []
         assert _pump_until(s, lambda: got.extend(s.drain()) or sum(m.kind == "batch" for m in got) == 200)

@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from support import cupti_records as R
+
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.server import CuptiServer, connection_limit
 
@@ -312,6 +312,7 @@ def test_peer_text_cannot_write_lines_into_the_log(tmp_path, caplog):
     """Issue 14 item 6: a HELLO's process name and status reach the log and the probe's
     output escaped, on one line."""
     import logging
+
     from ridgeline.probes.cupti import protocol as P
     probe = CuptiProbe(str(tmp_path / "c.sock"))
     probe.start()

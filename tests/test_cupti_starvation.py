@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import cupti_records as R
-from ridgeline.probes.cupti.server import CuptiServer
 from support.cupti_server import cupti_server, pump_until
+
+from ridgeline.probes.cupti.server import CuptiServer
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import third_party
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,8 +155,9 @@ def oci_allows(profile: dict, name: str, caps: set[str]) -> bool:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_seccomp_profile_is_the_units_filter():
     sys.path.insert(0, str(Path(__file__).parent))
-    from support.syscall_filter import effective_filter, systemd_groups, unit_filter_lines
     import json
+
+    from support.syscall_filter import effective_filter, systemd_groups, unit_filter_lines
     allow, calls = effective_filter(unit_filter_lines((ROOT / "systemd/ridgeline.service").read_text()),
                                     systemd_groups())
     profile = json.loads(PROFILE.read_text())

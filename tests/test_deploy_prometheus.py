@@ -22,9 +22,23 @@ import time
 from pathlib import Path
 
 import httpx
-from support.prometheus_server import (ABSENT_ON_SIMULATOR, PROMETHEUS,
-                                       PROMTOOL, RULES, agent_toml, api_get, concrete, rule_checks, dashboard_queries,
-                                       http_get, needs_prometheus, needs_promtool, serves_metrics, start_on_free_port, start_simulator)
+from support.prometheus_server import (
+    ABSENT_ON_SIMULATOR,
+    PROMETHEUS,
+    PROMTOOL,
+    RULES,
+    agent_toml,
+    api_get,
+    concrete,
+    dashboard_queries,
+    http_get,
+    needs_prometheus,
+    needs_promtool,
+    rule_checks,
+    serves_metrics,
+    start_on_free_port,
+    start_simulator,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "ridgeline-rules.test.yml"

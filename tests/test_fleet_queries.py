@@ -19,10 +19,10 @@ import pytest
 pytest.importorskip("pyarrow", reason="pyarrow (the ridgeline[parquet] extra) is not installed")
 duckdb = pytest.importorskip("duckdb", reason="duckdb (a test extra) is not installed")
 
+from conftest import TRACES  # noqa: E402
+
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.cli import main  # noqa: E402
-
-from conftest import TRACES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TP8 = TRACES / "nvidia-inference" / "tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"

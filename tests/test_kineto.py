@@ -8,11 +8,11 @@ from decimal import Decimal
 
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES, same_events
 
 from ridgeline.probes import events as ev
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.kineto import api_category, copy_direction, kernel_cpu_op_index, load_trace
-from support.kineto_traces import TRACES, same_events
 
 H100 = TRACES[3]
 NANO0 = TRACES[0]
@@ -350,6 +350,7 @@ def test_two_process_read_equals_one(tmp_path, trace_path, loaded):
     p = tmp_path / "b200.json"
     p.write_bytes(gzip.open(trace_path(TRACES[2])).read())
     from pathlib import Path
+
     import ridgeline.probes.kineto as kineto
     assert kineto._load_parallel(Path(p), 1 << 20) is not None   # really took two parts
     same_events(trace, load_trace(p, chunk_bytes=1 << 20, parallel=True))

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES, same_events
 
 from ridgeline.probes import json_chunks, kineto, kineto_typed
 from ridgeline.probes.kineto import load_trace, load_trace_via_dicts
-
-from support.kineto_traces import TRACES, same_events
 
 
 @pytest.fixture
@@ -299,6 +298,7 @@ def test_stack_parents_equal_the_stack_pass():
 def test_rows_grow_in_place(monkeypatch, trace_path):
     """Columns far larger than the first mapping: the mapping grows and keeps every row."""
     import numpy as np
+
     from ridgeline.probes.events import KERNEL_DTYPE, empty
     monkeypatch.setattr(kineto_typed, "ROWS_INITIAL_BYTES", 4096)
     rows = kineto_typed._Rows(KERNEL_DTYPE)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import re2
-
 from support import adversarial_names as A
+
 from ridgeline.aggregator import signatures as S
 from ridgeline.aggregator import stream_phases
 from ridgeline.aggregator.stream_phases import StreamPhaser

@@ -18,13 +18,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import cupti_records as R
+from support.cupti_stub import Harness
 
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
-from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
-
-from support import cupti_records as R
-from support.cupti_stub import Harness
+from ridgeline.probes.events import (
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    MISSING,
+    RANGE_NVTX,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ridgeline.probes.cupti.probe import CuptiProbe
 from support import cupti_records as R
 from support.cupti_stub import StubApp, built  # noqa: F401  (the build fixture)
+
+from ridgeline.probes.cupti.probe import CuptiProbe
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,10 +17,10 @@ side is lost, and timestamps after the profiler's TSC source stay CLOCK_REALTIME
 """
 from __future__ import annotations
 
-
-from ridgeline.probes.cupti import protocol as P
 from support.cupti_stub import LIB, NATIVE, StubApp, built  # noqa: F401  (the build fixture)
 from support.cupti_stub import Agent as TakeoverAgent
+
+from ridgeline.probes.cupti import protocol as P
 
 REPLAY = NATIVE / "build" / "libkineto_replay.so"
 

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cupti_records as R
 
 from ridgeline.probes.cupti.probe import CuptiProbe
-from support import cupti_records as R
 from ridgeline.probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
 
 ROOT = Path(__file__).resolve().parent.parent

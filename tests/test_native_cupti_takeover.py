@@ -13,11 +13,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.cupti_stub import Agent, StubApp, built  # noqa: F401  (the build fixture)
 
 from ridgeline.probes.cupti import protocol as P
-
-from support.cupti_stub import StubApp, built  # noqa: F401  (the build fixture)
-from support.cupti_stub import Agent
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import types
 
 import pynvml
 import pytest
+from support.nvml_samples import ENGINE_PID, H200_RESERVED, H200_TOTAL, H200_USED, OTHER_PID, h200_raw
 
 from ridgeline.probes import nvml
-from support.nvml_samples import ENGINE_PID, H200_RESERVED, H200_TOTAL, H200_USED, OTHER_PID, h200_raw
 
 
 def test_device_record_h200_literals():

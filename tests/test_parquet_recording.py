@@ -74,6 +74,7 @@ def test_schema_document_lists_every_column_and_type():
 
 def test_export_writes_hive_partitions_with_the_schema(tmp_path, sim_source, capsys):
     from support.fleet_synth import write_host
+
     from ridgeline.agent.recording import load_recording
     rec = tmp_path / "host-a.rlrec"
     info = write_host(rec, sim_source, "host-a", "llama-3-8b", windows=14, events_s=0.2)
@@ -210,6 +211,7 @@ def test_a_small_memory_budget_reads_in_chunks_and_cuts_the_same_segments(tmp_pa
     """Events are read a chunk of frames at a time within the budget; segments are cut
     by size exactly where the .rlrec's are."""
     from support.fleet_synth import write_host
+
     from ridgeline.agent.recording import iter_segments as rlrec_segments
     rec = tmp_path / "h.rlrec"
     write_host(rec, sim_source, "h", "llama-3-8b", windows=5, window_s=1.0, events_s=1.0)

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ridgeline.aggregator.perfetto import GPU_PID_BASE, PHASE_PID, nesting_lanes, write_perfetto
-
 from support.perfetto_import import import_json, summary
 from support.perfetto_trace_processor import EDGE_CASES, SHARED, transcribed_stats
-from support.phase_literals import NAMES, Step, phase_map
-from support.phase_literals import annotated_literal_trace
+from support.phase_literals import NAMES, Step, annotated_literal_trace, phase_map
+
+from ridgeline.aggregator.perfetto import GPU_PID_BASE, PHASE_PID, nesting_lanes, write_perfetto
 
 
 def _export(tmp_path, t=None):

@@ -6,11 +6,9 @@ traces are exercised in tests/test_phases_traces.py.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
-from ridgeline.probes.events import (CPU_OP_DTYPE, RANGE_GPU_ANNOTATION, empty)
-
+from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_GPU_ANNOTATION, empty
 
 # Real kernel names (from the shared traces, see reference/traces.md).
 TRTLLM_CONTEXT = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"
@@ -42,11 +40,30 @@ def lm_head(b: "TraceBuilder", t: float, rows: int, vocab: int = 151936, ext: in
 
 
 import pytest
+from support.phase_traces import (
+    ARGMAX,
+    ELEMENTWISE,
+    GEMM_LARGE,
+    GEMVX,
+    RESHAPE_AND_CACHE,
+    US,
+    TraceBuilder,
+    eager_forward,
+    layers,
+)
 
-from ridgeline.aggregator.phases import (DECODE, MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, PhaseMap, map_phases,
-                               parse_step_annotation)
+from ridgeline.aggregator.phases import (
+    DECODE,
+    MIXED,
+    OTHER,
+    PHASE_NAMES,
+    PREFILL,
+    UNKNOWN,
+    PhaseMap,
+    map_phases,
+    parse_step_annotation,
+)
 from ridgeline.probes.events import API_GRAPH_LAUNCH, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION
-from support.phase_traces import ARGMAX, ELEMENTWISE, GEMM_LARGE, GEMVX, RESHAPE_AND_CACHE, TraceBuilder, US, eager_forward, layers
 
 
 def only_step(pm: PhaseMap):

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import third_party
+from support.third_party_files import SERVING, SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED
 
 from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
-from support.third_party_files import SERVING, SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED
-
 
 _cache: dict[str, Trace] = {}
 
@@ -119,7 +117,7 @@ def test_enclosing_roots_and_fold_nested_annotations_literals():
 def test_kernels_in_cpu_ranges_falls_back_to_the_enclosing_range():
     """A launch after the inner range closed but inside the outer one maps to the outer."""
     from ridgeline.aggregator.steps import kernels_in_cpu_ranges
-    from ridgeline.probes.events import API_DTYPE, KERNEL_DTYPE, API_LAUNCH
+    from ridgeline.probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE
     from ridgeline.probes.events import Trace as T
     k = np.zeros(3, dtype=KERNEL_DTYPE)
     k["correlation_id"] = [1, 2, 3]

@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
+from support.golden_stream import golden_window_stream
 
 from ridgeline.agent.recording import MAGIC, iter_frames
-from support.golden_stream import golden_window_stream
 
 
 @pytest.fixture

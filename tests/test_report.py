@@ -1,10 +1,9 @@
 """Terminal report: every phase, its verdict and evidence, the ceilings' source."""
 from rich.console import Console
+from support.phase_literals import decode_literal_trace
 
 from ridgeline.aggregator.analysis import analyze_trace
 from ridgeline.aggregator.report import render
-
-from support.phase_literals import decode_literal_trace
 
 
 def test_render_shows_phase_verdict_evidence_and_source():

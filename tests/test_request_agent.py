@@ -10,9 +10,8 @@ against the simulator in tests/test_request_history.py).
 """
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,16 +20,16 @@ import time
 
 import numpy as np
 import pytest
-
 from support import request_scenarios as sc
-from ridgeline.aggregator import wire as codec
+from support.net import free_port
+
 from ridgeline.agent import cli, config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
+from ridgeline.aggregator import wire as codec
 from ridgeline.aggregator.request_history import HELD_DTYPE
 from ridgeline.probes.otlp_receiver import OtlpProbe
-from support.net import free_port
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
@@ -184,6 +183,7 @@ def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
 
 def test_why_never_prints_a_peers_control_characters(tmp_path, capsys):
     import msgspec
+
     from ridgeline.agent.request_view import as_json
     from ridgeline.aggregator import request_join as rj
     steps, spans = sc.seed_batched()

@@ -4,8 +4,8 @@ sees are the steps the simulated engine really ran (its own step records)."""
 from __future__ import annotations
 
 import numpy as np
-
 from support import request_scenarios as sc
+
 from ridgeline.aggregator import request_history as rh
 from ridgeline.aggregator.windows import WindowBuilder
 

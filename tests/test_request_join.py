@@ -8,8 +8,8 @@ The scenarios are stepped by tests/support/request_scenarios.py.
 from __future__ import annotations
 
 import numpy as np
-
 from support import request_scenarios as sc
+
 from ridgeline.aggregator import request_join as rj
 
 

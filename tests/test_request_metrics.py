@@ -6,11 +6,11 @@ import subprocess
 
 import msgspec
 import pytest
-
 from support import request_scenarios as sc
-from ridgeline.aggregator import request_join as rj
 from support.metrics_windows import exposition, families, thread, window
 from support.prometheus_server import PROMTOOL, needs_promtool
+
+from ridgeline.aggregator import request_join as rj
 
 
 def with_requests(stories=None, otlp=None):
@@ -69,6 +69,7 @@ def test_promtool_check_metrics_passes_with_the_request_families():
 
 def test_top_shows_the_windows_requests():
     from rich.console import Console
+
     from ridgeline.agent.top import render
     w = with_requests(seed_stories())
     c = Console(width=200, record=True)

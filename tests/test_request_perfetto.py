@@ -7,13 +7,12 @@ import json
 
 import msgspec
 import numpy as np
-
 from support import request_scenarios as sc
 from support.perfetto_import import import_json
-from support.phase_literals import NAMES, Step, phase_map
+from support.phase_literals import NAMES, Step, annotated_literal_trace, phase_map
+
 from ridgeline.aggregator import request_join as rj
 from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
-from support.phase_literals import annotated_literal_trace
 
 
 def seed_stories_near_the_literal():

@@ -159,6 +159,7 @@ def test_a_real_single_rank_trace_has_no_group():
     """The B200 vLLM TP8 trace holds rank 0 only: its 74 collectives (multimem all-reduce,
     NCCL all-gather) are seen, and no group is claimed from one rank."""
     from conftest import shared_trace
+
     from ridgeline.probes.kineto import load_trace
     t = load_trace(shared_trace("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"))
     s, inst = S.analyse(t)

@@ -11,10 +11,8 @@ import hashlib
 from pathlib import Path
 
 import pytest
-
 from conftest import third_party
-from support.third_party_files import third_party_missing, third_party_path
-from support.third_party_files import DOC, listed_sha256
+from support.third_party_files import DOC, listed_sha256, third_party_missing, third_party_path
 
 
 def test_every_listed_file_has_its_provenance_section():

@@ -6,10 +6,10 @@ prefill of 8 x 2048 tokens. Engine figures for the KV case come from the real vL
 scrape advanced to a loaded state (tests/support/engine_samples.py).
 """
 import pytest
+from support.engine_samples import V011, advance, sample_text
 
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.aggregator import verdict as v
-from support.engine_samples import V011, advance, sample_text
 from ridgeline.probes import prom_text
 
 WINDOW_NS = 1_000_000_000
@@ -218,6 +218,7 @@ def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
 def test_launch_thread_from_sched_and_uprobe_windows_in_window_layout():
     """H4's per-window arrays (its dtypes), as the window record holds them after plain()."""
     import numpy as np
+
     from ridgeline.aggregator.windows import plain
     from ridgeline.probes.sched_accounting import WINDOW_DTYPE
     cuda_dtype = np.dtype([("tid", "<i4"), ("tgid", "<i4"), ("launches", "<i8"), ("graph_launches", "<i8")])

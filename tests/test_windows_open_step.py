@@ -10,17 +10,15 @@ no CPU operators or ranges; the oracle is the whole-trace mapper on the same eve
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from conftest import third_party
+from support.window_replay import load_kernels, whole_phases, windowed_phases
 
 from ridgeline.aggregator import windows
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
-from support.window_replay import load_kernels, whole_phases, windowed_phases
 
 # The TraceLens traces (third-party, tests/THIRD_PARTY.md), by name: a fixed list, so the test
 # ids do not depend on whether the files are present; third_party() skips when one is absent.

@@ -19,8 +19,13 @@ import numpy as np
 import orjson
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import (COPY_DIRECTION_NAMES, RANGE_GPU_ANNOTATION, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
-                           Trace)
+from ridgeline.probes.events import (
+    COPY_DIRECTION_NAMES,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    Trace,
+)
 
 _CHUNK = 20_000
 

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ridgeline.probes import targets
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
 from ridgeline.probes.cupti.demangle import demangle_many
@@ -22,7 +23,6 @@ from ridgeline.probes.cupti.demangle_budget import DemangleBudget
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
-from ridgeline.probes import targets
 from ridgeline.probes.probe import Availability, Probe
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ import pytest
 
 from support.net import free_port
 
-
 TRACE = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # ~27k kernels/s
 
 

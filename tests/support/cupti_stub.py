@@ -18,7 +18,6 @@ import pytest
 
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.server import CuptiServer
-
 from support import cupti_records as R
 
 ROOT = Path(__file__).resolve().parents[2]

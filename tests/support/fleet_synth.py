@@ -22,7 +22,6 @@ from ridgeline.agent.recording import RecordingWriter
 from ridgeline.aggregator import model_config, wire
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
-
 from support.recording_synth import _KINDS, _slices
 
 T0_NS = 1_796_119_200 * 1_000_000_000      # 2026-12-01 10:00:00 UTC

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 TRACES = [
     "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
     "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",

@@ -12,7 +12,6 @@ from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import prom_text
 from support.engine_samples import busy_vllm_v011
 
-
 S = 1_000_000_000
 URL = "http://127.0.0.1:8000/metrics"
 SGL = "http://127.0.0.1:30000/metrics"

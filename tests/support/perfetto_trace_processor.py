@@ -143,9 +143,8 @@ def record(binary: str, out: str, names: list[str], traces: Path, source: str) -
     """Export every shared trace with ``ridgeline analyze --perfetto``, load each export in
     the real trace processor and write its figures, the binary's version and ``source``
     (where the binary came from) to ``out``."""
-    from support.perfetto_import import import_json, summary
-
     from ridgeline.agent.cli import main
+    from support.perfetto_import import import_json, summary
     doc = {"perfetto_version": version(binary), "perfetto_source": source, "traces": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:

@@ -8,8 +8,19 @@ the phase mapper's. They use the real :class:`aggregator.phases.Step` and
 import numpy as np
 
 from ridgeline.aggregator.phases import PHASE_NAMES, PhaseMap, Step
-from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, COPY_DTYPE, COPY_HTOD, KERNEL_DTYPE, RANGE_DTYPE,
-                                     RANGE_GPU_ANNOTATION, Device, NameTable, Trace, empty)
+from ridgeline.probes.events import (
+    API_DTYPE,
+    API_LAUNCH,
+    COPY_DTYPE,
+    COPY_HTOD,
+    KERNEL_DTYPE,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    Device,
+    NameTable,
+    Trace,
+    empty,
+)
 
 NAMES = PHASE_NAMES
 __all__ = ["NAMES", "Step", "phase_map"]

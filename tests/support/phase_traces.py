@@ -8,9 +8,17 @@ import json
 
 import numpy as np
 
-from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE,
-                                     RANGE_GPU_ANNOTATION, NameTable, Trace, empty)
-
+from ridgeline.probes.events import (
+    API_DTYPE,
+    API_LAUNCH,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    NameTable,
+    Trace,
+    empty,
+)
 
 US = 1000  # ns per microsecond
 

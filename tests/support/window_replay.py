@@ -13,7 +13,6 @@ from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
 from ridgeline.probes.kineto import load_trace
 
-
 _cache: dict[str, Trace] = {}
 
 
