@@ -1540,7 +1540,11 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
             parallel = False
     # the fast path: typed decoding of whole-event pieces (probes.kineto_typed); files it
     # cannot cut or decode cleanly are read by the structural scanner below
-    from . import kineto_typed
+    try:
+        from . import kineto_typed
+    except ImportError:   # msgspec, a third-party dependency, absent (the GPU check's bundle
+        # installs ridgeline without dependencies; tests/test_kineto_typed.py reads it so)
+        return _load_scanned(path, chunk_bytes, bool(parallel), budget)
     try:
         trace = kineto_typed.load(path, max(chunk_bytes, kineto_typed.CHUNK_BYTES)
                                   if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, bool(parallel),
