@@ -71,6 +71,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "probes.otlp.max_queued_spans": (1, 10_000_000),
     "probes.otlp.history_s": (10.0, 3600.0),
     "probes.otlp.join_delay_s": (0.0, 600.0),
+    "probes.sglang_requests.max_bytes_per_poll": (4096, 256 * 2**20),
+    "probes.sglang_requests.max_line_bytes": (1024, 16 * 2**20),
     "probes.cupti.idle_peer_s": (5.0, 86400.0),
 }
 
@@ -244,6 +246,12 @@ def _validate(cfg: dict, origin: str) -> None:
         if not probes["otlp"]["allow_remote"] and not is_loopback(f"tcp://{host}:{port}"):
             bad("probes.otlp.listen", f"{otlp} is not a loopback address: the span receiver has no "
                 "authentication, so taking spans from beyond this host needs probes.otlp.allow_remote = true")
+    sg_dir = probes["sglang_requests"]["dir"]
+    if len(sg_dir) > 4096 or "\x00" in sg_dir:
+        bad("probes.sglang_requests.dir", "must be a folder path (at most 4096 characters, no NUL)")
+    if "sglang_requests" in probes["enabled"] and not sg_dir:
+        bad("probes.sglang_requests.dir", "must be set when the sglang_requests probe is enabled (SGLang's "
+            "--export-metrics-to-file-dir)")
     sim_otlp = probes["simulator"]["otlp_endpoint"]
     if sim_otlp and (not sim_otlp.startswith(("http://", "https://")) or len(sim_otlp) > 2048):
         bad("probes.simulator.otlp_endpoint", f"must be an http:// or https:// URL, got {sim_otlp[:80]!r}")

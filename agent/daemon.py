@@ -110,7 +110,7 @@ class Agent:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
         request join needs (from the first window on: a request's span comes at its end)."""
         o = cfg["probes"]["otlp"]
-        if "otlp" not in cfg["probes"]["enabled"]:
+        if not {"otlp", "sglang_requests"} & set(cfg["probes"]["enabled"]):
             self.builder.requests = None      # no spans come: hold no steps for them
             return
         if self.builder.requests is None:

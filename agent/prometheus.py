@@ -133,6 +133,8 @@ class WindowCollector:
         # -- issue 22: request join aggregates (agent/request_metrics.py) --
         from .request_metrics import RequestMetrics
         self.request_metrics = RequestMetrics()
+        from .straggler_metrics import StragglerMetrics  # issue 23
+        self.straggler_metrics = StragglerMetrics()
 
     # ------------------------------------------------------------------ accumulation
     def _host(self, w: dict) -> str:
@@ -213,6 +215,7 @@ class WindowCollector:
             self.records = float((window.get("agent") or {}).get("records_total", self.records))
             self._observe_threads(window, launch)
             self.request_metrics.observe(window)     # issue 22
+            self.straggler_metrics.observe(window)   # issue 23
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
@@ -288,6 +291,7 @@ class WindowCollector:
             yield from self._verdicts(w)
             yield from self._agent(w.get("agent") or {}, w)
             yield from self.request_metrics.families(self._host(w), w)     # issue 22
+            yield from self.straggler_metrics.families(self._host(w))       # issue 23
 
     def _build_info(self):
         from ridgeline.aggregator import wire

@@ -96,6 +96,13 @@ def _otlp(cfg: dict) -> ProbeLike:
                      max_queued_spans=o["max_queued_spans"])
 
 
+def _sglang_requests(cfg: dict) -> ProbeLike:
+    from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
+    s = cfg["probes"]["sglang_requests"]
+    return SglangRequestMetricsProbe(s["dir"], max_bytes_per_poll=s["max_bytes_per_poll"],
+                                     max_line_bytes=s["max_line_bytes"])
+
+
 def _replay(cfg: dict) -> ProbeLike:
     from ridgeline.probes.replay import ReplayProbe
     r = cfg["probes"]["replay"]
@@ -119,6 +126,8 @@ STEPS: dict[str, Step] = {s.name: s for s in (
     Step("nvml", "device", _nvml, "NVML: memory, clocks, power, busy time, GPM"),
     Step("engine", "engine", _engine, "the serving engine's Prometheus /metrics (vLLM, SGLang)"),
     Step("otlp", "requests", _otlp, "OTLP/HTTP receiver of the engines' per-request spans (vLLM, SGLang)"),
+    Step("sglang_requests", "requests", _sglang_requests,
+         "SGLang's per-request metrics files (--export-metrics-to-file), where it sends no traces"),
     Step("simulator", "events", _simulator, "SIMULATED continuous-batching server (no GPU needed)"),
     Step("replay", "events", _replay, "a recorded trace replayed as live"),
 )}

@@ -12,13 +12,21 @@ labelled ``Hostname`` only (plus ``segment`` or ``source``, from fixed sets):
   (``source``: measured, roofline_estimate or none), ``ridgeline_request_segment_p99_seconds``
   (``segment``: queue, prefill, decode, dragged, e2e), ``ridgeline_request_top_culprit_added_seconds``
   and ``ridgeline_request_top_culprit_prompt_tokens`` (the top culprit's size);
+* the histogram ``ridgeline_request_e2e_seconds`` of the joined requests' end-to-end time
+  (``request_join.E2E_BOUNDS_S``, cumulative over windows); in OpenMetrics (``Accept:
+  application/openmetrics-text``) each bucket carries an exemplar: the slowest request of
+  the last window that had one in that bucket, as ``{request_id, trace_id}`` with its
+  time. Exemplars name requests; series never do (one histogram per host);
 * the OTLP receiver's own counters, from the health record's ``probes.otlp``:
   ``ridgeline_otlp_spans_accepted_total``, ``ridgeline_otlp_spans_refused_total`` and
   ``ridgeline_otlp_refused_total`` by ``reason`` (the receiver's fixed refusal kinds).
 """
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.samples import Exemplar
+
+from ridgeline.aggregator.request_join import E2E_BOUNDS_S
 
 SEGMENTS = ("queue", "prefill", "decode", "dragged", "e2e")
 SOURCES = ("measured", "roofline_estimate", "none")
@@ -34,6 +42,9 @@ class RequestMetrics:
         self.last: dict | None = None        # the last window's "requests" with requests joined
         self.last_end_ns = 0
         self.seen = False                    # a window ever carried "requests" (the join runs)
+        self.e2e_counts = [0.0] * (len(E2E_BOUNDS_S) + 1)
+        self.e2e_sum_s = 0.0
+        self.exemplars: dict[int, tuple[dict, float, float]] = {}   # bucket -> (labels, value s, time s)
 
     def observe(self, window: dict) -> None:
         r = window.get("requests")
@@ -46,6 +57,18 @@ class RequestMetrics:
         self.dragged_s += _n(r.get("dragged_ns")) * 1e-9
         if _n(r.get("requests")) > 0:
             self.last, self.last_end_ns = r, int(_n(window.get("end_ns")))
+        counts = r.get("e2e_bucket_counts")
+        if isinstance(counts, list) and len(counts) == len(self.e2e_counts):
+            for i, c in enumerate(counts):
+                self.e2e_counts[i] += _n(c)
+            self.e2e_sum_s += _n(r.get("e2e_total_ns")) * 1e-9
+            for ex in r.get("exemplars") or []:
+                b = int(_n(ex.get("bucket"))) if isinstance(ex, dict) else -1
+                if 0 <= b < len(self.e2e_counts):
+                    labels = {"request_id": str(ex.get("request_id") or "")[:64]}
+                    if ex.get("trace_id"):
+                        labels["trace_id"] = str(ex["trace_id"])[:32]
+                    self.exemplars[b] = (labels, _n(ex.get("e2e_ns")) * 1e-9, self.last_end_ns * 1e-9)
 
     def families(self, host: str, window: dict):
         yield from self._receiver(host, window)
@@ -62,6 +85,17 @@ class RequestMetrics:
             c = CounterMetricFamily(name, doc, labels=["Hostname"])
             c.add_metric([host], value)
             yield c
+        h = HistogramMetricFamily("ridgeline_request_e2e_seconds",
+                                  "End-to-end time of the joined requests (exemplars: the slowest request "
+                                  "of a bucket in the last window that had one)", labels=["Hostname"])
+        buckets, cum = [], 0.0
+        for i, bound in enumerate(list(E2E_BOUNDS_S) + [float("inf")]):
+            cum += self.e2e_counts[i]
+            le = "+Inf" if bound == float("inf") else repr(float(bound))
+            ex = self.exemplars.get(i)
+            buckets.append((le, cum, Exemplar(*ex)) if ex else (le, cum))
+        h.add_metric([host], buckets, self.e2e_sum_s)
+        yield h
         r = self.last
         if r is None:
             return

@@ -225,6 +225,8 @@ def render(window: dict, state: TopState | None = None):
     req = requests_line(window.get("requests"))
     if req is not None:
         parts.append(req)
+    from .straggler_view import stragglers_lines  # issue 23
+    parts.extend(stragglers_lines(window.get("stragglers")))
     parts.append(agent_line(window.get("agent") or {}, state))
     return Group(*parts)
 

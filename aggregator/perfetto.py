@@ -314,7 +314,7 @@ def _request_slices(tracks: _Tracks, requests: list, t0: int) -> list[dict]:
     out = []
     for rank, s in enumerate(requests):
         tid = tracks.thread(REQUEST_PID, f"request {s.request_id[:64]} ({s.e2e_ns / 1e9:.2f} s)", sort_index=rank)
-        sched = s.start_ns + s.queue_ns
+        sched = s.start_ns + max(s.queue_ns, 0)      # -1: the engine did not report it
         first = sched + s.prefill_ns
         for name, a, b, args in (
                 ("queued", s.start_ns, sched, {"kv_full": s.kv_full_while_queued}),

@@ -22,7 +22,8 @@ and is recorded:
    (causal attention, a serving-engine kernel, an LM head); without it non-causal
    self-attention and convolutions are other, anything else unknown. Conflicting evidence
    => unknown. A prefill launch with room for one-token decodes that continues a running
-   batch is mixed (:func:`mixed_by_continuity`).
+   batch, or opens the recording, is mixed (:func:`mixed_by_continuity`). Each class of
+   evidence is one rule of :data:`VOTE_RULES` (``StepView -> list of votes``).
 
 The signature table is data (``aggregator/data/kernel_signatures.toml``). All per-kernel
 work is numpy over the kernel arrays; votes are computed once per group of steps with identical
@@ -30,8 +31,10 @@ facts, and Python loops otherwise run over distinct names, (op, dims) pairs, dev
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -721,211 +724,413 @@ class _StepFacts:
         return np.where(example < 0, -1, np.where(t >= 0, t, -2 - k["name_id"][e].astype(np.int64)))
 
 
-def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src: tuple) -> list[_Vote]:
-    """Votes of step ``j``: attention, tokens, GEMM, training, non-LLM, and the decoder-LLM
-    evidence that prefill/decode/mixed labels need (class "llm", phase unknown)."""
-    k = trace.kernels
-    votes: list[_Vote] = []
-    sigs: list[Signature] = kc.signatures
-    present = np.flatnonzero(f.sig_count[j])
-    att_votes: list[_Vote] = []
-    for s_i in present.tolist():
-        s = sigs[s_i]
-        n = int(f.sig_count[j, s_i])
-        ex = int(f.max_example[j, s_i])
-        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else s.label
-        if s.role in ("attention", "attention_aux") and s.grid_rule != "query_blocks" \
-                and s.phase in ("prefill", "decode", "mixed"):
-            ph = {"prefill": PREFILL, "decode": DECODE, "mixed": MIXED}[s.phase]
-            att_votes.append(_Vote(ph, {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}[s.strength],
-                                   f"{name} x{n}: {s.label} => {s.phase}", "attention", s_i))
-    # Query-block attention (grid.x = ceil(query tokens / kBlockM)): the widest launch that
-    # is not known to be non-causal.
-    seqs = -1
-    ex = int(f.qb_example[j])
-    if ex >= 0:
-        s_i = int(kc.sig[ex])
-        s = sigs[s_i]
-        n = int(f.sig_count[j, s_i])
-        name = short_name(trace.names[int(k["name_id"][ex])])
-        gx_max = int(k["grid_x"][ex])
-        if gx_max > 1:
-            att_votes.append(_Vote(PREFILL, STRONG, f"{name} grid {_grid_text(k, ex)}: {gx_max} query blocks "
-                                   f"per sequence => prefill", "attention", s_i))
-        elif s.phase in ("decode", "neutral"):
-            att_votes.append(_Vote(DECODE, WEAK, f"{name} grid {_grid_text(k, ex)}: one query block "
-                                   f"(x{n}) => decode-like", "attention", s_i))
-        else:
-            att_votes.append(_Vote(UNKNOWN, 0, f"{name} grid {_grid_text(k, ex)}: one query block: short "
-                                   f"query, prefill or decode", "attention", s_i))
-        if s.seqs_axis == "y" and not f.split[j] and k["grid_y"][ex] > 0:
-            seqs = int(k["grid_y"][ex])
-    nc = int(f.noncausal_example[j])
-    if nc >= 0:
-        s_i = int(kc.sig[nc])
-        name = short_name(trace.names[int(k["name_id"][nc])])
-        flag = ("is_causal=False and no mask on its SDPA operator" if f.noncausal_from_op[j]
-                else "Is_causal false")
-        votes.append(_Vote(OTHER, MEDIUM, f"{name} grid {_grid_text(k, nc)} x{int(f.noncausal[j])}: non-causal "
-                           f"self-attention over {int(k['grid_x'][nc])} query blocks ({flag}) => other "
-                           f"(encoder or vision transformer, not a decoder LLM)", "noncausal", s_i))
-    # Eager attention (no fused attention kernel): softmax rows per sequence-head.
+@dataclass(frozen=True)
+class StepView:
+    """What a vote rule reads about one step: step ``j`` of the per-step facts ``f`` of
+    ``trace`` (kernel classes ``kc``; ``rows_src``: the per-kernel CPU-op text index and
+    the texts, from :func:`_gemm_rows`, that name GEMM-rows figures in the evidence)."""
+    j: int
+    f: _StepFacts
+    trace: Trace
+    kc: KernelClasses
+    rows_src: tuple
+
+    @property
+    def k(self) -> np.ndarray:
+        return self.trace.kernels
+
+    @property
+    def sigs(self) -> list[Signature]:
+        return self.kc.signatures
+
+    def present(self) -> list[int]:
+        """Signatures with at least one kernel in the step."""
+        return np.flatnonzero(self.f.sig_count[self.j]).tolist()
+
+    def name(self, kernel_index: int) -> str:
+        return short_name(self.trace.names[int(self.k["name_id"][kernel_index])])
+
+    def example_name(self, s_i: int) -> str:
+        """Name of the step's widest kernel of signature ``s_i`` (the label without one)."""
+        ex = int(self.f.max_example[self.j, s_i])
+        return self.name(ex) if ex >= 0 else self.sigs[s_i].label
+
+    def role_count(self, role: int) -> int:
+        return int(self.f.role_count[role][self.j])
+
+
+# A vote rule: one class of evidence of a step, read alone; [] when the step has none.
+VoteRule = Callable[[StepView], list[_Vote]]
+_PHASE_CODE = {"prefill": PREFILL, "decode": DECODE, "mixed": MIXED}
+_STRENGTH_CODE = {"weak": WEAK, "medium": MEDIUM, "strong": STRONG}
+
+
+def _signature_attention_votes(s: StepView) -> list[_Vote]:
+    """Attention kernels whose name signature carries a phase (not the query-block ones)."""
+    out = []
+    for s_i in s.present():
+        sig = s.sigs[s_i]
+        if sig.role in ("attention", "attention_aux") and sig.grid_rule != "query_blocks" \
+                and sig.phase in _PHASE_CODE:
+            n = int(s.f.sig_count[s.j, s_i])
+            out.append(_Vote(_PHASE_CODE[sig.phase], _STRENGTH_CODE[sig.strength],
+                             f"{s.example_name(s_i)} x{n}: {sig.label} => {sig.phase}", "attention", s_i))
+    return out
+
+
+def _query_block_votes(s: StepView) -> list[_Vote]:
+    """Query-block attention (grid.x = ceil(query tokens / kBlockM)): the widest launch that
+    is not known to be non-causal."""
+    ex = int(s.f.qb_example[s.j])
+    if ex < 0:
+        return []
+    k = s.k
+    s_i = int(s.kc.sig[ex])
+    n = int(s.f.sig_count[s.j, s_i])
+    head = f"{s.name(ex)} grid {_grid_text(k, ex)}"
+    gx_max = int(k["grid_x"][ex])
+    if gx_max > 1:
+        return [_Vote(PREFILL, STRONG, f"{head}: {gx_max} query blocks per sequence => prefill", "attention", s_i)]
+    if s.sigs[s_i].phase in ("decode", "neutral"):
+        return [_Vote(DECODE, WEAK, f"{head}: one query block (x{n}) => decode-like", "attention", s_i)]
+    return [_Vote(UNKNOWN, 0, f"{head}: one query block: short query, prefill or decode", "attention", s_i)]
+
+
+def attention_sequences(s: StepView) -> int:
+    """Sequences of the step's query-block attention launch (FA2 grid.y over an unsplit
+    launch), -1 unknown."""
+    ex = int(s.f.qb_example[s.j])
+    if ex < 0 or s.sigs[int(s.kc.sig[ex])].seqs_axis != "y" or s.f.split[s.j] or s.k["grid_y"][ex] <= 0:
+        return -1
+    return int(s.k["grid_y"][ex])
+
+
+def rule_noncausal_attention(s: StepView) -> list[_Vote]:
+    """Non-causal self-attention over several query blocks => other (medium)."""
+    nc = int(s.f.noncausal_example[s.j])
+    if nc < 0:
+        return []
+    k = s.k
+    flag = ("is_causal=False and no mask on its SDPA operator" if s.f.noncausal_from_op[s.j]
+            else "Is_causal false")
+    return [_Vote(OTHER, MEDIUM, f"{s.name(nc)} grid {_grid_text(k, nc)} x{int(s.f.noncausal[s.j])}: non-causal "
+                  f"self-attention over {int(k['grid_x'][nc])} query blocks ({flag}) => other "
+                  f"(encoder or vision transformer, not a decoder LLM)", "noncausal", int(s.kc.sig[nc]))]
+
+
+def rule_eager_attention(s: StepView) -> list[_Vote]:
+    """Eager attention (no fused attention kernel): softmax rows per sequence-head."""
+    f, j = s.f, s.j
     sx = int(f.eager_example[j])
-    if sx >= 0 and not (f.role_count[ROLE_ATTENTION][j] or f.role_count[ROLE_ATTENTION_AUX][j]):
-        z, lo, hi = int(f.eager_heads[j]), int(f.eager_rows_lo[j]), int(f.eager_rows_hi[j])
-        rows = f"{lo}" if lo == hi else f"{lo}..{hi}"
-        head = (f"{short_name(trace.names[int(k['name_id'][sx])])} grid {_grid_text(k, sx)}: {rows} softmax rows over "
-                f"{z} sequence-heads (grid.z of the batched Q.K GEMM before it)")
-        if lo > z:
-            votes.append(_Vote(PREFILL, MEDIUM, f"{head}: several query rows each => prefill", "eager_attention"))
-        elif hi < 2 * z:
-            votes.append(_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention"))
-    # Decoder-LLM evidence.
-    if f.causal[j]:
-        by_op = f" ({int(f.causal_from_op[j])} by is_causal=True on their SDPA operator)" if f.causal_from_op[j] else ""
-        if f.causal_from_grid[j]:
-            by_op += (f" ({int(f.causal_from_grid[j])} by aotriton's causal persistent grid: a multiple of the "
-                      f"device's {_cu_count(trace)} compute units)")
-        backed = (f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]
-        if backed or not f.non_llm_in_trace:
-            votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches{by_op} "
-                               f"(decoder-LLM evidence)", "llm"))
-        else:
-            # A diffusion or detection pipeline's causal text tower (CLIP's) reads like a
-            # decoder forward without its LM head; next to non-LLM steps, it is not one.
-            votes.append(_Vote(UNKNOWN, 0, f"{int(f.causal[j])} causal attention launches{by_op} but no LM head or "
-                               f"serving kernel, in a trace with non-LLM steps (non-causal self-attention, "
-                               f"convolution): a causal text encoder (CLIP) reads the same; not decoder evidence",
-                               "note"))
-    if f.inference_only[j]:
-        kinds = sorted({sigs[s].label for s in present.tolist() if sigs[s].inference_only})
-        votes.append(_Vote(UNKNOWN, STRONG, f"{int(f.inference_only[j])} serving-engine kernels "
-                           f"({', '.join(kinds[:3])}) (decoder-LLM evidence)", "llm"))
-    if f.lm_head[j] >= 0:
-        lm = int(f.lm_head[j])
-        how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
-        head = f"{short_name(trace.names[int(k['name_id'][lm])])} grid {_grid_text(k, lm)}"
-        ua = int(f.causal_unknown_example[j])
-        rows, tm = _rows_seen(j, f, kc, trace), int(kc.tile_tok[lm])
-        if f.lm_estimated[j] and tm > 0 and rows > tm and int(f.lm_width[j]) // -(-rows // tm) < VOCAB_MIN_COLS:
-            # A launch-grid width is N only when the GEMM's rows fit one token-side tile; over
-            # R rows it is N x ceil(R / tile). Where the step runs on more rows than a tile,
-            # a token-tile count times a narrow N reads as wide: no decoder evidence.
-            votes.append(_Vote(UNKNOWN, 0, f"{head}: {int(f.lm_width[j])} columns from its launch grid and tile, "
-                               f"but the step runs on {rows} rows per GEMM (over {-(-rows // tm)} tiles of {tm}): "
-                               f"as likely {int(f.lm_width[j]) // -(-rows // tm)} columns over all of them; not "
-                               f"decoder evidence", "note"))
-        elif ua >= 0 and not f.causal[j]:
-            # An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, mBERT
-            # 119547, XLM-R 250002): next to fused attention that could have said it is
-            # causal and does not, the width is no decoder evidence.
-            votes.append(_Vote(UNKNOWN, 0, f"{head}: {int(f.lm_width[j])} output columns ({how}), LM-head wide, but "
-                               f"no decoder-LLM evidence: the step's attention "
-                               f"({short_name(trace.names[int(k['name_id'][ua])])}) does not say whether it is "
-                               f"causal, and an encoder's MLM head is as wide", "note"))
-        else:
-            votes.append(_Vote(UNKNOWN, WEAK, f"{head}: LM head, {int(f.lm_width[j])} output columns ({how}) "
-                               f"(decoder-LLM evidence)", "llm"))
-    att_votes = discount_empty_capable(att_votes, sigs)
-    # Attention class: prefill and decode attention kernels side by side => mixed.
-    p = max((v.strength for v in att_votes if v.phase == PREFILL), default=0)
-    d = max((v.strength for v in att_votes if v.phase == DECODE), default=0)
-    if p >= MEDIUM and d >= MEDIUM:
-        pv = next(v for v in att_votes if v.phase == PREFILL and v.strength == p)
-        dv = next(v for v in att_votes if v.phase == DECODE and v.strength == d)
-        votes.append(_Vote(MIXED, STRONG, f"prefill and decode attention in one step ({pv.text}; {dv.text}) => mixed",
-                           "attention"))
+    if sx < 0 or s.role_count(ROLE_ATTENTION) or s.role_count(ROLE_ATTENTION_AUX):
+        return []
+    z, lo, hi = int(f.eager_heads[j]), int(f.eager_rows_lo[j]), int(f.eager_rows_hi[j])
+    rows = f"{lo}" if lo == hi else f"{lo}..{hi}"
+    head = (f"{s.name(sx)} grid {_grid_text(s.k, sx)}: {rows} softmax rows over {z} sequence-heads (grid.z of the "
+            f"batched Q.K GEMM before it)")
+    if lo > z:
+        return [_Vote(PREFILL, MEDIUM, f"{head}: several query rows each => prefill", "eager_attention")]
+    if hi < 2 * z:
+        return [_Vote(DECODE, MEDIUM, f"{head}: one query row each => decode", "eager_attention")]
+    return []
+
+
+def rule_causal_attention(s: StepView) -> list[_Vote]:
+    """Causal attention launches: decoder-LLM evidence (strong), but only a note for a causal
+    text tower (no LM head or serving kernel, in a trace with non-LLM steps)."""
+    f, j = s.f, s.j
+    if not f.causal[j]:
+        return []
+    by_op = f" ({int(f.causal_from_op[j])} by is_causal=True on their SDPA operator)" if f.causal_from_op[j] else ""
+    if f.causal_from_grid[j]:
+        by_op += (f" ({int(f.causal_from_grid[j])} by aotriton's causal persistent grid: a multiple of the "
+                  f"device's {_cu_count(s.trace)} compute units)")
+    backed = (f.lm_head[j] >= 0 and not f.lm_estimated[j]) or f.inference_only[j]
+    if backed or not f.non_llm_in_trace:
+        return [_Vote(UNKNOWN, STRONG, f"{int(f.causal[j])} causal attention launches{by_op} (decoder-LLM evidence)",
+                      "llm")]
+    # A diffusion or detection pipeline's causal text tower (CLIP's) reads like a decoder
+    # forward without its LM head; next to non-LLM steps, it is not one.
+    return [_Vote(UNKNOWN, 0, f"{int(f.causal[j])} causal attention launches{by_op} but no LM head or serving kernel, "
+                  f"in a trace with non-LLM steps (non-causal self-attention, convolution): a causal text encoder "
+                  f"(CLIP) reads the same; not decoder evidence", "note")]
+
+
+def rule_serving_kernels(s: StepView) -> list[_Vote]:
+    """Inference-only kernels (KV-cache writes, paged/decode attention, samplers): decoder-LLM
+    evidence (strong)."""
+    n = int(s.f.inference_only[s.j])
+    if not n:
+        return []
+    kinds = sorted({s.sigs[i].label for i in s.present() if s.sigs[i].inference_only})
+    return [_Vote(UNKNOWN, STRONG, f"{n} serving-engine kernels ({', '.join(kinds[:3])}) (decoder-LLM evidence)",
+                  "llm")]
+
+
+def rule_lm_head(s: StepView) -> list[_Vote]:
+    """An LM-head-wide GEMM: decoder-LLM evidence (weak), or a note where the width may be a
+    token-tile multiple or an encoder's MLM head."""
+    f, j, k = s.f, s.j, s.k
+    if f.lm_head[j] < 0:
+        return []
+    lm = int(f.lm_head[j])
+    width = int(f.lm_width[j])
+    how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
+    head = f"{s.name(lm)} grid {_grid_text(k, lm)}"
+    ua = int(f.causal_unknown_example[j])
+    rows, tm = _rows_seen(j, f, s.kc, s.trace), int(s.kc.tile_tok[lm])
+    if f.lm_estimated[j] and tm > 0 and rows > tm and width // -(-rows // tm) < VOCAB_MIN_COLS:
+        # A launch-grid width is N only when the GEMM's rows fit one token-side tile; over
+        # R rows it is N x ceil(R / tile). Where the step runs on more rows than a tile,
+        # a token-tile count times a narrow N reads as wide: no decoder evidence.
+        tiles = -(-rows // tm)
+        return [_Vote(UNKNOWN, 0, f"{head}: {width} columns from its launch grid and tile, but the step runs on "
+                      f"{rows} rows per GEMM (over {tiles} tiles of {tm}): as likely {width // tiles} columns over "
+                      f"all of them; not decoder evidence", "note")]
+    if ua >= 0 and not f.causal[j]:
+        # An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, mBERT
+        # 119547, XLM-R 250002): next to fused attention that could have said it is
+        # causal and does not, the width is no decoder evidence.
+        return [_Vote(UNKNOWN, 0, f"{head}: {width} output columns ({how}), LM-head wide, but no decoder-LLM "
+                      f"evidence: the step's attention ({s.name(ua)}) does not say whether it is causal, and an "
+                      f"encoder's MLM head is as wide", "note")]
+    return [_Vote(UNKNOWN, WEAK, f"{head}: LM head, {width} output columns ({how}) (decoder-LLM evidence)", "llm")]
+
+
+def rule_attention_phase(s: StepView) -> list[_Vote]:
+    """Attention kernels' phase: name signatures and query-block grids; a decode kernel that
+    can run empty is no evidence next to a prefill one; prefill and decode attention side by
+    side (>= medium each) => mixed (strong)."""
+    att = discount_empty_capable(_signature_attention_votes(s) + _query_block_votes(s), s.sigs)
+    pv, dv = _strongest(att, PREFILL), _strongest(att, DECODE)
+    if pv is not None and dv is not None and min(pv.strength, dv.strength) >= MEDIUM:
+        return [_Vote(MIXED, STRONG, f"prefill and decode attention in one step ({pv.text}; {dv.text}) => mixed",
+                      "attention")]
+    # Phase votes first, then what says no phase, as notes.
+    return [v for v in att if v.phase != UNKNOWN] + [_Vote(UNKNOWN, 0, v.text, "note") for v in att
+                                                     if v.phase == UNKNOWN]
+
+
+def _strongest(votes: list[_Vote], phase: int) -> _Vote | None:
+    """The first of the strongest votes for ``phase`` (None without one)."""
+    best = None
+    for v in votes:
+        if v.phase == phase and (best is None or v.strength > best.strength):
+            best = v
+    return best
+
+
+def rule_tokens(s: StepView) -> list[_Vote]:
+    """Tokens in the step (grid.x of per-token kernels) against the attention launch's
+    sequences, else against the LM head's sampled rows (:func:`tokens_alone_votes`); one
+    varlen launch with room for one-token decodes gives mixed slots."""
+    f, j = s.f, s.j
+    tok = _tokens(j, f, s.kc, s.trace)
+    if tok is None:
+        return []
+    t, text, rank = tok
+    seqs = attention_sequences(s)
+    if t == 1:
+        out = [_Vote(DECODE, MEDIUM, f"{text}: one token in the step => decode", "tokens")]
+    elif rank == STRONG and seqs > 1 and t == seqs:
+        out = [_Vote(DECODE, STRONG, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): one new token per "
+                     f"sequence => decode", "tokens")]
+    elif rank == STRONG and 0 < seqs < t:
+        out = [_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): several new "
+                     f"tokens per sequence => prefill", "tokens")]
     else:
-        votes.extend(v for v in att_votes if v.phase != UNKNOWN)
-        votes.extend(_Vote(UNKNOWN, 0, v.text, "note") for v in att_votes if v.phase == UNKNOWN)
-    # Tokens: grid.x of per-token kernels (strong ones preferred).
-    tok = _tokens(j, f, kc, trace)
-    if tok is not None:
-        t, text, rank = tok
-        if t == 1:
-            votes.append(_Vote(DECODE, MEDIUM, f"{text}: one token in the step => decode", "tokens"))
-        elif rank == STRONG and seqs > 1 and t == seqs:
-            votes.append(_Vote(DECODE, STRONG, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): one "
-                               f"new token per sequence => decode", "tokens"))
-        elif rank == STRONG and 0 < seqs < t:
-            votes.append(_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): "
-                               f"several new tokens per sequence => prefill", "tokens"))
+        out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]))
+    if rank == STRONG and seqs > 1 and t > seqs:
+        out += _varlen_mixed_slots(s, t, seqs)
+    return _bound_mixed_slots(s, t, out)
+
+
+# CK's group-mode (varlen) batch prefill over a paged KV cache: the mangled name carries the
+# tile (TileFmhaShape<sequence<kM0, kN0, kK0, kN1, kK1, kQKHeaddim>>) and the argument kind.
+_CK_GROUP_PREFILL = re.compile(r"FmhaBatchPrefillWithPagedKVCacheKernel.*?TileFmhaShapeINS_\d+sequenceIJ"
+                               r"Li(\d+)ELi\d+ELi\d+ELi(\d+)ELi\d+ELi(\d+)E.*FmhaFwdGroupModeKargs")
+
+
+def ck_group_prefill_bound(s: StepView) -> tuple[int, int, int] | None:
+    """(kernel, sequences, longest query bound) of the step's CK group-mode batch-prefill
+    launch, None without one. ROCm/composable_kernel
+    include/ck_tile/ops/fmha/kernel/fmha_batch_prefill_kernel.hpp (``GridSize``, group mode):
+    grid (nhead, batch, ceil(max_seqlen_q / kM0) * ceil(hdim_v / kN1)); hdim_v is taken as
+    the name's kQKHeaddim. The MI300X SGLang extend step: grid [32,15,8], tile 128 x ... x 128:
+    15 sequences, longest query <= 1024."""
+    k = s.k
+    for s_i in s.present():
+        ex = int(s.f.max_example[s.j, s_i])
+        if ex < 0 or k["grid_y"][ex] <= 0 or k["grid_z"][ex] <= 0:
+            continue
+        m = _CK_GROUP_PREFILL.search(s.trace.names[int(k["name_id"][ex])])
+        if m is None:
+            continue
+        km0, kn1, hdim = (int(x) for x in m.groups())
+        tiles_m = int(k["grid_z"][ex]) // max(-(-hdim // max(kn1, 1)), 1)
+        if km0 > 0 and tiles_m > 0:
+            return ex, int(k["grid_y"][ex]), tiles_m * km0
+    return None
+
+
+def _bound_mixed_slots(s: StepView, tokens: int, votes: list[_Vote]) -> list[_Vote]:
+    """One-token-decode slots capped by a varlen launch that bounds the longest query (CK
+    group-mode batch prefill): B sequences and T tokens need at least p_min = ceil((T - B) /
+    (q_max - 1)) long ones; with p_min = B no sequence can be a one-token decode."""
+    if not any(v.cls == "mixed_slots" for v in votes):
+        return votes
+    bound = ck_group_prefill_bound(s)
+    if bound is None:
+        return votes
+    ex, seqs, q_max = bound
+    if seqs <= 0 or tokens < seqs:
+        return votes
+    p_min = min(-(-(tokens - seqs) // max(q_max - 1, 1)), seqs)
+    room = seqs - p_min
+    out = []
+    for v in votes:
+        if v.cls != "mixed_slots":
+            out.append(v)
+        elif room <= 0:
+            out.append(_Vote(UNKNOWN, 0, f"{s.name(ex)} grid {_grid_text(s.k, ex)}: {tokens} tokens over {seqs} "
+                             f"sequences, longest query <= {q_max}: every sequence is a prefill, no room for "
+                             f"one-token decodes", "note"))
         else:
-            votes.extend(tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j])))
-        if rank == STRONG and seqs > 1 and t > seqs and ex >= 0 and sigs[int(kc.sig[ex])].seqs_axis == "y":
-            # One varlen launch over B sequences and T tokens whose longest query is at most
-            # grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the
-            # other B - p_min may be one-token decodes (decided against the previous step).
-            bm = int(kc.block_m[ex]) if kc.block_m[ex] > 0 else 128
-            q_max = int(k["grid_x"][ex]) * bm
-            p_min = -(-(t - seqs) // max(q_max - 1, 1))
-            if p_min < seqs:
-                votes.append(_Vote(UNKNOWN, 0, f"{t} tokens over {seqs} sequences, longest query <= {q_max}: "
-                                   f"{seqs - p_min} of them may be one-token decodes", "mixed_slots",
-                                   value=seqs - p_min))
-    if seqs > 0:
-        votes.append(_Vote(UNKNOWN, 0, f"{seqs} sequences in the attention launch", "seqs", value=seqs))
-    # GEMM: GEMV share, rows from CPU ops, tile sizes.
-    n_gemv = int(f.role_count[ROLE_GEMV][j])
-    n_gemm = int(f.role_count[ROLE_GEMM][j])
-    if n_gemv:
-        s_i = next(s for s in present.tolist() if sigs[s].role == "gemv")
-        ex = int(f.max_example[j, s_i])
-        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else "GEMV"
-        if n_gemv * 2 >= n_gemv + n_gemm:
-            votes.append(_Vote(DECODE, STRONG, f"{name} GEMV: {n_gemv} of {n_gemv + n_gemm} GEMMs are "
-                               f"matrix-vector => decode", "gemm", s_i))
-        else:
-            votes.append(_Vote(UNKNOWN, 0, f"{name} GEMV x{n_gemv} among {n_gemv + n_gemm} GEMMs (LM head or "
-                               f"small op, not decisive)", "note"))
+            out.append(dataclasses.replace(v, value=min(v.value, room)))
+    return out
+
+
+def _varlen_mixed_slots(s: StepView, tokens: int, seqs: int) -> list[_Vote]:
+    """One varlen launch over B sequences and T tokens whose longest query is at most
+    grid.x * kBlockM: at least p_min sequences carry the T - B extra tokens; the other
+    B - p_min may be one-token decodes (decided against the previous step)."""
+    ex = int(s.f.qb_example[s.j])
+    bm = int(s.kc.block_m[ex]) if s.kc.block_m[ex] > 0 else 128
+    q_max = int(s.k["grid_x"][ex]) * bm
+    p_min = -(-(tokens - seqs) // max(q_max - 1, 1))
+    if p_min >= seqs:
+        return []
+    return [_Vote(UNKNOWN, 0, f"{tokens} tokens over {seqs} sequences, longest query <= {q_max}: {seqs - p_min} of "
+                  f"them may be one-token decodes", "mixed_slots", value=seqs - p_min)]
+
+
+def rule_sequences(s: StepView) -> list[_Vote]:
+    """The attention launch's sequence count, carried as a value (no phase)."""
+    seqs = attention_sequences(s)
+    return [_Vote(UNKNOWN, 0, f"{seqs} sequences in the attention launch", "seqs", value=seqs)] if seqs > 0 else []
+
+
+def rule_gemv(s: StepView) -> list[_Vote]:
+    """GEMV kernels at least half of the step's GEMMs => decode (strong); a minority is noted."""
+    n_gemv, n_gemm = s.role_count(ROLE_GEMV), s.role_count(ROLE_GEMM)
+    if not n_gemv:
+        return []
+    s_i = next(i for i in s.present() if s.sigs[i].role == "gemv")
+    ex = int(s.f.max_example[s.j, s_i])
+    name = s.name(ex) if ex >= 0 else "GEMV"
+    if n_gemv * 2 >= n_gemv + n_gemm:
+        return [_Vote(DECODE, STRONG, f"{name} GEMV: {n_gemv} of {n_gemv + n_gemm} GEMMs are matrix-vector => decode",
+                      "gemm", s_i)]
+    return [_Vote(UNKNOWN, 0, f"{name} GEMV x{n_gemv} among {n_gemv + n_gemm} GEMMs (LM head or small op, not "
+                  f"decisive)", "note")]
+
+
+def rule_gemm_rows(s: StepView) -> list[_Vote]:
+    """GEMM rows from the CPU operators: tokens per sequence (medium), else flattened rows
+    (weak at <= 16 or >= 512)."""
+    f, j = s.f, s.j
+    src, texts = s.rows_src
     if f.seq_known[j] and f.seq_example[j] >= 0:
         s_max = int(f.max_seq[j])
+        txt = _rows_text(int(f.seq_example[j]), src, texts, s.trace)
         if s_max > 1:
-            votes.append(_Vote(PREFILL, MEDIUM, f"{_rows_text(int(f.seq_example[j]), rows_src[0], rows_src[1], trace)}: "
-                               f"{s_max} tokens per sequence => prefill", "gemm_rows"))
-        elif s_max == 1:
-            votes.append(_Vote(DECODE, MEDIUM, f"{_rows_text(int(f.seq_example[j]), rows_src[0], rows_src[1], trace)}: one new token "
-                               f"per sequence => decode", "gemm_rows"))
-    elif f.max_rows[j] > 0:
-        m = int(f.max_rows[j])
-        txt = _rows_text(int(f.rows_example[j]), rows_src[0], rows_src[1], trace)
-        if m <= 16:
-            votes.append(_Vote(DECODE, WEAK, f"{txt}: at most {m} GEMM rows (tokens) => decode-leaning", "gemm_rows"))
-        elif m >= 512:
-            votes.append(_Vote(PREFILL, WEAK, f"{txt}: {m} GEMM rows (tokens) => prefill-leaning", "gemm_rows"))
-        else:
-            votes.append(_Vote(UNKNOWN, 0, f"{txt}: {m} GEMM rows (tokens)", "note"))
-    tiled = int(f.tiled[j])
-    if tiled:
-        small, large = int(f.small_tile[j]), int(f.large_tile[j])
-        if small * 2 > tiled:
-            votes.append(_Vote(DECODE, WEAK, f"{small} of {tiled} GEMMs use small tiles (<= {SMALL_TILE} rows/cols) "
-                               f"=> decode-leaning", "gemm_tile"))
-        elif large * 2 > tiled:
-            votes.append(_Vote(PREFILL, WEAK, f"{large} of {tiled} GEMMs use large tiles (>= {LARGE_TILE}) "
-                               f"=> prefill-leaning", "gemm_tile"))
-    # Training.
-    n_train = int(f.role_count[ROLE_TRAINING][j])
-    if n_train:
-        s_i = next(s for s in present.tolist() if sigs[s].role == "training")
-        ex = int(f.max_example[j, s_i])
-        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
-        votes.append(_Vote(OTHER, STRONG, f"{n_train} training kernels ({name}: {sigs[s_i].label}) => other (not "
-                           f"inference)", "training", s_i))
-    if f.training_launch[j]:
-        votes.append(_Vote(OTHER, STRONG, f"{int(f.training_launch[j])} kernels launched from autograd/backward/"
-                           f"optimizer CPU ops => other (not inference)", "training"))
-    # Convolutions without any transformer-layer kernel.
-    n_other = int(f.role_count[ROLE_NON_LLM][j])
-    if n_other:
-        kinds = [s for s in present.tolist() if sigs[s].role == "non_llm"]
-        s_i = max(kinds, key=lambda s: f.sig_count[j, s])
-        ex = int(f.max_example[j, s_i])
-        name = short_name(trace.names[int(k["name_id"][ex])]) if ex >= 0 else sigs[s_i].label
-        labels = " / ".join(sigs[s].label for s in kinds)
-        votes.append(_Vote(OTHER, MEDIUM, f"{n_other} non-LLM kernels ({labels}; e.g. {name}) => other (not LLM "
-                           f"inference) unless the step shows a decoder LLM", "non_llm", s_i))
-    return votes
+            return [_Vote(PREFILL, MEDIUM, f"{txt}: {s_max} tokens per sequence => prefill", "gemm_rows")]
+        if s_max == 1:
+            return [_Vote(DECODE, MEDIUM, f"{txt}: one new token per sequence => decode", "gemm_rows")]
+        return []
+    if f.max_rows[j] <= 0:
+        return []
+    m = int(f.max_rows[j])
+    txt = _rows_text(int(f.rows_example[j]), src, texts, s.trace)
+    if m <= 16:
+        return [_Vote(DECODE, WEAK, f"{txt}: at most {m} GEMM rows (tokens) => decode-leaning", "gemm_rows")]
+    if m >= 512:
+        return [_Vote(PREFILL, WEAK, f"{txt}: {m} GEMM rows (tokens) => prefill-leaning", "gemm_rows")]
+    return [_Vote(UNKNOWN, 0, f"{txt}: {m} GEMM rows (tokens)", "note")]
+
+
+def rule_gemm_tiles(s: StepView) -> list[_Vote]:
+    """Token-side GEMM tiles: mostly small => decode-leaning, mostly large => prefill-leaning (weak)."""
+    tiled = int(s.f.tiled[s.j])
+    if not tiled:
+        return []
+    small, large = int(s.f.small_tile[s.j]), int(s.f.large_tile[s.j])
+    if small * 2 > tiled:
+        return [_Vote(DECODE, WEAK, f"{small} of {tiled} GEMMs use small tiles (<= {SMALL_TILE} rows/cols) "
+                      f"=> decode-leaning", "gemm_tile")]
+    if large * 2 > tiled:
+        return [_Vote(PREFILL, WEAK, f"{large} of {tiled} GEMMs use large tiles (>= {LARGE_TILE}) => prefill-leaning",
+                      "gemm_tile")]
+    return []
+
+
+def rule_training_kernels(s: StepView) -> list[_Vote]:
+    """Backward and optimizer kernels => other (strong)."""
+    n = s.role_count(ROLE_TRAINING)
+    if not n:
+        return []
+    s_i = next(i for i in s.present() if s.sigs[i].role == "training")
+    return [_Vote(OTHER, STRONG, f"{n} training kernels ({s.example_name(s_i)}: {s.sigs[s_i].label}) => other (not "
+                  f"inference)", "training", s_i)]
+
+
+def rule_training_launch(s: StepView) -> list[_Vote]:
+    """Kernels launched from autograd/backward/optimizer CPU ops => other (strong)."""
+    n = int(s.f.training_launch[s.j])
+    if not n:
+        return []
+    return [_Vote(OTHER, STRONG, f"{n} kernels launched from autograd/backward/optimizer CPU ops => other (not "
+                  f"inference)", "training")]
+
+
+def rule_non_llm_kernels(s: StepView) -> list[_Vote]:
+    """Convolution/pooling and embedding-bag kernels => other (medium) unless decoder evidence."""
+    n = s.role_count(ROLE_NON_LLM)
+    if not n:
+        return []
+    kinds = [i for i in s.present() if s.sigs[i].role == "non_llm"]
+    s_i = max(kinds, key=lambda i: s.f.sig_count[s.j, i])
+    labels = " / ".join(s.sigs[i].label for i in kinds)
+    return [_Vote(OTHER, MEDIUM, f"{n} non-LLM kernels ({labels}; e.g. {s.example_name(s_i)}) => other (not LLM "
+                  f"inference) unless the step shows a decoder LLM", "non_llm", s_i)]
+
+
+# Every vote rule, in the order their votes are listed (the order evidence texts appear in
+# a step's evidence; :func:`_decide` reads the votes, not the order, except that the first
+# vote of the deciding kind is quoted first). Registered here explicitly: a rule not in this
+# list is not run.
+VOTE_RULES: tuple[tuple[str, VoteRule], ...] = (
+    ("noncausal_attention", rule_noncausal_attention),
+    ("eager_attention", rule_eager_attention),
+    ("causal_attention", rule_causal_attention),
+    ("serving_kernels", rule_serving_kernels),
+    ("lm_head", rule_lm_head),
+    ("attention_phase", rule_attention_phase),
+    ("tokens", rule_tokens),
+    ("sequences", rule_sequences),
+    ("gemv", rule_gemv),
+    ("gemm_rows", rule_gemm_rows),
+    ("gemm_tiles", rule_gemm_tiles),
+    ("training_kernels", rule_training_kernels),
+    ("training_launch", rule_training_launch),
+    ("non_llm_kernels", rule_non_llm_kernels),
+)
+
+
+def _step_votes(j: int, f: _StepFacts, trace: Trace, kc: KernelClasses, rows_src: tuple) -> list[_Vote]:
+    """Votes of step ``j``: every rule of :data:`VOTE_RULES` in order."""
+    view = StepView(j, f, trace, kc, rows_src)
+    return [v for _, rule in VOTE_RULES for v in rule(view)]
 
 
 # aotriton's attention forward: the kernel symbol is plain ``attn_fwd``.
@@ -1153,11 +1358,15 @@ def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
     return [int(x) for x in uk[:, 0]], starts, ends, uk[:, 2].astype(np.int32), [int(x) for x in uk[:, 1]]
 
 
-def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
+def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Mapping[int, int] | None = None,
+               first_step_unknown_history: bool = True) -> PhaseMap:
     """Label every step and kernel of ``trace`` (see the module docstring for the method).
 
     ``use_annotations=False`` ignores every range (engine annotations, NVTX, ProfilerStep)
-    and decides from kernel events (and CPU operators) alone.
+    and decides from kernel events (and CPU operators) alone. ``first_step_ns``: per device,
+    the start of the earliest step seen elsewhere (a stream's previous batches): a step here
+    that starts after it is not the first of the recording; ``first_step_unknown_history=False``:
+    no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
     """
     k = trace.kernels
     n = len(k)
@@ -1287,11 +1496,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
         st.index = i
 
     # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
-    rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
-    width, width_est = _gemm_width(trace, kc, cols)
-    trained = _training_launched(trace, launch)
-    facts = _StepFacts(trace, kc, kernel_step, len(steps), rows, seq, trained, width, width_est,
-                       _op_causal(trace))
+    facts, rows_at, rows_texts, trained = _evidence_facts(trace, kc, launch, kernel_step, len(steps))
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
     decisive_sig = np.full(len(steps), -1, dtype=np.int32)
@@ -1354,7 +1559,7 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
     for st, g in zip(steps, group.tolist()):
         if st.source == "kernels":
             st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
-    mixed_by_continuity(steps)
+    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
 
     # Per-kernel arrays.
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
@@ -1379,11 +1584,35 @@ def map_phases(trace: Trace, use_annotations: bool = True) -> PhaseMap:
                     kernel_evidence=kernel_evidence.astype(np.int32), evidence_names=evidence_names)
 
 
+def _evidence_facts(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray, n_steps: int):
+    """Per-step facts of the steps of ``kernel_step``, with the GEMM-rows texts and the
+    per-kernel training-launch flags they were computed from."""
+    rows, seq, rows_at, rows_texts, cols = _gemm_rows(trace)
+    width, width_est = _gemm_width(trace, kc, cols)
+    trained = _training_launched(trace, launch)
+    facts = _StepFacts(trace, kc, kernel_step, n_steps, rows, seq, trained, width, width_est, _op_causal(trace))
+    return facts, rows_at, rows_texts, trained
+
+
+def step_views(trace: Trace, kernel_step: np.ndarray | None = None) -> list[StepView]:
+    """What the vote rules read about each step of ``kernel_step`` (int per kernel, -1 in no
+    step; default: every kernel in one step), as :func:`map_phases` computes it: for running
+    one rule of :data:`VOTE_RULES` alone on a step."""
+    if kernel_step is None:
+        kernel_step = np.zeros(len(trace.kernels), dtype=np.int32)
+    kernel_step = np.asarray(kernel_step, dtype=np.int32)
+    n_steps = int(kernel_step.max()) + 1 if len(kernel_step) else 0
+    kc = classify_kernels(trace)
+    facts, rows_at, rows_texts, _ = _evidence_facts(trace, kc, launch_index(trace), kernel_step, n_steps)
+    return [StepView(j, facts, trace, kc, (rows_at, rows_texts)) for j in range(n_steps)]
+
+
 def _vote_value(votes: list[_Vote], cls: str) -> int:
     return next((v.value for v in votes if v.cls == cls), 0)
 
 
-def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
+def mixed_by_continuity(steps: list, previous: dict | None = None, first_step_ns: Mapping[int, int] | None = None,
+                        first_step_unknown_history: bool = True) -> list[int]:
     """Relabel kernel-decided prefill steps as mixed where a continuous-batching engine ran
     decodes in the same varlen launch (in place; ``steps`` in time order per device; each
     has ``device``, ``start_ns``, ``end_ns``, ``phase``, ``mixed_slots``, ``evidence``).
@@ -1395,10 +1624,22 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
     the other B - p_min can be one-token decodes (``mixed_slots``). They are taken to be
     decodes when the previous step on the device was LLM inference (prefill, decode or
     mixed) that ended less than GAP_MIN_NS before: the engine kept running and its requests
-    go on decoding. A pure prefill batch after an idle engine stays prefill; one scheduled
-    right after a decode step by an engine that does not mix would be called mixed (a stated
-    limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before ``steps``
-    (streaming); updated in place.
+    go on decoding. A pure prefill batch after an idle engine (a step that is not inference,
+    or a gap of GAP_MIN_NS or more, before it) stays prefill; one scheduled right after a
+    decode step by an engine that does not mix would be called mixed (a stated limit).
+
+    The first step seen on a device (no step before it in the recording or the stream) has
+    no history: whether the engine was idle is unknown. Its slots are taken to be decodes
+    too: a continuous-batching engine (vLLM V1, SGLang) schedules its running requests'
+    decodes in every step, so a step of several sequences with prefill tokens is mixed
+    except right after the engine was idle, which a recording that starts with the step
+    cannot show. A multi-request prefill that opens a recording is then called mixed (a
+    stated limit). ``previous``: device -> the last few (start_ns, end_ns, phase) seen before
+    ``steps`` (streaming); updated in place. ``first_step_ns``: per device, the start of the
+    earliest step seen before, also by a path that keeps no ``previous`` (a stream's annotated
+    batches): only a step starting at or before it can be the recording's first (a held step
+    mapped again stays the first). ``first_step_unknown_history=False``: no step of ``steps``
+    is the recording's first (one step mapped alone to be cached as a shape).
     """
     last = previous if previous is not None else {}
     out = []
@@ -1407,12 +1648,9 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
         # again in the next batch is dropped from the history and recorded anew).
         hist = [h for h in last.get(st.device, []) if h[0] < st.start_ns]
         prev = hist[-1] if hist else None
-        if st.phase == PREFILL and st.mixed_slots > 0 and prev is not None \
-                and prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
+        text = _mixed_slots_taken(st, prev, first_step_ns, first_step_unknown_history)
+        if text is not None:
             st.phase = MIXED
-            text = (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
-                    f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
-                    f"decodes => mixed")
             if isinstance(st.evidence, list):
                 st.evidence.insert(0, text)
                 st.prefill_tokens = st.decode_tokens = None
@@ -1421,6 +1659,28 @@ def mixed_by_continuity(steps: list, previous: dict | None = None) -> list[int]:
             out.append(i)
         last[st.device] = (hist + [(st.start_ns, st.end_ns, st.phase)])[-4:]
     return out
+
+
+def _mixed_slots_taken(st, prev: tuple | None, first_step_ns: Mapping[int, int] | None,
+                       first_step_unknown_history: bool) -> str | None:
+    """Why a prefill step's one-token-decode slots are taken as decodes (None: they are not):
+    it continues a running batch (``prev``: the device's previous step), or it is the first
+    step of the recording on its device (:func:`mixed_by_continuity`)."""
+    if st.phase != PREFILL or st.mixed_slots <= 0:
+        return None
+    if prev is None:
+        first = (first_step_ns or {}).get(st.device)
+        if not first_step_unknown_history or (first is not None and st.start_ns > first):
+            return None
+        return (f"up to {st.mixed_slots} sequences of the prefill launch can be one-token decodes, and nothing "
+                f"before this step on the device says the engine was idle (the recording starts with it): taken "
+                f"to continue a running batch, as a continuous-batching engine's steps with several sequences do "
+                f"=> mixed")
+    if prev[2] in (PREFILL, DECODE, MIXED) and st.start_ns - prev[1] < GAP_MIN_NS:
+        return (f"up to {st.mixed_slots} sequences of the prefill launch continue the previous step's batch "
+                f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
+                f"decodes => mixed")
+    return None
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:

@@ -31,7 +31,7 @@ import collections
 
 import numpy as np
 
-from ridgeline.probes.request_spans import RequestSpan
+from ridgeline.probes.request_spans import RequestSpan, merge
 
 from . import request_join as rj
 
@@ -42,8 +42,9 @@ HISTORY_S = 120.0
 JOIN_DELAY_S = 5.0
 #: Seconds of steps before the told requests' lives that the step-time fit also reads.
 FIT_LOOKBACK_S = 30.0
-#: Requests joined per window at most (bench/bench_requests.py: a few ms of CPU each).
-MAX_JOIN_PER_WINDOW = 32
+#: Requests joined per window at most (bench/bench_requests.py: 0.06 s of CPU for 128 due
+#: on a quiet host, 0.25 s for 256: the [candidate, step] join grows with due x co-batched).
+MAX_JOIN_PER_WINDOW = 128
 #: Ids of requests already told, remembered so that a span sent twice is told once.
 MAX_TOLD = 100_000
 
@@ -96,7 +97,10 @@ class RequestHistory:
             if s.request_id in self._told:
                 self.requests_dropped += 1
                 continue
-            self._requests[s.request_id] = s
+            held = self._requests.get(s.request_id)
+            # A second span of the same request (vLLM's journey events may come on their
+            # own span): one record, the two merged.
+            self._requests[s.request_id] = s if held is None else merge(held, s)
         if len(self._requests) > rj.MAX_REQUESTS:
             old = sorted(self._requests.values(), key=lambda r: r.end_ns)[:len(self._requests) - rj.MAX_REQUESTS]
             for r in old:

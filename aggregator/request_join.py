@@ -66,13 +66,29 @@ class Culprit(msgspec.Struct, frozen=True):
     tokens: int               # the culprit's prompt tokens
 
 
+#: Upper bounds (s) of the per-window end-to-end histogram (``/metrics``: its buckets carry
+#: exemplars, the request ids of the slowest request in each); the last bucket is +Inf.
+E2E_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+#: Request ids in exemplars are cut to this (OpenMetrics: an exemplar's label names and
+#: values together hold at most 128 UTF-8 characters; with ``trace_id`` 32 hex).
+EXEMPLAR_ID_CHARS = 64
+
+
+class Exemplar(msgspec.Struct, frozen=True):
+    """The slowest request of one bucket of the window's end-to-end histogram."""
+    bucket: int                # index into E2E_BOUNDS_S (len(E2E_BOUNDS_S): +Inf)
+    request_id: str
+    trace_id: str
+    e2e_ns: int
+
+
 class RequestStory(msgspec.Struct, frozen=True):
     request_id: str
     engine: str
     start_ns: int
     end_ns: int
     e2e_ns: int
-    queue_ns: int
+    queue_ns: int                        # -1: the engine did not report it
     kv_usage_max_queued_ratio: float     # -1: no KV sample while it waited
     kv_full_while_queued: bool
     prefill_ns: int
@@ -86,10 +102,11 @@ class RequestStory(msgspec.Struct, frozen=True):
     dragged_source: str                  # measured | roofline_estimate | none
     alone_decode_ns: int                 # decode time without the culprits
     preemptions: int                     # -1: the engine did not say
-    recovery_ns: int                     # -1: not measured
+    recovery_ns: int                     # time preempted, until resumed (-1: not measured)
     prompt_tokens: int
     completion_tokens: int
     culprits: list[Culprit] = []
+    trace_id: str = ""                   # the engine span's trace (hex), for exemplars
 
 
 class WindowRequests(msgspec.Struct):
@@ -109,6 +126,9 @@ class WindowRequests(msgspec.Struct):
     top_culprit_tokens: int = 0
     dragged_source: str = SOURCE_NONE
     slowest: list[RequestStory] = []
+    e2e_total_ns: int = 0
+    e2e_bucket_counts: list[int] = []    # per E2E_BOUNDS_S bucket and +Inf, not cumulative
+    exemplars: list[Exemplar] = []
 
 
 def _intervals(r: RequestSpan) -> tuple[int, int, int, int]:
@@ -185,6 +205,28 @@ def _first_long_step(batch: _Batch, long_tokens: int) -> np.ndarray:
     return np.where(fwd, j + 1, j)
 
 
+#: Cells ([candidate, step] pairs) of one block of the culprit arrays (8 MB per float array).
+_BLOCK_CELLS = 1 << 20
+
+
+def _culprit_rows(batch: _Batch, cand: np.ndarray, js: np.ndarray, own_ctx: np.ndarray, long_tokens: int):
+    """For candidates ``cand`` over R's decode steps ``js``: ``(cand kept, in_pf, is_long,
+    long context, prefill tokens)``, [candidate, step] arrays, keeping only the candidates
+    that are a culprit in at least one step (None when none is)."""
+    cand = np.asarray(cand, dtype=np.int64)
+    j = js[None, :]
+    in_pf = (j >= batch.pf_lo[cand, None]) & (j < batch.pf_hi[cand, None])
+    in_dc = (j >= batch.dc_lo[cand, None]) & (j < batch.dc_hi[cand, None])
+    ctx = batch.ctx0[cand, None] + batch.slope[cand, None] * j
+    is_long = in_dc & (ctx >= long_tokens) & (ctx > own_ctx[None, :])
+    keep = is_long.any(axis=1) | in_pf.any(axis=1)
+    if not keep.any():
+        return None
+    in_pf, is_long = in_pf[keep], is_long[keep]
+    return (cand[keep], in_pf, is_long, np.where(is_long, ctx[keep], 0.0),
+            np.where(in_pf, batch.chunk[cand[keep], None], 0.0))
+
+
 def _fit(batch: _Batch, culprit_steps: np.ndarray) -> np.ndarray | None:
     """Least-squares step-time coefficients from the measured steps, when the window has
     steps with culprits and without, and the fit is determined on the features that vary."""
@@ -252,26 +294,30 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             ov_dc = (batch.dc_hi[cand] > lo) & (batch.dc_lo[cand] < hi)
             last = np.minimum(batch.dc_hi[cand], hi) - 1
             cand = cand[ov_pf | (ov_dc & (batch.ctx0[cand] + batch.slope[cand] * last >= long_tokens))]
-            cost_rows, kinds, who = [], [], []
+            # Every candidate's part in each of R's decode steps at once, as [candidate, step]
+            # arrays, in row blocks of at most _BLOCK_CELLS cells (bounded memory): a first
+            # pass sums the culprits' presence per step (the baseline needs all of them),
+            # a second shares each step's added time among them.
             n_c = np.zeros(len(js))
             ctx_c = np.zeros(len(js))
             pf_c = np.zeros(len(js))
-            for c in cand:
-                in_pf = (js >= batch.pf_lo[c]) & (js < batch.pf_hi[c])
-                in_dc = (js >= batch.dc_lo[c]) & (js < batch.dc_hi[c])
-                c_ctx = np.where(in_dc, batch.ctx_at(c, js), 0.0)
-                is_long = in_dc & (c_ctx >= long_tokens) & (c_ctx > own_ctx)
-                pf_tok = np.where(in_pf, batch.chunk[c], 0.0)
-                if not (is_long.any() or in_pf.any()):
+            tot = np.zeros(len(js))
+            present_n = np.zeros(len(js))
+            blocks = []
+            step = max(1, _BLOCK_CELLS // max(len(js), 1))
+            for k in range(0, len(cand), step):
+                rows = _culprit_rows(batch, cand[k:k + step], js, own_ctx, long_tokens)
+                if rows is None:
                     continue
-                n_c += is_long
-                ctx_c += np.where(is_long, c_ctx, 0.0)
-                pf_c += pf_tok
-                who.append(c)
-                kinds.append((in_pf, is_long))
-                cost_rows.append((is_long, np.where(is_long, c_ctx, 0.0), pf_tok))
-            has_culprits = bool(who)
-            if who and source != SOURCE_NONE:
+                blocks.append(rows[0])
+                _c, in_pf, is_long, c_ctx, pf_tok = rows
+                n_c += is_long.sum(axis=0)
+                ctx_c += c_ctx.sum(axis=0)
+                pf_c += pf_tok.sum(axis=0)
+                present_n += (in_pf | is_long).sum(axis=0)
+            who = np.concatenate(blocks) if blocks else np.empty(0, np.int64)
+            has_culprits = bool(len(who))
+            if has_culprits and source != SOURCE_NONE:
                 dur = batch.dur[js]
                 if coef is not None:
                     base = (coef[0] + coef[1] * (batch.n_dec[js] - n_c) + coef[2] * (batch.ctx[js] - ctx_c)
@@ -285,27 +331,33 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
                     # The estimate's step time scaled to the measured one.
                     base = base * np.where(full > 0, dur / np.maximum(full, 1.0), 1.0)
                     unit = None
-                extra = np.maximum(dur - base, 0.0)
-                costs = []
-                for (is_long, cctx, pft) in cost_rows:
+
+                def costs_of(in_pf, is_long, c_ctx, pf_tok, unit=unit):     # this iteration's unit
                     if unit is not None:
-                        costs.append(np.maximum(unit[0] * is_long + unit[1] * cctx + unit[2] * pft, 0.0))
-                    else:
-                        costs.append((cctx + pft).astype(np.float64))
-                costs = np.array(costs)
-                tot = costs.sum(axis=0)
-                present = np.array([(a | b) for a, b in kinds], dtype=np.float64)
-                share = np.where(tot > 0, costs / np.where(tot > 0, tot, 1.0),
-                                 present / np.maximum(present.sum(axis=0), 1.0))
-                per = share * extra
-                for k, c in enumerate(who):
-                    ns = float(per[k].sum())
-                    in_pf, is_long = kinds[k]
-                    pf_part = float((per[k] * (in_pf & ~is_long)).sum())
-                    dragged_pf += pf_part
-                    dragged_long += ns - pf_part
-                    kind = "+".join(n for n, m in (("prefill_chunk", in_pf), ("long_sequence", is_long)) if m.any())
-                    added[c] = [ns, kind]
+                        return np.maximum(unit[0] * is_long + unit[1] * c_ctx + unit[2] * pf_tok, 0.0)
+                    return c_ctx + pf_tok
+                extra = np.maximum(dur - base, 0.0)
+                for k in range(0, len(who), step):
+                    _c, in_pf, is_long, c_ctx, pf_tok = _culprit_rows(batch, who[k:k + step], js, own_ctx,
+                                                                      long_tokens)
+                    tot += costs_of(in_pf, is_long, c_ctx, pf_tok).sum(axis=0)
+                for k in range(0, len(who), step):
+                    c_idx, in_pf, is_long, c_ctx, pf_tok = _culprit_rows(batch, who[k:k + step], js, own_ctx,
+                                                                         long_tokens)
+                    costs = costs_of(in_pf, is_long, c_ctx, pf_tok)
+                    present = (in_pf | is_long).astype(np.float64)
+                    share = np.where(tot > 0, costs / np.where(tot > 0, tot, 1.0),
+                                     present / np.maximum(present_n, 1.0))
+                    per = share * extra
+                    ns_rows = per.sum(axis=1)
+                    pf_rows = (per * (in_pf & ~is_long)).sum(axis=1)
+                    any_pf, any_long = in_pf.any(axis=1), is_long.any(axis=1)
+                    for j, c in enumerate(c_idx):
+                        dragged_pf += float(pf_rows[j])
+                        dragged_long += float(ns_rows[j] - pf_rows[j])
+                        kind = "+".join(n for n, m in (("prefill_chunk", any_pf[j]), ("long_sequence", any_long[j]))
+                                        if m)
+                        added[int(c)] = [float(ns_rows[j]), kind]
         culprits = sorted((Culprit(reqs[c].request_id, kind, int(round(ns)), max(reqs[c].prompt_tokens, 0))
                            for c, (ns, kind) in added.items() if ns >= 1.0),
                           key=lambda x: -x.added_ns)[:MAX_CULPRITS]
@@ -319,7 +371,9 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         kv_max = float(q["usage_ratio"].max()) if len(q) and sched > arrival else -1.0
         out.append(RequestStory(
             request_id=r.request_id, engine=r.engine, start_ns=arrival, end_ns=end,
-            e2e_ns=r.e2e_ns if r.e2e_ns >= 0 else end - arrival, queue_ns=sched - arrival,
+            e2e_ns=r.e2e_ns if r.e2e_ns >= 0 else end - arrival,
+            # -1 when the engine did not say (SGLang's metrics file has no queue time).
+            queue_ns=sched - arrival if r.queue_ns >= 0 else -1,
             kv_usage_max_queued_ratio=kv_max, kv_full_while_queued=kv_max >= KV_FULL_RATIO,
             prefill_ns=first - sched, prefill_chunks=int(batch.pf_hi[i] - batch.pf_lo[i]),
             decode_ns=decode_ns, decode_steps=hi - lo,
@@ -327,8 +381,10 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             dragged_ns=dragged, dragged_by_prefill_ns=int(round(dragged_pf)),
             dragged_by_long_ns=int(round(dragged_long)),
             dragged_source=source if has_culprits else SOURCE_NO_CULPRITS,
-            alone_decode_ns=max(0, decode_ns - dragged), preemptions=r.preemptions, recovery_ns=-1,
-            prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits))
+            alone_decode_ns=max(0, decode_ns - dragged), preemptions=r.preemptions,
+            recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
+            prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
+            trace_id=r.trace_id[:32]))
     return out
 
 
@@ -353,13 +409,23 @@ def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowReque
     src = SOURCE_MEASURED if SOURCE_MEASURED in sources else (SOURCE_ESTIMATE if SOURCE_ESTIMATE in sources
                                                               else SOURCE_NONE)
     slowest = sorted(stories, key=lambda s: -s.e2e_ns)[:MAX_SLOWEST]
+    e2e = np.array([s.e2e_ns for s in stories], dtype=np.float64) * 1e-9
+    bucket = np.searchsorted(np.asarray(E2E_BOUNDS_S), e2e, "left")       # le: value <= bound
+    counts = np.bincount(bucket, minlength=len(E2E_BOUNDS_S) + 1)
+    worst: dict[int, RequestStory] = {}
+    for b, s in zip(bucket.tolist(), stories):
+        if b not in worst or s.e2e_ns > worst[b].e2e_ns:
+            worst[b] = s
+    exemplars = [Exemplar(b, s.request_id[:EXEMPLAR_ID_CHARS], s.trace_id, s.e2e_ns) for b, s in sorted(worst.items())]
     return WindowRequests(
         requests=len(stories), requests_dropped=dropped, decode_ns=dec, dragged_ns=drg,
         dragged_share_ratio=drg / dec if dec else 0.0,
-        queue_p99_ns=_p99([s.queue_ns for s in stories]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
+        queue_p99_ns=_p99([s.queue_ns for s in stories if s.queue_ns >= 0]), prefill_p99_ns=_p99([s.prefill_ns for s in stories]),
         decode_p99_ns=_p99([s.decode_ns for s in stories]), dragged_p99_ns=_p99([s.dragged_ns for s in stories]),
         e2e_p99_ns=_p99([s.e2e_ns for s in stories]), top_culprit_id=top[0], top_culprit_added_ns=int(top[1][0]),
-        top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest)
+        top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest,
+        e2e_total_ns=int(sum(s.e2e_ns for s in stories)), e2e_bucket_counts=[int(c) for c in counts],
+        exemplars=exemplars)
 
 
 def story_text(s: RequestStory) -> str:
@@ -368,7 +434,7 @@ def story_text(s: RequestStory) -> str:
         return f"{ns / 1e9:.2f} s" if ns >= 1e8 else f"{ns / 1e6:.1f} ms"
     lines = [f"request {s.request_id} ({s.engine}): {sec(s.e2e_ns)} end to end, "
              f"{max(s.prompt_tokens, 0)} prompt tokens, {max(s.completion_tokens, 0)} generated."]
-    q = f"queued {sec(s.queue_ns)}"
+    q = f"queued {sec(s.queue_ns)}" if s.queue_ns >= 0 else "queue time: not reported by the engine"
     if s.kv_usage_max_queued_ratio >= 0:
         q += (f"; the KV cache was full then ({s.kv_usage_max_queued_ratio:.0%} used)" if s.kv_full_while_queued
               else f"; the KV cache was not full then (at most {s.kv_usage_max_queued_ratio:.0%} used)")

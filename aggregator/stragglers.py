@@ -91,8 +91,13 @@ def _rank_keys(k: np.ndarray) -> np.ndarray:
 
 
 def _match_share(a_end: np.ndarray, b_end: np.ndarray, tol: int) -> float:
-    """Share of ``a_end`` (sorted) with an end of ``b_end`` (sorted) within ``tol``."""
+    """Share of ``a_end`` (sorted) with an end of ``b_end`` (sorted) within ``tol``, over the
+    time both ranks were seen (a rank whose records start later, or whose buffers arrive a
+    window after the other's in the agent, is judged where both have records)."""
     if not len(a_end) or not len(b_end):
+        return 0.0
+    a_end = a_end[(a_end >= b_end[0] - tol) & (a_end <= b_end[-1] + tol)]
+    if not len(a_end):
         return 0.0
     i = np.clip(np.searchsorted(b_end, a_end), 1, len(b_end) - 1) if len(b_end) > 1 else np.zeros(len(a_end), int)
     near = np.abs(b_end[i] - a_end)

@@ -121,6 +121,9 @@ class StreamPhaser:
         # device -> the last few (start_ns, end_ns, phase) mapped: a prefill launch that
         # continues a running batch is mixed (aggregator.phases.mixed_by_continuity).
         self.previous_step: dict[int, list[tuple[int, int, int]]] = {}
+        # device -> start of the earliest step mapped so far (by either path): a later step
+        # of a later batch is not the first of the recording (mixed_by_continuity).
+        self.first_step_ns: dict[int, int] = {}
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
@@ -288,9 +291,12 @@ class StreamPhaser:
         step_ids = sks[first]
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
-            relabel = [at[i] for i in mixed_by_continuity([steps[j] for j in at], self.previous_step)]
+            decided = [steps[j] for j in at]
+            relabel = [at[i] for i in mixed_by_continuity(decided, self.previous_step, self.first_step_ns)]
         else:
-            relabel = mixed_by_continuity(steps, self.previous_step)
+            decided = steps
+            relabel = mixed_by_continuity(steps, self.previous_step, self.first_step_ns)
+        self._saw(decided)
         for j in relabel:
             steps[j].prefill_tokens = steps[j].decode_tokens = None
             p = int(np.searchsorted(step_ids, j))
@@ -299,11 +305,17 @@ class StreamPhaser:
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
 
+    def _saw(self, steps) -> None:
+        for x in steps:
+            d, t = int(x.device), int(x.start_ns)
+            if t < self.first_step_ns.get(d, t + 1):
+                self.first_step_ns[d] = t
+
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
         """Phase of one step's kernels by the full layered method, kept as a shape."""
         self.map_phases_calls += 1
         sub = Trace(kernels=trace.kernels[idx], names=self.names, devices=trace.devices, meta=trace.meta)
-        pm = map_phases(sub, use_annotations=False)
+        pm = map_phases(sub, use_annotations=False, first_step_unknown_history=False)
         ph = np.asarray(pm.kernel_phase, dtype=np.uint8)
         inf_only = bool(self.classes(sub.kernels["name_id"]).inference_only.any())
         pre = [s.prefill_tokens for s in pm.steps if s.prefill_tokens is not None]
@@ -319,7 +331,8 @@ class StreamPhaser:
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
         self.map_phases_calls += 1
-        pm = map_phases(trace, use_annotations=True)
+        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns)
+        self._saw(pm.steps)
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
                             + (s.evidence[0] if s.evidence else "")) for s in pm.steps]

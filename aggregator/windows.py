@@ -260,6 +260,9 @@ class WindowBuilder:
     # probe runs), else None: then no step is kept and the window has no "requests".
     requests: object = None
     stories: list = field(default_factory=list)     # the stories told at the last close
+    # aggregator.straggler_window.LiveStragglers: the kernels of the sources that run
+    # collectives, held a few windows for the tensor-parallel straggler analysis.
+    stragglers: object = None
     stories_unpublished: int = 0                    # over MAX_STORIES_PUBLISHED (cumulative)
 
     def add_events(self, trace: Trace, source: str = "") -> None:
@@ -283,6 +286,10 @@ class WindowBuilder:
             self.fold_errors += 1
         self.events[(key, id(trace.names))] = True
         self.records += n
+        if self.stragglers is None:
+            from .straggler_window import LiveStragglers
+            self.stragglers = LiveStragglers()
+        self.stragglers.add(trace, key)
 
     def add_sched(self, data: dict, source: str = "sched") -> None:
         """Scheduling figures of the window (the probe is polled once per window). Thread
@@ -461,6 +468,13 @@ class WindowBuilder:
             f.open_steps_cut = 0
         window["agent"]["window_open_steps_cut"] = self.open_steps_cut
         self._requests_close(int(end_ns), window)
+        if self.stragglers is not None:
+            import msgspec
+            figures = self.stragglers.close()
+            if figures is not None:
+                window["stragglers"] = plain(msgspec.to_builtins(figures))
+                from .straggler_window import annotate_launch_threads
+                annotate_launch_threads(window)
         fill_decode_kv_read(window)
         window["verdict"] = verdict_of(window)
         # Sources that sent nothing this window (an exited process) let go of their

@@ -60,6 +60,19 @@ only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_p
   files ``wire_envelope_requests_window_v1.bin`` and ``wire_envelope_requests_v1.bin`` pin
   their bytes.
 
+* fields 144-157 (issue 23): the window's ``stragglers`` record (per tensor-parallel group:
+  its ranks, collectives, waiting share, the straggler, how late and why;
+  ``aggregator.straggler_window``). A decoder built before them reads ``field_144`` ...
+  ``field_157``; the golden file ``wire_envelope_stragglers_window_v1.bin`` pins their bytes.
+
+* fields 158-162 (issue 22): the window's request histogram of end-to-end time
+  (``e2e_total_ns``, ``e2e_bucket_counts``) and its ``exemplars`` (per bucket the slowest
+  request's id and ``trace_id``), which ``/metrics`` serves as OpenMetrics exemplars; a
+  story's ``trace_id``.
+* fields 163-164 (issue 23): per straggler group, the launch threads' off-CPU share of the
+  straggler and of the other ranks (``straggler_launch_off_cpu_ratio``,
+  ``others_launch_off_cpu_ratio``).
+
 Event batches (``encode_event_batch`` / ``decode_event_batch``), a msgpack map:
 
 ====  ===========  =====================================================================
@@ -166,6 +179,15 @@ FIELDS: dict[str, int] = {
     "ns_per_token": 132, "dragged_by_prefill_ns": 133, "dragged_by_long_ns": 134, "alone_decode_ns": 135,
     "preemptions": 136, "recovery_ns": 137, "prompt_tokens": 138, "completion_tokens": 139, "culprits": 140,
     "kind": 141, "added_ns": 142, "stories": 143,
+    # tensor-parallel stragglers in the live window (issue 23; see "Version notes")
+    "stragglers": 144, "groups": 145, "ranks": 146, "last_count": 147, "wait_ns": 148, "collectives": 149,
+    "waiting_share_ratio": 150, "straggler_pid": 151, "straggler_device": 152,
+    "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155, "cause": 156,
+    "straggler_kernels_dropped": 157,
+    # the request join's end-to-end histogram and its exemplars (issue 22, second part)
+    "e2e_total_ns": 158, "e2e_bucket_counts": 159, "exemplars": 160, "bucket": 161, "trace_id": 162,
+    # the straggler's launch threads off-CPU against the other ranks' (issue 23)
+    "straggler_launch_off_cpu_ratio": 163, "others_launch_off_cpu_ratio": 164,
 }
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"

@@ -103,11 +103,13 @@ _COPY_NAME_RX = re.compile(r"\b([A-Za-z])to([A-Za-z])\b")
 
 # API categories by name; checked in order, first match wins.
 _API_CATEGORY_RX = [
-    (API_GRAPH_LAUNCH, re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")),
-    (API_LAUNCH, re.compile(r"^(cudaLaunch|cuLaunch)")),
-    (API_SYNC, re.compile(r"^(cuda|cu)(Device|Stream|Event|Ctx)Synchronize")),
-    (API_MEMCPY, re.compile(r"^(cudaMemcpy|cuMemcpy)")),
-    (API_MEMSET, re.compile(r"^(cudaMemset|cuMemset)")),
+    (API_GRAPH_LAUNCH, re.compile(r"^(cudaGraphLaunch|cuGraphLaunch|hipGraphLaunch)")),
+    # HIP (ROCm traces): hipLaunchKernel, hipModuleLaunchKernel (Triton), hipExtLaunchKernel,
+    # hipExtModuleLaunchKernel (hipBLASLt); they were "other", so ROCm kernels had no launch.
+    (API_LAUNCH, re.compile(r"^(cudaLaunch|cuLaunch|hipLaunch|hipModuleLaunch|hipExtLaunch|hipExtModuleLaunch)")),
+    (API_SYNC, re.compile(r"^(cuda|cu|hip)(Device|Stream|Event|Ctx)Synchronize")),
+    (API_MEMCPY, re.compile(r"^(cudaMemcpy|cuMemcpy|hipMemcpy)")),
+    (API_MEMSET, re.compile(r"^(cudaMemset|cuMemset|hipMemset)")),
 ]
 
 # Top-level keys copied into meta (plain facts). Never "metadata" or anything env-like.

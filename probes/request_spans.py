@@ -38,13 +38,21 @@ VLLM_DECODE_S = "gen_ai.latency.time_in_model_decode"
 VLLM_INFERENCE_S = "gen_ai.latency.time_in_model_inference"
 #: vLLM's journey events (later releases) carry the request's preemption count.
 VLLM_NUM_PREEMPTIONS = "num_preemptions"
+#: vLLM's journey events: span events named ``journey.<RequestJourneyEventType name>``
+#: (vllm/tracing.py at 03b8a674; the types in vllm/v1/core/sched/journey_events.py at
+#: e3b3acf1: PREEMPTED moves a request out of RUNNING, SCHEDULED with ``schedule.kind``
+#: RESUME moves it back), each stamped with its epoch time.
+VLLM_JOURNEY_PREEMPTED = "journey.PREEMPTED"
+VLLM_JOURNEY_SCHEDULED = "journey.SCHEDULED"
+VLLM_SCHEDULE_KIND = "schedule.kind"
+VLLM_SCHEDULE_RESUME = "RESUME"
 #: SGLang: the root span of a request carries its id as ``rid``.
 SGLANG_RID = "rid"
 
 #: Every attribute this module reads (others are dropped at decode: no memory spent).
 WANTED = frozenset({VLLM_REQUEST_ID, VLLM_PROMPT_TOKENS, VLLM_COMPLETION_TOKENS, VLLM_MODEL, VLLM_QUEUE_S,
                     VLLM_TTFT_S, VLLM_E2E_S, VLLM_PREFILL_S, VLLM_DECODE_S, VLLM_INFERENCE_S, SGLANG_RID,
-                    VLLM_NUM_PREEMPTIONS})
+                    VLLM_NUM_PREEMPTIONS, VLLM_SCHEDULE_KIND})
 
 MAX_ATTRIBUTES = 128
 MAX_ATTRIBUTE_BYTES = 4096
@@ -73,6 +81,9 @@ class RequestSpan(msgspec.Struct, frozen=True):
     preemptions: int = -1
     model: str = ""
     trace_id: str = ""
+    #: Time spent preempted: from each journey PREEMPTED event to the SCHEDULED (RESUME)
+    #: event that put the request back to work, summed (-1: no journey events came).
+    recovery_ns: int = -1
 
     @property
     def first_token_ns(self) -> int:
@@ -83,6 +94,22 @@ class RequestSpan(msgspec.Struct, frozen=True):
     def scheduled_ns(self) -> int:
         """When the request left the queue (arrival + queue time), or -1."""
         return self.start_ns + self.queue_ns if self.queue_ns >= 0 else -1
+
+
+_TIMING = ("queue_ns", "ttft_ns", "prefill_ns", "decode_ns", "e2e_ns")
+
+
+def merge(a: RequestSpan, b: RequestSpan) -> RequestSpan:
+    """Two spans of one request id (an engine may send the request's timings on one span
+    and its journey events on another): the one with more timings known is kept, its
+    unknown (-1) fields filled from the other, the preemption figures the larger of both."""
+    known = lambda r: sum(getattr(r, f) >= 0 for f in _TIMING)  # noqa: E731
+    base, other = (a, b) if known(a) >= known(b) else (b, a)
+    fill = {f: getattr(other, f) for f in _TIMING + ("prompt_tokens", "completion_tokens")
+            if getattr(base, f) < 0 <= getattr(other, f)}
+    return msgspec.structs.replace(base, **fill, preemptions=max(a.preemptions, b.preemptions),
+                                   recovery_ns=max(a.recovery_ns, b.recovery_ns),
+                                   model=base.model or other.model)
 
 
 class SpanStats(msgspec.Struct):
@@ -113,20 +140,45 @@ def _text(v, limit: int = 256) -> str:
     return v[:limit] if isinstance(v, str) else ""
 
 
+def preemption_recovery(events: list[tuple[str, int, str]]) -> tuple[int, int]:
+    """(preemptions, recovery_ns) from a span's journey events ``(name, time_ns,
+    schedule_kind)``: each PREEMPTED opens a pause that the next SCHEDULED (RESUME, or any
+    SCHEDULED after a preemption) closes. A pause still open at the span's end (the
+    request finished or was aborted while preempted) is not counted as recovered time.
+    (-1, -1) when the span carries no journey events at all."""
+    if not events:
+        return -1, -1
+    n, total, open_at = 0, 0, -1
+    for name, ts, kind in sorted(events, key=lambda e: e[1]):
+        if name == VLLM_JOURNEY_PREEMPTED:
+            n += 1
+            if open_at < 0:
+                open_at = ts
+        elif name == VLLM_JOURNEY_SCHEDULED and open_at >= 0 and kind in (VLLM_SCHEDULE_RESUME, ""):
+            total += max(0, ts - open_at)
+            open_at = -1
+    return n, total
+
+
 def to_record(name: str, start_ns: int, end_ns: int, attrs: dict, trace_id: str = "",
-              preemptions: int = -1, children: list[tuple[str, int]] | None = None) -> RequestSpan | None:
+              preemptions: int = -1, children: list[tuple[str, int]] | None = None,
+              journey: list[tuple[str, int, str]] | None = None) -> RequestSpan | None:
     """One decoded span as a :class:`RequestSpan`, or None when it is no request span."""
     if start_ns <= 0 or end_ns < start_ns:
         return None
     rid = attrs.get(VLLM_REQUEST_ID)
     if isinstance(rid, str) and rid:
+        n_journey, recovery = preemption_recovery(journey or [])
+        # The events' own count wins over the counter attribute only when larger (an
+        # event list cut at MAX_EVENTS under-counts; the attribute is the engine's).
+        preemptions = max(preemptions, n_journey)
         return RequestSpan(
             request_id=rid[:256], engine="vllm", start_ns=int(start_ns), end_ns=int(end_ns),
             queue_ns=_seconds_ns(attrs.get(VLLM_QUEUE_S)), ttft_ns=_seconds_ns(attrs.get(VLLM_TTFT_S)),
             prefill_ns=_seconds_ns(attrs.get(VLLM_PREFILL_S)), decode_ns=_seconds_ns(attrs.get(VLLM_DECODE_S)),
             e2e_ns=_seconds_ns(attrs.get(VLLM_E2E_S)), prompt_tokens=_count(attrs.get(VLLM_PROMPT_TOKENS)),
             completion_tokens=_count(attrs.get(VLLM_COMPLETION_TOKENS)), preemptions=preemptions,
-            model=_text(attrs.get(VLLM_MODEL)), trace_id=trace_id)
+            model=_text(attrs.get(VLLM_MODEL)), trace_id=trace_id, recovery_ns=recovery)
     rid = attrs.get(SGLANG_RID)
     if isinstance(rid, str) and rid and " Req " in f" {name}":
         seg = {"queue_ns": -1, "prefill_ns": -1, "decode_ns": -1}
@@ -195,11 +247,15 @@ def decode_protobuf(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
                 nev = len(sp.events)
                 if nev > MAX_EVENTS:
                     stats.events_dropped += nev - MAX_EVENTS
+                journey = []
                 for i in range(min(nev, MAX_EVENTS)):
-                    ea = _pb_attrs(sp.events[i].attributes, max_attributes, max_attribute_bytes, stats)
+                    ev = sp.events[i]
+                    ea = _pb_attrs(ev.attributes, max_attributes, max_attribute_bytes, stats)
                     pre = max(pre, _count(ea.get(VLLM_NUM_PREEMPTIONS)))
+                    if ev.name in (VLLM_JOURNEY_PREEMPTED, VLLM_JOURNEY_SCHEDULED):
+                        journey.append((ev.name, int(ev.time_unix_nano), _text(ea.get(VLLM_SCHEDULE_KIND), 16)))
                 raw.append((sp.name[:256], int(sp.start_time_unix_nano), int(sp.end_time_unix_nano), attrs,
-                            sp.trace_id.hex(), sp.span_id.hex(), sp.parent_span_id.hex(), pre))
+                            sp.trace_id.hex(), sp.span_id.hex(), sp.parent_span_id.hex(), pre, journey))
     return _records(raw, stats), stats
 
 
@@ -208,15 +264,15 @@ def _records(raw: list, stats: SpanStats) -> list[RequestSpan]:
     # request's root span, in the same export when its batch processor sent them together.
     parent = {r[5]: r[6] for r in raw}
     children: dict[str, list[tuple[str, int]]] = {}
-    for name, s, e, _a, _t, _sid, pid, _p in raw:
+    for name, s, e, _a, _t, _sid, pid, _p, _j in raw:
         seen = 0
         while pid and seen < 4:
             children.setdefault(pid, []).append((name, max(0, e - s)))
             pid = parent.get(pid, "")
             seen += 1
     out = []
-    for name, s, e, attrs, tid, sid, _pid, pre in raw:
-        rec = to_record(name, s, e, attrs, tid, pre, children.get(sid))
+    for name, s, e, attrs, tid, sid, _pid, pre, journey in raw:
+        rec = to_record(name, s, e, attrs, tid, pre, children.get(sid), journey)
         if rec is None:
             stats.spans_ignored += 1
         else:
@@ -238,6 +294,8 @@ class _JKeyValue(msgspec.Struct):
 
 
 class _JEvent(msgspec.Struct):
+    name: str = ""
+    timeUnixNano: int | str = 0
     attributes: list[_JKeyValue] = []
 
 
@@ -321,11 +379,16 @@ def decode_json(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
                 pre = -1
                 if len(sp.events) > MAX_EVENTS:
                     stats.events_dropped += len(sp.events) - MAX_EVENTS
+                journey = []
                 for ev in sp.events[:MAX_EVENTS]:
-                    pre = max(pre, _count(_j_attrs(ev.attributes, max_attributes, max_attribute_bytes,
-                                                   stats).get(VLLM_NUM_PREEMPTIONS)))
+                    ea = _j_attrs(ev.attributes, max_attributes, max_attribute_bytes, stats)
+                    pre = max(pre, _count(ea.get(VLLM_NUM_PREEMPTIONS)))
+                    if ev.name in (VLLM_JOURNEY_PREEMPTED, VLLM_JOURNEY_SCHEDULED):
+                        t = _jnum(ev.timeUnixNano)
+                        journey.append((ev.name, t if isinstance(t, int) else 0,
+                                        _text(ea.get(VLLM_SCHEDULE_KIND), 16)))
                 s, e = _jnum(sp.startTimeUnixNano), _jnum(sp.endTimeUnixNano)
                 raw.append((sp.name[:256], s if isinstance(s, int) else 0, e if isinstance(e, int) else 0,
                             attrs, sp.traceId[:64].lower(), sp.spanId[:32].lower(), sp.parentSpanId[:32].lower(),
-                            pre))
+                            pre, journey))
     return _records(raw, stats), stats

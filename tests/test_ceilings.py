@@ -13,7 +13,8 @@ REQUIRED = ["a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-40gb", "a100-pcie-80g
 
 # the GPUs of the traces people post (issue 13.3)
 POSTED = ["v100-sxm2", "v100-pcie", "v100s-pcie", "a10", "l4", "l40s", "rtx-4090", "rtx-5090", "h20",
-          "h800-sxm", "b200", "gb200", "mi300x", "mi325x", "mi355x"]
+          "h800-sxm", "b200", "gb200", "mi300x", "mi325x", "mi355x",
+          "a800-sxm4-80gb", "a800-pcie-80gb", "a800-pcie-40gb"]      # A800: issue 20.4
 
 
 def test_table_has_required_models_with_sources():
@@ -93,6 +94,10 @@ def test_datasheet_values_and_ridge_point():
     ("AMD Instinct MI300X VF", None, None, "mi300x"),
     ("AMD Instinct MI325X", None, None, "mi325x"),
     ("AMD Instinct MI355X", None, None, "mi355x"),
+    ("NVIDIA A800-SXM4-80GB", None, 108, "a800-sxm4-80gb"),
+    ("NVIDIA A800 80GB PCIe", None, None, "a800-pcie-80gb"),
+    ("NVIDIA A800-PCIE-40GB", None, None, "a800-pcie-40gb"),
+    ("NVIDIA A800 PCIe", 40e9, 108, "a800-pcie-40gb"),
 ])
 def test_from_device_name(name, mem, sms, key):
     assert ceilings.from_device_name(name, mem, sms).key == key

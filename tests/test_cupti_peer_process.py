@@ -185,7 +185,7 @@ def test_checks_are_rate_limited_per_connection(tmp_path):
 # A served process that hands its connection to a child and exits: argv socket path, go
 # FIFO, HELLO hex, batch hex (the pid, at byte 16, is set to the parent's).
 _FORKER = textwrap.dedent("""
-    import os, socket, struct, sys
+    import os, signal, socket, struct, sys
     path, go, hello, batch = sys.argv[1], sys.argv[2], bytes.fromhex(sys.argv[3]), bytearray.fromhex(sys.argv[4])
     s = socket.socket(socket.AF_UNIX); s.connect(path)
     me = os.getpid()
@@ -194,6 +194,7 @@ _FORKER = textwrap.dedent("""
     sys.stdin.readline()                 # the agent has seen the HELLO
     if os.fork() == 0:                   # the child keeps the socket, the parent exits
         os.setsid()
+        signal.alarm(60)                 # never outlives its test (a FIFO nobody opens blocks)
         open(go).read()                  # told to send
         try:
             s.sendall(bytes(batch) * 3)
@@ -272,6 +273,10 @@ def test_real_fork_and_exit_the_connection_is_cut(tmp_path):
 
 def test_real_exit_is_found_by_the_sweep(tmp_path):
     with cupti_server(tmp_path / "w.sock", identity_sweep_s=0.3) as s:
-        _forked_peer(s, tmp_path)                # the child stays silent, holding the socket
+        _, go = _forked_peer(s, tmp_path)        # the child stays silent, holding the socket
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0
+        try:                                     # let the child go (it finds the socket cut)
+            os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:                          # ENXIO: no reader, the child is gone already
+            pass

@@ -188,6 +188,12 @@ def test_api_categories(trace_path, loaded):
     assert api_category("cuLaunchKernelEx") == ev.API_LAUNCH
     assert api_category("cudaMemsetAsync") == ev.API_MEMSET
     assert api_category("cudaEventRecord") == ev.API_OTHER
+    # HIP (ROCm Kineto traces, e.g. the TraceLens MI300X ones): launch calls were "other".
+    for name, c in (("hipLaunchKernel", ev.API_LAUNCH), ("hipModuleLaunchKernel", ev.API_LAUNCH),
+                    ("hipExtModuleLaunchKernel", ev.API_LAUNCH), ("hipGraphLaunch", ev.API_GRAPH_LAUNCH),
+                    ("hipMemcpyAsync", ev.API_MEMCPY), ("hipMemsetAsync", ev.API_MEMSET),
+                    ("hipStreamSynchronize", ev.API_SYNC), ("hipEventRecord", ev.API_OTHER)):
+        assert api_category(name) == c, name
     assert copy_direction("Memcpy HtoD (Pinned -> Device)") == ev.COPY_HTOD
     assert copy_direction("Memcpy DtoD (Device -> Device)") == ev.COPY_DTOD
     assert copy_direction("Memcpy PtoP (Device -> Device)") == ev.COPY_PTOP

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_GPU_ANNOTATION, empty
+from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_GPU_ANNOTATION, Trace, empty
 
 # Real kernel names (from the shared traces, see reference/traces.md).
 TRTLLM_CONTEXT = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"
@@ -604,6 +604,56 @@ def test_prefill_launch_continuing_a_running_batch_is_mixed():
     t = decode_step(b, 0, 7)
     varlen_step(b, t + 50_000)                              # the engine idled 50 ms
     assert [s.phase for s in map_phases(b.build()).steps] == [DECODE, PREFILL]
+
+
+def varlen_prefill_step(b, t, tokens=40, seqs=8, device=0):
+    """Three layers of one varlen flash_fwd_kernel over ``seqs`` sequences and ``tokens``
+    tokens (longest query <= 128), then a sampler."""
+    for _ in range(3):
+        b.kernel(RESHAPE_AND_CACHE, t, grid=(tokens, 1, 1), device=device)
+        b.kernel(FLASH_FWD_VARLEN, t + 2, grid=(1, seqs, 16), device=device)
+        b.kernel(GEMM_LARGE, t + 4, grid=(8, 8, 1), device=device)
+        t += 10
+    b.kernel(ARGMAX, t, device=device)
+    return t + 5
+
+
+def test_prefill_launch_opening_the_recording_is_mixed():
+    """The same varlen launch with room for 7 one-token decodes as the first step on its
+    device: nothing says the engine was idle before it, so its slots are taken as the
+    running batch's decodes (mixed). After a step that is not inference and an idle engine
+    it stays prefill. The streaming mapper, in one batch or one step per batch, labels it
+    as the whole-trace mapper does."""
+    from ridgeline.aggregator.stream_phases import StreamPhaser
+    b = TraceBuilder()
+    varlen_prefill_step(b, 0)
+    varlen_prefill_step(b, 100, device=1)
+    tr = b.build()
+    pm = map_phases(tr)
+    assert [(s.device, s.phase) for s in pm.steps] == [(0, MIXED), (1, MIXED)], [s.evidence[:2] for s in pm.steps]
+    assert pm.steps[0].evidence[0].startswith("up to 7 sequences of the prefill launch can be one-token decodes, and "
+                                              "nothing before this step on the device says the engine was idle")
+    assert (pm.kernel_phase == MIXED).all()
+    bp = StreamPhaser(tr.names).map_batch(tr)
+    assert np.array_equal(bp.kernel_phase, pm.kernel_phase)
+    # 1024 tokens over 8 sequences of at most 128 each: every sequence is a full prefill.
+    b = TraceBuilder()
+    varlen_prefill_step(b, 0, tokens=1024, seqs=8)
+    assert [s.phase for s in map_phases(b.build()).steps] == [PREFILL]
+    # After a convolution step and 50 ms idle: the engine was idle, a prefill.
+    b = TraceBuilder()
+    b.kernel(CONV, 0, grid=(8, 1, 1))
+    varlen_prefill_step(b, 50_000)
+    tr = b.build()
+    pm = map_phases(tr)
+    assert [s.phase for s in pm.steps] == [OTHER, PREFILL]
+    sp = StreamPhaser(tr.names)
+    first = tr.kernels["start_ns"] < 1_000_000
+    for part in (first, ~first):                     # the convolution, then the prefill, in two batches
+        sp.map_batch(Trace(kernels=tr.kernels[part], names=tr.names, devices=tr.devices))
+    assert list(sp.first_step_ns) == [0]
+    (st,) = [s for s in sp.map_batch(Trace(kernels=tr.kernels[~first], names=tr.names, devices=tr.devices)).steps]
+    assert st.phase == PREFILL
 
 
 def test_paged_split_kv_launch_with_more_tokens_than_sequences_continuing_a_batch_is_mixed():

@@ -52,7 +52,8 @@ def test_annotated_engine_step_is_one_step(name, phase, tokens):
         assert pm.steps[0].evidence[1].startswith("enclosing annotation execute_")
 
 
-@pytest.mark.parametrize("name, phase", [(SGLANG_DECODE, DECODE), (SGLANG_EXTEND, PREFILL), (VLLM_DECODE, DECODE)])
+@pytest.mark.parametrize("name, phase", [(SGLANG_DECODE, DECODE), (SGLANG_EXTEND, PREFILL), (VLLM_DECODE, DECODE),
+                                         (VLLM_MIXED, MIXED)])
 def test_stripped_engine_step_keeps_its_phase_and_its_kernels(name, phase):
     """Without annotations: one LLM step holding every kernel but, in the SGLang traces, the
     first one (an arange launched inside the execute_ range that the GPU ran 463/493 ms
@@ -66,6 +67,19 @@ def test_stripped_engine_step_keeps_its_phase_and_its_kernels(name, phase):
     assert llm[0].kernels == len(tr.kernels) - lone
     assert len(pm.steps) == 1 + lone
     assert not any("layer pattern restarts" in e for s in pm.steps for e in s.evidence)
+    if name == SGLANG_EXTEND:
+        # 15 sequences of at most 1024 tokens (CK group-mode grid [32,15,8], tile 128) hold
+        # 15360 tokens: no room for one-token decodes, so a prefill even where nothing before
+        # it on the device says the engine was idle.
+        assert any(e.startswith("_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCache grid [32,15,8]: 15360 "
+                                "tokens over 15 sequences, longest query <= 1024: every sequence is a prefill")
+                   for e in llm[0].evidence)
+        assert llm[0].mixed_slots == 0
+        # Without the lone arange the extend step opens its recording: still a prefill.
+        o = np.argsort(tr.kernels["start_ns"], kind="stable")
+        only = Trace(kernels=tr.kernels[np.sort(o[1:])], api=tr.api, cpu_ops=tr.cpu_ops, ranges=empty(RANGE_DTYPE),
+                     names=tr.names, devices=tr.devices, meta=tr.meta)
+        assert [s.phase for s in map_phases(only).steps] == [PREFILL]
 
 
 def test_two_kernel_attention_layers_are_one_layer():
@@ -197,18 +211,33 @@ def test_tokens_against_the_lm_head_rows():
 def test_vllm_mixed_step_without_annotations():
     """The real piecewise-graph mixed step (9 prefill chunks, 37 decodes, 8192 tokens)
     stripped: 8192 KV-cache writes against 46 LM-head rows => prefill with up to 45
-    one-token decodes, and mixed when it continues a running batch (a decode step that
-    ended 1 ms before it on the device). Alone in its trace it cannot be told from a
-    46-prompt prefill: the kernels do not show the per-sequence query lengths."""
+    one-token decodes. The recording starts with it (nothing before it says the engine was
+    idle): mixed, as when it continues a running batch (a decode step that ended 1 ms before
+    it on the device); after an idle engine (a non-inference step, or a gap of 5 ms or more)
+    it stays prefill. The kernels alone do not show the per-sequence query lengths: a
+    46-prompt prefill opening a recording reads the same (a stated limit)."""
     from ridgeline.aggregator.phases import mixed_by_continuity
     tr = load(VLLM_MIXED)
     pm = map_phases(stripped(tr))
     (st,) = pm.steps
-    assert st.phase == PREFILL and st.mixed_slots == 45
-    assert st.evidence[0] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
+    assert st.phase == MIXED and st.mixed_slots == 45
+    assert st.evidence[0].startswith("up to 45 sequences of the prefill launch can be one-token decodes, and nothing "
+                                     "before this step on the device says the engine was idle")
+    assert st.evidence[1] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
                               "46 rows: several new tokens per sequence => prefill")
-    prev = {st.device: [(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)]}
-    assert mixed_by_continuity([st], prev) == [0] and st.phase == MIXED
+    assert (pm.kernel_phase == MIXED).all()
+    # Mapped as a piece whose history is elsewhere: prefill, then decided by that history.
+    for prev, phase in (([(st.start_ns - 3_000_000, st.start_ns - 1_000_000, DECODE)], MIXED),
+                        ([(st.start_ns - 3_000_000, st.start_ns - 1_000_000, UNKNOWN)], PREFILL),
+                        ([(st.start_ns - 30_000_000, st.start_ns - 20_000_000, DECODE)], PREFILL)):
+        (piece,) = map_phases(stripped(tr), first_step_unknown_history=False).steps
+        assert piece.phase == PREFILL
+        assert mixed_by_continuity([piece], {piece.device: prev}) == ([0] if phase == MIXED else [])
+        assert piece.phase == phase
+    (seen,) = map_phases(stripped(tr), first_step_ns={st.device: st.start_ns - 1}).steps
+    assert seen.phase == PREFILL
+    (again,) = map_phases(stripped(tr), first_step_ns={st.device: st.start_ns}).steps   # itself, mapped again
+    assert again.phase == MIXED
 
 
 @pytest.mark.parametrize("name", SERVING)
@@ -222,6 +251,10 @@ def test_live_windows_label_the_serving_steps_as_analyze_does(name):
     for per_window in (100, 300, 1000):
         assert windowed_phases(kernels_only, per_window)[0] == whole_phases(kernels_only), per_window
         assert windowed_phases(full, per_window, replay=True)[0] == whole_phases(full, annotations=True), per_window
+        # Annotations stripped, CPU operators kept (the vLLM mixed step opens its recording:
+        # mixed in the windows too, however they cut it).
+        assert windowed_phases(stripped(full), per_window, replay=True)[0] == \
+            whole_phases(stripped(full), annotations=True), per_window
 
 
 def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per_layer():

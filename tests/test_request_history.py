@@ -52,6 +52,19 @@ def test_join_work_per_window_is_bounded_and_the_backlog_waits():
     assert len(told2) == 10 and not {s.request_id for s in told} & {s.request_id for s in told2}
 
 
+def test_a_busy_server_has_100_requests_told_in_the_window_they_are_due():
+    """100 requests ending within one second (a busy 8B server at high concurrency) are all
+    told at that window's close, not spread over the next windows: the join's bound
+    (MAX_JOIN_PER_WINDOW, from bench/bench_requests.py on a quiet host) allows it."""
+    steps, spans = sc.run([sc.Req(f"r{i}", i % 7, 50, 20) for i in range(100)])
+    end = int(steps["end_ns"].max())
+    h = rh.RequestHistory(history_s=120, join_delay_s=0)
+    h.add_steps(held(steps))
+    h.add_requests(spans)
+    _w, told = h.close(end)
+    assert len(told) == 100 and h.join_backlog == 0
+
+
 def test_history_forgets_steps_past_history_s():
     steps, spans = sc.seed_alone()
     h = rh.RequestHistory(history_s=10, join_delay_s=0)

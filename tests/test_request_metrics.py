@@ -77,3 +77,30 @@ def test_top_shows_the_windows_requests():
     text = c.export_text()
     assert "requests: 3 joined; decode dragged 31% (measured)" in text
     assert "top culprit long-4000 +12.50 s (4000 prompt tokens)" in text
+
+
+def test_e2e_histogram_with_request_exemplars_in_openmetrics():
+    """The buckets carry the slowest request of each as an OpenMetrics exemplar (request id
+    and trace id), parsed back by prometheus_client's own OpenMetrics parser; the plain text
+    format has the same histogram without them, and no series is per request."""
+    import test_agent_prometheus as tap
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+    stories = [msgspec.structs.replace(s, trace_id=f"{i:032x}") for i, s in enumerate(seed_stories())]
+    c = tap.prom.WindowCollector("node-a")
+    c.observe(with_requests(stories, OTLP))
+    om = om_latest(tap.prom.registry_for(c)).decode()
+    (fam,) = [f for f in om_families(om) if f.name == "ridgeline_request_e2e_seconds"]
+    buckets = {s.labels["le"]: s for s in fam.samples if s.name.endswith("_bucket")}
+    assert buckets["+Inf"].value == 3
+    slowest = max(stories, key=lambda s: s.e2e_ns)
+    ex = [s.exemplar for s in buckets.values() if s.exemplar is not None]
+    assert len(ex) == len({rj.E2E_BOUNDS_S.index(b) if b in rj.E2E_BOUNDS_S else -1
+                           for b in [next((x for x in rj.E2E_BOUNDS_S if s.e2e_ns / 1e9 <= x), None)
+                                     for s in stories]})
+    worst = next(e for e in ex if e.labels["request_id"] == slowest.request_id)
+    assert worst.labels["trace_id"] == slowest.trace_id and worst.value == pytest.approx(slowest.e2e_ns / 1e9)
+    assert buckets["30.0"].exemplar.labels["request_id"] == "answer-500"          # 20.02 s: le 30
+    assert all(len("".join(k + v for k, v in e.labels.items())) <= 128 for e in ex)
+    text = exposition([with_requests(stories, OTLP)])
+    assert "ridgeline_request_e2e_seconds_bucket" in text and "answer-500" not in text

@@ -8,6 +8,12 @@ github.com/vllm-project/vllm (the attribute values below are the source's, verba
   releases with tracing) and ``OTEL_TRACES_EXPORTER`` handling;
 * 03b8a674ec7e654ab285df6f013a53a24381f941: the same names plus the journey-event names
   (``JOURNEY_NUM_PREEMPTIONS = "num_preemptions"``, events named ``journey.<TYPE>``);
+* e3b3acf1604e1631799cdc73e8aef6cc18ad8303, ``vllm/v1/core/sched/journey_events.py``: the
+  journey event types (``RequestJourneyEventType``: QUEUED=1, SCHEDULED=2, FIRST_TOKEN=3,
+  PREEMPTED=4, FINISHED=5; ``ScheduleKind``: FIRST=1, RESUME=2 "Resumed after preemption
+  (PREEMPTED -> RUNNING)"), emitted as span events ``journey.<type name>`` stamped with
+  ``time.time_ns()`` and the attributes ``event.type``, ``schedule.kind`` (03b8a674's
+  ``JOURNEY_EVENT_TYPE``/``JOURNEY_SCHEDULE_KIND``);
 * an older stored version (no prefill/decode/inference attributes, forward/execute
   split over two lines): the same values for every name it has.
 The request span is named ``llm_request`` (vLLM's output processor, SERVER kind).
@@ -38,18 +44,25 @@ VLLM_SPAN_ATTRIBUTES = {
     "GEN_AI_LATENCY_TIME_IN_MODEL_DECODE": "gen_ai.latency.time_in_model_decode",
     "GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE": "gen_ai.latency.time_in_model_inference",
     "JOURNEY_NUM_PREEMPTIONS": "num_preemptions",   # at 03b8a674
+    "JOURNEY_SCHEDULE_KIND": "schedule.kind",        # at 03b8a674
 }
+# RequestJourneyEventType / ScheduleKind member names (journey_events.py at e3b3acf1).
+VLLM_JOURNEY_TYPES = ("QUEUED", "SCHEDULED", "FIRST_TOKEN", "PREEMPTED", "FINISHED", "DEPARTED")
+VLLM_SCHEDULE_KINDS = ("FIRST", "RESUME")
 OURS = {"GEN_AI_USAGE_COMPLETION_TOKENS": rs.VLLM_COMPLETION_TOKENS, "GEN_AI_USAGE_PROMPT_TOKENS": rs.VLLM_PROMPT_TOKENS,
         "GEN_AI_RESPONSE_MODEL": rs.VLLM_MODEL, "GEN_AI_REQUEST_ID": rs.VLLM_REQUEST_ID,
         "GEN_AI_LATENCY_TIME_IN_QUEUE": rs.VLLM_QUEUE_S, "GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN": rs.VLLM_TTFT_S,
         "GEN_AI_LATENCY_E2E": rs.VLLM_E2E_S, "GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL": rs.VLLM_PREFILL_S,
         "GEN_AI_LATENCY_TIME_IN_MODEL_DECODE": rs.VLLM_DECODE_S,
         "GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE": rs.VLLM_INFERENCE_S,
-        "JOURNEY_NUM_PREEMPTIONS": rs.VLLM_NUM_PREEMPTIONS}
+        "JOURNEY_NUM_PREEMPTIONS": rs.VLLM_NUM_PREEMPTIONS, "JOURNEY_SCHEDULE_KIND": rs.VLLM_SCHEDULE_KIND}
 
 
 def test_attribute_names_are_vllms():
     assert OURS == VLLM_SPAN_ATTRIBUTES
+    assert rs.VLLM_JOURNEY_PREEMPTED == "journey." + VLLM_JOURNEY_TYPES[3]
+    assert rs.VLLM_JOURNEY_SCHEDULED == "journey." + VLLM_JOURNEY_TYPES[1]
+    assert rs.VLLM_SCHEDULE_RESUME == VLLM_SCHEDULE_KINDS[1]
 
 
 def sdk_spans(make):
@@ -85,6 +98,78 @@ def test_vllm_span_from_the_real_sdk():
                                                                         400_000_000, 8_000_000_000)
     assert (s.prompt_tokens, s.completion_tokens, s.preemptions, s.model) == (100, 500, 2, "m")
     assert s.first_token_ns == s.start_ns + 400_000_000
+
+
+def journey_request(tracer, rid="cmpl-p", start=10**9, pauses=((2.0, 2.6), (5.0, 5.9)), resumed=True,
+                    split=False):
+    """A vLLM request preempted and resumed, its journey events as the scheduler emits them
+    (``span.add_event(name=f"journey.{event_type.name}", attributes=..., timestamp=...)``).
+    ``split``: the journey events on a second span of the same request id."""
+    sp = tracer.start_span("llm_request", start_time=start)
+    sp.set_attributes({rs.VLLM_REQUEST_ID: rid, rs.VLLM_QUEUE_S: 0.1, rs.VLLM_TTFT_S: 0.3, rs.VLLM_E2E_S: 8.0,
+                       rs.VLLM_PROMPT_TOKENS: 100, rs.VLLM_COMPLETION_TOKENS: 500})
+    ev = tracer.start_span("llm_core", start_time=start, attributes={rs.VLLM_REQUEST_ID: rid}) if split else sp
+
+    def event(kind, t, n, sched=None):
+        a = {"event.type": kind, "num_preemptions": n}
+        if sched:
+            a["schedule.kind"] = sched
+        ev.add_event(f"journey.{kind}", attributes=a, timestamp=start + int(t * 1e9))
+    event("QUEUED", 0.0, 0)
+    event("SCHEDULED", 0.1, 0, "FIRST")
+    for i, (p, r) in enumerate(pauses):
+        event("PREEMPTED", p, i + 1)
+        if resumed or i < len(pauses) - 1:
+            event("SCHEDULED", r, i + 1, "RESUME")
+    event("FINISHED", 8.0, len(pauses))
+    if split:
+        ev.end(end_time=start + 8 * 10**9)
+    sp.end(end_time=start + 8 * 10**9)
+
+
+def test_preemption_recovery_from_journey_events():
+    spans, _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t)))
+    (s,) = spans
+    assert s.preemptions == 2
+    assert s.recovery_ns == pytest.approx(600_000_000 + 900_000_000, abs=1_000)
+
+
+def test_a_pause_never_resumed_is_not_recovered_time():
+    spans, _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t, resumed=False)))
+    (s,) = spans
+    assert s.preemptions == 2 and s.recovery_ns == pytest.approx(600_000_000, abs=1_000)
+
+
+def test_no_journey_events_no_recovery_and_scheduled_only_is_zero():
+    spans, _ = rs.decode_protobuf(sdk_spans(lambda t: vllm_request(t)))
+    assert spans[0].recovery_ns == -1 and spans[0].preemptions == -1
+    spans, _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t, pauses=())))
+    assert spans[0].recovery_ns == 0 and spans[0].preemptions == 0
+
+
+def test_journey_events_on_their_own_span_are_merged_into_the_request():
+    from ridgeline.aggregator.request_history import RequestHistory
+    spans, _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t, split=True)))
+    assert len(spans) == 2
+    h = RequestHistory(join_delay_s=0)
+    h.add_requests(spans)
+    _w, (story,) = h.close(20 * 10**9)
+    assert story.preemptions == 2 and story.recovery_ns == pytest.approx(1_500_000_000, abs=1_000)
+    assert story.queue_ns == 100_000_000            # the timings kept from llm_request
+    from ridgeline.aggregator.request_join import story_text
+    assert "preempted 2 time(s), 1.50 s to recover." in story_text(story)
+
+
+def test_journey_events_in_otlp_json():
+    body = b'''{"resourceSpans":[{"scopeSpans":[{"spans":[{"spanId":"01","name":"llm_request",
+      "startTimeUnixNano":"1000000000","endTimeUnixNano":"9000000000",
+      "attributes":[{"key":"gen_ai.request.id","value":{"stringValue":"r1"}}],
+      "events":[{"name":"journey.PREEMPTED","timeUnixNano":"3000000000",
+                 "attributes":[{"key":"num_preemptions","value":{"intValue":"1"}}]},
+                {"name":"journey.SCHEDULED","timeUnixNano":"3250000000",
+                 "attributes":[{"key":"schedule.kind","value":{"stringValue":"RESUME"}}]}]}]}]}]}'''
+    (s,), _ = rs.decode_json(body)
+    assert s.preemptions == 1 and s.recovery_ns == 250_000_000
 
 
 def test_sglang_root_span_and_slices():

@@ -111,3 +111,4 @@ def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
     tr.cpu_ops["input_dims_id"] = tr.names.intern("[[16, 1024], [1024, 1024]]")   # GEMM rows need the join
     analyze_trace(tr, gpu="H100 SXM")
     assert len(calls) == 1
+

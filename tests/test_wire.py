@@ -112,7 +112,23 @@ REQUESTS_WINDOW = {
                  "dragged_source": "measured", "slowest": [STORY]},
 }
 
+STRAGGLERS_WINDOW = {
+    "start_ns": 1_700_000_030_000_000_000, "end_ns": 1_700_000_031_000_000_000, "duration_ns": 1_000_000_000,
+    "sources": ["cupti"],
+    "stragglers": {"groups": [{
+        "ranks": [{"pid": 101, "device": 0, "last_count": 0, "wait_ns": 7_200_000},
+                  {"pid": 102, "device": 1, "last_count": 0, "wait_ns": 7_150_000},
+                  {"pid": 103, "device": 2, "last_count": 60, "wait_ns": 0},
+                  {"pid": 104, "device": 3, "last_count": 0, "wait_ns": 7_230_000}],
+        "collectives": 60, "waiting_share_ratio": 0.1563, "straggler_pid": 103, "straggler_device": 2,
+        "straggler_last_share_ratio": 1.0, "late_by_p50_ns": 120_500, "late_by_p99_ns": 123_000,
+        "cause": "kernel", "straggler_launch_off_cpu_ratio": 0.04, "others_launch_off_cpu_ratio": 0.05}],
+        "straggler_kernels_dropped": 0},
+}
+
 GOLDEN = {
+    "wire_envelope_stragglers_window_v1.bin": lambda: wire.encode_envelope(
+        "window", 10, wire.encode_window(STRAGGLERS_WINDOW), "gpu-host-1", 1_700_000_031_000_000_123),
     "wire_envelope_requests_window_v1.bin": lambda: wire.encode_envelope(
         "window", 9, wire.encode_window(REQUESTS_WINDOW), "gpu-host-1", 1_700_000_021_000_000_123),
     "wire_envelope_requests_v1.bin": lambda: wire.encode_envelope(
@@ -162,6 +178,16 @@ def test_golden_requests_window_and_topic_number_the_issue22_fields():
     from ridgeline.aggregator import request_join as rj
     for cls in (rj.WindowRequests, rj.RequestStory, rj.Culprit):
         assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
+
+
+def test_golden_stragglers_window_numbers_the_issue23_fields():
+    raw = (DATA / "wire_envelope_stragglers_window_v1.bin").read_bytes()
+    assert wire.decode_window(wire.decode_envelope(raw).payload) == STRAGGLERS_WINDOW
+    from ridgeline.aggregator import straggler_window as sw
+    for cls in (sw.WindowStragglers, sw.GroupStragglers, sw.RankStragglers):
+        for key in cls.__struct_fields__:
+            assert key.encode() not in raw, key
+    assert all(wire.FIELDS[k] >= 144 for k in ("stragglers", "straggler_last_share_ratio", "cause"))
 
 
 def test_golden_health_decodes_to_literal():
