@@ -76,8 +76,10 @@ def test_each_step_builds_the_class_named_for_it_from_its_table():
     from ridgeline.probes.probe import ProbeLike
     from ridgeline.probes.replay import ReplayProbe
     from ridgeline.probes.sched import SchedProbe
+    from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
     classes = {"sched": SchedProbe, "cuda_uprobes": CudaUprobeProbe, "cupti": CuptiProbe, "nvml": NvmlProbe,
-               "engine": EngineProbe, "otlp": OtlpProbe, "simulator": SimulatorProbe, "replay": ReplayProbe}
+               "engine": EngineProbe, "otlp": OtlpProbe, "sglang_requests": SglangRequestMetricsProbe, "simulator": SimulatorProbe,
+               "replay": ReplayProbe}
     assert set(classes) == set(registry.STEPS)
     cfg = config.defaults()
     cfg["probes"]["cupti"]["socket"] = "/run/x/cupti.sock"
