@@ -9,6 +9,11 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/setup.sh
 
+# Files run on PYTEST_WORKERS processes (pytest-xdist; a file stays on one worker, so its
+# module fixtures are built once). Most of the suite waits on subprocesses and sockets, so
+# three workers fit two cores; PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= 3
+
 # The linter runs first: a finding fails in seconds, before the 40-minute suite
 # (configuration: [tool.ruff] in pyproject.toml).
 lint: setup
@@ -20,7 +25,7 @@ lint-fix: setup
 	@$(VENV)/bin/ruff check --fix .
 
 test: setup lint
-	@$(VENV)/bin/python -m pytest --run-slow $(PYTEST_ARGS)
+	@$(VENV)/bin/python -m pytest --run-slow -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -1,39 +1,44 @@
-"""The agent's TOML configuration: embedded defaults overlaid by the operator's file.
+"""The agent's TOML configuration: embedded defaults overlaid by the operator's file,
+decoded into one typed record (:class:`Config`).
 
 Contract:
 
-* :func:`defaults` returns the embedded defaults (``agent/data/agent.toml``), which
-  document every key.
-* :func:`load(path)` reads ``path`` and overlays it on the defaults. Every key of the
-  file must exist in the defaults and have the same type (an int is accepted where a
-  float is expected), every number must be finite and inside its range
-  (:data:`RANGES`), endpoints, ports, pids, probe names and socket paths are checked;
-  otherwise :class:`probes.errors.InputError` with one line naming the file and the key.
-  Nothing is bound, created or started here: a configuration that loads is one the
-  agent can apply. A missing file is an error unless ``missing_ok`` (used for the
-  default path ``/etc/ridgeline/agent.toml`` so a fresh host runs on the defaults).
-* :func:`to_toml` writes a configuration back as TOML (for ``--print-config``).
+* :class:`Config` and its sections are msgspec Structs: every key with its type, and every
+  number with its inclusive range declared beside it (``Annotated[..., Meta(ge=, le=)]``),
+  so no value reaches a socket option or a timer unchecked. msgspec checks keys, types
+  and ranges when the TOML is decoded (unknown keys are refused; an int is accepted where
+  a float is expected); what it reports is turned into one line naming the file and the
+  key (:func:`_problem`). What only this host can answer is checked by hand after
+  (:func:`_validate`): endpoints and ports, socket folders, groups, key files, probe
+  names, the model file.
+* :func:`defaults` returns the embedded defaults (``agent/data/agent.toml``, which
+  documents every key) as a :class:`Config`.
+* :func:`load(path)` reads ``path`` and overlays it on the defaults; otherwise
+  :class:`probes.errors.InputError` with one line. Nothing is bound, created or started
+  here: a configuration that loads is one the agent can apply. A missing file is an error
+  unless ``missing_ok`` (used for the default path ``/etc/ridgeline/agent.toml`` so a
+  fresh host runs on the defaults).
+* :func:`overlay` lays a table of overrides (the command line's) on a configuration, with
+  the same checks; :func:`to_toml` writes a configuration back as TOML (``--print-config``).
 
-Configurations are plain nested dicts; nothing here touches the probes.
+Nothing here touches the probes.
 """
 from __future__ import annotations
 
-import copy
 import math
 import os
+import re
 import tomllib
 from importlib import resources
 from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
 
 from ridgeline.probes.errors import InputError
 
 DEFAULT_PATH = Path("/etc/ridgeline/agent.toml")
-
-
-def defaults() -> dict:
-    text = resources.files("ridgeline.agent").joinpath("data/agent.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
-
 
 #: The largest integer a key may hold (TOML integers are unbounded in Python; C sockets
 #: options are not).
@@ -43,83 +48,205 @@ PID_MAX = 4_194_304
 #: sun_path of a unix socket holds 108 bytes including the final NUL.
 _SUN_PATH_MAX = 107
 
-#: Inclusive ranges of numeric keys (dotted name -> (low, high)). Every numeric key of the
-#: defaults is listed (a test checks it), so no value reaches a socket option or a timer
-#: unchecked.
-RANGES: dict[str, tuple[float, float]] = {
-    "agent.window_s": (0.05, 3600.0),
-    "agent.run_for_s": (0.0, 1e7),
-    "publisher.sndhwm": (1, 1_000_000),
-    "prometheus.max_connections": (1, 1024),
-    "prometheus.timeout_s": (0.1, 300.0),
-    "probes.engine.interval_s": (0.25, 3600.0),
-    "probes.engine.timeout_s": (0.1, 60.0),
-    "probes.engine.max_body_bytes": (64 * 1024, 256 * 2**20),
-    "probes.replay.speed": (0.001, 1000.0),
-    "probes.simulator.rate_per_s": (0.0, 100_000.0),
-    "probes.simulator.seed": (0, _INT_MAX),
-    "probes.simulator.speed": (0.001, 1000.0),
-    "probes.simulator.pid": (0, PID_MAX),
-    "probes.simulator.scrape_interval_s": (0.05, 3600.0),
-    "probes.cupti.reclaim_after_s": (0.0, 86400.0),
-    "probes.otlp.max_body_bytes": (1024, 64 * 2**20),
-    "probes.otlp.max_connections": (1, 1024),
-    "probes.otlp.request_timeout_s": (0.1, 300.0),
-    "probes.otlp.spans_per_s": (1.0, 1_000_000.0),
-    "probes.otlp.max_attributes": (1, 4096),
-    "probes.otlp.max_attribute_bytes": (16, 2**20),
-    "probes.otlp.max_queued_spans": (1, 10_000_000),
-    "probes.otlp.history_s": (10.0, 3600.0),
-    "probes.otlp.join_delay_s": (0.0, 600.0),
-    "probes.sglang_requests.max_bytes_per_poll": (4096, 256 * 2**20),
-    "probes.sglang_requests.max_line_bytes": (1024, 16 * 2**20),
-    "probes.cupti.idle_peer_s": (5.0, 86400.0),
-}
+
+#: agent.log_level's words, least to most severe (the order the one-line error names them).
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _range(lo, hi):
+    return Meta(ge=lo, le=hi)
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True):
+    """A table of the file: unknown keys refused."""
+
+
+class AgentSettings(_Section):
+    window_s: Annotated[float, _range(0.05, 3600.0)]
+    host: Annotated[str, Meta(max_length=255)]
+    log_level: Literal[LOG_LEVELS]
+    run_for_s: Annotated[float, _range(0.0, 1e7)]
+
+
+class AnalysisSettings(_Section):
+    model: str
+    gpu: str
+
+
+class PublisherSettings(_Section):
+    endpoint: str
+    ipc_group: str
+    sndhwm: Annotated[int, _range(1, 1_000_000)]
+    curve_secret_key_file: str
+    curve_allowed_clients_dir: str
+    publish_events: bool
+
+
+class PrometheusSettings(_Section):
+    enabled: bool
+    listen: str
+    allow_remote: bool
+    max_connections: Annotated[int, _range(1, 1024)]
+    timeout_s: Annotated[float, _range(0.1, 300.0)]
+
+
+class EngineSettings(_Section):
+    url: str
+    interval_s: Annotated[float, _range(0.25, 3600.0)]
+    timeout_s: Annotated[float, _range(0.1, 60.0)]
+    max_body_bytes: Annotated[int, _range(64 * 1024, 256 * 2**20)]
+    follow_redirects: bool
+
+
+class OtlpSettings(_Section):
+    listen: str
+    allow_remote: bool
+    max_body_bytes: Annotated[int, _range(1024, 64 * 2**20)]
+    max_connections: Annotated[int, _range(1, 1024)]
+    request_timeout_s: Annotated[float, _range(0.1, 300.0)]
+    spans_per_s: Annotated[float, _range(1.0, 1_000_000.0)]
+    max_attributes: Annotated[int, _range(1, 4096)]
+    max_attribute_bytes: Annotated[int, _range(16, 2**20)]
+    max_queued_spans: Annotated[int, _range(1, 10_000_000)]
+    history_s: Annotated[float, _range(10.0, 3600.0)]
+    join_delay_s: Annotated[float, _range(0.0, 600.0)]
+
+
+class SglangRequestsSettings(_Section):
+    dir: str
+    max_bytes_per_poll: Annotated[int, _range(4096, 256 * 2**20)]
+    max_line_bytes: Annotated[int, _range(1024, 16 * 2**20)]
+
+
+class CuptiSettings(_Section):
+    socket: str
+    socket_group: str
+    reclaim_after_s: Annotated[float, _range(0.0, 86400.0)]
+    idle_peer_s: Annotated[float, _range(5.0, 86400.0)]
+
+
+class ReplaySettings(_Section):
+    path: str
+    speed: Annotated[float, _range(0.001, 1000.0)]
+    loop: bool
+
+
+class SimulatorSettings(_Section):
+    gpu: str
+    model: str
+    rate_per_s: Annotated[float, _range(0.0, 100_000.0)]
+    seed: Annotated[int, _range(0, _INT_MAX)]
+    engine: str
+    speed: Annotated[float, _range(0.001, 1000.0)]
+    pid: Annotated[int, _range(0, PID_MAX)]
+    scrape_interval_s: Annotated[float, _range(0.05, 3600.0)]
+    engine_metrics: bool
+    otlp_endpoint: str
+
+
+class ProbesSettings(_Section):
+    enabled: list[str]
+    pids: list[Annotated[int, _range(1, PID_MAX)]]
+    engine: EngineSettings
+    otlp: OtlpSettings
+    sglang_requests: SglangRequestsSettings
+    cupti: CuptiSettings
+    replay: ReplaySettings
+    simulator: SimulatorSettings
+
+
+class Config(_Section):
+    """The agent's whole configuration (``agent/data/agent.toml`` documents each key)."""
+    agent: AgentSettings
+    analysis: AnalysisSettings
+    publisher: PublisherSettings
+    prometheus: PrometheusSettings
+    probes: ProbesSettings
+
+
+#: What a list key must hold, for the line naming a bad element.
+_LIST_ELEMENTS = {"probes.pids": f"must hold process ids (integers 1..{PID_MAX})",
+                  "probes.enabled": "must hold probe names"}
+
+
+def _defaults_table() -> dict:
+    text = resources.files("ridgeline.agent").joinpath("data/agent.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def defaults() -> Config:
+    return _decode(_defaults_table(), "defaults")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` laid on ``base`` (tables merged key by key; anything else replaces)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _decode(table: dict, origin: str) -> Config:
+    try:
+        return msgspec.convert(table, Config)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"{origin}: {_problem(str(exc), table)}") from None
+
+
+#: msgspec's "<what> - at `$.a.b[0]`" (no "at" part for the top level)
+_AT = re.compile(r"(.*?)(?: - at `\$((?:\.\w+|\[\d+\])*)`)?")
+
+
+def _type_name(t) -> str:
+    return {msgspec.inspect.IntType: "int", msgspec.inspect.FloatType: "float", msgspec.inspect.StrType: "str",
+            msgspec.inspect.BoolType: "bool", msgspec.inspect.ListType: "list",
+            msgspec.inspect.StructType: "table"}.get(type(t), "?")
+
+
+def _problem(text: str, table: dict) -> str:
+    """msgspec's account of a bad table as this module's one line: the dotted key, and what
+    it must be by its declared type and range, with the value found."""
+    m = _AT.fullmatch(text)
+    if not m:
+        return text
+    what, path = m.group(1), m.group(2) or ""
+    keys, index = [], None
+    for name, i in re.findall(r"\.(\w+)|\[(\d+)\]", path):
+        if name:
+            keys.append(name)
+        else:
+            index = int(i)
+    dotted = ".".join(keys)
+    if what.startswith("Object contains unknown field"):
+        field = what.split("`")[1]
+        return f"unknown key '{dotted + '.' if dotted else ''}{field}'"
+    t, value = msgspec.inspect.type_info(Config), table
+    for k in keys:
+        t = next(f.type for f in t.fields if f.name == k)
+        value = value[k]
+    if index is not None:
+        return f"'{dotted}' {_LIST_ELEMENTS.get(dotted, 'has a bad element')}, got {value[index]!r}"
+    if isinstance(t, msgspec.inspect.StructType):
+        return f"'{dotted}' must be a table"
+    if isinstance(t, msgspec.inspect.LiteralType):
+        words = list(LOG_LEVELS) if dotted == "agent.log_level" else sorted(str(v) for v in t.values)
+        return f"'{dotted}' must be {', '.join(words[:-1])} or {words[-1]}"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(t, msgspec.inspect.FloatType) and number:
+        if not math.isfinite(value):
+            return f"'{dotted}' must be a finite number, got {value}"
+        return f"'{dotted}' must be between {t.ge:g} and {t.le:g}, got {float(value)}"
+    if isinstance(t, msgspec.inspect.IntType) and isinstance(value, int) and number:
+        return f"'{dotted}' must be between {t.ge:g} and {t.le:g}, got {value}"
+    if isinstance(t, msgspec.inspect.StrType) and isinstance(value, str) and t.max_length is not None:
+        return f"'{dotted}' must be at most {t.max_length} characters, got {len(value)}"
+    return f"'{dotted}' must be {_type_name(t)}, got {type(value).__name__}"
+
 
 #: Folders under which a missing socket folder may be created (one level, by systemd's
 #: RuntimeDirectory or the agent); anywhere else the folder must already exist, so a
 #: configuration can never make the agent (root) create folders in /etc or elsewhere.
 SOCKET_ROOTS = ("/run",)
-
-
-def _overlay(base: dict, over: dict, where: str, origin: str) -> None:
-    for key, value in over.items():
-        dotted = f"{where}.{key}" if where else key
-        if key not in base:
-            raise InputError(f"{origin}: unknown key '{dotted}'")
-        want = base[key]
-        if isinstance(want, dict):
-            if not isinstance(value, dict):
-                raise InputError(f"{origin}: '{dotted}' must be a table")
-            _overlay(want, value, dotted, origin)
-            continue
-        if isinstance(want, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(want, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if ok:
-                try:
-                    value = float(value)
-                except OverflowError:
-                    raise InputError(f"{origin}: '{dotted}' is out of range ({value})") from None
-                if not math.isfinite(value):
-                    raise InputError(f"{origin}: '{dotted}' must be a finite number, got {value}")
-        elif isinstance(want, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif isinstance(want, list):
-            ok = isinstance(value, list) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
-        else:
-            ok = isinstance(value, type(want))
-        if not ok:
-            raise InputError(f"{origin}: '{dotted}' must be {type(want).__name__}, got {type(value).__name__}")
-        base[key] = value
-
-
-def _get(cfg: dict, dotted: str):
-    v = cfg
-    for part in dotted.split("."):
-        v = v[part]
-    return v
 
 
 def _port(text: str) -> int | None:
@@ -169,72 +296,64 @@ def _endpoint_problem(ep: str) -> str | None:
     return None
 
 
-def _validate(cfg: dict, origin: str) -> None:
+def _validate(cfg: Config, origin: str) -> None:
+    """The checks only this host can answer (types and ranges were checked by decoding)."""
     def bad(key: str, why: str):
         raise InputError(f"{origin}: '{key}' {why}")
 
-    for key, (lo, hi) in RANGES.items():
-        v = _get(cfg, key)
-        if not lo <= v <= hi:
-            bad(key, f"must be between {lo:g} and {hi:g}, got {v}")
-    a = cfg["agent"]
-    if a["log_level"] not in ("debug", "info", "warning", "error"):
-        bad("agent.log_level", "must be debug, info, warning or error")
-    if len(a["host"]) > 255 or not a["host"].isprintable():
+    a = cfg.agent
+    if not a.host.isprintable():
         bad("agent.host", "must be a printable name of at most 255 characters")
-    p = cfg["publisher"]
-    why = _endpoint_problem(p["endpoint"])
+    p = cfg.publisher
+    why = _endpoint_problem(p.endpoint)
     if why:
         bad("publisher.endpoint", why)
     from .publisher import is_loopback
-    if not is_loopback(p["endpoint"]) and not p["curve_secret_key_file"]:
+    if not is_loopback(p.endpoint) and not p.curve_secret_key_file:
         raise InputError(
-            f"refusing to publish on {p['endpoint']} in the clear: a non-loopback bind needs CURVE keys "
+            f"refusing to publish on {p.endpoint} in the clear: a non-loopback bind needs CURVE keys "
             "(set publisher.curve_secret_key_file and publisher.curve_allowed_clients_dir)")
-    if p["curve_secret_key_file"]:
-        if not p["curve_allowed_clients_dir"]:
+    if p.curve_secret_key_file:
+        if not p.curve_allowed_clients_dir:
             bad("publisher.curve_allowed_clients_dir", "must name the folder of allowed client keys when "
                 "publisher.curve_secret_key_file is set")
-        if not os.path.isfile(p["curve_secret_key_file"]):
-            bad("publisher.curve_secret_key_file", f"{p['curve_secret_key_file']} is not a file")
-        if not os.path.isdir(p["curve_allowed_clients_dir"]):
-            bad("publisher.curve_allowed_clients_dir", f"{p['curve_allowed_clients_dir']} is not a folder")
-    if p["ipc_group"]:
+        if not os.path.isfile(p.curve_secret_key_file):
+            bad("publisher.curve_secret_key_file", f"{p.curve_secret_key_file} is not a file")
+        if not os.path.isdir(p.curve_allowed_clients_dir):
+            bad("publisher.curve_allowed_clients_dir", f"{p.curve_allowed_clients_dir} is not a folder")
+    if p.ipc_group:
         import grp
         try:
-            grp.getgrnam(p["ipc_group"])
+            grp.getgrnam(p.ipc_group)
         except KeyError:
-            bad("publisher.ipc_group", f"names no group on this host ({p['ipc_group']!r})")
-    pr = cfg["prometheus"]
-    host, port = _host_port(pr["listen"])
+            bad("publisher.ipc_group", f"names no group on this host ({p.ipc_group!r})")
+    pr = cfg.prometheus
+    host, port = _host_port(pr.listen)
     if not host or port is None:
-        bad("prometheus.listen", f"must be HOST:PORT with a port in 1..65535, got {pr['listen']!r}")
-    if pr["enabled"] and not pr["allow_remote"] and not is_loopback(f"tcp://{host}:{port}"):
-        bad("prometheus.listen", f"{pr['listen']} is not a loopback address: /metrics has no authentication, "
+        bad("prometheus.listen", f"must be HOST:PORT with a port in 1..65535, got {pr.listen!r}")
+    if pr.enabled and not pr.allow_remote and not is_loopback(f"tcp://{host}:{port}"):
+        bad("prometheus.listen", f"{pr.listen} is not a loopback address: /metrics has no authentication, "
             "so serving it beyond this host needs prometheus.allow_remote = true")
-    model = cfg["analysis"]["model"]
+    model = cfg.analysis.model
     if model:
         from ridgeline.aggregator import model_config
         try:
             model_config.load(model)
         except InputError as exc:
             raise InputError(f"{origin}: 'analysis.model': {exc}") from None
-    probes = cfg["probes"]
+    probes = cfg.probes
     from .registry import STEPS
-    for name in probes["enabled"]:
-        if not isinstance(name, str) or name not in STEPS:
+    for name in probes.enabled:
+        if name not in STEPS:
             bad("probes.enabled", f"names an unknown probe {name!r} (known: {', '.join(STEPS)})")
-    if len(set(probes["enabled"])) != len(probes["enabled"]):
+    if len(set(probes.enabled)) != len(probes.enabled):
         bad("probes.enabled", "names a probe twice")
-    for pid in probes["pids"]:
-        if not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
-            bad("probes.pids", f"must hold process ids (integers 1..{PID_MAX}), got {pid!r}")
-    url = probes["engine"]["url"]
+    url = probes.engine.url
     if url:
         scheme, _, rest = url.partition("://")
         if scheme not in ("http", "https") or not rest or rest.startswith("/"):
             bad("probes.engine.url", f"must be an http:// or https:// URL, got {url!r}")
-    otlp = probes["otlp"]["listen"]
+    otlp = probes.otlp.listen
     if otlp.startswith("unix:"):
         why = socket_path_problem(otlp[len("unix:"):])
         if why:
@@ -243,22 +362,22 @@ def _validate(cfg: dict, origin: str) -> None:
         host, port = _host_port(otlp)
         if not host or port is None:
             bad("probes.otlp.listen", f"must be HOST:PORT with a port in 1..65535 or unix:/path, got {otlp!r}")
-        if not probes["otlp"]["allow_remote"] and not is_loopback(f"tcp://{host}:{port}"):
+        if not probes.otlp.allow_remote and not is_loopback(f"tcp://{host}:{port}"):
             bad("probes.otlp.listen", f"{otlp} is not a loopback address: the span receiver has no "
                 "authentication, so taking spans from beyond this host needs probes.otlp.allow_remote = true")
-    sg_dir = probes["sglang_requests"]["dir"]
+    sg_dir = probes.sglang_requests.dir
     if len(sg_dir) > 4096 or "\x00" in sg_dir:
         bad("probes.sglang_requests.dir", "must be a folder path (at most 4096 characters, no NUL)")
-    if "sglang_requests" in probes["enabled"] and not sg_dir:
+    if "sglang_requests" in probes.enabled and not sg_dir:
         bad("probes.sglang_requests.dir", "must be set when the sglang_requests probe is enabled (SGLang's "
             "--export-metrics-to-file-dir)")
-    sim_otlp = probes["simulator"]["otlp_endpoint"]
+    sim_otlp = probes.simulator.otlp_endpoint
     if sim_otlp and (not sim_otlp.startswith(("http://", "https://")) or len(sim_otlp) > 2048):
         bad("probes.simulator.otlp_endpoint", f"must be an http:// or https:// URL, got {sim_otlp[:80]!r}")
-    why = socket_path_problem(probes["cupti"]["socket"])
+    why = socket_path_problem(probes.cupti.socket)
     if why:
         bad("probes.cupti.socket", why)
-    group = probes["cupti"]["socket_group"]
+    group = probes.cupti.socket_group
     if group:
         import grp
         try:
@@ -267,15 +386,16 @@ def _validate(cfg: dict, origin: str) -> None:
             bad("probes.cupti.socket_group", f"names no group on this host ({group!r})")
 
 
-def load(path: str | Path | None = None, missing_ok: bool = False) -> dict:
+def load(path: str | Path | None = None, missing_ok: bool = False) -> Config:
     """Defaults overlaid by ``path`` (default ``/etc/ridgeline/agent.toml``)."""
-    cfg = defaults()
+    table = _defaults_table()
     p = Path(path) if path is not None else DEFAULT_PATH
     origin = str(p)
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
         if missing_ok:
+            cfg = _decode(table, "defaults")
             _validate(cfg, "defaults")
             return cfg
         raise InputError(f"{origin}: config file not found") from None
@@ -287,17 +407,21 @@ def load(path: str | Path | None = None, missing_ok: bool = False) -> dict:
         raise InputError(f"{origin}: config is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{origin}: invalid TOML: {exc}") from None
-    _overlay(cfg, user, "", origin)
+    cfg = _decode(_merge(table, user), origin)
     _validate(cfg, origin)
     return cfg
 
 
-def overlay(cfg: dict, over: dict, origin: str = "override") -> dict:
-    """A copy of ``cfg`` with ``over`` laid on it (same checks as a file)."""
-    out = copy.deepcopy(cfg)
-    _overlay(out, over, "", origin)
+def overlay(cfg: Config, over: dict, origin: str = "override") -> Config:
+    """A new configuration: ``cfg`` with the table ``over`` laid on it (same checks as a file)."""
+    out = _decode(_merge(msgspec.to_builtins(cfg), over), origin)
     _validate(out, origin)
     return out
+
+
+def as_table(section) -> dict:
+    """A configuration or one of its sections as plain nested dicts (TOML's shape)."""
+    return msgspec.to_builtins(section)
 
 
 def _toml_value(v) -> str:
@@ -312,7 +436,7 @@ def _toml_value(v) -> str:
     raise TypeError(type(v))
 
 
-def to_toml(cfg: dict) -> str:
+def to_toml(cfg: Config) -> str:
     """TOML text of a configuration (tables after plain keys, as TOML requires)."""
     lines: list[str] = []
 
@@ -328,5 +452,5 @@ def to_toml(cfg: dict) -> str:
         for k, v in subs:
             emit(v, f"{prefix}.{k}" if prefix else k)
 
-    emit(cfg, "")
+    emit(as_table(cfg), "")
     return "\n".join(lines).rstrip() + "\n"

@@ -33,6 +33,8 @@ import signal
 import socket
 import time
 
+import msgspec
+
 from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
@@ -61,7 +63,7 @@ RELOAD_SETTLE_S = 0.5
 
 
 class Agent:
-    def __init__(self, cfg: dict, config_path: str | None = None, notifier: Notifier | None = None,
+    def __init__(self, cfg: config_mod.Config, config_path: str | None = None, notifier: Notifier | None = None,
                  probes: list[registry.Running] | None = None, publisher_factory=Publisher, codec=None,
                  overrides: dict | None = None):
         self.cfg = cfg
@@ -96,36 +98,36 @@ class Agent:
         # As dcgm-exporter names the host (NODE_NAME, set from spec.nodeName in Kubernetes,
         # else the host name), so the Hostname label joins its series: in a pod the host
         # name is the pod's, not the node's.
-        self.host = cfg["agent"]["host"] or os.environ.get("NODE_NAME") or socket.gethostname()
+        self.host = cfg.agent.host or os.environ.get("NODE_NAME") or socket.gethostname()
         self.builder = WindowBuilder(host=self.host)
         self._apply_requests(cfg)
         self._apply_analysis(cfg)
         self.health = HealthMeter()
         self.probe_counters_removed: dict[str, dict] = {}
         # served processes whose CUPTI another tool took over; when to ask for it back
-        self.takeovers = TakeoverWatch(cfg["probes"]["cupti"]["reclaim_after_s"])
+        self.takeovers = TakeoverWatch(cfg.probes.cupti.reclaim_after_s)
         self.reclaim_requests_rejected = 0
 
-    def _apply_requests(self, cfg: dict) -> None:
+    def _apply_requests(self, cfg: config_mod.Config) -> None:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
         request join needs (from the first window on: a request's span comes at its end)."""
-        o = cfg["probes"]["otlp"]
-        if not {"otlp", "sglang_requests"} & set(cfg["probes"]["enabled"]):
+        o = cfg.probes.otlp
+        if not {"otlp", "sglang_requests"} & set(cfg.probes.enabled):
             self.builder.requests = None      # no spans come: hold no steps for them
             return
         if self.builder.requests is None:
             from ridgeline.aggregator.request_history import RequestHistory
-            self.builder.requests = RequestHistory(o["history_s"], o["join_delay_s"])
+            self.builder.requests = RequestHistory(o.history_s, o.join_delay_s)
         else:
-            self.builder.requests.configure(o["history_s"], o["join_delay_s"])
+            self.builder.requests.configure(o.history_s, o.join_delay_s)
 
-    def _apply_analysis(self, cfg: dict) -> None:
-        a = cfg["analysis"]
+    def _apply_analysis(self, cfg: config_mod.Config) -> None:
+        a = cfg.analysis
         model = None
-        if a["model"]:
+        if a.model:
             from ridgeline.aggregator import model_config
-            model = model_config.load(a["model"])     # checked when the config was loaded
-        self.builder.model, self.builder.gpu = model, a["gpu"]
+            model = model_config.load(a.model)     # checked when the config was loaded
+        self.builder.model, self.builder.gpu = model, a.gpu
 
     # -- signals ---------------------------------------------------------------------------
     def request_stop(self, *_):
@@ -140,35 +142,35 @@ class Agent:
         signal.signal(signal.SIGHUP, self.request_reload)
 
     # -- life cycle ------------------------------------------------------------------------
-    def _make_publisher(self, p: dict) -> Publisher:
-        return self._publisher_factory(p["endpoint"], host=self.host, sndhwm=p["sndhwm"],
+    def _make_publisher(self, p: config_mod.PublisherSettings) -> Publisher:
+        return self._publisher_factory(p.endpoint, host=self.host, sndhwm=p.sndhwm,
                                        encode=self.codec.encode_envelope,
-                                       curve_secret_key_file=p["curve_secret_key_file"],
-                                       curve_allowed_clients_dir=p["curve_allowed_clients_dir"],
-                                       ipc_group=p["ipc_group"])
+                                       curve_secret_key_file=p.curve_secret_key_file,
+                                       curve_allowed_clients_dir=p.curve_allowed_clients_dir,
+                                       ipc_group=p.ipc_group)
 
     def start(self) -> None:
         if self.codec is None:
             from ridgeline.aggregator import wire
             self.codec = wire
         self.notifier.status("starting: binding publisher")
-        self.publisher = self._make_publisher(self.cfg["publisher"])
-        if self.cfg["prometheus"]["enabled"]:
+        self.publisher = self._make_publisher(self.cfg.publisher)
+        if self.cfg.prometheus.enabled:
             from .prometheus import MetricsServer
             try:
-                pr = self.cfg["prometheus"]
-                self.prometheus = MetricsServer(self, pr["listen"], max_connections=pr["max_connections"],
-                                                timeout_s=pr["timeout_s"])
+                pr = self.cfg.prometheus
+                self.prometheus = MetricsServer(self, pr.listen, max_connections=pr.max_connections,
+                                                timeout_s=pr.timeout_s)
             except OSError as exc:
                 self.publisher.close()
-                raise InputError(f"cannot serve Prometheus on {self.cfg['prometheus']['listen']}: "
+                raise InputError(f"cannot serve Prometheus on {self.cfg.prometheus.listen}: "
                                  f"{exc.strerror or exc}") from None
         self.notifier.status("starting probes")
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
         names = ", ".join(r.step.name for r in self.running) or "none"
-        log.info("agent ready: publishing on %s; probes: %s", self.cfg["publisher"]["endpoint"], names)
+        log.info("agent ready: publishing on %s; probes: %s", self.cfg.publisher.endpoint, names)
         self.last_published_mono = time.monotonic()
-        self.notifier.ready(f"publishing on {self.cfg['publisher']['endpoint']}; probes: {names}")
+        self.notifier.ready(f"publishing on {self.cfg.publisher.endpoint}; probes: {names}")
 
     def _poll_once(self, window_end: bool = False) -> None:
         for r in self.running:
@@ -198,7 +200,7 @@ class Agent:
         if res.trace is not None:
             src = res.trace.meta.get("source") or r.step.name
             self.builder.add_events(res.trace, source=src)
-            if self.cfg["publisher"]["publish_events"]:
+            if self.cfg.publisher.publish_events:
                 self.publisher.publish("events", self.codec.encode_event_batch(res.trace))
         if res.requests is not None:
             self.builder.add_requests(res.requests)
@@ -291,7 +293,7 @@ class Agent:
         cupti = next((r.probe for r in self.running if isinstance(r.probe, CuptiControl)), None)
         if cupti is None:
             return {}
-        sock = cupti.socket_path or self.cfg["probes"]["cupti"]["socket"]
+        sock = cupti.socket_path or self.cfg.probes.cupti.socket
         req, rejected = reclaim_request.take_request(sock)
         self.reclaim_requests_rejected += rejected
         if req is not None:
@@ -370,7 +372,7 @@ class Agent:
         return {"requests_joined": h.requests_joined, "requests_dropped": h.requests_dropped,
                 "request_steps_dropped": h.steps_dropped, "request_stories_unpublished": self.builder.stories_unpublished}
 
-    def load_config(self) -> dict:
+    def load_config(self) -> config_mod.Config:
         """The configuration file (or the defaults) with the command-line overrides on top,
         fully validated; raises :class:`InputError`."""
         new = config_mod.load(self.config_path, missing_ok=self.config_path is None)
@@ -379,8 +381,8 @@ class Agent:
         return new
 
     @staticmethod
-    def _socket_settings(p: dict) -> dict:
-        return {k: v for k, v in p.items() if k != "publish_events"}
+    def _socket_settings(p: config_mod.PublisherSettings) -> dict:
+        return {k: v for k, v in config_mod.as_table(p).items() if k != "publish_events"}
 
     def _refuse_reload(self, why: str) -> None:
         self.reloads_refused += 1
@@ -421,9 +423,9 @@ class Agent:
                 self._defer_reload()
                 self.notifier.ready()
                 return
-            if self._socket_settings(new["publisher"]) != self._socket_settings(self.cfg["publisher"]):
+            if self._socket_settings(new.publisher) != self._socket_settings(self.cfg.publisher):
                 from .publisher import check_settings
-                check_settings(new["publisher"])
+                check_settings(new.publisher)
         except InputError as exc:
             self._refuse_reload(str(exc))
             return
@@ -431,16 +433,16 @@ class Agent:
         # Sockets first, each able to fail and leave the old one in place; the cheap
         # settings are applied only once both are settled.
         new_prom = self.prometheus
-        if new["prometheus"] != old["prometheus"]:
+        if new.prometheus != old.prometheus:
             try:
-                new_prom = self._swap_prometheus(old["prometheus"], new["prometheus"])
+                new_prom = self._swap_prometheus(old.prometheus, new.prometheus)
             except OSError as exc:
-                self._refuse_reload(f"cannot serve Prometheus on {new['prometheus']['listen']}: "
+                self._refuse_reload(f"cannot serve Prometheus on {new.prometheus.listen}: "
                                     f"{exc.strerror or exc}")
                 return
-        if self._socket_settings(new["publisher"]) != self._socket_settings(old["publisher"]):
+        if self._socket_settings(new.publisher) != self._socket_settings(old.publisher):
             try:
-                self._swap_publisher(new["publisher"])
+                self._swap_publisher(new.publisher)
             except InputError as exc:
                 if new_prom is not self.prometheus and new_prom is not None:
                     new_prom.close()     # undo the /metrics change too: all or nothing
@@ -455,39 +457,39 @@ class Agent:
             self.prometheus = new_prom
         self.cfg = new
         self.reloads += 1
-        logging.getLogger("ridgeline").setLevel(new["agent"]["log_level"].upper())
+        logging.getLogger("ridgeline").setLevel(new.agent.log_level.upper())
         self._apply_analysis(new)
         self._apply_requests(new)
-        self.takeovers.reclaim_after_s = new["probes"]["cupti"]["reclaim_after_s"]
+        self.takeovers.reclaim_after_s = new.probes.cupti.reclaim_after_s
         if self._given_probes is None and any(_probe_settings(new, n) != _probe_settings(old, n)
-                                              for n in set(new["probes"]) | set(old["probes"])):
-            keep = [r for r in self.running if r.step.name in new["probes"]["enabled"]
+                                              for n in type(new.probes).__struct_fields__):
+            keep = [r for r in self.running if r.step.name in new.probes.enabled
                     and _probe_settings(new, r.step.name) == _probe_settings(old, r.step.name)
-                    and new["probes"]["pids"] == old["probes"]["pids"]]
+                    and new.probes.pids == old.probes.pids]
             gone = [r for r in self.running if r not in keep]
             counters = self.probe_counters()
             for r in gone:
                 self.probe_counters_removed[r.step.name] = counters[r.step.name]
             registry.stop_all(gone, log)
             have = {r.step.name for r in keep}
-            added = registry.start_all(new, log, [n for n in new["probes"]["enabled"] if n not in have])
+            added = registry.start_all(new, log, [n for n in new.probes.enabled if n not in have])
             self.running = keep + added
         log.info("configuration reloaded")
         self.notifier.ready(f"reloaded; probes: {', '.join(r.step.name for r in self.running) or 'none'}")
 
-    def _swap_prometheus(self, old: dict, new: dict):
+    def _swap_prometheus(self, old: config_mod.PrometheusSettings, new: config_mod.PrometheusSettings):
         """The /metrics server for ``new`` (the running one when only its limits change);
         raises OSError, leaving the running server untouched, when ``new`` cannot be bound."""
         from .prometheus import MetricsServer
-        if not new["enabled"]:
+        if not new.enabled:
             return None
-        if self.prometheus is not None and old["listen"] == new["listen"]:
-            self.prometheus.configure(max_connections=new["max_connections"], timeout_s=new["timeout_s"])
+        if self.prometheus is not None and old.listen == new.listen:
+            self.prometheus.configure(max_connections=new.max_connections, timeout_s=new.timeout_s)
             return self.prometheus
-        return MetricsServer(self, new["listen"], max_connections=new["max_connections"],
-                             timeout_s=new["timeout_s"])
+        return MetricsServer(self, new.listen, max_connections=new.max_connections,
+                             timeout_s=new.timeout_s)
 
-    def _swap_publisher(self, p: dict) -> None:
+    def _swap_publisher(self, p: config_mod.PublisherSettings) -> None:
         """Rebind the stream with ``p``; when that fails, rebind the running settings and
         raise InputError. Sequence numbers go on either way."""
         old_pub = self.publisher
@@ -499,7 +501,7 @@ class Agent:
             self.publisher = self._make_publisher(p)
         except InputError as exc:
             try:
-                self.publisher = self._make_publisher(self.cfg["publisher"])
+                self.publisher = self._make_publisher(self.cfg.publisher)
             except InputError as exc2:
                 # Neither binds (someone took the endpoint meanwhile): publish nothing,
                 # retry every window, and let the watchdog see it.
@@ -514,8 +516,8 @@ class Agent:
             self.publisher.seq = seq
 
     def run(self) -> int:
-        window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
-        run_for = self.cfg["agent"]["run_for_s"]
+        window_ns = int(self.cfg.agent.window_s * 1e9)
+        run_for = self.cfg.agent.run_for_s
         t0 = time.monotonic()
         wd = self.notifier.watchdog_interval_s()
         next_wd = time.monotonic()
@@ -528,7 +530,7 @@ class Agent:
             try:
                 if self._reload and now >= self._reload_not_before:
                     self.reload()
-                    window_ns = int(self.cfg["agent"]["window_s"] * 1e9)
+                    window_ns = int(self.cfg.agent.window_s * 1e9)
                 self._poll_once()
                 if self.publisher is not None:
                     self.publisher.service()
@@ -569,16 +571,16 @@ class Agent:
         """True while windows are really published: the last one within two window
         lengths (plus a second of slack for a slow close)."""
         now = time.monotonic() if now is None else now
-        return now - self.last_published_mono <= 2 * self.cfg["agent"]["window_s"] + 1.0
+        return now - self.last_published_mono <= 2 * self.cfg.agent.window_s + 1.0
 
     def _rebind_publisher(self) -> None:
         try:
-            self.publisher = self._make_publisher(self.cfg["publisher"])
+            self.publisher = self._make_publisher(self.cfg.publisher)
         except InputError as exc:
             self._lose_window()
             raise RuntimeError(f"stream still unbound: {exc}") from None
         self.publisher.seq.update(self._unbound_seq)
-        log.warning("publisher bound again on %s", self.cfg["publisher"]["endpoint"])
+        log.warning("publisher bound again on %s", self.cfg.publisher.endpoint)
 
     def _lose_window(self) -> None:
         """A window that could not be published still uses its sequence numbers, so
@@ -611,7 +613,7 @@ class Agent:
                 # Flush what was collected; no further poll, so stopping costs at most
                 # one window close.
                 now = time.time_ns()
-                start = (self.latest_window or {}).get("end_ns", now - int(self.cfg["agent"]["window_s"] * 1e9))
+                start = (self.latest_window or {}).get("end_ns", now - int(self.cfg.agent.window_s * 1e9))
                 self.close_window(start, now, final=True)     # the held open steps too
         except Exception as exc:  # noqa: BLE001  (the probes must still be stopped; logged with its traceback)
             log.warning("final window not flushed: %s", exc, exc_info=exc)
@@ -633,10 +635,11 @@ class Agent:
 _AGENT_SIDE_KEYS = {"cupti": ("reclaim_after_s",), "otlp": ("history_s", "join_delay_s")}
 
 
-def _probe_settings(cfg: dict, name: str):
-    v = cfg["probes"].get(name)
-    if isinstance(v, dict) and name in _AGENT_SIDE_KEYS:
-        return {k: x for k, x in v.items() if k not in _AGENT_SIDE_KEYS[name]}
+def _probe_settings(cfg: config_mod.Config, name: str):
+    """What of the configuration a probe is built from (None: a probe with no table)."""
+    v = getattr(cfg.probes, name, None)
+    if isinstance(v, msgspec.Struct):
+        return {k: x for k, x in config_mod.as_table(v).items() if k not in _AGENT_SIDE_KEYS.get(name, ())}
     return v
 
 
@@ -662,11 +665,11 @@ def configure_logging(level: str) -> None:
     root.propagate = False
 
 
-def run_agent(cfg: dict, config_path: str | None, install_signals: bool = True,
+def run_agent(cfg: config_mod.Config, config_path: str | None, install_signals: bool = True,
               overrides: dict | None = None) -> int:
     """Start, loop, shut down (the body of ``ridgeline agent``); ``overrides`` are the
     command-line settings, kept across reloads."""
-    configure_logging(cfg["agent"]["log_level"])
+    configure_logging(cfg.agent.log_level)
     agent = Agent(cfg, config_path, overrides=overrides)
     if install_signals:
         agent.install_signal_handlers()

@@ -45,6 +45,7 @@ import socket
 import threading
 import time
 
+import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import choose_encoder
@@ -53,6 +54,9 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from ridgeline.aggregator import gpu_identity
+from ridgeline.probes.records import DeviceSample, EngineFigures, GpuProcess, Health, SchedThread, Window, window_of
+
+log = logging.getLogger("ridgeline.prometheus")
 
 MAX_SERIES_PER_FAMILY = 2000
 TOP_THREADS = 32                 # non-launch threads exposed, by cumulative on-CPU time
@@ -93,28 +97,36 @@ class _Thread:
         self.launch = False
 
 
-def simulated_sources(w: dict) -> list[str]:
+def simulated_sources(w: Window) -> list[str]:
     """The window's simulated sources, sorted: GPU sources named ``simulated`` (the
     simulator probe), and ``engine`` when an engine endpoint's record says ``simulated``
     (which endpoints: ``ridgeline_engine_info{simulated="true"}``)."""
     from .window_sections import engine_records
-    out = {s for s in (w.get("sources") or []) if isinstance(s, str) and s.startswith("simulat")}
-    out |= {g["source"] for g in (w.get("gpus") or []) if isinstance(g, dict)
-            and isinstance(g.get("source"), str) and g["source"].startswith("simulat")}
-    if any(rec.get("simulated") for _, rec in engine_records(w.get("engine") or {})):
+    out = {s for s in w.sources if s.startswith("simulat")}
+    out |= {g.source for g in w.gpus if g.source and g.source.startswith("simulat")}
+    if any(rec.get("simulated") for _, rec in engine_records(w.engine)):
         out.add("engine")
     return sorted(out)
+
+
+def _engine_figures(rec: dict) -> EngineFigures | None:
+    try:
+        return msgspec.convert(rec, EngineFigures)
+    except msgspec.ValidationError as exc:     # one bad endpoint record loses its own labels
+        log.debug("engine record not readable: %s", exc)
+        return None
 
 
 class WindowCollector:
     def __init__(self, host: str = ""):
         self._lock = threading.Lock()
         self.host = host
-        self.window: dict | None = None
+        self.window: Window | None = None    # the latest window, as typed records
         self.windows = 0
         # Records a scrape could not render, by (section, error type): counted, the first of
         # each logged with its traceback (a bug met by odd data costs that record's series).
         self.render_errors: collections.Counter = collections.Counter()
+        self.windows_unreadable = 0          # windows refused by window_of (logged), never exposed
         self.phase_kernel_seconds: dict[tuple, float] = {}
         self.phase_kernels: dict[tuple, float] = {}
         self.work_bytes: dict[tuple, float] = {}          # + (phase, work_source)
@@ -137,8 +149,8 @@ class WindowCollector:
         self.straggler_metrics = StragglerMetrics()
 
     # ------------------------------------------------------------------ accumulation
-    def _host(self, w: dict) -> str:
-        return str(w.get("host") or self.host or "")
+    def _host(self, w: Window | None) -> str:
+        return str((w.host if w is not None else None) or self.host or "")
 
     def _gpu_identity(self, pid, dev) -> tuple[str, str, str]:
         """(``gpu`` label, UUID, model) of CUDA device ``dev`` of process ``pid``: the NVML
@@ -153,20 +165,19 @@ class WindowCollector:
         uuid, model = self._gpu_ids.get(dev, ("", ""))
         return str(dev), uuid, model
 
-    def _gpu_key(self, w: dict, g: dict) -> tuple:
-        gpu, uuid, model = self._gpu_identity(g.get("pid"), g.get("device"))
-        return (self._host(w), gpu, uuid, model or str(g.get("gpu") or ""), str(g.get("pid")),
-                str(g.get("source") or ""))
+    def _gpu_key(self, w: Window, g: GpuProcess) -> tuple:
+        gpu, uuid, model = self._gpu_identity(g.pid, g.device)
+        return (self._host(w), gpu, uuid, model or str(g.gpu or ""), str(g.pid), str(g.source or ""))
 
-    def _place_gpus(self, window: dict, nvml_records: list) -> None:
+    def _place_gpus(self, window: Window, nvml_records: list) -> None:
         placed = gpu_identity.process_gpus(nvml_records)
         if placed is None:
             return
         self._nvml_places = True
         ordinals: dict[str, set] = {}
-        for g in window.get("gpus", []):
-            if isinstance(g.get("device"), int) and not isinstance(g.get("device"), bool):
-                ordinals.setdefault(str(g.get("pid")), set()).add(g["device"])
+        for g in window.gpus:
+            if isinstance(g.device, int) and not isinstance(g.device, bool):
+                ordinals.setdefault(str(g.pid), set()).add(g.device)
         for pid, ords in ordinals.items():
             if not pid.isdigit():
                 continue
@@ -177,44 +188,56 @@ class WindowCollector:
             del self._ident[next(iter(self._ident))]
 
     def observe(self, window: dict) -> None:
+        try:
+            w = window_of(window)
+        except msgspec.ValidationError as exc:    # a producer's bug: logged and counted, the last window stays
+            log.warning("window not exposed: %s", exc)
+            self.windows_unreadable += 1
+            return
         with self._lock:
-            self.window = window
+            self.window = w
             self.windows += 1
             nvml_records = []
-            for _src, nv in (window.get("device") or {}).items():
+            for _src, nv in w.device.items():
                 for r in (nv.get("devices") if isinstance(nv, dict) else None) or []:
-                    if isinstance(r, dict) and r.get("gpu_index") is not None:
+                    if not isinstance(r, dict):
+                        continue
+                    try:
+                        d = msgspec.convert(r, DeviceSample)
+                    except msgspec.ValidationError:     # not an NVML sample: not placed
+                        continue
+                    if d.gpu_index is not None:
                         nvml_records.append(r)
-                        self._gpu_ids[int(r["gpu_index"])] = (str(r.get("gpu_uuid") or ""),
-                                                              str(r.get("gpu_name") or ""))
-            self._place_gpus(window, nvml_records)
+                        self._gpu_ids[d.gpu_index] = (str(d.gpu_uuid or ""), str(d.gpu_name or ""))
+            self._place_gpus(w, nvml_records)
             launch: set[tuple[str, str]] = set()
-            for g in window.get("gpus", []):
-                base = self._gpu_key(window, g)
+            for g in w.gpus:
+                base = self._gpu_key(w, g)
                 self._gpu_seen[base] = self.windows
-                for tid in g.get("launch_tids") or ():
-                    launch.add((str(g.get("pid")), str(tid)))
-                for ph, f in (g.get("phases") or {}).items():
+                for tid in g.launch_tids:
+                    launch.add((str(g.pid), str(tid)))
+                for ph, f in g.phases.items():
                     k = base + (ph,)
-                    self.phase_kernel_seconds[k] = self.phase_kernel_seconds.get(k, 0.0) + f.get("kernel_time_ns", 0) * 1e-9
-                    self.phase_kernels[k] = self.phase_kernels.get(k, 0.0) + f.get("kernels", 0)
+                    self.phase_kernel_seconds[k] = self.phase_kernel_seconds.get(k, 0.0) + f.kernel_time_ns * 1e-9
+                    self.phase_kernels[k] = self.phase_kernels.get(k, 0.0) + f.kernels
                     # The work behind the achieved rates, as counters: rate() over any scrape
                     # interval gives the achieved bandwidth / FLOP rate of that interval,
                     # where the window gauges are one window out of each scrape interval.
-                    busy, nb, nf = (_num(f.get(x)) for x in ("work_busy_ns", "bytes", "flops"))
-                    if busy and nb is not None and nf is not None and f.get("work_source"):
-                        kw = k + (str(f["work_source"]),)
+                    busy, nb, nf = _num(f.work_busy_ns), _num(f.bytes), _num(f.flops)
+                    if busy and nb is not None and nf is not None and f.work_source:
+                        kw = k + (str(f.work_source),)
                         self.work_busy_seconds[kw] = self.work_busy_seconds.get(kw, 0.0) + busy * 1e-9
                         self.work_bytes[kw] = self.work_bytes.get(kw, 0.0) + nb
                         self.work_flops[kw] = self.work_flops.get(kw, 0.0) + nf
-                for d, b in (g.get("copy_bytes") or {}).items():
+                for d, b in g.copy_bytes.items():
                     k = base + (d,)
                     self.copy_bytes[k] = self.copy_bytes.get(k, 0.0) + b
-                self.idle_seconds[base] = self.idle_seconds.get(base, 0.0) + g.get("idle_ns", 0) * 1e-9
+                self.idle_seconds[base] = self.idle_seconds.get(base, 0.0) + g.idle_ns * 1e-9
             self._expire_gpu_series()
-            self.records = float((window.get("agent") or {}).get("records_total", self.records))
-            self._observe_threads(window, launch)
-            self.request_metrics.observe(window)     # issue 22
+            if w.agent.records_total is not None:
+                self.records = float(w.agent.records_total)
+            self._observe_threads(w, launch)
+            self.request_metrics.observe(w)     # issue 22
             self.straggler_metrics.observe(window)   # issue 23
 
     def _expire_gpu_series(self) -> None:
@@ -237,22 +260,28 @@ class WindowCollector:
             for k in [k for k in store if k[:n] in gone]:
                 del store[k]
 
-    def _observe_threads(self, window: dict, launch: set) -> None:
+    def _observe_threads(self, window: Window, launch: set) -> None:
         from .window_sections import sched_threads
-        for th in sched_threads(window.get("sched") or {}):
-            key = (str(th.get("pid")), str(th.get("tid")))
-            if th.get("launches"):        # the sched probe counted CUDA launch calls from it
+        for row in sched_threads(window.sched):
+            try:
+                th = msgspec.convert(row, SchedThread)
+            except msgspec.ValidationError as exc:    # one bad row loses that thread's figures
+                log.debug("sched row not readable: %s", exc)
+                continue
+            key = (str(th.pid), str(th.tid))
+            if th.launches:        # the sched probe counted CUDA launch calls from it
                 launch.add(key)
             t = self.threads.get(key)
             if t is None:
                 if len(self.threads) >= MAX_THREADS_TRACKED and not self._evict_one(key in launch):
                     self.threads_dropped += 1      # counted and published, never silent
                     continue
-                t = self.threads[key] = _Thread(str(th.get("comm", "")))
-            t.comm = str(th.get("comm", t.comm))
+                t = self.threads[key] = _Thread(str(th.comm or ""))
+            if th.comm is not None:
+                t.comm = str(th.comm)
             t.last_seen = self.windows
-            for i, k in enumerate(("on_cpu_ns", "runq_wait_ns", "blocked_ns")):
-                t.acc[i] += float(th.get(k) or 0) * 1e-9
+            for i, v in enumerate((th.on_cpu_ns, th.runq_wait_ns, th.blocked_ns)):
+                t.acc[i] += float(v or 0) * 1e-9
         for key in launch:
             if key in self.threads:
                 self.threads[key].launch = True
@@ -281,15 +310,15 @@ class WindowCollector:
         with self._lock:
             w = self.window
             yield self._build_info()
-            yield self._simulated(w or {})
-            yield from self._counters(w or {})
+            yield self._simulated(w or Window())
+            yield from self._counters(w)
             if w is None:
                 return
             yield from self._phase_gauges(w)
             yield from self._engine(w)
             yield from self._device(w)
             yield from self._verdicts(w)
-            yield from self._agent(w.get("agent") or {}, w)
+            yield from self._agent(w.agent, w)
             yield from self.request_metrics.families(self._host(w), w)     # issue 22
             yield from self.straggler_metrics.families(self._host(w))       # issue 23
 
@@ -301,7 +330,7 @@ class WindowCollector:
                                             "python_version": platform.python_version()})
         return info
 
-    def _simulated(self, w: dict):
+    def _simulated(self, w: Window):
         """One series says whether this host's figures are simulated (docs/metrics.md,
         "Simulated data"): host-wide metadata is one series joined on Hostname, as
         ``ridgeline_build_info`` is, not a label on every series (which would change every
@@ -313,7 +342,7 @@ class WindowCollector:
         g.add_metric([self._host(w), ",".join(sim)], 1.0 if sim else 0.0)
         return g
 
-    def _counters(self, w):
+    def _counters(self, w: Window | None):
         gl = list(GPU_LABELS)
         specs = ((self.phase_kernel_seconds, "ridgeline_phase_kernel_seconds",
                   "GPU kernel time per phase, per GPU and served process", gl + ["phase"]),
@@ -360,7 +389,7 @@ class WindowCollector:
             fam.add_metric([host], value)
             yield fam
 
-    def _phase_gauges(self, w):
+    def _phase_gauges(self, w: Window):
         gl = list(GPU_LABELS)
         specs = {
             "time_share_pct": ("ridgeline_phase_time_share_ratio", "Share of the GPU's kernel time in this phase", 0.01),
@@ -384,19 +413,19 @@ class WindowCollector:
         peak_fl = GaugeMetricFamily("ridgeline_gpu_peak_flops_per_second",
                                     "Dense FLOP-rate ceiling of the GPU per precision (ceilings table)",
                                     labels=gl + ["precision"])
-        for g in w.get("gpus", [])[:MAX_SERIES_PER_FAMILY]:
+        for g in w.gpus[:MAX_SERIES_PER_FAMILY]:
             base = list(self._gpu_key(w, g))
-            if g.get("span_ns"):
-                busy.add_metric(base, g.get("busy_ns", 0) / g["span_ns"])
-            ceil = g.get("ceilings") or {}
-            if _num(ceil.get("hbm_bytes_per_s")) is not None:
-                peak_bw.add_metric(base, float(ceil["hbm_bytes_per_s"]))
-            for prec, v in (ceil.get("flops_per_s") or {}).items():
-                if _num(v) is not None:
-                    peak_fl.add_metric(base + [str(prec)], float(v))
-            for ph, f in (g.get("phases") or {}).items():
+            if g.span_ns:
+                busy.add_metric(base, g.busy_ns / g.span_ns)
+            if g.ceilings is not None:
+                if _num(g.ceilings.hbm_bytes_per_s) is not None:
+                    peak_bw.add_metric(base, float(g.ceilings.hbm_bytes_per_s))
+                for prec, v in g.ceilings.flops_per_s.items():
+                    if _num(v) is not None:
+                        peak_fl.add_metric(base + [str(prec)], float(v))
+            for ph, f in g.phases.items():
                 for key, (_, _, factor) in specs.items():
-                    v = _num(f.get(key))
+                    v = _num(getattr(f, key))
                     if v is not None:
                         fams[key].add_metric(base + [ph], v * factor)
         yield busy
@@ -411,7 +440,7 @@ class WindowCollector:
             log.warning("/metrics: a %s record could not be rendered: %s: %s (counted; said once per kind)",
                         section, type(exc).__name__, exc, exc_info=exc)
 
-    def _engine(self, w):
+    def _engine(self, w: Window):
         from ridgeline.aggregator import engine_metrics
 
         from .window_sections import engine_records
@@ -424,15 +453,18 @@ class WindowCollector:
                                 labels=["Hostname", "endpoint", "pid"])
         firing = GaugeMetricFamily("ridgeline_alert_firing", "1 while the agent's own alert is firing",
                                    labels=["Hostname", "endpoint", "pid", "alert"])
-        for ep, rec in engine_records(w.get("engine") or {}):
-            pid = "" if rec.get("pid") is None else str(rec.get("pid"))
+        for ep, rec in engine_records(w.engine):
+            e = _engine_figures(rec)
+            if e is None:
+                continue
+            pid = "" if e.pid is None else str(e.pid)
             lab = {"Hostname": host, "endpoint": str(ep), "pid": pid}
             info.add_metric([host, str(ep), pid], {
-                "engine": str(rec.get("engine") or ""), "version": str(rec.get("version_hint") or ""),
-                "model_name": ",".join(rec.get("model_names") or []) if isinstance(rec.get("model_names"), list) else "",
-                "kv_eviction_source": str(rec.get("kv_eviction_source") or ""),
-                "work_estimate_source": str(rec.get("work_estimate_source") or ""),
-                "simulated": "true" if rec.get("simulated") else "false"})
+                "engine": str(e.engine or ""), "version": str(e.version_hint or ""),
+                "model_name": ",".join(e.model_names or []) if isinstance(e.model_names, list) else "",
+                "kv_eviction_source": str(e.kv_eviction_source or ""),
+                "work_estimate_source": str(e.work_estimate_source or ""),
+                "simulated": "true" if e.simulated else "false"})
             try:
                 samples = engine_metrics.prometheus_samples(rec, lab)
                 histograms = engine_metrics.prometheus_histograms(rec)
@@ -453,8 +485,8 @@ class WindowCollector:
             for name, doc, buckets, total in histograms:
                 h = hists.setdefault(name, HistogramMetricFamily(name, doc, labels=["Hostname", "endpoint", "pid",
                                                                                   "engine"]))
-                h.add_metric([host, str(ep), pid, str(rec.get("engine"))], buckets, total)
-            for aname, st in (rec.get("alerts") or {}).items() if isinstance(rec.get("alerts"), dict) else ():
+                h.add_metric([host, str(ep), pid, str(e.engine)], buckets, total)
+            for aname, st in e.alerts.items() if isinstance(e.alerts, dict) else ():
                 if isinstance(st, dict):
                     firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.get("firing") else 0.0)
         yield info
@@ -462,12 +494,12 @@ class WindowCollector:
         yield from hists.values()
         yield firing
 
-    def _device(self, w):
+    def _device(self, w: Window):
         from ridgeline.aggregator import device_metrics
         host = self._host(w)
         fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         keys: dict[str, list] = {}
-        for _src, data in (w.get("device") or {}).items():
+        for _src, data in w.device.items():
             recs = data.get("devices") if isinstance(data, dict) else None
             if not isinstance(recs, list):
                 continue
@@ -490,21 +522,21 @@ class WindowCollector:
                         fams[name].add_metric([str(labels[k]) for k in keys[name]], value)
         yield from fams.values()
 
-    def _verdicts(self, w):
+    def _verdicts(self, w: Window):
         from ridgeline.aggregator import verdict
         host = self._host(w)
         info = InfoMetricFamily("ridgeline_phase_verdict", "Roofline verdict per GPU, served process and phase",
                                 labels=GPU_LABELS + ["phase"])
-        for g in w.get("gpus", [])[:MAX_SERIES_PER_FAMILY]:
-            for ph, f in (g.get("phases") or {}).items():
-                if f.get("verdict"):
-                    info.add_metric(list(self._gpu_key(w, g)) + [ph], {"verdict": str(f["verdict"])})
+        for g in w.gpus[:MAX_SERIES_PER_FAMILY]:
+            for ph, f in g.phases.items():
+                if f.verdict:
+                    info.add_metric(list(self._gpu_key(w, g)) + [ph], {"verdict": str(f.verdict)})
         yield info
         state = GaugeMetricFamily("ridgeline_verdict_state",
                                   "Window verdict per GPU and served process: 1 for the current verdict, "
                                   "0 for the others (face: the bottleneck's face, '' when none)",
                                   labels=["Hostname", "gpu", "pid", "verdict", "face"])
-        v = w.get("verdict")
+        v = w.verdict
         if isinstance(v, list):
             for x in v[:MAX_SERIES_PER_FAMILY]:
                 if isinstance(x, dict) and x.get("verdict") in verdict.VERDICTS:
@@ -514,33 +546,33 @@ class WindowCollector:
                                           str(labels["verdict"]), str(labels.get("face") or "")], value)
         yield state
 
-    def _agent(self, a: dict, w: dict):
+    def _agent(self, a: Health, w: Window):
         host = self._host(w)
         for name, doc, value in (("ridgeline_agent_cpu_ratio", "Agent CPU use over the window, fraction of one core",
-                                  (a.get("cpu_pct") or 0) / 100),
+                                  (a.cpu_pct or 0) / 100),
                                  ("ridgeline_agent_resident_memory_bytes", "Agent resident memory",
-                                  a.get("rss_bytes") or 0)):
+                                  a.rss_bytes or 0)):
             fam = GaugeMetricFamily(name, doc, labels=["Hostname"])
             fam.add_metric([host], float(value))
             yield fam
         drops = CounterMetricFamily("ridgeline_agent_probe_drops", "Records a probe dropped (bounded buffers full)",
                                     labels=["Hostname", "probe"])
         errors = CounterMetricFamily("ridgeline_agent_probe_errors", "Errors a probe met", labels=["Hostname", "probe"])
-        for name, c in (a.get("probes") or {}).items():
+        for name, c in a.probes.items():
             drops.add_metric([host, name], float(c.get("drops", 0) or 0))
             errors.add_metric([host, name], float(c.get("errors", 0) or 0))
         yield drops
         yield errors
         pd = CounterMetricFamily("ridgeline_agent_publisher_drops", "Stream messages dropped for slow subscribers",
                                  labels=["Hostname", "topic"])
-        for t, n in (a.get("publisher_drops_by_topic") or {}).items():
+        for t, n in a.publisher_drops_by_topic.items():
             pd.add_metric([host, t], float(n))
         yield pd
         # Engine scrapes that failed, by kind (timeout, too_large, connect, http_status, ...).
         sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures",
                                  "Engine /metrics scrapes that failed, by kind",
                                  labels=["Hostname", "kind"])
-        for kind, n in sorted(((a.get("probes") or {}).get("engine") or {}).get("scrape_failures", {}).items()):
+        for kind, n in sorted((a.probes.get("engine") or {}).get("scrape_failures", {}).items()):
             if _num(n) is not None:
                 sf.add_metric([host, str(kind)], float(n))
         yield sf
@@ -549,7 +581,7 @@ class WindowCollector:
         cr = CounterMetricFamily("ridgeline_agent_cupti_refused_connections",
                                  "Connections the CUPTI socket refused or cut, by reason "
                                  "(limit, per_user, peer_identity)", labels=["Hostname", "reason"])
-        cupti = (a.get("probes") or {}).get("cupti") or {}
+        cupti = a.probes.get("cupti") or {}
         for reason, key in (("limit", "server_refused_connections"), ("per_user", "server_refused_connections_uid"),
                             ("peer_identity", "server_rejected_peers")):
             if _num(cupti.get(key)) is not None:
@@ -561,7 +593,7 @@ class WindowCollector:
         ms = CounterMetricFamily("ridgeline_agent_metrics_server_events",
                                  "Connection events of the agent's /metrics server (timeouts, evictions, ...)",
                                  labels=["Hostname", "event"])
-        for ev, n in sorted((a.get("metrics_server") or {}).items()):
+        for ev, n in sorted(a.metrics_server.items()):
             if ev != "open_connections" and _num(n) is not None:
                 ms.add_metric([host, str(ev)], float(n))
         yield ms
@@ -574,19 +606,19 @@ class WindowCollector:
                                 "Event batches the window fold could not take (counted, the window still closes)"),
                                ("window_open_steps_cut", "ridgeline_agent_window_open_steps_cut",
                                 "Open GPU steps decided before their end because the held kernels hit the carry bound")):
-            if _num(a.get(key)) is not None:
+            if _num(getattr(a, key)) is not None:
                 fam = CounterMetricFamily(name, doc, labels=["Hostname"])
-                fam.add_metric([host], float(a[key]))
+                fam.add_metric([host], float(getattr(a, key)))
                 yield fam
-        if _num(a.get("cupti_processes_taken_over")) is not None:
+        if _num(a.cupti_processes_taken_over) is not None:
             # legacy CUPTI: another tool (torch.profiler) holds the callbacks; no kernels
             # come from these processes until it is done or they are told to reclaim
             fam = GaugeMetricFamily("ridgeline_agent_cupti_processes_taken_over",
                                     "Served processes whose CUPTI another tool took over (their records paused)",
                                     labels=["Hostname"])
-            fam.add_metric([host], float(a["cupti_processes_taken_over"]))
+            fam.add_metric([host], float(a.cupti_processes_taken_over))
             yield fam
-        clk = ((a.get("probes") or {}).get("cupti") or {}).get("clock_disagreements")
+        clk = (a.probes.get("cupti") or {}).get("clock_disagreements")
         if _num(clk) is not None:
             # API/marker CPU timestamps not on the agent's clock (e.g. a profiler's TSC ticks)
             fam = CounterMetricFamily("ridgeline_agent_cupti_clock_disagreements",
@@ -594,10 +626,10 @@ class WindowCollector:
                                       "receive time (rejected, never published)", labels=["Hostname"])
             fam.add_metric([host], float(clk))
             yield fam
-        if _num(a.get("bpf_run_time_ns")) is not None:
+        if _num(a.bpf_run_time_ns) is not None:
             fam = CounterMetricFamily("ridgeline_agent_bpf_run_seconds", "Time the agent's BPF programs ran in the kernel",
                                       labels=["Hostname"])
-            fam.add_metric([host], a["bpf_run_time_ns"] * 1e-9)
+            fam.add_metric([host], a.bpf_run_time_ns * 1e-9)
             yield fam
 
 
@@ -624,11 +656,28 @@ class WindowCollector:
                                       "process by the time they were checked", labels=["Hostname"])
             fam.add_metric([host], float(cupti["server_identity_dropped_batches"]))
             yield fam
+        yield from self._cupti_names(host, cupti)
 
-    def _cupti_takeover_owners(self, host: str, a: dict):
+    def _cupti_names(self, host: str, cupti: dict):
+        """What peers' kernel names cost the agent, by the probe's own counters: demangler
+        workers the seccomp filter killed (a parsed name should never make one), and names
+        left unmatched by the signatures because their process's or user's matching time
+        was spent (issue 18.1/18.2)."""
+        for key, name, doc in (
+                ("demangler_seccomp_kills", "ridgeline_agent_cupti_demangler_seccomp_kills",
+                 "Demangler worker processes killed by their seccomp filter (a forbidden system call)"),
+                ("names_not_classified", "ridgeline_agent_cupti_names_unclassified",
+                 "Kernel names from injected processes left unmatched by the signatures: the process's or "
+                 "its user's matching time budget was spent")):
+            if _num(cupti.get(key)) is not None:
+                fam = CounterMetricFamily(name, doc, labels=["Hostname"])
+                fam.add_metric([host], float(cupti[key]))
+                yield fam
+
+    def _cupti_takeover_owners(self, host: str, a: Health):
         """Taken-over processes per uid (any local user may flag its own process): the
         alert says whose. At most agent.cupti_takeover.UID_SERIES uids, then "other"."""
-        by = a.get("cupti_taken_over_by_uid")
+        by = a.cupti_taken_over_by_uid
         if not isinstance(by, dict):
             return
         fam = GaugeMetricFamily("ridgeline_agent_cupti_processes_taken_over_by_user",

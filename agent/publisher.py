@@ -100,21 +100,22 @@ def _read_secret_key(path: str) -> tuple[bytes, bytes]:
     return public, key
 
 
-def check_settings(p: dict) -> None:
-    """Raise :class:`InputError` for ``[publisher]`` settings that cannot bind, without
+def check_settings(p) -> None:
+    """Raise :class:`InputError` for ``[publisher]`` settings (``agent.config.PublisherSettings``)
+    that cannot bind, without
     binding: the clear-text rule and the CURVE key files."""
-    ep = p["endpoint"]
-    curve = bool(p.get("curve_secret_key_file"))
+    ep = p.endpoint
+    curve = bool(p.curve_secret_key_file)
     if not is_loopback(ep) and not curve:
         raise InputError(
             f"refusing to publish on {ep} in the clear: a non-loopback bind needs CURVE keys "
             "(set publisher.curve_secret_key_file and publisher.curve_allowed_clients_dir)")
     if curve:
-        if not p.get("curve_allowed_clients_dir"):
+        if not p.curve_allowed_clients_dir:
             raise InputError("publisher.curve_allowed_clients_dir must name the folder of allowed client keys")
-        _read_secret_key(p["curve_secret_key_file"])
-        if not Path(p["curve_allowed_clients_dir"]).is_dir():
-            raise InputError(f"publisher.curve_allowed_clients_dir {p['curve_allowed_clients_dir']}: not a folder")
+        _read_secret_key(p.curve_secret_key_file)
+        if not Path(p.curve_allowed_clients_dir).is_dir():
+            raise InputError(f"publisher.curve_allowed_clients_dir {p.curve_allowed_clients_dir}: not a folder")
 
 
 def _ipc_folder(path: str) -> None:

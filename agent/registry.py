@@ -24,12 +24,14 @@ from typing import Callable
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import Availability, ProbeLike
 
+from . import config
+
 
 @dataclass
 class Step:
     name: str
     topic: str
-    factory: Callable[[dict], ProbeLike]
+    factory: Callable[[config.Config], ProbeLike]
     about: str
     # Polled once per window, just before it closes (the probe reports deltas per poll:
     # one poll per window gives per-window figures and costs least).
@@ -58,60 +60,62 @@ class Unavailable(Exception):
 # or at the first build, and static tools see every probe. Each imports its module when
 # called, so the agent pays only for the probes it runs (bcc, the CUPTI server).
 
-def _sched(cfg: dict) -> ProbeLike:
+def _sched(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.sched import SchedProbe
-    return SchedProbe(pids=list(cfg["probes"]["pids"]))
+    return SchedProbe(pids=list(cfg.probes.pids))
 
 
-def _cuda_uprobes(cfg: dict) -> ProbeLike:
+def _cuda_uprobes(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.cuda_uprobes import CudaUprobeProbe
-    return CudaUprobeProbe(pids=list(cfg["probes"]["pids"]))
+    return CudaUprobeProbe(pids=list(cfg.probes.pids))
 
 
-def _cupti(cfg: dict) -> ProbeLike:
+def _cupti(cfg: config.Config) -> ProbeLike:
+    from ridgeline.aggregator.signatures import PeerNameClassifier
     from ridgeline.probes.cupti import CuptiProbe
-    c = cfg["probes"]["cupti"]
-    return CuptiProbe(socket_path=c["socket"], socket_group=c["socket_group"] or None, idle_peer_s=c["idle_peer_s"])
+    c = cfg.probes.cupti
+    # names are matched on the probe's pump thread, within a budget per process (issue 18.1)
+    return CuptiProbe(socket_path=c.socket, socket_group=c.socket_group or None, idle_peer_s=c.idle_peer_s,
+                      name_classifier=PeerNameClassifier())
 
 
-def _nvml(cfg: dict) -> ProbeLike:
+def _nvml(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.nvml import NvmlProbe
     return NvmlProbe()
 
 
-def _engine(cfg: dict) -> ProbeLike:
+def _engine(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.engine import EngineProbe
-    e = cfg["probes"]["engine"]
-    return EngineProbe(urls=[e["url"]] if e["url"] else [], pids=list(cfg["probes"]["pids"]),
-                       interval_s=e["interval_s"], timeout_s=e["timeout_s"], max_body_bytes=e["max_body_bytes"],
-                       follow_redirects=e["follow_redirects"])
+    e = cfg.probes.engine
+    return EngineProbe(urls=[e.url] if e.url else [], pids=list(cfg.probes.pids), interval_s=e.interval_s,
+                       timeout_s=e.timeout_s, max_body_bytes=e.max_body_bytes, follow_redirects=e.follow_redirects)
 
 
-def _otlp(cfg: dict) -> ProbeLike:
+def _otlp(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.otlp_receiver import OtlpProbe
-    o = cfg["probes"]["otlp"]
-    return OtlpProbe(o["listen"], max_body_bytes=o["max_body_bytes"], max_connections=o["max_connections"],
-                     request_timeout_s=o["request_timeout_s"], spans_per_s=o["spans_per_s"],
-                     max_attributes=o["max_attributes"], max_attribute_bytes=o["max_attribute_bytes"],
-                     max_queued_spans=o["max_queued_spans"])
+    o = cfg.probes.otlp
+    return OtlpProbe(o.listen, max_body_bytes=o.max_body_bytes, max_connections=o.max_connections,
+                     request_timeout_s=o.request_timeout_s, spans_per_s=o.spans_per_s,
+                     max_attributes=o.max_attributes, max_attribute_bytes=o.max_attribute_bytes,
+                     max_queued_spans=o.max_queued_spans)
 
 
-def _sglang_requests(cfg: dict) -> ProbeLike:
+def _sglang_requests(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
-    s = cfg["probes"]["sglang_requests"]
-    return SglangRequestMetricsProbe(s["dir"], max_bytes_per_poll=s["max_bytes_per_poll"],
-                                     max_line_bytes=s["max_line_bytes"])
+    s = cfg.probes.sglang_requests
+    return SglangRequestMetricsProbe(s.dir, max_bytes_per_poll=s.max_bytes_per_poll,
+                                     max_line_bytes=s.max_line_bytes)
 
 
-def _replay(cfg: dict) -> ProbeLike:
+def _replay(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.replay import ReplayProbe
-    r = cfg["probes"]["replay"]
-    return ReplayProbe(r["path"] or None, speed=r["speed"], loop=r["loop"])
+    r = cfg.probes.replay
+    return ReplayProbe(r.path or None, speed=r.speed, loop=r.loop)
 
 
-def _simulator(cfg: dict) -> ProbeLike:
+def _simulator(cfg: config.Config) -> ProbeLike:
     from ridgeline.agent.simulator.probe import make_probe
-    s = dict(cfg["probes"]["simulator"])
+    s = config.as_table(cfg.probes.simulator)
     if not s.get("pid"):
         s.pop("pid", None)
     return make_probe(s)
@@ -133,7 +137,7 @@ STEPS: dict[str, Step] = {s.name: s for s in (
 )}
 
 
-def availability(name: str, cfg: dict) -> tuple[object | None, Availability]:
+def availability(name: str, cfg: config.Config) -> tuple[object | None, Availability]:
     step = STEPS.get(name)
     if step is None:
         return None, Availability(False, f"unknown probe {name!r}", f"known probes: {', '.join(STEPS)}")
@@ -153,9 +157,9 @@ def availability(name: str, cfg: dict) -> tuple[object | None, Availability]:
     return probe, av
 
 
-def start_all(cfg: dict, log: logging.Logger, names: list[str] | None = None) -> list[Running]:
+def start_all(cfg: config.Config, log: logging.Logger, names: list[str] | None = None) -> list[Running]:
     running: list[Running] = []
-    for name in (names if names is not None else cfg["probes"]["enabled"]):
+    for name in (names if names is not None else cfg.probes.enabled):
         probe, av = availability(name, cfg)
         step = STEPS.get(name)
         optional = probe.optional if probe is not None else True

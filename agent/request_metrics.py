@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Exemplar
 
 from ridgeline.aggregator.request_join import E2E_BOUNDS_S
+from ridgeline.probes.records import Window, WindowRequests
 
 SEGMENTS = ("queue", "prefill", "decode", "dragged", "e2e")
 SOURCES = ("measured", "roofline_estimate", "none")
@@ -39,38 +40,37 @@ def _n(v) -> float:
 class RequestMetrics:
     def __init__(self):
         self.joined = self.dropped = self.decode_s = self.dragged_s = 0.0
-        self.last: dict | None = None        # the last window's "requests" with requests joined
+        self.last: WindowRequests | None = None    # the last window's "requests" with requests joined
         self.last_end_ns = 0
         self.seen = False                    # a window ever carried "requests" (the join runs)
         self.e2e_counts = [0.0] * (len(E2E_BOUNDS_S) + 1)
         self.e2e_sum_s = 0.0
         self.exemplars: dict[int, tuple[dict, float, float]] = {}   # bucket -> (labels, value s, time s)
 
-    def observe(self, window: dict) -> None:
-        r = window.get("requests")
-        if not isinstance(r, dict):
+    def observe(self, window: Window) -> None:
+        r = window.requests
+        if r is None:
             return
         self.seen = True
-        self.joined += _n(r.get("requests"))
-        self.dropped += _n(r.get("requests_dropped"))
-        self.decode_s += _n(r.get("decode_ns")) * 1e-9
-        self.dragged_s += _n(r.get("dragged_ns")) * 1e-9
-        if _n(r.get("requests")) > 0:
-            self.last, self.last_end_ns = r, int(_n(window.get("end_ns")))
-        counts = r.get("e2e_bucket_counts")
-        if isinstance(counts, list) and len(counts) == len(self.e2e_counts):
+        self.joined += r.requests
+        self.dropped += r.requests_dropped
+        self.decode_s += r.decode_ns * 1e-9
+        self.dragged_s += r.dragged_ns * 1e-9
+        if r.requests > 0:
+            self.last, self.last_end_ns = r, window.end_ns
+        counts = r.e2e_bucket_counts
+        if len(counts) == len(self.e2e_counts):
             for i, c in enumerate(counts):
-                self.e2e_counts[i] += _n(c)
-            self.e2e_sum_s += _n(r.get("e2e_total_ns")) * 1e-9
-            for ex in r.get("exemplars") or []:
-                b = int(_n(ex.get("bucket"))) if isinstance(ex, dict) else -1
-                if 0 <= b < len(self.e2e_counts):
-                    labels = {"request_id": str(ex.get("request_id") or "")[:64]}
-                    if ex.get("trace_id"):
-                        labels["trace_id"] = str(ex["trace_id"])[:32]
-                    self.exemplars[b] = (labels, _n(ex.get("e2e_ns")) * 1e-9, self.last_end_ns * 1e-9)
+                self.e2e_counts[i] += c
+            self.e2e_sum_s += r.e2e_total_ns * 1e-9
+            for ex in r.exemplars:
+                if 0 <= ex.bucket < len(self.e2e_counts):
+                    labels = {"request_id": ex.request_id[:64]}
+                    if ex.trace_id:
+                        labels["trace_id"] = ex.trace_id[:32]
+                    self.exemplars[ex.bucket] = (labels, ex.e2e_ns * 1e-9, self.last_end_ns * 1e-9)
 
-    def families(self, host: str, window: dict):
+    def families(self, host: str, window: Window):
         yield from self._receiver(host, window)
         if not self.seen:
             return
@@ -107,28 +107,28 @@ class RequestMetrics:
         share = GaugeMetricFamily("ridgeline_request_dragged_share_ratio",
                                   "Share of the window's request decode time added by co-batched work "
                                   "(source: how the baseline step time was had)", labels=["Hostname", "source"])
-        src = r.get("dragged_source") if r.get("dragged_source") in SOURCES else "none"
-        share.add_metric([host, src], _n(r.get("dragged_share_ratio")))
+        src = r.dragged_source if r.dragged_source in SOURCES else "none"
+        share.add_metric([host, src], float(r.dragged_share_ratio))
         yield share
         p99 = GaugeMetricFamily("ridgeline_request_segment_p99_seconds",
                                 "99th percentile over the window's joined requests of each segment's time",
                                 labels=["Hostname", "segment"])
         for seg in SEGMENTS:
-            p99.add_metric([host, seg], _n(r.get(f"{seg}_p99_ns")) * 1e-9)
+            p99.add_metric([host, seg], getattr(r, f"{seg}_p99_ns") * 1e-9)
         yield p99
         for name, doc, value in (
                 ("ridgeline_request_top_culprit_added_seconds",
                  "Decode time the window's top culprit added to the requests batched with it",
-                 _n(r.get("top_culprit_added_ns")) * 1e-9),
+                 r.top_culprit_added_ns * 1e-9),
                 ("ridgeline_request_top_culprit_prompt_tokens", "Prompt tokens of the window's top culprit",
-                 _n(r.get("top_culprit_tokens")))):
+                 float(r.top_culprit_tokens))):
             g = GaugeMetricFamily(name, doc, labels=["Hostname"])
             g.add_metric([host], value)
             yield g
 
     @staticmethod
-    def _receiver(host: str, window: dict):
-        c = ((window.get("agent") or {}).get("probes") or {}).get("otlp")
+    def _receiver(host: str, window: Window):
+        c = window.agent.probes.get("otlp")
         if not isinstance(c, dict) or "spans_accepted" not in c:
             return
         for key, name, doc in (("spans_accepted", "ridgeline_otlp_spans_accepted",

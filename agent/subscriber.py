@@ -32,7 +32,7 @@ def default_endpoint() -> str:
     /etc/ridgeline/agent.toml when it is there and valid, else the default."""
     from . import config
     try:
-        return config.load(None, missing_ok=True)["publisher"]["endpoint"]
+        return config.load(None, missing_ok=True).publisher.endpoint
     except InputError:
         return DEFAULT_ENDPOINT
 

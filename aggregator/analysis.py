@@ -16,20 +16,15 @@ import numpy as np
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import Trace
+from ridgeline.probes.records import PHASE_NAMES
 
 from . import ceilings as ceilings_mod
 from . import roofline, stragglers
 from .model_config import ModelShape
+from .phases import map_phases
 from .work import StepWork, kernel_op_index, kernel_work_from_shapes, step_work_from_model
 
 SCHEMA = "ridgeline.analyze/1"
-
-
-def _phases_api():
-    """The phase names and the mapper (imported when first asked for: aggregator.phases
-    loads the kernel signatures)."""
-    from .phases import PHASE_NAMES, map_phases
-    return PHASE_NAMES, map_phases
 
 
 def trace_device(trace: Trace):
@@ -80,8 +75,6 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
                   ceilings_path: str | Path | None = None, phase_map=None) -> dict:
     """Full analysis of one trace (see module docs). ``phase_map`` may be given (tests,
     or a caller that already mapped phases); otherwise :func:`map_phases` is called."""
-    PHASE_NAMES, map_phases = _phases_api()
-
     table = ceilings_mod.load_table(ceilings_path)
     ceil, how = choose_ceilings(trace, gpu, table)
     if phase_map is None:

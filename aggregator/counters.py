@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.phases import PHASE_NAMES
+from ridgeline.probes.records import PHASE_NAMES
 
 EXTENSIVE = "count"        # a quantity per interval (bytes, ops): split by overlap share
 INTENSIVE = "ratio"        # a level over the interval (utilisation 0..1): overlap-weighted mean

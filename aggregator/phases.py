@@ -72,10 +72,11 @@ from ridgeline.aggregator.steps import (
     segment_kernels,
 )
 from ridgeline.probes.events import RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace
+from ridgeline.probes.records import PHASE_NAMES, Phase
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 
-UNKNOWN, PREFILL, DECODE, MIXED, OTHER = 0, 1, 2, 3, 4
-PHASE_NAMES = {UNKNOWN: "unknown", PREFILL: "prefill", DECODE: "decode", MIXED: "mixed", OTHER: "other"}
+# The phase codes are probes.records.Phase; the short names are the mapper's own spelling.
+UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
 
 
 @dataclass

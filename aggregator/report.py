@@ -7,8 +7,11 @@ idle gaps, launch latency and copy traffic. Pure formatting: no figure is comput
 """
 from __future__ import annotations
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
+
+from ridgeline.probes.records import Step
 
 
 def _fmt(x, scale=1.0, digits=1, unit=""):
@@ -125,21 +128,21 @@ def render(doc: dict, console: Console | None = None) -> None:
                        _fmt(r["achieved_bytes_per_s"], 1e12, 2))
         c.print(kt)
 
-    steps = doc["steps"]
+    steps = msgspec.convert(doc["steps"], list[Step])
     if steps:
         st = Table(title=f"Steps ({len(steps)})", title_justify="left")
         for col, w in (("#", 3), ("phase", 7), ("start", 9), ("duration", 9), ("kernels", 7),
                        ("busy", 9), ("tokens p/d", 10)):
             st.add_column(col, no_wrap=True, min_width=w)
         st.add_column("evidence", no_wrap=True, overflow="ellipsis", max_width=60)
-        t0 = min(s["start_ns"] for s in steps)
+        t0 = min(s.start_ns for s in steps)
         shown = steps if len(steps) <= 20 else steps[:10] + steps[-10:]
         for s in shown:
-            tok = s.get("tokens")
-            tok_s = "-" if not tok else f"{tok.get('prefill') if tok.get('prefill') is not None else '?'}/" \
-                                        f"{tok.get('decode') if tok.get('decode') is not None else '?'}"
-            st.add_row(str(s["index"]), s["phase"], _ns(s["start_ns"] - t0), _ns(s["end_ns"] - s["start_ns"]),
-                       str(s["kernels"]), _ns(s["busy_ns"]), tok_s, "; ".join(s["evidence"]))
+            tok = s.tokens
+            tok_s = "-" if tok is None else f"{tok.prefill if tok.prefill is not None else '?'}/" \
+                                           f"{tok.decode if tok.decode is not None else '?'}"
+            st.add_row(str(s.index), s.phase, _ns(s.start_ns - t0), _ns(s.end_ns - s.start_ns),
+                       str(s.kernels), _ns(s.busy_ns), tok_s, "; ".join(s.evidence))
         if len(steps) > 20:
             st.caption = f"first and last 10 of {len(steps)} steps; all in --json"
         c.print(st)

@@ -29,9 +29,9 @@ All figures are ns, token counts, or ratios. Pure: no I/O, numpy only.
 """
 from __future__ import annotations
 
-import msgspec
 import numpy as np
 
+from ridgeline.probes.records import Culprit, Exemplar, RequestStory, WindowRequests  # noqa: F401 (this module's records)
 from ridgeline.probes.request_spans import RequestSpan
 
 from .phases import DECODE, MIXED, PREFILL
@@ -59,76 +59,12 @@ SOURCE_NONE = "none"
 SOURCE_NO_CULPRITS = "no_culprits"      # nothing co-batched with it was a culprit: dragged 0
 
 
-class Culprit(msgspec.Struct, frozen=True):
-    request_id: str
-    kind: str                 # "prefill_chunk" | "long_sequence" | both, joined by "+"
-    added_ns: int
-    tokens: int               # the culprit's prompt tokens
-
-
 #: Upper bounds (s) of the per-window end-to-end histogram (``/metrics``: its buckets carry
 #: exemplars, the request ids of the slowest request in each); the last bucket is +Inf.
 E2E_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 #: Request ids in exemplars are cut to this (OpenMetrics: an exemplar's label names and
 #: values together hold at most 128 UTF-8 characters; with ``trace_id`` 32 hex).
 EXEMPLAR_ID_CHARS = 64
-
-
-class Exemplar(msgspec.Struct, frozen=True):
-    """The slowest request of one bucket of the window's end-to-end histogram."""
-    bucket: int                # index into E2E_BOUNDS_S (len(E2E_BOUNDS_S): +Inf)
-    request_id: str
-    trace_id: str
-    e2e_ns: int
-
-
-class RequestStory(msgspec.Struct, frozen=True):
-    request_id: str
-    engine: str
-    start_ns: int
-    end_ns: int
-    e2e_ns: int
-    queue_ns: int                        # -1: the engine did not report it
-    kv_usage_max_queued_ratio: float     # -1: no KV sample while it waited
-    kv_full_while_queued: bool
-    prefill_ns: int
-    prefill_chunks: int
-    decode_ns: int
-    decode_steps: int
-    ns_per_token: float                  # decode time per generated token (-1: unknown)
-    dragged_ns: int
-    dragged_by_prefill_ns: int
-    dragged_by_long_ns: int
-    dragged_source: str                  # measured | roofline_estimate | none
-    alone_decode_ns: int                 # decode time without the culprits
-    preemptions: int                     # -1: the engine did not say
-    recovery_ns: int                     # time preempted, until resumed (-1: not measured)
-    prompt_tokens: int
-    completion_tokens: int
-    culprits: list[Culprit] = []
-    trace_id: str = ""                   # the engine span's trace (hex), for exemplars
-
-
-class WindowRequests(msgspec.Struct):
-    """A window's per-request aggregates (never one series per request)."""
-    requests: int = 0
-    requests_dropped: int = 0
-    decode_ns: int = 0
-    dragged_ns: int = 0
-    dragged_share_ratio: float = 0.0
-    queue_p99_ns: int = 0
-    prefill_p99_ns: int = 0
-    decode_p99_ns: int = 0
-    dragged_p99_ns: int = 0
-    e2e_p99_ns: int = 0
-    top_culprit_id: str = ""
-    top_culprit_added_ns: int = 0
-    top_culprit_tokens: int = 0
-    dragged_source: str = SOURCE_NONE
-    slowest: list[RequestStory] = []
-    e2e_total_ns: int = 0
-    e2e_bucket_counts: list[int] = []    # per E2E_BOUNDS_S bucket and +Inf, not cumulative
-    exemplars: list[Exemplar] = []
 
 
 def _intervals(r: RequestSpan) -> tuple[int, int, int, int]:

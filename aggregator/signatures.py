@@ -9,6 +9,7 @@ over kernels.
 """
 from __future__ import annotations
 
+import threading
 import tomllib
 import weakref
 from dataclasses import dataclass
@@ -339,39 +340,142 @@ def _classify_ids(names: NameTable, uniq: np.ndarray, sigs: list[Signature]) -> 
             "grid_in_work_items": uniq_wi, "causal": uniq_causal, "block_m": uniq_block_m, "rows_per_block": uniq_rpb}
 
 
+#: The per-name class columns :func:`_classify_ids` returns, with what a name that is not
+#: matched at all holds (:func:`unclassified_rows`).
+_UNCLASSIFIED = (("sig", np.int32, -1), ("tile_out", np.int32, -1), ("tile_tok", np.int32, -1),
+                 ("grid_in_work_items", bool, False), ("causal", np.int8, CAUSAL_UNKNOWN),
+                 ("block_m", np.int32, -1), ("rows_per_block", np.int32, -1))
+
+
+def classify_names(strings: list[str]) -> dict[str, np.ndarray]:
+    """Per-name classes of ``strings`` under the built-in signatures (one row per string),
+    for :func:`store_name_classes`. Touches no shared table: a thread that receives names
+    (the CUPTI probe's pump) classifies them here, when they are interned, so that the
+    agent's main loop matches no name (issue 18.1)."""
+    sub = NameTable()
+    ids = np.fromiter((sub.intern(s) for s in strings), np.int32, len(strings))
+    return _classify_ids(sub, ids, list(_default_signatures()))
+
+
+def unclassified_rows(n: int) -> dict[str, np.ndarray]:
+    """Rows of ``n`` names left unmatched (what a name no signature matches gets)."""
+    return {f: np.full(n, v, dtype=dt) for f, dt, v in _UNCLASSIFIED}
+
+
+def take_rows(rows: dict[str, np.ndarray], index) -> dict[str, np.ndarray]:
+    """The rows at ``index`` of a :func:`classify_names` answer."""
+    return {f: a[index] for f, a in rows.items()}
+
+
+def store_name_classes(names: NameTable, ids: np.ndarray, rows: dict[str, np.ndarray],
+                       provisional: np.ndarray | None = None) -> None:
+    """Record classes computed elsewhere (:func:`classify_names`) for name ids ``ids`` of
+    ``names``, so that :func:`classify_kernels` with the built-in signatures matches none
+    of them again. ``provisional``: per id, True for rows that stand in for a match not
+    made (a peer's time budget spent, :func:`unclassified_rows`); a later real row for the
+    same name replaces them (one user's budget must not leave another's names unmatched)
+    and bumps :attr:`_NameClasses.generation`, so caches of the classes refresh."""
+    default = _default_signatures()
+    memo = _NAME_CLASSES.get(names)
+    if memo is None or memo.sigs_key is not default:
+        memo = _NAME_CLASSES[names] = _NameClasses(default)
+    ids = np.asarray(ids, dtype=np.int64)
+    memo.store(len(names), ids + 1, rows, np.zeros(len(ids), bool) if provisional is None else provisional)
+
+
+def name_classes_generation(names: NameTable) -> int:
+    """How many times stored classes of ``names`` were replaced (see :func:`store_name_classes`)."""
+    try:
+        memo = _NAME_CLASSES.get(names)
+    except TypeError:           # a name table that cannot be weakly referenced: never stored into
+        return 0
+    return memo.generation if memo is not None else 0
+
+
+class PeerNameClassifier:
+    """What the CUPTI probe's pump thread matches names with (the probe's
+    ``NameClassifier``; the probes layer cannot import this one): :func:`classify_names`,
+    :func:`unclassified_rows` and :func:`store_name_classes`."""
+
+    @staticmethod
+    def classify(strings: list[str]) -> dict[str, np.ndarray]:
+        return classify_names(strings)
+
+    @staticmethod
+    def unclassified(n: int) -> dict[str, np.ndarray]:
+        return unclassified_rows(n)
+
+    @staticmethod
+    def store(names: NameTable, ids: np.ndarray, rows: dict[str, np.ndarray], provisional: np.ndarray) -> None:
+        store_name_classes(names, ids, rows, provisional)
+
+
 class _NameClasses:
     """The per-name classes of one append-only :class:`NameTable` under one signature
     list, filled as names are first seen: a name is matched once for the life of the
     table, whichever trace or batch it comes in (the live agent's phase mapper classifies
     one step's kernels per new step shape; re-matching the names each time was most of
-    its cost). Slot 0 is "no name" (id -1), slot i + 1 the name of id i."""
+    its cost). Slot 0 is "no name" (id -1), slot i + 1 the name of id i.
+
+    Filled by :meth:`update` (matching here) or :meth:`store` (rows matched by another
+    thread); a lock keeps the two apart, and matching in :meth:`update` is done outside
+    it."""
 
     def __init__(self, sigs_key):
         self.sigs_key = sigs_key
         self.done = np.zeros(1, dtype=bool)
-        self.arrays: dict[str, np.ndarray] = {}
+        self.provisional = np.zeros(1, dtype=bool)
+        self.generation = 0
+        self._lock = threading.Lock()
+        # slot 0, "no name", matches nothing: filled here, so no caller matches it
+        self.arrays: dict[str, np.ndarray] = unclassified_rows(1)
+        self.done[0] = True
+
+    def _grow(self, size: int) -> None:
+        if len(self.done) >= size:
+            return
+        cap = max(2 * size, 64)          # doubling: a table growing one name at a time copies O(n) in all
+        for attr in ("done", "provisional"):
+            a = np.zeros(cap, dtype=bool)
+            old = getattr(self, attr)
+            a[:len(old)] = old
+            setattr(self, attr, a)
+        for f, a in self.arrays.items():
+            g = np.empty(cap, dtype=a.dtype)
+            g[:len(a)] = a
+            self.arrays[f] = g
+
+    def _put(self, slots: np.ndarray, rows: dict[str, np.ndarray]) -> None:
+        for f, a in rows.items():
+            if f not in self.arrays:
+                self.arrays[f] = np.empty(len(self.done), dtype=a.dtype)
+            self.arrays[f][slots] = a
+
+    def store(self, size: int, slots: np.ndarray, rows: dict[str, np.ndarray], provisional: np.ndarray) -> None:
+        with self._lock:
+            self._grow(size + 1)
+            replace = self.done[slots] & self.provisional[slots] & ~provisional
+            put = ~self.done[slots] | replace
+            if not put.any():
+                return
+            self._put(slots[put], take_rows(rows, put))
+            self.done[slots[put]] = True
+            self.provisional[slots[put]] = provisional[put]
+            if replace.any():
+                self.generation += 1
 
     def update(self, names: NameTable, slots: np.ndarray, sigs: list[Signature]) -> None:
-        """Classify the slots not classified yet."""
-        size = len(names) + 1
-        if len(self.done) < size:
-            cap = max(2 * size, 64)          # doubling: a table growing one name at a time copies O(n) in all
-            done = np.zeros(cap, dtype=bool)
-            done[:len(self.done)] = self.done
-            self.done = done
-            for f, a in self.arrays.items():
-                g = np.empty(cap, dtype=a.dtype)
-                g[:len(a)] = a
-                self.arrays[f] = g
-        new = slots[~self.done[slots]]
+        """Classify the slots not classified yet (matching outside the lock)."""
+        with self._lock:
+            self._grow(len(names) + 1)
+            new = slots[~self.done[slots]]
         if not len(new):
             return
         got = _classify_ids(names, (new - 1).astype(np.int32), sigs)
-        for f, a in got.items():
-            if f not in self.arrays:
-                self.arrays[f] = np.empty(len(self.done), dtype=a.dtype)
-            self.arrays[f][new] = a
-        self.done[new] = True
+        with self._lock:
+            self._grow(len(names) + 1)
+            self._put(new, got)
+            self.done[new] = True
 
 
 _NAME_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

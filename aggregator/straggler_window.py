@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import collections
 
-import msgspec
 import numpy as np
 
 from ridgeline.probes.events import COPY_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
+from ridgeline.probes.records import GroupStragglers, RankStragglers, WindowStragglers  # noqa: F401 (its records)
 
 from . import stragglers as S
 from .signatures import ROLE_COLLECTIVE, classify_kernels
@@ -51,36 +51,6 @@ LOOKBACK_NS = 100_000_000
 _HELD_KERNEL = np.dtype([("pid", "<i4"), ("device", "<i4"), ("name_id", "<i4"), ("start_ns", "<i8"),
                          ("end_ns", "<i8"), ("collective", "?")])
 _HELD_COPY = np.dtype([("pid", "<i4"), ("device", "<i4"), ("start_ns", "<i8"), ("end_ns", "<i8")])
-
-
-class RankStragglers(msgspec.Struct, frozen=True):
-    pid: int
-    device: int
-    last_count: int            # collectives of this window where it arrived last
-    wait_ns: int               # time its collectives spun waiting for the last rank
-
-
-class GroupStragglers(msgspec.Struct, frozen=True):
-    ranks: list[RankStragglers]
-    collectives: int
-    waiting_share_ratio: float          # of the ranks' time since the last report, waiting
-    straggler_pid: int                  # -1: no collective this window
-    straggler_device: int
-    straggler_last_share_ratio: float
-    late_by_p50_ns: int
-    late_by_p99_ns: int
-    cause: str                          # kernel | copy | host | ""
-    # The launch threads' share of the window off-CPU (run queue + blocked), from the
-    # scheduling probe, for the straggler and the median of the other ranks (-1: unknown):
-    # a "host" straggler whose launch thread was off-CPU much more than the others' is
-    # held back by the CPU (annotate_launch_threads).
-    straggler_launch_off_cpu_ratio: float = -1.0
-    others_launch_off_cpu_ratio: float = -1.0
-
-
-class WindowStragglers(msgspec.Struct):
-    groups: list[GroupStragglers] = []
-    straggler_kernels_dropped: int = 0  # cumulative: over MAX_HELD_KERNELS
 
 
 def _off_cpu(window: dict, pid: int, device: int) -> float:

@@ -41,7 +41,7 @@ import numpy as np
 from ridgeline.probes.events import Trace
 
 from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
-from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels
+from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels, name_classes_generation
 from .steps import segment_kernels
 
 _MUL = np.uint64(0x9E3779B97F4A7C15)       # odd constants of a multiplicative hash
@@ -114,6 +114,7 @@ class StreamPhaser:
         self._shapes: OrderedDict[int, _Shape] = OrderedDict()
         self._cls: dict[str, np.ndarray] = {}
         self._cls_n = 0
+        self._cls_gen = 0
         self._signatures = None
         self._pw = np.ones(1, dtype=np.uint64)
         self.map_phases_calls = 0
@@ -135,6 +136,11 @@ class StreamPhaser:
         table grew: a peer adding names one batch at a time made it quadratic).
         """
         n_names = len(self.names)
+        gen = name_classes_generation(self.names)
+        if gen != self._cls_gen:
+            # rows stored as stand-ins (a peer's budget spent) were replaced by real ones
+            # (aggregator.signatures.store_name_classes): gather every name again
+            self._cls_gen, self._cls_n = gen, 0
         if n_names + 1 > self._cls_n:
             from ridgeline.probes.events import KERNEL_DTYPE, empty
             first = max(self._cls_n - 1, 0)

@@ -72,6 +72,7 @@ import numpy as np
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
+from ridgeline.probes.records import PHASE_NAMES
 
 from .columns import distinct, distinct_inverse
 
@@ -1160,7 +1161,7 @@ class SourceFold:
                 sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
             phases = {}
             for ph, p in sorted(g.phases.items()):
-                phases[PHASE_NAMES_STREAM.get(ph, str(ph))] = _phase_dict(p, g, ceil, self.model)
+                phases[PHASE_NAMES.get(ph, str(ph))] = _phase_dict(p, g, ceil, self.model)
             out.append({
                 "device": int(dev), "pid": int(pid), "gpu": name,
                 "kernels": g.kernels, "kernel_time_ns": g.kernel_time_ns,
@@ -1222,9 +1223,6 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     hit = (corr[pos] == kc) & (kc >= 0)
     lat[hit] = np.maximum(k["start_ns"][hit] - a["start_ns"][launch[pos[hit]]], 0)
     return lat
-
-
-PHASE_NAMES_STREAM = {0: "unknown", 1: "prefill", 2: "decode", 3: "mixed", 4: "other"}
 
 
 @lru_cache(maxsize=64)

@@ -31,10 +31,12 @@ fine (they either are in the table or travel as text), and a non-string key (a t
 device index) is sent as its text, so it decodes as a string. numpy scalars and arrays
 are converted to plain Python.
 
-**Adding a key** (H6, H7, anyone): append one line ``"your_key_name": <next number>,``
-to :data:`FIELDS` (the next number is ``max(FIELDS.values()) + 1``; numbers are never
-reused or changed, names never renamed), then regenerate nothing: the golden-byte tests
-only pin keys that already exist. Keep units in names (``_ns``, ``_bytes``, ``_pct``).
+**Adding a key**: declare it in its Struct in :mod:`probes.records` with its wire number
+``Annotated[..., N(<next number>)]`` (the next number is ``max(FIELDS.values()) + 1``;
+numbers are never reused or changed, names never renamed); :data:`FIELDS` is generated
+from those Structs (:func:`probes.records.wire_fields`). Regenerate nothing: the
+golden-byte tests only pin keys that already exist. Keep units in names (``_ns``,
+``_bytes``, ``_pct``).
 
 **Version notes** (schema 1 throughout; keys only ever appended):
 
@@ -109,6 +111,7 @@ from dataclasses import dataclass, field
 import msgpack
 import numpy as np
 
+from ridgeline.probes import records
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import (
     API_DTYPE,
@@ -128,67 +131,9 @@ TOPICS = ("window", "events", "sched", "device", "engine", "health", "requests")
 # Envelope field numbers.
 F_VERSION, F_TOPIC, F_HOST, F_SEQ, F_TS, F_PAYLOAD = range(6)
 
-# Field numbers of record keys (windows and plain payloads), at any nesting depth.
-# Append only: never change or reuse a number. See "Adding a key" above.
-FIELDS: dict[str, int] = {
-    # window frame
-    "start_ns": 1, "end_ns": 2, "duration_ns": 3, "host": 4, "sources": 5, "gpus": 6,
-    "device": 7, "engine": 8, "sched": 9, "verdict": 10, "agent": 11,
-    # per GPU / served process
-    "pid": 12, "gpu": 13, "kernels": 14, "kernel_time_ns": 15, "busy_ns": 16, "span_ns": 17,
-    "idle_ns": 18, "copy_bytes": 19, "launch": 20, "sync": 21, "phases": 22, "ceilings": 23,
-    "phase_source": 24, "count": 25, "p50_ns": 26, "p99_ns": 27,
-    # per phase (roofline)
-    "time_share_pct": 28, "flops": 29, "bytes": 30, "achieved_flops_per_s": 31,
-    "achieved_bytes_per_s": 32, "arithmetic_intensity": 33, "pct_of_peak_flops": 34,
-    "pct_of_peak_bytes": 35, "evidence": 36, "work_source": 37, "steps": 38, "phase": 39,
-    "tokens": 40, "prefill_tokens": 41, "decode_tokens": 42,
-    # ceilings
-    "hbm_bytes_per_s": 43, "flops_per_s": 44, "source": 45,
-    # agent health
-    "cpu_pct": 46, "rss_bytes": 47, "records": 48, "drops": 49, "errors": 50,
-    "records_per_s": 51, "bpf_run_time_ns": 52,
-    # scheduling
-    "tid": 53, "comm": 54, "on_cpu_ns": 55, "runq_wait_ns": 56, "blocked_ns": 57,
-    "voluntary_switches": 58, "involuntary_switches": 59, "threads": 60,
-    # device and engine
-    "kv_usage": 61, "num_running": 62, "num_waiting": 63, "preemptions_total": 64,
-    "prefix_cache_hit_rate": 65, "name": 66, "index": 67, "data": 68, "p90_ns": 69,
-    "p95_ns": 70, "mean_ns": 71, "reason": 72, "value": 73,
-    # engine window: latency segments, KV dynamics, engine work estimates (issue 12; see
-    # "Version notes" above: added to schema 1, old decoders read them as field_<n>)
-    "queue_mean_s": 74, "prefill_mean_s": 75, "decode_mean_s": 76, "ttft_mean_s": 77, "e2e_mean_s": 78,
-    "queue_share_of_ttft_ratio": 79, "segment_kinds": 80, "num_swapped_requests": 81,
-    "external_prefix_cache_hit_ratio": 82, "prompt_tokens_cached_ratio": 83, "kv_evicted_tokens": 84,
-    "kv_eviction_rate_tokens_per_s": 85, "kv_eviction_source": 86, "estimated_flops_per_gpu": 87,
-    "estimated_read_bytes_per_gpu": 88, "estimated_write_bytes_per_gpu": 89,
-    "estimated_flops_per_gpu_per_s": 90, "estimated_bytes_per_gpu_per_s": 91,
-    "estimated_arithmetic_intensity": 92, "work_estimate_source": 93,
-    "preemption_episode_active": 94, "preemption_episode_elapsed_s": 95,
-    "preemption_episode_preemptions": 96, "preemption_episode_baseline_waiting": 97,
-    "preemption_episodes_total": 98, "preemption_episodes_recovered_total": 99, "preemption_recovery_s": 100,
-    "preemption_last_recovery_s": 101, "latency_histograms": 102, "bounds": 103, "cumulative": 104,
-    "launch_tids": 105, "kv_read_bytes_per_s": 106, "kv_read_source": 107, "achieved_bytes_with_kv_per_s": 108,
-    # served requests joined with the GPU steps (issue 22; see "Version notes"): the window's
-    # "requests" aggregates and the stories of the "requests" topic
-    "requests": 109, "requests_dropped": 110, "decode_ns": 111, "dragged_ns": 112, "dragged_share_ratio": 113,
-    "queue_p99_ns": 114, "prefill_p99_ns": 115, "decode_p99_ns": 116, "dragged_p99_ns": 117, "e2e_p99_ns": 118,
-    "top_culprit_id": 119, "top_culprit_added_ns": 120, "top_culprit_tokens": 121, "dragged_source": 122,
-    "slowest": 123, "request_id": 124, "e2e_ns": 125, "queue_ns": 126, "kv_usage_max_queued_ratio": 127,
-    "kv_full_while_queued": 128, "prefill_ns": 129, "prefill_chunks": 130, "decode_steps": 131,
-    "ns_per_token": 132, "dragged_by_prefill_ns": 133, "dragged_by_long_ns": 134, "alone_decode_ns": 135,
-    "preemptions": 136, "recovery_ns": 137, "prompt_tokens": 138, "completion_tokens": 139, "culprits": 140,
-    "kind": 141, "added_ns": 142, "stories": 143,
-    # tensor-parallel stragglers in the live window (issue 23; see "Version notes")
-    "stragglers": 144, "groups": 145, "ranks": 146, "last_count": 147, "wait_ns": 148, "collectives": 149,
-    "waiting_share_ratio": 150, "straggler_pid": 151, "straggler_device": 152,
-    "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155, "cause": 156,
-    "straggler_kernels_dropped": 157,
-    # the request join's end-to-end histogram and its exemplars (issue 22, second part)
-    "e2e_total_ns": 158, "e2e_bucket_counts": 159, "exemplars": 160, "bucket": 161, "trace_id": 162,
-    # the straggler's launch threads off-CPU against the other ranks' (issue 23)
-    "straggler_launch_off_cpu_ratio": 163, "others_launch_off_cpu_ratio": 164,
-}
+# Field numbers of record keys (windows and plain payloads), at any nesting depth: the
+# numbers declared on the typed records (probes.records), generated, never written here.
+FIELDS: dict[str, int] = records.wire_fields()
 _FIELD_NAMES = {v: k for k, v in FIELDS.items()}
 assert len(_FIELD_NAMES) == len(FIELDS), "duplicate field number in FIELDS"
 

@@ -237,11 +237,11 @@ def agent_main(feed: str, pub: str, duration_s: float):
     from ridgeline.probes.probe import Availability
     logging.basicConfig(level=logging.WARNING)
     cfg = config_mod.defaults()
-    cfg["agent"]["window_s"] = WINDOW_S
-    cfg["agent"]["run_for_s"] = duration_s
-    cfg["publisher"]["endpoint"] = pub
-    cfg["prometheus"]["enabled"] = False
-    cfg["probes"]["enabled"] = []
+    cfg.agent.window_s = WINDOW_S
+    cfg.agent.run_for_s = duration_s
+    cfg.publisher.endpoint = pub
+    cfg.prometheus.enabled = False
+    cfg.probes.enabled = []
     probe = FeedProbe(feed)
     step = registry.Step("feed", "events", lambda c: probe, "bench feed")
     running = [registry.Running(step, probe, Availability(True))]

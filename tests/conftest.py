@@ -3,6 +3,8 @@
 * ``ebpf``: needs root, BTF, tracefs and the distro bcc; skipped with the exact reason otherwise.
 * ``gpu``: needs an NVIDIA GPU and driver; skipped with the reason otherwise.
 * ``slow``: soak and scale tests; skipped unless ``--run-slow``.
+* ``long``: a file whose tests take minutes (installs, object storage, the GPU check's
+  bundle): not skipped, only started first when the suite runs on several workers.
 
 ``--require ebpf,gpu`` turns the skips of those markers into failures, for machines where
 the hardware is known to be present (a GPU check run, or CI asserting eBPF works).
@@ -40,7 +42,14 @@ def _required(config) -> set[str]:
     return {x.strip() for x in config.getoption("--require").split(",") if x.strip()}
 
 
+def _runs_for_minutes(item) -> bool:
+    return "slow" in item.keywords or "long" in item.keywords
+
+
 def pytest_collection_modifyitems(config, items):
+    # Under xdist (--dist loadfile) files go to workers in this order: the files that run
+    # for minutes first, so the longest is never started last (stable: files stay whole).
+    items.sort(key=lambda item: not _runs_for_minutes(item))
     required = _required(config)
     checks = {"ebpf": hardware.ebpf_missing, "gpu": hardware.gpu_missing}
     for item in items:

@@ -26,7 +26,7 @@ def enc(topic, seq, payload, host, ts_ns):
 
 
 def test_the_default_stream_is_a_unix_socket_not_tcp():
-    ep = config.defaults()["publisher"]["endpoint"]
+    ep = config.defaults().publisher.endpoint
     assert ep.startswith("ipc:///run/ridgeline/")
 
 

@@ -5,6 +5,7 @@ import sys
 import tomllib
 from importlib import resources
 
+import msgspec
 import pytest
 
 from ridgeline.agent import config
@@ -17,6 +18,15 @@ def _leaves(d, prefix=""):
             yield from _leaves(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v
+
+
+def _fields(t, prefix=""):
+    """(dotted key, msgspec type info) of every key of the typed configuration."""
+    for f in t.fields:
+        if isinstance(f.type, msgspec.inspect.StructType):
+            yield from _fields(f.type, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f.type
 
 
 def test_every_default_key_is_documented_with_its_default():
@@ -37,18 +47,19 @@ def test_every_default_key_is_documented_with_its_default():
 
 def test_defaults_load_and_roundtrip_through_print_format():
     cfg = config.load("/nonexistent/ridgeline.toml", missing_ok=True)
-    assert cfg["publisher"]["endpoint"] == "ipc:///run/ridgeline/stream.sock"
-    assert cfg["prometheus"]["listen"] == "127.0.0.1:9464"
-    assert tomllib.loads(config.to_toml(cfg)) == cfg
+    assert cfg.publisher.endpoint == "ipc:///run/ridgeline/stream.sock"
+    assert cfg.prometheus.listen == "127.0.0.1:9464"
+    assert tomllib.loads(config.to_toml(cfg)) == config.as_table(cfg)
+    assert msgspec.convert(tomllib.loads(config.to_toml(cfg)), config.Config) == cfg
 
 
 def test_overlay_accepts_int_for_float_and_keeps_other_defaults(tmp_path):
     p = tmp_path / "a.toml"
     p.write_text('[agent]\nwindow_s = 2\n[probes.replay]\nspeed = 3\n')
     cfg = config.load(p)
-    assert cfg["agent"]["window_s"] == 2.0 and isinstance(cfg["agent"]["window_s"], float)
-    assert cfg["probes"]["replay"]["speed"] == 3.0
-    assert cfg["publisher"]["sndhwm"] == 1000
+    assert cfg.agent.window_s == 2.0 and isinstance(cfg.agent.window_s, float)
+    assert cfg.probes.replay.speed == 3.0
+    assert cfg.publisher.sndhwm == 1000
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -92,6 +103,11 @@ def test_overlay_accepts_int_for_float_and_keeps_other_defaults(tmp_path):
     ('[probes.replay]\nspeed = nan\n', "'probes.replay.speed' must be a finite number"),
     ('[probes.simulator]\nseed = 99999999999999999999\n', "'probes.simulator.seed' must be between"),
     ('agent = 3\n', "'agent' must be a table"),
+    ('[agent]\nlog_level = "loud"\n', "'agent.log_level' must be debug, info, warning or error"),
+    ('[bogus]\nx = 1\n', "unknown key 'bogus'"),
+    ('[publisher]\npublish_events = 1\n', "'publisher.publish_events' must be bool, got int"),
+    ('[publisher]\nsndhwm = 2.5\n', "'publisher.sndhwm' must be int, got float"),
+    ('[probes]\nenabled = [1]\n', "'probes.enabled' must hold probe names, got 1"),
     ('[agent\n', "invalid TOML"),
 ])
 def test_bad_config_is_one_clear_line(tmp_path, text, needle):
@@ -136,10 +152,39 @@ def test_cli_refuses_clear_text_non_loopback_bind():
 
 
 def test_every_numeric_key_has_a_range():
-    """No number reaches a socket option or a timer unchecked (issue 14.5)."""
-    numeric = {k for k, v in _leaves(config.defaults())
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    assert numeric == set(config.RANGES)
+    """No number reaches a socket option or a timer unchecked (issue 14.5): every int or
+    float key (and list element) of the typed configuration declares both bounds beside it
+    (issue 19), and the defaults have a key for each field and no other."""
+    numbers = (msgspec.inspect.IntType, msgspec.inspect.FloatType)
+    fields = dict(_fields(msgspec.inspect.type_info(config.Config)))
+    unbounded = []
+    for key, t in fields.items():
+        t = t.item_type if isinstance(t, msgspec.inspect.ListType) else t
+        if isinstance(t, numbers) and (t.ge is None or t.le is None):
+            unbounded.append(key)
+    assert not unbounded
+    assert sum(isinstance(getattr(t, "item_type", t), numbers) for t in fields.values()) >= 25
+    text = resources.files("ridgeline.agent").joinpath("data/agent.toml").read_text()
+    assert {k for k, _ in _leaves(tomllib.loads(text))} == set(fields)
+
+
+def test_a_bound_declared_beside_a_field_is_what_a_file_meets(tmp_path):
+    """The range a file is checked against is the one declared on the field (no second table)."""
+    t = dict(_fields(msgspec.inspect.type_info(config.Config)))["probes.cupti.idle_peer_s"]
+    p = tmp_path / "a.toml"
+    p.write_text(f"[probes.cupti]\nidle_peer_s = {t.le}\n")
+    assert config.load(p).probes.cupti.idle_peer_s == t.le
+    p.write_text(f"[probes.cupti]\nidle_peer_s = {t.le + 1}\n")
+    with pytest.raises(InputError, match=f"between {t.ge:g} and {t.le:g}"):
+        config.load(p)
+
+
+def test_overlay_returns_a_new_checked_record():
+    base = config.defaults()
+    new = config.overlay(base, {"agent": {"window_s": 2}})
+    assert new.agent.window_s == 2.0 and base.agent.window_s == 1.0
+    with pytest.raises(InputError, match="override: 'agent.window_s' must be between"):
+        config.overlay(base, {"agent": {"window_s": 0}})
 
 
 def test_a_bad_socket_path_creates_nothing(tmp_path):
@@ -152,13 +197,13 @@ def test_a_bad_socket_path_creates_nothing(tmp_path):
     assert not (tmp_path / "not").exists()
     # An existing folder is fine, and so is a missing one directly under /run.
     p.write_text(f'[probes.cupti]\nsocket = "{tmp_path}/c.sock"\n[publisher]\nendpoint = "ipc:///run/rl-x/s.sock"\n')
-    assert config.load(p)["probes"]["cupti"]["socket"] == f"{tmp_path}/c.sock"
+    assert config.load(p).probes.cupti.socket == f"{tmp_path}/c.sock"
 
 
 def test_remote_metrics_need_an_explicit_opt_in(tmp_path):
     p = tmp_path / "a.toml"
     p.write_text('[prometheus]\nlisten = "0.0.0.0:9464"\nallow_remote = true\n')
-    assert config.load(p)["prometheus"]["listen"] == "0.0.0.0:9464"
+    assert config.load(p).prometheus.listen == "0.0.0.0:9464"
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -92,7 +92,7 @@ def test_windows_flow_and_a_raising_probe_is_counted(tmp_path):
     replay = replay_of(literal_trace())
     agent = Agent(cfg, probes=[running(boom, "nvml"), running(replay)], codec=codec, notifier=Notifier({}))
     t = start_agent(agent)
-    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec)
+    sub = Subscriber(cfg.publisher.endpoint, codec=codec)
 
     def enough(msgs):
         health = [m.payload for m in msgs if m.topic == "health"]
@@ -123,7 +123,7 @@ def test_stop_flushes_the_open_window(tmp_path):
     replay = replay_of(literal_trace(every_ns=1_000_000))
     agent = Agent(cfg, probes=[running(replay)], codec=codec, notifier=Notifier({}))
     t = start_agent(agent)
-    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("window",))
+    sub = Subscriber(cfg.publisher.endpoint, codec=codec, topics=("window",))
     # the agent polled the whole trace (0.2 s of replay) and the subscription reached it
     assert wait_for(lambda: replay.records >= 400 and agent.publisher.subscriptions >= 1)
     agent.request_stop()
@@ -149,9 +149,9 @@ def test_reload_applies_good_config_and_keeps_running_on_bad(tmp_path):
         seq_before = dict(agent.publisher.seq)
         agent.request_reload()
         assert wait_for(lambda: agent.reloads == 1)
-        assert agent.cfg["agent"]["window_s"] == 0.3 and agent.reloads == 1
+        assert agent.cfg.agent.window_s == 0.3 and agent.reloads == 1
         # The publisher was rebound on the same endpoint and its sequence numbers go on.
-        assert agent.cfg["publisher"]["sndhwm"] == 50
+        assert agent.cfg.publisher.sndhwm == 50
         assert agent.publisher.seq["window"] >= seq_before["window"]
         sub = Subscriber(ep, codec=codec, topics=("window",))
         assert collect(sub, 30, until=len)
@@ -159,7 +159,7 @@ def test_reload_applies_good_config_and_keeps_running_on_bad(tmp_path):
         path.write_text('[agent]\nwindow_s = "fast"\n')
         agent.request_reload()
         assert wait_for(lambda: agent.reloads_refused == 1)
-        assert agent.cfg["agent"]["window_s"] == 0.3 and agent.reloads == 1
+        assert agent.cfg.agent.window_s == 0.3 and agent.reloads == 1
         assert t.is_alive()
     finally:
         agent.request_stop()
@@ -313,7 +313,7 @@ def test_a_failing_window_costs_one_window_not_the_agent(tmp_path, monkeypatch):
 
     agent.codec = Codec()
     t = start_agent(agent)
-    sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("health",))
+    sub = Subscriber(cfg.publisher.endpoint, codec=codec, topics=("health",))
     try:
         health = collect(sub, 60, until=lambda h: h[-1].payload["loop_errors"] == 1)
     finally:

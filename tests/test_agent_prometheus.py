@@ -254,6 +254,11 @@ def test_cupti_connections_cut_and_takeovers_by_uid_are_published():
             if s.name.endswith("_total")] == [9]
     by = {s.labels["uid"]: s.value for s in fams["ridgeline_agent_cupti_processes_taken_over_by_user"].samples}
     assert by == {"1000": 2, "0": 1, "other": 3}
+    # issue 18.1/18.2: demangler workers the seccomp filter killed, names left unmatched (budget)
+    assert [s.value for s in fams["ridgeline_agent_cupti_demangler_seccomp_kills"].samples
+            if s.name.endswith("_total")] == [1]
+    assert [s.value for s in fams["ridgeline_agent_cupti_names_unclassified"].samples
+            if s.name.endswith("_total")] == [12]
     assert fams["ridgeline_agent_cupti_processes_taken_over_by_user"].type == "gauge"
 
 
@@ -335,3 +340,15 @@ def test_simulated_data_is_one_host_series_joined_on_hostname():
         "engine": "vllm", "simulated": True, "kv_usage_ratio": 0.01}}}})
     (s,) = families(exposition([w]))["ridgeline_simulated"].samples
     assert s.value == 1.0 and s.labels["sources"] == "engine"
+
+
+def test_a_window_of_the_wrong_shape_is_refused_counted_and_the_last_one_stays(caplog):
+    c = prom.WindowCollector(host="h")
+    c.observe(window([thread(8)]))
+    before = generate_latest(prom.registry_for(c)).decode()
+    c.observe({"gpus": [{"phases": {"decode": {"kernels": "three"}}}]})
+    assert (c.windows, c.windows_unreadable) == (1, 1)
+    assert "window not exposed" in caplog.text and "$.gpus[0].phases[...].kernels" in caplog.text
+    fams = families(generate_latest(prom.registry_for(c)).decode())
+    assert fams["ridgeline_phase_kernels"].samples[0].value == 3.0
+    assert 'ridgeline_phase_kernels_total{' in before

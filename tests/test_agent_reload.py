@@ -107,7 +107,7 @@ def test_a_reload_whose_endpoint_cannot_bind_keeps_the_old_one(running_agent, tm
         # the old endpoint, rebound: windows published after the reload arrive (earlier
         # ones may still be queued for the subscriber, so wait for a later number)
         after = collect(sub, 60, until=lambda msgs: agent.reloads_refused and msgs[-1].seq > seq_before)
-        assert agent.reloads_refused == 1 and agent.cfg["publisher"]["endpoint"] == ep
+        assert agent.reloads_refused == 1 and agent.cfg.publisher.endpoint == ep
         assert agent.prometheus is None           # the /metrics half was undone too
         with socket.socket() as s:                # and its port released
             s.bind(("127.0.0.1", prom_port))
@@ -126,7 +126,7 @@ def test_a_good_reload_still_applies(running_agent):
                     f'[prometheus]\nenabled = true\nlisten = "127.0.0.1:{prom}"\n[probes]\nenabled = []\n')
     agent.request_reload()
     assert wait_for(lambda: agent.reloads == 1)
-    assert agent.reloads == 1 and agent.cfg["agent"]["window_s"] == 0.3 and agent.cfg["publisher"]["sndhwm"] == 50
+    assert agent.reloads == 1 and agent.cfg.agent.window_s == 0.3 and agent.cfg.publisher.sndhwm == 50
     assert agent.prometheus is not None and agent.prometheus.port == prom
     assert collect(sub, 30, until=len)
 
@@ -336,7 +336,7 @@ def test_when_no_socket_can_be_bound_windows_lost_show_as_a_gap(tmp_path):
         real_make = agent._make_publisher
 
         def make(p):
-            if p["endpoint"].endswith(f":{port}") and len(squatters) == 1:
+            if p.endpoint.endswith(f":{port}") and len(squatters) == 1:
                 s2 = socket.socket()
                 s2.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s2.bind(("127.0.0.1", port))

@@ -100,3 +100,9 @@ def test_an_engine_that_does_not_answer_is_shown_absent():
     t = text_of(dict(WINDOW, engine={"engine": eng}))
     assert "KV" in t and "127.0.0.1:8000/metrics: not answering" not in t
     assert f"{dead}: not answering: HTTP 503" in t
+
+
+def test_a_window_of_the_wrong_shape_is_one_line():
+    t = text_of({"gpus": [{"phases": {"decode": {"kernel_time_ns": "long"}}}]}, TopState(windows=4))
+    assert t.strip().splitlines() == [line for line in t.strip().splitlines() if line]
+    assert t.startswith("window #4 not readable as a window record: ") and "$.gpus[0].phases[...].kernel_time_ns" in t

@@ -18,7 +18,7 @@ from support import cupti_records as R
 
 from ridgeline.probes.cupti import probe as probe_mod
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.demangle_budget import PID_BURST_S, UID_BURST_S, DemangleBudget
+from ridgeline.probes.cupti.peer_time_budget import PID_BURST_S, UID_BURST_S, PeerTimeBudget
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.server import Message
 
@@ -59,7 +59,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(probe_mod, "demangle_many", demangle_many)
     monkeypatch.setattr(probe_mod, "time", clock)
     p = CuptiProbe("/nonexistent/c.sock")
-    p.demangle_budget = DemangleBudget(pid_refill_per_s=0, uid_refill_per_s=0, clock=clock.monotonic)
+    p.demangle_budget = PeerTimeBudget(pid_refill_per_s=0, uid_refill_per_s=0, clock=clock.monotonic)
     return p, calls, clock
 
 
@@ -107,7 +107,7 @@ def test_one_user_is_bounded_across_its_processes_and_others_are_not(fake):
 
 def test_the_budget_refills_slowly():
     clock = _Clock()
-    b = DemangleBudget(clock=clock.monotonic)
+    b = PeerTimeBudget(clock=clock.monotonic)
     b.charge(1, 7, PID_BURST_S + 0.1)
     assert not b.allowed(1, 7)
     clock.t += 0.2 / (PID_BURST_S / 3600)          # 0.2 s back after 6 minutes

@@ -71,3 +71,18 @@ def test_kill_counts_a_worker_the_filter_killed():
     w.proc.wait(10)
     w.kill()
     assert w.seccomp_kills == 1
+
+
+def test_the_probe_publishes_the_workers_seccomp_kills(monkeypatch):
+    """The count reaches the probe's counters (and so /metrics:
+    ridgeline_agent_cupti_demangler_seccomp_kills): the process-wide worker's, not a copy."""
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    w = dm._Worker()
+    monkeypatch.setattr(dm, "_worker", w)
+    p = CuptiProbe("/nonexistent/c.sock")
+    assert p.counters()["demangler_seccomp_kills"] == 0
+    w.run([b"_Z3foov"], 5.0)
+    os.kill(w.proc.pid, signal.SIGSYS)
+    w.proc.wait(10)
+    w.kill()
+    assert p.counters()["demangler_seccomp_kills"] == 1

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 BUNDLE = ROOT / "build" / "gpu-check-bundle"

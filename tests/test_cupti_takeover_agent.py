@@ -59,7 +59,7 @@ class Host:
         self.agent.start()
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
         self.thread.start()
-        self.sub = Subscriber(self.cfg["publisher"]["endpoint"], topics=["health"])
+        self.sub = Subscriber(self.cfg.publisher.endpoint, topics=["health"])
         self.health: dict = {}
 
     def wait(self, what, seconds: float) -> dict:

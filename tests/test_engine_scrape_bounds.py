@@ -278,7 +278,7 @@ def test_windows_keep_coming_and_failures_reach_health_and_metrics(tmp_path):
         agent.start()
         t = threading.Thread(target=agent.run, daemon=True)
         t.start()
-        sub = Subscriber(cfg["publisher"]["endpoint"], codec=codec, topics=("window", "health"))
+        sub = Subscriber(cfg.publisher.endpoint, codec=codec, topics=("window", "health"))
         health, windows = [], []
         def failed_both(h):
             fails = h[-1].payload["probes"]["engine"]["scrape_failures"] if h else {}

@@ -24,6 +24,8 @@ from conftest import TRACES  # noqa: E402
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 TP8 = TRACES / "nvidia-inference" / "tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"
 LATE_NS = 60_000                 # rank 2's lateness at each collective

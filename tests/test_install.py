@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 LIB = "libridgeline_cupti.so"
 

@@ -226,6 +226,47 @@ def test_full_socket_and_slow_agent_drop_and_count(built, harness, tmp_path):
     assert max(calls) < 2_500_000_000
 
 
+def test_a_full_backlog_is_retried_soon_not_a_reconnect_period_later(built, harness, tmp_path):
+    """Issue 18.4: a connect flood (any local user) keeps the agent's listen backlog full; the
+    library's connect then fails with EAGAIN. It used to wait RIDGELINE_RECONNECT_MS (1 s by
+    default) before trying again, so a flood cost a real library a second per refusal; now a
+    busy agent is retried within 250 ms (10 ms doubling). The reconnect period is set to 10
+    minutes here: the library connects within the test's wait only by the busy retry."""
+    sock = tmp_path / "busy.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(sock))
+    srv.listen(0)
+    fill = []
+    while True:                              # the backlog full, as a flood leaves it
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.setblocking(False)
+        try:
+            c.connect(str(sock))
+        except BlockingIOError:
+            c.close()
+            break
+        fill.append(c)
+    try:
+        h = harness(RIDGELINE_RECONNECT_MS=600000)
+        h(f"init {sock} 130500")
+        deadline = time.monotonic() + 30
+        while h("counters")["connects_busy"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy = h("counters")["connects_busy"]
+        srv.setblocking(False)
+        for c in fill:                       # the flood ends: the agent drains its backlog
+            srv.accept()[0].close()
+            c.close()
+        deadline = time.monotonic() + 30
+        while h("counters")["connects"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        c = h("counters")
+    finally:
+        srv.close()
+    assert busy >= 3                         # retried while full, not once per reconnect period
+    assert c["connects"] == 1
+
+
 def test_reconnects_after_agent_restart_and_resends_names(built, harness, tmp_path):
     sock = tmp_path / "cupti.sock"
     h = harness(RIDGELINE_RECONNECT_MS=50)

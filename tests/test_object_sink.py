@@ -27,6 +27,8 @@ from ridgeline.agent import object_sink as S  # noqa: E402
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.recording import iter_frames  # noqa: E402
 
+pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 NODE = ROOT / "build" / "node-s3rver"
 S3RVER_VERSION = "3.7.1"

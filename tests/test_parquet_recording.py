@@ -18,6 +18,8 @@ import pyarrow.parquet as pq  # noqa: E402
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -62,7 +62,7 @@ def running_agent(tmp_path):
         "agent": {"window_s": 0.2},
         "publisher": {"endpoint": f"ipc://{tmp_path}/agent.sock"},
         "prometheus": {"enabled": False},
-        "probes": {"enabled": ["otlp"], "otlp": {"listen": f"127.0.0.1:{port}", "join_delay_s": 0.0}},
+        "probes": {"enabled": ["otlp"], "otlp": {"listen": f"127.0.0.1:{port}", "join_delay_s": 3.0}},
     })
     probe = OtlpProbe(f"127.0.0.1:{port}")
     assert probe.check().ok
@@ -93,6 +93,10 @@ def _subscribed(agent, n, timeout=30.0):
 
 def test_why_tells_the_seed_example_through_the_receiver(running_agent):
     agent, url, ep = running_agent
+    # The SDK exports each span on its own (batch=False). The join waits for the others: the
+    # spans ended 1 s ago and are joined 3 s after their end, so on a starved machine a span
+    # exported a window after another is still in the join (with no wait, CI once joined
+    # answer-500 before long-4000 arrived: "dragged: no").
     held, spans = shifted_seed()
     agent.builder.requests.add_steps(held)
     p_why = _start_cli("why", "answer-500", "--endpoint", ep, "--timeout", "30")

@@ -34,13 +34,13 @@ from ridgeline.agent.simulator.probe import SimulatorProbe
 from ridgeline.probes.probe import Availability
 logging.basicConfig(level=logging.WARNING)
 cfg = config.defaults()
-cfg["agent"]["window_s"] = 1.0
-cfg["agent"]["run_for_s"] = {run_s}
-cfg["publisher"]["endpoint"] = {endpoint!r}
-cfg["publisher"]["sndhwm"] = 8
-cfg["publisher"]["publish_events"] = True
-cfg["prometheus"]["enabled"] = False
-cfg["probes"]["enabled"] = []
+cfg.agent.window_s = 1.0
+cfg.agent.run_for_s = {run_s}
+cfg.publisher.endpoint = {endpoint!r}
+cfg.publisher.sndhwm = 8
+cfg.publisher.publish_events = True
+cfg.prometheus.enabled = False
+cfg.probes.enabled = []
 
 class Probe(SimulatorProbe):
     restart_at = {restart_at}

@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def overrides(args, cfg: dict) -> dict:
+def overrides(args, cfg) -> dict:
     """The command line's settings as a config overlay (kept across SIGHUP reloads)."""
     over: dict = {}
     if getattr(args, "endpoint", None):
@@ -30,7 +30,7 @@ def overrides(args, cfg: dict) -> dict:
     if getattr(args, "replay", None):
         pr = over.setdefault("probes", {})
         pr.setdefault("replay", {})["path"] = args.replay
-        enabled = pr.get("enabled", list(cfg["probes"]["enabled"]))
+        enabled = pr.get("enabled", list(cfg.probes.enabled))
         pr["enabled"] = enabled + ([] if "replay" in enabled else ["replay"])
     if getattr(args, "speed", None) is not None:
         over.setdefault("probes", {}).setdefault("replay", {})["speed"] = args.speed
@@ -43,7 +43,7 @@ def overrides(args, cfg: dict) -> dict:
     return over
 
 
-def load_config(args) -> tuple[dict, dict]:
+def load_config(args) -> tuple:
     """(merged configuration, command-line overlay)."""
     from ridgeline.agent import config
     cfg = config.load(args.config, missing_ok=args.config is None)

@@ -174,8 +174,10 @@ def _warn_rejected(path: str, trace) -> None:
 
 def run(args) -> int:
     from ridgeline.aggregator import model_config
-    from ridgeline.aggregator.analysis import _phases_api, analyze_trace
+    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.aggregator.phases import map_phases
     from ridgeline.probes.budget import EventBudget
+    from ridgeline.probes.records import PHASE_NAMES as phase_names
 
     if args.context_len is not None and args.context_len <= 0:
         raise InputError("--context-len must be a positive number of tokens")
@@ -189,7 +191,6 @@ def run(args) -> int:
     model = model_config.load(args.model) if args.model else None
     if args.plot and not args.plot.lower().endswith(".png"):
         raise InputError(f"--plot {args.plot}: the plot is written as PNG; name the file *.png")
-    phase_names, map_phases = _phases_api()
     use_ann = not args.no_annotations
 
     said: set = set()

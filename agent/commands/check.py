@@ -50,8 +50,8 @@ def agent_view(args, cfg) -> dict:
     from ridgeline.agent.subscriber import open_stream
     timeout_s = args.agent_timeout
     if timeout_s is None:
-        timeout_s = min(2 * cfg["agent"]["window_s"] + 1.0, 30.0)
-    args.endpoint = args.endpoint or cfg["publisher"]["endpoint"]
+        timeout_s = min(2 * cfg.agent.window_s + 1.0, 30.0)
+    args.endpoint = args.endpoint or cfg.publisher.endpoint
     out = {"reachable": False, "endpoint": args.endpoint, "reason": "", "cupti_processes_taken_over": 0,
            "cupti_taken_over": []}
     if timeout_s == 0:
@@ -131,7 +131,7 @@ def run(args) -> int:
     unknown = [n for n in args.probe or () if n not in registry.STEPS]
     if unknown:
         raise InputError(f"check: unknown probe {', '.join(map(repr, unknown))} (known: {', '.join(registry.STEPS)})")
-    enabled = set(cfg["probes"]["enabled"])
+    enabled = set(cfg.probes.enabled)
     names = args.probe or list(registry.STEPS)
     # What must be able to run: the probes named, else the enabled ones.
     required = set(args.probe) if args.probe else enabled

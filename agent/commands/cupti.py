@@ -38,8 +38,8 @@ def run(args) -> int:
     if args.timeout is not None and not 0 < args.timeout <= 3600:
         raise InputError("--timeout must be above 0 and at most 3600")
     cfg = config.load(args.config, missing_ok=args.config is None)
-    sock = cfg["probes"]["cupti"]["socket"]
-    timeout_s = args.timeout or 2 * cfg["agent"]["window_s"] + 1.0
+    sock = cfg.probes.cupti.socket
+    timeout_s = args.timeout or 2 * cfg.agent.window_s + 1.0
     req_id = secrets.token_hex(8)
     try:
         path = reclaim_request.write_request(sock, req_id, args.pid)

@@ -258,10 +258,11 @@ def _afterwards(out: Path, model_name: str) -> None:
         _write_report(out, lines, None)
         return
     from ridgeline.aggregator import model_config
-    from ridgeline.aggregator.analysis import _phases_api, analyze_trace
+    from ridgeline.aggregator.analysis import analyze_trace
     from ridgeline.aggregator.perfetto import write_perfetto
+    from ridgeline.aggregator.phases import map_phases
     from ridgeline.aggregator.plot import plot_roofline
-    phase_names, map_phases = _phases_api()
+    from ridgeline.probes.records import PHASE_NAMES
     pm = map_phases(trace)
     model = model_config.load(model_name)
     doc = analyze_trace(trace, model=model, phase_map=pm)
@@ -275,7 +276,7 @@ def _afterwards(out: Path, model_name: str) -> None:
         doc["answer_title"] = "Answer (the last window, as top, tail and /metrics showed it)"
     plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
     excerpt = last_seconds(trace, PERFETTO_LAST_S)
-    write_perfetto(excerpt, map_phases(excerpt), phase_names, out / "trace.perfetto.json")
+    write_perfetto(excerpt, map_phases(excerpt), PHASE_NAMES, out / "trace.perfetto.json")
     _write_report(out, lines, doc)
     print(f"\nridgeline demo: done. Output folder {out}:")
     for name in ("report.txt", "requests.txt", "roofline.png", "trace.perfetto.json", "stream.rlrec", "metrics.txt",

@@ -99,7 +99,7 @@ def otlp_env(endpoint: str | None) -> dict[str, str]:
     if endpoint is None:
         from ridgeline.agent import config
         try:
-            listen = config.load(None, missing_ok=True)["probes"]["otlp"]["listen"]
+            listen = config.load(None, missing_ok=True).probes.otlp.listen
         except InputError:
             listen = "127.0.0.1:4318"
         if listen.startswith("unix:"):

@@ -42,19 +42,29 @@ def jsonable(obj):
 
 
 def summary(msg) -> str:
+    import msgspec
+
+    from ridgeline.probes.records import Health, window_of
     p = msg.payload
     if msg.topic == "window" and isinstance(p, dict):
-        gpus = p.get("gpus", [])
-        kern = sum(g.get("kernels", 0) for g in gpus)
-        a = p.get("agent", {})
+        try:
+            w = window_of(p)
+        except msgspec.ValidationError as exc:    # a producer's bug, said in one line
+            return f"window not readable as a window record: {exc}"
+        kern = sum(g.kernels for g in w.gpus)
+        a = w.agent
         from ridgeline.agent.window_sections import verdict_text
-        vs = verdict_text(p.get("verdict"))
-        return (f"{len(gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.get('cpu_pct', 0):.1f}% "
-                f"rss={a.get('rss_bytes', 0) / 2**20:.0f}MiB")
+        vs = verdict_text(w.verdict)
+        return (f"{len(w.gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.cpu_pct or 0:.1f}% "
+                f"rss={(a.rss_bytes or 0) / 2**20:.0f}MiB")
     if msg.topic == "health" and isinstance(p, dict):
-        return (f"cpu={p.get('cpu_pct', 0):.1f}% rss={p.get('rss_bytes', 0) / 2**20:.0f}MiB "
-                f"records/s={p.get('records_per_s', 0):.0f} dropped records={p.get('dropped_records', 0)} "
-                f"batches={p.get('dropped_batches', 0)} stream={p.get('publisher_drops', 0)}")
+        try:
+            h = msgspec.convert(p, Health)
+        except msgspec.ValidationError as exc:
+            return f"health not readable as a health record: {exc}"
+        return (f"cpu={h.cpu_pct or 0:.1f}% rss={(h.rss_bytes or 0) / 2**20:.0f}MiB "
+                f"records/s={h.records_per_s or 0:.0f} dropped records={h.dropped_records or 0} "
+                f"batches={h.dropped_batches or 0} stream={h.publisher_drops or 0}")
     import orjson
     text = orjson.dumps(jsonable(p), option=orjson.OPT_NON_STR_KEYS).decode()
     return text if len(text) < 200 else text[:197] + "..."

@@ -213,7 +213,7 @@ class ProcessDecoder:
                          "demangle_budget_spent": 0, "clock_disagreements": 0}
         #: what demangles this process's names: ``raw -> (shown, failed)`` like
         #: :func:`demangle_many` (None: that function). The probe sets one that charges the
-        #: process's and its user's time budget (probes.cupti.demangle_budget).
+        #: process's and its user's time budget (probes.cupti.peer_time_budget).
         self.demangler = None
         self.library_counters: dict[str, int] = {}
         self.devices: set[int] = set()

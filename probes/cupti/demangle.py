@@ -290,6 +290,13 @@ class _Worker:
 _worker = _Worker()
 
 
+def seccomp_kills() -> int:
+    """Demangler workers the seccomp filter killed so far (SIGSYS: the worker made a call
+    outside its allow list, which a parsed name should never cause), as counted when the
+    dead worker is reaped; published on /metrics."""
+    return _worker.seccomp_kills
+
+
 def demangle_many(names: list[str], timeout_s: float | None = None) -> tuple[list[str], dict[str, int]]:
     """Demangled forms of ``names`` (each name itself where it is not mangled or the
     demangler rejects it), and how many mangled names could not be demangled safely, by

@@ -12,15 +12,18 @@ import logging
 import os
 import threading
 import time
+from time import thread_time
 
 import numpy as np
 
 from ridgeline.probes import targets
+from ridgeline.probes.cupti import peer_time_budget as budget
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
-from ridgeline.probes.cupti.demangle import demangle_many
-from ridgeline.probes.cupti.demangle_budget import DemangleBudget
+from ridgeline.probes.cupti.demangle import demangle_many, seccomp_kills
 from ridgeline.probes.cupti.library import build_hint, library_path
+from ridgeline.probes.cupti.name_classes import CHUNK_NAMES, NameClassifier, ProcessRows
+from ridgeline.probes.cupti.peer_time_budget import PeerTimeBudget
 from ridgeline.probes.cupti.server import DEFAULT_SOCKET, CuptiServer, escape
 from ridgeline.probes.events import MISSING, NameTable, Trace
 from ridgeline.probes.probe import Availability, Probe
@@ -105,7 +108,7 @@ class CuptiProbe(Probe):
 
     def __init__(self, socket_path: str | None = None, pump_interval_s: float = 0.02,
                  socket_group: str | None = None, max_name_bytes: int = 48 << 20, idle_peer_s: float = 300.0,
-                 **server_kw):
+                 name_classifier: NameClassifier | None = None, **server_kw):
         super().__init__()
         server_kw["idle_peer_s"] = idle_peer_s
         #: bound on the probe-wide name table, which outlives the processes that sent the
@@ -136,7 +139,15 @@ class CuptiProbe(Probe):
         self._no_demangle: dict[int, None] = {}
         #: demangler seconds per pid and per uid, whatever each call's outcome; kept here,
         #: not in a decoder or connection, so a reconnect does not reset it
-        self.demangle_budget = DemangleBudget()
+        self.demangle_budget = PeerTimeBudget()
+        #: matches each process's new names against the signatures on the pump thread
+        #: (probes.cupti.name_classes), within a CPU budget per pid and per uid kept here
+        #: for the same reason; None: the phase mapper matches names on the main loop
+        self.name_classifier = name_classifier
+        self.classify_budget = PeerTimeBudget(budget.CLASSIFY_PID_BURST_S, budget.CLASSIFY_PID_REFILL_PER_S,
+                                              budget.CLASSIFY_UID_BURST_S, budget.CLASSIFY_UID_REFILL_PER_S)
+        self._name_rows: dict[int, ProcessRows] = {}   # pid -> rows of its local name ids
+        self.names_not_classified = 0     # names left unmatched: their process's or user's budget was spent
         self._pid_uid: dict[int, int] = {}
         self._pid_comm: dict[int, str] = {}       # escaped, cut to the kernel's 15 bytes (issue 18.3)
         # Decoding (and so demangling, which waits on the worker process) runs in the pump
@@ -248,6 +259,55 @@ class CuptiProbe(Probe):
                     self.decode_errors += 1
                     log.warning("cupti: pid %d: %s message not used: %s: %s", m.pid, m.kind, type(e).__name__,
                                 escape(str(e)))
+            if self.name_classifier is not None:
+                for pid in dict.fromkeys(m.pid for m in messages if m.kind != "closed"):
+                    self._classify_new(pid)
+
+    def _classify_new(self, pid: int) -> None:
+        """Match the process's names interned since the last call (issue 18.1: once per
+        name, here on the pump thread, never on the main loop), CHUNK_NAMES at a time while
+        its pid's and uid's CPU budget lasts; past it the rest are left unmatched (stand-in
+        rows, counted in names_not_classified). Called with ``_dec_lock`` held, which is let
+        go while a chunk is matched."""
+        dec = self.decoders.get(pid)
+        if dec is None:
+            return
+        rows = self._name_rows.setdefault(pid, ProcessRows())
+        uid = self._pid_uid.get(pid, -1)
+        while rows.n < len(dec.names):
+            lo = rows.n
+            if not self.classify_budget.allowed(pid, uid):
+                n = len(dec.names) - lo
+                rows.append(self.name_classifier.unclassified(n), provisional=True)
+                self.names_not_classified += n
+                return
+            strings = [dec.names[i] for i in range(lo, min(len(dec.names), lo + CHUNK_NAMES))]
+            self._dec_lock.release()
+            t0 = thread_time()
+            try:
+                got = self.name_classifier.classify(strings)
+            finally:
+                spent = thread_time() - t0
+                self._dec_lock.acquire()
+                self.classify_budget.charge(pid, uid, spent)
+            if self.decoders.get(pid) is not dec or self._name_rows.get(pid) is not rows:
+                return                    # released while the lock was let go
+            rows.append(got, provisional=False)
+            # names collect() moved to the probe-wide table meanwhile got stand-ins: the real rows now
+            remap = self._remaps.get(pid)
+            if remap is not None and len(remap) > lo:
+                self._store_rows(rows, remap, lo, min(len(remap), rows.n))
+
+    def _store_rows(self, rows: ProcessRows, remap: np.ndarray, lo: int, hi: int) -> None:
+        """Store the rows of local ids ``lo..hi-1`` under their probe-wide ids."""
+        if hi <= lo:
+            return
+        r, prov = rows.take(lo, hi)
+        ids = remap[lo:hi]
+        ok = ids >= 0
+        if not ok.all():
+            r, prov, ids = {f: a[ok] for f, a in r.items()}, prov[ok], ids[ok]
+        self.name_classifier.store(self.names, ids, r, prov)
 
     def _demangle(self, pid: int, raw: list[str]) -> tuple[list[str], dict[str, int]]:
         """A process's new names through the demangler, within its pid's and uid's time
@@ -352,6 +412,7 @@ class CuptiProbe(Probe):
         for pid in [p for p, d in self.decoders.items() if p not in live and not d.pending()]:
             dec = self.decoders.pop(pid)
             self._remaps.pop(pid, None)
+            self._name_rows.pop(pid, None)
             if dec.counters["demangling_stopped"]:
                 self._no_demangle.pop(pid, None)
                 self._no_demangle[pid] = None
@@ -374,6 +435,17 @@ class CuptiProbe(Probe):
                 if i >= first and remap[i] >= 0 and int(remap[i]) not in self.mangled_names:
                     self.mangled_names[int(remap[i])] = mangled
                     self._name_bytes += len(mangled) + NAME_OVERHEAD_BYTES
+            if self.name_classifier is not None:
+                # the rows the pump thread matched; names it has not reached yet get
+                # stand-ins now (replaced when it does), so the main loop matches none
+                rows = self._name_rows.setdefault(pid, ProcessRows())
+                have = max(first, min(rows.n, len(dec.names)))
+                self._store_rows(rows, remap, first, have)
+                if len(dec.names) > have:
+                    ids = remap[have:]
+                    ids = ids[ids >= 0]
+                    self.name_classifier.store(self.names, ids, self.name_classifier.unclassified(len(ids)),
+                                               np.ones(len(ids), bool))
         if len(remap) == 0:
             return
         for arr in (trace.kernels, trace.copies, trace.api, trace.ranges):
@@ -434,5 +506,9 @@ class CuptiProbe(Probe):
         out["log_lines_suppressed"] = LIMIT.total_suppressed()
         out["demangle_seconds"] = round(self.demangle_budget.spent_s, 6)
         out["demangle_budget_refused_calls"] = self.demangle_budget.refused_calls
+        out["demangler_seccomp_kills"] = seccomp_kills()
+        out["names_not_classified"] = self.names_not_classified
+        out["classify_seconds"] = round(self.classify_budget.spent_s, 6)
+        out["classify_budget_refused_calls"] = self.classify_budget.refused_calls
         out.update({f"server_{k}": v for k, v in stats.items()})
         return out

@@ -254,7 +254,7 @@ static atomic_int g_warned_kernel_layout;
 static struct {
     atomic_uint_fast64_t dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send, sampled_out,
         names_dropped, walk_errors, records_in, records_sent, batches_sent, connects, buffers_refused,
-        buffers_lost, flushes, takeovers, reclaims;
+        buffers_lost, flushes, takeovers, reclaims, connects_busy;
 } K;
 
 static char g_status[RL_STATUS_MAX];
@@ -1397,7 +1397,15 @@ static int build_batch(outmsg_t *m, slot_t *s) {
     return 0;
 }
 
-static int connect_agent(void) {
+/* Retry delays after a connect found the agent's backlog full (EAGAIN): the agent is there
+ * but a connect flood (any local user can make one) holds its queue, so come back soon, not
+ * after RIDGELINE_RECONNECT_MS (1 s; no agent at all) -- at most one attempt a 250 ms. */
+#define RL_BUSY_RETRY_MIN_MS 10u
+#define RL_BUSY_RETRY_MAX_MS 250u
+
+/* A connected socket, or -1; *busy set when the agent's backlog was full (EAGAIN). */
+static int connect_agent(int *busy) {
+    *busy = 0;
     if (!cfg.socket_path[0]) return -1; /* refused at start-up (logged) */
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
@@ -1407,6 +1415,7 @@ static int connect_agent(void) {
     memcpy(a.sun_path, cfg.socket_path, strlen(cfg.socket_path));
     if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
         /* EAGAIN (backlog full) and EINPROGRESS are treated as "not now": retry later */
+        *busy = errno == EAGAIN || errno == EWOULDBLOCK;
         close(fd);
         return -1;
     }
@@ -1448,6 +1457,7 @@ static void *sender_main(void *arg) {
     (void)arg;
     int fd = -1;
     uint64_t next_connect = 0;
+    unsigned busy_ms = 0; /* the current retry delay while the agent's backlog is full */
     outmsg_t msg = {0};
     int pending = 0;
     uint8_t in[256];
@@ -1466,8 +1476,17 @@ static void *sender_main(void *arg) {
             next_tick = now + cfg.flush_ms;
         }
         if (fd < 0 && now >= next_connect) {
-            fd = connect_agent();
-            next_connect = now + cfg.reconnect_ms;
+            int busy;
+            fd = connect_agent(&busy);
+            if (busy) {
+                atomic_fetch_add(&K.connects_busy, 1);
+                busy_ms = busy_ms ? 2 * busy_ms : RL_BUSY_RETRY_MIN_MS;
+                if (busy_ms > RL_BUSY_RETRY_MAX_MS) busy_ms = RL_BUSY_RETRY_MAX_MS;
+                next_connect = now + (busy_ms < cfg.reconnect_ms ? busy_ms : cfg.reconnect_ms);
+            } else {
+                busy_ms = 0;
+                next_connect = now + cfg.reconnect_ms;
+            }
             if (fd >= 0) {
                 atomic_fetch_add(&K.connects, 1);
                 g_names_sent = 0;
@@ -2140,8 +2159,8 @@ RL_EXPORT void ridgeline_test_buffer_completed(uint8_t *buffer, size_t valid_siz
 /* Counters, in this order: dropped_cupti, dropped_pool_full, dropped_no_agent, dropped_send,
  * sampled_out, names_dropped, walk_errors, records_in, records_sent, batches_sent, connects,
  * buffers_refused, mode, flags, kernel_sample_every, buffers_lost, flushes, takeovers, reclaims,
- * clock_mapped, clock_unmapped, guest_sessions, guest_records, guest_buffers, guest_dropped, clock_pairs.
- * Returns how many were written. */
+ * clock_mapped, clock_unmapped, guest_sessions, guest_records, guest_buffers, guest_dropped, clock_pairs,
+ * connects_busy. Returns how many were written. */
 RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
     uint64_t v[] = {atomic_load(&K.dropped_cupti), atomic_load(&K.dropped_pool_full), atomic_load(&K.dropped_no_agent),
                     atomic_load(&K.dropped_send), atomic_load(&K.sampled_out), atomic_load(&K.names_dropped),
@@ -2151,7 +2170,7 @@ RL_EXPORT int ridgeline_test_counters(uint64_t *out, int n) {
                     atomic_load(&K.buffers_lost), atomic_load(&K.flushes), atomic_load(&K.takeovers),
                     atomic_load(&K.reclaims), atomic_load(&g_clock_mapped), atomic_load(&g_clock_unmapped),
                     atomic_load(&g_guest_sessions), atomic_load(&g_guest_records), atomic_load(&g_guest_buffers),
-                    atomic_load(&g_guest_dropped), atomic_load(&g_clock_pairs)};
+                    atomic_load(&g_guest_dropped), atomic_load(&g_clock_pairs), atomic_load(&K.connects_busy)};
     int m = (int)(sizeof v / sizeof v[0]);
     if (n < m) m = n;
     for (int i = 0; i < m; i++) out[i] = v[i];

@@ -69,7 +69,9 @@ def window(threads, launch_tids=(8,), engine=None):
                                                                    "server_pid_reused_cut": 2,
                                                                    "server_idle_peer_cut": 7,
                                                                    "server_evicted_fair_share": 4,
-                                                                   "server_identity_dropped_batches": 9}},
+                                                                   "server_identity_dropped_batches": 9,
+                                                                   "demangler_seccomp_kills": 1,
+                                                                   "names_not_classified": 12}},
                   "publisher_drops_by_topic": {"window": 0}, "bpf_run_time_ns": 5e6,
                   "window_drops": 3, "window_fold_errors": 1, "window_open_steps_cut": 2},
     }

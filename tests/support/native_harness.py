@@ -45,7 +45,7 @@ COUNTERS = ["dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_s
             "names_dropped", "walk_errors", "records_in", "records_sent", "batches_sent", "connects",
             "buffers_refused", "mode", "flags", "kernel_sample_every", "buffers_lost", "flushes", "takeovers",
             "reclaims", "clock_mapped", "clock_unmapped", "guest_sessions", "guest_records", "guest_buffers",
-            "guest_dropped", "clock_pairs"]
+            "guest_dropped", "clock_pairs", "connects_busy"]
 
 
 def _spec_buffer(spec: list[dict]) -> tuple[bytes, list]:

@@ -1,4 +1,8 @@
-"""How much demangler time each peer may cost the agent: seconds, per process and per user.
+"""How much time each peer's names may cost the agent: seconds, per process and per user.
+
+Two budgets are kept this way: the demangler's (wall time of each call, issue 18.2) and
+the kernel-name classifier's (CPU time of the pump thread matching a process's new names
+against the signatures, issue 18.1).
 
 Every call of :func:`probes.cupti.demangle.demangle_many` for a peer's names is charged its
 wall time, whatever its outcome (all names demangled, an answer over the length cap, a
@@ -25,6 +29,14 @@ PID_REFILL_PER_S = 2.0 / 3600
 #: The same for all processes of one user together.
 UID_BURST_S = 5.0
 UID_REFILL_PER_S = 5.0 / 3600
+#: Classifier CPU seconds of one process, and of one user's processes together. A real
+#: name costs about 90 us against the built-in signatures (RE2, 48 patterns), so 20,000
+#: kernel names of one process stay inside the burst; a 4 kB adversarial name costs about
+#: 0.3 ms (linear: no backtracking), so one user's 10 s burst is some 30,000 such names.
+CLASSIFY_PID_BURST_S = 3.0
+CLASSIFY_PID_REFILL_PER_S = 3.0 / 3600
+CLASSIFY_UID_BURST_S = 10.0
+CLASSIFY_UID_REFILL_PER_S = 10.0 / 3600
 
 
 class _Buckets:
@@ -47,8 +59,8 @@ class _Buckets:
             self._t.popitem(last=False)
 
 
-class DemangleBudget:
-    """Per-pid and per-uid demangler time (see the module docstring)."""
+class PeerTimeBudget:
+    """Per-pid and per-uid time (see the module docstring); the demangler's by default."""
 
     def __init__(self, pid_burst_s: float = PID_BURST_S, pid_refill_per_s: float = PID_REFILL_PER_S,
                  uid_burst_s: float = UID_BURST_S, uid_refill_per_s: float = UID_REFILL_PER_S,
