@@ -81,9 +81,8 @@ def test_each_step_builds_the_class_named_for_it_from_its_table():
                "engine": EngineProbe, "otlp": OtlpProbe, "sglang_requests": SglangRequestMetricsProbe, "simulator": SimulatorProbe,
                "replay": ReplayProbe}
     assert set(classes) == set(registry.STEPS)
-    cfg = config.defaults()
-    cfg["probes"]["cupti"]["socket"] = "/run/x/cupti.sock"
-    cfg["probes"]["engine"]["timeout_s"] = 1.25
+    cfg = config.overlay(config.defaults(), {"probes": {"cupti": {"socket": "/run/x/cupti.sock"},
+                                                        "engine": {"timeout_s": 1.25}}})
     for name, cls in classes.items():
         probe = registry.STEPS[name].factory(cfg)
         assert type(probe) is cls and isinstance(probe, ProbeLike), name
