@@ -17,12 +17,13 @@ import numpy as np
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import Trace
 from ridgeline.probes.records import PHASE_NAMES
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 from . import ceilings as ceilings_mod
 from . import roofline, stragglers
 from .model_config import ModelShape
 from .phases import map_phases
-from .work import StepWork, kernel_op_index, kernel_work_from_shapes, step_work_from_model
+from .work import StepWork, kernel_work_from_shapes, step_work_from_model
 
 SCHEMA = "ridgeline.analyze/1"
 
@@ -84,7 +85,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     if len(kp) != len(trace.kernels):
         raise InputError("phase map does not match the trace's kernels")
     steps = list(phase_map.steps)
-    op_index = kernel_op_index(trace)
+    op_index = kernel_cpu_op_index(trace)
     kw = kernel_work_from_shapes(trace, op_index)
     step_work: dict[int, StepWork] = {}
     if model is not None:

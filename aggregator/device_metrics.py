@@ -20,6 +20,13 @@ _MEAN_MAX = ("gpu_busy_time_pct", "memory_busy_time_pct", "power_w", "temperatur
              "gpm_nvlink_rx_bytes_per_s", "gpm_nvlink_tx_bytes_per_s")
 _LAST = ("gpu_name", "gpu_uuid", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
          "memory_reserved_bytes", "processes", "power_limit_w", "sm_clock_max_mhz", "mem_clock_max_mhz")
+# Memory health (probes.nvml.decode_health): counters and states, the latest sample's.
+_HEALTH_LAST = ("ecc_corrected_volatile_errors_total", "ecc_uncorrected_volatile_errors_total",
+                "ecc_corrected_aggregate_errors_total", "ecc_uncorrected_aggregate_errors_total",
+                "retired_pages_single_bit_count", "retired_pages_double_bit_count", "retired_pages_pending",
+                "remapped_rows_correctable_count", "remapped_rows_uncorrectable_count", "remapped_rows_pending",
+                "remapped_rows_failed")
+MAX_XIDS_PER_WINDOW = 16
 
 
 def _max_key(k: str) -> str:
@@ -80,8 +87,22 @@ def fold(recs: list[dict]) -> dict:
         out["nvlink_tx_bytes_per_s"] = out["gpm_nvlink_tx_bytes_per_s"]
     if out["nvlink_rx_bytes_per_s"] is None:
         out["nvlink_rx_bytes_per_s"] = out["gpm_nvlink_rx_bytes_per_s"]
+    out.update(_health(recs))
     out["gpm"] = any(r.get("source", "").endswith("+gpm") for r in recs)
     out["source"] = "nvml+gpm" if out["gpm"] else "nvml"
+    return out
+
+
+def _health(recs: list[dict]) -> dict:
+    """Memory health of the latest sample, and every Xid of the window: Xid errors arrive
+    as events, each sample holding those since the one before (the latest
+    MAX_XIDS_PER_WINDOW codes are kept, and how many came)."""
+    out = {k: recs[-1].get(k) for k in _HEALTH_LAST}
+    xs = [r for r in recs if r.get("xid_errors_count") is not None]
+    out["xid_errors_count"] = sum(r["xid_errors_count"] for r in xs) if xs else None
+    codes = [x for r in xs for x in r.get("xid_errors") or []]
+    out["xid_errors"] = codes[-MAX_XIDS_PER_WINDOW:] if xs else None
+    out["xid_last"] = codes[-1] if codes else None
     return out
 
 
@@ -132,6 +153,33 @@ _PROM = {
     "nvlink_rx_bytes_per_s": ("ridgeline_gpu_nvlink_rx_bytes_per_second", 1.0, "NVLink receive rate (NVML)"),
     "clock_slowdown_ratio": ("ridgeline_gpu_clock_slowdown_ratio", 1.0,
                              "Share of the window with a clock slowdown reason active"),
+    # Memory and error health, as nvidia-smi -q and dcgm-exporter show it (NVML).
+    "ecc_corrected_volatile_errors_total": ("ridgeline_gpu_ecc_corrected_volatile_errors_total", 1.0,
+                                            "Corrected ECC errors since the driver loaded (NVML volatile counter)"),
+    "ecc_uncorrected_volatile_errors_total": ("ridgeline_gpu_ecc_uncorrected_volatile_errors_total", 1.0,
+                                              "Uncorrected ECC errors since the driver loaded (NVML volatile counter)"),
+    "ecc_corrected_aggregate_errors_total": ("ridgeline_gpu_ecc_corrected_aggregate_errors_total", 1.0,
+                                             "Corrected ECC errors over the device's life (NVML aggregate counter)"),
+    "ecc_uncorrected_aggregate_errors_total": ("ridgeline_gpu_ecc_uncorrected_aggregate_errors_total", 1.0,
+                                               "Uncorrected ECC errors over the device's life (NVML aggregate "
+                                               "counter)"),
+    "retired_pages_single_bit_count": ("ridgeline_gpu_retired_pages_single_bit", 1.0,
+                                       "Pages retired for multiple single-bit ECC errors (NVML, pre-Ampere)"),
+    "retired_pages_double_bit_count": ("ridgeline_gpu_retired_pages_double_bit", 1.0,
+                                       "Pages retired for a double-bit ECC error (NVML, pre-Ampere)"),
+    "retired_pages_pending": ("ridgeline_gpu_retired_pages_pending", 1.0,
+                              "1 while a page retirement waits for the next driver load (NVML)"),
+    "remapped_rows_correctable_count": ("ridgeline_gpu_remapped_rows_correctable", 1.0,
+                                        "Rows remapped for correctable errors (NVML, Ampere and later)"),
+    "remapped_rows_uncorrectable_count": ("ridgeline_gpu_remapped_rows_uncorrectable", 1.0,
+                                          "Rows remapped for uncorrectable errors (NVML, Ampere and later)"),
+    "remapped_rows_pending": ("ridgeline_gpu_remapped_rows_pending", 1.0,
+                              "1 while a row remapping waits for a GPU reset (NVML)"),
+    "remapped_rows_failed": ("ridgeline_gpu_remapped_rows_failed", 1.0,
+                             "1 when a row remapping failed: the GPU needs service (NVML)"),
+    "xid_errors_count": ("ridgeline_gpu_window_xid_errors", 1.0, "Xid critical errors in the window (NVML events)"),
+    "xid_last": ("ridgeline_gpu_last_xid", 1.0,
+                 "Code of the latest Xid critical error in the window (as dcgm-exporter's DCGM_FI_DEV_XID_ERRORS)"),
 }
 _PROM_EXTRA_HELP = {
     "ridgeline_gpu_process_memory_used_bytes": "GPU memory used by one process (NVML)",

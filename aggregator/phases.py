@@ -64,7 +64,6 @@ from ridgeline.aggregator.signatures import (
 )
 from ridgeline.aggregator.steps import (
     GAP_MIN_NS,
-    cpu_op_index,
     enclosing_roots,
     kernels_in_cpu_ranges,
     kernels_in_gpu_ranges,
@@ -74,6 +73,7 @@ from ridgeline.aggregator.steps import (
 from ridgeline.probes.events import RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace
 from ridgeline.probes.records import PHASE_NAMES, Phase
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 # The phase codes are probes.records.Phase; the short names are the mapper's own spelling.
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
@@ -324,7 +324,7 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
     """Per kernel: GEMM rows M, tokens per sequence S (-1 unknown) from the launching CPU op.
 
     The kernel links to its innermost CPU op (``op_of_kernel``, default
-    :func:`aggregator.steps.cpu_op_index`: External id, or the enclosing op for older
+    :func:`probes.trace_joins.kernel_cpu_op_index`: External id, or the enclosing op for older
     Kineto). For aten::mm/addmm/_scaled_mm/linear/matmul, M is the row count of the
     activation operand. S comes from an enclosing aten::linear/matmul whose input is
     [batch, seq, hidden] (HF models); vLLM flattens tokens, so S stays unknown there. Also
@@ -394,7 +394,7 @@ def _gemm_rows(trace: Trace, op_of_kernel: np.ndarray | None = None
         op_s[at], op_t[at] = u_s[cinv][got], u_t[cinv][got]
     # Kernel -> launching CPU op (External id, or the enclosing op for older Kineto).
     if op_of_kernel is None:
-        op_of_kernel = cpu_op_index(trace)
+        op_of_kernel = kernel_cpu_op_index(trace)
     slot = np.full(len(ops), -1, dtype=np.int32 if len(g) < 2 ** 31 else np.int64)
     slot[g] = np.arange(len(g))
     j = np.full(len(k), -1, dtype=np.int64)
@@ -457,7 +457,7 @@ def _op_causal(trace: Trace) -> np.ndarray:
     n = len(trace.kernels)
     if not len(trace.cpu_ops) or not n:
         return np.full(n, CAUSAL_FLAG_UNKNOWN, dtype=np.int8)
-    op = cpu_op_index(trace)
+    op = kernel_cpu_op_index(trace)
     flags = trace.cpu_ops["is_causal"]
     return np.where(op >= 0, flags[np.maximum(op, 0)], CAUSAL_FLAG_UNKNOWN).astype(np.int8)
 

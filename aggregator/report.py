@@ -107,6 +107,11 @@ def render(doc: dict, console: Console | None = None) -> None:
             _fmt(p["idle_ratio"], 0.01, 0, "%"),
             f"[{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]")
     t.caption = "TFLOP/s and TB/s over busy time (% of peak); FLOP/B (ridge point); idle = GPU idle in the phase's steps"
+    # The GPU's own idle share beside it: idle between steps is in no phase (issue 24.2).
+    whole = [f"GPU {dev} idle {_fmt(d.get('idle_ratio'), 0.01, 0, '%')} of its span"
+             for dev, d in (doc.get("idle_gaps") or {}).items() if d.get("idle_ratio") is not None]
+    if whole:
+        t.caption += "; " + ", ".join(whole) + " (between steps too: see the idle gaps)"
     c.print(t)
     for name, p in doc["phases"].items():
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]: "
@@ -117,15 +122,26 @@ def render(doc: dict, console: Console | None = None) -> None:
         if not tk:
             continue
         kt = Table(title=f"Top kernels: {name}", title_justify="left")
-        for col, j in (("kernel", "left"), ("count", "right"), ("time", "right"), ("share", "right"),
-                       ("kind", "left"), ("TFLOP/s", "right"), ("TB/s", "right")):
+        # Per-kernel work comes from the operators' input shapes only; where no kernel of
+        # the phase has any, the columns would be all "-": said once instead (issue 24.2).
+        per_kernel = any(r.get("category") or r.get("achieved_flops_per_s") is not None
+                         or r.get("achieved_bytes_per_s") is not None for r in tk)
+        cols = [("kernel", "left"), ("count", "right"), ("time", "right"), ("share", "right")]
+        if per_kernel:
+            cols += [("kind", "left"), ("TFLOP/s", "right"), ("TB/s", "right")]
+        for col, j in cols:
             kt.add_column(col, justify=j, no_wrap=True)
         for r in tk:
             nm = r["name"] if len(r["name"]) <= 56 else r["name"][:55] + "…"
-            kt.add_row(nm, f"{r['count']:,}", _ns(r["time_ns"]),
-                       _fmt(r["time_ns"] / p["kernel_time_ns"] if p["kernel_time_ns"] else None, 0.01, 0, "%"),
-                       r.get("category") or "-", _fmt(r["achieved_flops_per_s"], 1e12, 1),
-                       _fmt(r["achieved_bytes_per_s"], 1e12, 2))
+            row = [nm, f"{r['count']:,}", _ns(r["time_ns"]),
+                   _fmt(r["time_ns"] / p["kernel_time_ns"] if p["kernel_time_ns"] else None, 0.01, 0, "%")]
+            if per_kernel:
+                row += [r.get("category") or "-", _fmt(r["achieved_flops_per_s"], 1e12, 1),
+                        _fmt(r["achieved_bytes_per_s"], 1e12, 2)]
+            kt.add_row(*row)
+        if not per_kernel:
+            kt.caption = ("per-kernel kind, TFLOP/s and TB/s need the operators' input shapes (a trace "
+                          "recorded with record_shapes); this one has none: the phase figures come from the model")
         c.print(kt)
 
     steps = msgspec.convert(doc["steps"], list[Step])

@@ -31,7 +31,6 @@ from ridgeline.aggregator.signatures import (
     short_name,
 )
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
-from ridgeline.probes.kineto import kernel_cpu_op_index
 
 # Idle time on a device that ends a step whatever else is seen: a forward step never
 # leaves the GPU idle this long between two of its own kernels unless the host stalls,
@@ -188,37 +187,6 @@ def kernels_in_gpu_ranges(trace: Trace, starts_ns: np.ndarray, ends_ns: np.ndarr
         hit[ok] = r[pos[ok]]
         ok &= k["start_ns"][on] < np.where(hit >= 0, ends_ns[np.maximum(hit, 0)], 0)
         out[on[ok]] = hit[ok]
-    return out
-
-
-_JOIN_CACHE = "_ridgeline_cpu_op_index"
-
-
-def _join_inputs(trace: Trace) -> tuple:
-    """The arrays a kernel -> CPU op join reads. The cache keeps them referenced and
-    compares by identity, so a replaced array can never be mistaken for its predecessor."""
-    return trace.kernels, trace.api, trace.cpu_ops
-
-
-def cpu_op_index(trace: Trace) -> np.ndarray:
-    """For each kernel, the index into ``trace.cpu_ops`` of the operator that launched it
-    (-1 none): :func:`probes.kineto.kernel_cpu_op_index`, computed once per trace.
-
-    The join costs about a second at a million kernels and both phase mapping and the
-    shape-based work model need it, so the result is memoised on the ``Trace`` object (an
-    instance attribute, ``_ridgeline_cpu_op_index``, with the kernel, API and CPU-op arrays
-    it was computed from: assigning a new array to any of them recomputes it). The returned
-    array is read-only. Contract: the arrays of a trace are not modified in place after
-    this has been called (derive a changed trace as a new ``Trace``, e.g. ``Trace.sorted()``
-    or ``dataclasses.replace``).
-    """
-    key = _join_inputs(trace)
-    hit = trace.__dict__.get(_JOIN_CACHE)
-    if hit is not None and all(a is b for a, b in zip(hit[0], key)):
-        return hit[1]
-    out = np.asarray(kernel_cpu_op_index(trace), dtype=np.int64)
-    out.setflags(write=False)
-    trace.__dict__[_JOIN_CACHE] = (key, out)
     return out
 
 

@@ -37,6 +37,10 @@ reported under ``figures["implausible"]`` and never used (a work-model overcount
    below the thresholds.
 8. ``undetermined``: not enough evidence (says which inputs were missing).
 
+Rules 1-6 are the functions of :data:`RULES`, each ``(Evidence, Thresholds) -> (verdict,
+reasons) | None`` over the figures :func:`evidence` reduces the inputs to once; 7 and 8
+are :func:`_choose`'s when none holds.
+
 "GPU utilisation" (NVML's busy-time fraction) is never evidence of headroom: a GPU "100%
 busy" can use a few percent of its bandwidth. It appears in ``figures`` only beside
 GPM's DRAM-bandwidth utilisation, and no rule reads it.
@@ -49,7 +53,7 @@ engine figures (:func:`aggregator.engine_metrics.engine_record`), device figures
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 KV_CAPACITY = "kv-capacity-bound"
 HOST = "host-bound"
@@ -179,125 +183,210 @@ def _roofline_fallback(p: dict) -> str | None:
     return None
 
 
-def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
-    """The verdict of one window (see the module docstring for the rules and their order).
+@dataclass
+class Evidence:
+    """What the rules read: one window's inputs reduced once to the figures the rules
+    compare (KV, preemptions, waiting, queue time; the dominant phase and whether it is at
+    a ceiling; the GPU's idle share and its source; the launch thread). Built by
+    :func:`evidence`, never changed by a rule."""
+    window_ns: int
+    engine: dict | None
+    phase_name: str | None
+    phase: dict | None
+    kv: float | None
+    pre: float | None
+    wchg: float | None
+    waiting: float | None
+    qmean: float | None
+    idle_ratio: float | None
+    idle_src: str | None
+    lt: dict | None
+    gpu_idles: bool
+    ceilings_apply: bool
+    at_bw: bool
+    at_cp: bool
 
-    Returns ``{"device", "pid", "verdict", "face", "phase", "reasons": [str],
-    "also": [verdict names that also held], "figures": {...}, "missing": [str]}``.
-    """
-    e, d, lt = inp.engine, inp.device_figures, inp.launch_thread
+
+#: A rule: (evidence, thresholds) -> (verdict name, its reasons) when it holds, else None.
+Rule = Callable[[Evidence, Thresholds], "tuple[str, list[str]] | None"]
+
+
+def _idle(inp: VerdictInputs, phase_name: str | None, phase: dict | None) -> tuple[float | None, str | None]:
+    """The GPU's idle share and where it comes from: the window's busy/idle time, else the
+    dominant phase's ``idle_ratio``."""
+    if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
+        return inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns), "its span"
+    if phase is not None and phase.get("idle_ratio") is not None:
+        return float(phase["idle_ratio"]), f"the {phase_name} phase's time"
+    return None, None
+
+
+def evidence(inp: VerdictInputs, th: Thresholds) -> Evidence:
+    """The figures every rule reads, from one window's inputs."""
+    e = inp.engine
     phase_name, phase = _dominant_phase(inp.phases)
-    figures: dict[str, Any] = {"window_ns": inp.window_ns}
-    missing: list[str] = []
-    held: list[tuple[str, list[str]]] = []
-
-    # --- KV capacity
     kv = _g(e, "kv_usage_max_ratio")
     kv = _g(e, "kv_usage_ratio") if kv is None else kv
-    pre = _g(e, "preemptions")
-    wchg = _g(e, "num_waiting_change")
-    waiting = _g(e, "num_waiting_requests")
-    if e is None:
-        missing.append("engine metrics")
-    figures.update({"kv_usage_ratio": kv, "kv_pool_tokens": _g(e, "kv_pool_tokens"), "preemptions": pre,
-                    "preemption_rate_per_s": _g(e, "preemption_rate_per_s"),
-                    "num_waiting_requests": waiting, "num_waiting_change": wchg,
-                    "queue_time_mean_s": _g(e, "queue_time_mean_s"),
-                    "prefix_cache_hit_ratio": _g(e, "prefix_cache_hit_ratio")})
+    idle_ratio, idle_src = _idle(inp, phase_name, phase)
+    ceilings_apply = idle_ratio is None or idle_ratio < th.gpu_idle_bound_ratio
+    return Evidence(
+        window_ns=inp.window_ns, engine=e, phase_name=phase_name, phase=phase, kv=kv,
+        pre=_g(e, "preemptions"), wchg=_g(e, "num_waiting_change"), waiting=_g(e, "num_waiting_requests"),
+        qmean=_g(e, "queue_time_mean_s"), idle_ratio=idle_ratio, idle_src=idle_src, lt=inp.launch_thread,
+        gpu_idles=idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio,
+        ceilings_apply=ceilings_apply,
+        at_bw=ceilings_apply and _at_bandwidth(phase, th), at_cp=ceilings_apply and _at_compute(phase, th))
+
+
+# --------------------------------------------------------------------------- the rules
+
+def kv_capacity_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """KV at the watermark, preemptions (or retractions) in the window, or waiting requests
+    growing while the pool is nearly full."""
     why: list[str] = []
+    kv, pre, wchg = ev.kv, ev.pre, ev.wchg
     if kv is not None and kv >= th.kv_watermark_ratio:
         why.append(f"KV usage {kv:.1%} >= watermark {th.kv_watermark_ratio:.0%}")
     if pre is not None and pre >= th.preemptions_min:
-        rate = _g(e, "preemption_rate_per_s")
+        rate = _g(ev.engine, "preemption_rate_per_s")
         why.append(f"{pre:.0f} preemptions in the window" + (f" ({rate:.2f}/s)" if rate is not None else ""))
-    retracted = _g(e, "retracted_requests_last_tick")
+    retracted = _g(ev.engine, "retracted_requests_last_tick")
     if pre is None and retracted:
         why.append(f"{retracted:.0f} requests retracted at the engine's last log tick")
     if wchg is not None and wchg >= th.waiting_growth_min and kv is not None and kv >= th.kv_full_ratio:
-        why.append(f"waiting requests +{wchg:.0f} (now {waiting:.0f}) while KV usage {kv:.1%} >= {th.kv_full_ratio:.0%}")
-    if why:
-        held.append((KV_CAPACITY, why))
+        why.append(f"waiting requests +{wchg:.0f} (now {ev.waiting:.0f}) while KV usage {kv:.1%} "
+                   f">= {th.kv_full_ratio:.0%}")
+    return (KV_CAPACITY, why) if why else None
 
-    # --- roofline position of the dominant phase
-    if phase is None:
+
+def _launch_thread_shares(ev: Evidence) -> tuple[int, int, int] | None:
+    """(on-CPU, run-queue, blocked) ns of the launch thread while the GPU idles, or None
+    when the GPU does not idle or the thread's figures are missing."""
+    if not ev.gpu_idles or ev.lt is None or ev.window_ns <= 0:
+        return None
+    return (ev.lt.get("on_cpu_ns") or 0, ev.lt.get("runq_wait_ns") or 0, ev.lt.get("blocked_ns") or 0)
+
+
+def host_wait_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """The GPU idles while the launch thread waits off-CPU (run queue, blocked) longer than it runs."""
+    shares = _launch_thread_shares(ev)
+    if shares is None:
+        return None
+    on, rq, bl = shares
+    off, w = rq + bl, ev.window_ns
+    if not (off / w >= th.host_wait_min_ratio and off > on):
+        return None
+    return HOST, [f"GPU idle {ev.idle_ratio:.0%} of {ev.idle_src}",
+                  f"launch thread off-CPU {off / w:.0%} of the window "
+                  f"(run queue {rq / w:.0%}, blocked {bl / w:.0%}) vs on-CPU {on / w:.0%}"]
+
+
+def launch_busy_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """The GPU idles while the launch thread is on-CPU most of the window: it cannot issue
+    work fast enough."""
+    shares = _launch_thread_shares(ev)
+    if shares is None:
+        return None
+    on, rq, bl = shares
+    w = ev.window_ns
+    if on / w < th.launch_busy_min_ratio:
+        return None
+    return LAUNCH, [f"GPU idle {ev.idle_ratio:.0%} of {ev.idle_src}",
+                    f"launch thread on-CPU {on / w:.0%} of the window (run queue {rq / w:.0%}, "
+                    f"blocked {bl / w:.0%})"]
+
+
+def idle_roofline_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """Without the scheduler's view, an idle GPU is host- or launch-bound when the dominant
+    phase's roofline says so (its API-call coverage of the idle gaps, kernel and gap
+    lengths are the evidence)."""
+    if not ev.gpu_idles or ev.phase is None or (ev.lt is not None and ev.window_ns > 0):
+        return None
+    fb = _roofline_fallback(ev.phase)
+    if fb not in (HOST, LAUNCH):
+        return None
+    return fb, [f"GPU idle {ev.idle_ratio:.0%} of {ev.idle_src}",
+                f"roofline verdict {ev.phase.get('verdict')}: "
+                + "; ".join(str(x) for x in (ev.phase.get("evidence") or [])[:3])]
+
+
+def queue_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """Requests wait while KV has room and the dominant phase is at neither ceiling: the
+    scheduler's batch limits hold them back (naming the batch cap when it is full)."""
+    waiting, qmean, kv, phase = ev.waiting, ev.qmean, ev.kv, ev.phase
+    if not (waiting is not None and waiting >= th.waiting_min and qmean is not None and qmean >= th.queue_time_min_s
+            and (kv is None or kv < th.kv_watermark_ratio) and not ev.at_bw and not ev.at_cp):
+        return None
+    ceil = ""
+    if phase is not None:
+        ceil = (f"; {ev.phase_name} at {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s and "
+                f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s")
+    why = [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s"]
+    cap_line = _batch_cap_line(ev.engine, th)
+    if cap_line is not None and cap_line[1]:
+        why.append(cap_line[0])
+    why.append((f"KV usage {kv:.1%} below watermark" if kv is not None else "KV usage unknown") + ceil)
+    return QUEUE, why
+
+
+def bandwidth_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """The dominant phase at ``bandwidth_bound_min_pct`` of peak HBM bytes/s (or, without
+    the fraction, its roofline verdict says memory-bound)."""
+    p = ev.phase
+    if p is None or not ev.at_bw:
+        return None
+    return BANDWIDTH, [f"{ev.phase_name}: {p.get('pct_of_peak_bytes') or 0:.0f}% of peak HBM bytes/s "
+                       f"({(p.get('achieved_bytes_per_s') or 0) / 1e12:.2f} TB/s), intensity "
+                       f"{p.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {p.get('verdict')}"]
+
+
+def compute_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
+    """The dominant phase at ``compute_bound_min_pct`` of peak FLOP/s (or its roofline
+    verdict says compute-bound)."""
+    p = ev.phase
+    if p is None or not ev.at_cp:
+        return None
+    return COMPUTE, [f"{ev.phase_name}: {p.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s "
+                     f"({(p.get('achieved_flops_per_s') or 0) / 1e12:.1f} TFLOP/s), intensity "
+                     f"{p.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {p.get('verdict')}"]
+
+
+#: Every rule, in the order of the module docstring; each is named here and nowhere
+#: guessed. The first verdict (in ``VERDICTS`` order) among those that hold binds.
+RULES: tuple[Rule, ...] = (kv_capacity_rule, host_wait_rule, launch_busy_rule, idle_roofline_rule,
+                           queue_rule, bandwidth_rule, compute_rule)
+
+
+# --------------------------------------------------------------------------- figures
+
+def _figures(inp: VerdictInputs, ev: Evidence, th: Thresholds) -> tuple[dict[str, Any], list[str]]:
+    """The numbers behind the verdict (shown, and for /metrics) and the inputs that were missing."""
+    e, p, d, lt = ev.engine, ev.phase, inp.device_figures, ev.lt
+    figures: dict[str, Any] = {"window_ns": inp.window_ns}
+    missing: list[str] = []
+    if e is None:
+        missing.append("engine metrics")
+    figures.update({"kv_usage_ratio": ev.kv, "kv_pool_tokens": _g(e, "kv_pool_tokens"), "preemptions": ev.pre,
+                    "preemption_rate_per_s": _g(e, "preemption_rate_per_s"),
+                    "num_waiting_requests": ev.waiting, "num_waiting_change": ev.wchg,
+                    "queue_time_mean_s": ev.qmean, "prefix_cache_hit_ratio": _g(e, "prefix_cache_hit_ratio")})
+    if p is None:
         missing.append("per-phase roofline")
     else:
-        figures["phase"] = {k: phase.get(k) for k in (
+        figures["phase"] = {k: p.get(k) for k in (
             "kernel_time_ns", "achieved_flops_per_s", "achieved_bytes_per_s", "arithmetic_intensity",
             "pct_of_peak_flops", "pct_of_peak_bytes", "idle_ratio", "verdict")}
         for k in ("pct_of_peak_bytes", "pct_of_peak_flops"):
-            if (phase.get(k) or 0) > th.implausible_pct:
+            if (p.get(k) or 0) > th.implausible_pct:
                 figures.setdefault("implausible", []).append(
-                    f"{phase_name} {k} = {phase[k]:.0f}% exceeds the ceiling: work model overcounts; not used")
-
-    # --- GPU idle vs the launch thread
-    idle_ratio, idle_src = None, None
-    if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
-        idle_ratio, idle_src = inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns), "its span"
-    elif phase is not None and phase.get("idle_ratio") is not None:
-        idle_ratio, idle_src = float(phase["idle_ratio"]), f"the {phase_name} phase's time"
-    else:
+                    f"{ev.phase_name} {k} = {p[k]:.0f}% exceeds the ceiling: work model overcounts; not used")
+    if ev.idle_ratio is None:
         missing.append("GPU busy/idle time")
-    figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": idle_ratio})
+    figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": ev.idle_ratio})
     if lt is None:
         missing.append("launch-thread scheduling")
     else:
         figures["launch_thread"] = {k: lt.get(k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
-    gpu_idles = idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio
-    if gpu_idles and lt is not None and inp.window_ns > 0:
-        on = lt.get("on_cpu_ns") or 0
-        rq = lt.get("runq_wait_ns") or 0
-        bl = lt.get("blocked_ns") or 0
-        off = rq + bl
-        w = inp.window_ns
-        if off / w >= th.host_wait_min_ratio and off > on:
-            held.append((HOST, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
-                                f"launch thread off-CPU {off / w:.0%} of the window "
-                                f"(run queue {rq / w:.0%}, blocked {bl / w:.0%}) vs on-CPU {on / w:.0%}"]))
-        if on / w >= th.launch_busy_min_ratio:
-            held.append((LAUNCH, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
-                                  f"launch thread on-CPU {on / w:.0%} of the window (run queue {rq / w:.0%}, "
-                                  f"blocked {bl / w:.0%})"]))
-    elif gpu_idles and phase is not None:
-        # No scheduler view: the roofline's own host/launch call (API-call coverage of the
-        # idle gaps, kernel and gap lengths) is the evidence.
-        fb = _roofline_fallback(phase)
-        if fb in (HOST, LAUNCH):
-            held.append((fb, [f"GPU idle {idle_ratio:.0%} of {idle_src}",
-                              f"roofline verdict {phase.get('verdict')}: "
-                              + "; ".join(str(x) for x in (phase.get("evidence") or [])[:3])]))
-
-    ceilings_apply = idle_ratio is None or idle_ratio < th.gpu_idle_bound_ratio
-    at_bw = ceilings_apply and _at_bandwidth(phase, th)
-    at_cp = ceilings_apply and _at_compute(phase, th)
-
-    # --- queue
-    qmean = _g(e, "queue_time_mean_s")
-    if (waiting is not None and waiting >= th.waiting_min and qmean is not None and qmean >= th.queue_time_min_s
-            and (kv is None or kv < th.kv_watermark_ratio) and not at_bw and not at_cp):
-        ceil = ""
-        if phase is not None:
-            ceil = (f"; {phase_name} at {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s and "
-                    f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s")
-        qwhy = [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s"]
-        cap_line = _batch_cap_line(e, th)
-        if cap_line is not None and cap_line[1]:
-            qwhy.append(cap_line[0])
-        qwhy.append((f"KV usage {kv:.1%} below watermark" if kv is not None else "KV usage unknown") + ceil)
-        held.append((QUEUE, qwhy))
-
-    if phase is not None:
-        bw = (f"{phase_name}: {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak HBM bytes/s "
-              f"({(phase.get('achieved_bytes_per_s') or 0) / 1e12:.2f} TB/s), intensity "
-              f"{phase.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {phase.get('verdict')}")
-        cp = (f"{phase_name}: {phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s "
-              f"({(phase.get('achieved_flops_per_s') or 0) / 1e12:.1f} TFLOP/s), intensity "
-              f"{phase.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {phase.get('verdict')}")
-        if at_bw:
-            held.append((BANDWIDTH, [bw]))
-        if at_cp:
-            held.append((COMPUTE, [cp]))
-
     # Busy-time beside bandwidth use: shown, never judged on.
     if d is not None:
         figures["gpu_busy_time_pct"] = d.get("gpu_busy_time_pct")
@@ -307,26 +396,43 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS) -> dict:
         figures["clock_event_reasons"] = d.get("clock_event_reasons")
     else:
         missing.append("device metrics")
+    return figures, missing
 
-    order = {v: i for i, v in enumerate(VERDICTS)}
-    held.sort(key=lambda h: order[h[0]])
-    fallback = _roofline_fallback(phase) if (phase is not None and not held) else None
-    if fallback in (BANDWIDTH, COMPUTE) and not ceilings_apply:
-        fallback = None
+
+def _choose(held: list[tuple[str, list[str]]], ev: Evidence,
+            missing: list[str]) -> tuple[str, list[str], bool]:
+    """(verdict, reasons, from the roofline fallback): the first rule that held, else the
+    dominant phase's own roofline call (a ceiling only while the GPU does not idle), else
+    undetermined."""
     if held:
-        name, reasons = held[0]
-    elif fallback is not None:
-        name = fallback
-        reasons = [f"{phase_name}: roofline verdict {phase.get('verdict')} (below the thresholds: "
-                   f"{phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s, "
-                   f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s)"]
-    else:
-        name, reasons = UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")]
-    phase_of = phase_name if (name in (BANDWIDTH, COMPUTE, QUEUE) or fallback) else None
-    ctx = _FaceContext(name=name, held=dict(held), phase_name=phase_name, phase=phase, kv=kv, pre=pre,
-                       waiting=waiting, qmean=qmean, idle_ratio=idle_ratio, idle_src=idle_src, lt=lt,
-                       window_ns=inp.window_ns, ceilings_apply=ceilings_apply, engine=e, device=d,
-                       fallback=bool(fallback) and not held)
+        return held[0][0], held[0][1], False
+    p = ev.phase
+    fallback = _roofline_fallback(p) if p is not None else None
+    if fallback in (BANDWIDTH, COMPUTE) and not ev.ceilings_apply:
+        fallback = None
+    if fallback is not None:
+        return fallback, [f"{ev.phase_name}: roofline verdict {p.get('verdict')} (below the thresholds: "
+                          f"{p.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s, "
+                          f"{p.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s)"], True
+    return UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")], False
+
+
+def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS, rules: tuple[Rule, ...] = RULES) -> dict:
+    """The verdict of one window (see the module docstring for the rules and their order).
+
+    Returns ``{"device", "pid", "verdict", "face", "phase", "reasons": [str],
+    "also": [verdict names that also held], "figures": {...}, "missing": [str]}``.
+    """
+    ev = evidence(inp, th)
+    figures, missing = _figures(inp, ev, th)
+    order = {v: i for i, v in enumerate(VERDICTS)}
+    held = sorted((h for h in (rule(ev, th) for rule in rules) if h is not None), key=lambda h: order[h[0]])
+    name, reasons, fallback = _choose(held, ev, missing)
+    phase_of = ev.phase_name if (name in (BANDWIDTH, COMPUTE, QUEUE) or fallback) else None
+    ctx = _FaceContext(name=name, held=dict(held), phase_name=ev.phase_name, phase=ev.phase, kv=ev.kv, pre=ev.pre,
+                       waiting=ev.waiting, qmean=ev.qmean, idle_ratio=ev.idle_ratio, idle_src=ev.idle_src,
+                       lt=ev.lt, window_ns=inp.window_ns, ceilings_apply=ev.ceilings_apply, engine=ev.engine,
+                       device=inp.device_figures, fallback=fallback)
     return {"device": inp.device, "pid": inp.pid, "verdict": name, "face": FACES[name], "phase": phase_of,
             "reasons": reasons, "also": [h[0] for h in held[1:]], "figures": figures, "missing": missing,
             "faces": _faces(ctx, th), "caveats": _caveats(ctx, th), "limits": _limits(ctx, th),

@@ -24,11 +24,11 @@ Record layout (keys with units in their names):
   ``kernel_time_ns``, ``time_share_pct`` and, where the roofline module can compute
   them, ``flops``, ``bytes``, ``achieved_flops_per_s``, ``achieved_bytes_per_s``,
   ``arithmetic_intensity``, ``pct_of_peak_flops``, ``pct_of_peak_bytes``, ``verdict``,
-  ``evidence``, ``work_source``), ``ceilings`` (when known) and ``phase_source``.
-  Since the incremental fold, ``launch``/``sync`` (API call durations), ``idle_gaps``
-  (device idle between kernels) and each phase's ``launch_latency`` are summarised from
-  fixed log2 histograms: ``p50_ns``/``p99_ns`` are the geometric middle of the bin that
-  holds the percentile (within a factor of sqrt(2) of the exact value).
+  ``evidence``, ``work_source`` and the rest of
+  :func:`aggregator.phase_figures.phase_figures`), ``ceilings`` (when known) and
+  ``phase_source``. ``launch``/``sync`` (API call durations) and ``idle_gaps`` (device idle
+  between kernels) are summarised from fixed log2 histograms: ``p50_ns``/``p99_ns`` are the
+  geometric middle of the bin that holds the percentile (within a factor of sqrt(2)).
 * ``device``: the latest device sample per GPU; ``engine``: the latest engine figures per
   endpoint (an endpoint not scraped for ``ENGINE_STALE_S``, or 3 of its intervals, is left out);
   ``sched``: the latest scheduling figures (each as the probe delivered them, plain).
@@ -36,30 +36,29 @@ Record layout (keys with units in their names):
 * ``agent``: the agent's own cost and counters, as given to :meth:`close`.
 
 Incremental fold (:class:`SourceFold`, one per event source): each batch is folded when
-it arrives into running sums per (device, pid, phase) -- kernel count and time, busy time
-(union of each step's kernels), steps and their span, FLOPs and bytes with their source
-(operator shapes per kernel, the analytic model per step), log2 histograms of kernel
-durations, idle gaps and launch latency -- and per (device, pid) copy bytes by direction
-and the time extent. Batches are not kept: memory is bounded by one batch, the open step
-of each device (held for the next batch so that a step cut by a batch edge is mapped
-whole; at most ``MAX_CARRY_KERNELS``) and small batches waiting to be folded together
+it arrives into the phase accumulator of :mod:`aggregator.phase_figures` (per (device,
+pid, phase): kernel count and time, busy time, steps and their windows, idle gaps and the
+host calls inside them, FLOPs and bytes with their source, histograms of kernel duration,
+gap and launch latency), the same accumulator and the same figure function ``ridgeline
+analyze`` uses on a whole trace, so a window's per-phase figures are those ``analyze``
+gives for the same kernels (tests/test_phase_figures.py); and per (device, pid) copy bytes
+by direction, busy time, idle gaps and the time extent. Batches are not kept: memory is
+bounded by one batch, the open step of each device (held for the next batch so that a step
+cut by a batch edge is mapped whole, with the host calls from its start on; at most
+``MAX_CARRY_KERNELS``) and small batches waiting to be folded together
 (``FOLD_MIN_EVENTS``). Window close is O(groups). Phases come from
 :class:`aggregator.stream_phases.StreamPhaser` (the layered method of
-:mod:`aggregator.phases`, decided once per distinct step shape). Approximations against
-the whole-trace :func:`aggregator.analysis.analyze_trace`: a device's busy time is the sum
-of its steps' busy times (steps of one device follow each other); launch latency joins a
-kernel to its launch record only within one batch; the idle-in-launch-calls cover of the
-verdict rule is not computed (the rule falls back to the short-gap/short-kernel test).
-The step open at window close is not mapped in pieces: it is held and mapped whole, and its
-kernels counted, in the window where it ends (a window's figures may lag by one step per
-device; a device that sends no kernel for a whole window, or the agent's last window,
-releases it), so the streaming labels do not depend on where windows close. A step still
-open at the close after the one that first held it, and at least half a window long in its
-own clock, is decided then with the kernels it has (``window_open_steps_cut``): every
-kernel is counted within two window lengths of its arrival at any rate (a step that never
-visibly ends was held until ``MAX_CARRY_KERNELS``, 200,000 kernels: 5.5 hours at 10
-kernels/s); only steps longer than a window are mapped in pieces.
-:func:`gpu_figures` keeps the exact whole-trace computation for one Trace.
+:mod:`aggregator.phases`, decided once per distinct step shape). Launch latency joins a
+kernel to its launch record within one batch. The step open at window close is not mapped
+in pieces: it is held and mapped whole, and its kernels counted, in the window where it
+ends (a window's figures may lag by one step per device; a device that sends no kernel for
+a whole window, or the agent's last window, releases it), so the streaming labels do not
+depend on where windows close. A step still open at the close after the one that first held
+it, and at least half a window long in its own clock, is decided then with the kernels it
+has (``window_open_steps_cut``): every kernel is counted within two window lengths of its
+arrival at any rate (a step that never visibly ends was held until ``MAX_CARRY_KERNELS``,
+200,000 kernels: 5.5 hours at 10 kernels/s); only steps longer than a window are mapped in
+pieces.
 """
 from __future__ import annotations
 
@@ -73,8 +72,18 @@ import numpy as np
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
 from ridgeline.probes.records import PHASE_NAMES
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 from .columns import distinct, distinct_inverse
+from .phase_figures import (
+    PhaseSums,
+    figures_by_phase,
+    fold_kernels,
+    group_key,
+    host_intervals,
+    launch_latency_ns,
+    split_group_key,
+)
 
 log = logging.getLogger("ridgeline.windows")
 
@@ -131,15 +140,6 @@ def busy_ns(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(np.sum(run_end - run_start))
 
 
-def _latency(api: np.ndarray, categories: tuple[int, ...]) -> dict:
-    sel = api[np.isin(api["category"], categories)] if len(api) else api
-    if not len(sel):
-        return {"count": 0, "p50_ns": None, "p99_ns": None}
-    d = (sel["end_ns"] - sel["start_ns"]).astype(np.int64)
-    p50, p99 = np.percentile(d, [50, 99])
-    return {"count": int(len(d)), "p50_ns": int(p50), "p99_ns": int(p99)}
-
-
 def concat_traces(parts: list[Trace]) -> Trace:
     """One Trace from batches of one source (they share its name table)."""
     if len(parts) == 1:
@@ -148,33 +148,6 @@ def concat_traces(parts: list[Trace]) -> Trace:
     meta = dict(parts[-1].meta)
     return Trace(arrays["kernels"], arrays["copies"], arrays["api"], arrays["ranges"], arrays["cpu_ops"],
                  parts[0].names, parts[0].devices, meta)
-
-
-def _phase_figures(trace: Trace, model=None, gpu: str | None = None) -> tuple[dict, str]:
-    """Per-phase figures of one GPU/process slice: the phase mapper and roofline of
-    :func:`aggregator.analysis.analyze_trace` (FLOPs, bytes, achieved rates against the
-    ceilings, verdict, evidence) where they can run; kernel time and counts always."""
-    k = trace.kernels
-    dur = np.maximum(k["end_ns"] - k["start_ns"], 0).astype(np.int64)
-    total = int(dur.sum())
-    from ridgeline.aggregator import analysis
-    try:
-        res = analysis.analyze_trace(trace, model=model, gpu=gpu or None)
-        phases = {}
-        for name, f in (res.get("phases") or {}).items():
-            f = plain(f)
-            share = f.get("share_of_gpu_time_ratio")
-            f["time_share_pct"] = 100.0 * share if isinstance(share, (int, float)) else (
-                100.0 * f.get("kernel_time_ns", 0) / total if total else 0.0)
-            phases[str(name)] = f
-        if phases or not len(k):
-            return phases, "analysis"
-        source = "analysis: no phases"
-    except Exception as exc:  # noqa: BLE001  (a mapper/roofline bug loses the phase split, not the window; logged, and said in the source)
-        log.warning("phase analysis failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-        source = f"analysis failed: {type(exc).__name__}: {exc}"[:200]
-    return ({"unknown": {"kernels": int(len(k)), "kernel_time_ns": total, "time_share_pct": 100.0 if total else 0.0}}
-            if len(k) else {}), source
 
 
 def _ceilings(gpu_name: str) -> dict | None:
@@ -186,53 +159,6 @@ def _ceilings(gpu_name: str) -> dict | None:
     if c is None:
         return None
     return {"gpu": c.gpu, "hbm_bytes_per_s": c.hbm_bytes_per_s, "flops_per_s": plain(dict(c.flops_per_s))}
-
-
-def gpu_figures(trace: Trace, model=None, gpu: str | None = None) -> list[dict]:
-    """Figures per (device, pid) of one source's events in one window. ``model``: an
-    :class:`aggregator.model_config.ModelShape` for FLOPs/bytes per step; ``gpu``: a GPU
-    name for the ceilings when the events do not name their device."""
-    k, c, a = trace.kernels, trace.copies, trace.api
-    devices = {d.index: d for d in trace.devices}
-
-    def key(a):
-        return (a["device"].astype(np.int64) << 32) | (a["pid"].astype(np.int64) & 0xFFFFFFFF)
-    kk = key(k) if len(k) else np.empty(0, np.int64)
-    ck = key(c) if len(c) else np.empty(0, np.int64)
-    keys = np.unique(np.concatenate([kk, ck]))
-    out = []
-    for kv in keys.tolist():
-        dev, pid = kv >> 32, np.int64(kv & 0xFFFFFFFF).astype(np.int32).item()
-        # One (GPU, process) pair is the common case: no masking copies then.
-        km = k if len(keys) == 1 else k[kk == kv]
-        cm = c if len(keys) == 1 else c[ck == kv]
-        # API calls carry no device: those of the process (or all of them when the
-        # source does not know pids) describe its launch thread(s).
-        am = a[a["pid"] == pid] if (len(a) and pid >= 0 and len(keys) > 1) else a
-        starts = np.concatenate([km["start_ns"], cm["start_ns"]])
-        ends = np.concatenate([km["end_ns"], cm["end_ns"]])
-        span = int(ends.max() - starts.min()) if len(starts) else 0
-        busy = busy_ns(km["start_ns"], km["end_ns"])
-        copy_bytes: dict[str, int] = {}
-        if len(cm):
-            for d in np.unique(cm["direction"]).tolist():
-                copy_bytes[COPY_DIRECTION_NAMES.get(d, str(d))] = int(cm["bytes"][cm["direction"] == d].sum())
-        sub = Trace(km, cm, am, trace.ranges, trace.cpu_ops, trace.names, trace.devices, trace.meta)
-        phases, phase_source = _phase_figures(sub, model, gpu)
-        dev_obj = devices.get(dev)
-        name = dev_obj.name if dev_obj else (gpu or "")
-        out.append({
-            "device": int(dev), "pid": int(pid), "gpu": name,
-            "kernels": int(len(km)),
-            "kernel_time_ns": int((km["end_ns"] - km["start_ns"]).sum()) if len(km) else 0,
-            "busy_ns": busy, "span_ns": span, "idle_ns": max(0, span - busy),
-            "copy_bytes": copy_bytes,
-            "launch": _latency(am, (API_LAUNCH, API_GRAPH_LAUNCH)),
-            "sync": _latency(am, (API_SYNC,)),
-            "phases": phases, "phase_source": phase_source,
-            "ceilings": _ceilings(name),
-        })
-    return out
 
 
 @dataclass
@@ -545,7 +471,6 @@ HIST_BINS = 64                   # log2 bins of nanoseconds: bin e holds [2**(e-
 MAX_CARRY_KERNELS = 200_000      # a device's open step held for the next batch, at most
 FOLD_MAX_KERNELS = 65_536       # bigger batches are folded in slices (bounded temporaries)
 FOLD_MIN_EVENTS = 65_536         # small batches are folded together once this many wait
-MAX_EVIDENCE = 8                 # distinct evidence lines kept per phase and window
 MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and window
 
 
@@ -589,35 +514,15 @@ def _bincount2(index: np.ndarray, weights, size: int) -> np.ndarray:
     return np.bincount(index, weights=weights, minlength=size) if len(index) else np.zeros(size)
 
 
-class _PhaseAcc:
-    __slots__ = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "step_busy_ns", "gaps_hist", "kdur_hist",
-                 "lat_hist", "model_flops", "model_bytes", "model_ktime", "model_busy", "model_steps", "model_notes",
-                 "shape_flops", "shape_bytes", "shape_ktime", "shape_busy", "shape_kernels", "evidence")
-
-    def __init__(self):
-        self.kernels = self.kernel_time_ns = self.busy_ns = self.steps = self.window_ns = self.step_busy_ns = 0
-        self.gaps_hist = np.zeros(HIST_BINS, np.int64)
-        self.kdur_hist = np.zeros(HIST_BINS, np.int64)
-        self.lat_hist = np.zeros(HIST_BINS, np.int64)
-        self.model_flops = self.model_bytes = 0.0
-        self.model_ktime = self.model_busy = self.model_steps = 0
-        self.model_notes: set = set()
-        self.shape_flops = self.shape_bytes = 0.0
-        self.shape_ktime = self.shape_busy = self.shape_kernels = 0
-        self.evidence: dict[str, int] = {}
-
-
 class _GroupAcc:
     """One (device, pid) of one source in one window."""
-    __slots__ = ("kernels", "kernel_time_ns", "busy_ns", "t_min", "t_max", "copy_bytes", "idle_hist", "phases",
-                 "last_end")
+    __slots__ = ("kernels", "kernel_time_ns", "busy_ns", "t_min", "t_max", "copy_bytes", "idle_hist", "last_end")
 
     def __init__(self):
         self.kernels = self.kernel_time_ns = self.busy_ns = 0
         self.t_min, self.t_max = None, None
         self.copy_bytes: dict[str, int] = {}
         self.idle_hist = np.zeros(HIST_BINS, np.int64)
-        self.phases: dict[int, _PhaseAcc] = {}
         self.last_end = None
 
     def extent(self, lo: int, hi: int) -> None:
@@ -665,6 +570,7 @@ class SourceFold:
 
     def reset(self) -> None:
         self.groups: dict[tuple[int, int], _GroupAcc] = {}
+        self.sums = PhaseSums()                   # per (device, pid, phase): aggregator.phase_figures
         self.api_hist: dict[tuple[int, str], np.ndarray] = {}
         self.launch_tids: dict[int, set] = {}     # pid -> threads that launched kernels (bounded)
         self.shape_hits = self.shape_misses = 0
@@ -781,7 +687,8 @@ class SourceFold:
             try:
                 from .work import kernel_work_from_shapes
                 kw = kernel_work_from_shapes(trace)
-                shf, shb = kw.flops, kw.bytes
+                # (flops, bytes) per kernel and the dtype code: carried with held kernels.
+                shf, shb = np.stack([np.where(kw.known, kw.flops, np.nan), kw.bytes], axis=1), kw.dtype_code
             except Exception as exc:  # noqa: BLE001  (shapes are optional figures: they alone are lost; counted, logged)
                 self.shape_errors += 1
                 log.warning("work from operator shapes failed: %s: %s", type(exc).__name__, exc)
@@ -789,8 +696,8 @@ class SourceFold:
         if self._carry is not None:
             ck, cl, cf, cb, cr, co, ca = self._carry
             if cf is not None or shf is not None:     # shapes on one side only: NaN = unknown
-                cf, cb = (cf, cb) if cf is not None else (np.full(len(ck), np.nan),) * 2
-                shf, shb = (shf, shb) if shf is not None else (np.full(len(k), np.nan),) * 2
+                cf, cb = (cf, cb) if cf is not None else (np.full((len(ck), 2), np.nan), np.full(len(ck), -1, np.int8))
+                shf, shb = (shf, shb) if shf is not None else (np.full((len(k), 2), np.nan), np.full(len(k), -1, np.int8))
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
             k = with_carry if with_carry is not None else concat_records([ck, k])
             lat = np.concatenate([cl, lat])
@@ -911,14 +818,17 @@ class SourceFold:
             if hold.any():
                 hi = np.flatnonzero(hold)
                 cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
+                if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
+                    # The host calls from the held step on: its idle gaps are covered by
+                    # them when it is folded (aggregator.phase_figures).
+                    ca = t.api[t.api["end_ns"] >= int(k["start_ns"][hi].min())]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
                     ca = t.api[np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                     t0 = int(k["start_ns"][hi].min())
                     if len(t.cpu_ops):
-                        from .steps import cpu_op_index
-                        op = cpu_op_index(t)[hi]
+                        op = kernel_cpu_op_index(t)[hi]
                         if (op >= 0).any():
                             t0 = min(t0, int(t.cpu_ops["start_ns"][op[op >= 0]].min()))
                     cr = t.ranges[t.ranges["end_ns"] >= t0]
@@ -931,7 +841,7 @@ class SourceFold:
                                    shb[hi] if shb is not None else None, cr, co, ca)
                     order = order[~hold[order]]
         if len(order):
-            self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb)
+            self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
 
     def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
         """Per step (``device``, ``start_ns``), and one more slot for "no step": True for
@@ -952,153 +862,46 @@ class SourceFold:
                 self.open_steps_cut += 1
         return held
 
-    def _fold_kernels(self, k, order, phase, kstep, steps, lat, shf, shb) -> None:
+    def _fold_kernels(self, k, order, phase, kstep, steps, lat, shf, shb, api) -> None:
         """Fold the kernels ``order`` (indices sorted by step, then start) with their
-        phase, batch-local step, launch latency and shapes work into the running sums.
-        Units: contiguous runs of one (device, pid, step, phase); each step's busy time is
-        the union of its kernels, a device's busy time the sum over its steps (steps of
-        one device follow each other; phases inside one step rarely overlap)."""
-        n = len(order)
-        s = k["start_ns"][order]
-        e = np.maximum(k["end_ns"][order], s)
-        ph = phase[order].astype(np.int64)
-        stp = kstep[order]
+        phase, batch-local step, launch latency and shapes work (``shf``: flops and bytes
+        columns, ``shb``: dtype code) into the phase accumulator
+        (:func:`aggregator.phase_figures.fold_kernels`, the fold ``analyze`` runs on a whole
+        trace), then the per-device figures from its units: a device's busy time is the
+        sum over its steps (steps of one device follow each other), its idle gaps those
+        between and inside its units."""
         dcol, pcol = k["device"], k["pid"]
         if dcol.min() == dcol.max() and pcol.min() == pcol.max():
             # One GPU and process (the common case): no per-kernel key to gather.
-            gkey = np.full(n, (int(dcol[0]) << 32) | (int(pcol[0]) & 0xFFFFFFFF), dtype=np.int64)
+            gkey = int(group_key(dcol[0], pcol[0]))
         else:
-            gkey = (dcol[order].astype(np.int64) << 32) | (pcol[order].astype(np.int64) & 0xFFFFFFFF)
-        ukey = (gkey << 3) | ph
-        brk = np.empty(n, dtype=bool)
-        brk[0] = True
-        np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
-        brk[1:] |= stp[1:] != stp[:-1]
-        first = np.flatnonzero(brk)
-        nu = len(first)
-        unit = np.cumsum(brk) - 1
-        t0 = int(s.min())
-        width = int(e.max()) - t0 + 1
-        off = unit * width - t0        # units never merge with each other
-        so, eo = s + off, e + off
-        run_end = np.maximum.accumulate(eo)
-        new = np.empty(n, dtype=bool)
-        new[0] = True
-        np.greater(so[1:], run_end[:-1], out=new[1:])
-        ri = np.flatnonzero(new)
-        r_s = so[ri]
-        r_e = run_end[np.r_[ri[1:] - 1, n - 1]]
-        r_unit = unit[ri]
-        u_busy = np.bincount(r_unit, weights=(r_e - r_s), minlength=nu)
-        dur = e - s
-        u_cnt = np.diff(np.r_[first, n])
-        u_kt = np.add.reduceat(dur, first)
-        u_start = s[first]
-        u_end = np.maximum.reduceat(e, first)
-        u_step = stp[first]
-        u_ph = ph[first]
-        u_gkey = gkey[first]
-        # Gaps inside a unit (between its merged runs).
-        same = r_unit[1:] == r_unit[:-1]
-        gap_len = (r_s[1:] - r_e[:-1])[same]
-        gap_unit = r_unit[1:][same]
-        # (group, phase) pairs.
-        ugp, gp_of_unit = np.unique(ukey[first], return_inverse=True)
-        gp_of_unit = gp_of_unit.reshape(-1)
-        ng = len(ugp)
-        lo = lat[order]
-        lat_known = bool(len(lo)) and int(lo.min()) >= 0
-        if ng == 1:
-            # One (device, pid, phase) in the batch (a steady stream): every kernel's
-            # group is 0, no per-kernel group index to build.
-            gp_of_kernel = None
-            kd_h = np.bincount(log2_bins(dur), minlength=HIST_BINS).reshape(1, HIST_BINS)
-            gap_h = np.bincount(log2_bins(gap_len), minlength=HIST_BINS).reshape(1, HIST_BINS)
-            lat_h = np.bincount(log2_bins(lo if lat_known else lo[lo >= 0]), minlength=HIST_BINS).reshape(1, HIST_BINS)
-        else:
-            gp_of_kernel = gp_of_unit[unit]
-            kd_h = np.bincount(gp_of_kernel * HIST_BINS + log2_bins(dur),
-                               minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-            gap_h = np.bincount(gp_of_unit[gap_unit] * HIST_BINS + log2_bins(gap_len),
-                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-            lm = lo >= 0
-            lat_h = np.bincount(gp_of_kernel[lm] * HIST_BINS + log2_bins(lo[lm]),
-                                minlength=ng * HIST_BINS).reshape(ng, HIST_BINS)
-        # Operator-shape work per kernel (None: the batch had no CPU operators).
-        have_shapes = False
-        if shf is not None:
-            fo = shf[order]
-            known = ~np.isnan(fo)
-            have_shapes = bool(known.any())
-        if have_shapes:
-            if gp_of_kernel is None:
-                gp_of_kernel = np.zeros(n, dtype=np.intp)
-            bo = shb[order]
-            sh_f = _bincount2(gp_of_kernel[known], fo[known], ng)
-            sh_b = _bincount2(gp_of_kernel[known], bo[known], ng)
-            sh_kt = _bincount2(gp_of_kernel[known], dur[known], ng)
-            sh_n = np.bincount(gp_of_kernel[known], minlength=ng)
-        gp_cnt = np.bincount(gp_of_unit, weights=u_cnt, minlength=ng)
-        gp_kt = np.bincount(gp_of_unit, weights=u_kt, minlength=ng)
-        gp_busy = np.bincount(gp_of_unit, weights=u_busy, minlength=ng)
-        accs = []
-        for j, key in enumerate(ugp.tolist()):
-            gk = key >> 3
-            g = self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item())
-            p = g.phases.get(key & 7)
-            if p is None:
-                p = g.phases[key & 7] = _PhaseAcc()
-            p.kernels += int(gp_cnt[j])
-            p.kernel_time_ns += int(gp_kt[j])
-            p.busy_ns += int(gp_busy[j])
-            p.kdur_hist += kd_h[j]
-            p.gaps_hist += gap_h[j]
-            p.lat_hist += lat_h[j]
-            if have_shapes and sh_n[j]:
-                p.shape_flops += float(sh_f[j])
-                p.shape_bytes += float(sh_b[j])
-                p.shape_ktime += int(sh_kt[j])
-                p.shape_kernels += int(sh_n[j])
-                # Busy time of the kernels with shapes: their share of the phase's kernel time.
-                p.shape_busy += int(gp_busy[j] * (sh_kt[j] / gp_kt[j])) if gp_kt[j] else 0
-            accs.append(p)
-        # Per step (few per batch): the step's own phase gets the step, its span and
-        # evidence, and the model's work from its token counts.
-        for u in np.flatnonzero(u_step >= 0).tolist():
-            st = steps[int(u_step[u])]
-            if st.phase != u_ph[u]:
-                continue
-            p = accs[gp_of_unit[u]]
-            p.steps += 1
+            gkey = group_key(dcol[order], pcol[order])
+
+        def log_step(st, gk):
             if len(self.step_log) < MAX_STEP_LOG:
-                gk = int(u_gkey[u])
-                self.step_log.append((int(st.start_ns), int(st.end_ns), int(st.phase), gk >> 32,
-                                      int(np.int64(gk & 0xFFFFFFFF).astype(np.int32))))
+                dev, pid = split_group_key(gk)
+                self.step_log.append((int(st.start_ns), int(st.end_ns), int(st.phase), dev, pid))
             else:
                 self.steps_unlogged += 1
-            p.window_ns += int(u_end[u] - u_start[u])
-            p.step_busy_ns += int(u_busy[u])
-            if len(p.evidence) < MAX_EVIDENCE or st.evidence in p.evidence:
-                p.evidence[st.evidence] = p.evidence.get(st.evidence, 0) + int(u_cnt[u])
-            if self.model is not None:
-                w = self._work(st.prefill_tokens, st.decode_tokens)
-                if w is not None:
-                    p.model_flops += w.flops
-                    p.model_bytes += w.bytes
-                    p.model_ktime += int(u_kt[u])
-                    p.model_busy += int(u_busy[u])
-                    p.model_steps += 1
-                    p.model_notes.update(w.notes)
+        u = fold_kernels(
+            self.sums, start_ns=k["start_ns"][order], end_ns=k["end_ns"][order], phase=phase[order],
+            step=kstep[order], gkey=gkey, steps=steps, latency_ns=lat[order],
+            shape_flops=shf[order, 0] if shf is not None else None,
+            shape_bytes=shf[order, 1] if shf is not None else None,
+            shape_dtype=shb[order] if shb is not None else None,
+            step_work=(lambda st: self._work(st.prefill_tokens, st.decode_tokens)) if self.model is not None else None,
+            host=host_intervals(api), on_step=log_step)
+        if u is None:
+            return
         # Per (device, pid): busy = sum over its units; idle gaps between its units.
-        ug, g_of_unit = np.unique(u_gkey, return_inverse=True)
-        g_of_unit = g_of_unit.reshape(-1)
-        g_busy = np.bincount(g_of_unit, weights=u_busy, minlength=len(ug))
-        g_cnt = np.bincount(g_of_unit, weights=u_cnt, minlength=len(ug))
-        g_kt = np.bincount(g_of_unit, weights=u_kt, minlength=len(ug))
+        ug, g_of_unit = distinct_inverse(u.gkey)
+        g_busy = np.bincount(g_of_unit, weights=u.busy_ns, minlength=len(ug))
+        g_cnt = np.bincount(g_of_unit, weights=u.kernels, minlength=len(ug))
+        g_kt = np.bincount(g_of_unit, weights=u.kernel_time_ns, minlength=len(ug))
         for gi, gk in enumerate(ug.tolist()):
-            g = self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item())
-            m = np.flatnonzero(g_of_unit == gi)
-            us, ue = u_start[m], u_end[m]
+            g = self._group(*split_group_key(gk))
+            m = np.flatnonzero(g_of_unit == gi) if len(ug) > 1 else slice(None)
+            us, ue = u.start_ns[m], u.end_ns[m]
             o = np.argsort(us, kind="stable")
             us, ue = us[o], np.maximum.accumulate(ue[o])
             g.busy_ns += int(g_busy[gi])
@@ -1113,11 +916,11 @@ class SourceFold:
                 g.idle_hist += np.bincount(log2_bins(gaps), minlength=HIST_BINS)
             g.last_end = max(int(ue[-1]), g.last_end if g.last_end is not None else int(ue[-1]))
         # Within-unit gaps are device idle too.
-        if len(gap_len):
-            gg = g_of_unit[gap_unit]
-            h = np.bincount(gg * HIST_BINS + log2_bins(gap_len), minlength=len(ug) * HIST_BINS).reshape(-1, HIST_BINS)
+        if len(u.gap_ns):
+            gg = g_of_unit[u.gap_unit]
+            h = np.bincount(gg * HIST_BINS + log2_bins(u.gap_ns), minlength=len(ug) * HIST_BINS).reshape(-1, HIST_BINS)
             for gi, gk in enumerate(ug.tolist()):
-                self._group(gk >> 32, np.int64(gk & 0xFFFFFFFF).astype(np.int32).item()).idle_hist += h[gi]
+                self._group(*split_group_key(gk)).idle_hist += h[gi]
 
     def _work(self, pre, dec):
         key = (pre, dec)
@@ -1159,9 +962,9 @@ class SourceFold:
             if launch is None and sync is None and len(self.groups) == 1:
                 launch = sum((h for (p, w), h in self.api_hist.items() if w == "launch"), np.zeros(HIST_BINS, np.int64))
                 sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
-            phases = {}
-            for ph, p in sorted(g.phases.items()):
-                phases[PHASE_NAMES.get(ph, str(ph))] = _phase_dict(p, g, ceil, self.model)
+            phases = figures_by_phase(self.sums.select(self.sums.group_rows(int(group_key(dev, pid)))),
+                                      PHASE_NAMES, ceilings=ceil,
+                                      model_dtype=self.model.ceiling_dtype if self.model is not None else None)
             out.append({
                 "device": int(dev), "pid": int(pid), "gpu": name,
                 "kernels": g.kernels, "kernel_time_ns": g.kernel_time_ns,
@@ -1194,35 +997,6 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
 
 
-def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
-    """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
-    no launch record of that correlation id (same join as
-    :func:`aggregator.roofline.launch_join`; the sort is skipped when the records come
-    in correlation order, as CUPTI and the simulator deliver them)."""
-    lat = np.full(len(k), -1, np.int64)
-    if not len(k) or not len(a):
-        return lat
-    cat = a["category"]
-    launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
-    if not len(launch):
-        return lat
-    every = len(launch) == len(a)          # only launch records (a kernel stream): no gather
-    corr = a["correlation_id"] if every else a["correlation_id"][launch]
-    if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
-        o = np.argsort(corr, kind="stable")
-        corr, launch = corr[o], launch[o]
-        every = False
-    kc = k["correlation_id"]
-    if len(kc) == len(corr) and np.array_equal(kc, corr):
-        # One launch record per kernel, in the same order (the common case): no search.
-        d = k["start_ns"] - (a["start_ns"] if every else a["start_ns"][launch])
-        np.maximum(d, 0, out=d)
-        lat[:] = np.where(kc >= 0, d, -1) if int(kc.min()) < 0 else d
-        return lat
-    pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
-    hit = (corr[pos] == kc) & (kc >= 0)
-    lat[hit] = np.maximum(k["start_ns"][hit] - a["start_ns"][launch[pos[hit]]], 0)
-    return lat
 
 
 @lru_cache(maxsize=64)
@@ -1234,57 +1008,3 @@ def _ceilings_obj(gpu_name: str):
         return ceilings.from_device_name(gpu_name) or ceilings.lookup(gpu_name)
     except InputError:      # a GPU the table does not know (or cannot tell apart): no ceilings
         return None
-
-
-def _phase_dict(p: _PhaseAcc, g: _GroupAcc, ceil, model) -> dict:
-    """Figures of one phase from its running sums (the fields of
-    :func:`aggregator.roofline.phase_summary` that a window carries)."""
-    from . import roofline
-    from .work import SOURCE_MODEL, SOURCE_SHAPES
-    kt = p.kernel_time_ns
-    by_source = {}
-    shapes_cov = (p.shape_ktime / kt) if kt and p.shape_kernels else 0.0
-    model_cov = (p.model_ktime / kt) if kt and p.model_steps else 0.0
-    if p.shape_kernels:
-        by_source[SOURCE_SHAPES] = {"flops": p.shape_flops, "bytes": p.shape_bytes, "busy_ns": p.shape_busy,
-                                    "coverage_ratio": shapes_cov, "kernels": p.shape_kernels}
-    if p.model_steps:
-        by_source[SOURCE_MODEL] = {"flops": p.model_flops, "bytes": p.model_bytes, "busy_ns": p.model_busy,
-                                   "coverage_ratio": model_cov, "steps": p.model_steps,
-                                   "notes": sorted(p.model_notes)}
-    dtype = model.ceiling_dtype if model is not None else None
-    wc = roofline.choose_work(by_source, shapes_cov, model_cov, ceil, dtype)
-    implausible, src, ch = wc["implausible"], wc["work_source"], wc["chosen"]
-    flops, bytes_, cov, wb = wc["flops"], wc["bytes"], wc["work_coverage_ratio"], wc["work_busy_ns"]
-    afl, aby, ai = wc["achieved_flops_per_s"], wc["achieved_bytes_per_s"], wc["arithmetic_intensity"]
-    ridge, peak_f, used = wc["ridge_point"], wc["peak_flops_per_s"], wc["ceiling_dtype"]
-    pct_f, pct_b = wc["pct_of_peak_flops"], wc["pct_of_peak_bytes"]
-    idle = max(0, p.window_ns - p.step_busy_ns) if p.steps else 0
-    idle_ratio = idle / p.window_ns if p.window_ns > 0 else None
-    med_gap = hist_percentile_ns(p.gaps_hist, 50)
-    med_k = hist_percentile_ns(p.kdur_hist, 50)
-    verdict, evidence = roofline.decide_verdict(
-        idle_ratio=idle_ratio, launch_cover_ratio=None, sync_cover_ratio=None, median_gap_ns=med_gap,
-        median_kernel_ns=med_k, arithmetic_intensity=ai, ridge_point=ridge, pct_of_peak_flops=pct_f,
-        pct_of_peak_bytes=pct_b, work_coverage_ratio=cov)
-    if ch:
-        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
-    for nm in implausible:
-        evidence.append(f"{nm} figures would need {by_source[nm]['exceeds_ceilings_ratio']:.1f}x the GPU's "
-                        "ceilings in the traced kernel time; not used")
-    evidence.extend(sorted(p.evidence, key=lambda x: -p.evidence[x])[:3])
-    lat = _hist_summary(p.lat_hist)
-    return {
-        "kernels": p.kernels, "kernel_time_ns": kt, "busy_ns": p.busy_ns,
-        "time_share_pct": 100.0 * kt / g.kernel_time_ns if g.kernel_time_ns else 0.0,
-        "share_of_gpu_time_ratio": (p.busy_ns / g.busy_ns) if g.busy_ns else None,
-        "steps": p.steps, "window_ns": p.window_ns, "idle_ns": idle, "idle_ratio": idle_ratio,
-        "gaps": int(p.gaps_hist.sum()), "median_gap_ns": med_gap, "median_kernel_ns": med_k,
-        "flops": flops, "bytes": bytes_, "work_source": src, "work_coverage_ratio": cov, "work_busy_ns": wb,
-        "work_by_source": by_source, "achieved_flops_per_s": afl, "achieved_bytes_per_s": aby,
-        "arithmetic_intensity": ai, "ridge_point": ridge, "ceiling_dtype": used, "peak_flops_per_s": peak_f,
-        "peak_bytes_per_s": ceil.hbm_bytes_per_s if ceil else None,
-        "pct_of_peak_flops": pct_f, "pct_of_peak_bytes": pct_b,
-        "launch_latency": {"kernels": lat["count"], "p50_ns": lat["p50_ns"], "p99_ns": lat["p99_ns"]},
-        "verdict": verdict, "evidence": evidence,
-    }

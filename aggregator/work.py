@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from ridgeline.probes.events import Trace
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 from .model_config import ModelShape
 
@@ -310,13 +311,6 @@ def _attention_work(layout: str, dims: list, types: list):
 # Trace -> per-kernel work (vectorised; Python only per unique operator group)
 # ---------------------------------------------------------------------------------
 
-def kernel_op_index(trace: Trace) -> np.ndarray:
-    """Index into ``trace.cpu_ops`` of the operator that launched each kernel, -1 if none
-    (the importer's join, memoised per Trace: phase mapping needs the same one)."""
-    from .steps import cpu_op_index
-    return np.asarray(cpu_op_index(trace), dtype=np.int64)
-
-
 def kernel_work_from_shapes(trace: Trace, op_index: np.ndarray | None = None) -> KernelWork:
     """Per-kernel FLOPs and bytes from the shapes of the operators that launched them.
 
@@ -329,7 +323,7 @@ def kernel_work_from_shapes(trace: Trace, op_index: np.ndarray | None = None) ->
     if n == 0 or len(trace.cpu_ops) == 0:
         work.notes.append("no operator shapes in the trace")
         return work
-    oi = kernel_op_index(trace) if op_index is None else op_index
+    oi = kernel_cpu_op_index(trace) if op_index is None else op_index
     linked = np.flatnonzero(oi >= 0)
     if not len(linked):
         work.notes.append("no kernel is linked to an operator")

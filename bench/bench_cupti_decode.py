@@ -124,7 +124,7 @@ def run_objects(n: int) -> float:
 def run_library(n_buffers: int = 30) -> tuple[float, int] | None:
     """In-process cost of the injection library's completed-buffer path (C): copy into the
     pool, group by kind, intern names. No agent listens: slots are dropped and counted."""
-    lib_path = ROOT / "probes" / "native" / "libridgeline_cupti.so"
+    lib_path = ROOT / "probes" / "native" / "build" / "libridgeline_cupti_test.so"   # with the test entry points
     if not lib_path.exists():
         return None
     lib = ctypes.CDLL(str(lib_path))

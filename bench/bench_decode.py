@@ -47,9 +47,9 @@ DECOMPRESSORS = {
 }
 
 IMPORTERS = {
-    "structural numpy scanner path (kineto._load_scanned)":
-        "import sys; from pathlib import Path; from ridgeline.probes import kineto\n"
-        "kineto._load_scanned(Path(sys.argv[1]), 4 << 20, False)",
+    "structural numpy scanner path (kineto_scan.load)":
+        "import sys; from pathlib import Path; from ridgeline.probes import kineto_scan\n"
+        "kineto_scan.load(Path(sys.argv[1]), 4 << 20, False)",
     "msgspec typed path (kineto_typed.load, what load_trace uses)":
         "import sys; from ridgeline.probes import kineto_typed; kineto_typed.load(sys.argv[1])",
 }
@@ -88,8 +88,9 @@ def sample_pieces(path: Path, size: int) -> list[bytes]:
 
 
 def typed_columns(pieces) -> int:
-    from ridgeline.probes import kineto, kineto_typed
-    b = kineto._Builder()
+    from ridgeline.probes import kineto_typed
+    from ridgeline.probes.kineto_dicts import EventBuilder
+    b = EventBuilder()
     names = kineto_typed._Names(b.names)
     return sum(len(kineto_typed._decode_piece(p, b, names)["kernels"]) for p in pieces)
 

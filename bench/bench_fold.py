@@ -11,8 +11,8 @@ records) is folded into a window and the window is wire-encoded, repeatedly:
   kept across windows, so remembered step shapes and kernel classes are warm, as in a
   running agent); the first window is a warm-up and not counted.
 * ``whole-window``: what the window close did before the incremental fold: concatenate the
-  window's batches and run ``aggregator.windows.gpu_figures`` (``map_phases`` and
-  ``analyze_trace`` over the whole window).
+  window's batches and run ``aggregator.analysis.analyze_trace`` (``map_phases`` and the
+  roofline over the whole window, kernels only).
 
 CPU time per window (median), kernels folded per CPU second, and the ratio, in one table.
 The host load average is printed with it (2 shared cores: CPU time is steadier than wall).
@@ -36,18 +36,17 @@ import numpy as np  # noqa: E402
 
 
 def window_batches(gpus: int, rate: int):
-    from bench_scale import BATCH_S, build_period
+    """One second of the agent's feed in bench_scale: whole simulated decode steps
+    (``bench_scale.StepStream``, short steps with idle between them) in 50 ms batches."""
+    from bench_scale import BATCH_S, StepStream
 
     from ridgeline.probes.events import Device, NameTable, Trace
-    k0, a0, names, gpu_name = build_period(gpus, rate)
-    nt = NameTable(names)
-    devs = [Device(g, gpu_name) for g in range(gpus)]
+    stream = StepStream(gpus, rate)
+    nt = NameTable(stream.names)
+    devs = [Device(g, stream.gpu_name) for g in range(gpus)]
     out = []
     for i in range(int(1 / BATCH_S)):
-        k, a = k0.copy(), a0.copy()
-        for arr in (k, a):
-            arr["start_ns"] += int(i * BATCH_S * 1e9)
-            arr["end_ns"] += int(i * BATCH_S * 1e9)
+        k, a = stream.batch(i)
         out.append(Trace(kernels=k, api=a, names=nt, devices=devs, meta={"source": "simulated"}))
     return out
 
@@ -89,13 +88,14 @@ def incremental(batches, windows: int, profile: bool):
 
 def whole_window(batches, windows: int):
     from ridgeline.aggregator import wire
-    from ridgeline.aggregator.windows import concat_traces, gpu_figures
+    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.aggregator.windows import concat_traces
     costs = []
     for w in range(windows):
         bs = shift(batches, w)
         c0 = time.process_time()
-        figs = gpu_figures(concat_traces(bs))
-        wire.encode_window({"gpus": figs})
+        doc = analyze_trace(concat_traces(bs), use_annotations=False)
+        wire.encode_window({"gpus": [{"phases": doc["phases"]}]})
         costs.append(time.process_time() - c0)
     return costs
 

@@ -91,6 +91,7 @@ class StepStream:
         t0 = int(self.k["start_ns"].min())
         length = max(1, int(self.k["end_ns"].max()) - t0)
         self.period_ns = period = int(1e9 * n / rate)
+        scale = 1.0
         if steps == "long":
             gap = period // n
             self.off = np.arange(n, dtype=np.int64) * gap
@@ -99,8 +100,11 @@ class StepStream:
             scale = min(1.0, 0.9 * period / length)
             self.off = ((self.k["start_ns"] - t0) * scale).astype(np.int64)
             self.dur = np.maximum(((self.k["end_ns"] - self.k["start_ns"]) * scale).astype(np.int64), 1)
-        self.api_lead = (self.k["start_ns"] - self.a["start_ns"]).astype(np.int64)
-        self.api_dur = (self.a["end_ns"] - self.a["start_ns"]).astype(np.int64)
+        # The launch records squeezed with their step: one launch thread's calls stay in
+        # order and apart, as a real thread's do (unscaled leads of up to a step's length
+        # put the next step's launches before this step's).
+        self.api_lead = ((self.k["start_ns"] - self.a["start_ns"]) * scale).astype(np.int64)
+        self.api_dur = np.maximum(((self.a["end_ns"] - self.a["start_ns"]) * scale).astype(np.int64), 1)
 
     def first_index(self, t_ns: int) -> int:
         """Global index of the first kernel starting at or after t_ns (times from 0)."""

@@ -4,7 +4,7 @@
 // One call per piece of whole events (the JSON text of a `[...]` array, padded with
 // SIMDJSON_PADDING bytes). For every event it writes one row: category code, phase
 // "X" or not, name id (names interned in a table kept across calls), ts/dur in ns
-// (the float rule of probes.kineto._us_to_ns: integer part * 1000 + rounded fraction),
+// (the float rule of probes.kineto_records.us_to_ns: integer part * 1000 + rounded fraction),
 // pid, tid and the args the kernel/copy/runtime rows keep. Fields absent stay at -1.
 // This is the work a native reader does per event; the bench compares its time with
 // ISA-L's inflate of the same bytes and with the Python candidates.

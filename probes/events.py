@@ -177,6 +177,12 @@ class NameTable:
     def strings(self) -> list[str]:
         return self._strings
 
+    @property
+    def index(self) -> dict[str, int]:
+        """The string -> id map itself, for readers that look up many names in one C loop
+        (``map(table.index.__getitem__, names)``); read it, never write it."""
+        return self._index
+
     def ids_matching(self, pattern: str | re.Pattern, flags: int = 0) -> np.ndarray:
         rx = re.compile(pattern, flags) if isinstance(pattern, str) else pattern
         return np.fromiter((i for i, s in enumerate(self._strings) if rx.search(s)), dtype=np.int32)
@@ -196,12 +202,25 @@ class Device:
     properties: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CpuOpJoin:
+    """The kernel -> CPU operator join of a Trace (:func:`probes.trace_joins.
+    kernel_cpu_op_index`) and the arrays it was computed from, compared by identity so that
+    a replaced array is never mistaken for its predecessor."""
+    kernels: np.ndarray
+    api: np.ndarray
+    cpu_ops: np.ndarray
+    index: np.ndarray
+
+
 @dataclass
 class Trace:
     """All events of one source, columnar, with their name table and devices.
 
     ``meta`` holds plain facts about the source (path, format, CUPTI version,
-    distributed rank); it never holds raw environment or credentials.
+    distributed rank); it never holds raw environment or credentials. ``cpu_op_join``
+    is the memo of :func:`probes.trace_joins.kernel_cpu_op_index` (not an argument of the
+    constructor: a derived Trace starts without it).
     """
     kernels: np.ndarray = field(default_factory=lambda: empty(KERNEL_DTYPE))
     copies: np.ndarray = field(default_factory=lambda: empty(COPY_DTYPE))
@@ -211,6 +230,7 @@ class Trace:
     names: NameTable = field(default_factory=NameTable)
     devices: list[Device] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    cpu_op_join: CpuOpJoin | None = field(default=None, init=False, repr=False, compare=False)
 
     def sorted(self) -> "Trace":
         """Return a copy whose arrays are ordered by ``start_ns`` (stable)."""

@@ -11,7 +11,7 @@ enum members that carry their code, so one pass tells every event's kind. Column
 then taken per event kind with ``operator.attrgetter`` maps into ``np.fromiter``, so no
 Python code runs per event and field.
 
-Same contract and result as the dict-based reference (:func:`probes.kineto.
+Same contract and result as the dict-based reference (:func:`probes.kineto_dicts.
 load_trace_via_dicts`): a piece whose values do not fit the structs' types (a string
 where a number belongs, ``null``, an integer wider than 64 bits, a malformed grid, an
 element that is not an object) or that holds a category this module does not know is
@@ -43,7 +43,8 @@ import msgspec
 import numpy as np
 import orjson
 
-from . import json_chunks, kineto, sdpa
+from . import json_chunks, sdpa
+from . import kineto_records as rec
 from .events import (
     API_DOMAIN_DRIVER,
     API_DOMAIN_RUNTIME,
@@ -62,6 +63,7 @@ from .events import (
     Trace,
     empty,
 )
+from .kineto_dicts import EventBuilder
 
 CHUNK_BYTES = 8 << 20
 ROWS_INITIAL_BYTES = 8 << 20
@@ -176,7 +178,7 @@ class _Names:
 
     def ids(self, evs) -> np.ndarray:
         """The name id of each event (struct with a ``name``)."""
-        index = self.table._index
+        index = self.table.index
         try:
             # names seen before: one C loop; a new name (or None) stops it
             return np.fromiter(map(index.__getitem__, map(_get["name"], evs)), dtype=np.int32, count=len(evs))
@@ -222,21 +224,21 @@ def _ids32(get, evs: list) -> np.ndarray:
         col = _ints(map(get, evs), len(evs))
     except (TypeError, ValueError):
         col = _ints([v if type(v) is int else MISSING for v in map(get, evs)])
-    return kineto._ids32(col)
+    return rec.ids32(col)
 
 
-# within it float64 holds every integer exactly, and kineto._us_to_ns reads every value
-_FAST_US = float(min(1 << 53, kineto._TIME_LIMIT_US))
+# within it float64 holds every integer exactly, and rec.us_to_ns reads every value
+_FAST_US = float(min(1 << 53, rec.TIME_LIMIT_US))
 
 
 def _us_col(get, evs: list) -> np.ndarray:
-    """kineto._us_to_ns of one field, without a list or numpy's type inference: ints and
+    """rec.us_to_ns of one field, without a list or numpy's type inference: ints and
     floats within +-_FAST_US are exact as float64, and there the float rule (integer part
     * 1000 + rounded fraction) gives what the int rule gives. A column with a value past
-    it (or not finite) takes kineto._us_to_ns itself."""
+    it (or not finite) takes rec.us_to_ns itself."""
     a = np.fromiter(map(get, evs), dtype=np.float64, count=len(evs))
     if not (np.abs(a) <= _FAST_US).all():      # False for NaN too
-        return kineto._us_to_ns(list(map(get, evs)))
+        return rec.us_to_ns(list(map(get, evs)))
     ip = np.floor(a)
     return ip.astype(np.int64) * 1000 + np.rint((a - ip) * 1000.0).astype(np.int64)
 
@@ -254,7 +256,7 @@ def _raw_json(raw: msgspec.Raw):
 
 
 def _causal_flags(name_id: np.ndarray, args: list, names: _Names) -> np.ndarray:
-    """The SDPA operators' causal flag (probes.sdpa), as kineto._causal_flags."""
+    """The SDPA operators' causal flag (probes.sdpa), as the scanner's (probes.kineto_scan)."""
     col = np.full(len(name_id), sdpa.CAUSAL_FLAG_UNKNOWN, dtype=np.int8)
     ids = [i for i in map(names.table.lookup, sdpa.SDPA_OPS) if i >= 0]
     if not ids:
@@ -331,24 +333,22 @@ def _bracketed(piece) -> bytes:
     return b"".join((b"[", piece, b"]"))
 
 
-def _reference(piece, b: kineto._Builder) -> dict[str, np.ndarray]:
+def _reference(piece, b: EventBuilder) -> dict[str, np.ndarray]:
     """The piece read by the reference dict builder (names and counts shared)."""
     try:
         events = orjson.loads(_bracketed(piece))
     except orjson.JSONDecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
-    tmp = kineto._Builder()
-    tmp.names, tmp.counts = b.names, b.counts
+    tmp = EventBuilder(names=b.names, counts=b.counts)
     tmp.add(events)
     try:
-        return {"kernels": tmp.build_kernels(), "copies": tmp.build_copies(), "api": tmp.build_api(),
-                "ranges": tmp.build_ranges(), "cpu_ops": tmp.build_cpu_ops()}
+        return tmp.build_all()
     except (OverflowError, ValueError, TypeError):
         # values the dict builder cannot hold either: the scanner's path decides
         raise json_chunks.Unsplit("values the reference builder cannot read") from None
 
 
-def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndarray]:
+def _decode_piece(piece, b: EventBuilder, names: _Names) -> dict[str, np.ndarray]:
     """Columns of one piece, per kind; b.counts updated."""
     text = _bracketed(piece)
     try:
@@ -397,7 +397,7 @@ def _decode_piece(piece, b: kineto._Builder, names: _Names) -> dict[str, np.ndar
 _TAGGED = _tagged_decoder()
 
 
-def _read(stream: json_chunks.ArrayStream, b: kineto._Builder, mine, emit) -> None:
+def _read(stream: json_chunks.ArrayStream, b: EventBuilder, mine, emit) -> None:
     """Decode the pieces whose index ``mine(i)`` is true; emit(index, cols) for each."""
     names = _Names(b.names)
     for i, piece in enumerate(stream.pieces()):
@@ -439,7 +439,7 @@ def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
             f.close()
         gc.disable()
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
-        b = kineto._Builder()
+        b = EventBuilder()
         sent = [0]
         written, read_back = [0], [0]
 
@@ -647,7 +647,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
         drain(False)
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
-        b = kineto._Builder()
+        b = EventBuilder()
         out.names = b.names
         _read(stream, b, _parent_takes, emit)
         drain(True)
@@ -662,7 +662,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
         return None
     for k, v in done[-1][1].items():
         b.counts[k] = b.counts.get(k, 0) + v
-    trace = kineto._assemble(path, stream.top, b, out.columns())
+    trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
     if stream.top_array:
         trace.meta["json_array_format"] = True
     return trace
@@ -694,10 +694,10 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
             if trace is not None:
                 return trace
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
-        b = kineto._Builder()
+        b = EventBuilder()
         out = _InOrder(budget.fresh() if budget is not None else None, b.names)
         _read(stream, b, _every, out.add)
-        trace = kineto._assemble(path, stream.top, b, out.columns())
+        trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
         if stream.top_array:
             trace.meta["json_array_format"] = True
         return trace

@@ -63,6 +63,8 @@ from .events import (
     Trace,
     empty,
 )
+from .kineto_records import api_category, reject_invalid_times
+from .trace_joins import join_launch_thread
 
 __all__ = ["load_trace", "is_nsys_export"]
 
@@ -284,7 +286,6 @@ def _split_tid(gtid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _api(db: _Db, strings: _Strings, counts: dict) -> np.ndarray:
-    from .kineto import api_category
     parts = []
     for t, domain in (("CUPTI_ACTIVITY_KIND_RUNTIME", API_DOMAIN_RUNTIME),
                       ("CUPTI_ACTIVITY_KIND_DRIVER", API_DOMAIN_DRIVER)):
@@ -375,7 +376,6 @@ def _meta(db: _Db, path: Path) -> dict:
 
 def load_trace(path: str | Path, budget=None) -> Trace:
     """Read an Nsight Systems SQLite export (see the module docstring)."""
-    from .kineto import _join_launch_thread, reject_invalid_times
     path = Path(path)
     db = _Db(path)
     try:
@@ -411,7 +411,7 @@ def load_trace(path: str | Path, budget=None) -> Trace:
     finally:
         db.c.close()
     reject_invalid_times(trace)
-    _join_launch_thread(trace.kernels, trace.api)
-    _join_launch_thread(trace.copies, trace.api)
+    join_launch_thread(trace.kernels, trace.api)
+    join_launch_thread(trace.copies, trace.api)
     trace.meta["event_counts"] = {k: v for k, v in counts.items() if v}
     return trace.sorted()

@@ -75,6 +75,27 @@ FI_NVLINK_THROUGHPUT_DATA_TX = 138
 FI_NVLINK_THROUGHPUT_DATA_RX = 139
 _ALL_LINKS = 0xFFFFFFFF
 
+#: Memory health (nvml.h as in NVIDIA/go-nvml gen/nvml/nvml.h): ``nvmlMemoryErrorType_t``
+#: CORRECTED = 0, UNCORRECTED = 1 (lines 1073, 1080); ``nvmlEccCounterType_t`` VOLATILE = 0
+#: (reset at driver load), AGGREGATE = 1 (the device's lifetime) (lines 1097-1098);
+#: ``nvmlPageRetirementCause_t`` MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0, DOUBLE_BIT_ECC_ERROR = 1
+#: (lines 1355-1356). Checked against pynvml in the tests.
+ECC_COUNTERS: dict[tuple[int, int], str] = {
+    (0, 0): "ecc_corrected_volatile_errors_total",
+    (1, 0): "ecc_uncorrected_volatile_errors_total",
+    (0, 1): "ecc_corrected_aggregate_errors_total",
+    (1, 1): "ecc_uncorrected_aggregate_errors_total",
+}
+RETIREMENT_CAUSES: dict[int, str] = {0: "retired_pages_single_bit_count", 1: "retired_pages_double_bit_count"}
+#: ``nvmlEventTypeXidCriticalError`` (nvml.h line 3168); ``nvmlEventData_t.eventData`` holds
+#: the Xid, "set as 999 for unknown Xid error" (lines 3229-3230).
+EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+XID_UNKNOWN = 999
+#: ``NVML_ERROR_TIMEOUT`` (nvml.h line 1308): ``nvmlEventSetWait_v2`` found no event.
+NVML_ERROR_TIMEOUT = 10
+#: XIDs kept per device record (the count says how many arrived).
+MAX_XIDS_PER_SAMPLE = 16
+
 # nvmlValueType_t -> member of the c_nvmlValue_t union.
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
@@ -130,6 +151,52 @@ def decode_gpm(metrics: Iterable[Any]) -> dict[str, float | None]:
         v = float(m.value)
         out[key] = v * _MIB if int(m.metricId) in _GPM_RATE_IDS else v
     return out
+
+
+def decode_xid_events(events: Iterable[tuple[int, int, int]]) -> dict[int, list[int]]:
+    """``(device index, eventType, eventData)`` triples, as ``nvmlEventSetWait_v2`` returns
+    them, -> ``{device index: [Xid, ...]}`` in arrival order (other event types ignored)."""
+    out: dict[int, list[int]] = {}
+    for index, etype, data in events:
+        if int(etype) & EVENT_TYPE_XID_CRITICAL_ERROR:
+            out.setdefault(int(index), []).append(int(data))
+    return out
+
+
+def decode_health(raw: dict[str, Any]) -> dict[str, Any]:
+    """Memory and error health of one device, as nvidia-smi -q and dcgm-exporter show it:
+    ECC error counters (volatile and aggregate), retired pages (pre-Ampere) and remapped
+    rows (Ampere and later), and the Xid critical errors since the previous sample.
+
+    ``raw`` keys (None when NVML does not support the call): ``ecc_counts`` ({(error
+    type, counter type): count}), ``retired_pages`` ({cause: [page addresses]}),
+    ``retired_pages_pending`` (nvmlEnableState_t), ``remapped_rows`` ((correctable,
+    uncorrectable, pending, failure) as ``nvmlDeviceGetRemappedRows`` returns),
+    ``xids`` ([Xid, ...]).
+    """
+    rec: dict[str, Any] = {}
+    ecc = raw.get("ecc_counts") or {}
+    for key, name in ECC_COUNTERS.items():
+        v = ecc.get(key)
+        rec[name] = None if v is None else int(v)
+    pages = raw.get("retired_pages") or {}
+    for cause, name in RETIREMENT_CAUSES.items():
+        v = pages.get(cause)
+        rec[name] = None if v is None else len(v)
+    pend = raw.get("retired_pages_pending")
+    rec["retired_pages_pending"] = None if pend is None else bool(int(pend))
+    rows = raw.get("remapped_rows")
+    if rows is None:
+        rec.update({"remapped_rows_correctable_count": None, "remapped_rows_uncorrectable_count": None,
+                    "remapped_rows_pending": None, "remapped_rows_failed": None})
+    else:
+        corr, unc, pending, failure = rows
+        rec.update({"remapped_rows_correctable_count": int(corr), "remapped_rows_uncorrectable_count": int(unc),
+                    "remapped_rows_pending": bool(pending), "remapped_rows_failed": bool(failure)})
+    xids = raw.get("xids")
+    rec["xid_errors_count"] = None if xids is None else len(xids)
+    rec["xid_errors"] = None if xids is None else [int(x) for x in xids[-MAX_XIDS_PER_SAMPLE:]]
+    return rec
 
 
 def _num(v: Any) -> Any:
@@ -209,6 +276,7 @@ def device_record(raw: dict[str, Any]) -> dict[str, Any]:
     rec.update({k: None for k in GPM_METRICS.values()})
     if gpm is not None:
         rec.update(decode_gpm(gpm))
+    rec.update(decode_health(raw))
     rec["source"] = "nvml" + ("+gpm" if gpm is not None else "")
     return rec
 
@@ -267,6 +335,10 @@ def read_device(nv: Any, handle: Any, index: int, gpm_state: dict | None = None)
     raw["pcie_rx_kbps"] = get(nv.nvmlDeviceGetPcieThroughput, handle, nv.NVML_PCIE_UTIL_RX_BYTES)
     raw["nvlink_fields"] = get(nv.nvmlDeviceGetFieldValues, handle,
                                [(FI_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS), (FI_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS)])
+    raw["ecc_counts"] = {k: get(nv.nvmlDeviceGetTotalEccErrors, handle, *k) for k in ECC_COUNTERS}
+    raw["retired_pages"] = {c: get(nv.nvmlDeviceGetRetiredPages, handle, c) for c in RETIREMENT_CAUSES}
+    raw["retired_pages_pending"] = get(nv.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    raw["remapped_rows"] = get(nv.nvmlDeviceGetRemappedRows, handle)
     raw["gpm"] = None
     if gpm_state is not None and gpm_state.get("supported"):
         raw["gpm"], raw["gpm_interval_ns"] = _gpm_step(nv, handle, gpm_state)
@@ -305,6 +377,44 @@ def _gpm_step(nv: Any, handle: Any, state: dict) -> tuple[list | None, int | Non
             pass
 
 
+def xid_event_set(nv: Any, handles: list) -> Any:
+    """An NVML event set with every device that supports Xid events registered, or None
+    when none does (read-only: registering for events changes no device state)."""
+    try:
+        evset = nv.nvmlEventSetCreate()
+    except nv.NVMLError:
+        return None
+    registered = 0
+    for h in handles:
+        try:
+            nv.nvmlDeviceRegisterEvents(h, EVENT_TYPE_XID_CRITICAL_ERROR, evset)
+            registered += 1
+        except nv.NVMLError:     # NOT_SUPPORTED on this device or platform
+            continue
+    if registered:
+        return evset
+    nv.nvmlEventSetFree(evset)
+    return None
+
+
+def drain_xid_events(nv: Any, evset: Any, max_events: int = 64) -> list[tuple[int, int, int]]:
+    """The events waiting in ``evset`` (no wait), as (device index, eventType, eventData)."""
+    out: list[tuple[int, int, int]] = []
+    for _ in range(max_events):
+        try:
+            data = nv.nvmlEventSetWait_v2(evset, 0)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != NVML_ERROR_TIMEOUT:
+                raise
+            break
+        try:
+            index = nv.nvmlDeviceGetIndex(data.device)
+        except nv.NVMLError:
+            index = -1
+        out.append((index, int(data.eventType), int(data.eventData)))
+    return out
+
+
 class NvmlProbe(Probe):
     """Samples every GPU on a background thread every ``interval_s`` (default 1 s, >= 0.1 s).
 
@@ -329,6 +439,7 @@ class NvmlProbe(Probe):
         self._nv = None
         self._handles: list = []
         self._gpm_state: list[dict] = []
+        self._xid_set = None
 
     def check(self) -> Availability:
         try:
@@ -361,6 +472,7 @@ class NvmlProbe(Probe):
                 except nv.NVMLError:
                     supported = False
             self._gpm_state.append({"supported": supported})
+        self._xid_set = xid_event_set(nv, self._handles)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ridgeline-nvml", daemon=True)
         self._thread.start()
@@ -374,9 +486,18 @@ class NvmlProbe(Probe):
 
     def sample_once(self) -> None:
         """Read every device once and queue the records (the sampler thread calls this)."""
+        xids: dict[int, list[int]] | None = None
+        if self._xid_set is not None:
+            try:
+                xids = decode_xid_events(drain_xid_events(self._nv, self._xid_set))
+            except self._nv.NVMLError:
+                self.errors += 1
         for i, h in enumerate(self._handles):
             try:
-                rec = device_record(read_device(self._nv, h, i, self._gpm_state[i]))
+                raw = read_device(self._nv, h, i, self._gpm_state[i])
+                # None: Xid events unsupported here (never "no errors" for "unknown").
+                raw["xids"] = None if xids is None else xids.get(i, [])
+                rec = device_record(raw)
             except Exception as exc:  # noqa: BLE001  (a driver hiccup must not kill the sampler; counted, logged)
                 self.errors += 1
                 if self.errors == 1:
@@ -410,6 +531,12 @@ class NvmlProbe(Probe):
                         self._nv.nvmlGpmSampleFree(st["sample"])
                     except self._nv.NVMLError:
                         self.errors += 1
+            if self._xid_set is not None:
+                try:
+                    self._nv.nvmlEventSetFree(self._xid_set)
+                except self._nv.NVMLError:
+                    pass
+                self._xid_set = None
             try:
                 self._nv.nvmlShutdown()
             except self._nv.NVMLError:

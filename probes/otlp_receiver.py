@@ -419,7 +419,7 @@ def _response(is_json: bool, rejected: int) -> bytes:
         if not rejected:
             return b"{}"
         return (b'{"partialSuccess":{"rejectedSpans":"%d","errorMessage":"span rate bound reached"}}' % rejected)
-    pb = request_spans._pb_module()
+    pb = request_spans.trace_service_pb2()
     r = pb.ExportTraceServiceResponse()
     if rejected:
         r.partial_success.rejected_spans = rejected

@@ -78,8 +78,9 @@ class Ceilings(msgspec.Struct, omit_defaults=True):
 
 
 class PhaseFigures(msgspec.Struct, omit_defaults=True):
-    """One phase of one GPU and process in a window (``aggregator.windows._phase_dict``,
-    the fields of ``aggregator.roofline.phase_summary`` a window carries)."""
+    """One phase of one GPU and process in a window: the fields of
+    ``aggregator.phase_figures.phase_figures`` (what analyze and the windows both publish)
+    that the wire carries by number or name."""
     kernels: Annotated[Num, N(14)] = 0
     kernel_time_ns: Annotated[Num, N(15)] = 0
     busy_ns: Annotated[Num | None, N(16)] = None

@@ -221,7 +221,8 @@ def _pb_attrs(kvs, max_attributes: int, max_bytes: int, stats: SpanStats) -> dic
     return out
 
 
-def _pb_module():
+def trace_service_pb2():
+    """OTLP's trace service messages (the request and its response)."""
     # Imported on first use: a daemon that never receives spans never loads protobuf.
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     return trace_service_pb2
@@ -230,7 +231,7 @@ def _pb_module():
 def decode_protobuf(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
                     max_attribute_bytes: int = MAX_ATTRIBUTE_BYTES) -> tuple[list[RequestSpan], SpanStats]:
     from google.protobuf.message import DecodeError
-    pb = _pb_module()
+    pb = trace_service_pb2()
     msg = pb.ExportTraceServiceRequest()
     try:
         msg.ParseFromString(body)

@@ -79,13 +79,22 @@ def cupti_include_dirs(env: dict[str, str]) -> list[str]:
     return out
 
 
+def library_sources() -> list[str]:
+    """The library's parts: every ridgeline_cupti*.c but the test entry points (as the
+    Makefile's SRCS)."""
+    return sorted(str(p) for p in NATIVE.glob("ridgeline_cupti*.c") if p.name != "ridgeline_cupti_test.c")
+
+
 def build_commands(include: str, work: Path, stub: bool) -> list[list[str]]:
-    """The compiler calls for the library (and, for a dry run, the stand-in libcupti)."""
+    """The compiler calls for the library (and, for a dry run, the stand-in libcupti and the
+    test library, whose counters the stand-in served process reads)."""
     cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
     inc = ["-I" + str(NATIVE / "compat"), "-I" + include, "-I" + str(NATIVE)]
-    cmds = [[cc, *CFLAGS, *inc, "-shared", "-pthread", "-Wl,--no-undefined", "-Wl,-z,defs", "-o",
-             str(work / "libridgeline_cupti.so"), str(NATIVE / "ridgeline_cupti.c"), "-ldl"]]
+    link = ["-shared", "-pthread", "-Wl,--no-undefined", "-Wl,-z,defs", "-o"]
+    cmds = [[cc, *CFLAGS, *inc, *link, str(work / "libridgeline_cupti.so"), *library_sources(), "-ldl"]]
     if stub:
+        cmds.append([cc, *CFLAGS, *inc, *link, str(work / "libridgeline_cupti_test.so"), *library_sources(),
+                     str(NATIVE / "ridgeline_cupti_test.c"), "-ldl"])
         cmds.append([cc, *CFLAGS, *inc, "-shared", "-Wl,-soname,libcupti_stub.so", "-o",
                      str(work / "libcupti_stub.so"), str(NATIVE / "tests" / "stub_cupti.c")])
     return cmds
@@ -195,7 +204,8 @@ class Preflight:
                 env.update(RIDGELINE_LIBCUPTI=str(self.work / "libcupti_stub.so"), RIDGELINE_SOCKET=str(sock),
                            RIDGELINE_FLUSH_MS="100")
                 child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "native_harness.py"), "--stub",
-                                          str(lib), str(self.work / "libcupti_stub.so")], stdin=subprocess.PIPE,
+                                          str(self.work / "libridgeline_cupti_test.so"),
+                                          str(self.work / "libcupti_stub.so")], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
                 child.stdin.write("emit 1 0 1\nemitted\n")
                 child.stdin.flush()

@@ -993,10 +993,11 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
             wd = Watchdog(notify)
             floods = [peer(NOBODY, {"do": "connect_flood", "path": a.cupti, "s": 10}) for _ in range(n_flood)]
             time.sleep(2)
-            # the real library (probes/native/libridgeline_cupti.so through tests/support/native_harness.py):
-            # a non-blocking connect; EAGAIN (backlog full) retried 10 ms later, doubling to 250 ms
+            # the real library (its test build, probes/native/build/libridgeline_cupti_test.so: the
+            # shipped code plus the entry points tests/support/native_harness.py drives): a non-blocking
+            # connect; EAGAIN (backlog full) retried 10 ms later, doubling to 250 ms
             lib = subprocess.Popen([PY, str(ROOT / "tests" / "support" / "native_harness.py"),
-                                    str(ROOT / "probes" / "native" / "libridgeline_cupti.so")],
+                                    str(ROOT / "probes" / "native" / "build" / "libridgeline_cupti_test.so")],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                    env=dict(os.environ, RIDGELINE_QUIET="1"))
             CHILDREN.append(lib)

@@ -69,3 +69,20 @@ def test_device_records_are_plain_for_the_wire():
     rec = dm.device_record(dm.window_figures(recs)[0])
     assert msgpack.unpackb(msgpack.packb(rec), strict_map_key=False) == rec
     assert msgpack.unpackb(msgpack.packb(recs[0])) == recs[0]
+
+
+def test_fold_keeps_every_xid_of_the_window_and_the_latest_health():
+    recs = series()
+    for r, (xids, unc) in zip(recs, (([], 0), ([79, 48], 1), ([13], 1))):
+        r.update(nvml.decode_health({"ecc_counts": {(1, 0): unc}, "remapped_rows": (0, unc, unc, 0), "xids": xids}))
+    f = dm.window_figures(recs)[0]
+    assert (f["xid_errors_count"], f["xid_errors"], f["xid_last"]) == (3, [79, 48, 13], 13)
+    assert f["ecc_uncorrected_volatile_errors_total"] == 1 and f["remapped_rows_pending"] is True
+    samples = {n: v for n, _, v in dm.prometheus_samples(f)}
+    assert samples["ridgeline_gpu_window_xid_errors"] == 3.0 and samples["ridgeline_gpu_last_xid"] == 13.0
+    assert samples["ridgeline_gpu_ecc_uncorrected_volatile_errors_total"] == 1.0
+    assert samples["ridgeline_gpu_remapped_rows_pending"] == 1.0
+    # Unsupported everywhere: no Xid figure at all, never a 0 that reads as healthy.
+    g = dm.window_figures(series())[0]
+    assert g["xid_errors_count"] is None and "ridgeline_gpu_window_xid_errors" not in {
+        n for n, _, _ in dm.prometheus_samples(g)}

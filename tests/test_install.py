@@ -90,6 +90,7 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
         assert tops == {"ridgeline", next(t for t in tops if t.endswith(".dist-info"))}, tops
         lib = z.read(f"ridgeline/probes/native/{LIB}")
         assert lib[:4] == b"\x7fELF"
+        (tmp_path / LIB).write_bytes(lib)
         entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
         wheel_meta = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
     assert "ridgeline = ridgeline.agent.cli:main" in entry
@@ -100,6 +101,10 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
         assert data in names, data
     # The native sources stay in the repository: nothing in site-packages invites a `make` there.
     assert not [n for n in names if n.startswith("ridgeline/probes/native/") and not n.endswith(LIB)]
+    # The shipped library is the one without the test entry points (ridgeline_cupti_test.c).
+    table = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / LIB)], capture_output=True, text=True,
+                           check=True).stdout
+    assert "InitializeInjection" in table and "ridgeline_test_" not in table
 
 
 def test_install_from_a_clean_clone_then_run_injects_the_built_library(installed, tmp_path):

@@ -12,7 +12,9 @@ from support.kineto_traces import TRACES, same_events
 
 from ridgeline.probes import events as ev
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.kineto import api_category, copy_direction, kernel_cpu_op_index, load_trace
+from ridgeline.probes.kineto import load_trace
+from ridgeline.probes.kineto_records import api_category, copy_direction
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 H100 = TRACES[3]
 NANO0 = TRACES[0]
@@ -311,7 +313,7 @@ def test_small_literal_trace(tmp_path):
 
 @pytest.mark.parametrize("name", TRACES)
 def test_streaming_equals_whole_document_parse(name, trace_path, loaded):
-    from ridgeline.probes.kineto import load_trace_via_dicts
+    from ridgeline.probes.kineto_dicts import load_trace_via_dicts
     trace, _ = loaded(name, trace_path)
     same_events(trace, load_trace_via_dicts(trace_path(name)))
 
@@ -325,7 +327,7 @@ def test_chunk_boundaries_do_not_matter(name, chunk, trace_path, loaded):
 def test_odd_formatting_goes_through_slow_path_exactly(tmp_path):
     """Whitespace before ':', exponents, 19-digit ids, escaped backslashes, a 'cat' key
     nested in args, an event bigger than the chunk: same result as the reference."""
-    from ridgeline.probes.kineto import load_trace_via_dicts
+    from ridgeline.probes.kineto_dicts import load_trace_via_dicts
     big_name = "k" * 10000
     text = """{"traceEvents" : [
       {"ph" : "X", "cat" : "kernel", "name" : "a\\\\\\"b", "pid": 0, "tid": 7, "ts" : 1e3, "dur": 2.5,
@@ -357,8 +359,8 @@ def test_two_process_read_equals_one(tmp_path, trace_path, loaded):
     p.write_bytes(gzip.open(trace_path(TRACES[2])).read())
     from pathlib import Path
 
-    import ridgeline.probes.kineto as kineto
-    assert kineto._load_parallel(Path(p), 1 << 20) is not None   # really took two parts
+    from ridgeline.probes import kineto_scan
+    assert kineto_scan.load_two(Path(p), 1 << 20) is not None   # really took two parts
     same_events(trace, load_trace(p, chunk_bytes=1 << 20, parallel=True))
 
 

@@ -1,14 +1,17 @@
-"""The kernel -> CPU operator join of probes.kineto, read a block at a time: the same
+"""The kernel -> CPU operator join of probes.trace_joins, read a block at a time: the same
 links whatever the block size, checked against plain per-record definitions on generated
 operator trees and against the real shared traces."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 
 from ridgeline.probes import events as ev
-from ridgeline.probes import kineto
-from ridgeline.probes.kineto import kernel_cpu_op_index, load_trace
+from ridgeline.probes import trace_joins
+from ridgeline.probes.kineto import load_trace
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 A100 = "nvidia-training/hta_a100_rank0_training.json.gz"     # links by containment
 H100 = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
@@ -63,7 +66,7 @@ def _innermost(ops, pid, tid, t):
 @pytest.mark.parametrize("order", ["file", "stack", "shuffled"])
 @pytest.mark.parametrize("rows", [1, 3, 16, 1 << 18])
 def test_enclosing_in_blocks_is_the_innermost_operator(monkeypatch, order, rows):
-    monkeypatch.setattr(kineto, "JOIN_ROWS", rows)
+    monkeypatch.setattr(trace_joins, "JOIN_ROWS", rows)
     rng = np.random.default_rng(rows * 7 + len(order))
     for _ in range(4):
         ops = _ops(rng, order)
@@ -71,29 +74,29 @@ def test_enclosing_in_blocks_is_the_innermost_operator(monkeypatch, order, rows)
         pid = np.array([1, 1, 2, 3])[rng.integers(0, 4, n)].astype(np.int32)
         tid = np.where(pid == 2, -7, rng.integers(1, 3, n)).astype(np.int32)
         t = rng.integers(-5, 420, n).astype(np.int64)
-        got = kineto._enclosing(ops, pid, tid, t)
+        got = trace_joins._enclosing(ops, pid, tid, t)
         want = [_innermost(ops, p, q, x) for p, q, x in zip(pid.tolist(), tid.tolist(), t.tolist())]
         assert got.tolist() == want
 
 
 @pytest.mark.parametrize("rows", [1, 4, 1 << 18])
 def test_first_row_and_last_starting_in_blocks(monkeypatch, rows):
-    monkeypatch.setattr(kineto, "JOIN_ROWS", rows)
+    monkeypatch.setattr(trace_joins, "JOIN_ROWS", rows)
     values = np.array([5, 3, 5, 9, -1, 3, 5, 7, 3], dtype=np.int64)
     start = np.array([10, 4, 30, 1, 0, 4, 30, 2, 1], dtype=np.int64)
     keys = np.array([-1, 3, 4, 5, 9], dtype=np.int64)
-    assert kineto._first_row(keys, values).tolist() == [4, 1, -1, 0, 3]
+    assert trace_joins._first_row(keys, values).tolist() == [4, 1, -1, 0, 3]
     # 3: rows 1 and 5 both start at 4, the later wins; 5: rows 2 and 6 start at 30
-    assert kineto._last_starting(keys, values, start).tolist() == [4, 5, -1, 6, 3]
-    assert kineto._first_row(keys[:0], values).tolist() == []
+    assert trace_joins._last_starting(keys, values, start).tolist() == [4, 5, -1, 6, 3]
+    assert trace_joins._first_row(keys[:0], values).tolist() == []
 
 
 @pytest.mark.parametrize("rows", [2, 1 << 18])
 def test_api_for_is_the_first_record_with_the_correlation(monkeypatch, rows):
-    monkeypatch.setattr(kineto, "JOIN_ROWS", rows)
+    monkeypatch.setattr(trace_joins, "JOIN_ROWS", rows)
     api = ev.empty(ev.API_DTYPE, 6)
     api["correlation_id"] = [8, 3, -1, 8, 5, 3]
-    pos, hit = kineto._api_for(np.array([3, 8, 8, 4, -1, 5], dtype=np.int64), api)
+    pos, hit = trace_joins._api_for(np.array([3, 8, 8, 4, -1, 5], dtype=np.int64), api)
     assert hit.tolist() == [True, True, True, False, False, True]
     assert pos[hit].tolist() == [1, 0, 0, 4]
 
@@ -103,5 +106,7 @@ def test_real_trace_links_do_not_depend_on_the_block(monkeypatch, name, trace_pa
     trace = load_trace(trace_path(name))
     whole = kernel_cpu_op_index(trace)
     assert (whole >= 0).sum() > 1000
-    monkeypatch.setattr(kineto, "JOIN_ROWS", 97)
-    assert kernel_cpu_op_index(trace).tolist() == whole.tolist()
+    monkeypatch.setattr(trace_joins, "JOIN_ROWS", 97)
+    fresh = dataclasses.replace(trace)          # the same arrays without the memo: computed again
+    assert fresh.cpu_op_join is None
+    assert kernel_cpu_op_index(fresh).tolist() == whole.tolist()

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from support.kineto_traces import TRACES, same_events
 
-from ridgeline.probes import json_chunks, kineto, kineto_typed
-from ridgeline.probes.kineto import load_trace, load_trace_via_dicts
+from ridgeline.probes import json_chunks, kineto_records, kineto_scan, kineto_typed, trace_joins
+from ridgeline.probes.kineto import load_trace
+from ridgeline.probes.kineto_dicts import load_trace_via_dicts
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_typed_equals_reference(name, trace_path, no_reference):
 @pytest.mark.parametrize("name", TRACES)
 def test_scanner_equals_reference(name, trace_path):
     p = trace_path(name)
-    same_events(kineto._load_scanned(Path(p), 1 << 20, False), load_trace_via_dicts(p))
+    same_events(kineto_scan.load(Path(p), 1 << 20, False), load_trace_via_dicts(p))
 
 
 @pytest.mark.parametrize("chunk", [4096, 100_000])
@@ -185,15 +186,15 @@ def test_spool_bytes_read_are_released(tmp_path):
 
 @pytest.mark.parametrize("name", TRACES)
 def test_per_name_equals_the_per_row_definition(name, trace_path):
-    """kineto._per_name (a table by name id) against fn applied to each row's name."""
-    from ridgeline.probes.kineto import api_category, copy_direction
+    """kineto_records.per_name (a table by name id) against fn applied to each row's name."""
+    from ridgeline.probes.kineto_records import api_category, copy_direction
     t = load_trace(trace_path(name), parallel=False)
     for rows, fn in ((t.api, api_category), (t.copies, copy_direction)):
         ids = rows["name_id"]
         want = [fn(t.names[i]) if i >= 0 else 0 for i in ids.tolist()]
-        assert kineto._per_name(t.names, ids, fn, np.uint8).tolist() == want
+        assert kineto_records.per_name(t.names, ids, fn, np.uint8).tolist() == want
     with_missing = np.array([-1, 3, -1, 0], dtype=np.int32)
-    assert kineto._per_name(t.names, with_missing, len, np.int64).tolist() == \
+    assert kineto_records.per_name(t.names, with_missing, len, np.int64).tolist() == \
         [0, len(t.names[3]), 0, len(t.names[0])]
 
 
@@ -291,7 +292,7 @@ def test_stack_parents_equal_the_stack_pass():
         o = np.lexsort((-en, st, tid, pid))
         pid, tid, st, en = pid[o], tid[o], st[o], en[o]
         thread = (pid.astype(np.int64) << 32) | tid
-        assert kineto._stack_parents(thread, st, en).tolist() == \
+        assert trace_joins._stack_parents(thread, st, en).tolist() == \
             _stack_reference(pid.tolist(), tid.tolist(), st.tolist(), en.tolist())
 
 
@@ -357,8 +358,8 @@ def test_category_codes_and_exact_times_equal_the_reference(tmp_path, no_referen
     # makes the whole column float), the operators' mixed
     events = [_kernel(i, ts=100 + i, dur=1) for i in range(20)]
     events[2]["ts"] = (1 << 53) + 3          # past float64's exact integers (and the time limit)
-    events[7]["ts"] = kineto._TIME_LIMIT_US    # the last time kept
-    events[8]["ts"] = kineto._TIME_LIMIT_US + 1
+    events[7]["ts"] = kineto_records.TIME_LIMIT_US    # the last time kept
+    events[8]["ts"] = kineto_records.TIME_LIMIT_US + 1
     events[3]["ts"], events[3]["dur"] = 1683564901550101, 8
     events[4]["dur"] = 1
     del events[5]["cat"]

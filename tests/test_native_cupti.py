@@ -1,7 +1,7 @@
 """libridgeline_cupti.so without a GPU: build, buffer path end to end, drops, reconnect, missing CUPTI.
 
 The library's completed-buffer path is driven through its test entry point by a stand-in
-process (tests/support/native_harness.py) with buffers laid out exactly as CUPTI lays them out
+process (tests/native_harness.py) with buffers laid out exactly as CUPTI lays them out
 (cupti-python dtypes, name pointers into real strings of that process). The agent side
 is the real CuptiServer/CuptiProbe listening on a socket in tmp_path.
 """
@@ -35,6 +35,8 @@ from ridgeline.probes.events import (
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
 LIB = NATIVE / "libridgeline_cupti.so"
+# the same library plus the test entry points (ridgeline_test_*), which the harness drives
+TESTLIB = NATIVE / "build" / "libridgeline_cupti_test.so"
 APP = NATIVE / "build" / "ridgeline_inject_app"
 
 
@@ -42,7 +44,7 @@ APP = NATIVE / "build" / "ridgeline_inject_app"
 def built():
     r = subprocess.run(["make", "-s", "-C", str(NATIVE)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert LIB.exists() and APP.exists()
+    assert LIB.exists() and APP.exists() and TESTLIB.exists()
     return LIB
 
 
@@ -76,16 +78,34 @@ def poll_until(probe: CuptiProbe, pred, timeout=30.0):
     return got
 
 
+def _exported(lib: Path) -> set[str]:
+    """The functions ``lib`` exports (``nm -D``)."""
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if " T " in line}
+
+
 def test_library_builds_and_exports_only_the_entry_points(built):
-    out = subprocess.run(["nm", "-D", "--defined-only", str(built)], capture_output=True, text=True).stdout
-    exported = {line.split()[-1] for line in out.splitlines() if " T " in line}
-    assert {"InitializeInjection", "InitializeInjectionNvtx2", "ridgeline_test_buffer_completed"} <= exported
+    exported = _exported(built)
+    assert {"InitializeInjection", "InitializeInjectionNvtx2"} <= exported
     # plus the CUPTI entry points a preloaded library sees libtorch's calls through
     # (ridgeline_cupti_guest.c: sharing a legacy CUPTI with torch.profiler), and only those
     shared = {"cuptiActivityRegisterCallbacks", "cuptiActivityEnable", "cuptiActivityDisable",
               "cuptiActivityFlushAll", "cuptiActivityRegisterTimestampCallback", "cuptiFinalize"}
     entry = ("InitializeInjection", "InitializeInjectionNvtx2", "InitializeInjectionNvtxExtension")
-    assert all(s in entry or s.startswith("ridgeline_test_") or s in shared for s in exported), exported
+    assert all(s in entry or s in shared for s in exported), exported
+
+
+def test_shipped_library_has_no_test_entry_point(built):
+    """The ridgeline_test_* hooks (ridgeline_cupti_test.c) are built into the test library
+    only: the shipped library neither exports nor holds any (its symbol table, local
+    symbols included, names none), and is the test library without them."""
+    assert not [s for s in _exported(LIB) if s.startswith("ridgeline_test_")]
+    table = subprocess.run(["nm", str(LIB)], capture_output=True, text=True, check=True).stdout
+    assert "InitializeInjection" in table and "ridgeline_test_" not in table
+    test = _exported(TESTLIB)
+    hooks = {s for s in test if s.startswith("ridgeline_test_")}
+    assert {"ridgeline_test_init", "ridgeline_test_buffer_completed", "ridgeline_test_counters"} <= hooks
+    assert test - hooks == _exported(LIB)
 
 
 def test_record_sizes_match_cupti_python(built, harness, tmp_path):

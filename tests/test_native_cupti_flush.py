@@ -4,7 +4,7 @@ CUPTI completes a buffer only when it is full or flushed (cuptiActivityFlushPeri
 full buffers only), so at 10 kernels/s a 4 MiB buffer would take many minutes. The stand-in
 libcupti (probes/native/tests/stub_cupti.c) holds partial buffers exactly so, until a
 cuptiActivityFlushAll; the served process is the real InitializeInjection path
-(tests/support/native_harness.py --stub) and the agent the real CuptiProbe.
+(tests/native_harness.py --stub) and the agent the real CuptiProbe.
 """
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def release(request, tmp_path_factory):
     rel = _unpack(_fetch(dist, prefix))
     out = tmp_path_factory.mktemp(f"cupti-{request.param}")
     rel.update(lib=out / "libridgeline_cupti.so", app=out / "ridgeline_inject_app", stub=out / "libcupti_stub.so",
-               out=out)
+               testlib=out / "libridgeline_cupti_test.so", out=out)     # the Makefile puts TESTLIB beside STUB
     r = subprocess.run(["make", "-C", str(NATIVE), f"CUPTI_INCLUDE={rel['include']}", f"LIB={rel['lib']}",
                         f"TESTAPP={rel['app']}", f"STUB={rel['stub']}"], capture_output=True, text=True, timeout=300)
     rel["build"] = r
@@ -153,12 +153,16 @@ def test_builds_with_the_header_set(release):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "warning" not in r.stderr, r.stderr[-3000:]
     assert release["lib"].exists() and release["app"].exists() and release["stub"].exists()
+    assert release["testlib"].exists()
+    shipped = subprocess.run(["nm", "-D", "--defined-only", str(release["lib"])], capture_output=True, text=True,
+                             check=True).stdout
+    assert "InitializeInjection" in shipped and "ridgeline_test_" not in shipped
 
 
 def test_offsets_the_library_reads_are_the_headers(release, tmp_path):
     assert release["build"].returncode == 0
     h = _header_layout(release, tmp_path)
-    so = ctypes.CDLL(str(release["lib"]))      # no entry point runs: only the table is read
+    so = ctypes.CDLL(str(release["testlib"]))      # no entry point runs: only the table is read
     so.ridgeline_test_layout.argtypes = [ctypes.c_char_p]
     so.ridgeline_test_layout.restype = ctypes.c_long
 
@@ -180,7 +184,7 @@ def test_offsets_the_library_reads_are_the_headers(release, tmp_path):
 def test_test_mode_sizes_are_the_headers_newest(release, tmp_path):
     assert release["build"].returncode == 0
     h = _header_layout(release, tmp_path)
-    hs = _harness(release["lib"])
+    hs = _harness(release["testlib"])
     try:
         sizes = {int(k): v for k, v in hs(f"init {tmp_path / 'none.sock'} {release['api_version']}")["sizes"].items()}
     finally:
@@ -241,7 +245,7 @@ def test_buffer_walk_with_the_real_libcupti(release, tmp_path):
     sock = tmp_path / "cupti.sock"
     srv = CuptiServer(str(sock))
     srv.open()
-    hs = _harness(release["lib"])
+    hs = _harness(release["testlib"])
     try:
         init = hs(f"initcupti {sock} {release['libcupti']}")
         if init["rc"] == -4:
@@ -284,7 +288,7 @@ def test_walk_error_stops_cleanly_with_the_real_walker(release, tmp_path):
     sock = tmp_path / "cupti.sock"
     srv = CuptiServer(str(sock))
     srv.open()
-    hs = _harness(release["lib"])
+    hs = _harness(release["testlib"])
     try:
         init = hs(f"initcupti {sock} {release['libcupti']}")
         if init["rc"] == -4:

@@ -17,12 +17,13 @@ side is lost, and timestamps after the profiler's TSC source stay CLOCK_REALTIME
 """
 from __future__ import annotations
 
-from support.cupti_stub import LIB, NATIVE, StubApp, built  # noqa: F401  (the build fixture)
+from support.cupti_stub import LIB, NATIVE, TESTLIB, StubApp, built  # noqa: F401  (the build fixture)
 from support.cupti_stub import Agent as TakeoverAgent
 
 from ridgeline.probes.cupti import protocol as P
 
 REPLAY = NATIVE / "build" / "libkineto_replay.so"
+FLAG_TAKEN_OVER = getattr(P, "FLAG_TAKEN_OVER", 1 << 6)
 
 
 class Agent(TakeoverAgent):
@@ -43,7 +44,7 @@ def _check_10ms_kernel(agent, corr, timed):
 
 def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
     agent = Agent(tmp_path / "cupti.sock")
-    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, LD_PRELOAD=str(LIB),
+    app = StubApp(tmp_path / "cupti.sock", RIDGELINE_FLUSH_MS=100, LD_PRELOAD=str(TESTLIB),
                   STUB_KINETO_REPLAY=str(REPLAY))
     try:
         app("emit 5 0 100")

@@ -145,6 +145,9 @@ def _fake_nvml(raw):
         nvmlDeviceGetTemperature=lambda h, s: raw["temperature_c"],
         nvmlDeviceGetPcieThroughput=lambda h, c: raw["pcie_tx_kbps"] if c == 0 else raw["pcie_rx_kbps"],
         nvmlDeviceGetFieldValues=unsupported,
+        nvmlDeviceGetTotalEccErrors=unsupported, nvmlDeviceGetRetiredPages=unsupported,
+        nvmlDeviceGetRetiredPagesPendingStatus=unsupported, nvmlDeviceGetRemappedRows=unsupported,
+        nvmlEventSetCreate=unsupported,
     )
 
 
@@ -248,3 +251,119 @@ def test_probe_lifecycle_on_interval(monkeypatch):
     assert 3 <= per_gpu[0] <= 8 and per_gpu[0] == per_gpu[1]      # about 0.55 s / 0.1 s samples each
     assert all(r["source"] == "nvml" for r in recs)                 # GPM unsupported: plain NVML
     assert calls.count("shutdown") == calls.count("init") == 3        # check() twice, start() once
+
+
+# --------------------------------------------------------------------------- memory health, Xid
+
+def test_health_ids_match_pynvml():
+    """The ECC, page-retirement and event numbers are nvml.h's (NVIDIA/go-nvml
+    gen/nvml/nvml.h lines 1073-1098, 1355-1356, 3168, 1308), as pynvml transcribes them."""
+    assert nvml.ECC_COUNTERS == {
+        (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC): "ecc_corrected_volatile_errors_total",
+        (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC): "ecc_uncorrected_volatile_errors_total",
+        (pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_AGGREGATE_ECC): "ecc_corrected_aggregate_errors_total",
+        (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC):
+            "ecc_uncorrected_aggregate_errors_total"}
+    assert set(nvml.RETIREMENT_CAUSES) == {pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                                           pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR}
+    assert nvml.RETIREMENT_CAUSES[pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR] == \
+        "retired_pages_double_bit_count"
+    assert nvml.EVENT_TYPE_XID_CRITICAL_ERROR == pynvml.nvmlEventTypeXidCriticalError
+    assert nvml.NVML_ERROR_TIMEOUT == pynvml.NVML_ERROR_TIMEOUT
+
+
+def test_decode_health_an_ampere_with_remapped_rows_and_an_xid():
+    raw = {"ecc_counts": {(0, 0): 12, (1, 0): 0, (0, 1): 340, (1, 1): 2},
+           "retired_pages": {0: None, 1: None},          # retired pages: pre-Ampere only
+           "retired_pages_pending": None,
+           "remapped_rows": (3, 1, 0, 0), "xids": [79]}
+    assert nvml.decode_health(raw) == {
+        "ecc_corrected_volatile_errors_total": 12, "ecc_uncorrected_volatile_errors_total": 0,
+        "ecc_corrected_aggregate_errors_total": 340, "ecc_uncorrected_aggregate_errors_total": 2,
+        "retired_pages_single_bit_count": None, "retired_pages_double_bit_count": None,
+        "retired_pages_pending": None, "remapped_rows_correctable_count": 3, "remapped_rows_uncorrectable_count": 1,
+        "remapped_rows_pending": False, "remapped_rows_failed": False, "xid_errors_count": 1, "xid_errors": [79]}
+
+
+def test_decode_health_a_volta_with_retired_pages_pending():
+    raw = {"ecc_counts": {}, "retired_pages": {0: [0x1A000, 0x2B000], 1: [0x3C000]},
+           "retired_pages_pending": pynvml.NVML_FEATURE_ENABLED, "remapped_rows": None, "xids": []}
+    r = nvml.decode_health(raw)
+    assert (r["retired_pages_single_bit_count"], r["retired_pages_double_bit_count"]) == (2, 1)
+    assert r["retired_pages_pending"] is True and r["remapped_rows_failed"] is None
+    assert r["ecc_uncorrected_volatile_errors_total"] is None        # ECC unsupported: unknown, never 0
+    assert (r["xid_errors_count"], r["xid_errors"]) == (0, [])
+
+
+def test_decode_health_unsupported_everywhere_is_unknown_not_zero():
+    r = nvml.decode_health({})
+    assert set(r.values()) == {None}
+    assert nvml.device_record({"index": 0})["xid_errors"] is None
+
+
+def test_decode_xid_events_keeps_order_and_drops_other_events():
+    events = [(0, pynvml.nvmlEventTypeXidCriticalError, 79), (1, pynvml.nvmlEventTypeXidCriticalError, 48),
+              (0, pynvml.nvmlEventTypePState, 0), (0, pynvml.nvmlEventTypeXidCriticalError, nvml.XID_UNKNOWN)]
+    assert nvml.decode_xid_events(events) == {0: [79, 999], 1: [48]}
+
+
+def test_decode_health_bounds_the_xids_kept():
+    r = nvml.decode_health({"xids": list(range(100))})
+    assert r["xid_errors_count"] == 100 and r["xid_errors"] == list(range(100 - nvml.MAX_XIDS_PER_SAMPLE, 100))
+
+
+class _Event:
+    def __init__(self, device, etype, data):
+        self.device, self.eventType, self.eventData = device, etype, data
+
+
+def test_drain_xid_events_until_timeout_and_sampler_attaches_them():
+    """The glue: drain without waiting until NVML says TIMEOUT, name each event's device by
+    its index; the sampler gives each device record its own Xids (and [] where none came)."""
+    queue = [_Event("h1", pynvml.nvmlEventTypeXidCriticalError, 79), _Event("h0", pynvml.nvmlEventTypeXidCriticalError, 13)]
+    nv = _fake_nvml(h200_raw())
+
+    def wait(evset, timeout_ms):
+        assert timeout_ms == 0
+        if not queue:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return queue.pop(0)
+    nv.nvmlEventSetWait_v2 = wait
+    nv.nvmlDeviceGetIndex = lambda h: int(h[1:])
+    assert nvml.drain_xid_events(nv, "set") == [(1, 8, 79), (0, 8, 13)]
+    queue[:] = [_Event("h1", pynvml.nvmlEventTypeXidCriticalError, 79)]
+    p = nvml.NvmlProbe()
+    p._nv, p._handles, p._xid_set = nv, ["h0", "h1"], "set"
+    p._gpm_state = [{"supported": False}, {"supported": False}]
+    p.sample_once()
+    recs = p.poll()["devices"]
+    assert [(r["gpu_index"], r["xid_errors"]) for r in recs] == [(0, []), (1, [79])]
+    p._xid_set = None                     # no event set (unsupported): unknown, not "no errors"
+    p.sample_once()
+    assert [r["xid_errors"] for r in p.poll()["devices"]] == [None, None]
+
+
+def test_drain_xid_events_raises_what_is_not_a_timeout():
+    nv = _fake_nvml(h200_raw())
+
+    def wait(evset, timeout_ms):
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
+    nv.nvmlEventSetWait_v2 = wait
+    with pytest.raises(pynvml.NVMLError):
+        nvml.drain_xid_events(nv, "set")
+
+
+def test_xid_event_set_none_when_no_device_supports_it():
+    nv = _fake_nvml(h200_raw())
+    freed = []
+    nv.nvmlEventSetCreate = lambda: "set"
+    nv.nvmlEventSetFree = freed.append
+
+    def refuse(h, types_, s):
+        raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    nv.nvmlDeviceRegisterEvents = refuse
+    assert nvml.xid_event_set(nv, ["h0"]) is None and freed == ["set"]
+    registered = []
+    nv.nvmlDeviceRegisterEvents = lambda h, t, s: registered.append((h, t))
+    assert nvml.xid_event_set(nv, ["h0", "h1"]) == "set"
+    assert registered == [("h0", 8), ("h1", 8)]

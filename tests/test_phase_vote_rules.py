@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 from conftest import shared_trace, third_party
-from test_phases import (
+from support.phase_traces import (
     ADAM,
     CONV,
     ELEMENTWISE,

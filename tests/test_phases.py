@@ -10,46 +10,32 @@ import numpy as np
 
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_GPU_ANNOTATION, Trace, empty
 
-# Real kernel names (from the shared traces, see reference/traces.md).
-TRTLLM_CONTEXT = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"
-TRTLLM_GEN = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentSwapsAbForGen"
 STORE_KVCACHE = "store_kvcache_kernel"
-FLASH_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
-             "false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, "
-             "false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)")
-SPLITKV = ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
-           "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, true, false, false, "
-           "false, true, true, false, false>(flash::Flash_fwd_params)")
-SPLITKV_COMBINE = ("void flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, "
-                   "false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, 4, 1, "
-                   "true>(flash::Flash_fwd_params)")
 PAGED_V1 = "void vllm::paged_attention_v1_kernel<__nv_bfloat16, __nv_bfloat16, 128, 16, 128, (vllm::Fp8KVCacheDataType)0, false>(x)"
-GEMM_SMALL = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
-              "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)")
-ADAM = ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float, float, float, float, float, "
-        "float, float, float, adamMode_t, float, int>(long, int volatile*, TensorListMetadata<4>, AdamFunctor<float>)")
-CONV = "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1"
 POOL = ("void at::native::(anonymous namespace)::max_pool_forward_nchw<float, float>(int, float const*, long, long, "
         "long, int, int, int, int, int, int, int, int, int, int, float*, long*)")
 
 
-def lm_head(b: "TraceBuilder", t: float, rows: int, vocab: int = 151936, ext: int = 990) -> None:
-    """A decoder's LM head (decoder-LLM evidence): aten::mm [rows, 1024] x [1024, vocab], once."""
-    b.op("aten::mm", t, t + 8, ext=ext, dims=[[rows, 1024], [1024, vocab]])
-    b.kernel(GEMM_SMALL if rows <= 16 else GEMM_LARGE, t + 1, ext=ext)
-
-
 import pytest
 from support.phase_traces import (
+    ADAM,
     ARGMAX,
+    CONV,
     ELEMENTWISE,
+    FLASH_FWD,
     GEMM_LARGE,
+    GEMM_SMALL,
     GEMVX,
     RESHAPE_AND_CACHE,
+    SPLITKV,
+    SPLITKV_COMBINE,
+    TRTLLM_CONTEXT,
+    TRTLLM_GEN,
     US,
     TraceBuilder,
     eager_forward,
     layers,
+    lm_head,
 )
 
 from ridgeline.aggregator.phases import (

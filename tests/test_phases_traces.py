@@ -154,7 +154,7 @@ def test_gemm_width_from_launch_grid_and_tile_matches_the_operators(trace_path):
 
     from ridgeline.aggregator.phases import _gemm_rows, _gemm_width
     from ridgeline.aggregator.signatures import classify_kernels
-    from ridgeline.aggregator.steps import cpu_op_index
+    from ridgeline.probes.trace_joins import kernel_cpu_op_index
     bert = third_party("traces/tracelens_h100_bert_small_fill_mask.json.gz")
     checked = gemvx = 0
     for tr in (load(trace_path, B200), load(trace_path, NANO0), load(trace_path, NANO100), load_trace(bert)):
@@ -163,7 +163,7 @@ def test_gemm_width_from_launch_grid_and_tile_matches_the_operators(trace_path):
         none = np.full(len(tr.kernels), -1, dtype=np.int64)
         est, from_grid = _gemm_width(tr, kc, none)
         ops = tr.cpu_ops
-        op = cpu_op_index(tr)
+        op = kernel_cpu_op_index(tr)
         for i in np.flatnonzero(from_grid & (rows > 0) & (cols > 0)).tolist():
             name = tr.names[int(tr.kernels["name_id"][i])]
             if "gemvx::kernel" in name:               # one output row per warp: grid.x * block.y

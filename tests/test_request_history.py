@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 from support import request_scenarios as sc
+from support.request_scenarios import held
 
 from ridgeline.aggregator import request_history as rh
 from ridgeline.aggregator.windows import WindowBuilder
-
-
-def held(steps, device=0, pid=4242):
-    h = np.zeros(len(steps), rh.HELD_DTYPE)
-    for f in ("start_ns", "end_ns", "phase"):
-        h[f] = steps[f]
-    h["device"], h["pid"] = device, pid
-    return h
 
 
 def test_seed_example_told_once_after_the_delay():

@@ -83,13 +83,14 @@ def test_e2e_histogram_with_request_exemplars_in_openmetrics():
     """The buckets carry the slowest request of each as an OpenMetrics exemplar (request id
     and trace id), parsed back by prometheus_client's own OpenMetrics parser; the plain text
     format has the same histogram without them, and no series is per request."""
-    import test_agent_prometheus as tap
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+
+    from ridgeline.agent import prometheus as prom
     stories = [msgspec.structs.replace(s, trace_id=f"{i:032x}") for i, s in enumerate(seed_stories())]
-    c = tap.prom.WindowCollector("node-a")
+    c = prom.WindowCollector("node-a")
     c.observe(with_requests(stories, OTLP))
-    om = om_latest(tap.prom.registry_for(c)).decode()
+    om = om_latest(prom.registry_for(c)).decode()
     (fam,) = [f for f in om_families(om) if f.name == "ridgeline_request_e2e_seconds"]
     buckets = {s.labels["le"]: s for s in fam.samples if s.name.endswith("_bucket")}
     assert buckets["+Inf"].value == 3

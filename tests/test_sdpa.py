@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import third_party
 
-from ridgeline.probes import kineto, kineto_typed
-from ridgeline.probes.kineto import load_trace_via_dicts
+from ridgeline.probes import kineto_scan, kineto_typed
+from ridgeline.probes.kineto_dicts import load_trace_via_dicts
 from ridgeline.probes.sdpa import CAUSAL_FLAG_NO, CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES, causal_flag
 
 BF16 = "c10::BFloat16"
@@ -72,7 +72,7 @@ def test_other_ops_and_malformed_inputs_are_unknown():
 def test_three_readers_give_the_same_column(name, counts):
     p = third_party("traces/" + name)
     ref = load_trace_via_dicts(p)
-    scanned = kineto._load_scanned(Path(p), 1 << 20, False)
+    scanned = kineto_scan.load(Path(p), 1 << 20, False)
     typed = kineto_typed.load(p)
     for t in (scanned, typed):
         assert np.array_equal(t.cpu_ops["is_causal"], ref.cpu_ops["is_causal"])

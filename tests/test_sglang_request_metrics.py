@@ -90,7 +90,7 @@ def test_the_seed_example_from_sglang_files_names_the_culprit(tmp_path):
     got = p.poll()["requests"]
     assert {r.request_id for r in got} == {s.request_id for s in spans}
     h = RequestHistory(join_delay_s=0)
-    from test_request_history import held
+    from support.request_scenarios import held
     h.add_steps(held(steps))
     h.add_requests(got)
     _w, stories = h.close(max(r.end_ns for r in got) + 10**9)

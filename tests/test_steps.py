@@ -1,4 +1,4 @@
-"""aggregator.steps joins: the memoised kernel -> CPU operator index."""
+"""aggregator.steps joins, and the memoised kernel -> CPU operator index they use (probes.trace_joins)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ridgeline.aggregator.steps import cpu_op_index
+from ridgeline.probes import trace_joins
 from ridgeline.probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
-from ridgeline.probes.kineto import kernel_cpu_op_index
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 
 def _trace() -> Trace:
@@ -37,32 +37,34 @@ def _trace() -> Trace:
 
 def test_cpu_op_index_is_the_importer_join():
     tr = _trace()
-    assert cpu_op_index(tr).tolist() == kernel_cpu_op_index(tr).tolist() == [1, 0, -1]
+    assert kernel_cpu_op_index(tr).tolist() == trace_joins._computed(tr).tolist() == [1, 0, -1]
 
 
 def test_cpu_op_index_is_computed_once_and_read_only():
     tr = _trace()
-    first = cpu_op_index(tr)
-    assert cpu_op_index(tr) is first
+    first = kernel_cpu_op_index(tr)
+    assert kernel_cpu_op_index(tr) is first
+    assert tr.cpu_op_join.index is first
     with pytest.raises(ValueError):
         first[0] = 5
 
 
 def test_cpu_op_index_recomputed_when_an_array_is_replaced():
     tr = _trace()
-    before = cpu_op_index(tr)
+    before = kernel_cpu_op_index(tr)
     ops = tr.cpu_ops.copy()
     ops["external_id"] = [11, 10]          # swap the operators' ids
     tr.cpu_ops = ops
-    after = cpu_op_index(tr)
+    after = kernel_cpu_op_index(tr)
     assert after is not before
     assert after.tolist() == [0, 1, -1]
     # A derived trace (new object) never sees the original's cache.
     k = tr.kernels.copy()
     k["external_id"] = [-1, -1, -1]
     derived = dataclasses.replace(tr, kernels=k)
-    assert cpu_op_index(derived).tolist() == kernel_cpu_op_index(derived).tolist()
-    assert np.array_equal(cpu_op_index(tr), after)
+    assert derived.cpu_op_join is None
+    assert kernel_cpu_op_index(derived).tolist() == trace_joins._computed(derived).tolist()
+    assert np.array_equal(kernel_cpu_op_index(tr), after)
 
 
 def test_argmax_in_ranges_is_the_first_maximum_of_each_slice():
@@ -93,20 +95,16 @@ def test_launch_index_with_correlation_ids_in_and_out_of_order():
 
 def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
     """map_phases and the shape-based work model share one kernel -> CPU op join."""
-    import ridgeline.aggregator.steps as steps_mod
     from ridgeline.aggregator.analysis import analyze_trace
     calls = []
-
-    import ridgeline.probes.kineto as kineto_mod
-    original = kineto_mod.kernel_cpu_op_index
+    original = trace_joins._computed
 
     def counting(trace):
         calls.append(1)
         return original(trace)
 
-    # Both the memoised path and any direct call of the importer's join are counted.
-    monkeypatch.setattr(steps_mod, "kernel_cpu_op_index", counting)
-    monkeypatch.setattr(kineto_mod, "kernel_cpu_op_index", counting)
+    # The join itself is counted: it has one caller, the memoising kernel_cpu_op_index.
+    monkeypatch.setattr(trace_joins, "_computed", counting)
     tr = _trace()
     tr.cpu_ops["input_dims_id"] = tr.names.intern("[[16, 1024], [1024, 1024]]")   # GEMM rows need the join
     analyze_trace(tr, gpu="H100 SXM")

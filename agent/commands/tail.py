@@ -55,8 +55,13 @@ def summary(msg) -> str:
         a = w.agent
         from ridgeline.agent.window_sections import verdict_text
         vs = verdict_text(w.verdict)
+        from ridgeline.aggregator.answer import answer_lines, verdict_records
+        # The answer, as the report and top word it (aggregator.answer), on the record's
+        # one line: `tail` prints one line per record.
+        answer = "".join(" | " + line.strip() for rec in verdict_records(p.get("verdict"))
+                         for line in answer_lines(rec))
         return (f"{len(w.gpus)} gpu/process, {kern} kernels, verdict {vs}, agent cpu={a.cpu_pct or 0:.1f}% "
-                f"rss={(a.rss_bytes or 0) / 2**20:.0f}MiB")
+                f"rss={(a.rss_bytes or 0) / 2**20:.0f}MiB" + answer)
     if msg.topic == "health" and isinstance(p, dict):
         try:
             h = msgspec.convert(p, Health)

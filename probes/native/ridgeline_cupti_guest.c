@@ -1,4 +1,4 @@
-/* Included once by ridgeline_cupti.c (it uses that file's state): CUPTI timestamps that
+/* Part of libridgeline_cupti.so (see ridgeline_cupti.c): CUPTI timestamps that
  * another client's timestamp source turned into ticks, and sharing a legacy CUPTI with a
  * later client (torch.profiler / Kineto) exactly, when `ridgeline run` preloads this
  * library (LD_PRELOAD) so that libtorch's calls into libcupti reach the entry points
@@ -21,7 +21,7 @@
  * the client disables them. Records outside the client's capture window are dropped by
  * Kineto itself (GenericActivityProfiler.cpp:413 outOfRange). */
 
-#include "ridgeline_cupti_guest.h"
+#include "ridgeline_cupti_internal.h"
 
 #include <link.h>
 #include <sys/stat.h>
@@ -41,26 +41,11 @@ _Static_assert(offsetof(CUpti_ActivityMarker2, timestamp) == 8, "marker timestam
 _Static_assert(offsetof(CUpti_ActivityGraphTrace2, start) == 8 && offsetof(CUpti_ActivityGraphTrace2, end) == 16,
                "graph trace timestamps");
 
-static const uint8_t *ts_offsets(int kind, int *n) {
-    static const uint8_t kernel[] = {16, 24, 32, 120, 128}, span16[] = {16, 24}, span8[] = {8, 16}, one8[] = {8};
-    switch (kind) {
-    case CUPTI_ACTIVITY_KIND_KERNEL:
-    case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: *n = 5; return kernel;
-    case CUPTI_ACTIVITY_KIND_MEMCPY:
-    case CUPTI_ACTIVITY_KIND_MEMSET: *n = 2; return span16;
-    case CUPTI_ACTIVITY_KIND_RUNTIME:
-    case CUPTI_ACTIVITY_KIND_DRIVER:
-    case CUPTI_ACTIVITY_KIND_INTERNAL_LAUNCH_API:
-    case CUPTI_ACTIVITY_KIND_GRAPH_TRACE: *n = 2; return span8;
-    case CUPTI_ACTIVITY_KIND_MARKER: *n = 1; return one8;
-    default: *n = 0; return NULL;
-    }
-}
 
 static pthread_mutex_t g_clock_lock = PTHREAD_MUTEX_INITIALIZER;
 static rl_clock_map_t g_clock_map;           /* under g_clock_lock */
 static uint64_t (*_Atomic g_ts_cb)(void);    /* a source registered through our entry point */
-static atomic_uint_fast64_t g_clock_mapped, g_clock_unmapped, g_clock_pairs;
+atomic_uint_fast64_t g_clock_mapped, g_clock_unmapped, g_clock_pairs;
 
 static int64_t rt_now_ns(void) {
     struct timespec t;
@@ -127,37 +112,14 @@ static int clock_calibrate(rl_clock_map_t *m) {
  * through the map; without a map it becomes 0, which the agent rejects and counts
  * (rejected_timestamps): a tick is never published as nanoseconds. Returns 1 if any field
  * of the record could not be mapped. */
-static int clock_fix(uint8_t *rec, int kind, size_t sz, const rl_clock_map_t *m) {
-    int n, unmapped = 0, mapped = 0;
-    const uint8_t *offs = ts_offsets(kind, &n);
-    for (int i = 0; i < n; i++) {
-        if ((size_t)offs[i] + 8 > sz) continue;
-        uint64_t v;
-        memcpy(&v, rec + offs[i], 8);
-        if (v == 0 || v >= RL_NS_FLOOR) continue;
-        if (m->valid) {
-            v = rl_clock_map(m, v);
-            mapped = 1;
-        } else {
-            v = 0;
-            unmapped = 1;
-        }
-        memcpy(rec + offs[i], &v, 8);
-    }
-    if (unmapped) atomic_fetch_add(&g_clock_unmapped, 1);
-    else if (mapped) atomic_fetch_add(&g_clock_mapped, 1);
-    return unmapped;
-}
 
-static void clock_snapshot(rl_clock_map_t *out) {
+void clock_snapshot(rl_clock_map_t *out) {
     pthread_mutex_lock(&g_clock_lock);
     *out = g_clock_map;
     pthread_mutex_unlock(&g_clock_lock);
 }
 
-static void takeover_detected(unsigned lost, const char *why);
-static unsigned cbufs_all_lost(void);
-static atomic_int g_guest_seen;
+atomic_int g_guest_seen;
 
 /* Sender thread, every flush period: a (source, CLOCK_REALTIME) pair. Ticks (a value
  * below RL_NS_FLOOR): the map is made (first time) or refined (anchor = this pair, scale
@@ -166,7 +128,7 @@ static atomic_int g_guest_seen;
 static int64_t g_clock_offset_ns;
 static int g_clock_known;
 
-static void clock_tick(void) {
+void clock_tick(void) {
     uint64_t t;
     int64_t rt;
     if (clock_pair(&t, &rt)) return;
@@ -214,23 +176,13 @@ static void clock_tick(void) {
 /* While another client shares CUPTI, the buffers also hold the kinds it enabled (whole
  * RUNTIME/DRIVER, SYNCHRONIZATION, ...): Ridgeline keeps only its own kinds and cbids. */
 /* g_our_kind (declared in ridgeline_cupti.c): set by apply_mode */
-static uint8_t g_our_cbid[2][4096]; /* [driver?][cbid] */
+uint8_t g_our_cbid[2][4096]; /* [driver?][cbid] */
 
 static void note_our_kinds(void) {
     for (size_t i = 0; i < N_CBIDS; i++)
         if (CBIDS[i].cbid < 4096) g_our_cbid[CBIDS[i].domain == RL_DOMAIN_DRIVER][CBIDS[i].cbid] = 1;
 }
 
-static int record_ours(const uint8_t *p, int kind, size_t sz) {
-    if (!atomic_load(&g_guest_seen)) return 1;
-    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER) {
-        uint32_t cbid;
-        if (sz < 8) return 0;
-        memcpy(&cbid, p + 4, 4);
-        return cbid < 4096 && g_our_cbid[kind == CUPTI_ACTIVITY_KIND_DRIVER][cbid];
-    }
-    return kind > 0 && kind < RL_KIND_MAX && atomic_load(&g_our_kind[kind]);
-}
 
 /* ---- the other client (guest) ---------------------------------------------------------- */
 
@@ -242,7 +194,7 @@ static int g_guest_stopping;  /* it disabled CONCURRENT_KERNEL: its next forced 
 static uint64_t g_guest_kinds; /* kinds it enabled (bit per kind) */
 static uint8_t *g_stage;      /* its buffer we fill with copies; one outstanding while open */
 static size_t g_stage_size, g_stage_used;
-static atomic_uint_fast64_t g_guest_records, g_guest_buffers, g_guest_sessions, g_guest_dropped;
+atomic_uint_fast64_t g_guest_records, g_guest_buffers, g_guest_sessions, g_guest_dropped;
 static __thread int t_forwarding;
 
 /* Caller holds g_guest_lock. Hands the staging buffer to the client (its bufferCompleted
@@ -266,7 +218,7 @@ static void stage_complete(int renew) {
 }
 
 /* Our completion callback, after our own copy: the client's kinds go to it. */
-static void guest_tee(uint8_t *buf, size_t valid) {
+void guest_tee(uint8_t *buf, size_t valid) {
     if (!atomic_load(&g_guest_seen)) return;
     pthread_mutex_lock(&g_guest_lock);
     if (!g_guest_open) {
@@ -300,7 +252,7 @@ static void guest_tee(uint8_t *buf, size_t valid) {
 /* A buffer that is not ours reached our completion callback: the client's own, handed to
  * CUPTI before we registered (it registered first). Its records were read; it goes to its
  * owner. Returns 1 if it did. */
-static int guest_own_buffer(uint8_t *buf, size_t size, size_t valid) {
+int guest_own_buffer(uint8_t *buf, size_t size, size_t valid) {
     pthread_mutex_lock(&g_guest_lock);
     CUpti_BuffersCallbackCompleteFunc comp = g_guest_comp;
     if (comp) comp(NULL, 0, buf, size, valid);
@@ -344,7 +296,7 @@ static void *loaded_cupti(void) {
 /* 1 when the injection variable `var` names another file than this library. For
  * CUDA_INJECTION64_PATH the driver then initialises that tool, never us, so here we only
  * pass CUPTI calls through; for NVTX_INJECTION64_PATH the ranges go to that tool. */
-static int foreign_injection(const char *var, const char **owner) {
+int foreign_injection(const char *var, const char **owner) {
     const char *p = getenv(var);
     *owner = p;
     if (!p || !*p || !strcmp(p, "none")) return 0;
@@ -379,7 +331,7 @@ static void *real_fn(void *ours, const char *name) {
 
 /* At InitializeInjection, after our callbacks are registered: a client that registered
  * before us (its calls passed through) and is collecting becomes a shared session. */
-static void guest_adopt(void) {
+void guest_adopt(void) {
     note_our_kinds();
     pthread_mutex_lock(&g_guest_lock);
     if (g_guest_comp && (g_guest_kinds >> CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL & 1) && !g_guest_open) {

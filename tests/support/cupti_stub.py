@@ -27,6 +27,8 @@ NATIVE = ROOT / "probes" / "native"
 
 
 LIB = NATIVE / "libridgeline_cupti.so"
+# the same library plus the test entry points (ridgeline_test_*), which the harness drives
+TESTLIB = NATIVE / "build" / "libridgeline_cupti_test.so"
 
 
 STUB = NATIVE / "build" / "libcupti_stub.so"
@@ -48,7 +50,7 @@ class StubApp:
         e = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "RIDGELINE_"))}
         e.update(RIDGELINE_LIBCUPTI=str(STUB), RIDGELINE_SOCKET=str(sock), RIDGELINE_RECONNECT_MS="50",
                  **{k: str(v) for k, v in env.items()})
-        self.p = subprocess.Popen([sys.executable, str(HARNESS), "--stub", str(LIB), str(STUB)],
+        self.p = subprocess.Popen([sys.executable, str(HARNESS), "--stub", str(TESTLIB), str(STUB)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env=e)
 
@@ -115,7 +117,7 @@ class Harness:
 
     def __init__(self, env_extra: dict | None = None):
         env = dict(os.environ, RIDGELINE_QUIET="1", **(env_extra or {}))
-        self.p = subprocess.Popen([sys.executable, str(HARNESS), str(LIB)], stdin=subprocess.PIPE,
+        self.p = subprocess.Popen([sys.executable, str(HARNESS), str(TESTLIB)], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, env=env)
 
     def __call__(self, line: str) -> dict:

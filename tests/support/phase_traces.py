@@ -181,3 +181,42 @@ def eager_forward(b: "TraceBuilder", t: float, tokens: int, context: int, heads:
         b.kernel(LM_HEAD, t + 20, grid=(197, -(-tokens // 128), 1))
     b.kernel(ARGMAX, t + 40)                                  # greedy sampling
     return t + 60
+
+
+# Real kernel names (from the shared traces, see reference/traces.md).
+TRTLLM_CONTEXT = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentContext"
+
+
+TRTLLM_GEN = "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausalP16VarSeqQ128Kv128PersistentSwapsAbForGen"
+
+
+FLASH_FWD = ("void pytorch_flash::flash_fwd_kernel<pytorch_flash::Flash_fwd_kernel_traits<64, 128, 128, 4, false, "
+             "false, cutlass::bfloat16_t, pytorch_flash::Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, "
+             "false, true, false, false, true, true, false, false>(pytorch_flash::Flash_fwd_params)")
+
+
+SPLITKV = ("void flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, false, "
+           "cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, true, false, false, "
+           "false, true, true, false, false>(flash::Flash_fwd_params)")
+
+
+SPLITKV_COMBINE = ("void flash::flash_fwd_splitkv_combine_kernel<Flash_fwd_kernel_traits<128, 64, 128, 4, false, "
+                   "false, cutlass::bfloat16_t, Flash_kernel_traits<128, 64, 128, 4, cutlass::bfloat16_t> >, 4, 1, "
+                   "true>(flash::Flash_fwd_params)")
+
+
+GEMM_SMALL = ("void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
+              "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)")
+
+
+ADAM = ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>, float, float, float, float, float, "
+        "float, float, float, adamMode_t, float, int>(long, int volatile*, TensorListMetadata<4>, AdamFunctor<float>)")
+
+
+CONV = "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1"
+
+
+def lm_head(b: "TraceBuilder", t: float, rows: int, vocab: int = 151936, ext: int = 990) -> None:
+    """A decoder's LM head (decoder-LLM evidence): aten::mm [rows, 1024] x [1024, vocab], once."""
+    b.op("aten::mm", t, t + 8, ext=ext, dims=[[rows, 1024], [1024, vocab]])
+    b.kernel(GEMM_SMALL if rows <= 16 else GEMM_LARGE, t + 1, ext=ext)

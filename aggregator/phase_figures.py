@@ -1,0 +1,590 @@
+"""Per-phase figures: one columnar accumulator and the one function that derives them.
+
+Both ``ridgeline analyze`` (:func:`aggregator.roofline.phase_summary`, the whole trace in
+one fold) and the live windows (:class:`aggregator.windows.SourceFold`, batch by batch)
+fill a :class:`PhaseSums` with :func:`fold_kernels`, and both read their per-phase dicts
+from :func:`phase_figures`: the two cannot disagree on the same kernels by construction
+(``tests/test_phase_figures.py`` feeds the same kernels through both and compares).
+
+:class:`PhaseSums` is columnar: one row per (device, pid, phase) key, integer sums in one
+int64 matrix, FLOP/byte sums in one float64 matrix, three histograms (kernel duration,
+idle gap inside a phase's windows, launch latency) in one int64 cube, the shapes' FLOPs by
+data type in one float64 matrix. A fold adds a batch with a handful of ``np.bincount``
+calls over the batch's kernels (no Python object per kernel) and one small Python loop per
+step (model work, evidence). Rows add, so folding a trace in batches gives the sums of
+folding it at once, as long as each step is folded whole (the window's carry does that).
+
+Definitions (what both paths publish):
+
+* a *unit* is a run of kernels of one (device, pid, step, phase) in (step, start) order;
+  a phase's busy time is the sum of its units' busy times (union of each unit's kernels);
+* a phase's *windows* are its steps (``start_ns`` to ``end_ns`` of each step of that
+  phase) and, for its kernels outside any step of that phase, the extent of each unit;
+  idle = windows - the busy time of the kernels inside them;
+* *gaps* are the idle gaps inside a unit (between its merged runs of kernels); the host's
+  launch (kernel, graph, memcpy, memset calls) and synchronisation calls of the same fold
+  cover part of them (``idle_in_launch_calls_ratio``, ``idle_in_sync_calls_ratio``);
+* medians and percentiles are read from histograms of ``SUB_BINS`` bins per octave: the
+  geometric middle of the bin that holds the percentile, within ``2 ** (1 / 16)`` (4.4%)
+  of the exact value; means and sums are exact.
+"""
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+import numpy as np
+
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC
+from ridgeline.probes.records import PHASE_NAMES
+
+from .work import DTYPE_KEYS, SOURCE_MODEL, SOURCE_SHAPES
+
+SUB_BITS = 3                          # mantissa bits kept: 8 bins per octave
+SUB_BINS = 1 << SUB_BITS
+OCTAVES = 48                          # up to 2**47 ns (39 hours): longer values share the last bin
+FINE_BINS = OCTAVES * SUB_BINS
+H_KERNEL, H_GAP, H_LAUNCH = 0, 1, 2   # histogram planes
+
+# Integer sums per row (columns of PhaseSums.ints).
+INT_FIELDS = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "window_busy_ns", "gaps",
+              "gap_ns", "gap_launch_ns", "gap_sync_ns", "launch_kernels", "launch_latency_ns",
+              "model_kernel_time_ns", "model_busy_ns", "model_steps",
+              "shape_kernel_time_ns", "shape_busy_ns", "shape_kernels")
+FLOAT_FIELDS = ("model_flops", "model_bytes", "shape_flops", "shape_bytes")
+I = {f: i for i, f in enumerate(INT_FIELDS)}
+F = {f: i for i, f in enumerate(FLOAT_FIELDS)}
+MAX_EVIDENCE = 8                      # distinct step evidence lines kept per row
+
+_LAUNCHING = np.zeros(256, dtype=bool)
+_LAUNCHING[[API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_MEMSET]] = True
+_SYNCING = np.zeros(256, dtype=bool)
+_SYNCING[API_SYNC] = True
+
+
+def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
+    no launch record of that correlation id (same join as
+    :func:`aggregator.roofline.launch_join`; the sort is skipped when the records come
+    in correlation order, as CUPTI and the simulator deliver them)."""
+    lat = np.full(len(k), -1, np.int64)
+    if not len(k) or not len(a):
+        return lat
+    cat = a["category"]
+    launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
+    if not len(launch):
+        return lat
+    every = len(launch) == len(a)          # only launch records (a kernel stream): no gather
+    corr = a["correlation_id"] if every else a["correlation_id"][launch]
+    if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
+        o = np.argsort(corr, kind="stable")
+        corr, launch = corr[o], launch[o]
+        every = False
+    kc = k["correlation_id"]
+    if len(kc) == len(corr) and np.array_equal(kc, corr):
+        # One launch record per kernel, in the same order (the common case): no search.
+        d = k["start_ns"] - (a["start_ns"] if every else a["start_ns"][launch])
+        np.maximum(d, 0, out=d)
+        lat[:] = np.where(kc >= 0, d, -1) if int(kc.min()) < 0 else d
+        return lat
+    pos = np.minimum(np.searchsorted(corr, kc), len(corr) - 1)
+    hit = (corr[pos] == kc) & (kc >= 0)
+    lat[hit] = np.maximum(k["start_ns"][hit] - a["start_ns"][launch[pos[hit]]], 0)
+    return lat
+
+
+def fine_bins(values_ns: np.ndarray) -> np.ndarray:
+    """Bin per value: 0 for < 1 ns, else octave and the top ``SUB_BITS`` mantissa bits,
+    read from the float64 bits (no logarithm per value)."""
+    v = np.asarray(values_ns).astype(np.float64)          # a fresh array: worked on in place
+    np.maximum(v, 0.5, out=v)
+    b = v.view(np.int64)
+    b >>= 52 - SUB_BITS
+    b -= 1022 << SUB_BITS            # 0.5 -> bin 0, 1 -> SUB_BINS
+    return np.minimum(b, FINE_BINS - 1, out=b)
+
+
+def fine_percentile_ns(hist: np.ndarray, q: float) -> float | None:
+    """The q-th percentile of a :func:`fine_bins` histogram: the geometric middle of its bin."""
+    cum = np.cumsum(hist)
+    total = int(cum[-1]) if len(cum) else 0
+    if total == 0:
+        return None
+    b = int(np.searchsorted(cum, q / 100.0 * total, side="left"))
+    if b < SUB_BINS:
+        return 0.0
+    octave, sub = divmod(b, SUB_BINS)
+    lo = 2.0 ** (octave - 1) * (1 + sub / SUB_BINS)
+    hi = 2.0 ** (octave - 1) * (1 + (sub + 1) / SUB_BINS)
+    return math.sqrt(lo * hi)
+
+
+def group_key(device: np.ndarray | int, pid: np.ndarray | int):
+    """(device, pid) as one int64: device in the high 32 bits."""
+    return (np.asarray(device).astype(np.int64) << 32) | (np.asarray(pid).astype(np.int64) & 0xFFFFFFFF)
+
+
+def split_group_key(gk: int) -> tuple[int, int]:
+    """(device, pid) of a :func:`group_key` (the pid as the signed 32-bit value it was)."""
+    gk = int(gk)
+    pid = gk & 0xFFFFFFFF
+    return gk >> 32, pid - (1 << 32) if pid >= 1 << 31 else pid
+
+
+class PhaseSums:
+    """The accumulator: rows keyed by ``group_key << 3 | phase``, kept sorted."""
+
+    def __init__(self):
+        self.keys = np.empty(0, np.int64)
+        self.ints = np.zeros((0, len(INT_FIELDS)), np.int64)
+        self.floats = np.zeros((0, len(FLOAT_FIELDS)), np.float64)
+        self.hists = np.zeros((0, 3, FINE_BINS), np.int64)
+        self.dtype_flops = np.zeros((0, len(DTYPE_KEYS)), np.float64)
+        # Per row (not per kernel): the model's notes and the steps' evidence lines.
+        self.notes: dict[int, set] = {}
+        self.evidence: dict[int, dict[str, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def rows(self, keys: np.ndarray) -> np.ndarray:
+        """Row index of each of ``keys`` (distinct), adding rows for new keys."""
+        keys = np.asarray(keys, np.int64)
+        pos = np.searchsorted(self.keys, keys)
+        hit = pos < len(self.keys)
+        hit[hit] = self.keys[pos[hit]] == keys[hit]
+        if not hit.all():
+            new = np.union1d(self.keys, keys[~hit])
+            at = np.searchsorted(new, self.keys)
+            for name, cols in (("ints", self.ints), ("floats", self.floats), ("hists", self.hists),
+                               ("dtype_flops", self.dtype_flops)):
+                grown = np.zeros((len(new),) + cols.shape[1:], cols.dtype)
+                grown[at] = cols
+                setattr(self, name, grown)
+            self.keys = new
+            pos = np.searchsorted(self.keys, keys)
+        return pos
+
+    def add(self, other: "PhaseSums") -> None:
+        """Add another accumulator's rows into this one."""
+        if not len(other):
+            return
+        r = self.rows(other.keys)
+        self.ints[r] += other.ints
+        self.floats[r] += other.floats
+        self.hists[r] += other.hists
+        self.dtype_flops[r] += other.dtype_flops
+        for i, k in enumerate(other.keys.tolist()):
+            row_key = int(self.keys[r[i]])
+            if k in other.notes:
+                self.notes.setdefault(row_key, set()).update(other.notes[k])
+            for line, n in other.evidence.get(k, {}).items():
+                _evidence_add(self.evidence.setdefault(row_key, {}), line, n)
+
+    def by_phase(self) -> "PhaseSums":
+        """The rows summed over devices and processes: one row per phase (key = phase)."""
+        out = PhaseSums()
+        if not len(self):
+            return out
+        ph = self.keys & 7
+        u, inv = np.unique(ph, return_inverse=True)
+        inv = inv.reshape(-1)
+        out.keys = u.astype(np.int64)
+        for name in ("ints", "floats", "hists", "dtype_flops"):
+            cols = getattr(self, name)
+            acc = np.zeros((len(u),) + cols.shape[1:], cols.dtype)
+            np.add.at(acc, inv, cols)
+            setattr(out, name, acc)
+        for k, v in self.notes.items():
+            out.notes.setdefault(k & 7, set()).update(v)
+        for k, ev in self.evidence.items():
+            for line, n in ev.items():
+                _evidence_add(out.evidence.setdefault(k & 7, {}), line, n)
+        return out
+
+    def select(self, rows: np.ndarray) -> "PhaseSums":
+        """The given rows as an accumulator of their own."""
+        out = PhaseSums()
+        out.keys = self.keys[rows]
+        out.ints, out.floats = self.ints[rows], self.floats[rows]
+        out.hists, out.dtype_flops = self.hists[rows], self.dtype_flops[rows]
+        keys = set(out.keys.tolist())
+        out.notes = {k: v for k, v in self.notes.items() if k in keys}
+        out.evidence = {k: v for k, v in self.evidence.items() if k in keys}
+        return out
+
+    def groups(self) -> list[int]:
+        """The distinct (device, pid) group keys, sorted."""
+        return np.unique(self.keys >> 3).tolist()
+
+    def group_rows(self, gk: int) -> np.ndarray:
+        return np.flatnonzero((self.keys >> 3) == gk)
+
+
+def _evidence_add(ev: dict[str, int], line: str, n: int) -> None:
+    if line and (len(ev) < MAX_EVIDENCE or line in ev):
+        ev[line] = ev.get(line, 0) + int(n)
+
+
+def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Merged intervals of the host's launch calls (kernel, graph, memcpy, memset) and of
+    its synchronisation calls."""
+    e = np.empty(0, np.int64)
+    if not len(api):
+        return (e, e), (e, e)
+    cat = api["category"]
+    lm, sm = _LAUNCHING[cat], _SYNCING[cat]
+    # Contiguous copies first: the record's fields are unaligned (50-byte records), and
+    # numpy's arithmetic on unaligned strided views is several times slower.
+    st, en = np.ascontiguousarray(api["start_ns"]), np.ascontiguousarray(api["end_ns"])
+    if lm.all():                    # a kernel stream's launch records: no mask, no sync
+        return _union(st, en), (e, e)
+    return _union(st[lm], en[lm]), (_union(st[sm], en[sm]) if sm.any() else (e, e))
+
+
+def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted disjoint intervals covering the given ones. No sort when they come in start
+    order (one thread's calls, a stream's records)."""
+    s = np.asarray(start, np.int64)
+    e = np.maximum(np.asarray(end, np.int64), s)
+    if len(s) < 2:
+        return s, e
+    if not (s[1:] >= s[:-1]).all():
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+    e = np.maximum.accumulate(e)
+    new = np.empty(len(s), bool)
+    new[0] = True
+    np.greater(s[1:], e[:-1], out=new[1:])
+    idx = np.flatnonzero(new)
+    if len(idx) == len(s):
+        return s, e
+    return s[idx], e[np.r_[idx[1:] - 1, len(s) - 1]]
+
+
+def _coverage_at(xs: tuple[np.ndarray, ...], ms: np.ndarray, me: np.ndarray) -> list[np.ndarray]:
+    """Nanoseconds covered by sorted disjoint intervals up to each x of each array in xs
+    (float64, counted from ``ms[0]``). The covered length is piecewise linear in x (rising
+    inside an interval, flat between), so ``np.interp`` reads it, O(1) per x when the x
+    come nearly sorted (exact in float64 for spans under 104 days)."""
+    t0 = int(ms[0])
+    xp = np.empty(2 * len(ms))
+    xp[0::2] = ms - t0
+    xp[1::2] = me - t0
+    fp = np.empty(2 * len(ms))
+    fp[0] = 0.0
+    np.cumsum(me - ms, out=fp[1::2])
+    fp[2::2] = fp[1:-1:2]
+    return [np.interp(x, xp, fp) for x in xs]
+
+
+def _bincount_rows(index: np.ndarray, weights, size: int) -> np.ndarray:
+    return np.bincount(index, weights=weights, minlength=size) if len(index) else np.zeros(size)
+
+
+def _hist_rows(row: np.ndarray | None, values: np.ndarray, nrows: int) -> np.ndarray:
+    """(nrows, FINE_BINS) histogram of ``values`` by row (``row`` None: all in row 0)."""
+    if row is None:
+        return np.bincount(fine_bins(values), minlength=FINE_BINS).reshape(1, FINE_BINS)
+    return np.bincount(row * FINE_BINS + fine_bins(values),
+                       minlength=nrows * FINE_BINS).reshape(nrows, FINE_BINS)
+
+
+_STREAM_LINE = re.compile(r"^(?:%s): (.*?)(?:; (?:%s): .*)?$" % (("|".join(PHASE_NAMES.values()),) * 2), re.S)
+
+
+def evidence_line(step) -> str:
+    """The deciding evidence line of a step. A mapped step (:mod:`aggregator.phases`) has a
+    list, the deciding line first; a stream step (:mod:`aggregator.stream_phases`) one string,
+    ``"phase: line"``, a relabelled one ``"mixed: line; prefill: line"``: its first line,
+    without the phase name (the figures are keyed by phase), so both read the same."""
+    ev = step.evidence
+    if not isinstance(ev, str):
+        return ev[0] if ev else ""
+    return _stream_line(ev)
+
+
+@lru_cache(maxsize=4096)
+def _stream_line(ev: str) -> str:
+    m = _STREAM_LINE.match(ev)
+    return m.group(1) if m else ev
+
+
+class Units:
+    """Contiguous runs of one (device, pid, step, phase) of a fold, for the caller's
+    per-device figures (extent, idle between units)."""
+    __slots__ = ("start_ns", "end_ns", "busy_ns", "kernels", "kernel_time_ns", "gkey", "gap_ns", "gap_unit")
+
+    def __init__(self, start_ns, end_ns, busy_ns, kernels, kernel_time_ns, gkey, gap_ns, gap_unit):
+        self.start_ns, self.end_ns, self.busy_ns = start_ns, end_ns, busy_ns
+        self.kernels, self.kernel_time_ns, self.gkey = kernels, kernel_time_ns, gkey
+        self.gap_ns, self.gap_unit = gap_ns, gap_unit
+
+
+def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, phase: np.ndarray,
+                 step: np.ndarray, gkey: np.ndarray | int, steps: list, latency_ns: np.ndarray,
+                 shape_flops: np.ndarray | None = None, shape_bytes: np.ndarray | None = None,
+                 shape_dtype: np.ndarray | None = None, step_work=None, host=None,
+                 on_step=None) -> Units | None:
+    """Fold kernels into ``sums``. Arrays are aligned, in (step, start) order: kernel
+    start/end, phase code, step index into ``steps`` (-1: none), group key (one int when
+    every kernel has the same), launch latency (-1: unknown), shapes work (NaN: unknown)
+    and dtype code (-1: unknown). ``step_work(step)``: the model's work of a step or None;
+    ``host``: :func:`host_intervals` of the same fold's API records; ``on_step(step,
+    unit)``: called once per step folded (the window's step log). Returns the units."""
+    n = len(start_ns)
+    if not n:
+        return None
+    s = np.asarray(start_ns, np.int64)
+    e = np.maximum(np.asarray(end_ns, np.int64), s)
+    ph = np.asarray(phase).astype(np.int64)
+    stp = np.asarray(step, np.int64)
+    one_group = np.ndim(gkey) == 0
+    brk = np.empty(n, dtype=bool)
+    brk[0] = True
+    if one_group:
+        # One GPU and process: a unit breaks where (step, phase) does, one comparison.
+        sp = (stp << 3) | ph
+        np.not_equal(sp[1:], sp[:-1], out=brk[1:])
+        first = np.flatnonzero(brk)
+        u_gkey = np.full(len(first), int(gkey), np.int64)
+        u_ukey = (u_gkey << 3) | ph[first]
+    else:
+        gk = np.asarray(gkey, np.int64)
+        ukey = (gk << 3) | ph
+        np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
+        brk[1:] |= stp[1:] != stp[:-1]
+        first = np.flatnonzero(brk)
+        u_gkey = gk[first]
+        u_ukey = ukey[first]
+    nu = len(first)
+    unit = np.cumsum(brk) - 1
+    # Merged runs inside each unit: shifting each unit by unit * width keeps units apart.
+    t0 = int(s.min())
+    width = int(e.max()) - t0 + 1
+    off = unit * width - t0
+    so, eo = s + off, e + off
+    run_end = np.maximum.accumulate(eo)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.greater(so[1:], run_end[:-1], out=new[1:])
+    ri = np.flatnonzero(new)
+    r_s = so[ri]
+    r_e = run_end[np.r_[ri[1:] - 1, n - 1]]
+    r_unit = unit[ri]
+    u_busy = np.bincount(r_unit, weights=(r_e - r_s), minlength=nu).astype(np.int64)
+    dur = e - s
+    u_cnt = np.diff(np.r_[first, n])
+    u_kt = np.add.reduceat(dur, first)
+    u_start = s[first]
+    u_end = np.maximum.reduceat(e, first)
+    u_step = stp[first]
+    u_ph = ph[first]
+    same = r_unit[1:] == r_unit[:-1]
+    gap_len = (r_s[1:] - r_e[:-1])[same]
+    gap_unit = r_unit[1:][same]
+    # Rows of the (group, phase) pairs.
+    ugp, row_of_unit = np.unique(u_ukey, return_inverse=True)
+    row_of_unit = row_of_unit.reshape(-1)
+    ng = len(ugp)
+    rows = sums.rows(ugp)
+    row_of_kernel = None if ng == 1 else row_of_unit[unit]
+    lat = np.asarray(latency_ns, np.int64)
+    lat_ok = lat >= 0
+    all_lat = bool(lat_ok.all())
+    add = np.zeros((ng, len(INT_FIELDS)), np.int64)
+    addf = np.zeros((ng, len(FLOAT_FIELDS)), np.float64)
+    add[:, I["kernels"]] = np.bincount(row_of_unit, weights=u_cnt, minlength=ng)
+    add[:, I["kernel_time_ns"]] = np.bincount(row_of_unit, weights=u_kt, minlength=ng)
+    add[:, I["busy_ns"]] = np.bincount(row_of_unit, weights=u_busy, minlength=ng)
+    g_row = row_of_unit[gap_unit]
+    add[:, I["gaps"]] = np.bincount(g_row, minlength=ng)
+    add[:, I["gap_ns"]] = _bincount_rows(g_row, gap_len, ng)
+    h = np.zeros((ng, 3, FINE_BINS), np.int64)
+    h[:, H_KERNEL] = _hist_rows(row_of_kernel, dur, ng)
+    h[:, H_GAP] = _hist_rows(None if ng == 1 else g_row, gap_len, ng)
+    if all_lat:
+        h[:, H_LAUNCH] = _hist_rows(row_of_kernel, lat, ng)
+        add[:, I["launch_kernels"]] = add[:, I["kernels"]]
+        add[:, I["launch_latency_ns"]] = (np.bincount(row_of_kernel, weights=lat, minlength=ng)
+                                          if row_of_kernel is not None else int(lat.sum()))
+    elif lat_ok.any():
+        lr = row_of_kernel[lat_ok] if row_of_kernel is not None else np.zeros(int(lat_ok.sum()), np.intp)
+        h[:, H_LAUNCH] = _hist_rows(lr, lat[lat_ok], ng)
+        add[:, I["launch_kernels"]] = np.bincount(lr, minlength=ng)
+        add[:, I["launch_latency_ns"]] = np.bincount(lr, weights=lat[lat_ok], minlength=ng)
+    # The host during the gaps: the covered length up to each end of each gap, from one
+    # interpolation table per kind of host call; a gap's cover is the difference.
+    if host is not None and len(gap_len):
+        gi = np.flatnonzero(same)
+        g0 = r_e[gi] - off[ri[gi]]              # gap starts, in the kernels' own clock
+        for col, (hs, he) in ((I["gap_launch_ns"], host[0]), (I["gap_sync_ns"], host[1])):
+            if len(hs):
+                x0 = (g0 - int(hs[0])).astype(np.float64)
+                cs, ce = _coverage_at((x0 + gap_len, x0), hs, he)
+                cs -= ce
+                add[:, col] = np.rint(cs.sum() if ng == 1 else _bincount_rows(g_row, cs, ng))
+    # Operator-shape work per kernel.
+    if shape_flops is not None:
+        known = ~np.isnan(shape_flops)
+        if known.any():
+            kr = row_of_kernel[known] if row_of_kernel is not None else np.zeros(int(known.sum()), np.intp)
+            addf[:, F["shape_flops"]] = _bincount_rows(kr, shape_flops[known], ng)
+            addf[:, F["shape_bytes"]] = _bincount_rows(kr, np.nan_to_num(shape_bytes[known]), ng)
+            skt = _bincount_rows(kr, dur[known], ng)
+            add[:, I["shape_kernel_time_ns"]] = skt
+            add[:, I["shape_kernels"]] = np.bincount(kr, minlength=ng)
+            # Busy time of the kernels with shapes: their share of the row's kernel time.
+            kt = add[:, I["kernel_time_ns"]]
+            add[:, I["shape_busy_ns"]] = np.where(kt > 0, add[:, I["busy_ns"]] * (skt / np.maximum(kt, 1)), 0)
+            if shape_dtype is not None:
+                dc = np.asarray(shape_dtype)[known].astype(np.int64)
+                ok = dc >= 0
+                if ok.any():
+                    df = np.bincount(kr[ok] * len(DTYPE_KEYS) + dc[ok], weights=shape_flops[known][ok],
+                                     minlength=ng * len(DTYPE_KEYS)).reshape(ng, len(DTYPE_KEYS))
+                    sums.dtype_flops[rows] += df
+    # Windows: a unit outside any step of its phase is its own window.
+    u_in_step = np.zeros(nu, dtype=bool)
+    sidx = np.flatnonzero(u_step >= 0)
+    if len(sidx):
+        st_phase = np.fromiter((steps[i].phase for i in u_step[sidx].tolist()), np.int64, len(sidx))
+        u_in_step[sidx] = st_phase == u_ph[sidx]
+    loose = ~u_in_step
+    if loose.any():
+        add[:, I["window_ns"]] += np.bincount(row_of_unit[loose], weights=(u_end - u_start)[loose],
+                                              minlength=ng).astype(np.int64)
+        add[:, I["window_busy_ns"]] += np.bincount(row_of_unit[loose], weights=u_busy[loose],
+                                                   minlength=ng).astype(np.int64)
+    # Per step (a few per batch): the step's window once, its busy time, evidence and
+    # the model's work from its token counts.
+    seen: set[int] = set()
+    with_work: set[int] = set()
+    for u in np.flatnonzero(u_in_step).tolist():
+        si = int(u_step[u])
+        r = int(row_of_unit[u])
+        add[r, I["window_busy_ns"]] += int(u_busy[u])
+        if si in seen:
+            # Another run of the same step and phase (kernels of two phases interleaved).
+            if si in with_work:
+                add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
+                add[r, I["model_busy_ns"]] += int(u_busy[u])
+            continue
+        seen.add(si)
+        st = steps[si]
+        add[r, I["steps"]] += 1
+        add[r, I["window_ns"]] += int(st.end_ns - st.start_ns)
+        row_key = int(ugp[r])
+        _evidence_add(sums.evidence.setdefault(row_key, {}), evidence_line(st), int(u_cnt[u]))
+        if on_step is not None:
+            on_step(st, int(u_gkey[u]))
+        w = step_work(st) if step_work is not None else None
+        if w is not None:
+            with_work.add(si)
+            addf[r, F["model_flops"]] += w.flops
+            addf[r, F["model_bytes"]] += w.bytes
+            add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
+            add[r, I["model_busy_ns"]] += int(u_busy[u])
+            add[r, I["model_steps"]] += 1
+            if w.notes:
+                sums.notes.setdefault(row_key, set()).update(w.notes)
+    sums.ints[rows] += add
+    sums.floats[rows] += addf
+    sums.hists[rows] += h
+    return Units(u_start, u_end, u_busy, u_cnt, u_kt, u_gkey, gap_len, gap_unit)
+
+
+def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel_time_ns: int,
+                  ceilings=None, model_dtype: str | None = None) -> dict:
+    """Every per-phase figure of one row of ``sums``: counts and times, windows and idle,
+    gaps and what the host did in them, FLOPs and bytes with their source, the roofline
+    position, launch latency, the verdict and its evidence. ``total_*``: the sums over the
+    rows the phase shares a GPU with (its group, or all phases of a trace)."""
+    from . import roofline_rules
+    iv = sums.ints[row]
+    fv = sums.floats[row]
+    hv = sums.hists[row]
+    key = int(sums.keys[row])
+    g = {f: int(iv[i]) for f, i in I.items()}
+    kt = g["kernel_time_ns"]
+    by_source: dict[str, dict] = {}
+    shapes_cov = (g["shape_kernel_time_ns"] / kt) if kt and g["shape_kernels"] else 0.0
+    model_cov = (g["model_kernel_time_ns"] / kt) if kt and g["model_steps"] else 0.0
+    if g["shape_kernels"]:
+        w = sums.dtype_flops[row]
+        dt = DTYPE_KEYS[int(np.argmax(w))] if w.sum() > 0 else None
+        by_source[SOURCE_SHAPES] = {"flops": float(fv[F["shape_flops"]]), "bytes": float(fv[F["shape_bytes"]]),
+                                    "busy_ns": g["shape_busy_ns"], "coverage_ratio": shapes_cov, "dtype": dt,
+                                    "kernels": g["shape_kernels"]}
+    if g["model_steps"]:
+        by_source[SOURCE_MODEL] = {"flops": float(fv[F["model_flops"]]), "bytes": float(fv[F["model_bytes"]]),
+                                   "busy_ns": g["model_busy_ns"], "coverage_ratio": model_cov,
+                                   "dtype": model_dtype, "steps": g["model_steps"],
+                                   "notes": sorted(sums.notes.get(key, ()))}
+    wc = roofline_rules.choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
+    src, chosen, cov = wc["work_source"], wc["chosen"], wc["work_coverage_ratio"]
+    span = g["window_ns"]
+    idle = max(0, span - g["window_busy_ns"])
+    idle_ratio = (idle / span) if span > 0 else None
+    gap_total = g["gap_ns"]
+    launch_cover = (g["gap_launch_ns"] / gap_total) if gap_total > 0 else None
+    sync_cover = (g["gap_sync_ns"] / gap_total) if gap_total > 0 else None
+    med_gap = fine_percentile_ns(hv[H_GAP], 50)
+    med_k = fine_percentile_ns(hv[H_KERNEL], 50)
+    verdict, evidence = roofline_rules.decide_verdict(
+        idle_ratio=idle_ratio, launch_cover_ratio=launch_cover, sync_cover_ratio=sync_cover,
+        median_gap_ns=med_gap, median_kernel_ns=med_k, arithmetic_intensity=wc["arithmetic_intensity"],
+        ridge_point=wc["ridge_point"], pct_of_peak_flops=wc["pct_of_peak_flops"],
+        pct_of_peak_bytes=wc["pct_of_peak_bytes"], work_coverage_ratio=cov)
+    for name_ in wc["implausible"]:
+        r = by_source[name_]["exceeds_ceilings_ratio"]
+        evidence.append(
+            f"{name_} figures would need {r:.1f}x the GPU's ceilings in the traced kernel time"
+            + (": the trace holds only part of the step's kernels; model figures not used"
+               if name_ == SOURCE_MODEL else ": shape bytes exceed DRAM traffic (cache reuse)"))
+    if chosen:
+        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
+        evidence.extend(chosen.get("notes", []))
+    elif g["kernels"]:
+        evidence.append("no FLOP/byte source (no operator shapes; pass --model for the analytic model)")
+    nl = g["launch_kernels"]
+    lat = {"kernels": nl, "p50_ns": fine_percentile_ns(hv[H_LAUNCH], 50),
+           "p90_ns": fine_percentile_ns(hv[H_LAUNCH], 90), "p99_ns": fine_percentile_ns(hv[H_LAUNCH], 99),
+           "mean_ns": (g["launch_latency_ns"] / nl) if nl else None}
+    if lat["p50_ns"] is not None:
+        evidence.append(f"launch latency p50 {lat['p50_ns'] / 1e3:.1f} us over {nl} kernels")
+    ev = sums.evidence.get(key, {})
+    evidence.extend(sorted(ev, key=lambda x: -ev[x])[:3])
+    return {
+        "kernels": g["kernels"], "kernel_time_ns": kt, "busy_ns": g["busy_ns"],
+        "time_share_pct": 100.0 * kt / total_kernel_time_ns if total_kernel_time_ns else 0.0,
+        "share_of_gpu_time_ratio": (g["busy_ns"] / total_busy_ns) if total_busy_ns else None,
+        "steps": g["steps"], "window_ns": span, "idle_ns": idle, "idle_ratio": idle_ratio,
+        "gaps": g["gaps"], "median_gap_ns": med_gap, "median_kernel_ns": med_k,
+        "idle_in_launch_calls_ratio": launch_cover, "idle_in_sync_calls_ratio": sync_cover,
+        "flops": wc["flops"], "bytes": wc["bytes"], "work_source": src, "work_coverage_ratio": cov,
+        "work_busy_ns": wc["work_busy_ns"], "work_by_source": by_source,
+        "achieved_flops_per_s": wc["achieved_flops_per_s"], "achieved_bytes_per_s": wc["achieved_bytes_per_s"],
+        "arithmetic_intensity": wc["arithmetic_intensity"], "ridge_point": wc["ridge_point"],
+        "ceiling_dtype": wc["ceiling_dtype"], "peak_flops_per_s": wc["peak_flops_per_s"],
+        "peak_bytes_per_s": ceilings.hbm_bytes_per_s if ceilings is not None else None,
+        "pct_of_peak_flops": wc["pct_of_peak_flops"], "pct_of_peak_bytes": wc["pct_of_peak_bytes"],
+        "launch_latency": lat, "verdict": verdict, "evidence": evidence,
+    }
+
+
+def figures_by_phase(sums: PhaseSums, phase_names: dict[int, str], *, ceilings=None,
+                     model_dtype: str | None = None) -> dict[str, dict]:
+    """Per-phase figures of rows that share a GPU (one group, or a whole trace summed over
+    its devices), keyed by phase name."""
+    if not len(sums):
+        return {}
+    totals = sums.ints.sum(axis=0)
+    out = {}
+    for r in range(len(sums)):
+        ph = int(sums.keys[r]) & 7
+        out[phase_names.get(ph, str(ph))] = phase_figures(
+            sums, r, total_busy_ns=int(totals[I["busy_ns"]]),
+            total_kernel_time_ns=int(totals[I["kernel_time_ns"]]), ceilings=ceilings, model_dtype=model_dtype)
+    return out
