@@ -45,20 +45,28 @@ import socket
 import threading
 import time
 
+import msgspec
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-import msgspec
-
 from ridgeline.aggregator import gpu_identity
-from ridgeline.probes.records import (CuptiProbeCounters, DeviceSample, DeviceSamples, EngineFigures,
-                                      EngineProbeCounters, GpuProcess, Health, ProbeCounters, SchedThread, Window,
-                                      window_of)
+from ridgeline.probes.records import (
+    CuptiProbeCounters,
+    DeviceSample,
+    DeviceSamples,
+    EngineFigures,
+    EngineProbeCounters,
+    GpuProcess,
+    Health,
+    ProbeCounters,
+    SchedThread,
+    Window,
+    window_of,
+)
 
 log = logging.getLogger("ridgeline.prometheus")
 
@@ -80,11 +88,14 @@ def _num(v) -> float | None:
     return None
 
 
+log = logging.getLogger("ridgeline.prometheus")
+
+
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        from importlib.metadata import version
         return version("ridgeline")
-    except Exception:
+    except PackageNotFoundError:      # run from a source tree that was never installed
         return "unknown"
 
 
@@ -102,7 +113,7 @@ def simulated_sources(w: Window) -> list[str]:
     """The window's simulated sources, sorted: GPU sources named ``simulated`` (the
     simulator probe), and ``engine`` when an engine endpoint's record says ``simulated``
     (which endpoints: ``ridgeline_engine_info{simulated="true"}``)."""
-    from .top import engine_records
+    from .window_sections import engine_records
     out = {s for s in w.sources if s.startswith("simulat")}
     out |= {g.source for g in w.gpus if g.source and g.source.startswith("simulat")}
     if any(e is not None and e.simulated for e in (_engine_figures(rec) for _, rec in engine_records(w.engine))):
@@ -146,6 +157,9 @@ class WindowCollector:
         self.host = host
         self.window: Window | None = None    # the latest window, as typed records
         self.windows = 0
+        # Records a scrape could not render, by (section, error type): counted, the first of
+        # each logged with its traceback (a bug met by odd data costs that record's series).
+        self.render_errors: collections.Counter = collections.Counter()
         self.windows_unreadable = 0          # windows refused by window_of (logged), never exposed
         self.phase_kernel_seconds: dict[tuple, float] = {}
         self.phase_kernels: dict[tuple, float] = {}
@@ -165,7 +179,7 @@ class WindowCollector:
         # -- issue 22: request join aggregates (agent/request_metrics.py) --
         from .request_metrics import RequestMetrics
         self.request_metrics = RequestMetrics()
-        from .straggler_metrics import StragglerMetrics     # issue 23
+        from .straggler_metrics import StragglerMetrics  # issue 23
         self.straggler_metrics = StragglerMetrics()
 
     # ------------------------------------------------------------------ accumulation
@@ -281,8 +295,8 @@ class WindowCollector:
                 del store[k]
 
     def _observe_threads(self, window: Window, launch: set) -> None:
-        from .top import _sched_threads
-        for row in _sched_threads(window.sched):
+        from .window_sections import sched_threads
+        for row in sched_threads(window.sched):
             try:
                 th = msgspec.convert(row, SchedThread)
             except msgspec.ValidationError as exc:    # one bad row loses that thread's figures
@@ -453,9 +467,17 @@ class WindowCollector:
         yield peak_fl
         yield from fams.values()
 
+    def _render_failed(self, section: str, exc: Exception) -> None:
+        key = (section, type(exc).__name__)
+        self.render_errors[key] += 1
+        if self.render_errors[key] == 1:
+            log.warning("/metrics: a %s record could not be rendered: %s: %s (counted; said once per kind)",
+                        section, type(exc).__name__, exc, exc_info=exc)
+
     def _engine(self, w: Window):
         from ridgeline.aggregator import engine_metrics
-        from .top import engine_records
+
+        from .window_sections import engine_records
         host = self._host(w)
         fams: dict[str, object] = {}
         keys: dict[str, list] = {}
@@ -480,7 +502,8 @@ class WindowCollector:
             try:
                 samples = engine_metrics.prometheus_samples(rec, lab)
                 histograms = engine_metrics.prometheus_histograms(rec)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one engine record's series lost, not the scrape; counted, logged)
+                self._render_failed("engine", exc)
                 continue
             for name, labels, value in samples:
                 counter = name.endswith("_total")
@@ -515,7 +538,8 @@ class WindowCollector:
                 continue
             try:
                 figs = device_metrics.window_figures(recs).values()
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one source's device series lost, not the scrape; counted, logged)
+                self._render_failed("device", exc)
                 continue
             for fig in figs:
                 try:
@@ -553,7 +577,7 @@ class WindowCollector:
         v = w.verdict
         if isinstance(v, list):
             for x in v[:MAX_SERIES_PER_FAMILY]:
-                if isinstance(x, dict) and x.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                if isinstance(x, dict) and x.get("verdict") in verdict.VERDICTS:
                     gpu = self._gpu_identity(x.get("pid"), x.get("device"))[0]
                     for _name, labels, value in verdict.prometheus_samples(x):
                         state.add_metric([host, gpu, str(labels.get("pid", "")),
@@ -813,8 +837,12 @@ class MetricsServer:
                             self._read(conn)
                         elif mask & selectors.EVENT_WRITE:
                             self._write(conn)
-                    except Exception:
+                    except OSError:                    # the scraper went away
                         self.stats["errors"] += 1
+                        self._close(conn)
+                    except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                        self.stats["errors"] += 1
+                        log.exception("/metrics: request handling failed (counted; connection closed)")
                         self._close(conn)
             now = time.monotonic()
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
@@ -860,8 +888,12 @@ class MetricsServer:
                 continue
             try:
                 self._read(c)
-            except Exception:
+            except OSError:                    # the scraper went away
                 self.stats["errors"] += 1
+                self._close(c)
+            except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                self.stats["errors"] += 1
+                log.exception("/metrics: request handling failed (counted; connection closed)")
                 self._close(c)
             if c.sock not in self._conns:
                 return None

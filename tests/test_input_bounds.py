@@ -277,14 +277,14 @@ def test_forged_frame_length(tmp_path):
 
 @pytest.fixture(scope="module")
 def sim_source(tmp_path_factory):
-    from recording_synth import simulated_trace
+    from support.recording_synth import simulated_trace
     return simulated_trace(tmp_path_factory.mktemp("sim") / "sim10.json.gz")
 
 
 def test_long_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
     """3 minutes of the simulator's vLLM stream (7.4M kernels, 7.4M launch calls): whole,
     it would take several GB; segment by segment it stays under the ceiling."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     f = tmp_path / "long.rlrec"
     info = write_recording(f, sim_source, minutes=3)
     assert info["kernels"] > 5_000_000
@@ -299,7 +299,7 @@ def test_long_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
 def test_restarts_and_lost_messages_are_not_gpu_idle(tmp_path, sim_source, capsys):
     """Issue 14.8: the agent's 20 s restart and 3 s of lost events messages are reported
     and kept out of every idle figure."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     f = tmp_path / "restart.rlrec"
     info = write_recording(f, sim_source, minutes=1, restart_at_s=40, restart_downtime_s=20,
                            lost_at_s=15, lost_batches=3)
@@ -342,7 +342,7 @@ def test_many_long_distinct_names_are_charged(tmp_path):
 def test_thirty_minute_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
     """The issue's case at full length: 30 minutes of the simulated vLLM stream (75M
     kernels; the real 83 MB recording drove the host's OOM killer at 23 GB)."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     f = tmp_path / "thirty.rlrec"
     info = write_recording(f, sim_source, minutes=30, restart_at_s=900, lost_at_s=300)
     code, rss, wall, out, err = run_bounded(f, "--json", timeout=1800)

@@ -4,11 +4,11 @@ keys select, sort and quit as htop's do."""
 import copy
 
 import pytest
+from view_window import view_window
 
 from ridgeline.agent.top import TopState
 from ridgeline.agent.top_frame import KEYS, frame, quantile_text, sparkline
 from ridgeline.agent.top_view import HISTORY, SORTS, ViewState, pressure_pct
-from view_window import view_window
 
 
 def rows(t):
