@@ -12,7 +12,7 @@ commit's library, from its own tree) and ``--variant`` (this checkout built with
 CFLAGS, e.g. ``-flto``), then alternates them: each run is one
 child process per library (order rotated every round), which feeds the same synthetic
 buffer (kernels + runtime API + external correlations + memcpy/memset + NVTX markers, as
-tests/cupti_records.py builds it) ``--buffers`` times and reads the calling thread's CPU
+tests/support/cupti_records.py builds it) ``--buffers`` times and reads the calling thread's CPU
 time around each call (CLOCK_THREAD_CPUTIME_ID: the sender thread and other processes on a
 loaded machine are not counted). A run's figure is the median over its buffers; the table
 gives min / median / max over runs, and the median of the per-round ratios to the base.
@@ -115,7 +115,7 @@ def child(lib_path: str, buffers: int, warm: int) -> None:
     """One run: the library in this process, its completed-buffer path fed ``buffers``
     times; prints {"ns_per_record": [...], "records": n} on stdout."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import cupti_records as R  # the project's synthetic CUPTI buffers (tests/)
+    from support import cupti_records as R  # the project's synthetic CUPTI buffers (tests/support)
     os.environ["RIDGELINE_POOL_SLOTS"] = "64"
     lib = ctypes.CDLL(lib_path)
     lib.ridgeline_test_init.argtypes = [ctypes.c_char_p, ctypes.c_uint32]
