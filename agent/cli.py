@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module in :mod:`agent.commands` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking
-the parsed arguments and returning an exit code. Modules are discovered, so adding a
-command never edits this file. A module is named for its command (``inject-unit`` lives
+the parsed arguments and returning an exit code. :data:`agent.commands.COMMANDS` names
+every module, so adding a command adds its name there and never edits this file. A module is named for its command (``inject-unit`` lives
 in ``inject_unit.py``): ``ridgeline CMD ...`` imports that module alone, so a command
 pays only for its own imports (tests/test_cli_imports.py holds every module to it).
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import pkgutil
 import sys
 
 from ridgeline.probes.errors import InputError, RuntimeFailure
@@ -80,14 +79,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
-    if only is not None and only in names:
-        names = [only]
+    names = [only] if only in commands.COMMANDS else sorted(commands.COMMANDS)
     for name in names:
-        module = importlib.import_module(f"{commands.__name__}.{name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
+        importlib.import_module(f"{commands.__name__}.{name}").register(sub)
     return parser
 
 

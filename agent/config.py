@@ -10,7 +10,7 @@ Contract:
   a float is expected); what it reports is turned into one line naming the file and the
   key (:func:`_problem`). What only this host can answer is checked by hand after
   (:func:`_validate`): endpoints and ports, socket folders, groups, key files, probe
-  names, the model file.
+  names (:data:`agent.probe_names.PROBE_NAMES`), the model file.
 * :func:`defaults` returns the embedded defaults (``agent/data/agent.toml``, which
   documents every key) as a :class:`Config`.
 * :func:`load(path)` reads ``path`` and overlays it on the defaults; otherwise
@@ -37,6 +37,8 @@ import msgspec
 from msgspec import Meta
 
 from ridgeline.probes.errors import InputError
+
+from .probe_names import PROBE_NAMES
 
 DEFAULT_PATH = Path("/etc/ridgeline/agent.toml")
 
@@ -342,10 +344,9 @@ def _validate(cfg: Config, origin: str) -> None:
         except InputError as exc:
             raise InputError(f"{origin}: 'analysis.model': {exc}") from None
     probes = cfg.probes
-    from .registry import STEPS
     for name in probes.enabled:
-        if name not in STEPS:
-            bad("probes.enabled", f"names an unknown probe {name!r} (known: {', '.join(STEPS)})")
+        if name not in PROBE_NAMES:
+            bad("probes.enabled", f"names an unknown probe {name!r} (known: {', '.join(PROBE_NAMES)})")
     if len(set(probes.enabled)) != len(probes.enabled):
         bad("probes.enabled", "names a probe twice")
     url = probes.engine.url

@@ -35,10 +35,10 @@ import time
 
 import msgspec
 
-from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import Trace
-
 from ridgeline.aggregator.windows import WindowBuilder, plain
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
+from ridgeline.probes.untrusted_text import for_log
 
 from . import config as config_mod
 from . import reclaim_request, registry
@@ -46,7 +46,6 @@ from .cupti_takeover import TakeoverWatch
 from .health import HealthMeter
 from .publisher import Publisher
 from .sdnotify import Notifier
-from ridgeline.probes.untrusted_text import for_log
 
 log = logging.getLogger("ridgeline.agent")
 
@@ -54,14 +53,6 @@ POLL_S = 0.05
 #: A loop error is logged with its traceback once per kind; repeats are summed and
 #: logged at most this often.
 ERROR_LOG_EVERY_S = 60.0
-
-
-def _as_trace(data) -> Trace | None:
-    if isinstance(data, Trace):
-        return data
-    if isinstance(data, dict) and isinstance(data.get("trace"), Trace):
-        return data["trace"]
-    return None
 
 
 # A config file modified less than this long ago is being written: a reload waits for it
@@ -187,7 +178,7 @@ class Agent:
                 continue
             try:
                 data = r.probe.poll()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (one probe's failure must not stop the others; counted, logged)
                 r.poll_errors += 1
                 if r.poll_errors == 1 or r.last_error != str(exc):
                     log.warning("probe %s: poll() raised %s: %s (counted; continuing)", r.step.name,
@@ -198,47 +189,30 @@ class Agent:
                 continue
             try:
                 self._route(r, data)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (data one probe handed over; counted in its errors, logged)
                 r.poll_errors += 1
                 log.warning("probe %s: data could not be used: %s: %s", r.step.name, type(exc).__name__,
                             for_log(exc))
 
     def _route(self, r: registry.Running, data) -> None:
-        topic = r.step.topic
-        trace = _as_trace(data)
-        if trace is not None:
-            src = trace.meta.get("source") or r.step.name
-            self.builder.add_events(trace, source=src)
-            self.records_total += len(trace.kernels) + len(trace.copies) + len(trace.api) + len(trace.ranges)
+        res: PollResult = poll_result(r.step.topic, data)
+        self.records_total += res.records
+        if res.trace is not None:
+            src = res.trace.meta.get("source") or r.step.name
+            self.builder.add_events(res.trace, source=src)
             if self.cfg.publisher.publish_events:
-                self.publisher.publish("events", self.codec.encode_event_batch(trace))
-            # A source may carry side figures (a simulator's engine view) and process
-            # news (the CUPTI probe's new and closed pids) next to its events.
-            if isinstance(data, dict):
-                for key in ("engine", "device", "sched"):
-                    if isinstance(data.get(key), dict):
-                        self._add_plain(key, data[key], f"{r.step.name}")
-                self._process_news(r, data)
-            return
-        if not isinstance(data, dict):
-            raise TypeError(f"poll() returned {type(data).__name__}, expected a dict or a Trace")
-        if topic == "requests":
-            spans = data.get("requests")
-            if not isinstance(spans, list):
-                raise TypeError("a requests probe's poll() must return {'requests': [RequestSpan, ...]}")
-            self.records_total += len(spans)
-            self.builder.add_requests(spans)
-            return
-        if topic == "events":
-            # An event source's side news: processes that appeared or ended, their status.
-            self._process_news(r, data)
-            if isinstance(data.get("scrapes"), list):
-                self._add_plain("engine", data, r.step.name)
-            return
-        self.records_total += 1
-        if topic == "engine":
-            self._engine_news(data)
-        self._add_plain(topic, data, r.step.name)
+                self.publisher.publish("events", self.codec.encode_event_batch(res.trace))
+        if res.requests is not None:
+            self.builder.add_requests(res.requests)
+        # A source may carry side figures (a simulator's engine view) next to its events.
+        for topic, payload in (("engine", res.engine), ("device", res.device), ("sched", res.sched)):
+            if payload is not None:
+                if topic == "engine":
+                    self._engine_news(payload)
+                self._add_plain(topic, payload, r.step.name)
+        # Process news (the CUPTI probe's new and closed pids, their status lines).
+        if res.news is not None:
+            self._process_news(r, res.news)
 
     def _engine_news(self, data: dict) -> None:
         """One warning when an engine endpoint stops answering (or never did), with the
@@ -259,32 +233,33 @@ class Agent:
                 del self.engine_down[ep]
                 log.info("engine endpoint %s answering again", for_log(ep))
 
-    def _process_news(self, r: registry.Running, data: dict) -> None:
+    def _process_news(self, r: registry.Running, news: ProcessNews) -> None:
         """New served processes (announced by the CUPTI library) become targets of the
         scheduling probes; ended ones stop being; status lines are logged once."""
-        for item in data.get("new_pids") or []:
+        for item in news.new:
             pid = item[0] if isinstance(item, (list, tuple)) else item
             log.info("probe %s: served process %s appeared", r.step.name, for_log(item))
             for other in self.running:
-                add = getattr(other.probe, "add_target", None)
-                if other.step.topic == "sched" and add is not None:
+                if other.step.topic == "sched" and isinstance(other.probe, Targeted):
                     try:
-                        add(int(pid))
-                    except Exception as exc:
+                        other.probe.add_target(int(pid))
+                    except Exception as exc:  # noqa: BLE001  (bcc raises plain Exception; counted, logged)
+                        other.poll_errors += 1
                         log.warning("probe %s: cannot watch pid %s: %s", other.step.name, for_log(pid),
                                     for_log(exc))
-        for pid in data.get("closed_pids") or []:
+        for pid in news.closed:
             for other in self.running:
-                rm = getattr(other.probe, "remove_target", None)
-                if other.step.topic == "sched" and rm is not None:
+                if other.step.topic == "sched" and isinstance(other.probe, Targeted):
                     try:
-                        rm(int(pid))
-                    except Exception:
-                        pass
-        for pid, text in (data.get("status") or {}).items():
+                        other.probe.remove_target(int(pid))
+                    except Exception as exc:  # noqa: BLE001  (bcc raises plain Exception; counted, logged)
+                        other.poll_errors += 1
+                        log.warning("probe %s: cannot stop watching pid %s: %s", other.step.name, for_log(pid),
+                                    for_log(exc))
+        for pid, text in news.status.items():
             log.warning("probe %s: process %s: %s", r.step.name, for_log(pid), for_log(text))
-        if data.get("status"):
-            self.takeovers.status_lines(data["status"])
+        if news.status:
+            self.takeovers.status_lines(news.status)
 
     def _add_plain(self, topic: str, data: dict, source: str) -> None:
         payload = plain(data) if topic != "engine" else None
@@ -304,7 +279,7 @@ class Agent:
         for r in self.running:
             try:
                 c = dict(r.probe.counters())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (said in the health record: counters_error, errors 1)
                 c = {"records": 0, "drops": 0, "errors": 1, "counters_error": str(exc)}
             c["errors"] = int(c.get("errors", 0) or 0) + r.poll_errors
             c["poll_errors"] = r.poll_errors
@@ -315,24 +290,23 @@ class Agent:
         """Once a window: take the operator's reclaim request, note which served
         processes' CUPTI is taken over, send the reclaims the policy asks for
         (:mod:`agent.cupti_takeover`); returns the health record's part."""
-        cupti = next((r.probe for r in self.running if hasattr(r.probe, "taken_over_pids")), None)
+        cupti = next((r.probe for r in self.running if isinstance(r.probe, CuptiControl)), None)
         if cupti is None:
             return {}
-        sock = getattr(cupti, "socket_path", None) or self.cfg.probes.cupti.socket
+        sock = cupti.socket_path or self.cfg.probes.cupti.socket
         req, rejected = reclaim_request.take_request(sock)
         self.reclaim_requests_rejected += rejected
         if req is not None:
             self.takeovers.request(req["pid"])
         now = time.time()
         pids = self.takeovers.observe(cupti.taken_over_pids(), now)
-        if hasattr(cupti, "taken_over_owners"):
-            self.takeovers.owners(cupti.taken_over_owners())
+        self.takeovers.owners(cupti.taken_over_owners())
         sent = []
         for pid in pids:
             try:
                 if cupti.reclaim(pid):
                     sent.append(pid)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (the other pids' reclaims still go; logged)
                 log.warning("cupti: reclaim of pid %d failed: %s", pid, for_log(exc))
         if sent:
             log.info("cupti: asked pid(s) %s to reclaim CUPTI from the other tool", ", ".join(map(str, sent)))
@@ -572,7 +546,7 @@ class Agent:
                     w = self.close_window(win_start_wall, end_wall)
                     win_start_wall = end_wall
                     self.notifier.status(_status_line(w))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  (counted in loop_errors, logged with its traceback)
                 # A bug met by odd data must cost one window, not the agent.
                 self.loop_errors += 1
                 self._log_loop_error(exc)
@@ -641,18 +615,18 @@ class Agent:
                 now = time.time_ns()
                 start = (self.latest_window or {}).get("end_ns", now - int(self.cfg.agent.window_s * 1e9))
                 self.close_window(start, now, final=True)     # the held open steps too
-        except Exception as exc:
-            log.warning("final window not flushed: %s", exc)
+        except Exception as exc:  # noqa: BLE001  (the probes must still be stopped; logged with its traceback)
+            log.warning("final window not flushed: %s", exc, exc_info=exc)
         registry.stop_all(self.running, log)
         if self.prometheus is not None:
             self.prometheus.close()
         if self.publisher is not None:
             # Give queued messages a moment to leave (bounded: never hang on stop).
+            import zmq
             try:
-                import zmq
                 self.publisher.sock.setsockopt(zmq.LINGER, 500)
-            except Exception:
-                pass
+            except zmq.ZMQError:
+                pass        # a socket already closed lingers no more
             self.publisher.close()
         self.notifier.close()
 

@@ -53,10 +53,23 @@ import numpy as np
 import orjson
 
 from ridgeline.probes.errors import InputError, RuntimeFailure
-from ridgeline.probes.events import (API_CATEGORY_NAMES, API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE,
-                                     COPY_DIRECTION_NAMES, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
-                                     CPU_OP_DTYPE, KERNEL_DTYPE, RANGE_DTYPE, RANGE_KIND_NAMES, Device,
-                                     NameTable, Trace)
+from ridgeline.probes.events import (
+    API_CATEGORY_NAMES,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    COPY_DIRECTION_NAMES,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    RANGE_DTYPE,
+    RANGE_KIND_NAMES,
+    Device,
+    NameTable,
+    Trace,
+)
 
 SCHEMA_VERSION = 1
 FORMAT = "ridgeline-parquet"

@@ -45,18 +45,28 @@ import socket
 import threading
 import time
 
+import msgspec
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily)
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-import msgspec
-
 from ridgeline.aggregator import gpu_identity
-from ridgeline.probes.records import DeviceSample, EngineFigures, GpuProcess, Health, SchedThread, Window, window_of
+from ridgeline.probes.records import (
+    CuptiProbeCounters,
+    DeviceSample,
+    DeviceSamples,
+    EngineFigures,
+    EngineProbeCounters,
+    GpuProcess,
+    Health,
+    ProbeCounters,
+    SchedThread,
+    Window,
+    window_of,
+)
 
 log = logging.getLogger("ridgeline.prometheus")
 
@@ -78,11 +88,14 @@ def _num(v) -> float | None:
     return None
 
 
+log = logging.getLogger("ridgeline.prometheus")
+
+
 def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
     try:
-        from importlib.metadata import version
         return version("ridgeline")
-    except Exception:
+    except PackageNotFoundError:      # run from a source tree that was never installed
         return "unknown"
 
 
@@ -100,10 +113,10 @@ def simulated_sources(w: Window) -> list[str]:
     """The window's simulated sources, sorted: GPU sources named ``simulated`` (the
     simulator probe), and ``engine`` when an engine endpoint's record says ``simulated``
     (which endpoints: ``ridgeline_engine_info{simulated="true"}``)."""
-    from .top import engine_records
+    from .window_sections import engine_records
     out = {s for s in w.sources if s.startswith("simulat")}
     out |= {g.source for g in w.gpus if g.source and g.source.startswith("simulat")}
-    if any(rec.get("simulated") for _, rec in engine_records(w.engine)):
+    if any(e is not None and e.simulated for e in (_engine_figures(rec) for _, rec in engine_records(w.engine))):
         out.add("engine")
     return sorted(out)
 
@@ -116,12 +129,37 @@ def _engine_figures(rec: dict) -> EngineFigures | None:
         return None
 
 
+def _probe_counters(raw, cls: type[ProbeCounters]) -> ProbeCounters | None:
+    """One probe's counters of :attr:`Health.probes` as ``cls``; None when absent or not
+    readable (one bad probe record loses its own series, the others stay)."""
+    if raw is None:
+        return None
+    try:
+        return msgspec.convert(raw, cls)
+    except msgspec.ValidationError as exc:
+        log.debug("probe counters not readable: %s", exc)
+        return None
+
+
+def _device_samples(data) -> list:
+    """The samples of one source of :attr:`Window.device`; none when it is not a
+    :class:`DeviceSamples` (another probe's shape, or a producer's bug: logged)."""
+    try:
+        return msgspec.convert(data, DeviceSamples).devices
+    except msgspec.ValidationError as exc:
+        log.debug("device record not readable: %s", exc)
+        return []
+
+
 class WindowCollector:
     def __init__(self, host: str = ""):
         self._lock = threading.Lock()
         self.host = host
         self.window: Window | None = None    # the latest window, as typed records
         self.windows = 0
+        # Records a scrape could not render, by (section, error type): counted, the first of
+        # each logged with its traceback (a bug met by odd data costs that record's series).
+        self.render_errors: collections.Counter = collections.Counter()
         self.windows_unreadable = 0          # windows refused by window_of (logged), never exposed
         self.phase_kernel_seconds: dict[tuple, float] = {}
         self.phase_kernels: dict[tuple, float] = {}
@@ -141,7 +179,7 @@ class WindowCollector:
         # -- issue 22: request join aggregates (agent/request_metrics.py) --
         from .request_metrics import RequestMetrics
         self.request_metrics = RequestMetrics()
-        from .straggler_metrics import StragglerMetrics     # issue 23
+        from .straggler_metrics import StragglerMetrics  # issue 23
         self.straggler_metrics = StragglerMetrics()
 
     # ------------------------------------------------------------------ accumulation
@@ -195,7 +233,7 @@ class WindowCollector:
             self.windows += 1
             nvml_records = []
             for _src, nv in w.device.items():
-                for r in (nv.get("devices") if isinstance(nv, dict) else None) or []:
+                for r in _device_samples(nv):
                     if not isinstance(r, dict):
                         continue
                     try:
@@ -234,7 +272,7 @@ class WindowCollector:
                 self.records = float(w.agent.records_total)
             self._observe_threads(w, launch)
             self.request_metrics.observe(w)     # issue 22
-            self.straggler_metrics.observe(window)   # issue 23
+            self.straggler_metrics.observe(w)   # issue 23
 
     def _expire_gpu_series(self) -> None:
         """Drop the counters of (GPU, process) pairs unseen for :data:`GPU_STALE_WINDOWS`
@@ -257,8 +295,8 @@ class WindowCollector:
                 del store[k]
 
     def _observe_threads(self, window: Window, launch: set) -> None:
-        from .top import _sched_threads
-        for row in _sched_threads(window.sched):
+        from .window_sections import sched_threads
+        for row in sched_threads(window.sched):
             try:
                 th = msgspec.convert(row, SchedThread)
             except msgspec.ValidationError as exc:    # one bad row loses that thread's figures
@@ -429,9 +467,17 @@ class WindowCollector:
         yield peak_fl
         yield from fams.values()
 
+    def _render_failed(self, section: str, exc: Exception) -> None:
+        key = (section, type(exc).__name__)
+        self.render_errors[key] += 1
+        if self.render_errors[key] == 1:
+            log.warning("/metrics: a %s record could not be rendered: %s: %s (counted; said once per kind)",
+                        section, type(exc).__name__, exc, exc_info=exc)
+
     def _engine(self, w: Window):
         from ridgeline.aggregator import engine_metrics
-        from .top import engine_records
+
+        from .window_sections import engine_records
         host = self._host(w)
         fams: dict[str, object] = {}
         keys: dict[str, list] = {}
@@ -456,7 +502,8 @@ class WindowCollector:
             try:
                 samples = engine_metrics.prometheus_samples(rec, lab)
                 histograms = engine_metrics.prometheus_histograms(rec)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one engine record's series lost, not the scrape; counted, logged)
+                self._render_failed("engine", exc)
                 continue
             for name, labels, value in samples:
                 counter = name.endswith("_total")
@@ -473,9 +520,8 @@ class WindowCollector:
                 h = hists.setdefault(name, HistogramMetricFamily(name, doc, labels=["Hostname", "endpoint", "pid",
                                                                                   "engine"]))
                 h.add_metric([host, str(ep), pid, str(e.engine)], buckets, total)
-            for aname, st in e.alerts.items() if isinstance(e.alerts, dict) else ():
-                if isinstance(st, dict):
-                    firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.get("firing") else 0.0)
+            for aname, st in e.alerts.items():
+                firing.add_metric([host, str(ep), pid, str(aname)], 1.0 if st.firing else 0.0)
         yield info
         yield from fams.values()
         yield from hists.values()
@@ -487,16 +533,22 @@ class WindowCollector:
         fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
         keys: dict[str, list] = {}
         for _src, data in w.device.items():
-            recs = data.get("devices") if isinstance(data, dict) else None
-            if not isinstance(recs, list):
+            recs = _device_samples(data)
+            if not recs:
                 continue
             try:
                 figs = device_metrics.window_figures(recs).values()
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  (one source's device series lost, not the scrape; counted, logged)
+                self._render_failed("device", exc)
                 continue
             for fig in figs:
-                ids = {"Hostname": host, "gpu": str(fig.get("gpu_index")), "UUID": str(fig.get("gpu_uuid") or ""),
-                       "gpu_model": str(fig.get("gpu_name") or "")}
+                try:
+                    d = msgspec.convert(fig, DeviceSample)
+                except msgspec.ValidationError as exc:     # one GPU's figures lose their series
+                    log.debug("device figures not readable: %s", exc)
+                    continue
+                ids = {"Hostname": host, "gpu": str(d.gpu_index), "UUID": str(d.gpu_uuid or ""),
+                       "gpu_model": str(d.gpu_name or "")}
                 for name, labels, value in device_metrics.prometheus_samples(fig, ids):
                     labels.pop("gpu_name", None)
                     if name not in fams:
@@ -525,7 +577,7 @@ class WindowCollector:
         v = w.verdict
         if isinstance(v, list):
             for x in v[:MAX_SERIES_PER_FAMILY]:
-                if isinstance(x, dict) and x.get("verdict") in getattr(verdict, "VERDICTS", ()):
+                if isinstance(x, dict) and x.get("verdict") in verdict.VERDICTS:
                     gpu = self._gpu_identity(x.get("pid"), x.get("device"))[0]
                     for _name, labels, value in verdict.prometheus_samples(x):
                         state.add_metric([host, gpu, str(labels.get("pid", "")),
@@ -544,9 +596,10 @@ class WindowCollector:
         drops = CounterMetricFamily("ridgeline_agent_probe_drops", "Records a probe dropped (bounded buffers full)",
                                     labels=["Hostname", "probe"])
         errors = CounterMetricFamily("ridgeline_agent_probe_errors", "Errors a probe met", labels=["Hostname", "probe"])
-        for name, c in a.probes.items():
-            drops.add_metric([host, name], float(c.get("drops", 0) or 0))
-            errors.add_metric([host, name], float(c.get("errors", 0) or 0))
+        for name, raw in a.probes.items():
+            c = _probe_counters(raw, ProbeCounters) or ProbeCounters()
+            drops.add_metric([host, name], float(c.drops or 0))
+            errors.add_metric([host, name], float(c.errors or 0))
         yield drops
         yield errors
         pd = CounterMetricFamily("ridgeline_agent_publisher_drops", "Stream messages dropped for slow subscribers",
@@ -558,7 +611,8 @@ class WindowCollector:
         sf = CounterMetricFamily("ridgeline_agent_engine_scrape_failures",
                                  "Engine /metrics scrapes that failed, by kind",
                                  labels=["Hostname", "kind"])
-        for kind, n in sorted((a.probes.get("engine") or {}).get("scrape_failures", {}).items()):
+        engine = _probe_counters(a.probes.get("engine"), EngineProbeCounters) or EngineProbeCounters()
+        for kind, n in sorted(engine.scrape_failures.items()):
             if _num(n) is not None:
                 sf.add_metric([host, str(kind)], float(n))
         yield sf
@@ -567,11 +621,12 @@ class WindowCollector:
         cr = CounterMetricFamily("ridgeline_agent_cupti_refused_connections",
                                  "Connections the CUPTI socket refused or cut, by reason "
                                  "(limit, per_user, peer_identity)", labels=["Hostname", "reason"])
-        cupti = a.probes.get("cupti") or {}
-        for reason, key in (("limit", "server_refused_connections"), ("per_user", "server_refused_connections_uid"),
-                            ("peer_identity", "server_rejected_peers")):
-            if _num(cupti.get(key)) is not None:
-                cr.add_metric([host, reason], float(cupti[key]))
+        cupti = _probe_counters(a.probes.get("cupti"), CuptiProbeCounters) or CuptiProbeCounters()
+        for reason, n in (("limit", cupti.server_refused_connections),
+                          ("per_user", cupti.server_refused_connections_uid),
+                          ("peer_identity", cupti.server_rejected_peers)):
+            if _num(n) is not None:
+                cr.add_metric([host, reason], float(n))
         yield cr
         yield from self._cupti_peers(host, cupti)
         yield from self._cupti_takeover_owners(host, a)
@@ -604,7 +659,7 @@ class WindowCollector:
                                     labels=["Hostname"])
             fam.add_metric([host], float(a.cupti_processes_taken_over))
             yield fam
-        clk = (a.probes.get("cupti") or {}).get("clock_disagreements")
+        clk = cupti.clock_disagreements
         if _num(clk) is not None:
             # API/marker CPU timestamps not on the agent's clock (e.g. a profiler's TSC ticks)
             fam = CounterMetricFamily("ridgeline_agent_cupti_clock_disagreements",
@@ -624,7 +679,7 @@ class WindowCollector:
     CUPTI_CUTS = (("process_gone", "server_process_gone_cut"), ("pid_reused", "server_pid_reused_cut"),
                   ("idle", "server_idle_peer_cut"), ("fair_share", "server_evicted_fair_share"))
 
-    def _cupti_peers(self, host: str, cupti: dict):
+    def _cupti_peers(self, host: str, cupti: CuptiProbeCounters):
         """Connections the CUPTI socket cut after accepting them: the process behind it gone
         or its pid given to another process, idle after HELLO, or evicted so that root or a
         user holding fewer connections gets a slot; and the batches dropped with a reused
@@ -633,31 +688,32 @@ class WindowCollector:
                                   "Connections the CUPTI socket cut after accepting them, by reason "
                                   "(process_gone, pid_reused, idle, fair_share)", labels=["Hostname", "reason"])
         for reason, key in self.CUPTI_CUTS:
-            if _num(cupti.get(key)) is not None:
-                cut.add_metric([host, reason], float(cupti[key]))
+            n = getattr(cupti, key)
+            if _num(n) is not None:
+                cut.add_metric([host, reason], float(n))
         yield cut
-        if _num(cupti.get("server_identity_dropped_batches")) is not None:
+        if _num(cupti.server_identity_dropped_batches) is not None:
             fam = CounterMetricFamily("ridgeline_agent_cupti_identity_dropped_batches",
                                       "CUPTI batches dropped because their connection's pid belonged to another "
                                       "process by the time they were checked", labels=["Hostname"])
-            fam.add_metric([host], float(cupti["server_identity_dropped_batches"]))
+            fam.add_metric([host], float(cupti.server_identity_dropped_batches))
             yield fam
         yield from self._cupti_names(host, cupti)
 
-    def _cupti_names(self, host: str, cupti: dict):
+    def _cupti_names(self, host: str, cupti: CuptiProbeCounters):
         """What peers' kernel names cost the agent, by the probe's own counters: demangler
         workers the seccomp filter killed (a parsed name should never make one), and names
         left unmatched by the signatures because their process's or user's matching time
         was spent (issue 18.1/18.2)."""
-        for key, name, doc in (
-                ("demangler_seccomp_kills", "ridgeline_agent_cupti_demangler_seccomp_kills",
+        for n, name, doc in (
+                (cupti.demangler_seccomp_kills, "ridgeline_agent_cupti_demangler_seccomp_kills",
                  "Demangler worker processes killed by their seccomp filter (a forbidden system call)"),
-                ("names_not_classified", "ridgeline_agent_cupti_names_unclassified",
+                (cupti.names_not_classified, "ridgeline_agent_cupti_names_unclassified",
                  "Kernel names from injected processes left unmatched by the signatures: the process's or "
                  "its user's matching time budget was spent")):
-            if _num(cupti.get(key)) is not None:
+            if _num(n) is not None:
                 fam = CounterMetricFamily(name, doc, labels=["Hostname"])
-                fam.add_metric([host], float(cupti[key]))
+                fam.add_metric([host], float(n))
                 yield fam
 
     def _cupti_takeover_owners(self, host: str, a: Health):
@@ -781,8 +837,12 @@ class MetricsServer:
                             self._read(conn)
                         elif mask & selectors.EVENT_WRITE:
                             self._write(conn)
-                    except Exception:
+                    except OSError:                    # the scraper went away
                         self.stats["errors"] += 1
+                        self._close(conn)
+                    except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                        self.stats["errors"] += 1
+                        log.exception("/metrics: request handling failed (counted; connection closed)")
                         self._close(conn)
             now = time.monotonic()
             for conn in [c for c in self._conns.values() if c.deadline <= now]:
@@ -828,8 +888,12 @@ class MetricsServer:
                 continue
             try:
                 self._read(c)
-            except Exception:
+            except OSError:                    # the scraper went away
                 self.stats["errors"] += 1
+                self._close(c)
+            except Exception:  # noqa: BLE001  (a bug met by one request must not stop /metrics; counted, logged)
+                self.stats["errors"] += 1
+                log.exception("/metrics: request handling failed (counted; connection closed)")
                 self._close(c)
             if c.sock not in self._conns:
                 return None

@@ -85,7 +85,7 @@ def _read_secret_key(path: str) -> tuple[bytes, bytes]:
         import zmq.auth
         try:
             public, secret = zmq.auth.load_certificate(p)
-        except Exception as exc:   # zmq.auth raises several types for a bad file
+        except (OSError, ValueError) as exc:   # zmq.auth: unreadable file, no key in it, not text
             raise InputError(f"publisher.curve_secret_key_file {path}: bad certificate ({exc})") from None
         if not secret:
             raise InputError(f"publisher.curve_secret_key_file {path}: certificate holds no secret key")

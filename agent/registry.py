@@ -4,9 +4,13 @@ Contract:
 
 * :data:`STEPS` maps a probe name (the names in ``probes.enabled`` of the config) to a
   :class:`Step`: the topic its data goes to (``events``, ``sched``, ``device``,
-  ``engine``) and a factory that builds the probe from the configuration. Factories
-  import their module lazily, so a missing module (no bcc, no CUPTI, no simulator)
-  makes only that probe unavailable.
+  ``engine``, ``requests``; :func:`probes.probe.poll_result` says what each hands over)
+  and a factory that builds the probe's class from the configuration, every argument
+  named. Factories import their module when called (the agent pays only for the probes
+  it runs); what the host lacks (bcc, a driver) is the probe's ``check()`` to say. Its
+  names, in its order, are :data:`agent.probe_names.PROBE_NAMES` (what the configuration
+  checks ``probes.enabled`` against, without importing this module, whose factories take
+  its ``Config``).
 * :func:`availability(name, cfg)` builds the probe and returns ``(probe|None,
   Availability)`` without starting anything.
 * :func:`start_all(cfg, log)` runs the steps in the configured order: build, ``check()``,
@@ -16,13 +20,12 @@ Contract:
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.probe import Availability
+from ridgeline.probes.probe import Availability, ProbeLike
 
 from . import config
 
@@ -31,7 +34,7 @@ from . import config
 class Step:
     name: str
     topic: str
-    factory: Callable[[config.Config], object]
+    factory: Callable[[config.Config], ProbeLike]
     about: str
     # Polled once per window, just before it closes (the probe reports deltas per poll:
     # one poll per window gives per-window figures and costs least).
@@ -41,7 +44,7 @@ class Step:
 @dataclass
 class Running:
     step: Step
-    probe: object
+    probe: ProbeLike
     availability: Availability
     poll_errors: int = 0
     last_error: str = ""
@@ -55,104 +58,70 @@ class Unavailable(Exception):
         self.reason, self.hint = reason, hint
 
 
-def _module(name: str, hint: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise Unavailable(f"{name} cannot be imported ({exc})", hint) from None
+# One factory a probe, named for it and building its class with the arguments its
+# configuration table gives, spelled out: a renamed class or parameter breaks here, at import
+# or at the first build, and static tools see every probe. Each imports its module when
+# called, so the agent pays only for the probes it runs (bcc, the CUPTI server).
+
+def _sched(cfg: config.Config) -> ProbeLike:
+    from ridgeline.probes.sched import SchedProbe
+    return SchedProbe(pids=list(cfg.probes.pids))
 
 
-def _cls(mod, names: tuple[str, ...]):
-    for n in names:
-        c = getattr(mod, n, None)
-        if c is not None:
-            return c
-    raise Unavailable(f"{mod.__name__} has no probe class (looked for {', '.join(names)})",
-                      "this ridgeline build is incomplete")
+def _cuda_uprobes(cfg: config.Config) -> ProbeLike:
+    from ridgeline.probes.cuda_uprobes import CudaUprobeProbe
+    return CudaUprobeProbe(pids=list(cfg.probes.pids))
 
 
-def _sched(cfg):
-    mod = _module("ridgeline.probes.sched", "install the distro bcc (scripts/setup-ebpf.sh)")
-    cls = _cls(mod, ("SchedProbe", "Probe"))
-    return _build(cls, pids=list(cfg.probes.pids))
-
-
-def _cuda_uprobes(cfg):
-    mod = _module("ridgeline.probes.cuda_uprobes", "install the distro bcc (scripts/setup-ebpf.sh)")
-    cls = _cls(mod, ("CudaUprobesProbe", "CudaUprobeProbe", "UprobeProbe", "Probe"))
-    return _build(cls, pids=list(cfg.probes.pids))
-
-
-def _cupti(cfg):
-    mod = _module("ridgeline.probes.cupti", "build the native part (scripts/setup-native.sh)")
-    cls = _cls(mod, ("CuptiProbe", "Probe"))
-    c = cfg.probes.cupti
+def _cupti(cfg: config.Config) -> ProbeLike:
     from ridgeline.aggregator.signatures import PeerNameClassifier
+    from ridgeline.probes.cupti import CuptiProbe
+    c = cfg.probes.cupti
     # names are matched on the probe's pump thread, within a budget per process (issue 18.1)
-    return _build(cls, socket_path=c.socket, socket_group=c.socket_group or None,
-                  idle_peer_s=c.idle_peer_s, name_classifier=PeerNameClassifier())
+    return CuptiProbe(socket_path=c.socket, socket_group=c.socket_group or None, idle_peer_s=c.idle_peer_s,
+                      name_classifier=PeerNameClassifier())
 
 
-def _nvml(cfg):
-    mod = _module("ridgeline.probes.nvml", "install nvidia-ml-py and the NVIDIA driver")
-    cls = _cls(mod, ("NvmlProbe", "NVMLProbe", "Probe"))
-    return _build(cls)
+def _nvml(cfg: config.Config) -> ProbeLike:
+    from ridgeline.probes.nvml import NvmlProbe
+    return NvmlProbe()
 
 
-def _engine(cfg):
-    mod = _module("ridgeline.probes.engine", "this ridgeline build is incomplete")
-    cls = _cls(mod, ("EngineProbe", "Probe"))
+def _engine(cfg: config.Config) -> ProbeLike:
+    from ridgeline.probes.engine import EngineProbe
     e = cfg.probes.engine
-    urls = [e.url] if e.url else []
-    return _build(cls, urls=urls, url=e.url, pids=list(cfg.probes.pids), interval_s=e.interval_s,
-                  timeout_s=e.timeout_s, max_body_bytes=e.max_body_bytes,
-                  follow_redirects=e.follow_redirects)
+    return EngineProbe(urls=[e.url] if e.url else [], pids=list(cfg.probes.pids), interval_s=e.interval_s,
+                       timeout_s=e.timeout_s, max_body_bytes=e.max_body_bytes, follow_redirects=e.follow_redirects)
 
 
-def _otlp(cfg):
-    mod = _module("ridgeline.probes.otlp_receiver", "install opentelemetry-proto (a dependency of ridgeline)")
+def _otlp(cfg: config.Config) -> ProbeLike:
+    from ridgeline.probes.otlp_receiver import OtlpProbe
     o = cfg.probes.otlp
-    return mod.OtlpProbe(o.listen, max_body_bytes=o.max_body_bytes, max_connections=o.max_connections,
-                         request_timeout_s=o.request_timeout_s, spans_per_s=o.spans_per_s,
-                         max_attributes=o.max_attributes, max_attribute_bytes=o.max_attribute_bytes,
-                         max_queued_spans=o.max_queued_spans)
+    return OtlpProbe(o.listen, max_body_bytes=o.max_body_bytes, max_connections=o.max_connections,
+                     request_timeout_s=o.request_timeout_s, spans_per_s=o.spans_per_s,
+                     max_attributes=o.max_attributes, max_attribute_bytes=o.max_attribute_bytes,
+                     max_queued_spans=o.max_queued_spans)
 
 
-def _sglang_requests(cfg):
+def _sglang_requests(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
     s = cfg.probes.sglang_requests
     return SglangRequestMetricsProbe(s.dir, max_bytes_per_poll=s.max_bytes_per_poll,
                                      max_line_bytes=s.max_line_bytes)
 
 
-def _replay(cfg):
+def _replay(cfg: config.Config) -> ProbeLike:
     from ridgeline.probes.replay import ReplayProbe
     r = cfg.probes.replay
     return ReplayProbe(r.path or None, speed=r.speed, loop=r.loop)
 
 
-def _simulator(cfg):
-    mod = _module("ridgeline.agent.simulator", "the workload generator is not installed")
-    factory = getattr(mod, "make_probe", None)
+def _simulator(cfg: config.Config) -> ProbeLike:
+    from ridgeline.agent.simulator.probe import make_probe
     s = config.as_table(cfg.probes.simulator)
     if not s.get("pid"):
         s.pop("pid", None)
-    if factory is not None:
-        return factory(s)
-    cls = _cls(mod, ("SimulatorProbe", "Probe"))
-    return _build(cls, **s)
-
-
-def _build(cls, **kwargs):
-    """Construct ``cls`` with those keyword arguments its signature names (a ``**kw``
-    catch-all does not count: it may forward them somewhere they do not belong)."""
-    import inspect
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return cls()
-    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return cls(**{k: v for k, v in kwargs.items() if k in named})
+    return make_probe(s)
 
 
 STEPS: dict[str, Step] = {s.name: s for s in (
@@ -179,15 +148,15 @@ def availability(name: str, cfg: config.Config) -> tuple[object | None, Availabi
         probe = step.factory(cfg)
     except Unavailable as exc:
         return None, Availability(False, exc.reason, exc.hint)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (said as the probe's unavailability: start_all logs it, or raises for a required one)
         return None, Availability(False, f"cannot build: {type(exc).__name__}: {exc}", "")
     try:
         av = probe.check()
-    except Exception as exc:   # check() must not raise; one that does is reported
+    except Exception as exc:  # noqa: BLE001  (check() must not raise; one that does is reported as above)
         return probe, Availability(False, f"check() raised {type(exc).__name__}: {exc}", "")
     if not isinstance(av, Availability):
-        # Tolerate a probe returning any object with ok/reason/hint.
-        av = Availability(bool(getattr(av, "ok", av)), str(getattr(av, "reason", "")), str(getattr(av, "hint", "")))
+        return probe, Availability(False, f"check() returned {type(av).__name__}, not an Availability",
+                                   "this probe breaks the probes.probe contract")
     return probe, av
 
 
@@ -196,7 +165,7 @@ def start_all(cfg: config.Config, log: logging.Logger, names: list[str] | None =
     for name in (names if names is not None else cfg.probes.enabled):
         probe, av = availability(name, cfg)
         step = STEPS.get(name)
-        optional = bool(getattr(probe, "optional", True)) if probe is not None else True
+        optional = probe.optional if probe is not None else True
         if not av.ok:
             msg = f"probe {name} unavailable: {av.reason}" + (f" (hint: {av.hint})" if av.hint else "")
             if not optional:
@@ -205,12 +174,12 @@ def start_all(cfg: config.Config, log: logging.Logger, names: list[str] | None =
             continue
         try:
             probe.start()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (one probe failing to start costs that probe only; logged)
             msg = f"probe {name} failed to start: {type(exc).__name__}: {exc}"
             try:
                 probe.stop()
-            except Exception:
-                pass
+            except Exception as exc2:  # noqa: BLE001  (releasing what it half acquired; logged)
+                log.warning("probe %s: stop() after the failed start raised %s: %s", name, type(exc2).__name__, exc2)
             if not optional:
                 raise InputError(msg) from None
             log.warning(msg)
@@ -224,5 +193,5 @@ def stop_all(running: list[Running], log: logging.Logger) -> None:
     for r in reversed(running):
         try:
             r.probe.stop()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (every probe is stopped whatever one raises; logged)
             log.warning("probe %s: stop() raised %s: %s", r.step.name, type(exc).__name__, exc)

@@ -27,7 +27,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Exemplar
 
 from ridgeline.aggregator.request_join import E2E_BOUNDS_S
-
 from ridgeline.probes.records import Window, WindowRequests
 
 SEGMENTS = ("queue", "prefill", "decode", "dragged", "e2e")

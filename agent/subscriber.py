@@ -270,13 +270,13 @@ class Subscriber:
             env = self._decode(raw)
             topic = envelope_field(env, "topic") or envelope_field(env, "kind") or topic_b.decode("ascii", "replace")
             seq = int(envelope_field(env, "seq"))
-        except Exception:
+        except (InputError, TypeError, ValueError):   # malformed envelope, or no integer seq: counted
             self.bad += 1
             return None
         payload = envelope_field(env, "payload")
         try:
             payload = decode_payload(self.codec, topic, payload)
-        except Exception:
+        except InputError:          # the codec's one error for a malformed payload: counted
             self.bad += 1
             return None
         self.received += 1

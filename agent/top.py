@@ -22,8 +22,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ridgeline.probes.records import (Ceilings, EngineFigures, GpuProcess, Health, SchedThread, WindowRequests,
-                                      window_of)
+from ridgeline.agent.window_sections import engine_failures, engine_records, verdict_text
+from ridgeline.agent.window_sections import sched_threads as _sched_threads
+from ridgeline.probes.records import Ceilings, EngineFigures, GpuProcess, Health, SchedThread, WindowRequests, window_of
 
 KV_ALERT_RATIO = 0.85
 BAR_WIDTH = 12
@@ -76,17 +77,6 @@ def _peak_flops(ceil: Ceilings | None) -> float | None:
     return f.get("bf16") or f.get("fp16") or (max(f.values()) if f else None)
 
 
-def verdict_text(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, list):
-        return ", ".join(f"gpu{x.get('device')}/{x.get('pid')}: {x.get('verdict')}" if isinstance(x, dict) else str(x)
-                         for x in v) or "-"
-    if isinstance(v, dict):
-        return str(v.get("verdict") or v.get("face") or v.get("name") or "-")
-    return str(v)
-
-
 def gpu_table(g: GpuProcess) -> Table:
     peak_bw = g.ceilings.hbm_bytes_per_s if g.ceilings is not None else None
     peak_fl = _peak_flops(g.ceilings)
@@ -115,20 +105,6 @@ def gpu_table(g: GpuProcess) -> Table:
     return t
 
 
-def engine_records(engine: dict) -> list[tuple[str, dict]]:
-    """(endpoint, record) pairs from the window's engine section (tracker output
-    ``{"endpoints": {url: record}}`` per source, or plain records)."""
-    out = []
-    for src, data in (engine or {}).items():
-        if not isinstance(data, dict):
-            continue
-        if isinstance(data.get("endpoints"), dict):
-            out.extend((ep, r) for ep, r in data["endpoints"].items() if isinstance(r, dict))
-        else:
-            out.append((src, data))
-    return out
-
-
 def engine_panel(engine: dict) -> Panel | None:
     rows = []
     for src, rec in engine_records(engine):
@@ -141,8 +117,7 @@ def engine_panel(engine: dict) -> Panel | None:
         line = Text(f"{src}: KV ")
         line.append_text(bar(kv, mark=KV_ALERT_RATIO))
         line.append(f" {_fmt(kv, '%', 100, 0)} (alert at {KV_ALERT_RATIO:.0%})")
-        al = e.alerts or {}
-        alerts = [n for n, st in al.items() if isinstance(st, dict) and st.get("firing")] if isinstance(al, dict) else []
+        alerts = [n for n, st in e.alerts.items() if st.firing]
         if kv is not None and kv >= KV_ALERT_RATIO or alerts:
             line.append(f"  ALERT {', '.join(str(a) for a in alerts if a) or 'KV'}", style="bold red")
         rows.append(line)
@@ -163,18 +138,6 @@ def engine_panel(engine: dict) -> Panel | None:
     if not rows:
         return None
     return Panel(Group(*rows), title="engine", title_align="left")
-
-
-def engine_failures(engine: dict) -> dict[str, str]:
-    """Endpoint -> its latest scrape error, from the window's engine section (the engine
-    probe's ``errors``, kept by the window builder until the endpoint answers)."""
-    out: dict[str, str] = {}
-    for data in (engine or {}).values():
-        for e in (data.get("errors") if isinstance(data, dict) else None) or []:
-            if isinstance(e, dict) and isinstance(e.get("endpoint"), str):
-                err = str(e.get("error") or "scrape failed")
-                out[e["endpoint"]] = err[len(e["endpoint"]) + 2:] if err.startswith(e["endpoint"] + ": ") else err
-    return out
 
 
 def segments_line(e: EngineFigures) -> Text:
@@ -213,19 +176,6 @@ def kv_line(e: EngineFigures) -> Text:
         t.append(f"   est. {_fmt(e.estimated_flops_per_gpu_per_s, ' TFLOP/s', 1e-12, 1)}"
                  f" {_fmt(e.estimated_bytes_per_gpu_per_s, ' TB/s', 1e-12, 2)} [engine estimate]")
     return t
-
-
-def _sched_threads(sched: dict) -> list[dict]:
-    """Thread rows from whatever the scheduling probe delivered (list or dict of threads)."""
-    out = []
-    for src, data in (sched or {}).items():
-        threads = data.get("threads") if isinstance(data, dict) else None
-        if isinstance(threads, dict):
-            threads = [dict(v, tid=k) if isinstance(v, dict) else {"tid": k} for k, v in threads.items()]
-        for th in threads or []:
-            if isinstance(th, dict):
-                out.append(th)
-    return out
 
 
 def sched_panel(sched: dict) -> Panel | None:
@@ -290,8 +240,8 @@ def render(window: dict, state: TopState | None = None):
     req = requests_line(w.requests)
     if req is not None:
         parts.append(req)
-    from .straggler_view import stragglers_lines      # issue 23
-    parts.extend(stragglers_lines(window.get("stragglers")))
+    from .straggler_view import stragglers_lines  # issue 23
+    parts.extend(stragglers_lines(w.stragglers))
     parts.append(agent_line(w.agent, state))
     return Group(*parts)
 

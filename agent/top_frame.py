@@ -19,9 +19,11 @@ another measure and is not shown here.
 """
 from __future__ import annotations
 
+import msgspec
 from rich.text import Text
 
 from ridgeline.aggregator.answer import answer_lines, verdict_records
+from ridgeline.probes.records import WindowStragglers
 
 from .top import KV_ALERT_RATIO, TopState, bar, engine_failures, engine_records
 from .top_view import ViewState, pressure_pct
@@ -256,6 +258,16 @@ def _requests_line(req) -> list[tuple[int, Text]]:
                      f" p99 e2e {(req.get('e2e_p99_ns') or 0) / 1e9:.2f} s  (ridgeline requests)"))]
 
 
+def _stragglers_lines(s) -> list[tuple[int, Text]]:
+    """Issue 23's one line per TP group, from the window's typed ``stragglers`` record."""
+    from .straggler_view import stragglers_lines
+    try:
+        typed = None if s is None else msgspec.convert(s, WindowStragglers)
+    except msgspec.ValidationError as exc:      # a producer's bug, said in one line
+        return [(2, Text(f"stragglers record not readable: {exc}", style="bold red"))]
+    return [(2, t) for t in stragglers_lines(typed)]
+
+
 def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> list[tuple[int, Text]]:
     """Every line of the frame with its priority (0 always shown; higher goes first)."""
     lines: list[tuple[int, Text]] = [(0, _header(window, state))]
@@ -272,8 +284,7 @@ def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> l
             lines.append((3, Text(f"GPU {g.get('device')} pid {g.get('pid')}: ").append_text(
                 _verdict_head(verdicts.get(key), view.history.get(key)))))
     lines += engine_lines(window.get("engine") or {})
-    from .straggler_view import stragglers_lines      # issue 23: one line per TP group
-    lines += [(2, t) for t in stragglers_lines(window.get("stragglers"))]
+    lines += _stragglers_lines(window.get("stragglers"))
     lines += _requests_line(window.get("requests"))
     lines.append((0, _agent_line(window.get("agent") or {}, state)))
     return lines

@@ -16,8 +16,8 @@ import numpy as np
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import Trace
-from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from ridgeline.probes.records import PHASE_NAMES
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 from . import ceilings as ceilings_mod
 from . import roofline, stragglers

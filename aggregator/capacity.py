@@ -26,7 +26,7 @@ GiB = float(1 << 30)
 def kv_bytes_per_token(shape: Any) -> float:
     """KV bytes per token of a model shape (``aggregator.model_config.ModelShape`` or any
     object with ``kv_bytes_per_token`` as a property or method)."""
-    v = getattr(shape, "kv_bytes_per_token")
+    v = shape.kv_bytes_per_token
     return float(v() if callable(v) else v)
 
 

@@ -72,10 +72,6 @@ class Ceilings:
         """Arithmetic intensity (FLOP/byte) where the compute and memory roofs meet."""
         return self.peak_flops_per_s(dtype)[0] / self.hbm_bytes_per_s
 
-    def citation(self) -> str:
-        s = self.source
-        return f"{s.get('document', '?')} ({s.get('date', 'undated')})"
-
     def to_dict(self) -> dict:
         return {"key": self.key, "name": self.gpu, "hbm_bytes_per_s": self.hbm_bytes_per_s,
                 "flops_per_s": dict(self.flops_per_s), "memory_bytes": self.memory_bytes,

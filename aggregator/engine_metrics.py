@@ -412,7 +412,7 @@ def histogram_quantile(h: dict, q: float) -> dict:
     if not n or n <= 0:
         return {"q": q, "value": None, "kind": "no_data", "lower_bound": None, "upper_bound": None}
     r = q * n
-    for i, c in enumerate(cum):
+    for i, c in enumerate(cum):  # noqa: B007  (i is the bucket found, read after the loop)
         if c >= r and c > 0:
             break
     if i >= len(bounds):

@@ -37,7 +37,6 @@ from functools import lru_cache
 import numpy as np
 
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC
-
 from ridgeline.probes.records import PHASE_NAMES
 
 from .work import DTYPE_KEYS, SOURCE_MODEL, SOURCE_SHAPES

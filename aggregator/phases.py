@@ -39,17 +39,41 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNKNOWN, CAUSAL_YES, LARGE_TILE, MEDIUM, ROLE_ATTENTION,
-                                             ROLE_ATTENTION_AUX, ROLE_GEMM, ROLE_GEMV, ROLE_NON_LLM, ROLE_PER_TOKEN,
-                                             ROLE_SOFTMAX, ROLE_TRAINING, SMALL_TILE, STRONG, WEAK, KernelClasses,
-                                             Signature, classify_kernels, short_name)
-from ridgeline.aggregator.steps import (GAP_MIN_NS, enclosing_roots, kernels_in_cpu_ranges, kernels_in_gpu_ranges,
-                                        launch_index, segment_kernels)
+from ridgeline.aggregator.signatures import (
+    CAUSAL_LOCAL,
+    CAUSAL_NO,
+    CAUSAL_UNKNOWN,
+    CAUSAL_YES,
+    LARGE_TILE,
+    MEDIUM,
+    ROLE_ATTENTION,
+    ROLE_ATTENTION_AUX,
+    ROLE_GEMM,
+    ROLE_GEMV,
+    ROLE_NON_LLM,
+    ROLE_PER_TOKEN,
+    ROLE_SOFTMAX,
+    ROLE_TRAINING,
+    SMALL_TILE,
+    STRONG,
+    WEAK,
+    KernelClasses,
+    Signature,
+    classify_kernels,
+    short_name,
+)
+from ridgeline.aggregator.steps import (
+    GAP_MIN_NS,
+    enclosing_roots,
+    kernels_in_cpu_ranges,
+    kernels_in_gpu_ranges,
+    launch_index,
+    segment_kernels,
+)
+from ridgeline.probes.events import RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace
 from ridgeline.probes.records import PHASE_NAMES, Phase
 from ridgeline.probes.sdpa import CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
-from ridgeline.probes.events import (RANGE_GPU_ANNOTATION, RANGE_NVTX, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
-                           Trace)
 
 # The phase codes are probes.records.Phase; the short names are the mapper's own spelling.
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
@@ -99,13 +123,6 @@ class PhaseMap:
 
     def evidence_of(self, kernel_index: int) -> str:
         return self.evidence_names[int(self.kernel_evidence[kernel_index])]
-
-    def kernel_time_ns_by_phase(self, kernels: np.ndarray) -> dict[str, int]:
-        """Total kernel duration per phase name (kernels: the trace's kernel array)."""
-        dur = (kernels["end_ns"] - kernels["start_ns"]).astype(np.int64)
-        tot = np.bincount(self.kernel_phase, weights=dur, minlength=len(PHASE_NAMES))
-        return {PHASE_NAMES[i]: int(tot[i]) for i in PHASE_NAMES}
-
 
 # ---------------------------------------------------------------------------------------------
 # Layer 1: step annotations

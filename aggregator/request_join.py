@@ -195,7 +195,6 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         return []
     batch = _Batch(reqs, steps)
     n_steps = len(steps)
-    idx = np.arange(n_steps, dtype=np.float64)
     # Culprit presence per step (for the fit's "both kinds"): a prefill chunk co-batched
     # with a decode, or a long sequence co-batched with another sequence.
     # A member is long from the first of its decode steps where its context (growing
@@ -269,7 +268,7 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
                     base = base * np.where(full > 0, dur / np.maximum(full, 1.0), 1.0)
                     unit = None
 
-                def costs_of(in_pf, is_long, c_ctx, pf_tok):
+                def costs_of(in_pf, is_long, c_ctx, pf_tok, unit=unit):     # this iteration's unit
                     if unit is not None:
                         return np.maximum(unit[0] * is_long + unit[1] * c_ctx + unit[2] * pf_tok, 0.0)
                     return c_ctx + pf_tok

@@ -20,18 +20,33 @@ from __future__ import annotations
 import numpy as np
 
 from ridgeline.probes.events import (
-    API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC, COPY_DIRECTION_NAMES,
-    COPY_KIND_MEMCPY, COPY_KIND_MEMSET, Trace,
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    COPY_DIRECTION_NAMES,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    Trace,
 )
 
 from .ceilings import Ceilings
-from .work import DTYPE_KEYS, NO_SOURCE, SOURCE_MODEL, SOURCE_SHAPES, KernelWork, StepWork
-
 from .roofline_rules import (  # noqa: F401  (re-exported: the verdict rule's names)
-    COMPUTE_BOUND, HOST_BOUND, IDLE_BOUND_RATIO, IMPLAUSIBLE_RATIO, LAUNCH_BOUND, LAUNCH_COVER_RATIO,
-    LOW_FRACTION, MEMORY_BOUND, MIN_WORK_COVERAGE, SHAPES_PREFERRED_COVERAGE, SHORT_GAP_NS, SHORT_KERNEL_NS,
-    UNDETERMINED, choose_work, decide_verdict,
+    COMPUTE_BOUND,
+    HOST_BOUND,
+    IDLE_BOUND_RATIO,
+    IMPLAUSIBLE_RATIO,
+    LAUNCH_BOUND,
+    LAUNCH_COVER_RATIO,
+    LOW_FRACTION,
+    MEMORY_BOUND,
+    MIN_WORK_COVERAGE,
+    SHAPES_PREFERRED_COVERAGE,
+    SHORT_GAP_NS,
+    SHORT_KERNEL_NS,
+    UNDETERMINED,
+    choose_work,
+    decide_verdict,
 )
+from .work import KernelWork, StepWork
 
 FOLD_SLICE_KERNELS = 65_536     # phase_sums folds a whole trace in slices of about this many
 

@@ -8,7 +8,7 @@ documented in docs/analyze.md.
 from __future__ import annotations
 
 from .ceilings import Ceilings
-from .work import DTYPE_KEYS, NO_SOURCE, SOURCE_MODEL, SOURCE_SHAPES
+from .work import NO_SOURCE, SOURCE_MODEL, SOURCE_SHAPES
 
 MEMORY_BOUND = "memory-bound"
 COMPUTE_BOUND = "compute-bound"

@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ridgeline.aggregator.columns import distinct
-from ridgeline.aggregator.signatures import GRID_TOKENS, ROLE_ATTENTION, ROLE_PER_TOKEN, STRONG, KernelClasses, short_name
+from ridgeline.aggregator.signatures import (
+    GRID_TOKENS,
+    ROLE_ATTENTION,
+    ROLE_PER_TOKEN,
+    STRONG,
+    KernelClasses,
+    short_name,
+)
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, Trace
 
 # Idle time on a device that ends a step whatever else is seen: a forward step never

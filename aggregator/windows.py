@@ -69,14 +69,21 @@ from functools import lru_cache
 
 import numpy as np
 
-from ridgeline.probes.events import (API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES,
-                           Trace)
-from ridgeline.probes.trace_joins import kernel_cpu_op_index
+from ridgeline.probes.errors import InputError
+from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
 from ridgeline.probes.records import PHASE_NAMES
+from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 from .columns import distinct, distinct_inverse
-from .phase_figures import (PhaseSums, figures_by_phase, fold_kernels, group_key, host_intervals,
-                            launch_latency_ns, split_group_key)
+from .phase_figures import (
+    PhaseSums,
+    figures_by_phase,
+    fold_kernels,
+    group_key,
+    host_intervals,
+    launch_latency_ns,
+    split_group_key,
+)
 
 log = logging.getLogger("ridgeline.windows")
 
@@ -144,10 +151,10 @@ def concat_traces(parts: list[Trace]) -> Trace:
 
 
 def _ceilings(gpu_name: str) -> dict | None:
+    from ridgeline.aggregator import ceilings
     try:
-        from ridgeline.aggregator import ceilings
         c = ceilings.from_device_name(gpu_name) if gpu_name else None
-    except Exception:
+    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
         return None
     if c is None:
         return None
@@ -201,7 +208,7 @@ class WindowBuilder:
         # Folded now: the window keeps running figures, not the batch.
         try:
             fold.add(trace)
-        except Exception as exc:   # one bad batch loses its own figures only
+        except Exception as exc:  # noqa: BLE001  (one bad batch loses its own figures only; counted, logged)
             log.warning("window: events from %s could not be folded: %s: %s", key, type(exc).__name__, exc)
             self.fold_errors += 1
         self.events[(key, id(trace.names))] = True
@@ -312,7 +319,7 @@ class WindowBuilder:
                 tracker = self._trackers[source] = engine_metrics.EngineTracker()
             try:
                 rec = tracker.update(polled)
-            except Exception as exc:   # one bad scrape set loses this window's engine figures only
+            except Exception as exc:  # noqa: BLE001  (one bad scrape set loses this window's engine figures only; counted, logged)
                 log.warning("engine figures from %s failed: %s: %s", source, type(exc).__name__, exc)
                 self.engine_errors += 1
                 continue
@@ -369,7 +376,7 @@ class WindowBuilder:
                 # Held steps still open one window later and at least half a window long
                 # (in their own clock) are decided now: kernels within two windows.
                 figs = fold.figures(hold_ns=max(0, int(end_ns - start_ns)) // 2)
-            except Exception as exc:   # one bad source loses its own figures only
+            except Exception as exc:  # noqa: BLE001  (one bad source loses its own figures only; counted, logged)
                 log.warning("window: events from %s could not be folded: %s", src, exc)
                 self.fold_errors += 1
                 continue
@@ -447,22 +454,13 @@ def fill_decode_kv_read(window: dict) -> None:
 
 
 def verdict_of(window: dict):
-    """The verdict module's judgement of a window, or None where it cannot judge."""
+    """The verdict module's judgement of a window: its verdict records (an "unknown" one naming
+    the error where judging failed)."""
+    from ridgeline.aggregator import verdict
     try:
-        from ridgeline.aggregator import verdict
-    except ImportError:
-        return None
-    fn = getattr(verdict, "window_verdict", None) or getattr(verdict, "judge_window", None)
-    if fn is None:
-        return None
-    try:
-        res = fn(window)
-        rec = getattr(verdict, "verdict_record", None)
-        if isinstance(res, list) and rec is not None:
-            return [plain(rec(v)) for v in res]
-        return plain(res)
-    except Exception as exc:
-        log.debug("verdict failed: %s", exc)
+        return [plain(verdict.verdict_record(v)) for v in verdict.window_verdict(window)]
+    except Exception as exc:  # noqa: BLE001  (a verdict bug loses the verdict, not the window; logged, and said in it)
+        log.warning("verdict failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return {"verdict": "unknown", "error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -557,6 +555,7 @@ class SourceFold:
         # Open steps decided before they ended because the carry bound was reached, since
         # WindowBuilder.close last collected the count (it publishes the running total).
         self.open_steps_cut = 0
+        self.shape_errors = 0           # batches whose operator shapes gave no work figures
         self._active: set[int] = set()  # devices that sent kernels since the last figures()
         # device -> (start_ns, correlation_id) of the first kernel of its open step at the
         # last figures(): the same step still open at the next close is decided then.
@@ -690,8 +689,9 @@ class SourceFold:
                 kw = kernel_work_from_shapes(trace)
                 # (flops, bytes) per kernel and the dtype code: carried with held kernels.
                 shf, shb = np.stack([np.where(kw.known, kw.flops, np.nan), kw.bytes], axis=1), kw.dtype_code
-            except Exception as exc:       # shapes are optional figures
-                log.debug("shapes work failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001  (shapes are optional figures: they alone are lost; counted, logged)
+                self.shape_errors += 1
+                log.warning("work from operator shapes failed: %s: %s", type(exc).__name__, exc)
         ranges, cpu_ops, api = trace.ranges, trace.cpu_ops, a
         if self._carry is not None:
             ck, cl, cf, cb, cr, co, ca = self._carry
@@ -926,10 +926,8 @@ class SourceFold:
         key = (pre, dec)
         if key not in self._step_work:
             from .work import step_work_from_model
-            try:
-                w = step_work_from_model(self.model, pre, dec)
-            except Exception:
-                w = None
+            # A failure here is the project's own: it reaches fold.add's handler (counted, logged).
+            w = step_work_from_model(self.model, pre, dec)
             if len(self._step_work) > 4096:
                 self._step_work.clear()
             self._step_work[key] = w
@@ -1005,8 +1003,8 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
 def _ceilings_obj(gpu_name: str):
     if not gpu_name:
         return None
+    from ridgeline.aggregator import ceilings
     try:
-        from ridgeline.aggregator import ceilings
         return ceilings.from_device_name(gpu_name) or ceilings.lookup(gpu_name)
-    except Exception:
+    except InputError:      # a GPU the table does not know (or cannot tell apart): no ceilings
         return None

@@ -62,7 +62,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import orjson  # noqa: E402
-
 from make_big_trace import DEFAULT_SOURCE, SHARED, make_big_trace  # noqa: E402
 
 SOURCES = {

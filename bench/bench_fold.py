@@ -39,6 +39,7 @@ def window_batches(gpus: int, rate: int):
     """One second of the agent's feed in bench_scale: whole simulated decode steps
     (``bench_scale.StepStream``, short steps with idle between them) in 50 ms batches."""
     from bench_scale import BATCH_S, StepStream
+
     from ridgeline.probes.events import Device, NameTable, Trace
     stream = StepStream(gpus, rate)
     nt = NameTable(stream.names)

@@ -5,7 +5,7 @@ new name) against matched on the CUPTI probe's pump thread, side by side.
     .venv/bin/python bench/bench_name_classes.py [--batches 40] [--reps 3]
 
 One process plays both threads: each batch of 8 new adversarial 4 kB names
-(tests/adversarial_names.py, built for the trtllm-gen FMHA signatures) is ingested on a
+(tests/support/adversarial_names.py, built for the trtllm-gen FMHA signatures) is ingested on a
 thread of its own, as the pump does; then ``collect()`` and the phase mapper's
 ``classes()`` run here, timed with this thread's CPU clock. Prints a markdown table.
 """
@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-import adversarial_names as A  # noqa: E402
-import cupti_records as R  # noqa: E402
+from support import adversarial_names as A  # noqa: E402
+from support import cupti_records as R  # noqa: E402
+
 from ridgeline.aggregator.signatures import PeerNameClassifier, load_signatures  # noqa: E402
 from ridgeline.aggregator.stream_phases import StreamPhaser  # noqa: E402
 from ridgeline.probes.cupti import protocol as P  # noqa: E402

@@ -34,12 +34,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from support.recording_synth import _KINDS, _slices, simulated_trace  # noqa: E402
+
 from ridgeline.agent.parquet_recording import ParquetRecordingWriter  # noqa: E402
 from ridgeline.agent.recording import RecordingWriter  # noqa: E402
 from ridgeline.aggregator import wire  # noqa: E402
 from ridgeline.probes.events import Trace  # noqa: E402
-
-from recording_synth import _KINDS, _slices, simulated_trace  # noqa: E402
 
 
 def _cpu(fn, repeat: int = 3) -> tuple[float, object]:

@@ -183,6 +183,7 @@ class FeedProbe:
 
     def __init__(self, endpoint: str):
         import zmq
+
         from ridgeline.probes.events import NameTable
         self.zmq = zmq
         self.ctx = zmq.Context()
@@ -271,7 +272,6 @@ def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
     ready.set()
     lat, seqs, last = [], {}, {}
     kernels, ends = [], []
-    drops_seen = 0
     agent_drops = {}
     while time.time() < until:
         if not s.poll(200):
@@ -461,7 +461,7 @@ def comparison(pairs: dict, baseline: Path | None) -> str:
            + (f"; before = {baseline} (its own .venv), after = this tree, alternating run by run." if baseline else "."),
            "", "| scenario | | agent CPU, % of one core (min / median / max) | ns per kernel (min / median / max) | "
            "dropped records (max) | ratio before / after (medians) |", "|---|---|---:|---:|---:|---:|"]
-    for sc, p in pairs.items():
+    for p in pairs.values():
         rows = [("after", p["after"])] + ([("before", p["before"])] if p["before"] else [])
         med = {w: float(np.median([ns_per_kernel(r) for r in rs])) for w, rs in rows}
         for w, rs in reversed(rows):

@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import numpy as np  # noqa: E402
+from test_stragglers import Builder, tp_group  # noqa: E402
 
 from ridgeline.aggregator.straggler_window import LiveStragglers  # noqa: E402
 from ridgeline.probes.events import Trace  # noqa: E402
-from test_stragglers import Builder, tp_group  # noqa: E402
 
 
 def case(ranks: int, collectives_per_s: int, windows: int = 8) -> tuple[int, float, float, int]:

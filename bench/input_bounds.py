@@ -6,7 +6,7 @@ the bounds without timing).
     .venv/bin/python bench/input_bounds.py [--python OTHER/.venv/bin/python] [--recording F.rlrec]
 
 ``--python`` runs another checkout's interpreter on the same inputs (side by side with
-a previous version); ``--recording`` adds a long recording (tests/recording_synth.py
+a previous version); ``--recording`` adds a long recording (tests/support/recording_synth.py
 writes one). Each case runs under a 4 GiB address-space limit and a 300 s timeout.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import msgpack
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from third_party_files import third_party_missing, third_party_path  # noqa: E402  (the tests' lookup, without pytest)
+from support.third_party_files import third_party_missing, third_party_path  # noqa: E402  (the tests' lookup, without pytest)
 
 LEGACY = "kineto_legacy/kineto_tb_plugin_gpu_metrics_input.json"
 CLOVERLEAF = "nsys/pipit_cloverleaf_cuda_perlmutter.sqlite.gz"

@@ -36,6 +36,8 @@ KNOWN = {
     "bench_decode.py": ("gzip inflate and JSON parser choices for the importer", []),
     "bench_requests.py": ("OTLP span decode vs the bare parse; the request join per window", []),
     "bench_served.py": ("injection library's own host CPU per kernel launch (stand-in libcupti)", ["--runs", "3"]),
+    "bench_cupti_buffer_path.py": ("injection library's completed-buffer path per record, pre-split vs this checkout",
+                                   ["--runs", "5", "--buffers", "20"]),
 }
 SKIP = {"run_all.py", "make_big_trace.py"}
 

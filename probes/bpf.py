@@ -45,7 +45,7 @@ def import_bcc():
     sys.modules["bcc"] = mod  # bcc's relative imports need the entry
     try:
         spec.loader.exec_module(mod)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (the distro's code: any failure to load it means no bcc, said as ImportError)
         del sys.modules["bcc"]
         raise ImportError(f"distro bcc failed to load: {exc}") from None
     return mod

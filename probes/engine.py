@@ -21,6 +21,7 @@ the aggregator's job (:mod:`aggregator.engine_metrics`), so this module stays th
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import socket
 import struct
@@ -36,6 +37,8 @@ import h11
 from . import prom_text
 from .errors import InputError
 from .probe import Availability, Probe
+
+log = logging.getLogger("ridgeline.engine")
 
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
@@ -353,7 +356,7 @@ def _get_once(url: str, deadline: float, timeout_s: float, max_body_bytes: int) 
             ("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1"), ("Connection", "close")])
         sock.settimeout(left())
         sock.sendall(conn.send(req) + conn.send(h11.EndOfMessage()))
-        status, location, body = 0, None, None
+        status, body = 0, None
         while True:
             ev = conn.next_event()
             if ev is h11.NEED_DATA:
@@ -540,8 +543,10 @@ class EngineProbe(Probe):
             if self.discover:
                 try:
                     self.discover_once()
-                except Exception:
+                except Exception as exc:  # noqa: BLE001  (/proc glue must not stop the scrape loop; counted, logged)
                     self.errors += 1
+                    log.warning("engine: discovery failed: %s: %s (counted; retried next interval)",
+                                type(exc).__name__, exc)
             self.scrape_due(t0)
             self._stop.wait(max(0.05, self.interval_s - (time.monotonic() - t0)))
 
@@ -597,7 +602,9 @@ class EngineProbe(Probe):
             return
         try:
             ep.pid = self.resolve_pid(ep.url)
-        except Exception:      # /proc glue: never let it stop the scrape loop
+        except Exception as exc:  # noqa: BLE001  (/proc glue must not stop the scrape loop; counted, logged)
+            self.errors += 1
+            log.warning("engine: served process of %s not resolved: %s: %s", ep.url, type(exc).__name__, exc)
             ep.pid = None
         if ep.pid is None:     # not ours, or not listening yet: look again later, not every scrape
             ep.resolve_next_s = now_s + RESOLVE_RETRY_S

@@ -17,12 +17,28 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from . import json_chunks, kineto_records as rec, sdpa
+from . import json_chunks, sdpa
+from . import kineto_records as rec
 from .errors import InputError
 from .events import (
-    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
-    COPY_UNKNOWN, CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-    RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, NameTable, Trace, empty,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    COPY_UNKNOWN,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_CUDA_SYNC,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    NameTable,
+    Trace,
+    empty,
 )
 
 __all__ = ["EventBuilder", "event_dict", "read_bytes", "parse_document", "load_trace_via_dicts"]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import json_chunks, kineto_records as rec
+from . import json_chunks
+from . import kineto_records as rec
 from .events import NameTable, Trace, empty
 from .kineto_dicts import EventBuilder, event_dict
 

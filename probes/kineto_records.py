@@ -15,9 +15,24 @@ from pathlib import Path
 import numpy as np
 
 from .events import (
-    API_DTYPE, API_OTHER, API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC,
-    COPY_DIRECTION_NAMES, COPY_DTYPE, COPY_KIND_MEMSET, COPY_UNKNOWN, CPU_OP_DTYPE, KERNEL_DTYPE,
-    MISSING, RANGE_DTYPE, Device, NameTable, Trace,
+    API_DTYPE,
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    API_MEMCPY,
+    API_MEMSET,
+    API_OTHER,
+    API_SYNC,
+    COPY_DIRECTION_NAMES,
+    COPY_DTYPE,
+    COPY_KIND_MEMSET,
+    COPY_UNKNOWN,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_DTYPE,
+    Device,
+    NameTable,
+    Trace,
 )
 from .trace_joins import join_launch_thread
 

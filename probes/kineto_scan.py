@@ -23,12 +23,27 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from . import json_chunks, kineto_records as rec, sdpa
+from . import json_chunks, sdpa
+from . import kineto_records as rec
 from .errors import InputError
 from .events import (
-    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
-    CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-    RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, NameTable, Trace, empty,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_CUDA_SYNC,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    NameTable,
+    Trace,
+    empty,
 )
 from .kineto_dicts import EventBuilder, event_dict
 
@@ -655,7 +670,7 @@ def _part_worker(path: str, chunk_bytes: int, head: bytes, start: int, conn, bud
         b = EventBuilder()
         cols = _read_parts(stream.iter_part(head, start, None), b, _Interner(b.names), budget)
         conn.send(("ok", cols, list(b.names), b.counts, stream.top))
-    except BaseException as exc:    # reported, and the parent reads the file alone
+    except BaseException as exc:  # noqa: BLE001  (a child process: any failure is sent to the parent, which reads alone)
         conn.send(("error", f"{type(exc).__name__}: {exc}", None, None, None))
     finally:
         conn.close()

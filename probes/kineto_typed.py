@@ -43,11 +43,25 @@ import msgspec
 import numpy as np
 import orjson
 
-from . import json_chunks, kineto_records as rec, sdpa
+from . import json_chunks, sdpa
+from . import kineto_records as rec
 from .events import (
-    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTYPE, COPY_KIND_MEMCPY, COPY_KIND_MEMSET,
-    CPU_OP_DTYPE, KERNEL_DTYPE, MISSING, RANGE_CUDA_SYNC, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-    RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Trace, empty,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    CPU_OP_DTYPE,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_CUDA_SYNC,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    Trace,
+    empty,
 )
 from .kineto_dicts import EventBuilder
 
@@ -447,10 +461,10 @@ def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
             sent[0] = len(strings)
         _read(stream, b, _child_takes, emit)
         conn.send(("done", -1, None, None, b.counts))
-    except BaseException as exc:   # the parent falls back to one reader
+    except BaseException as exc:  # noqa: BLE001  (a child process: any failure is sent to the parent, which reads alone)
         try:
             conn.send(("error", -1, None, f"{type(exc).__name__}: {exc}", None))
-        except BaseException:
+        except (OSError, ValueError):   # the parent hung up (or the pipe is closed): it reads alone
             pass
     finally:
         conn.close()

@@ -44,9 +44,24 @@ import numpy as np
 
 from .errors import InputError
 from .events import (
-    API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, COPY_DTOD, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
-    COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING, RANGE_DTYPE, RANGE_NVTX,
-    Device, NameTable, Trace, empty,
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    COPY_DTOD,
+    COPY_DTOH,
+    COPY_DTYPE,
+    COPY_HTOD,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    COPY_UNKNOWN,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_DTYPE,
+    RANGE_NVTX,
+    Device,
+    NameTable,
+    Trace,
+    empty,
 )
 from .kineto_records import api_category, reject_invalid_times
 from .trace_joins import join_launch_thread

@@ -24,11 +24,14 @@ bandwidth; the keys say ``busy_time`` so nobody reads them as headroom. GPM's
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from typing import Any, Iterable
 
 from .probe import Availability, Probe
+
+log = logging.getLogger("ridgeline.nvml")
 
 #: NVML clock-event ("throttle") reason bits (nvml.h ``nvmlClocksEventReason*``); the
 #: names say why the SM clock is below its maximum. Checked against pynvml in the tests.
@@ -495,8 +498,11 @@ class NvmlProbe(Probe):
                 # None: Xid events unsupported here (never "no errors" for "unknown").
                 raw["xids"] = None if xids is None else xids.get(i, [])
                 rec = device_record(raw)
-            except Exception:  # a driver hiccup must not kill the sampler
+            except Exception as exc:  # noqa: BLE001  (a driver hiccup must not kill the sampler; counted, logged)
                 self.errors += 1
+                if self.errors == 1:
+                    log.warning("nvml: device %d not read: %s: %s (counted in errors; said once)", i,
+                                type(exc).__name__, exc)
                 continue
             with self._lock:
                 if len(self._queue) >= self._max_queued:
@@ -523,8 +529,8 @@ class NvmlProbe(Probe):
                 if st.get("sample") is not None:
                     try:
                         self._nv.nvmlGpmSampleFree(st["sample"])
-                    except Exception:
-                        pass
+                    except self._nv.NVMLError:
+                        self.errors += 1
             if self._xid_set is not None:
                 try:
                     self._nv.nvmlEventSetFree(self._xid_set)
@@ -533,6 +539,6 @@ class NvmlProbe(Probe):
                 self._xid_set = None
             try:
                 self._nv.nvmlShutdown()
-            except Exception:
-                pass
+            except self._nv.NVMLError:
+                self.errors += 1
             self._nv = None

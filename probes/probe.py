@@ -7,9 +7,11 @@ trace). The agent's registry calls, in order:
   it cannot run it says why (``reason``) and what the operator can do (``hint``).
 * ``start()``: acquire resources. May raise; the agent logs it once and goes on
   without the probe when the probe is ``optional``.
-* ``poll()``: non-blocking. Returns plain data collected since the last poll (a dict,
-  possibly of numpy arrays or a :class:`probes.events.Trace`), or ``None``/``{}`` when
-  there is nothing new. Must return quickly; never waits for data.
+* ``poll()``: non-blocking. Returns the data collected since the last poll, or
+  ``None``/``{}`` when there is nothing new. Must return quickly; never waits for data.
+  What it returns for its topic is written down once, in :func:`poll_result`, which
+  turns it into the typed :class:`PollResult` the daemon reads (trace, sched, device,
+  engine, requests, process news).
 * ``stop()``: release resources. Idempotent: calling it twice, or before ``start()``,
   is harmless.
 * ``counters()`` -> dict with at least ``records``, ``drops`` and ``errors`` (ints,
@@ -17,12 +19,17 @@ trace). The agent's registry calls, in order:
 
 :class:`Probe` is a base class with the bookkeeping done; subclasses override
 ``check``, ``start``, ``poll`` and ``stop``. Duck-typed classes that provide the same
-attributes work too (:class:`ProbeLike` is the structural type).
+attributes work too (:class:`ProbeLike` is the structural type). What a probe can do
+beyond that is a capability, a :class:`typing.Protocol` the daemon tests with
+``isinstance``: :class:`Targeted` (the scheduling probes follow served processes) and
+:class:`CuptiControl` (the CUPTI probe's takeover and reclaim).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from .events import Trace
 
 
 @dataclass(frozen=True)
@@ -85,3 +92,96 @@ class Probe:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+@runtime_checkable
+class Targeted(Protocol):
+    """A probe that follows chosen processes (sched, cuda_uprobes): the daemon hands it the
+    served processes the CUPTI library announces, and those that ended."""
+
+    def add_target(self, pid: int) -> object: ...
+    def remove_target(self, pid: int) -> None: ...
+
+
+@runtime_checkable
+class CuptiControl(Protocol):
+    """The CUPTI probe's takeover side: which served processes another CUPTI client took
+    over, and asking them to take it back (agent.cupti_takeover holds the policy)."""
+    socket_path: str
+
+    def taken_over_pids(self) -> set[int]: ...
+    def taken_over_owners(self) -> dict[int, tuple[int, str]]: ...
+    def reclaim(self, pid: int | None = None) -> int: ...
+
+
+@dataclass
+class ProcessNews:
+    """Served processes an event source saw appear (``new``: pid or ``(pid, comm)``) or end
+    (``closed``: pids), and the status lines they sent (``{pid: text}``, escaped)."""
+    new: list = field(default_factory=list)
+    closed: list = field(default_factory=list)
+    status: dict = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.new or self.closed or self.status)
+
+
+@dataclass
+class PollResult:
+    """What one ``poll()`` hands the daemon, typed: each field goes to its own place.
+
+    ``trace``: events for the window (and the ``events`` topic); ``sched``, ``device``,
+    ``engine``: a payload for that topic (engine scrapes become figures at window close);
+    ``requests``: request spans for the request join; ``news``: served processes that
+    appeared or ended; ``records``: how many records it counts toward ``records_total``.
+    """
+    trace: Trace | None = None
+    sched: dict | None = None
+    device: dict | None = None
+    engine: dict | None = None
+    requests: list | None = None
+    news: ProcessNews | None = None
+    records: int = 0
+
+
+def _news(data: dict) -> ProcessNews | None:
+    news = ProcessNews(list(data.get("new_pids") or []), list(data.get("closed_pids") or []),
+                       dict(data.get("status") or {}))
+    return news or None
+
+
+def poll_result(topic: str, data) -> PollResult:
+    """The typed result of what a probe of ``topic`` returned from ``poll()`` (not None or
+    empty). The shapes, once for every probe:
+
+    * an event source (``events``: cupti, simulator, replay): a :class:`Trace`, or a dict
+      with ``trace`` and, beside it, side payloads ``engine``/``device``/``sched`` (dicts)
+      and process news ``new_pids``/``closed_pids``/``status``; a dict without a trace
+      carries news, and engine scrapes (``scrapes``: a list) are an engine payload;
+    * ``requests`` (otlp): ``{"requests": [RequestSpan, ...]}``;
+    * ``sched``, ``device``, ``engine``: the dict is that topic's payload, one record.
+
+    Raises TypeError for any other shape (the daemon counts it as the probe's error).
+    """
+    if isinstance(data, Trace):
+        data = {"trace": data}
+    if not isinstance(data, dict):
+        raise TypeError(f"poll() returned {type(data).__name__}, expected a dict or a Trace")
+    trace = data.get("trace")
+    if isinstance(trace, Trace):
+        res = PollResult(trace=trace, news=_news(data),
+                         records=len(trace.kernels) + len(trace.copies) + len(trace.api) + len(trace.ranges))
+        for key in ("engine", "device", "sched"):
+            if isinstance(data.get(key), dict):
+                setattr(res, key, data[key])
+        return res
+    if topic == "requests":
+        spans = data.get("requests")
+        if not isinstance(spans, list):
+            raise TypeError("a requests probe's poll() must return {'requests': [RequestSpan, ...]}")
+        return PollResult(requests=spans, records=len(spans))
+    if topic == "events":
+        return PollResult(news=_news(data), engine=data if isinstance(data.get("scrapes"), list) else None)
+    if topic not in ("sched", "device", "engine"):
+        raise TypeError(f"no probe topic {topic!r}")
+    return PollResult(records=1, **{topic: data})

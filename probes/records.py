@@ -164,6 +164,13 @@ class DeviceSample(msgspec.Struct, omit_defaults=True):
     gpu_name: str | None = None
 
 
+class DeviceSamples(msgspec.Struct):
+    """One device source's record of the window's ``device`` map (``probes.nvml``): its
+    samples, each read as a :class:`DeviceSample` by who reads it (a sample of another
+    shape is skipped by that reader, not refused with the others)."""
+    devices: list[Any] = []
+
+
 # ----------------------------------------------------------------- engine
 
 
@@ -174,6 +181,14 @@ class LatencyHistogram(msgspec.Struct, omit_defaults=True):
     cumulative: Annotated[list[Num], N(104)] = []
     count: Annotated[Num | None, N(25)] = None
     sum: Num | None = None
+
+
+class AlertState(msgspec.Struct, omit_defaults=True):
+    """One of the agent's own engine alerts (``aggregator.alerts.AlertTracker.record``)."""
+    firing: bool = False
+    since_ts_ns: int | None = None
+    value: Num | None = None
+    message: str = ""
 
 
 class EngineFigures(msgspec.Struct, omit_defaults=True):
@@ -224,7 +239,7 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     version_hint: str | None = None
     model_names: Any = None
     simulated: bool | None = None
-    alerts: Any = None
+    alerts: dict[str, AlertState] = {}
 
 
 # ----------------------------------------------------------------- agent health
@@ -237,6 +252,31 @@ class ProbeCounters(msgspec.Struct, omit_defaults=True):
     drops: Annotated[Num, N(49)] = 0
     errors: Annotated[Num, N(50)] = 0
     bpf_run_time_ns: Annotated[Num | None, N(52)] = None
+
+
+class EngineProbeCounters(ProbeCounters, omit_defaults=True):
+    """The engine probe's counters (``probes.engine``): its failed scrapes by kind
+    (timeout, too_large, connect, http_status, ...)."""
+    scrape_failures: dict[str, Num] = {}
+
+
+class CuptiProbeCounters(ProbeCounters, omit_defaults=True):
+    """The CUPTI probe's own counters (``probes.cupti``, its socket server and name
+    matching) that ``/metrics`` exports; a counter the probe does not keep is None."""
+    # connections refused at the descriptor-derived limit, at one user's share, peers cut
+    # for claiming another pid
+    server_refused_connections: Num | None = None
+    server_refused_connections_uid: Num | None = None
+    server_rejected_peers: Num | None = None
+    # connections cut after they were accepted (agent.prometheus.WindowCollector.CUPTI_CUTS)
+    server_process_gone_cut: Num | None = None
+    server_pid_reused_cut: Num | None = None
+    server_idle_peer_cut: Num | None = None
+    server_evicted_fair_share: Num | None = None
+    server_identity_dropped_batches: Num | None = None
+    demangler_seccomp_kills: Num | None = None
+    names_not_classified: Num | None = None
+    clock_disagreements: Num | None = None
 
 
 class ProbeMessage(msgspec.Struct):

@@ -60,10 +60,6 @@ class ReplayProbe(Probe):
             return Availability(False, "no trace to replay", "set probes.replay.path to a Kineto trace (.json or .json.gz)")
         if not self.path.is_file():
             return Availability(False, f"replay trace not found: {self.path}", "check probes.replay.path")
-        try:
-            import ridgeline.probes.kineto  # noqa: F401
-        except ImportError as exc:
-            return Availability(False, f"trace importer unavailable ({exc})", "install ridgeline completely")
         return Availability(True)
 
     def start(self) -> None:

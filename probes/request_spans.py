@@ -265,7 +265,7 @@ def _records(raw: list, stats: SpanStats) -> list[RequestSpan]:
     # request's root span, in the same export when its batch processor sent them together.
     parent = {r[5]: r[6] for r in raw}
     children: dict[str, list[tuple[str, int]]] = {}
-    for name, s, e, _a, _t, sid, pid, _p, _j in raw:
+    for name, s, e, _a, _t, _sid, pid, _p, _j in raw:
         seen = 0
         while pid and seen < 4:
             children.setdefault(pid, []).append((name, max(0, e - s)))

@@ -29,12 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from . import bpf as bpfmod
-from . import btf
-from . import proc
+from . import btf, proc
 from .probe import Availability, Probe
+from .sched_accounting import EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WindowAccountant, hist_by_tgid
 from .targets import TargetSet
-from .sched_accounting import (EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WINDOW_DTYPE,
-                               WindowAccountant, hist_by_tgid)
 
 BPF_SOURCE = Path(__file__).with_name("sched_bpf.c")
 # Raw tracepoint argument layouts the program relies on (checked against BTF before loading).
@@ -289,15 +287,3 @@ class SchedProbe(Probe):
         """records, drops (ring buffer full + thread map full + held events), errors, gaps, and
         per-program BPF run time (``bpf_programs``; non-zero while kernel.bpf_stats_enabled=1)."""
         return bpfmod.with_prog_stats(self._counts(), self.bpf)
-
-
-def sched_window_to_dicts(window: np.ndarray) -> list[dict]:
-    """Plain dicts of WINDOW_DTYPE rows (for JSON); the histogram as a list of slot counts."""
-    out = []
-    for r in window:
-        d = {name: (r[name].decode(errors="replace") if name == "comm" else
-                    bool(r[name]) if name == "exited" else
-                    [int(x) for x in r[name]] if name == "runq_hist" else int(r[name]))
-             for name in WINDOW_DTYPE.names}
-        out.append(d)
-    return out

@@ -111,13 +111,6 @@ def effective_totals(rows: np.ndarray, now_ns: int) -> np.ndarray:
     return out
 
 
-def close_exit(rows: np.ndarray) -> np.ndarray:
-    """Totals of exit records: the kernel already closed every interval (their last switch-out)."""
-    out = rows.copy()
-    out["state"] = S_UNKNOWN
-    return out
-
-
 def _keys(rows: np.ndarray) -> np.ndarray:
     return (rows["tgid"].astype(np.uint64) << np.uint64(32)) | rows["tid"].astype(np.uint64)
 

@@ -294,6 +294,7 @@ def judge_nvml(records: list[dict]) -> Point:
 def judge_clock(pm_start, pm_end, pm_dram_bytes, k_start, k_end, share: float = 0.90) -> Point:
     """(i): PM samples whose interval overlaps a kernel must hold the DRAM traffic."""
     import numpy as np
+
     from ridgeline.aggregator.roofline import covered_ns, union_intervals
     pm_start, pm_end = np.asarray(pm_start, np.int64), np.asarray(pm_end, np.int64)
     dram = np.asarray(pm_dram_bytes, float)
@@ -347,6 +348,7 @@ def model_work(phase: str, steps: int = DECODE_STEPS) -> tuple[float, float]:
 
 def workload(mode: str, out: Path) -> dict:
     import resource
+
     import torch
     import torch.nn.functional as F
     torch.manual_seed(0)
@@ -533,7 +535,7 @@ def workload(mode: str, out: Path) -> dict:
         torch.cuda.synchronize()
         nvtx.range_pop()
         res["triton"] = "ok"
-    except Exception as e:                   # no compiler on the host: (d) fails with this reason
+    except Exception as e:  # noqa: BLE001  (no compiler on the host, or Triton's own error: (d) fails with this reason)
         res["triton"] = f"{type(e).__name__}: {e}"
 
     # (e) a child process on the same GPU, with kernels of its own
@@ -630,7 +632,9 @@ def pm_sampler_main(out: Path) -> int:
     """(internal) PM sampling of device 0 until SIGTERM; samples saved every second to
     OUT/pm_samples.npz (so a crash keeps what came before), metric names to OUT/pm_metrics.json."""
     import signal
+
     import numpy as np
+
     from ridgeline.probes.cupti.pm_sampler import PmSampler, metric_list
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
@@ -684,6 +688,7 @@ def read_pm_samples(pm_dir: Path) -> tuple[dict | None, str]:
 def run_injected(out: Path, mode: str, timeout: float, graph_level: bool = False, side: bool = False):
     """One injected run with the agent's probes listening here: (result, trace, nvml records, pm samples)."""
     import numpy as np
+
     from ridgeline.probes.cupti.probe import CuptiProbe
     from ridgeline.probes.events import Trace
     sock = out / "tmp" / f"cupti-{mode}.sock"
@@ -847,6 +852,7 @@ def main_driver(out: Path, budget_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         import numpy as np
+
         from ridgeline.probes.cupti.probe import CuptiProbe  # noqa: F401
     except ImportError as e:           # nothing can be judged: say so for every point
         points = [missing(k, f"{type(e).__name__}: {e}") for k in POINTS]
@@ -860,7 +866,7 @@ def main_driver(out: Path, budget_s: float) -> int:
     try:
         data["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                             text=True).stdout.strip()
-    except Exception:
+    except OSError:         # no git on the GPU host: the report has no commit
         pass
     smi = shutil.which("nvidia-smi")
     if smi:
@@ -897,14 +903,14 @@ def main_driver(out: Path, budget_s: float) -> int:
             else:
                 results[name] = r
             note(name, "ok")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (each step's failure is the report's finding, with its traceback)
             note(name, "failed", reason=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=4))
     data["results"] = results
     if (out / "torch_trace.json.gz").exists():
         try:
             from ridgeline.probes.kineto import load_trace
             torch_trace = load_trace(out / "torch_trace.json.gz")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (the report says why the trace could not be read)
             note("torch_trace", "unreadable", reason=f"{type(e).__name__}: {e}")
     if trace is not None:
         np.savez_compressed(out / "cupti_events.npz", kernels=trace.kernels, copies=trace.copies, api=trace.api,

@@ -15,7 +15,7 @@ plumbing failure must show in the first half minute, with its evidence already o
 
 Everything goes to OUT/preflight.json and OUT/preflight.txt as each step ends. Without a GPU
 (this development machine, CI) it is a dry run on the stand-in libcupti
-(probes/native/tests/stub_cupti.c) and the stand-in served process (tests/native_harness.py):
+(probes/native/tests/stub_cupti.c) and the stand-in served process (tests/support/native_harness.py):
 the same build, socket, HELLO and record path, said to be a dry run in every output.
 
 Usage: python scripts/gpu_preflight.py --out DIR [--cupti-include DIR] [--stub] [--budget-s 30]
@@ -203,7 +203,7 @@ class Preflight:
             if self.stub:
                 env.update(RIDGELINE_LIBCUPTI=str(self.work / "libcupti_stub.so"), RIDGELINE_SOCKET=str(sock),
                            RIDGELINE_FLUSH_MS="100")
-                child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "native_harness.py"), "--stub",
+                child = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "native_harness.py"), "--stub",
                                           str(self.work / "libridgeline_cupti_test.so"),
                                           str(self.work / "libcupti_stub.so")], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -12,7 +12,7 @@ line, windows lost without a counted gap). A table for docs/hardening.md, not a 
 the tests named in that document assert each bound without timing.
 
     sudo .venv/bin/python scripts/hardening-check.py [--memory-max 384M,512M] [--only WORD]
-        [--long-recording]      # add the 30-minute recording (written by tests/recording_synth.py)
+        [--long-recording]      # add the 30-minute recording (written by tests/support/recording_synth.py)
 
 Needs root (cgroups, setuid nobody). Takes about 10 minutes per memory bound on 2 cores.
 """
@@ -28,7 +28,6 @@ import re
 import signal
 import socket
 import socketserver
-import struct
 import subprocess
 import sys
 import tempfile
@@ -414,7 +413,7 @@ def nobody(job: dict, wait: bool = True):
 
 def cupti_frames():
     sys.path.insert(0, str(ROOT / "tests"))
-    import cupti_records as R
+    from support import cupti_records as R
     return R
 
 
@@ -577,7 +576,7 @@ def agent_cases(tmp: Path, mem: int, only: str) -> None:
                               timeout=60)
         tail_line = (tail.stderr.strip().splitlines() or [""])[-1].replace(a.endpoint, "ipc://…/stream.sock")[:90]
         frames = [R.hello_frame(pid=0).hex(), R.batch_frame(kern, b.names, pid=0).hex()]
-        own = nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
+        nobody({"do": "frames", "path": a.cupti, "claim": "self", "frames": frames})
         forged = nobody({"do": "frames", "path": a.cupti, "claim": "1", "frames": frames})
         evil = R.hello_frame(pid=0, comm=b"vllm\nFAKE", status=b"x\n2026-01-01 CRITICAL agent: forged line\x1b[2J")
         ev = bytearray(evil)
@@ -701,7 +700,7 @@ def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool, inputs_f
         d.mkdir()
         cases = input_bounds.build(d)
         if long_recording:
-            import recording_synth
+            from support import recording_synth
             rec = d / "long.rlrec"
             t0 = time.monotonic()
             recording_synth.write_recording(rec, recording_synth.simulated_trace(d / "sim.json"), minutes=30,
@@ -725,10 +724,11 @@ def analyze_cases(tmp: Path, mem: int, only: str, long_recording: bool, inputs_f
 # ------------------------------------------------------------------------------ issue 18 (items 1, 2, 5)
 
 def issue18_names_cases(tmp: Path, mem: int, only: str) -> None:
-    """Issue 18.1/18.5 as an attacker tries them: adversarial kernel names (tests/adversarial_names.py)
+    """Issue 18.1/18.5 as an attacker tries them: adversarial kernel names (tests/support/adversarial_names.py)
     through `analyze` and through the CUPTI socket as nobody, and one bad frame per connection."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import adversarial_names as A
+    from support import adversarial_names as A
+
     from ridgeline.aggregator.signatures import load_signatures
     sigs = load_signatures()
     names = [n for s in sigs if s.id.startswith("trtllm_gen_fmha") for n in A.names_for(s.pattern, 4096)]
@@ -897,6 +897,13 @@ class Watchdog:
         return max(self.worst, time.monotonic() - self.last)
 
 
+def watched_health(tmp: Path, cgroup: str, mem: int):
+    """A CUPTI agent in a cgroup of its own: (cgroup, agent, its watchdog, its health stream)."""
+    cg = Cgroup(cgroup, mem)
+    notify, a = watched_cupti_agent(tmp, cg)
+    return cg, a, Watchdog(notify), Windows(a.endpoint, topic="health")
+
+
 def spawn_with_pid(pid: int, tries: int = 50):
     """A root process given exactly ``pid`` (ns_last_pid, as CRIU restores pids), or None."""
     for _ in range(tries):
@@ -919,10 +926,7 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
     hello = R.hello_frame(pid=0).hex()
     name = "18.3 nobody's forked child sends 10,000 kernels under a pid reused by root's process"
     if only in name:
-        cg = Cgroup("pidreuse", mem)
-        notify, a = watched_cupti_agent(tmp, cg)
-        wd = Watchdog(notify)
-        h = Windows(a.endpoint, topic="health")
+        cg, a, wd, h = watched_health(tmp, "pidreuse", mem)
         b = R.make_buffer(200, seed=3, with_markers=False)
         batch = R.batch_frame([(10, R.KERNEL.itemsize, b.kernels.tobytes())], b.names, pid=0).hex()
         go = tmp / f"go{time.monotonic_ns()}"
@@ -949,10 +953,7 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
         cg.close()
     name = "18.4 four users x 256 idle CUPTI connections, then root's and a fifth user's libraries"
     if only in name:
-        cg = Cgroup("starve", mem)
-        notify, a = watched_cupti_agent(tmp, cg)
-        wd = Watchdog(notify)
-        h = Windows(a.endpoint, topic="health")
+        cg, a, wd, h = watched_health(tmp, "starve", mem)
         holders = []
         for uid in (NOBODY, 60001, 60002, 60003):
             holders.append(peer(uid, {"do": "hold", "path": a.cupti, "hello": hello, "n": 256}))
@@ -993,15 +994,15 @@ def issue18_peer_cases(tmp: Path, mem: int, only: str) -> None:
             floods = [peer(NOBODY, {"do": "connect_flood", "path": a.cupti, "s": 10}) for _ in range(n_flood)]
             time.sleep(2)
             # the real library (its test build, probes/native/build/libridgeline_cupti_test.so: the
-            # shipped code plus the entry points tests/native_harness.py drives): a non-blocking
+            # shipped code plus the entry points tests/support/native_harness.py drives): a non-blocking
             # connect; EAGAIN (backlog full) retried 10 ms later, doubling to 250 ms
-            lib = subprocess.Popen([PY, str(ROOT / "tests" / "native_harness.py"),
+            lib = subprocess.Popen([PY, str(ROOT / "tests" / "support" / "native_harness.py"),
                                     str(ROOT / "probes" / "native" / "build" / "libridgeline_cupti_test.so")],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                    env=dict(os.environ, RIDGELINE_QUIET="1"))
             CHILDREN.append(lib)
 
-            def ask(line):
+            def ask(line, lib=lib):      # this iteration's library
                 lib.stdin.write(line + "\n")
                 lib.stdin.flush()
                 return json.loads(lib.stdout.readline() or "{}")
@@ -1080,7 +1081,7 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
     """18.8: root's analyze --perfetto/--plot and record -o at a name nobody made a symlink."""
     sys.path.insert(0, str(ROOT / "tests"))
     try:
-        from third_party_files import third_party_path
+        from support.third_party_files import third_party_path
         trace = third_party_path("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz")
     except ImportError:      # the lookup module is absent: the analyze cases cannot run
         trace = None
@@ -1111,12 +1112,12 @@ def symlink_output_cases(tmp: Path, mem: int, only: str) -> None:
 
 
 def analyze_bomb_cases(tmp: Path, mem: int, only: str) -> None:
-    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/analyze_bombs.py)."""
+    """18.7: analyze bombs, each one line, exit 2, bounded (inputs: tests/support/analyze_bombs.py)."""
     import gzip as gz
     import shutil
     sys.path.insert(0, str(ROOT / "tests"))
-    import analyze_bombs
-    from third_party_files import third_party_path
+    from support import analyze_bombs
+    from support.third_party_files import third_party_path
     d = tmp / "bombs"
     d.mkdir(exist_ok=True)
     cases = {
@@ -1155,29 +1156,19 @@ def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
     name = "18.9 record onto a full disk (256 KiB tmpfs)"
     if only not in name:
         return
-    import zmq
     sys.path.insert(0, str(ROOT))
-    env = (ROOT / "tests" / "data" / "wire_envelope_window_v1.bin").read_bytes()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.golden_stream import golden_window_stream
     mnt = tmp / "small"
     mnt.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
     ep = f"ipc://{tmp}/full-disk.sock"
-    pub.bind(ep)
-    stop = threading.Event()
-
-    def send():
-        while not stop.is_set():
-            pub.send_multipart([b"window", env])
-            time.sleep(0.002)
-    t = threading.Thread(target=send, daemon=True)
-    t.start()
     cg = Cgroup("fulldisk", mem)
     try:
         out = mnt / "r.rlrec"
-        r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
-                  cg).finish(120)
+        with golden_window_stream(ep):
+            r = Child([PY, "-m", "ridgeline", "record", "-o", str(out), "--endpoint", ep, "--duration", "60"],
+                      cg).finish(120)
         from ridgeline.agent.recording import iter_frames
         report: dict = {}
         frames = sum(1 for _ in iter_frames(out, report))
@@ -1186,10 +1177,6 @@ def record_full_disk_case(tmp: Path, mem: int, only: str) -> None:
             f"{bool(report.get('truncated'))}; `{(lines or [''])[-1][:110]}`",
             r["exit"] == 1 and len(lines) == 1 and frames > 0 and not report.get("truncated"), mem)
     finally:
-        stop.set()
-        t.join()
-        pub.close(0)
-        ctx.term()
         cg.close()
         subprocess.run(["umount", str(mnt)], check=False)
 
@@ -1336,7 +1323,7 @@ def main() -> None:
     ap.add_argument("--skip-analyze", action="store_true")
     ap.add_argument("--long-recording", action="store_true")
     ap.add_argument("--inputs-from", type=Path, default=ROOT,
-                    help="checkout whose bench/input_bounds.py and tests/recording_synth.py build item 1's inputs")
+                    help="checkout whose bench/input_bounds.py and tests/support/recording_synth.py build item 1's inputs")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     a = ap.parse_args()
     if os.geteuid() != 0:

@@ -18,6 +18,9 @@
 #   --uninstall    remove what install put there (config stays; remove it by hand)
 #   --python PY    interpreter for the virtualenv (default: python3)
 #   --no-ebpf      skip scripts/setup-ebpf.sh (the bcc link into the venv is still made)
+#   --extras LIST  optional extras too, comma-separated: terminal (rich: `ridgeline top`, the
+#                  text report of `analyze`), plot (matplotlib: `analyze --plot`); `demo`
+#                  needs both. The agent itself needs none (default: none)
 # Environment: RIDGELINE_PIP_ARGS extra pip arguments, e.g. "--find-links DIR" or
 #   "--index-url URL" for a mirror or an offline wheel folder. Not "--no-deps" (the agent
 #   needs its pinned dependencies) nor "--no-build-isolation" (the build needs the pinned
@@ -28,6 +31,7 @@ ROOT=/
 UNINSTALL=0
 PY=python3
 EBPF=1
+EXTRAS=
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) ROOT=${2:?--root needs a folder}; shift 2 ;;
@@ -35,10 +39,17 @@ while [ $# -gt 0 ]; do
         --uninstall) UNINSTALL=1; shift ;;
         --python) PY=${2:?--python needs an interpreter}; shift 2 ;;
         --no-ebpf) EBPF=0; shift ;;
+        --extras) EXTRAS=${2:?--extras needs a list, e.g. terminal,plot}; shift 2 ;;
+        --extras=*) EXTRAS=${1#--extras=}; shift ;;
         -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         *) echo "install.sh: error: unknown option $1" >&2; exit 2 ;;
     esac
 done
+
+case "$EXTRAS" in
+    ""|terminal|plot|terminal,plot|plot,terminal) ;;
+    *) echo "install.sh: error: --extras takes terminal, plot or both (terminal,plot), not $EXTRAS" >&2; exit 2 ;;
+esac
 
 case " ${RIDGELINE_PIP_ARGS:-} " in
     *" --no-deps "*|*" --no-build-isolation "*)
@@ -86,7 +97,7 @@ fi
 # The package build compiles the injection library (setup.py); a missing compiler stops
 # here with the reason, not later at `ridgeline run`.
 # shellcheck disable=SC2086
-"$PREFIX/venv/bin/python" -m pip install -q ${RIDGELINE_PIP_ARGS:-} "$SRC"
+"$PREFIX/venv/bin/python" -m pip install -q ${RIDGELINE_PIP_ARGS:-} "$SRC${EXTRAS:+[$EXTRAS]}"
 "$PREFIX/venv/bin/python" -m pip check -q >/dev/null || {
     "$PREFIX/venv/bin/python" -m pip check >&2 || true
     echo "install.sh: error: the virtualenv lacks ridgeline's pinned dependencies (see above)" >&2; exit 1; }

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import hardware  # noqa: E402
-from third_party_files import third_party_missing, third_party_path  # noqa: E402,F401
+from support import hardware  # noqa: E402
+from support.third_party_files import third_party_missing, third_party_path  # noqa: E402,F401
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared"))

@@ -5,8 +5,8 @@ import os
 import shutil
 import stat
 import subprocess
-from pathlib import Path
 import tempfile
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -108,9 +108,9 @@ def test_ridgeline_tail_as_nobody_cannot_read_the_agents_stream(open_folder, gro
     import grp
     import threading
 
-    from agent_codec import codec
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier
+    from ridgeline.aggregator import wire as codec
     checkout = Path(__file__).resolve().parent.parent / "agent"
     seen = subprocess.run([SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups", PY, "-c",
                            f"import os; os.listdir({str(checkout)!r})"], capture_output=True, timeout=60)

@@ -3,11 +3,10 @@
 reaching the real socket."""
 from __future__ import annotations
 
-import time
-
 import json
 import os
 import stat
+import time
 
 from ridgeline.agent import config, reclaim_request, registry
 from ridgeline.agent.cupti_takeover import TakeoverWatch

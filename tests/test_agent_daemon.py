@@ -4,23 +4,17 @@ import threading
 import time
 
 import httpx
-import pytest
+from support.net import free_port, wait_for
 
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
-from agent_codec import codec
-from ridgeline.probes.events import KERNEL_DTYPE, API_DTYPE, API_LAUNCH, Device, NameTable, Trace, empty
+from ridgeline.aggregator import wire as codec
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE, Device, NameTable, Trace, empty
 from ridgeline.probes.probe import Availability, Probe
 from ridgeline.probes.replay import ReplayProbe
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def literal_trace(n=200, every_ns=5_000_000):
@@ -74,16 +68,6 @@ def collect(sub, seconds, topics=None, until=None):
             if until is not None and until(out):
                 break
     return out
-
-
-def wait_for(pred, seconds=30.0):
-    """Poll ``pred`` until it holds; False at the deadline."""
-    end = time.monotonic() + seconds
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def replay_of(trace):
@@ -356,7 +340,8 @@ def test_an_engine_endpoint_that_does_not_answer_is_warned_once(tmp_path, caplog
     the error (not 40 s of silence); one line when it answers again."""
     import logging
 
-    from engine_samples import V011, MetricsServer, sample_text
+    from support.engine_samples import V011, MetricsServer, sample_text
+
     from ridgeline.probes.engine import EngineProbe
     dead = f"http://127.0.0.1:{free_port()}/metrics"
     with MetricsServer(sample_text(V011), status=503) as srv:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ridgeline.agent.recording import MAGIC, RecordingWriter, is_recording, iter_frames, load_recording, merge_traces
-from agent_codec import codec
+from ridgeline.aggregator import wire as codec
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
 

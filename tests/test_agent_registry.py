@@ -4,6 +4,7 @@ import logging
 import pytest
 
 from ridgeline.agent import config, registry
+from ridgeline.agent.probe_names import PROBE_NAMES
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import Availability, Probe
 
@@ -17,6 +18,13 @@ def test_every_step_reports_availability_without_raising():
             assert av.reason, name
         if probe is not None:
             probe.stop()
+
+
+def test_the_steps_are_the_probe_names_the_config_accepts():
+    """agent.config checks probes.enabled against PROBE_NAMES, not STEPS (which would close
+    an import circle): a step added or renamed here without it would be refused at load,
+    or a name accepted at load would have no step."""
+    assert tuple(registry.STEPS) == PROBE_NAMES
 
 
 def test_unknown_probe_names_the_known_ones():
@@ -64,17 +72,37 @@ def test_required_probe_failure_is_an_input_error(monkeypatch):
         registry.start_all(config.defaults(), logging.getLogger("t"), ["n"])
 
 
-def test_build_passes_only_named_parameters():
-    class P:
-        def __init__(self, socket_path=None, **server_kw):
-            self.socket_path, self.kw = socket_path, server_kw
-    p = registry._build(P, socket_path="/x", socket="/y")
-    assert p.socket_path == "/x" and p.kw == {}
+def test_each_step_builds_the_class_named_for_it_from_its_table():
+    """Registration is explicit: each factory names its probe's class and hands it the
+    configuration's values by name (no class-name guessing, no signature filtering)."""
+    from ridgeline.agent.simulator.probe import SimulatorProbe
+    from ridgeline.probes.cuda_uprobes import CudaUprobeProbe
+    from ridgeline.probes.cupti import CuptiProbe
+    from ridgeline.probes.engine import EngineProbe
+    from ridgeline.probes.nvml import NvmlProbe
+    from ridgeline.probes.otlp_receiver import OtlpProbe
+    from ridgeline.probes.probe import ProbeLike
+    from ridgeline.probes.replay import ReplayProbe
+    from ridgeline.probes.sched import SchedProbe
+    from ridgeline.probes.sglang_request_metrics import SglangRequestMetricsProbe
+    classes = {"sched": SchedProbe, "cuda_uprobes": CudaUprobeProbe, "cupti": CuptiProbe, "nvml": NvmlProbe,
+               "engine": EngineProbe, "otlp": OtlpProbe, "sglang_requests": SglangRequestMetricsProbe, "simulator": SimulatorProbe,
+               "replay": ReplayProbe}
+    assert set(classes) == set(registry.STEPS)
+    cfg = config.overlay(config.defaults(), {"probes": {"cupti": {"socket": "/run/x/cupti.sock"},
+                                                        "engine": {"timeout_s": 1.25}}})
+    for name, cls in classes.items():
+        probe = registry.STEPS[name].factory(cfg)
+        assert type(probe) is cls and isinstance(probe, ProbeLike), name
+        probe.stop()
+    assert registry.STEPS["cupti"].factory(cfg).socket_path == "/run/x/cupti.sock"
+    assert registry.STEPS["engine"].factory(cfg).timeout_s == 1.25
 
 
 def test_check_command_lists_every_probe(capsys):
-    from ridgeline.agent.commands import check
     import argparse
+
+    from ridgeline.agent.commands import check
     from ridgeline.probes.errors import RuntimeFailure
     # A named probe that cannot run is a runtime failure (exit 1), after the full listing.
     with pytest.raises(RuntimeFailure, match="probe replay cannot run here"):

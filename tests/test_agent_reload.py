@@ -12,20 +12,13 @@ import time
 
 import numpy as np
 import pytest
+from support.net import free_port, wait_for
 
-from agent_codec import codec
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
-
-from test_agent_daemon import wait_for
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ridgeline.aggregator import wire as codec
 
 
 def base_toml(ep, extra=""):

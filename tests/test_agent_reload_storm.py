@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-from test_agent_stream import free_port
+from support.net import free_port
 
 STORM_S = 10.0
 

@@ -8,64 +8,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from support.agent_process import TRACE, start_agent, stop, write_config
+from support.net import free_port
 
-from agent_codec import REAL_WIRE
-
-pytestmark = pytest.mark.skipif(not REAL_WIRE, reason="aggregator.wire (the stream's codec) is not installed yet")
-
-TRACE = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # ~27k kernels/s
 SMALL = "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz"   # 17 kernels per 3.9 ms lap
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_config(tmp_path, trace, *, speed=1.0, prom_port=None, sndhwm=1000, events=False, extra="",
-                 probes=("replay",)):
-    port = free_port()
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f"""
-[agent]
-window_s = 0.5
-[publisher]
-endpoint = "tcp://127.0.0.1:{port}"
-sndhwm = {sndhwm}
-publish_events = {"true" if events else "false"}
-[prometheus]
-enabled = {"true" if prom_port else "false"}
-listen = "127.0.0.1:{prom_port or 9464}"
-[probes]
-enabled = {json.dumps(list(probes))}
-[probes.replay]
-path = "{trace}"
-speed = {speed}
-{extra}
-""")
-    return cfg, f"tcp://127.0.0.1:{port}"
-
-
-def start_agent(cfg, env=None, log=None):
-    return subprocess.Popen([sys.executable, "-m", "ridgeline", "agent", "--config", str(cfg)],
-                            stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, **(env or {})))
-
-
-def stop(p, sig=signal.SIGTERM):
-    if p.poll() is None:
-        p.send_signal(sig)
-        try:
-            return p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            pytest.fail("agent did not stop within 20 s of SIGTERM")
-    return p.returncode
 
 
 def subscriber(endpoint, topics=(), rcvhwm=10000):
@@ -228,6 +176,7 @@ def test_slow_absent_and_restarted_subscribers(tmp_path, trace_path):
 def test_malformed_input_on_every_socket(tmp_path, trace_path):
     import httpx
     import zmq
+
     from ridgeline.agent import config, registry
     prom = free_port()
     cupti_sock = tmp_path / "cupti.sock"

@@ -3,10 +3,8 @@
 Runs ``systemd-analyze security --offline=true`` on the unit (the exposure score is recorded
 in docs/systemd.md). The install itself is tested from a clean clone in tests/test_install.py.
 """
-import os
 import re
 import shutil
-import stat
 import subprocess
 from pathlib import Path
 

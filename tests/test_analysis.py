@@ -1,23 +1,15 @@
 """Whole-trace analysis on literal traces and on every shared trace."""
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES as SHARED
+from support.phase_literals import decode_literal_trace
 
 from ridgeline.aggregator import model_config
 from ridgeline.aggregator.analysis import analyze_trace, choose_ceilings
 from ridgeline.aggregator.ceilings import load_table
 from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
-from ridgeline.probes.events import KERNEL_DTYPE, Device, NameTable, Trace, empty
+from ridgeline.probes.events import Device
 
-from phase_literals import Step, phase_map
-
-SHARED = [
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
-    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
-    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
-    "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
-    "nvidia-training/hta_a100_rank0_training.json.gz",
-]
 H100_QWEN = SHARED[3]
 PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per_s", "achieved_bytes_per_s",
               "arithmetic_intensity", "verdict", "evidence", "pct_of_peak_flops", "pct_of_peak_bytes",
@@ -25,23 +17,8 @@ PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per
 VERDICTS = {"memory-bound", "compute-bound", "latency/launch-bound", "host-bound", "undetermined"}
 
 
-def _decode_trace():
-    # Four decode steps of 40 kernels of 250 us each, back to back, on an H200.
-    n = 160
-    k = empty(KERNEL_DTYPE, n)
-    k["start_ns"] = np.arange(n) * 250_000
-    k["end_ns"] = k["start_ns"] + 250_000
-    k["device"] = 0
-    k["name_id"] = 0
-    t = Trace(kernels=k, names=NameTable(["gemv"]),
-              devices=[Device(0, "NVIDIA H200", 132, 150_000_000_000)])
-    steps = [Step(i, i * 10_000_000, (i + 1) * 10_000_000, 0, 2, 0, 64, ["literal"]) for i in range(4)]
-    pm = phase_map(steps, np.full(n, 2, np.uint8), np.repeat(np.arange(4), 40).astype(np.int32))
-    return t, pm
-
-
 def test_literal_decode_with_model_is_memory_bound():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     m = model_config.builtin("llama-3-8b")
     doc = analyze_trace(t, model=m, context_len=2048, phase_map=pm)
     assert doc["gpu"]["key"] == "h200-sxm" and doc["gpu"]["ceilings_from"].startswith("device name")
@@ -58,7 +35,7 @@ def test_literal_decode_with_model_is_memory_bound():
 
 
 def test_literal_without_model_or_shapes_reports_no_source():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     d = analyze_trace(t, phase_map=pm)["phases"]["decode"]
     assert d["flops"] is None and d["bytes"] is None and d["work_source"] == "no source"
     assert d["verdict"] == "undetermined"
@@ -66,7 +43,7 @@ def test_literal_without_model_or_shapes_reports_no_source():
 
 
 def test_gpu_option_and_unknown_device():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     doc = analyze_trace(t, gpu="l4", phase_map=pm)
     assert doc["gpu"]["key"] == "l4"
     t.devices = [Device(0, "NVIDIA Tesla K80")]
@@ -128,7 +105,7 @@ def test_b200_prefill_tokens_and_model_share(trace_path):
 
 
 def test_simulated_traces_are_labelled():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     assert analyze_trace(t, phase_map=pm)["simulated"] is False
     t.devices[0].properties["simulated"] = True
     assert analyze_trace(t, phase_map=pm)["simulated"] is True

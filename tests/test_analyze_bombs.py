@@ -1,6 +1,6 @@
 """Issue 18.7: `analyze` of hostile inputs gives one line and exit 2, within bounds.
 
-The inputs are built by tests/analyze_bombs.py; the Nsight ones from a copy of a real
+The inputs are built by tests/support/analyze_bombs.py; the Nsight ones from a copy of a real
 export (../shared/third-party/nsys/, skipped when absent). The gzip bomb runs the real
 CLI under an address-space limit (RLIMIT_AS), where it died of MemoryError before.
 """
@@ -13,9 +13,9 @@ import sys
 import time
 
 import pytest
-
-import analyze_bombs
 from conftest import third_party
+from support import analyze_bombs
+
 from ridgeline.agent.cli import main
 from ridgeline.probes import json_chunks, nsys
 from ridgeline.probes.errors import InputError

@@ -79,7 +79,7 @@ def test_cli_errors_one_line_exit_2(args, msg):
 
 
 def test_cli_pool_from_real_engine_sample(capsys):
-    from engine_samples import V011, MetricsServer, sample_text
+    from support.engine_samples import V011, MetricsServer, sample_text
     with MetricsServer(sample_text(V011)) as srv:
         assert main(["capacity", "--engine", srv.url, "--context", "1024", "--context", "2048",
                      "--output-tokens", "0", "--json"]) == 0
@@ -89,7 +89,7 @@ def test_cli_pool_from_real_engine_sample(capsys):
 
 
 def test_cli_engine_without_pool_exit_2():
-    from engine_samples import V026, MetricsServer, sample_text
+    from support.engine_samples import V026, MetricsServer, sample_text
     with MetricsServer(sample_text(V026)) as srv:
         r = subprocess.run([sys.executable, "-m", "ridgeline", "capacity", "--engine", srv.url, "--context", "512"],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)

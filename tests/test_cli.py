@@ -2,13 +2,12 @@
 1 runtime failure, 2 bad input or usage), one error prefix, --version, and tail/top/record
 reading a CURVE-protected stream with a key pair made by `ridgeline keys`."""
 import shutil
-import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
+from support.net import free_port
 
 from ridgeline.agent import cli
 
@@ -18,12 +17,6 @@ PREFIX = "ridgeline: error: "
 def run(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "ridgeline", *args], capture_output=True, text=True,
                           timeout=timeout)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_help_lists_commands(capsys):
@@ -89,7 +82,7 @@ def _engine_config(tmp_path, url):
 def test_ok_cases_exit_0(tmp_path):
     import json
 
-    from engine_samples import V011, MetricsServer, sample_text
+    from support.engine_samples import V011, MetricsServer, sample_text
     with MetricsServer(sample_text(V011)) as srv:
         conf = _engine_config(tmp_path, srv.url)
         r = run("check", "--probe", "engine", "--config", conf, "--agent-timeout", "0")
@@ -118,10 +111,10 @@ def test_ok_cases_exit_0(tmp_path):
 def curve_agent(tmp_path):
     """A real agent publishing windows over CURVE on loopback tcp, its keys and an
     allowed client's made by `ridgeline keys`."""
-    from agent_codec import codec
     from ridgeline.agent import config
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.sdnotify import Notifier
+    from ridgeline.aggregator import wire as codec
     keys, allowed = tmp_path / "keys", tmp_path / "allowed"
     keys.mkdir()
     allowed.mkdir()

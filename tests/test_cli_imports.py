@@ -61,6 +61,16 @@ def test_full_parser_still_lists_every_command(argv):
         assert name in text
 
 
+def test_the_command_list_names_every_command_module():
+    """Registration is explicit (agent.commands.COMMANDS): a module left off the list
+    would be a command nobody can run."""
+    import pkgutil
+
+    from ridgeline.agent import commands
+    names = {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
+    assert set(commands.COMMANDS) == names and len(commands.COMMANDS) == len(names)
+
+
 def test_every_command_module_registers_the_command_it_is_named_for():
     """main() imports only the module named for argv[0]: a module registering another
     name would leave that command unreachable."""
@@ -73,3 +83,22 @@ def test_every_command_module_registers_the_command_it_is_named_for():
         parser = cli.build_parser(only=name)
         sub = next(a for a in parser._actions if a.dest == "command")
         assert list(sub.choices) == [name.replace("_", "-")], name
+
+
+def test_the_daemon_imports_no_optional_extra():
+    """The agent host installs ridgeline alone: the daemon's modules (and every probe
+    the registry builds) import neither rich nor matplotlib (the terminal and plot
+    extras) nor httpx (issue 19)."""
+    code = ("import sys\n"
+            "from ridgeline.agent import config, daemon, prometheus, registry\n"
+            "cfg = config.defaults()\n"
+            "for name, step in registry.STEPS.items():\n"
+            "    step.factory(cfg).stop()\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'matplotlib', 'httpx'))))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == []
+    # not vacuous: the same probe sees the extras where they are imported
+    code2 = code.replace("import sys\n", "import sys\nimport rich.table\n", 1)
+    p = subprocess.run([sys.executable, "-c", code2], capture_output=True, text=True, timeout=120, cwd="/")
+    assert "rich.table" in p.stdout.split()

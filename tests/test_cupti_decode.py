@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.decode import ProcessDecoder
 from ridgeline.probes.cupti.protocol import BATCH_DTYPE, Batch, Hello, Section
@@ -138,7 +138,9 @@ def test_repeated_hellos_with_new_callback_names_stay_within_the_name_budget(tmp
     (200 HELLOs: 800,000 names, RSS 66 -> 355 MiB). Callback names now count against the
     process's name budget, and the probe-wide table has its own; the rest is counted."""
     import socket as so
-    import cupti_records as R
+
+    from support import cupti_records as R
+
     from ridgeline.probes.cupti.probe import CuptiProbe
     probe = CuptiProbe(str(tmp_path / "h.sock"), max_name_bytes=4 << 20)
     probe.start()

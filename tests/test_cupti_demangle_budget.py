@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.probes.cupti import probe as probe_mod
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.peer_time_budget import PID_BURST_S, UID_BURST_S, PeerTimeBudget

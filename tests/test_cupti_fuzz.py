@@ -27,9 +27,8 @@ import sys
 import time
 import tracemalloc
 
-import numpy as np
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.probe import CuptiProbe
 

@@ -1,7 +1,7 @@
 """CUPTI records of every supported CUDA release decode field by field through the agent.
 
 For each real header set (nvidia-cuda-cupti wheels of CUDA 12.4, 12.8, 13.0 and the newest
-13.x; downloaded into ~/.cache/ridgeline-cupti when missing) tests/cupti_header_records.c
+13.x; downloaded into ~/.cache/ridgeline-cupti when missing) tests/support/cupti_header_records.c
 is compiled against the headers with the struct versions that release's libcupti writes
 (the newest of each kind the headers define) and fills real records through the header's
 own types. The bytes then go, as libridgeline_cupti.so sends them, over the real socket to
@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 import pytest
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.events import MISSING
@@ -170,7 +170,7 @@ def test_out_of_range_values_written_by_the_header_are_rejected_and_counted(tmp_
            f"K {t0} {2**64 - 1} 0 1 7 1 1 1 128 1 1 32 0 0 101 0 0 0",               # end beyond int64
            f"K {t0} {t0 + 1000} {2**32 - 1} 1 7 1 1 1 128 1 1 32 0 0 102 0 0 0",    # device 0xFFFFFFFF
            f"K {t0 + 5000} {t0} 0 1 7 1 1 1 128 1 1 32 0 0 103 0 0 0",               # ends before it starts
-           f"K 0 0 0 1 7 1 1 1 128 1 1 32 0 0 104 0 0 0",                            # no timestamps
+           "K 0 0 0 1 7 1 1 1 128 1 1 32 0 0 104 0 0 0",                            # no timestamps
            f"C 1 {2**63 + 5} {t0} {t0 + 10} 0 1 7 105 0 0"]                          # bytes beyond int64
     sections, api = hs.write(good + bad, tmp_path)
     out, counters = _send_and_poll(tmp_path, sections, {}, api, 5)

@@ -12,8 +12,8 @@ import threading
 
 import numpy as np
 import pytest
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.aggregator import signatures as S
 from ridgeline.aggregator.signatures import PeerNameClassifier, classify_kernels
 from ridgeline.aggregator.stream_phases import StreamPhaser

@@ -18,11 +18,11 @@ import textwrap
 import time
 
 import pytest
+from support import cupti_records as R
+from support.cupti_server import cupti_server, pump_until
 
-import cupti_records as R
 from ridgeline.probes.cupti import peer_process as PP
 from ridgeline.probes.cupti.server import CuptiServer
-
 
 # ------------------------------------------------------------------------------ the parser
 
@@ -94,10 +94,7 @@ def _server(tmp_path, proc, **kw):
 
 
 def _pump_until(s, what, seconds=5.0):
-    end = time.monotonic() + seconds
-    while not (ok := what()) and time.monotonic() < end:
-        s.pump(0.01)
-    return ok
+    return pump_until(s, what, seconds)
 
 
 def _batch():
@@ -174,7 +171,7 @@ def test_checks_are_rate_limited_per_connection(tmp_path):
     try:
         c = socket.socket(socket.AF_UNIX)
         c.connect(s.path)
-        import threading       # more than a socket buffer holds: sent while the server reads
+        import threading  # more than a socket buffer holds: sent while the server reads
         threading.Thread(target=c.sendall, args=(R.hello_frame() + _batch() * 200,), daemon=True).start()
         got = []
         assert _pump_until(s, lambda: got.extend(s.drain()) or sum(m.kind == "batch" for m in got) == 200)
@@ -266,22 +263,16 @@ def test_real_fork_and_exit_the_connection_is_cut(tmp_path):
     """No reuse: the parent exited, its child sends under the parent's pid; what came is
     handed on (under a pid nobody holds) and the connection is cut, so the child cannot
     go on reporting once the pid is given to someone else."""
-    s = CuptiServer(str(tmp_path / "f.sock"), identity_sweep_s=3600)
-    s.open()
-    try:
+    with cupti_server(tmp_path / "f.sock", identity_sweep_s=3600) as s:
         pid, go = _forked_peer(s, tmp_path)
         open(go, "w").close()
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0 and s.stats["pid_reused_cut"] == 0
         assert {m.pid for m in s.drain()} <= {pid}
-    finally:
-        s.close()
 
 
 def test_real_exit_is_found_by_the_sweep(tmp_path):
-    s = CuptiServer(str(tmp_path / "w.sock"), identity_sweep_s=0.3)
-    s.open()
-    try:
+    with cupti_server(tmp_path / "w.sock", identity_sweep_s=0.3) as s:
         _, go = _forked_peer(s, tmp_path)        # the child stays silent, holding the socket
         assert _pump_until(s, lambda: s.stats["process_gone_cut"] == 1, 20)
         assert s.connections == 0
@@ -289,5 +280,3 @@ def test_real_exit_is_found_by_the_sweep(tmp_path):
             os.close(os.open(go, os.O_WRONLY | os.O_NONBLOCK))
         except OSError:                          # ENXIO: no reader, the child is gone already
             pass
-    finally:
-        s.close()

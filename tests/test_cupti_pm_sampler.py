@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from support import hardware
 
-import hardware
 from ridgeline.probes.cupti.pm_sampler import PmSampler, unavailable_reason
 
 

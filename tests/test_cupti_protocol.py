@@ -237,7 +237,8 @@ def test_repeated_hello_updates_the_state_and_reclaim_reaches_the_library(tmp_pa
     """The library sends HELLO again when a takeover starts or ends (probes/native); the
     agent keeps the connection, counts the process as taken over, and can ask it to
     reclaim CUPTI. A repeated HELLO naming another pid is refused like a first one."""
-    import cupti_records as R
+    from support import cupti_records as R
+
     from ridgeline.probes.cupti.probe import CuptiProbe
     probe = CuptiProbe(str(tmp_path / "c.sock"))
     probe.start()

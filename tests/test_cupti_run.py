@@ -98,6 +98,7 @@ def test_socket_problem_names_what_keeps_a_service_user_out(tmp_path):
     """What `ridgeline run` warns about before exec: a 0750 root folder (systemd's old
     RuntimeDirectoryMode) keeps uid 65534 out; once searchable, a 0666 socket lets it in."""
     import socket as S
+
     from ridgeline.agent.commands.run import socket_problem
     d = tmp_path / "ridgeline"
     d.mkdir()

@@ -23,10 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
+from support import cupti_records as R
 
-import cupti_records as R
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.server import CuptiServer, connection_limit
 
@@ -46,7 +45,7 @@ def test_hello_with_callback_id_0xffffffff_costs_one_rejection_not_20_gib(tmp_pa
         import resource, socket, sys, json
         sys.path.insert(0, {str(ROOT / 'tests')!r})
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-        import cupti_records as R
+        from support import cupti_records as R
         from ridgeline.probes.cupti.probe import CuptiProbe
         b = R.make_buffer(4, seed=3, with_markers=False)
         p = CuptiProbe({str(tmp_path / 'c.sock')!r}); p.start()
@@ -313,6 +312,7 @@ def test_peer_text_cannot_write_lines_into_the_log(tmp_path, caplog):
     """Issue 14 item 6: a HELLO's process name and status reach the log and the probe's
     output escaped, on one line."""
     import logging
+
     from ridgeline.probes.cupti import protocol as P
     probe = CuptiProbe(str(tmp_path / "c.sock"))
     probe.start()
@@ -354,7 +354,7 @@ def test_peers_parking_large_frames_keep_the_agent_inside_the_units_memory(tmp_p
     agent = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import json, sys, time
         sys.path.insert(0, {str(ROOT / 'tests')!r})
-        import cupti_records as R
+        from support import cupti_records as R
         from ridgeline.probes.cupti.probe import CuptiProbe
         p = CuptiProbe({sock!r}); p.start()
         print("ready", flush=True)

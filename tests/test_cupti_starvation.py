@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cupti_records as R
+from support.cupti_server import cupti_server, pump_until
 
-import cupti_records as R
 from ridgeline.probes.cupti.server import CuptiServer
 
 
@@ -38,10 +39,7 @@ def many_fds():
 
 
 def _pump_until(s, what, seconds=20.0):
-    end = time.monotonic() + seconds
-    while not (ok := what()) and time.monotonic() < end:
-        s.pump(0.01)
-    return ok
+    return pump_until(s, what, seconds)
 
 
 def _hellos(s) -> list:
@@ -137,9 +135,7 @@ def test_the_evicted_connection_is_the_longest_idle_of_the_top_user(tmp_path):
 
 
 def test_idle_peers_after_hello_are_cut_and_busy_ones_stay(tmp_path):
-    s = CuptiServer(str(tmp_path / "i.sock"), idle_peer_s=0.4)
-    s.open()
-    try:
+    with cupti_server(tmp_path / "i.sock", idle_peer_s=0.4) as s:
         idle, busy = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
         idle.connect(s.path)
         busy.connect(s.path)
@@ -153,8 +149,6 @@ def test_idle_peers_after_hello_are_cut_and_busy_ones_stay(tmp_path):
             _pump_until(s, lambda: False, 0.1)
         assert s.stats["idle_peer_cut"] == 1 and s.connections == 1
         assert idle.recv(1) == b""
-    finally:
-        s.close()
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="iproute2's ss is not installed")

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.cupti_stub import StubApp, built  # noqa: F401  (the build fixture)
+from support.net import free_port
 
 from ridgeline.agent import config
 from ridgeline.agent.daemon import Agent
@@ -31,9 +33,6 @@ from ridgeline.agent.sdnotify import Notifier
 from ridgeline.agent.subscriber import Subscriber
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.probe import Availability
-
-from test_native_cupti_flush import StubApp, built  # noqa: F401  (the build fixture)
-from test_agent_daemon import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMTOOL = shutil.which("promtool")

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import third_party
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,14 +155,15 @@ def oci_allows(profile: dict, name: str, caps: set[str]) -> bool:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_seccomp_profile_is_the_units_filter():
     sys.path.insert(0, str(Path(__file__).parent))
-    from syscall_filter import effective_filter, systemd_groups, unit_filter_lines
     import json
+
+    from support.syscall_filter import effective_filter, systemd_groups, unit_filter_lines
     allow, calls = effective_filter(unit_filter_lines((ROOT / "systemd/ridgeline.service").read_text()),
                                     systemd_groups())
     profile = json.loads(PROFILE.read_text())
     (rule,) = profile["syscalls"]
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO" and rule["action"] == "SCMP_ACT_ALLOW"
-    assert set(rule["names"]) == calls, "regenerate: python tests/syscall_filter.py > " + str(PROFILE.relative_to(ROOT))
+    assert set(rule["names"]) == calls, "regenerate: python tests/support/syscall_filter.py > " + str(PROFILE.relative_to(ROOT))
     for name in ("bpf", "perf_event_open"):
         assert oci_allows(profile, name, AGENT_CAPS)
     assert not oci_allows(profile, "ptrace", AGENT_CAPS)

@@ -25,10 +25,23 @@ import time
 from pathlib import Path
 
 import httpx
-
-from test_deploy_prometheus import (ABSENT_ON_SIMULATOR, ABSENT_WITHOUT_CUPTI, PROMETHEUS, PROMTOOL, RULES, concrete,
-                                    dashboard_queries, first_line_with, free_port, http_get, needs_prometheus, needs_promtool,
-                                    selectors, start_on_free_port)
+from support.prometheus_server import (
+    ABSENT_ON_SIMULATOR,
+    PROMETHEUS,
+    PROMTOOL,
+    RULES,
+    agent_toml,
+    api_get,
+    concrete,
+    dashboard_queries,
+    http_get,
+    needs_prometheus,
+    needs_promtool,
+    rule_checks,
+    serves_metrics,
+    start_on_free_port,
+    start_simulator,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 FLEET_RULES = ROOT / "deploy" / "prometheus" / "ridgeline-fleet-rules.yml"
@@ -70,46 +83,15 @@ def test_agent_mode_remote_writes_to_central_where_dashboard_rules_and_fleet_rul
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     py = [sys.executable, "-m", "ridgeline"]
     procs: list[subprocess.Popen] = []
-    (tmp_path / "rate.csv").write_text("10,2\n10,16\n600,1\n")
-    sim = subprocess.Popen(py + ["simulate", "--serve-metrics", "0", "--recorded-rate", str(tmp_path / "rate.csv"),
-                                 "--kv-cache-gb", "4", "--prompt-mean", "1024", "--output-mean", "512",
-                                 "--output-max", "2048", "--seed", "3", "--speed", "4"],
-                           stdout=subprocess.PIPE, stderr=open(tmp_path / "sim.log", "w"), text=True, env=env)
-    procs.append(sim)
     try:
-        line = first_line_with(sim, "metrics on http://127.0.0.1:", 60)
-        assert line, (tmp_path / "sim.log").read_text()
-        sim_port = int(line.rsplit(":", 1)[1].split("/")[0])
+        sim, sim_port = start_simulator(tmp_path, env, procs)
 
         def ridgeline_agent(host: str, probes: list[str]):
             def command(port):
                 cfg = tmp_path / f"{host}.toml"
-                cfg.write_text(f"""
-[agent]
-window_s = 1.0
-host = "{host}"
-[analysis]
-model = "llama-3-8b"
-[publisher]
-endpoint = "tcp://127.0.0.1:{free_port()}"
-[prometheus]
-listen = "127.0.0.1:{port}"
-[probes]
-enabled = {probes!r}
-pids = [{sim.pid}]
-[probes.engine]
-url = "http://127.0.0.1:{sim_port}/metrics"
-interval_s = 1.0
-[probes.simulator]
-gpu = "h100"
-model = "llama-3-8b"
-rate_per_s = 2.0
-pid = {sim.pid}
-""".replace("'", '"'))
+                cfg.write_text(agent_toml(host, port, probes, sim.pid, sim_port))
                 return py + ["agent", "--config", str(cfg)]
-            return start_on_free_port(
-                command, lambda port: b"ridgeline_build_info" in http_get(f"http://127.0.0.1:{port}/metrics"),
-                tmp_path / f"{host}.log", env, procs)
+            return start_on_free_port(command, serves_metrics, tmp_path / f"{host}.log", env, procs)
 
         # sim-a has the scheduling probe (the dashboard's launch-thread panel); sim-b not,
         # which keeps the CPU cost of the test down.
@@ -143,26 +125,14 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
                 tmp_path / f"agent-{cluster}.log", env, procs)
         api = f"{central_url}/api/v1"
 
-        def api_get(path, base=api, **params):
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    r = httpx.get(f"{base}/{path}", params=params, timeout=10)
-                    if r.status_code != 503:
-                        return r
-                except httpx.HTTPError:
-                    pass
-                assert time.monotonic() < deadline, f"Prometheus API {path} unavailable for 60 s"
-                time.sleep(1)
-
         def query(expr):
-            r = api_get("query", query=expr).json()
+            r = api_get(api, "query", query=expr).json()
             assert r["status"] == "success", (expr, r)
             return r["data"]["result"]
 
         # The agents are in agent mode: no local queries, so the data below came by remote write.
         for cluster, (_, port) in prom_agents.items():
-            r = api_get("query", base=f"http://127.0.0.1:{port}/api/v1", query="up")
+            r = api_get(f"http://127.0.0.1:{port}/api/v1", "query", query="up")
             assert r.status_code == 422 and "unavailable with Prometheus Agent" in r.text, (cluster, r.text[:300])
 
         checks = [(f"dashboard: {t} #{i}", concrete(e)) for i, (t, e) in enumerate(dashboard_queries())
@@ -172,23 +142,12 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
         deadline = time.monotonic() + 60
         groups = []
         while not groups and time.monotonic() < deadline:
-            groups = api_get("rules").json().get("data", {}).get("groups", [])
+            groups = api_get(api, "rules").json().get("data", {}).get("groups", [])
             if not groups:
                 time.sleep(1)
         assert sum(len(g["rules"]) for g in groups) == 22 + 16, [g["name"] for g in groups]
-        recorded = []
-        for g in groups:
-            for r in g["rules"]:
-                if r["type"] == "recording":
-                    recorded.append(r["name"])
-                    checks.append((f"record {r['name']}", r["name"]))
-                    checks.append((f"record expr {r['name']}", r["query"]))
-                else:
-                    for name in selectors(r["query"]):
-                        if name in ABSENT_WITHOUT_CUPTI:
-                            absent.append((f"alert {r['name']} reads {name}", name))
-                        else:
-                            checks.append((f"alert {r['name']} reads {name}", f"max_over_time({name}[10m])"))
+        more, more_absent, recorded = rule_checks(groups)
+        checks, absent = checks + more, absent + more_absent
         checks.append(("alert RidgelineSeriesOverBudget reads scrape_samples_scraped",
                        'scrape_samples_scraped{job=~"ridgeline.*"}'))
         # The fleet rules per cluster and per model, for both clusters.
@@ -215,7 +174,7 @@ rule_files: ["{RULES}", "{FLEET_RULES}"]
         # Every rule of both files evaluates on the central server without error (the
         # alerts included, firing or not).
         ruled = [(r["name"], r.get("health"), r.get("lastError", ""))
-                 for g in api_get("rules").json()["data"]["groups"] for r in g["rules"]]
+                 for g in api_get(api, "rules").json()["data"]["groups"] for r in g["rules"]]
         assert len(ruled) == 38 and all(h == "ok" and not e for _, h, e in ruled), \
             [x for x in ruled if x[1] != "ok" or x[2]]
         # Every Ridgeline series arrived with its cluster, and each host in its own.

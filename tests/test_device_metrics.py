@@ -1,9 +1,9 @@
 """Device window folding from NVML records (decoded from pynvml structures with H200 values)."""
 import pytest
+from support.nvml_samples import h200_raw
 
 from ridgeline.aggregator import device_metrics as dm
 from ridgeline.probes import nvml
-from test_nvml import h200_raw
 
 S = 1_000_000_000
 

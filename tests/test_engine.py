@@ -5,9 +5,9 @@ import socket
 import time
 
 import pytest
+from support.engine_samples import V011, V026, MetricsServer, advance, free_port, sample_text
 
 from ridgeline.aggregator import engine_metrics as em
-from engine_samples import V011, V026, MetricsServer, advance, free_port, sample_text
 from ridgeline.probes import engine
 from ridgeline.probes.errors import InputError
 
@@ -162,7 +162,8 @@ def test_discovery_probes_the_port_named_on_the_command_line():
     0.11 scrape) is found from its pid alone, with the cautious default."""
     import subprocess
     import sys
-    from engine_samples import sample_path
+
+    from support.engine_samples import sample_path
     port = free_port()
     child = subprocess.Popen([sys.executable, "-c", SERVE_CHILD, str(sample_path(V011)), "--port", str(port)],
                              stdout=subprocess.PIPE, text=True)
@@ -233,7 +234,8 @@ def test_configured_loopback_url_is_given_its_served_process():
     under its API server), else the listening process itself; again after a restart."""
     import subprocess
     import sys
-    from engine_samples import sample_path
+
+    from support.engine_samples import sample_path
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
 

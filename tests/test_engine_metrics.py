@@ -2,9 +2,9 @@
 from pathlib import Path
 
 import pytest
+from support.engine_samples import SGLANG_TEXT, V011, V026, advance, sample_text
 
 from ridgeline.aggregator import engine_metrics as em
-from engine_samples import SGLANG_TEXT, V011, V026, advance, sample_text
 from ridgeline.probes import prom_text
 
 T0 = 1_762_438_500_000_000_000
@@ -500,8 +500,8 @@ def test_swapped_requests_shown():
 def test_new_window_fields_survive_a_recording(tmp_path):
     """Segments, KV dynamics and the engine's histograms go through the wire into a
     recording (`ridgeline record`) and come back from `load_recording` unchanged."""
-    from agent_codec import codec
     from ridgeline.agent.recording import RecordingWriter, load_recording
+    from ridgeline.aggregator import wire as codec
     base = sample_text(V011)
     url = "http://127.0.0.1:8000/metrics"
     t = em.EngineTracker()

@@ -253,12 +253,12 @@ def test_the_probe_counts_each_failure_kind():
 def test_windows_keep_coming_and_failures_reach_health_and_metrics(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from agent_codec import codec
     from ridgeline.agent import config
     from ridgeline.agent.daemon import Agent
     from ridgeline.agent.registry import STEPS, Running
     from ridgeline.agent.sdnotify import Notifier
     from ridgeline.agent.subscriber import Subscriber
+    from ridgeline.aggregator import wire as codec
     from ridgeline.probes.probe import Availability
 
     with socket.socket() as s:

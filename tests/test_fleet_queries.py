@@ -1,7 +1,7 @@
 """docs/fleet.md's queries, run verbatim by real DuckDB (and the ClickHouse ones by
 ClickHouse's engine, chDB) over the Parquet recordings of
 several simulated hosts, their results checked against the figures of the agent's own
-windows (what each host's WindowBuilder folded, kept by tests/fleet_synth.py).
+windows (what each host's WindowBuilder folded, kept by tests/support/fleet_synth.py).
 
 The TP group is the rank-0 trace of a real vLLM TP8 run (AMD-AGI/TraceLens, in
 ../shared/traces; see its PROVENANCE.md) replayed as 4 ranks, one of them late at every
@@ -19,10 +19,10 @@ import pytest
 pytest.importorskip("pyarrow", reason="pyarrow (the ridgeline[parquet] extra) is not installed")
 duckdb = pytest.importorskip("duckdb", reason="duckdb (a test extra) is not installed")
 
+from conftest import TRACES  # noqa: E402
+
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.cli import main  # noqa: E402
-
-from conftest import TRACES  # noqa: E402
 
 pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
 
@@ -86,8 +86,8 @@ def _tp_group(fleet: Path) -> int:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from fleet_synth import write_host
-    from recording_synth import simulated_trace
+    from support.fleet_synth import write_host
+    from support.recording_synth import simulated_trace
     base = tmp_path_factory.getbasetemp()
     llama = simulated_trace(base / "ridgeline-sim10.json.gz")
     qwen = _qwen_source(base)

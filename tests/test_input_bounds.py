@@ -10,9 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -21,51 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-CEILING_BYTES = 1 << 30
-AS_LIMIT_BYTES = 3 << 30         # the child dies at this size: a bound breaking fails the test, not the host
-
-
-# The child is started by a small launcher process, not by pytest: ru_maxrss counts the
-# pages of the process it was forked from, so a child forked from a large test process
-# would carry that size into its peak. The launcher forks the child with the address-space
-# limit, reaps it with wait4 and writes the child's own peak RSS to a file.
-_LAUNCHER = """
-import os, resource, subprocess, sys
-limit, out = int(sys.argv[1]), sys.argv[2]
-def pre():
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-p = subprocess.Popen(sys.argv[3:], preexec_fn=pre)
-_, status, ru = os.wait4(p.pid, 0)
-code = os.waitstatus_to_exitcode(status)
-open(out, "w").write(str(ru.ru_maxrss * 1024))
-sys.exit(code if code >= 0 else 128 - code)
-"""
-
-
-def run_bounded(*argv, timeout=600, as_limit=AS_LIMIT_BYTES):
-    """(exit code, peak RSS bytes, wall s, stdout, stderr) of ``ridgeline analyze ARGV``."""
-    import tempfile
-    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
-        t0 = time.monotonic()
-        p = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(as_limit), rss_file.name,
-                              sys.executable, "-m", "ridgeline", "analyze", *map(str, argv)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            out, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, 9)      # the launcher and the analyze child it started
-            p.communicate()
-            pytest.fail(f"analyze {argv} ran past {timeout} s")
-        wall = time.monotonic() - t0
-        rss = int(rss_file.read() or 0)
-    return p.returncode, rss, wall, out.decode(), err.decode()
-
-
-def one_line_exit_2(code, err):
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ridgeline: error: "), err
-    assert "Traceback" not in err
+from support.bounded_analyze import CEILING_BYTES, one_line_exit_2, run_bounded  # noqa: E402,F401
 
 
 def kernel_event(i: int, ts="%d", dur="5") -> str:
@@ -277,14 +231,14 @@ def test_forged_frame_length(tmp_path):
 
 @pytest.fixture(scope="module")
 def sim_source(tmp_path_factory):
-    from recording_synth import simulated_trace
+    from support.recording_synth import simulated_trace
     return simulated_trace(tmp_path_factory.mktemp("sim") / "sim10.json.gz")
 
 
 def test_long_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
     """3 minutes of the simulator's vLLM stream (7.4M kernels, 7.4M launch calls): whole,
     it would take several GB; segment by segment it stays under the ceiling."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     f = tmp_path / "long.rlrec"
     info = write_recording(f, sim_source, minutes=3)
     assert info["kernels"] > 5_000_000
@@ -299,7 +253,7 @@ def test_long_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
 def test_restarts_and_lost_messages_are_not_gpu_idle(tmp_path, sim_source, capsys):
     """Issue 14.8: the agent's 20 s restart and 3 s of lost events messages are reported
     and kept out of every idle figure."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     f = tmp_path / "restart.rlrec"
     info = write_recording(f, sim_source, minutes=1, restart_at_s=40, restart_downtime_s=20,
                            lost_at_s=15, lost_batches=3)
@@ -335,20 +289,6 @@ def test_many_long_distinct_names_are_charged(tmp_path):
     code, rss, wall, out, err = run_bounded(f)
     one_line_exit_2(code, err)
     assert "names" in err and "--max-memory" in err
-    assert rss < CEILING_BYTES, rss
-
-
-@pytest.mark.slow
-def test_thirty_minute_recording_is_analysed_in_bounded_memory(tmp_path, sim_source):
-    """The issue's case at full length: 30 minutes of the simulated vLLM stream (75M
-    kernels; the real 83 MB recording drove the host's OOM killer at 23 GB)."""
-    from recording_synth import write_recording
-    f = tmp_path / "thirty.rlrec"
-    info = write_recording(f, sim_source, minutes=30, restart_at_s=900, lost_at_s=300)
-    code, rss, wall, out, err = run_bounded(f, "--json", timeout=1800)
-    assert code == 0, err
-    doc = json.loads(out)
-    assert doc["kernels"] == info["kernels"] and doc["recording"]["restarts"] == 1
     assert rss < CEILING_BYTES, rss
 
 

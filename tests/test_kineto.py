@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES, same_events
 
 from ridgeline.probes import events as ev
 from ridgeline.probes.errors import InputError
@@ -15,14 +16,6 @@ from ridgeline.probes.kineto import load_trace
 from ridgeline.probes.kineto_records import api_category, copy_direction
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
-TRACES = [
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
-    "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
-    "nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
-    "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
-    "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
-    "nvidia-training/hta_a100_rank0_training.json.gz",
-]
 H100 = TRACES[3]
 NANO0 = TRACES[0]
 A100 = TRACES[5]
@@ -317,35 +310,18 @@ def test_small_literal_trace(tmp_path):
 
 # ----------------------------------------------------------------- streaming vs reference
 
-_NAME_FIELDS = ("name_id", "input_dims_id", "input_types_id")
-
-
-def _same(a, b):
-    """Two traces hold the same events (names compared as strings, not ids)."""
-    for kind in ("kernels", "copies", "api", "ranges", "cpu_ops"):
-        x, y = getattr(a, kind), getattr(b, kind)
-        assert len(x) == len(y), kind
-        for f in x.dtype.names:
-            if f in _NAME_FIELDS:
-                assert a.names.names_of(x[f]) == b.names.names_of(y[f]), f"{kind}.{f}"
-            else:
-                assert np.array_equal(x[f], y[f]), f"{kind}.{f}"
-    drop = ("source_path",)
-    assert {k: v for k, v in a.meta.items() if k not in drop} == \
-        {k: v for k, v in b.meta.items() if k not in drop}
-
 
 @pytest.mark.parametrize("name", TRACES)
 def test_streaming_equals_whole_document_parse(name, trace_path, loaded):
     from ridgeline.probes.kineto_dicts import load_trace_via_dicts
     trace, _ = loaded(name, trace_path)
-    _same(trace, load_trace_via_dicts(trace_path(name)))
+    same_events(trace, load_trace_via_dicts(trace_path(name)))
 
 
 @pytest.mark.parametrize("name,chunk", [(NANO0, 4096), (NANO0, 65536), (TRACES[2], 1 << 20)])
 def test_chunk_boundaries_do_not_matter(name, chunk, trace_path, loaded):
     trace, _ = loaded(name, trace_path)
-    _same(trace, load_trace(trace_path(name), chunk_bytes=chunk))
+    same_events(trace, load_trace(trace_path(name), chunk_bytes=chunk))
 
 
 def test_odd_formatting_goes_through_slow_path_exactly(tmp_path):
@@ -369,7 +345,7 @@ def test_odd_formatting_goes_through_slow_path_exactly(tmp_path):
     ref = load_trace_via_dicts(p)
     for chunk in (64, 1 << 20):
         got = load_trace(p, chunk_bytes=chunk)
-        _same(got, ref)
+        same_events(got, ref)
     assert len(ref.kernels) == 2 and ref.kernels["start_ns"][0] == 1000000
     assert ref.names[ref.kernels["name_id"][0]] == 'a\\"b'
     assert ref.kernels["correlation_id"][0] == 1234567890123456789
@@ -382,9 +358,10 @@ def test_two_process_read_equals_one(tmp_path, trace_path, loaded):
     p = tmp_path / "b200.json"
     p.write_bytes(gzip.open(trace_path(TRACES[2])).read())
     from pathlib import Path
+
     from ridgeline.probes import kineto_scan
     assert kineto_scan.load_two(Path(p), 1 << 20) is not None   # really took two parts
-    _same(trace, load_trace(p, chunk_bytes=1 << 20, parallel=True))
+    same_events(trace, load_trace(p, chunk_bytes=1 << 20, parallel=True))
 
 
 def test_two_process_read_of_bad_files_still_errors(tmp_path, trace_path):

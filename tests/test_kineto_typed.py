@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.kineto_traces import TRACES, same_events
 
 from ridgeline.probes import json_chunks, kineto_records, kineto_scan, kineto_typed, trace_joins
 from ridgeline.probes.kineto import load_trace
 from ridgeline.probes.kineto_dicts import load_trace_via_dicts
-
-from test_kineto import TRACES, _same
 
 
 @pytest.fixture
@@ -29,19 +28,19 @@ def no_reference(monkeypatch):
 @pytest.mark.parametrize("name", TRACES)
 def test_typed_equals_reference(name, trace_path, no_reference):
     p = trace_path(name)
-    _same(kineto_typed.load(p), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p), load_trace_via_dicts(p))
 
 
 @pytest.mark.parametrize("name", TRACES)
 def test_scanner_equals_reference(name, trace_path):
     p = trace_path(name)
-    _same(kineto_scan.load(Path(p), 1 << 20, False), load_trace_via_dicts(p))
+    same_events(kineto_scan.load(Path(p), 1 << 20, False), load_trace_via_dicts(p))
 
 
 @pytest.mark.parametrize("chunk", [4096, 100_000])
 def test_piece_size_does_not_matter(chunk, trace_path, no_reference):
     p = trace_path(TRACES[2])
-    _same(kineto_typed.load(p, chunk_bytes=chunk), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p, chunk_bytes=chunk), load_trace_via_dicts(p))
 
 
 def test_two_readers_equal_one(tmp_path, trace_path, monkeypatch):
@@ -51,10 +50,10 @@ def test_two_readers_equal_one(tmp_path, trace_path, monkeypatch):
     took = []
     real = kineto_typed._load_two
     monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real(*a)) or took[-1])
-    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), ref)
+    same_events(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), ref)
     assert took and took[0] is not None          # really read by two processes
     gz = trace_path(TRACES[5])
-    _same(kineto_typed.load(gz, chunk_bytes=256 << 10, parallel=True), ref)
+    same_events(kineto_typed.load(gz, chunk_bytes=256 << 10, parallel=True), ref)
 
 
 @pytest.mark.parametrize("name", TRACES)
@@ -70,7 +69,7 @@ def test_two_readers_equal_the_reference_on_real_traces(name, trace_path, monkey
     took = []
     real_two = kineto_typed._load_two
     monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
-    _same(kineto_typed.load(p, chunk_bytes=64 << 10, parallel=True), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p, chunk_bytes=64 << 10, parallel=True), load_trace_via_dicts(p))
     assert took and took[0] is not None
     assert sum(got) > 0          # rows came from the child's spool file
 
@@ -97,7 +96,7 @@ def test_a_failing_child_falls_back_to_one_reader(tmp_path, trace_path, monkeypa
     took = []
     real_two = kineto_typed._load_two
     monkeypatch.setattr(kineto_typed, "_load_two", lambda *a: took.append(real_two(*a)) or took[-1])
-    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
     assert took == [None]        # the two-reader attempt gave up; one reader read it all
 
 
@@ -130,7 +129,7 @@ def test_no_second_reader_falls_back_to_one(trouble, trace_path, monkeypatch):
     assert took == [None]
     assert _open_fds() == before
     monkeypatch.undo()
-    _same(t, load_trace_via_dicts(p))
+    same_events(t, load_trace_via_dicts(p))
 
 
 def test_the_child_runs_at_most_the_spool_lead_ahead_of_the_parent(trace_path, monkeypatch):
@@ -163,7 +162,7 @@ def test_the_child_runs_at_most_the_spool_lead_ahead_of_the_parent(trace_path, m
     # one piece written past the lead, and the one the child is writing when the parent looks
     assert max(ahead) <= 2 * max(pieces) + 1, (max(ahead), max(pieces), sum(pieces))
     monkeypatch.undo()
-    _same(t, load_trace_via_dicts(p))
+    same_events(t, load_trace_via_dicts(p))
 
 
 def test_spool_bytes_read_are_released(tmp_path):
@@ -227,7 +226,7 @@ def test_values_off_type_go_to_the_reference_builder(tmp_path):
     p = _write(tmp_path, events)
     ref = load_trace_via_dicts(p)
     for chunk in (256, 1 << 20):
-        _same(kineto_typed.load(p, chunk_bytes=chunk), ref)
+        same_events(kineto_typed.load(p, chunk_bytes=chunk), ref)
     assert len(ref.kernels) == 49
 
 
@@ -242,7 +241,7 @@ def test_boundary_inside_a_string_falls_back_to_the_scanner(tmp_path):
             if _raises_unsplit(lambda c=c: kineto_typed.load(p, chunk_bytes=c))]
     assert cuts, "no piece size put a cut inside the string"
     for c in cuts[:3]:
-        _same(load_trace(p, chunk_bytes=c), ref)
+        same_events(load_trace(p, chunk_bytes=c), ref)
 
 
 def _raises_unsplit(fn) -> bool:
@@ -300,6 +299,7 @@ def test_stack_parents_equal_the_stack_pass():
 def test_rows_grow_in_place(monkeypatch, trace_path):
     """Columns far larger than the first mapping: the mapping grows and keeps every row."""
     import numpy as np
+
     from ridgeline.probes.events import KERNEL_DTYPE, empty
     monkeypatch.setattr(kineto_typed, "ROWS_INITIAL_BYTES", 4096)
     rows = kineto_typed._Rows(KERNEL_DTYPE)
@@ -311,7 +311,7 @@ def test_rows_grow_in_place(monkeypatch, trace_path):
         rows.append(a)
     assert np.array_equal(rows.array(), np.concatenate(parts))
     p = trace_path(TRACES[5])
-    _same(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p, chunk_bytes=256 << 10, parallel=True), load_trace_via_dicts(p))
 
 
 @pytest.mark.parametrize("name", [TRACES[2], TRACES[5]])
@@ -321,7 +321,7 @@ def test_tagged_decoder_alone_equals_reference(name, trace_path, monkeypatch):
     import msgspec
     monkeypatch.setattr(kineto_typed, "_DECODER", msgspec.json.Decoder(list[int]))
     p = trace_path(name)
-    _same(kineto_typed.load(p, chunk_bytes=64 << 10), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p, chunk_bytes=64 << 10), load_trace_via_dicts(p))
 
 
 def test_without_msgspec_and_isal_the_scanner_reads_with_zlib(tmp_path, trace_path):
@@ -380,7 +380,7 @@ def test_category_codes_and_exact_times_equal_the_reference(tmp_path, no_referen
     p = _write(tmp_path, events)
     ref = load_trace_via_dicts(p)
     for chunk in (128, 1 << 20):
-        _same(kineto_typed.load(p, chunk_bytes=chunk), ref)
+        same_events(kineto_typed.load(p, chunk_bytes=chunk), ref)
     # 20 kernels, 2 without a category, 3 with a time past the limit (7: its end)
     assert len(ref.kernels) == 15 and len(ref.cpu_ops) == 3
 
@@ -392,4 +392,4 @@ def test_an_unknown_category_goes_to_the_reference_builder(tmp_path):
     events[4]["cat"] = "gpu_something_new"
     events.append({"ph": "f", "cat": "new_flow", "id": 3, "pid": 0, "tid": 7, "ts": 8})
     p = _write(tmp_path, events)
-    _same(kineto_typed.load(p), load_trace_via_dicts(p))
+    same_events(kineto_typed.load(p), load_trace_via_dicts(p))

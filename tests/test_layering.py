@@ -169,21 +169,13 @@ def test_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": set()}) == []
 
 
-# Circles known and owned elsewhere, each with why it is there; any other circle fails.
-KNOWN_CIRCLES = [
-    # agent.config's check of probes.enabled reads the probe names of agent.registry (a
-    # function-level import), whose factories take a config.Config (issue 19's typed config)
-    ["ridgeline.agent.config", "ridgeline.agent.registry"],
-]
-
-
 def test_no_import_circle_among_the_project_modules():
     """No module imports, directly or through others, one that imports it back (the Kineto
     readers once did: kineto and kineto_typed)."""
     graph = {name: {mod for _, mod, _, _ in _project_imports(name, path) if mod != name}
              for name, path in MODULES.items()}
     assert "ridgeline.probes.events" in graph["ridgeline.probes.kineto"]    # edges are found
-    circles = [c for c in _circles(graph) if c not in KNOWN_CIRCLES]
+    circles = _circles(graph)
     assert not circles, circles
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.engine_samples import busy_vllm_v011
 
-from engine_samples import busy_vllm_v011
 from ridgeline.agent import prometheus as prom
-from ridgeline.aggregator import ceilings, engine_metrics as em, phases, verdict
+from ridgeline.aggregator import ceilings, phases, verdict
+from ridgeline.aggregator import engine_metrics as em
 from ridgeline.probes import nvml, prom_text
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import re2
+from support import adversarial_names as A
 
-import adversarial_names as A
 from ridgeline.aggregator import signatures as S
 from ridgeline.aggregator import stream_phases
 from ridgeline.aggregator.stream_phases import StreamPhaser
@@ -81,7 +81,7 @@ FUZZ = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-import adversarial_names as A
+from support import adversarial_names as A
 from ridgeline.aggregator.signatures import classify_kernels, load_signatures, short_name
 from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
 sigs = load_signatures()

@@ -18,12 +18,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import cupti_records as R
+from support.cupti_stub import Harness
 
 from ridgeline.probes.cupti.probe import CuptiProbe
 from ridgeline.probes.cupti.protocol import FLAG_TEST_MODE, MODE_DEEP
-from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, COPY_KIND_MEMCPY, COPY_KIND_MEMSET, MISSING, RANGE_NVTX
-
-import cupti_records as R
+from ridgeline.probes.events import (
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    MISSING,
+    RANGE_NVTX,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
@@ -31,7 +38,6 @@ LIB = NATIVE / "libridgeline_cupti.so"
 # the same library plus the test entry points (ridgeline_test_*), which the harness drives
 TESTLIB = NATIVE / "build" / "libridgeline_cupti_test.so"
 APP = NATIVE / "build" / "ridgeline_inject_app"
-HARNESS = Path(__file__).parent / "native_harness.py"
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +46,6 @@ def built():
     assert r.returncode == 0, r.stderr
     assert LIB.exists() and APP.exists() and TESTLIB.exists()
     return LIB
-
-
-class Harness:
-    def __init__(self, env_extra: dict | None = None):
-        env = dict(os.environ, RIDGELINE_QUIET="1", **(env_extra or {}))
-        self.p = subprocess.Popen([sys.executable, str(HARNESS), str(TESTLIB)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, env=env)
-
-    def __call__(self, line: str) -> dict:
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        out = self.p.stdout.readline()
-        assert out, f"harness died on {line!r}"
-        return json.loads(out)
-
-    def close(self):
-        if self.p.poll() is None:
-            try:
-                self("quit")
-            except Exception:
-                pass
-            self.p.wait(timeout=10)
 
 
 @pytest.fixture

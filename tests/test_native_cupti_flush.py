@@ -8,61 +8,18 @@ cuptiActivityFlushAll; the served process is the real InitializeInjection path
 """
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import cupti_records as R
+from support.cupti_stub import StubApp, built  # noqa: F401  (the build fixture)
 
 from ridgeline.probes.cupti.probe import CuptiProbe
-import cupti_records as R
 
 ROOT = Path(__file__).resolve().parent.parent
-NATIVE = ROOT / "probes" / "native"
-LIB = NATIVE / "libridgeline_cupti.so"
-# the same library plus the test entry points: the harness reads the counters through them
-TESTLIB = NATIVE / "build" / "libridgeline_cupti_test.so"
-STUB = NATIVE / "build" / "libcupti_stub.so"
-HARNESS = Path(__file__).parent / "native_harness.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built():
-    r = subprocess.run(["make", "-s", "-C", str(NATIVE)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-
-
-class StubApp:
-    """A served process on the real injection path, over the stand-in libcupti."""
-
-    def __init__(self, sock: Path, **env):
-        e = {k: v for k, v in os.environ.items() if not k.startswith(("STUB_", "RIDGELINE_"))}
-        e.update(RIDGELINE_LIBCUPTI=str(STUB), RIDGELINE_SOCKET=str(sock), RIDGELINE_RECONNECT_MS="50",
-                 **{k: str(v) for k, v in env.items()})
-        self.p = subprocess.Popen([sys.executable, str(HARNESS), "--stub", str(TESTLIB), str(STUB)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env=e)
-
-    def __call__(self, line: str) -> dict:
-        self.p.stdin.write(line + "\n")
-        self.p.stdin.flush()
-        out = self.p.stdout.readline()
-        assert out, f"stub app died on {line!r}: {self.p.stderr.read()[-2000:]}"
-        return json.loads(out)
-
-    def close(self) -> str:
-        if self.p.poll() is None:
-            try:
-                self("quit")
-            except (AssertionError, BrokenPipeError):
-                pass
-        self.p.wait(timeout=15)
-        return self.p.stderr.read()
 
 
 def arrivals(probe: CuptiProbe, want: int, timeout: float, seen: dict | None = None) -> dict:

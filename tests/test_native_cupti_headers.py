@@ -35,7 +35,7 @@ from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.server import CuptiServer
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_native_cupti import Harness  # noqa: E402
+from support.cupti_stub import Harness  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NATIVE = ROOT / "probes" / "native"
@@ -197,7 +197,7 @@ def test_test_mode_sizes_are_the_headers_newest(release, tmp_path):
 def _harness(lib: Path) -> Harness:
     env = dict(os.environ, RIDGELINE_QUIET="1")
     h = Harness.__new__(Harness)
-    h.p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "native_harness.py"), str(lib)],
+    h.p = subprocess.Popen([sys.executable, str(Path(__file__).parent / "support" / "native_harness.py"), str(lib)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     return h
 

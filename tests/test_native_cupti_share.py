@@ -17,18 +17,17 @@ side is lost, and timestamps after the profiler's TSC source stay CLOCK_REALTIME
 """
 from __future__ import annotations
 
-import time
+from support.cupti_stub import LIB, NATIVE, TESTLIB, StubApp, built  # noqa: F401  (the build fixture)
+from support.cupti_stub import Agent as TakeoverAgent
 
 from ridgeline.probes.cupti import protocol as P
-from test_native_cupti_flush import LIB, NATIVE, TESTLIB, StubApp, built  # noqa: F401  (the build fixture)
-from test_native_cupti_takeover import Agent as TakeoverAgent
 
 REPLAY = NATIVE / "build" / "libkineto_replay.so"
 FLAG_TAKEN_OVER = getattr(P, "FLAG_TAKEN_OVER", 1 << 6)
 
 
 class Agent(TakeoverAgent):
-    """The agent's real server (test_native_cupti_takeover.Agent), closed by the test."""
+    """The agent's real server (support.cupti_stub.Agent), closed by the test."""
 
 
 def _check_10ms_kernel(agent, corr, timed):
@@ -72,7 +71,7 @@ def test_preloaded_library_shares_cupti_with_kineto_and_loses_nothing(tmp_path):
     kineto = {kc for kc, _, _ in k["kernels"]}
     assert set(range(300, 304)) <= kineto and {200, 201, 202} <= kineto  # every kernel of its session
     assert want == set(agent.kernels)                                     # and every one of ours
-    assert not any(h.flags & FLAG_TAKEN_OVER for h in agent.hellos) and c["takeovers"] == 0
+    assert not any(h.flags & P.FLAG_TAKEN_OVER for h in agent.hellos) and c["takeovers"] == 0
     assert c["guest_sessions"] == 1 and c["guest_records"] >= 7
     # CUPTI kept Ridgeline's callbacks: Kineto's registration never reached it
     assert log.count("register") == 1

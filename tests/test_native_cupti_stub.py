@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cupti_records as R
 
 from ridgeline.probes.cupti.probe import CuptiProbe
-import cupti_records as R
 from ridgeline.probes.cupti.protocol import FLAG_CONFLICT, FLAG_GRAPH_LEVEL, FLAG_MULTI_SUBSCRIBER
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ STUB = NATIVE / "build" / "libcupti_stub.so"
 APP = textwrap.dedent(f"""
     import ctypes, json, os, sys, time
     sys.path.insert(0, {str(Path(__file__).parent)!r})
-    import cupti_records as R
+    from support import cupti_records as R
     lib = ctypes.CDLL({str(LIB)!r})
     rc = lib.InitializeInjection()
     stub = ctypes.CDLL({str(STUB)!r})      # the very object the library dlopen'ed
@@ -251,13 +251,13 @@ def test_unknown_kernel_layout_never_dereferences_the_name_offset(probe, tmp_pat
     """CUPTI reports (cuptiActivityGetStructSize) a kernel record size no known layout has:
     whatever sits at the usual name offset must not be read as a pointer. The records carry
     a wild pointer there; reading it would kill the served process."""
-    from test_native_cupti_flush import StubApp
+    from support.cupti_stub import StubApp
     name_off = R.KERNEL.fields["name"][1]
     app = StubApp(tmp_path / "cupti.sock", STUB_CUPTI_KERNEL_SIZE=256, RIDGELINE_FLUSH_MS=0)
     try:
         spec = [{"kind": 10, "size": 256, "u64": {str(name_off): 0x10}} for _ in range(3)]
         assert app("deliverspec " + json.dumps(spec))["rc"] == 0
-        got = collect(probe, lambda g: g["status"] and "layout not known" in "".join(g["status"].values()))
+        collect(probe, lambda g: g["status"] and "layout not known" in "".join(g["status"].values()))
         c = app("counters")
         alive = app.p.poll() is None
     finally:

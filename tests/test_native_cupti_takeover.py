@@ -12,57 +12,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
+from support.cupti_stub import Agent, StubApp, built  # noqa: F401  (the build fixture)
 
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.server import CuptiServer
-
-import cupti_records as R
-from test_native_cupti_flush import StubApp, built  # noqa: F401  (the build fixture)
-
-# ridgeline_wire.h RL_FLAG_TAKEN_OVER; the agent's protocol module may not name it yet
-FLAG_TAKEN_OVER = getattr(P, "FLAG_TAKEN_OVER", 1 << 6)
-
-
-class Agent:
-    """The agent's real server, keeping every HELLO and the kernels' correlation ids."""
-
-    def __init__(self, path):
-        self.srv = CuptiServer(str(path))
-        self.srv.open()
-        self.hellos: list[P.Hello] = []
-        self.corr: list[int] = []
-        self.kernels: dict[int, tuple[int, int]] = {}   # correlation id -> (start, end)
-
-    def pump(self, seconds: float, until=None) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            self.srv.pump(0.02)
-            for m in self.srv.drain():
-                if m.kind == "hello":
-                    self.hellos.append(m.body)
-                elif m.kind == "batch":
-                    for s in m.body.sections:
-                        if s.kind == 10:           # the stub writes cupti-python's layout
-                            v = np.frombuffer(s.data, R.KERNEL)
-                            self.corr += v["correlation_id"].tolist()
-                            self.kernels.update(zip(v["correlation_id"].tolist(),
-                                                    zip(v["start"].tolist(), v["end"].tolist())))
-            if until and until(self):
-                return
-
-    def taken_over(self) -> bool:
-        return bool(self.hellos) and bool(self.hellos[-1].flags & FLAG_TAKEN_OVER)
-
-    def reclaim(self) -> None:
-        frame = bytearray(P.encode_control(P.MODE_ALWAYS_ON, 0))
-        frame[-8:-4] = (1).to_bytes(4, "little")          # rl_control_t.flags = RL_CONTROL_RECLAIM
-        for c in list(self.srv._conns.values()):
-            c.sock.send(bytes(frame))
-
-    def close(self):
-        self.srv.close()
 
 
 @pytest.fixture
@@ -203,6 +156,6 @@ def test_sustained_load_without_synchronisation_is_never_flagged(agent, tmp_path
         c = app("counters")
     finally:
         app.close()
-    assert not any(seen) and not any(h.flags & FLAG_TAKEN_OVER for h in agent.hellos)
+    assert not any(seen) and not any(h.flags & P.FLAG_TAKEN_OVER for h in agent.hellos)
     assert c["takeovers"] == 0 and c["buffers_lost"] == 0
     assert sorted(agent.corr) == list(range(10000, 11600)), c   # and every record arrived

@@ -6,7 +6,7 @@ The store is a real S3 API server on loopback: s3rver (npm, 3.7.1), which keeps 
 in a folder, so it can be killed and started again mid-run with its data, as a real store
 comes back. What is uploaded is read back through pyarrow's S3 filesystem (the AWS SDK) and
 the project's own Parquet reader. The messages are the simulator's stream written with the
-real wire encoder (tests/recording_synth.py).
+real wire encoder (tests/support/recording_synth.py).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ S3RVER_VERSION = "3.7.1"
 @pytest.fixture(scope="module")
 def frames(tmp_path_factory):
     """(recv_ns, envelope) of a 2-minute simulated stream: 120 event batches and 120 windows."""
-    from recording_synth import simulated_trace, write_recording
+    from support.recording_synth import simulated_trace, write_recording
     base = tmp_path_factory.getbasetemp()
     src = simulated_trace(base / "ridgeline-sim10.json.gz")
     rec = base / "sink-source.rlrec"

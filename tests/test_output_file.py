@@ -3,7 +3,6 @@ through a link another user left at the name (root runs these in /tmp)."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 

@@ -3,7 +3,7 @@ real Parquet reader (pyarrow, and DuckDB in test_fleet_queries.py) sees, and ``r
 analyze DIR`` giving the same document as the ``.rlrec`` of the same run.
 
 The recordings are the simulator's stream written with the real wire encoder
-(tests/recording_synth.py, tests/fleet_synth.py: the agent's own WindowBuilder windows)."""
+(tests/support/recording_synth.py, tests/support/fleet_synth.py: the agent's own WindowBuilder windows)."""
 from __future__ import annotations
 
 import json
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def sim_source(tmp_path_factory):
-    from recording_synth import simulated_trace
+    from support.recording_synth import simulated_trace
     # one simulation per session, shared with test_fleet_queries.py
     return simulated_trace(tmp_path_factory.getbasetemp() / "ridgeline-sim10.json.gz")
 
@@ -75,7 +75,8 @@ def test_schema_document_lists_every_column_and_type():
 
 
 def test_export_writes_hive_partitions_with_the_schema(tmp_path, sim_source, capsys):
-    from fleet_synth import write_host
+    from support.fleet_synth import write_host
+
     from ridgeline.agent.recording import load_recording
     rec = tmp_path / "host-a.rlrec"
     info = write_host(rec, sim_source, "host-a", "llama-3-8b", windows=14, events_s=0.2)
@@ -121,7 +122,7 @@ def test_export_writes_hive_partitions_with_the_schema(tmp_path, sim_source, cap
 def test_analyze_folder_gives_the_recordings_figures(tmp_path, sim_source, capsys):
     """A restart (sequence numbers back to 0) and lost events messages: the folder is cut
     into the same segments, and every figure of the document is the .rlrec's."""
-    from recording_synth import write_recording
+    from support.recording_synth import write_recording
     rec = tmp_path / "run.rlrec"
     write_recording(rec, sim_source, minutes=0.2, restart_at_s=5, restart_downtime_s=7, lost_at_s=8,
                     lost_batches=2)
@@ -138,7 +139,7 @@ def test_analyze_folder_gives_the_recordings_figures(tmp_path, sim_source, capsy
 def test_analyze_folder_of_two_hosts_answers_each_as_its_recording(tmp_path, sim_source, capsys):
     """Two hosts' recordings in one folder (the fleet layout): one document each, equal to
     its .rlrec's, including the answer taken from the last window's verdict."""
-    from fleet_synth import write_host
+    from support.fleet_synth import write_host
     out = tmp_path / "fleet"
     recs = {}
     for host, slowed in (("host-a", None), ("host-b", 1)):
@@ -186,7 +187,7 @@ def test_record_format_parquet_from_a_live_agent(tmp_path, trace_path, capsys):
     import subprocess
     import sys
 
-    from test_agent_stream import TRACE, start_agent, stop, write_config
+    from support.agent_process import TRACE, start_agent, stop, write_config
     cfg, ep = write_config(tmp_path, trace_path(TRACE), events=True)
     a = start_agent(cfg)
     out = tmp_path / "live"
@@ -211,7 +212,8 @@ def test_record_format_parquet_from_a_live_agent(tmp_path, trace_path, capsys):
 def test_a_small_memory_budget_reads_in_chunks_and_cuts_the_same_segments(tmp_path, sim_source, capsys):
     """Events are read a chunk of frames at a time within the budget; segments are cut
     by size exactly where the .rlrec's are."""
-    from fleet_synth import write_host
+    from support.fleet_synth import write_host
+
     from ridgeline.agent.recording import iter_segments as rlrec_segments
     rec = tmp_path / "h.rlrec"
     write_host(rec, sim_source, "h", "llama-3-8b", windows=5, window_s=1.0, events_s=1.0)

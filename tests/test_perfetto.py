@@ -9,53 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.perfetto_import import import_json, summary
+from support.perfetto_trace_processor import EDGE_CASES, SHARED, transcribed_stats
+from support.phase_literals import NAMES, Step, annotated_literal_trace, phase_map
 
 from ridgeline.aggregator.perfetto import GPU_PID_BASE, PHASE_PID, nesting_lanes, write_perfetto
-from ridgeline.probes.events import (
-    API_DTYPE, API_LAUNCH, COPY_DTYPE, COPY_HTOD, KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-    NameTable, Trace, empty,
-)
-
-from perfetto_import import import_json, summary
-from perfetto_trace_processor import EDGE_CASES, transcribed_stats
-from phase_literals import NAMES, Step, phase_map
-
-SHARED = ["nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
-          "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
-          "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
-          "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
-          "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
-          "nvidia-training/hta_a100_rank0_training.json.gz"]
-
-
-def _literal():
-    """Two kernels and a copy on stream 7 (the copy overlaps the first kernel, the second
-    kernel partially overlaps the first), launched by three API calls; a GPU annotation
-    spanning them."""
-    names = NameTable(["gemm", "cudaLaunchKernel", "cudaMemcpyAsync", "fwd"])
-    k = empty(KERNEL_DTYPE, 3)
-    k["start_ns"] = [1_000_000, 1_001_500, 9_000_000]
-    k["end_ns"] = [1_002_000, 1_004_000, 9_000_100]
-    k["device"], k["stream"], k["name_id"] = 0, 7, 0
-    k["correlation_id"] = [11, 12, 13]
-    c = empty(COPY_DTYPE, 1)
-    c["start_ns"], c["end_ns"], c["device"], c["stream"] = 1_000_500, 1_001_000, 0, 7
-    c["direction"], c["bytes"], c["correlation_id"] = COPY_HTOD, 4096, 14
-    api = empty(API_DTYPE, 4)
-    api["start_ns"] = [999_000, 999_600, 8_999_000, 999_800]
-    api["end_ns"] = [999_500, 999_700, 8_999_500, 999_900]
-    api["pid"], api["tid"] = 10, 11
-    api["category"], api["name_id"] = API_LAUNCH, 1
-    api["name_id"][3] = 2
-    api["correlation_id"] = [11, 12, 13, 14]
-    r = empty(RANGE_DTYPE, 1)
-    r["start_ns"], r["end_ns"], r["device"], r["tid"] = 999_000, 9_000_200, 0, 7
-    r["kind"], r["name_id"] = RANGE_GPU_ANNOTATION, 3
-    return Trace(kernels=k, copies=c, api=api, ranges=r, names=names)
 
 
 def _export(tmp_path, t=None):
-    t = t or _literal()
+    t = t or annotated_literal_trace()
     pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"]),
                     Step(1, 9_000_000, 9_000_100, 0, 2, None, 4, ["grid"])],
                    np.array([1, 1, 2], np.uint8), np.array([0, 0, 1], np.int32))
@@ -216,7 +178,7 @@ def test_real_trace_processor(name, trace_path, tmp_path, capsys):
     per launched kernel or copy, every slice on a named thread track of a named process
     (none spilled), no error or data-loss stat; and the same figures as the
     transcription and as the recorded fixture."""
-    from perfetto_trace_processor import RealImport, version
+    from support.perfetto_trace_processor import RealImport, version
 
     from ridgeline.probes.kineto import load_trace
     src, out = _export_shared(name, trace_path, tmp_path, capsys)
@@ -247,7 +209,7 @@ def test_real_trace_processor(name, trace_path, tmp_path, capsys):
 @pytest.mark.skipif(not _tp_binary(), reason="no trace_processor_shell (set RIDGELINE_TRACE_PROCESSOR)")
 @pytest.mark.parametrize("case", sorted(EDGE_CASES))
 def test_real_trace_processor_edge_cases(case, tmp_path):
-    from perfetto_trace_processor import RealImport
+    from support.perfetto_trace_processor import RealImport
     path = tmp_path / "e.json"
     path.write_text(json.dumps(EDGE_CASES[case]))
     real = RealImport(_tp_binary(), path)
@@ -262,7 +224,7 @@ def test_real_trace_processor_edge_cases(case, tmp_path):
 def test_simulated_data_is_marked_in_the_export(tmp_path):
     """Issue 24.5: the README promises SIMULATED in the trace metadata; the export says so in
     its otherData and on every process (track header) name, as imported."""
-    t = _literal()
+    t = annotated_literal_trace()
     t.meta["simulated"] = True
     _, out = _export(tmp_path, t)
     doc = json.loads(out.read_text())

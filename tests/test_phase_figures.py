@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from ridgeline.aggregator import analysis, model_config
-from ridgeline.aggregator.phase_figures import (FINE_BINS, SUB_BINS, PhaseSums, fine_bins,
-                                                fine_percentile_ns)
+from ridgeline.aggregator.phase_figures import FINE_BINS, SUB_BINS, PhaseSums, fine_bins, fine_percentile_ns
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
 

@@ -9,16 +9,42 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from conftest import shared_trace, third_party
+from support.phase_traces import (
+    ADAM,
+    CONV,
+    ELEMENTWISE,
+    FLASH_FWD,
+    GEMM_LARGE,
+    GEMM_SMALL,
+    GEMVX,
+    RESHAPE_AND_CACHE,
+    SPLITKV,
+    SPLITKV_COMBINE,
+    TRTLLM_CONTEXT,
+    TRTLLM_GEN,
+    TraceBuilder,
+    lm_head,
+)
 
 from ridgeline.aggregator import phases
-from ridgeline.aggregator.phases import (DECODE, MEDIUM, MIXED, OTHER, PREFILL, STRONG, UNKNOWN, VOTE_RULES, WEAK,
-                                         StepView, _step_votes, map_phases, step_views)
+from ridgeline.aggregator.phases import (
+    DECODE,
+    MEDIUM,
+    MIXED,
+    OTHER,
+    PREFILL,
+    STRONG,
+    UNKNOWN,
+    VOTE_RULES,
+    WEAK,
+    StepView,
+    _step_votes,
+    map_phases,
+    step_views,
+)
 from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
-
-from conftest import shared_trace, third_party
-from test_phases import (ADAM, CONV, ELEMENTWISE, FLASH_FWD, GEMM_LARGE, GEMM_SMALL, GEMVX, RESHAPE_AND_CACHE,
-                         SPLITKV, SPLITKV_COMBINE, TRTLLM_CONTEXT, TRTLLM_GEN, TraceBuilder, lm_head)
 
 RULES = dict(VOTE_RULES)
 # FA2 forward with Is_causal false (the second boolean template argument).

@@ -9,15 +9,13 @@ convolution (a live window closing mid-forward), and the stretch came out prefil
 """
 from __future__ import annotations
 
-
 import numpy as np
+from conftest import third_party
 
 from ridgeline.aggregator.phases import PREFILL, _gemm_rows, _gemm_width, map_phases
 from ridgeline.aggregator.signatures import ROLE_GEMM, classify_kernels
 from ridgeline.probes.events import NameTable, Trace
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
 
 OWLV2 = "traces/tracelens_h100_owlv2_zero_shot_detection.json.gz"      # third_party(OWLV2)
 H100 = ["traces/tracelens_h100_bert_small_fill_mask.json.gz", "traces/tracelens_h100_vit_image_classification.json.gz",

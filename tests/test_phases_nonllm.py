@@ -17,12 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import third_party
 
 from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
 
 H100_BERT = "tracelens_h100_bert_small_fill_mask.json.gz"
 H100_VIT = "tracelens_h100_vit_image_classification.json.gz"
@@ -208,8 +207,7 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
 def test_third_party_md_lists_every_tracelens_trace_with_its_licence():
     """tests/THIRD_PARTY.md lists exactly the TraceLens traces the tests use and the licence
     file that must travel with them, each with the SHA-256 of the file as copied."""
-    from test_phases_serving_traces import SERVING
-    from test_third_party_files import listed_sha256
+    from support.third_party_files import SERVING, listed_sha256
     listed = sorted(p for p in listed_sha256() if p.startswith("traces/"))
     assert listed == sorted(["traces/" + n for n in TRACELENS + SERVING] + ["traces/LICENSE.TraceLens"])
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gzip
 import json
+
 import pytest
+from conftest import third_party
 
 from ridgeline.aggregator.phases import OTHER, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
 
 MI300_QWEN = "traces/tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # third_party(MI300_QWEN)
 H100_QWEN = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"

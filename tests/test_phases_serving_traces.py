@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import third_party
+from support.third_party_files import SERVING, SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED
 
 from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
-
-SGLANG_DECODE = "tracelens_mi300_sglang_qwen3_8b_decode.json.gz"
-SGLANG_EXTEND = "tracelens_mi300_sglang_qwen3_8b_extend.json.gz"
-VLLM_DECODE = "tracelens_mi300_vllm_gptoss_decode_full.json.gz"
-VLLM_MIXED = "tracelens_mi300_vllm_gptoss_mixed_piecewise.json.gz"
-SERVING = [SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED]
 
 _cache: dict[str, Trace] = {}
 
@@ -137,7 +131,7 @@ def test_enclosing_roots_and_fold_nested_annotations_literals():
 def test_kernels_in_cpu_ranges_falls_back_to_the_enclosing_range():
     """A launch after the inner range closed but inside the outer one maps to the outer."""
     from ridgeline.aggregator.steps import kernels_in_cpu_ranges
-    from ridgeline.probes.events import API_DTYPE, KERNEL_DTYPE, API_LAUNCH
+    from ridgeline.probes.events import API_DTYPE, API_LAUNCH, KERNEL_DTYPE
     from ridgeline.probes.events import Trace as T
     k = np.zeros(3, dtype=KERNEL_DTYPE)
     k["correlation_id"] = [1, 2, 3]
@@ -168,7 +162,7 @@ def test_prefill_from_kv_write_tokens_and_gemm_tiles_without_a_prefill_kernel_na
     """Issue 20.1: an eager vLLM V1 prefill with the FlashAttention-3 forward (the same kernel
     serves both phases) and no split-KV combine: its 1000 tokens (KV-cache write grid.x) and
     its large-tile GEMMs are two weak prefill classes => prefill, not unknown."""
-    from test_phases import TraceBuilder, layers
+    from support.phase_traces import TraceBuilder, layers
     b = TraceBuilder()
     layers(b, 0, 4, FA3, 1000, attention_grid=(132, 1, 1))
     pm = map_phases(b.build())
@@ -185,7 +179,7 @@ def test_rocm_paged_decode_kernel_next_to_prefill_attention_is_not_mixed():
     _fwd_kernel) and then paged_attention_rocm over every sequence whatever the decode
     count: the ROCm decode kernel next to a prefill kernel is no decode evidence, the step is
     prefill (it was mixed). Alone (no prefill part launched) it still says decode."""
-    from test_phases import TraceBuilder, layers
+    from support.phase_traces import TraceBuilder, layers
     b = TraceBuilder()
     t = 0.0
     for _ in range(4):
@@ -251,16 +245,16 @@ def test_live_windows_label_the_serving_steps_as_analyze_does(name):
     """Issue 20 target: live windows (kernels and launch records as CUPTI sends them, and the
     replay probe's stream with CPU operators and ranges) label the same kernels the same way
     as the whole-trace mapper, at every window size."""
-    from test_windows_open_step import _load, _whole, _windows
-    kernels_only = _load(third_party("traces/" + name))
+    from support.window_replay import load_kernels, whole_phases, windowed_phases
+    kernels_only = load_kernels(third_party("traces/" + name))
     full = load(name)
     for per_window in (100, 300, 1000):
-        assert _windows(kernels_only, per_window)[0] == _whole(kernels_only), per_window
-        assert _windows(full, per_window, replay=True)[0] == _whole(full, annotations=True), per_window
+        assert windowed_phases(kernels_only, per_window)[0] == whole_phases(kernels_only), per_window
+        assert windowed_phases(full, per_window, replay=True)[0] == whole_phases(full, annotations=True), per_window
         # Annotations stripped, CPU operators kept (the vLLM mixed step opens its recording:
         # mixed in the windows too, however they cut it).
-        assert _windows(stripped(full), per_window, replay=True)[0] == _whole(stripped(full), annotations=True), \
-            per_window
+        assert windowed_phases(stripped(full), per_window, replay=True)[0] == \
+            whole_phases(stripped(full), annotations=True), per_window
 
 
 def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per_layer():
@@ -269,12 +263,12 @@ def test_rocm_prefill_steps_with_two_attention_kernels_per_layer_are_not_cut_per
     launches one and five kernels apart. Taken together they made "one kernel per layer" and
     every layer a restart (80 steps per engine step); one name alone gives the 6-kernel layer.
     Three engine steps of 20 layers, each closed by an LM head and a sampler."""
-    from test_phases import ELEMENTWISE, GEMM_LARGE, RESHAPE_AND_CACHE, TraceBuilder
+    from support.phase_traces import ELEMENTWISE, GEMM_LARGE, RESHAPE_AND_CACHE, TraceBuilder
     argmax = ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, "
               "unsigned int, long, 4> >(at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4>)")
     b = TraceBuilder()
     t = 0.0
-    for step in range(3):
+    for _step in range(3):
         for _ in range(20):
             b.kernel(RESHAPE_AND_CACHE, t, grid=(700, 1, 1))
             b.kernel(GEMM_LARGE, t + 2, grid=(8, 8, 1))

@@ -151,6 +151,7 @@ def test_gemm_width_from_launch_grid_and_tile_matches_the_operators(trace_path):
     launch one block per tile (nvjet, CUTLASS 2.x); the B200 LM head ([1, 2880] x [2880,
     25136], a 192x8 tile) comes out within 1% of its width."""
     from conftest import third_party
+
     from ridgeline.aggregator.phases import _gemm_rows, _gemm_width
     from ridgeline.aggregator.signatures import classify_kernels
     from ridgeline.probes.trace_joins import kernel_cpu_op_index

@@ -3,8 +3,8 @@ import math
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.engine_samples import V011, V026, sample_text
 
-from engine_samples import V011, V026, sample_text
 from ridgeline.probes import prom_text
 
 

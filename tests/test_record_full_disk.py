@@ -12,38 +12,18 @@ import resource
 import signal
 import subprocess
 import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
-import zmq
+from support.golden_stream import golden_window_stream
 
 from ridgeline.agent.recording import MAGIC, iter_frames
-
-GOLDEN = Path(__file__).parent / "data" / "wire_envelope_window_v1.bin"
 
 
 @pytest.fixture
 def stream(tmp_path):
-    env = GOLDEN.read_bytes()
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
     ep = f"ipc://{tmp_path}/pub.sock"
-    pub.bind(ep)
-    stop = threading.Event()
-
-    def send():
-        while not stop.is_set():
-            pub.send_multipart([b"window", env])
-            time.sleep(0.002)
-    t = threading.Thread(target=send, daemon=True)
-    t.start()
-    yield ep, len(env)
-    stop.set()
-    t.join()
-    pub.close(0)
-    ctx.term()
+    with golden_window_stream(ep) as size:
+        yield ep, size
 
 
 def record(out, ep, preexec=None):

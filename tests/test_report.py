@@ -1,15 +1,14 @@
 """Terminal report: every phase, its verdict and evidence, the ceilings' source."""
 from rich.console import Console
+from support.phase_literals import decode_literal_trace
 
 from ridgeline.aggregator.analysis import analyze_trace
 from ridgeline.aggregator.report import render
 
-from test_analysis import _decode_trace
-
 
 def test_render_shows_phase_verdict_evidence_and_source():
     from ridgeline.aggregator import model_config
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
     c = Console(record=True, width=160)
     render(doc, c)
@@ -21,7 +20,7 @@ def test_render_shows_phase_verdict_evidence_and_source():
 
 
 def test_render_without_ceilings_says_why():
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     from ridgeline.probes.events import Device
     t.devices = [Device(0, "Mystery GPU")]
     c = Console(record=True, width=160)
@@ -34,7 +33,7 @@ def test_phase_table_names_the_gpus_own_idle_share_beside_the_phases():
     """Issue 24.2: every phase at idle 0% while the GPU idled between steps read as a
     contradiction; the caption gives the GPU's idle share of its span, as the idle-gap table."""
     from ridgeline.aggregator import model_config
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
     c = Console(record=True, width=400)
     render(doc, c)
@@ -49,7 +48,7 @@ def test_top_kernels_without_operator_shapes_say_why_instead_of_dashes():
     """Issue 24.2: the kind/TFLOP/s/TB/s columns were all "-" on a trace without operator
     shapes (the simulator's, a vLLM trace without record_shapes)."""
     from ridgeline.aggregator import model_config
-    t, pm = _decode_trace()
+    t, pm = decode_literal_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
     rows = [r for p in doc["phases"].values() for r in p.get("top_kernels") or []]
     assert rows and not any(r.get("category") or r.get("achieved_flops_per_s") for r in rows)

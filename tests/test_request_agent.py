@@ -2,7 +2,7 @@
 exporter into the agent's OTLP receiver, joined with the steps at window close, published
 on the ``requests`` topic, told by ``ridgeline why`` and listed by ``ridgeline requests``.
 
-The seed's example (tests/request_scenarios.py): a 500-token answer batched with one
+The seed's example (tests/support/request_scenarios.py): a 500-token answer batched with one
 4,000-token request takes 20 s instead of 7.5 s; ``ridgeline why`` must attribute the
 added 12.5 s to that request, within 10%. The GPU side (the steps) is the scenario's, put
 into the agent's step history as the window builder's step log would (that log is tested
@@ -10,11 +10,9 @@ against the simulator in tests/test_request_history.py).
 """
 from __future__ import annotations
 
-import os
-
 import json
+import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -22,23 +20,18 @@ import time
 
 import numpy as np
 import pytest
+from support import request_scenarios as sc
+from support.net import free_port
 
-import request_scenarios as sc
-from agent_codec import codec
 from ridgeline.agent import cli, config
 from ridgeline.agent.daemon import Agent
 from ridgeline.agent.registry import STEPS, Running
 from ridgeline.agent.sdnotify import Notifier
+from ridgeline.aggregator import wire as codec
 from ridgeline.aggregator.request_history import HELD_DTYPE
 from ridgeline.probes.otlp_receiver import OtlpProbe
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shifted_seed(pid=4242):
@@ -194,6 +187,7 @@ def test_reload_applies_the_join_settings_without_losing_the_history(tmp_path):
 
 def test_why_never_prints_a_peers_control_characters(tmp_path, capsys):
     import msgspec
+
     from ridgeline.agent.request_view import as_json
     from ridgeline.aggregator import request_join as rj
     steps, spans = sc.seed_batched()

@@ -4,18 +4,11 @@ sees are the steps the simulated engine really ran (its own step records)."""
 from __future__ import annotations
 
 import numpy as np
+from support import request_scenarios as sc
+from support.request_scenarios import held
 
-import request_scenarios as sc
 from ridgeline.aggregator import request_history as rh
 from ridgeline.aggregator.windows import WindowBuilder
-
-
-def held(steps, device=0, pid=4242):
-    h = np.zeros(len(steps), rh.HELD_DTYPE)
-    for f in ("start_ns", "end_ns", "phase"):
-        h[f] = steps[f]
-    h["device"], h["pid"] = device, pid
-    return h
 
 
 def test_seed_example_told_once_after_the_delay():

@@ -3,13 +3,13 @@
 Alone, the 500-token answer decodes in 7.5 s at 15 ms per token; batched with one
 4,000-token request (its chunked prefill, then its long context), per-token time is 40 ms
 and the answer takes 20 s; the added 12.5 s must be attributed to that request, within 10%.
-The scenarios are stepped by tests/request_scenarios.py.
+The scenarios are stepped by tests/support/request_scenarios.py.
 """
 from __future__ import annotations
 
 import numpy as np
+from support import request_scenarios as sc
 
-import request_scenarios as sc
 from ridgeline.aggregator import request_join as rj
 
 

@@ -6,10 +6,11 @@ import subprocess
 
 import msgspec
 import pytest
+from support import request_scenarios as sc
+from support.metrics_windows import exposition, families, thread, window
+from support.prometheus_server import PROMTOOL, needs_promtool
 
-import request_scenarios as sc
 from ridgeline.aggregator import request_join as rj
-from test_agent_prometheus import PROMTOOL, exposition, families, needs_promtool, thread, window
 
 
 def with_requests(stories=None, otlp=None):
@@ -68,6 +69,7 @@ def test_promtool_check_metrics_passes_with_the_request_families():
 
 def test_top_shows_the_windows_requests():
     from rich.console import Console
+
     from ridgeline.agent.top import render
     w = with_requests(seed_stories())
     c = Console(width=200, record=True)
@@ -84,11 +86,11 @@ def test_e2e_histogram_with_request_exemplars_in_openmetrics():
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
     from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 
-    import test_agent_prometheus as tap
+    from ridgeline.agent import prometheus as prom
     stories = [msgspec.structs.replace(s, trace_id=f"{i:032x}") for i, s in enumerate(seed_stories())]
-    c = tap.prom.WindowCollector("node-a")
+    c = prom.WindowCollector("node-a")
     c.observe(with_requests(stories, OTLP))
-    om = om_latest(tap.prom.registry_for(c)).decode()
+    om = om_latest(prom.registry_for(c)).decode()
     (fam,) = [f for f in om_families(om) if f.name == "ridgeline_request_e2e_seconds"]
     buckets = {s.labels["le"]: s for s in fam.samples if s.name.endswith("_bucket")}
     assert buckets["+Inf"].value == 3

@@ -1,19 +1,18 @@
 """The Perfetto export's track per served request (issue 22), beside the GPU steps: its
 queued, prefill and decode slices, imported whole by the transcription of Perfetto's JSON
-importer (tests/perfetto_import.py), the decode slice naming the culprits."""
+importer (tests/support/perfetto_import.py), the decode slice naming the culprits."""
 from __future__ import annotations
 
 import json
 
 import msgspec
 import numpy as np
+from support import request_scenarios as sc
+from support.perfetto_import import import_json
+from support.phase_literals import NAMES, Step, annotated_literal_trace, phase_map
 
-import request_scenarios as sc
-from perfetto_import import import_json
-from phase_literals import NAMES, Step, phase_map
 from ridgeline.aggregator import request_join as rj
 from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
-from test_perfetto import _literal
 
 
 def seed_stories_near_the_literal():
@@ -24,7 +23,7 @@ def seed_stories_near_the_literal():
 
 
 def test_a_track_per_request_beside_the_steps(tmp_path):
-    t = _literal()
+    t = annotated_literal_trace()
     pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
                    np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
     stories = seed_stories_near_the_literal()

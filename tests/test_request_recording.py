@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import msgspec
+from support import request_scenarios as sc
 
-import request_scenarios as sc
 from ridgeline.agent.recording import RecordingWriter
 from ridgeline.agent.simulator.engine import SimConfig, SimEngine
 from ridgeline.agent.simulator.workload import Workload

@@ -1,12 +1,23 @@
 """Roofline figures, verdict rule, idle gaps, launch latency and copy traffic on literals."""
 import numpy as np
 import pytest
+from support.phase_literals import NAMES, Step
 
 from ridgeline.aggregator import ceilings, roofline, work
-from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
-                           COPY_KIND_MEMCPY, COPY_KIND_MEMSET, KERNEL_DTYPE, NameTable, Trace, empty)
-
-from phase_literals import NAMES, Step
+from ridgeline.probes.events import (
+    API_DTYPE,
+    API_LAUNCH,
+    API_SYNC,
+    COPY_DTOH,
+    COPY_DTYPE,
+    COPY_HTOD,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    KERNEL_DTYPE,
+    NameTable,
+    Trace,
+    empty,
+)
 
 
 def kernels(intervals, device=0, corr0=1):

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.engine_samples import SGLANG_TEXT, V011, V026, MetricsServer, advance, free_port, sample_text
 
 from ridgeline.agent.cli import main
-from engine_samples import SGLANG_TEXT, V011, V026, MetricsServer, advance, free_port, sample_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {"engine", "kv_usage", "num_running", "num_waiting", "preemptions_total", "prefix_cache_hit_rate",

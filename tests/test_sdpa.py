@@ -13,12 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import third_party
 
 from ridgeline.probes import kineto_scan, kineto_typed
 from ridgeline.probes.kineto_dicts import load_trace_via_dicts
 from ridgeline.probes.sdpa import CAUSAL_FLAG_NO, CAUSAL_FLAG_UNKNOWN, CAUSAL_FLAG_YES, causal_flag
-
-from conftest import third_party
 
 BF16 = "c10::BFloat16"
 

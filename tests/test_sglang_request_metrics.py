@@ -30,8 +30,8 @@ import os
 from datetime import datetime
 
 import pytest
+from support import request_scenarios as sc
 
-import request_scenarios as sc
 from ridgeline.aggregator.request_history import RequestHistory
 from ridgeline.probes import sglang_request_metrics as S
 
@@ -90,7 +90,7 @@ def test_the_seed_example_from_sglang_files_names_the_culprit(tmp_path):
     got = p.poll()["requests"]
     assert {r.request_id for r in got} == {s.request_id for s in spans}
     h = RequestHistory(join_delay_s=0)
-    from test_request_history import held
+    from support.request_scenarios import held
     h.add_steps(held(steps))
     h.add_requests(got)
     _w, stories = h.close(max(r.end_ns for r in got) + 10**9)

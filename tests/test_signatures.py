@@ -6,10 +6,25 @@ import re
 import numpy as np
 import pytest
 
-from ridgeline.aggregator.signatures import (CAUSAL_LOCAL, CAUSAL_NO, CAUSAL_UNKNOWN, CAUSAL_YES, DATA_FILE, GRID_TOKENS,
-                                             ROLE_ATTENTION, ROLE_GEMM, ROLE_NONE, ROLE_PER_TOKEN, classify_kernels,
-                                             load_signatures, match_name_ids, parse_causal, parse_tile, short_name,
-                                             template_bools)
+from ridgeline.aggregator.signatures import (
+    CAUSAL_LOCAL,
+    CAUSAL_NO,
+    CAUSAL_UNKNOWN,
+    CAUSAL_YES,
+    DATA_FILE,
+    GRID_TOKENS,
+    ROLE_ATTENTION,
+    ROLE_GEMM,
+    ROLE_NONE,
+    ROLE_PER_TOKEN,
+    classify_kernels,
+    load_signatures,
+    match_name_ids,
+    parse_causal,
+    parse_tile,
+    short_name,
+    template_bools,
+)
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
 

@@ -21,7 +21,7 @@ from ridgeline.agent.simulator.probe import SimulatorProbe, make_probe
 from ridgeline.agent.simulator.scheduler import Request, Scheduler, SchedulerConfig
 from ridgeline.agent.simulator.workload import Workload, draw
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import API_LAUNCH, API_SYNC, KERNEL_DTYPE, API_DTYPE
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, KERNEL_DTYPE
 
 
 def small_engine(**kw) -> SimEngine:

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from ridgeline.agent.simulator.calibration import (CLASSES, class_times_ns, compare, kernel_class, markdown,
-                                         simulate_hf_qwen_forward, step_kernels)
+from ridgeline.agent.simulator.calibration import (
+    CLASSES,
+    class_times_ns,
+    compare,
+    kernel_class,
+    markdown,
+    simulate_hf_qwen_forward,
+    step_kernels,
+)
 
 TRACE = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
 

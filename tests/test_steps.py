@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ridgeline.probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
 from ridgeline.probes import trace_joins
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, CPU_OP_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
 

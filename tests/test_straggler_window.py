@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.tp_groups import TP4, US, Builder, tp_group
 
 from ridgeline.aggregator import straggler_window as SW
 from ridgeline.aggregator import wire
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import NameTable, Trace
-
-from test_stragglers import TP4, US, Builder, tp_group
+from ridgeline.probes.records import window_of
 
 
 def per_rank_batches(trace: Trace, pieces: int):
@@ -115,7 +115,8 @@ def _live_records():
 def test_stragglers_on_metrics_bounded_and_promtool_clean():
     import subprocess
 
-    from test_agent_prometheus import PROMTOOL, exposition, families, thread, window
+    from support.metrics_windows import exposition, families, thread, window
+    from support.prometheus_server import PROMTOOL
     recs = _live_records()
     ws = []
     for r in recs:
@@ -147,8 +148,9 @@ def test_straggler_series_are_bounded_by_groups():
     for i in range(3 * SM.MAX_GROUPS):
         g = {"ranks": [{"pid": i, "device": i, "last_count": 1, "wait_ns": 0},
                        {"pid": i + 1000, "device": i + 1000, "last_count": 0, "wait_ns": 5}],
-             "collectives": 1, "waiting_share_ratio": 0.1, "straggler_device": i, "cause": "copy"}
-        m.observe({"stragglers": {"groups": [g]}})
+             "collectives": 1, "waiting_share_ratio": 0.1, "straggler_pid": i, "straggler_device": i,
+             "straggler_last_share_ratio": 1.0, "late_by_p50_ns": 5, "late_by_p99_ns": 5, "cause": "copy"}
+        m.observe(window_of({"stragglers": {"groups": [g]}}))
     fams = list(m.families("h"))
     groups = {s.labels["group"] for f in fams for s in f.samples if "group" in s.labels}
     assert len(groups) == SM.MAX_GROUPS and m.evicted == 2 * SM.MAX_GROUPS
@@ -173,6 +175,7 @@ def test_a_real_single_rank_trace_is_held_but_no_group_is_claimed_live():
     collectives) through the window builder: its kernels are held for the analysis, and
     no group is claimed from one rank."""
     from conftest import shared_trace
+
     from ridgeline.probes.kineto import load_trace
     t = load_trace(shared_trace("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz"))
     wb = WindowBuilder(host="h")
@@ -207,7 +210,7 @@ def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
     c.print(render(rec))
     text = c.export_text()
     assert "host-bound; ranks waiting" in text and "its launch thread off-CPU 60% (others 4%)" in text
-    from test_agent_prometheus import exposition, families
+    from support.metrics_windows import exposition, families
     w = dict(rec, host="node-a")
     val = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for f in families(exposition([w])).values() for s in f.samples}
@@ -226,7 +229,7 @@ def test_no_scheduling_rows_leave_the_launch_figures_unknown():
 def test_straggler_series_per_host_layout(groups, ranks, series):
     """docs/metrics.md, "Cardinality budget": the ridgeline_tp_* series of a host's TP groups
     (4 served processes of TP=2, or of TP=8), counted as the real renderer emits them."""
-    from test_agent_prometheus import exposition, families, thread, window
+    from support.metrics_windows import exposition, families, thread, window
     w = window([thread(8)])
     w["stragglers"] = {"groups": [{
         "ranks": [{"pid": 100 * g + r, "device": g * ranks + r, "last_count": 1, "wait_ns": 5} for r in range(ranks)],

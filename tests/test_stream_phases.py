@@ -63,7 +63,7 @@ def test_eager_decoder_shapes_agree_with_the_whole_trace_mapper():
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_phases import TraceBuilder, eager_forward
+    from support.phase_traces import TraceBuilder, eager_forward
     b = TraceBuilder()
     t = eager_forward(b, 0, tokens=50, context=50)
     t = eager_forward(b, t + 30_000, tokens=1, context=51)

@@ -1,10 +1,10 @@
 """The unit's SystemCallFilter lets the probes run (issue 11 item 3).
 
 The filter is expanded the way systemd does (groups from ``systemd-analyze syscall-filter``
-of the installed systemd, lines combined in order: tests/syscall_filter.py) and checked
+of the installed systemd, lines combined in order: tests/support/syscall_filter.py) and checked
 against the syscalls the probes make: a recorded strace (tests/data/probe_syscalls.txt)
 everywhere, a fresh strace on an eBPF machine. Then the probes run under that very filter
-(libseccomp, tests/seccomp_exec.py) and must attach: CUDA uprobes count the launches of a
+(libseccomp, tests/support/seccomp_exec.py) and must attach: CUDA uprobes count the launches of a
 libcudart caller, the scheduling probe sees its threads.
 """
 from __future__ import annotations
@@ -17,13 +17,12 @@ import shutil
 import site
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from syscall_filter import effective_filter, expand, permitted, systemd_groups, unit_filter_lines  # noqa: E402
+from support.syscall_filter import effective_filter, expand, permitted, systemd_groups, unit_filter_lines  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "ridgeline.service"
@@ -171,7 +170,7 @@ def _seccomp_prefix(tmp_path: Path, calls: set[str], name: str) -> list[str]:
         pytest.skip("libseccomp's Python binding missing for the distro python3 (apt-get install python3-seccomp)")
     allowed = tmp_path / f"{name}.txt"
     allowed.write_text(" ".join(sorted(calls)))
-    return [distro, str(Path(__file__).parent / "seccomp_exec.py"), str(allowed), "--"]
+    return [distro, str(Path(__file__).parent / "support" / "seccomp_exec.py"), str(allowed), "--"]
 
 
 @pytest.mark.ebpf

@@ -102,6 +102,7 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
     """TargetSet feeding a live SchedProbe: a GPU process (a stand-in device file) that starts
     after the probe is tracked, and dropped when it exits."""
     import pytest
+
     from ridgeline.probes import bpf as bpfmod
     if not bpfmod.availability().ok:
         pytest.skip(f"ebpf: {bpfmod.availability().reason}")
@@ -137,6 +138,7 @@ def test_discovered_process_is_probed_without_restart(tmp_path):
 
 def test_probe_with_discovery_takes_announced_processes():
     import pytest
+
     from ridgeline.probes import bpf as bpfmod
     if not bpfmod.availability().ok:
         pytest.skip(f"ebpf: {bpfmod.availability().reason}")

@@ -8,20 +8,11 @@ a file that is absent.
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 import pytest
-
 from conftest import third_party
-from third_party_files import third_party_missing, third_party_path
-
-DOC = Path(__file__).parent / "THIRD_PARTY.md"
-
-
-def listed_sha256() -> dict[str, str]:
-    """The ``sha256sum`` block of tests/THIRD_PARTY.md: path under third-party/ -> digest."""
-    return {path: digest for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", DOC.read_text(), re.M)}
+from support.third_party_files import DOC, listed_sha256, third_party_missing, third_party_path
 
 
 def test_every_listed_file_has_its_provenance_section():

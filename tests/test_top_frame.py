@@ -4,11 +4,11 @@ keys select, sort and quit as htop's do."""
 import copy
 
 import pytest
+from view_window import view_window
 
 from ridgeline.agent.top import TopState
 from ridgeline.agent.top_frame import KEYS, frame, quantile_text, sparkline
 from ridgeline.agent.top_view import HISTORY, SORTS, ViewState, pressure_pct
-from view_window import view_window
 
 
 def rows(t):
@@ -111,12 +111,24 @@ def test_sort_by_pressure_puts_the_most_pressed_gpu_first():
 
 def test_the_frame_keeps_the_straggler_lines():
     """Issue 23's TP-group line (agent/straggler_view.py) is in the fitted frame too."""
+    import msgspec
+
     from ridgeline.agent.straggler_view import stragglers_lines
+    from ridgeline.probes.records import WindowStragglers
     w = view_window()
-    w["stragglers"] = {"groups": [{"collectives": 120, "ranks": [{"device": 0}, {"device": 1}],
+    ranks = [{"pid": 4242 + d, "device": d, "last_count": 108 * d, "wait_ns": 0} for d in (0, 1)]
+    w["stragglers"] = {"groups": [{"collectives": 120, "ranks": ranks,
                                    "straggler_device": 1, "straggler_pid": 4243, "straggler_last_share_ratio": 0.9,
                                    "late_by_p50_ns": 250_000, "late_by_p99_ns": 900_000, "cause": "host",
                                    "waiting_share_ratio": 0.2}]}
-    want = [t.plain for t in stragglers_lines(w["stragglers"])]
+    want = [t.plain for t in stragglers_lines(msgspec.convert(w["stragglers"], WindowStragglers))]
     assert want and want[0].startswith("TP group GPUs 0,1: 120 collectives; straggler GPU 1")
     assert want[0] in frame(w, TopState(), ViewState(), 400, None).plain
+
+
+def test_a_stragglers_record_of_the_wrong_shape_is_one_line():
+    """The frame reads the stragglers as the typed record: a producer's bug is said, not a traceback."""
+    w = view_window()
+    w["stragglers"] = {"groups": [{"collectives": "many"}]}
+    text = frame(w, TopState(), ViewState(), 400, None).plain
+    assert "stragglers record not readable:" in text and "TP group" not in text

@@ -13,12 +13,11 @@ import shutil
 import sqlite3
 
 import pytest
+from conftest import third_party
 
 from ridgeline.agent.cli import main
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
 
 # Third-party files, not kept in the project (tests/THIRD_PARTY.md); resolved by third_party()
 # inside each test, which skips when the file is absent.

@@ -3,13 +3,13 @@
 Phase figures are literals with H3's ``phase_summary`` keys, sized for Llama-3-8B (bf16)
 on an H100 SXM (3.35 TB/s HBM, 989 TFLOP/s dense bf16): a decode step at batch 64 and a
 prefill of 8 x 2048 tokens. Engine figures for the KV case come from the real vLLM 0.11
-scrape advanced to a loaded state (tests/engine_samples.py).
+scrape advanced to a loaded state (tests/support/engine_samples.py).
 """
 import pytest
+from support.engine_samples import V011, advance, sample_text
 
 from ridgeline.aggregator import engine_metrics as em
 from ridgeline.aggregator import verdict as v
-from engine_samples import V011, advance, sample_text
 from ridgeline.probes import prom_text
 
 WINDOW_NS = 1_000_000_000
@@ -204,7 +204,7 @@ def test_verdicts_on_recorded_traces(trace_path):
 
 
 def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
-    from engine_samples import SGLANG_TEXT
+    from support.engine_samples import SGLANG_TEXT
     text = SGLANG_TEXT.replace("sglang:num_retracted_requests_total", "sglang:num_retracted_reqs").replace(
         "sglang:token_usage{engine_type=\"unified\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\",pp_rank=\"0\",tp_rank=\"0\"} 0.91",
         "sglang:token_usage{engine_type=\"unified\",model_name=\"meta-llama/Llama-3.1-8B-Instruct\",pp_rank=\"0\",tp_rank=\"0\"} 0.5").replace(
@@ -218,6 +218,7 @@ def test_verdict_kv_capacity_bound_sglang_retraction_gauge():
 def test_launch_thread_from_sched_and_uprobe_windows_in_window_layout():
     """H4's per-window arrays (its dtypes), as the window record holds them after plain()."""
     import numpy as np
+
     from ridgeline.aggregator.windows import plain
     from ridgeline.probes.sched_accounting import WINDOW_DTYPE
     cuda_dtype = np.dtype([("tid", "<i4"), ("tgid", "<i4"), ("launches", "<i8"), ("graph_launches", "<i8")])

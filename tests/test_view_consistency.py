@@ -14,6 +14,7 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 from rich.console import Console
+from view_window import ENDPOINT, view_window
 
 from ridgeline.agent.commands.tail import jsonable
 from ridgeline.agent.prometheus import WindowCollector, registry_for
@@ -22,7 +23,6 @@ from ridgeline.agent.top_frame import frame
 from ridgeline.agent.top_view import ViewState
 from ridgeline.aggregator import report, wire
 from ridgeline.probes import prom_text
-from view_window import ENDPOINT, view_window
 
 
 @pytest.fixture(scope="module")

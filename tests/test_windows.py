@@ -3,8 +3,19 @@ import numpy as np
 import pytest
 
 from ridgeline.aggregator.windows import WindowBuilder, busy_ns, plain
-from ridgeline.probes.events import (API_DTYPE, API_LAUNCH, API_SYNC, COPY_DTOH, COPY_DTYPE, COPY_HTOD,
-                           KERNEL_DTYPE, Device, NameTable, Trace, empty)
+from ridgeline.probes.events import (
+    API_DTYPE,
+    API_LAUNCH,
+    API_SYNC,
+    COPY_DTOH,
+    COPY_DTYPE,
+    COPY_HTOD,
+    KERNEL_DTYPE,
+    Device,
+    NameTable,
+    Trace,
+    empty,
+)
 
 
 def test_busy_ns_unions_overlaps():
@@ -128,8 +139,7 @@ def test_full_window_drops_and_counts_batches():
 
 from ridgeline.aggregator import model_config  # noqa: E402
 from ridgeline.aggregator.phases import PHASE_NAMES, map_phases  # noqa: E402
-from ridgeline.aggregator.windows import (HIST_BINS, SourceFold, hist_percentile_ns,  # noqa: E402
-                                log2_bins)
+from ridgeline.aggregator.windows import HIST_BINS, SourceFold, hist_percentile_ns, log2_bins  # noqa: E402
 
 
 def _kernel_stream(t: Trace) -> Trace:

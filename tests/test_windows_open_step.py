@@ -10,18 +10,15 @@ no CPU operators or ranges; the oracle is the whole-trace mapper on the same eve
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import third_party
+from support.window_replay import load_kernels, whole_phases, windowed_phases
 
 from ridgeline.aggregator import windows
-from ridgeline.aggregator.phases import PHASE_NAMES, map_phases
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
 from ridgeline.probes.kineto import load_trace
-
-from conftest import third_party
 
 # The TraceLens traces (third-party, tests/THIRD_PARTY.md), by name: a fixed list, so the test
 # ids do not depend on whether the files are present; third_party() skips when one is absent.
@@ -35,91 +32,15 @@ NON_LLM = ["tracelens_h100_bert_small_fill_mask.json.gz",
 OWLV2 = "tracelens_h100_owlv2_zero_shot_detection.json.gz"
 # A decoder forward: prefill from kernels alone too (aotriton's causal persistent grid, issue 20.3).
 MI300_QWEN = "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
-_cache: dict[str, Trace] = {}
-
-
-def _kernel_stream(t: Trace) -> Trace:
-    o = np.argsort(t.kernels["start_ns"], kind="stable")
-    return Trace(kernels=t.kernels[o], copies=t.copies, api=t.api, names=t.names, devices=t.devices, meta=t.meta)
-
-
-def _load(path: Path) -> Trace:
-    key = str(path)
-    if key not in _cache:
-        _cache[key] = _kernel_stream(load_trace(path))
-    return _cache[key]
-
-
-def _whole(t: Trace, annotations: bool = False) -> dict:
-    """Kernels and kernel time per phase from the whole-trace mapper."""
-    pm = map_phases(t, use_annotations=annotations)
-    dur = (t.kernels["end_ns"] - t.kernels["start_ns"]).astype(np.int64)
-    out = {}
-    for code, name in PHASE_NAMES.items():
-        m = pm.kernel_phase == code
-        if m.any():
-            out[name] = (int(m.sum()), int(dur[m].sum()))
-    return out
-
-
-def _replay_batches(t: Trace, per_window: int):
-    """What the replay probe streams: kernels in time order with their launch records, and
-    the CPU operators and ranges that started since the previous batch's last launch."""
-    k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
-    a, r, o = t.api, t.ranges, t.cpu_ops
-    parts = np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window)))
-    lo = np.iinfo(np.int64).min
-    for i, part in enumerate(parts):
-        kp = k[part]
-        ap = a[np.isin(a["correlation_id"], kp["correlation_id"])]
-        hi = np.iinfo(np.int64).max if i == len(parts) - 1 else int((ap if len(ap) else kp)["start_ns"].max())
-        yield Trace(kernels=kp, api=ap, ranges=r[(r["start_ns"] >= lo) & (r["start_ns"] <= hi)],
-                    cpu_ops=o[(o["start_ns"] >= lo) & (o["start_ns"] <= hi)], names=t.names, devices=t.devices)
-        lo = hi + 1
-
-
-def _windows(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = True, replay: bool = False):
-    """Stream ``t`` through a WindowBuilder, closing a window every ``per_window`` kernels
-    (launch records with their kernels), then ``trailing_empty`` windows with no events and,
-    with ``final``, the agent's last window. Returns per-phase (kernels, kernel time) summed
-    over windows, and the windows."""
-    wb = WindowBuilder(host="test")
-    k, a = t.kernels, t.api
-    wins = []
-    if replay:
-        batches = _replay_batches(t, per_window)
-    else:
-        batches = (Trace(kernels=k[part], api=a[np.isin(a["correlation_id"], k["correlation_id"][part])],
-                         names=t.names, devices=t.devices)
-                   for part in np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window))))
-    # Windows of one second (the agent's default) on the agent's clock: a step shorter than
-    # half a window in its own clock is held whole however many windows it spans (a step
-    # still open one close later and longer than that is decided then, test_windows_rates).
-    s = 1_000_000_000
-    for i, b in enumerate(batches):
-        wb.add_events(b, source="replay" if replay else "cupti")
-        wins.append(wb.close(i * s, (i + 1) * s, {}))
-    for j in range(trailing_empty):
-        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}))
-    if final:
-        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}, final=True))
-    out: dict = {}
-    for w in wins:
-        for g in w["gpus"]:
-            for ph, v in g["phases"].items():
-                x = out.setdefault(ph, [0, 0])
-                x[0] += v["kernels"]
-                x[1] += v["kernel_time_ns"]
-    return {ph: tuple(v) for ph, v in out.items()}, wins
 
 
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
 @pytest.mark.parametrize("name", NON_LLM)
 def test_window_size_does_not_change_the_labels_of_non_llm_traces(name, per_window):
-    t = _load(third_party("traces/" + name))
-    whole = _whole(t)
+    t = load_kernels(third_party("traces/" + name))
+    whole = whole_phases(t)
     assert "prefill" not in whole and "decode" not in whole and "mixed" not in whole
-    got, wins = _windows(t, per_window)
+    got, wins = windowed_phases(t, per_window)
     assert got == whole, (per_window, got, whole)
     assert wins[-1]["agent"]["window_open_steps_cut"] == 0
 
@@ -131,10 +52,10 @@ def test_window_size_does_not_change_the_labels_of_non_llm_traces(name, per_wind
     "nvidia-training/hta_a100_rank0_training.json.gz",
 ])
 def test_window_size_does_not_change_the_labels_of_shared_traces(trace_path, name):
-    t = _load(trace_path(name))
-    whole = _whole(t)
+    t = load_kernels(trace_path(name))
+    whole = whole_phases(t)
     for per_window in (300, 1000, 3000):
-        assert _windows(t, per_window)[0] == whole, per_window
+        assert windowed_phases(t, per_window)[0] == whole, per_window
 
 
 # The causal-text-tower rule (aggregator/phases.py: causal attention by SDPA's is_causal,
@@ -149,10 +70,10 @@ REPLAY_CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="CLI
 
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
 def test_window_size_does_not_change_the_labels_of_the_rocm_decoder_forward(per_window):
-    t = _load(third_party("traces/" + MI300_QWEN))
-    whole = _whole(t)
+    t = load_kernels(third_party("traces/" + MI300_QWEN))
+    whole = whole_phases(t)
     assert "prefill" in whole
-    assert _windows(t, per_window)[0] == whole, per_window
+    assert windowed_phases(t, per_window)[0] == whole, per_window
 
 
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
@@ -161,7 +82,7 @@ def test_window_size_does_not_change_the_labels_of_a_replayed_annotated_trace(na
     """The replay probe streams CPU operators and ranges too (the full mapper per batch): the
     open step is held with the operators, ranges and launch records that describe it."""
     t = load_trace(third_party("traces/" + name))
-    assert _windows(t, per_window, replay=True)[0] == _whole(t, annotations=True)
+    assert windowed_phases(t, per_window, replay=True)[0] == whole_phases(t, annotations=True)
 
 
 @pytest.mark.parametrize("name", [
@@ -171,18 +92,18 @@ def test_window_size_does_not_change_the_labels_of_a_replayed_annotated_trace(na
 ])
 def test_window_size_does_not_change_the_labels_of_replayed_shared_traces(trace_path, name):
     t = load_trace(trace_path(name))
-    whole = _whole(t, annotations=True)
+    whole = whole_phases(t, annotations=True)
     for per_window in (300, 1000, 3000):
-        assert _windows(t, per_window, replay=True)[0] == whole, per_window
+        assert windowed_phases(t, per_window, replay=True)[0] == whole, per_window
 
 
 def test_open_step_waits_for_the_window_where_it_ends():
     """Windows that close mid-forward show nothing of the open step; it is counted whole in
     a later window: when a quiet window goes by (the source sent nothing), without a final
     close."""
-    t = _load(third_party("traces/" + OWLV2))
-    got, wins = _windows(t, 1000, trailing_empty=1, final=False)
-    assert got == _whole(t)
+    t = load_kernels(third_party("traces/" + OWLV2))
+    got, wins = windowed_phases(t, 1000, trailing_empty=1, final=False)
+    assert got == whole_phases(t)
     shown = [sum(g["kernels"] for g in w["gpus"]) for w in wins]
     assert sum(shown) == len(t.kernels)
     # The last batch's step is still open when its window closes: it is counted in the
@@ -194,8 +115,8 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     """Past MAX_CARRY_KERNELS held kernels the open step is decided with what it has; each
     such decision is counted and published in the window's agent record."""
     monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", 200)
-    t = _load(third_party("traces/" + OWLV2))
-    got, wins = _windows(t, 300)
+    t = load_kernels(third_party("traces/" + OWLV2))
+    got, wins = windowed_phases(t, 300)
     cut = wins[-1]["agent"]["window_open_steps_cut"]
     assert cut > 0
     assert sum(v[0] for v in got.values()) == len(t.kernels)     # nothing lost, only decided early
@@ -206,7 +127,7 @@ def test_a_device_that_stops_releases_its_open_step_while_others_run():
     """Two GPUs of one source: GPU 1 runs one short forward (BERT, 60 kernels) in the first
     window only, GPU 0 keeps running (OWLv2). GPU 1's open step is released by the first
     window in which it sent nothing, not held until the source stops."""
-    owl = _load(third_party("traces/" + OWLV2))
+    owl = load_kernels(third_party("traces/" + OWLV2))
     bert = load_trace(third_party("traces/tracelens_h100_bert_small_fill_mask.json.gz"))
     names = owl.names
     b = bert.kernels.copy()

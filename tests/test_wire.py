@@ -92,7 +92,7 @@ ENGINE_WINDOW = {
 }
 
 # A window with the issue-22 request aggregates (wire fields 109-143), and a "requests"
-# message: the seed example's figures (tests/request_scenarios.py), written out as literals.
+# message: the seed example's figures (tests/support/request_scenarios.py), written out as literals.
 STORY = {"request_id": "answer-500", "engine": "vllm", "start_ns": 1_700_000_000_600_000_000,
          "end_ns": 1_700_000_020_615_000_000, "e2e_ns": 20_015_000_000, "queue_ns": 0,
          "kv_usage_max_queued_ratio": -1.0, "kv_full_while_queued": False, "prefill_ns": 15_000_000,

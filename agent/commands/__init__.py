@@ -1,6 +1,14 @@
-"""One module per ``ridgeline`` subcommand; each exposes ``register(subparsers)``."""
+"""One module per ``ridgeline`` subcommand; each exposes ``register(subparsers)``.
+
+:data:`COMMANDS` names them all, each the module of its command (``inject-unit`` lives in
+``inject_unit.py``): the command line registers exactly these, and static tools see every
+one (tests/test_cli_imports.py holds the list to the modules in this folder).
+"""
 
 import re
+
+COMMANDS = ("agent", "analyze", "capacity", "check", "cupti", "demo", "export", "inject_unit", "keys", "record",
+            "requests", "run", "sched", "scrape", "simulate", "tail", "top", "why")
 
 _ROLE = re.compile(r":(?:func|mod|class|meth|data|attr):`~?([^`]+)`")
 

@@ -135,12 +135,8 @@ def _load(path: str, budget=None):
 
 
 def _is_recording(path: str) -> bool:
-    p = _regular_file(path)
-    try:
-        from ridgeline.agent.recording import is_recording
-    except ImportError:          # recordings not supported in this build
-        return False
-    return is_recording(p)
+    from ridgeline.agent.recording import is_recording
+    return is_recording(_regular_file(path))
 
 
 def _rank_files(path: str) -> list[str]:
@@ -291,6 +287,8 @@ def run(args) -> int:
                 print(f"ridgeline: warning: {path}: the traces are not one job ({why}); "
                       "no slowest rank named", file=sys.stderr)
             if not args.json:
+                from ridgeline.agent.extras import require
+                require("rich", "the text report (--json needs nothing more)")
                 from ridgeline.agent.rank_report import render_together
                 render_together(both)
             docs.append(both)
@@ -314,6 +312,8 @@ def _requests_text(req: dict) -> str:
 def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
     """The report (first: a failing output file must not lose it), then plot/Perfetto."""
     if not args.json:
+        from ridgeline.agent.extras import require
+        require("rich", "the text report (--json needs nothing more)")
         from ridgeline.aggregator.report import render
         render(doc)
         rec = doc.get("recording")
@@ -332,6 +332,8 @@ def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
         out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n), requests=stories)
         doc["perfetto"] = str(out)
     if args.plot:
+        from ridgeline.agent.extras import require
+        require("matplotlib", "--plot")
         from ridgeline.aggregator.plot import plot_roofline
         out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
         doc["plot"] = str(out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 
 from ridgeline.agent.commands import description
@@ -143,8 +144,8 @@ def run(args) -> int:
         if probe is not None:
             try:
                 probe.stop()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001  (any probe's stop() failing must not cost the other rows; said)
+                print(f"ridgeline check: probe {name}: stop() raised {type(exc).__name__}: {exc}", file=sys.stderr)
     failing = [r["name"] for r in rows if r["checked"] and not r["ok"]]
     agent = agent_view(args, cfg)
     taken = agent["cupti_taken_over"]

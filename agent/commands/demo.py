@@ -132,6 +132,9 @@ def spans_available() -> str:
 def run(args) -> int:
     if args.duration <= 0:
         raise InputError("--duration must be > 0")
+    from ridgeline.agent.extras import require
+    require("rich", "the demo's report")      # said before a minute of simulation, not after
+    require("matplotlib", "the demo's roofline plot")
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     for old in ("stream.rlrec", "report.txt", "roofline.png", "trace.perfetto.json", "metrics.txt", "requests.json",
@@ -206,11 +209,11 @@ def _requests(endpoint: str, out: Path, env: dict) -> None:
 
 
 def _scrape(port: int, path: Path) -> None:
-    import httpx
+    import urllib.request
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-        path.write_text(r.text)
-    except httpx.HTTPError as exc:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            path.write_text(r.read().decode("utf-8", "replace"))
+    except OSError as exc:       # URLError, HTTPError and timeouts are all OSErrors
         path.write_text(f"# scrape failed: {exc}\n")
 
 
@@ -256,8 +259,8 @@ def _afterwards(out: Path, model_name: str) -> None:
         return
     from ridgeline.aggregator import model_config
     from ridgeline.aggregator.analysis import analyze_trace
-    from ridgeline.aggregator.phases import map_phases
     from ridgeline.aggregator.perfetto import write_perfetto
+    from ridgeline.aggregator.phases import map_phases
     from ridgeline.aggregator.plot import plot_roofline
     from ridgeline.probes.records import PHASE_NAMES
     pm = map_phases(trace)

@@ -26,8 +26,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from ridgeline.agent.parquet_recording import ParquetRecordingWriter
-    from ridgeline.agent.recording import iter_frames, is_recording
-    from ridgeline.aggregator import wire
+    from ridgeline.agent.recording import is_recording, iter_frames
     src = Path(args.recording)
     if not src.is_file():
         raise InputError(f"{src}: no such recording file")

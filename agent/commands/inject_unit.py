@@ -85,6 +85,6 @@ def run(args) -> int:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except PermissionError as e:
-        raise InputError(f"cannot write {path}: {e.strerror} (run as root, or use --root/--dry-run)")
+        raise InputError(f"cannot write {path}: {e.strerror} (run as root, or use --root/--dry-run)") from None
     print(f"wrote {path}\nnext: systemctl daemon-reload && systemctl restart {unit}")
     return 0

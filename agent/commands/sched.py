@@ -94,12 +94,12 @@ def run(args) -> int:
         sched.start()
         if cuda:
             cuda.start()
-    except Exception as exc:  # bcc compile/attach failure: one line, not a traceback
+    except Exception as exc:  # noqa: BLE001  bcc raises plain Exception for a compile/attach failure: one line
         sched.stop()
         if cuda:
             cuda.stop()
         raise RuntimeFailure("could not load the eBPF probes: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     tids_before = {t: proc.comm(args.pid, t) for t in proc.tids(args.pid)}
     windows, cwindows = [], []
     t_end = time.monotonic() + args.duration

@@ -53,7 +53,7 @@ def summary(msg) -> str:
             return f"window not readable as a window record: {exc}"
         kern = sum(g.kernels for g in w.gpus)
         a = w.agent
-        from ridgeline.agent.top import verdict_text
+        from ridgeline.agent.window_sections import verdict_text
         vs = verdict_text(w.verdict)
         from ridgeline.aggregator.answer import answer_lines, verdict_records
         # The answer, as the report and top word it (aggregator.answer), on the record's

@@ -14,8 +14,3 @@ events), :mod:`.metrics` (vLLM V1 Prometheus metrics), :mod:`.kineto_writer` (tr
 file), :mod:`.probe` (live stream into the agent).
 """
 
-
-def make_probe(section: dict):
-    """The agent registry's factory (``[probes.simulator]`` section -> probe)."""
-    from .probe import make_probe as _make
-    return _make(section)

@@ -91,6 +91,7 @@ def markdown(rows: list[dict]) -> str:
 
 if __name__ == "__main__":   # python -m ridgeline.agent.simulator.calibration TRACE [ANNOTATION]
     import sys
+
     from ridgeline.probes.kineto import load_trace
     real = load_trace(sys.argv[1])
     rk = step_kernels(real, sys.argv[2] if len(sys.argv) > 2 else "ProfilerStep#6")

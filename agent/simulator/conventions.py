@@ -76,11 +76,6 @@ def _ops(entries: list[dict], dims: dict) -> list[dict]:
     return out
 
 
-def engines(path: Path = DATA) -> list[str]:
-    with open(path, "rb") as f:
-        return sorted(tomllib.load(f).get("engine", {}))
-
-
 def load_engine(engine: str, dims: dict, path: Path = DATA) -> EngineConventions:
     """Conventions of ``engine`` (``vllm``, ``hf``) with expressions evaluated for ``dims``."""
     try:

@@ -26,9 +26,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ridgeline.probes.events import (API_DOMAIN_RUNTIME, API_DTYPE, API_LAUNCH, API_MEMCPY, API_SYNC, COPY_DTOH,
-                           COPY_DTYPE, COPY_KIND_MEMCPY, KERNEL_DTYPE, RANGE_DTYPE, RANGE_GPU_ANNOTATION,
-                           RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION, Device, NameTable, Trace, empty)
+from ridgeline.probes.events import (
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    API_LAUNCH,
+    API_MEMCPY,
+    API_SYNC,
+    COPY_DTOH,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    KERNEL_DTYPE,
+    RANGE_DTYPE,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    Device,
+    NameTable,
+    Trace,
+    empty,
+)
 
 from .conventions import load_engine
 from .cost import Efficiency, Planner, StepShape

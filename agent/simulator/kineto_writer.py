@@ -19,8 +19,13 @@ import numpy as np
 import orjson
 
 from ridgeline.probes.errors import InputError
-from ridgeline.probes.events import (COPY_DIRECTION_NAMES, RANGE_GPU_ANNOTATION, RANGE_PROFILER_STEP, RANGE_USER_ANNOTATION,
-                           Trace)
+from ridgeline.probes.events import (
+    COPY_DIRECTION_NAMES,
+    RANGE_GPU_ANNOTATION,
+    RANGE_PROFILER_STEP,
+    RANGE_USER_ANNOTATION,
+    Trace,
+)
 
 _CHUNK = 20_000
 
@@ -69,7 +74,7 @@ def _events(trace: Trace):
             yield {"ph": "X", "cat": "cuda_runtime", "name": names[nid], "pid": pid, "tid": tid,
                    "ts": ts[i], "dur": dur[i], "args": {"cbid": cbid, "correlation": corr}}
     r = trace.ranges
-    for i, row in enumerate(r.tolist()):
+    for row in r.tolist():
         s, e, pid, tid, dev, kind, nid, _ext = row
         if kind == RANGE_GPU_ANNOTATION:
             cat, p = "gpu_user_annotation", dev

@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 
 from ridgeline.probes import prom_text
+from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import Availability, Probe
 
 from .engine import SimConfig, SimEngine
@@ -70,7 +71,7 @@ class SimulatorProbe(Probe):
             from .model import load_model
             gpu_spec(self.config.gpu)
             load_model(self.config.model)
-        except Exception as exc:
+        except InputError as exc:        # a GPU or model the tables do not know
             return Availability(False, f"simulator cannot run: {exc}", "pick a GPU and model the tables know")
         return Availability(True, "SIMULATED load source (no GPU needed)")
 

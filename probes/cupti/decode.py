@@ -33,9 +33,25 @@ import numpy as np
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.demangle import demangle_many
 from ridgeline.probes.cupti.protocol import MAX_CBID, MAX_DEVICE_ID, Batch, Hello
-from ridgeline.probes.events import (API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME, API_DTYPE, API_GRAPH_LAUNCH, API_LAUNCH, API_OTHER, COPY_DTYPE,
-                           COPY_KIND_MEMCPY, COPY_KIND_MEMSET, COPY_UNKNOWN, KERNEL_DTYPE, MISSING,
-                           RANGE_DTYPE, RANGE_NVTX, NameTable, Trace, empty)
+from ridgeline.probes.events import (
+    API_DOMAIN_DRIVER,
+    API_DOMAIN_RUNTIME,
+    API_DTYPE,
+    API_GRAPH_LAUNCH,
+    API_LAUNCH,
+    API_OTHER,
+    COPY_DTYPE,
+    COPY_KIND_MEMCPY,
+    COPY_KIND_MEMSET,
+    COPY_UNKNOWN,
+    KERNEL_DTYPE,
+    MISSING,
+    RANGE_DTYPE,
+    RANGE_NVTX,
+    NameTable,
+    Trace,
+    empty,
+)
 
 _I8 = np.int64
 _I4 = np.int32

@@ -172,7 +172,7 @@ def available() -> bool:
         if not name:
             continue
         try:
-            ctypes.CDLL(name).__cxa_demangle
+            ctypes.CDLL(name).__cxa_demangle  # noqa: B018  (the lookup is the test: AttributeError when absent)
             return True
         except (OSError, AttributeError):
             continue

@@ -57,7 +57,7 @@ _API_FIELDS = {"kind": ("<i4", 0), "cbid": ("<u4", 4), "start": ("<u8", 8), "end
                "process_id": ("<u4", 24), "thread_id": ("<u4", 28), "correlation_id": ("<u4", 32),
                "return_value": ("<u4", 36)}
 
-#: kind -> {field: (numpy type, byte offset)}; the C names are in tests/cupti_header_records.c.
+#: kind -> {field: (numpy type, byte offset)}; the C names are in tests/support/cupti_header_records.c.
 FIELDS: dict[int, dict] = {
     KIND_CONCURRENT_KERNEL: _KERNEL_FIELDS,
     KIND_KERNEL: _KERNEL_FIELDS,

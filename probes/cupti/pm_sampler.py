@@ -12,9 +12,13 @@ profiler may be deinitialised only once per process (``stop`` is idempotent).
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from ridgeline.probes.probe import Availability
+
+log = logging.getLogger("ridgeline.cupti.pm")
 
 #: What Ridgeline wants (DRAM bytes, tensor-pipe work), most specific first. Which of
 #: these a chip exposes for PM sampling is checked on the device (``supported``).
@@ -71,7 +75,7 @@ class PmSampler:
             c = pm_sampling.Collector(self.device_index)
             c.enable()
             c.disable()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (check() never raises: cupti-python's errors of every kind become the reason)
             reason, hint = unavailable_reason(e)
             return Availability(False, reason, hint)
         return Availability(True, f"PM sampling on device {self.device_index}", "")
@@ -98,8 +102,10 @@ class PmSampler:
         try:
             data = self._collector.decode(self.max_samples)
             samples = list(data)
-        except Exception:
+        except Exception as exc:  # noqa: BLE001  (cupti-python's decode errors: counted, the first of each kind logged)
             self.errors += 1
+            if self.errors == 1:
+                log.warning("PM sampling: decode failed: %s: %s (counted in errors)", type(exc).__name__, exc)
             return {}
         if not samples:
             return {}
@@ -120,8 +126,9 @@ class PmSampler:
         for step in (c.stop, c.disable):
             try:
                 step()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001  (stop() is idempotent and never raises; counted, logged)
+                self.errors += 1
+                log.warning("PM sampling: %s failed: %s: %s", step.__name__, type(exc).__name__, exc)
 
     def counters(self) -> dict:
         return {"records": self.samples, "drops": 0, "errors": self.errors}
@@ -149,11 +156,11 @@ def metric_list(device_index: int = 0) -> dict:
     for t in profiler_host.MetricType:
         try:
             out["base_metrics"][t.name] = list(host.get_base_metrics(t))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (a diagnostic listing: each failure is said in its entry)
             out["base_metrics"][t.name] = f"error: {e}"
     try:
         sets = profiler_host.get_single_pass_sets(chip)
         out["single_pass_sets"] = {s: list(profiler_host.get_metrics_in_single_pass_set(chip, s)) for s in sets}
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (a diagnostic listing: the failure is said in its entry)
         out["single_pass_sets"] = f"error: {e}"
     return out

@@ -16,9 +16,10 @@ from time import thread_time
 
 import numpy as np
 
+from ridgeline.probes import targets
+from ridgeline.probes.cupti import peer_time_budget as budget
 from ridgeline.probes.cupti import protocol as P
 from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
-from ridgeline.probes.cupti import peer_time_budget as budget
 from ridgeline.probes.cupti.demangle import demangle_many, seccomp_kills
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.name_classes import CHUNK_NAMES, NameClassifier, ProcessRows
@@ -72,16 +73,11 @@ def socket_listening(path: str, proc_net_unix: str = "/proc/net/unix") -> bool:
     return os.path.abspath(path) in unix_listeners(text)
 
 
-def _announce_target(pid: int) -> bool:
-    """Tell H4's target discovery (``probes.targets.announce``) about a process that
-    announced itself, so the eBPF probes watch its threads too. Optional seam: without
-    it the pid still appears in ``poll()["new_pids"]``."""
-    try:
-        from ridgeline.probes import targets
-        targets.announce(pid)
-        return True
-    except Exception:
-        return False
+def _announce_target(pid: int) -> None:
+    """Tell the target discovery (``probes.targets.announce``) about a process that
+    announced itself, so the eBPF probes watch its threads too (the pid also appears in
+    ``poll()["new_pids"]``)."""
+    targets.announce(pid)
 
 
 class CuptiProbe(Probe):
@@ -259,7 +255,7 @@ class CuptiProbe(Probe):
             for m in messages:
                 try:
                     self._ingest_one(m)
-                except Exception as e:        # MemoryError included: one message, never the others
+                except Exception as e:  # noqa: BLE001  (MemoryError included: one message, never the others; counted, logged)
                     self.decode_errors += 1
                     log.warning("cupti: pid %d: %s message not used: %s: %s", m.pid, m.kind, type(e).__name__,
                                 escape(str(e)))
@@ -366,7 +362,7 @@ class CuptiProbe(Probe):
                 return
             try:
                 self.records += dec.add_batch(m.body, received_ns=time.time_ns())
-            except Exception as e:    # a decoding bug must not take the agent down
+            except Exception as e:  # noqa: BLE001  (a decoding bug must not take the agent down; counted, logged)
                 self.decode_errors += 1
                 log.warning("cupti: pid %d: batch not decoded: %s: %s", m.pid, type(e).__name__,
                             escape(str(e)))

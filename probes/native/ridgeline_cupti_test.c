@@ -1,5 +1,5 @@
 /* Test entry points (ridgeline_test_*): drive the buffer path without a GPU
- * (tests/test_native_cupti*.py through tests/native_harness.py). Built into the test library
+ * (tests/test_native_cupti*.py through tests/support/native_harness.py). Built into the test library
  * build/libridgeline_cupti_test.so only, never into the shipped libridgeline_cupti.so.
  * Part of libridgeline_cupti.so (see ridgeline_cupti.c). */
 #include "ridgeline_cupti_internal.h"

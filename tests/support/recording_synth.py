@@ -8,7 +8,7 @@ a ``window`` message per second. Optional: an agent restart (sequence numbers ba
 a new encoder stream, ``restart_downtime_s`` of no messages) and lost ``events``
 messages (a sequence gap over ``lost_batches`` seconds, whose events are missing).
 
-    .venv/bin/python tests/recording_synth.py OUT.rlrec --minutes 30
+    .venv/bin/python tests/support/recording_synth.py OUT.rlrec --minutes 30
 """
 from __future__ import annotations
 

@@ -89,8 +89,8 @@ def kineto_trace(names: list[str], repeat: int = 2) -> str:
     """A Kineto-format trace (torch.profiler's JSON) with one kernel per name, ``repeat`` times."""
     ev = []
     ts = 1000.0
-    for r in range(repeat):
-        for i, n in enumerate(names):
+    for _ in range(repeat):
+        for n in names:
             ev.append({"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": ts, "dur": 5.0,
                        "args": {"device": 0, "stream": 7, "correlation": len(ev) + 1, "grid": [1, 1, 1],
                                 "block": [128, 1, 1]}})

@@ -18,7 +18,7 @@ def ebpf_missing() -> str | None:
         return "tracefs is not mounted (/sys/kernel/tracing/events missing); run scripts/setup-ebpf.sh"
     try:
         import bcc  # noqa: F401  (the distro's python3-bpfcc, linked into the venv by setup)
-    except Exception as exc:  # ImportError or a broken libbcc
+    except Exception as exc:  # noqa: BLE001  (ImportError or a broken libbcc: the skip reason says which)
         return f"cannot import the distro bcc module (python3-bpfcc): {exc}"
     if not hasattr(bcc, "BPF"):
         return "the imported `bcc` module is not BCC (PyPI's unrelated `bcc` package?)"
@@ -29,18 +29,18 @@ def ebpf_missing() -> str | None:
 def gpu_missing() -> str | None:
     try:
         import pynvml
-    except Exception as exc:
+    except ImportError as exc:
         return f"nvidia-ml-py (pynvml) not importable: {exc}"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:
+    except pynvml.NVMLError as exc:
         return f"no NVIDIA GPU driver: NVML init failed: {exc}"
     try:
         count = pynvml.nvmlDeviceGetCount()
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except pynvml.NVMLError:
             pass
     if count < 1:
         return "NVML reports no GPU devices"

@@ -6,9 +6,10 @@ tests (tests/conftest.py ``third_party`` skips a test when a file is absent).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY_DOC = "tests/THIRD_PARTY.md"
 
 
@@ -36,3 +37,19 @@ def third_party_missing(rel: str) -> str:
 def third_party_path(rel: str) -> Path | None:
     """The first existing candidate for ``rel``, or None."""
     return next((p for p in third_party_candidates(rel) if p.exists()), None)
+
+
+DOC = Path(__file__).resolve().parent.parent / "THIRD_PARTY.md"
+
+
+def listed_sha256() -> dict[str, str]:
+    """The ``sha256sum`` block of tests/THIRD_PARTY.md: path under third-party/ -> digest."""
+    return {path: digest for digest, path in re.findall(r"^([0-9a-f]{64})  (\S+)$", DOC.read_text(), re.M)}
+
+
+# The TraceLens serving-engine traces (tests/test_phases_serving_traces.py), by name.
+SGLANG_DECODE = "tracelens_mi300_sglang_qwen3_8b_decode.json.gz"
+SGLANG_EXTEND = "tracelens_mi300_sglang_qwen3_8b_extend.json.gz"
+VLLM_DECODE = "tracelens_mi300_vllm_gptoss_decode_full.json.gz"
+VLLM_MIXED = "tracelens_mi300_vllm_gptoss_mixed_piecewise.json.gz"
+SERVING = [SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED]

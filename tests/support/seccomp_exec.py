@@ -1,6 +1,6 @@
 """Run a command under a seccomp allow list, the way systemd applies SystemCallFilter=.
 
-    /usr/bin/python3 tests/seccomp_exec.py ALLOWED_FILE -- CMD [ARGS...]
+    /usr/bin/python3 tests/support/seccomp_exec.py ALLOWED_FILE -- CMD [ARGS...]
 
 ALLOWED_FILE lists syscall names (whitespace-separated): those are allowed, every other
 native syscall fails with EPERM (the unit's SystemCallErrorNumber=EPERM), and the filter

@@ -18,7 +18,7 @@ import pytest
 
 from ridgeline.probes import prom_text
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("RIDGELINE_SHARED", ROOT.parent / "shared"))
 ENGINE_METRICS = SHARED / "engine-metrics"
 V011 = "vllm_0.11_v1-idle_hardware-aware-router.prom"

@@ -4,7 +4,7 @@ importer and our transcription of its rules can be compared figure for figure.
 
 Run as a script with a binary to record the real figures for every shared trace:
 
-    python tests/perfetto_trace_processor.py /path/to/trace_processor_shell \
+    python tests/support/perfetto_trace_processor.py /path/to/trace_processor_shell \
         tests/data/perfetto/shared_traces.json "where the binary came from"
 
 (needs ../shared/traces, or RIDGELINE_SHARED). The fixture it writes is what
@@ -19,7 +19,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perfetto_import import track_order
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a script: tests/ for `support`
+from support.perfetto_import import track_order  # noqa: E402
+
+# The shared traces exported and checked (tests/test_perfetto.py); names under SHARED/traces.
+SHARED = ["nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz",
+          "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz",
+          "nvidia-inference/nanovllm_rtx4080laptop_decode_step0_fragment.json.gz",
+          "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz",
+          "nvidia-training/hta_a100_alexnet_benchmark.json.gz",
+          "nvidia-training/hta_a100_rank0_training.json.gz"]
 
 # a thread's main slice track has type 'thread_execution' (track_tracker.h,
 # InternThreadTrack); the importer spills a partially overlapping "X" slice to a
@@ -134,9 +143,8 @@ def record(binary: str, out: str, names: list[str], traces: Path, source: str) -
     """Export every shared trace with ``ridgeline analyze --perfetto``, load each export in
     the real trace processor and write its figures, the binary's version and ``source``
     (where the binary came from) to ``out``."""
-    from perfetto_import import import_json, summary
-
     from ridgeline.agent.cli import main
+    from support.perfetto_import import import_json, summary
     doc = {"perfetto_version": version(binary), "perfetto_source": source, "traces": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -177,9 +185,7 @@ def record(binary: str, out: str, names: list[str], traces: Path, source: str) -
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_perfetto import SHARED
-    shared = Path(os.environ.get("RIDGELINE_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+    shared = Path(os.environ.get("RIDGELINE_SHARED", Path(__file__).resolve().parents[2].parent / "shared"))
     if len(sys.argv) != 4:
         print("usage: perfetto_trace_processor.py TRACE_PROCESSOR_SHELL OUT.json SOURCE_NOTE", file=sys.stderr)
         sys.exit(2)

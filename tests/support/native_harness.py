@@ -2,7 +2,7 @@
 
 It loads libridgeline_cupti.so with ctypes and drives its completed-buffer path
 (``ridgeline_test_buffer_completed``, the same code CUPTI's callback runs) with buffers
-from tests/cupti_records.py. Commands come one per line on stdin, answers go one JSON
+from tests/support/cupti_records.py. Commands come one per line on stdin, answers go one JSON
 line per command on stdout:
 
   init SOCKET CUPTI_VERSION        set the library up (sender thread starts)
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-import cupti_records as R  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run as a script: tests/ for `support`
+from support import cupti_records as R  # noqa: E402
 
 COUNTERS = ["dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send", "sampled_out",
             "names_dropped", "walk_errors", "records_in", "records_sent", "batches_sent", "connects",

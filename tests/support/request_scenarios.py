@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ridgeline.aggregator import request_history
 from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL
 from ridgeline.aggregator.request_join import STEP_DTYPE
 from ridgeline.probes.request_spans import RequestSpan
@@ -83,3 +84,12 @@ def seed_batched(with_quiet_steps: bool = True):
     if with_quiet_steps:
         reqs.insert(0, Req("early-40", 0, 120, 39))
     return run(reqs)
+
+
+def held(steps, device=0, pid=4242):
+    """Steps as the window builder holds them for the request join (HELD_DTYPE rows)."""
+    h = np.zeros(len(steps), request_history.HELD_DTYPE)
+    for f in ("start_ns", "end_ns", "phase"):
+        h[f] = steps[f]
+    h["device"], h["pid"] = device, pid
+    return h

@@ -22,8 +22,7 @@ from ridgeline.agent.recording import RecordingWriter
 from ridgeline.aggregator import model_config, wire
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
-
-from recording_synth import _KINDS, _slices
+from support.recording_synth import _KINDS, _slices
 
 T0_NS = 1_796_119_200 * 1_000_000_000      # 2026-12-01 10:00:00 UTC
 

@@ -7,7 +7,7 @@ to back), with ``name`` fields pointing at real NUL-terminated strings in this p
 Used by tests/test_native_cupti.py, tests/test_cupti_*.py and bench/bench_cupti_decode.py.
 
 The second half fetches real CUPTI header sets (nvidia-cuda-cupti wheels of several CUDA
-releases) and writes records laid out by each (tests/cupti_header_records.c).
+releases) and writes records laid out by each (tests/support/cupti_header_records.c).
 """
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ HEADER_SETS = {
 }
 WHEEL_CACHE = Path(os.environ.get("RIDGELINE_CUPTI_WHEELS", Path.home() / ".cache" / "ridgeline-cupti"))
 HEADER_RECORDS_C = Path(__file__).with_name("cupti_header_records.c")
-COMPAT_INCLUDE = Path(__file__).resolve().parent.parent / "probes" / "native" / "compat"
+COMPAT_INCLUDE = Path(__file__).resolve().parents[2] / "probes" / "native" / "compat"
 
 
 def _wheel_matches(path: Path, spec: str) -> bool:
@@ -289,7 +289,7 @@ class HeaderSet:
 
 
 def build_header_set(label: str, workdir: Path) -> HeaderSet:
-    """Download (if needed) the wheel of ``label``, and compile tests/cupti_header_records.c
+    """Download (if needed) the wheel of ``label``, and compile tests/support/cupti_header_records.c
     against its headers with the struct versions that release writes."""
     wheel = cupti_wheel(HEADER_SETS[label])
     inc = header_dir(wheel)

@@ -93,10 +93,10 @@ def oci_seccomp_profile(calls: set[str]) -> dict:
 
 
 if __name__ == "__main__":
-    # python tests/syscall_filter.py > deploy/kubernetes/seccomp/ridgeline-agent.json
+    # python tests/support/syscall_filter.py > deploy/kubernetes/seccomp/ridgeline-agent.json
     import json
     from pathlib import Path
-    unit = (Path(__file__).resolve().parent.parent / "systemd" / "ridgeline.service").read_text()
+    unit = (Path(__file__).resolve().parents[2] / "systemd" / "ridgeline.service").read_text()
     allow, calls = effective_filter(unit_filter_lines(unit), systemd_groups())
     assert allow
     print(json.dumps(oci_seccomp_profile(calls), indent=1))

@@ -1,0 +1,91 @@
+"""A trace streamed through the window builder as the agent does (batches, window closes)
+next to the whole-trace mapper, for the tests that hold the two to each other
+(tests/test_windows_open_step.py, tests/test_phases_serving_traces.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ridgeline.aggregator.phases import PHASE_NAMES, map_phases
+from ridgeline.aggregator.windows import WindowBuilder
+from ridgeline.probes.events import Trace
+from ridgeline.probes.kineto import load_trace
+
+_cache: dict[str, Trace] = {}
+
+
+def kernel_stream(t: Trace) -> Trace:
+    o = np.argsort(t.kernels["start_ns"], kind="stable")
+    return Trace(kernels=t.kernels[o], copies=t.copies, api=t.api, names=t.names, devices=t.devices, meta=t.meta)
+
+
+def load_kernels(path: Path) -> Trace:
+    key = str(path)
+    if key not in _cache:
+        _cache[key] = kernel_stream(load_trace(path))
+    return _cache[key]
+
+
+def whole_phases(t: Trace, annotations: bool = False) -> dict:
+    """Kernels and kernel time per phase from the whole-trace mapper."""
+    pm = map_phases(t, use_annotations=annotations)
+    dur = (t.kernels["end_ns"] - t.kernels["start_ns"]).astype(np.int64)
+    out = {}
+    for code, name in PHASE_NAMES.items():
+        m = pm.kernel_phase == code
+        if m.any():
+            out[name] = (int(m.sum()), int(dur[m].sum()))
+    return out
+
+
+def replay_batches(t: Trace, per_window: int):
+    """What the replay probe streams: kernels in time order with their launch records, and
+    the CPU operators and ranges that started since the previous batch's last launch."""
+    k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
+    a, r, o = t.api, t.ranges, t.cpu_ops
+    parts = np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window)))
+    lo = np.iinfo(np.int64).min
+    for i, part in enumerate(parts):
+        kp = k[part]
+        ap = a[np.isin(a["correlation_id"], kp["correlation_id"])]
+        hi = np.iinfo(np.int64).max if i == len(parts) - 1 else int((ap if len(ap) else kp)["start_ns"].max())
+        yield Trace(kernels=kp, api=ap, ranges=r[(r["start_ns"] >= lo) & (r["start_ns"] <= hi)],
+                    cpu_ops=o[(o["start_ns"] >= lo) & (o["start_ns"] <= hi)], names=t.names, devices=t.devices)
+        lo = hi + 1
+
+
+def windowed_phases(t: Trace, per_window: int, trailing_empty: int = 0, final: bool = True, replay: bool = False):
+    """Stream ``t`` through a WindowBuilder, closing a window every ``per_window`` kernels
+    (launch records with their kernels), then ``trailing_empty`` windows with no events and,
+    with ``final``, the agent's last window. Returns per-phase (kernels, kernel time) summed
+    over windows, and the windows."""
+    wb = WindowBuilder(host="test")
+    k, a = t.kernels, t.api
+    wins = []
+    if replay:
+        batches = replay_batches(t, per_window)
+    else:
+        batches = (Trace(kernels=k[part], api=a[np.isin(a["correlation_id"], k["correlation_id"][part])],
+                         names=t.names, devices=t.devices)
+                   for part in np.array_split(np.arange(len(k)), max(1, -(-len(k) // per_window))))
+    # Windows of one second (the agent's default) on the agent's clock: a step shorter than
+    # half a window in its own clock is held whole however many windows it spans (a step
+    # still open one close later and longer than that is decided then, test_windows_rates).
+    s = 1_000_000_000
+    for i, b in enumerate(batches):
+        wb.add_events(b, source="replay" if replay else "cupti")
+        wins.append(wb.close(i * s, (i + 1) * s, {}))
+    for _ in range(trailing_empty):
+        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}))
+    if final:
+        wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}, final=True))
+    out: dict = {}
+    for w in wins:
+        for g in w["gpus"]:
+            for ph, v in g["phases"].items():
+                x = out.setdefault(ph, [0, 0])
+                x[0] += v["kernels"]
+                x[1] += v["kernel_time_ns"]
+    return {ph: tuple(v) for ph, v in out.items()}, wins
