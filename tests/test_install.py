@@ -222,7 +222,7 @@ def test_help_does_not_recommend_pip_arguments_that_break_the_install(clean_clon
     r = subprocess.run(["bash", str(clean_clone / "scripts/install.sh"), "--help"], capture_output=True, text=True)
     assert r.returncode == 0
     for opt in re.findall(r"^#\s+(--[a-z-]+)(?= )", r.stdout, re.M):
-        assert opt in ("--root", "--uninstall", "--python", "--no-ebpf"), opt
+        assert opt in ("--root", "--uninstall", "--python", "--no-ebpf", "--extras"), opt   # install.sh's own
     assert 'tests use "--no-deps' not in r.stdout
     # What the old help recommended is refused up front, with the reason.
     for args in ("--no-deps --no-build-isolation", "--no-deps", "--no-build-isolation"):
