@@ -81,7 +81,7 @@ def add_stream_arguments(p, topics: bool = True) -> None:
                         f"else {DEFAULT_ENDPOINT})")
     p.add_argument("--server-key", metavar="Z85|FILE",
                    help="the agent's CURVE public key (40 Z85 characters or its certificate file), "
-                        "for a CURVE endpoint")
+                        "for a CURVE endpoint; a Z85 key that starts with '-' goes as --server-key=KEY")
     p.add_argument("--client-key", metavar="FILE",
                    help="this client's secret certificate (NAME.key_secret from `ridgeline keys`); its public "
                         "key must be in the agent's curve_allowed_clients_dir")
