@@ -140,28 +140,27 @@ def analyse(trace: Trace, collective: np.ndarray | None = None,
     ranks = ranks[:MAX_RANKS]
     ends = {int(r): np.sort(k["end_ns"][coll[keys_all[coll] == r]]) for r in ranks}
     groups = _groups(ends, tol_ns)
+    copies = trace.copies
+    ckeys = _rank_keys(copies) if len(copies) else np.empty(0, np.int64)
     rows, figures = [], []
     for gi, members in enumerate(groups):
-        inst, misaligned = _instances(k, coll, keys_all, members, tol_ns)
+        inst, misaligned, per_rank_wait = _instances(k, coll, keys_all, members, tol_ns)
         busy = {}
         for r in members:
             own = np.flatnonzero((keys_all == r) & ~collective)
             busy[r] = union_intervals(k["start_ns"][own], k["end_ns"][own])
-        copies = trace.copies
-        ckeys = _rank_keys(copies) if len(copies) else np.empty(0, np.int64)
         cbusy = {r: union_intervals(copies["start_ns"][ckeys == r], copies["end_ns"][ckeys == r]) for r in members}
         if inst:
             rows.append(_judge(gi, inst, members, busy, cbusy,
                                int(k["start_ns"][np.isin(keys_all, members)].min())))
-        figures.append((gi, members, misaligned))
+        figures.append((gi, members, misaligned, per_rank_wait))
     inst_arr = np.concatenate(rows) if rows else np.zeros(0, INSTANCE_DTYPE)
     out = []
-    for gi, members, misaligned in figures:
+    for gi, members, misaligned, per_rank_wait in figures:
         mine = inst_arr[inst_arr["group"] == gi]
         n = len(mine)
         sel = np.isin(keys_all, members)
         span = int(k["end_ns"][sel].max() - k["start_ns"][sel].min()) if sel.any() else 0
-        per_rank_wait = _per_rank_wait(k, coll, keys_all, members, tol_ns)
         ranks_out = []
         for ri, r in enumerate(members):
             last = mine[mine["late_rank"] == ri]
@@ -251,17 +250,14 @@ def _aligned(k, coll, keys_all, members, tol_ns):
 
 
 def _instances(k, coll, keys_all, members, tol_ns):
+    """The group's paired instances, how many were not paired, and each member's wait
+    (summed over the paired instances: the last start minus its own), in one alignment."""
     inst, misaligned = [], 0
+    wait = np.zeros(len(members), np.int64)
     for name_id, starts, ends, ok, extra in _aligned(k, coll, keys_all, members, tol_ns):
         misaligned += int((~ok).sum()) + extra
         for i in np.flatnonzero(ok):
             inst.append((name_id, starts[i], int(ends[i].max())))
-    return inst, misaligned
-
-
-def _per_rank_wait(k, coll, keys_all, members, tol_ns) -> np.ndarray:
-    wait = np.zeros(len(members), np.int64)
-    for _, starts, _, ok, _ in _aligned(k, coll, keys_all, members, tol_ns):
         s = starts[ok]
         wait += (s.max(axis=1, keepdims=True) - s).sum(axis=0)
-    return wait
+    return inst, misaligned, wait

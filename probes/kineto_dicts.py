@@ -135,16 +135,21 @@ class EventBuilder:
         return np.fromiter((intern(v) if isinstance(v, str) else MISSING for v in values),
                            dtype=np.int32, count=len(values))
 
-    def _times(self, evs, out):
-        rec.checked_times(evs, out)
+    def _columns(self, evs: list, dtype) -> tuple[np.ndarray, list[dict]]:
+        """A kind's rows with what every kind shares set: the checked times and the name
+        (interned first, so name ids come in the order the kinds are built), and each
+        event's args for the kind's own columns."""
+        out = empty(dtype, len(evs))
+        if evs:
+            rec.checked_times(evs, out)
+            out["name_id"] = self._intern_all([e.get("name") for e in evs])
+        return out, [e.get("args") or {} for e in evs]
 
     def build_kernels(self) -> np.ndarray:
         evs = self.kernels
-        out = empty(KERNEL_DTYPE, len(evs))
+        out, args = self._columns(evs, KERNEL_DTYPE)
         if not evs:
             return out
-        self._times(evs, out)
-        args = [e.get("args") or {} for e in evs]
         for col, key in (("device", "device"), ("stream", "stream"), ("context", "context"),
                          ("correlation_id", "correlation"), ("external_id", "External id"),
                          ("registers", "registers per thread"), ("shared_mem_bytes", "shared memory")):
@@ -152,48 +157,40 @@ class EventBuilder:
         for prefix, key in (("grid", "grid"), ("block", "block")):
             xyz = np.array([_xyz(a.get(key)) for a in args], dtype=np.int64).reshape(-1, 3)
             out[prefix + "_x"], out[prefix + "_y"], out[prefix + "_z"] = xyz[:, 0], xyz[:, 1], xyz[:, 2]
-        out["name_id"] = self._intern_all([e.get("name") for e in evs])
         return out
 
     def build_copies(self) -> np.ndarray:
         evs = self.copies
-        out = empty(COPY_DTYPE, len(evs))
+        out, args = self._columns(evs, COPY_DTYPE)
         if not evs:
             return out
-        self._times(evs, out)
-        args = [e.get("args") or {} for e in evs]
         for col, key in (("device", "device"), ("stream", "stream"),
                          ("correlation_id", "correlation"), ("bytes", "bytes")):
             out[col] = [rec.int_or_missing(a.get(key)) for a in args]
         out["kind"] = [COPY_KIND_MEMSET if e.get("cat") == "gpu_memset" else COPY_KIND_MEMCPY for e in evs]
-        out["name_id"] = self._intern_all([e.get("name") for e in evs])
         out["direction"] = rec.per_name(self.names, out["name_id"], rec.copy_direction, np.uint8)
         out["direction"][out["kind"] == COPY_KIND_MEMSET] = COPY_UNKNOWN
         return out
 
     def build_api(self) -> np.ndarray:
         evs = self.api
-        out = empty(API_DTYPE, len(evs))
+        out, args = self._columns(evs, API_DTYPE)
         if not evs:
             return out
-        self._times(evs, out)
-        args = [e.get("args") or {} for e in evs]
         out["pid"] = [rec.id32(e.get("pid")) for e in evs]
         out["tid"] = [rec.id32(e.get("tid")) for e in evs]
         out["correlation_id"] = [rec.int_or_missing(a.get("correlation")) for a in args]
         out["external_id"] = [rec.int_or_missing(a.get("External id")) for a in args]
         out["cbid"] = [rec.int_or_missing(a.get("cbid")) for a in args]
         out["domain"] = [API_DOMAIN_DRIVER if e.get("cat") == "cuda_driver" else API_DOMAIN_RUNTIME for e in evs]
-        out["name_id"] = self._intern_all([e.get("name") for e in evs])
         out["category"] = rec.per_name(self.names, out["name_id"], rec.api_category, np.uint8)
         return out
 
     def build_ranges(self) -> np.ndarray:
         evs = self.ranges
-        out = empty(RANGE_DTYPE, len(evs))
+        out, _ = self._columns(evs, RANGE_DTYPE)
         if not evs:
             return out
-        self._times(evs, out)
         kinds, pids, tids, devices = [], [], [], []
         for e in evs:
             cat = e.get("cat")
@@ -215,20 +212,16 @@ class EventBuilder:
                 tids.append(rec.id32(a.get("stream", e.get("tid"))))
         out["kind"], out["pid"], out["tid"], out["device"] = kinds, pids, tids, devices
         out["external_id"] = [rec.int_or_missing((e.get("args") or {}).get("External id")) for e in evs]
-        out["name_id"] = self._intern_all([e.get("name") for e in evs])
         return out
 
     def build_cpu_ops(self) -> np.ndarray:
         evs = self.cpu_ops
-        out = empty(CPU_OP_DTYPE, len(evs))
+        out, args = self._columns(evs, CPU_OP_DTYPE)
         if not evs:
             return out
-        self._times(evs, out)
-        args = [e.get("args") or {} for e in evs]
         out["pid"] = [rec.id32(e.get("pid")) for e in evs]
         out["tid"] = [rec.id32(e.get("tid")) for e in evs]
         out["external_id"] = [rec.int_or_missing(a.get("External id")) for a in args]
-        out["name_id"] = self._intern_all([e.get("name") for e in evs])
         dumps = orjson.dumps
         out["input_dims_id"] = self._intern_all(
             [dumps(a["Input Dims"]).decode() if "Input Dims" in a else None for a in args])
