@@ -90,7 +90,8 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     step_work: dict[int, StepWork] = {}
     if model is not None:
         for s in steps:
-            w = step_work_from_model(model, s.prefill_tokens, s.decode_tokens, context_len, tensor_parallel)
+            w = step_work_from_model(model, s.prefill_tokens, s.decode_tokens, context_len, tensor_parallel,
+                                     sequences=s.sequences)
             if w is not None:
                 step_work[int(s.index)] = w
     gaps = roofline._device_gaps(trace)
@@ -141,6 +142,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
         "copies": roofline.copy_traffic(trace),
         "work": {"shapes_kernels": int(kw.known.sum()), "shapes_notes": kw.notes,
                  "model": model.to_dict() if model else None, "context_len": context_len,
+                 "context_from": _context_from(model, context_len, steps),
                  "tensor_parallel": tensor_parallel},
         "annotations_used": bool(use_annotations),
         # ranks of one TP/PP group in this trace (a host's CUPTI recording holds them all)
@@ -148,6 +150,18 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     }
     doc["answer"] = [trace_answer(phases, idle_gaps, span, idx)]
     return doc
+
+
+def _context_from(model: ModelShape | None, context_len: int | None, steps: list) -> str | None:
+    """Where the model's attention and KV-read terms took the sequence lengths from."""
+    if model is None:
+        return None
+    if context_len is not None:
+        return f"--context-len {context_len}"
+    n = sum(1 for s in steps if s.sequences is not None)
+    if n:
+        return f"the step annotations' key lengths ({n} of {len(steps)} steps)"
+    return None
 
 
 def trace_answer(phases: dict, idle_gaps: dict, span_ns: int, device: int | None) -> dict:

@@ -79,6 +79,24 @@ from ridgeline.probes.trace_joins import kernel_cpu_op_index
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
 
 
+@dataclass(frozen=True)
+class SequenceSums:
+    """Sums over one step's sequences that an engine annotation carries (vLLM's detailed
+    annotation, :func:`parse_step_annotation`): for the prefill (context) and the decode
+    (generation) sequences, the query tokens, the key tokens (each sequence's KV length,
+    cached + new), the squared query lengths and query x key. Decode's key tokens are what
+    it reads from the KV cache; with them the model's work needs no ``--context-len``."""
+    prefill_requests: int
+    prefill_query_tokens: int
+    prefill_key_tokens: int
+    prefill_query_sq: int
+    prefill_query_key: int
+    decode_requests: int
+    decode_query_tokens: int
+    decode_key_tokens: int
+    decode_query_key: int
+
+
 @dataclass
 class Step:
     """One forward step: its span on one device, its label and the evidence behind it.
@@ -88,7 +106,8 @@ class Step:
     strings, the deciding one first. ``source``: "annotation" or "kernels".
     ``mixed_slots``: for a step decided from kernels, how many sequences of its single varlen
     prefill-attention launch can be one-token decodes (0: none); such a step is mixed when
-    it continues a running batch (:func:`mixed_by_continuity`).
+    it continues a running batch (:func:`mixed_by_continuity`). ``sequences``: the per-step
+    sums over sequences when its annotation carries them (:class:`SequenceSums`), else None.
     """
     index: int
     start_ns: int
@@ -101,6 +120,7 @@ class Step:
     source: str = "kernels"
     kernels: int = 0
     mixed_slots: int = 0
+    sequences: SequenceSums | None = None
 
     @property
     def phase_name(self) -> str:
@@ -136,6 +156,7 @@ class StepAnnotation:
     prefill_requests: int | None
     decode_requests: int | None
     engine: str
+    sequences: SequenceSums | None = None
 
     def describe(self, text: str) -> str:
         parts = []
@@ -172,7 +193,8 @@ def parse_step_annotation(text: str) -> StepAnnotation | None:
 
     vLLM ``execute_context_{n}({tokens}_{sum len^2})_generation_{m}({tokens})`` (vllm PR
     #22496) and the detailed ``execute_{total}_context_{n}(sq..)_generation_{m}(sq..)``
-    (PR #37524, where ``sq`` is the sum of query tokens); SGLang ``step[MODE bs=N]`` with
+    (PR #37524, where ``sq`` is the sum of query tokens and ``sk`` of key tokens, kept as
+    :class:`SequenceSums`); SGLang ``step[MODE bs=N]`` with
     ``toks=T`` for EXTEND (``run_model`` span); ranges named ``prefill``/``extend``/``decode``
     (NVTX or record_function) give the phase without token counts.
     """
@@ -182,8 +204,12 @@ def parse_step_annotation(text: str) -> StepAnnotation | None:
         ctx_req, ctx_sq, gen_req, gen_sq = int(m.group(2)), int(m.group(3)), int(m.group(7)), int(m.group(8))
         p = ctx_sq if ctx_req else 0
         d = gen_sq if gen_req else 0
+        g = [int(x) for x in m.groups()]
+        sums = SequenceSums(prefill_requests=ctx_req, prefill_query_tokens=ctx_sq, prefill_key_tokens=g[3],
+                            prefill_query_sq=g[4], prefill_query_key=g[5], decode_requests=gen_req,
+                            decode_query_tokens=gen_sq, decode_key_tokens=g[8], decode_query_key=g[10])
         return StepAnnotation(_label(p, d) if (p or d) else _label(ctx_req, gen_req), p, d, ctx_req, gen_req,
-                              "vllm-detailed")
+                              "vllm-detailed", sums)
     m = _VLLM.match(t)
     if m:
         ctx_req, gen_req = int(m.group(1)), int(m.group(4))
@@ -1442,7 +1468,7 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
                     steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
                                       phase=ann.phase, prefill_tokens=ann.prefill_tokens,
                                       decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
-                                      source="annotation"))
+                                      source="annotation", sequences=ann.sequences))
                     ann_of_step[j] = (ann, text)
                     step_of_key[key] = j
                     if src.startswith("CPU"):

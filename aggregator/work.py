@@ -395,7 +395,8 @@ class StepWork:
 
 
 def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_tokens: int | None,
-                         context_len: int | None = None, tensor_parallel: int = 1) -> StepWork | None:
+                         context_len: int | None = None, tensor_parallel: int = 1,
+                         sequences=None) -> StepWork | None:
     """Analytic work of one forward step, or ``None`` when the token counts are unknown.
 
     ``context_len``: tokens each sequence holds (prompt length for prefill sequences,
@@ -403,7 +404,10 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
     KV read are left out and the notes say so: a step's token count alone does not tell
     how the tokens split into sequences. ``tensor_parallel``: GPUs the model is split
     over; one GPU's share is taken as 1/N of every term (weights, heads and KV are
-    sharded; the replicated norms and embeddings are negligible).
+    sharded; the replicated norms and embeddings are negligible). ``sequences``: the step's
+    own sums over its sequences (:class:`aggregator.phases.SequenceSums`, from an engine
+    annotation that carries key lengths); used where ``context_len`` is not given, they
+    give the attention pairs, the KV-cache read and the prefill sequence count exactly.
     """
     if prefill_tokens is None and decode_tokens is None:
         return None
@@ -419,9 +423,14 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
     parts["linear_flops"] = t * shape.linear_flops_per_token()
     # Logits: every decode token samples; prefill sequences sample once each, which
     # needs the sequence count.
+    seqs = sequences if context_len is None else None
     lm_tokens = d
     if p and context_len:
         lm_tokens += math.ceil(p / context_len)
+    elif p and seqs is not None:
+        # each prefill sequence samples once (a chunk that does not end its prompt does
+        # not; the annotation does not tell them apart, so this counts at most one extra)
+        lm_tokens += seqs.prefill_requests
     elif p:
         notes.append("LM head of prefill sequences left out (sequence count unknown)")
     parts["lm_head_flops"] = lm_tokens * shape.lm_head_flops_per_token()
@@ -443,6 +452,15 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
         if d:
             attn_pairs += d * float(context_len)
             kv_read += d * float(context_len) * shape.kv_bytes_per_token
+    elif seqs is not None:
+        if p:
+            # causal pairs of a sequence with q new tokens over k keys: q*k - q*(q-1)/2
+            attn_pairs += seqs.prefill_query_key - (seqs.prefill_query_sq - seqs.prefill_query_tokens) / 2.0
+            kv_read += float(seqs.prefill_key_tokens) * shape.kv_bytes_per_token
+        if d:
+            attn_pairs += float(seqs.decode_query_key)
+            kv_read += float(seqs.decode_key_tokens) * shape.kv_bytes_per_token
+        notes.append("attention and KV-cache read from the step annotation's per-sequence key lengths")
     else:
         if p:
             # Prefill reads back the K/V it just wrote, whatever the sequence split.
