@@ -36,6 +36,49 @@ def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path
     return out
 
 
+def marker_size(share_pct: float | None) -> float:
+    """Marker diameter (points) whose area grows with the phase's share of GPU time: 5 for
+    none, 22 for all of it."""
+    if share_pct is None:
+        return 9.0
+    return 5.0 + 17.0 * float(np.sqrt(min(max(share_pct, 0.0), 100.0) / 100.0))
+
+
+# Offsets (points) tried in turn for a phase label: right-above, right-below, left-above,
+# left-below, then further out.
+_LABEL_OFFSETS = [(8, 6), (8, -14), (-8, 6), (-8, -14), (8, 20), (8, -28), (-8, 20), (-8, -28), (8, 34), (8, -42)]
+
+
+def place_labels(fig, ax, points: list[tuple[str, float, float, float]]) -> list:
+    """Label each phase point where its text overlaps no other label and no legend: the
+    first free offset of :data:`_LABEL_OFFSETS`, measured on the rendered figure (two
+    phases at nearly the same intensity and FLOP/s, as prefill and mixed often are, got
+    one label printed over the other). ``points``: (name, x, y, marker diameter in points);
+    the offsets start at the marker's edge. Returns the annotations."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    taken = []
+    leg = ax.get_legend()
+    if leg is not None:
+        taken.append(leg.get_window_extent(renderer))
+    out = []
+    for name, x, y, ms in points:
+        ann = None
+        r = max(ms / 2.0 - 4.0, 0.0)
+        for dx, dy in _LABEL_OFFSETS:
+            if ann is not None:
+                ann.remove()
+            ann = ax.annotate(name, (x, y), textcoords="offset points", fontsize=9,
+                              xytext=(dx + (r if dx > 0 else -r), dy + (r if dy > 0 else -r)),
+                              ha="left" if dx > 0 else "right", zorder=7)
+            box = ann.get_window_extent(renderer)
+            if not any(box.overlaps(t) for t in taken):
+                break
+        taken.append(ann.get_window_extent(renderer))
+        out.append(ann)
+    return out
+
+
 def build_figure(doc: dict, title: str | None = None):
     """The roofline figure; lines carry labels ``memory roof``, ``compute roof <dtype>``,
     ``ridge point``, and one ``<phase>: ...`` marker per phase with figures."""
@@ -65,12 +108,12 @@ def build_figure(doc: dict, title: str | None = None):
                 ls="--", label=f"compute roof {dt} {peak / 1e12:,.0f} TFLOP/s")
         ax.plot([ridge], [peak], marker="D", color="red", ms=7, zorder=5,
                 label=f"ridge point {ridge:.0f} FLOP/B ({dt})")
-    for i, (name, p) in enumerate(pts):
-        ax.plot([p["arithmetic_intensity"]], [p["achieved_flops_per_s"]], marker="o", ms=9,
-                color=PHASE_COLORS.get(name, "tab:cyan"), zorder=6, ls="none",
-                label=f"{name}: {p['verdict']} ({p['work_source']})")
-        ax.annotate(name, (p["arithmetic_intensity"], p["achieved_flops_per_s"]),
-                    textcoords="offset points", xytext=(6, 6 if i % 2 == 0 else -14), fontsize=9)
+    for name, p in pts:
+        share = p.get("time_share_pct")
+        ax.plot([p["arithmetic_intensity"]], [p["achieved_flops_per_s"]], marker="o", ms=marker_size(share),
+                color=PHASE_COLORS.get(name, "tab:cyan"), zorder=6, ls="none", alpha=0.85,
+                label=f"{name}: {p['verdict']} ({p['work_source']}" +
+                      (f", {share:.0f}% of GPU time)" if share is not None else ")"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -78,6 +121,12 @@ def build_figure(doc: dict, title: str | None = None):
     ax.set_title(title or f"Roofline: {g['name']}", fontsize=11)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
+    # the legend's own markers at one size: the plotted size is the time share
+    for h in ax.get_legend().legend_handles:
+        if hasattr(h, "set_markersize"):
+            h.set_markersize(min(h.get_markersize(), 8))
+    place_labels(fig, ax, [(name, p["arithmetic_intensity"], p["achieved_flops_per_s"],
+                            marker_size(p.get("time_share_pct"))) for name, p in pts])
     if not pts:
         ax.text(0.5, 0.5, "no phase has FLOP and byte figures\n(no operator shapes; try --model)",
                 transform=ax.transAxes, ha="center", va="center", fontsize=10, color="gray")
