@@ -105,6 +105,18 @@ def fine_bins(values_ns: np.ndarray) -> np.ndarray:
     return np.minimum(b, FINE_BINS - 1, out=b)
 
 
+def duration_text(ns: float) -> str:
+    """A duration in the unit the report's tables use for it (ns, us, ms, s), so a phase's
+    evidence and the report's launch line print one figure the same way."""
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.1f} us"
+    return f"{ns:.0f} ns"
+
+
 def fine_percentile_ns(hist: np.ndarray, q: float) -> float | None:
     """The q-th percentile of a :func:`fine_bins` histogram: the geometric middle of its bin."""
     cum = np.cumsum(hist)
@@ -553,7 +565,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
            "p90_ns": fine_percentile_ns(hv[H_LAUNCH], 90), "p99_ns": fine_percentile_ns(hv[H_LAUNCH], 99),
            "mean_ns": (g["launch_latency_ns"] / nl) if nl else None}
     if lat["p50_ns"] is not None:
-        evidence.append(f"launch latency p50 {lat['p50_ns'] / 1e3:.1f} us over {nl} kernels")
+        evidence.append(f"launch latency p50 {duration_text(lat['p50_ns'])} over {nl:,} kernels")
     ev = sums.evidence.get(key, {})
     evidence.extend(sorted(ev, key=lambda x: -ev[x])[:3])
     return {

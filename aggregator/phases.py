@@ -163,7 +163,8 @@ class StepAnnotation:
         if self.prefill_tokens:
             parts.append(f"{self.prefill_tokens} prefill tokens")
         if self.decode_tokens:
-            parts.append(f"{self.decode_tokens} decode tokens")
+            kv = self.sequences.decode_key_tokens if self.sequences is not None else 0
+            parts.append(f"{self.decode_tokens} decode tokens" + (f" reading {kv:,} KV-cache tokens" if kv else ""))
         if self.phase == DECODE and not self.decode_tokens and self.decode_requests:
             parts.append(f"{self.decode_requests} decode requests")
         tail = ", ".join(parts) if parts else PHASE_NAMES[self.phase]
