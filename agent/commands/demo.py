@@ -86,7 +86,8 @@ def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port
     return f"""# Written by `ridgeline demo`: the agent's configuration for this run.
 [agent]
 window_s = 1.0
-run_for_s = {args.duration + 20:.1f}
+# the demo stops the agent when it is done; this only ends one the demo left behind
+run_for_s = {args.duration + 300:.1f}
 
 [analysis]
 model = "{args.model}"
@@ -163,19 +164,24 @@ def run(args) -> int:
         agent_log = open(out / "agent.log", "w")
         procs["agent"] = subprocess.Popen(_ridgeline("agent", "--config", str(out / "agent.toml")),
                                           stdout=agent_log, stderr=subprocess.STDOUT, env=env)
+        # The recording runs until the demo stops it after top (SIGTERM keeps what it has):
+        # a --duration of its own counted from its start, and on a loaded machine it could
+        # end before the agent's first window (a recording of 0 messages).
         procs["record"] = subprocess.Popen(
-            _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint,
-                       "--duration", f"{args.duration + 3:.1f}"),
+            _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint, "--duration", "0"),
             stdout=subprocess.DEVNULL, stderr=open(out / "record.log", "w"), env=env)
         # The live view, in this terminal (or printed frames without one).
         top = subprocess.run(_ridgeline("top", "--endpoint", endpoint, "--duration", str(args.duration),
                                         "--timeout", "30"), env=env)
         if top.returncode != 0:
             print(f"ridgeline demo: top ended with {top.returncode}; see {out / 'agent.log'}", file=sys.stderr)
+        # /metrics first, while the agent surely runs (the requests view waits for windows)
+        _scrape(prom_port, out / "metrics.txt")
         if otlp_port:
             _requests(endpoint, out, env)
-        _scrape(prom_port, out / "metrics.txt")
-        procs["record"].wait(timeout=30)
+        rc = _stop(procs["record"])
+        if rc not in (0, None):
+            print(f"ridgeline demo: record ended with {rc}; see {out / 'record.log'}", file=sys.stderr)
     finally:
         for name in ("record", "agent", "simulator"):
             _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)
