@@ -81,6 +81,8 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(clean_clone)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    # issue 24.7: a first `make demo` printed setuptools' 40-line warning for each data folder
+    assert "would be ignored" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     (whl,) = out.glob("*.whl")
     # A native library inside: tagged for this platform, any CPython 3.
     assert re.fullmatch(rf"ridgeline-[^-]+-py3-none-linux_{platform.machine()}\.whl", whl.name), whl.name

@@ -10,6 +10,8 @@ cached tokens of each sequence), captured as its planner sees it.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from ridgeline.aggregator import model_config
@@ -58,7 +60,7 @@ def test_sums_agree_with_a_uniform_context_length():
     assert c.parts["kv_read_bytes"] == n * 7 * m.kv_bytes_per_token
 
 
-def test_simulated_trace_decode_includes_the_kv_read(tmp_path):
+def test_simulated_trace_decode_includes_the_kv_read(tmp_path, capsys):
     from ridgeline.agent.simulator.engine import SimConfig, SimEngine
     from ridgeline.agent.simulator.kineto_writer import write_kineto
     from ridgeline.agent.simulator.workload import Workload
@@ -88,3 +90,13 @@ def test_simulated_trace_decode_includes_the_kv_read(tmp_path):
     text = " ".join(str(x) for x in dec.get("evidence", []))
     assert "left out" not in text and "per-sequence key lengths" in text
     assert doc["work"]["context_from"].startswith("the step annotations' key lengths")
+
+    # the command takes the model the trace's metadata names (issue 24.4), and the lengths
+    from ridgeline.agent.cli import main
+    capsys.readouterr()
+    assert main(["analyze", str(path), "--json"]) == 0
+    cap = capsys.readouterr()
+    cli = json.loads(cap.out)
+    assert f"{path}: model {MODEL} from the trace's metadata (--model overrides)" in cap.err
+    assert cli["work"]["model"]["name"] == MODEL and cli["work"]["context_from"] == doc["work"]["context_from"]
+    assert cli["phases"]["decode"]["bytes"] == dec["bytes"]
