@@ -80,7 +80,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     # pip's exit status survives the filter (pipefail); the filter drops noise about
     # local index folders this machine's pip config names but does not have.
-    "$VENV/bin/python" -m pip install -q -e '.[test,otlp,terminal,plot]' 2>&1 | { grep -v '^WARNING: Location' || true; }
+    # setuptools' 10-line "Editable installation ... folders with the same name as your
+    # package" warning is about exactly this tree (ridgeline/ is the package): not shown.
+    PYTHONWARNINGS="ignore:Editable installation" \
+        "$VENV/bin/python" -m pip install -q -e '.[test,otlp,terminal,plot]' 2>&1 | { grep -v '^WARNING: Location' || true; }
     touch "$stamp"
 fi
 
