@@ -16,8 +16,13 @@ Contract:
 * Attribute names are the engines' own: vLLM's ``SpanAttributes`` (``vllm/tracing.py``,
   values unchanged since tracing appeared: the ``gen_ai.*`` names), SGLang's request root
   span (``python/sglang/srt/tracing/trace.py``: ``trace_req_start`` names it
-  ``"{role} Req {rid[:8]}"`` with the attribute ``rid``; its stage slices are child spans).
+  ``"{role} Req {rid[:8]}"`` with the attribute ``rid``; its stage slices are child spans;
+  later releases also set the ``gen_ai.*`` names on it, and it stays SGLang's record).
   tests/test_request_spans.py names the commits these were read at.
+* Preemption: the record carries the request's pauses (:attr:`RequestSpan.pauses`),
+  from vLLM's journey events (PREEMPTED until SCHEDULED/RESUME) or SGLang's marks
+  (``retract`` until the next ``schedule`` event or prefill slice), clipped to the
+  request's life, disjoint, at most :data:`MAX_PAUSES`.
 """
 from __future__ import annotations
 
@@ -207,6 +212,30 @@ def to_record(name: str, start_ns: int, end_ns: int, attrs: dict, trace_id: str 
     """One decoded span as a :class:`RequestSpan`, or None when it is no request span."""
     if start_ns <= 0 or end_ns < start_ns:
         return None
+    # SGLang's root span first: it names the request by ``rid`` and, in later releases,
+    # carries vLLM's gen_ai.* names as well (gen_ai.request.id included).
+    rid = attrs.get(SGLANG_RID)
+    if isinstance(rid, str) and rid and " Req " in f" {name}":
+        seg = {"queue_ns": -1, "prefill_ns": -1, "decode_ns": -1}
+        for child, dur in children or ():
+            low = child.lower()
+            for word, key in SGLANG_SEGMENTS:
+                if word in low:
+                    seg[key] = max(seg[key], 0) + dur
+                    break
+        # Retractions: only a trace that carries any marks says how many (0 or more);
+        # one without SGLang's events says nothing (-1).
+        marks = [j for j in journey or () if j[0] in (SGLANG_RETRACT, SGLANG_SCHEDULE)]
+        n_retract, recovery, pauses = preemption_pauses(marks, int(end_ns))
+        # Later SGLang sets the gen_ai.* names on the root span too (request_tracing.py's
+        # make_span_attrs): the token counts, the model, TTFT and e2e from there.
+        e2e = _seconds_ns(attrs.get(VLLM_E2E_S))
+        return RequestSpan(request_id=rid[:256], engine="sglang", start_ns=int(start_ns), end_ns=int(end_ns),
+                           e2e_ns=e2e if e2e >= 0 else int(end_ns - start_ns), ttft_ns=_seconds_ns(attrs.get(VLLM_TTFT_S)),
+                           prompt_tokens=_count(attrs.get(VLLM_PROMPT_TOKENS)),
+                           completion_tokens=_count(attrs.get(VLLM_COMPLETION_TOKENS)),
+                           model=_text(attrs.get(VLLM_MODEL)), trace_id=trace_id, preemptions=n_retract,
+                           recovery_ns=recovery, pauses=_clip(pauses, int(start_ns), int(end_ns)), **seg)
     rid = attrs.get(VLLM_REQUEST_ID)
     if isinstance(rid, str) and rid:
         own = [j for j in journey or () if j[0] in (VLLM_JOURNEY_PREEMPTED, VLLM_JOURNEY_SCHEDULED)]
@@ -222,22 +251,6 @@ def to_record(name: str, start_ns: int, end_ns: int, attrs: dict, trace_id: str 
             completion_tokens=_count(attrs.get(VLLM_COMPLETION_TOKENS)), preemptions=preemptions,
             model=_text(attrs.get(VLLM_MODEL)), trace_id=trace_id, recovery_ns=recovery,
             pauses=_clip(pauses, int(start_ns), int(end_ns)))
-    rid = attrs.get(SGLANG_RID)
-    if isinstance(rid, str) and rid and " Req " in f" {name}":
-        seg = {"queue_ns": -1, "prefill_ns": -1, "decode_ns": -1}
-        for child, dur in children or ():
-            low = child.lower()
-            for word, key in SGLANG_SEGMENTS:
-                if word in low:
-                    seg[key] = max(seg[key], 0) + dur
-                    break
-        # Retractions: only a trace that carries any marks says how many (0 or more);
-        # one without SGLang's events says nothing (-1).
-        marks = [j for j in journey or () if j[0] in (SGLANG_RETRACT, SGLANG_SCHEDULE)]
-        n_retract, recovery, pauses = preemption_pauses(marks, int(end_ns))
-        return RequestSpan(request_id=rid[:256], engine="sglang", start_ns=int(start_ns), end_ns=int(end_ns),
-                           e2e_ns=int(end_ns - start_ns), trace_id=trace_id, preemptions=n_retract,
-                           recovery_ns=recovery, pauses=_clip(pauses, int(start_ns), int(end_ns)), **seg)
     return None
 
 

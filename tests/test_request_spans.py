@@ -22,6 +22,15 @@ SGLang, ``python/sglang/srt/tracing/trace.py`` at
 021a89235fcc8d4bff2069b2530ad34886974c04: ``trace_req_start`` opens the request's root
 span named ``f"{role} Req {orig_rid[:8]}"`` with ``attrs = {"rid": orig_rid}``; stage
 slices (``trace_slice_start(name, rid)``) are children of the per-thread span under it.
+Later SGLang: ``python/sglang/srt/observability/trace.py`` at
+02a580880ee625d1d4a8c317ad913dcc0506cf79 (the same root span and slices; ``trace_event``
+caches events onto the slice holding them or the thread span),
+``python/sglang/srt/observability/req_time_stats.py`` at
+00ce49e05c17e08f643afab34f3cdcef14935ac0 (the ``retract`` and ``schedule`` events, the
+re-traced prefill after a retraction) and
+``python/sglang/srt/managers/tokenizer_manager_components/request_tracing.py`` at
+2d396b526f4fd2749397c0bc3f966e79f3f4ab71 (``make_span_attrs``: the gen_ai.* names on the
+root span).
 """
 from __future__ import annotations
 
@@ -192,7 +201,7 @@ def test_pauses_are_clipped_to_the_request_and_disjoint():
     assert len(r.pauses) == rs.MAX_PAUSES
 
 
-def sglang_request(t, retract_at_ms=None):
+def sglang_request(t, retract_at_ms=None, gen_ai=False):
     """An SGLang request as its tracing sends it (python/sglang/srt/observability/trace.py at
     02a58088: root span ``" Req <rid[:8]>"`` with ``rid``, a thread span under it, stage
     slices under that; ``trace_event`` caches an event and adds it to the slice whose
@@ -229,7 +238,27 @@ def sglang_request(t, retract_at_ms=None):
             slice_("decode_loop", 1000 + 100 * k, 1100 + 100 * k, [("schedule", 1000 + 100 * k)])
         th.add_event("retract", timestamp=10**9 + retract_at_ms * ms)
     th.end(end_time=10**9 + 1300 * ms)
+    if gen_ai:
+        # trace_req_finish(attrs) sets make_span_attrs' names on the root
+        # (python/sglang/srt/managers/tokenizer_manager_components/request_tracing.py at
+        # 2d396b52: gen_ai.usage.*, gen_ai.request.id, gen_ai.response.model and the
+        # gen_ai.latency.* of APIServerReqTimeStats.convert_to_gen_ai_span_attrs)
+        root.set_attributes({"gen_ai.usage.completion_tokens": 10, "gen_ai.usage.prompt_tokens": 120,
+                             "gen_ai.usage.cached_tokens": 0, "gen_ai.request.id": "8f3a2b1c9d",
+                             "gen_ai.response.model": "qwen", "gen_ai.latency.time_to_first_token": 0.3,
+                             "gen_ai.latency.e2e": 1.3, "gen_ai.latency.time_in_model_decode": 1.0})
     root.end(end_time=10**9 + 1300 * ms)
+
+
+def test_sglang_root_with_gen_ai_names_stays_sglang():
+    """Later SGLang puts vLLM's gen_ai.* names (gen_ai.request.id among them) on its root
+    span: the record is still SGLang's, with its slices, marks and the token counts."""
+    (s,), stats = rs.decode_protobuf(sdk_spans(lambda t: sglang_request(t, retract_at_ms=600, gen_ai=True)))
+    assert stats.spans_ignored > 0
+    assert (s.engine, s.request_id, s.prompt_tokens, s.completion_tokens, s.model) == \
+        ("sglang", "8f3a2b1c9d", 120, 10, "qwen")
+    assert (s.ttft_ns, s.e2e_ns, s.queue_ns) == (300 * 10**6, 1300 * 10**6, 100 * 10**6)
+    assert s.preemptions == 1 and s.pauses == ((10**9 + 600 * 10**6, 10**9 + 900 * 10**6),)
 
 
 def test_sglang_retraction_is_a_pause():
