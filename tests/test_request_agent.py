@@ -223,3 +223,17 @@ def test_why_never_prints_a_peers_control_characters(tmp_path, capsys):
     assert cli.main(["why", "answer-500", "--input", str(p)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "culprit long-\\x1b]0;pwned\\x07\\n4000" in out
+
+
+def test_requests_table_has_the_paused_column():
+    from ridgeline.agent import request_view
+    from ridgeline.aggregator import request_join as rj
+    steps, spans = sc.seed_preempted()
+    text = request_view.table(request_view.slowest(rj.join(spans, steps), 10))
+    head, *rows = text.splitlines()
+    assert "decode s paused s dragged s" in " ".join(head.split())
+    ans = next(r for r in rows if r.startswith("answer-500"))
+    long_ = next(r for r in rows if r.startswith("long-4000"))
+    # request e2e queue prefill decode paused: the sixth field of a row
+    assert ans.split()[5] == "1.50" and long_.split()[5] == "-"
+    assert ans.split()[4] == "17.50"
