@@ -167,8 +167,11 @@ class _Batch:
         self.pf = np.cumsum(pf)[:n]
         self.features = np.column_stack([np.ones(n), self.n_dec, self.ctx, self.pf])
         self.intervals = iv
-        self.pieces_of = [np.arange(first_piece[i], first_piece[i + 1] if i + 1 < n_req else len(o))
-                          for i in range(n_req)]
+        self._first_piece = np.append(first_piece, len(o))
+
+    def pieces_of(self, i: int) -> range:
+        """Request i's pieces (indices into the per-piece arrays), in step order."""
+        return range(int(self._first_piece[i]), int(self._first_piece[i + 1]))
 
     def ctx_at(self, k: int, j: np.ndarray) -> np.ndarray:
         return self.ctx0[k] + self.slope[k] * j
@@ -262,7 +265,7 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         if report is not None and r.request_id not in report:
             continue
         arrival, sched, first, end = (int(v) for v in batch.intervals[i])
-        mine = batch.pieces_of[i]
+        mine = batch.pieces_of(i)
         added: dict[int, list] = {}          # culprit request index -> [ns, kinds]
         dragged_pf = dragged_long = 0.0
         has_culprits = False

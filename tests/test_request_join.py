@@ -134,7 +134,7 @@ def test_a_paused_request_is_no_member_of_the_steps_inside_its_pause():
     batch = rj._Batch(reqs, steps)
     assert batch.n_dec.tolist() == [2, 2, 2, 1, 1, 1, 2, 2, 2, 2]
     # B's context does not grow while paused: 100 + 1 token a step it runs (7 tokens, 7 steps).
-    b_pieces = batch.pieces_of[1]
+    b_pieces = batch.pieces_of(1)
     ctx_b = np.concatenate([batch.ctx_at(k, np.arange(batch.dc_lo[k], batch.dc_hi[k])) for k in b_pieces])
     assert ctx_b.tolist() == [100, 101, 102, 103, 104, 105, 106]
     b = _story(rj.join(reqs, steps), "b")

@@ -87,7 +87,7 @@ def test_a_preempted_simulated_request_is_in_no_step_of_its_pause():
     for r in pre:
         i = index[f"r{r.rid}"]
         joined = set()
-        for k in batch.pieces_of[i]:
+        for k in batch.pieces_of(i):
             joined.update(range(int(batch.pf_lo[k]), int(batch.dc_hi[k])))
         truth = {j for j, m in enumerate(members) if r.rid in m}
         in_pause = {j for j in range(len(steps)) if any(a <= mid[j] < b for a, b in r.pauses)}
