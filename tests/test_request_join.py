@@ -191,3 +191,25 @@ def test_a_preempted_culprit_is_not_blamed_for_the_steps_of_its_pause():
     expected = heavy_in_ans * (sc.HEAVY_NS - sc.BASE_NS)
     assert abs(s.culprits[0].added_ns - expected) <= 0.05 * expected
     assert s.paused_ns == 0 and "never preempted." in rj.story_text(s)
+
+
+def test_pauses_cut_per_join_are_bounded_the_told_requests_first(monkeypatch):
+    """Past MAX_JOIN_PAUSES a held request's pauses are not cut (it counts as a member
+    through them); the told request's own pauses always are."""
+    ms = 1_000_000
+    steps = np.array([(k * 10 * ms, (k + 1) * 10 * ms, rj.DECODE) for k in range(10)], dtype=rj.STEP_DTYPE)
+
+    def span(rid, end_ms):
+        return rj.RequestSpan(rid, "vllm", 0, end_ms * ms, queue_ns=0, ttft_ns=0, prompt_tokens=10,
+                              completion_tokens=5, preemptions=1, recovery_ns=20 * ms,
+                              pauses=((30 * ms, 50 * ms),))
+    reqs = [span("told", 100), span("held-late", 100), span("held-early", 90)]
+    monkeypatch.setattr(rj, "MAX_JOIN_PAUSES", 2)
+    keep = rj._pauses_applied(reqs, {"told"})
+    assert keep.tolist() == [True, True, False]
+    batch = rj._Batch(reqs, steps, keep)
+    assert batch.n_dec.tolist() == [3, 3, 3, 1, 1, 3, 3, 3, 3, 2]
+    monkeypatch.setattr(rj, "MAX_JOIN_PAUSES", 0)
+    assert rj._pauses_applied(reqs, {"held-early"}).tolist() == [False, False, True]
+    (s,) = rj.join(reqs, steps, report={"held-early"})
+    assert s.paused_ns == 20 * ms and s.decode_steps == 7
