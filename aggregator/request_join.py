@@ -128,7 +128,7 @@ class _Batch:
                 for a, b in cut.tolist():
                     if b <= a:
                         continue            # a pause between two steps' midpoints cuts nothing
-                    if a > lo:
+                    if min(a, hi) > lo:
                         owner.append(i)
                         lo_l.append(lo)
                         hi_l.append(min(a, hi))

@@ -26,6 +26,7 @@ Contract:
 """
 from __future__ import annotations
 
+import bisect
 import math
 
 import msgspec
@@ -321,6 +322,22 @@ def decode_protobuf(body: bytes, max_attributes: int = MAX_ATTRIBUTES,
     return _records(raw, stats), stats
 
 
+def _sglang_marks(retracts: list[int], schedules: list[int]) -> list[tuple[str, int, str]]:
+    """The marks :func:`preemption_pauses` needs of a root's descendants: its retractions
+    (at most MAX_EVENTS) and, for each, the first schedule mark after it (a request's
+    per-token ``schedule`` events are thousands; one closes a pause). A trace with marks
+    but no retraction gives one schedule mark: "0 preemptions", not "not said"."""
+    r = sorted(retracts)[:MAX_EVENTS]
+    if not r:
+        return [(SGLANG_SCHEDULE, min(schedules), "")] if schedules else []
+    best: list[int | None] = [None] * len(r)
+    for t in schedules:
+        k = bisect.bisect_right(r, t) - 1
+        if k >= 0 and (best[k] is None or t < best[k]):
+            best[k] = t
+    return [(SGLANG_RETRACT, t, "") for t in r] + [(SGLANG_SCHEDULE, t, "") for t in best if t is not None]
+
+
 def _records(raw: list, stats: SpanStats) -> list[RequestSpan]:
     # SGLang's stage slices are children (or grandchildren, under the thread span) of the
     # request's root span, in the same export when its batch processor sent them together;
@@ -328,21 +345,26 @@ def _records(raw: list, stats: SpanStats) -> list[RequestSpan]:
     # slice's start marks the request back in a forward step.
     parent = {r[5]: r[6] for r in raw}
     children: dict[str, list[tuple[str, int]]] = {}
-    marks: dict[str, list[tuple[str, int, str]]] = {}
+    retracts: dict[str, list[int]] = {}
+    schedules: dict[str, list[int]] = {}
     for name, s, e, _a, _t, _sid, pid, _p, journey in raw:
-        sg = [j for j in journey if j[0] in (SGLANG_RETRACT, SGLANG_SCHEDULE)]
+        rt = [j[1] for j in journey if j[0] == SGLANG_RETRACT]
+        sc = [j[1] for j in journey if j[0] == SGLANG_SCHEDULE]
         if "prefill" in name.lower():
-            sg.append((SGLANG_SCHEDULE, s, ""))
+            sc.append(s)
         seen = 0
         while pid and seen < 4:
             children.setdefault(pid, []).append((name, max(0, e - s)))
-            if sg:
-                marks.setdefault(pid, []).extend(sg)
+            if rt:
+                retracts.setdefault(pid, []).extend(rt)
+            if sc:
+                schedules.setdefault(pid, []).extend(sc)
             pid = parent.get(pid, "")
             seen += 1
     out = []
     for name, s, e, attrs, tid, sid, _pid, pre, journey in raw:
-        rec = to_record(name, s, e, attrs, tid, pre, children.get(sid), journey + marks.get(sid, [])[:MAX_EVENTS])
+        marks = _sglang_marks(retracts.get(sid, []), schedules.get(sid, []))
+        rec = to_record(name, s, e, attrs, tid, pre, children.get(sid), journey + marks)
         if rec is None:
             stats.spans_ignored += 1
         else:

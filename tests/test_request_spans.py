@@ -392,3 +392,25 @@ def test_json_garbage_and_depth():
     for body in (b"{", b"[1,2", b'{"resourceSpans": 5}', b"[" * 100_000 + b"]" * 100_000):
         with pytest.raises(rs.SpanDecodeError):
             rs.decode_json(body)
+
+
+def test_sglang_long_request_keeps_its_late_retraction():
+    """A schedule event per token (thousands) never pushes a late retraction out of the
+    bounded marks."""
+    def make(t):
+        from opentelemetry import trace
+        ms = 10**6
+        root = t.start_span(" Req 1234abcd", start_time=10**9, attributes={"rid": "1234abcd"})
+        th = t.start_span("Scheduler", start_time=10**9, context=trace.set_span_in_context(root))
+        c2 = trace.set_span_in_context(th)
+        for k in range(1000):
+            sl = t.start_span("decode_loop", start_time=10**9 + k * ms, context=c2)
+            sl.add_event("schedule", timestamp=10**9 + k * ms)
+            sl.end(end_time=10**9 + (k + 1) * ms)
+        th.add_event("retract", timestamp=10**9 + 1000 * ms)
+        sl = t.start_span("prefill_forward", start_time=10**9 + 1200 * ms, context=c2)
+        sl.end(end_time=10**9 + 1300 * ms)
+        th.end(end_time=10**9 + 1400 * ms)
+        root.end(end_time=10**9 + 1400 * ms)
+    (s,), _ = rs.decode_protobuf(sdk_spans(make))
+    assert s.preemptions == 1 and s.pauses == ((10**9 + 1000 * 10**6, 10**9 + 1200 * 10**6),)
