@@ -164,9 +164,9 @@ def run(args) -> int:
         agent_log = open(out / "agent.log", "w")
         procs["agent"] = subprocess.Popen(_ridgeline("agent", "--config", str(out / "agent.toml")),
                                           stdout=agent_log, stderr=subprocess.STDOUT, env=env)
-        # The recording runs until the demo stops it after top (SIGTERM keeps what it has):
-        # a --duration of its own counted from its start, and on a loaded machine it could
-        # end before the agent's first window (a recording of 0 messages).
+        # Recorded until top and the request view are done (stopped below), not for a fixed
+        # time from its own start: on a loaded host the agent can take longer to start than
+        # such a time (a recording of 0-5 messages at load average 13).
         procs["record"] = subprocess.Popen(
             _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint, "--duration", "0"),
             stdout=subprocess.DEVNULL, stderr=open(out / "record.log", "w"), env=env)
@@ -179,7 +179,7 @@ def run(args) -> int:
         _scrape(prom_port, out / "metrics.txt")
         if otlp_port:
             _requests(endpoint, out, env)
-        rc = _stop(procs["record"])
+        rc = _stop(procs["record"], signal.SIGTERM, 30)      # it keeps what it recorded
         if rc not in (0, None):
             print(f"ridgeline demo: record ended with {rc}; see {out / 'record.log'}", file=sys.stderr)
     finally:
