@@ -7,8 +7,8 @@ with token counts and the model's work), a recording replayed from it by
 ``tests/support/recording_synth.py`` (4 s with an agent restart and a lost ``events``
 message: the segment combination of ``agent.recording_analysis``), and a folder of two
 such traces (seeds 1 and 2: the per-rank report of ``agent.rank_report``). Each output is
-compared byte for byte with ``tests/data/analyze_*_v1.{json,txt}``, with the test's
-temporary folder written as ``$TMP``. The files were written by the code before the
+compared byte for byte with ``tests/data/analyze_*_v1.{json,txt}``; the inputs are named
+relative to their temporary folder (the report wraps a long first line by its length). The files were written by the code before the
 analyze document became typed Structs (issue 19), so they prove that change left the
 bytes as they were; a renamed key, a reordered one or a changed figure shows as a diff.
 
@@ -55,9 +55,10 @@ def inputs(tmp_path_factory):
     return tmp, {"trace": one, "recording": rec, "ranks": ranks}
 
 
-def _analyze(capsysbinary, tmp: Path, target: Path, *flags: str) -> str:
-    assert cli.main(["analyze", *flags, str(target)]) == 0
-    return capsysbinary.readouterr().out.decode().replace(str(tmp), "$TMP")
+def _analyze(capsysbinary, monkeypatch, tmp: Path, target: Path, *flags: str) -> str:
+    monkeypatch.chdir(tmp)
+    assert cli.main(["analyze", *flags, str(target.relative_to(tmp))]) == 0
+    return capsysbinary.readouterr().out.decode()
 
 
 def _check(text: str, golden: Path) -> None:
@@ -72,12 +73,12 @@ def _check(text: str, golden: Path) -> None:
 
 
 @pytest.mark.parametrize("case", ["trace", "recording", "ranks"])
-def test_analyze_json_is_the_golden_document(inputs, case, capsysbinary):
+def test_analyze_json_is_the_golden_document(inputs, case, capsysbinary, monkeypatch):
     tmp, paths = inputs
-    _check(_analyze(capsysbinary, tmp, paths[case], "--json"), DATA / f"analyze_{case}_v1.json")
+    _check(_analyze(capsysbinary, monkeypatch, tmp, paths[case], "--json"), DATA / f"analyze_{case}_v1.json")
 
 
 @pytest.mark.parametrize("case", ["trace", "recording", "ranks"])
-def test_analyze_text_report_is_the_golden_report(inputs, case, capsysbinary):
+def test_analyze_text_report_is_the_golden_report(inputs, case, capsysbinary, monkeypatch):
     tmp, paths = inputs
-    _check(_analyze(capsysbinary, tmp, paths[case]), DATA / f"analyze_{case}_v1.txt")
+    _check(_analyze(capsysbinary, monkeypatch, tmp, paths[case]), DATA / f"analyze_{case}_v1.txt")

@@ -266,14 +266,14 @@ def _afterwards(out: Path, model_name: str) -> None:
     pm = map_phases(trace)
     model = model_config.load(model_name)
     doc = analyze_trace(trace, model=model, phase_map=pm)
-    doc["trace"] = str(out / "stream.rlrec") + " (SIMULATED)"
+    doc.trace = str(out / "stream.rlrec") + " (SIMULATED)"
     from ridgeline.aggregator.answer import verdict_records
     last_verdicts = verdict_records(rec.windows[-1].get("verdict")) if rec.windows else []
     if last_verdicts:
         # the same window top, tail and /metrics showed last: the agent's judgement with the
         # engine and scheduler figures (the trace alone has neither)
-        doc["answer"] = last_verdicts
-        doc["answer_title"] = "Answer (the last window, as top, tail and /metrics showed it)"
+        doc.answer = last_verdicts
+        doc.answer_title = "Answer (the last window, as top, tail and /metrics showed it)"
     plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
     excerpt = last_seconds(trace, PERFETTO_LAST_S)
     write_perfetto(excerpt, map_phases(excerpt), PHASE_NAMES, out / "trace.perfetto.json")
@@ -286,7 +286,7 @@ def _afterwards(out: Path, model_name: str) -> None:
             print(f"  {p}  ({p.stat().st_size} bytes)")
 
 
-def _write_report(out: Path, lines: list[str], doc: dict | None) -> None:
+def _write_report(out: Path, lines: list[str], doc) -> None:
     from rich.console import Console
     with open(out / "report.txt", "w") as f:
         console = Console(file=f, width=120, force_terminal=False)
