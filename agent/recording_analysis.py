@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from msgspec import UNSET
 
 from ridgeline.aggregator.analysis import (
     Analysis,
@@ -33,6 +34,7 @@ from ridgeline.aggregator.analysis import (
     RecordingRequests,
     RecordingSegment,
     TopKernel,
+    WorkSource,
 )
 
 MAX_STEPS_KEPT = 2000
@@ -162,15 +164,17 @@ def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
         out.pct_of_peak_flops = 100.0 * out.achieved_flops_per_s / out.peak_flops_per_s
     if out.peak_bytes_per_s and out.achieved_bytes_per_s is not None:
         out.pct_of_peak_bytes = 100.0 * out.achieved_bytes_per_s / out.peak_bytes_per_s
-    # work per source: a source's own figures (dicts of the figure builder), summed
-    by_src: dict[str, dict] = {}
+    by_src: dict[str, WorkSource] = {}
     for _, p in parts:
         for src, w in p.work_by_source.items():
-            acc = by_src.setdefault(src, dict(w))
-            if acc is not w:
-                for k in _WORK_SUMS:
-                    if isinstance(w.get(k), (int, float)):
-                        acc[k] = acc.get(k, 0) + w[k]
+            acc = by_src.get(src)
+            if acc is None:      # the first segment with this source: its figures as they are
+                by_src[src] = msgspec.structs.replace(w)
+                continue
+            for k in _WORK_SUMS:
+                v = getattr(w, k)
+                if isinstance(v, (int, float)):
+                    setattr(acc, k, (getattr(acc, k) if getattr(acc, k) is not UNSET else 0) + v)
     if by_src:
         out.work_by_source = by_src
     tops: dict[str, TopKernel] = {}

@@ -63,6 +63,20 @@ class TopKernel(msgspec.Struct):
     shapes_coverage_ratio: Num | UnsetType = UNSET   # where operator shapes gave figures
 
 
+class WorkSource(msgspec.Struct):
+    """A phase's work from one source (operator shapes or the model) and the kernel time it
+    covers (:func:`aggregator.phase_figures.phase_figures`)."""
+    flops: Num = 0.0
+    bytes: Num = 0.0
+    busy_ns: Num = 0
+    coverage_ratio: Num = 0.0
+    dtype: str | None = None
+    kernels: int | UnsetType = UNSET          # shapes: kernels with shapes
+    steps: int | UnsetType = UNSET            # model: steps with token counts
+    notes: list[str] | UnsetType = UNSET      # model: the model's notes
+    exceeds_ceilings_ratio: Num | UnsetType = UNSET   # where its figures exceed the GPU's ceilings
+
+
 class PhaseAnalysis(msgspec.Struct):
     """One phase's figures over the whole trace (:func:`aggregator.phase_figures.phase_figures`,
     where each is defined) and its top kernels."""
@@ -85,7 +99,7 @@ class PhaseAnalysis(msgspec.Struct):
     work_source: str | None = None
     work_coverage_ratio: Num | None = None
     work_busy_ns: Num | None = None
-    work_by_source: dict[str, dict[str, Any]] = {}   # per source (shapes, model): its own figures
+    work_by_source: dict[str, WorkSource] = {}
     achieved_flops_per_s: Num | None = None
     achieved_bytes_per_s: Num | None = None
     arithmetic_intensity: Num | None = None
@@ -307,6 +321,7 @@ def _phase(f: dict) -> PhaseAnalysis:
     """A phase's figure dict (:func:`roofline.phase_summary`) as its Struct: every key is a
     field (TypeError on one that is not), values as computed."""
     return PhaseAnalysis(**{**f, "launch_latency": LaunchLatency(**f["launch_latency"]),
+                            "work_by_source": {k: WorkSource(**w) for k, w in f["work_by_source"].items()},
                             "top_kernels": [TopKernel(**t) for t in f["top_kernels"]]})
 
 

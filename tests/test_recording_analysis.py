@@ -72,6 +72,25 @@ def test_combine_sums_and_keeps_downtime_out():
                               "achieved_bytes_per_s": 200 / 20e-9}]
 
 
+def test_work_by_source_is_summed_once_per_segment():
+    """A source's work is each segment's once: the dict code added the first segment's
+    figures to their own copy (a one-segment recording showed twice its model FLOPs)."""
+    a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
+    b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
+    for d in (a, b):
+        p = d["phases"]["decode"]
+        p["work_by_source"] = {"model": {"flops": p["flops"], "bytes": p["bytes"], "busy_ns": p["busy_ns"],
+                                         "coverage_ratio": 1.0, "dtype": "bf16", "steps": p["steps"],
+                                         "notes": []}}
+    segs = [{"index": 0, "started_by": "start", "start_ns": 0, "end_ns": 2000}]
+    one = combine([a], segs, {"segments": 1})["phases"]["decode"]
+    assert one["work_by_source"]["model"] == a["phases"]["decode"]["work_by_source"]["model"]
+    both = combine([a, b], segs, {"segments": 2})["phases"]["decode"]
+    m = both["work_by_source"]["model"]
+    assert (m["flops"], m["bytes"], m["busy_ns"]) == (both["flops"], both["bytes"], both["busy_ns"]) == (1e7, 5e6, 6000)
+    assert m["coverage_ratio"] == 1.0 and m["dtype"] == "bf16" and m["notes"] == []
+
+
 def test_size_cuts_are_not_downtime_and_steps_are_capped():
     a = _doc(1, 1, 1, 1, 0, 0, 0, 1.0, MAX_STEPS_KEPT, "x", 1, 1.0)
     segs = [{"index": 0, "started_by": "start", "start_ns": 0, "end_ns": 10},
