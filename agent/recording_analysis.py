@@ -29,6 +29,7 @@ from ridgeline.aggregator.analysis import (
     Analysis,
     Copies,
     IdleGaps,
+    LaunchLatency,
     PhaseAnalysis,
     RecordingFacts,
     RecordingRequests,
@@ -136,12 +137,9 @@ def _longest(docs: list, key):
     return best
 
 
-def _rate(amount, busy_ns):
-    """``amount`` per second of ``busy_ns`` (None without either)."""
-    return amount / (busy_ns / 1e9) if busy_ns and amount is not None else None
-
-
 def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
+    """One phase over segments: sums added, rates recomputed from them, the rest (verdict,
+    evidence, percentiles) of the segment with the most kernel time."""
     base_i, base = max(parts, key=lambda x: x[1].kernel_time_ns)
     sums = {}
     for k in _PHASE_SUMS:
@@ -149,13 +147,27 @@ def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
         if vals:
             sums[k] = sum(vals)
     out = msgspec.structs.replace(base, **sums)
+    _recompute_rates(out)
+    by_src = _combine_work([p for _, p in parts])
+    if by_src:
+        out.work_by_source = by_src
+    out.top_kernels = _combine_top_kernels([p for _, p in parts])
+    if len(parts) > 1:
+        out.evidence = list(base.evidence) + [
+            f"verdict of segment {base_i} (the longest of {len(parts)} with this phase)"]
+        out.percentiles_from_segment = base_i
+    return out
+
+
+def _recompute_rates(out: PhaseAnalysis) -> None:
+    """The phase's ratios and achieved rates, from its summed figures (in place)."""
     if out.window_ns:
         out.idle_ratio = out.idle_ns / out.window_ns
     wb = out.work_busy_ns
     if wb and out.flops is not None:
-        out.achieved_flops_per_s = _rate(out.flops, wb)
+        out.achieved_flops_per_s = out.flops / (wb / 1e9)
     if wb and out.bytes is not None:
-        out.achieved_bytes_per_s = _rate(out.bytes, wb)
+        out.achieved_bytes_per_s = out.bytes / (wb / 1e9)
     if out.flops is not None and out.bytes:
         out.arithmetic_intensity = out.flops / out.bytes
     if out.kernel_time_ns and out.work_busy_ns is not None:
@@ -164,21 +176,30 @@ def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
         out.pct_of_peak_flops = 100.0 * out.achieved_flops_per_s / out.peak_flops_per_s
     if out.peak_bytes_per_s and out.achieved_bytes_per_s is not None:
         out.pct_of_peak_bytes = 100.0 * out.achieved_bytes_per_s / out.peak_bytes_per_s
+
+
+def _combine_work(parts: list[PhaseAnalysis]) -> dict[str, WorkSource]:
+    """Work per source over segments: each segment's sums added once; a source's other
+    figures (coverage, dtype, notes) are those of its first segment."""
     by_src: dict[str, WorkSource] = {}
-    for _, p in parts:
+    for p in parts:
         for src, w in p.work_by_source.items():
             acc = by_src.get(src)
-            if acc is None:      # the first segment with this source: its figures as they are
+            if acc is None:
                 by_src[src] = msgspec.structs.replace(w)
                 continue
             for k in _WORK_SUMS:
                 v = getattr(w, k)
                 if isinstance(v, (int, float)):
                     setattr(acc, k, (getattr(acc, k) if getattr(acc, k) is not UNSET else 0) + v)
-    if by_src:
-        out.work_by_source = by_src
+    return by_src
+
+
+def _combine_top_kernels(parts: list[PhaseAnalysis]) -> list[TopKernel]:
+    """Kernels by name over segments, counts, times and work added, rates recomputed; as
+    many as the longest list."""
     tops: dict[str, TopKernel] = {}
-    for _, p in parts:
+    for p in parts:
         for t in p.top_kernels:
             acc = tops.get(t.name)
             if acc is None:
@@ -196,16 +217,12 @@ def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
                 t.achieved_flops_per_s = t.flops / (t.time_ns / 1e9)
             if t.bytes is not None:
                 t.achieved_bytes_per_s = t.bytes / (t.time_ns / 1e9)
-    n_top = max((len(p.top_kernels) for _, p in parts), default=0)
-    out.top_kernels = sorted(tops.values(), key=lambda t: -(t.time_ns or 0))[:n_top]
-    if len(parts) > 1:
-        out.evidence = list(base.evidence) + [
-            f"verdict of segment {base_i} (the longest of {len(parts)} with this phase)"]
-        out.percentiles_from_segment = base_i
-    return out
+    n_top = max((len(p.top_kernels) for p in parts), default=0)
+    return sorted(tops.values(), key=lambda t: -(t.time_ns or 0))[:n_top]
 
 
 def _combine_gaps(parts: list[IdleGaps]) -> IdleGaps:
+    """One device's idle gaps over segments: sums added; percentiles of the longest."""
     best = max(parts, key=lambda g: g.span_ns)
     span = sum(x.span_ns for x in parts)
     idle = sum(x.idle_ns for x in parts)
@@ -220,6 +237,37 @@ def _combine_gaps(parts: list[IdleGaps]) -> IdleGaps:
     if len(parts) > 1:
         g.percentiles_from_segment = "longest"
     return g
+
+
+def _combine_latency(docs: list[Analysis]) -> LaunchLatency:
+    """Launch latency over segments: kernels added, the mean weighted by them, the
+    percentiles of the segment with the most kernels."""
+    ll = [d.launch_latency for d in docs]
+    best = _longest(ll, lambda x: x.kernels)
+    k = sum(x.kernels for x in ll)
+    lat = msgspec.structs.replace(best, kernels=k)
+    means = [(x.mean_ns, x.kernels) for x in ll if x.mean_ns is not None]
+    if means and k:
+        lat.mean_ns = sum(m * w for m, w in means) / max(sum(w for _, w in means), 1)
+    return lat
+
+
+def _combine_copies(docs: list[Analysis]) -> list[Copies]:
+    """Copy traffic by kind and direction over segments, most time first."""
+    copies: dict[tuple, Copies] = {}
+    for d in docs:
+        for c in d.copies:
+            acc = copies.get((c.kind, c.direction))
+            if acc is None:
+                copies[(c.kind, c.direction)] = msgspec.structs.replace(c)
+                continue
+            acc.count += c.count
+            acc.bytes += c.bytes
+            acc.time_ns += c.time_ns
+    for c in copies.values():
+        if c.time_ns:
+            c.achieved_bytes_per_s = c.bytes / (c.time_ns / 1e9)
+    return sorted(copies.values(), key=lambda c: -c.time_ns)
 
 
 def combine(docs: list[Analysis], segs: list[RecordingSegment], recording: RecordingFacts) -> Analysis:
@@ -260,30 +308,7 @@ def combine(docs: list[Analysis], segs: list[RecordingSegment], recording: Recor
         for dev, g in d.idle_gaps.items():
             gaps.setdefault(dev, []).append(g)
     out.idle_gaps = {dev: _combine_gaps(parts) for dev, parts in gaps.items()}
-
-    ll = [d.launch_latency for d in docs]
-    best = _longest(ll, lambda x: x.kernels)
-    if best:
-        k = sum(x.kernels for x in ll)
-        lat = msgspec.structs.replace(best, kernels=k)
-        means = [(x.mean_ns, x.kernels) for x in ll if x.mean_ns is not None]
-        if means and k:
-            lat.mean_ns = sum(m * w for m, w in means) / max(sum(w for _, w in means), 1)
-        out.launch_latency = lat
-
-    copies: dict[tuple, Copies] = {}
-    for d in docs:
-        for c in d.copies:
-            acc = copies.get((c.kind, c.direction))
-            if acc is None:
-                copies[(c.kind, c.direction)] = msgspec.structs.replace(c)
-                continue
-            acc.count += c.count
-            acc.bytes += c.bytes
-            acc.time_ns += c.time_ns
-    for c in copies.values():
-        if c.time_ns:
-            c.achieved_bytes_per_s = c.bytes / (c.time_ns / 1e9)
-    out.copies = sorted(copies.values(), key=lambda c: -c.time_ns)
+    out.launch_latency = _combine_latency(docs)
+    out.copies = _combine_copies(docs)
     out.recording = rec
     return out

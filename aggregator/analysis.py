@@ -317,6 +317,15 @@ def _step(s, names: dict, work: StepWork | None, kernels: int, busy: int) -> Ana
     return st
 
 
+def _gpu(idx: int, dev, ceil: ceilings_mod.Ceilings | None, how: str) -> GpuCeilings:
+    """The trace's GPU (index, Device or None) with its ceilings' table entry, or without."""
+    name = dev.name if dev else None
+    if ceil is None:
+        return GpuCeilings(device_index=idx, device_name=name, ceilings_from=how, name=name)
+    return GpuCeilings(device_index=idx, device_name=name, ceilings_from=how, **ceil.to_dict(),
+                       ridge_point={d: v / ceil.hbm_bytes_per_s for d, v in ceil.flops_per_s.items()})
+
+
 def _phase(f: dict) -> PhaseAnalysis:
     """A phase's figure dict (:func:`roofline.phase_summary`) as its Struct: every key is a
     field (TypeError on one that is not), values as computed."""
@@ -368,13 +377,6 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
         cnt = np.bincount(ks[sel], minlength=int(ks.max()) + 1)
         step_stats = {i: (int(cnt[i]), int(busy[i])) for i in np.flatnonzero(cnt).tolist()}
     idx, dev = trace_device(trace)
-    if ceil is not None:
-        gpu_doc = GpuCeilings(device_index=idx, device_name=dev.name if dev else None, ceilings_from=how,
-                              **ceil.to_dict(),
-                              ridge_point={d: v / ceil.hbm_bytes_per_s for d, v in ceil.flops_per_s.items()})
-    else:
-        gpu_doc = GpuCeilings(device_index=idx, device_name=dev.name if dev else None, ceilings_from=how,
-                              name=dev.name if dev else None)
     span = (int(k["end_ns"].max() - k["start_ns"].min())) if len(k) else 0
     idle_gaps = roofline.idle_gaps(trace, gaps)
     return Analysis(
@@ -383,7 +385,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
         # Traces from the workload generator say so (recording meta, or the device
         # properties it writes); their figures are never measurements.
         simulated=bool(trace.meta.get("simulated") or any(d.properties.get("simulated") for d in trace.devices)),
-        gpu=gpu_doc,
+        gpu=_gpu(idx, dev, ceil, how),
         kernels=int(len(k)),
         kernel_time_ns=int(np.maximum(k["end_ns"] - k["start_ns"], 0).sum()) if len(k) else 0,
         span_ns=span,

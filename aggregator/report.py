@@ -73,9 +73,16 @@ def render_answer(records, c: Console, title: str) -> None:
 
 
 def render(doc: Analysis, console: Console | None = None) -> None:
+    """The whole report, section by section, in this order."""
     c = console or Console()
     if console is None and not c.is_terminal:
         c = Console(width=120)      # piped or captured: a fixed, readable width
+    for section in (_header, _phases, _top_kernels, _steps, _idle_and_launch, _stragglers, _copies):
+        section(doc, c)
+
+
+def _header(doc: Analysis, c: Console) -> None:
+    """The trace, its GPU and ceilings, the totals and the answer."""
     g = doc.gpu
     c.print(f"[bold]{doc.trace or 'trace'}[/bold]"
             + (" [yellow](SIMULATED: workload generator, not a measurement)[/yellow]" if doc.simulated else ""))
@@ -95,6 +102,10 @@ def render(doc: Analysis, console: Console | None = None) -> None:
     if not doc.kernels:
         c.print("no GPU kernels in this trace: nothing to place on the roofline", style="yellow")
     render_answer(doc.answer, c, doc.answer_title if doc.answer_title is not UNSET else "Answer (the whole trace)")
+
+
+def _phases(doc: Analysis, c: Console) -> None:
+    """The per-phase table and each phase's evidence."""
     t = Table(title="Phases", title_justify="left")
     for col, w in (("phase", 7), ("GPU time", 8), ("kernels", 7), ("TFLOP/s", 7), ("TB/s", 6),
                    ("FLOP/B", 6), ("idle", 4), ("verdict", 12)):
@@ -118,6 +129,9 @@ def render(doc: Analysis, console: Console | None = None) -> None:
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p.verdict, '')}]{p.verdict}[/]: "
                 + "; ".join(p.evidence))
 
+
+def _top_kernels(doc: Analysis, c: Console) -> None:
+    """Each phase's kernels of the most time."""
     for name, p in doc.phases.items():
         tk = p.top_kernels
         if not tk:
@@ -145,6 +159,9 @@ def render(doc: Analysis, console: Console | None = None) -> None:
                           "recorded with record_shapes); this one has none: the phase figures come from the model")
         c.print(kt)
 
+
+def _steps(doc: Analysis, c: Console) -> None:
+    """The steps (the first and last 10 of more than 20)."""
     steps = doc.steps
     if steps:
         st = Table(title=f"Steps ({len(steps)})", title_justify="left")
@@ -164,6 +181,9 @@ def render(doc: Analysis, console: Console | None = None) -> None:
             st.caption = f"first and last 10 of {len(steps)} steps; all in --json"
         c.print(st)
 
+
+def _idle_and_launch(doc: Analysis, c: Console) -> None:
+    """Idle gaps per device, and launch latency."""
     it = Table(title="GPU idle gaps (between kernels)", title_justify="left")
     for col in ("dev", "span", "idle", "gaps", "p50", "p90", "p99", "max"):
         it.add_column(col, no_wrap=True)
@@ -178,6 +198,10 @@ def render(doc: Analysis, console: Console | None = None) -> None:
                 f"p50 {_ns(ll.p50_ns)}, p90 {_ns(ll.p90_ns)}, p99 {_ns(ll.p99_ns)}")
     else:
         c.print("Launch latency: no kernel has a launch API record", style="dim")
+
+
+def _stragglers(doc: Analysis, c: Console) -> None:
+    """Each TP/PP group's collectives and its straggler."""
     for g in doc.stragglers:
         gt = Table(title=f"Collectives of TP/PP group {g.group}: {g.instances:,} collectives, the others wait "
                          f"{_fmt(g.waiting_share, 0.01, 1, '%')} of their time for the last rank",
@@ -192,6 +216,10 @@ def render(doc: Analysis, console: Console | None = None) -> None:
         if g.misaligned:
             gt.caption = f"{g.misaligned} collectives left out: their ends did not agree across the ranks"
         c.print(gt)
+
+
+def _copies(doc: Analysis, c: Console) -> None:
+    """Copy traffic by kind and direction."""
     if doc.copies:
         ct = Table(title="Copy traffic", title_justify="left")
         for col in ("kind", "direction", "count", "bytes", "time", "achieved"):
