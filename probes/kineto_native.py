@@ -14,7 +14,7 @@ Same contract and result as the typed reader (:mod:`probes.kineto_typed`) and th
 reference (:mod:`probes.kineto_dicts`): a piece holding anything the native side does not
 read exactly as the reference would (a value of another type than Kineto writes, an integer
 that does not fit its column, a time beyond +-2^62 ns, an unknown category, JSON simdjson
-refuses) is read by the reference builder instead (``kineto_typed._reference``), which
+refuses) is read by the reference builder instead (``kineto_typed.reference``), which
 raises :class:`json_chunks.Unsplit` for invalid JSON: the caller then reads the whole file
 with the structural scanner, which names the problem exactly.
 
@@ -64,7 +64,7 @@ _CAT_FIELD = {"copies": "kind", "api": "domain", "ranges": "kind"}
 _RJ_OK, _RJ_REFERENCE = 0, 1
 _UNMAPPED = -2
 
-_C = typed._CAT_INDEX
+_C = typed.CAT_INDEX
 
 
 class MissingReader(InputError):
@@ -115,7 +115,7 @@ def library() -> ctypes.CDLL:
 
 
 def _template(kind: str) -> np.ndarray:
-    t = empty(typed._DTYPES[kind], 1)
+    t = empty(typed.DTYPES[kind], 1)
     if kind == "cpu_ops":
         t["is_causal"] = sdpa.CAUSAL_FLAG_UNKNOWN
     return t
@@ -166,9 +166,9 @@ class _Reader:
         self.h = lib.rj_new(max_bytes)
         if not self.h:
             raise MemoryError("the native trace reader could not allocate its parser")
-        self.templates = {k: _template(k) for k in typed._KINDS}
-        for k, kind in enumerate(typed._KINDS):
-            dt = typed._DTYPES[kind]
+        self.templates = {k: _template(k) for k in typed.KINDS}
+        for k, kind in enumerate(typed.KINDS):
+            dt = typed.DTYPES[kind]
             slots = np.zeros(2 * len(_FIELDS), dtype=np.int32)
             for f, field in enumerate(_FIELDS):
                 field = _CAT_FIELD.get(kind) if field == "<cat>" else field
@@ -179,8 +179,8 @@ class _Reader:
                              slots.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)))
             if rc != _RJ_OK:
                 raise AssertionError(f"rj_kind refused the {kind} layout")
-        for code, cat in enumerate(typed._CATS):
-            lib.rj_category(self.h, None if cat is None else cat.encode(), code, int(typed._KIND_OF_CAT[code]))
+        for code, cat in enumerate(typed.CATS):
+            lib.rj_category(self.h, None if cat is None else cat.encode(), code, int(typed.KIND_OF_CAT[code]))
         for op in sorted(sdpa.SDPA_OPS):
             lib.rj_special(self.h, op.encode())
         self.names = _Ids(self, 0, bytes.decode)
@@ -194,7 +194,7 @@ class _Reader:
     def _view(self, k: int, kind: str) -> np.ndarray:
         ptr = ctypes.c_void_p()
         n = self.lib.rj_rows(self.h, k, ctypes.byref(ptr))
-        dt = typed._DTYPES[kind]
+        dt = typed.DTYPES[kind]
         if n <= 0:
             return empty(dt)
         return np.frombuffer((ctypes.c_char * (n * dt.itemsize)).from_address(ptr.value), dtype=dt)
@@ -206,12 +206,12 @@ class _Reader:
         addr = np.frombuffer(piece, dtype=np.uint8).ctypes.data if len(piece) else 0
         rc = self.lib.rj_piece(self.h, addr, len(piece))
         if rc == _RJ_REFERENCE:
-            return typed._reference(piece, b)
+            return typed.reference(piece, b)
         if rc != _RJ_OK:
             raise InputError(f"{path}: the native trace reader failed ({self.lib.rj_why(self.h).decode()})")
         names = b.names
-        cols = {kind: self._view(k, kind) for k, kind in enumerate(typed._KINDS)}
-        for kind in typed._KINDS:
+        cols = {kind: self._view(k, kind) for k, kind in enumerate(typed.KINDS)}
+        for kind in typed.KINDS:
             rows = cols[kind]
             if len(rows):
                 rows["name_id"] = self.names.mapped(rows["name_id"], names)
@@ -238,7 +238,7 @@ class _Reader:
         counts = np.ctypeslib.as_array(self.lib.rj_counts(self.h, ctypes.byref(n)), shape=(n.value,))
         bc = b.counts
         for code in np.flatnonzero(counts).tolist():
-            cat = typed._CATS[code]
+            cat = typed.CATS[code]
             key = cat if cat is not None else "<none>"
             bc[key] = bc.get(key, 0) + int(counts[code])
         return cols
@@ -272,7 +272,7 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, budget=None) -> Trace
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = EventBuilder()
-        out = typed._InOrder(budget.fresh() if budget is not None else None, b.names)
+        out = typed.InOrder(budget.fresh() if budget is not None else None, b.names)
         for i, piece in enumerate(stream.pieces()):
             out.add(i, reader.piece(piece, b, path))
         trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
