@@ -536,8 +536,10 @@ class _Rows:
                 self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             else:
                 self.mm.resize(size)
-        view = np.frombuffer(self.mm, dtype=self.dtype, count=self.n + len(a))
-        view[self.n:] = a
+        # as bytes: one copy, where a structured assignment copies field by field
+        size = self.dtype.itemsize
+        view = np.frombuffer(self.mm, dtype=np.uint8, count=need)
+        view[self.n * size:] = np.ascontiguousarray(a, dtype=self.dtype).view(np.uint8).reshape(-1)
         del view            # a buffer still exported would block the next resize
         self.n += len(a)
 

@@ -82,8 +82,9 @@ struct Reader {
     dom::parser parser;
     std::vector<char> buf;             // '[' piece ']' and simdjson's padding
     Kind kinds[NKINDS];
-    std::deque<std::string> cat_names;                    // the keys of cats
-    std::unordered_map<std::string_view, int32_t> cats;  // category -> code (probes.kineto_typed._CATS)
+    // category -> code (probes.kineto_typed.CATS), looked up by length then bytes: some
+    // twenty short strings, cheaper to compare than to hash once per event
+    std::vector<std::pair<std::string, int32_t>> cats;
     int32_t cpu_annotation_code = -2;  // "user_annotation": the ranges kept on the CPU side
     std::vector<int8_t> kind_of;       // code -> kind, -1 not kept
     int32_t none_code = -1;            // code of an absent or null "cat"
@@ -262,9 +263,13 @@ int piece(Reader &r, const char *text, size_t len) {
                     if (k == "cat") {
                         std::string_view s;
                         if (!v.get_string().get(s)) {
-                            auto it = r.cats.find(s);
-                            if (it == r.cats.end()) { r.why = "a category this reader does not know"; return RJ_REFERENCE; }
-                            code = it->second;
+                            code = -1;
+                            for (const auto &c : r.cats)
+                                if (c.first.size() == s.size() && std::memcmp(c.first.data(), s.data(), s.size()) == 0) {
+                                    code = c.second;
+                                    break;
+                                }
+                            if (code < 0) { r.why = "a category this reader does not know"; return RJ_REFERENCE; }
                         } else if (v.is_null()) {
                             code = r.none_code;
                         } else { r.why = "cat is not a string"; return RJ_REFERENCE; }
@@ -423,9 +428,8 @@ __attribute__((visibility("default"))) int rj_category(void *h, const char *name
         if ((size_t)code >= r.kind_of.size()) { r.kind_of.resize(code + 1, -1); r.counts.resize(code + 1, 0); }
         r.kind_of[code] = (int8_t)kind;
         if (name) {
-            r.cat_names.emplace_back(name);
-            r.cats[std::string_view(r.cat_names.back())] = code;
-            if (r.cat_names.back() == "user_annotation") r.cpu_annotation_code = code;
+            r.cats.emplace_back(name, code);
+            if (r.cats.back().first == "user_annotation") r.cpu_annotation_code = code;
         } else {
             r.none_code = code;
         }
