@@ -223,3 +223,17 @@ def test_fuzzed_files_give_a_trace_or_one_line_never_a_crash(tmp_path, trace_pat
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     ok, errors = map(int, r.stdout.split())
     assert ok + errors == 122 and errors >= 40     # truncations and garbage are refused
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_analyze_prints_the_same_figures_with_either_reader(name, trace_path, capsys, monkeypatch):
+    """The whole command's output (`analyze --json`), native reader vs the typed one."""
+    from ridgeline.agent.cli import main
+    p = str(trace_path(name))
+    assert main(["analyze", p, "--json"]) == 0
+    native = capsys.readouterr().out
+    monkeypatch.setattr(kineto_native, "load",
+                        lambda path, chunk_bytes, budget=None: kineto_typed.load(path, chunk_bytes, False, budget))
+    assert main(["analyze", p, "--json"]) == 0
+    typed = capsys.readouterr().out
+    assert len(native) > 1000 and native == typed
