@@ -53,7 +53,10 @@ from .events import (
 from .kineto_dicts import EventBuilder
 
 LIB_NAME = "libridgeline_json.so"
-CHUNK_BYTES = typed.CHUNK_BYTES
+# Pieces of 4 MiB: simdjson's parser holds several bytes of index and tape per byte of the
+# piece; 8 MiB pieces cost 39 MiB more peak RSS on the 200k-kernel A100 trace for the same
+# CPU (docs/benchmarks-analyze.md)
+CHUNK_BYTES = 4 << 20
 
 # ridgeline_json.cpp's enum Field, in its order: the dtype field each one is written to
 # ("<cat>": the kind's field that carries the category code until this module maps it)
