@@ -237,6 +237,7 @@ def main(argv=None) -> int:
     builder = "bench/make_big_trace.py"
     if args.trace:
         path = args.trace
+        builder = "whoever made it (given with --trace)"
         made = {"kernels": None, "bytes": path.stat().st_size, "replicas": "-"}
     elif args.scaled:
         builder = f"`../shared/tools/scale_kineto_trace.py {source.name} OUT --target-kernels {args.kernels}`"
