@@ -73,6 +73,8 @@ import re
 import threading
 from pathlib import Path
 
+import orjson
+
 from . import json_chunks, kineto_legacy, kineto_scan
 from .errors import InputError
 from .events import Trace
@@ -127,7 +129,7 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
     # written straight into the columns); files it cannot cut or read cleanly are read by
     # the structural scanner below
     if not _has_msgspec():
-        return _checked_schema(path, kineto_scan.load(path, chunk_bytes, bool(parallel), budget), budget)
+        return _checked_schema(path, _scanned(path, chunk_bytes, bool(parallel), budget), budget)
     from . import kineto_native
     try:
         trace = kineto_native.load(path, max(chunk_bytes, kineto_native.CHUNK_BYTES)
@@ -137,7 +139,16 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
         pass
     if budget is not None:       # the native reader's charges are void: the scanner starts over
         budget = budget.fresh()
-    return _checked_schema(path, kineto_scan.load(path, chunk_bytes, bool(parallel), budget), budget)
+    return _checked_schema(path, _scanned(path, chunk_bytes, bool(parallel), budget), budget)
+
+
+def _scanned(path: Path, chunk_bytes: int, parallel: bool, budget) -> Trace:
+    """The structural scanner's reading; a string it cannot decode (a lone surrogate
+    escape, which simdjson, msgspec and orjson all refuse) is one line, not a traceback."""
+    try:
+        return kineto_scan.load(path, chunk_bytes, parallel, budget)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg})") from None
 
 
 def _has_msgspec() -> bool:

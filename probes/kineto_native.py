@@ -271,7 +271,10 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, budget=None) -> Trace
     lib = library()
     enabled = gc.isenabled()
     gc.disable()   # the reference builder's pieces make dicts, none cyclic
-    reader = _Reader(lib, 2 * (chunk_bytes + json_chunks.PIECE_LIMIT))
+    # the parser holds about 14 bytes per byte of its largest piece: pieces past twice the
+    # piece size (an event bigger than a block, up to json_chunks.PIECE_LIMIT) are few
+    # events, read by the reference builder instead
+    reader = _Reader(lib, 2 * chunk_bytes + (1 << 20))
     try:
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = EventBuilder()

@@ -36,7 +36,8 @@ def references(monkeypatch):
 
 
 def same_tables(a, b):
-    """Same events, and the same name table (ids too: same strings in the same order)."""
+    """Same events, and the same name table (ids too: same strings in the same order; the
+    order follows the pieces, so both readers are given the same piece size)."""
     same_events(a, b)
     assert list(a.names) == list(b.names)
 
@@ -46,7 +47,7 @@ def test_native_equals_typed_and_reference_on_real_traces(name, trace_path, refe
     p = trace_path(name)
     native = kineto_native.load(p)
     assert not references            # the native reader read every piece itself
-    same_tables(native, kineto_typed.load(p))
+    same_tables(native, kineto_typed.load(p, chunk_bytes=kineto_native.CHUNK_BYTES))
     same_events(native, load_trace_via_dicts(p))
 
 
@@ -74,7 +75,7 @@ def test_native_equals_typed_on_the_simulators_trace(tmp_path, references):
     p = write_kineto(e.drain(), tmp_path / "sim.json.gz")
     native = kineto_native.load(p)
     assert len(native.kernels) > 100 and not references
-    same_tables(native, kineto_typed.load(p))
+    same_tables(native, kineto_typed.load(p, chunk_bytes=kineto_native.CHUNK_BYTES))
     same_events(native, load_trace_via_dicts(p))
 
 
@@ -237,3 +238,22 @@ def test_analyze_prints_the_same_figures_with_either_reader(name, trace_path, ca
     assert main(["analyze", p, "--json"]) == 0
     typed = capsys.readouterr().out
     assert len(native) > 1000 and native == typed
+
+
+def test_a_lone_surrogate_escape_is_one_line_not_a_traceback(tmp_path):
+    """simdjson refuses it (the piece goes to the reference, whose orjson refuses it too);
+    the structural scanner's orjson error used to escape as a traceback."""
+    p = tmp_path / "surrogate.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "a\\ud800b", "ts": 1, "dur": 1}]}')
+    with pytest.raises(InputError, match="not valid JSON .no low surrogate"):
+        load_trace(p)
+
+
+def test_a_piece_past_the_parsers_cap_is_read_by_the_reference(tmp_path, references):
+    """The parser's memory is bounded by its cap (twice the piece size plus 1 MiB)."""
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps({"traceEvents": [_KERNEL, _with(_KERNEL, name="k" * (2 << 20)), _OP]}))
+    got = kineto_native.load(p, chunk_bytes=64 << 10)
+    assert references
+    same_events(got, load_trace_via_dicts(p))
+    assert got.names[int(got.kernels["name_id"][1])] == "k" * (2 << 20)
