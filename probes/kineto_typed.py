@@ -1,4 +1,7 @@
-"""Typed decoding of Kineto trace events with msgspec: the fast path of :mod:`probes.kineto`.
+"""Typed decoding of Kineto trace events with msgspec: :mod:`probes.kineto`'s reader before
+the native one (:mod:`probes.kineto_native`), kept as the reference that reader is tested
+against, and the parts both share (categories, rows appended in file order, the hand-off
+of a piece to the dict reference builder, :func:`reference`).
 
 :func:`load` reads the ``traceEvents`` array in pieces of whole events
 (:meth:`probes.json_chunks.ArrayStream.pieces`) and decodes each piece with one msgspec
