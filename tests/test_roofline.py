@@ -73,8 +73,8 @@ def test_launch_latency_is_the_phase_figure_on_a_real_trace(trace_path):
     from ridgeline.probes.kineto import load_trace
     path = trace_path("nvidia-inference/tracelens_b200_vllm_gptoss_tp8_prefill888.json.gz")
     doc = analyze_trace(load_trace(str(path)))
-    whole, phase = doc["launch_latency"], doc["phases"]["prefill"]["launch_latency"]
-    assert whole["kernels"] == phase["kernels"] == doc["kernels"] == 768
+    whole, phase = doc.launch_latency, doc.phases["prefill"].launch_latency
+    assert whole.kernels == phase.kernels == doc.kernels == 768
     assert whole == phase
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import numpy as np
 
 from ridgeline.aggregator import model_config
@@ -82,14 +83,14 @@ def test_simulated_trace_decode_includes_the_kv_read(tmp_path, capsys):
     doc = analyze_trace(t, model=m, phase_map=map_phases(t))
     # the truth: every decode sequence the simulator scheduled reads its KV length (cached + new)
     want = sum(int((q[(q == 1) & (c > 0)] + c[(q == 1) & (c > 0)]).sum()) for q, c in seen)
-    got = sum(s["model_work"]["parts"]["kv_read_bytes"] for s in doc["steps"]
-              if s.get("model_work") and s["phase"] == "decode") / m.kv_bytes_per_token
+    got = sum(s.model_work.parts["kv_read_bytes"] for s in doc.steps
+              if s.model_work is not msgspec.UNSET and s.phase == "decode") / m.kv_bytes_per_token
     mixed = sum(int((q[(q == 1) & (c > 0)] + c[(q == 1) & (c > 0)]).sum()) for q, c in seen if (q > 1).any())
     assert want > 0 and abs(got - (want - mixed)) < 1e-6 * want
-    dec = doc["phases"]["decode"]
-    text = " ".join(str(x) for x in dec.get("evidence", []))
+    dec = doc.phases["decode"]
+    text = " ".join(str(x) for x in dec.evidence)
     assert "left out" not in text and "per-sequence key lengths" in text
-    assert doc["work"]["context_from"].startswith("the step annotations' key lengths")
+    assert doc.work.context_from.startswith("the step annotations' key lengths")
 
     # the command takes the model the trace's metadata names (issue 24.4), and the lengths
     from ridgeline.agent.cli import main
@@ -98,5 +99,5 @@ def test_simulated_trace_decode_includes_the_kv_read(tmp_path, capsys):
     cap = capsys.readouterr()
     cli = json.loads(cap.out)
     assert f"{path}: model {MODEL} from the trace's metadata (--model overrides)" in cap.err
-    assert cli["work"]["model"]["name"] == MODEL and cli["work"]["context_from"] == doc["work"]["context_from"]
-    assert cli["phases"]["decode"]["bytes"] == dec["bytes"]
+    assert cli["work"]["model"]["name"] == MODEL and cli["work"]["context_from"] == doc.work.context_from
+    assert cli["phases"]["decode"]["bytes"] == dec.bytes
