@@ -240,6 +240,16 @@ _PARENT_OPS = ("aten::linear", "aten::matmul")
 _PERSISTENT_GEMM = re.compile(r"^sm90_xmma_gemm")
 # PyTorch's layer norm launches one block per row (layer_norm_kernel.cu).
 _ROW_NORM = re.compile(r"vectorized_layer_norm_kernel")
+# PyTorch's row gather (aten::index / index_select on the leading dim, vectorized path):
+# one block per gathered row, pytorch/pytorch aten/src/ATen/native/cuda/IndexKernelUtils.cu
+# @ 05f814fe L36 (``dim3 grid = {num_ind, grid_y, 1}``; L12 ``ind = idx[blockIdx.x]``).
+_ROW_GATHER = re.compile(r"vectorized_gather_kernel")
+# A row gather at most this many kernels before the LM head on its stream feeds it: vLLM V1
+# gathers each request's last scheduled token before compute_logits (vllm v0.10.1
+# vllm/v1/worker/gpu_model_runner.py L803 ``logits_indices = query_start_loc[1:] - 1``, L1646
+# ``sample_hidden_states = hidden_states[logits_indices]``); the MI300X vLLM mixed step:
+# vectorized_gather_kernel grid [46,2,1] right before the LM head, 46 requests.
+ROW_GATHER_BEFORE = 3
 _TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
                           r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
 
@@ -491,6 +501,43 @@ class _Vote:
     value: int = 0       # a count the vote carries (sequences, one-token slots)
 
 
+def lm_head_gather_rows(trace: Trace, kernel_step: np.ndarray, lm_head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: the rows the LM head runs on from the row gather launched just before it
+    (grid.x of a ``vectorized_gather_kernel`` at most ROW_GATHER_BEFORE kernels before the
+    LM head, same step, device and stream) and that gather kernel; -1 where none. The engine
+    gathers one row per sampled sequence before its LM head (vLLM V1 ``logits_indices``,
+    SGLang's extend-mode ``hidden_states[last_index]``), so kernels alone give the sampled
+    rows. Linear in the kernels of the steps with an LM head; nothing without a gather."""
+    k = trace.kernels
+    n_steps = len(lm_head)
+    rows = np.full(n_steps, -1, dtype=np.int64)
+    ex = np.full(n_steps, -1, dtype=np.int64)
+    heads = np.flatnonzero(lm_head >= 0)
+    if not len(heads) or not len(k):
+        return rows, ex
+    nid = k["name_id"]
+    gathers = _names_matching(trace, np.unique(nid), _ROW_GATHER)[nid] & (kernel_step >= 0)
+    if not gathers.any():
+        return rows, ex
+    idx = np.flatnonzero(np.isin(kernel_step, heads))
+    o = idx[np.lexsort((k["start_ns"][idx], k["stream"][idx], k["device"][idx], kernel_step[idx]))]
+    pos = np.full(len(k), -1, dtype=np.int64)
+    pos[o] = np.arange(len(o))
+    head_k = lm_head[heads]
+    p = pos[head_k]
+    todo = np.ones(len(heads), dtype=bool)
+    for back in range(1, ROW_GATHER_BEFORE + 1):
+        q = p - back
+        ok = todo & (q >= 0)
+        cand = o[np.maximum(q, 0)]
+        ok &= ((kernel_step[cand] == kernel_step[head_k]) & (k["device"][cand] == k["device"][head_k])
+               & (k["stream"][cand] == k["stream"][head_k]) & gathers[cand] & (k["grid_x"][cand] > 0))
+        rows[heads[ok]] = k["grid_x"][cand[ok]]
+        ex[heads[ok]] = cand[ok]
+        todo &= ~ok
+    return rows, ex
+
+
 def _grid_text(k: np.ndarray, i: int) -> str:
     return f"[{int(k['grid_x'][i])},{int(k['grid_y'][i])},{int(k['grid_z'][i])}]"
 
@@ -603,6 +650,12 @@ class _StepFacts:
         # in vLLM V1 and SGLang, every verified token with speculative decoding); -1 unknown.
         self.lm_rows = np.where(self.lm_head >= 0, rows[np.maximum(self.lm_head, 0)], -1) if len(rows) \
             else np.full(n_steps, -1, dtype=np.int64)
+        # Without a CPU operator: the grid.x of the row gather that feeds the LM head (the
+        # gather kernel in ``lm_rows_gather``, -1 where the rows came from the operator).
+        g_rows, g_ex = lm_head_gather_rows(trace, kernel_step, self.lm_head)
+        use = (self.lm_rows < 0) & (g_rows > 0)
+        self.lm_rows = np.where(use, g_rows, self.lm_rows)
+        self.lm_rows_gather = np.where(use, g_ex, -1)
         self._eager_attention(k, kc, st, idx, role, n_steps)
         # Rows of PyTorch's row-wise layer norm (one block per row: grid.x = rows): the rows
         # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
@@ -705,7 +758,7 @@ class _StepFacts:
                   self.noncausal, self.noncausal_from_op, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
-                   self.causal_unknown_example):
+                   self.causal_unknown_example, self.lm_rows_gather):
             exc = np.maximum(ex, 0)
             cols1 += [np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
                       np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
@@ -879,7 +932,9 @@ def rule_lm_head(s: StepView) -> list[_Vote]:
     how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
     head = f"{s.name(lm)} grid {_grid_text(k, lm)}"
     ua = int(f.causal_unknown_example[j])
-    rows, tm = _rows_seen(j, f, s.kc, s.trace), int(s.kc.tile_tok[lm])
+    # The LM head's own rows where known (its operator, or the row gather feeding it).
+    rows = int(f.lm_rows[j]) if f.lm_rows[j] > 0 else _rows_seen(j, f, s.kc, s.trace)
+    tm = int(s.kc.tile_tok[lm])
     if f.lm_estimated[j] and tm > 0 and rows > tm and width // -(-rows // tm) < VOCAB_MIN_COLS:
         # A launch-grid width is N only when the GEMM's rows fit one token-side tile; over
         # R rows it is N x ceil(R / tile). Where the step runs on more rows than a tile,
@@ -940,7 +995,10 @@ def rule_tokens(s: StepView) -> list[_Vote]:
         out = [_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): several new "
                      f"tokens per sequence => prefill", "tokens")]
     else:
-        out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]))
+        g = int(f.lm_rows_gather[j])
+        out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]),
+                                 rows_from=f" (grid.x of the row gather before it, {s.name(g)} grid "
+                                           f"{_grid_text(s.k, g)})" if g >= 0 else "")
     if rank == STRONG and seqs > 1 and t > seqs:
         out += _varlen_mixed_slots(s, t, seqs)
     return _bound_mixed_slots(s, t, out)
@@ -1194,11 +1252,13 @@ def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> lis
 PREFILL_MIN_TOKENS = 512
 
 
-def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool) -> list[_Vote]:
+def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool,
+                       rows_from: str = "") -> list[_Vote]:
     """Votes from a step's token count (``tokens``, from the grid of its per-token kernels;
     ``rank`` the family's strength) when the attention launch does not give the sequences.
 
-    ``sampled_rows``: the LM head's rows from its CPU operator (-1 unknown): one row per
+    ``sampled_rows``: the LM head's rows from its CPU operator, else from the row gather
+    feeding it (``rows_from`` names that gather in the text; -1 unknown): one row per
     sequence sampled (vLLM V1 computes logits at each request's last scheduled token,
     SGLang likewise; a speculative verify step samples every token). Tokens equal to the
     sampled rows: one new token per sequence => decode; more tokens than rows: several per
@@ -1208,11 +1268,11 @@ def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, uns
     (``unsplit``) is prefill-leaning (weak)."""
     if rank == STRONG and sampled_rows > 0:
         if tokens == sampled_rows:
-            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
-                          f"one new token per sequence => decode", "tokens")]
+            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows"
+                          f"{rows_from}: one new token per sequence => decode", "tokens")]
         if tokens > sampled_rows:
-            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
-                         f"several new tokens per sequence => prefill", "tokens")]
+            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows"
+                         f"{rows_from}: several new tokens per sequence => prefill", "tokens")]
             if sampled_rows > 1:
                 out.append(_Vote(UNKNOWN, 0, f"{tokens} tokens over {sampled_rows} sampled sequences: up to "
                                  f"{sampled_rows - 1} of them may be one-token decodes", "mixed_slots",
@@ -1474,7 +1534,7 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
             hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
 
     leftover = kernel_step < 0
-    seg = segment_kernels(trace, kc, mask=leftover, hint=hint)
+    seg = segment_kernels(trace, kc, mask=leftover, hint=hint, launch=launch)
     base = len(steps)
     boundary = [""] * base          # per step: why a kernel segment starts where it does
     for i, sgm in enumerate(seg.segments):

@@ -320,7 +320,12 @@ class StreamPhaser:
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
         """Phase of one step's kernels by the full layered method, kept as a shape."""
         self.map_phases_calls += 1
-        sub = Trace(kernels=trace.kernels[idx], names=self.names, devices=trace.devices, meta=trace.meta)
+        kern = trace.kernels[idx]
+        # With the step's launch records: the mapper's own step cut reads them (a GPU gap
+        # inside one host burst is no boundary, aggregator.steps HOST_TOGETHER_NS), so the
+        # one step the batch segmentation found stays one step here.
+        api = trace.api[np.isin(trace.api["correlation_id"], kern["correlation_id"])] if len(trace.api) else trace.api
+        sub = Trace(kernels=kern, api=api, names=self.names, devices=trace.devices, meta=trace.meta)
         pm = map_phases(sub, use_annotations=False, first_step_unknown_history=False)
         ph = np.asarray(pm.kernel_phase, dtype=np.uint8)
         inf_only = bool(self.classes(sub.kernels["name_id"]).inference_only.any())

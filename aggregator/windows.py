@@ -820,8 +820,11 @@ class SourceFold:
                 cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
                 if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
                     # The host calls from the held step on: its idle gaps are covered by
-                    # them when it is folded (aggregator.phase_figures).
-                    ca = t.api[t.api["end_ns"] >= int(k["start_ns"][hi].min())]
+                    # them when it is folded (aggregator.phase_figures); and the held kernels'
+                    # own launches, which may end before the step's first kernel starts (the
+                    # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
+                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
+                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
