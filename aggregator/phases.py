@@ -88,7 +88,9 @@ class Step:
     strings, the deciding one first. ``source``: "annotation" or "kernels".
     ``mixed_slots``: for a step decided from kernels, how many sequences of its single varlen
     prefill-attention launch can be one-token decodes (0: none); such a step is mixed when
-    it continues a running batch (:func:`mixed_by_continuity`).
+    it continues a running batch (:func:`mixed_by_continuity`). ``tokens``: for a step
+    decided from kernels, all its tokens as its kernels show them (KV-cache write grid.x,
+    else GEMM rows), also where the split is unknown (a mixed step); None unknown.
     """
     index: int
     start_ns: int
@@ -101,6 +103,7 @@ class Step:
     source: str = "kernels"
     kernels: int = 0
     mixed_slots: int = 0
+    tokens: int | None = None
 
     @property
     def phase_name(self) -> str:
@@ -1324,6 +1327,28 @@ def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int
     return (best[1], best[2], best[0]) if best else None
 
 
+def query_block_tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int, str] | None:
+    """An estimate of the tokens of prefill step ``j`` that has no per-token kernel and no
+    GEMM rows, from its widest query-block attention launch with a known block height:
+    FlashAttention-2's grid (num_m_block, batch, heads) with num_m_block = ceil(seqlen_q /
+    kBlockM) (flash_fwd_launch_template.h ``grid(num_m_block, b, h)``; kBlockM from
+    ``Flash_fwd_kernel_traits<hdim, kBlockM, ...>``): batch x (num_m_block - 1/2) x kBlockM,
+    the middle of the range the grid allows when the batch's sequences are equally long (a
+    padded batch, as Hugging Face runs). None without such a launch."""
+    ex = int(f.qb_example[j])
+    if ex < 0:
+        return None
+    k = trace.kernels
+    bm, gx, gy = int(kc.block_m[ex]), int(k["grid_x"][ex]), int(k["grid_y"][ex])
+    if bm <= 0 or gx <= 0 or gy <= 0:
+        return None
+    t = gy * (gx * bm - bm // 2)
+    lo, hi = gy * ((gx - 1) * bm + 1), gy * gx * bm
+    name = short_name(trace.names[int(k["name_id"][ex])])
+    return t, (f"{name} grid {_grid_text(k, ex)}: about {t} tokens (an estimate: {gy} sequences of {gx} query "
+               f"blocks of {bm} rows, {lo}..{hi} tokens if equally long)")
+
+
 def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list[_Vote], str | None]:
     """Label from votes. Returns (phase, deciding votes, conflict text or None).
 
@@ -1613,6 +1638,13 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
         t = tok[0] if tok is not None else None
         if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
             t = int(facts.max_rows[st.index])
+        if t is None and st.phase == PREFILL:
+            qt = query_block_tokens(st.index, facts, kc, trace)
+            if qt is not None:
+                t = qt[0]
+                st.evidence.append(qt[1])
+        if st.phase in (PREFILL, DECODE, MIXED):
+            st.tokens = t
         if st.phase == PREFILL:
             st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
         elif st.phase == DECODE:

@@ -99,9 +99,10 @@ def render(doc: dict, console: Console | None = None) -> None:
         t.add_column(col, justify="left" if col in ("phase", "verdict") else "right", min_width=w)
     for name, p in doc["phases"].items():
         share = p.get("share_of_gpu_time_ratio")
+        est = "~" if p.get("work_estimated") else ""     # figures over token counts from kernel grids
         t.add_row(
             name, f"{_ns(p['busy_ns'])} ({_fmt(share, 0.01, 0, '%')})", f"{p['kernels']:,}",
-            f"{_fmt(p['achieved_flops_per_s'], 1e12, 1)} ({_fmt(p['pct_of_peak_flops'], 1, 0, '%')})",
+            f"{est}{_fmt(p['achieved_flops_per_s'], 1e12, 1)} ({_fmt(p['pct_of_peak_flops'], 1, 0, '%')})",
             f"{_fmt(p['achieved_bytes_per_s'], 1e12, 2)} ({_fmt(p['pct_of_peak_bytes'], 1, 0, '%')})",
             f"{_fmt(p['arithmetic_intensity'], 1, 1)} ({_fmt(p['ridge_point'], 1, 0)})",
             _fmt(p["idle_ratio"], 0.01, 0, "%"),
@@ -113,6 +114,8 @@ def render(doc: dict, console: Console | None = None) -> None:
     if whole:
         t.caption += "; " + ", ".join(whole) + " (between steps too: see the idle gaps)"
     c.print(t)
+    if any(p.get("work_estimated") for p in doc["phases"].values()):
+        c.print("~ = estimate: the model's work over token counts read from kernel grids (no engine annotation)")
     for name, p in doc["phases"].items():
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p['verdict'], '')}]{p['verdict']}[/]: "
                 + "; ".join(p["evidence"]))
