@@ -1633,8 +1633,6 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
         st.phase = ph
         st.evidence.extend(ev)
         decisive_sig[st.index] = sig
-        if boundary[st.index]:
-            st.evidence.append(f"step starts: {boundary[st.index]}")
         t = tok[0] if tok is not None else None
         if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
             t = int(facts.max_rows[st.index])
@@ -1643,6 +1641,8 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
             if qt is not None:
                 t = qt[0]
                 st.evidence.append(qt[1])
+        if boundary[st.index]:
+            st.evidence.append(f"step starts: {boundary[st.index]}")
         if st.phase in (PREFILL, DECODE, MIXED):
             st.tokens = t
         if st.phase == PREFILL:

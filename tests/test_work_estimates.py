@@ -89,3 +89,25 @@ def test_prefill_tokens_from_the_kv_write_grid_are_an_estimate():
     assert ks["model_work"]["flops"] == bs["model_work"]["flops"]
     assert (ks["model_work"]["estimate"], bs["model_work"]["estimate"]) == (False, True)
     assert (kept["phases"]["prefill"]["work_estimated"], bare["phases"]["prefill"]["work_estimated"]) == (False, True)
+
+
+def test_prefill_tokens_from_query_blocks_where_no_kernel_counts_them():
+    """The H100 Hugging Face Qwen forward (16 x 559 tokens by its CPU operators' Input
+    Dims) without CPU operators: no KV-cache write, no GEMM rows; FlashAttention-2's grid
+    [5,16,16] (kBlockM 128) says 16 sequences of 513..640 tokens: about 9216 (3% over the
+    8944 the operators give), and the model's work over it gives the verdict the operator
+    shapes' run does (it was undetermined)."""
+    h100 = "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"
+    tr = load_trace(shared_trace(h100))
+    m = model_config.builtin("qwen1.5-0.5b")
+    kept = analyze_trace(tr, model=m)
+    bare = analyze_trace(without(tr, False), model=m)
+    assert kept["steps"][1]["tokens"] == {"prefill": 16 * 559, "decode": 0}     # GEMM rows [16, 559, ...]
+    st = bare["steps"][1]
+    assert st["tokens"] == {"prefill": 9216, "decode": 0}
+    assert any(e.startswith("flash_fwd_kernel grid [5,16,16]: about 9216 tokens (an estimate: 16 sequences of 5 "
+                            "query blocks of 128 rows, 8208..10240 tokens if equally long)") for e in st["evidence"])
+    assert 16 * 1 * 513 <= 16 * 559 <= 16 * 640
+    assert st["model_work"]["estimate"] is True
+    kp, bp = kept["phases"]["prefill"], bare["phases"]["prefill"]
+    assert bp["verdict"] == kp["verdict"] != "undetermined" and bp["work_estimated"] is True
