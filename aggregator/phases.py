@@ -1454,110 +1454,133 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     that starts after it is not the first of the recording; ``first_step_unknown_history=False``:
     no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
     """
-    k = trace.kernels
-    n = len(k)
     kc = classify_kernels(trace)
     launch = launch_index(trace)
+    # 1. Engine step annotations (and ProfilerStep windows as weak boundaries).
+    if use_annotations and len(trace.ranges) and len(trace.kernels):
+        kernel_step, steps, ann_of_step, hint = _annotation_steps(trace, launch)
+    else:
+        kernel_step, steps, ann_of_step, hint = np.full(len(trace.kernels), -1, dtype=np.int32), [], {}, None
+    # 2. The kernels left over, cut into steps from the kernels alone.
+    boundary = _kernel_segment_steps(trace, kc, launch, kernel_step, steps, hint)
+    kernel_step, steps, ann_of_step, boundary = _in_time_order(kernel_step, steps, ann_of_step, boundary)
+    # 3. Each step's own evidence, its label and tokens; then mixed by continuity.
+    decisive_sig = _label_steps(trace, kc, launch, kernel_step, steps, ann_of_step, boundary)
+    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
+    return _kernel_arrays(kc, kernel_step, steps, decisive_sig)
+
+
+def _annotation_steps(trace: Trace, launch: np.ndarray):
+    """Layer 1: one step per (engine step annotation, device) that holds kernels (GPU-side
+    ranges first, then CPU ranges by launch correlation; nested annotations of one step
+    folded), and the ProfilerStep windows as a weak per-kernel hint for the kernels left
+    over. Returns (kernel_step, steps, annotation of each step, hint or None)."""
+    k = trace.kernels
     names = trace.names
-    kernel_step = np.full(n, -1, dtype=np.int32)
+    kernel_step = np.full(len(k), -1, dtype=np.int32)
     steps: list[Step] = []
     ann_of_step: dict[int, tuple[StepAnnotation, str]] = {}
     hint = None
+    r = trace.ranges
+    parsed: dict[int, StepAnnotation] = {}
+    for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist():
+        text = names[i]
+        if not _is_profiler_step(text) and len(text) < 512:
+            a = parse_step_annotation(text)
+            if a is not None:
+                parsed[i] = a
+    ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
+    kinds = (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_NVTX)
+    named = np.isin(r["kind"], kinds) & np.isin(r["name_id"], ann_ids)
+    gpu_sel = np.flatnonzero(named & (r["device"] >= 0))
+    # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
+    # GPU copy, or kernels the copy's window misses) by launch correlation.
+    cpu_sel = np.flatnonzero(named & (r["device"] < 0))
+    name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
+    hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
+    free = hit_gpu < 0
+    hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
+                                    r["tid"][cpu_sel], launch=launch, candidates=free)
+    hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
+                                              r["pid"][cpu_sel], r["tid"][cpu_sel])
+    # One step per (range, device) that holds kernels.
+    # One step per (annotation, device): the GPU-side copy and the CPU range of one
+    # annotation (same name and external id) are the same step.
+    g_ext = np.asarray(g_ext_ids, dtype=np.int64)
+    c_ext = np.where(r["external_id"][cpu_sel] >= 0, r["external_id"][cpu_sel], -(10 ** 12) - np.arange(len(cpu_sel)))
+    step_of_key: dict[tuple[int, int, int], int] = {}
+    for src, hits, nid_of, ext_of in (("GPU-side range", hit_gpu, lambda h: name_ids[h], lambda h: int(g_ext[h])),
+                                      ("CPU range, kernels by launch correlation", hit_cpu,
+                                       lambda h: int(r["name_id"][cpu_sel[h]]), lambda h: int(c_ext[h]))):
+        on = np.flatnonzero(hits >= 0)
+        if not len(on):
+            continue
+        # (range, device) pairs as one int64 key: 1-D unique is far cheaper than axis=0.
+        dev_of = k["device"][on].astype(np.int64)
+        dmin = int(dev_of.min())
+        span = int(dev_of.max()) - dmin + 1
+        ukey, inv = np.unique(hits[on].astype(np.int64) * span + (dev_of - dmin), return_inverse=True)
+        inv = inv.reshape(-1)
+        up = np.stack([ukey // span, ukey % span + dmin], axis=1)
+        first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
+        last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(first, inv, k["start_ns"][on])
+        np.maximum.at(last, inv, k["end_ns"][on])
+        idx_of_u = np.empty(len(up), dtype=np.int32)
+        for u, (h, dev) in enumerate(up.tolist()):
+            nid = nid_of(h)
+            key = (nid, ext_of(h), int(dev))
+            j = step_of_key.get(key)
+            if j is not None:
+                st = steps[j]
+                st.start_ns, st.end_ns = min(st.start_ns, int(first[u])), max(st.end_ns, int(last[u]))
+                if src.startswith("CPU") and "some kernels" not in st.evidence[0]:
+                    st.evidence[0] = st.evidence[0][:-1] + "; some kernels by CPU range and launch correlation)"
+            else:
+                text = names[nid]
+                ann = parsed[nid]
+                j = len(steps)
+                steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
+                                  phase=ann.phase, prefill_tokens=ann.prefill_tokens,
+                                  decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
+                                  source="annotation"))
+                ann_of_step[j] = (ann, text)
+                step_of_key[key] = j
+                if src.startswith("CPU"):
+                    for fo in folded.get(int(h), []):
+                        steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
+                                                 f"is the same engine step (its kernels are in this step)")
+            idx_of_u[u] = j
+        kernel_step[on] = idx_of_u[inv]
+    # ProfilerStep ranges: weak boundaries for the kernels left over.
+    ps_ids = np.array([i for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist()
+                       if _is_profiler_step(names[i])], dtype=np.int64)
+    ps_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_PROFILER_STEP))
+                            & np.isin(r["name_id"], ps_ids))
+    if len(ps_sel):
+        gp = ps_sel[r["device"][ps_sel] >= 0]
+        cp = ps_sel[r["device"][ps_sel] < 0]
+        _, p_start, p_end, p_dev, _ = _merge_gpu_copies(trace, gp)
+        hint = kernels_in_gpu_ranges(trace, p_start, p_end, p_dev).astype(np.int64)
+        # Kernels between GPU-side windows form their own groups (-2 - preceding window
+        # position): a window edge on the GPU timeline is a real boundary. -1 stays
+        # "no information" (devices without GPU-side windows, CPU-mapped misses).
+        for dev in np.unique(p_dev).tolist():
+            w = np.sort(p_start[p_dev == dev])
+            out = np.flatnonzero((hint < 0) & (k["device"] == dev))
+            hint[out] = -2 - np.searchsorted(w, k["start_ns"][out], side="right")
+        rest = hint == -1
+        hc = kernels_in_cpu_ranges(trace, r["start_ns"][cp], r["end_ns"][cp], r["pid"][cp], r["tid"][cp],
+                                   launch=launch, candidates=rest)
+        hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
+    return kernel_step, steps, ann_of_step, hint
 
-    if use_annotations and len(trace.ranges) and n:
-        r = trace.ranges
-        parsed: dict[int, StepAnnotation] = {}
-        for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist():
-            text = names[i]
-            if not _is_profiler_step(text) and len(text) < 512:
-                a = parse_step_annotation(text)
-                if a is not None:
-                    parsed[i] = a
-        ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
-        kinds = (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_NVTX)
-        named = np.isin(r["kind"], kinds) & np.isin(r["name_id"], ann_ids)
-        gpu_sel = np.flatnonzero(named & (r["device"] >= 0))
-        # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
-        # GPU copy, or kernels the copy's window misses) by launch correlation.
-        cpu_sel = np.flatnonzero(named & (r["device"] < 0))
-        name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
-        hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
-        free = hit_gpu < 0
-        hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
-                                        r["tid"][cpu_sel], launch=launch, candidates=free)
-        hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
-                                                  r["pid"][cpu_sel], r["tid"][cpu_sel])
-        # One step per (range, device) that holds kernels.
-        # One step per (annotation, device): the GPU-side copy and the CPU range of one
-        # annotation (same name and external id) are the same step.
-        g_ext = np.asarray(g_ext_ids, dtype=np.int64)
-        c_ext = np.where(r["external_id"][cpu_sel] >= 0, r["external_id"][cpu_sel], -(10 ** 12) - np.arange(len(cpu_sel)))
-        step_of_key: dict[tuple[int, int, int], int] = {}
-        for src, hits, nid_of, ext_of in (("GPU-side range", hit_gpu, lambda h: name_ids[h], lambda h: int(g_ext[h])),
-                                          ("CPU range, kernels by launch correlation", hit_cpu,
-                                           lambda h: int(r["name_id"][cpu_sel[h]]), lambda h: int(c_ext[h]))):
-            on = np.flatnonzero(hits >= 0)
-            if not len(on):
-                continue
-            # (range, device) pairs as one int64 key: 1-D unique is far cheaper than axis=0.
-            dev_of = k["device"][on].astype(np.int64)
-            dmin = int(dev_of.min())
-            span = int(dev_of.max()) - dmin + 1
-            ukey, inv = np.unique(hits[on].astype(np.int64) * span + (dev_of - dmin), return_inverse=True)
-            inv = inv.reshape(-1)
-            up = np.stack([ukey // span, ukey % span + dmin], axis=1)
-            first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
-            last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
-            np.minimum.at(first, inv, k["start_ns"][on])
-            np.maximum.at(last, inv, k["end_ns"][on])
-            idx_of_u = np.empty(len(up), dtype=np.int32)
-            for u, (h, dev) in enumerate(up.tolist()):
-                nid = nid_of(h)
-                key = (nid, ext_of(h), int(dev))
-                j = step_of_key.get(key)
-                if j is not None:
-                    st = steps[j]
-                    st.start_ns, st.end_ns = min(st.start_ns, int(first[u])), max(st.end_ns, int(last[u]))
-                    if src.startswith("CPU") and "some kernels" not in st.evidence[0]:
-                        st.evidence[0] = st.evidence[0][:-1] + "; some kernels by CPU range and launch correlation)"
-                else:
-                    text = names[nid]
-                    ann = parsed[nid]
-                    j = len(steps)
-                    steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
-                                      phase=ann.phase, prefill_tokens=ann.prefill_tokens,
-                                      decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
-                                      source="annotation"))
-                    ann_of_step[j] = (ann, text)
-                    step_of_key[key] = j
-                    if src.startswith("CPU"):
-                        for fo in folded.get(int(h), []):
-                            steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
-                                                     f"is the same engine step (its kernels are in this step)")
-                idx_of_u[u] = j
-            kernel_step[on] = idx_of_u[inv]
-        # ProfilerStep ranges: weak boundaries for the kernels left over.
-        ps_ids = np.array([i for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist()
-                           if _is_profiler_step(names[i])], dtype=np.int64)
-        ps_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_PROFILER_STEP))
-                                & np.isin(r["name_id"], ps_ids))
-        if len(ps_sel):
-            gp = ps_sel[r["device"][ps_sel] >= 0]
-            cp = ps_sel[r["device"][ps_sel] < 0]
-            _, p_start, p_end, p_dev, _ = _merge_gpu_copies(trace, gp)
-            hint = kernels_in_gpu_ranges(trace, p_start, p_end, p_dev).astype(np.int64)
-            # Kernels between GPU-side windows form their own groups (-2 - preceding window
-            # position): a window edge on the GPU timeline is a real boundary. -1 stays
-            # "no information" (devices without GPU-side windows, CPU-mapped misses).
-            for dev in np.unique(p_dev).tolist():
-                w = np.sort(p_start[p_dev == dev])
-                out = np.flatnonzero((hint < 0) & (k["device"] == dev))
-                hint[out] = -2 - np.searchsorted(w, k["start_ns"][out], side="right")
-            rest = hint == -1
-            hc = kernels_in_cpu_ranges(trace, r["start_ns"][cp], r["end_ns"][cp], r["pid"][cp], r["tid"][cp],
-                                       launch=launch, candidates=rest)
-            hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
 
+def _kernel_segment_steps(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray,
+                          steps: list[Step], hint: np.ndarray | None) -> list[str]:
+    """Layer 2: the kernels no annotation holds, cut into steps (:func:`segment_kernels`),
+    appended to ``steps`` and numbered in ``kernel_step`` (both updated in place). Returns per
+    step why a kernel segment starts where it does ("" for annotated steps)."""
     leftover = kernel_step < 0
     seg = segment_kernels(trace, kc, mask=leftover, hint=hint, launch=launch)
     base = len(steps)
@@ -1567,8 +1590,12 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
                           evidence=[], source="kernels"))
         boundary.append(sgm.reasons[0] if sgm.reasons else "")
     kernel_step[leftover] = np.where(seg.kernel_step[leftover] >= 0, seg.kernel_step[leftover] + base, -1)
+    return boundary
 
-    # Steps in time order (annotation steps were made per range name, segments per device).
+
+def _in_time_order(kernel_step: np.ndarray, steps: list[Step], ann_of_step: dict, boundary: list[str]):
+    """Steps renumbered in time order (annotation steps were made per range name, segments
+    per device), with the per-kernel step ids, annotations and boundaries that go with them."""
     order = np.lexsort((np.arange(len(steps)), np.array([st.device for st in steps], dtype=np.int64),
                         np.array([st.start_ns for st in steps], dtype=np.int64)))
     new_index = np.empty(len(steps) + 1, dtype=np.int32)
@@ -1580,8 +1607,67 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     boundary = [boundary[i] for i in order.tolist()]
     for i, st in enumerate(steps):
         st.index = i
+    return kernel_step, steps, ann_of_step, boundary
 
-    # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
+
+def _decision(votes: list[_Vote], ctx: str | None) -> tuple:
+    """A step's label from its votes (:func:`_decide`) with its evidence list, deciding
+    items first: (phase, deciding votes, conflict text or None, evidence, deciding signature)."""
+    ph, dec, conflict = _decide(votes, ctx)
+    if conflict:
+        ev = [conflict]
+    elif dec:
+        ev = [v.text for v in dec]
+    else:
+        ev = ["no phase evidence in the step's kernels => unknown"]
+    used = set(ev)
+    ev.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
+    sig = next((v.sig for v in dec if v.sig >= 0), -1) if dec and not conflict else -1
+    return ph, dec, conflict, ev, sig
+
+
+def _note_kernel_evidence(st: Step, ann: StepAnnotation, decision: tuple, tok: tuple | None) -> None:
+    """An annotated step keeps its label; its kernel evidence is recorded as agreement or
+    disagreement, and a per-token grid.x that differs from the annotation's token total."""
+    ph, dec, conflict, _, _ = decision
+    if conflict:
+        st.evidence.append(f"kernel evidence inconclusive: {conflict}")
+    elif dec and ph == st.phase:
+        st.evidence.append("kernel evidence agrees: " + "; ".join(v.text for v in dec[:3]))
+    elif dec:
+        st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
+                           + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
+    if tok is not None and ann.prefill_tokens is not None and ann.decode_tokens is not None:
+        total = (ann.prefill_tokens or 0) + (ann.decode_tokens or 0)
+        if tok[0] != total:
+            st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
+
+
+def _set_step_tokens(st: Step, tok: tuple | None, facts: _StepFacts, kc: KernelClasses, trace: Trace) -> None:
+    """A kernel step's tokens: the per-token kernels' grid.x, else its GEMM rows, else (a
+    prefill) the estimate from its attention's query blocks (noted in its evidence)."""
+    t = tok[0] if tok is not None else None
+    if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
+        t = int(facts.max_rows[st.index])
+    if t is None and st.phase == PREFILL:
+        qt = query_block_tokens(st.index, facts, kc, trace)
+        if qt is not None:
+            t = qt[0]
+            st.evidence.append(qt[1])
+    if st.phase in (PREFILL, DECODE, MIXED):
+        st.tokens = t
+    if st.phase == PREFILL:
+        st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
+    elif st.phase == DECODE:
+        st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
+
+
+def _label_steps(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray, steps: list[Step],
+                 ann_of_step: dict, boundary: list[str]) -> np.ndarray:
+    """Layer 3: every step's kernel evidence (votes once per group of steps with identical
+    facts), its label and token counts for kernel steps; agreement or disagreement recorded
+    on annotated ones. Updates ``steps`` in place; returns per step the signature that
+    carried its deciding vote (-1 none)."""
     facts, rows_at, rows_texts, trained = _evidence_facts(trace, kc, launch, kernel_step, len(steps))
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
@@ -1592,69 +1678,28 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     group_votes = [_step_votes(int(j), facts, trace, kc, (rows_at, rows_texts)) for j in rep.tolist()]
     group_tok = [_tokens(int(j), facts, kc, trace) for j in rep.tolist()]
     decided: dict[tuple[int, str | None], tuple] = {}
-
-    def decide(g: int, ctx: str | None) -> tuple:
-        hit = decided.get((g, ctx))
-        if hit is None:
-            votes = group_votes[g]
-            ph, dec, conflict = _decide(votes, ctx)
-            if conflict:
-                ev = [conflict]
-            elif dec:
-                ev = [v.text for v in dec]
-            else:
-                ev = ["no phase evidence in the step's kernels => unknown"]
-            used = set(ev)
-            ev.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
-            sig = next((v.sig for v in dec if v.sig >= 0), -1) if dec and not conflict else -1
-            hit = decided[(g, ctx)] = (ph, dec, conflict, ev, sig)
-        return hit
-
     for st, g in zip(steps, group.tolist()):
         st.kernels = int(counts[st.index])
-        tok = group_tok[g]
+        ctx = None if st.source == "annotation" or facts.inference_only[st.index] \
+            else training_ctx.get(st.device)
+        if (g, ctx) not in decided:
+            decided[(g, ctx)] = _decision(group_votes[g], ctx)
+        decision = decided[(g, ctx)]
         if st.source == "annotation":
-            a, _ = ann_of_step[st.index]
-            ph, dec, conflict, _, _ = decide(g, None)
-            if conflict:
-                st.evidence.append(f"kernel evidence inconclusive: {conflict}")
-            elif dec and ph == st.phase:
-                st.evidence.append("kernel evidence agrees: " + "; ".join(v.text for v in dec[:3]))
-            elif dec:
-                st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
-                                   + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
-            if tok is not None and a.prefill_tokens is not None and a.decode_tokens is not None:
-                total = (a.prefill_tokens or 0) + (a.decode_tokens or 0)
-                if tok[0] != total:
-                    st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
+            _note_kernel_evidence(st, ann_of_step[st.index][0], decision, group_tok[g])
             continue
-        ctx = training_ctx.get(st.device) if not facts.inference_only[st.index] else None
-        ph, _, _, ev, sig = decide(g, ctx)
-        st.phase = ph
-        st.evidence.extend(ev)
-        decisive_sig[st.index] = sig
-        t = tok[0] if tok is not None else None
-        if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
-            t = int(facts.max_rows[st.index])
-        if t is None and st.phase == PREFILL:
-            qt = query_block_tokens(st.index, facts, kc, trace)
-            if qt is not None:
-                t = qt[0]
-                st.evidence.append(qt[1])
+        st.phase, st.evidence = decision[0], st.evidence + list(decision[3])
+        decisive_sig[st.index] = decision[4]
+        _set_step_tokens(st, group_tok[g], facts, kc, trace)
         if boundary[st.index]:
             st.evidence.append(f"step starts: {boundary[st.index]}")
-        if st.phase in (PREFILL, DECODE, MIXED):
-            st.tokens = t
-        if st.phase == PREFILL:
-            st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
-        elif st.phase == DECODE:
-            st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
-    for st, g in zip(steps, group.tolist()):
-        if st.source == "kernels":
-            st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
-    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
+        st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
+    return decisive_sig
 
-    # Per-kernel arrays.
+
+def _kernel_arrays(kc: KernelClasses, kernel_step: np.ndarray, steps: list[Step], decisive_sig: np.ndarray) -> PhaseMap:
+    """The per-kernel phase and evidence codes of the labelled steps: a kernel cites its own
+    signature when it carried its step's deciding vote, else its step's deciding evidence."""
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
     look = np.where(kernel_step >= 0, kernel_step, len(steps))
     kernel_phase = phase_of_step[look]
