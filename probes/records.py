@@ -104,6 +104,7 @@ class PhaseFigures(msgspec.Struct, omit_defaults=True):
     share_of_gpu_time_ratio: Num | None = None
     work_busy_ns: Num | None = None
     work_coverage_ratio: Num | None = None
+    work_estimated: bool = False     # model work over token counts read from kernel grids
 
 
 class GpuProcess(msgspec.Struct, omit_defaults=True):
