@@ -73,6 +73,7 @@ class WorkSource(msgspec.Struct):
     dtype: str | None = None
     kernels: int | UnsetType = UNSET          # shapes: kernels with shapes
     steps: int | UnsetType = UNSET            # model: steps with token counts
+    estimated_steps: int | UnsetType = UNSET  # model: of them, token counts read from kernel grids
     notes: list[str] | UnsetType = UNSET      # model: the model's notes
     exceeds_ceilings_ratio: Num | UnsetType = UNSET   # where its figures exceed the GPU's ceilings
 
