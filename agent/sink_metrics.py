@@ -1,7 +1,7 @@
 """The object-storage sink on ``/metrics`` (issue 23): what the agent's sink child wrote,
 uploaded and dropped, from the health record's :class:`probes.records.SinkState`.
 
-Only while ``[sink]`` is enabled; 12 series per host, whatever the GPUs and processes
+Only while ``[sink]`` is enabled; 13 series per host, whatever the GPUs and processes
 (``Hostname`` only, and ``event`` from a fixed set of three):
 
 * ``ridgeline_sink_up`` (1 while the recorder runs), ``ridgeline_sink_restarts_total``;
@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ridgeline.probes.records import SinkState
 
 #: The series one host's sink adds (tests/test_sink_agent.py counts them).
-SERIES = 12
+SERIES = 13
 
 
 def families(host: str, s: SinkState | None):

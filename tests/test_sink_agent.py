@@ -29,6 +29,7 @@ from support.net import free_port  # noqa: E402
 
 from ridgeline.agent import object_sink as S  # noqa: E402
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
+from ridgeline.agent import sink_metrics  # noqa: E402
 
 pytestmark = pytest.mark.long   # a minute or two each: started first under xdist
 
@@ -187,7 +188,7 @@ spool_max_bytes = {cap}
         assert m["ridgeline_sink_files_total[uploaded]"] == 0
         # the spool near its cap: at most one roll's files and journal past it
         assert m["ridgeline_sink_spool_bytes"] <= cap + 600_000, m
-        assert len(m) == 12                                   # the series one host's sink adds
+        assert len(m) == 13 == sink_metrics.SERIES, sorted(m)   # the series one host's sink adds
         r = subprocess.run([sys.executable, "-m", "ridgeline", "check", "--config", str(cfg), "--json",
                             "--probe", "replay", "--agent-timeout", "10"], capture_output=True, text=True,
                            timeout=60)

@@ -226,7 +226,8 @@ def run(args) -> int:
                 print(f"  ... and {n_taken - len(taken)} more", flush=True)
         else:
             print(f"agent  not reached at {agent['endpoint']}: {agent['reason']}", flush=True)
-        print(_sink_line(sink), flush=True)
+        if sink["enabled"]:
+            print(_sink_line(sink), flush=True)
     if failing:
         raise RuntimeFailure(f"check: {'probe' if len(failing) == 1 else 'probes'} {', '.join(failing)} "
                              f"cannot run here (see above)")
