@@ -192,6 +192,7 @@ class ObjectSink:
         self.jdir = self.spool / "journal"
         for d in (self.out, self.jdir):
             d.mkdir(parents=True, exist_ok=True)
+        self._lock_spool()
         self.dest = Destination(url, endpoint, scheme, region)
         self.roll_s, self.roll_rows = roll_s, roll_rows
         self.spool_max_bytes, self.min_free_bytes = spool_max_bytes, min_free_bytes
@@ -213,6 +214,23 @@ class ObjectSink:
         self._rolled_at = self.clock()
         self._thread = threading.Thread(target=self._upload_loop, name="ridgeline-sink", daemon=True)
         self._thread.start()
+
+    def _lock_spool(self) -> None:
+        """One sink per spool: two would number the same parts and replay the same journal.
+        The lock goes with the process (a recorder killed with -9 leaves none behind)."""
+        import fcntl
+        self._lockf = open(self.spool / "lock", "a+")
+        try:
+            fcntl.flock(self._lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockf.seek(0)
+            other = self._lockf.read(32).strip()
+            self._lockf.close()
+            raise RuntimeFailure(f"{self.spool}: the spool is in use by another sink (pid {other or '?'})") from None
+        self._lockf.seek(0)
+        self._lockf.truncate()
+        self._lockf.write(str(os.getpid()))
+        self._lockf.flush()
 
     # -- state ---------------------------------------------------------------------
     def _load_state(self, recording: str | None) -> dict:
@@ -401,6 +419,8 @@ class ObjectSink:
                 delay = min(60.0, max(1.0, delay * 2)) if self.counters.upload_errors > before \
                     else self.upload_interval_s
                 next_try = time.monotonic() + delay
+            else:
+                self._enforce_cap()       # the cap holds while the uploads wait out their backoff
             self.write_status()
 
     def status(self) -> dict:

@@ -202,3 +202,12 @@ def test_the_spool_is_bounded_and_what_it_drops_is_counted(tmp_path, frames):
     assert sink.counters.upload_errors > 0
     # at most the cap plus what arrived since the last check (one roll's files and journal)
     assert peak <= cap + 300_000, peak
+
+
+def test_one_sink_per_spool(tmp_path):
+    a = S.ObjectSink(tmp_path / "spool", f"file://{tmp_path / 'dest'}", upload_interval_s=0.05, recording="r5")
+    try:
+        with pytest.raises(S.RuntimeFailure, match=rf"the spool is in use by another sink \(pid {os.getpid()}\)"):
+            S.ObjectSink(tmp_path / "spool", f"file://{tmp_path / 'dest'}", upload_interval_s=0.05)
+    finally:
+        a.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -206,6 +207,42 @@ spool_max_bytes = {cap}
     print(f"\nspool cap {cap} bytes with the store unreachable: {m['ridgeline_sink_files_total[dropped]']:.0f} files "
           f"({m['ridgeline_sink_bytes_total[dropped]']:.0f} bytes) dropped, spool at {m['ridgeline_sink_spool_bytes']:.0f} "
           f"bytes; /metrics: {len(m)} sink series")
+
+
+def test_the_sink_child_does_not_outlive_an_agent_killed_with_9(tmp_path, trace_path):
+    import os
+    spool, dest = tmp_path / "spool", tmp_path / "dest"
+    cfg, _ = _sink_config(tmp_path, trace_path(TRACE), None, f"""
+[sink]
+enabled = true
+url = "{dest}"
+spool_dir = "{spool}"
+roll_s = 1.0
+min_free_bytes = 0
+""")
+    a = start_agent(cfg)
+    try:
+        end = time.monotonic() + 60
+        while not (spool / "status.json").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        child = json.loads((spool / "status.json").read_text())["pid"]
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(child, signal.SIGKILL)
+            pytest.fail("the sink child outlived its agent by 30 s")
+    finally:
+        stop(a)
+    # it stopped as on SIGTERM: its last roll went out, the spool's lock is free for the next
+    assert list(dest.rglob("*.parquet")) and not list(spool.glob("out/**/*.parquet"))
+    S.ObjectSink(spool, f"file://{dest}", upload_interval_s=0.05).close()
 
 
 def test_a_sink_enabled_without_a_url_is_one_line(tmp_path):
