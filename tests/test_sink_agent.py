@@ -259,3 +259,55 @@ def test_the_daemon_does_not_import_pyarrow_with_the_sink_on(tmp_path):
             "print('pyarrow' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+def test_a_reload_turns_the_sink_on_and_off(tmp_path):
+    """SIGHUP's reload (Agent.reload) applies [sink]: on starts the recorder child, off stops it
+    (it rolls and uploads on its SIGTERM); the agent never imports pyarrow for it."""
+    import os
+    import threading
+
+    from ridgeline.agent import config
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.agent.sdnotify import Notifier
+    from ridgeline.aggregator import wire
+    path = tmp_path / "agent.toml"
+    ep = f"ipc://{tmp_path}/r.sock"
+    spool, dest = tmp_path / "spool", tmp_path / "dest"
+    base = f'[agent]\nwindow_s = 0.2\n[publisher]\nendpoint = "{ep}"\n[prometheus]\nenabled = false\n' \
+           '[probes]\nenabled = []\n'
+    sink = f'[sink]\nenabled = true\nurl = "{dest}"\nspool_dir = "{spool}"\nroll_s = 1.0\nmin_free_bytes = 0\n'
+
+    def rewrite(text):
+        path.write_text(text)
+        old = time.time() - 5                   # settled: a reload applies it at once
+        os.utime(path, (old, old))
+    rewrite(base)
+    agent = Agent(config.load(path), config_path=str(path), probes=[], codec=wire, notifier=Notifier({}))
+    agent.start()
+    t = threading.Thread(target=agent.run, daemon=True)
+    t.start()
+    try:
+        assert agent.sink is None
+        rewrite(base + sink)
+        agent.request_reload()
+        end = time.monotonic() + 60
+        while not (spool / "status.json").exists() and time.monotonic() < end:
+            time.sleep(0.1)
+        assert agent.sink is not None and agent.sink.pid == json.loads((spool / "status.json").read_text())["pid"]
+        child = agent.sink.proc
+        end = time.monotonic() + 60               # its first roll of the agent's windows reached the folder
+        while not list(dest.rglob("*.parquet")) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert list(dest.rglob("*.parquet"))
+        rewrite(base)
+        agent.request_reload()
+        assert child.wait(60) == 0                # stopped on SIGTERM, cleanly
+        end = time.monotonic() + 10
+        while agent.sink is not None and time.monotonic() < end:
+            time.sleep(0.05)
+        assert agent.sink is None and agent.reloads == 2
+    finally:
+        agent.request_stop()
+        t.join(60)
+        agent.shutdown()
