@@ -243,6 +243,9 @@ min_free_bytes = 0
     # it stopped as on SIGTERM: its last roll went out, the spool's lock is free for the next
     assert list(dest.rglob("*.parquet")) and not list(spool.glob("out/**/*.parquet"))
     S.ObjectSink(spool, f"file://{dest}", upload_interval_s=0.05).close()
+    (host, rec), = pqr.recordings_in(dest)
+    frames = [m[0] for m in pqr.iter_messages(dest, host, rec)]
+    assert frames == list(range(len(frames))) and frames     # every message it took, once
 
 
 def test_a_sink_enabled_without_a_url_is_one_line(tmp_path):
