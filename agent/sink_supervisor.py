@@ -54,19 +54,15 @@ HEALTHY_AFTER_S = 60.0
 MAX_STATUS_BYTES = 64 * 1024
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the agent dies (killed with -9 too), so that no
-    orphaned recorder holds the spool (its lock) against the next agent's."""
-    import ctypes
-    pr_set_pdeathsig = 1              # linux/prctl.h
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-
 def command(settings: SinkSettings, endpoint: str) -> list[str]:
     cmd = [sys.executable, "-m", "ridgeline.agent", "record", "--format", "parquet", "--sink", settings.url,
            "-o", settings.spool_dir, "--endpoint", endpoint, "--roll-s", repr(settings.roll_s),
            "--spool-max-bytes", str(settings.spool_max_bytes), "--min-free-bytes", str(settings.min_free_bytes),
-           "--sink-scheme", settings.scheme]
+           "--sink-scheme", settings.scheme,
+           # stops as on SIGTERM once the agent is gone (killed with -9 too): no orphaned
+           # recorder holds the spool's lock against the next agent's (a pre-exec prctl
+           # would run in a forked child of a threaded process: not safe)
+           "--stop-with-parent", str(os.getpid())]
     if settings.endpoint:
         cmd += ["--sink-endpoint", settings.endpoint]
     if settings.region:
@@ -103,8 +99,7 @@ class SinkSupervisor:
         # the last child's status is folded into the sums already: a new child starts from zero
         self.status_path.unlink(missing_ok=True)
         self._last, self._restart_at = {}, None
-        self.proc = subprocess.Popen(command(self.settings, self.endpoint), stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(command(self.settings, self.endpoint), stdin=subprocess.DEVNULL)
         self._started_at = self.clock()
         log.info("sink: recording to %s through the spool %s (pid %d)", self.settings.url, self.settings.spool_dir,
                  self.proc.pid)

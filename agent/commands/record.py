@@ -7,6 +7,8 @@ Format: see :mod:`agent.recording`.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import signal
 import sys
 import time
@@ -36,6 +38,7 @@ def register(sub) -> None:
     p.add_argument("--min-free-bytes", type=int, default=1 << 30, metavar="N",
                    help="with --sink: free disk space kept under the spool; below it files are dropped as past "
                         "the cap")
+    p.add_argument("--stop-with-parent", type=int, default=0, metavar="PID", help=argparse.SUPPRESS)
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -118,6 +121,10 @@ def _run_sink(args) -> int:
     t0 = time.monotonic()
     try:
         while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
+            if args.stop_with_parent and os.getppid() != args.stop_with_parent:
+                print(f"ridgeline record: the agent (pid {args.stop_with_parent}) is gone; stopping",
+                      file=sys.stderr)
+                break       # the agent that started this sink died: roll, upload, stop
             msg = sub.receive(0.2)
             if sub.refused:
                 raise RuntimeFailure(f"record: {sub.refused}")
