@@ -93,3 +93,8 @@ fi
 if [ -f probes/native/Makefile ]; then
     make -s -C probes/native || echo "ridgeline setup: native library build failed (see above); CUPTI probe unavailable" >&2
 fi
+# The native fold library (aggregator/native): the agent and analyze cannot fold without it.
+if ! make -s -C aggregator/native; then
+    echo "ridgeline setup: building the native fold library (aggregator/native) failed (see above)" >&2
+    exit 1
+fi

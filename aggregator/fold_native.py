@@ -1,0 +1,103 @@
+"""The native per-kernel pass of the per-phase fold: ``aggregator/native/libridgeline_fold.so``.
+
+Built from ``aggregator/native/ridgeline_fold.c`` by the package build (setup.py) and, in a
+source tree, by ``make -C aggregator/native`` (``scripts/setup.sh`` runs it), as the CUPTI
+injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.fold_kernels`
+calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
+compare it with, never a fallback: without the library the fold raises
+:class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
+start and exits).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ridgeline.probes.errors import RuntimeFailure
+
+LIB_NAME = "libridgeline_fold.so"
+_P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_I = ct.c_int64
+
+
+class FoldLibraryMissing(RuntimeFailure):
+    """The native fold library is not built or cannot be loaded (the message says what to do)."""
+
+
+def library_path() -> Path:
+    """The built library (``RIDGELINE_FOLD_LIB`` overrides)."""
+    env = os.environ.get("RIDGELINE_FOLD_LIB")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent / "native" / LIB_NAME
+
+
+def _hint() -> str:
+    mk = Path(__file__).resolve().parent / "native" / "Makefile"
+    if mk.is_file():
+        return f"run `make -C {mk.parent}` (needs a C compiler) or `bash scripts/setup.sh`"
+    return "reinstall from the source tree (`pip install .` builds it; needs a C compiler and make)"
+
+
+@lru_cache(maxsize=1)
+def library() -> ct.CDLL:
+    """The loaded library, its ABI checked against phase_figures.py's constants."""
+    from .phase_figures import FINE_BINS, INT_FIELDS, SUB_BITS
+    path = library_path()
+    if not path.is_file():
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} is missing: {_hint()}")
+    try:
+        lib = ct.CDLL(str(path))
+    except OSError as exc:
+        raise FoldLibraryMissing(f"ridgeline: cannot load the native fold library {path}: {exc}; {_hint()}") from None
+    lib.rl_fold_abi.restype = _I
+    lib.rl_fold_abi.argtypes = ()
+    want = (SUB_BITS << 32) | (FINE_BINS << 8) | len(INT_FIELDS)
+    if lib.rl_fold_abi() != want:
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
+                                 f"(layout {lib.rl_fold_abi():#x}, expected {want:#x}): {_hint()}")
+    lib.rl_fold_units.restype = _I
+    lib.rl_fold_units.argtypes = (_I, _P, _P, _P, _P, ct.c_void_p, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+                                  ct.POINTER(_I))
+    lib.rl_fold_rows.restype = None
+    lib.rl_fold_rows.argtypes = (_I, _P, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _P, _P,
+                                 _P, _P)
+    return lib
+
+
+def check() -> None:
+    """Raise :class:`FoldLibraryMissing` now if the library cannot be used (for a caller that
+    wants to say so once, at start, rather than at the first fold)."""
+    library()
+
+
+def fold_units(s, e, ph, stp, gk, gk0: int):
+    """Units, merged runs and gaps of kernels in (group, step, start) order (see
+    ridgeline_fold.c, ``rl_fold_units``): (first, start, end, busy, kernel_time, ukey,
+    gap_start, gap_len, gap_unit)."""
+    lib = library()
+    n = len(s)
+    u = np.empty((6, n), np.int64)
+    g = np.empty((3, n), np.int64)
+    ngaps = _I(0)
+    nu = lib.rl_fold_units(n, s, e, ph, stp, gk.ctypes.data if gk is not None else None, int(gk0),
+                           u[0], u[1], u[2], u[3], u[4], u[5], g[0], g[1], g[2], ct.byref(ngaps))
+    m = ngaps.value
+    return (u[0, :nu], u[1, :nu], u[2, :nu], u[3, :nu], u[4, :nu], u[5, :nu], g[0, :m], g[1, :m], g[2, :m])
+
+
+def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_len, gap_unit, host) -> None:
+    """Add each row's integer sums and histograms into ``add`` (rows x INT_FIELDS) and
+    ``hist`` (rows x 3 x FINE_BINS), both int64 C-contiguous (``rl_fold_rows``)."""
+    lib = library()
+    e0 = np.empty(0, np.int64)
+    (hl_s, hl_e), (hs_s, hs_e) = host if host is not None else ((e0, e0), (e0, e0))
+    c = np.ascontiguousarray
+    lib.rl_fold_rows(len(s), s, e, lat, len(first), c(first), c(u_busy), c(u_kt), c(u_row, np.int64),
+                     len(gap_len), c(gap_start), c(gap_len), c(gap_unit),
+                     len(hl_s), c(hl_s, np.int64), c(hl_e, np.int64), len(hs_s), c(hs_s, np.int64), c(hs_e, np.int64),
+                     add, hist)

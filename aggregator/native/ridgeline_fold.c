@@ -1,0 +1,146 @@
+/* The per-kernel pass of the per-phase fold (aggregator/phase_figures.py, fold_kernels),
+ * in one pass over the kernels and one over the units, without a Python object per kernel.
+ *
+ * The Python function _fold_pass_reference in phase_figures.py is the reference: it computes
+ * the same arrays with numpy, and tests/test_fold_native.py checks that both give the same
+ * figures on the simulator's streams and on the shared traces replayed. The definitions
+ * (units, merged runs, gaps, fine histogram bins, host cover of the gaps) are those of
+ * phase_figures.py's module docstring.
+ *
+ * No allocation, no global state: the caller (numpy) owns every buffer; thread-safe.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Kept equal to phase_figures.py: SUB_BITS, FINE_BINS, INT_FIELDS order, H_* planes.
+ * rl_fold_abi() returns them so that the loader refuses a library of another layout. */
+#define SUB_BITS 3
+#define FINE_BINS (48 << SUB_BITS)
+enum { I_KERNELS, I_KERNEL_TIME, I_BUSY, I_STEPS, I_WINDOW, I_WINDOW_BUSY, I_GAPS, I_GAP_NS,
+       I_GAP_LAUNCH, I_GAP_SYNC, I_LAUNCH_KERNELS, I_LAUNCH_LATENCY, N_INT_FIELDS = 18 };
+enum { H_KERNEL, H_GAP, H_LAUNCH };
+
+EXPORT int64_t rl_fold_abi(void) { return ((int64_t)SUB_BITS << 32) | ((int64_t)FINE_BINS << 8) | N_INT_FIELDS; }
+
+/* phase_figures.fine_bins: octave and the top SUB_BITS mantissa bits of the float64. */
+static inline int64_t fine_bin(int64_t x) {
+    double v = (double)x;
+    if (!(v >= 0.5)) v = 0.5;
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    int64_t r = (int64_t)(b >> (52 - SUB_BITS)) - ((int64_t)1022 << SUB_BITS);
+    return r < FINE_BINS - 1 ? r : FINE_BINS - 1;
+}
+
+/* Pass 1, over the kernels (in (group, step, start) order): units (a run of one group key,
+ * step and phase), their merged runs of kernels, busy time, and the idle gaps between the
+ * runs of a unit. gk == NULL: every kernel has group key gk0. Outputs have room for n.
+ * Returns the number of units; *n_gaps the number of gaps. */
+EXPORT int64_t rl_fold_units(int64_t n, const int64_t *s, const int64_t *e_in, const int64_t *ph,
+                             const int64_t *stp, const int64_t *gk, int64_t gk0,
+                             int64_t *u_first, int64_t *u_start, int64_t *u_end, int64_t *u_busy,
+                             int64_t *u_kt, int64_t *u_ukey,
+                             int64_t *gap_start, int64_t *gap_len, int64_t *gap_unit, int64_t *n_gaps) {
+    int64_t nu = -1, ng = 0;
+    int64_t prev_ukey = 0, prev_step = 0;
+    int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t si = s[i], ei = e_in[i] > si ? e_in[i] : si;
+        int64_t ukey = ((gk ? gk[i] : gk0) << 3) | ph[i];
+        if (nu < 0 || ukey != prev_ukey || stp[i] != prev_step) {
+            if (nu >= 0) {
+                busy += run_e - run_s;
+                u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend;
+            }
+            nu++;
+            u_first[nu] = i; u_start[nu] = si; u_ukey[nu] = ukey;
+            prev_ukey = ukey; prev_step = stp[i];
+            run_s = si; run_e = ei; busy = 0; kt = 0; uend = ei;
+        } else if (si > run_e) {            /* a new merged run: the gap before it */
+            busy += run_e - run_s;
+            gap_start[ng] = run_e; gap_len[ng] = si - run_e; gap_unit[ng] = nu; ng++;
+            run_s = si; run_e = ei;
+        } else if (ei > run_e) {
+            run_e = ei;
+        }
+        kt += ei - si;
+        if (ei > uend) uend = ei;
+    }
+    if (nu >= 0) {
+        busy += run_e - run_s;
+        u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend;
+    }
+    *n_gaps = ng;
+    return nu + 1;
+}
+
+/* Nanoseconds of [a, b) covered by sorted disjoint intervals [hs, he). *hint: where the
+ * previous search ended; gaps come nearly in time order, so the search gallops from there
+ * (a few steps) instead of bisecting the whole table (cache misses per gap). */
+static int64_t cover(int64_t a, int64_t b, int64_t nh, const int64_t *hs, const int64_t *he, int64_t *hint) {
+    int64_t lo, hi, p = *hint < nh ? *hint : nh - 1;
+    if (p > 0 && he[p - 1] > a) {       /* behind the hint: bisect [0, p) */
+        lo = 0; hi = p;
+    } else if (he[p] > a) {             /* the hint itself */
+        lo = hi = p;
+    } else {                            /* ahead: gallop, then bisect */
+        int64_t step = 1;
+        lo = p + 1; hi = lo;
+        while (hi < nh && he[hi] <= a) { lo = hi + 1; hi += step; step <<= 1; }
+        if (hi > nh) hi = nh;
+    }
+    while (lo < hi) {                   /* first interval ending after a */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (he[mid] <= a) lo = mid + 1; else hi = mid;
+    }
+    *hint = lo;
+    int64_t c = 0;
+    for (int64_t j = lo; j < nh && hs[j] < b; j++) {
+        int64_t x = hs[j] > a ? hs[j] : a, y = he[j] < b ? he[j] : b;
+        if (y > x) c += y - x;
+    }
+    return c;
+}
+
+/* Pass 2, over the units' kernels and the gaps: the integer sums and histograms of each
+ * row (u_row: the row of each unit) added into add[rows][N_INT_FIELDS] and
+ * hist[rows][3][FINE_BINS]. lat: launch latency per kernel (-1 unknown). Host intervals
+ * (launch calls, sync calls): sorted, disjoint; n 0 for none. */
+EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const int64_t *lat,
+                         int64_t nu, const int64_t *u_first, const int64_t *u_busy, const int64_t *u_kt,
+                         const int64_t *u_row,
+                         int64_t n_gaps, const int64_t *gap_start, const int64_t *gap_len, const int64_t *gap_unit,
+                         int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
+                         int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
+                         int64_t *add, int64_t *hist) {
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t r = u_row[u];
+        int64_t *a = add + r * N_INT_FIELDS;
+        int64_t *hk = hist + (r * 3 + H_KERNEL) * FINE_BINS, *hl = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
+        int64_t i0 = u_first[u], i1 = u + 1 < nu ? u_first[u + 1] : n;
+        int64_t nl = 0, ls = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t si = s[i], ei = e_in[i] > si ? e_in[i] : si;
+            hk[fine_bin(ei - si)]++;
+            if (lat[i] >= 0) { hl[fine_bin(lat[i])]++; nl++; ls += lat[i]; }
+        }
+        a[I_KERNELS] += i1 - i0;
+        a[I_KERNEL_TIME] += u_kt[u];
+        a[I_BUSY] += u_busy[u];
+        a[I_LAUNCH_KERNELS] += nl;
+        a[I_LAUNCH_LATENCY] += ls;
+    }
+    int64_t hint_l = 0, hint_s = 0;
+    for (int64_t g = 0; g < n_gaps; g++) {
+        int64_t r = u_row[gap_unit[g]];
+        int64_t *a = add + r * N_INT_FIELDS;
+        int64_t g0 = gap_start[g], g1 = g0 + gap_len[g];
+        a[I_GAPS]++;
+        a[I_GAP_NS] += gap_len[g];
+        hist[(r * 3 + H_GAP) * FINE_BINS + fine_bin(gap_len[g])]++;
+        if (nhl) a[I_GAP_LAUNCH] += cover(g0, g1, nhl, hl_s, hl_e, &hint_l);
+        if (nhs) a[I_GAP_SYNC] += cover(g0, g1, nhs, hs_s, hs_e, &hint_s);
+    }
+}
