@@ -1,0 +1,183 @@
+"""aggregator/native/libridgeline_fold.so, the per-kernel pass of the per-phase fold, against
+its numpy reference (``fold_kernels(reference=True)``, aggregator/phase_figures.py): the same
+sums, histograms and units on adversarial kernels, on the simulator's streams through the live
+windows, and on the shared third-party traces analysed whole and replayed in batches."""
+import functools
+
+import numpy as np
+import pytest
+from support.kineto_traces import TRACES
+
+from ridgeline.aggregator import analysis, fold_native, phase_figures, windows
+from ridgeline.aggregator.phase_figures import PhaseSums, fold_kernels, group_key, host_intervals
+from ridgeline.aggregator.windows import WindowBuilder
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, Trace, empty
+
+
+class _Step:
+    def __init__(self, phase, start_ns, end_ns):
+        self.phase, self.start_ns, self.end_ns = phase, start_ns, end_ns
+        self.evidence = [f"step of phase {phase}"]
+
+
+def _same_sums(a: PhaseSums, b: PhaseSums) -> None:
+    for f in ("keys", "ints", "floats", "hists", "dtype_flops"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.notes == b.notes and a.evidence == b.evidence
+
+
+def _same_units(a, b) -> None:
+    for f in phase_figures.Units.__slots__:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+
+
+def _random_fold(seed: int, groups: int):
+    """Kernels that stress every rule of the pass: overlapping and nested kernels, zero and
+    negative durations (end before start), kernels in no step, steps of mixed phases,
+    unknown launch latencies, several groups, and launch and sync calls over the gaps."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    nsteps = int(rng.integers(1, 40))
+    step = np.sort(rng.integers(-1, nsteps, n))
+    start = np.empty(n, np.int64)
+    t = 1_000_000_000 + int(rng.integers(0, 10**6))
+    for i in range(n):                        # in (step, start) order, as the callers pass them
+        if i and step[i] != step[i - 1]:
+            t += int(rng.integers(0, 50_000))
+        t += int(rng.choice([0, 1, 5, 200, 3_000, 40_000]))
+        start[i] = t
+    end = start + rng.choice([-5, 0, 1, 10, 400, 9_000, 120_000], n)
+    phase = rng.integers(0, 5, n)
+    # runs of one phase inside a step (a unit breaks where the phase does)
+    phase = np.repeat(phase[::7], 7)[:n]
+    lat = np.where(rng.random(n) < 0.1, -1, rng.integers(0, 80_000, n))
+    steps = [_Step(int(rng.integers(0, 5)), int(start.min()) + 10 * j, int(start.min()) + 10 * j + 5_000_000)
+             for j in range(nsteps)]
+    gkey = int(group_key(0, 4242)) if groups == 1 else group_key(np.sort(rng.integers(0, groups, n)), 4242)
+    na = int(rng.integers(0, 2 * n))
+    a = empty(API_DTYPE, na)
+    a["start_ns"] = rng.integers(int(start.min()) - 10_000, int(end.max()) + 10_000, na)
+    a["end_ns"] = a["start_ns"] + rng.integers(0, 20_000, na)
+    a["category"] = rng.choice([API_LAUNCH, API_SYNC], na)
+    return dict(start_ns=start, end_ns=end, phase=phase, step=step, gkey=gkey, steps=steps, latency_ns=lat,
+                host=host_intervals(a))
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("seed", range(12))
+def test_native_pass_equals_reference(seed, groups):
+    kw = _random_fold(seed, groups)
+    a, b = PhaseSums(), PhaseSums()
+    _same_units(fold_kernels(a, **kw), fold_kernels(b, reference=True, **kw))
+    _same_sums(a, b)
+    assert a.ints[:, phase_figures.I["gap_launch_ns"]].any() or not len(kw["host"][0][0])
+
+
+def test_native_pass_counts_every_kernel_once():
+    """Not only equal to the reference: the kernels, their time and the busy union are the
+    plain sums (a pass that dropped or doubled kernels in both would still be 'equal')."""
+    kw = _random_fold(3, 1)
+    sums = PhaseSums()
+    fold_kernels(sums, **kw)
+    e = np.maximum(kw["end_ns"], kw["start_ns"])
+    assert sums.ints[:, phase_figures.I["kernels"]].sum() == len(e)
+    assert sums.ints[:, phase_figures.I["kernel_time_ns"]].sum() == int((e - kw["start_ns"]).sum())
+    assert sums.hists[:, phase_figures.H_KERNEL].sum() == len(e)
+    assert sums.hists[:, phase_figures.H_LAUNCH].sum() == int((kw["latency_ns"] >= 0).sum())
+
+
+def _cuts(lo: int, hi: int, n: int) -> list[int]:
+    """n + 1 integer cut points from lo to hi (float linspace rounds epoch nanoseconds)."""
+    return [lo + (hi - lo) * i // n for i in range(n + 1)]
+
+
+def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:
+    with monkeypatch.context() as m:
+        if reference:
+            m.setattr(windows, "fold_kernels", functools.partial(fold_kernels, reference=True))
+        b = WindowBuilder(host="test")
+        out = []
+        for i, (k, a) in enumerate(batches):
+            b.add_events(Trace(kernels=k, api=a, names=names, devices=devices, meta={"source": "simulated"}))
+            if i % 7 == 6:
+                out.append(b.close(i, i + 1))
+        out.append(b.close(len(batches), len(batches) + 1, final=True))
+    return out
+
+
+def _simulated_batches(gpus: int):
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.workload import Workload
+    from ridgeline.probes.events import Device
+    parts = []
+    for dev in range(gpus):
+        w = Workload(rate_per_s=30, duration_s=1, prompt_mean=300, prompt_max=900, output_mean=60, output_max=200)
+        e = SimEngine(SimConfig(model="llama-3-8b", workload=w, annotations=False, device=dev, pid=100 + dev,
+                                tid=100 + dev), seed=dev, metrics=False)
+        e.run_until(int(0.4e9))
+        parts.append(e.drain())
+    k = np.concatenate([p.kernels for p in parts])
+    a = np.concatenate([p.api for p in parts])
+    k = k[np.argsort(k["start_ns"], kind="stable")]
+    a = a[np.argsort(a["start_ns"], kind="stable")]
+    cuts = _cuts(int(k["start_ns"].min()), int(k["end_ns"].max()) + 1, 39)
+    batches = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        km = (k["start_ns"] >= lo) & (k["start_ns"] < hi)
+        am = (a["start_ns"] >= lo) & (a["start_ns"] < hi)
+        batches.append((k[km], a[am]))
+    return batches, parts[0].names, [Device(d, "NVIDIA H100 80GB HBM3") for d in range(gpus)]
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_live_windows_equal_on_simulated_streams(gpus, monkeypatch):
+    batches, names, devices = _simulated_batches(gpus)
+    native = _windows(batches, names, devices, False, monkeypatch)
+    ref = _windows(batches, names, devices, True, monkeypatch)
+    assert sum(g["kernels"] for w in native for g in w["gpus"]) == sum(len(k) for k, _ in batches)
+    assert native == ref
+
+
+@pytest.mark.parametrize("name", TRACES, ids=[t.split("/")[-1].split(".")[0] for t in TRACES])
+def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch):
+    from ridgeline.probes.kineto import load_trace
+    t = load_trace(trace_path(name))
+    if not len(t.kernels):
+        pytest.skip(f"{name}: no kernels")
+    whole = analysis.analyze_trace(t)
+    with monkeypatch.context() as m:
+        m.setattr(phase_figures, "fold_kernels", functools.partial(fold_kernels, reference=True))
+        whole_ref = analysis.analyze_trace(t)
+    assert whole["phases"] == whole_ref["phases"]
+    # Replayed as a kernel stream (what CUPTI sends: kernels in start order with their
+    # launch records, in batches cut by time) through the live windows.
+    k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
+    a = t.api[np.argsort(t.api["start_ns"], kind="stable")] if len(t.api) else t.api
+    cuts = _cuts(int(k["start_ns"].min()), int(k["end_ns"].max()) + 1, 11)
+    batches = [(k[(k["start_ns"] >= lo) & (k["start_ns"] < hi)],
+                a[(a["start_ns"] >= lo) & (a["start_ns"] < hi)] if len(a) else a) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    native = _windows(batches, t.names, t.devices, False, monkeypatch)
+    assert sum(g["kernels"] for w in native for g in w["gpus"]) == len(k)
+    assert native == _windows(batches, t.names, t.devices, True, monkeypatch)
+
+
+def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):
+    """No fallback: without the library the fold refuses, saying what to build, and the
+    agent refuses to start (the CLI prints RuntimeFailure's one line and exits 1)."""
+    from ridgeline.agent import config as config_mod
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.probes.errors import RuntimeFailure
+    monkeypatch.setenv("RIDGELINE_FOLD_LIB", str(tmp_path / "libridgeline_fold.so"))
+    fold_native.library.cache_clear()
+    try:
+        with pytest.raises(RuntimeFailure) as exc:
+            fold_kernels(PhaseSums(), **_random_fold(0, 1))
+        msg = str(exc.value)
+        assert "native fold library" in msg and str(tmp_path) in msg and "make -C" in msg and "\n" not in msg
+        cfg = config_mod.defaults()
+        cfg.publisher.endpoint = f"ipc://{tmp_path}/pub"
+        cfg.prometheus.enabled = False
+        with pytest.raises(RuntimeFailure, match="native fold library"):
+            Agent(cfg, probes=[]).start()
+    finally:
+        fold_native.library.cache_clear()
