@@ -21,7 +21,14 @@ from ridgeline.probes.errors import RuntimeFailure
 
 LIB_NAME = "libridgeline_fold.so"
 _P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_U = np.ctypeslib.ndpointer(dtype=np.uint64, flags="C_CONTIGUOUS")
+_B = np.ctypeslib.ndpointer(dtype=np.uint8, flags="C_CONTIGUOUS")
+_V = ct.c_void_p
 _I = ct.c_int64
+
+#: The tests set this (monkeypatch) to run every per-kernel pass through its numpy
+#: reference instead (phase_figures.py, stream_phases.py), and compare the two.
+REFERENCE = False
 
 
 class FoldLibraryMissing(RuntimeFailure):
@@ -66,7 +73,19 @@ def library() -> ct.CDLL:
     lib.rl_fold_rows.restype = None
     lib.rl_fold_rows.argtypes = (_I, _P, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _P, _P,
                                  _P, _P)
+    lib.rl_step_hashes.restype = None
+    lib.rl_step_hashes.argtypes = (_V, _I, _P, _U, _I, _V, _I, _P, _U)
+    lib.rl_in_step_order.restype = _I
+    lib.rl_in_step_order.argtypes = (_V, _I, _I, _I, _P)
+    lib.rl_launch_latency_aligned.restype = _I
+    lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _P)
+    lib.rl_union_records.restype = _I
+    lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
     return lib
+
+
+def _off(a: np.ndarray, field: str) -> int:
+    return a.dtype.fields[field][1]
 
 
 def check() -> None:
@@ -101,3 +120,49 @@ def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_l
                      len(gap_len), c(gap_start), c(gap_len), c(gap_unit),
                      len(hl_s), c(hl_s, np.int64), c(hl_e, np.int64), len(hs_s), c(hs_s, np.int64), c(hs_e, np.int64),
                      add, hist)
+
+
+_HASH_FIELDS = ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y")
+
+
+def step_hashes(k: np.ndarray, order: np.ndarray | None, first: np.ndarray, n_order: int,
+                consts: np.ndarray) -> np.ndarray:
+    """Per step, the shape hash of its kernels ``k[order[first[j]:first[j + 1]]]``
+    (``order`` None: the kernels themselves, in batch order): ``rl_step_hashes``, the same
+    value as stream_phases.py's numpy reference. ``consts``: C0..C5 and MUL (uint64)."""
+    lib = library()
+    out = np.empty(len(first), np.uint64)
+    offs = np.array([_off(k, f) for f in _HASH_FIELDS], np.int64)
+    o = np.ascontiguousarray(order, np.int64) if order is not None else None
+    lib.rl_step_hashes(k.ctypes.data, k.strides[0], offs, consts, n_order, o.ctypes.data if o is not None else None,
+                       len(first), np.ascontiguousarray(first, np.int64), out)
+    return out
+
+
+def in_step_order(k: np.ndarray, step: np.ndarray) -> bool:
+    """Whether the kernels are in map_batch's (step, start) order already (``rl_in_step_order``)."""
+    return bool(library().rl_in_step_order(k.ctypes.data, k.strides[0], _off(k, "start_ns"), len(k),
+                                           np.ascontiguousarray(step, np.int64)))
+
+
+def launch_latency_aligned(k: np.ndarray, a: np.ndarray, lat: np.ndarray) -> bool:
+    """Launch latency when launch record i is kernel i's (same correlation ids, in order),
+    written into ``lat``; False (``lat`` untouched) otherwise (``rl_launch_latency_aligned``)."""
+    if len(k) != len(a):
+        return False
+    return bool(library().rl_launch_latency_aligned(
+        k.ctypes.data, k.strides[0], _off(k, "start_ns"), _off(k, "correlation_id"),
+        a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "correlation_id"), len(k), lat))
+
+
+def union_records(a: np.ndarray, want: np.ndarray):
+    """Sorted disjoint intervals covering the records whose category ``want`` selects (a
+    bool table of 256), or None when those records are not in start order
+    (``rl_union_records``)."""
+    n = len(a)
+    s, e = np.empty(n, np.int64), np.empty(n, np.int64)
+    m = library().rl_union_records(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                   _off(a, "category"), want.view(np.uint8), n, s, e)
+    if m < 0:
+        return None
+    return s[:m].copy(), e[:m].copy()

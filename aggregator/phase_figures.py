@@ -77,6 +77,9 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     if not len(launch):
         return lat
     every = len(launch) == len(a)          # only launch records (a kernel stream): no gather
+    if every and len(k) == len(a) and not fold_native.REFERENCE and fold_native.launch_latency_aligned(k, a, lat):
+        # Record i is kernel i's launch (the common case): one native pass over both.
+        return lat
     corr = a["correlation_id"] if every else a["correlation_id"][launch]
     if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
         o = np.argsort(corr, kind="stable")
@@ -234,6 +237,13 @@ def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tupl
     e = np.empty(0, np.int64)
     if not len(api):
         return (e, e), (e, e)
+    if not fold_native.REFERENCE:
+        # One native pass per kind over the records, when they come in start order (one
+        # thread's calls); otherwise the sort below.
+        lm = fold_native.union_records(api, _LAUNCHING)
+        sm = fold_native.union_records(api, _SYNCING) if lm is not None else None
+        if sm is not None:
+            return lm, sm
     cat = api["category"]
     lm, sm = _LAUNCHING[cat], _SYNCING[cat]
     # Contiguous copies first: the record's fields are unaligned (50-byte records), and
@@ -411,7 +421,7 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
                  step: np.ndarray, gkey: np.ndarray | int, steps: list, latency_ns: np.ndarray,
                  shape_flops: np.ndarray | None = None, shape_bytes: np.ndarray | None = None,
                  shape_dtype: np.ndarray | None = None, step_work=None, host=None,
-                 on_step=None, reference: bool = False) -> Units | None:
+                 on_step=None, reference: bool | None = None) -> Units | None:
     """Fold kernels into ``sums``. Arrays are aligned, in (step, start) order: kernel
     start/end, phase code, step index into ``steps`` (-1: none), group key (one int when
     every kernel has the same), launch latency (-1: unknown), shapes work (NaN: unknown)
@@ -419,7 +429,8 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
     ``host``: :func:`host_intervals` of the same fold's API records; ``on_step(step,
     unit)``: called once per step folded (the window's step log); ``reference``: the
     per-kernel pass in numpy (:func:`_units_reference`, :func:`_rows_reference`) instead of
-    the native library, for the tests that compare the two. Returns the units."""
+    the native library, for the tests that compare the two (None: ``fold_native.REFERENCE``).
+    Returns the units."""
     n = len(start_ns)
     if not n:
         return None
@@ -430,6 +441,8 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
     one_group = np.ndim(gkey) == 0
     gk = None if one_group else np.ascontiguousarray(gkey, np.int64)
     lat = np.ascontiguousarray(latency_ns, np.int64)
+    if reference is None:
+        reference = fold_native.REFERENCE
     # The per-kernel pass: native (aggregator/fold_native.py), or its numpy reference.
     if reference:
         first, u_start, u_end, u_busy, u_kt, u_ukey, gap_start, gap_len, gap_unit = _units_reference(

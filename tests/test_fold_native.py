@@ -1,17 +1,18 @@
-"""aggregator/native/libridgeline_fold.so, the per-kernel pass of the per-phase fold, against
-its numpy reference (``fold_kernels(reference=True)``, aggregator/phase_figures.py): the same
-sums, histograms and units on adversarial kernels, on the simulator's streams through the live
-windows, and on the shared third-party traces analysed whole and replayed in batches."""
-import functools
+"""aggregator/native/libridgeline_fold.so, the per-kernel passes of the per-phase fold and of
+the stream phaser, against their numpy references (``fold_native.REFERENCE``: phase_figures.py's
+fold pass, launch join and host intervals, stream_phases.py's step-shape hash and order test):
+the same sums, histograms, units, hashes and joins on adversarial records, on the simulator's
+streams through the live windows, and on the shared third-party traces analysed whole and
+replayed in batches."""
 
 import numpy as np
 import pytest
 from support.kineto_traces import TRACES
 
-from ridgeline.aggregator import analysis, fold_native, phase_figures, windows
+from ridgeline.aggregator import analysis, fold_native, phase_figures
 from ridgeline.aggregator.phase_figures import PhaseSums, fold_kernels, group_key, host_intervals
 from ridgeline.aggregator.windows import WindowBuilder
-from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, Trace, empty
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, KERNEL_DTYPE, Trace, empty
 
 
 class _Step:
@@ -91,10 +92,70 @@ def _cuts(lo: int, hi: int, n: int) -> list[int]:
     return [lo + (hi - lo) * i // n for i in range(n + 1)]
 
 
+def _random_records(rng, n: int, dtype, sorted_starts: bool):
+    """Records on a 1 us grid with durations of whole microseconds (and some negative
+    ones), so that intervals touch, nest and overlap."""
+    r = empty(dtype, n)
+    st = rng.integers(1000, 1000 + 4 * n, n) * 1000
+    r["start_ns"] = np.sort(st) if sorted_starts else st
+    r["end_ns"] = r["start_ns"] + rng.choice([-3, 0, 1000, 2000, 7000], n)
+    return r
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_native_joins_and_hashes_equal_reference(seed, monkeypatch):
+    """Launch latency (records aligned with their kernels or not, ids out of order, negative
+    ids), the host's call intervals (in start order or not, launch and sync calls), the
+    step-shape hash and the (step, start) order test: native and reference answers are equal.
+    The seed's bits choose: 1 aligned ids, 2 launch records only, 4 starts in order, 8
+    negative ids."""
+    from ridgeline.aggregator.stream_phases import _HASH_CONSTS, StreamPhaser
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY, NameTable
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 500))
+    ordered = bool(seed & 4)
+    k = _random_records(rng, n, KERNEL_DTYPE, sorted_starts=ordered)
+    k["correlation_id"] = np.arange(n) + 7
+    if seed & 8:
+        k["correlation_id"][rng.random(n) < 0.05] = -1
+    for f in ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y"):
+        k[f] = rng.integers(-2, 3000, n)
+    a = _random_records(rng, n, API_DTYPE, sorted_starts=ordered)
+    a["correlation_id"] = k["correlation_id"] if seed & 1 else rng.permutation(k["correlation_id"])
+    a["category"] = API_LAUNCH if seed & 2 else rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, API_MEMCPY], n)
+    step = np.sort(rng.integers(-1, 9, n)) if ordered else rng.integers(-1, 9, n)
+    if ordered and seed & 1:
+        # one pair 1 ns out of order inside a step: not in (step, start) order
+        i = int(np.flatnonzero(np.r_[step[1:] == step[:-1], False])[0]) if (step[1:] == step[:-1]).any() else 0
+        k["start_ns"][i] = k["start_ns"][i + 1] + 1
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    lens = np.diff(np.r_[first, n])
+    pos = np.arange(n) - np.repeat(first, lens)
+    order = rng.permutation(n)
+    native = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
+              fold_native.step_hashes(k, None, first, n, _HASH_CONSTS),
+              fold_native.step_hashes(k, order, first, n, _HASH_CONSTS), fold_native.in_step_order(k, step))
+    ph = StreamPhaser(NameTable())
+    st = k["start_ns"]
+    key = (step << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
+               ph._hashes_reference(k, np.arange(n), True, first, lens, pos),
+               ph._hashes_reference(k, order, False, first, lens, pos), bool((key[1:] >= key[:-1]).all()))
+    np.testing.assert_array_equal(native[0], ref[0])
+    for (xs, xe), (ys, ye) in zip(native[1], ref[1]):
+        np.testing.assert_array_equal(xs, ys)
+        np.testing.assert_array_equal(xe, ye)
+    np.testing.assert_array_equal(native[2], ref[2])
+    np.testing.assert_array_equal(native[3], ref[3])
+    assert native[4] == ref[4]
+
+
 def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:
     with monkeypatch.context() as m:
         if reference:
-            m.setattr(windows, "fold_kernels", functools.partial(fold_kernels, reference=True))
+            m.setattr(fold_native, "REFERENCE", True)
         b = WindowBuilder(host="test")
         out = []
         for i, (k, a) in enumerate(batches):
@@ -146,7 +207,7 @@ def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch
         pytest.skip(f"{name}: no kernels")
     whole = analysis.analyze_trace(t)
     with monkeypatch.context() as m:
-        m.setattr(phase_figures, "fold_kernels", functools.partial(fold_kernels, reference=True))
+        m.setattr(fold_native, "REFERENCE", True)
         whole_ref = analysis.analyze_trace(t)
     assert whole["phases"] == whole_ref["phases"]
     # Replayed as a kernel stream (what CUPTI sends: kernels in start order with their

@@ -48,7 +48,7 @@ EXPORT int64_t rl_fold_units(int64_t n, const int64_t *s, const int64_t *e_in, c
     int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t si = s[i], ei = e_in[i] > si ? e_in[i] : si;
-        int64_t ukey = ((gk ? gk[i] : gk0) << 3) | ph[i];
+        int64_t ukey = (int64_t)((uint64_t)(gk ? gk[i] : gk0) << 3) | ph[i];
         if (nu < 0 || ukey != prev_ukey || stp[i] != prev_step) {
             if (nu >= 0) {
                 busy += run_e - run_s;
@@ -143,4 +143,112 @@ EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const
         if (nhl) a[I_GAP_LAUNCH] += cover(g0, g1, nhl, hl_s, hl_e, &hint_l);
         if (nhs) a[I_GAP_SYNC] += cover(g0, g1, nhs, hs_s, hs_e, &hint_s);
     }
+}
+
+/* --- Record readers: the batch's structured records (probes/events.py: packed, so an int64
+ * field of record i is aligned only for some i, and numpy's strided loops over it are
+ * several times slower than one pass here). base: the first record; stride: bytes between
+ * records; off: the field's byte offset. */
+static inline int64_t rd64(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int64_t v;
+    memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+static inline int32_t rd32(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int32_t v;
+    memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+
+/* The step-shape hash of aggregator/stream_phases.py (StreamPhaser.map_batch): per kernel
+ * v = (name_id + 1) * C0 + grid_x * C1 + grid_y * C2 + block_x * C3 + grid_z * C4 +
+ * block_y * C5 (uint64, wrapping; the int32 fields sign-extended), per step the sum of
+ * v * MUL**position over its kernels, xor its length * MUL. order: the kernels of the steps
+ * in step order (n_order of them; NULL: 0..n_order-1); first: where each of the n_steps
+ * steps starts in order. off[6]: offsets of name_id, grid_x, grid_y, block_x, grid_z,
+ * block_y; c[7]: C0..C5 and MUL. */
+EXPORT void rl_step_hashes(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
+                           int64_t n_order, const int64_t *order, int64_t n_steps, const int64_t *first,
+                           uint64_t *out) {
+    for (int64_t j = 0; j < n_steps; j++) {
+        int64_t a = first[j], b = j + 1 < n_steps ? first[j + 1] : n_order;
+        uint64_t h = 0, p = 1;
+        for (int64_t q = a; q < b; q++) {
+            int64_t i = order ? order[q] : q;
+            uint64_t v = (uint64_t)((int64_t)rd32(base, stride, i, off[0]) + 1) * c[0];
+            for (int f = 1; f < 6; f++)
+                v += (uint64_t)(int64_t)rd32(base, stride, i, off[f]) * c[f];
+            h += v * p;
+            p *= c[6];
+        }
+        out[j] = h ^ ((uint64_t)(b - a) * c[6]);
+    }
+}
+
+/* Whether the n kernels are in (step, start) order by map_batch's key, step << 40 |
+ * min(start - t0, 2**40 - 1) with t0 the earliest start (a batch already in that order needs
+ * no sort). step: int64 per kernel; the starts from the records. */
+EXPORT int64_t rl_in_step_order(const char *base, int64_t stride, int64_t off_start, int64_t n,
+                                const int64_t *step) {
+    const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (n < 2) return 1;
+    int64_t t0 = rd64(base, stride, 0, off_start);
+    for (int64_t i = 1; i < n; i++) {
+        int64_t v = rd64(base, stride, i, off_start);
+        if (v < t0) t0 = v;
+    }
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rel = rd64(base, stride, i, off_start) - t0;
+        int64_t key = (int64_t)((uint64_t)step[i] << 40) | (rel < cap ? rel : cap);
+        if (i && key < prev) return 0;
+        prev = key;
+    }
+    return 1;
+}
+
+/* phase_figures.launch_latency_ns when each kernel's launch record is the record at the
+ * same index (one launch record per kernel, in the same order: what CUPTI and the
+ * simulator deliver): returns 0, having written nothing, when any correlation id differs
+ * or the records' ids are not in order (the caller then joins by search); else lat[i] = max(kernel start - launch start, 0),
+ * -1 where the correlation id is negative. Kernels and records: n each. */
+EXPORT int64_t rl_launch_latency_aligned(const char *kb, int64_t ks, int64_t k_start, int64_t k_corr,
+                                         const char *ab, int64_t as, int64_t a_start, int64_t a_corr,
+                                         int64_t n, int64_t *lat) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t c = rd64(ab, as, i, a_corr);
+        /* the records' ids in order too: out of order, the reference sorts them first */
+        if (rd64(kb, ks, i, k_corr) != c || (i && c < rd64(ab, as, i - 1, a_corr))) return 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t d = rd64(kb, ks, i, k_start) - rd64(ab, as, i, a_start);
+        lat[i] = rd64(kb, ks, i, k_corr) < 0 ? -1 : (d > 0 ? d : 0);
+    }
+    return 1;
+}
+
+/* phase_figures._union over records in start order: the sorted disjoint intervals covering
+ * [start, max(start, end)) of the records whose category (uint8) is selected by want[256].
+ * Returns the number of intervals written to out_s/out_e (room for n), or -1, having
+ * written nothing useful, when the selected records are not in start order (the caller
+ * sorts). */
+EXPORT int64_t rl_union_records(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
+                                int64_t off_cat, const uint8_t *want, int64_t n, int64_t *out_s, int64_t *out_e) {
+    int64_t m = -1, prev_s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        if (!want[cat]) continue;
+        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
+        if (e < s) e = s;
+        if (m >= 0 && s < prev_s) return -1;
+        prev_s = s;
+        if (m >= 0 && s <= out_e[m]) {
+            if (e > out_e[m]) out_e[m] = e;
+        } else {
+            m++;
+            out_s[m] = s; out_e[m] = e;
+        }
+    }
+    return m + 1;
 }
