@@ -78,7 +78,11 @@ def library() -> ct.CDLL:
     lib.rl_in_step_order.restype = _I
     lib.rl_in_step_order.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_launch_latency_aligned.restype = _I
-    lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _P)
+    lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _B, _I, _P)
+    lib.rl_gather_i64.restype = None
+    lib.rl_gather_i64.argtypes = (_V, _I, _I, _I, _V, _P)
+    lib.rl_range_i32.restype = None
+    lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_union_records.restype = _I
     lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
     return lib
@@ -145,14 +149,35 @@ def in_step_order(k: np.ndarray, step: np.ndarray) -> bool:
                                            np.ascontiguousarray(step, np.int64)))
 
 
-def launch_latency_aligned(k: np.ndarray, a: np.ndarray, lat: np.ndarray) -> bool:
-    """Launch latency when launch record i is kernel i's (same correlation ids, in order),
-    written into ``lat``; False (``lat`` untouched) otherwise (``rl_launch_latency_aligned``)."""
-    if len(k) != len(a):
+def launch_latency_aligned(k: np.ndarray, a: np.ndarray, launch: np.ndarray, lat: np.ndarray) -> bool:
+    """Launch latency when every record is a launch (``launch``: bool per category) and
+    record i is kernel i's (same correlation ids, in order), written into ``lat``; False
+    (``lat`` untouched) otherwise (``rl_launch_latency_aligned``)."""
+    if len(k) != len(a) or not len(k):
         return False
     return bool(library().rl_launch_latency_aligned(
         k.ctypes.data, k.strides[0], _off(k, "start_ns"), _off(k, "correlation_id"),
-        a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "correlation_id"), len(k), lat))
+        a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "correlation_id"), _off(a, "category"),
+        launch.view(np.uint8), len(k), lat))
+
+
+def gather(records: np.ndarray, field: str, idx: np.ndarray | None = None) -> np.ndarray:
+    """``records[field][idx]`` (an int64 field; ``idx`` None: every record) as a new
+    contiguous array, in one pass (``rl_gather_i64``)."""
+    n = len(records) if idx is None else len(idx)
+    out = np.empty(n, np.int64)
+    if n:
+        i = np.ascontiguousarray(idx, np.int64) if idx is not None else None
+        library().rl_gather_i64(records.ctypes.data, records.strides[0], _off(records, field), n,
+                                i.ctypes.data if i is not None else None, out)
+    return out
+
+
+def field_range(records: np.ndarray, field: str) -> tuple[int, int]:
+    """(min, max) of an int32 field over the records (at least one), in one pass (``rl_range_i32``)."""
+    out = np.empty(2, np.int64)
+    library().rl_range_i32(records.ctypes.data, records.strides[0], _off(records, field), len(records), out)
+    return int(out[0]), int(out[1])
 
 
 def union_records(a: np.ndarray, want: np.ndarray):

@@ -150,6 +150,11 @@ def test_native_joins_and_hashes_equal_reference(seed, monkeypatch):
     np.testing.assert_array_equal(native[2], ref[2])
     np.testing.assert_array_equal(native[3], ref[3])
     assert native[4] == ref[4]
+    # the column readers of the packed records
+    np.testing.assert_array_equal(fold_native.gather(k, "start_ns", order), k["start_ns"][order])
+    np.testing.assert_array_equal(fold_native.gather(a, "end_ns"), a["end_ns"])
+    assert fold_native.field_range(k, "grid_x") == (int(k["grid_x"].min()), int(k["grid_x"].max()))
+    assert fold_native.field_range(a[1:], "pid") == (int(a["pid"][1:].min()), int(a["pid"][1:].max()))
 
 
 def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:

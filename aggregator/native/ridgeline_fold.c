@@ -209,13 +209,17 @@ EXPORT int64_t rl_in_step_order(const char *base, int64_t stride, int64_t off_st
 
 /* phase_figures.launch_latency_ns when each kernel's launch record is the record at the
  * same index (one launch record per kernel, in the same order: what CUPTI and the
- * simulator deliver): returns 0, having written nothing, when any correlation id differs
- * or the records' ids are not in order (the caller then joins by search); else lat[i] = max(kernel start - launch start, 0),
+ * simulator deliver): returns 0, having written nothing, when a record is not a launch
+ * (launch[category] 0), any correlation id differs or the records' ids are not in order
+ * (the caller then joins as the reference does); else lat[i] = max(kernel start - launch start, 0),
  * -1 where the correlation id is negative. Kernels and records: n each. */
 EXPORT int64_t rl_launch_latency_aligned(const char *kb, int64_t ks, int64_t k_start, int64_t k_corr,
                                          const char *ab, int64_t as, int64_t a_start, int64_t a_corr,
-                                         int64_t n, int64_t *lat) {
+                                         int64_t a_cat, const uint8_t *launch, int64_t n, int64_t *lat) {
     for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, ab + i * as + a_cat, 1);
+        if (!launch[cat]) return 0;
         int64_t c = rd64(ab, as, i, a_corr);
         /* the records' ids in order too: out of order, the reference sorts them first */
         if (rd64(kb, ks, i, k_corr) != c || (i && c < rd64(ab, as, i - 1, a_corr))) return 0;
@@ -251,4 +255,24 @@ EXPORT int64_t rl_union_records(const char *base, int64_t stride, int64_t off_st
         }
     }
     return m + 1;
+}
+
+/* out[q] = the int64 field of record idx[q] (idx NULL: record q): numpy's k[field][idx],
+ * in one pass, without the strided copy of the whole column first. */
+EXPORT void rl_gather_i64(const char *base, int64_t stride, int64_t off, int64_t n, const int64_t *idx,
+                          int64_t *out) {
+    for (int64_t q = 0; q < n; q++)
+        out[q] = rd64(base, stride, idx ? idx[q] : q, off);
+}
+
+/* Smallest and largest value of an int32 field over n records (n >= 1): out[0], out[1]. */
+EXPORT void rl_range_i32(const char *base, int64_t stride, int64_t off, int64_t n, int64_t *out) {
+    int32_t lo = rd32(base, stride, 0, off), hi = lo;
+    for (int64_t i = 1; i < n; i++) {
+        int32_t v = rd32(base, stride, i, off);
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    out[0] = lo;
+    out[1] = hi;
 }
