@@ -81,6 +81,8 @@ def library() -> ct.CDLL:
     lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _B, _I, _P)
     lib.rl_gather_i64.restype = None
     lib.rl_gather_i64.argtypes = (_V, _I, _I, _I, _V, _P)
+    lib.rl_api_launch_hist.restype = _I
+    lib.rl_api_launch_hist.argtypes = (_V, _I, _I, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_range_i32.restype = None
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_union_records.restype = _I
@@ -191,3 +193,17 @@ def union_records(a: np.ndarray, want: np.ndarray):
     if m < 0:
         return None
     return s[:m].copy(), e[:m].copy()
+
+
+def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
+    """(histogram, pid, tid) of the launch-call durations (log2 bins) when every record is
+    a launch (``what`` 0) of one process and thread, else None (``rl_api_launch_hist``)."""
+    if not len(a) or bins != 64:
+        return None
+    h = np.zeros(64, np.int64)
+    out = np.empty(2, np.int64)
+    if not library().rl_api_launch_hist(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                        _off(a, "category"), _off(a, "pid"), _off(a, "tid"), what.view(np.uint8),
+                                        len(a), h, out):
+        return None
+    return h, int(out[0]), int(out[1])

@@ -637,7 +637,16 @@ class SourceFold:
         """Fold one batch, after the held open steps. ``with_carry``: the held kernels
         followed by ``trace.kernels`` in one array, when the caller has made it."""
         a = trace.api
-        if len(a):
+        fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
+        if fast is not None:
+            # A kernel stream's records (launches of one thread): one native pass, the
+            # figures of the general path below.
+            hist, pid, tid = fast
+            tids = self.launch_tids.setdefault(pid, set())
+            if len(tids) < MAX_LAUNCH_TIDS:
+                tids.add(tid)
+            self.api_hist[(pid, "launch")] = self.api_hist.get((pid, "launch"), 0) + hist
+        elif len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
             what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
             launches_only = int(what.max()) == 0

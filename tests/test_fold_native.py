@@ -195,9 +195,16 @@ def _simulated_batches(gpus: int):
     return batches, parts[0].names, [Device(d, "NVIDIA H100 80GB HBM3") for d in range(gpus)]
 
 
-@pytest.mark.parametrize("gpus", [1, 4])
-def test_live_windows_equal_on_simulated_streams(gpus, monkeypatch):
+@pytest.mark.parametrize("gpus,records", [(1, "all"), (1, "launch"), (1, "launch+sync"), (4, "all")],
+                         ids=["1gpu", "1gpu-launch-records", "1gpu-launch-and-sync-records", "4gpus"])
+def test_live_windows_equal_on_simulated_streams(gpus, records, monkeypatch):
     batches, names, devices = _simulated_batches(gpus)
+    if records != "all":
+        # a kernel stream's API records: launches of one thread (the native histogram's
+        # case), or launches and syncs (not its case)
+        cats = [API_LAUNCH] + ([API_SYNC] if records == "launch+sync" else [])
+        batches = [(k, a[np.isin(a["category"], cats)]) for k, a in batches]
+        assert records == "launch" or any((a["category"] == API_SYNC).any() for _, a in batches)
     native = _windows(batches, names, devices, False, monkeypatch)
     ref = _windows(batches, names, devices, True, monkeypatch)
     assert sum(g["kernels"] for w in native for g in w["gpus"]) == sum(len(k) for k, _ in batches)

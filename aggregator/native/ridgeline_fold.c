@@ -276,3 +276,33 @@ EXPORT void rl_range_i32(const char *base, int64_t stride, int64_t off, int64_t 
     out[0] = lo;
     out[1] = hi;
 }
+
+/* aggregator/windows.py (SourceFold._ingest): the launch-call duration histogram of a kernel
+ * stream's API records. When every record is a launch (what[category] == 0) of one process
+ * and one thread: hist[64] += log2 bins (windows.log2_bins) of max(end - start, 0), out[0]
+ * the pid, out[1] the tid; returns 1. Otherwise returns 0 with hist untouched (the caller's
+ * general numpy path). n >= 1. */
+#define HIST_BINS 64
+EXPORT int64_t rl_api_launch_hist(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
+                                  int64_t off_cat, int64_t off_pid, int64_t off_tid, const uint8_t *what,
+                                  int64_t n, int64_t *hist, int64_t *out) {
+    int64_t h[HIST_BINS] = {0};
+    int32_t pid = rd32(base, stride, 0, off_pid), tid = rd32(base, stride, 0, off_tid);
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        if (what[cat] != 0 || rd32(base, stride, i, off_pid) != pid || rd32(base, stride, i, off_tid) != tid)
+            return 0;
+        int64_t d = rd64(base, stride, i, off_end) - rd64(base, stride, i, off_start);
+        double v = d > 0 ? (double)d : 0.5;
+        if (v < 0.5) v = 0.5;
+        uint64_t b;
+        memcpy(&b, &v, sizeof b);
+        int64_t e = (int64_t)(b >> 52) - 1022;
+        h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
+    }
+    for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
+    out[0] = pid;
+    out[1] = tid;
+    return 1;
+}
