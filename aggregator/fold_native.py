@@ -26,6 +26,10 @@ _B = np.ctypeslib.ndpointer(dtype=np.uint8, flags="C_CONTIGUOUS")
 _V = ct.c_void_p
 _I = ct.c_int64
 
+#: What ridgeline_fold.c is built for: phase_figures.py's SUB_BITS, FINE_BINS and
+#: len(INT_FIELDS) (tests/test_fold_native.py checks they agree; rl_fold_abi() returns them).
+LAYOUT = (3, 48 << 3, 18)
+
 #: The tests set this (monkeypatch) to run every per-kernel pass through its numpy
 #: reference instead (phase_figures.py, stream_phases.py), and compare the two.
 REFERENCE = False
@@ -52,8 +56,7 @@ def _hint() -> str:
 
 @lru_cache(maxsize=1)
 def library() -> ct.CDLL:
-    """The loaded library, its ABI checked against phase_figures.py's constants."""
-    from .phase_figures import FINE_BINS, INT_FIELDS, SUB_BITS
+    """The loaded library, its layout checked against :data:`LAYOUT`."""
     path = library_path()
     if not path.is_file():
         raise FoldLibraryMissing(f"ridgeline: the native fold library {path} is missing: {_hint()}")
@@ -63,7 +66,8 @@ def library() -> ct.CDLL:
         raise FoldLibraryMissing(f"ridgeline: cannot load the native fold library {path}: {exc}; {_hint()}") from None
     lib.rl_fold_abi.restype = _I
     lib.rl_fold_abi.argtypes = ()
-    want = (SUB_BITS << 32) | (FINE_BINS << 8) | len(INT_FIELDS)
+    sub_bits, fine_bins, n_int = LAYOUT
+    want = (sub_bits << 32) | (fine_bins << 8) | n_int
     if lib.rl_fold_abi() != want:
         raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
                                  f"(layout {lib.rl_fold_abi():#x}, expected {want:#x}): {_hint()}")

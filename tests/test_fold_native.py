@@ -234,6 +234,13 @@ def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch
     assert native == _windows(batches, t.names, t.devices, True, monkeypatch)
 
 
+def test_library_layout_is_the_fold_s():
+    """The layout the loader checks the library against is phase_figures.py's."""
+    assert fold_native.LAYOUT == (phase_figures.SUB_BITS, phase_figures.FINE_BINS, len(phase_figures.INT_FIELDS))
+    lib = fold_native.library()
+    assert lib.rl_fold_abi() == (3 << 32) | (384 << 8) | 18
+
+
 def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):
     """No fallback: without the library the fold refuses, saying what to build, and the
     agent refuses to start (the CLI prints RuntimeFailure's one line and exits 1)."""
