@@ -42,7 +42,7 @@ def _window_phases(t: Trace, batches: int, model, gpu: str) -> dict:
 
 
 def _analyze_phases(t: Trace, model, gpu: str) -> dict:
-    doc = analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False)
+    doc = analysis.document(analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False))
     for f in doc["phases"].values():
         del f["top_kernels"]          # a listing of the trace's names, not a window figure
     return doc["phases"]
