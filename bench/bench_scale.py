@@ -19,7 +19,9 @@ Three processes per scenario, launched side by side in one run:
   from window close (the record's ``end_ns``) to receipt, and the sequence gaps.
 
 Measured for the agent process from ``/proc/PID``: CPU (utime + stime over the steady
-interval, after a warm-up) as % of one core, peak RSS (``VmHWM``); dropped records
+interval, after a warm-up) as % of one core, minor page faults per second over the same
+interval (fresh pages for the fold's temporaries: see agent/allocator.py), peak RSS
+(``VmHWM``); dropped records
 (generator send drops + the agent's publisher/window/probe drops); window publish latency
 p50/p99; kernels sent and counted in published windows, and the carry lag: from a batch's
 send to the end of the first window that counts it, in window lengths. Targets: carry lag
@@ -30,7 +32,8 @@ zero drops with a subscriber keeping up. Prints one table (markdown) and, with `
 ``.venv``, e.g. the main branch) runs that tree's bench_scale.py for the same scenario
 before each of this tree's runs, alternating, so both are measured back to back under
 the same load; a second table gives agent CPU and ns per kernel, min / median / max
-over the runs, before (baseline) and after (this tree).
+over the runs, before (baseline) and after (this tree), with each side's faults, drops,
+kernels sent and counted in windows, carry lag and the host's load average.
 """
 from __future__ import annotations
 
