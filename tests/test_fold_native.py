@@ -223,6 +223,19 @@ def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch
         m.setattr(fold_native, "REFERENCE", True)
         whole_ref = analysis.analyze_trace(t)
     assert whole.phases and msgspec.to_builtins(whole.phases) == msgspec.to_builtins(whole_ref.phases)
+    # The accumulator itself (a figure read from a histogram can hide a changed bin):
+    # analyze's whole-trace fold, with the trace's operator shapes, native and reference.
+    from ridgeline.aggregator.phases import map_phases
+    from ridgeline.aggregator.roofline import phase_sums
+    from ridgeline.aggregator.work import kernel_work_from_shapes
+    pm = map_phases(t)
+    args = (t, np.asarray(pm.kernel_phase), list(pm.steps), kernel_work_from_shapes(t))
+    sums = phase_sums(*args, kernel_step=np.asarray(pm.kernel_step))
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        sums_ref = phase_sums(*args, kernel_step=np.asarray(pm.kernel_step))
+    assert len(sums)
+    _same_sums(sums, sums_ref)
     # Replayed as a kernel stream (what CUPTI sends: kernels in start order with their
     # launch records, in batches cut by time) through the live windows.
     k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
