@@ -26,9 +26,12 @@ _B = np.ctypeslib.ndpointer(dtype=np.uint8, flags="C_CONTIGUOUS")
 _V = ct.c_void_p
 _I = ct.c_int64
 
-#: What ridgeline_fold.c is built for: phase_figures.py's SUB_BITS, FINE_BINS and
-#: len(INT_FIELDS) (tests/test_fold_native.py checks they agree; rl_fold_abi() returns them).
-LAYOUT = (3, 48 << 3, 18)
+#: What ridgeline_fold.c is built for: phase_figures.py's SUB_BITS, FINE_BINS and the
+#: leading INT_FIELDS it writes, in this order (tests/test_fold_native.py checks they agree;
+#: rl_fold_abi() returns the two constants and the count). A row's width is passed per call.
+WRITTEN_FIELDS = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "window_busy_ns", "gaps",
+                  "gap_ns", "gap_launch_ns", "gap_sync_ns", "launch_kernels", "launch_latency_ns")
+LAYOUT = (3, 48 << 3, len(WRITTEN_FIELDS))
 
 #: The tests set this (monkeypatch) to run every per-kernel pass through its numpy
 #: reference instead (phase_figures.py, stream_phases.py), and compare the two.
@@ -76,7 +79,7 @@ def library() -> ct.CDLL:
                                   ct.POINTER(_I))
     lib.rl_fold_rows.restype = None
     lib.rl_fold_rows.argtypes = (_I, _P, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _P, _P,
-                                 _P, _P)
+                                 _I, _P, _P)
     lib.rl_step_hashes.restype = None
     lib.rl_step_hashes.argtypes = (_V, _I, _P, _U, _I, _V, _I, _P, _U)
     lib.rl_in_step_order.restype = _I
@@ -120,7 +123,8 @@ def fold_units(s, e, ph, stp, gk, gk0: int):
 
 
 def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_len, gap_unit, host) -> None:
-    """Add each row's integer sums and histograms into ``add`` (rows x INT_FIELDS) and
+    """Add each row's integer sums and histograms into ``add`` (rows x INT_FIELDS, the first
+    :data:`WRITTEN_FIELDS` written) and
     ``hist`` (rows x 3 x FINE_BINS), both int64 C-contiguous (``rl_fold_rows``)."""
     lib = library()
     e0 = np.empty(0, np.int64)
@@ -129,7 +133,7 @@ def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_l
     lib.rl_fold_rows(len(s), s, e, lat, len(first), c(first), c(u_busy), c(u_kt), c(u_row, np.int64),
                      len(gap_len), c(gap_start), c(gap_len), c(gap_unit),
                      len(hl_s), c(hl_s, np.int64), c(hl_e, np.int64), len(hs_s), c(hs_s, np.int64), c(hs_e, np.int64),
-                     add, hist)
+                     add.shape[1], add, hist)
 
 
 _HASH_FIELDS = ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y")

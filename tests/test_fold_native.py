@@ -250,9 +250,10 @@ def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch
 
 def test_library_layout_is_the_fold_s():
     """The layout the loader checks the library against is phase_figures.py's."""
-    assert fold_native.LAYOUT == (phase_figures.SUB_BITS, phase_figures.FINE_BINS, len(phase_figures.INT_FIELDS))
-    lib = fold_native.library()
-    assert lib.rl_fold_abi() == (3 << 32) | (384 << 8) | 18
+    n = len(fold_native.WRITTEN_FIELDS)
+    assert fold_native.LAYOUT == (phase_figures.SUB_BITS, phase_figures.FINE_BINS, n)
+    assert phase_figures.INT_FIELDS[:n] == fold_native.WRITTEN_FIELDS
+    assert fold_native.library().rl_fold_abi() == (3 << 32) | (384 << 8) | n
 
 
 def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):

@@ -14,15 +14,16 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* Kept equal to phase_figures.py: SUB_BITS, FINE_BINS, INT_FIELDS order, H_* planes.
+/* Kept equal to phase_figures.py: SUB_BITS, FINE_BINS, the order of the first N_WRITTEN
+ * INT_FIELDS (the ones written here; a row holds nf of them, the caller's count), H_* planes.
  * rl_fold_abi() returns them so that the loader refuses a library of another layout. */
 #define SUB_BITS 3
 #define FINE_BINS (48 << SUB_BITS)
 enum { I_KERNELS, I_KERNEL_TIME, I_BUSY, I_STEPS, I_WINDOW, I_WINDOW_BUSY, I_GAPS, I_GAP_NS,
-       I_GAP_LAUNCH, I_GAP_SYNC, I_LAUNCH_KERNELS, I_LAUNCH_LATENCY, N_INT_FIELDS = 18 };
+       I_GAP_LAUNCH, I_GAP_SYNC, I_LAUNCH_KERNELS, I_LAUNCH_LATENCY, N_WRITTEN };
 enum { H_KERNEL, H_GAP, H_LAUNCH };
 
-EXPORT int64_t rl_fold_abi(void) { return ((int64_t)SUB_BITS << 32) | ((int64_t)FINE_BINS << 8) | N_INT_FIELDS; }
+EXPORT int64_t rl_fold_abi(void) { return ((int64_t)SUB_BITS << 32) | ((int64_t)FINE_BINS << 8) | N_WRITTEN; }
 
 /* phase_figures.fine_bins: octave and the top SUB_BITS mantissa bits of the float64. */
 static inline int64_t fine_bin(int64_t x) {
@@ -105,7 +106,7 @@ static int64_t cover(int64_t a, int64_t b, int64_t nh, const int64_t *hs, const 
 }
 
 /* Pass 2, over the units' kernels and the gaps: the integer sums and histograms of each
- * row (u_row: the row of each unit) added into add[rows][N_INT_FIELDS] and
+ * row (u_row: the row of each unit) added into add[rows][nf] and
  * hist[rows][3][FINE_BINS]. lat: launch latency per kernel (-1 unknown). Host intervals
  * (launch calls, sync calls): sorted, disjoint; n 0 for none. */
 EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const int64_t *lat,
@@ -114,10 +115,10 @@ EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const
                          int64_t n_gaps, const int64_t *gap_start, const int64_t *gap_len, const int64_t *gap_unit,
                          int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
                          int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
-                         int64_t *add, int64_t *hist) {
+                         int64_t nf, int64_t *add, int64_t *hist) {
     for (int64_t u = 0; u < nu; u++) {
         int64_t r = u_row[u];
-        int64_t *a = add + r * N_INT_FIELDS;
+        int64_t *a = add + r * nf;
         int64_t *hk = hist + (r * 3 + H_KERNEL) * FINE_BINS, *hl = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
         int64_t i0 = u_first[u], i1 = u + 1 < nu ? u_first[u + 1] : n;
         int64_t nl = 0, ls = 0;
@@ -135,7 +136,7 @@ EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const
     int64_t hint_l = 0, hint_s = 0;
     for (int64_t g = 0; g < n_gaps; g++) {
         int64_t r = u_row[gap_unit[g]];
-        int64_t *a = add + r * N_INT_FIELDS;
+        int64_t *a = add + r * nf;
         int64_t g0 = gap_start[g], g1 = g0 + gap_len[g];
         a[I_GAPS]++;
         a[I_GAP_NS] += gap_len[g];
