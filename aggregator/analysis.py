@@ -32,9 +32,9 @@ from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from . import ceilings as ceilings_mod
 from . import roofline, stragglers
 from .model_config import ModelShape
-from .phases import map_phases
+from .phases import MIXED, map_phases
 from .stragglers import GroupFigures
-from .work import StepWork, kernel_work_from_shapes, step_work_from_model
+from .work import StepWork, kernel_work_from_shapes, step_work_of
 
 SCHEMA = "ridgeline.analyze/1"
 
@@ -73,6 +73,7 @@ class WorkSource(msgspec.Struct):
     dtype: str | None = None
     kernels: int | UnsetType = UNSET          # shapes: kernels with shapes
     steps: int | UnsetType = UNSET            # model: steps with token counts
+    estimated_steps: int | UnsetType = UNSET  # model: of them, token counts read from kernel grids
     notes: list[str] | UnsetType = UNSET      # model: the model's notes
     exceeds_ceilings_ratio: Num | UnsetType = UNSET   # where its figures exceed the GPU's ceilings
 
@@ -97,6 +98,7 @@ class PhaseAnalysis(msgspec.Struct):
     flops: Num | None = None
     bytes: Num | None = None
     work_source: str | None = None
+    work_estimated: bool = False      # model work over token counts read from kernel grids
     work_coverage_ratio: Num | None = None
     work_busy_ns: Num | None = None
     work_by_source: dict[str, WorkSource] = {}
@@ -145,6 +147,7 @@ class StepTokens(msgspec.Struct):
     """A step's token counts, both written (None: the step's record does not say)."""
     prefill: int | None = None
     decode: int | None = None
+    total: int | UnsetType = UNSET    # kernels gave only the step's total (a mixed step)
 
 
 class ModelWork(msgspec.Struct):
@@ -152,6 +155,7 @@ class ModelWork(msgspec.Struct):
     flops: Num = 0.0
     bytes: Num = 0.0
     source: str = ""
+    estimate: bool = False            # over token counts read from kernel grids
     parts: dict[str, Num] = {}
     notes: list[str] = []
 
@@ -305,14 +309,25 @@ def choose_ceilings(trace: Trace, gpu: str | None, table: dict) -> tuple[ceiling
     return c, f"device name {dev.name!r}"
 
 
+def model_step_work(s, model: ModelShape, context_len: int | None, tensor_parallel: int) -> StepWork | None:
+    """The analytic work of step ``s`` (a :class:`aggregator.phases.Step`): tokens read from
+    the kernels (every step not from an engine annotation) make it an estimate; a mixed
+    step from kernels counts its total (:func:`aggregator.work.step_work_of`)."""
+    return step_work_of(model, s.prefill_tokens, s.decode_tokens,
+                        mixed_tokens=s.tokens if s.phase == MIXED else None, estimate=s.source != "annotation",
+                        context_len=context_len, tensor_parallel=tensor_parallel)
+
+
 def _step(s, names: dict, work: StepWork | None, kernels: int, busy: int) -> AnalysisStep:
     st = AnalysisStep(index=int(s.index), start_ns=int(s.start_ns), end_ns=int(s.end_ns), device=int(s.device),
                       phase=names.get(int(s.phase), str(s.phase)), evidence=list(s.evidence), kernels=kernels,
                       busy_ns=busy)
     if s.prefill_tokens is not None or s.decode_tokens is not None:
         st.tokens = StepTokens(prefill=s.prefill_tokens, decode=s.decode_tokens)
+    elif s.tokens is not None:
+        st.tokens = StepTokens(total=int(s.tokens))
     if work is not None:
-        st.model_work = ModelWork(flops=work.flops, bytes=work.bytes, source=work.source, parts=work.parts,
+        st.model_work = ModelWork(flops=work.flops, bytes=work.bytes, source=work.source, estimate=work.estimate, parts=work.parts,
                                   notes=work.notes)
     return st
 
@@ -353,7 +368,7 @@ def analyze_trace(trace: Trace, *, gpu: str | None = None, model: ModelShape | N
     step_work: dict[int, StepWork] = {}
     if model is not None:
         for s in steps:
-            w = step_work_from_model(model, s.prefill_tokens, s.decode_tokens, context_len, tensor_parallel)
+            w = model_step_work(s, model, context_len, tensor_parallel)
             if w is not None:
                 step_work[int(s.index)] = w
     gaps = roofline._device_gaps(trace)

@@ -111,9 +111,10 @@ def _phases(doc: Analysis, c: Console) -> None:
                    ("FLOP/B", 6), ("idle", 4), ("verdict", 12)):
         t.add_column(col, justify="left" if col in ("phase", "verdict") else "right", min_width=w)
     for name, p in doc.phases.items():
+        est = "~" if p.work_estimated else ""     # figures over token counts from kernel grids
         t.add_row(
             name, f"{_ns(p.busy_ns)} ({_fmt(p.share_of_gpu_time_ratio, 0.01, 0, '%')})", f"{p.kernels:,}",
-            f"{_fmt(p.achieved_flops_per_s, 1e12, 1)} ({_fmt(p.pct_of_peak_flops, 1, 0, '%')})",
+            f"{est}{_fmt(p.achieved_flops_per_s, 1e12, 1)} ({_fmt(p.pct_of_peak_flops, 1, 0, '%')})",
             f"{_fmt(p.achieved_bytes_per_s, 1e12, 2)} ({_fmt(p.pct_of_peak_bytes, 1, 0, '%')})",
             f"{_fmt(p.arithmetic_intensity, 1, 1)} ({_fmt(p.ridge_point, 1, 0)})",
             _fmt(p.idle_ratio, 0.01, 0, "%"),
@@ -125,6 +126,8 @@ def _phases(doc: Analysis, c: Console) -> None:
     if whole:
         t.caption += "; " + ", ".join(whole) + " (between steps too: see the idle gaps)"
     c.print(t)
+    if any(p.work_estimated for p in doc.phases.values()):
+        c.print("~ = estimate: the model's work over token counts read from kernel grids (no engine annotation)")
     for name, p in doc.phases.items():
         c.print(f"[bold]{name}[/bold] [{VERDICT_STYLE.get(p.verdict, '')}]{p.verdict}[/]: "
                 + "; ".join(p.evidence))
