@@ -151,6 +151,13 @@ class Agent:
                                        ipc_group=p.ipc_group)
 
     def start(self) -> None:
+        # The fold's native pass (aggregator/fold_native.py): without it no window can be
+        # folded, so the agent says so once, here, and does not start (RuntimeFailure).
+        from ridgeline.aggregator import fold_native
+        fold_native.check()
+        # Freed fold temporaries stay in the heap for the next fold (agent/allocator.py).
+        from .allocator import keep_freed_memory
+        keep_freed_memory()
         if self.codec is None:
             from ridgeline.aggregator import wire
             self.codec = wire

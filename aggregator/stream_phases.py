@@ -40,6 +40,7 @@ import numpy as np
 
 from ridgeline.probes.events import Trace
 
+from . import fold_native
 from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels, name_classes_generation
 from .steps import segment_kernels
@@ -49,6 +50,7 @@ _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86
                               0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
 # The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
 _CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
+_HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_step_hashes: C0..C5, MUL
 
 
 @dataclass
@@ -203,13 +205,18 @@ class StreamPhaser:
         # of its kernels' name ids and launch dimensions.
         # One stable sort of a composite key (steps, then start time relative to the
         # batch): the batch is mostly in order already, which a stable sort exploits.
-        st = k["start_ns"]
-        rel = st - st.min()
-        key = (ks << 40) | np.minimum(rel, (1 << 40) - 1)
-        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+        ref = fold_native.REFERENCE
+        key = None
+        if ref:
+            st = k["start_ns"]
+            key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+        if n < 2 or (bool((key[1:] >= key[:-1]).all()) if ref else fold_native.in_step_order(k, ks)):
             # Already in (step, start) order (one device, in time order): no sort, no gather.
             order, sks = np.arange(n), ks
         else:
+            if key is None:
+                st = k["start_ns"]
+                key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
             order = np.argsort(key, kind="stable")
             sks = ks[order]
         on = sks >= 0
@@ -223,29 +230,13 @@ class StreamPhaser:
         first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
         lens = np.diff(np.r_[first, len(sks)])
         pos = np.arange(len(sks)) - np.repeat(first, lens)
-        if len(self._pw) < int(lens.max()):
-            m = int(lens.max()) * 2
-            pw = np.empty(m, dtype=np.uint64)
-            pw[0] = 1
-            with np.errstate(over="ignore"):
-                for i in range(1, m):       # once per new maximum step length
-                    pw[i] = pw[i - 1] * _MUL
-            self._pw = pw
-        with np.errstate(over="ignore"):
-            # Per-kernel value in batch order (strided column reads), then one gather.
-            # In int64 (two's complement: the same bits as the uint64 products of the
-            # sign-extended columns), each column multiplied straight from its int32 field.
-            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
-            v = k["name_id"].astype(np.int64)
-            v += 1
-            v *= _CI[0]
-            tmp = np.empty(n, dtype=np.int64)
-            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
-                np.multiply(k[f], c, out=tmp, dtype=np.int64)
-                v += tmp
-            v = v.view(np.uint64)
-            h = np.add.reduceat((v if len(order) == n and sks is ks else v[order]) * self._pw[pos], first)
-            h = h ^ (lens.astype(np.uint64) * _MUL)
+        identity = len(order) == n and sks is ks
+        if not ref:
+            # The shape hash in one native pass over the records (fold_native.step_hashes),
+            # the same value as the numpy reference (_hashes_reference).
+            h = fold_native.step_hashes(k, None if identity else order, first, len(order), _HASH_CONSTS)
+        else:
+            h = self._hashes_reference(k, order, identity, first, lens, pos)
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         shapes: list[_Shape] = []
@@ -313,6 +304,35 @@ class StreamPhaser:
                 at = order[first[p]:first[p] + lens[p]]
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
+
+    def _hashes_reference(self, k, order, identity: bool, first, lens, pos) -> np.ndarray:
+        """The numpy reference of ``rl_step_hashes`` (aggregator/native/ridgeline_fold.c):
+        per step, the sum of its kernels' values times MUL**position, xor its length * MUL."""
+        n = len(k)
+        if len(self._pw) < int(lens.max()):
+            m = int(lens.max()) * 2
+            pw = np.empty(m, dtype=np.uint64)
+            pw[0] = 1
+            with np.errstate(over="ignore"):
+                for i in range(1, m):       # once per new maximum step length
+                    pw[i] = pw[i - 1] * _MUL
+            self._pw = pw
+        with np.errstate(over="ignore"):
+            # Per-kernel value in batch order (strided column reads), then one gather.
+            # In int64 (two's complement: the same bits as the uint64 products of the
+            # sign-extended columns), each column multiplied straight from its int32 field.
+            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
+            v = k["name_id"].astype(np.int64)
+            v += 1
+            v *= _CI[0]
+            tmp = np.empty(n, dtype=np.int64)
+            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
+                np.multiply(k[f], c, out=tmp, dtype=np.int64)
+                v += tmp
+            v = v.view(np.uint64)
+            h = np.add.reduceat((v if identity else v[order]) * self._pw[pos], first)
+            h = h ^ (lens.astype(np.uint64) * _MUL)
+        return h
 
     def _saw(self, steps) -> None:
         for x in steps:

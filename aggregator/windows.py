@@ -74,6 +74,7 @@ from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY
 from ridgeline.probes.records import PHASE_NAMES, Phase
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
+from . import fold_native
 from .columns import distinct, distinct_inverse
 from .phase_figures import (
     PhaseSums,
@@ -636,7 +637,16 @@ class SourceFold:
         """Fold one batch, after the held open steps. ``with_carry``: the held kernels
         followed by ``trace.kernels`` in one array, when the caller has made it."""
         a = trace.api
-        if len(a):
+        fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
+        if fast is not None:
+            # A kernel stream's records (launches of one thread): one native pass, the
+            # figures of the general path below.
+            hist, pid, tid = fast
+            tids = self.launch_tids.setdefault(pid, set())
+            if len(tids) < MAX_LAUNCH_TIDS:
+                tids.add(tid)
+            self.api_hist[(pid, "launch")] = self.api_hist.get((pid, "launch"), 0) + hist
+        elif len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
             what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
             launches_only = int(what.max()) == 0
@@ -676,7 +686,8 @@ class SourceFold:
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         k = trace.kernels
         if len(k):
-            self._active.update(distinct(k["device"]).tolist())
+            d0, d1 = fold_native.field_range(k, "device")
+            self._active.update([d0] if d0 == d1 else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
@@ -873,12 +884,13 @@ class SourceFold:
         trace), then the per-device figures from its units: a device's busy time is the
         sum over its steps (steps of one device follow each other), its idle gaps those
         between and inside its units."""
-        dcol, pcol = k["device"], k["pid"]
-        if dcol.min() == dcol.max() and pcol.min() == pcol.max():
+        d0, d1 = fold_native.field_range(k, "device")
+        p0, p1 = fold_native.field_range(k, "pid")
+        if d0 == d1 and p0 == p1:
             # One GPU and process (the common case): no per-kernel key to gather.
-            gkey = int(group_key(dcol[0], pcol[0]))
+            gkey = int(group_key(d0, p0))
         else:
-            gkey = group_key(dcol[order], pcol[order])
+            gkey = group_key(k["device"][order], k["pid"][order])
 
         def log_step(st, gk):
             if len(self.step_log) < MAX_STEP_LOG:
@@ -887,7 +899,9 @@ class SourceFold:
             else:
                 self.steps_unlogged += 1
         u = fold_kernels(
-            self.sums, start_ns=k["start_ns"][order], end_ns=k["end_ns"][order], phase=phase[order],
+            # the two time columns gathered straight from the packed records (fold_native.gather)
+            self.sums, start_ns=fold_native.gather(k, "start_ns", order), end_ns=fold_native.gather(k, "end_ns", order),
+            phase=phase[order],
             step=kstep[order], gkey=gkey, steps=steps, latency_ns=lat[order],
             shape_flops=shf[order, 0] if shf is not None else None,
             shape_bytes=shf[order, 1] if shf is not None else None,
