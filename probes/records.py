@@ -240,6 +240,45 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     model_names: Any = None
     simulated: bool | None = None
     alerts: dict[str, AlertState] = {}
+    kv_usage_max_ratio: Num | None = None      # the window's highest KV usage (the verdict weighs it)
+    max_running_requests: Num | None = None    # the engine's batch cap, where it says
+    # Where the window's histogram puts a percentile in its first bucket or past its last,
+    # there is no interpolated value: the kind says which, and the bucket bound stands in
+    # (aggregator.engine_metrics.engine_record).
+    queue_time_p50_kind: str | None = None
+    queue_time_p50_lower_s: Num | None = None
+    queue_time_p50_upper_s: Num | None = None
+    queue_time_p99_kind: str | None = None
+    queue_time_p99_lower_s: Num | None = None
+    queue_time_p99_upper_s: Num | None = None
+    ttft_p50_kind: str | None = None
+    ttft_p50_lower_s: Num | None = None
+    ttft_p50_upper_s: Num | None = None
+    ttft_p99_kind: str | None = None
+    ttft_p99_lower_s: Num | None = None
+    ttft_p99_upper_s: Num | None = None
+    itl_p50_kind: str | None = None
+    itl_p50_lower_s: Num | None = None
+    itl_p50_upper_s: Num | None = None
+    itl_p99_kind: str | None = None
+    itl_p99_lower_s: Num | None = None
+    itl_p99_upper_s: Num | None = None
+
+
+class ScrapeError(msgspec.Struct):
+    """One failed scrape the engine probe reported (``probes.engine``), kept by the window
+    builder until its endpoint answers."""
+    endpoint: str | None = None
+    error: str | None = None
+
+
+class EngineSource(msgspec.Struct):
+    """One engine source's record of the window's ``engine`` map (``aggregator.windows``:
+    the tracker's endpoints by URL, each read as :class:`EngineFigures` by who reads it, and
+    the latest failed scrapes). A source whose record has no ``endpoints`` map is itself one
+    endpoint's figures (a plain record given to ``WindowBuilder.add_engine``)."""
+    endpoints: dict[str, Any] | None = None
+    errors: list[Any] = []
 
 
 # ----------------------------------------------------------------- agent health
@@ -442,6 +481,24 @@ class WindowStragglers(msgspec.Struct):
     straggler_kernels_dropped: Annotated[int, N(157)] = 0  # cumulative: over MAX_HELD_KERNELS
 
 
+# ----------------------------------------------------------------- verdicts
+
+
+class VerdictRecord(msgspec.Struct, omit_defaults=True):
+    """What the views read of one verdict record of the window's ``verdict`` list
+    (``aggregator.verdict.verdict_record``: the verdict of one GPU and process, its face
+    and the figures that place it); its other keys (reasons, faces, caveats) are read by
+    ``aggregator.answer``."""
+    device: Any = None
+    pid: Any = None
+    verdict: str | None = None
+    face: str | None = None
+    phase_pct_of_peak_bytes: Num | None = None
+    phase_pct_of_peak_flops: Num | None = None
+    kv_usage_ratio: Num | None = None
+    gpu_idle_ratio: Num | None = None
+
+
 # ----------------------------------------------------------------- the window
 
 
@@ -501,8 +558,34 @@ def wire_fields() -> dict[str, int]:
     return dict(sorted(table.items(), key=lambda kv: kv[1]))
 
 
-def window_of(record: dict) -> Window:
+def window_of(record: dict | Window) -> Window:
     """A decoded window (the dict of ``wire.decode_window`` or ``WindowBuilder.close``)
     as a :class:`Window`. Keys it does not declare are ignored; ``msgspec.ValidationError``
-    when a declared one has the wrong type."""
+    when a declared one has the wrong type. A :class:`Window` (what the builder closes) is
+    returned as it is."""
+    if isinstance(record, Window):
+        return record
     return msgspec.convert(record, Window)
+
+
+def window_sections_of(record: dict | Window) -> tuple[Window, dict[str, str]]:
+    """A decoded window as a :class:`Window` for a view that shows what it can: a section
+    (a top-level field) of the wrong type is left at its default and named, with
+    msgspec's reason, in the second value (empty when the record is whole). A record that
+    is not a map at all raises ``msgspec.ValidationError``."""
+    try:
+        return window_of(record), {}
+    except msgspec.ValidationError:
+        if not isinstance(record, dict):
+            raise
+    good, bad = {}, {}
+    for name in Window.__struct_fields__:
+        if name not in record:
+            continue
+        try:
+            msgspec.convert({name: record[name]}, Window)
+        except msgspec.ValidationError as exc:
+            bad[name] = str(exc)
+            continue
+        good[name] = record[name]
+    return msgspec.convert(good, Window), bad
