@@ -109,6 +109,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import msgpack
+import msgspec
 import numpy as np
 
 from ridgeline.probes import records
@@ -187,6 +188,13 @@ def _check_version(v, what: str) -> None:
 
 
 def _plain(obj):
+    if isinstance(obj, msgspec.Struct):
+        out = {}
+        for k in obj.__struct_fields__:
+            v = getattr(obj, k)
+            if v is not None:
+                out[FIELDS.get(k, k)] = _plain(v)
+        return out
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -264,10 +272,13 @@ def decode_envelope(data: bytes) -> Envelope:
 
 # --------------------------------------------------------------------------- windows
 
-def encode_window(window: dict) -> bytes:
-    """Encode a window record (a plain dict with string keys)."""
-    if not isinstance(window, dict):
-        raise TypeError("a window record is a dict")
+def encode_window(window: dict | records.Window) -> bytes:
+    """Encode a window record: the :class:`probes.records.Window` the builder closes, or a
+    plain dict with string keys. A typed record's fields go in declaration order, and a
+    field that is None is left out (a decoder reads it back as None, with ``window_of`` or
+    ``.get``), as the builder's dicts left out what they did not know."""
+    if not isinstance(window, (dict, records.Window)):
+        raise TypeError("a window record is a dict or a probes.records.Window")
     return msgpack.packb({0: SCHEMA_VERSION, 1: _plain(window)}, use_bin_type=True)
 
 

@@ -66,6 +66,17 @@ class Latency(msgspec.Struct, omit_defaults=True):
     p50_ns: Annotated[Num | None, N(26)] = None
     p99_ns: Annotated[Num | None, N(27)] = None
     mean_ns: Annotated[Num | None, N(71)] = None
+    histogram: str | None = None        # travels as its name: how the percentiles were read
+
+
+class LaunchLatency(msgspec.Struct, omit_defaults=True):
+    """One phase's launch latency (API call start to kernel start,
+    ``aggregator.phase_figures``): percentiles of a fine histogram and the mean."""
+    kernels: Num = 0
+    p50_ns: Num | None = None
+    p90_ns: Num | None = None            # the first release's field 69, carried by that number
+    p99_ns: Num | None = None
+    mean_ns: Num | None = None
 
 
 class Ceilings(msgspec.Struct, omit_defaults=True):
@@ -104,6 +115,19 @@ class PhaseFigures(msgspec.Struct, omit_defaults=True):
     share_of_gpu_time_ratio: Num | None = None
     work_busy_ns: Num | None = None
     work_coverage_ratio: Num | None = None
+    window_ns: Num | None = None                 # first kernel start to last end of the phase
+    idle_ratio: Num | None = None
+    gaps: Num | None = None
+    median_gap_ns: Num | None = None
+    median_kernel_ns: Num | None = None
+    idle_in_launch_calls_ratio: Num | None = None
+    idle_in_sync_calls_ratio: Num | None = None
+    work_by_source: dict[str, dict[str, Any]] = {}   # per work source (shapes, model): its figures
+    ridge_point: Num | None = None
+    ceiling_dtype: str | None = None
+    peak_flops_per_s: Num | None = None
+    peak_bytes_per_s: Num | None = None
+    launch_latency: LaunchLatency | None = None
 
 
 class GpuProcess(msgspec.Struct, omit_defaults=True):
@@ -347,6 +371,27 @@ class Health(msgspec.Struct, omit_defaults=True):
     window_open_steps_cut: Num | None = None
     cupti_processes_taken_over: Num | None = None
     cupti_taken_over_by_uid: Any = None        # {uid: processes}
+    # the rest of what the daemon reports of itself (agent.daemon.Agent.close_window)
+    peak_rss_bytes: Num | None = None
+    uptime_s: Num | None = None
+    requests_joined: Num | None = None
+    requests_dropped: Num | None = None
+    request_steps_dropped: Num | None = None
+    request_stories_unpublished: Num | None = None
+    publisher_errors: Num | None = None
+    publisher_stalls: Num | None = None
+    publisher_lossy_sent: Num | None = None
+    publisher_bytes_sent: Num | None = None
+    subscriptions: Num | None = None
+    bad_frames: Num | None = None
+    reloads: Num | None = None
+    reloads_refused: Num | None = None
+    reloads_deferred: Num | None = None
+    loop_errors: Num | None = None
+    watchdog_skipped: Num | None = None
+    cupti_taken_over: Any = None               # the processes another tool holds CUPTI in
+    cupti_reclaims_requested: Num | None = None
+    cupti_reclaim_requests_rejected: Num | None = None
 
 
 # ----------------------------------------------------------------- steps
@@ -520,7 +565,7 @@ class Window(msgspec.Struct, omit_defaults=True):
 
 
 #: Every Struct whose fields are numbered; :func:`wire_fields` reads them.
-RECORDS = (Window, GpuProcess, PhaseFigures, Latency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
+RECORDS = (Window, GpuProcess, PhaseFigures, Latency, LaunchLatency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
            EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, RequestStory, Exemplar,
            WindowRequests, RequestsMessage, RankStragglers, GroupStragglers, WindowStragglers)
 
