@@ -4,8 +4,11 @@ Contract: a :class:`WindowBuilder` receives probe data as it is polled
 (:meth:`~WindowBuilder.add_events` for columnar :class:`probes.events.Trace` batches,
 :meth:`~WindowBuilder.add_sched`, :meth:`~WindowBuilder.add_device`,
 :meth:`~WindowBuilder.add_engine` for plain dicts) and :meth:`~WindowBuilder.close`
-returns the window record (a plain dict of str/int/float/list/dict, ready for
-``aggregator.wire.encode_window``) and starts the next window empty.
+returns the window record, a typed :class:`probes.records.Window` (its GPUs as
+``GpuProcess`` with ``PhaseFigures``, the agent's ``Health``, ``WindowRequests`` and
+``WindowStragglers``; the device, engine and scheduling sections stay as the probes
+delivered them, plain), ready for ``aggregator.wire.encode_window``, and starts the next
+window empty.
 
 Windows are arrival-time windows: a batch belongs to the window open when it was polled,
 whatever clock its timestamps use (CUPTI, a replay, a simulator each have their own), so

@@ -2,9 +2,10 @@
 
 One module says what a window is: the probes' and the aggregator's figures as the agent
 folds them (:class:`Window` and what it holds), the agent's own health, a step of the
-phase mapper, and the served requests joined with the GPU steps. Producers still build
-plain dicts (``aggregator.windows``); :func:`aggregator.wire.encode_window` numbers their
-keys by :data:`aggregator.wire.FIELDS`, which is generated from these Structs
+phase mapper, and the served requests joined with the GPU steps. The window builder
+(``aggregator.windows``) builds a :class:`Window` directly; :func:`aggregator.wire.encode_window`
+numbers its fields (and a plain dict's keys) by :data:`aggregator.wire.FIELDS`, which is
+generated from these Structs
 (:func:`wire_fields`): a field's wire number is declared beside it,
 ``Annotated[int, N(15)]``, and a name carries one number wherever it appears (a GPU's and
 a phase's ``kernel_time_ns`` are both field 15). Fields without a number travel as their
