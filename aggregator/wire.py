@@ -23,8 +23,9 @@ no.   name         value
 
 Window records and other plain records (``encode_window`` / ``decode_window``; also the
 ``sched``/``device``/``engine``/``health`` payloads): a msgpack map
-``{0: version, 1: record}`` where ``record`` is the dict with every string key found
-in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
+``{0: version, 1: record}`` where ``record`` is the dict (or the typed
+:class:`probes.records.Window`, its fields in declaration order, None ones left out) with
+every string key found in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
 strings (so a new key never breaks a consumer), and a number a consumer does not know
 decodes as ``"field_<n>"``. Dict keys are strings: data keys such as phase names are
 fine (they either are in the table or travel as text), and a non-string key (a tid, a
