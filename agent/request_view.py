@@ -57,8 +57,8 @@ def _s(ns: int) -> str:
 
 
 def table(stories: list[rj.RequestStory]) -> str:
-    head = (f"{'request':<24} {'e2e s':>7} {'queue s':>7} {'prefill s':>9} {'decode s':>8} {'dragged s':>9} "
-            f"{'ms/token':>8}  top culprit")
+    head = (f"{'request':<24} {'e2e s':>7} {'queue s':>7} {'prefill s':>9} {'decode s':>8} {'paused s':>8} "
+            f"{'dragged s':>9} {'ms/token':>8}  top culprit")
     lines = [head]
     for s in stories:
         c = s.culprits[0] if s.culprits else None
@@ -67,13 +67,15 @@ def table(stories: list[rj.RequestStory]) -> str:
         est = "~" if s.dragged_source == rj.SOURCE_ESTIMATE else ""
         drag = "?" if s.dragged_source == rj.SOURCE_NONE else est + _s(s.dragged_ns)
         per = f"{s.ns_per_token / 1e6:.1f}" if s.ns_per_token > 0 else "-"
+        # paused: preempted (out of every step), left out of prefill and decode
+        paused = _s(s.paused_ns) if s.paused_ns > 0 else "-"
         lines.append(f"{for_log(s.request_id)[:24]:<24} {_s(s.e2e_ns):>7} {_s(s.queue_ns):>7} "
-                     f"{_s(s.prefill_ns):>9} {_s(s.decode_ns):>8} {drag:>9} {per:>8}  {culprit}")
+                     f"{_s(s.prefill_ns):>9} {_s(s.decode_ns):>8} {paused:>8} {drag:>9} {per:>8}  {culprit}")
     if len(lines) == 1:
         lines.append("(no request joined yet: is an engine sending its spans to the agent's OTLP receiver?)")
     else:
         lines.append("dragged: decode time added by co-batched prefill chunks and long sequences "
-                     "(~ roofline estimate, ? no baseline)")
+                     "(~ roofline estimate, ? no baseline); paused: preempted, out of prefill and decode")
     return "\n".join(lines)
 
 

@@ -306,6 +306,18 @@ def build_events(trace: Trace, kernel_phase: np.ndarray, kernel_step: np.ndarray
     return tracks.rows + slices
 
 
+def _after_active(t: int, active_ns: int, pauses: list[tuple[int, int]]) -> int:
+    """The time ``active_ns`` of work after ``t``, the (sorted, disjoint) pauses skipped."""
+    for a, b in pauses:
+        if b <= t:
+            continue
+        if t + active_ns <= a:
+            break
+        active_ns -= max(0, a - t)
+        t = b
+    return t + max(0, active_ns)
+
+
 def _request_slices(tracks: _Tracks, requests: list, t0: int) -> list[dict]:
     """One track per served request (``aggregator.request_join.RequestStory``), beside the
     GPU steps: its queued, prefill and decode segments, one after the other (disjoint), the
@@ -315,11 +327,16 @@ def _request_slices(tracks: _Tracks, requests: list, t0: int) -> list[dict]:
     for rank, s in enumerate(requests):
         tid = tracks.thread(REQUEST_PID, f"request {s.request_id[:64]} ({s.e2e_ns / 1e9:.2f} s)", sort_index=rank)
         sched = s.start_ns + max(s.queue_ns, 0)      # -1: the engine did not report it
-        first = sched + s.prefill_ns
+        # Prefill and decode times leave the pauses out; on the track they hold them (a
+        # "preempted" slice inside each), so each segment spans its wall time.
+        pauses = [(p.start_ns, p.end_ns) for p in s.pauses]
+        first = _after_active(sched, s.prefill_ns, pauses)
+        end = _after_active(first, s.decode_ns, pauses)
         for name, a, b, args in (
                 ("queued", s.start_ns, sched, {"kv_full": s.kv_full_while_queued}),
                 ("prefill", sched, first, {"chunks": s.prefill_chunks, "prompt_tokens": s.prompt_tokens}),
-                ("decode", first, first + s.decode_ns,
+                *(("preempted", max(pa, sched), min(pb, s.end_ns), {"preemptions": s.preemptions}) for pa, pb in pauses),
+                ("decode", first, end,
                  {"steps": s.decode_steps, "completion_tokens": s.completion_tokens,
                   "dragged_ms": s.dragged_ns / 1e6, "dragged_source": s.dragged_source,
                   "alone_decode_ms": s.alone_decode_ns / 1e6,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ridgeline.probes.records import Culprit, Exemplar, RequestStory, WindowRequests  # noqa: F401 (this module's records)
+from ridgeline.probes.records import Culprit, Exemplar, Pause, RequestStory, WindowRequests  # noqa: F401 (this module's records)
 from ridgeline.probes.request_spans import RequestSpan
 
 from .phases import DECODE, MIXED, PREFILL
@@ -45,6 +45,14 @@ LONG_SEQUENCE_TOKENS = 2048
 KV_FULL_RATIO = 0.95
 #: Culprits kept per request, and requests kept per window's slowest list.
 MAX_CULPRITS = 5
+#: Pauses a story carries (its paused_ns counts them all).
+MAX_STORY_PAUSES = 16
+#: Pauses cut into the batch per join at most: every pause of the requests told, then the
+#: other held requests' (the latest ended first) while the budget lasts; past it a held
+#: request counts as a member through its pauses (as before pauses were carried). Each
+#: pause adds a piece, and the culprit search's cost grows with the pieces: 20,000 held
+#: requests of 16 pauses each took 13 s of CPU a window uncut, 2 s without pauses.
+MAX_JOIN_PAUSES = 4096
 MAX_SLOWEST = 20
 #: Requests joined per window at most (the newest are kept; the rest are counted).
 MAX_REQUESTS = 20_000
@@ -86,28 +94,75 @@ def _diff_add(arr: np.ndarray, lo: np.ndarray, hi: np.ndarray, val: np.ndarray) 
     np.add.at(arr, hi, -val)
 
 
-class _Batch:
-    """Per-step batch composition, columnar."""
+def _pause_overlap_ns(pauses, lo: int, hi: int) -> int:
+    """Time of the (disjoint) pauses inside ``[lo, hi)``."""
+    return sum(max(0, min(b, hi) - max(a, lo)) for a, b in pauses)
 
-    def __init__(self, reqs: list[RequestSpan], steps: np.ndarray):
+
+class _Batch:
+    """Per-step batch composition, columnar.
+
+    A request is a member of the steps of its prefill and decode intervals except those
+    inside a pause (a preemption, until resumed): its life there is cut into *pieces*,
+    each a contiguous run of its steps, and every per-member array below is per piece
+    (``owner`` maps a piece to its request). Its prompt is spread over all its prefill
+    steps, its generated tokens over all its decode steps: its context does not grow
+    while it is paused."""
+
+    def __init__(self, reqs: list[RequestSpan], steps: np.ndarray, with_pauses: np.ndarray | None = None):
         n = len(steps)
         self.mid = (steps["start_ns"] + steps["end_ns"]) // 2
         self.dur = (steps["end_ns"] - steps["start_ns"]).astype(np.float64)
         iv = np.array([_intervals(r) for r in reqs], dtype=np.int64).reshape(-1, 4)
-        self.pf_lo = np.searchsorted(self.mid, iv[:, 1], "left")
-        self.pf_hi = np.searchsorted(self.mid, iv[:, 2], "left")
-        self.dc_lo = self.pf_hi
-        self.dc_hi = np.searchsorted(self.mid, iv[:, 3], "left")
+        pf_lo = np.searchsorted(self.mid, iv[:, 1], "left")
+        pf_hi = np.searchsorted(self.mid, iv[:, 2], "left")
+        dc_hi = np.searchsorted(self.mid, iv[:, 3], "left")
         prompt = np.array([max(r.prompt_tokens, 0) for r in reqs], dtype=np.float64)
         gen = np.array([max(r.completion_tokens, 0) for r in reqs], dtype=np.float64)
-        self.prompt, self.gen = prompt, gen
-        npf = np.maximum(self.pf_hi - self.pf_lo, 1)
-        self.chunk = prompt / npf                       # tokens per prefill chunk
-        ndc = np.maximum(self.dc_hi - self.dc_lo, 1)
-        self.slope = gen / ndc                          # context growth per decode step
-        self.ctx0 = prompt - self.slope * self.dc_lo    # context at step j: ctx0 + slope * j
+        # Pieces: [pf_lo, dc_hi) less the steps inside each pause.
+        owner, lo_l, hi_l = [], [], []
+        for i, r in enumerate(reqs):
+            lo, hi = int(pf_lo[i]), int(dc_hi[i])
+            if r.pauses and (with_pauses is None or with_pauses[i]):
+                cut = np.searchsorted(self.mid, np.asarray(r.pauses, dtype=np.int64).reshape(-1, 2), "left")
+                for a, b in cut.tolist():
+                    if b <= a:
+                        continue            # a pause between two steps' midpoints cuts nothing
+                    if min(a, hi) > lo:
+                        owner.append(i)
+                        lo_l.append(lo)
+                        hi_l.append(min(a, hi))
+                    lo = max(lo, b)
+                    if lo >= hi:
+                        break
+            if hi > lo or not owner or owner[-1] != i:
+                owner.append(i)
+                lo_l.append(lo)
+                hi_l.append(max(lo, hi))
+        self.owner = np.asarray(owner, dtype=np.int64)
+        p_lo, p_hi = np.asarray(lo_l, dtype=np.int64), np.asarray(hi_l, dtype=np.int64)
+        o = self.owner
+        self.pf_lo = np.minimum(np.maximum(p_lo, pf_lo[o]), p_hi)
+        self.pf_hi = np.maximum(np.minimum(p_hi, pf_hi[o]), self.pf_lo)
+        self.dc_lo = np.minimum(np.maximum(p_lo, pf_hi[o]), p_hi)
+        self.dc_hi = np.maximum(p_hi, self.dc_lo)
+        n_req = len(reqs)
+        pf_steps = np.bincount(o, weights=self.pf_hi - self.pf_lo, minlength=n_req)
+        dc_steps_piece = self.dc_hi - self.dc_lo
+        dc_steps = np.bincount(o, weights=dc_steps_piece, minlength=n_req)
+        self.prompt, self.gen = prompt[o], gen[o]
+        self.chunk = prompt[o] / np.maximum(pf_steps[o], 1)         # tokens per prefill chunk
+        self.slope = gen[o] / np.maximum(dc_steps[o], 1)            # context growth per decode step
+        # Decode steps the owner ran before each piece (pieces are in step order per owner).
+        before = np.cumsum(dc_steps_piece) - dc_steps_piece
+        first_piece = np.searchsorted(o, np.arange(n_req), "left")
+        done = before - before[first_piece[o]]
+        self.ctx0 = prompt[o] + self.slope * (done - self.dc_lo)   # context at step j: ctx0 + slope * j
+        #: Per request: its decode and prefill steps (pauses left out).
+        self.decode_steps = dc_steps.astype(np.int64)
+        self.prefill_steps = pf_steps.astype(np.int64)
         ndec = np.zeros(n + 1)
-        _diff_add(ndec, self.dc_lo, self.dc_hi, np.ones(len(reqs)))
+        _diff_add(ndec, self.dc_lo, self.dc_hi, np.ones(len(o)))
         a = np.zeros(n + 1)
         b = np.zeros(n + 1)
         _diff_add(a, self.dc_lo, self.dc_hi, self.ctx0)
@@ -120,13 +175,32 @@ class _Batch:
         self.pf = np.cumsum(pf)[:n]
         self.features = np.column_stack([np.ones(n), self.n_dec, self.ctx, self.pf])
         self.intervals = iv
+        self._first_piece = np.append(first_piece, len(o))
 
-    def ctx_at(self, i: int, j: np.ndarray) -> np.ndarray:
-        return self.ctx0[i] + self.slope[i] * j
+    def pieces_of(self, i: int) -> range:
+        """Request i's pieces (indices into the per-piece arrays), in step order."""
+        return range(int(self._first_piece[i]), int(self._first_piece[i + 1]))
+
+    def ctx_at(self, k: int, j: np.ndarray) -> np.ndarray:
+        return self.ctx0[k] + self.slope[k] * j
+
+
+def _pauses_applied(reqs: list[RequestSpan], report: set[str] | None) -> np.ndarray:
+    """Per request, whether its pauses are cut into the batch (:data:`MAX_JOIN_PAUSES`)."""
+    n_p = np.array([len(r.pauses) for r in reqs], dtype=np.int64)
+    if int(n_p.sum()) <= MAX_JOIN_PAUSES:
+        return n_p > 0
+    told = np.array([report is None or r.request_id in report for r in reqs])
+    ends = np.array([r.end_ns for r in reqs], dtype=np.int64)
+    order = np.lexsort((-ends, ~told))          # the told first, then the latest ended
+    keep = np.zeros(len(reqs), dtype=bool)
+    keep[order[np.cumsum(n_p[order]) <= MAX_JOIN_PAUSES]] = True
+    keep |= told & (n_p > 0)                    # a told request's own pauses always
+    return keep
 
 
 def _first_long_step(batch: _Batch, long_tokens: int) -> np.ndarray:
-    """Per member, the first decode step index at which ``ctx_at >= long_tokens`` (its
+    """Per piece, the first decode step index at which ``ctx_at >= long_tokens`` (its
     ``dc_hi`` when none), exactly as the elementwise comparison decides it."""
     lo, hi = batch.dc_lo.astype(np.int64), batch.dc_hi.astype(np.int64)
     ctx0, slope = batch.ctx0, batch.slope
@@ -193,7 +267,7 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
     steps = steps[np.isin(steps["phase"], (PREFILL, DECODE, MIXED))]
     if not reqs:
         return []
-    batch = _Batch(reqs, steps)
+    batch = _Batch(reqs, steps, _pauses_applied(reqs, report))
     n_steps = len(steps)
     # Culprit presence per step (for the fit's "both kinds"): a prefill chunk co-batched
     # with a decode, or a long sequence co-batched with another sequence.
@@ -213,16 +287,18 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
         if report is not None and r.request_id not in report:
             continue
         arrival, sched, first, end = (int(v) for v in batch.intervals[i])
-        lo, hi = int(batch.dc_lo[i]), int(batch.dc_hi[i])
-        added: dict[int, list] = {}          # culprit index -> [ns, kinds]
+        mine = batch.pieces_of(i)
+        added: dict[int, list] = {}          # culprit request index -> [ns, kinds]
         dragged_pf = dragged_long = 0.0
         has_culprits = False
-        if hi > lo:
-            js = np.arange(lo, hi)
-            own_ctx = batch.ctx_at(i, js)
-            # Co-members of each of R's decode steps: requests whose intervals overlap R's.
+        if batch.decode_steps[i] > 0:
+            # R's decode steps (its pauses left out) and its context in each.
+            js = np.concatenate([np.arange(batch.dc_lo[k], batch.dc_hi[k]) for k in mine])
+            own_ctx = np.concatenate([batch.ctx_at(k, np.arange(batch.dc_lo[k], batch.dc_hi[k])) for k in mine])
+            lo, hi = int(js[0]), int(js[-1]) + 1
+            # Co-members of each of R's decode steps: other requests' pieces overlapping R's.
             cand = np.flatnonzero((batch.pf_hi > lo) & (batch.pf_lo < hi) | (batch.dc_hi > lo) & (batch.dc_lo < hi))
-            cand = cand[cand != i]
+            cand = cand[batch.owner[cand] != i]
             # Only those that can be culprits: a prefill chunk inside R's decode steps, or a
             # sequence whose context reaches long_tokens there (it grows linearly, so its
             # largest is at the last step shared). The rest would add nothing below.
@@ -291,14 +367,21 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
                     for j, c in enumerate(c_idx):
                         dragged_pf += float(pf_rows[j])
                         dragged_long += float(ns_rows[j] - pf_rows[j])
-                        kind = "+".join(n for n, m in (("prefill_chunk", any_pf[j]), ("long_sequence", any_long[j]))
-                                        if m)
-                        added[int(c)] = [float(ns_rows[j]), kind]
-        culprits = sorted((Culprit(reqs[c].request_id, kind, int(round(ns)), max(reqs[c].prompt_tokens, 0))
-                           for c, (ns, kind) in added.items() if ns >= 1.0),
+                        # A culprit's pieces (it was paused between them) add up.
+                        got = added.setdefault(int(batch.owner[c]), [0.0, set()])
+                        got[0] += float(ns_rows[j])
+                        got[1].update(n for n, m in (("prefill_chunk", any_pf[j]), ("long_sequence", any_long[j]))
+                                      if m)
+        culprits = sorted((Culprit(reqs[c].request_id, "+".join(k for k in ("prefill_chunk", "long_sequence")
+                                                                 if k in kinds),
+                                   int(round(ns)), max(reqs[c].prompt_tokens, 0))
+                           for c, (ns, kinds) in added.items() if ns >= 1.0),
                           key=lambda x: -x.added_ns)[:MAX_CULPRITS]
         dragged = int(round(dragged_pf + dragged_long))
-        decode_ns = max(0, end - first)
+        # Paused time is out of its prefill and decode (it was in no step then).
+        paused_pf = _pause_overlap_ns(r.pauses, sched, first)
+        paused_dc = _pause_overlap_ns(r.pauses, first, end)
+        decode_ns = max(0, end - first - paused_dc)
         q = kv[(kv["ts_ns"] >= arrival) & (kv["ts_ns"] <= max(sched, arrival))] if len(kv) else kv
         if len(kv) and not len(q) and sched > arrival:
             # No sample inside the wait: the one just before it describes it.
@@ -311,8 +394,8 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             # -1 when the engine did not say (SGLang's metrics file has no queue time).
             queue_ns=sched - arrival if r.queue_ns >= 0 else -1,
             kv_usage_max_queued_ratio=kv_max, kv_full_while_queued=kv_max >= KV_FULL_RATIO,
-            prefill_ns=first - sched, prefill_chunks=int(batch.pf_hi[i] - batch.pf_lo[i]),
-            decode_ns=decode_ns, decode_steps=hi - lo,
+            prefill_ns=max(0, first - sched - paused_pf), prefill_chunks=int(batch.prefill_steps[i]),
+            decode_ns=decode_ns, decode_steps=int(batch.decode_steps[i]),
             ns_per_token=decode_ns / r.completion_tokens if r.completion_tokens > 0 else -1.0,
             dragged_ns=dragged, dragged_by_prefill_ns=int(round(dragged_pf)),
             dragged_by_long_ns=int(round(dragged_long)),
@@ -320,7 +403,8 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             alone_decode_ns=max(0, decode_ns - dragged), preemptions=r.preemptions,
             recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
             prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
-            trace_id=r.trace_id[:32]))
+            trace_id=r.trace_id[:32], paused_ns=paused_pf + paused_dc,
+            pauses=[Pause(a, b) for a, b in r.pauses[:MAX_STORY_PAUSES]]))
     return out
 
 
@@ -378,7 +462,8 @@ def story_text(s: RequestStory) -> str:
     lines.append(f"its own prefill: {sec(s.prefill_ns)} in {s.prefill_chunks} step(s)"
                  + (" (chunked)." if s.prefill_chunks > 1 else "."))
     per = f" ({s.ns_per_token / 1e6:.1f} ms per token)" if s.ns_per_token > 0 else ""
-    lines.append(f"decode: {sec(s.decode_ns)} over {s.decode_steps} GPU step(s){per}.")
+    lines.append(f"decode: {sec(s.decode_ns)} over {s.decode_steps} GPU step(s){per}"
+                 + (", its pauses left out." if s.paused_ns > 0 else "."))
     if s.dragged_source == SOURCE_NO_CULPRITS:
         lines.append("dragged: no; no prefill chunk or long sequence was batched with it.")
     elif s.dragged_source == SOURCE_NONE:
@@ -398,8 +483,15 @@ def story_text(s: RequestStory) -> str:
     else:
         lines.append("dragged: no; nothing co-batched with it added measurable time.")
     if s.preemptions > 0:
-        lines.append(f"preempted {s.preemptions} time(s)"
-                     + (f", {sec(s.recovery_ns)} to recover." if s.recovery_ns >= 0 else "."))
+        parts = [f"preempted {s.preemptions} time(s)"]
+        if s.paused_ns > 0:
+            parts.append(f": paused {sec(s.paused_ns)} by preemption (in no GPU step then: left out of its "
+                         f"prefill and decode)")
+        if s.recovery_ns >= 0:
+            parts.append(f", {sec(s.recovery_ns)} to recover")
+        if s.paused_ns > max(s.recovery_ns, 0) + 1_000_000:
+            parts.append(f"; {sec(s.paused_ns - max(s.recovery_ns, 0))} of it never resumed (it ended preempted)")
+        lines.append("".join(parts) + ".")
     elif s.preemptions == 0:
         lines.append("never preempted.")
     if s.dragged_source == SOURCE_NONE:

@@ -427,6 +427,12 @@ class Culprit(msgspec.Struct, frozen=True):
     tokens: Annotated[int, N(40)]        # the culprit's prompt tokens
 
 
+class Pause(msgspec.Struct, frozen=True):
+    """A preemption of a request, until it was resumed (or until it ended)."""
+    start_ns: Annotated[int, N(1)]
+    end_ns: Annotated[int, N(2)]
+
+
 class RequestStory(msgspec.Struct, frozen=True):
     """One served request's life, joined with the GPU steps it ran in."""
     request_id: Annotated[str, N(124)]
@@ -453,6 +459,10 @@ class RequestStory(msgspec.Struct, frozen=True):
     completion_tokens: Annotated[int, N(139)]
     culprits: Annotated[list[Culprit], N(140)] = []
     trace_id: Annotated[str, N(162)] = ""        # the engine span's trace (hex), for exemplars
+    # Time it was preempted inside its prefill and decode (left out of both: it was in no
+    # GPU step then), and the pauses themselves (the first MAX_STORY_PAUSES).
+    paused_ns: Annotated[int, N(165)] = 0
+    pauses: Annotated[list[Pause], N(166)] = []
 
 
 class Exemplar(msgspec.Struct, frozen=True):
@@ -566,8 +576,9 @@ class Window(msgspec.Struct, omit_defaults=True):
 
 
 #: Every Struct whose fields are numbered; :func:`wire_fields` reads them.
-RECORDS = (Window, GpuProcess, PhaseFigures, Latency, LaunchLatency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
-           EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, RequestStory, Exemplar,
+RECORDS = (Window, GpuProcess, PhaseFigures, Latency, LaunchLatency, Ceilings, SchedThread, SchedFigures,
+           LatencyHistogram, EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, Pause,
+           RequestStory, Exemplar,
            WindowRequests, RequestsMessage, RankStragglers, GroupStragglers, WindowStragglers)
 
 #: Numbers the first release gave to names no typed record declares (its guesses at the

@@ -57,7 +57,7 @@ PINNED = {
     "straggler_device": 152, "straggler_last_share_ratio": 153, "late_by_p50_ns": 154, "late_by_p99_ns": 155,
     "cause": 156, "straggler_kernels_dropped": 157, "e2e_total_ns": 158, "e2e_bucket_counts": 159,
     "exemplars": 160, "bucket": 161, "trace_id": 162, "straggler_launch_off_cpu_ratio": 163,
-    "others_launch_off_cpu_ratio": 164,
+    "others_launch_off_cpu_ratio": 164, "paused_ns": 165, "pauses": 166,
 }
 
 

@@ -34,24 +34,27 @@ from ridgeline.probes.otlp_receiver import OtlpProbe
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
 
-def shifted_seed(pid=4242):
+def shifted_seed(pid=4242, scenario=sc.seed_batched):
     """The batched seed example moved to end one second ago (the agent keeps steps and
     requests for probes.otlp.history_s back from now)."""
-    steps, spans = sc.seed_batched()
+    steps, spans = scenario()
     shift = time.time_ns() - 1_000_000_000 - int(steps["end_ns"].max())
     held = np.zeros(len(steps), HELD_DTYPE)
     held["start_ns"], held["end_ns"], held["phase"] = steps["start_ns"] + shift, steps["end_ns"] + shift, steps["phase"]
     held["device"], held["pid"] = 0, pid
     return held, [s.__class__(**{**{f: getattr(s, f) for f in s.__struct_fields__},
-                                 "start_ns": s.start_ns + shift, "end_ns": s.end_ns + shift}) for s in spans]
+                                 "start_ns": s.start_ns + shift, "end_ns": s.end_ns + shift,
+                                 "pauses": tuple((a + shift, b + shift) for a, b in s.pauses)}) for s in spans]
 
 
 def send_with_sdk(url, spans):
     from ridgeline.agent.simulator.spans import RequestSpanEmitter
     em = RequestSpanEmitter(url, batch=False)
     for s in spans:
+        # the preemptions and pauses ride on vLLM's journey events (RequestSpanEmitter.emit)
         em.emit(s.request_id, s.start_ns, s.start_ns + s.queue_ns, s.start_ns + s.ttft_ns, s.end_ns,
-                s.prompt_tokens, s.completion_tokens)
+                s.prompt_tokens, s.completion_tokens, preemptions=s.preemptions if s.preemptions >= 0 else None,
+                pauses=s.pauses)
     em.close()
 
 
@@ -134,6 +137,28 @@ def test_why_tells_the_seed_example_through_the_receiver(running_agent):
     assert c["spans_accepted"] == 3 and c["spans_refused"] == 0
 
 
+def test_why_tells_a_preempted_request_through_the_receiver(running_agent):
+    """answer-500 preempted for 100 steps of its decode (tests/support/request_scenarios.py,
+    seed_preempted): its pause comes as vLLM's journey events through the real SDK
+    exporter; ``why`` leaves it out of the decode and says it."""
+    agent, url, ep = running_agent
+    held, spans = shifted_seed(scenario=sc.seed_preempted)
+    agent.builder.requests.add_steps(held)
+    p_why = _start_cli("why", "answer-500", "--endpoint", ep, "--timeout", "30")
+    assert _subscribed(agent, 1)
+    time.sleep(1.0)
+    send_with_sdk(url, spans)
+    out, err = p_why.communicate(timeout=60)
+    assert p_why.returncode == 0, (out, err)
+    print(out)
+    assert "preempted 1 time(s): paused 1.50 s by preemption" in out and "1.50 s to recover" in out
+    assert re.search(r"decode: 17\.5\d s over 500 GPU step\(s\).*its pauses left out", out)
+    m = re.search(r"culprit long-4000: \+([\d.]+) s", out)
+    assert m and abs(float(m.group(1)) - 10.0) <= 0.05 * 10.0
+    alone = re.search(r"Alone it would have decoded in ([\d.]+) s", out)
+    assert alone and abs(float(alone.group(1)) - 7.5) <= 0.05 * 7.5
+
+
 def test_why_from_a_saved_listing_and_bad_input(tmp_path, capsys):
     from ridgeline.aggregator import request_join as rj
     steps, spans = sc.seed_batched()
@@ -198,3 +223,17 @@ def test_why_never_prints_a_peers_control_characters(tmp_path, capsys):
     assert cli.main(["why", "answer-500", "--input", str(p)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "culprit long-\\x1b]0;pwned\\x07\\n4000" in out
+
+
+def test_requests_table_has_the_paused_column():
+    from ridgeline.agent import request_view
+    from ridgeline.aggregator import request_join as rj
+    steps, spans = sc.seed_preempted()
+    text = request_view.table(request_view.slowest(rj.join(spans, steps), 10))
+    head, *rows = text.splitlines()
+    assert "decode s paused s dragged s" in " ".join(head.split())
+    ans = next(r for r in rows if r.startswith("answer-500"))
+    long_ = next(r for r in rows if r.startswith("long-4000"))
+    # request e2e queue prefill decode paused: the sixth field of a row
+    assert ans.split()[5] == "1.50" and long_.split()[5] == "-"
+    assert ans.split()[4] == "17.50"

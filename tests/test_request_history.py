@@ -152,3 +152,6 @@ def test_simulator_spans_reach_the_receiver_through_the_sdk():
         assert s.prompt_tokens == q.prompt and s.completion_tokens == q.generated
         assert s.first_token_ns == pytest.approx(base + q.first_token_ns, abs=1_000)
         assert s.preemptions == q.preemptions
+        # its pauses as journey events: evicted -> readmitted, on the wall clock
+        assert s.pauses == tuple((base + a, base + (b if b >= 0 else q.last_token_ns)) for a, b in q.pauses)
+        assert s.queue_ns == pytest.approx(max(q.first_scheduled_ns, q.arrival_ns) - q.arrival_ns, abs=1_000)

@@ -117,3 +117,99 @@ def test_first_long_step_is_the_elementwise_comparison():
         js = np.arange(lo, hi)
         hit = np.flatnonzero(batch.ctx_at(i, js) >= rj.LONG_SEQUENCE_TOKENS)
         assert got[i] == (lo + hit[0] if len(hit) else hi), i
+
+
+# -- preemption: a paused request is in no step of its pause -----------------------------
+def test_a_paused_request_is_no_member_of_the_steps_inside_its_pause():
+    """Literals: two requests decoding together at 10 ms a step; B is preempted (pause
+    [30 ms, 60 ms)) over steps 3-5, which A runs alone."""
+    ms = 1_000_000
+    steps = np.array([(k * 10 * ms, (k + 1) * 10 * ms, rj.DECODE) for k in range(10)], dtype=rj.STEP_DTYPE)
+
+    def span(rid, pauses=()):
+        return rj.RequestSpan(rid, "vllm", 0, 100 * ms, queue_ns=0, ttft_ns=0, e2e_ns=100 * ms,
+                              prompt_tokens=100, completion_tokens=7 if pauses else 10, preemptions=len(pauses),
+                              recovery_ns=sum(b - a for a, b in pauses), pauses=tuple(pauses))
+    reqs = [span("a"), span("b", [(30 * ms, 60 * ms)])]
+    batch = rj._Batch(reqs, steps)
+    assert batch.n_dec.tolist() == [2, 2, 2, 1, 1, 1, 2, 2, 2, 2]
+    # B's context does not grow while paused: 100 + 1 token a step it runs (7 tokens, 7 steps).
+    b_pieces = batch.pieces_of(1)
+    ctx_b = np.concatenate([batch.ctx_at(k, np.arange(batch.dc_lo[k], batch.dc_hi[k])) for k in b_pieces])
+    assert ctx_b.tolist() == [100, 101, 102, 103, 104, 105, 106]
+    b = _story(rj.join(reqs, steps), "b")
+    assert (b.decode_steps, b.decode_ns, b.paused_ns, b.e2e_ns) == (7, 70 * ms, 30 * ms, 100 * ms)
+    assert b.pauses == [rj.Pause(30 * ms, 60 * ms)] and b.recovery_ns == 30 * ms
+    assert b.ns_per_token == 10 * ms
+    text = rj.story_text(b)
+    assert "paused 30.0 ms by preemption" in text and "30.0 ms to recover" in text
+    assert "its pauses left out" in text
+
+
+def test_a_pause_never_resumed_cuts_the_rest_of_its_life():
+    ms = 1_000_000
+    steps = np.array([(k * 10 * ms, (k + 1) * 10 * ms, rj.DECODE) for k in range(10)], dtype=rj.STEP_DTYPE)
+    r = rj.RequestSpan("x", "vllm", 0, 100 * ms, queue_ns=0, ttft_ns=0, prompt_tokens=10, completion_tokens=4,
+                       preemptions=1, recovery_ns=0, pauses=((40 * ms, 100 * ms),))
+    (s,) = rj.join([r], steps)
+    assert (s.decode_steps, s.decode_ns, s.paused_ns) == (4, 40 * ms, 60 * ms)
+    assert "never resumed" in rj.story_text(s)
+
+
+def test_preempted_answer_decodes_without_its_pause_and_is_dragged_only_while_batched():
+    """The seed example with answer-500 preempted for 100 steps of its decode
+    (tests/support/request_scenarios.py): its decode is its 500 steps, 400 of them beside
+    long-4000 at 40 ms and 100 alone at 15 ms, so 17.5 s; the 1.5 s pause is left out and
+    said; long-4000 added 400 x 25 ms = 10 s; alone 7.5 s still."""
+    steps, spans = sc.seed_preempted()
+    stories = rj.join(spans, steps)
+    s = _story(stories, "answer-500")
+    pause_ns = spans[1].pauses[0][1] - spans[1].pauses[0][0]
+    assert pause_ns == 100 * sc.BASE_NS
+    assert s.decode_steps == 500 and abs(s.decode_ns - 17.5e9) <= 0.01 * 17.5e9
+    assert s.paused_ns == pause_ns and s.preemptions == 1 and s.recovery_ns == pause_ns
+    assert s.e2e_ns == s.queue_ns + s.prefill_ns + s.decode_ns + s.paused_ns
+    assert s.culprits[0].request_id == "long-4000"
+    assert abs(s.culprits[0].added_ns - 10e9) <= 0.05 * 10e9
+    assert abs(s.alone_decode_ns - 7.5e9) <= 0.05 * 7.5e9
+    assert "paused 1.50 s by preemption" in rj.story_text(s)
+    # long-4000 ran those 100 steps alone: nobody drags it, it drags nobody there.
+    assert _story(stories, "long-4000").dragged_ns == 0
+
+
+def test_a_preempted_culprit_is_not_blamed_for_the_steps_of_its_pause():
+    """long-4000 preempted for 100 steps of its decode: answer-500 ran those alone at 15 ms.
+    What long-4000 added is 25 ms for each step they shared, counted from the steps."""
+    steps, spans = sc.seed_culprit_preempted()
+    s = _story(rj.join(spans, steps), "answer-500")
+    # The answer's decode steps that took 40 ms: those long-4000 was in (the scenario's rule).
+    ans = spans[1]
+    mid = (steps["start_ns"] + steps["end_ns"]) // 2
+    in_ans = (mid >= ans.start_ns + ans.ttft_ns) & (mid < ans.end_ns)
+    heavy_in_ans = int(np.sum(in_ans & ((steps["end_ns"] - steps["start_ns"]) == sc.HEAVY_NS)))
+    assert heavy_in_ans == 500 - 100                     # its 500 decode steps, 100 of them alone
+    expected = heavy_in_ans * (sc.HEAVY_NS - sc.BASE_NS)
+    assert abs(s.culprits[0].added_ns - expected) <= 0.05 * expected
+    assert s.paused_ns == 0 and "never preempted." in rj.story_text(s)
+
+
+def test_pauses_cut_per_join_are_bounded_the_told_requests_first(monkeypatch):
+    """Past MAX_JOIN_PAUSES a held request's pauses are not cut (it counts as a member
+    through them); the told request's own pauses always are."""
+    ms = 1_000_000
+    steps = np.array([(k * 10 * ms, (k + 1) * 10 * ms, rj.DECODE) for k in range(10)], dtype=rj.STEP_DTYPE)
+
+    def span(rid, end_ms):
+        return rj.RequestSpan(rid, "vllm", 0, end_ms * ms, queue_ns=0, ttft_ns=0, prompt_tokens=10,
+                              completion_tokens=5, preemptions=1, recovery_ns=20 * ms,
+                              pauses=((30 * ms, 50 * ms),))
+    reqs = [span("told", 100), span("held-late", 100), span("held-early", 90)]
+    monkeypatch.setattr(rj, "MAX_JOIN_PAUSES", 2)
+    keep = rj._pauses_applied(reqs, {"told"})
+    assert keep.tolist() == [True, True, False]
+    batch = rj._Batch(reqs, steps, keep)
+    assert batch.n_dec.tolist() == [3, 3, 3, 1, 1, 3, 3, 3, 3, 2]
+    monkeypatch.setattr(rj, "MAX_JOIN_PAUSES", 0)
+    assert rj._pauses_applied(reqs, {"held-early"}).tolist() == [False, False, True]
+    (s,) = rj.join(reqs, steps, report={"held-early"})
+    assert s.paused_ns == 20 * ms and s.decode_steps == 7

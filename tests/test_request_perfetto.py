@@ -7,6 +7,7 @@ import json
 
 import msgspec
 import numpy as np
+import pytest
 from support import request_scenarios as sc
 from support.perfetto_import import import_json
 from support.phase_literals import NAMES, Step, annotated_literal_trace, phase_map
@@ -43,3 +44,32 @@ def test_a_track_per_request_beside_the_steps(tmp_path):
     assert dec["args"]["culprits"][0].startswith("long-4000 +12")
     # every request slice was imported, on its own request's track
     assert sum(1 for s in imp.slices if s[3] == "ridgeline_request") == len(req)
+
+
+def test_a_preempted_request_track_holds_its_pause(tmp_path):
+    """The preempted seed example: answer-500's decode slice spans its wall time with the
+    pause inside it as a "preempted" slice (so the track nests), its args the decode time
+    without the pause."""
+    steps, spans = sc.seed_preempted()
+    shift = 500_000 - sc.T0
+    stories = [msgspec.structs.replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift,
+                                       pauses=[rj.Pause(p.start_ns + shift, p.end_ns + shift) for p in s.pauses])
+               for s in rj.join(spans, steps)]
+    t = annotated_literal_trace()
+    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
+                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
+    out = write_perfetto(t, pm, NAMES, tmp_path / "p.json", requests=stories)
+    imp = import_json(out)
+    assert imp.errors() == {}
+    ev = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "ridgeline_request"]
+    ans = next(s for s in stories if s.request_id == "answer-500")
+    dec = next(e for e in ev if e["name"] == "decode" and e["args"]["completion_tokens"] == 501)
+    (pause,) = [e for e in ev if e["name"] == "preempted"]
+    assert pause["tid"] == dec["tid"] and pause["dur"] == pytest.approx(1.5e6)
+    assert dec["ts"] < pause["ts"] and pause["ts"] + pause["dur"] < dec["ts"] + dec["dur"]
+    # the decode slice holds its 17.5 s of decode and the 1.5 s pause, and ends with the request
+    assert dec["dur"] == pytest.approx((ans.decode_ns + ans.paused_ns) / 1e3)
+    pf = next(e for e in ev if e["name"] == "prefill" and e["tid"] == dec["tid"])    # queued 0: its arrival
+    assert dec["ts"] + dec["dur"] - pf["ts"] == pytest.approx((ans.end_ns - ans.start_ns) / 1e3)
+    assert sum(1 for s in imp.slices if s[3] == "ridgeline_request") == len(ev)
+

@@ -22,6 +22,15 @@ SGLang, ``python/sglang/srt/tracing/trace.py`` at
 021a89235fcc8d4bff2069b2530ad34886974c04: ``trace_req_start`` opens the request's root
 span named ``f"{role} Req {orig_rid[:8]}"`` with ``attrs = {"rid": orig_rid}``; stage
 slices (``trace_slice_start(name, rid)``) are children of the per-thread span under it.
+Later SGLang: ``python/sglang/srt/observability/trace.py`` at
+02a580880ee625d1d4a8c317ad913dcc0506cf79 (the same root span and slices; ``trace_event``
+caches events onto the slice holding them or the thread span),
+``python/sglang/srt/observability/req_time_stats.py`` at
+00ce49e05c17e08f643afab34f3cdcef14935ac0 (the ``retract`` and ``schedule`` events, the
+re-traced prefill after a retraction) and
+``python/sglang/srt/managers/tokenizer_manager_components/request_tracing.py`` at
+2d396b526f4fd2749397c0bc3f966e79f3f4ab71 (``make_span_attrs``: the gen_ai.* names on the
+root span).
 """
 from __future__ import annotations
 
@@ -157,7 +166,123 @@ def test_journey_events_on_their_own_span_are_merged_into_the_request():
     assert story.preemptions == 2 and story.recovery_ns == pytest.approx(1_500_000_000, abs=1_000)
     assert story.queue_ns == 100_000_000            # the timings kept from llm_request
     from ridgeline.aggregator.request_join import story_text
-    assert "preempted 2 time(s), 1.50 s to recover." in story_text(story)
+    assert story.pauses == [rs_pause(3 * 10**9, 36 * 10**8), rs_pause(6 * 10**9, 69 * 10**8)]
+    assert ("preempted 2 time(s): paused 1.50 s by preemption (in no GPU step then: left out of its prefill and "
+            "decode), 1.50 s to recover.") in story_text(story)
+
+
+def rs_pause(a, b):
+    from ridgeline.probes.records import Pause
+    return Pause(a, b)
+
+
+def test_the_pauses_themselves_from_journey_events():
+    start = 10**9
+    (s,), _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t)))
+    assert s.pauses == ((start + 2 * 10**9, start + 26 * 10**8), (start + 5 * 10**9, start + 59 * 10**8))
+    # Never resumed: a pause to the span's end, not recovered time.
+    (s,), _ = rs.decode_protobuf(sdk_spans(lambda t: journey_request(t, resumed=False)))
+    assert s.pauses == ((start + 2 * 10**9, start + 26 * 10**8), (start + 5 * 10**9, start + 8 * 10**9))
+    assert s.recovery_ns == pytest.approx(600_000_000, abs=1_000)
+
+
+def test_pauses_are_clipped_to_the_request_and_disjoint():
+    """A client's events in any order, overlapping, outside the span: the record keeps
+    disjoint pauses inside the request's life."""
+    ev = [("journey.PREEMPTED", 5, ""), ("journey.SCHEDULED", 50, "RESUME"), ("journey.PREEMPTED", 40, ""),
+          ("journey.SCHEDULED", 70, "RESUME"), ("journey.PREEMPTED", 95, ""), ("journey.SCHEDULED", 400, "RESUME")]
+    r = rs.to_record("llm_request", 10, 100, {rs.VLLM_REQUEST_ID: "x"}, journey=ev)
+    # in time order: PREEMPTED 5 opens, PREEMPTED 40 is a second preemption inside the open
+    # pause, SCHEDULED 50 closes it; SCHEDULED 70 resumes nothing; PREEMPTED 95 -> 400.
+    assert r.preemptions == 3 and r.pauses == ((10, 50), (95, 100))
+    many = [(n, t, "RESUME") for k in range(rs.MAX_EVENTS) for n, t in (("journey.PREEMPTED", 2 * k + 1),
+                                                                       ("journey.SCHEDULED", 2 * k + 2))]
+    r = rs.to_record("llm_request", 1, 10**6, {rs.VLLM_REQUEST_ID: "y"}, journey=many)
+    assert len(r.pauses) == rs.MAX_PAUSES
+
+
+def sglang_request(t, retract_at_ms=None, gen_ai=False):
+    """An SGLang request as its tracing sends it (python/sglang/srt/observability/trace.py at
+    02a58088: root span ``" Req <rid[:8]>"`` with ``rid``, a thread span under it, stage
+    slices under that; ``trace_event`` caches an event and adds it to the slice whose
+    [start, end) holds it, else to the thread span when it ends). The stages and events of
+    ``SchedulerReqTimeStats`` (python/sglang/srt/observability/req_time_stats.py at
+    00ce49e0): ``prefill_waiting`` to the first forward, ``prefill_forward``, a
+    ``decode_loop`` slice per token, a ``schedule`` event each time it is scheduled; a
+    retracted request re-entering the waiting queue gets the event ``retract``
+    (``set_retract_time``), and its prefill is traced again from its new forward entry
+    (``set_prefill_finished_time``, the retract branch)."""
+    from opentelemetry import trace
+    ms = 10**6
+    root = t.start_span(" Req 8f3a2b1c", start_time=10**9, attributes={"rid": "8f3a2b1c9d"})
+    th = t.start_span("Scheduler [TP 0] (host:abcd | pid:1)", start_time=10**9, context=trace.set_span_in_context(root))
+    c2 = trace.set_span_in_context(th)
+
+    def slice_(name, a, b, events=()):
+        sl = t.start_span(name, start_time=10**9 + a * ms, context=c2)
+        for ev, at in events:
+            sl.add_event(ev, timestamp=10**9 + at * ms)
+        sl.end(end_time=10**9 + b * ms)
+    slice_("prefill_waiting", 0, 100)
+    slice_("prefill_forward", 100, 300, [("schedule", 100)])
+    if retract_at_ms is None:
+        for k in range(10):
+            slice_("decode_loop", 300 + 100 * k, 400 + 100 * k, [("schedule", 300 + 100 * k)])
+    else:
+        for k in range(3):
+            slice_("decode_loop", 300 + 100 * k, 400 + 100 * k, [("schedule", 300 + 100 * k)])
+        # retracted at 600 ms (no slice holds the event: the thread span gets it), back in
+        # a forward step at 900 ms: the prefill again, then its decode
+        slice_("prefill_forward", 900, 1000, [("schedule", 900)])
+        for k in range(3):
+            slice_("decode_loop", 1000 + 100 * k, 1100 + 100 * k, [("schedule", 1000 + 100 * k)])
+        th.add_event("retract", timestamp=10**9 + retract_at_ms * ms)
+    th.end(end_time=10**9 + 1300 * ms)
+    if gen_ai:
+        # trace_req_finish(attrs) sets make_span_attrs' names on the root
+        # (python/sglang/srt/managers/tokenizer_manager_components/request_tracing.py at
+        # 2d396b52: gen_ai.usage.*, gen_ai.request.id, gen_ai.response.model and the
+        # gen_ai.latency.* of APIServerReqTimeStats.convert_to_gen_ai_span_attrs)
+        root.set_attributes({"gen_ai.usage.completion_tokens": 10, "gen_ai.usage.prompt_tokens": 120,
+                             "gen_ai.usage.cached_tokens": 0, "gen_ai.request.id": "8f3a2b1c9d",
+                             "gen_ai.response.model": "qwen", "gen_ai.latency.time_to_first_token": 0.3,
+                             "gen_ai.latency.e2e": 1.3, "gen_ai.latency.time_in_model_decode": 1.0})
+    root.end(end_time=10**9 + 1300 * ms)
+
+
+def test_sglang_root_with_gen_ai_names_stays_sglang():
+    """Later SGLang puts vLLM's gen_ai.* names (gen_ai.request.id among them) on its root
+    span: the record is still SGLang's, with its slices, marks and the token counts."""
+    (s,), stats = rs.decode_protobuf(sdk_spans(lambda t: sglang_request(t, retract_at_ms=600, gen_ai=True)))
+    assert stats.spans_ignored > 0
+    assert (s.engine, s.request_id, s.prompt_tokens, s.completion_tokens, s.model) == \
+        ("sglang", "8f3a2b1c9d", 120, 10, "qwen")
+    assert (s.ttft_ns, s.e2e_ns, s.queue_ns) == (300 * 10**6, 1300 * 10**6, 100 * 10**6)
+    assert s.preemptions == 1 and s.pauses == ((10**9 + 600 * 10**6, 10**9 + 900 * 10**6),)
+
+
+def test_sglang_retraction_is_a_pause():
+    (s,), _ = rs.decode_protobuf(sdk_spans(lambda t: sglang_request(t, retract_at_ms=600)))
+    assert (s.engine, s.preemptions) == ("sglang", 1)
+    assert s.pauses == ((10**9 + 600 * 10**6, 10**9 + 900 * 10**6),) and s.recovery_ns == 300 * 10**6
+    (s,), _ = rs.decode_protobuf(sdk_spans(lambda t: sglang_request(t)))
+    assert (s.preemptions, s.pauses, s.recovery_ns) == (0, (), 0)
+
+
+def test_sglang_retraction_in_otlp_json():
+    """The same marks in the OTLP/JSON form: a retract event on the thread span, the next
+    prefill slice starting later (no schedule event: a trace level under 3)."""
+    body = b"""{"resourceSpans":[{"scopeSpans":[{"spans":[
+      {"spanId":"01","name":" Req abc","startTimeUnixNano":"1000000000","endTimeUnixNano":"9000000000",
+       "attributes":[{"key":"rid","value":{"stringValue":"abc"}}]},
+      {"spanId":"02","parentSpanId":"01","name":"Scheduler","startTimeUnixNano":"1000000000",
+       "endTimeUnixNano":"9000000000","events":[{"name":"retract","timeUnixNano":"3000000000"}]},
+      {"spanId":"03","parentSpanId":"02","name":"prefill_forward","startTimeUnixNano":"1100000000",
+       "endTimeUnixNano":"1200000000"},
+      {"spanId":"04","parentSpanId":"02","name":"prefill_forward","startTimeUnixNano":"4000000000",
+       "endTimeUnixNano":"4100000000"}]}]}]}"""
+    (s,), _ = rs.decode_json(body)
+    assert s.preemptions == 1 and s.pauses == ((3 * 10**9, 4 * 10**9),)
 
 
 def test_journey_events_in_otlp_json():
@@ -170,6 +295,7 @@ def test_journey_events_in_otlp_json():
                  "attributes":[{"key":"schedule.kind","value":{"stringValue":"RESUME"}}]}]}]}]}]}'''
     (s,), _ = rs.decode_json(body)
     assert s.preemptions == 1 and s.recovery_ns == 250_000_000
+    assert s.pauses == ((3_000_000_000, 3_250_000_000),)
 
 
 def test_sglang_root_span_and_slices():
@@ -266,3 +392,25 @@ def test_json_garbage_and_depth():
     for body in (b"{", b"[1,2", b'{"resourceSpans": 5}', b"[" * 100_000 + b"]" * 100_000):
         with pytest.raises(rs.SpanDecodeError):
             rs.decode_json(body)
+
+
+def test_sglang_long_request_keeps_its_late_retraction():
+    """A schedule event per token (thousands) never pushes a late retraction out of the
+    bounded marks."""
+    def make(t):
+        from opentelemetry import trace
+        ms = 10**6
+        root = t.start_span(" Req 1234abcd", start_time=10**9, attributes={"rid": "1234abcd"})
+        th = t.start_span("Scheduler", start_time=10**9, context=trace.set_span_in_context(root))
+        c2 = trace.set_span_in_context(th)
+        for k in range(1000):
+            sl = t.start_span("decode_loop", start_time=10**9 + k * ms, context=c2)
+            sl.add_event("schedule", timestamp=10**9 + k * ms)
+            sl.end(end_time=10**9 + (k + 1) * ms)
+        th.add_event("retract", timestamp=10**9 + 1000 * ms)
+        sl = t.start_span("prefill_forward", start_time=10**9 + 1200 * ms, context=c2)
+        sl.end(end_time=10**9 + 1300 * ms)
+        th.end(end_time=10**9 + 1400 * ms)
+        root.end(end_time=10**9 + 1400 * ms)
+    (s,), _ = rs.decode_protobuf(sdk_spans(make))
+    assert s.preemptions == 1 and s.pauses == ((10**9 + 1000 * 10**6, 10**9 + 1200 * 10**6),)

@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 
@@ -112,6 +113,16 @@ REQUESTS_WINDOW = {
                  "dragged_source": "measured", "slowest": [STORY]},
 }
 
+# A preempted request's story (wire fields 165-166: the time paused and the pauses, each
+# ``start_ns``/``end_ns`` as everywhere): the preempted seed example's figures
+# (tests/support/request_scenarios.py, seed_preempted), written out as literals.
+STORY_PAUSED = {**STORY, "end_ns": 1_700_000_019_615_000_000, "e2e_ns": 19_015_000_000, "decode_ns": 17_500_000_000,
+                "ns_per_token": 34930139.72, "dragged_ns": 10_000_000_000, "dragged_by_long_ns": 9_900_000_000,
+                "preemptions": 1, "recovery_ns": 1_500_000_000,
+                "culprits": [{**STORY["culprits"][0], "added_ns": 10_000_000_000}],
+                "paused_ns": 1_500_000_000,
+                "pauses": [{"start_ns": 1_700_000_014_975_000_000, "end_ns": 1_700_000_016_475_000_000}]}
+
 STRAGGLERS_WINDOW = {
     "start_ns": 1_700_000_030_000_000_000, "end_ns": 1_700_000_031_000_000_000, "duration_ns": 1_000_000_000,
     "sources": ["cupti"],
@@ -134,6 +145,9 @@ GOLDEN = {
     "wire_envelope_requests_v1.bin": lambda: wire.encode_envelope(
         "requests", 2, {"end_ns": 1_700_000_021_000_000_000, "stories": [STORY]}, "gpu-host-1",
         1_700_000_021_000_000_456),
+    "wire_envelope_requests_paused_v1.bin": lambda: wire.encode_envelope(
+        "requests", 3, {"end_ns": 1_700_000_021_000_000_000, "stories": [STORY_PAUSED]}, "gpu-host-1",
+        1_700_000_021_000_000_789),
     "wire_envelope_engine_window_v1.bin": lambda: wire.encode_envelope(
         "window", 8, wire.encode_window(ENGINE_WINDOW), "gpu-host-1", 1_700_000_002_000_000_123),
     "wire_envelope_window_v1.bin": lambda: wire.encode_envelope(
@@ -178,6 +192,25 @@ def test_golden_requests_window_and_topic_number_the_issue22_fields():
     from ridgeline.aggregator import request_join as rj
     for cls in (rj.WindowRequests, rj.RequestStory, rj.Culprit):
         assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
+
+
+def test_golden_paused_story_numbers_its_new_fields_and_reads_as_a_story():
+    """The fields added for preemption pauses (165, 166) travel as numbers; the older
+    golden files (without them) are unchanged and read with the defaults (0, [])."""
+    from ridgeline.probes import records
+    raw = (DATA / "wire_envelope_requests_paused_v1.bin").read_bytes()
+    env = wire.decode_envelope(raw)
+    assert env.payload["stories"] == [STORY_PAUSED]
+    assert (wire.FIELDS["paused_ns"], wire.FIELDS["pauses"]) == (165, 166)
+    for key in ("paused_ns", "pauses", "recovery_ns"):
+        assert key.encode() not in raw
+    msg = msgspec.convert(env.payload, records.RequestsMessage)
+    st = msg.stories[0]
+    assert st.paused_ns == 1_500_000_000 and st.pauses == [records.Pause(1_700_000_014_975_000_000,
+                                                                          1_700_000_016_475_000_000)]
+    old = msgspec.convert(wire.decode_envelope((DATA / "wire_envelope_requests_v1.bin").read_bytes()).payload,
+                          records.RequestsMessage)
+    assert (old.stories[0].paused_ns, old.stories[0].pauses) == (0, [])
 
 
 def test_golden_stragglers_window_numbers_the_issue23_fields():

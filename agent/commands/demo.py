@@ -163,9 +163,11 @@ def run(args) -> int:
         agent_log = open(out / "agent.log", "w")
         procs["agent"] = subprocess.Popen(_ridgeline("agent", "--config", str(out / "agent.toml")),
                                           stdout=agent_log, stderr=subprocess.STDOUT, env=env)
+        # Recorded until top and the request view are done (stopped below), not for a fixed
+        # time from its own start: on a loaded host the agent can take longer to start than
+        # such a time (a recording of 0-5 messages at load average 13).
         procs["record"] = subprocess.Popen(
-            _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint,
-                       "--duration", f"{args.duration + 3:.1f}"),
+            _ridgeline("record", "-o", str(out / "stream.rlrec"), "--endpoint", endpoint, "--duration", "0"),
             stdout=subprocess.DEVNULL, stderr=open(out / "record.log", "w"), env=env)
         # The live view, in this terminal (or printed frames without one).
         top = subprocess.run(_ridgeline("top", "--endpoint", endpoint, "--duration", str(args.duration),
@@ -175,7 +177,7 @@ def run(args) -> int:
         if otlp_port:
             _requests(endpoint, out, env)
         _scrape(prom_port, out / "metrics.txt")
-        procs["record"].wait(timeout=30)
+        _stop(procs["record"], signal.SIGTERM, 30)      # it keeps what it recorded
     finally:
         for name in ("record", "agent", "simulator"):
             _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)

@@ -107,9 +107,13 @@ class SimulatorProbe(Probe):
         done = list(eng.finished)[-min(new, len(eng.finished)):]
         for i, r in enumerate(done):
             serial = eng.finished_total - len(done) + i
-            self.spans.emit(f"sim-{eng.cfg.pid}-{serial}", base + r.arrival_ns, base + max(r.scheduled_ns, r.arrival_ns),
+            # Queue time to its first admission (vLLM's time_in_queue); each preemption a
+            # pause, from its eviction to its readmission.
+            self.spans.emit(f"sim-{eng.cfg.pid}-{serial}", base + r.arrival_ns,
+                            base + max(r.first_scheduled_ns, r.arrival_ns),
                             base + r.first_token_ns, base + r.last_token_ns, r.prompt, r.generated,
-                            preemptions=r.preemptions)
+                            preemptions=r.preemptions,
+                            pauses=[(base + a, base + (b if b >= 0 else r.last_token_ns)) for a, b in r.pauses])
         self._spans_told = eng.finished_total
 
     def restart_process(self) -> None:

@@ -29,7 +29,7 @@ class SchedulerConfig:
 class Request:
     __slots__ = ("rid", "arrival_ns", "prompt", "output", "computed", "generated", "blocks",
                  "shared_blocks", "queued_ns", "scheduled_ns", "first_token_ns", "last_token_ns",
-                 "preemptions", "prefix_hit")
+                 "preemptions", "prefix_hit", "first_scheduled_ns", "pauses")
 
     def __init__(self, rid: int, arrival_ns: int, prompt: int, output: int):
         self.rid, self.arrival_ns, self.prompt, self.output = rid, arrival_ns, prompt, output
@@ -43,6 +43,8 @@ class Request:
         self.last_token_ns = -1
         self.preemptions = 0
         self.prefix_hit = 0
+        self.first_scheduled_ns = -1     # scheduled_ns is the last (re)admission
+        self.pauses: list[list[int]] = []    # [preempted_ns, resumed_ns (-1: still out)]
 
     @property
     def seq_len(self) -> int:
@@ -69,6 +71,7 @@ class Scheduler:
         r.computed = 0
         r.shared_blocks = 0
         r.preemptions += 1
+        r.pauses.append([now_ns, -1])
         r.queued_ns = now_ns
         self.preemptions_total += 1
         self.waiting.appendleft(r)
@@ -126,6 +129,10 @@ class Scheduler:
                 self.waiting.popleft()
                 self.running.append(r)
                 r.scheduled_ns = now_ns
+                if r.first_scheduled_ns < 0:
+                    r.first_scheduled_ns = now_ns
+                if r.pauses and r.pauses[-1][1] < 0:
+                    r.pauses[-1][1] = now_ns
                 out.append((r, n))
                 budget -= n
         return out, preempted

@@ -51,9 +51,14 @@ class RequestSpanEmitter:
         self.emitted = 0
 
     def emit(self, request_id: str, arrival_ns: int, scheduled_ns: int, first_token_ns: int, end_ns: int,
-             prompt_tokens: int, completion_tokens: int, preemptions: int | None = None) -> None:
-        """One span; ``preemptions`` (when given) rides on a ``journey.FINISHED`` event's
-        ``num_preemptions``, as vLLM's journey events carry it."""
+             prompt_tokens: int, completion_tokens: int, preemptions: int | None = None,
+             pauses: tuple | list = ()) -> None:
+        """One span. With ``preemptions`` or ``pauses`` ((preempted_ns, resumed_ns) pairs; one
+        resumed at or after ``end_ns`` was never resumed) it carries the request's journey
+        events as vLLM's scheduler sends them (``journey.<RequestJourneyEventType>``, with
+        ``event.type``, ``num_preemptions`` and, on SCHEDULED, ``schedule.kind``
+        FIRST/RESUME: vllm/tracing.py at 03b8a674, vllm/v1/core/sched/journey_events.py at
+        e3b3acf1)."""
         s = 1e-9
         attrs = {rs.VLLM_REQUEST_ID: request_id, rs.VLLM_PROMPT_TOKENS: int(prompt_tokens),
                  rs.VLLM_COMPLETION_TOKENS: int(completion_tokens),
@@ -65,8 +70,19 @@ class RequestSpanEmitter:
         if self.model:
             attrs[rs.VLLM_MODEL] = self.model
         span = self.tracer.start_span(SPAN_NAME, kind=self._kind, start_time=int(arrival_ns), attributes=attrs)
-        if preemptions is not None:
-            span.add_event("journey.FINISHED", {rs.VLLM_NUM_PREEMPTIONS: int(preemptions)}, timestamp=int(end_ns))
+        if preemptions is not None or pauses:
+            def event(kind: str, ts: int, n: int, sched: str = "") -> None:
+                a = {"event.type": kind, rs.VLLM_NUM_PREEMPTIONS: n}
+                if sched:
+                    a[rs.VLLM_SCHEDULE_KIND] = sched
+                span.add_event(f"journey.{kind}", a, timestamp=int(ts))
+            event("QUEUED", arrival_ns, 0)
+            event("SCHEDULED", scheduled_ns, 0, "FIRST")
+            for i, (a, b) in enumerate(pauses):
+                event("PREEMPTED", a, i + 1)
+                if b < end_ns:
+                    event("SCHEDULED", b, i + 1, rs.VLLM_SCHEDULE_RESUME)
+            event("FINISHED", end_ns, int(preemptions if preemptions is not None else len(pauses)))
         span.end(end_time=int(end_ns))
         self.emitted += 1
 

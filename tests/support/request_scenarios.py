@@ -22,11 +22,18 @@ T0 = 1_700_000_000_000_000_000
 
 
 class Req:
-    def __init__(self, rid, arrival_step, prompt, gen, chunk=8192, heavy=False):
+    """``paused``: ``(first step, step resumed)`` pairs (scheduler step numbers) during which
+    the request is preempted: in no step, making no token, its context kept."""
+
+    def __init__(self, rid, arrival_step, prompt, gen, chunk=8192, heavy=False, paused=()):
         self.rid, self.arrival_step, self.prompt, self.gen = rid, arrival_step, prompt, gen
-        self.chunk, self.heavy = chunk, heavy
+        self.chunk, self.heavy, self.paused = chunk, heavy, tuple(paused)
         self.prefilled = self.made = 0
         self.t_arrival = self.t_sched = self.t_first = self.t_end = None
+        self.pauses_ns: list[list[int]] = []
+
+    def paused_at(self, step: int) -> bool:
+        return any(a <= step < b for a, b in self.paused)
 
 
 def run(reqs: list[Req], max_steps: int = 100_000, arrival_ns: dict | None = None):
@@ -38,6 +45,12 @@ def run(reqs: list[Req], max_steps: int = 100_000, arrival_ns: dict | None = Non
         for r in live:
             if r.t_arrival is None:
                 r.t_arrival = t
+            # Preempted between steps (vLLM's journey PREEMPTED), resumed before a step.
+            if r.paused_at(step) and not r.paused_at(step - 1):
+                r.pauses_ns.append([t, -1])
+            elif r.pauses_ns and r.pauses_ns[-1][1] < 0 and not r.paused_at(step):
+                r.pauses_ns[-1][1] = t
+        live = [r for r in live if not r.paused_at(step)]
         if not live:
             if all(r.t_end is not None for r in reqs):
                 break
@@ -65,7 +78,8 @@ def run(reqs: list[Req], max_steps: int = 100_000, arrival_ns: dict | None = Non
                          queue_ns=r.t_sched - r.t_arrival, ttft_ns=r.t_first - r.t_arrival,
                          prefill_ns=r.t_first - r.t_sched, decode_ns=r.t_end - r.t_first,
                          e2e_ns=r.t_end - r.t_arrival, prompt_tokens=r.prompt, completion_tokens=r.gen,
-                         preemptions=0)
+                         preemptions=len(r.pauses_ns), recovery_ns=sum(b - a for a, b in r.pauses_ns) if r.paused else -1,
+                         pauses=tuple((a, b) for a, b in r.pauses_ns))
              for r in reqs]
     return np.array(steps, dtype=STEP_DTYPE), spans
 
@@ -84,6 +98,28 @@ def seed_batched(with_quiet_steps: bool = True):
     if with_quiet_steps:
         reqs.insert(0, Req("early-40", 0, 120, 39))
     return run(reqs)
+
+
+#: Scheduler steps during which answer-500 is preempted in :func:`seed_preempted` (inside
+#: its decode, while long-4000 decodes alone).
+ANSWER_PAUSE = (400, 500)
+#: ... and during which long-4000 is in :func:`seed_culprit_preempted`.
+LONG_PAUSE = (300, 400)
+
+
+def seed_preempted():
+    """The batched seed example with answer-500 preempted for 100 steps of its decode
+    (resumed with its context, as vLLM's recompute gives it back): the other two go on
+    without it."""
+    return run([Req("early-40", 0, 120, 39), Req("answer-500", 40, 100, 501, paused=[ANSWER_PAUSE]),
+                Req("long-4000", 41, 4000, 497, chunk=1000, heavy=True)])
+
+
+def seed_culprit_preempted():
+    """The batched seed example with the culprit, long-4000, preempted for 100 steps of
+    its decode: answer-500 decodes alone then (15 ms steps, nobody to blame)."""
+    return run([Req("early-40", 0, 120, 39), Req("answer-500", 40, 100, 501),
+                Req("long-4000", 41, 4000, 497, chunk=1000, heavy=True, paused=[LONG_PAUSE])])
 
 
 def held(steps, device=0, pid=4242):
