@@ -1,4 +1,5 @@
-"""Build hook: the wheel carries the CUPTI injection library, built from probes/native.
+"""Build hook: the wheel carries the CUPTI injection library, built from probes/native, and
+the native trace reader, built from probes/native_json.
 
 Everything declarative lives in pyproject.toml; this file only adds what setuptools cannot
 say there:
@@ -10,6 +11,9 @@ say there:
 * The CUPTI headers come from the ``nvidia-cuda-cupti`` wheel that pyproject.toml pins as
   a build requirement (``CUPTI_INCLUDE=DIR`` overrides: a CUDA toolkit's
   ``extras/CUPTI/include``). Nothing is linked against libcupti; the library dlopens it.
+* ``build_py`` likewise runs probes/native_json/Makefile (g++ and the distribution's
+  libsimdjson-dev) and puts ``libridgeline_json.so`` at ``ridgeline/probes/native_json/``,
+  where ``ridgeline.probes.kineto_native.library_path()`` looks for it.
 * The wheel is tagged for the platform (``py3-none-linux_<arch>``): it holds a native
   library, but no Python extension, so any CPython 3 of that platform can use it.
 
@@ -36,6 +40,10 @@ NATIVE_SRC = HERE / "probes" / "native"
 LIB_NAME = "libridgeline_cupti.so"
 # Where the library goes inside the installed package (mirrors probes/cupti/library.py).
 LIB_DEST = Path("ridgeline") / "probes" / "native" / LIB_NAME
+JSON_SRC = HERE / "probes" / "native_json"
+JSON_LIB_NAME = "libridgeline_json.so"
+# mirrors probes/kineto_native.py's library_path()
+JSON_LIB_DEST = Path("ridgeline") / "probes" / "native_json" / JSON_LIB_NAME
 
 
 def cupti_include_dir() -> str:
@@ -79,6 +87,28 @@ def build_native(build_temp: Path) -> Path:
     return lib
 
 
+def build_trace_reader(build_temp: Path) -> Path:
+    """Run probes/native_json/Makefile on a copy under ``build_temp``; return the library."""
+    work = build_temp.resolve() / "native_json"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(JSON_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
+    lib = work / JSON_LIB_NAME
+    cmd = ["make", "-C", str(work), str(lib)]
+    print("ridgeline: building the native trace reader:", " ".join(cmd), flush=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ridgeline: cannot build {JSON_LIB_NAME}: {exc.filename} not found "
+                         "(install make, g++ and libsimdjson-dev)") from None
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"ridgeline: building {JSON_LIB_NAME} failed (exit {exc.returncode}, see above; "
+                         "it needs g++ and libsimdjson-dev)") from None
+    if not lib.is_file():
+        raise SystemExit(f"ridgeline: probes/native_json/Makefile did not produce {JSON_LIB_NAME}")
+    return lib
+
+
 class BuildPyWithNative(build_py):
     """build_py plus the injection library (see the module docstring)."""
 
@@ -88,15 +118,16 @@ class BuildPyWithNative(build_py):
             return
         build_temp = Path(self.get_finalized_command("build").build_temp)
         lib = build_native(build_temp)
-        dest = Path(self.build_lib) / LIB_DEST
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib, dest)
-        os.chmod(dest, 0o755)
+        for built, where in ((lib, LIB_DEST), (build_trace_reader(build_temp), JSON_LIB_DEST)):
+            dest = Path(self.build_lib) / where
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(built, dest)
+            os.chmod(dest, 0o755)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         out = super().get_outputs(include_bytecode)
         if not self.editable_mode and os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
-            out.append(str(Path(self.build_lib) / LIB_DEST))
+            out += [str(Path(self.build_lib) / LIB_DEST), str(Path(self.build_lib) / JSON_LIB_DEST)]
         return out
 
 

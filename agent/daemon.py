@@ -108,6 +108,7 @@ class Agent:
         # served processes whose CUPTI another tool took over; when to ask for it back
         self.takeovers = TakeoverWatch(cfg.probes.cupti.reclaim_after_s)
         self.reclaim_requests_rejected = 0
+        self.sink = None        # agent.sink_supervisor.SinkSupervisor while [sink] is enabled
 
     def _apply_requests(self, cfg: config_mod.Config) -> None:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
@@ -166,6 +167,10 @@ class Agent:
                 self.publisher.close()
                 raise InputError(f"cannot serve Prometheus on {self.cfg.prometheus.listen}: "
                                  f"{exc.strerror or exc}") from None
+        if self.cfg.sink.enabled:
+            from .sink_supervisor import SinkSupervisor
+            self.sink = SinkSupervisor(self.cfg.sink, self.cfg.publisher.endpoint)
+            self.sink.start()
         self.notifier.status("starting probes")
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
         names = ", ".join(r.step.name for r in self.running) or "none"
@@ -344,6 +349,7 @@ class Agent:
                                           "reloads": self.reloads, "reloads_refused": self.reloads_refused,
                                           "reloads_deferred": self.reloads_deferred,
                                           "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped,
+                                          **({"sink": self.sink.state_record()} if self.sink else {}),
                                           **takeover})
         window = self.builder.close(start_ns, end_ns, agent, final=final)
         self.latest_window = window
@@ -462,6 +468,8 @@ class Agent:
         self._apply_analysis(new)
         self._apply_requests(new)
         self.takeovers.reclaim_after_s = new.probes.cupti.reclaim_after_s
+        if new.sink != old.sink or (self.sink is not None and new.publisher.endpoint != old.publisher.endpoint):
+            self._apply_sink(new)
         if self._given_probes is None and any(_probe_settings(new, n) != _probe_settings(old, n)
                                               for n in type(new.probes).__struct_fields__):
             keep = [r for r in self.running if r.step.name in new.probes.enabled
@@ -477,6 +485,17 @@ class Agent:
             self.running = keep + added
         log.info("configuration reloaded")
         self.notifier.ready(f"reloaded; probes: {', '.join(r.step.name for r in self.running) or 'none'}")
+
+    def _apply_sink(self, new: config_mod.Config) -> None:
+        if self.sink is not None:
+            self.sink.endpoint = new.publisher.endpoint
+            self.sink.reconfigure(new.sink)
+            if not new.sink.enabled:
+                self.sink = None
+        elif new.sink.enabled:
+            from .sink_supervisor import SinkSupervisor
+            self.sink = SinkSupervisor(new.sink, new.publisher.endpoint)
+            self.sink.start()
 
     def _swap_prometheus(self, old: config_mod.PrometheusSettings, new: config_mod.PrometheusSettings):
         """The /metrics server for ``new`` (the running one when only its limits change);
@@ -533,6 +552,8 @@ class Agent:
                     self.reload()
                     window_ns = int(self.cfg.agent.window_s * 1e9)
                 self._poll_once()
+                if self.sink is not None:
+                    self.sink.poll()
                 if self.publisher is not None:
                     self.publisher.service()
                 mono = time.monotonic_ns()
@@ -620,6 +641,9 @@ class Agent:
         except Exception as exc:  # noqa: BLE001  (the probes must still be stopped; logged with its traceback)
             log.warning("final window not flushed: %s", exc, exc_info=exc)
         registry.stop_all(self.running, log)
+        if self.sink is not None:
+            # after the last window went out: the recorder takes it, rolls and uploads
+            self.sink.stop()
         if self.prometheus is not None:
             self.prometheus.close()
         if self.publisher is not None:

@@ -51,7 +51,9 @@ H_KERNEL, H_GAP, H_LAUNCH = 0, 1, 2   # histogram planes
 INT_FIELDS = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "window_busy_ns", "gaps",
               "gap_ns", "gap_launch_ns", "gap_sync_ns", "launch_kernels", "launch_latency_ns",
               "model_kernel_time_ns", "model_busy_ns", "model_steps",
-              "shape_kernel_time_ns", "shape_busy_ns", "shape_kernels")
+              "shape_kernel_time_ns", "shape_busy_ns", "shape_kernels",
+              # model steps whose token counts came from kernel grids (an estimate)
+              "model_estimated_steps")
 FLOAT_FIELDS = ("model_flops", "model_bytes", "shape_flops", "shape_bytes")
 I = {f: i for i, f in enumerate(INT_FIELDS)}
 F = {f: i for i, f in enumerate(FLOAT_FIELDS)}
@@ -487,6 +489,7 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
             add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
             add[r, I["model_busy_ns"]] += int(u_busy[u])
             add[r, I["model_steps"]] += 1
+            add[r, I["model_estimated_steps"]] += int(w.estimate)
             if w.notes:
                 sums.notes.setdefault(row_key, set()).update(w.notes)
     sums.ints[rows] += add
@@ -521,6 +524,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
         by_source[SOURCE_MODEL] = {"flops": float(fv[F["model_flops"]]), "bytes": float(fv[F["model_bytes"]]),
                                    "busy_ns": g["model_busy_ns"], "coverage_ratio": model_cov,
                                    "dtype": model_dtype, "steps": g["model_steps"],
+                                   "estimated_steps": g["model_estimated_steps"],
                                    "notes": sorted(sums.notes.get(key, ()))}
     wc = roofline_rules.choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
     src, chosen, cov = wc["work_source"], wc["chosen"], wc["work_coverage_ratio"]
@@ -543,8 +547,12 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
             f"{name_} figures would need {r:.1f}x the GPU's ceilings in the traced kernel time"
             + (": the trace holds only part of the step's kernels; model figures not used"
                if name_ == SOURCE_MODEL else ": shape bytes exceed DRAM traffic (cache reuse)"))
+    # Model figures over token counts read from kernel grids are an estimate (flag and text).
+    estimated = bool(chosen) and src == SOURCE_MODEL and g["model_estimated_steps"] > 0
     if chosen:
-        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
+        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time"
+                        + (f" (an estimate: token counts from kernel grids in {g['model_estimated_steps']} of "
+                           f"{g['model_steps']} steps)" if estimated else ""))
         evidence.extend(chosen.get("notes", []))
     elif g["kernels"]:
         evidence.append("no FLOP/byte source (no operator shapes; pass --model for the analytic model)")
@@ -563,7 +571,8 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
         "steps": g["steps"], "window_ns": span, "idle_ns": idle, "idle_ratio": idle_ratio,
         "gaps": g["gaps"], "median_gap_ns": med_gap, "median_kernel_ns": med_k,
         "idle_in_launch_calls_ratio": launch_cover, "idle_in_sync_calls_ratio": sync_cover,
-        "flops": wc["flops"], "bytes": wc["bytes"], "work_source": src, "work_coverage_ratio": cov,
+        "flops": wc["flops"], "bytes": wc["bytes"], "work_source": src, "work_estimated": estimated,
+        "work_coverage_ratio": cov,
         "work_busy_ns": wc["work_busy_ns"], "work_by_source": by_source,
         "achieved_flops_per_s": wc["achieved_flops_per_s"], "achieved_bytes_per_s": wc["achieved_bytes_per_s"],
         "arithmetic_intensity": wc["arithmetic_intensity"], "ridge_point": wc["ridge_point"],

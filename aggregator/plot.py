@@ -1,4 +1,4 @@
-"""Roofline plot (PNG) of an analysis dict, with matplotlib's Agg backend.
+"""Roofline plot (PNG) of an analysis (:class:`aggregator.analysis.Analysis`), with matplotlib's Agg backend.
 
 :func:`plot_roofline` draws, log-log, the memory roof (bytes/s x intensity) and the
 compute roof (peak FLOP/s of the dtype the phases ran), the ridge point where they meet,
@@ -17,11 +17,13 @@ import numpy as np  # noqa: E402
 
 from ridgeline.probes.errors import InputError  # noqa: E402
 
+from .analysis import Analysis  # noqa: E402
+
 PHASE_COLORS = {"prefill": "tab:green", "decode": "tab:blue", "mixed": "tab:purple",
                 "other": "tab:gray", "unknown": "tab:orange"}
 
 
-def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path:
+def plot_roofline(doc: Analysis, path: str | Path, title: str | None = None) -> Path:
     """Write the roofline PNG of ``doc`` to ``path`` and return the path."""
     fig = build_figure(doc, title)
     out = Path(path)
@@ -36,29 +38,28 @@ def plot_roofline(doc: dict, path: str | Path, title: str | None = None) -> Path
     return out
 
 
-def build_figure(doc: dict, title: str | None = None):
+def build_figure(doc: Analysis, title: str | None = None):
     """The roofline figure; lines carry labels ``memory roof``, ``compute roof <dtype>``,
     ``ridge point``, and one ``<phase>: ...`` marker per phase with figures."""
-    g = doc["gpu"]
-    if not g.get("key"):
-        raise InputError(f"cannot plot a roofline: {g.get('ceilings_from')}")
-    bw = float(g["hbm_bytes_per_s"])
-    pts = [(n, p) for n, p in doc["phases"].items()
-           if p.get("arithmetic_intensity") and p.get("achieved_flops_per_s")]
-    dtypes = {p.get("ceiling_dtype") for _, p in pts} - {None} or {"bf16"}
+    g = doc.gpu
+    if not g.has_ceilings:
+        raise InputError(f"cannot plot a roofline: {g.ceilings_from}")
+    bw = float(g.hbm_bytes_per_s)
+    pts = [(n, p) for n, p in doc.phases.items() if p.arithmetic_intensity and p.achieved_flops_per_s]
+    dtypes = {p.ceiling_dtype for _, p in pts} - {None} or {"bf16"}
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
-    ais = [p["arithmetic_intensity"] for _, p in pts]
+    ais = [p.arithmetic_intensity for _, p in pts]
     lo = min([0.05] + [a / 4 for a in ais])
     hi = max([1e4] + [a * 4 for a in ais])
     x = np.logspace(np.log10(lo), np.log10(hi), 400)
     # The memory roof ends where the highest compute roof begins: above it no kernel can go.
-    top_peak = max((g["flops_per_s"].get(dt) or g["flops_per_s"].get("bf16") or 0.0) for dt in dtypes)
+    top_peak = max((g.flops_per_s.get(dt) or g.flops_per_s.get("bf16") or 0.0) for dt in dtypes)
     xm = x[x * bw <= top_peak] if top_peak else x
     if top_peak:
         xm = np.concatenate([xm, [top_peak / bw]])
     ax.plot(xm, xm * bw, color="black", lw=1.5, ls="-", label=f"memory roof {bw / 1e12:.2f} TB/s")
     for dt in sorted(dtypes):
-        peak = g["flops_per_s"].get(dt) or g["flops_per_s"].get("bf16")
+        peak = g.flops_per_s.get(dt) or g.flops_per_s.get("bf16")
         ridge = peak / bw
         xs = x[x >= ridge]
         ax.plot(np.concatenate([[ridge], xs]), np.full(len(xs) + 1, peak), color="black", lw=1.5,
@@ -66,16 +67,16 @@ def build_figure(doc: dict, title: str | None = None):
         ax.plot([ridge], [peak], marker="D", color="red", ms=7, zorder=5,
                 label=f"ridge point {ridge:.0f} FLOP/B ({dt})")
     for i, (name, p) in enumerate(pts):
-        ax.plot([p["arithmetic_intensity"]], [p["achieved_flops_per_s"]], marker="o", ms=9,
+        ax.plot([p.arithmetic_intensity], [p.achieved_flops_per_s], marker="o", ms=9,
                 color=PHASE_COLORS.get(name, "tab:cyan"), zorder=6, ls="none",
-                label=f"{name}: {p['verdict']} ({p['work_source']})")
-        ax.annotate(name, (p["arithmetic_intensity"], p["achieved_flops_per_s"]),
+                label=f"{name}: {p.verdict} ({p.work_source})")
+        ax.annotate(name, (p.arithmetic_intensity, p.achieved_flops_per_s),
                     textcoords="offset points", xytext=(6, 6 if i % 2 == 0 else -14), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(title or f"Roofline: {g['name']}", fontsize=11)
+    ax.set_title(title or f"Roofline: {g.name}", fontsize=11)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="lower right")
     if not pts:

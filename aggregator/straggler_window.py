@@ -256,7 +256,8 @@ class LiveStragglers:
     def _per_rank_wait(k, keys_all, mk, mine) -> np.ndarray:
         """Per rank, summed over the reported collectives: the last arrival minus its own
         start of that collective (its kernel of that name whose end is nearest the
-        instance's, within the end tolerance)."""
+        instance's, within the end tolerance: END_TOLERANCE_NS, or a share of a long
+        kernel's duration, as the pairing allows)."""
         wait = np.zeros(len(mk), np.int64)
         for j, m in enumerate(mk):
             sel = np.flatnonzero(keys_all == m)
@@ -270,6 +271,8 @@ class LiveStragglers:
                 i = np.clip(np.searchsorted(ends, rows["end_ns"]), 0, len(ends) - 1)
                 lo = np.clip(i - 1, 0, len(ends) - 1)
                 pick = np.where(np.abs(ends[lo] - rows["end_ns"]) < np.abs(ends[i] - rows["end_ns"]), lo, i)
-                hit = np.abs(ends[pick] - rows["end_ns"]) <= S.END_TOLERANCE_NS
+                tol = np.maximum(S.END_TOLERANCE_NS, ((ends[pick] - starts[pick]) * S.END_TOLERANCE_SHARE)
+                                 .astype(np.int64))
+                hit = np.abs(ends[pick] - rows["end_ns"]) <= tol
                 wait[j] += int(np.maximum(0, rows["late_start_ns"][hit] - starts[pick][hit]).sum())
         return wait

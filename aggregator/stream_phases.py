@@ -74,6 +74,8 @@ class StreamStep:
     decode_tokens: int | None
     evidence: str
     mixed_slots: int = 0
+    source: str = "kernels"          # "annotation" where an engine's step annotation decided it
+    tokens: int | None = None        # all tokens as the kernels show them (aggregator.phases.Step)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class _Shape:
     evidence: str
     inference_only: bool = False      # holds a kernel only serving engines launch
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
+    tokens: int | None = None         # all its tokens as its kernels show them
 
 
 class _GatheredClasses:
@@ -289,7 +292,7 @@ class StreamPhaser:
                                       "kernels in this stream) and this step has no inference-only kernel")
                 continue
             steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
-                                  x.decode_tokens, x.evidence, x.mixed_slots)
+                                  x.decode_tokens, x.evidence, x.mixed_slots, tokens=x.tokens)
         for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected), or skipped
             if steps[j] is None:
                 steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
@@ -320,7 +323,12 @@ class StreamPhaser:
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
         """Phase of one step's kernels by the full layered method, kept as a shape."""
         self.map_phases_calls += 1
-        sub = Trace(kernels=trace.kernels[idx], names=self.names, devices=trace.devices, meta=trace.meta)
+        kern = trace.kernels[idx]
+        # With the step's launch records: the mapper's own step cut reads them (a GPU gap
+        # inside one host burst is no boundary, aggregator.steps HOST_TOGETHER_NS), so the
+        # one step the batch segmentation found stays one step here.
+        api = trace.api[np.isin(trace.api["correlation_id"], kern["correlation_id"])] if len(trace.api) else trace.api
+        sub = Trace(kernels=kern, api=api, names=self.names, devices=trace.devices, meta=trace.meta)
         pm = map_phases(sub, use_annotations=False, first_step_unknown_history=False)
         ph = np.asarray(pm.kernel_phase, dtype=np.uint8)
         inf_only = bool(self.classes(sub.kernels["name_id"]).inference_only.any())
@@ -330,9 +338,10 @@ class StreamPhaser:
         main = int(np.bincount(ph, minlength=5).argmax()) if len(ph) else UNKNOWN
         ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
         slots = max((s.mixed_slots for s in pm.steps if s.phase == PREFILL), default=0)
+        tok = [s.tokens for s in pm.steps if s.tokens is not None]
         return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
                       f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
-                      inf_only, slots)
+                      inf_only, slots, sum(tok) if tok else None)
 
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
@@ -341,6 +350,7 @@ class StreamPhaser:
         self._saw(pm.steps)
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
-                            + (s.evidence[0] if s.evidence else "")) for s in pm.steps]
+                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens)
+                 for s in pm.steps]
         return BatchPhases(np.asarray(pm.kernel_phase, dtype=np.uint8), np.asarray(pm.kernel_step, dtype=np.int32),
                            steps, 0, len(steps))

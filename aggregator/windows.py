@@ -82,6 +82,7 @@ from ridgeline.probes.records import (
     GpuProcess,
     Health,
     Latency,
+    Phase,
     PhaseFigures,
     Window,
 )
@@ -844,8 +845,11 @@ class SourceFold:
                 cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
                 if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
                     # The host calls from the held step on: its idle gaps are covered by
-                    # them when it is folded (aggregator.phase_figures).
-                    ca = t.api[t.api["end_ns"] >= int(k["start_ns"][hi].min())]
+                    # them when it is folded (aggregator.phase_figures); and the held kernels'
+                    # own launches, which may end before the step's first kernel starts (the
+                    # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
+                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
+                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
@@ -913,7 +917,7 @@ class SourceFold:
             shape_flops=shf[order, 0] if shf is not None else None,
             shape_bytes=shf[order, 1] if shf is not None else None,
             shape_dtype=shb[order] if shb is not None else None,
-            step_work=(lambda st: self._work(st.prefill_tokens, st.decode_tokens)) if self.model is not None else None,
+            step_work=self._work if self.model is not None else None,
             host=host_intervals(api), on_step=log_step)
         if u is None:
             return
@@ -946,12 +950,13 @@ class SourceFold:
             for gi, gk in enumerate(ug.tolist()):
                 self._group(*split_group_key(gk)).idle_hist += h[gi]
 
-    def _work(self, pre, dec):
-        key = (pre, dec)
+    def _work(self, st):
+        mixed = st.tokens if st.phase == Phase.MIXED else None
+        key = (st.prefill_tokens, st.decode_tokens, mixed, st.source != "annotation")
         if key not in self._step_work:
-            from .work import step_work_from_model
+            from .work import step_work_of
             # A failure here is the project's own: it reaches fold.add's handler (counted, logged).
-            w = step_work_from_model(self.model, pre, dec)
+            w = step_work_of(self.model, key[0], key[1], mixed_tokens=mixed, estimate=key[3])
             if len(self._step_work) > 4096:
                 self._step_work.clear()
             self._step_work[key] = w

@@ -120,6 +120,7 @@ from ridgeline.probes.events import (
     COPY_DTYPE,
     CPU_OP_DTYPE,
     KERNEL_DTYPE,
+    MISSING,
     RANGE_DTYPE,
     Device,
     NameTable,
@@ -377,7 +378,11 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
             raise _bad(f"{what} data does not match its stated length")
     except zlib.error:
         raise _bad(f"{what} data is not valid zlib") from None
-    out = empty(dtype, n)
+    # every field the batch sends is written whole below, so only the others are filled
+    # (MISSING or 0, as probes.events.empty() does): filling all of them first was a third
+    # of this decode (docs/parquet-schema.md, "Cost of writing")
+    out = np.empty(n, dtype)
+    sent: set = set()
     off = 0
     start = None
     for c in cols:
@@ -413,8 +418,12 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
             start = x
         if isinstance(name, str) and name in dtype.names:
             out[name] = x
+            sent.add(name)
     if off != len(raw):
         raise _bad(f"{what} has {len(raw) - off} bytes no column claims")
+    for name in dtype.names:
+        if name not in sent:
+            out[name] = MISSING if dtype[name].kind == "i" else 0
     return out
 
 

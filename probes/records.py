@@ -129,6 +129,7 @@ class PhaseFigures(msgspec.Struct, omit_defaults=True):
     peak_flops_per_s: Num | None = None
     peak_bytes_per_s: Num | None = None
     launch_latency: LaunchLatency | None = None
+    work_estimated: bool = False     # model work over token counts read from kernel grids
 
 
 class GpuProcess(msgspec.Struct, omit_defaults=True):
@@ -393,6 +394,30 @@ class Health(msgspec.Struct, omit_defaults=True):
     cupti_taken_over: Any = None               # the processes another tool holds CUPTI in
     cupti_reclaims_requested: Num | None = None
     cupti_reclaim_requests_rejected: Num | None = None
+    sink: "SinkState | None" = None            # the object-storage sink, when on (agent.sink_supervisor)
+
+
+class SinkState(msgspec.Struct, omit_defaults=True):
+    """The object-storage sink's state and counters (``agent.sink_supervisor``: the agent's
+    sink child, ``agent.object_sink``, summed over the child's restarts). Travels by name."""
+    state: str = "off"             # off | running | restarting | unavailable
+    url: str = ""
+    restarts: int = 0              # the child ended (crashed, killed) and was started again
+    messages: int = 0              # stream messages journaled
+    missed_messages: int = 0       # published while no sink ran (sequence gaps at a restart)
+    files_written: int = 0
+    bytes_written: int = 0
+    files_uploaded: int = 0
+    bytes_uploaded: int = 0
+    upload_errors: int = 0         # failed uploads, each retried later (backoff 1 s doubling to 60 s)
+    dropped_files: int = 0         # deleted unsent past the spool cap or the free-space floor
+    dropped_bytes: int = 0
+    replayed_messages: int = 0     # taken again from a dead child's journal
+    torn_frames: int = 0
+    spool_bytes: int = 0           # gauge: the spool now
+    spool_files: int = 0           # gauge: complete files waiting for upload
+    last_error: str = ""
+    status_age_s: float = 0.0      # since the child last wrote its status
 
 
 # ----------------------------------------------------------------- steps

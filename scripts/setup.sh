@@ -89,7 +89,12 @@ if [ -x scripts/link-bcc.sh ]; then
     bash scripts/link-bcc.sh "$VENV" || true
 fi
 
-# 4. Native parts (CUPTI injection library), when the project has them.
+# 4. Native parts (CUPTI injection library, trace reader), when the project has them.
 if [ -f probes/native/Makefile ]; then
     make -s -C probes/native || echo "ridgeline setup: native library build failed (see above); CUPTI probe unavailable" >&2
+fi
+# The native trace reader (libsimdjson-dev from scripts/setup-native.sh): `analyze` and
+# every trace import need it, and say so when it is missing.
+if [ -f probes/native_json/Makefile ]; then
+    make -s -C probes/native_json || echo "ridgeline setup: native trace reader build failed (see above); trace imports will say it is missing" >&2
 fi

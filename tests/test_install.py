@@ -90,6 +90,8 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
         assert tops == {"ridgeline", next(t for t in tops if t.endswith(".dist-info"))}, tops
         lib = z.read(f"ridgeline/probes/native/{LIB}")
         assert lib[:4] == b"\x7fELF"
+        # the native trace reader (probes/native_json), where kineto_native.library_path() looks
+        assert z.read("ridgeline/probes/native_json/libridgeline_json.so")[:4] == b"\x7fELF"
         (tmp_path / LIB).write_bytes(lib)
         entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
         wheel_meta = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()

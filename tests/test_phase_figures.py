@@ -46,7 +46,7 @@ def _window_phases(t: Trace, batches: int, model, gpu: str) -> dict:
 def _analyze_phases(t: Trace, model, gpu: str) -> dict[str, PhaseFigures]:
     """analyze's phases as the window's typed records: every figure analyze gives is one
     the window record declares (none is lost in the conversion)."""
-    doc = analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False)
+    doc = analysis.document(analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False))
     for f in doc["phases"].values():
         del f["top_kernels"]          # a listing of the trace's names, not a window figure
         assert set(f) <= set(PhaseFigures.__struct_fields__), set(f) - set(PhaseFigures.__struct_fields__)

@@ -1,9 +1,11 @@
 """Roofline plot: both roofs, the ridge point and one point per phase, as a PNG."""
 import matplotlib.pyplot as plt
+import msgspec
 import numpy as np
 import pytest
 
 from ridgeline.aggregator import ceilings
+from ridgeline.aggregator.analysis import Analysis, GpuCeilings
 from ridgeline.aggregator.plot import build_figure, plot_roofline
 from ridgeline.probes.errors import InputError
 
@@ -14,9 +16,10 @@ def _doc():
     g["ceilings_from"] = "--gpu h100-sxm"
     phase = lambda ai, f, v: {"arithmetic_intensity": ai, "achieved_flops_per_s": f, "verdict": v,  # noqa: E731
                               "work_source": "shapes", "ceiling_dtype": "bf16"}
-    return {"gpu": g, "phases": {"prefill": phase(400.0, 5e14, "compute-bound"),
-                                 "decode": phase(2.0, 5e12, "memory-bound"),
-                                 "unknown": {"arithmetic_intensity": None, "achieved_flops_per_s": None}}}
+    return msgspec.convert({"gpu": g, "phases": {"prefill": phase(400.0, 5e14, "compute-bound"),
+                                                 "decode": phase(2.0, 5e12, "memory-bound"),
+                                                 "unknown": {"arithmetic_intensity": None,
+                                                             "achieved_flops_per_s": None}}}, Analysis)
 
 
 def test_figure_has_roofs_ridge_and_phase_points():
@@ -44,6 +47,6 @@ def test_errors(tmp_path):
     doc = _doc()
     with pytest.raises(InputError, match="cannot write"):
         plot_roofline(doc, tmp_path / "missing" / "r.png")
-    doc["gpu"] = {"ceilings_from": "device 'X' is not in the ceilings table"}
+    doc.gpu = GpuCeilings(ceilings_from="device 'X' is not in the ceilings table")
     with pytest.raises(InputError, match="not in the ceilings table"):
         plot_roofline(doc, tmp_path / "r.png")

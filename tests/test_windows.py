@@ -238,7 +238,8 @@ def test_window_verdicts_from_the_fold_on_simulated_regimes():
         p = g.phases[phase]
         assert p.verdict == verdict, p.evidence
         from ridgeline.aggregator import analysis
-        whole = analysis.analyze_trace(t, gpu="h100-sxm", model=model, use_annotations=False)["phases"][phase]
+        whole = analysis.document(analysis.analyze_trace(t, gpu="h100-sxm", model=model,
+                                                         use_annotations=False))["phases"][phase]
         assert p.kernel_time_ns == whole["kernel_time_ns"] and p.kernels == whole["kernels"]
         assert whole["verdict"] == verdict
         # Same model work per step: FLOPs and bytes agree with the whole-trace roofline.
