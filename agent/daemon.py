@@ -38,6 +38,7 @@ import msgspec
 from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
+from ridgeline.probes.records import Window
 from ridgeline.probes.untrusted_text import for_log
 
 from . import config as config_mod
@@ -79,7 +80,7 @@ class Agent:
         self.running: list[registry.Running] = []
         self.publisher: Publisher | None = None
         self.prometheus = None
-        self.latest_window: dict | None = None
+        self.latest_window: Window | None = None
         self.windows_published = 0
         self.records_total = 0
         # Engine endpoints whose last scrape failed -> that error: warned once per outage.
@@ -333,7 +334,7 @@ class Agent:
                 "cupti_reclaims_requested": self.takeovers.reclaims_requested,
                 "cupti_reclaim_requests_rejected": self.reclaim_requests_rejected}
 
-    def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> dict:
+    def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> Window:
         if self.publisher is None:
             self._lose_window()
             raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
@@ -363,8 +364,8 @@ class Agent:
             self.prometheus.observe(window)
         errors_before = self.publisher.errors
         self.publisher.publish("window", self.codec.encode_window(window))
-        if window.get("engine"):
-            self.publisher.publish("engine", window["engine"])
+        if window.engine:
+            self.publisher.publish("engine", window.engine)
         if self.builder.stories:
             # Every story told this window (bounded): `ridgeline requests` and `why` read them.
             import msgspec
@@ -641,7 +642,8 @@ class Agent:
                 # Flush what was collected; no further poll, so stopping costs at most
                 # one window close.
                 now = time.time_ns()
-                start = (self.latest_window or {}).get("end_ns", now - int(self.cfg.agent.window_s * 1e9))
+                start = (self.latest_window.end_ns if self.latest_window is not None
+                         else now - int(self.cfg.agent.window_s * 1e9))
                 self.close_window(start, now, final=True)     # the held open steps too
         except Exception as exc:  # noqa: BLE001  (the probes must still be stopped; logged with its traceback)
             log.warning("final window not flushed: %s", exc, exc_info=exc)
@@ -674,13 +676,13 @@ def _probe_settings(cfg: config_mod.Config, name: str):
     return v
 
 
-def _status_line(w: dict) -> str:
-    a = w.get("agent", {})
-    kern = sum(g.get("kernels", 0) for g in w.get("gpus", []))
-    return (f"window: {kern} kernels on {len(w.get('gpus', []))} GPU/process pairs; "
-            f"agent {a.get('cpu_pct', 0):.1f}% CPU, {a.get('rss_bytes', 0) / 2**20:.0f} MiB, "
-            f"dropped {a.get('dropped_records', 0)} records, {a.get('dropped_batches', 0)} batches, "
-            f"{a.get('publisher_drops', 0)} stream messages")
+def _status_line(w: Window) -> str:
+    a = w.agent
+    kern = sum(g.kernels for g in w.gpus)
+    return (f"window: {kern} kernels on {len(w.gpus)} GPU/process pairs; "
+            f"agent {a.cpu_pct or 0:.1f}% CPU, {(a.rss_bytes or 0) / 2**20:.0f} MiB, "
+            f"dropped {a.dropped_records or 0} records, {a.dropped_batches or 0} batches, "
+            f"{a.publisher_drops or 0} stream messages")
 
 
 def configure_logging(level: str) -> None:
