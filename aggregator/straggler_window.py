@@ -129,12 +129,18 @@ class LiveStragglers:
         self.kernels_dropped = 0
         self._cutoff_ns = None               # see LOOKBACK_NS
         self._roles: dict[int, tuple] = {}   # id(name table) -> (table, collective per name id + 1)
+        self._any_collective: dict[int, bool] = {}   # id(name table) -> any of its names a collective
 
     def add(self, trace: Trace, source: str) -> None:
         k = trace.kernels
         if not len(k) and not len(trace.copies):
             return
-        coll = self._collective_names(trace.names)[k["name_id"].astype(np.int64) + 1] if len(k) else np.zeros(0, bool)
+        roles = self._collective_names(trace.names)
+        if source not in self._with_collectives and not self._any_collective[id(trace.names)]:
+            # No collective name in this source's table (a one-GPU engine): none of its
+            # kernels can be one, so nothing is read per kernel (the common case).
+            return
+        coll = roles[k["name_id"].astype(np.int64) + 1] if len(k) else np.zeros(0, bool)
         if coll.any():
             self._with_collectives.add(source)
         elif source not in self._with_collectives:
@@ -179,8 +185,11 @@ class LiveStragglers:
         roles = classify_kernels(Trace(kernels=k, names=names)).role == ROLE_COLLECTIVE
         arr = np.concatenate([old, roles])
         if len(self._roles) >= MAX_NAME_TABLES and id(names) not in self._roles:
-            self._roles.pop(next(iter(self._roles)))
+            gone = next(iter(self._roles))
+            self._roles.pop(gone)
+            self._any_collective.pop(gone, None)
         self._roles[id(names)] = (names, arr)
+        self._any_collective[id(names)] = bool(arr.any())
         return arr
 
     def close(self) -> WindowStragglers | None:
