@@ -112,8 +112,8 @@ def test_export_writes_hive_partitions_with_the_schema(tmp_path, sim_source, cap
     w = pq.ParquetDataset(out / "window_phases").read().to_pylist()
     assert len({x["frame"] for x in w}) == 14
     dec = [x for x in w if x["phase"] == "decode"]
-    want = [g["phases"]["decode"]["achieved_bytes_per_s"] for win in info["windows"] for g in win["gpus"]
-            if "decode" in g["phases"]]
+    want = [g.phases["decode"].achieved_bytes_per_s for win in info["windows"] for g in win.gpus
+            if "decode" in g.phases]
     assert sorted(x["achieved_bytes_per_s"] for x in dec) == pytest.approx(sorted(want))
     c = pq.ParquetDataset(out / "copies").read()
     assert set(c.column("direction").to_pylist()) <= set(pqr.COPY_DIRECTION_NAMES.values())
