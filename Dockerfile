@@ -1,7 +1,8 @@
 # Ridgeline agent image (OCI). Two stages:
 #   build    compiler, make and the pinned build requirements: scripts/install.sh builds the
 #            wheel (which compiles the CUPTI injection library) into /opt/ridgeline/venv
-#   runtime  the distro Python, the distro bcc (python3-bpfcc, never PyPI's `bcc`) and a
+#            and the native trace reader (probes/native_json, against the distro's libsimdjson-dev)
+#   runtime  the distro Python, libsimdjson (the trace reader's), the distro bcc (python3-bpfcc, never PyPI's `bcc`) and a
 #            fallback kernel header tree, plus the venv; no compiler, no pip cache
 # Both stages use the same Debian release, so the venv's interpreter (/usr/bin/python3) is
 # the one it was built with. Kernel headers: the entrypoint prefers the node's (mounted at
@@ -18,7 +19,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      python3 python3-venv gcc make libc6-dev ca-certificates \
+      python3 python3-venv gcc g++ make libc6-dev libsimdjson-dev ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # Behind a TLS-intercepting proxy: mount its CA bundle into the build and name it here
 # (--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/proxy-ca.crt:ro --build-arg
@@ -29,6 +30,7 @@ COPY . /src
 # --no-ebpf: bcc belongs to the runtime stage; install.sh still builds the library and checks it.
 RUN bash scripts/install.sh --no-ebpf \
  && /opt/ridgeline/venv/bin/python -I -c "from ridgeline.probes.cupti.library import library_path as p; assert p().is_file(), p()" \
+ && /opt/ridgeline/venv/bin/python -I -c "from ridgeline.probes.kineto_native import library_path as p; assert p().is_file(), p()" \
  && find /opt/ridgeline/venv -name __pycache__ -prune -exec rm -rf {} +
 
 FROM ${BASE} AS runtime
@@ -36,7 +38,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-      python3 python3-bpfcc "linux-headers-$(dpkg --print-architecture)" ca-certificates \
+      python3 python3-bpfcc libsimdjson14 "linux-headers-$(dpkg --print-architecture)" ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/ridgeline /opt/ridgeline
 COPY --from=build /etc/ridgeline/agent.toml /etc/ridgeline/agent.toml

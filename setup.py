@@ -1,4 +1,6 @@
-"""Build hook: the wheel carries the CUPTI injection library, built from probes/native.
+"""Build hook: the wheel carries the CUPTI injection library, built from probes/native, the
+native trace reader, built from probes/native_json, and the native fold library, built from
+aggregator/native.
 
 Everything declarative lives in pyproject.toml; this file only adds what setuptools cannot
 say there:
@@ -7,17 +9,25 @@ say there:
   directory, so a source tree's own ``make`` output is neither used nor overwritten) and
   puts ``libridgeline_cupti.so`` at ``ridgeline/probes/native/`` in the wheel, which is
   where ``ridgeline.probes.cupti.library.library_path()`` looks for it.
+* ``build_py`` likewise runs aggregator/native/Makefile and puts ``libridgeline_fold.so``
+  (the per-kernel pass of the per-phase fold, ``ridgeline.aggregator.fold_native``) at
+  ``ridgeline/aggregator/native/``. It needs only a C compiler and is always built: the
+  agent and ``analyze`` cannot fold without it.
 * The CUPTI headers come from the ``nvidia-cuda-cupti`` wheel that pyproject.toml pins as
   a build requirement (``CUPTI_INCLUDE=DIR`` overrides: a CUDA toolkit's
   ``extras/CUPTI/include``). Nothing is linked against libcupti; the library dlopens it.
+* ``build_py`` likewise runs probes/native_json/Makefile (g++ and the distribution's
+  libsimdjson-dev) and puts ``libridgeline_json.so`` at ``ridgeline/probes/native_json/``,
+  where ``ridgeline.probes.kineto_native.library_path()`` looks for it.
 * The wheel is tagged for the platform (``py3-none-linux_<arch>``): it holds a native
   library, but no Python extension, so any CPython 3 of that platform can use it.
 
 A failed native build fails the package build with the compiler's message: an install
 whose ``ridgeline run`` cannot inject is worse than no install. ``RIDGELINE_SKIP_NATIVE=1``
 builds without it on purpose (the CUPTI probe then says the library is missing).
-Editable installs (``pip install -e .``) do not build it: a source tree uses
-``make -C probes/native`` (``scripts/setup.sh`` runs it), and library_path() finds that.
+Editable installs (``pip install -e .``) build none of them: a source tree uses ``make -C
+probes/native``, ``make -C probes/native_json`` and ``make -C aggregator/native``
+(``scripts/setup.sh`` runs them), and the library_path() functions find those.
 """
 from __future__ import annotations
 
@@ -36,6 +46,14 @@ NATIVE_SRC = HERE / "probes" / "native"
 LIB_NAME = "libridgeline_cupti.so"
 # Where the library goes inside the installed package (mirrors probes/cupti/library.py).
 LIB_DEST = Path("ridgeline") / "probes" / "native" / LIB_NAME
+JSON_SRC = HERE / "probes" / "native_json"
+JSON_LIB_NAME = "libridgeline_json.so"
+# mirrors probes/kineto_native.py's library_path()
+JSON_LIB_DEST = Path("ridgeline") / "probes" / "native_json" / JSON_LIB_NAME
+FOLD_SRC = HERE / "aggregator" / "native"
+FOLD_LIB = "libridgeline_fold.so"
+# Mirrors aggregator/fold_native.py's library_path().
+FOLD_DEST = Path("ridgeline") / "aggregator" / "native" / FOLD_LIB
 
 
 def cupti_include_dir() -> str:
@@ -79,24 +97,74 @@ def build_native(build_temp: Path) -> Path:
     return lib
 
 
+def build_fold(build_temp: Path) -> Path:
+    """Run aggregator/native/Makefile on a copy under ``build_temp``; return the built library."""
+    work = build_temp.resolve() / "fold"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(FOLD_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
+    lib = work / FOLD_LIB
+    cmd = ["make", "-C", str(work), str(lib)]
+    print("ridgeline: building the native fold library:", " ".join(cmd), flush=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ridgeline: cannot build {FOLD_LIB}: {exc.filename} not found "
+                         "(install make and a C compiler, e.g. apt-get install gcc make libc6-dev)") from None
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"ridgeline: building {FOLD_LIB} failed (exit {exc.returncode}, see above)") from None
+    if not lib.is_file():
+        raise SystemExit(f"ridgeline: aggregator/native/Makefile did not produce {FOLD_LIB}")
+    return lib
+
+
+def build_trace_reader(build_temp: Path) -> Path:
+    """Run probes/native_json/Makefile on a copy under ``build_temp``; return the library."""
+    work = build_temp.resolve() / "native_json"
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(JSON_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
+    lib = work / JSON_LIB_NAME
+    cmd = ["make", "-C", str(work), str(lib)]
+    print("ridgeline: building the native trace reader:", " ".join(cmd), flush=True)
+    try:
+        subprocess.run(cmd, check=True)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ridgeline: cannot build {JSON_LIB_NAME}: {exc.filename} not found "
+                         "(install make, g++ and libsimdjson-dev)") from None
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"ridgeline: building {JSON_LIB_NAME} failed (exit {exc.returncode}, see above; "
+                         "it needs g++ and libsimdjson-dev)") from None
+    if not lib.is_file():
+        raise SystemExit(f"ridgeline: probes/native_json/Makefile did not produce {JSON_LIB_NAME}")
+    return lib
+
+
 class BuildPyWithNative(build_py):
     """build_py plus the injection library (see the module docstring)."""
 
     def run(self) -> None:
         super().run()
-        if self.editable_mode or os.environ.get("RIDGELINE_SKIP_NATIVE") == "1":
+        if self.editable_mode:
             return
         build_temp = Path(self.get_finalized_command("build").build_temp)
-        lib = build_native(build_temp)
-        dest = Path(self.build_lib) / LIB_DEST
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib, dest)
-        os.chmod(dest, 0o755)
+        # The fold library always (the agent and analyze cannot fold without it); the CUPTI
+        # library and the trace reader unless RIDGELINE_SKIP_NATIVE=1.
+        built = [(build_fold(build_temp), FOLD_DEST)]
+        if os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
+            built += [(build_native(build_temp), LIB_DEST), (build_trace_reader(build_temp), JSON_LIB_DEST)]
+        for lib, rel in built:
+            dest = Path(self.build_lib) / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib, dest)
+            os.chmod(dest, 0o755)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         out = super().get_outputs(include_bytecode)
+        if not self.editable_mode:
+            out.append(str(Path(self.build_lib) / FOLD_DEST))
         if not self.editable_mode and os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
-            out.append(str(Path(self.build_lib) / LIB_DEST))
+            out += [str(Path(self.build_lib) / LIB_DEST), str(Path(self.build_lib) / JSON_LIB_DEST)]
         return out
 
 

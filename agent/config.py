@@ -157,6 +157,20 @@ class ProbesSettings(_Section):
     simulator: SimulatorSettings
 
 
+class SinkSettings(_Section):
+    """The object-storage sink (agent/sink_supervisor.py): off by default."""
+    enabled: bool
+    url: Annotated[str, Meta(max_length=2048)]
+    spool_dir: Annotated[str, Meta(max_length=4096)]
+    endpoint: Annotated[str, Meta(max_length=255)]
+    scheme: Literal["http", "https"]
+    region: Annotated[str, Meta(max_length=64)]
+    roll_s: Annotated[float, _range(1.0, 86400.0)]
+    spool_max_bytes: Annotated[int, _range(1 << 20, 1 << 50)]
+    min_free_bytes: Annotated[int, _range(0, 1 << 50)]
+    restart_max_s: Annotated[float, _range(1.0, 3600.0)]
+
+
 class Config(_Section):
     """The agent's whole configuration (``agent/data/agent.toml`` documents each key)."""
     agent: AgentSettings
@@ -164,6 +178,7 @@ class Config(_Section):
     publisher: PublisherSettings
     prometheus: PrometheusSettings
     probes: ProbesSettings
+    sink: SinkSettings
 
 
 #: What a list key must hold, for the line naming a bad element.
@@ -378,6 +393,7 @@ def _validate(cfg: Config, origin: str) -> None:
     why = socket_path_problem(probes.cupti.socket)
     if why:
         bad("probes.cupti.socket", why)
+    _validate_sink(cfg.sink, bad, p)
     group = probes.cupti.socket_group
     if group:
         import grp
@@ -385,6 +401,27 @@ def _validate(cfg: Config, origin: str) -> None:
             grp.getgrnam(group)
         except KeyError:
             bad("probes.cupti.socket_group", f"names no group on this host ({group!r})")
+
+
+def _validate_sink(s: SinkSettings, bad, p: PublisherSettings) -> None:
+    if not s.enabled:
+        return
+    if not s.url:
+        bad("sink.url", "must be set when the sink is enabled (s3://BUCKET[/PREFIX] or an absolute folder)")
+    if s.url.startswith("s3://"):
+        if not s.url[len("s3://"):].strip("/"):
+            bad("sink.url", f"names no bucket (s3://BUCKET[/PREFIX]), got {s.url!r}")
+    elif not (s.url.startswith("file:///") or s.url.startswith("/")):
+        bad("sink.url", f"must be s3://BUCKET[/PREFIX], file:///FOLDER or an absolute folder, got {s.url[:80]!r}")
+    if not s.spool_dir.startswith("/") or "\x00" in s.spool_dir:
+        bad("sink.spool_dir", f"must be an absolute folder, got {s.spool_dir[:80]!r}")
+    if s.endpoint and _host_port(s.endpoint)[1] is None:
+        bad("sink.endpoint", f"must be HOST:PORT with a port in 1..65535, got {s.endpoint!r}")
+    if p.curve_secret_key_file:
+        # the sink subscribes to the agent's own stream as a local client: a CURVE stream
+        # would need a client key of its own, which this version does not manage
+        bad("sink.enabled", "cannot subscribe to a CURVE stream (publisher.curve_secret_key_file is set); "
+            "run `ridgeline record --format parquet --sink URL` with a client key instead")
 
 
 def load(path: str | Path | None = None, missing_ok: bool = False) -> Config:

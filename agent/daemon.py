@@ -38,6 +38,7 @@ import msgspec
 from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
+from ridgeline.probes.records import Window
 from ridgeline.probes.untrusted_text import for_log
 
 from . import config as config_mod
@@ -79,7 +80,7 @@ class Agent:
         self.running: list[registry.Running] = []
         self.publisher: Publisher | None = None
         self.prometheus = None
-        self.latest_window: dict | None = None
+        self.latest_window: Window | None = None
         self.windows_published = 0
         self.records_total = 0
         # Engine endpoints whose last scrape failed -> that error: warned once per outage.
@@ -107,6 +108,7 @@ class Agent:
         # served processes whose CUPTI another tool took over; when to ask for it back
         self.takeovers = TakeoverWatch(cfg.probes.cupti.reclaim_after_s)
         self.reclaim_requests_rejected = 0
+        self.sink = None        # agent.sink_supervisor.SinkSupervisor while [sink] is enabled
 
     def _apply_requests(self, cfg: config_mod.Config) -> None:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
@@ -150,6 +152,13 @@ class Agent:
                                        ipc_group=p.ipc_group)
 
     def start(self) -> None:
+        # The fold's native pass (aggregator/fold_native.py): without it no window can be
+        # folded, so the agent says so once, here, and does not start (RuntimeFailure).
+        from ridgeline.aggregator import fold_native
+        fold_native.check()
+        # Freed fold temporaries stay in the heap for the next fold (agent/allocator.py).
+        from .allocator import keep_freed_memory
+        keep_freed_memory()
         if self.codec is None:
             from ridgeline.aggregator import wire
             self.codec = wire
@@ -165,6 +174,10 @@ class Agent:
                 self.publisher.close()
                 raise InputError(f"cannot serve Prometheus on {self.cfg.prometheus.listen}: "
                                  f"{exc.strerror or exc}") from None
+        if self.cfg.sink.enabled:
+            from .sink_supervisor import SinkSupervisor
+            self.sink = SinkSupervisor(self.cfg.sink, self.cfg.publisher.endpoint)
+            self.sink.start()
         self.notifier.status("starting probes")
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
         names = ", ".join(r.step.name for r in self.running) or "none"
@@ -321,7 +334,7 @@ class Agent:
                 "cupti_reclaims_requested": self.takeovers.reclaims_requested,
                 "cupti_reclaim_requests_rejected": self.reclaim_requests_rejected}
 
-    def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> dict:
+    def close_window(self, start_ns: int, end_ns: int, final: bool = False) -> Window:
         if self.publisher is None:
             self._lose_window()
             raise RuntimeError("no publisher: the stream socket could not be bound (retried every window)")
@@ -343,6 +356,7 @@ class Agent:
                                           "reloads": self.reloads, "reloads_refused": self.reloads_refused,
                                           "reloads_deferred": self.reloads_deferred,
                                           "loop_errors": self.loop_errors, "watchdog_skipped": self.watchdog_skipped,
+                                          **({"sink": self.sink.state_record()} if self.sink else {}),
                                           **takeover})
         window = self.builder.close(start_ns, end_ns, agent, final=final)
         self.latest_window = window
@@ -350,8 +364,8 @@ class Agent:
             self.prometheus.observe(window)
         errors_before = self.publisher.errors
         self.publisher.publish("window", self.codec.encode_window(window))
-        if window.get("engine"):
-            self.publisher.publish("engine", window["engine"])
+        if window.engine:
+            self.publisher.publish("engine", window.engine)
         if self.builder.stories:
             # Every story told this window (bounded): `ridgeline requests` and `why` read them.
             import msgspec
@@ -461,6 +475,8 @@ class Agent:
         self._apply_analysis(new)
         self._apply_requests(new)
         self.takeovers.reclaim_after_s = new.probes.cupti.reclaim_after_s
+        if new.sink != old.sink or (self.sink is not None and new.publisher.endpoint != old.publisher.endpoint):
+            self._apply_sink(new)
         if self._given_probes is None and any(_probe_settings(new, n) != _probe_settings(old, n)
                                               for n in type(new.probes).__struct_fields__):
             keep = [r for r in self.running if r.step.name in new.probes.enabled
@@ -476,6 +492,17 @@ class Agent:
             self.running = keep + added
         log.info("configuration reloaded")
         self.notifier.ready(f"reloaded; probes: {', '.join(r.step.name for r in self.running) or 'none'}")
+
+    def _apply_sink(self, new: config_mod.Config) -> None:
+        if self.sink is not None:
+            self.sink.endpoint = new.publisher.endpoint
+            self.sink.reconfigure(new.sink)
+            if not new.sink.enabled:
+                self.sink = None
+        elif new.sink.enabled:
+            from .sink_supervisor import SinkSupervisor
+            self.sink = SinkSupervisor(new.sink, new.publisher.endpoint)
+            self.sink.start()
 
     def _swap_prometheus(self, old: config_mod.PrometheusSettings, new: config_mod.PrometheusSettings):
         """The /metrics server for ``new`` (the running one when only its limits change);
@@ -532,6 +559,8 @@ class Agent:
                     self.reload()
                     window_ns = int(self.cfg.agent.window_s * 1e9)
                 self._poll_once()
+                if self.sink is not None:
+                    self.sink.poll()
                 if self.publisher is not None:
                     self.publisher.service()
                 mono = time.monotonic_ns()
@@ -613,11 +642,15 @@ class Agent:
                 # Flush what was collected; no further poll, so stopping costs at most
                 # one window close.
                 now = time.time_ns()
-                start = (self.latest_window or {}).get("end_ns", now - int(self.cfg.agent.window_s * 1e9))
+                start = (self.latest_window.end_ns if self.latest_window is not None
+                         else now - int(self.cfg.agent.window_s * 1e9))
                 self.close_window(start, now, final=True)     # the held open steps too
         except Exception as exc:  # noqa: BLE001  (the probes must still be stopped; logged with its traceback)
             log.warning("final window not flushed: %s", exc, exc_info=exc)
         registry.stop_all(self.running, log)
+        if self.sink is not None:
+            # after the last window went out: the recorder takes it, rolls and uploads
+            self.sink.stop()
         if self.prometheus is not None:
             self.prometheus.close()
         if self.publisher is not None:
@@ -643,13 +676,13 @@ def _probe_settings(cfg: config_mod.Config, name: str):
     return v
 
 
-def _status_line(w: dict) -> str:
-    a = w.get("agent", {})
-    kern = sum(g.get("kernels", 0) for g in w.get("gpus", []))
-    return (f"window: {kern} kernels on {len(w.get('gpus', []))} GPU/process pairs; "
-            f"agent {a.get('cpu_pct', 0):.1f}% CPU, {a.get('rss_bytes', 0) / 2**20:.0f} MiB, "
-            f"dropped {a.get('dropped_records', 0)} records, {a.get('dropped_batches', 0)} batches, "
-            f"{a.get('publisher_drops', 0)} stream messages")
+def _status_line(w: Window) -> str:
+    a = w.agent
+    kern = sum(g.kernels for g in w.gpus)
+    return (f"window: {kern} kernels on {len(w.gpus)} GPU/process pairs; "
+            f"agent {a.cpu_pct or 0:.1f}% CPU, {(a.rss_bytes or 0) / 2**20:.0f} MiB, "
+            f"dropped {a.dropped_records or 0} records, {a.dropped_batches or 0} batches, "
+            f"{a.publisher_drops or 0} stream messages")
 
 
 def configure_logging(level: str) -> None:

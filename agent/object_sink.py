@@ -25,6 +25,14 @@ process of its own: the daemon never imports pyarrow). What it keeps:
   (``dropped_files``, ``dropped_bytes``); the journal is never dropped (it holds what has no
   file yet). The host's disk is never filled: free space below ``min_free_bytes`` counts as
   over the cap too.
+* **Gaps said.** The last sequence number of each topic is saved with the state at every
+  roll (and recovered from a replayed journal), so messages the agent published while no
+  sink ran (the recorder restarting) are counted on the next one (``missed_messages``), not
+  silently absent.
+* **Status.** Once a second the upload thread writes its counters to ``SPOOL/status.json``
+  (atomically; :class:`SinkCounters` with the spool's bytes and files): the agent that
+  supervises the recorder (agent/sink_supervisor.py) reads them for /metrics and the health
+  record.
 
 URLs: ``file:///path`` or a plain path (a folder: for a mounted share), or
 ``s3://bucket/prefix`` with ``endpoint`` (``host:port``), ``scheme`` and the usual AWS
@@ -54,12 +62,16 @@ FRAME_ENVELOPE, FRAME_NAMES = 0, 1
 # refer to from before it began.
 MAX_FRAME_BYTES = 256 << 20                   # the subscriber's own bound on one message
 STATE = "state.json"
+STATUS = "status.json"
 
 
 @dataclass
 class SinkCounters:
     messages: int = 0
     rolls: int = 0
+    files_written: int = 0
+    bytes_written: int = 0
+    missed_messages: int = 0
     files_uploaded: int = 0
     bytes_uploaded: int = 0
     upload_errors: int = 0
@@ -180,6 +192,7 @@ class ObjectSink:
         self.jdir = self.spool / "journal"
         for d in (self.out, self.jdir):
             d.mkdir(parents=True, exist_ok=True)
+        self._lock_spool()
         self.dest = Destination(url, endpoint, scheme, region)
         self.roll_s, self.roll_rows = roll_s, roll_rows
         self.spool_max_bytes, self.min_free_bytes = spool_max_bytes, min_free_bytes
@@ -191,12 +204,33 @@ class ObjectSink:
         self._stop = threading.Event()
         self._state = self._load_state(recording)
         self._journal_no = self._state["journal"]
+        # topic -> the last sequence number taken (saved at each roll); topics this process
+        # has not seen yet are checked against it once, for the gap a restart left
+        self._last_seq: dict[str, int] = dict(self._state["last_seq"])
+        self._gap_checked: set[str] = set()
         self._writer = self._new_writer()
         self._replay()
         self._open_journal()
         self._rolled_at = self.clock()
         self._thread = threading.Thread(target=self._upload_loop, name="ridgeline-sink", daemon=True)
         self._thread.start()
+
+    def _lock_spool(self) -> None:
+        """One sink per spool: two would number the same parts and replay the same journal.
+        The lock goes with the process (a recorder killed with -9 leaves none behind)."""
+        import fcntl
+        self._lockf = open(self.spool / "lock", "a+")
+        try:
+            fcntl.flock(self._lockf, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockf.seek(0)
+            other = self._lockf.read(32).strip()
+            self._lockf.close()
+            raise RuntimeFailure(f"{self.spool}: the spool is in use by another sink (pid {other or '?'})") from None
+        self._lockf.seek(0)
+        self._lockf.truncate()
+        self._lockf.write(str(os.getpid()))
+        self._lockf.flush()
 
     # -- state ---------------------------------------------------------------------
     def _load_state(self, recording: str | None) -> dict:
@@ -205,11 +239,12 @@ class ObjectSink:
             try:
                 st = orjson.loads(p.read_bytes())
                 return {"recording": str(st["recording"]), "next_part": int(st["next_part"]),
-                        "next_frame": int(st["next_frame"]), "journal": int(st["journal"])}
+                        "next_frame": int(st["next_frame"]), "journal": int(st["journal"]),
+                        "last_seq": {str(k): int(v) for k, v in dict(st.get("last_seq") or {}).items()}}
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"{p}: unreadable sink state ({exc}); move the spool aside") from None
         rec = recording or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
-        st = {"recording": rec, "next_part": 0, "next_frame": 0, "journal": 0}
+        st = {"recording": rec, "next_part": 0, "next_frame": 0, "journal": 0, "last_seq": {}}
         self._save_state(st)
         return st
 
@@ -245,6 +280,8 @@ class ObjectSink:
             wire.decoder_restore(names)
             for env, recv_ns in frames:
                 self._writer.write(env, recv_ns)
+                e = wire.decode_envelope(env)
+                self._last_seq[e.topic] = int(e.seq)
                 self.counters.replayed_messages += 1
         self._roll_locked(old_journals=left)
 
@@ -268,13 +305,26 @@ class ObjectSink:
             self._journal.write(JOURNAL_HEADER.pack(len(envelope), recv_ns, FRAME_ENVELOPE) + envelope)
             self._journal.flush()
             if decoded is None:
+                from ridgeline.aggregator import wire
+                e = wire.decode_envelope(envelope)
+                topic, seq = e.topic, int(e.seq)
                 self._writer.write(envelope, recv_ns)
             else:
                 topic, seq, host, ts_ns, payload = decoded
                 self._writer.add_message(topic, seq, host, ts_ns, recv_ns, payload)
+            self._see_seq(topic, seq)
             self.counters.messages += 1
             if self.clock() - self._rolled_at >= self.roll_s or self._writer.pending_rows >= self.roll_rows:
                 self._roll_locked()
+
+    def _see_seq(self, topic: str, seq: int) -> None:
+        if topic not in self._gap_checked:
+            self._gap_checked.add(topic)
+            last = self._last_seq.get(topic)
+            # a lower number is the agent restarted (its numbers start again): no gap known
+            if last is not None and seq > last + 1:
+                self.counters.missed_messages += seq - last - 1
+        self._last_seq[topic] = seq
 
     def roll(self) -> None:
         with self._lock:
@@ -282,7 +332,10 @@ class ObjectSink:
 
     def _roll_locked(self, old_journals: list[Path] | None = None) -> None:
         w = self._writer
+        files, nbytes = w.files, w.bytes
         w.flush()
+        self.counters.files_written += w.files - files
+        self.counters.bytes_written += w.bytes - nbytes
         if getattr(self, "_journal", None) is not None and old_journals is None:
             self._journal.flush()
             os.fsync(self._journal.fileno())
@@ -290,7 +343,7 @@ class ObjectSink:
             old_journals = [self.jdir / f"{self._journal_no:08d}.rjl"]
         self._journal_no += 1
         self._state = {"recording": self._state["recording"], "next_part": w.next_part, "next_frame": w.frames,
-                       "journal": self._journal_no}
+                       "journal": self._journal_no, "last_seq": dict(self._last_seq)}
         self._save_state(self._state)         # the files are complete: now the journal may go
         for j in old_journals or []:
             j.unlink(missing_ok=True)
@@ -356,11 +409,36 @@ class ObjectSink:
         return sent
 
     def _upload_loop(self) -> None:
-        delay = self.upload_interval_s
-        while not self._stop.wait(delay):
-            before = self.counters.upload_errors
-            self.upload_once()
-            delay = min(60.0, delay * 2) if self.counters.upload_errors > before else self.upload_interval_s
+        # a round every upload_interval_s; after a failure the next upload waits (1 s doubling
+        # to 60 s) while the status goes on being written every round
+        delay, next_try = self.upload_interval_s, 0.0
+        while not self._stop.wait(self.upload_interval_s):
+            if time.monotonic() >= next_try:
+                before = self.counters.upload_errors
+                self.upload_once()
+                delay = min(60.0, max(1.0, delay * 2)) if self.counters.upload_errors > before \
+                    else self.upload_interval_s
+                next_try = time.monotonic() + delay
+            else:
+                self._enforce_cap()       # the cap holds while the uploads wait out their backoff
+            self.write_status()
+
+    def status(self) -> dict:
+        """The counters with the spool's bytes and complete files now."""
+        from dataclasses import asdict
+        stats = _stat_files(self.spool)
+        out = asdict(self.counters)
+        out["spool_bytes"] = sum(st.st_size for p, st in stats.items() if p.name != STATUS)
+        out["spool_files"] = sum(1 for f in self._files(stats) if f.name != "_ridgeline_parquet.json")
+        out["pid"] = os.getpid()
+        out["recording"] = self._state["recording"]
+        return out
+
+    def write_status(self) -> None:
+        p = self.spool / STATUS
+        tmp = p.with_name(f".{STATUS}.tmp")
+        tmp.write_bytes(orjson.dumps(self.status()))
+        os.replace(tmp, p)          # a reader sees the old status or the new, never half
 
     def pending_files(self) -> int:
         return sum(1 for f in self._files() if f.name != "_ridgeline_parquet.json")
@@ -376,3 +454,4 @@ class ObjectSink:
                 time.sleep(0.5)
         with self._lock:
             self._journal.close()
+        self.write_status()

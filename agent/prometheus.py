@@ -68,6 +68,8 @@ from ridgeline.probes.records import (
     window_of,
 )
 
+from . import sink_metrics
+
 log = logging.getLogger("ridgeline.prometheus")
 
 MAX_SERIES_PER_FAMILY = 2000
@@ -355,6 +357,7 @@ class WindowCollector:
             yield from self._agent(w.agent, w)
             yield from self.request_metrics.families(self._host(w), w)     # issue 22
             yield from self.straggler_metrics.families(self._host(w))       # issue 23
+            yield from sink_metrics.families(self._host(w), w.agent.sink)   # issue 23
 
     def _build_info(self):
         from ridgeline.aggregator import wire

@@ -22,16 +22,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
+from msgspec import UNSET
+
+from ridgeline.aggregator.analysis import (
+    Analysis,
+    Copies,
+    IdleGaps,
+    LaunchLatency,
+    PhaseAnalysis,
+    RecordingFacts,
+    RecordingRequests,
+    RecordingSegment,
+    TopKernel,
+    WorkSource,
+)
+
 MAX_STEPS_KEPT = 2000
 MAX_SEGMENTS_LISTED = 200
 
+#: The phase figures that add across segments (the others are recomputed from them, or
+#: are those of the phase's longest segment).
 _PHASE_SUMS = ("kernel_time_ns", "busy_ns", "kernels", "steps", "window_ns", "idle_ns", "gaps",
                "flops", "bytes", "work_busy_ns")
+_WORK_SUMS = ("flops", "bytes", "busy_ns", "kernels")
 
 
 def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | None = None,
-                      segments=None, fmt: str = "ridgeline-recording") -> dict:
-    """One document for a recording: ``analyze_one(trace) -> dict`` per segment, combined.
+                      segments=None, fmt: str = "ridgeline-recording") -> Analysis:
+    """One document for a recording: ``analyze_one(trace) -> Analysis`` per segment, combined.
     ``segments(max_memory_bytes, summary)``: the segment iterator (default: the ``.rlrec``
     file's, agent.recording.iter_segments; a Parquet recording gives its own).
     InputError when the recording holds no events and is cut off or has no frame at all."""
@@ -39,16 +58,17 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
 
     from .recording import StreamSummary, iter_segments
     summary = StreamSummary()
-    docs, segs = [], []
+    docs: list[Analysis] = []
+    segs: list[RecordingSegment] = []
     if segments is None:
         segments = lambda mm, sm: iter_segments(path, mm, summary=sm)  # noqa: E731
     for seg in segments(max_memory_bytes, summary):
         docs.append(analyze_one(seg.trace))
         k = seg.trace.kernels
-        segs.append({"index": seg.index, "started_by": seg.started_by, "batches": seg.batches,
-                     "kernels": int(len(k)),
-                     "start_ns": int(k["start_ns"].min()) if len(k) else None,
-                     "end_ns": int(k["end_ns"].max()) if len(k) else None})
+        segs.append(RecordingSegment(index=seg.index, started_by=seg.started_by, batches=seg.batches,
+                                     kernels=int(len(k)),
+                                     start_ns=int(k["start_ns"].min()) if len(k) else None,
+                                     end_ns=int(k["end_ns"].max()) if len(k) else None))
         del seg
     if not docs and not summary.windows and (summary.truncated or not summary.messages):
         # Nothing to report on (no events, no window the agent judged) and the file says
@@ -62,19 +82,19 @@ def analyze_recording(path: str | Path, analyze_one, max_memory_bytes: int | Non
     if not docs:     # no events at all: the report of an empty trace, with the recording's facts
         from ridgeline.probes.events import Trace
         docs.append(analyze_one(Trace(meta={"path": str(path), "format": fmt})))
-    rec = {"segments": len(segs), "restarts": summary.restarts, "gaps": dict(summary.gaps),
-           "messages": dict(summary.messages), "truncated": summary.truncated,
-           "hosts": sorted(h for h in summary.hosts if h)}
+    rec = RecordingFacts(segments=len(segs), restarts=summary.restarts, gaps=dict(summary.gaps),
+                         messages=dict(summary.messages), truncated=summary.truncated,
+                         hosts=sorted(h for h in summary.hosts if h))
     doc = combine(docs, segs, rec)
     if summary.requests_told:
         # the agent's request join (issue 22): the slowest requests with their segments and
         # culprits, as `ridgeline requests` showed them live
-        doc["requests"] = {"told": summary.requests_told, "slowest": summary.slowest_requests}
+        doc.requests = RecordingRequests(told=summary.requests_told, slowest=summary.slowest_requests)
     last = _last_window_verdicts(summary.last_window)
     if last:
         # the agent's own judgement, with the engine and scheduler figures a trace lacks
-        doc["answer"] = last
-        doc["answer_title"] = "Answer (the recording's last window, as the agent judged it)"
+        doc.answer = last
+        doc.answer_title = "Answer (the recording's last window, as the agent judged it)"
     return doc
 
 
@@ -95,20 +115,20 @@ def _last_window_verdicts(payload) -> list:
     return verdict_records(w.get("verdict") if isinstance(w, dict) else None)
 
 
-def _downtime_ns(segs: list[dict]) -> int:
+def _downtime_ns(segs: list[RecordingSegment]) -> int:
     """Time between segments that start at a restart or after lost events messages."""
     total = 0
     prev_end = None
     for s in segs:
-        if s["start_ns"] is None:
+        if s.start_ns is None:
             continue
-        if prev_end is not None and s["started_by"] in ("restart", "gap") and s["start_ns"] > prev_end:
-            total += s["start_ns"] - prev_end
-        prev_end = s["end_ns"] if prev_end is None else max(prev_end, s["end_ns"])
+        if prev_end is not None and s.started_by in ("restart", "gap") and s.start_ns > prev_end:
+            total += s.start_ns - prev_end
+        prev_end = s.end_ns if prev_end is None else max(prev_end, s.end_ns)
     return total
 
 
-def _longest(docs: list[dict], key) -> dict | None:
+def _longest(docs: list, key):
     best, best_v = None, -1
     for d in docs:
         v = key(d)
@@ -117,150 +137,178 @@ def _longest(docs: list[dict], key) -> dict | None:
     return best
 
 
-def _combine_phase(name: str, parts: list[tuple[int, dict]]) -> dict:
-    base_i, base = max(parts, key=lambda x: x[1].get("kernel_time_ns", 0))
-    out = dict(base)
+def _combine_phase(parts: list[tuple[int, PhaseAnalysis]]) -> PhaseAnalysis:
+    """One phase over segments: sums added, rates recomputed from them, the rest (verdict,
+    evidence, percentiles) of the segment with the most kernel time."""
+    base_i, base = max(parts, key=lambda x: x[1].kernel_time_ns)
+    sums = {}
     for k in _PHASE_SUMS:
-        vals = [p.get(k) for _, p in parts if isinstance(p.get(k), (int, float))]
+        vals = [getattr(p, k) for _, p in parts if isinstance(getattr(p, k), (int, float))]
         if vals:
-            out[k] = sum(vals)
-    if out.get("window_ns"):
-        out["idle_ratio"] = out.get("idle_ns", 0) / out["window_ns"]
-    wb = out.get("work_busy_ns")
-    flops, byts = out.get("flops"), out.get("bytes")
-    if wb and flops is not None:
-        out["achieved_flops_per_s"] = flops / (wb / 1e9)
-    if wb and byts is not None:
-        out["achieved_bytes_per_s"] = byts / (wb / 1e9)
-    if flops is not None and byts:
-        out["arithmetic_intensity"] = flops / byts
-    if out.get("kernel_time_ns") and out.get("work_busy_ns") is not None:
-        out["work_coverage_ratio"] = out["work_busy_ns"] / out["kernel_time_ns"]
-    for peak, ach, pct in (("peak_flops_per_s", "achieved_flops_per_s", "pct_of_peak_flops"),
-                           ("peak_bytes_per_s", "achieved_bytes_per_s", "pct_of_peak_bytes")):
-        if out.get(peak) and out.get(ach) is not None:
-            out[pct] = 100.0 * out[ach] / out[peak]
-    by_src: dict[str, dict] = {}
-    for _, p in parts:
-        for src, w in (p.get("work_by_source") or {}).items():
-            acc = by_src.setdefault(src, dict(w))
-            if acc is not w:
-                for k in ("flops", "bytes", "busy_ns", "kernels"):
-                    if isinstance(w.get(k), (int, float)):
-                        acc[k] = acc.get(k, 0) + w[k]
+            sums[k] = sum(vals)
+    out = msgspec.structs.replace(base, **sums)
+    _recompute_rates(out)
+    by_src = _combine_work([p for _, p in parts])
     if by_src:
-        out["work_by_source"] = by_src
-    tops: dict[str, dict] = {}
-    for _, p in parts:
-        for t in p.get("top_kernels") or []:
-            acc = tops.get(t["name"])
-            if acc is None:
-                tops[t["name"]] = dict(t)
-                continue
-            for k in ("count", "time_ns", "flops", "bytes"):
-                if isinstance(t.get(k), (int, float)):
-                    acc[k] = (acc.get(k) or 0) + t[k]
-    for t in tops.values():
-        if t.get("time_ns"):
-            for k, r in (("flops", "achieved_flops_per_s"), ("bytes", "achieved_bytes_per_s")):
-                if isinstance(t.get(k), (int, float)):
-                    t[r] = t[k] / (t["time_ns"] / 1e9)
-    n_top = max((len(p.get("top_kernels") or []) for _, p in parts), default=0)
-    out["top_kernels"] = sorted(tops.values(), key=lambda t: -(t.get("time_ns") or 0))[:n_top]
+        out.work_by_source = by_src
+    out.top_kernels = _combine_top_kernels([p for _, p in parts])
     if len(parts) > 1:
-        out["evidence"] = list(base.get("evidence") or []) + [
+        out.evidence = list(base.evidence) + [
             f"verdict of segment {base_i} (the longest of {len(parts)} with this phase)"]
-        out["percentiles_from_segment"] = base_i
+        out.percentiles_from_segment = base_i
     return out
 
 
-def combine(docs: list[dict], segs: list[dict], recording: dict) -> dict:
+def _recompute_rates(out: PhaseAnalysis) -> None:
+    """The phase's ratios and achieved rates, from its summed figures (in place)."""
+    if out.window_ns:
+        out.idle_ratio = out.idle_ns / out.window_ns
+    wb = out.work_busy_ns
+    if wb and out.flops is not None:
+        out.achieved_flops_per_s = out.flops / (wb / 1e9)
+    if wb and out.bytes is not None:
+        out.achieved_bytes_per_s = out.bytes / (wb / 1e9)
+    if out.flops is not None and out.bytes:
+        out.arithmetic_intensity = out.flops / out.bytes
+    if out.kernel_time_ns and out.work_busy_ns is not None:
+        out.work_coverage_ratio = out.work_busy_ns / out.kernel_time_ns
+    if out.peak_flops_per_s and out.achieved_flops_per_s is not None:
+        out.pct_of_peak_flops = 100.0 * out.achieved_flops_per_s / out.peak_flops_per_s
+    if out.peak_bytes_per_s and out.achieved_bytes_per_s is not None:
+        out.pct_of_peak_bytes = 100.0 * out.achieved_bytes_per_s / out.peak_bytes_per_s
+
+
+def _combine_work(parts: list[PhaseAnalysis]) -> dict[str, WorkSource]:
+    """Work per source over segments: each segment's sums added once; a source's other
+    figures (coverage, dtype, notes) are those of its first segment."""
+    by_src: dict[str, WorkSource] = {}
+    for p in parts:
+        for src, w in p.work_by_source.items():
+            acc = by_src.get(src)
+            if acc is None:
+                by_src[src] = msgspec.structs.replace(w)
+                continue
+            for k in _WORK_SUMS:
+                v = getattr(w, k)
+                if isinstance(v, (int, float)):
+                    setattr(acc, k, (getattr(acc, k) if getattr(acc, k) is not UNSET else 0) + v)
+    return by_src
+
+
+def _combine_top_kernels(parts: list[PhaseAnalysis]) -> list[TopKernel]:
+    """Kernels by name over segments, counts, times and work added, rates recomputed; as
+    many as the longest list."""
+    tops: dict[str, TopKernel] = {}
+    for p in parts:
+        for t in p.top_kernels:
+            acc = tops.get(t.name)
+            if acc is None:
+                tops[t.name] = msgspec.structs.replace(t)
+                continue
+            acc.count += t.count
+            acc.time_ns += t.time_ns
+            if t.flops is not None:
+                acc.flops = (acc.flops or 0) + t.flops
+            if t.bytes is not None:
+                acc.bytes = (acc.bytes or 0) + t.bytes
+    for t in tops.values():
+        if t.time_ns:
+            if t.flops is not None:
+                t.achieved_flops_per_s = t.flops / (t.time_ns / 1e9)
+            if t.bytes is not None:
+                t.achieved_bytes_per_s = t.bytes / (t.time_ns / 1e9)
+    n_top = max((len(p.top_kernels) for p in parts), default=0)
+    return sorted(tops.values(), key=lambda t: -(t.time_ns or 0))[:n_top]
+
+
+def _combine_gaps(parts: list[IdleGaps]) -> IdleGaps:
+    """One device's idle gaps over segments: sums added; percentiles of the longest."""
+    best = max(parts, key=lambda g: g.span_ns)
+    span = sum(x.span_ns for x in parts)
+    idle = sum(x.idle_ns for x in parts)
+    mx = [x.gap_max_ns for x in parts if x.gap_max_ns is not None]
+    hist: dict[str, int] = {}
+    for x in parts:
+        for k, v in x.gap_histogram.items():
+            hist[k] = hist.get(k, 0) + v
+    g = msgspec.structs.replace(best, span_ns=span, busy_ns=sum(x.busy_ns for x in parts), idle_ns=idle,
+                                gaps=sum(x.gaps for x in parts), idle_ratio=idle / span if span else None,
+                                gap_max_ns=max(mx) if mx else None, gap_histogram=hist)
+    if len(parts) > 1:
+        g.percentiles_from_segment = "longest"
+    return g
+
+
+def _combine_latency(docs: list[Analysis]) -> LaunchLatency:
+    """Launch latency over segments: kernels added, the mean weighted by them, the
+    percentiles of the segment with the most kernels."""
+    ll = [d.launch_latency for d in docs]
+    best = _longest(ll, lambda x: x.kernels)
+    k = sum(x.kernels for x in ll)
+    lat = msgspec.structs.replace(best, kernels=k)
+    means = [(x.mean_ns, x.kernels) for x in ll if x.mean_ns is not None]
+    if means and k:
+        lat.mean_ns = sum(m * w for m, w in means) / max(sum(w for _, w in means), 1)
+    return lat
+
+
+def _combine_copies(docs: list[Analysis]) -> list[Copies]:
+    """Copy traffic by kind and direction over segments, most time first."""
+    copies: dict[tuple, Copies] = {}
+    for d in docs:
+        for c in d.copies:
+            acc = copies.get((c.kind, c.direction))
+            if acc is None:
+                copies[(c.kind, c.direction)] = msgspec.structs.replace(c)
+                continue
+            acc.count += c.count
+            acc.bytes += c.bytes
+            acc.time_ns += c.time_ns
+    for c in copies.values():
+        if c.time_ns:
+            c.achieved_bytes_per_s = c.bytes / (c.time_ns / 1e9)
+    return sorted(copies.values(), key=lambda c: -c.time_ns)
+
+
+def combine(docs: list[Analysis], segs: list[RecordingSegment], recording: RecordingFacts) -> Analysis:
     """Fold per-segment analysis documents into one (see the module docstring)."""
-    rec = dict(recording)
-    rec["downtime_ns"] = _downtime_ns(segs)
-    rec["segment_list"] = segs[:MAX_SEGMENTS_LISTED]
+    rec = msgspec.structs.replace(recording, downtime_ns=_downtime_ns(segs), segment_list=segs[:MAX_SEGMENTS_LISTED])
     if not docs:
-        return {"kernels": 0, "kernel_time_ns": 0, "span_ns": 0, "phases": {}, "steps": [],
-                "steps_total": 0, "idle_gaps": {}, "launch_latency": {}, "copies": [],
-                "gpu": {"ceilings_from": "no events in the recording"}, "recording": rec,
-                "simulated": False}
+        out = Analysis(steps_total=0, recording=rec)
+        out.gpu.ceilings_from = "no events in the recording"
+        return out
     first = docs[0]
-    out = {k: v for k, v in first.items()}
-    out["kernels"] = sum(d.get("kernels", 0) for d in docs)
-    out["kernel_time_ns"] = sum(d.get("kernel_time_ns", 0) for d in docs)
-    out["span_ns"] = sum(d.get("span_ns", 0) for d in docs)
-    out["simulated"] = any(d.get("simulated") for d in docs)
-    gpu_doc = _longest(docs, lambda d: d.get("kernel_time_ns", 0) if d.get("gpu", {}).get("key") else None)
-    out["gpu"] = (gpu_doc or first).get("gpu")
+    gpu_doc = _longest(docs, lambda d: d.kernel_time_ns if d.gpu.has_ceilings else None)
+    out = msgspec.structs.replace(
+        first, kernels=sum(d.kernels for d in docs), kernel_time_ns=sum(d.kernel_time_ns for d in docs),
+        span_ns=sum(d.span_ns for d in docs), simulated=any(d.simulated for d in docs),
+        gpu=(gpu_doc or first).gpu)
 
     phases: dict[str, list] = {}
     for i, d in enumerate(docs):
-        for name, p in (d.get("phases") or {}).items():
+        for name, p in d.phases.items():
             phases.setdefault(name, []).append((i, p))
-    out["phases"] = {name: _combine_phase(name, parts) for name, parts in phases.items()}
-    total = sum(p.get("kernel_time_ns", 0) for p in out["phases"].values())
-    for p in out["phases"].values():
+    out.phases = {name: _combine_phase(parts) for name, parts in phases.items()}
+    total = sum(p.kernel_time_ns for p in out.phases.values())
+    for p in out.phases.values():
         if total:
-            p["share_of_gpu_time_ratio"] = p.get("kernel_time_ns", 0) / total
+            p.share_of_gpu_time_ratio = p.kernel_time_ns / total
 
     steps, n = [], 0
     for d in docs:
-        for s in d.get("steps") or []:
+        for s in d.steps:
             if len(steps) < MAX_STEPS_KEPT:
-                s = dict(s)
-                s["index"] = n
-                steps.append(s)
+                steps.append(msgspec.structs.replace(s, index=n))
             n += 1
-    out["steps"] = steps
-    out["steps_total"] = n
+    out.steps = steps
+    out.steps_total = n
 
-    gaps: dict[str, dict] = {}
+    gaps: dict[str, list[IdleGaps]] = {}
     for d in docs:
-        for dev, g in (d.get("idle_gaps") or {}).items():
-            parts = gaps.setdefault(dev, [])
-            parts.append(g)
-    out["idle_gaps"] = {}
-    for dev, parts in gaps.items():
-        best = max(parts, key=lambda g: g.get("span_ns", 0))
-        g = dict(best)
-        for k in ("span_ns", "busy_ns", "idle_ns", "gaps"):
-            g[k] = sum(x.get(k, 0) for x in parts)
-        g["idle_ratio"] = g["idle_ns"] / g["span_ns"] if g["span_ns"] else None
-        mx = [x.get("gap_max_ns") for x in parts if x.get("gap_max_ns") is not None]
-        g["gap_max_ns"] = max(mx) if mx else None
-        hist: dict[str, int] = {}
-        for x in parts:
-            for k, v in (x.get("gap_histogram") or {}).items():
-                hist[k] = hist.get(k, 0) + v
-        g["gap_histogram"] = hist
-        if len(parts) > 1:
-            g["percentiles_from_segment"] = "longest"
-        out["idle_gaps"][dev] = g
-
-    ll = [d.get("launch_latency") or {} for d in docs]
-    best = _longest(ll, lambda x: x.get("kernels", 0))
-    if best:
-        lat = dict(best)
-        k = sum(x.get("kernels", 0) for x in ll)
-        lat["kernels"] = k
-        means = [(x.get("mean_ns"), x.get("kernels", 0)) for x in ll if x.get("mean_ns") is not None]
-        if means and k:
-            lat["mean_ns"] = sum(m * w for m, w in means) / max(sum(w for _, w in means), 1)
-        out["launch_latency"] = lat
-
-    copies: dict[tuple, dict] = {}
-    for d in docs:
-        for c in d.get("copies") or []:
-            key = (c.get("kind"), c.get("direction"))
-            acc = copies.get(key)
-            if acc is None:
-                copies[key] = dict(c)
-                continue
-            for k in ("count", "bytes", "time_ns"):
-                acc[k] = acc.get(k, 0) + c.get(k, 0)
-    for c in copies.values():
-        if c.get("time_ns"):
-            c["achieved_bytes_per_s"] = c.get("bytes", 0) / (c["time_ns"] / 1e9)
-    out["copies"] = sorted(copies.values(), key=lambda c: -c.get("time_ns", 0))
-    out["recording"] = rec
+        for dev, g in d.idle_gaps.items():
+            gaps.setdefault(dev, []).append(g)
+    out.idle_gaps = {dev: _combine_gaps(parts) for dev, parts in gaps.items()}
+    out.launch_latency = _combine_latency(docs)
+    out.copies = _combine_copies(docs)
+    out.recording = rec
     return out

@@ -22,11 +22,22 @@ from __future__ import annotations
 import msgspec
 from rich.text import Text
 
-from ridgeline.aggregator.answer import answer_lines, verdict_records
-from ridgeline.probes.records import WindowStragglers
+from ridgeline.aggregator.answer import answer_lines
+from ridgeline.probes.records import (
+    EngineFigures,
+    GpuProcess,
+    Health,
+    PhaseFigures,
+    ProbeCounters,
+    VerdictRecord,
+    Window,
+    WindowRequests,
+    WindowStragglers,
+    window_sections_of,
+)
 
 from .top import KV_ALERT_RATIO, TopState, bar, engine_failures, engine_records
-from .top_view import ViewState, pressure_pct
+from .top_view import ViewState, pressure_pct, typed_verdicts
 
 SPARK = " ▁▂▃▄▅▆▇█"
 KEYS = "q quit  s sort  g GPU  p pid"
@@ -53,28 +64,38 @@ def _amount_s(v: float) -> str:
     return f"{v * 1e3:.1f} ms" if v < 10 else f"{v:.1f} s"
 
 
-def quantile_text(e: dict, base: str, p: str) -> str:
-    """A latency percentile of the engine record (``queue_time``, ``p50``), or its bound when
-    the window's histogram puts it in the first or past the last bucket (as ``scrape``)."""
-    v = e.get(f"{base}_{p}_s")
-    if isinstance(v, (int, float)):
-        return _amount_s(v)
-    kind = e.get(f"{base}_{p}_kind")
-    if kind == "first_bucket" and isinstance(e.get(f"{base}_{p}_upper_s"), (int, float)):
-        return "<=" + _amount_s(e[f"{base}_{p}_upper_s"])
-    if kind == "above_last_bucket" and isinstance(e.get(f"{base}_{p}_lower_s"), (int, float)):
-        return ">" + _amount_s(e[f"{base}_{p}_lower_s"])
+def quantile_text(value_s, kind: str | None, lower_s, upper_s) -> str:
+    """A latency percentile of the engine record (its ``<hist>_<p>_s``, ``_kind``,
+    ``_lower_s`` and ``_upper_s``), or its bound when the window's histogram puts it in the
+    first or past the last bucket (as ``scrape``)."""
+    if isinstance(value_s, (int, float)):
+        return _amount_s(value_s)
+    if kind == "first_bucket" and isinstance(upper_s, (int, float)):
+        return "<=" + _amount_s(upper_s)
+    if kind == "above_last_bucket" and isinstance(lower_s, (int, float)):
+        return ">" + _amount_s(lower_s)
     return "-"
 
 
-def _device_figures(window: dict) -> dict:
+def _latency_line(e: EngineFigures) -> Text:
+    """Queue, TTFT and ITL, p50 and p99."""
+    return Text(
+        f"  queue p50 {quantile_text(e.queue_time_p50_s, e.queue_time_p50_kind, e.queue_time_p50_lower_s, e.queue_time_p50_upper_s)}"
+        f" p99 {quantile_text(e.queue_time_p99_s, e.queue_time_p99_kind, e.queue_time_p99_lower_s, e.queue_time_p99_upper_s)}"
+        f"  TTFT p50 {quantile_text(e.ttft_p50_s, e.ttft_p50_kind, e.ttft_p50_lower_s, e.ttft_p50_upper_s)}"
+        f" p99 {quantile_text(e.ttft_p99_s, e.ttft_p99_kind, e.ttft_p99_lower_s, e.ttft_p99_upper_s)}"
+        f"  ITL p50 {quantile_text(e.itl_p50_s, e.itl_p50_kind, e.itl_p50_lower_s, e.itl_p50_upper_s)}"
+        f" p99 {quantile_text(e.itl_p99_s, e.itl_p99_kind, e.itl_p99_lower_s, e.itl_p99_upper_s)}")
+
+
+def _device_figures(window: Window) -> dict:
     """GPU index -> the window's NVML figures (:func:`aggregator.device_metrics.window_figures`)."""
     from ridgeline.aggregator import device_metrics
+
+    from .window_sections import device_samples
     out: dict = {}
-    for data in (window.get("device") or {}).values():
-        recs = data.get("devices") if isinstance(data, dict) else None
-        if isinstance(recs, list):
-            out.update(device_metrics.window_figures(recs))
+    for recs in device_samples(window.device):
+        out.update(device_metrics.window_figures(recs))
     return out
 
 
@@ -138,52 +159,60 @@ def device_lines(f: dict | None) -> list[Text]:
 _PHASE_HEAD = "  phase     time   TB/s  %peak  TFLOP/s  %peak  FLOP/B  roofline"
 
 
-def phase_lines(g: dict, width: int) -> list[Text]:
+def _phase_row(ph: str, f: PhaseFigures, wide: bool) -> Text:
+    t = Text(f"  {ph[:8]:<8} {_num(f.time_share_pct, digits=0, unit='%'):>5} "
+             f"{_num(f.achieved_bytes_per_s, 1e-12, 2):>6} {_num(f.pct_of_peak_bytes, digits=0, unit='%'):>6} "
+             f"{_num(f.achieved_flops_per_s, 1e-12, 1):>8} {_num(f.pct_of_peak_flops, digits=0, unit='%'):>6} "
+             f"{_num(f.arithmetic_intensity):>7}  {str(f.verdict or '-'):<13}")
+    if wide:
+        pb, pf = f.pct_of_peak_bytes, f.pct_of_peak_flops
+        t.append("  ")
+        t.append_text(bar(None if pb is None else pb / 100))
+        t.append("   ")
+        t.append_text(bar(None if pf is None else pf / 100))
+    return t
+
+
+def phase_lines(g: GpuProcess, width: int) -> list[Text]:
     """The phase table, heaviest phase first: the report's columns in its units."""
-    rows = sorted((g.get("phases") or {}).items(), key=lambda kv: -(kv[1].get("kernel_time_ns") or 0))
+    rows = sorted(g.phases.items(), key=lambda kv: -(kv[1].kernel_time_ns or 0))
     if not rows:
         return []
     wide = width >= 110
     out = [Text(_PHASE_HEAD + ("   TB/s of peak  TFLOP/s of peak" if wide else ""), style="bold")]
-    for ph, f in rows:
-        t = Text(f"  {ph[:8]:<8} {_num(f.get('time_share_pct'), digits=0, unit='%'):>5} "
-                 f"{_num(f.get('achieved_bytes_per_s'), 1e-12, 2):>6} {_num(f.get('pct_of_peak_bytes'), digits=0, unit='%'):>6} "
-                 f"{_num(f.get('achieved_flops_per_s'), 1e-12, 1):>8} {_num(f.get('pct_of_peak_flops'), digits=0, unit='%'):>6} "
-                 f"{_num(f.get('arithmetic_intensity')):>7}  {str(f.get('verdict') or '-'):<13}")
-        if wide:
-            t.append("  ")
-            pb, pf = f.get("pct_of_peak_bytes"), f.get("pct_of_peak_flops")
-            t.append_text(bar(None if pb is None else pb / 100))
-            t.append("   ")
-            t.append_text(bar(None if pf is None else pf / 100))
-        out.append(t)
+    out += [_phase_row(ph, f, wide) for ph, f in rows]
     return out
+
+
+def _kv_line(ep: str, e: EngineFigures) -> Text:
+    """KV against the alert line, with the running batch (and its cap) and the queue."""
+    kv = e.kv_usage_ratio
+    t = Text(f"engine {ep}  KV ")
+    t.append_text(bar(kv, width=10, mark=KV_ALERT_RATIO))
+    t.append(f" {_num(kv, 100, 1, '%')}")
+    if isinstance(e.kv_usage_max_ratio, (int, float)) and e.kv_usage_max_ratio != kv:
+        # The verdict weighs the window's highest usage: shown beside the latest.
+        t.append(f" (max {_num(e.kv_usage_max_ratio, 100, 1, '%')})")
+    t.append(f"  running {_num(e.num_running_requests, digits=0)}")
+    if isinstance(e.max_running_requests, (int, float)):
+        t.append(f"/{e.max_running_requests:.0f}")
+    t.append(f" waiting {_num(e.num_waiting_requests, digits=0)}"
+             f" swapped {_num(e.num_swapped_requests, digits=0)}")
+    if isinstance(kv, (int, float)) and kv >= KV_ALERT_RATIO:
+        t.append("  KV ALERT", style="bold red")
+    return t
 
 
 def engine_lines(engine: dict) -> list[tuple[int, Text]]:
     """Per endpoint: KV against the alert line with the batch, then the latency percentiles."""
     out: list[tuple[int, Text]] = []
-    for ep, e in engine_records(engine):
-        kv = e.get("kv_usage_ratio")
-        t = Text(f"engine {ep}  KV ")
-        t.append_text(bar(kv, width=10, mark=KV_ALERT_RATIO))
-        t.append(f" {_num(kv, 100, 1, '%')}")
-        kv_max = e.get("kv_usage_max_ratio")
-        if isinstance(kv_max, (int, float)) and kv_max != kv:
-            # The verdict weighs the window's highest usage: shown beside the latest.
-            t.append(f" (max {_num(kv_max, 100, 1, '%')})")
-        t.append(f"  running {_num(e.get('num_running_requests'), digits=0)}")
-        cap = e.get("max_running_requests")
-        if isinstance(cap, (int, float)):
-            t.append(f"/{cap:.0f}")
-        t.append(f" waiting {_num(e.get('num_waiting_requests'), digits=0)}"
-                 f" swapped {_num(e.get('num_swapped_requests'), digits=0)}")
-        if isinstance(kv, (int, float)) and kv >= KV_ALERT_RATIO:
-            t.append("  KV ALERT", style="bold red")
-        out.append((1, t))
-        out.append((2, Text(f"  queue p50 {quantile_text(e, 'queue_time', 'p50')} p99 {quantile_text(e, 'queue_time', 'p99')}"
-                            f"  TTFT p50 {quantile_text(e, 'ttft', 'p50')} p99 {quantile_text(e, 'ttft', 'p99')}"
-                            f"  ITL p50 {quantile_text(e, 'itl', 'p50')} p99 {quantile_text(e, 'itl', 'p99')}")))
+    for ep, rec in engine_records(engine):
+        try:
+            e = msgspec.convert(rec, EngineFigures)
+        except msgspec.ValidationError as exc:      # one endpoint's record of the wrong shape, said
+            out.append((1, Text(f"engine {ep}: record not readable: {exc}", style="bold red")))
+            continue
+        out += [(1, _kv_line(ep, e)), (2, _latency_line(e))]
     shown = {ep for ep, _ in engine_records(engine)}
     for ep, err in engine_failures(engine).items():
         if ep not in shown:
@@ -191,102 +220,112 @@ def engine_lines(engine: dict) -> list[tuple[int, Text]]:
     return out
 
 
-def _gpu_title(g: dict) -> str:
-    span = g.get("span_ns") or 0
-    busy = (g.get("busy_ns", 0) / span) if span else None
-    pid = g.get("pid")
-    launch = (g.get("launch") or {}).get("p50_ns")
-    return (f"GPU {g.get('device')} {g.get('gpu') or ''}  pid {pid if isinstance(pid, int) and pid >= 0 else '?'}"
-            f"  [{g.get('source', '')}]  busy {_num(busy, 100, 0, '%')}  kernels {g.get('kernels', 0):,}"
+def _gpu_title(g: GpuProcess) -> str:
+    busy = (g.busy_ns / g.span_ns) if g.span_ns else None
+    pid = g.pid
+    launch = g.launch.p50_ns if g.launch is not None else None
+    return (f"GPU {g.device} {g.gpu or ''}  pid {pid if isinstance(pid, int) and pid >= 0 else '?'}"
+            f"  [{g.source or ''}]  busy {_num(busy, 100, 0, '%')}  kernels {g.kernels:,}"
             f"  launch call p50 {_num(launch, 1e-3, 1, ' us')}")
 
 
-def _verdict_head(rec: dict | None, hist) -> Text:
+#: A verdict record as the frame holds it: the record (for ``aggregator.answer``'s lines)
+#: and what the frame reads of it, typed.
+Verdict = tuple[dict, VerdictRecord]
+
+
+def _verdict_head(v: Verdict | None, hist) -> Text:
     spark = sparkline([p for _, p in hist] if hist else [])
     t = Text(f"{spark:>12} " if hist else "")
-    if rec is None:
+    if v is None:
         t.append("verdict: -", style="dim")
         return t
-    pct = pressure_pct(rec)
+    rec, typed = v
+    pct = pressure_pct(typed)
     t.append(answer_lines(rec)[0].split(": ", 1)[-1], style="bold")
     if pct is not None:
-        t.append(f"  [{_FACE_ABBREV.get(rec.get('face'), '?')} {pct:.0f}%]")
+        t.append(f"  [{_FACE_ABBREV.get(typed.face, '?')} {pct:.0f}%]")
     return t
 
 
-def _agent_line(a: dict, state: TopState) -> Text:
-    probes = a.get("probes") or {}
-    drops = sum(int(c.get("drops", 0) or 0) for c in probes.values() if isinstance(c, dict))
-    return Text(f"agent: {_num(a.get('cpu_pct'), digits=1, unit='% CPU')}, RSS {_num(a.get('rss_bytes'), 1 / 2**20, 0)} MiB,"
-                f" probe drops {drops}, stream drops {a.get('publisher_drops', 0)}, gaps {sum(state.gaps.values())}"
+def _probe_drops(a: Health) -> int:
+    """The probes' drops, summed (a probe's counters of another shape count none)."""
+    total = 0
+    for c in a.probes.values():
+        try:
+            total += int(msgspec.convert(c, ProbeCounters).drops or 0)
+        except msgspec.ValidationError:
+            continue
+    return total
+
+
+def _agent_line(a: Health, state: TopState) -> Text:
+    return Text(f"agent: {_num(a.cpu_pct, digits=1, unit='% CPU')}, RSS {_num(a.rss_bytes, 1 / 2**20, 0)} MiB,"
+                f" probe drops {_probe_drops(a)}, stream drops {a.publisher_drops or 0}, gaps {sum(state.gaps.values())}"
                 + (f", restarts {state.restarts}" if state.restarts else ""), style="dim")
 
 
-def _header(window: dict, state: TopState) -> Text:
-    sources = window.get("sources") or []
-    head = Text(f"ridgeline top  {window.get('host', '')}  window {(window.get('duration_ns') or 0) / 1e9:.2f} s"
+def _header(window: Window, state: TopState) -> Text:
+    sources = window.sources
+    head = Text(f"ridgeline top  {window.host or ''}  window {window.duration_ns / 1e9:.2f} s"
                 f"  #{state.windows}", style="bold")
     if any(s in ("simulated", "replay") or "sim" in s for s in sources):
         head.append(f"  {'/'.join(s.upper() for s in sources)} DATA", style="bold magenta")
     return head
 
 
-def _pair_lines(g: dict, rec: dict | None, hist, device: dict | None, width: int) -> list[tuple[int, Text]]:
+def _pair_lines(g: GpuProcess, v: Verdict | None, hist, device: dict | None, width: int) -> list[tuple[int, Text]]:
     """The first GPU/process in full: title, verdict with sparkline, the other faces (the
     reasons after the first go early), the phase table, the device."""
-    lines: list[tuple[int, Text]] = [(1, Text(_gpu_title(g))), (0, _verdict_head(rec, hist))]
-    for line in answer_lines(rec)[1:] if rec else []:
+    lines: list[tuple[int, Text]] = [(1, Text(_gpu_title(g))), (0, _verdict_head(v, hist))]
+    for line in answer_lines(v[0])[1:] if v else []:
         lines.append((3 if line.lstrip().startswith("because") else 1, Text(line)))
     lines += [(2 if j < 2 else 3, t) for j, t in enumerate(phase_lines(g, width))]
     lines += [(2 if j == 0 else 3, t) for j, t in enumerate(device_lines(device))]
     return lines
 
 
-def _no_pair_lines(window: dict, verdicts: dict) -> list[tuple[int, Text]]:
-    lines = [(0, Text("no GPU events in this window" if not window.get("gpus") else
+def _no_pair_lines(window: Window, verdicts: dict[tuple, Verdict]) -> list[tuple[int, Text]]:
+    lines = [(0, Text("no GPU events in this window" if not window.gpus else
                       "no GPU/process matches the selection (g / p to change)", style="dim"))]
     engine_only = verdicts.get((None, None))
     if engine_only is not None:
-        lines += [(1, Text(x)) for x in answer_lines(engine_only)]
+        lines += [(1, Text(x)) for x in answer_lines(engine_only[0])]
     return lines
 
 
-def _requests_line(req) -> list[tuple[int, Text]]:
-    if not (isinstance(req, dict) and req.get("requests")):
+def _requests_line(req: WindowRequests | None) -> list[tuple[int, Text]]:
+    if req is None or not req.requests:
         return []
-    return [(4, Text(f"requests {req['requests']} joined; decode dragged {req.get('dragged_share_ratio') or 0:.0%};"
-                     f" p99 e2e {(req.get('e2e_p99_ns') or 0) / 1e9:.2f} s  (ridgeline requests)"))]
+    return [(4, Text(f"requests {req.requests} joined; decode dragged {req.dragged_share_ratio:.0%};"
+                     f" p99 e2e {req.e2e_p99_ns / 1e9:.2f} s  (ridgeline requests)"))]
 
 
-def _stragglers_lines(s) -> list[tuple[int, Text]]:
+def _stragglers_lines(s: WindowStragglers | None) -> list[tuple[int, Text]]:
     """Issue 23's one line per TP group, from the window's typed ``stragglers`` record."""
     from .straggler_view import stragglers_lines
-    try:
-        typed = None if s is None else msgspec.convert(s, WindowStragglers)
-    except msgspec.ValidationError as exc:      # a producer's bug, said in one line
-        return [(2, Text(f"stragglers record not readable: {exc}", style="bold red"))]
-    return [(2, t) for t in stragglers_lines(typed)]
+    return [(2, t) for t in stragglers_lines(s)]
 
 
-def frame_lines(window: dict, state: TopState, view: ViewState, width: int) -> list[tuple[int, Text]]:
+def frame_lines(window: Window, state: TopState, view: ViewState, width: int) -> list[tuple[int, Text]]:
     """Every line of the frame with its priority (0 always shown; higher goes first)."""
     lines: list[tuple[int, Text]] = [(0, _header(window, state))]
-    verdicts = {(r.get("device"), r.get("pid")): r for r in verdict_records(window.get("verdict"))}
-    pairs = view.pick(window.get("gpus") or [], verdicts)
+    verdicts = {(typed.device, typed.pid): (rec, typed) for rec, typed in typed_verdicts(window.verdict)}
+    pairs = view.pick(window.gpus, {k: v[1] for k, v in verdicts.items()})
     if not pairs:
         lines += _no_pair_lines(window, verdicts)
     devices = _device_figures(window)
     for i, g in enumerate(pairs):
-        key = (g.get("device"), g.get("pid"))
+        key = (g.device, g.pid)
         if i == 0:
-            lines += _pair_lines(g, verdicts.get(key), view.history.get(key), devices.get(g.get("device")), width)
+            lines += _pair_lines(g, verdicts.get(key), view.history.get(key), devices.get(g.device), width)
         else:      # the others: one line each, below the first in full
-            lines.append((3, Text(f"GPU {g.get('device')} pid {g.get('pid')}: ").append_text(
+            lines.append((3, Text(f"GPU {g.device} pid {g.pid}: ").append_text(
                 _verdict_head(verdicts.get(key), view.history.get(key)))))
-    lines += engine_lines(window.get("engine") or {})
-    lines += _stragglers_lines(window.get("stragglers"))
-    lines += _requests_line(window.get("requests"))
-    lines.append((0, _agent_line(window.get("agent") or {}, state)))
+    lines += engine_lines(window.engine)
+    lines += _stragglers_lines(window.stragglers)
+    lines += _requests_line(window.requests)
+    lines.append((0, _agent_line(window.agent, state)))
     return lines
 
 
@@ -339,13 +378,21 @@ def _fit(lines: list[tuple[int, Text]], width: int, height: int | None) -> tuple
     return out, hidden
 
 
-def frame(window: dict, state: TopState | None = None, view: ViewState | None = None,
+def frame(window: dict | Window, state: TopState | None = None, view: ViewState | None = None,
           width: int = 80, height: int | None = 24) -> Text:
     """The frame as one rich Text: ``height`` rows at most (the key line last), none wider
-    than ``width``."""
+    than ``width``. ``window``: a :class:`probes.records.Window`, or the decoded record
+    (read with ``window_of``; one line says so when it is not a window record)."""
     state = state or TopState()
     view = view or ViewState()
-    rows, hidden = _fit(frame_lines(window, state, view, width), width, None if height is None else height - 1)
+    try:
+        w, unreadable = window_sections_of(window)
+    except msgspec.ValidationError as exc:      # not a map: said in one line
+        return Text(f"window #{state.windows} not readable as a window record: {exc}", style="bold red")
+    lines = frame_lines(w, state, view, width)
+    # A producer's bug in one section loses that section only, said in one line each.
+    lines[1:1] = [(1, Text(f"{name} record not readable: {why}", style="bold red")) for name, why in unreadable.items()]
+    rows, hidden = _fit(lines, width, None if height is None else height - 1)
     keys = Text(f"{KEYS}  [{view.describe()}]", style="reverse")
     if hidden:
         keys.append(f"  +{hidden} rows hidden")

@@ -12,28 +12,42 @@ from __future__ import annotations
 import collections
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ridgeline.aggregator.answer import verdict_records
+from ridgeline.probes.records import GpuProcess, VerdictRecord, Window, window_of
 
 HISTORY = 24
 #: GPU/process orders ``s`` cycles through.
 SORTS = ("device", "busy", "pressure", "pid")
 
 
-def pressure_pct(rec: dict) -> float | None:
+def typed_verdicts(v) -> list[tuple[dict, VerdictRecord]]:
+    """The window's verdict records (``aggregator.answer.verdict_records``), each with what
+    the views read of it typed; a record of the wrong shape is left out (the answer lines
+    of it could not be read either)."""
+    out = []
+    for rec in verdict_records(v):
+        try:
+            out.append((rec, msgspec.convert(rec, VerdictRecord)))
+        except msgspec.ValidationError:
+            continue
+    return out
+
+
+def pressure_pct(rec: VerdictRecord) -> float | None:
     """How far the binding face is pressed, in % of what binds it: the dominant phase's %
     of peak bytes/s (bandwidth) or FLOP/s (compute), KV usage (memory capacity), the GPU's
     idle share (host, launch). None for queueing and undetermined (no % to draw)."""
-    face = rec.get("face")
+    face = rec.face
     if face == "bandwidth":
-        return rec.get("phase_pct_of_peak_bytes")
+        return rec.phase_pct_of_peak_bytes
     if face == "compute":
-        return rec.get("phase_pct_of_peak_flops")
+        return rec.phase_pct_of_peak_flops
     if face == "memory-capacity":
-        kv = rec.get("kv_usage_ratio")
-        return None if kv is None else 100.0 * kv
+        return None if rec.kv_usage_ratio is None else 100.0 * rec.kv_usage_ratio
     if face in ("host", "launch"):
-        idle = rec.get("gpu_idle_ratio")
-        return None if idle is None else 100.0 * idle
+        return None if rec.gpu_idle_ratio is None else 100.0 * rec.gpu_idle_ratio
     return None
 
 
@@ -54,16 +68,16 @@ class ViewState:
     _devices: list = field(default_factory=list)
     _pids: list = field(default_factory=list)
 
-    def observe(self, window: dict) -> None:
-        """Take a window: remember its GPUs and processes (for ``g``/``p``) and each
-        verdict's face and pressure (for the sparkline)."""
-        gpus = [g for g in window.get("gpus") or [] if isinstance(g, dict)]
-        self._devices = sorted({g.get("device") for g in gpus if g.get("device") is not None})
-        self._pids = sorted({g.get("pid") for g in gpus if isinstance(g.get("pid"), int) and g.get("pid") >= 0})
-        for rec in verdict_records(window.get("verdict")):
-            key = (rec.get("device"), rec.get("pid"))
-            h = self.history.setdefault(key, collections.deque(maxlen=HISTORY))
-            h.append((rec.get("face"), pressure_pct(rec)))
+    def observe(self, window: dict | Window) -> None:
+        """Take a window (a :class:`probes.records.Window`, or the decoded record, read with
+        ``window_of``: ``msgspec.ValidationError`` when it is not one): remember its GPUs and
+        processes (for ``g``/``p``) and each verdict's face and pressure (for the sparkline)."""
+        window = window_of(window)
+        self._devices = sorted({g.device for g in window.gpus if g.device is not None})
+        self._pids = sorted({g.pid for g in window.gpus if isinstance(g.pid, int) and g.pid >= 0})
+        for _, rec in typed_verdicts(window.verdict):
+            h = self.history.setdefault((rec.device, rec.pid), collections.deque(maxlen=HISTORY))
+            h.append((rec.face, pressure_pct(rec)))
         if len(self.history) > 4 * 64:       # bounded: pairs long gone are forgotten first
             for key in list(self.history)[: len(self.history) - 4 * 64]:
                 del self.history[key]
@@ -82,22 +96,20 @@ class ViewState:
             return False
         return True
 
-    def pick(self, gpus: list[dict], verdicts: dict) -> list[dict]:
+    def pick(self, gpus: list[GpuProcess], verdicts: dict[tuple, VerdictRecord]) -> list[GpuProcess]:
         """The GPU/process pairs to show, selected and in the chosen order."""
-        rows = [g for g in gpus if isinstance(g, dict)
-                and (self.gpu is None or g.get("device") == self.gpu)
-                and (self.pid is None or g.get("pid") == self.pid)]
+        rows = [g for g in gpus if (self.gpu is None or g.device == self.gpu)
+                and (self.pid is None or g.pid == self.pid)]
 
-        def busy(g):
-            span = g.get("span_ns") or 0
-            return -(g.get("busy_ns", 0) / span) if span else 0.0
+        def busy(g: GpuProcess):
+            return -(g.busy_ns / g.span_ns) if g.span_ns else 0.0
 
-        def pressure(g):
-            rec = verdicts.get((g.get("device"), g.get("pid")))
+        def pressure(g: GpuProcess):
+            rec = verdicts.get((g.device, g.pid))
             p = pressure_pct(rec) if rec else None
             return -(p or 0.0)
-        key = {"device": lambda g: (g.get("device") or 0, g.get("pid") or 0), "busy": busy,
-               "pressure": pressure, "pid": lambda g: (g.get("pid") or 0, g.get("device") or 0)}[self.sort]
+        key = {"device": lambda g: (g.device or 0, g.pid or 0), "busy": busy,
+               "pressure": pressure, "pid": lambda g: (g.pid or 0, g.device or 0)}[self.sort]
         return sorted(rows, key=key)
 
     def describe(self) -> str:

@@ -256,6 +256,16 @@ BUILTIN: dict[str, dict] = {
                      "vocab_size": 201088, "num_local_experts": 128, "experts_per_token": 4,
                      "num_experts_per_tok": 4, "attention_bias": True, "torch_dtype": "bfloat16",
                      "tie_word_embeddings": False, "quantization_config": {"quant_method": "mxfp4"}},
+    # Layers, heads, head size, hidden size and vocabulary also read off the MI300X vLLM
+    # trace (tests/THIRD_PARTY.md: 24 attention layers, q [8192, 64, 64], k [8192, 8, 64],
+    # LM head [46, 2880] x [2880, 201088]); experts as the config mirrored in
+    # EchoCog/gpt-oss-20b docs/gpt-oss-20b-architecture.md.
+    "gpt-oss-20b": {"_source": "openai/gpt-oss-20b config.json", "model_type": "gpt_oss",
+                    "hidden_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64,
+                    "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880,
+                    "vocab_size": 201088, "num_local_experts": 32, "experts_per_token": 4,
+                    "num_experts_per_tok": 4, "attention_bias": True, "torch_dtype": "bfloat16",
+                    "tie_word_embeddings": False, "quantization_config": {"quant_method": "mxfp4"}},
 }
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_MEMCPY, API_MEMSET, API_SYNC
 from ridgeline.probes.records import PHASE_NAMES
 
+from . import fold_native
 from .work import DTYPE_KEYS, SOURCE_MODEL, SOURCE_SHAPES
 
 SUB_BITS = 3                          # mantissa bits kept: 8 bins per octave
@@ -51,7 +52,9 @@ H_KERNEL, H_GAP, H_LAUNCH = 0, 1, 2   # histogram planes
 INT_FIELDS = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "window_busy_ns", "gaps",
               "gap_ns", "gap_launch_ns", "gap_sync_ns", "launch_kernels", "launch_latency_ns",
               "model_kernel_time_ns", "model_busy_ns", "model_steps",
-              "shape_kernel_time_ns", "shape_busy_ns", "shape_kernels")
+              "shape_kernel_time_ns", "shape_busy_ns", "shape_kernels",
+              # model steps whose token counts came from kernel grids (an estimate)
+              "model_estimated_steps")
 FLOAT_FIELDS = ("model_flops", "model_bytes", "shape_flops", "shape_bytes")
 I = {f: i for i, f in enumerate(INT_FIELDS)}
 F = {f: i for i, f in enumerate(FLOAT_FIELDS)}
@@ -61,6 +64,8 @@ _LAUNCHING = np.zeros(256, dtype=bool)
 _LAUNCHING[[API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_MEMSET]] = True
 _SYNCING = np.zeros(256, dtype=bool)
 _SYNCING[API_SYNC] = True
+_LAUNCH_RECORD = np.zeros(256, dtype=bool)     # the records launch_latency_ns joins to
+_LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
 
 
 def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -70,6 +75,10 @@ def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     in correlation order, as CUPTI and the simulator deliver them)."""
     lat = np.full(len(k), -1, np.int64)
     if not len(k) or not len(a):
+        return lat
+    if not fold_native.REFERENCE and fold_native.launch_latency_aligned(k, a, _LAUNCH_RECORD, lat):
+        # Only launch records, record i kernel i's (the common case): one native pass over
+        # both, the answer of the reference below.
         return lat
     cat = a["category"]
     launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))
@@ -103,6 +112,18 @@ def fine_bins(values_ns: np.ndarray) -> np.ndarray:
     b >>= 52 - SUB_BITS
     b -= 1022 << SUB_BITS            # 0.5 -> bin 0, 1 -> SUB_BINS
     return np.minimum(b, FINE_BINS - 1, out=b)
+
+
+def duration_text(ns: float) -> str:
+    """A duration in the unit the report's tables use for it (ns, us, ms, s), so a phase's
+    evidence and the report's launch line print one figure the same way."""
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.1f} us"
+    return f"{ns:.0f} ns"
 
 
 def fine_percentile_ns(hist: np.ndarray, q: float) -> float | None:
@@ -233,6 +254,13 @@ def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tupl
     e = np.empty(0, np.int64)
     if not len(api):
         return (e, e), (e, e)
+    if not fold_native.REFERENCE:
+        # One native pass per kind over the records, when they come in start order (one
+        # thread's calls); otherwise the sort below.
+        lm = fold_native.union_records(api, _LAUNCHING)
+        sm = fold_native.union_records(api, _SYNCING) if lm is not None else None
+        if sm is not None:
+            return lm, sm
     cat = api["category"]
     lm, sm = _LAUNCHING[cat], _SYNCING[cat]
     # Contiguous copies first: the record's fields are unaligned (50-byte records), and
@@ -322,41 +350,24 @@ class Units:
         self.gap_ns, self.gap_unit = gap_ns, gap_unit
 
 
-def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, phase: np.ndarray,
-                 step: np.ndarray, gkey: np.ndarray | int, steps: list, latency_ns: np.ndarray,
-                 shape_flops: np.ndarray | None = None, shape_bytes: np.ndarray | None = None,
-                 shape_dtype: np.ndarray | None = None, step_work=None, host=None,
-                 on_step=None) -> Units | None:
-    """Fold kernels into ``sums``. Arrays are aligned, in (step, start) order: kernel
-    start/end, phase code, step index into ``steps`` (-1: none), group key (one int when
-    every kernel has the same), launch latency (-1: unknown), shapes work (NaN: unknown)
-    and dtype code (-1: unknown). ``step_work(step)``: the model's work of a step or None;
-    ``host``: :func:`host_intervals` of the same fold's API records; ``on_step(step,
-    unit)``: called once per step folded (the window's step log). Returns the units."""
-    n = len(start_ns)
-    if not n:
-        return None
-    s = np.asarray(start_ns, np.int64)
-    e = np.maximum(np.asarray(end_ns, np.int64), s)
-    ph = np.asarray(phase).astype(np.int64)
-    stp = np.asarray(step, np.int64)
-    one_group = np.ndim(gkey) == 0
+def _units_reference(s, e_in, ph, stp, gk, gkey):
+    """The numpy reference of ``rl_fold_units`` (aggregator/native/ridgeline_fold.c): units
+    (runs of one group key, step and phase), their merged runs and the gaps between those."""
+    n = len(s)
+    e = np.maximum(e_in, s)
     brk = np.empty(n, dtype=bool)
     brk[0] = True
-    if one_group:
+    if gk is None:
         # One GPU and process: a unit breaks where (step, phase) does, one comparison.
         sp = (stp << 3) | ph
         np.not_equal(sp[1:], sp[:-1], out=brk[1:])
         first = np.flatnonzero(brk)
-        u_gkey = np.full(len(first), int(gkey), np.int64)
-        u_ukey = (u_gkey << 3) | ph[first]
+        u_ukey = (np.full(len(first), int(gkey), np.int64) << 3) | ph[first]
     else:
-        gk = np.asarray(gkey, np.int64)
         ukey = (gk << 3) | ph
         np.not_equal(ukey[1:], ukey[:-1], out=brk[1:])
         brk[1:] |= stp[1:] != stp[:-1]
         first = np.flatnonzero(brk)
-        u_gkey = gk[first]
         u_ukey = ukey[first]
     nu = len(first)
     unit = np.cumsum(brk) - 1
@@ -374,57 +385,113 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
     r_e = run_end[np.r_[ri[1:] - 1, n - 1]]
     r_unit = unit[ri]
     u_busy = np.bincount(r_unit, weights=(r_e - r_s), minlength=nu).astype(np.int64)
-    dur = e - s
-    u_cnt = np.diff(np.r_[first, n])
-    u_kt = np.add.reduceat(dur, first)
+    u_kt = np.add.reduceat(e - s, first)
     u_start = s[first]
     u_end = np.maximum.reduceat(e, first)
-    u_step = stp[first]
-    u_ph = ph[first]
     same = r_unit[1:] == r_unit[:-1]
     gap_len = (r_s[1:] - r_e[:-1])[same]
     gap_unit = r_unit[1:][same]
+    gi = np.flatnonzero(same)
+    gap_start = r_e[gi] - off[ri[gi]]           # in the kernels' own clock
+    return first, u_start, u_end, u_busy, u_kt, u_ukey, gap_start, gap_len, gap_unit
+
+
+def _rows_reference(add, h, s, e_in, lat, first, u_cnt, u_busy, u_kt, row_of_unit, gap_start, gap_len, gap_unit,
+                    host) -> None:
+    """The numpy reference of ``rl_fold_rows``: each row's kernel, busy, gap and launch
+    sums and histograms, and the host's calls inside the gaps, added into ``add``, ``h``."""
+    ng = len(add)
+    e = np.maximum(e_in, s)
+    dur = e - s
+    row_of_kernel = None if ng == 1 else np.repeat(row_of_unit, u_cnt)
+    add[:, I["kernels"]] += np.bincount(row_of_unit, weights=u_cnt, minlength=ng).astype(np.int64)
+    add[:, I["kernel_time_ns"]] += np.bincount(row_of_unit, weights=u_kt, minlength=ng).astype(np.int64)
+    add[:, I["busy_ns"]] += np.bincount(row_of_unit, weights=u_busy, minlength=ng).astype(np.int64)
+    g_row = row_of_unit[gap_unit]
+    add[:, I["gaps"]] += np.bincount(g_row, minlength=ng)
+    add[:, I["gap_ns"]] += _bincount_rows(g_row, gap_len, ng).astype(np.int64)
+    h[:, H_KERNEL] += _hist_rows(row_of_kernel, dur, ng)
+    h[:, H_GAP] += _hist_rows(None if ng == 1 else g_row, gap_len, ng)
+    lat_ok = lat >= 0
+    if bool(lat_ok.all()):
+        h[:, H_LAUNCH] += _hist_rows(row_of_kernel, lat, ng)
+        add[:, I["launch_kernels"]] += add[:, I["kernels"]]
+        add[:, I["launch_latency_ns"]] += (np.bincount(row_of_kernel, weights=lat, minlength=ng).astype(np.int64)
+                                           if row_of_kernel is not None else int(lat.sum()))
+    elif lat_ok.any():
+        lr = row_of_kernel[lat_ok] if row_of_kernel is not None else np.zeros(int(lat_ok.sum()), np.intp)
+        h[:, H_LAUNCH] += _hist_rows(lr, lat[lat_ok], ng)
+        add[:, I["launch_kernels"]] += np.bincount(lr, minlength=ng)
+        add[:, I["launch_latency_ns"]] += np.bincount(lr, weights=lat[lat_ok], minlength=ng).astype(np.int64)
+    # The host during the gaps: the covered length up to each end of each gap, from one
+    # interpolation table per kind of host call; a gap's cover is the difference.
+    if host is not None and len(gap_len):
+        for col, (hs, he) in ((I["gap_launch_ns"], host[0]), (I["gap_sync_ns"], host[1])):
+            if len(hs):
+                x0 = (gap_start - int(hs[0])).astype(np.float64)
+                cs, ce = _coverage_at((x0 + gap_len, x0), hs, he)
+                cs -= ce
+                add[:, col] += np.rint(cs.sum() if ng == 1 else _bincount_rows(g_row, cs, ng)).astype(np.int64)
+
+
+def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, phase: np.ndarray,
+                 step: np.ndarray, gkey: np.ndarray | int, steps: list, latency_ns: np.ndarray,
+                 shape_flops: np.ndarray | None = None, shape_bytes: np.ndarray | None = None,
+                 shape_dtype: np.ndarray | None = None, step_work=None, host=None,
+                 on_step=None, reference: bool | None = None) -> Units | None:
+    """Fold kernels into ``sums``. Arrays are aligned, in (step, start) order: kernel
+    start/end, phase code, step index into ``steps`` (-1: none), group key (one int when
+    every kernel has the same), launch latency (-1: unknown), shapes work (NaN: unknown)
+    and dtype code (-1: unknown). ``step_work(step)``: the model's work of a step or None;
+    ``host``: :func:`host_intervals` of the same fold's API records; ``on_step(step,
+    unit)``: called once per step folded (the window's step log); ``reference``: the
+    per-kernel pass in numpy (:func:`_units_reference`, :func:`_rows_reference`) instead of
+    the native library, for the tests that compare the two (None: ``fold_native.REFERENCE``).
+    Returns the units."""
+    n = len(start_ns)
+    if not n:
+        return None
+    s = np.ascontiguousarray(start_ns, np.int64)
+    e_in = np.ascontiguousarray(end_ns, np.int64)
+    ph = np.ascontiguousarray(phase, np.int64)
+    stp = np.ascontiguousarray(step, np.int64)
+    one_group = np.ndim(gkey) == 0
+    gk = None if one_group else np.ascontiguousarray(gkey, np.int64)
+    lat = np.ascontiguousarray(latency_ns, np.int64)
+    if reference is None:
+        reference = fold_native.REFERENCE
+    # The per-kernel pass: native (aggregator/fold_native.py), or its numpy reference.
+    if reference:
+        first, u_start, u_end, u_busy, u_kt, u_ukey, gap_start, gap_len, gap_unit = _units_reference(
+            s, e_in, ph, stp, gk, gkey)
+    else:
+        first, u_start, u_end, u_busy, u_kt, u_ukey, gap_start, gap_len, gap_unit = fold_native.fold_units(
+            s, e_in, ph, stp, gk, 0 if gk is not None else int(gkey))
+    nu = len(first)
+    u_cnt = np.diff(np.r_[first, n])
+    u_step = stp[first]
+    u_ph = ph[first]
+    u_gkey = gk[first] if gk is not None else np.full(nu, int(gkey), np.int64)
     # Rows of the (group, phase) pairs.
     ugp, row_of_unit = np.unique(u_ukey, return_inverse=True)
     row_of_unit = row_of_unit.reshape(-1)
     ng = len(ugp)
     rows = sums.rows(ugp)
-    row_of_kernel = None if ng == 1 else row_of_unit[unit]
-    lat = np.asarray(latency_ns, np.int64)
-    lat_ok = lat >= 0
-    all_lat = bool(lat_ok.all())
     add = np.zeros((ng, len(INT_FIELDS)), np.int64)
     addf = np.zeros((ng, len(FLOAT_FIELDS)), np.float64)
-    add[:, I["kernels"]] = np.bincount(row_of_unit, weights=u_cnt, minlength=ng)
-    add[:, I["kernel_time_ns"]] = np.bincount(row_of_unit, weights=u_kt, minlength=ng)
-    add[:, I["busy_ns"]] = np.bincount(row_of_unit, weights=u_busy, minlength=ng)
-    g_row = row_of_unit[gap_unit]
-    add[:, I["gaps"]] = np.bincount(g_row, minlength=ng)
-    add[:, I["gap_ns"]] = _bincount_rows(g_row, gap_len, ng)
     h = np.zeros((ng, 3, FINE_BINS), np.int64)
-    h[:, H_KERNEL] = _hist_rows(row_of_kernel, dur, ng)
-    h[:, H_GAP] = _hist_rows(None if ng == 1 else g_row, gap_len, ng)
-    if all_lat:
-        h[:, H_LAUNCH] = _hist_rows(row_of_kernel, lat, ng)
-        add[:, I["launch_kernels"]] = add[:, I["kernels"]]
-        add[:, I["launch_latency_ns"]] = (np.bincount(row_of_kernel, weights=lat, minlength=ng)
-                                          if row_of_kernel is not None else int(lat.sum()))
-    elif lat_ok.any():
-        lr = row_of_kernel[lat_ok] if row_of_kernel is not None else np.zeros(int(lat_ok.sum()), np.intp)
-        h[:, H_LAUNCH] = _hist_rows(lr, lat[lat_ok], ng)
-        add[:, I["launch_kernels"]] = np.bincount(lr, minlength=ng)
-        add[:, I["launch_latency_ns"]] = np.bincount(lr, weights=lat[lat_ok], minlength=ng)
-    # The host during the gaps: the covered length up to each end of each gap, from one
-    # interpolation table per kind of host call; a gap's cover is the difference.
-    if host is not None and len(gap_len):
-        gi = np.flatnonzero(same)
-        g0 = r_e[gi] - off[ri[gi]]              # gap starts, in the kernels' own clock
-        for col, (hs, he) in ((I["gap_launch_ns"], host[0]), (I["gap_sync_ns"], host[1])):
-            if len(hs):
-                x0 = (g0 - int(hs[0])).astype(np.float64)
-                cs, ce = _coverage_at((x0 + gap_len, x0), hs, he)
-                cs -= ce
-                add[:, col] = np.rint(cs.sum() if ng == 1 else _bincount_rows(g_row, cs, ng))
+    if reference:
+        _rows_reference(add, h, s, e_in, lat, first, u_cnt, u_busy, u_kt, row_of_unit, gap_start, gap_len, gap_unit,
+                        host)
+    else:
+        fold_native.fold_rows(add, h, s, e_in, lat, first, u_busy, u_kt, row_of_unit, gap_start, gap_len, gap_unit,
+                              host)
+    row_of_kernel = None
+    dur = None
+    if shape_flops is not None:
+        e = np.maximum(e_in, s)
+        dur = e - s
+        row_of_kernel = None if ng == 1 else np.repeat(row_of_unit, u_cnt)
     # Operator-shape work per kernel.
     if shape_flops is not None:
         known = ~np.isnan(shape_flops)
@@ -487,6 +554,7 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
             add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
             add[r, I["model_busy_ns"]] += int(u_busy[u])
             add[r, I["model_steps"]] += 1
+            add[r, I["model_estimated_steps"]] += int(w.estimate)
             if w.notes:
                 sums.notes.setdefault(row_key, set()).update(w.notes)
     sums.ints[rows] += add
@@ -521,6 +589,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
         by_source[SOURCE_MODEL] = {"flops": float(fv[F["model_flops"]]), "bytes": float(fv[F["model_bytes"]]),
                                    "busy_ns": g["model_busy_ns"], "coverage_ratio": model_cov,
                                    "dtype": model_dtype, "steps": g["model_steps"],
+                                   "estimated_steps": g["model_estimated_steps"],
                                    "notes": sorted(sums.notes.get(key, ()))}
     wc = roofline_rules.choose_work(by_source, shapes_cov, model_cov, ceilings, model_dtype)
     src, chosen, cov = wc["work_source"], wc["chosen"], wc["work_coverage_ratio"]
@@ -543,8 +612,12 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
             f"{name_} figures would need {r:.1f}x the GPU's ceilings in the traced kernel time"
             + (": the trace holds only part of the step's kernels; model figures not used"
                if name_ == SOURCE_MODEL else ": shape bytes exceed DRAM traffic (cache reuse)"))
+    # Model figures over token counts read from kernel grids are an estimate (flag and text).
+    estimated = bool(chosen) and src == SOURCE_MODEL and g["model_estimated_steps"] > 0
     if chosen:
-        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time")
+        evidence.append(f"work from {src}, covering {100 * cov:.0f}% of kernel time"
+                        + (f" (an estimate: token counts from kernel grids in {g['model_estimated_steps']} of "
+                           f"{g['model_steps']} steps)" if estimated else ""))
         evidence.extend(chosen.get("notes", []))
     elif g["kernels"]:
         evidence.append("no FLOP/byte source (no operator shapes; pass --model for the analytic model)")
@@ -553,7 +626,7 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
            "p90_ns": fine_percentile_ns(hv[H_LAUNCH], 90), "p99_ns": fine_percentile_ns(hv[H_LAUNCH], 99),
            "mean_ns": (g["launch_latency_ns"] / nl) if nl else None}
     if lat["p50_ns"] is not None:
-        evidence.append(f"launch latency p50 {lat['p50_ns'] / 1e3:.1f} us over {nl} kernels")
+        evidence.append(f"launch latency p50 {duration_text(lat['p50_ns'])} over {nl:,} kernels")
     ev = sums.evidence.get(key, {})
     evidence.extend(sorted(ev, key=lambda x: -ev[x])[:3])
     return {
@@ -563,7 +636,8 @@ def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel
         "steps": g["steps"], "window_ns": span, "idle_ns": idle, "idle_ratio": idle_ratio,
         "gaps": g["gaps"], "median_gap_ns": med_gap, "median_kernel_ns": med_k,
         "idle_in_launch_calls_ratio": launch_cover, "idle_in_sync_calls_ratio": sync_cover,
-        "flops": wc["flops"], "bytes": wc["bytes"], "work_source": src, "work_coverage_ratio": cov,
+        "flops": wc["flops"], "bytes": wc["bytes"], "work_source": src, "work_estimated": estimated,
+        "work_coverage_ratio": cov,
         "work_busy_ns": wc["work_busy_ns"], "work_by_source": by_source,
         "achieved_flops_per_s": wc["achieved_flops_per_s"], "achieved_bytes_per_s": wc["achieved_bytes_per_s"],
         "arithmetic_intensity": wc["arithmetic_intensity"], "ridge_point": wc["ridge_point"],

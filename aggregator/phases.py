@@ -79,6 +79,24 @@ from ridgeline.probes.trace_joins import kernel_cpu_op_index
 UNKNOWN, PREFILL, DECODE, MIXED, OTHER = Phase.UNKNOWN, Phase.PREFILL, Phase.DECODE, Phase.MIXED, Phase.OTHER
 
 
+@dataclass(frozen=True)
+class SequenceSums:
+    """Sums over one step's sequences that an engine annotation carries (vLLM's detailed
+    annotation, :func:`parse_step_annotation`): for the prefill (context) and the decode
+    (generation) sequences, the query tokens, the key tokens (each sequence's KV length,
+    cached + new), the squared query lengths and query x key. Decode's key tokens are what
+    it reads from the KV cache; with them the model's work needs no ``--context-len``."""
+    prefill_requests: int
+    prefill_query_tokens: int
+    prefill_key_tokens: int
+    prefill_query_sq: int
+    prefill_query_key: int
+    decode_requests: int
+    decode_query_tokens: int
+    decode_key_tokens: int
+    decode_query_key: int
+
+
 @dataclass
 class Step:
     """One forward step: its span on one device, its label and the evidence behind it.
@@ -88,7 +106,11 @@ class Step:
     strings, the deciding one first. ``source``: "annotation" or "kernels".
     ``mixed_slots``: for a step decided from kernels, how many sequences of its single varlen
     prefill-attention launch can be one-token decodes (0: none); such a step is mixed when
-    it continues a running batch (:func:`mixed_by_continuity`).
+    it continues a running batch (:func:`mixed_by_continuity`). ``tokens``: for a step
+    decided from kernels, all its tokens as its kernels show them (KV-cache write grid.x,
+    else GEMM rows), also where the split is unknown (a mixed step); None unknown.
+    ``sequences``: the per-step sums over sequences when its annotation carries them
+    (:class:`SequenceSums`), else None.
     """
     index: int
     start_ns: int
@@ -101,6 +123,8 @@ class Step:
     source: str = "kernels"
     kernels: int = 0
     mixed_slots: int = 0
+    tokens: int | None = None
+    sequences: SequenceSums | None = None
 
     @property
     def phase_name(self) -> str:
@@ -136,13 +160,15 @@ class StepAnnotation:
     prefill_requests: int | None
     decode_requests: int | None
     engine: str
+    sequences: SequenceSums | None = None
 
     def describe(self, text: str) -> str:
         parts = []
         if self.prefill_tokens:
             parts.append(f"{self.prefill_tokens} prefill tokens")
         if self.decode_tokens:
-            parts.append(f"{self.decode_tokens} decode tokens")
+            kv = self.sequences.decode_key_tokens if self.sequences is not None else 0
+            parts.append(f"{self.decode_tokens} decode tokens" + (f" reading {kv:,} KV-cache tokens" if kv else ""))
         if self.phase == DECODE and not self.decode_tokens and self.decode_requests:
             parts.append(f"{self.decode_requests} decode requests")
         tail = ", ".join(parts) if parts else PHASE_NAMES[self.phase]
@@ -172,7 +198,8 @@ def parse_step_annotation(text: str) -> StepAnnotation | None:
 
     vLLM ``execute_context_{n}({tokens}_{sum len^2})_generation_{m}({tokens})`` (vllm PR
     #22496) and the detailed ``execute_{total}_context_{n}(sq..)_generation_{m}(sq..)``
-    (PR #37524, where ``sq`` is the sum of query tokens); SGLang ``step[MODE bs=N]`` with
+    (PR #37524, where ``sq`` is the sum of query tokens and ``sk`` of key tokens, kept as
+    :class:`SequenceSums`); SGLang ``step[MODE bs=N]`` with
     ``toks=T`` for EXTEND (``run_model`` span); ranges named ``prefill``/``extend``/``decode``
     (NVTX or record_function) give the phase without token counts.
     """
@@ -182,8 +209,12 @@ def parse_step_annotation(text: str) -> StepAnnotation | None:
         ctx_req, ctx_sq, gen_req, gen_sq = int(m.group(2)), int(m.group(3)), int(m.group(7)), int(m.group(8))
         p = ctx_sq if ctx_req else 0
         d = gen_sq if gen_req else 0
+        g = [int(x) for x in m.groups()]
+        sums = SequenceSums(prefill_requests=ctx_req, prefill_query_tokens=ctx_sq, prefill_key_tokens=g[3],
+                            prefill_query_sq=g[4], prefill_query_key=g[5], decode_requests=gen_req,
+                            decode_query_tokens=gen_sq, decode_key_tokens=g[8], decode_query_key=g[10])
         return StepAnnotation(_label(p, d) if (p or d) else _label(ctx_req, gen_req), p, d, ctx_req, gen_req,
-                              "vllm-detailed")
+                              "vllm-detailed", sums)
     m = _VLLM.match(t)
     if m:
         ctx_req, gen_req = int(m.group(1)), int(m.group(4))
@@ -240,6 +271,16 @@ _PARENT_OPS = ("aten::linear", "aten::matmul")
 _PERSISTENT_GEMM = re.compile(r"^sm90_xmma_gemm")
 # PyTorch's layer norm launches one block per row (layer_norm_kernel.cu).
 _ROW_NORM = re.compile(r"vectorized_layer_norm_kernel")
+# PyTorch's row gather (aten::index / index_select on the leading dim, vectorized path):
+# one block per gathered row, pytorch/pytorch aten/src/ATen/native/cuda/IndexKernelUtils.cu
+# @ 05f814fe L36 (``dim3 grid = {num_ind, grid_y, 1}``; L12 ``ind = idx[blockIdx.x]``).
+_ROW_GATHER = re.compile(r"vectorized_gather_kernel")
+# A row gather at most this many kernels before the LM head on its stream feeds it: vLLM V1
+# gathers each request's last scheduled token before compute_logits (vllm v0.10.1
+# vllm/v1/worker/gpu_model_runner.py L803 ``logits_indices = query_start_loc[1:] - 1``, L1646
+# ``sample_hidden_states = hidden_states[logits_indices]``); the MI300X vLLM mixed step:
+# vectorized_gather_kernel grid [46,2,1] right before the LM head, 46 requests.
+ROW_GATHER_BEFORE = 3
 _TRAINING_OP = re.compile(r"autograd::engine::evaluate_function|Backward\d*$|^Optimizer\.step|"
                           r"^Optimizer\.zero_grad|torch::autograd::AccumulateGrad|optimizer\.step", re.IGNORECASE)
 
@@ -491,6 +532,43 @@ class _Vote:
     value: int = 0       # a count the vote carries (sequences, one-token slots)
 
 
+def lm_head_gather_rows(trace: Trace, kernel_step: np.ndarray, lm_head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: the rows the LM head runs on from the row gather launched just before it
+    (grid.x of a ``vectorized_gather_kernel`` at most ROW_GATHER_BEFORE kernels before the
+    LM head, same step, device and stream) and that gather kernel; -1 where none. The engine
+    gathers one row per sampled sequence before its LM head (vLLM V1 ``logits_indices``,
+    SGLang's extend-mode ``hidden_states[last_index]``), so kernels alone give the sampled
+    rows. Linear in the kernels of the steps with an LM head; nothing without a gather."""
+    k = trace.kernels
+    n_steps = len(lm_head)
+    rows = np.full(n_steps, -1, dtype=np.int64)
+    ex = np.full(n_steps, -1, dtype=np.int64)
+    heads = np.flatnonzero(lm_head >= 0)
+    if not len(heads) or not len(k):
+        return rows, ex
+    nid = k["name_id"]
+    gathers = _names_matching(trace, np.unique(nid), _ROW_GATHER)[nid] & (kernel_step >= 0)
+    if not gathers.any():
+        return rows, ex
+    idx = np.flatnonzero(np.isin(kernel_step, heads))
+    o = idx[np.lexsort((k["start_ns"][idx], k["stream"][idx], k["device"][idx], kernel_step[idx]))]
+    pos = np.full(len(k), -1, dtype=np.int64)
+    pos[o] = np.arange(len(o))
+    head_k = lm_head[heads]
+    p = pos[head_k]
+    todo = np.ones(len(heads), dtype=bool)
+    for back in range(1, ROW_GATHER_BEFORE + 1):
+        q = p - back
+        ok = todo & (q >= 0)
+        cand = o[np.maximum(q, 0)]
+        ok &= ((kernel_step[cand] == kernel_step[head_k]) & (k["device"][cand] == k["device"][head_k])
+               & (k["stream"][cand] == k["stream"][head_k]) & gathers[cand] & (k["grid_x"][cand] > 0))
+        rows[heads[ok]] = k["grid_x"][cand[ok]]
+        ex[heads[ok]] = cand[ok]
+        todo &= ~ok
+    return rows, ex
+
+
 def _grid_text(k: np.ndarray, i: int) -> str:
     return f"[{int(k['grid_x'][i])},{int(k['grid_y'][i])},{int(k['grid_z'][i])}]"
 
@@ -603,6 +681,12 @@ class _StepFacts:
         # in vLLM V1 and SGLang, every verified token with speculative decoding); -1 unknown.
         self.lm_rows = np.where(self.lm_head >= 0, rows[np.maximum(self.lm_head, 0)], -1) if len(rows) \
             else np.full(n_steps, -1, dtype=np.int64)
+        # Without a CPU operator: the grid.x of the row gather that feeds the LM head (the
+        # gather kernel in ``lm_rows_gather``, -1 where the rows came from the operator).
+        g_rows, g_ex = lm_head_gather_rows(trace, kernel_step, self.lm_head)
+        use = (self.lm_rows < 0) & (g_rows > 0)
+        self.lm_rows = np.where(use, g_rows, self.lm_rows)
+        self.lm_rows_gather = np.where(use, g_ex, -1)
         self._eager_attention(k, kc, st, idx, role, n_steps)
         # Rows of PyTorch's row-wise layer norm (one block per row: grid.x = rows): the rows
         # the step's GEMMs around it run on (OWLv2's vision tower: 5185).
@@ -705,7 +789,7 @@ class _StepFacts:
                   self.noncausal, self.noncausal_from_op, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
-                   self.causal_unknown_example):
+                   self.causal_unknown_example, self.lm_rows_gather):
             exc = np.maximum(ex, 0)
             cols1 += [np.where(ex >= 0, k["name_id"][exc], -1), np.where(ex >= 0, k["grid_x"][exc], -1),
                       np.where(ex >= 0, k["grid_y"][exc], -1), np.where(ex >= 0, k["grid_z"][exc], -1)]
@@ -879,7 +963,9 @@ def rule_lm_head(s: StepView) -> list[_Vote]:
     how = "from its launch grid and tile" if f.lm_estimated[j] else "from its CPU operator"
     head = f"{s.name(lm)} grid {_grid_text(k, lm)}"
     ua = int(f.causal_unknown_example[j])
-    rows, tm = _rows_seen(j, f, s.kc, s.trace), int(s.kc.tile_tok[lm])
+    # The LM head's own rows where known (its operator, or the row gather feeding it).
+    rows = int(f.lm_rows[j]) if f.lm_rows[j] > 0 else _rows_seen(j, f, s.kc, s.trace)
+    tm = int(s.kc.tile_tok[lm])
     if f.lm_estimated[j] and tm > 0 and rows > tm and width // -(-rows // tm) < VOCAB_MIN_COLS:
         # A launch-grid width is N only when the GEMM's rows fit one token-side tile; over
         # R rows it is N x ceil(R / tile). Where the step runs on more rows than a tile,
@@ -940,7 +1026,10 @@ def rule_tokens(s: StepView) -> list[_Vote]:
         out = [_Vote(PREFILL, MEDIUM, f"{text}: {t} tokens over {seqs} sequences (attention grid.y): several new "
                      f"tokens per sequence => prefill", "tokens")]
     else:
-        out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]))
+        g = int(f.lm_rows_gather[j])
+        out = tokens_alone_votes(t, text, rank, int(f.lm_rows[j]), not bool(f.split[j]),
+                                 rows_from=f" (grid.x of the row gather before it, {s.name(g)} grid "
+                                           f"{_grid_text(s.k, g)})" if g >= 0 else "")
     if rank == STRONG and seqs > 1 and t > seqs:
         out += _varlen_mixed_slots(s, t, seqs)
     return _bound_mixed_slots(s, t, out)
@@ -1194,11 +1283,13 @@ def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> lis
 PREFILL_MIN_TOKENS = 512
 
 
-def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool) -> list[_Vote]:
+def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, unsplit: bool,
+                       rows_from: str = "") -> list[_Vote]:
     """Votes from a step's token count (``tokens``, from the grid of its per-token kernels;
     ``rank`` the family's strength) when the attention launch does not give the sequences.
 
-    ``sampled_rows``: the LM head's rows from its CPU operator (-1 unknown): one row per
+    ``sampled_rows``: the LM head's rows from its CPU operator, else from the row gather
+    feeding it (``rows_from`` names that gather in the text; -1 unknown): one row per
     sequence sampled (vLLM V1 computes logits at each request's last scheduled token,
     SGLang likewise; a speculative verify step samples every token). Tokens equal to the
     sampled rows: one new token per sequence => decode; more tokens than rows: several per
@@ -1208,11 +1299,11 @@ def tokens_alone_votes(tokens: int, text: str, rank: int, sampled_rows: int, uns
     (``unsplit``) is prefill-leaning (weak)."""
     if rank == STRONG and sampled_rows > 0:
         if tokens == sampled_rows:
-            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
-                          f"one new token per sequence => decode", "tokens")]
+            return [_Vote(DECODE, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows"
+                          f"{rows_from}: one new token per sequence => decode", "tokens")]
         if tokens > sampled_rows:
-            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows: "
-                         f"several new tokens per sequence => prefill", "tokens")]
+            out = [_Vote(PREFILL, MEDIUM, f"{text}: {tokens} tokens and the LM head samples {sampled_rows} rows"
+                         f"{rows_from}: several new tokens per sequence => prefill", "tokens")]
             if sampled_rows > 1:
                 out.append(_Vote(UNKNOWN, 0, f"{tokens} tokens over {sampled_rows} sampled sequences: up to "
                                  f"{sampled_rows - 1} of them may be one-token decodes", "mixed_slots",
@@ -1262,6 +1353,28 @@ def _tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int
         if best is None or rank > best[0]:
             best = (rank, gmax, text)
     return (best[1], best[2], best[0]) if best else None
+
+
+def query_block_tokens(j: int, f: _StepFacts, kc: KernelClasses, trace: Trace) -> tuple[int, str] | None:
+    """An estimate of the tokens of prefill step ``j`` that has no per-token kernel and no
+    GEMM rows, from its widest query-block attention launch with a known block height:
+    FlashAttention-2's grid (num_m_block, batch, heads) with num_m_block = ceil(seqlen_q /
+    kBlockM) (flash_fwd_launch_template.h ``grid(num_m_block, b, h)``; kBlockM from
+    ``Flash_fwd_kernel_traits<hdim, kBlockM, ...>``): batch x (num_m_block - 1/2) x kBlockM,
+    the middle of the range the grid allows when the batch's sequences are equally long (a
+    padded batch, as Hugging Face runs). None without such a launch."""
+    ex = int(f.qb_example[j])
+    if ex < 0:
+        return None
+    k = trace.kernels
+    bm, gx, gy = int(kc.block_m[ex]), int(k["grid_x"][ex]), int(k["grid_y"][ex])
+    if bm <= 0 or gx <= 0 or gy <= 0:
+        return None
+    t = gy * (gx * bm - bm // 2)
+    lo, hi = gy * ((gx - 1) * bm + 1), gy * gx * bm
+    name = short_name(trace.names[int(k["name_id"][ex])])
+    return t, (f"{name} grid {_grid_text(k, ex)}: about {t} tokens (an estimate: {gy} sequences of {gx} query "
+               f"blocks of {bm} rows, {lo}..{hi} tokens if equally long)")
 
 
 def _decide(votes: list[_Vote], training_context: str | None) -> tuple[int, list[_Vote], str | None]:
@@ -1369,112 +1482,135 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     that starts after it is not the first of the recording; ``first_step_unknown_history=False``:
     no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
     """
-    k = trace.kernels
-    n = len(k)
     kc = classify_kernels(trace)
     launch = launch_index(trace)
+    # 1. Engine step annotations (and ProfilerStep windows as weak boundaries).
+    if use_annotations and len(trace.ranges) and len(trace.kernels):
+        kernel_step, steps, ann_of_step, hint = _annotation_steps(trace, launch)
+    else:
+        kernel_step, steps, ann_of_step, hint = np.full(len(trace.kernels), -1, dtype=np.int32), [], {}, None
+    # 2. The kernels left over, cut into steps from the kernels alone.
+    boundary = _kernel_segment_steps(trace, kc, launch, kernel_step, steps, hint)
+    kernel_step, steps, ann_of_step, boundary = _in_time_order(kernel_step, steps, ann_of_step, boundary)
+    # 3. Each step's own evidence, its label and tokens; then mixed by continuity.
+    decisive_sig = _label_steps(trace, kc, launch, kernel_step, steps, ann_of_step, boundary)
+    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
+    return _kernel_arrays(kc, kernel_step, steps, decisive_sig)
+
+
+def _annotation_steps(trace: Trace, launch: np.ndarray):
+    """Layer 1: one step per (engine step annotation, device) that holds kernels (GPU-side
+    ranges first, then CPU ranges by launch correlation; nested annotations of one step
+    folded), and the ProfilerStep windows as a weak per-kernel hint for the kernels left
+    over. Returns (kernel_step, steps, annotation of each step, hint or None)."""
+    k = trace.kernels
     names = trace.names
-    kernel_step = np.full(n, -1, dtype=np.int32)
+    kernel_step = np.full(len(k), -1, dtype=np.int32)
     steps: list[Step] = []
     ann_of_step: dict[int, tuple[StepAnnotation, str]] = {}
     hint = None
+    r = trace.ranges
+    parsed: dict[int, StepAnnotation] = {}
+    for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist():
+        text = names[i]
+        if not _is_profiler_step(text) and len(text) < 512:
+            a = parse_step_annotation(text)
+            if a is not None:
+                parsed[i] = a
+    ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
+    kinds = (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_NVTX)
+    named = np.isin(r["kind"], kinds) & np.isin(r["name_id"], ann_ids)
+    gpu_sel = np.flatnonzero(named & (r["device"] >= 0))
+    # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
+    # GPU copy, or kernels the copy's window misses) by launch correlation.
+    cpu_sel = np.flatnonzero(named & (r["device"] < 0))
+    name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
+    hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
+    free = hit_gpu < 0
+    hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
+                                    r["tid"][cpu_sel], launch=launch, candidates=free)
+    hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
+                                              r["pid"][cpu_sel], r["tid"][cpu_sel])
+    # One step per (range, device) that holds kernels.
+    # One step per (annotation, device): the GPU-side copy and the CPU range of one
+    # annotation (same name and external id) are the same step.
+    g_ext = np.asarray(g_ext_ids, dtype=np.int64)
+    c_ext = np.where(r["external_id"][cpu_sel] >= 0, r["external_id"][cpu_sel], -(10 ** 12) - np.arange(len(cpu_sel)))
+    step_of_key: dict[tuple[int, int, int], int] = {}
+    for src, hits, nid_of, ext_of in (("GPU-side range", hit_gpu, lambda h: name_ids[h], lambda h: int(g_ext[h])),
+                                      ("CPU range, kernels by launch correlation", hit_cpu,
+                                       lambda h: int(r["name_id"][cpu_sel[h]]), lambda h: int(c_ext[h]))):
+        on = np.flatnonzero(hits >= 0)
+        if not len(on):
+            continue
+        # (range, device) pairs as one int64 key: 1-D unique is far cheaper than axis=0.
+        dev_of = k["device"][on].astype(np.int64)
+        dmin = int(dev_of.min())
+        span = int(dev_of.max()) - dmin + 1
+        ukey, inv = np.unique(hits[on].astype(np.int64) * span + (dev_of - dmin), return_inverse=True)
+        inv = inv.reshape(-1)
+        up = np.stack([ukey // span, ukey % span + dmin], axis=1)
+        first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
+        last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
+        np.minimum.at(first, inv, k["start_ns"][on])
+        np.maximum.at(last, inv, k["end_ns"][on])
+        idx_of_u = np.empty(len(up), dtype=np.int32)
+        for u, (h, dev) in enumerate(up.tolist()):
+            nid = nid_of(h)
+            key = (nid, ext_of(h), int(dev))
+            j = step_of_key.get(key)
+            if j is not None:
+                st = steps[j]
+                st.start_ns, st.end_ns = min(st.start_ns, int(first[u])), max(st.end_ns, int(last[u]))
+                if src.startswith("CPU") and "some kernels" not in st.evidence[0]:
+                    st.evidence[0] = st.evidence[0][:-1] + "; some kernels by CPU range and launch correlation)"
+            else:
+                text = names[nid]
+                ann = parsed[nid]
+                j = len(steps)
+                steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
+                                  phase=ann.phase, prefill_tokens=ann.prefill_tokens,
+                                  decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
+                                  source="annotation", sequences=ann.sequences))
+                ann_of_step[j] = (ann, text)
+                step_of_key[key] = j
+                if src.startswith("CPU"):
+                    for fo in folded.get(int(h), []):
+                        steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
+                                                 f"is the same engine step (its kernels are in this step)")
+            idx_of_u[u] = j
+        kernel_step[on] = idx_of_u[inv]
+    # ProfilerStep ranges: weak boundaries for the kernels left over.
+    ps_ids = np.array([i for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist()
+                       if _is_profiler_step(names[i])], dtype=np.int64)
+    ps_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_PROFILER_STEP))
+                            & np.isin(r["name_id"], ps_ids))
+    if len(ps_sel):
+        gp = ps_sel[r["device"][ps_sel] >= 0]
+        cp = ps_sel[r["device"][ps_sel] < 0]
+        _, p_start, p_end, p_dev, _ = _merge_gpu_copies(trace, gp)
+        hint = kernels_in_gpu_ranges(trace, p_start, p_end, p_dev).astype(np.int64)
+        # Kernels between GPU-side windows form their own groups (-2 - preceding window
+        # position): a window edge on the GPU timeline is a real boundary. -1 stays
+        # "no information" (devices without GPU-side windows, CPU-mapped misses).
+        for dev in np.unique(p_dev).tolist():
+            w = np.sort(p_start[p_dev == dev])
+            out = np.flatnonzero((hint < 0) & (k["device"] == dev))
+            hint[out] = -2 - np.searchsorted(w, k["start_ns"][out], side="right")
+        rest = hint == -1
+        hc = kernels_in_cpu_ranges(trace, r["start_ns"][cp], r["end_ns"][cp], r["pid"][cp], r["tid"][cp],
+                                   launch=launch, candidates=rest)
+        hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
+    return kernel_step, steps, ann_of_step, hint
 
-    if use_annotations and len(trace.ranges) and n:
-        r = trace.ranges
-        parsed: dict[int, StepAnnotation] = {}
-        for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist():
-            text = names[i]
-            if not _is_profiler_step(text) and len(text) < 512:
-                a = parse_step_annotation(text)
-                if a is not None:
-                    parsed[i] = a
-        ann_ids = np.fromiter(parsed, dtype=np.int64, count=len(parsed))
-        kinds = (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_NVTX)
-        named = np.isin(r["kind"], kinds) & np.isin(r["name_id"], ann_ids)
-        gpu_sel = np.flatnonzero(named & (r["device"] >= 0))
-        # CPU-side ranges map the kernels the GPU-side copies do not hold (a range without a
-        # GPU copy, or kernels the copy's window misses) by launch correlation.
-        cpu_sel = np.flatnonzero(named & (r["device"] < 0))
-        name_ids, g_start, g_end, g_dev, g_ext_ids = _merge_gpu_copies(trace, gpu_sel)
-        hit_gpu = kernels_in_gpu_ranges(trace, g_start, g_end, g_dev)
-        free = hit_gpu < 0
-        hit_cpu = kernels_in_cpu_ranges(trace, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel], r["pid"][cpu_sel],
-                                        r["tid"][cpu_sel], launch=launch, candidates=free)
-        hit_cpu, folded = fold_nested_annotations(hit_cpu, r["start_ns"][cpu_sel], r["end_ns"][cpu_sel],
-                                                  r["pid"][cpu_sel], r["tid"][cpu_sel])
-        # One step per (range, device) that holds kernels.
-        # One step per (annotation, device): the GPU-side copy and the CPU range of one
-        # annotation (same name and external id) are the same step.
-        g_ext = np.asarray(g_ext_ids, dtype=np.int64)
-        c_ext = np.where(r["external_id"][cpu_sel] >= 0, r["external_id"][cpu_sel], -(10 ** 12) - np.arange(len(cpu_sel)))
-        step_of_key: dict[tuple[int, int, int], int] = {}
-        for src, hits, nid_of, ext_of in (("GPU-side range", hit_gpu, lambda h: name_ids[h], lambda h: int(g_ext[h])),
-                                          ("CPU range, kernels by launch correlation", hit_cpu,
-                                           lambda h: int(r["name_id"][cpu_sel[h]]), lambda h: int(c_ext[h]))):
-            on = np.flatnonzero(hits >= 0)
-            if not len(on):
-                continue
-            # (range, device) pairs as one int64 key: 1-D unique is far cheaper than axis=0.
-            dev_of = k["device"][on].astype(np.int64)
-            dmin = int(dev_of.min())
-            span = int(dev_of.max()) - dmin + 1
-            ukey, inv = np.unique(hits[on].astype(np.int64) * span + (dev_of - dmin), return_inverse=True)
-            inv = inv.reshape(-1)
-            up = np.stack([ukey // span, ukey % span + dmin], axis=1)
-            first = np.full(len(up), np.iinfo(np.int64).max, dtype=np.int64)
-            last = np.full(len(up), np.iinfo(np.int64).min, dtype=np.int64)
-            np.minimum.at(first, inv, k["start_ns"][on])
-            np.maximum.at(last, inv, k["end_ns"][on])
-            idx_of_u = np.empty(len(up), dtype=np.int32)
-            for u, (h, dev) in enumerate(up.tolist()):
-                nid = nid_of(h)
-                key = (nid, ext_of(h), int(dev))
-                j = step_of_key.get(key)
-                if j is not None:
-                    st = steps[j]
-                    st.start_ns, st.end_ns = min(st.start_ns, int(first[u])), max(st.end_ns, int(last[u]))
-                    if src.startswith("CPU") and "some kernels" not in st.evidence[0]:
-                        st.evidence[0] = st.evidence[0][:-1] + "; some kernels by CPU range and launch correlation)"
-                else:
-                    text = names[nid]
-                    ann = parsed[nid]
-                    j = len(steps)
-                    steps.append(Step(index=j, start_ns=int(first[u]), end_ns=int(last[u]), device=int(dev),
-                                      phase=ann.phase, prefill_tokens=ann.prefill_tokens,
-                                      decode_tokens=ann.decode_tokens, evidence=[ann.describe(text) + f" ({src})"],
-                                      source="annotation"))
-                    ann_of_step[j] = (ann, text)
-                    step_of_key[key] = j
-                    if src.startswith("CPU"):
-                        for fo in folded.get(int(h), []):
-                            steps[j].evidence.append(f"enclosing annotation {names[int(r['name_id'][cpu_sel[fo]])]} "
-                                                     f"is the same engine step (its kernels are in this step)")
-                idx_of_u[u] = j
-            kernel_step[on] = idx_of_u[inv]
-        # ProfilerStep ranges: weak boundaries for the kernels left over.
-        ps_ids = np.array([i for i in np.unique(r["name_id"][r["name_id"] >= 0]).tolist()
-                           if _is_profiler_step(names[i])], dtype=np.int64)
-        ps_sel = np.flatnonzero(np.isin(r["kind"], (RANGE_GPU_ANNOTATION, RANGE_USER_ANNOTATION, RANGE_PROFILER_STEP))
-                                & np.isin(r["name_id"], ps_ids))
-        if len(ps_sel):
-            gp = ps_sel[r["device"][ps_sel] >= 0]
-            cp = ps_sel[r["device"][ps_sel] < 0]
-            _, p_start, p_end, p_dev, _ = _merge_gpu_copies(trace, gp)
-            hint = kernels_in_gpu_ranges(trace, p_start, p_end, p_dev).astype(np.int64)
-            # Kernels between GPU-side windows form their own groups (-2 - preceding window
-            # position): a window edge on the GPU timeline is a real boundary. -1 stays
-            # "no information" (devices without GPU-side windows, CPU-mapped misses).
-            for dev in np.unique(p_dev).tolist():
-                w = np.sort(p_start[p_dev == dev])
-                out = np.flatnonzero((hint < 0) & (k["device"] == dev))
-                hint[out] = -2 - np.searchsorted(w, k["start_ns"][out], side="right")
-            rest = hint == -1
-            hc = kernels_in_cpu_ranges(trace, r["start_ns"][cp], r["end_ns"][cp], r["pid"][cp], r["tid"][cp],
-                                       launch=launch, candidates=rest)
-            hint[rest & (hc >= 0)] = len(p_start) + hc[rest & (hc >= 0)]
 
+def _kernel_segment_steps(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray,
+                          steps: list[Step], hint: np.ndarray | None) -> list[str]:
+    """Layer 2: the kernels no annotation holds, cut into steps (:func:`segment_kernels`),
+    appended to ``steps`` and numbered in ``kernel_step`` (both updated in place). Returns per
+    step why a kernel segment starts where it does ("" for annotated steps)."""
     leftover = kernel_step < 0
-    seg = segment_kernels(trace, kc, mask=leftover, hint=hint)
+    seg = segment_kernels(trace, kc, mask=leftover, hint=hint, launch=launch)
     base = len(steps)
     boundary = [""] * base          # per step: why a kernel segment starts where it does
     for i, sgm in enumerate(seg.segments):
@@ -1482,8 +1618,12 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
                           evidence=[], source="kernels"))
         boundary.append(sgm.reasons[0] if sgm.reasons else "")
     kernel_step[leftover] = np.where(seg.kernel_step[leftover] >= 0, seg.kernel_step[leftover] + base, -1)
+    return boundary
 
-    # Steps in time order (annotation steps were made per range name, segments per device).
+
+def _in_time_order(kernel_step: np.ndarray, steps: list[Step], ann_of_step: dict, boundary: list[str]):
+    """Steps renumbered in time order (annotation steps were made per range name, segments
+    per device), with the per-kernel step ids, annotations and boundaries that go with them."""
     order = np.lexsort((np.arange(len(steps)), np.array([st.device for st in steps], dtype=np.int64),
                         np.array([st.start_ns for st in steps], dtype=np.int64)))
     new_index = np.empty(len(steps) + 1, dtype=np.int32)
@@ -1495,8 +1635,67 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     boundary = [boundary[i] for i in order.tolist()]
     for i, st in enumerate(steps):
         st.index = i
+    return kernel_step, steps, ann_of_step, boundary
 
-    # Evidence for every step (annotated ones too: recorded as agreement or disagreement).
+
+def _decision(votes: list[_Vote], ctx: str | None) -> tuple:
+    """A step's label from its votes (:func:`_decide`) with its evidence list, deciding
+    items first: (phase, deciding votes, conflict text or None, evidence, deciding signature)."""
+    ph, dec, conflict = _decide(votes, ctx)
+    if conflict:
+        ev = [conflict]
+    elif dec:
+        ev = [v.text for v in dec]
+    else:
+        ev = ["no phase evidence in the step's kernels => unknown"]
+    used = set(ev)
+    ev.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
+    sig = next((v.sig for v in dec if v.sig >= 0), -1) if dec and not conflict else -1
+    return ph, dec, conflict, ev, sig
+
+
+def _note_kernel_evidence(st: Step, ann: StepAnnotation, decision: tuple, tok: tuple | None) -> None:
+    """An annotated step keeps its label; its kernel evidence is recorded as agreement or
+    disagreement, and a per-token grid.x that differs from the annotation's token total."""
+    ph, dec, conflict, _, _ = decision
+    if conflict:
+        st.evidence.append(f"kernel evidence inconclusive: {conflict}")
+    elif dec and ph == st.phase:
+        st.evidence.append("kernel evidence agrees: " + "; ".join(v.text for v in dec[:3]))
+    elif dec:
+        st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
+                           + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
+    if tok is not None and ann.prefill_tokens is not None and ann.decode_tokens is not None:
+        total = (ann.prefill_tokens or 0) + (ann.decode_tokens or 0)
+        if tok[0] != total:
+            st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
+
+
+def _set_step_tokens(st: Step, tok: tuple | None, facts: _StepFacts, kc: KernelClasses, trace: Trace) -> None:
+    """A kernel step's tokens: the per-token kernels' grid.x, else its GEMM rows, else (a
+    prefill) the estimate from its attention's query blocks (noted in its evidence)."""
+    t = tok[0] if tok is not None else None
+    if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
+        t = int(facts.max_rows[st.index])
+    if t is None and st.phase == PREFILL:
+        qt = query_block_tokens(st.index, facts, kc, trace)
+        if qt is not None:
+            t = qt[0]
+            st.evidence.append(qt[1])
+    if st.phase in (PREFILL, DECODE, MIXED):
+        st.tokens = t
+    if st.phase == PREFILL:
+        st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
+    elif st.phase == DECODE:
+        st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
+
+
+def _label_steps(trace: Trace, kc: KernelClasses, launch: np.ndarray, kernel_step: np.ndarray, steps: list[Step],
+                 ann_of_step: dict, boundary: list[str]) -> np.ndarray:
+    """Layer 3: every step's kernel evidence (votes once per group of steps with identical
+    facts), its label and token counts for kernel steps; agreement or disagreement recorded
+    on annotated ones. Updates ``steps`` in place; returns per step the signature that
+    carried its deciding vote (-1 none)."""
     facts, rows_at, rows_texts, trained = _evidence_facts(trace, kc, launch, kernel_step, len(steps))
     training_ctx = _training_context(trace, kc, trained)
     counts = np.bincount(kernel_step[kernel_step >= 0], minlength=len(steps))
@@ -1507,62 +1706,28 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     group_votes = [_step_votes(int(j), facts, trace, kc, (rows_at, rows_texts)) for j in rep.tolist()]
     group_tok = [_tokens(int(j), facts, kc, trace) for j in rep.tolist()]
     decided: dict[tuple[int, str | None], tuple] = {}
-
-    def decide(g: int, ctx: str | None) -> tuple:
-        hit = decided.get((g, ctx))
-        if hit is None:
-            votes = group_votes[g]
-            ph, dec, conflict = _decide(votes, ctx)
-            if conflict:
-                ev = [conflict]
-            elif dec:
-                ev = [v.text for v in dec]
-            else:
-                ev = ["no phase evidence in the step's kernels => unknown"]
-            used = set(ev)
-            ev.extend(v.text for v in votes if v.text not in used and v.text not in (conflict or ""))
-            sig = next((v.sig for v in dec if v.sig >= 0), -1) if dec and not conflict else -1
-            hit = decided[(g, ctx)] = (ph, dec, conflict, ev, sig)
-        return hit
-
     for st, g in zip(steps, group.tolist()):
         st.kernels = int(counts[st.index])
-        tok = group_tok[g]
+        ctx = None if st.source == "annotation" or facts.inference_only[st.index] \
+            else training_ctx.get(st.device)
+        if (g, ctx) not in decided:
+            decided[(g, ctx)] = _decision(group_votes[g], ctx)
+        decision = decided[(g, ctx)]
         if st.source == "annotation":
-            a, _ = ann_of_step[st.index]
-            ph, dec, conflict, _, _ = decide(g, None)
-            if conflict:
-                st.evidence.append(f"kernel evidence inconclusive: {conflict}")
-            elif dec and ph == st.phase:
-                st.evidence.append("kernel evidence agrees: " + "; ".join(v.text for v in dec[:3]))
-            elif dec:
-                st.evidence.append(f"kernel evidence alone would say {PHASE_NAMES[ph]}: "
-                                   + "; ".join(v.text for v in dec[:3]) + " (annotation kept)")
-            if tok is not None and a.prefill_tokens is not None and a.decode_tokens is not None:
-                total = (a.prefill_tokens or 0) + (a.decode_tokens or 0)
-                if tok[0] != total:
-                    st.evidence.append(f"{tok[1]}: {tok[0]} tokens vs {total} in the annotation")
+            _note_kernel_evidence(st, ann_of_step[st.index][0], decision, group_tok[g])
             continue
-        ctx = training_ctx.get(st.device) if not facts.inference_only[st.index] else None
-        ph, _, _, ev, sig = decide(g, ctx)
-        st.phase = ph
-        st.evidence.extend(ev)
-        decisive_sig[st.index] = sig
+        st.phase, st.evidence = decision[0], st.evidence + list(decision[3])
+        decisive_sig[st.index] = decision[4]
+        _set_step_tokens(st, group_tok[g], facts, kc, trace)
         if boundary[st.index]:
             st.evidence.append(f"step starts: {boundary[st.index]}")
-        t = tok[0] if tok is not None else None
-        if t is None and facts.max_rows[st.index] > 0 and st.phase in (PREFILL, DECODE):
-            t = int(facts.max_rows[st.index])
-        if st.phase == PREFILL:
-            st.prefill_tokens, st.decode_tokens = t, (0 if t is not None else None)
-        elif st.phase == DECODE:
-            st.prefill_tokens, st.decode_tokens = (0 if t is not None else None), t
-    for st, g in zip(steps, group.tolist()):
-        if st.source == "kernels":
-            st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
-    mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
+        st.mixed_slots = _vote_value(group_votes[g], "mixed_slots")
+    return decisive_sig
 
-    # Per-kernel arrays.
+
+def _kernel_arrays(kc: KernelClasses, kernel_step: np.ndarray, steps: list[Step], decisive_sig: np.ndarray) -> PhaseMap:
+    """The per-kernel phase and evidence codes of the labelled steps: a kernel cites its own
+    signature when it carried its step's deciding vote, else its step's deciding evidence."""
     phase_of_step = np.array([s.phase for s in steps] + [UNKNOWN], dtype=np.uint8)
     look = np.where(kernel_step >= 0, kernel_step, len(steps))
     kernel_phase = phase_of_step[look]

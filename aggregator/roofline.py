@@ -159,14 +159,19 @@ def launch_join(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 def launch_latency(trace: Trace, mask: np.ndarray | None = None, join=None) -> dict:
     """API launch call start to kernel start (ns), percentiles over kernels with a launch
-    record. Graph-launched kernels count from the graph launch call."""
+    record. Graph-launched kernels count from the graph launch call. The percentiles are
+    read from the same 8-bins-per-octave histogram as every phase's and every live window's
+    launch figure (:func:`aggregator.phase_figures.fine_percentile_ns`), so the report's
+    launch line and a phase's evidence give one number for the same kernels."""
+    from .phase_figures import FINE_BINS, fine_bins, fine_percentile_ns
     idx, hit = launch_join(trace) if join is None else join
     if mask is not None:
         hit = hit & mask
     lat = trace.kernels["start_ns"][hit] - trace.api["start_ns"][idx[hit]]
     neg = int((lat < 0).sum())
     lat = lat[lat >= 0]
-    out = {"kernels": int(len(lat)), **{f"{k}_ns": v for k, v in percentiles_ns(lat).items()},
+    hist = np.bincount(fine_bins(lat), minlength=FINE_BINS) if len(lat) else np.zeros(FINE_BINS, np.int64)
+    out = {"kernels": int(len(lat)), **{f"p{q}_ns": fine_percentile_ns(hist, q) for q in (50, 90, 99)},
            "mean_ns": float(lat.mean()) if len(lat) else None}
     if neg:
         out["negative_skipped"] = neg    # clock mismatch between host and device records

@@ -43,6 +43,13 @@ GAP_MEDIAN_FACTOR = 50
 # are one usual layer apart is a host stall inside one forward (an eager model whose host
 # thread stalls), not a step boundary; only a stall this long is cut there anyway.
 GAP_INSIDE_LAYERS_NS = 200_000_000
+# ... nor where the host launched the kernels on both sides of the gap back to back (same
+# thread, launches at most this far apart): the host did no step boundary's work (sampling
+# sync, scheduling, input preparation) between them, so the GPU waited inside one engine
+# step (a stream waiting on another stream's copy). The MI300X SGLang steps: the overlap
+# scheduler's arange (sglang overlap_utils.py alloc_future_indices) runs 463 ms before the
+# forward's first kernel, launched 52 us before it.
+HOST_TOGETHER_NS = 1_000_000
 # Layer-pattern restart: an interval between two consecutive attention launches longer
 # than the usual per-layer interval by this many kernels (and by a quarter) holds the end
 # of one step and the start of the next (LM head, sampling, embedding).
@@ -200,6 +207,8 @@ def launch_index(trace: Trace) -> np.ndarray:
     launches = np.flatnonzero(((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH)) & (corr_all >= 0))
     if not len(launches):
         launches = np.flatnonzero(corr_all >= 0)
+        if not len(launches):       # only calls without a correlation (syncs): no launch known
+            return out
     corr = corr_all[launches]
     # Launch records come in time order and correlation ids grow with time on a thread, so
     # the ids are usually sorted already: skip the sort then.
@@ -330,8 +339,21 @@ def _mark(cut: np.ndarray, reason: dict[int, str], at: np.ndarray, whys: list[st
             reason[j] += "; " + why
 
 
+def _launched_together(trace: Trace, before: np.ndarray, after: np.ndarray, launch: np.ndarray | None) -> np.ndarray:
+    """Per pair of kernels: launched by one host thread at most HOST_TOGETHER_NS apart
+    (False where a launch record is missing). ``launch``: :func:`launch_index` when known."""
+    li = launch_index(trace) if launch is None else launch
+    a, b = li[before], li[after]
+    ok = (a >= 0) & (b >= 0)
+    api = trace.api
+    a_, b_ = api[np.maximum(a, 0)], api[np.maximum(b, 0)]
+    return ok & (a_["pid"] == b_["pid"]) & (a_["tid"] == b_["tid"]) & \
+        (np.abs(b_["start_ns"] - a_["start_ns"]) <= HOST_TOGETHER_NS)
+
+
 def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | None = None,
-                    hint: np.ndarray | None = None, hint_name: str = "profiler step") -> Segmentation:
+                    hint: np.ndarray | None = None, hint_name: str = "profiler step",
+                    launch: np.ndarray | None = None) -> Segmentation:
     """Cut the kernels selected by ``mask`` into steps, per device, from the kernels alone.
 
     ``hint`` (optional, per kernel, -1 = no information) is a weak grouping such as the ProfilerStep
@@ -340,7 +362,9 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
 
     * idle gap >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR x median gap of the device), except
       inside a running layer pattern (the layer markers around the gap are one usual
-      layer apart) unless the gap reaches GAP_INSIDE_LAYERS_NS;
+      layer apart) unless the gap reaches GAP_INSIDE_LAYERS_NS, and except where one host
+      thread launched the kernels on both sides at most HOST_TOGETHER_NS apart (``launch``:
+      the launch record of each kernel, :func:`launch_index`, computed when needed);
     * the grid.x of the KV-cache-write kernels (= tokens in the step) changes: cut at the
       largest idle gap between the two launches;
     * a sampling kernel (runs once at the end of a step) followed by more layer kernels:
@@ -401,6 +425,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 b_ = layer_at[np.minimum(nxt, len(layer_at) - 1)]
                 inside = ok & (b_ - a <= limit)
                 at = at[~inside | (gaps[at] >= GAP_INSIDE_LAYERS_NS)]
+            if len(at) and len(trace.api):
+                at = at[~_launched_together(trace, idx[at], idx[at + 1], launch)]
             _mark(cut, reason, at, [f"GPU idle {g / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)" for g in gaps[at].tolist()])
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).

@@ -25,10 +25,18 @@ from __future__ import annotations
 
 import collections
 
+import msgspec
 import numpy as np
 
 from ridgeline.probes.events import COPY_DTYPE, KERNEL_DTYPE, NameTable, Trace, empty
-from ridgeline.probes.records import GroupStragglers, RankStragglers, WindowStragglers  # noqa: F401 (its records)
+from ridgeline.probes.records import (  # noqa: F401 (its records)
+    GroupStragglers,
+    RankStragglers,
+    SchedFigures,
+    SchedThread,
+    Window,
+    WindowStragglers,
+)
 
 from . import stragglers as S
 from .signatures import ROLE_COLLECTIVE, classify_kernels
@@ -53,40 +61,60 @@ _HELD_KERNEL = np.dtype([("pid", "<i4"), ("device", "<i4"), ("name_id", "<i4"), 
 _HELD_COPY = np.dtype([("pid", "<i4"), ("device", "<i4"), ("start_ns", "<i8"), ("end_ns", "<i8")])
 
 
-def _off_cpu(window: dict, pid: int, device: int) -> float:
-    tids = set()
-    for g in window.get("gpus") or []:
-        if isinstance(g, dict) and g.get("pid") == pid and g.get("device") == device:
-            tids.update(t for t in (g.get("launch_tids") or []) if isinstance(t, int))
+def _sched_rows(window: Window, pid: int) -> list[SchedThread]:
+    """The window's scheduling rows of process ``pid`` (a source or row of another shape is
+    skipped)."""
+    out = []
+    for data in window.sched.values():
+        try:
+            threads = msgspec.convert(data, SchedFigures).threads
+        except msgspec.ValidationError:
+            continue
+        for th in threads if isinstance(threads, list) else ():
+            try:
+                row = msgspec.convert(th, SchedThread)
+            except msgspec.ValidationError:
+                continue
+            if row.pid == pid:
+                out.append(row)
+    return out
+
+
+def _off_cpu(window: Window, pid: int, device: int) -> float:
+    """The off-CPU share (run queue and blocked) of the threads that launched the kernels of
+    (``pid``, ``device``): the GPU entry's ``launch_tids``, else the threads the scheduling
+    probe saw launching; -1 when unknown."""
+    tids = {t for g in window.gpus if g.pid == pid and g.device == device
+            for t in g.launch_tids if isinstance(t, int)}
     on = off = 0.0
-    for data in (window.get("sched") or {}).values():
-        for th in (data.get("threads") or []) if isinstance(data, dict) else ():
-            if not isinstance(th, dict) or th.get("pid") != pid:
-                continue
-            if tids and th.get("tid") not in tids or not tids and not th.get("launches"):
-                continue
-            v = [th.get(k) for k in ("on_cpu_ns", "runq_wait_ns", "blocked_ns")]
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-                continue
-            on += v[0]
-            off += v[1] + v[2]
+    for th in _sched_rows(window, pid):
+        if tids and th.tid not in tids or not tids and not th.launches:
+            continue
+        v = (th.on_cpu_ns, th.runq_wait_ns, th.blocked_ns)
+        if any(x is None for x in v):
+            continue
+        on += v[0]
+        off += v[1] + v[2]
     return off / (on + off) if on + off > 0 else -1.0
 
 
-def annotate_launch_threads(window: dict) -> None:
+def annotate_launch_threads(window: Window) -> None:
     """Fill each group's ``straggler_launch_off_cpu_ratio`` and ``others_launch_off_cpu_ratio``
     from the window's scheduling rows: the threads that launched the rank's kernels (the
     GPU entry's ``launch_tids``, else the threads the probe saw launching), their run-queue
     plus blocked time over their whole time. Unknown stays -1."""
-    s = window.get("stragglers")
-    for g in (s.get("groups") or []) if isinstance(s, dict) else ():
-        ranks = g.get("ranks") or []
-        mine = _off_cpu(window, g.get("straggler_pid"), g.get("straggler_device"))
-        others = [_off_cpu(window, r.get("pid"), r.get("device")) for r in ranks
-                  if (r.get("pid"), r.get("device")) != (g.get("straggler_pid"), g.get("straggler_device"))]
+    s = window.stragglers
+    if s is None:
+        return
+    groups = []
+    for g in s.groups:
+        who = (g.straggler_pid, g.straggler_device)
+        others = [_off_cpu(window, r.pid, r.device) for r in g.ranks if (r.pid, r.device) != who]
         others = [x for x in others if x >= 0]
-        g["straggler_launch_off_cpu_ratio"] = mine
-        g["others_launch_off_cpu_ratio"] = float(np.median(others)) if others else -1.0
+        groups.append(msgspec.structs.replace(
+            g, straggler_launch_off_cpu_ratio=_off_cpu(window, *who),
+            others_launch_off_cpu_ratio=float(np.median(others)) if others else -1.0))
+    window.stragglers = msgspec.structs.replace(s, groups=groups)
 
 
 class LiveStragglers:
@@ -228,7 +256,8 @@ class LiveStragglers:
     def _per_rank_wait(k, keys_all, mk, mine) -> np.ndarray:
         """Per rank, summed over the reported collectives: the last arrival minus its own
         start of that collective (its kernel of that name whose end is nearest the
-        instance's, within the end tolerance)."""
+        instance's, within the end tolerance: END_TOLERANCE_NS, or a share of a long
+        kernel's duration, as the pairing allows)."""
         wait = np.zeros(len(mk), np.int64)
         for j, m in enumerate(mk):
             sel = np.flatnonzero(keys_all == m)
@@ -242,6 +271,8 @@ class LiveStragglers:
                 i = np.clip(np.searchsorted(ends, rows["end_ns"]), 0, len(ends) - 1)
                 lo = np.clip(i - 1, 0, len(ends) - 1)
                 pick = np.where(np.abs(ends[lo] - rows["end_ns"]) < np.abs(ends[i] - rows["end_ns"]), lo, i)
-                hit = np.abs(ends[pick] - rows["end_ns"]) <= S.END_TOLERANCE_NS
+                tol = np.maximum(S.END_TOLERANCE_NS, ((ends[pick] - starts[pick]) * S.END_TOLERANCE_SHARE)
+                                 .astype(np.int64))
+                hit = np.abs(ends[pick] - rows["end_ns"]) <= tol
                 wait[j] += int(np.maximum(0, rows["late_start_ns"][hit] - starts[pick][hit]).sum())
         return wait

@@ -8,7 +8,8 @@ vLLM's ``cross_device_reduce_*``: the ``collective`` signatures of
 then spins until the last rank has arrived, so all ranks of a group end it together. Hence:
 
 - **groups**: ranks (pid, device) whose collective kernels end together (within
-  ``END_TOLERANCE_NS``) for most of their collectives form one TP/PP group;
+  ``END_TOLERANCE_NS``, or 1% of a long kernel's duration) for at least
+  ``GROUP_MATCH_SHARE`` of their collectives form one TP/PP group;
 - **instances**: the k-th kernel of one collective name on every rank of a group, kept when
   their ends agree (a rank that missed one would shift every later pairing: counted);
 - **the late rank** of an instance starts last; it is late by its start minus the median
@@ -34,8 +35,17 @@ from ridgeline.probes.events import Trace
 #: the transfer finish it on every rank; ring steps and stream scheduling spread it by
 #: microseconds, not by the tens of microseconds between successive collectives).
 END_TOLERANCE_NS = 50_000
-#: Share of a rank's collectives that must end with the other's for the two to be one group.
-GROUP_MATCH_SHARE = 0.8
+#: A long collective's ends spread with its transfer (each rank's last chunk lands when it
+#: lands): pairing allows this share of the kernel's duration where that is more than
+#: END_TOLERANCE_NS. On HTA's two sampled pipeline-parallel ranks (tests/THIRD_PARTY.md,
+#: ``hta/``) a 42 ms SendRecv ends 332 us apart on its two ranks, an 11.7 ms one 55 us.
+END_TOLERANCE_SHARE = 0.01
+#: Share of a rank's collectives that must end with the other's for the two to be one group:
+#: a tensor-parallel rank shares all of them with every other rank of its group, a
+#: pipeline stage its sends and receives with its two neighbours (about half with each:
+#: 5 of 10 on HTA's two sampled ranks of a 128-rank job, the others going to ranks not
+#: recorded).
+GROUP_MATCH_SHARE = 0.45
 #: At most this many ranks are analysed (8 GPUs x 8 processes); more are counted, not read.
 MAX_RANKS = 64
 
@@ -90,13 +100,19 @@ def _rank_keys(k: np.ndarray) -> np.ndarray:
     return k["pid"].astype(np.int64) << 32 | (k["device"].astype(np.int64) & 0xFFFFFFFF)
 
 
-def _match_share(a_end: np.ndarray, b_end: np.ndarray, tol: int) -> float:
-    """Share of ``a_end`` (sorted) with an end of ``b_end`` (sorted) within ``tol``, over the
-    time both ranks were seen (a rank whose records start later, or whose buffers arrive a
-    window after the other's in the agent, is judged where both have records)."""
+def _match_share(a_end: np.ndarray, b_end: np.ndarray, tol, a_tol: np.ndarray | None = None) -> float:
+    """Share of ``a_end`` (sorted) with an end of ``b_end`` (sorted) within ``tol`` (or the
+    per-kernel ``a_tol``), over the time both ranks were seen (a rank whose records start
+    later, or whose buffers arrive a window after the other's in the agent, is judged where
+    both have records)."""
     if not len(a_end) or not len(b_end):
         return 0.0
-    a_end = a_end[(a_end >= b_end[0] - tol) & (a_end <= b_end[-1] + tol)]
+    if a_tol is not None:
+        tol = a_tol
+    seen = (a_end >= b_end[0] - tol) & (a_end <= b_end[-1] + tol)
+    a_end = a_end[seen]
+    if a_tol is not None:
+        tol = tol[seen]
     if not len(a_end):
         return 0.0
     i = np.clip(np.searchsorted(b_end, a_end), 1, len(b_end) - 1) if len(b_end) > 1 else np.zeros(len(a_end), int)
@@ -106,8 +122,9 @@ def _match_share(a_end: np.ndarray, b_end: np.ndarray, tol: int) -> float:
     return float((near <= tol).mean())
 
 
-def _groups(ends: dict[int, np.ndarray], tol: int) -> list[list[int]]:
-    """Ranks joined when their collective ends agree both ways (union-find)."""
+def _groups(ends: dict[int, tuple[np.ndarray, np.ndarray]], tol: int) -> list[list[int]]:
+    """Ranks joined when their collective ends agree both ways (union-find); ``ends``: per
+    rank its collectives' ends (sorted) and each one's tolerance."""
     keys = sorted(ends)
     parent = {r: r for r in keys}
 
@@ -118,7 +135,8 @@ def _groups(ends: dict[int, np.ndarray], tol: int) -> list[list[int]]:
         return r
     for i, a in enumerate(keys):
         for b in keys[i + 1:]:
-            if min(_match_share(ends[a], ends[b], tol), _match_share(ends[b], ends[a], tol)) >= GROUP_MATCH_SHARE:
+            (ae, at), (be, bt) = ends[a], ends[b]
+            if min(_match_share(ae, be, tol, at), _match_share(be, ae, tol, bt)) >= GROUP_MATCH_SHARE:
                 parent[find(a)] = find(b)
     out: dict[int, list[int]] = {}
     for r in keys:
@@ -138,7 +156,12 @@ def analyse(trace: Trace, collective: np.ndarray | None = None,
     ranks = np.unique(keys_all[coll]) if len(coll) else np.empty(0, np.int64)
     left_out = max(0, len(ranks) - MAX_RANKS)
     ranks = ranks[:MAX_RANKS]
-    ends = {int(r): np.sort(k["end_ns"][coll[keys_all[coll] == r]]) for r in ranks}
+    ends = {}
+    for r in ranks:
+        mine = coll[keys_all[coll] == r]
+        o = np.argsort(k["end_ns"][mine], kind="stable")
+        e, d = k["end_ns"][mine][o], (k["end_ns"][mine] - k["start_ns"][mine])[o]
+        ends[int(r)] = (e, np.maximum(tol_ns, (d * END_TOLERANCE_SHARE).astype(np.int64)))
     groups = _groups(ends, tol_ns)
     copies = trace.copies
     ckeys = _rank_keys(copies) if len(copies) else np.empty(0, np.int64)
@@ -229,6 +252,7 @@ def _aligned(k, coll, keys_all, members, tol_ns):
         if not len(ref):
             continue
         ref_end = k["end_ns"][ref]
+        tol = np.maximum(tol_ns, ((ref_end - k["start_ns"][ref]) * END_TOLERANCE_SHARE).astype(np.int64))
         starts = np.zeros((len(ref), len(members)), np.int64)
         ends = np.zeros((len(ref), len(members)), np.int64)
         ok = np.ones(len(ref), bool)
@@ -242,7 +266,7 @@ def _aligned(k, coll, keys_all, members, tol_ns):
             i = np.clip(np.searchsorted(e, ref_end), 0, len(e) - 1)
             lo = np.clip(i - 1, 0, len(e) - 1)
             pick = np.where(np.abs(e[lo] - ref_end) < np.abs(e[i] - ref_end), lo, i)
-            hit = np.abs(e[pick] - ref_end) <= tol_ns
+            hit = np.abs(e[pick] - ref_end) <= tol
             ok &= hit
             starts[:, j], ends[:, j] = k["start_ns"][p[pick]], e[pick]
             unpaired += len(p) - len(np.unique(pick[hit]))

@@ -40,6 +40,7 @@ import numpy as np
 
 from ridgeline.probes.events import Trace
 
+from . import fold_native
 from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels, name_classes_generation
 from .steps import segment_kernels
@@ -49,6 +50,7 @@ _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86
                               0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
 # The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
 _CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
+_HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_step_hashes: C0..C5, MUL
 
 
 @dataclass
@@ -74,6 +76,8 @@ class StreamStep:
     decode_tokens: int | None
     evidence: str
     mixed_slots: int = 0
+    source: str = "kernels"          # "annotation" where an engine's step annotation decided it
+    tokens: int | None = None        # all tokens as the kernels show them (aggregator.phases.Step)
 
 
 @dataclass
@@ -85,6 +89,7 @@ class _Shape:
     evidence: str
     inference_only: bool = False      # holds a kernel only serving engines launch
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
+    tokens: int | None = None         # all its tokens as its kernels show them
 
 
 class _GatheredClasses:
@@ -200,13 +205,18 @@ class StreamPhaser:
         # of its kernels' name ids and launch dimensions.
         # One stable sort of a composite key (steps, then start time relative to the
         # batch): the batch is mostly in order already, which a stable sort exploits.
-        st = k["start_ns"]
-        rel = st - st.min()
-        key = (ks << 40) | np.minimum(rel, (1 << 40) - 1)
-        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+        ref = fold_native.REFERENCE
+        key = None
+        if ref:
+            st = k["start_ns"]
+            key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+        if n < 2 or (bool((key[1:] >= key[:-1]).all()) if ref else fold_native.in_step_order(k, ks)):
             # Already in (step, start) order (one device, in time order): no sort, no gather.
             order, sks = np.arange(n), ks
         else:
+            if key is None:
+                st = k["start_ns"]
+                key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
             order = np.argsort(key, kind="stable")
             sks = ks[order]
         on = sks >= 0
@@ -220,29 +230,13 @@ class StreamPhaser:
         first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
         lens = np.diff(np.r_[first, len(sks)])
         pos = np.arange(len(sks)) - np.repeat(first, lens)
-        if len(self._pw) < int(lens.max()):
-            m = int(lens.max()) * 2
-            pw = np.empty(m, dtype=np.uint64)
-            pw[0] = 1
-            with np.errstate(over="ignore"):
-                for i in range(1, m):       # once per new maximum step length
-                    pw[i] = pw[i - 1] * _MUL
-            self._pw = pw
-        with np.errstate(over="ignore"):
-            # Per-kernel value in batch order (strided column reads), then one gather.
-            # In int64 (two's complement: the same bits as the uint64 products of the
-            # sign-extended columns), each column multiplied straight from its int32 field.
-            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
-            v = k["name_id"].astype(np.int64)
-            v += 1
-            v *= _CI[0]
-            tmp = np.empty(n, dtype=np.int64)
-            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
-                np.multiply(k[f], c, out=tmp, dtype=np.int64)
-                v += tmp
-            v = v.view(np.uint64)
-            h = np.add.reduceat((v if len(order) == n and sks is ks else v[order]) * self._pw[pos], first)
-            h = h ^ (lens.astype(np.uint64) * _MUL)
+        identity = len(order) == n and sks is ks
+        if not ref:
+            # The shape hash in one native pass over the records (fold_native.step_hashes),
+            # the same value as the numpy reference (_hashes_reference).
+            h = fold_native.step_hashes(k, None if identity else order, first, len(order), _HASH_CONSTS)
+        else:
+            h = self._hashes_reference(k, order, identity, first, lens, pos)
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         shapes: list[_Shape] = []
@@ -289,7 +283,7 @@ class StreamPhaser:
                                       "kernels in this stream) and this step has no inference-only kernel")
                 continue
             steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
-                                  x.decode_tokens, x.evidence, x.mixed_slots)
+                                  x.decode_tokens, x.evidence, x.mixed_slots, tokens=x.tokens)
         for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected), or skipped
             if steps[j] is None:
                 steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
@@ -311,6 +305,35 @@ class StreamPhaser:
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
 
+    def _hashes_reference(self, k, order, identity: bool, first, lens, pos) -> np.ndarray:
+        """The numpy reference of ``rl_step_hashes`` (aggregator/native/ridgeline_fold.c):
+        per step, the sum of its kernels' values times MUL**position, xor its length * MUL."""
+        n = len(k)
+        if len(self._pw) < int(lens.max()):
+            m = int(lens.max()) * 2
+            pw = np.empty(m, dtype=np.uint64)
+            pw[0] = 1
+            with np.errstate(over="ignore"):
+                for i in range(1, m):       # once per new maximum step length
+                    pw[i] = pw[i - 1] * _MUL
+            self._pw = pw
+        with np.errstate(over="ignore"):
+            # Per-kernel value in batch order (strided column reads), then one gather.
+            # In int64 (two's complement: the same bits as the uint64 products of the
+            # sign-extended columns), each column multiplied straight from its int32 field.
+            # grid.z (batched-GEMM heads) and block.y (GEMV rows per block) are evidence too.
+            v = k["name_id"].astype(np.int64)
+            v += 1
+            v *= _CI[0]
+            tmp = np.empty(n, dtype=np.int64)
+            for c, f in zip(_CI[1:], ("grid_x", "grid_y", "block_x", "grid_z", "block_y")):
+                np.multiply(k[f], c, out=tmp, dtype=np.int64)
+                v += tmp
+            v = v.view(np.uint64)
+            h = np.add.reduceat((v if identity else v[order]) * self._pw[pos], first)
+            h = h ^ (lens.astype(np.uint64) * _MUL)
+        return h
+
     def _saw(self, steps) -> None:
         for x in steps:
             d, t = int(x.device), int(x.start_ns)
@@ -320,7 +343,12 @@ class StreamPhaser:
     def _decide(self, trace: Trace, idx: np.ndarray) -> _Shape:
         """Phase of one step's kernels by the full layered method, kept as a shape."""
         self.map_phases_calls += 1
-        sub = Trace(kernels=trace.kernels[idx], names=self.names, devices=trace.devices, meta=trace.meta)
+        kern = trace.kernels[idx]
+        # With the step's launch records: the mapper's own step cut reads them (a GPU gap
+        # inside one host burst is no boundary, aggregator.steps HOST_TOGETHER_NS), so the
+        # one step the batch segmentation found stays one step here.
+        api = trace.api[np.isin(trace.api["correlation_id"], kern["correlation_id"])] if len(trace.api) else trace.api
+        sub = Trace(kernels=kern, api=api, names=self.names, devices=trace.devices, meta=trace.meta)
         pm = map_phases(sub, use_annotations=False, first_step_unknown_history=False)
         ph = np.asarray(pm.kernel_phase, dtype=np.uint8)
         inf_only = bool(self.classes(sub.kernels["name_id"]).inference_only.any())
@@ -330,9 +358,10 @@ class StreamPhaser:
         main = int(np.bincount(ph, minlength=5).argmax()) if len(ph) else UNKNOWN
         ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
         slots = max((s.mixed_slots for s in pm.steps if s.phase == PREFILL), default=0)
+        tok = [s.tokens for s in pm.steps if s.tokens is not None]
         return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
                       f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
-                      inf_only, slots)
+                      inf_only, slots, sum(tok) if tok else None)
 
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
@@ -341,6 +370,7 @@ class StreamPhaser:
         self._saw(pm.steps)
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
-                            + (s.evidence[0] if s.evidence else "")) for s in pm.steps]
+                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens)
+                 for s in pm.steps]
         return BatchPhases(np.asarray(pm.kernel_phase, dtype=np.uint8), np.asarray(pm.kernel_step, dtype=np.int32),
                            steps, 0, len(steps))

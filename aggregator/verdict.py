@@ -55,6 +55,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import msgspec
+
+from ridgeline.probes.records import DeviceSamples, EngineFigures, EngineSource, GpuProcess, Window, window_of
+
 KV_CAPACITY = "kv-capacity-bound"
 HOST = "host-bound"
 LAUNCH = "launch-bound"
@@ -477,48 +481,70 @@ def _pct(p: dict | None, k: str) -> float | None:
     return None if v is None else float(v)
 
 
+def _memory_figure(c: _FaceContext, th: Thresholds) -> str | None:
+    if c.kv is None and c.pre is None:
+        return None
+    parts = []
+    if c.kv is not None:
+        parts.append(f"KV {c.kv:.1%} of the pool (watermark {th.kv_watermark_ratio:.0%})")
+    if c.pre is not None:
+        parts.append(f"{c.pre:.0f} preemptions")
+    if c.waiting is not None:
+        parts.append(f"{c.waiting:.0f} waiting")
+    return ", ".join(parts)
+
+
+def _ceiling_figure(c: _FaceContext, th: Thresholds, key: str, word: str, need: float) -> str | None:
+    """The dominant phase's % of one ceiling (``key``), and why no ceiling binds an idle GPU."""
+    if c.phase is None:
+        return None
+    pct = _pct(c.phase, key)
+    txt = (f"{c.phase_name} {pct:.0f}% of {word} (binds at {need:.0f}%)" if pct is not None
+           else f"{c.phase_name} % of {word} unknown")
+    if not c.ceilings_apply and c.idle_ratio is not None:
+        txt += f"; GPU idle {c.idle_ratio:.0%} >= {th.gpu_idle_bound_ratio:.0%}: no ceiling binds an idle GPU"
+    return txt
+
+
+def _bandwidth_figure(c: _FaceContext, th: Thresholds) -> str | None:
+    return _ceiling_figure(c, th, "pct_of_peak_bytes", "peak HBM bytes/s", th.bandwidth_bound_min_pct)
+
+
+def _compute_figure(c: _FaceContext, th: Thresholds) -> str | None:
+    return _ceiling_figure(c, th, "pct_of_peak_flops", "peak FLOP/s", th.compute_bound_min_pct)
+
+
+def _queue_figure(c: _FaceContext, th: Thresholds) -> str | None:
+    if c.waiting is None and c.qmean is None:
+        return None
+    w = "-" if c.waiting is None else f"{c.waiting:.0f}"
+    q = "-" if c.qmean is None else f"{c.qmean:.2f} s"
+    return (f"{w} waiting, mean queue time {q} (binds at >= {th.waiting_min:.0f} waiting and "
+            f">= {th.queue_time_min_s:g} s)")
+
+
+def _host_figure(c: _FaceContext, th: Thresholds) -> str | None:
+    if c.idle_ratio is None:
+        return None
+    txt = f"GPU idle {c.idle_ratio:.0%} of {c.idle_src} (binds at >= {th.gpu_idle_min_ratio:.0%})"
+    if c.lt is not None and c.window_ns > 0:
+        on = (c.lt.get("on_cpu_ns") or 0) / c.window_ns
+        off = ((c.lt.get("runq_wait_ns") or 0) + (c.lt.get("blocked_ns") or 0)) / c.window_ns
+        txt += f"; launch thread on-CPU {on:.0%}, off-CPU {off:.0%} of the window"
+    return txt
+
+
+#: The figure of each face, in :data:`FACE_ORDER`'s names.
+_FACE_FIGURES: dict[str, Callable[[_FaceContext, Thresholds], "str | None"]] = {
+    "memory-capacity": _memory_figure, "bandwidth": _bandwidth_figure, "compute": _compute_figure,
+    "queue": _queue_figure, "host": _host_figure}
+
+
 def _face_figure(face: str, c: _FaceContext, th: Thresholds) -> str | None:
     """The number that places this face (rules it out, or says how far it is): None when
     the inputs for it are missing."""
-    if face == "memory-capacity":
-        if c.kv is None and c.pre is None:
-            return None
-        parts = []
-        if c.kv is not None:
-            parts.append(f"KV {c.kv:.1%} of the pool (watermark {th.kv_watermark_ratio:.0%})")
-        if c.pre is not None:
-            parts.append(f"{c.pre:.0f} preemptions")
-        if c.waiting is not None:
-            parts.append(f"{c.waiting:.0f} waiting")
-        return ", ".join(parts)
-    if face in ("bandwidth", "compute"):
-        if c.phase is None:
-            return None
-        key, word, need = (("pct_of_peak_bytes", "peak HBM bytes/s", th.bandwidth_bound_min_pct)
-                           if face == "bandwidth" else ("pct_of_peak_flops", "peak FLOP/s", th.compute_bound_min_pct))
-        pct = _pct(c.phase, key)
-        txt = (f"{c.phase_name} {pct:.0f}% of {word} (binds at {need:.0f}%)" if pct is not None
-               else f"{c.phase_name} % of {word} unknown")
-        if not c.ceilings_apply and c.idle_ratio is not None:
-            txt += f"; GPU idle {c.idle_ratio:.0%} >= {th.gpu_idle_bound_ratio:.0%}: no ceiling binds an idle GPU"
-        return txt
-    if face == "queue":
-        if c.waiting is None and c.qmean is None:
-            return None
-        w = "-" if c.waiting is None else f"{c.waiting:.0f}"
-        q = "-" if c.qmean is None else f"{c.qmean:.2f} s"
-        return (f"{w} waiting, mean queue time {q} (binds at >= {th.waiting_min:.0f} waiting and "
-                f">= {th.queue_time_min_s:g} s)")
-    if face == "host":
-        if c.idle_ratio is None:
-            return None
-        txt = f"GPU idle {c.idle_ratio:.0%} of {c.idle_src} (binds at >= {th.gpu_idle_min_ratio:.0%})"
-        if c.lt is not None and c.window_ns > 0:
-            on = (c.lt.get("on_cpu_ns") or 0) / c.window_ns
-            off = ((c.lt.get("runq_wait_ns") or 0) + (c.lt.get("blocked_ns") or 0)) / c.window_ns
-            txt += f"; launch thread on-CPU {on:.0%}, off-CPU {off:.0%} of the window"
-        return txt
-    return None
+    figure = _FACE_FIGURES.get(face)
+    return figure(c, th) if figure is not None else None
 
 
 def _faces(c: _FaceContext, th: Thresholds) -> list[dict]:
@@ -545,35 +571,49 @@ def _near(value: float, threshold: float, th: Thresholds) -> bool:
     return threshold > 0 and abs(value - threshold) <= th.near_ratio * threshold
 
 
-def _caveats(c: _FaceContext, th: Thresholds) -> list[str]:
-    """Where the call could go the other way: a figure within ``near_ratio`` of its
-    threshold, an intensity within it of the ridge point, both ceilings about as close."""
-    out = []
+def _roofline_caveats(c: _FaceContext, th: Thresholds) -> list[str]:
+    """A roofline call near its edge: intensity near the ridge point, both ceilings about
+    as near, a ceiling's % near its threshold."""
     p = c.phase
-    if c.fallback:
-        out.append(f"no face reached its threshold: {c.name} is the roofline's call for {c.phase_name}, "
-                   "not a ceiling the server is pressed against")
-    if p is not None and c.name in (BANDWIDTH, COMPUTE) or (p is not None and c.fallback):
-        ai, ridge = _pct(p, "arithmetic_intensity"), _pct(p, "ridge_point")
-        pf, pb = _pct(p, "pct_of_peak_flops"), _pct(p, "pct_of_peak_bytes")
-        if ai is not None and ridge and _near(ai, ridge, th):
-            out.append(f"{c.phase_name} intensity {ai:.0f} FLOP/B is within {abs(ai - ridge) / ridge:.0%} of the "
-                       f"ridge point {ridge:.0f}: compute- vs memory-bound is a coin toss")
-        if pf is not None and pb is not None and abs(pf - pb) <= 100 * th.near_ratio:
-            out.append(f"{c.phase_name} at {pf:.0f}% of peak FLOP/s and {pb:.0f}% of peak bytes/s: "
-                       "both ceilings about equally near")
-        for key, need, word in (("pct_of_peak_bytes", th.bandwidth_bound_min_pct, "HBM bytes/s"),
-                                ("pct_of_peak_flops", th.compute_bound_min_pct, "FLOP/s")):
-            v = _pct(p, key)
-            if v is not None and _near(v, need, th):
-                out.append(f"{c.phase_name} at {v:.0f}% of peak {word}, within {abs(v - need):.0f} points of "
-                           f"the {need:.0f}% threshold")
+    out = []
+    ai, ridge = _pct(p, "arithmetic_intensity"), _pct(p, "ridge_point")
+    pf, pb = _pct(p, "pct_of_peak_flops"), _pct(p, "pct_of_peak_bytes")
+    if ai is not None and ridge and _near(ai, ridge, th):
+        out.append(f"{c.phase_name} intensity {ai:.0f} FLOP/B is within {abs(ai - ridge) / ridge:.0%} of the "
+                   f"ridge point {ridge:.0f}: compute- vs memory-bound is a coin toss")
+    if pf is not None and pb is not None and abs(pf - pb) <= 100 * th.near_ratio:
+        out.append(f"{c.phase_name} at {pf:.0f}% of peak FLOP/s and {pb:.0f}% of peak bytes/s: "
+                   "both ceilings about equally near")
+    for v, need, word in ((pb, th.bandwidth_bound_min_pct, "HBM bytes/s"),
+                          (pf, th.compute_bound_min_pct, "FLOP/s")):
+        if v is not None and _near(v, need, th):
+            out.append(f"{c.phase_name} at {v:.0f}% of peak {word}, within {abs(v - need):.0f} points of "
+                       f"the {need:.0f}% threshold")
+    return out
+
+
+def _threshold_caveats(c: _FaceContext, th: Thresholds) -> list[str]:
+    """KV usage near its watermark, GPU idle near the share at which the host binds (for a
+    verdict that is not already that face)."""
+    out = []
     if c.kv is not None and c.name != KV_CAPACITY and _near(c.kv, th.kv_watermark_ratio, th):
         out.append(f"KV {c.kv:.1%} is within {abs(c.kv - th.kv_watermark_ratio) * 100:.0f} points of the "
                    f"{th.kv_watermark_ratio:.0%} watermark")
     if c.idle_ratio is not None and c.name not in (HOST, LAUNCH) and _near(c.idle_ratio, th.gpu_idle_min_ratio, th):
         out.append(f"GPU idle {c.idle_ratio:.0%} is near the {th.gpu_idle_min_ratio:.0%} at which the host binds")
     return out
+
+
+def _caveats(c: _FaceContext, th: Thresholds) -> list[str]:
+    """Where the call could go the other way: a figure within ``near_ratio`` of its
+    threshold, an intensity within it of the ridge point, both ceilings about as close."""
+    out = []
+    if c.fallback:
+        out.append(f"no face reached its threshold: {c.name} is the roofline's call for {c.phase_name}, "
+                   "not a ceiling the server is pressed against")
+    if c.phase is not None and (c.name in (BANDWIDTH, COMPUTE) or c.fallback):
+        out += _roofline_caveats(c, th)
+    return out + _threshold_caveats(c, th)
 
 
 def _batch_cap_line(e: dict | None, th: Thresholds) -> tuple[str, bool] | None:
@@ -636,23 +676,18 @@ def _comm(v: Any) -> Any:
     return v.decode(errors="replace").rstrip("\x00") if isinstance(v, (bytes, bytearray)) else v
 
 
-def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = None) -> dict | None:
-    """The launch thread of ``pid`` with its ``on_cpu_ns``, ``runq_wait_ns``, ``blocked_ns``.
-
-    ``sched`` is the window's ``sched`` section (source -> probe data) or one probe's data:
-    rows with ``on_cpu_ns`` come from the scheduler probe, rows with ``launches`` from the
-    CUDA uprobes (joined by tid). The launch thread is ``launch_tid`` when given, else the
-    thread with the most kernel launches, else the one longest on-CPU. Rows name the process
-    ``pid`` or ``tgid``.
-    """
-    sources = []
+def _sched_sources(sched: Any) -> list:
+    """The probe data in ``sched``: the window's section (source -> data) or one probe's."""
     if isinstance(sched, dict) and not ("threads" in sched or "tid" in sched):
-        sources = list(sched.values())
-    else:
-        sources = [sched]
+        return list(sched.values())
+    return [sched]
+
+
+def _thread_rows(sched: Any, pid: int | None) -> tuple[dict[int, dict], dict[int, int]]:
+    """(tid -> its scheduler row, tid -> its kernel launches) of ``pid``'s threads."""
     timing: dict[int, dict] = {}
     launches: dict[int, int] = {}
-    for src in sources:
+    for src in _sched_sources(sched):
         for r in _rows(src):
             owner = r.get("pid", r.get("tgid"))
             if pid is not None and owner not in (None, pid):
@@ -662,69 +697,117 @@ def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = 
                 timing[tid] = dict(r, comm=_comm(r.get("comm")))
             if r.get("launches") is not None:
                 launches[tid] = launches.get(tid, 0) + int(r["launches"]) + int(r.get("graph_launches") or 0)
+    return timing, launches
+
+
+def _launch_thread(timing: dict[int, dict], launches: dict[int, int], launch_tid: int | None) -> int:
+    """The launch thread: ``launch_tid`` when it has a row, else the one with the most
+    kernel launches, else the one longest on-CPU."""
+    if launch_tid is not None and launch_tid in timing:
+        return launch_tid
+    if launches and max(launches.values()) > 0:
+        cand = [t for t in launches if t in timing]
+        if cand:
+            return max(cand, key=lambda t: launches[t])
+        return max(timing, key=lambda t: timing[t]["on_cpu_ns"] or 0)
+    return max(timing, key=lambda t: timing[t].get("launches") or timing[t]["on_cpu_ns"] or 0)
+
+
+def launch_thread_figures(sched: Any, pid: int | None, launch_tid: int | None = None) -> dict | None:
+    """The launch thread of ``pid`` with its ``on_cpu_ns``, ``runq_wait_ns``, ``blocked_ns``.
+
+    ``sched`` is the window's ``sched`` section (source -> probe data) or one probe's data:
+    rows with ``on_cpu_ns`` come from the scheduler probe, rows with ``launches`` from the
+    CUDA uprobes (joined by tid). The launch thread is ``launch_tid`` when given, else the
+    thread with the most kernel launches, else the one longest on-CPU. Rows name the process
+    ``pid`` or ``tgid``.
+    """
+    timing, launches = _thread_rows(sched, pid)
     if not timing:
         return None
-    if launch_tid is not None and launch_tid in timing:
-        chosen = launch_tid
-    elif launches and max(launches.values()) > 0:
-        cand = [t for t in launches if t in timing]
-        chosen = max(cand, key=lambda t: launches[t]) if cand else max(timing, key=lambda t: timing[t]["on_cpu_ns"] or 0)
-    else:
-        chosen = max(timing, key=lambda t: timing[t].get("launches") or timing[t]["on_cpu_ns"] or 0)
+    chosen = _launch_thread(timing, launches, launch_tid)
     out = dict(timing[chosen])
     if chosen in launches:
         out["launches"] = launches[chosen]
     return out
 
 
-def _device_for(window: dict, device: int) -> dict | None:
+def _device_for(window: Window, device: int) -> dict | None:
+    """The NVML figures of GPU ``device`` (:func:`aggregator.device_metrics.window_figures`)
+    from the window's device section: each source's samples (``{"devices": [...]}``, or the
+    list itself), or a source's record keyed by the device index."""
     from ridgeline.aggregator import device_metrics
-    for data in (window.get("device") or {}).values():
-        recs = data.get("devices") if isinstance(data, dict) else data
-        if isinstance(recs, list):
-            fig = device_metrics.window_figures(recs).get(device)
-            if fig is not None:
-                return fig
-        elif isinstance(data, dict) and device in data:
+    for data in window.device.values():
+        if isinstance(data, list):
+            recs = data
+        else:
+            try:
+                recs = msgspec.convert(data, DeviceSamples).devices
+            except msgspec.ValidationError:
+                recs = None
+        fig = device_metrics.window_figures(recs).get(device) if recs else None
+        if fig is not None:
+            return fig
+        if not recs and isinstance(data, dict) and device in data:
             return data[device]
     return None
 
 
-def _engine_for(window: dict, pid: int | None = None) -> dict | None:
+def _engine_records(window: Window) -> list[tuple[dict, EngineFigures]]:
+    """Every endpoint's engine record of the window (``aggregator.engine_metrics.engine_record``,
+    what :func:`judge` reads) with what choosing among them reads, typed; a record of
+    another shape is skipped."""
+    out = []
+    for data in window.engine.values():
+        try:
+            src = msgspec.convert(data, EngineSource)
+        except msgspec.ValidationError:
+            continue
+        recs = list(src.endpoints.values()) if src.endpoints is not None else [data]
+        for r in recs:
+            try:
+                e = msgspec.convert(r, EngineFigures)
+            except msgspec.ValidationError:
+                continue
+            if src.endpoints is not None or e.engine is not None:
+                out.append((r, e))
+    return out
+
+
+def _engine_for(window: Window, pid: int | None = None) -> dict | None:
     """The engine record for ``pid``: the endpoint discovered from that process when there is
     one, else the binding one of the window (highest KV usage)."""
-    recs = []
-    for data in (window.get("engine") or {}).values():
-        if not isinstance(data, dict):
-            continue
-        if "endpoints" in data and isinstance(data["endpoints"], dict):
-            recs += [r for r in data["endpoints"].values() if isinstance(r, dict)]
-        elif "engine" in data:
-            recs.append(data)
+    recs = _engine_records(window)
     if not recs:
         return None
-    mine = [r for r in recs if pid is not None and r.get("pid") == pid]
-    return max(mine or recs, key=lambda r: (r.get("kv_usage_max_ratio") or r.get("kv_usage_ratio") or 0))
+    mine = [r for r in recs if pid is not None and r[1].pid == pid]
+    return max(mine or recs, key=lambda r: (r[1].kv_usage_max_ratio or r[1].kv_usage_ratio or 0))[0]
 
 
-def window_verdict(window: dict, th: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
-    """Verdicts for every (GPU, process) of a window record (``aggregator.windows`` layout)."""
-    engine = _engine_for(window)
+def _phase_inputs(g: GpuProcess) -> dict[str, dict]:
+    """The phases as :func:`judge` reads them: the records ``analyze`` and the windows share
+    (``aggregator.phase_figures``), as plain maps (judge also reads analyze's documents)."""
+    return {name: msgspec.to_builtins(f) for name, f in g.phases.items()}
+
+
+def window_verdict(window: dict | Window, th: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
+    """Verdicts for every (GPU, process) of a window (a :class:`probes.records.Window`, or
+    the decoded record, read with ``window_of``)."""
+    w = window_of(window)
     out = []
-    for g in window.get("gpus") or []:
-        dev = g.get("device")
-        engine = _engine_for(window, g.get("pid"))
+    for g in w.gpus:
         inp = VerdictInputs(
-            window_ns=int(window.get("duration_ns") or g.get("span_ns") or 0),
-            device=dev, pid=g.get("pid"), phases=g.get("phases") or {},
-            gpu_busy_ns=g.get("busy_ns"), gpu_idle_ns=g.get("idle_ns"),
-            engine=engine, device_figures=_device_for(window, dev) if dev is not None else None,
-            launch_thread=launch_thread_figures(window.get("sched") or None, g.get("pid")),
+            window_ns=int(w.duration_ns or g.span_ns or 0),
+            device=g.device, pid=g.pid, phases=_phase_inputs(g),
+            gpu_busy_ns=g.busy_ns, gpu_idle_ns=g.idle_ns,
+            engine=_engine_for(w, g.pid), device_figures=_device_for(w, g.device) if g.device is not None else None,
+            launch_thread=launch_thread_figures(w.sched or None, g.pid),
         )
         out.append(judge(inp, th))
-    if not out and engine is not None:
-        engine = _engine_for(window)
-        out.append(judge(VerdictInputs(window_ns=int(window.get("duration_ns") or 0), engine=engine), th))
+    if not out:
+        engine = _engine_for(w)
+        if engine is not None:
+            out.append(judge(VerdictInputs(window_ns=int(w.duration_ns), engine=engine), th))
     return out
 
 

@@ -4,8 +4,11 @@ Contract: a :class:`WindowBuilder` receives probe data as it is polled
 (:meth:`~WindowBuilder.add_events` for columnar :class:`probes.events.Trace` batches,
 :meth:`~WindowBuilder.add_sched`, :meth:`~WindowBuilder.add_device`,
 :meth:`~WindowBuilder.add_engine` for plain dicts) and :meth:`~WindowBuilder.close`
-returns the window record (a plain dict of str/int/float/list/dict, ready for
-``aggregator.wire.encode_window``) and starts the next window empty.
+returns the window record, a typed :class:`probes.records.Window` (its GPUs as
+``GpuProcess`` with ``PhaseFigures``, the agent's ``Health``, ``WindowRequests`` and
+``WindowStragglers``; the device, engine and scheduling sections stay as the probes
+delivered them, plain), ready for ``aggregator.wire.encode_window``, and starts the next
+window empty.
 
 Windows are arrival-time windows: a batch belongs to the window open when it was polled,
 whatever clock its timestamps use (CUPTI, a replay, a simulator each have their own), so
@@ -67,13 +70,25 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import msgspec
 import numpy as np
 
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
-from ridgeline.probes.records import PHASE_NAMES
+from ridgeline.probes.records import (
+    PHASE_NAMES,
+    Ceilings,
+    EngineSource,
+    GpuProcess,
+    Health,
+    Latency,
+    Phase,
+    PhaseFigures,
+    Window,
+)
 from ridgeline.probes.trace_joins import kernel_cpu_op_index
 
+from . import fold_native
 from .columns import distinct, distinct_inverse
 from .phase_figures import (
     PhaseSums,
@@ -150,7 +165,7 @@ def concat_traces(parts: list[Trace]) -> Trace:
                  parts[0].names, parts[0].devices, meta)
 
 
-def _ceilings(gpu_name: str) -> dict | None:
+def _ceilings(gpu_name: str) -> Ceilings | None:
     from ridgeline.aggregator import ceilings
     try:
         c = ceilings.from_device_name(gpu_name) if gpu_name else None
@@ -158,7 +173,7 @@ def _ceilings(gpu_name: str) -> dict | None:
         return None
     if c is None:
         return None
-    return {"gpu": c.gpu, "hbm_bytes_per_s": c.hbm_bytes_per_s, "flops_per_s": plain(dict(c.flops_per_s))}
+    return Ceilings(gpu=c.gpu, hbm_bytes_per_s=c.hbm_bytes_per_s, flops_per_s=plain(dict(c.flops_per_s)))
 
 
 @dataclass
@@ -286,10 +301,9 @@ class WindowBuilder:
         from .request_roofline import step_time_estimator
         self.requests.estimate_step_ns = step_time_estimator(self.model, ceil)
 
-    def _requests_close(self, end_ns: int, window: dict) -> None:
+    def _requests_close(self, end_ns: int, window: Window) -> None:
         """The request join's part of the window: steps and KV samples go to the history,
-        the due requests are joined; ``window["requests"]`` gets the aggregates."""
-        import msgspec
+        the due requests are joined; ``window.requests`` gets the aggregates."""
         steps = []
         for f in self._folds.values():
             steps.extend(f.step_log)
@@ -301,15 +315,13 @@ class WindowBuilder:
         self._request_estimate()
         if steps:
             self.requests.add_steps(np.array(steps, dtype=HELD_DTYPE))
-        for data in self.engine.values():
-            for ep in ((data.get("endpoints") or {}).values() if isinstance(data, dict) else ()):
-                kv = ep.get("kv_usage_ratio") if isinstance(ep, dict) else None
-                if isinstance(kv, (int, float)) and not isinstance(kv, bool):
-                    self.requests.add_kv(end_ns, float(kv))
+        for e in engine_endpoints(window.engine):
+            if e.kv_usage_ratio is not None:
+                self.requests.add_kv(end_ns, float(e.kv_usage_ratio))
         figures, stories = self.requests.close(end_ns)
         self.stories_unpublished += max(0, len(stories) - MAX_STORIES_PUBLISHED)
         self.stories = stories[:MAX_STORIES_PUBLISHED]
-        window["requests"] = plain(msgspec.to_builtins(figures))
+        window.requests = figures
 
     def _engine_close(self, end_ns: int) -> None:
         from ridgeline.aggregator import engine_metrics
@@ -348,11 +360,12 @@ class WindowBuilder:
             if isinstance(data, dict) and isinstance(data.get("endpoints"), dict) and ep in data["endpoints"]:
                 self.engine[source] = dict(data, endpoints={k: v for k, v in data["endpoints"].items() if k != ep})
 
-    def close(self, start_ns: int, end_ns: int, agent: dict | None = None, final: bool = False) -> dict:
+    def close(self, start_ns: int, end_ns: int, agent: dict | None = None, final: bool = False) -> Window:
         """Emit the window record and start the next window. Each source's open step (the
         last step of each device, still running at close) is held and counted in the
         window where it ends (see :meth:`SourceFold.figures`); ``final=True`` (agent
-        shutdown) folds them into this one. ``agent["window_open_steps_cut"]``: open steps
+        shutdown) folds them into this one. ``agent``: the agent's own health record
+        (read as :class:`probes.records.Health`); its ``window_open_steps_cut``: open steps
         decided before they ended, because the held kernels reached ``MAX_CARRY_KERNELS``
         or the step was still open one window close later and at least half a window long
         (cumulative)."""
@@ -362,7 +375,38 @@ class WindowBuilder:
         for src, recs in self._device_recs.items():
             self.device[src] = {"devices": recs}
         self._device_recs = {}
-        gpus: list[dict] = []
+        sources, gpus = self._gpus_close(start_ns, end_ns, final)
+        health = msgspec.convert(plain(agent or {}), Health)
+        for f in self._folds.values():
+            self.open_steps_cut += f.open_steps_cut
+            f.open_steps_cut = 0
+        health.window_open_steps_cut = self.open_steps_cut
+        window = Window(start_ns=int(start_ns), end_ns=int(end_ns), duration_ns=int(end_ns - start_ns),
+                        host=self.host, sources=sorted(set(sources)), gpus=gpus,
+                        device=plain(self.device), engine=plain(self.engine), sched=plain(self.sched),
+                        agent=health)
+        self._requests_close(int(end_ns), window)
+        if self.stragglers is not None:
+            figures = self.stragglers.close()
+            if figures is not None:
+                from .straggler_window import annotate_launch_threads
+                window.stragglers = figures
+                annotate_launch_threads(window)
+        fill_decode_kv_read(window)
+        window.verdict = verdict_of(window)
+        # Sources that sent nothing this window (an exited process) let go of their
+        # fold; the others keep theirs (remembered step shapes, kernel classes).
+        self._folds = {key: f for key, f in self._folds.items() if key in self.events}
+        self.events = {}
+        self.records = 0
+        self._events_held = 0
+        # Device/engine/sched keep their latest sample: a slow scraper still shows its
+        # last value; the sample's own timestamp (if any) tells its age.
+        return window
+
+    def _gpus_close(self, start_ns: int, end_ns: int, final: bool) -> tuple[list[str], list[GpuProcess]]:
+        """Each source's (GPU, process) figures of the window, and the sources."""
+        gpus: list[GpuProcess] = []
         sources = []
         # A source that sent nothing this window but holds an open step: the step is over
         # (a whole window went by without more of it); figures() maps and counts it now.
@@ -381,41 +425,28 @@ class WindowBuilder:
                 self.fold_errors += 1
                 continue
             for g in figs:
-                g["source"] = src
+                g.source = src
             gpus.extend(figs)
-        window = {
-            "start_ns": int(start_ns), "end_ns": int(end_ns), "duration_ns": int(end_ns - start_ns),
-            "host": self.host, "sources": sorted(set(sources)),
-            "gpus": gpus,
-            "device": plain(self.device), "engine": plain(self.engine), "sched": plain(self.sched),
-            "agent": plain(agent or {}),
-        }
-        for f in self._folds.values():
-            self.open_steps_cut += f.open_steps_cut
-            f.open_steps_cut = 0
-        window["agent"]["window_open_steps_cut"] = self.open_steps_cut
-        self._requests_close(int(end_ns), window)
-        if self.stragglers is not None:
-            import msgspec
-            figures = self.stragglers.close()
-            if figures is not None:
-                window["stragglers"] = plain(msgspec.to_builtins(figures))
-                from .straggler_window import annotate_launch_threads
-                annotate_launch_threads(window)
-        fill_decode_kv_read(window)
-        window["verdict"] = verdict_of(window)
-        # Sources that sent nothing this window (an exited process) let go of their
-        # fold; the others keep theirs (remembered step shapes, kernel classes).
-        self._folds = {key: f for key, f in self._folds.items() if key in self.events}
-        self.events = {}
-        self.records = 0
-        self._events_held = 0
-        # Device/engine/sched keep their latest sample: a slow scraper still shows its
-        # last value; the sample's own timestamp (if any) tells its age.
-        return window
+        return sources, gpus
 
 
-def fill_decode_kv_read(window: dict) -> None:
+def engine_endpoints(engine: dict):
+    """The typed figures of every endpoint of a window's engine section (the trackers'
+    ``{"endpoints": {url: record}}`` per source); a record of another shape is skipped."""
+    from ridgeline.probes.records import EngineFigures
+    for data in engine.values():
+        try:
+            src = msgspec.convert(data, EngineSource)
+        except msgspec.ValidationError:
+            continue
+        for rec in (src.endpoints or {}).values():
+            try:
+                yield msgspec.convert(rec, EngineFigures)
+            except msgspec.ValidationError:
+                continue
+
+
+def fill_decode_kv_read(window: Window) -> None:
     """Decode's KV-cache read bytes from the engine's own estimate, where the model's
     analytic work leaves them out (no per-sequence context lengths in a live window).
 
@@ -429,31 +460,26 @@ def fill_decode_kv_read(window: dict) -> None:
     not positive. The two rates cover nearly the same span (the engine's last scrape
     interval vs the window); the verdict is not changed by it.
     """
-    est: dict[int, float] = {}
-    for data in (window.get("engine") or {}).values():
-        eps = data.get("endpoints") if isinstance(data, dict) else None
-        for rec in (eps or {}).values():
-            if isinstance(rec, dict) and rec.get("pid") is not None and rec.get("estimated_bytes_per_gpu_per_s"):
-                est[int(rec["pid"])] = float(rec["estimated_bytes_per_gpu_per_s"])
-    if not est:
+    est = {int(e.pid): float(e.estimated_bytes_per_gpu_per_s) for e in engine_endpoints(window.engine)
+           if e.pid is not None and e.estimated_bytes_per_gpu_per_s}
+    span_s = window.duration_ns / 1e9
+    if not est or span_s <= 0:
         return
-    span_s = (window.get("duration_ns") or 0) / 1e9
-    for g in window.get("gpus") or []:
-        rate = est.get(g.get("pid"))
-        dec = (g.get("phases") or {}).get("decode")
-        if rate is None or not dec or dec.get("work_source") != "model" or span_s <= 0:
+    for g in window.gpus:
+        rate = est.get(g.pid)
+        dec = g.phases.get("decode")
+        if rate is None or dec is None or dec.work_source != "model":
             continue
-        model_bps = sum(float(ph.get("bytes") or 0.0) for ph in g["phases"].values()) / span_s
-        kv = rate - model_bps
+        kv = rate - sum(float(ph.bytes or 0.0) for ph in g.phases.values()) / span_s
         if kv <= 0:
             continue
-        dec["kv_read_bytes_per_s"] = kv
-        dec["kv_read_source"] = "engine_estimate"
-        if dec.get("achieved_bytes_per_s") is not None:
-            dec["achieved_bytes_with_kv_per_s"] = float(dec["achieved_bytes_per_s"]) + kv
+        dec.kv_read_bytes_per_s = kv
+        dec.kv_read_source = "engine_estimate"
+        if dec.achieved_bytes_per_s is not None:
+            dec.achieved_bytes_with_kv_per_s = float(dec.achieved_bytes_per_s) + kv
 
 
-def verdict_of(window: dict):
+def verdict_of(window: Window):
     """The verdict module's judgement of a window: its verdict records (an "unknown" one naming
     the error where judging failed)."""
     from ridgeline.aggregator import verdict
@@ -502,12 +528,12 @@ def hist_percentile_ns(hist: np.ndarray, q: float) -> float | None:
     return float(2.0 ** (b - 1) * math.sqrt(2.0)) if b > 1 else 1.0
 
 
-def _hist_summary(hist: np.ndarray) -> dict:
+def _hist_summary(hist: np.ndarray) -> Latency:
     n = int(hist.sum())
     if not n:
-        return {"count": 0, "p50_ns": None, "p99_ns": None}
-    return {"count": n, "p50_ns": int(hist_percentile_ns(hist, 50)), "p99_ns": int(hist_percentile_ns(hist, 99)),
-            "histogram": "log2 ns bins"}
+        return Latency(count=0)
+    return Latency(count=n, p50_ns=int(hist_percentile_ns(hist, 50)), p99_ns=int(hist_percentile_ns(hist, 99)),
+                   histogram="log2 ns bins")
 
 
 def _bincount2(index: np.ndarray, weights, size: int) -> np.ndarray:
@@ -636,7 +662,16 @@ class SourceFold:
         """Fold one batch, after the held open steps. ``with_carry``: the held kernels
         followed by ``trace.kernels`` in one array, when the caller has made it."""
         a = trace.api
-        if len(a):
+        fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
+        if fast is not None:
+            # A kernel stream's records (launches of one thread): one native pass, the
+            # figures of the general path below.
+            hist, pid, tid = fast
+            tids = self.launch_tids.setdefault(pid, set())
+            if len(tids) < MAX_LAUNCH_TIDS:
+                tids.add(tid)
+            self.api_hist[(pid, "launch")] = self.api_hist.get((pid, "launch"), 0) + hist
+        elif len(a):
             dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
             what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
             launches_only = int(what.max()) == 0
@@ -676,7 +711,8 @@ class SourceFold:
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         k = trace.kernels
         if len(k):
-            self._active.update(distinct(k["device"]).tolist())
+            d0, d1 = fold_native.field_range(k, "device")
+            self._active.update([d0] if d0 == d1 else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
@@ -820,8 +856,11 @@ class SourceFold:
                 cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
                 if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
                     # The host calls from the held step on: its idle gaps are covered by
-                    # them when it is folded (aggregator.phase_figures).
-                    ca = t.api[t.api["end_ns"] >= int(k["start_ns"][hi].min())]
+                    # them when it is folded (aggregator.phase_figures); and the held kernels'
+                    # own launches, which may end before the step's first kernel starts (the
+                    # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
+                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
+                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
@@ -870,12 +909,13 @@ class SourceFold:
         trace), then the per-device figures from its units: a device's busy time is the
         sum over its steps (steps of one device follow each other), its idle gaps those
         between and inside its units."""
-        dcol, pcol = k["device"], k["pid"]
-        if dcol.min() == dcol.max() and pcol.min() == pcol.max():
+        d0, d1 = fold_native.field_range(k, "device")
+        p0, p1 = fold_native.field_range(k, "pid")
+        if d0 == d1 and p0 == p1:
             # One GPU and process (the common case): no per-kernel key to gather.
-            gkey = int(group_key(dcol[0], pcol[0]))
+            gkey = int(group_key(d0, p0))
         else:
-            gkey = group_key(dcol[order], pcol[order])
+            gkey = group_key(k["device"][order], k["pid"][order])
 
         def log_step(st, gk):
             if len(self.step_log) < MAX_STEP_LOG:
@@ -884,12 +924,14 @@ class SourceFold:
             else:
                 self.steps_unlogged += 1
         u = fold_kernels(
-            self.sums, start_ns=k["start_ns"][order], end_ns=k["end_ns"][order], phase=phase[order],
+            # the two time columns gathered straight from the packed records (fold_native.gather)
+            self.sums, start_ns=fold_native.gather(k, "start_ns", order), end_ns=fold_native.gather(k, "end_ns", order),
+            phase=phase[order],
             step=kstep[order], gkey=gkey, steps=steps, latency_ns=lat[order],
             shape_flops=shf[order, 0] if shf is not None else None,
             shape_bytes=shf[order, 1] if shf is not None else None,
             shape_dtype=shb[order] if shb is not None else None,
-            step_work=(lambda st: self._work(st.prefill_tokens, st.decode_tokens)) if self.model is not None else None,
+            step_work=self._work if self.model is not None else None,
             host=host_intervals(api), on_step=log_step)
         if u is None:
             return
@@ -922,19 +964,20 @@ class SourceFold:
             for gi, gk in enumerate(ug.tolist()):
                 self._group(*split_group_key(gk)).idle_hist += h[gi]
 
-    def _work(self, pre, dec):
-        key = (pre, dec)
+    def _work(self, st):
+        mixed = st.tokens if st.phase == Phase.MIXED else None
+        key = (st.prefill_tokens, st.decode_tokens, mixed, st.source != "annotation")
         if key not in self._step_work:
-            from .work import step_work_from_model
+            from .work import step_work_of
             # A failure here is the project's own: it reaches fold.add's handler (counted, logged).
-            w = step_work_from_model(self.model, pre, dec)
+            w = step_work_of(self.model, key[0], key[1], mixed_tokens=mixed, estimate=key[3])
             if len(self._step_work) > 4096:
                 self._step_work.clear()
             self._step_work[key] = w
         return self._step_work[key]
 
     # -- window close ------------------------------------------------------------------------
-    def figures(self, hold_ns: int | None = None) -> list[dict]:
+    def figures(self, hold_ns: int | None = None) -> list[GpuProcess]:
         """The window's figures; starts the next window. The open step of each device
         stays held (see :meth:`add`) and is mapped, and counted, in a later window when
         it is whole: a step cut by the window edge is never mapped in pieces, so the
@@ -951,39 +994,48 @@ class SourceFold:
         if self._carry is not None:
             d, n = np.unique(self._carry[0]["device"], return_counts=True)
             held = dict(zip(d.tolist(), n.tolist()))
-        out = []
-        for (dev, pid), g in sorted(self.groups.items()):
-            dev_obj = self.devices.get(dev)
-            name = dev_obj.name if dev_obj else (self.gpu or "")
-            ceil = _ceilings_obj(self.gpu or name)
-            span = int(g.t_max - g.t_min) if g.t_min is not None else 0
-            launch = self.api_hist.get((pid, "launch"))
-            sync = self.api_hist.get((pid, "sync"))
-            if launch is None and sync is None and len(self.groups) == 1:
-                launch = sum((h for (p, w), h in self.api_hist.items() if w == "launch"), np.zeros(HIST_BINS, np.int64))
-                sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
-            phases = figures_by_phase(self.sums.select(self.sums.group_rows(int(group_key(dev, pid)))),
-                                      PHASE_NAMES, ceilings=ceil,
-                                      model_dtype=self.model.ceiling_dtype if self.model is not None else None)
-            out.append({
-                "device": int(dev), "pid": int(pid), "gpu": name,
-                "kernels": g.kernels, "kernel_time_ns": g.kernel_time_ns,
-                "busy_ns": min(g.busy_ns, span) if span else g.busy_ns, "span_ns": span,
-                "idle_ns": max(0, span - g.busy_ns),
-                "idle_gaps": _hist_summary(g.idle_hist),
-                "copy_bytes": dict(g.copy_bytes),
-                "launch": _hist_summary(launch if launch is not None else np.zeros(HIST_BINS, np.int64)),
-                "launch_tids": sorted(self.launch_tids.get(int(pid), ())),
-                "sync": _hist_summary(sync if sync is not None else np.zeros(HIST_BINS, np.int64)),
-                "phases": phases,
-                "phase_source": (f"stream: layered phase mapping per step shape "
-                                 f"({self.shape_hits} steps from remembered shapes, {self.shape_misses} mapped"
-                                 + (f"; {held.get(int(dev), 0)} kernels of the open step held for the window "
-                                    "where it ends" if held.get(int(dev)) else "") + ")"),
-                "ceilings": _ceilings(self.gpu or name),
-            })
+        out = [self._gpu_process(dev, pid, g, held.get(int(dev), 0)) for (dev, pid), g in sorted(self.groups.items())]
         self.reset()
         return out
+
+    def _api_hists(self, pid: int) -> tuple[np.ndarray, np.ndarray]:
+        """The launch and sync call histograms of a process; a source of one GPU and process
+        whose API calls carry another pid (a replay) gets all of them."""
+        launch = self.api_hist.get((pid, "launch"))
+        sync = self.api_hist.get((pid, "sync"))
+        if launch is None and sync is None and len(self.groups) == 1:
+            launch = sum((h for (p, w), h in self.api_hist.items() if w == "launch"), np.zeros(HIST_BINS, np.int64))
+            sync = sum((h for (p, w), h in self.api_hist.items() if w == "sync"), np.zeros(HIST_BINS, np.int64))
+        empty = np.zeros(HIST_BINS, np.int64)
+        return (launch if launch is not None else empty), (sync if sync is not None else empty)
+
+    def _gpu_process(self, dev: int, pid: int, g: _GroupAcc, held_kernels: int) -> GpuProcess:
+        """One (GPU, process)'s figures of the window, as the window record holds them."""
+        dev_obj = self.devices.get(dev)
+        name = dev_obj.name if dev_obj else (self.gpu or "")
+        ceil = _ceilings_obj(self.gpu or name)
+        span = int(g.t_max - g.t_min) if g.t_min is not None else 0
+        launch, sync = self._api_hists(pid)
+        phases = figures_by_phase(self.sums.select(self.sums.group_rows(int(group_key(dev, pid)))),
+                                  PHASE_NAMES, ceilings=ceil,
+                                  model_dtype=self.model.ceiling_dtype if self.model is not None else None)
+        held = (f"; {held_kernels} kernels of the open step held for the window where it ends"
+                if held_kernels else "")
+        return GpuProcess(
+            device=int(dev), pid=int(pid), gpu=name,
+            kernels=int(g.kernels), kernel_time_ns=int(g.kernel_time_ns),
+            busy_ns=int(min(g.busy_ns, span) if span else g.busy_ns), span_ns=span,
+            idle_ns=int(max(0, span - g.busy_ns)),
+            idle_gaps=_hist_summary(g.idle_hist),
+            copy_bytes={k: int(v) for k, v in g.copy_bytes.items()},
+            launch=_hist_summary(launch),
+            launch_tids=sorted(self.launch_tids.get(int(pid), ())),
+            sync=_hist_summary(sync),
+            # the figures of aggregator.phase_figures (shared with analyze), typed here
+            phases=msgspec.convert(plain(phases), dict[str, PhaseFigures]),
+            phase_source=(f"stream: layered phase mapping per step shape ({self.shape_hits} steps from "
+                          f"remembered shapes, {self.shape_misses} mapped{held})"),
+            ceilings=_ceilings(self.gpu or name))
 
 
 def concat_records(parts: list[np.ndarray]) -> np.ndarray:

@@ -23,8 +23,9 @@ no.   name         value
 
 Window records and other plain records (``encode_window`` / ``decode_window``; also the
 ``sched``/``device``/``engine``/``health`` payloads): a msgpack map
-``{0: version, 1: record}`` where ``record`` is the dict with every string key found
-in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
+``{0: version, 1: record}`` where ``record`` is the dict (or the typed
+:class:`probes.records.Window`, its fields in declaration order, None ones left out) with
+every string key found in :data:`FIELDS` replaced by its number, at any depth. Keys not in the table travel as
 strings (so a new key never breaks a consumer), and a number a consumer does not know
 decodes as ``"field_<n>"``. Dict keys are strings: data keys such as phase names are
 fine (they either are in the table or travel as text), and a non-string key (a tid, a
@@ -109,6 +110,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import msgpack
+import msgspec
 import numpy as np
 
 from ridgeline.probes import records
@@ -118,6 +120,7 @@ from ridgeline.probes.events import (
     COPY_DTYPE,
     CPU_OP_DTYPE,
     KERNEL_DTYPE,
+    MISSING,
     RANGE_DTYPE,
     Device,
     NameTable,
@@ -187,6 +190,13 @@ def _check_version(v, what: str) -> None:
 
 
 def _plain(obj):
+    if isinstance(obj, msgspec.Struct):
+        out = {}
+        for k in obj.__struct_fields__:
+            v = getattr(obj, k)
+            if v is not None:
+                out[FIELDS.get(k, k)] = _plain(v)
+        return out
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
@@ -264,10 +274,13 @@ def decode_envelope(data: bytes) -> Envelope:
 
 # --------------------------------------------------------------------------- windows
 
-def encode_window(window: dict) -> bytes:
-    """Encode a window record (a plain dict with string keys)."""
-    if not isinstance(window, dict):
-        raise TypeError("a window record is a dict")
+def encode_window(window: dict | records.Window) -> bytes:
+    """Encode a window record: the :class:`probes.records.Window` the builder closes, or a
+    plain dict with string keys. A typed record's fields go in declaration order, and a
+    field that is None is left out (a decoder reads it back as None, with ``window_of`` or
+    ``.get``), as the builder's dicts left out what they did not know."""
+    if not isinstance(window, (dict, records.Window)):
+        raise TypeError("a window record is a dict or a probes.records.Window")
     return msgpack.packb({0: SCHEMA_VERSION, 1: _plain(window)}, use_bin_type=True)
 
 
@@ -365,7 +378,11 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
             raise _bad(f"{what} data does not match its stated length")
     except zlib.error:
         raise _bad(f"{what} data is not valid zlib") from None
-    out = empty(dtype, n)
+    # every field the batch sends is written whole below, so only the others are filled
+    # (MISSING or 0, as probes.events.empty() does): filling all of them first was a third
+    # of this decode (docs/parquet-schema.md, "Cost of writing")
+    out = np.empty(n, dtype)
+    sent: set = set()
     off = 0
     start = None
     for c in cols:
@@ -401,8 +418,12 @@ def _decode_kind(m, dtype: np.dtype, what: str) -> np.ndarray:
             start = x
         if isinstance(name, str) and name in dtype.names:
             out[name] = x
+            sent.add(name)
     if off != len(raw):
         raise _bad(f"{what} has {len(raw) - off} bytes no column claims")
+    for name in dtype.names:
+        if name not in sent:
+            out[name] = MISSING if dtype[name].kind == "i" else 0
     return out
 
 

@@ -392,18 +392,29 @@ class StepWork:
     parts: dict[str, float]
     notes: list[str]
     source: str = SOURCE_MODEL
+    # The token counts came from the kernels (KV-cache write grid, GEMM rows), not from an
+    # engine's step annotation: the figures are an estimate and say so in the output.
+    estimate: bool = False
+
+
+ESTIMATE_NOTE = "estimate: token counts from kernel grids (no engine step annotation)"
 
 
 def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_tokens: int | None,
-                         context_len: int | None = None, tensor_parallel: int = 1) -> StepWork | None:
+                         context_len: int | None = None, tensor_parallel: int = 1,
+                         estimate: bool = False, sequences=None) -> StepWork | None:
     """Analytic work of one forward step, or ``None`` when the token counts are unknown.
 
     ``context_len``: tokens each sequence holds (prompt length for prefill sequences,
     context length for decoding ones). Without it, attention score FLOPs and the decode
     KV read are left out and the notes say so: a step's token count alone does not tell
-    how the tokens split into sequences. ``tensor_parallel``: GPUs the model is split
+    how the tokens split into sequences. ``estimate``: the token counts were read from the
+    kernels (the result is flagged and noted). ``tensor_parallel``: GPUs the model is split
     over; one GPU's share is taken as 1/N of every term (weights, heads and KV are
-    sharded; the replicated norms and embeddings are negligible).
+    sharded; the replicated norms and embeddings are negligible). ``sequences``: the step's
+    own sums over its sequences (:class:`aggregator.phases.SequenceSums`, from an engine
+    annotation that carries key lengths); used where ``context_len`` is not given, they
+    give the attention pairs, the KV-cache read and the prefill sequence count exactly.
     """
     if prefill_tokens is None and decode_tokens is None:
         return None
@@ -419,9 +430,14 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
     parts["linear_flops"] = t * shape.linear_flops_per_token()
     # Logits: every decode token samples; prefill sequences sample once each, which
     # needs the sequence count.
+    seqs = sequences if context_len is None else None
     lm_tokens = d
     if p and context_len:
         lm_tokens += math.ceil(p / context_len)
+    elif p and seqs is not None:
+        # each prefill sequence samples once (a chunk that does not end its prompt does
+        # not; the annotation does not tell them apart, so this counts at most one extra)
+        lm_tokens += seqs.prefill_requests
     elif p:
         notes.append("LM head of prefill sequences left out (sequence count unknown)")
     parts["lm_head_flops"] = lm_tokens * shape.lm_head_flops_per_token()
@@ -443,6 +459,15 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
         if d:
             attn_pairs += d * float(context_len)
             kv_read += d * float(context_len) * shape.kv_bytes_per_token
+    elif seqs is not None:
+        if p:
+            # causal pairs of a sequence with q new tokens over k keys: q*k - q*(q-1)/2
+            attn_pairs += seqs.prefill_query_key - (seqs.prefill_query_sq - seqs.prefill_query_tokens) / 2.0
+            kv_read += float(seqs.prefill_key_tokens) * shape.kv_bytes_per_token
+        if d:
+            attn_pairs += float(seqs.decode_query_key)
+            kv_read += float(seqs.decode_key_tokens) * shape.kv_bytes_per_token
+        notes.append("attention and KV-cache read from the step annotation's per-sequence key lengths")
     else:
         if p:
             # Prefill reads back the K/V it just wrote, whatever the sequence split.
@@ -458,4 +483,29 @@ def step_work_from_model(shape: ModelShape, prefill_tokens: int | None, decode_t
     flops = parts["linear_flops"] + parts["lm_head_flops"] + parts["attention_flops"]
     bytes_ = (parts["weight_bytes"] + parts["kv_write_bytes"] + parts["kv_read_bytes"]
               + parts["activation_bytes"])
-    return StepWork(flops=flops, bytes=bytes_, parts=parts, notes=notes)
+    if estimate:
+        notes.insert(0, ESTIMATE_NOTE)
+    return StepWork(flops=flops, bytes=bytes_, parts=parts, notes=notes, estimate=estimate)
+
+
+def step_work_of(shape: ModelShape, prefill_tokens: int | None, decode_tokens: int | None, *,
+                 mixed_tokens: int | None = None, estimate: bool = False, context_len: int | None = None,
+                 tensor_parallel: int = 1, sequences=None) -> StepWork | None:
+    """The analytic work of one step as a phase mapper labelled it (analyze and the live
+    windows both call this). ``estimate``: its token counts came from the kernels.
+    ``mixed_tokens``: a mixed step whose prefill/decode split is unknown (decided from
+    kernels) but whose total its kernels show: the tokens are counted as prefill, which the
+    linear, weight and KV-write terms do not depend on (the LM head and attention terms do;
+    the notes say so). ``sequences``: the step annotation's sums over its sequences
+    (:class:`aggregator.phases.SequenceSums`), see :func:`step_work_from_model`. None
+    without token counts."""
+    if prefill_tokens is not None or decode_tokens is not None:
+        return step_work_from_model(shape, prefill_tokens, decode_tokens, context_len, tensor_parallel,
+                                    estimate=estimate, sequences=sequences)
+    if not mixed_tokens:
+        return None
+    w = step_work_from_model(shape, int(mixed_tokens), 0, context_len, tensor_parallel, estimate=True)
+    if w is not None:
+        w.notes.insert(1, f"mixed step, prefill/decode split unknown: its {int(mixed_tokens)} tokens counted as "
+                          f"prefill (linear, weight and KV-write terms do not depend on the split)")
+    return w

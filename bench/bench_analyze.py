@@ -30,6 +30,8 @@ the same file, in one run:
   two (by default it takes two only when the load average leaves a CPU idle);
 * with ``--repeat N``: zcat, the baseline, analyze (and the forced-reader runs) alternate N
   times, each repetition's ratios are printed and their median compared;
+* with ``--old-path``: the same command with the importer's previous reader (the msgspec
+  typed one, ``probes.kineto_typed``, one process) in place of the native one;
 * ``ridgeline``'s importer alone (``probes.kineto.load_trace``);
 * HTA 0.5.0 (``pip install -e .[bench]``): ``TraceAnalysis(trace_dir=...)`` (its parse)
   plus ``get_gpu_kernel_breakdown()``.
@@ -79,6 +81,15 @@ FORCED_READERS = """
 import functools, sys
 import ridgeline.probes.kineto as k
 k.load_trace = functools.partial(k.load_trace, parallel=sys.argv[2] == "2")
+from ridgeline.agent.cli import main
+sys.exit(main(["analyze", "--json", sys.argv[1]]))
+"""
+# The reader before the native one (issue 21.2): the same command with probes.kineto_native's
+# load replaced by the msgspec typed reader, one process (one CPU), for old/new in one run.
+OLD_PATH = """
+import sys
+from ridgeline.probes import kineto_native, kineto_typed
+kineto_native.load = lambda path, chunk_bytes, budget=None: kineto_typed.load(path, chunk_bytes, False, budget)
 from ridgeline.agent.cli import main
 sys.exit(main(["analyze", "--json", sys.argv[1]]))
 """
@@ -209,6 +220,8 @@ def main(argv=None) -> int:
                     help="run zcat and analyze (and the baseline) alternately this many times")
     ap.add_argument("--forced-readers", action="store_true",
                     help="also run analyze with the importer forced to one and to two readers, in each repetition")
+    ap.add_argument("--old-path", action="store_true",
+                    help="also run analyze with the previous (msgspec typed) reader, each repetition")
     ap.add_argument("--skip-load-only", action="store_true", help="no importer-alone row")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     ap.add_argument("--scaled", action="store_true",
@@ -224,6 +237,7 @@ def main(argv=None) -> int:
     builder = "bench/make_big_trace.py"
     if args.trace:
         path = args.trace
+        builder = "whoever made it (given with --trace)"
         made = {"kernels": None, "bytes": path.stat().st_size, "replicas": "-"}
     elif args.scaled:
         builder = f"`../shared/tools/scale_kineto_trace.py {source.name} OUT --target-kernels {args.kernels}`"
@@ -279,11 +293,16 @@ def main(argv=None) -> int:
             rows.append((f"ridgeline analyze --json, importer forced to {readers} reader"
                          f"{'s' if readers == '2' else ''}{tag}", forced[readers]))
             _progress(rows)
+        old = None
+        if args.old_path:
+            old = run_child([PY, "-c", OLD_PATH, str(path)], args.timeout)
+            rows.append((f"ridgeline analyze --json, previous reader (msgspec typed, one process){tag}", old))
+            _progress(rows)
         if not args.skip_hta:
             htas.append((run_hta(path, gz, args), ours))
             rows.append((f"HTA 0.5.0 TraceAnalysis + get_gpu_kernel_breakdown{tag}", htas[-1][0]))
             _progress(rows)
-        reps.append((bare, base, ours, loadavg(), forced.get("1"), forced.get("2")))
+        reps.append((bare, base, ours, loadavg(), forced.get("1"), forced.get("2"), old))
     kernels = made["kernels"]
     if not args.skip_load_only or not kernels:
         load = run_child([PY, "-c", LOAD_ONLY, str(path)], args.timeout)
@@ -343,6 +362,17 @@ def main(argv=None) -> int:
             ratio_lines.append(f"| analyze wall / ISA-L inflate wall | {spread(xs)} | <= 4 |")
             cs = [r[2]["cpu_s"] / isal["cpu_s"] for r in reps if r[2]["rc"] == 0]
             ratio_lines.append(f"| analyze CPU / ISA-L inflate CPU | {spread(cs)} | |")
+            olds = [r for r in reps if r[6] is not None and r[6]["rc"] == 0]
+            if olds:
+                ratio_lines += [
+                    f"| previous reader: analyze wall / ISA-L inflate wall | "
+                    f"{spread([r[6]['wall_s'] / isal['wall_s'] for r in olds])} | |",
+                    f"| previous reader: analyze CPU / ISA-L inflate CPU | "
+                    f"{spread([r[6]['cpu_s'] / isal['cpu_s'] for r in olds])} | |",
+                    f"| previous / native analyze CPU | "
+                    f"{spread([r[6]['cpu_s'] / r[2]['cpu_s'] for r in olds if r[2]['rc'] == 0], 'x')} | |",
+                    f"| previous reader peak RSS | {max(r[6]['rss_bytes'] for r in olds) / 2**30:.2f} GiB | |",
+                ]
     pairs = [(h, o) for h, o in htas if (h["rc"] == 0 or h["timed_out"]) and o["rc"] == 0]
     if pairs:
         at_least = ">= " if any(h["timed_out"] for h, _ in pairs) else ""

@@ -13,7 +13,9 @@ in the ``bench`` extra; a missing one is reported, not skipped silently. Then th
 import of the file by one process through each importer path (child processes, CPU from
 ``os.wait4``): the structural scanner path and the typed path.
 
-Issue 21.2's candidates for a columnar reader are measured on the same sample, each as a
+Issue 21.2's candidates for a columnar reader, and the one the package now uses
+(``probes.kineto_native``: ``libridgeline_json.so``, simdjson's DOM parser writing the
+rows), are measured on the same sample, each as a
 multiple of ISA-L's inflate time for the same number of inflated bytes (the floor; the
 inflate rate is measured in this process on the whole file): the typed path's per-piece
 work up to its columns (``kineto_typed._decode_piece``), pysimdjson touching every
@@ -50,8 +52,10 @@ IMPORTERS = {
     "structural numpy scanner path (kineto_scan.load)":
         "import sys; from pathlib import Path; from ridgeline.probes import kineto_scan\n"
         "kineto_scan.load(Path(sys.argv[1]), 4 << 20, False)",
-    "msgspec typed path (kineto_typed.load, what load_trace uses)":
+    "msgspec typed path (kineto_typed.load, one process; load_trace's before the native one)":
         "import sys; from ridgeline.probes import kineto_typed; kineto_typed.load(sys.argv[1])",
+    "native columnar path (kineto_native.load, what load_trace uses)":
+        "import sys; from ridgeline.probes import kineto_native; kineto_native.load(sys.argv[1])",
 }
 
 
@@ -93,6 +97,19 @@ def typed_columns(pieces) -> int:
     b = EventBuilder()
     names = kineto_typed._Names(b.names)
     return sum(len(kineto_typed._decode_piece(p, b, names)["kernels"]) for p in pieces)
+
+
+def package_columns(pieces) -> int:
+    """The package's native reader (probes.kineto_native, libridgeline_json.so) over the
+    same pieces, up to its columns (names mapped, range kinds and causal flags set)."""
+    from ridgeline.probes import kineto_native
+    from ridgeline.probes.kineto_dicts import EventBuilder
+    b = EventBuilder()
+    r = kineto_native._Reader(kineto_native.library(), 1 << 30)
+    try:
+        return sum(len(r.piece(p, b, Path("sample"))["kernels"]) for p in pieces)
+    finally:
+        r.close()
 
 
 def simdjson_touch(parser, body: bytes) -> int:
@@ -211,6 +228,8 @@ def main(argv=None) -> int:
                         lambda: simdjson_touch(p2, body)))
     except ImportError:
         parsers.append(("pysimdjson parse + cat, ts", None))
+    parsers.append(("the package's native reader per piece, up to its columns (kineto_native, simdjson DOM)",
+                    lambda: package_columns(pieces)))
     native = native_columns()
     parsers.append(("simdjson on-demand, native columns (bench/simdjson_columns.cpp)",
                     None if native is None else lambda: native(body)))

@@ -88,14 +88,14 @@ def incremental(batches, windows: int, profile: bool):
 
 def whole_window(batches, windows: int):
     from ridgeline.aggregator import wire
-    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.aggregator.analysis import analyze_trace, document
     from ridgeline.aggregator.windows import concat_traces
     costs = []
     for w in range(windows):
         bs = shift(batches, w)
         c0 = time.process_time()
         doc = analyze_trace(concat_traces(bs), use_annotations=False)
-        wire.encode_window({"gpus": [{"phases": doc["phases"]}]})
+        wire.encode_window({"gpus": [{"phases": document(doc.phases)}]})
         costs.append(time.process_time() - c0)
     return costs
 

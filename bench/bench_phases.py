@@ -146,8 +146,8 @@ def _child(which: str, args) -> dict:
         t, c = time.perf_counter(), time.process_time()
         doc = analyze_trace(tr)
         dt, dc = time.perf_counter() - t, time.process_time() - c
-        ok = len(doc["steps"]) == len(ref.steps) * args.replicas
-        rows.append({"what": "replicated analyze_trace", "kernels": len(tr.kernels), "steps": len(doc["steps"]),
+        ok = len(doc.steps) == len(ref.steps) * args.replicas
+        rows.append({"what": "replicated analyze_trace", "kernels": len(tr.kernels), "steps": len(doc.steps),
                      "seconds": dt, "cpu_seconds": dc, "check": ok})
     return {"rows": rows}
 

@@ -19,7 +19,9 @@ Three processes per scenario, launched side by side in one run:
   from window close (the record's ``end_ns``) to receipt, and the sequence gaps.
 
 Measured for the agent process from ``/proc/PID``: CPU (utime + stime over the steady
-interval, after a warm-up) as % of one core, peak RSS (``VmHWM``); dropped records
+interval, after a warm-up) as % of one core, minor page faults per second over the same
+interval (fresh pages for the fold's temporaries: see agent/allocator.py), peak RSS
+(``VmHWM``); dropped records
 (generator send drops + the agent's publisher/window/probe drops); window publish latency
 p50/p99; kernels sent and counted in published windows, and the carry lag: from a batch's
 send to the end of the first window that counts it, in window lengths. Targets: carry lag
@@ -30,7 +32,8 @@ zero drops with a subscriber keeping up. Prints one table (markdown) and, with `
 ``.venv``, e.g. the main branch) runs that tree's bench_scale.py for the same scenario
 before each of this tree's runs, alternating, so both are measured back to back under
 the same load; a second table gives agent CPU and ns per kernel, min / median / max
-over the runs, before (baseline) and after (this tree).
+over the runs, before (baseline) and after (this tree), with each side's faults, drops,
+kernels sent and counted in windows, carry lag and the host's load average.
 """
 from __future__ import annotations
 
@@ -219,8 +222,12 @@ class FeedProbe:
             aps.append(np.frombuffer(frames[2].buffer, dtype=API_DTYPE))
         if not ks:
             return None
-        k = ks[0] if len(ks) == 1 else np.concatenate(ks)
-        a = aps[0] if len(aps) == 1 else np.concatenate(aps)
+        # Raw record copies (numpy's field-wise concatenation of structured arrays was a
+        # third of this probe's cost, charged to the agent; CUPTI's probe hands over
+        # decoded arrays without it).
+        from ridgeline.aggregator.windows import concat_records
+        k = concat_records(ks)
+        a = concat_records(aps)
         self.records += len(k) + len(a)
         return {"kind": "events", "trace": Trace(kernels=k, api=a, names=self.names, devices=self.devices,
                                                   meta={"source": "simulated"})}
@@ -300,10 +307,15 @@ def subscriber_main(endpoint: str, until: float, out: mp.Queue, ready):
 
 # ---------------------------------------------------------------- measurement
 
-def proc_cpu_s(pid: int) -> float:
+def proc_stat(pid: int) -> tuple[float, int]:
+    """(CPU seconds, user + system, and minor page faults) of a process so far."""
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / CLK_TCK
+    return (int(parts[11]) + int(parts[12])) / CLK_TCK, int(parts[7])
+
+
+def proc_cpu_s(pid: int) -> float:
+    return proc_stat(pid)[0]
 
 
 def proc_status_kb(pid: int, key: str) -> int:
@@ -372,10 +384,10 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
     gen.start()
     while time.time() < t_start + WARMUP_S:
         time.sleep(0.05)
-    c0, w0 = proc_cpu_s(agent.pid), time.monotonic()
+    (c0, f0), w0 = proc_stat(agent.pid), time.monotonic()
     while time.time() < t_start + WARMUP_S + duration_s:
         time.sleep(0.2)
-    c1, w1 = proc_cpu_s(agent.pid), time.monotonic()
+    (c1, f1), w1 = proc_stat(agent.pid), time.monotonic()
     hwm_kb = proc_status_kb(agent.pid, "VmHWM")
     g = q_gen.get(timeout=120)
     gen.join(30)
@@ -395,6 +407,7 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
         "kernels_per_window_mean": float(np.mean(kpw)),
         "duration_s": round(w1 - w0, 1),
         "kernels_sent": g["sent"], "agent_cpu_pct_of_core": 100.0 * (c1 - c0) / (w1 - w0),
+        "agent_minor_faults_per_s": (f1 - f0) / (w1 - w0),
         "agent_peak_rss_mb": hwm_kb / 1024.0, "dropped_records": drops, "generator_drops": g["dropped"],
         "agent_drops": s["agent_drops"], "late_batches": g["late_batches"],
         "generator_cpu_pct": 100.0 * g["generator_cpu_s"] / (WARMUP_S + duration_s),
@@ -411,13 +424,14 @@ def table(rows: list[dict], command: str) -> str:
     out = [f"Command: `{command}`  ",
            f"Host: {platform.node() or 'host'}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
            "generator, agent and subscriber in separate processes, side by side.", "",
-           "| scenario | s | agent CPU (% of one core) | peak RSS (MB) | dropped records | seq gaps | "
+           "| scenario | s | agent CPU (% of one core) | agent minor faults/s | peak RSS (MB) | dropped records | seq gaps | "
            "windows | kernels/window (median / mean) | kernels sent / in windows | carry lag, windows (p99 / max) | "
            "publish latency p50 / p99 (ms) | fold CPU per window, "
            "in-process (ms) | generator CPU % | host load avg (start, end) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['scenario']} | {r['duration_s']:.0f} | {r['agent_cpu_pct_of_core']:.1f} | "
+        out.append(f"| {r['scenario']} | {r['duration_s']:.0f} | {r['agent_cpu_pct_of_core']:.2f} | "
+                   f"{r.get('agent_minor_faults_per_s', float('nan')):,.0f} | "
                    f"{r['agent_peak_rss_mb']:.0f} | {r['dropped_records']:,} | {r['seq_gaps']} | {r['windows']} | "
                    f"{r['kernels_per_window_median']:,.0f} / {r['kernels_per_window_mean']:,.0f} | "
                    f"{r['kernels_sent']:,} / {r['kernels_in_windows']:,} | "
@@ -460,15 +474,23 @@ def comparison(pairs: dict, baseline: Path | None) -> str:
     out = ["", f"Runs per scenario: {max(len(p['after']) for p in pairs.values())}"
            + (f"; before = {baseline} (its own .venv), after = this tree, alternating run by run." if baseline else "."),
            "", "| scenario | | agent CPU, % of one core (min / median / max) | ns per kernel (min / median / max) | "
-           "dropped records (max) | ratio before / after (medians) |", "|---|---|---:|---:|---:|---:|"]
+           "agent minor faults/s (median) | dropped records (max) | kernels sent / in windows (sum) | "
+           "carry lag p99, windows (max) | host load avg (lowest / highest) | ratio before / after (medians) |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in pairs.values():
         rows = [("after", p["after"])] + ([("before", p["before"])] if p["before"] else [])
         med = {w: float(np.median([ns_per_kernel(r) for r in rs])) for w, rs in rows}
         for w, rs in reversed(rows):
             ratio = f"{med['before'] / med['after']:.2f}x" if w == "after" and "before" in med else ""
+            loads = [x for r in rs for x in r["load_avg_1m"]]
+            faults = [r["agent_minor_faults_per_s"] for r in rs if "agent_minor_faults_per_s" in r]
             out.append(f"| {p['name']} | {w} | {mmm([r['agent_cpu_pct_of_core'] for r in rs], '{:.2f}')} | "
                        f"{mmm([ns_per_kernel(r) for r in rs], '{:.0f}')} | "
-                       f"{max(r['dropped_records'] for r in rs):,} | {ratio} |")
+                       f"{float(np.median(faults)) if faults else float('nan'):,.0f} | "
+                       f"{max(r['dropped_records'] for r in rs):,} | "
+                       f"{sum(r['kernels_sent'] for r in rs):,} / {sum(r['kernels_in_windows'] for r in rs):,} | "
+                       f"{max(r['carry_lag_windows_p99'] for r in rs):.2f} | "
+                       f"{min(loads):.1f} / {max(loads):.1f} | {ratio} |")
     out.append("")
     out.append("Target: <= 1% of one core (200 ns per kernel) at 1 GPU x 50k kernels/s, zero drops.")
     return "\n".join(out)

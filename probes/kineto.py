@@ -29,10 +29,14 @@ launched it.
 This module chooses the reader; each is a module of its own, with no circle between them:
 
 =============================  ==========================================================
-:mod:`probes.kineto_typed`     first: typed decoding (ISA-L inflate, the array cut into
-                               pieces of whole events, each decoded by msgspec into
-                               structs of the kept fields, pieces shared by two
-                               processes for big files)
+:mod:`probes.kineto_native`    first: the native columnar reader (ISA-L inflate, the
+                               array cut into pieces of whole events, each parsed by
+                               libridgeline_json.so, simdjson, straight into the columns;
+                               one process). A missing library is an error naming it
+:mod:`probes.kineto_typed`     the same pieces decoded by msgspec into structs of the
+                               kept fields (two processes for big files): the reference
+                               the native reader is tested against, and the shared parts
+                               (categories, rows in file order, the reference hand-off)
 :mod:`probes.kineto_scan`      a file the typed reader cannot cut: the structural
                                scanner (the decompressed bytes streamed in chunks and
                                scanned with numpy by :mod:`probes.json_chunks`; numbers
@@ -69,6 +73,8 @@ import re
 import threading
 from pathlib import Path
 
+import orjson
+
 from . import json_chunks, kineto_legacy, kineto_scan
 from .errors import InputError
 from .events import Trace
@@ -87,7 +93,8 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
 
     Streams the file in pieces of whole events (``chunk_bytes`` of decompressed bytes,
     8 MiB at the default): peak memory is a few pieces plus the output columns, whatever
-    the file size. A file of at least ``PARALLEL_MIN_BYTES`` (plain) or
+    the file size. The native reader reads in this process; for a file it leaves to the
+    structural scanner, a file of at least ``PARALLEL_MIN_BYTES`` (plain) or
     ``PARALLEL_MIN_GZ_BYTES`` (gzip) is read by two processes when this process may use
     two CPUs, the load average leaves one of them idle, and the caller runs a single
     thread (``parallel`` forces it on or off); the result is identical, and any trouble
@@ -118,32 +125,41 @@ def load_trace(path: str | Path, chunk_bytes: int = json_chunks.CHUNK_BYTES,
                         and threading.active_count() == 1)
         except OSError:
             parallel = False
-    # the fast path: typed decoding of whole-event pieces (probes.kineto_typed); files it
-    # cannot cut or decode cleanly are read by the structural scanner below
-    kineto_typed = _typed_reader()
-    if kineto_typed is None:
-        return _checked_schema(path, kineto_scan.load(path, chunk_bytes, bool(parallel), budget), budget)
+    # the fast path: the native columnar reader (probes.kineto_native: simdjson, rows
+    # written straight into the columns); files it cannot cut or read cleanly are read by
+    # the structural scanner below
+    if not _has_msgspec():
+        return _checked_schema(path, _scanned(path, chunk_bytes, bool(parallel), budget), budget)
+    from . import kineto_native
     try:
-        trace = kineto_typed.load(path, max(chunk_bytes, kineto_typed.CHUNK_BYTES)
-                                  if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, bool(parallel),
-                                  budget=budget)
+        trace = kineto_native.load(path, max(chunk_bytes, kineto_native.CHUNK_BYTES)
+                                   if chunk_bytes == json_chunks.CHUNK_BYTES else chunk_bytes, budget=budget)
         return _checked_schema(path, trace, budget)
     except json_chunks.Unsplit:
         pass
-    if budget is not None:       # the typed reader's charges are void: the scanner starts over
+    if budget is not None:       # the native reader's charges are void: the scanner starts over
         budget = budget.fresh()
-    return _checked_schema(path, kineto_scan.load(path, chunk_bytes, bool(parallel), budget), budget)
+    return _checked_schema(path, _scanned(path, chunk_bytes, bool(parallel), budget), budget)
 
 
-def _typed_reader():
-    """:mod:`probes.kineto_typed`, or None where msgspec, its dependency, is absent (a
-    bundle installed without dependencies: the GPU check's)."""
+def _scanned(path: Path, chunk_bytes: int, parallel: bool, budget) -> Trace:
+    """The structural scanner's reading; a string it cannot decode (a lone surrogate
+    escape, which simdjson, msgspec and orjson all refuse) is one line, not a traceback."""
+    try:
+        return kineto_scan.load(path, chunk_bytes, parallel, budget)
+    except orjson.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg})") from None
+
+
+def _has_msgspec() -> bool:
+    """Whether msgspec, a dependency of the readers' shared parts (probes.kineto_typed), is
+    there: not in a bundle installed without dependencies (the GPU check's), which reads
+    with the structural scanner as it always did."""
     try:
         import msgspec  # noqa: F401  (only whether it is there)
     except ImportError:
-        return None
-    from . import kineto_typed
-    return kineto_typed
+        return False
+    return True
 
 
 def _checked_schema(path: Path, trace: Trace, budget=None) -> Trace:

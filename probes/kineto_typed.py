@@ -1,4 +1,7 @@
-"""Typed decoding of Kineto trace events with msgspec: the fast path of :mod:`probes.kineto`.
+"""Typed decoding of Kineto trace events with msgspec: :mod:`probes.kineto`'s reader before
+the native one (:mod:`probes.kineto_native`), kept as the reference that reader is tested
+against, and the parts both share (categories, rows appended in file order, the hand-off
+of a piece to the dict reference builder, :func:`reference`).
 
 :func:`load` reads the ``traceEvents`` array in pieces of whole events
 (:meth:`probes.json_chunks.ArrayStream.pieces`) and decodes each piece with one msgspec
@@ -115,36 +118,36 @@ _KEPT = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "copies",
 # sends its piece to the reference builder, which then decides
 _IGNORED = {None, "ac2g", "python_function", "Trace", "overhead", "cpu_instant_event", "fwdbwd",
             "cuda_profiler_range", "Iteration", "gpu_instant_event"}
-_KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
-_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
-_CATS = list(_KEPT) + sorted(_IGNORED, key=str)
-_CAT_INDEX = {c: i for i, c in enumerate(_CATS)}
-_KIND_OF_CAT = np.array([_KIND_CODE[_KEPT[c]] if c in _KEPT else -1 for c in _CATS], dtype=np.int8)
+KINDS = ("kernels", "copies", "api", "ranges", "cpu_ops")
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+CATS = list(_KEPT) + sorted(_IGNORED, key=str)
+CAT_INDEX = {c: i for i, c in enumerate(CATS)}
+KIND_OF_CAT = np.array([_KIND_CODE[_KEPT[c]] if c in _KEPT else -1 for c in CATS], dtype=np.int8)
 # the Chrome trace format's phases other than "X" (complete)
 _OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "O", "N", "D", "M",
                  "R", "c", "(", ")")
 
 
-_NCATS = len(_CATS)
+_NCATS = len(CATS)
 
 
 def _coded_categories(name: str, offset: int) -> type[enum.Enum]:
     """The known categories as an enum msgspec decodes "cat" into: a member is a
     singleton (no string made and freed per event) that carries its code in ``_code``
-    (its index in _CATS, plus ``offset``), so one attrgetter pass gives every event's
+    (its index in CATS, plus ``offset``), so one attrgetter pass gives every event's
     code. A category not in it fails the tagged decoder (the untagged one then reads the
     piece, and the piece goes to the reference builder as any unknown category does)."""
-    cats = enum.Enum(name, [(f"c{i}", c) for i, c in enumerate(_CATS) if c is not None])
+    cats = enum.Enum(name, [(f"c{i}", c) for i, c in enumerate(CATS) if c is not None])
     for member in cats:
-        member._code = _CAT_INDEX[member.value] + offset
+        member._code = CAT_INDEX[member.value] + offset
     return cats
 
 
 _CAT_X = _coded_categories("_CatX", 0)
 _CAT_OTHER = _coded_categories("_CatOther", _NCATS)   # not "X": no rows, counted only
 # code (0.._NCATS-1: "X", _NCATS..: other phases) -> kind code or -1
-_KIND_OF_CODE = np.concatenate([_KIND_OF_CAT, np.full(_NCATS, -1, dtype=np.int8)])
-_NONE_CODE = _CAT_INDEX[None]    # an absent "cat" (None: no _code); kind -1 in any phase
+_KIND_OF_CODE = np.concatenate([KIND_OF_CAT, np.full(_NCATS, -1, dtype=np.int8)])
+_NONE_CODE = CAT_INDEX[None]    # an absent "cat" (None: no _code); kind -1 in any phase
 
 
 def _tagged_decoder():
@@ -162,7 +165,7 @@ def _tagged_decoder():
     return msgspec.json.Decoder(list[Union[(complete, *others)]])
 
 
-_DTYPES = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE,
+DTYPES = {"kernels": KERNEL_DTYPE, "copies": COPY_DTYPE, "api": API_DTYPE, "ranges": RANGE_DTYPE,
            "cpu_ops": CPU_OP_DTYPE}
 
 _get = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")}
@@ -271,7 +274,7 @@ def _causal_flags(name_id: np.ndarray, args: list, names: _Names) -> np.ndarray:
 def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
     """Rows of one kind from its events ``evs`` (category index ``cat`` of each)."""
     n = len(evs)
-    out = empty(_DTYPES[kind], n)
+    out = empty(DTYPES[kind], n)
     if not n:
         return out
     _times(evs, out)
@@ -292,14 +295,14 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
                        ("bytes", "bytes")):
             v = _ints(map(_aget[f], args), n)
             out[col] = np.where(v == _ABSENT, MISSING, v)
-        out["kind"] = np.where(cat == _CAT_INDEX["gpu_memset"], COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
+        out["kind"] = np.where(cat == CAT_INDEX["gpu_memset"], COPY_KIND_MEMSET, COPY_KIND_MEMCPY)
     elif kind == "api":
         out["pid"] = _ids32(_get["pid"], evs)
         out["tid"] = _ids32(_get["tid"], evs)
         out["correlation_id"] = _ints(map(_aget["correlation"], args), n)
         out["external_id"] = _ints(map(_aget["external_id"], args), n)
         out["cbid"] = _ints(map(_aget["cbid"], args), n)
-        out["domain"] = np.where(cat == _CAT_INDEX["cuda_driver"], API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
+        out["domain"] = np.where(cat == CAT_INDEX["cuda_driver"], API_DOMAIN_DRIVER, API_DOMAIN_RUNTIME)
     elif kind == "cpu_ops":
         out["pid"] = _ids32(_get["pid"], evs)
         out["tid"] = _ids32(_get["tid"], evs)
@@ -311,13 +314,13 @@ def _rows(kind: str, evs: list, names: _Names, cat: np.ndarray) -> np.ndarray:
         kinds, pids, tids, devices = [], [], [], []
         for e, a, nid, c in zip(evs, args, out["name_id"].tolist(), cat.tolist()):
             step = nid >= 0 and names.table[nid].startswith("ProfilerStep#")
-            if c == _CAT_INDEX["user_annotation"]:
+            if c == CAT_INDEX["user_annotation"]:
                 kinds.append(RANGE_PROFILER_STEP if step else RANGE_USER_ANNOTATION)
                 pids.append(e.pid)
                 tids.append(e.tid)
                 devices.append(MISSING)
             else:
-                kinds.append(RANGE_CUDA_SYNC if c == _CAT_INDEX["cuda_sync"]
+                kinds.append(RANGE_CUDA_SYNC if c == CAT_INDEX["cuda_sync"]
                              else RANGE_PROFILER_STEP if step else RANGE_GPU_ANNOTATION)
                 devices.append(e.pid if a.device == _ABSENT else a.device)
                 pids.append(MISSING)
@@ -333,7 +336,7 @@ def _bracketed(piece) -> bytes:
     return b"".join((b"[", piece, b"]"))
 
 
-def _reference(piece, b: EventBuilder) -> dict[str, np.ndarray]:
+def reference(piece, b: EventBuilder) -> dict[str, np.ndarray]:
     """The piece read by the reference dict builder (names and counts shared)."""
     try:
         events = orjson.loads(_bracketed(piece))
@@ -343,8 +346,9 @@ def _reference(piece, b: EventBuilder) -> dict[str, np.ndarray]:
     tmp.add(events)
     try:
         return tmp.build_all()
-    except (OverflowError, ValueError, TypeError):
-        # values the dict builder cannot hold either: the scanner's path decides
+    except (OverflowError, ValueError, TypeError, AttributeError):
+        # values the dict builder cannot hold either (AttributeError: an "args" that is
+        # not an object): the scanner's path decides
         raise json_chunks.Unsplit("values the reference builder cannot read") from None
 
 
@@ -361,15 +365,15 @@ def _decode_piece(piece, b: EventBuilder, names: _Names) -> dict[str, np.ndarray
             code %= _NCATS
         except msgspec.ValidationError:
             evs = _DECODER.decode(text)
-            codes = list(map(_CAT_INDEX.get, map(_get["cat"], evs)))
+            codes = list(map(CAT_INDEX.get, map(_get["cat"], evs)))
             if None in codes:          # a category this module does not know
-                return _reference(piece, b)
+                return reference(piece, b)
             code = np.array(codes, dtype=np.int16)
-            kind_of = _KIND_OF_CAT[code]
+            kind_of = KIND_OF_CAT[code]
             kind_of[~np.fromiter(map(eq, map(_get["ph"], evs), repeat("X")), dtype=bool,
                                  count=len(evs))] = -1
     except msgspec.ValidationError:
-        return _reference(piece, b)
+        return reference(piece, b)
     except msgspec.DecodeError:
         raise json_chunks.Unsplit("a piece is not valid JSON") from None
     except RecursionError:
@@ -379,17 +383,17 @@ def _decode_piece(piece, b: EventBuilder, names: _Names) -> dict[str, np.ndarray
     per_cat = np.bincount(code, minlength=_NCATS)
     try:
         cols = {}
-        for k in _KINDS:
+        for k in KINDS:
             rows = np.flatnonzero(kind_of == _KIND_CODE[k])
             idx = rows.tolist()
             # a tuple from itemgetter as it is (map and zip read it as a list)
             sel = () if not idx else (evs[idx[0]],) if len(idx) == 1 else itemgetter(*idx)(evs)
             cols[k] = _rows(k, sel, names, code[rows])
     except (OverflowError, ValueError, TypeError, orjson.JSONDecodeError):
-        return _reference(piece, b)   # an integer wider than int64, a non-JSON shape text ...
+        return reference(piece, b)   # an integer wider than int64, a non-JSON shape text ...
     counts = b.counts
     for c in np.flatnonzero(per_cat).tolist():
-        key = _CATS[c] if _CATS[c] is not None else "<none>"
+        key = CATS[c] if CATS[c] is not None else "<none>"
         counts[key] = counts.get(key, 0) + int(per_cat[c])
     return cols
 
@@ -428,7 +432,7 @@ def _parent_takes(i: int) -> bool:
 
 def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
     """Forked reader of its share of the pieces: writes each piece's rows (per kind, in
-    _KINDS order, raw) to the unlinked file ``spool`` and sends ("piece", i, row counts,
+    KINDS order, raw) to the unlinked file ``spool`` and sends ("piece", i, row counts,
     new names, None) per piece, then ("done", ...) or ("error", text). The messages are
     small: the columns go through the spool file, not through the pipe (a pipe full of
     columns stalled the child whenever the parent held the GIL in a long decode). Before
@@ -449,7 +453,7 @@ def _child(path: str, chunk_bytes: int, conn, spool, acks, parent_ends) -> None:
             while written[0] - read_back[0] > SPOOL_LEAD_BYTES:
                 read_back[0] = acks.recv()
             counts = []
-            for k in _KINDS:
+            for k in KINDS:
                 a = np.ascontiguousarray(cols[k])
                 counts.append(len(a))
                 if len(a):
@@ -535,8 +539,10 @@ class _Rows:
                 self.mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             else:
                 self.mm.resize(size)
-        view = np.frombuffer(self.mm, dtype=self.dtype, count=self.n + len(a))
-        view[self.n:] = a
+        # as bytes: one copy, where a structured assignment copies field by field
+        size = self.dtype.itemsize
+        view = np.frombuffer(self.mm, dtype=np.uint8, count=need)
+        view[self.n * size:] = np.ascontiguousarray(a, dtype=self.dtype).view(np.uint8).reshape(-1)
         del view            # a buffer still exported would block the next resize
         self.n += len(a)
 
@@ -546,20 +552,20 @@ class _Rows:
         return np.frombuffer(self.mm, dtype=self.dtype, count=self.n)
 
 
-class _InOrder:
+class InOrder:
     """Appends pieces' columns in piece order, holding the ones that arrive early.
     Rows, and the names interned so far, are charged to ``budget`` (a
     :class:`probes.budget.EventBudget`, or None) as pieces arrive."""
 
     def __init__(self, budget=None, names=None):
-        self.rows = {k: _Rows(_DTYPES[k]) for k in _KINDS}
+        self.rows = {k: _Rows(DTYPES[k]) for k in KINDS}
         self.next = 0
         self.pending: dict[int, dict] = {}
         self.budget, self.names = budget, names
 
     def add(self, i: int, cols: dict) -> None:
         if self.budget is not None:
-            for k in _KINDS:
+            for k in KINDS:
                 if len(cols[k]):
                     self.budget.charge(k, len(cols[k]))
             if self.names is not None:
@@ -567,7 +573,7 @@ class _InOrder:
         self.pending[i] = cols
         while self.next in self.pending:
             done = self.pending.pop(self.next)
-            for k in _KINDS:
+            for k in KINDS:
                 self.rows[k].append(done[k])
             self.next += 1
 
@@ -601,7 +607,7 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
         return None
     send.close()
     ack_recv.close()
-    out = _InOrder(budget)
+    out = InOrder(budget)
     remap: list[int] = []    # the child's name ids -> this table's, in the order it met them
     table: list = [None]      # remap as an array, rebuilt when it grows
     done: list = []
@@ -619,9 +625,9 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
             table[0] = np.array(remap or [0], dtype=np.int32)
         cols = {}
         start = offset[0]
-        for kind, n in zip(_KINDS, counts):
-            x = _read_rows(fd, _DTYPES[kind], n, offset[0])
-            offset[0] += n * _DTYPES[kind].itemsize
+        for kind, n in zip(KINDS, counts):
+            x = _read_rows(fd, DTYPES[kind], n, offset[0])
+            offset[0] += n * DTYPES[kind].itemsize
             for c in ("name_id", "input_dims_id", "input_types_id"):
                 if c in x.dtype.names and n:
                     x[c] = np.where(x[c] >= 0, table[0][np.maximum(x[c], 0)], x[c])
@@ -695,7 +701,7 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
                 return trace
         stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
         b = EventBuilder()
-        out = _InOrder(budget.fresh() if budget is not None else None, b.names)
+        out = InOrder(budget.fresh() if budget is not None else None, b.names)
         _read(stream, b, _every, out.add)
         trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
         if stream.top_array:

@@ -2,9 +2,10 @@
 
 One module says what a window is: the probes' and the aggregator's figures as the agent
 folds them (:class:`Window` and what it holds), the agent's own health, a step of the
-phase mapper, and the served requests joined with the GPU steps. Producers still build
-plain dicts (``aggregator.windows``); :func:`aggregator.wire.encode_window` numbers their
-keys by :data:`aggregator.wire.FIELDS`, which is generated from these Structs
+phase mapper, and the served requests joined with the GPU steps. The window builder
+(``aggregator.windows``) builds a :class:`Window` directly; :func:`aggregator.wire.encode_window`
+numbers its fields (and a plain dict's keys) by :data:`aggregator.wire.FIELDS`, which is
+generated from these Structs
 (:func:`wire_fields`): a field's wire number is declared beside it,
 ``Annotated[int, N(15)]``, and a name carries one number wherever it appears (a GPU's and
 a phase's ``kernel_time_ns`` are both field 15). Fields without a number travel as their
@@ -66,6 +67,17 @@ class Latency(msgspec.Struct, omit_defaults=True):
     p50_ns: Annotated[Num | None, N(26)] = None
     p99_ns: Annotated[Num | None, N(27)] = None
     mean_ns: Annotated[Num | None, N(71)] = None
+    histogram: str | None = None        # travels as its name: how the percentiles were read
+
+
+class LaunchLatency(msgspec.Struct, omit_defaults=True):
+    """One phase's launch latency (API call start to kernel start,
+    ``aggregator.phase_figures``): percentiles of a fine histogram and the mean."""
+    kernels: Num = 0
+    p50_ns: Num | None = None
+    p90_ns: Num | None = None            # the first release's field 69, carried by that number
+    p99_ns: Num | None = None
+    mean_ns: Num | None = None
 
 
 class Ceilings(msgspec.Struct, omit_defaults=True):
@@ -104,6 +116,20 @@ class PhaseFigures(msgspec.Struct, omit_defaults=True):
     share_of_gpu_time_ratio: Num | None = None
     work_busy_ns: Num | None = None
     work_coverage_ratio: Num | None = None
+    window_ns: Num | None = None                 # first kernel start to last end of the phase
+    idle_ratio: Num | None = None
+    gaps: Num | None = None
+    median_gap_ns: Num | None = None
+    median_kernel_ns: Num | None = None
+    idle_in_launch_calls_ratio: Num | None = None
+    idle_in_sync_calls_ratio: Num | None = None
+    work_by_source: dict[str, dict[str, Any]] = {}   # per work source (shapes, model): its figures
+    ridge_point: Num | None = None
+    ceiling_dtype: str | None = None
+    peak_flops_per_s: Num | None = None
+    peak_bytes_per_s: Num | None = None
+    launch_latency: LaunchLatency | None = None
+    work_estimated: bool = False     # model work over token counts read from kernel grids
 
 
 class GpuProcess(msgspec.Struct, omit_defaults=True):
@@ -240,6 +266,45 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     model_names: Any = None
     simulated: bool | None = None
     alerts: dict[str, AlertState] = {}
+    kv_usage_max_ratio: Num | None = None      # the window's highest KV usage (the verdict weighs it)
+    max_running_requests: Num | None = None    # the engine's batch cap, where it says
+    # Where the window's histogram puts a percentile in its first bucket or past its last,
+    # there is no interpolated value: the kind says which, and the bucket bound stands in
+    # (aggregator.engine_metrics.engine_record).
+    queue_time_p50_kind: str | None = None
+    queue_time_p50_lower_s: Num | None = None
+    queue_time_p50_upper_s: Num | None = None
+    queue_time_p99_kind: str | None = None
+    queue_time_p99_lower_s: Num | None = None
+    queue_time_p99_upper_s: Num | None = None
+    ttft_p50_kind: str | None = None
+    ttft_p50_lower_s: Num | None = None
+    ttft_p50_upper_s: Num | None = None
+    ttft_p99_kind: str | None = None
+    ttft_p99_lower_s: Num | None = None
+    ttft_p99_upper_s: Num | None = None
+    itl_p50_kind: str | None = None
+    itl_p50_lower_s: Num | None = None
+    itl_p50_upper_s: Num | None = None
+    itl_p99_kind: str | None = None
+    itl_p99_lower_s: Num | None = None
+    itl_p99_upper_s: Num | None = None
+
+
+class ScrapeError(msgspec.Struct):
+    """One failed scrape the engine probe reported (``probes.engine``), kept by the window
+    builder until its endpoint answers."""
+    endpoint: str | None = None
+    error: str | None = None
+
+
+class EngineSource(msgspec.Struct):
+    """One engine source's record of the window's ``engine`` map (``aggregator.windows``:
+    the tracker's endpoints by URL, each read as :class:`EngineFigures` by who reads it, and
+    the latest failed scrapes). A source whose record has no ``endpoints`` map is itself one
+    endpoint's figures (a plain record given to ``WindowBuilder.add_engine``)."""
+    endpoints: dict[str, Any] | None = None
+    errors: list[Any] = []
 
 
 # ----------------------------------------------------------------- agent health
@@ -308,6 +373,51 @@ class Health(msgspec.Struct, omit_defaults=True):
     window_open_steps_cut: Num | None = None
     cupti_processes_taken_over: Num | None = None
     cupti_taken_over_by_uid: Any = None        # {uid: processes}
+    # the rest of what the daemon reports of itself (agent.daemon.Agent.close_window)
+    peak_rss_bytes: Num | None = None
+    uptime_s: Num | None = None
+    requests_joined: Num | None = None
+    requests_dropped: Num | None = None
+    request_steps_dropped: Num | None = None
+    request_stories_unpublished: Num | None = None
+    publisher_errors: Num | None = None
+    publisher_stalls: Num | None = None
+    publisher_lossy_sent: Num | None = None
+    publisher_bytes_sent: Num | None = None
+    subscriptions: Num | None = None
+    bad_frames: Num | None = None
+    reloads: Num | None = None
+    reloads_refused: Num | None = None
+    reloads_deferred: Num | None = None
+    loop_errors: Num | None = None
+    watchdog_skipped: Num | None = None
+    cupti_taken_over: Any = None               # the processes another tool holds CUPTI in
+    cupti_reclaims_requested: Num | None = None
+    cupti_reclaim_requests_rejected: Num | None = None
+    sink: "SinkState | None" = None            # the object-storage sink, when on (agent.sink_supervisor)
+
+
+class SinkState(msgspec.Struct, omit_defaults=True):
+    """The object-storage sink's state and counters (``agent.sink_supervisor``: the agent's
+    sink child, ``agent.object_sink``, summed over the child's restarts). Travels by name."""
+    state: str = "off"             # off | running | restarting | unavailable
+    url: str = ""
+    restarts: int = 0              # the child ended (crashed, killed) and was started again
+    messages: int = 0              # stream messages journaled
+    missed_messages: int = 0       # published while no sink ran (sequence gaps at a restart)
+    files_written: int = 0
+    bytes_written: int = 0
+    files_uploaded: int = 0
+    bytes_uploaded: int = 0
+    upload_errors: int = 0         # failed uploads, each retried later (backoff 1 s doubling to 60 s)
+    dropped_files: int = 0         # deleted unsent past the spool cap or the free-space floor
+    dropped_bytes: int = 0
+    replayed_messages: int = 0     # taken again from a dead child's journal
+    torn_frames: int = 0
+    spool_bytes: int = 0           # gauge: the spool now
+    spool_files: int = 0           # gauge: complete files waiting for upload
+    last_error: str = ""
+    status_age_s: float = 0.0      # since the child last wrote its status
 
 
 # ----------------------------------------------------------------- steps
@@ -452,6 +562,24 @@ class WindowStragglers(msgspec.Struct):
     straggler_kernels_dropped: Annotated[int, N(157)] = 0  # cumulative: over MAX_HELD_KERNELS
 
 
+# ----------------------------------------------------------------- verdicts
+
+
+class VerdictRecord(msgspec.Struct, omit_defaults=True):
+    """What the views read of one verdict record of the window's ``verdict`` list
+    (``aggregator.verdict.verdict_record``: the verdict of one GPU and process, its face
+    and the figures that place it); its other keys (reasons, faces, caveats) are read by
+    ``aggregator.answer``."""
+    device: Any = None
+    pid: Any = None
+    verdict: str | None = None
+    face: str | None = None
+    phase_pct_of_peak_bytes: Num | None = None
+    phase_pct_of_peak_flops: Num | None = None
+    kv_usage_ratio: Num | None = None
+    gpu_idle_ratio: Num | None = None
+
+
 # ----------------------------------------------------------------- the window
 
 
@@ -473,8 +601,9 @@ class Window(msgspec.Struct, omit_defaults=True):
 
 
 #: Every Struct whose fields are numbered; :func:`wire_fields` reads them.
-RECORDS = (Window, GpuProcess, PhaseFigures, Latency, Ceilings, SchedThread, SchedFigures, LatencyHistogram,
-           EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, Pause, RequestStory, Exemplar,
+RECORDS = (Window, GpuProcess, PhaseFigures, Latency, LaunchLatency, Ceilings, SchedThread, SchedFigures,
+           LatencyHistogram, EngineFigures, ProbeCounters, ProbeMessage, Health, Step, StepTokens, Culprit, Pause,
+           RequestStory, Exemplar,
            WindowRequests, RequestsMessage, RankStragglers, GroupStragglers, WindowStragglers)
 
 #: Numbers the first release gave to names no typed record declares (its guesses at the
@@ -511,8 +640,34 @@ def wire_fields() -> dict[str, int]:
     return dict(sorted(table.items(), key=lambda kv: kv[1]))
 
 
-def window_of(record: dict) -> Window:
+def window_of(record: dict | Window) -> Window:
     """A decoded window (the dict of ``wire.decode_window`` or ``WindowBuilder.close``)
     as a :class:`Window`. Keys it does not declare are ignored; ``msgspec.ValidationError``
-    when a declared one has the wrong type."""
+    when a declared one has the wrong type. A :class:`Window` (what the builder closes) is
+    returned as it is."""
+    if isinstance(record, Window):
+        return record
     return msgspec.convert(record, Window)
+
+
+def window_sections_of(record: dict | Window) -> tuple[Window, dict[str, str]]:
+    """A decoded window as a :class:`Window` for a view that shows what it can: a section
+    (a top-level field) of the wrong type is left at its default and named, with
+    msgspec's reason, in the second value (empty when the record is whole). A record that
+    is not a map at all raises ``msgspec.ValidationError``."""
+    try:
+        return window_of(record), {}
+    except msgspec.ValidationError:
+        if not isinstance(record, dict):
+            raise
+    good, bad = {}, {}
+    for name in Window.__struct_fields__:
+        if name not in record:
+            continue
+        try:
+            msgspec.convert({name: record[name]}, Window)
+        except msgspec.ValidationError as exc:
+            bad[name] = str(exc)
+            continue
+        good[name] = record[name]
+    return msgspec.convert(good, Window), bad

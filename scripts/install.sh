@@ -2,7 +2,7 @@
 # Install (or with --uninstall remove) the Ridgeline agent as a systemd service:
 #   /opt/ridgeline/venv             dedicated virtualenv: ridgeline, its pinned dependencies and
 #                                   the CUPTI injection library, built by the package build
-#                                   (needs a C compiler and make: scripts/setup-native.sh)
+#                                   (needs a C/C++ compiler, make and libsimdjson-dev: scripts/setup-native.sh)
 #   /etc/systemd/system/ridgeline.service
 #   /etc/tmpfiles.d/ridgeline.conf  runtime folder /run/ridgeline (0751)
 #   /etc/ridgeline/agent.toml       default config (kept if already there, kept on uninstall)
@@ -89,7 +89,7 @@ if [ ! -x "$PREFIX/venv/bin/python" ]; then
     "$PY" -m venv "$PREFIX/venv"
 fi
 if [ "$R" = "" ]; then
-    bash "$SRC/scripts/setup-native.sh" || true   # gcc/make for the library build; pip says if still missing
+    bash "$SRC/scripts/setup-native.sh" || true   # gcc/g++/make/libsimdjson-dev for the native builds; pip says if still missing
 fi
 if [ "$R" = "" ] && [ "$EBPF" = 1 ]; then
     bash "$SRC/scripts/setup-ebpf.sh" || echo "ridgeline: eBPF prerequisites unavailable (see above); the eBPF probes will say why" >&2

@@ -5,7 +5,11 @@ ranges), the steps found and the share of kernel time per phase with annotations
 stripped (every range removed), and stripped with the CPU operators removed too (kernels
 only). Prints a Markdown table (docs/phases.md holds the last one).
 
-    python scripts/phases_real_traces.py [--shared DIR] [--third-party DIR]
+With ``--verdicts``: a second table, for the traces whose model is a built-in shape
+(aggregator/model_config.py), of each phase's verdict and work source in the three modes
+with the analytic model (``~`` marks work estimated from token counts read off kernel grids).
+
+    python scripts/phases_real_traces.py [--shared DIR] [--third-party DIR] [--verdicts]
 
 Traces are read from SHARED/traces (tests/conftest.py SHARED) and from the third-party
 folder (tests/THIRD_PARTY.md); absent files are listed as absent. A file the reader refuses
@@ -74,16 +78,43 @@ def summary(tr: Trace, pm) -> tuple[str, str]:
     return steps, share
 
 
+# Traces whose model is built in: (model, tensor parallel, GPU for the ceilings when the
+# trace's device name is empty).
+MODELS = {"tracelens_b200_vllm_gptoss_tp8_prefill888": ("gpt-oss-120b", 8, None),
+          "tracelens_mi300_vllm_gptoss_decode_full": ("gpt-oss-20b", 1, "mi300x"),
+          "tracelens_mi300_vllm_gptoss_mixed_piecewise": ("gpt-oss-20b", 1, "mi300x"),
+          "tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559": ("qwen1.5-0.5b", 1, None),
+          "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559": ("qwen1.5-0.5b", 1, "mi300x")}
+
+
+def verdicts(tr: Trace, name: str) -> str | None:
+    """One table row: per mode, each phase's verdict and work source (None: no built-in model)."""
+    from ridgeline.aggregator import model_config
+    from ridgeline.aggregator.analysis import analyze_trace
+    if name not in MODELS:
+        return None
+    model, tp, gpu = MODELS[name]
+    m = model_config.builtin(model)
+    cells = []
+    for t in (tr, without(tr, True), without(tr, False)):
+        doc = analyze_trace(t, model=m, tensor_parallel=tp, gpu=gpu)
+        cells.append(", ".join(f"{ph}: {f.verdict} ({'~' if f.work_estimated else ''}{f.work_source})"
+                               for ph, f in doc.phases.items()))
+    return f"| `{name}` | {model} (TP {tp}) | " + " | ".join(cells) + " |"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=os.environ.get("RIDGELINE_SHARED", str(ROOT.parent / "shared")))
     ap.add_argument("--third-party", default=os.environ.get("RIDGELINE_THIRD_PARTY", ""))
+    ap.add_argument("--verdicts", action="store_true", help="also the verdict table (built-in models)")
     a = ap.parse_args(argv)
     tp = Path(a.third_party) if a.third_party else Path(a.shared) / "third-party"
     paths = [Path(a.shared) / "traces" / n for n in SHARED_TRACES] + [tp / "traces" / n for n in THIRD_PARTY_TRACES]
     print("| trace | kernels | engine steps | kept: steps | kept: kernel time | stripped: steps | stripped: kernel time "
           "| no CPU ops: steps | no CPU ops: kernel time |")
     print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for p in paths:
         if not p.exists():
             print(f"| `{p.name}` | absent | | | | | | | |")
@@ -98,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             cells += summary(tr, map_phases(t))
         print(f"| `{p.name.removesuffix('.json.gz')}` | {len(tr.kernels)} | {engine_steps(tr)} | " + " | ".join(cells) + " |",
               flush=True)
+        if a.verdicts:
+            rows.append(verdicts(tr, p.name.removesuffix(".json.gz")))
+    if a.verdicts:
+        print("\n| trace | model | kept: verdict (work) | stripped: verdict (work) | no CPU ops: verdict (work) |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            if r is not None:
+                print(r)
     return 0
 
 

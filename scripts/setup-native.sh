@@ -9,18 +9,20 @@
 # runs without the injection library, the CUPTI probe then says why).
 set -euo pipefail
 have() { command -v "$1" >/dev/null 2>&1; }
-if have make && { have cc || have gcc; }; then
+# the native trace reader (probes/native_json) also needs g++ and the distro's simdjson
+have_simdjson() { [ -f /usr/include/simdjson.h ]; }
+if have make && { have cc || have gcc; } && have g++ && have_simdjson; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ]; then
-    echo "setup-native: no C compiler/make and not root: cannot install build-essential" >&2
+    echo "setup-native: no C/C++ compiler, make or libsimdjson-dev, and not root: cannot install them" >&2
     exit 1
 fi
 if ! have apt-get; then
-    echo "setup-native: no C compiler/make and no apt-get: install gcc and make" >&2
+    echo "setup-native: no C/C++ compiler, make or libsimdjson-dev, and no apt-get: install gcc, g++, make and simdjson" >&2
     exit 1
 fi
 # shellcheck source=scripts/apt.sh
 . "$(dirname "$0")/apt.sh"
-apt_install gcc make libc6-dev || { echo "setup-native: installing gcc/make failed (see above)" >&2; exit 1; }
-have make && have cc
+apt_install gcc g++ make libc6-dev libsimdjson-dev || { echo "setup-native: installing gcc/g++/make/libsimdjson-dev failed (see above)" >&2; exit 1; }
+have make && have cc && have g++ && have_simdjson

@@ -80,7 +80,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     # pip's exit status survives the filter (pipefail); the filter drops noise about
     # local index folders this machine's pip config names but does not have.
-    "$VENV/bin/python" -m pip install -q -e '.[test,otlp,terminal,plot]' 2>&1 | { grep -v '^WARNING: Location' || true; }
+    # setuptools' 10-line "Editable installation ... folders with the same name as your
+    # package" warning is about exactly this tree (ridgeline/ is the package): not shown.
+    PYTHONWARNINGS="ignore:Editable installation" \
+        "$VENV/bin/python" -m pip install -q -e '.[test,otlp,terminal,plot]' 2>&1 | { grep -v '^WARNING: Location' || true; }
     touch "$stamp"
 fi
 
@@ -89,7 +92,17 @@ if [ -x scripts/link-bcc.sh ]; then
     bash scripts/link-bcc.sh "$VENV" || true
 fi
 
-# 4. Native parts (CUPTI injection library), when the project has them.
+# 4. Native parts (CUPTI injection library, trace reader), when the project has them.
 if [ -f probes/native/Makefile ]; then
     make -s -C probes/native || echo "ridgeline setup: native library build failed (see above); CUPTI probe unavailable" >&2
+fi
+# The native trace reader (libsimdjson-dev from scripts/setup-native.sh): `analyze` and
+# every trace import need it, and say so when it is missing.
+if [ -f probes/native_json/Makefile ]; then
+    make -s -C probes/native_json || echo "ridgeline setup: native trace reader build failed (see above); trace imports will say it is missing" >&2
+fi
+# The native fold library (aggregator/native): the agent and analyze cannot fold without it.
+if ! make -s -C aggregator/native; then
+    echo "ridgeline setup: building the native fold library (aggregator/native) failed (see above)" >&2
+    exit 1
 fi

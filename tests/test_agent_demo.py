@@ -17,6 +17,11 @@ def test_demo_leaves_report_plot_perfetto_recording_and_metrics(tmp_path):
     report = (out / "report.txt").read_text()
     assert "SIMULATED" in report and "Phases" in report and "decode" in report
     assert "agent cost while streaming" in report and "window verdicts" in report
+    # issue 24.4: the simulator's context lengths reach the decode bytes (its step annotations
+    # carry the key-token sums), and the report says so instead of asking for --context-len
+    assert "KV-cache read left out" not in report and "--context-len" not in report
+    words = " ".join(report.split()).replace("- ", "-")      # the report wraps at 120 columns
+    assert "KV-cache read from the step annotation's per-sequence key lengths" in words, words[:4000]
     assert (out / "roofline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     perfetto = json.loads((out / "trace.perfetto.json").read_text())
     assert len(perfetto["traceEvents"]) > 1000

@@ -5,7 +5,8 @@ from support.kineto_traces import TRACES as SHARED
 from support.phase_literals import decode_literal_trace
 
 from ridgeline.aggregator import model_config
-from ridgeline.aggregator.analysis import analyze_trace, choose_ceilings
+from ridgeline.aggregator.analysis import analyze_trace as analyze_typed
+from ridgeline.aggregator.analysis import choose_ceilings, document
 from ridgeline.aggregator.ceilings import load_table
 from ridgeline.aggregator.work import CAT_GEMM, kernel_work_from_shapes
 from ridgeline.probes.events import Device
@@ -15,6 +16,11 @@ PHASE_KEYS = {"kernel_time_ns", "kernels", "flops", "bytes", "achieved_flops_per
               "arithmetic_intensity", "verdict", "evidence", "pct_of_peak_flops", "pct_of_peak_bytes",
               "work_source", "busy_ns", "share_of_gpu_time_ratio", "idle_ratio"}
 VERDICTS = {"memory-bound", "compute-bound", "latency/launch-bound", "host-bound", "undetermined"}
+
+
+def analyze_trace(*a, **kw) -> dict:
+    """The ``ridgeline analyze --json`` document (these tests check its keys and figures)."""
+    return document(analyze_typed(*a, **kw))
 
 
 def test_literal_decode_with_model_is_memory_bound():

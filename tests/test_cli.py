@@ -198,8 +198,7 @@ def test_a_z85_server_key_that_looks_like_a_path_is_a_key():
     assert server_key("." + key[1:]) == ("." + key[1:]).encode()
 
 
-@pytest.mark.parametrize("command", ["demo", "top", "record", "check", "capacity", "keys", "simulate", "sched",
-                                     "scrape", "cupti"])
+@pytest.mark.parametrize("command", _commands())
 def test_help_has_a_plain_text_description(command):
     """Every command's --help says what it does, in plain text: no reST markup (issue 24.7)."""
     r = run(command, "--help")

@@ -108,13 +108,13 @@ def test_decode_below_half_peak(fleet):
     rows = run(duckdb.connect(), "decode_below_half_peak", fleet["dir"])
     # the same figure from each host's own windows
     want = {}
-    now = max(w["end_ns"] for h in fleet["hosts"].values() for w in h["windows"])
+    now = max(w.end_ns for h in fleet["hosts"].values() for w in h["windows"])
     for host, h in fleet["hosts"].items():
-        dec = [(w["end_ns"], w["gpus"][0]["phases"]["decode"]) for w in h["windows"]
-               if "decode" in w["gpus"][0]["phases"]]
-        peak = max(p["achieved_bytes_per_s"] for _, p in dec)
+        dec = [(w.end_ns, w.gpus[0].phases["decode"]) for w in h["windows"]
+               if "decode" in w.gpus[0].phases]
+        peak = max(p.achieved_bytes_per_s for _, p in dec)
         recent = [p for end, p in dec if end > now - HOUR_NS]
-        last = sum(p["bytes"] for p in recent) / (sum(p["work_busy_ns"] for p in recent) / 1e9)
+        last = sum(p.bytes for p in recent) / (sum(p.work_busy_ns for p in recent) / 1e9)
         want[host] = last / peak
     print("\nquery 1:", rows, "\nof peak per host, from the windows:", want)
     assert [(r["host"], r["gpu"]) for r in rows] == [("gpu-b", 0)]
@@ -130,10 +130,10 @@ def test_face_share_per_model(fleet):
     want: dict = {}
     for h in fleet["hosts"].values():
         for w in h["windows"]:
-            for v in w["verdict"] or []:
+            for v in w.verdict or []:
                 if v.get("verdict") and v.get("device") is not None:
                     key = (h["model"], v.get("face") or "none")
-                    want[key] = want.get(key, 0) + w["duration_ns"]
+                    want[key] = want.get(key, 0) + w.duration_ns
     print("\nquery 3:", [(r["model"], r["face"], round(r["share_of_time_ratio"], 4)) for r in rows])
     assert {(r["model"], r["face"]): r["bound_ns"] for r in rows} == want
     for model in {m for m, _ in want}:

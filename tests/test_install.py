@@ -81,6 +81,8 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(clean_clone)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    # issue 24.7: a first `make demo` printed setuptools' 40-line warning for each data folder
+    assert "would be ignored" not in r.stdout + r.stderr, (r.stdout + r.stderr)[-3000:]
     (whl,) = out.glob("*.whl")
     # A native library inside: tagged for this platform, any CPython 3.
     assert re.fullmatch(rf"ridgeline-[^-]+-py3-none-linux_{platform.machine()}\.whl", whl.name), whl.name
@@ -90,6 +92,8 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
         assert tops == {"ridgeline", next(t for t in tops if t.endswith(".dist-info"))}, tops
         lib = z.read(f"ridgeline/probes/native/{LIB}")
         assert lib[:4] == b"\x7fELF"
+        # the native trace reader (probes/native_json), where kineto_native.library_path() looks
+        assert z.read("ridgeline/probes/native_json/libridgeline_json.so")[:4] == b"\x7fELF"
         (tmp_path / LIB).write_bytes(lib)
         entry = z.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
         wheel_meta = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
@@ -101,6 +105,9 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
         assert data in names, data
     # The native sources stay in the repository: nothing in site-packages invites a `make` there.
     assert not [n for n in names if n.startswith("ridgeline/probes/native/") and not n.endswith(LIB)]
+    # The native fold library (aggregator/native), where aggregator/fold_native.py looks for it.
+    assert [n for n in names if n.startswith("ridgeline/aggregator/native/")] == \
+        ["ridgeline/aggregator/native/libridgeline_fold.so"]
     # The shipped library is the one without the test entry points (ridgeline_cupti_test.c).
     table = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / LIB)], capture_output=True, text=True,
                            check=True).stdout

@@ -22,7 +22,7 @@ def no_reference(monkeypatch):
     """Fail if any piece goes to the reference builder: the typed path did the work."""
     def refuse(piece, b):
         raise AssertionError("piece read by the reference builder")
-    monkeypatch.setattr(kineto_typed, "_reference", refuse)
+    monkeypatch.setattr(kineto_typed, "reference", refuse)
 
 
 @pytest.mark.parametrize("name", TRACES)

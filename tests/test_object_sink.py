@@ -11,9 +11,7 @@ real wire encoder (tests/support/recording_synth.py).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +21,14 @@ import pytest
 
 pytest.importorskip("pyarrow", reason="pyarrow (the ridgeline[parquet] extra) is not installed")
 
+from support import s3_server  # noqa: E402
+
 from ridgeline.agent import object_sink as S  # noqa: E402
 from ridgeline.agent import parquet_recording as pqr  # noqa: E402
 from ridgeline.agent.recording import iter_frames  # noqa: E402
 
 pytestmark = pytest.mark.long   # minutes: started first under xdist (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parent.parent
-NODE = ROOT / "build" / "node-s3rver"
-S3RVER_VERSION = "3.7.1"
 
 
 @pytest.fixture(scope="module")
@@ -46,82 +43,18 @@ def frames(tmp_path_factory):
     return list(iter_frames(rec))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3rver_bin():
-    exe = NODE / "node_modules" / ".bin" / "s3rver"
-    if not exe.exists():
-        if not shutil.which("npm"):
-            pytest.skip("npm not installed: no S3 API server for the sink tests")
-        NODE.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["npm", "install", "--prefix", str(NODE), "--no-audit", "--no-fund",
-                            f"s3rver@{S3RVER_VERSION}"], capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            pytest.skip(f"s3rver not installable from npm: {r.stderr.strip().splitlines()[-1:]}")
-    return exe
-
-
-class S3Server:
-    """s3rver on loopback, its objects under ``data`` (they outlive the process)."""
-
-    def __init__(self, exe: Path, data: Path, bucket: str = "fleet"):
-        self.exe, self.data, self.bucket = exe, data, bucket
-        self.port = _free_port()
-        self.p = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self):
-        self.data.mkdir(parents=True, exist_ok=True)
-        self.p = subprocess.Popen([str(self.exe), "-d", str(self.data), "-a", "127.0.0.1", "-p", str(self.port),
-                                   "-s", "--configure-bucket", self.bucket], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("s3rver did not start")
-
-    def kill(self):
-        if self.p and self.p.poll() is None:
-            self.p.send_signal(signal.SIGKILL)
-            self.p.wait()
-
-    def download(self, to: Path) -> Path:
-        """Every object of the bucket, through the AWS SDK (pyarrow's S3 filesystem)."""
-        import pyarrow.fs as pafs
-        fs = self.fs()
-        for info in fs.get_file_info(pafs.FileSelector(self.bucket, recursive=True)):
-            if info.type == pafs.FileType.File:
-                rel = info.path[len(self.bucket) + 1:]
-                (to / rel).parent.mkdir(parents=True, exist_ok=True)
-                with fs.open_input_stream(info.path) as f:
-                    (to / rel).write_bytes(f.read())
-        return to
-
-    def fs(self):
-        import pyarrow.fs as pafs
-        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
-        os.environ.setdefault("AWS_RESPONSE_CHECKSUM_VALIDATION", "when_required")
-        return pafs.S3FileSystem(access_key="S3RVER", secret_key="S3RVER", endpoint_override=self.endpoint,
-                                 scheme="http", region="us-east-1", connect_timeout=1, request_timeout=3)
+    return s3_server.s3rver_bin()
 
 
 @pytest.fixture
 def s3_env(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "S3RVER")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "S3RVER")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3_server.s3_env(monkeypatch)
+
+
+_free_port = s3_server._free_port
+S3Server = s3_server.S3Server
 
 
 def _frames_in(root: Path) -> list[int]:
@@ -269,3 +202,12 @@ def test_the_spool_is_bounded_and_what_it_drops_is_counted(tmp_path, frames):
     assert sink.counters.upload_errors > 0
     # at most the cap plus what arrived since the last check (one roll's files and journal)
     assert peak <= cap + 300_000, peak
+
+
+def test_one_sink_per_spool(tmp_path):
+    a = S.ObjectSink(tmp_path / "spool", f"file://{tmp_path / 'dest'}", upload_interval_s=0.05, recording="r5")
+    try:
+        with pytest.raises(S.RuntimeFailure, match=rf"the spool is in use by another sink \(pid {os.getpid()}\)"):
+            S.ObjectSink(tmp_path / "spool", f"file://{tmp_path / 'dest'}", upload_interval_s=0.05)
+    finally:
+        a.close()

@@ -112,8 +112,8 @@ def test_export_writes_hive_partitions_with_the_schema(tmp_path, sim_source, cap
     w = pq.ParquetDataset(out / "window_phases").read().to_pylist()
     assert len({x["frame"] for x in w}) == 14
     dec = [x for x in w if x["phase"] == "decode"]
-    want = [g["phases"]["decode"]["achieved_bytes_per_s"] for win in info["windows"] for g in win["gpus"]
-            if "decode" in g["phases"]]
+    want = [g.phases["decode"].achieved_bytes_per_s for win in info["windows"] for g in win.gpus
+            if "decode" in g.phases]
     assert sorted(x["achieved_bytes_per_s"] for x in dec) == pytest.approx(sorted(want))
     c = pq.ParquetDataset(out / "copies").read()
     assert set(c.column("direction").to_pylist()) <= set(pqr.COPY_DIRECTION_NAMES.values())
@@ -282,3 +282,15 @@ def test_an_unknown_compression_is_refused(tmp_path):
     from ridgeline.probes.errors import InputError
     with pytest.raises(InputError, match="compression 'brotli9'"):
         pqr.ParquetRecordingWriter(tmp_path / "rec", compression="brotli9")
+
+
+def test_reserved_requests_table_holds_every_story_number():
+    """The reserved `requests` table is RequestStory's fields: a field added to the story
+    (paused_ns came with preemption pauses) must be appended here too. trace_id and the
+    pause list stay out: the trace id joins spans, not fleet queries, and the pauses are
+    summed in paused_ns."""
+    from ridgeline.aggregator.request_join import RequestStory
+    cols = {c for c, _ in pqr.RESERVED_TABLES["requests"]}
+    missing = [f for f in RequestStory.__struct_fields__ if f not in cols and f not in ("trace_id", "pauses")]
+    assert missing == []
+    assert "paused_ns" in cols

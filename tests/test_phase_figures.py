@@ -1,5 +1,6 @@
 """aggregator.phase_figures: analyze and the live windows fill one accumulator and read one
 figure function, so the same kernels give the same per-phase figures through both."""
+import msgspec
 import numpy as np
 import pytest
 
@@ -7,6 +8,7 @@ from ridgeline.aggregator import analysis, model_config
 from ridgeline.aggregator.phase_figures import FINE_BINS, SUB_BINS, PhaseSums, fine_bins, fine_percentile_ns
 from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import Trace
+from ridgeline.probes.records import PhaseFigures
 
 
 def _kernel_stream(t: Trace) -> Trace:
@@ -37,15 +39,18 @@ def _window_phases(t: Trace, batches: int, model, gpu: str) -> dict:
         kp = k[part]
         b.add_events(Trace(kernels=kp, api=a[np.isin(a["correlation_id"], kp["correlation_id"])],
                            names=t.names, devices=t.devices, meta={"source": "simulated"}))
-    (g,) = b.close(0, 1, final=True)["gpus"]
-    return g["phases"]
+    (g,) = b.close(0, 1, final=True).gpus
+    return g.phases
 
 
-def _analyze_phases(t: Trace, model, gpu: str) -> dict:
-    doc = analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False)
+def _analyze_phases(t: Trace, model, gpu: str) -> dict[str, PhaseFigures]:
+    """analyze's phases as the window's typed records: every figure analyze gives is one
+    the window record declares (none is lost in the conversion)."""
+    doc = analysis.document(analysis.analyze_trace(t, gpu=gpu, model=model, use_annotations=False))
     for f in doc["phases"].values():
         del f["top_kernels"]          # a listing of the trace's names, not a window figure
-    return doc["phases"]
+        assert set(f) <= set(PhaseFigures.__struct_fields__), set(f) - set(PhaseFigures.__struct_fields__)
+    return msgspec.convert(doc["phases"], dict[str, PhaseFigures])
 
 
 @pytest.mark.parametrize("args", [(128, 400, 40), (4000, 1, 4, 8192)], ids=["decode-heavy", "prefill-heavy"])
@@ -53,8 +58,8 @@ def test_analyze_and_live_window_give_equal_figures(args):
     model = model_config.builtin("llama-3-8b")
     t = _simulated(*args)
     whole = _analyze_phases(t, model, "h100-sxm")
-    assert whole and sum(f["kernels"] for f in whole.values()) == len(t.kernels)
-    assert any(f["flops"] for f in whole.values())             # the model's work was attributed
+    assert whole and sum(f.kernels for f in whole.values()) == len(t.kernels)
+    assert any(f.flops for f in whole.values())             # the model's work was attributed
     assert _window_phases(t, 1, model, "h100-sxm") == whole
     # Batches cut anywhere: each step is folded whole (the window holds the open one), so
     # the sums, and every figure read from them, are those of one fold.
@@ -78,7 +83,7 @@ def test_analyze_and_live_window_agree_on_real_traces(trace_path, name):
     t = Trace(kernels=k[m], api=a, names=t.names, devices=t.devices, meta=t.meta)
     model = model_config.builtin("qwen1.5-0.5b")
     whole = _analyze_phases(t, model, "h100-sxm")
-    assert whole and sum(f["kernels"] for f in whole.values()) == int(m.sum())
+    assert whole and sum(f.kernels for f in whole.values()) == int(m.sum())
     assert _window_phases(t, 1, model, "h100-sxm") == whole
 
 

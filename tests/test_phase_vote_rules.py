@@ -301,7 +301,7 @@ REAL = [
     ("attention_phase", B200, 0, [(PREFILL, STRONG, "attention")], "fmhaSm100aKernel_QkvE4m3OBfloat16H64PagedKvCausal"),
     ("attention_phase", NANO0, 0, [(DECODE, STRONG, "attention"), (DECODE, WEAK, "attention")],
      "flash_fwd_splitkv_combine_kernel x1: flash_fwd_splitkv_combine_kernel => decode"),
-    ("attention_phase", TP + "tracelens_mi300_sglang_qwen3_8b_decode.json.gz", 1, [(DECODE, STRONG, "attention")],
+    ("attention_phase", TP + "tracelens_mi300_sglang_qwen3_8b_decode.json.gz", 0, [(DECODE, STRONG, "attention")],
      "paged_attention_ll4mi_reduce_kernel x72"),
     ("tokens", NANO100, 0, [(DECODE, MEDIUM, "tokens")], "store_kvcache_kernel grid [1,1,1]: one token in the step"),
     ("tokens", B200, 0, [(PREFILL, WEAK, "tokens")], "reshape_and_cache_flash_kernel grid [888,1,1]: 888 tokens"),

@@ -18,8 +18,8 @@ import pytest
 from conftest import third_party
 from support.third_party_files import SERVING, SGLANG_DECODE, SGLANG_EXTEND, VLLM_DECODE, VLLM_MIXED
 
-from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL, UNKNOWN, map_phases
-from ridgeline.probes.events import RANGE_DTYPE, Trace, empty
+from ridgeline.aggregator.phases import DECODE, MIXED, PREFILL, UNKNOWN, map_phases, parse_step_annotation
+from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
 _cache: dict[str, Trace] = {}
@@ -55,26 +55,32 @@ def test_annotated_engine_step_is_one_step(name, phase, tokens):
 @pytest.mark.parametrize("name, phase", [(SGLANG_DECODE, DECODE), (SGLANG_EXTEND, PREFILL), (VLLM_DECODE, DECODE),
                                          (VLLM_MIXED, MIXED)])
 def test_stripped_engine_step_keeps_its_phase_and_its_kernels(name, phase):
-    """Without annotations: one LLM step holding every kernel but, in the SGLang traces, the
-    first one (an arange launched inside the execute_ range that the GPU ran 463/493 ms
-    before the rest: an idle gap over GAP_MIN_NS is a boundary, and that lone kernel's step
-    stays unknown). No step boundary inside the layers."""
+    """Without annotations: one LLM step holding every kernel, as many steps as the engine
+    ran (the annotation's one). In the SGLang traces the first kernel (the overlap
+    scheduler's arange, sglang overlap_utils.py alloc_future_indices, launched inside the
+    execute_ range) ran 463/493 ms before the rest, but its host thread launched the next
+    kernel 52 us after it: the GPU waited inside the step (its stream on a copy), so that
+    idle gap is no boundary (it made a lone unknown step of 1 kernel, 2 steps for the
+    engine's 1). No step boundary inside the layers."""
+    from ridgeline.aggregator.steps import HOST_TOGETHER_NS, launch_index
     tr = load(name)
     pm = map_phases(stripped(tr))
-    llm = [s for s in pm.steps if s.phase != UNKNOWN]
-    assert [s.phase for s in llm] == [phase]
-    lone = 1 if name in (SGLANG_DECODE, SGLANG_EXTEND) else 0
-    assert llm[0].kernels == len(tr.kernels) - lone
-    assert len(pm.steps) == 1 + lone
+    assert [(s.phase, s.kernels) for s in pm.steps] == [(phase, len(tr.kernels))]
     assert not any("layer pattern restarts" in e for s in pm.steps for e in s.evidence)
+    if name in (SGLANG_DECODE, SGLANG_EXTEND):
+        o = np.argsort(tr.kernels["start_ns"], kind="stable")
+        gap = int(tr.kernels["start_ns"][o[1]] - tr.kernels["end_ns"][o[0]])
+        li = launch_index(tr)[o[:2]]
+        host = int(tr.api["start_ns"][li[1]] - tr.api["start_ns"][li[0]])
+        assert gap > 400_000_000 and 0 < host < HOST_TOGETHER_NS, (gap, host)
     if name == SGLANG_EXTEND:
         # 15 sequences of at most 1024 tokens (CK group-mode grid [32,15,8], tile 128) hold
         # 15360 tokens: no room for one-token decodes, so a prefill even where nothing before
         # it on the device says the engine was idle.
         assert any(e.startswith("_ZN7ck_tile6kentryILi2ENS_38FmhaBatchPrefillWithPagedKVCache grid [32,15,8]: 15360 "
                                 "tokens over 15 sequences, longest query <= 1024: every sequence is a prefill")
-                   for e in llm[0].evidence)
-        assert llm[0].mixed_slots == 0
+                   for e in pm.steps[0].evidence)
+        assert pm.steps[0].mixed_slots == 0
         # Without the lone arange the extend step opens its recording: still a prefill.
         o = np.argsort(tr.kernels["start_ns"], kind="stable")
         only = Trace(kernels=tr.kernels[np.sort(o[1:])], api=tr.api, cpu_ops=tr.cpu_ops, ranges=empty(RANGE_DTYPE),
@@ -238,6 +244,96 @@ def test_vllm_mixed_step_without_annotations():
     assert seen.phase == PREFILL
     (again,) = map_phases(stripped(tr), first_step_ns={st.device: st.start_ns}).steps   # itself, mapped again
     assert again.phase == MIXED
+
+
+def kernels_only(tr: Trace) -> Trace:
+    return Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
+                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
+
+
+def test_vllm_mixed_step_from_kernels_alone():
+    """Issue 20 (note item 1): the real piecewise-graph mixed step with no ranges and no CPU
+    operators. The LM head's rows come from the row gather launched right before it
+    (``hidden_states[logits_indices]``, one row per scheduled request: vllm v0.10.1
+    vllm/v1/worker/gpu_model_runner.py L803 and L1646; PyTorch's vectorized_gather_kernel
+    launches one block per row, IndexKernelUtils.cu @ 05f814fe L36): 46 rows = the
+    annotation's 9 prefill chunks + 37 decodes. 8192 KV-cache writes over 46 sampled rows:
+    prefill tokens with 45 one-token-decode slots, opening the recording => mixed (it was
+    prefill from the weak token-count lean)."""
+    tr = load(VLLM_MIXED)
+    ann = [a for a in (parse_step_annotation(tr.names[int(i)]) for i in tr.ranges["name_id"]) if a]
+    assert len(ann) == 1
+    requests = ann[0].prefill_requests + ann[0].decode_requests
+    assert requests == 46
+    pm = map_phases(kernels_only(tr))
+    (st,) = pm.steps
+    assert st.phase == MIXED and st.mixed_slots == requests - 1
+    assert st.evidence[1] == ("reshape_and_cache_flash_kernel grid [8192,1,1]: 8192 tokens and the LM head samples "
+                              f"{requests} rows (grid.x of the row gather before it, vectorized_gather_kernel grid "
+                              f"[{requests},2,1]): several new tokens per sequence => prefill")
+    # The same rows as the LM head's CPU operator gives (aten::mm [46, 2880]) with them.
+    assert map_phases(stripped(tr)).steps[0].mixed_slots == st.mixed_slots
+    # After an idle engine (a gap of 5 ms or more) the same step stays prefill.
+    from ridgeline.aggregator.phases import mixed_by_continuity
+    (piece,) = map_phases(kernels_only(tr), first_step_unknown_history=False).steps
+    assert piece.phase == PREFILL
+    assert mixed_by_continuity([piece], {piece.device: [(st.start_ns - 30_000_000, st.start_ns - 20_000_000,
+                                                         DECODE)]}) == []
+
+
+def test_idle_gap_inside_one_host_burst_is_no_boundary():
+    """A GPU idle gap over GAP_MIN_NS cuts steps, except where one host thread launched the
+    kernels on both sides at most HOST_TOGETHER_NS apart (the GPU waited inside the step,
+    as in the SGLang traces); launched apart (the host did a step boundary's work in
+    between), or without launch records, it still cuts."""
+    from support.phase_traces import ELEMENTWISE, TraceBuilder
+
+    from ridgeline.aggregator.steps import HOST_TOGETHER_NS
+    for host_gap_us, tid2, steps in ((50, 100, 1), (HOST_TOGETHER_NS / 1000 + 50, 100, 2), (50, 101, 2),
+                                     (None, 100, 2)):
+        b = TraceBuilder()
+        c = b.kernel(ELEMENTWISE, 0)                     # the lone early kernel
+        if host_gap_us is not None:
+            b.launch(c, -10)
+        for i in range(4):                               # 60 ms later on the GPU
+            c = b.kernel(ELEMENTWISE, 60_000 + 10 * i)
+            if host_gap_us is not None:
+                b.launch(c, -10 + host_gap_us + i, tid=tid2)
+        st = map_phases(b.build()).steps
+        assert len(st) == steps, (host_gap_us, tid2, [x.evidence for x in st])
+
+
+def test_lm_head_gather_rows_literals():
+    """The row gather counts only right before the LM head (at most ROW_GATHER_BEFORE
+    kernels), in the same step, on the same device and stream."""
+    from support.phase_traces import ELEMENTWISE, GEMM_LARGE, TraceBuilder
+
+    from ridgeline.aggregator.phases import ROW_GATHER_BEFORE, lm_head_gather_rows
+    gather = ("void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, "
+              "bool)")
+    b = TraceBuilder()
+    b.kernel(gather, 0, grid=(46, 2, 1))                 # 0: step 0, feeds the head at 3
+    b.kernel(ELEMENTWISE, 10)                            # 1
+    b.kernel(ELEMENTWISE, 20)                            # 2
+    b.kernel(GEMM_LARGE, 30)                             # 3: step 0 LM head
+    b.kernel(gather, 100, grid=(7, 2, 1), stream=9)      # 4: step 1, another stream
+    b.kernel(GEMM_LARGE, 110)                            # 5: step 1 LM head
+    b.kernel(gather, 200, grid=(5, 2, 1))                # 6: step 2, too far before its head
+    for t in range(ROW_GATHER_BEFORE):
+        b.kernel(ELEMENTWISE, 210 + 10 * t)
+    b.kernel(GEMM_LARGE, 300)                            # step 2 LM head
+    b.kernel(gather, 400, grid=(3, 2, 1))                # step 3: no LM head
+    tr = b.build()
+    n = len(tr.kernels)
+    step = np.array([0] * 4 + [1] * 2 + [2] * (2 + ROW_GATHER_BEFORE) + [3], dtype=np.int32)
+    assert len(step) == n
+    heads = np.array([3, 5, n - 2, -1])
+    rows, ex = lm_head_gather_rows(tr, step, heads)
+    assert rows.tolist() == [46, -1, -1, -1] and ex.tolist() == [0, -1, -1, -1]
+    # Another step's gather right before a head does not count.
+    rows, _ = lm_head_gather_rows(tr, np.array([0, 1, 1, 1, 2, 2] + [3] * (n - 6), dtype=np.int32),
+                                  np.array([-1, 3, -1, -1]))
+    assert rows.tolist() == [-1, -1, -1, -1]
 
 
 @pytest.mark.parametrize("name", SERVING)

@@ -3,7 +3,7 @@ annotations (issue 13.2).
 
 The simulator (agent/simulator, docs/simulator.md) emits vLLM V1's kernels with their real
 names and grid conventions and, per step, the engine annotation
-``execute_context_N(T_S)_generation_M(G)``. The annotation is the truth here; the mapper sees
+``execute_{T}_context_N(sq..sk..)_generation_M(sq..sk..)``. The annotation is the truth here; the mapper sees
 the same run with every range removed (and through the streaming mapper, batch by batch).
 This checks the kernel rules against the conventions the simulator encodes; real traces stay
 the oracle for the conventions themselves (tests/test_phases_traces.py, test_phases_nonllm.py).

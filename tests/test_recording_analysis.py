@@ -1,6 +1,31 @@
-"""agent.recording_analysis.combine and agent.rank_report.together, with literals."""
-from ridgeline.agent.rank_report import together
-from ridgeline.agent.recording_analysis import MAX_STEPS_KEPT, combine
+"""agent.recording_analysis.combine and agent.rank_report.together, with literals.
+
+The literals are analysis documents as ``ridgeline analyze --json`` writes them (the keys
+each test needs), read into :class:`aggregator.analysis.Analysis`; the results are checked
+as the JSON document they give."""
+import msgspec
+
+from ridgeline.agent import rank_report
+from ridgeline.agent.recording_analysis import MAX_STEPS_KEPT
+from ridgeline.agent.recording_analysis import combine as combine_typed
+from ridgeline.aggregator.analysis import Analysis, RecordingFacts, RecordingSegment, TopKernel, document
+
+
+def _typed(docs: list[dict]) -> list[Analysis]:
+    return [msgspec.convert(d, Analysis) for d in docs]
+
+
+def combine(docs: list[dict], segs: list[dict], recording: dict) -> dict:
+    return document(combine_typed(_typed(docs), msgspec.convert(segs, list[RecordingSegment]),
+                                  msgspec.convert(recording, RecordingFacts)))
+
+
+def together(directory: str, docs: list[dict]) -> dict:
+    return document(rank_report.together(directory, _typed(docs)))
+
+
+def not_one_job(docs: list[dict]) -> list[str]:
+    return rank_report.not_one_job(_typed(docs))
 
 
 def _doc(kernels, ktime, span, busy, idle, gaps, gap_max, flops, steps, verdict, lat_kernels, lat_p50):
@@ -37,13 +62,33 @@ def test_combine_sums_and_keeps_downtime_out():
     p = doc["phases"]["decode"]
     assert p["kernels"] == 40 and p["flops"] == 1e7 and p["achieved_flops_per_s"] == 1e7 / 6e-6
     assert p["verdict"] == "compute-bound" and p["percentiles_from_segment"] == 1   # the longest segment
-    assert p["top_kernels"] == [{"name": "gemm", "count": 40, "time_ns": 6000, "flops": 1e7, "bytes": 5e6,
-                                 "achieved_flops_per_s": 1e7 / 6e-6, "achieved_bytes_per_s": 5e6 / 6e-6}]
+    assert msgspec.convert(p["top_kernels"], list[TopKernel]) == [
+        TopKernel(name="gemm", count=40, time_ns=6000, flops=1e7, bytes=5e6,
+                  achieved_flops_per_s=1e7 / 6e-6, achieved_bytes_per_s=5e6 / 6e-6)]
     assert [s["index"] for s in doc["steps"]] == [0, 1, 2, 3, 4] and doc["steps_total"] == 5
     assert doc["launch_latency"]["kernels"] == 40 and doc["launch_latency"]["p50_ns"] == 7.0
     assert doc["launch_latency"]["mean_ns"] == (10 * 5.0 + 30 * 7.0) / 40
     assert doc["copies"] == [{"kind": "memcpy", "direction": "HtoD", "count": 2, "bytes": 200, "time_ns": 20,
                               "achieved_bytes_per_s": 200 / 20e-9}]
+
+
+def test_work_by_source_is_summed_once_per_segment():
+    """A source's work is each segment's once: the dict code added the first segment's
+    figures to their own copy (a one-segment recording showed twice its model FLOPs)."""
+    a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
+    b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
+    for d in (a, b):
+        p = d["phases"]["decode"]
+        p["work_by_source"] = {"model": {"flops": p["flops"], "bytes": p["bytes"], "busy_ns": p["busy_ns"],
+                                         "coverage_ratio": 1.0, "dtype": "bf16", "steps": p["steps"],
+                                         "notes": []}}
+    segs = [{"index": 0, "started_by": "start", "start_ns": 0, "end_ns": 2000}]
+    one = combine([a], segs, {"segments": 1})["phases"]["decode"]
+    assert one["work_by_source"]["model"] == a["phases"]["decode"]["work_by_source"]["model"]
+    both = combine([a, b], segs, {"segments": 2})["phases"]["decode"]
+    m = both["work_by_source"]["model"]
+    assert (m["flops"], m["bytes"], m["busy_ns"]) == (both["flops"], both["bytes"], both["busy_ns"]) == (1e7, 5e6, 6000)
+    assert m["coverage_ratio"] == 1.0 and m["dtype"] == "bf16" and m["notes"] == []
 
 
 def test_size_cuts_are_not_downtime_and_steps_are_capped():
@@ -72,7 +117,6 @@ def test_together_sums_ranks_and_names_the_slowest():
 def test_together_refuses_to_rank_traces_of_different_jobs():
     """Issue 24.3: an RTX 4080 laptop, a B200 TP8 rank and an H100 (world sizes 1/1/8/none)
     are no job's ranks: said, and no slowest rank named."""
-    from ridgeline.agent.rank_report import not_one_job
     a = _doc(10, 1000, 2000, 1000, 1000, 9, 500, 4e6, 3, "memory-bound", 10, 5.0)
     b = _doc(30, 5000, 6000, 5000, 1000, 29, 700, 6e6, 2, "compute-bound", 30, 7.0)
     a["rank"], b["rank"], a["world_size"], b["world_size"] = 0, 1, 2, 2

@@ -38,8 +38,8 @@ def test_phase_table_names_the_gpus_own_idle_share_beside_the_phases():
     c = Console(record=True, width=400)
     render(doc, c)
     text = c.export_text()
-    (dev, d), = doc["idle_gaps"].items()
-    share = f"{d['idle_ratio'] * 100:,.0f}%"
+    (dev, d), = doc.idle_gaps.items()
+    share = f"{d.idle_ratio * 100:,.0f}%"
     assert f"GPU {dev} idle {share} of its span (between steps too: see the idle gaps)" in text
     assert f"({share})" in text            # the idle-gap table's figure: the same
 
@@ -50,8 +50,8 @@ def test_top_kernels_without_operator_shapes_say_why_instead_of_dashes():
     from ridgeline.aggregator import model_config
     t, pm = decode_literal_trace()
     doc = analyze_trace(t, model=model_config.builtin("llama-3-8b"), context_len=2048, phase_map=pm)
-    rows = [r for p in doc["phases"].values() for r in p.get("top_kernels") or []]
-    assert rows and not any(r.get("category") or r.get("achieved_flops_per_s") for r in rows)
+    rows = [r for p in doc.phases.values() for r in p.top_kernels]
+    assert rows and not any(r.category or r.achieved_flops_per_s for r in rows)
     c = Console(record=True, width=400)
     render(doc, c)
     text = c.export_text()

@@ -113,7 +113,7 @@ def test_roofline_baseline_of_the_served_model_when_no_quiet_steps():
     b.requests.add_requests(spans)
     w = b.close(0, int(steps["end_ns"].max()) + 1)
     s = next(x for x in b.stories if x.request_id == "answer-500")
-    assert s.dragged_source == rj.SOURCE_ESTIMATE and w["requests"]["dragged_source"] == rj.SOURCE_ESTIMATE
+    assert s.dragged_source == rj.SOURCE_ESTIMATE and w.requests.dragged_source == rj.SOURCE_ESTIMATE
     assert s.culprits and s.culprits[0].request_id == "long-4000"
     assert 0 < s.dragged_ns < s.decode_ns and "ESTIMATE" in rj.story_text(s)
 

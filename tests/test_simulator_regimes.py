@@ -25,7 +25,7 @@ MODEL = "llama-3-8b"
 
 def kernel_side(trace):
     """Roofline per phase (H2 phases + H3 roofline) and the window verdict on it."""
-    res = analysis.analyze_trace(trace, gpu="h100-sxm", model=model_config.load(MODEL))
+    res = analysis.document(analysis.analyze_trace(trace, gpu="h100-sxm", model=model_config.load(MODEL)))
     k = trace.kernels
     busy = int((k["end_ns"] - k["start_ns"]).sum())
     span = int(k["end_ns"].max() - k["start_ns"].min())

@@ -3,6 +3,7 @@ the window builder, with the ranks' batches arriving as CUPTI sends them (one pr
 its own name table, a rank's buffer a window late), each collective reported once."""
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 from support.tp_groups import TP4, US, Builder, tp_group
@@ -51,30 +52,30 @@ def run_windows(batches: dict, lag: dict | None = None, windows: int = 8):
 def test_live_window_names_the_slowed_rank_and_reports_each_collective_once():
     t = tp_group(Builder(), TP4, steps=60, slow={2: 120}).trace()
     recs = run_windows(per_rank_batches(t, 4), lag={104: 1})
-    groups = [g for r in recs for g in (r.get("stragglers") or {}).get("groups", [])]
-    assert sum(g["collectives"] for g in groups) == 60          # every all-reduce, once
+    groups = [g for r in recs for g in (r.stragglers.groups if r.stragglers is not None else [])]
+    assert sum(g.collectives for g in groups) == 60          # every all-reduce, once
     # window 1: rank 104's second buffer has not come, its collectives wait for it
-    assert sum(g["collectives"] for g in recs[1]["stragglers"]["groups"]) == 0
+    assert sum(g.collectives for g in recs[1].stragglers.groups) == 0
     for g in groups:
-        assert [(r["pid"], r["device"]) for r in g["ranks"]] == TP4
-        assert (g["straggler_pid"], g["straggler_device"]) == (103, 2)
-        assert g["straggler_last_share_ratio"] == 1.0 and g["cause"] == "kernel"
-        assert g["late_by_p50_ns"] == pytest.approx(120 * US, abs=8 * US)
+        assert [(r.pid, r.device) for r in g.ranks] == TP4
+        assert (g.straggler_pid, g.straggler_device) == (103, 2)
+        assert g.straggler_last_share_ratio == 1.0 and g.cause == "kernel"
+        assert g.late_by_p50_ns == pytest.approx(120 * US, abs=8 * US)
         # the three others wait ~120 us per collective, the late one hardly at all
-        waits = [r["wait_ns"] for r in g["ranks"]]
-        assert all(waits[i] == pytest.approx(g["collectives"] * 120 * US, rel=0.1) for i in (0, 1, 3))
-        assert waits[2] < g["collectives"] * 10 * US
+        waits = [r.wait_ns for r in g.ranks]
+        assert all(waits[i] == pytest.approx(g.collectives * 120 * US, rel=0.1) for i in (0, 1, 3))
+        assert waits[2] < g.collectives * 10 * US
     step = 400 + 120 + 2 + 30 + 20
-    big = max(groups, key=lambda g: g["collectives"])
-    assert big["waiting_share_ratio"] == pytest.approx(3 * 120 / (4 * step), rel=0.2)
+    big = max(groups, key=lambda g: g.collectives)
+    assert big.waiting_share_ratio == pytest.approx(3 * 120 / (4 * step), rel=0.2)
 
 
 def test_a_late_launch_is_host_bound_live():
     t = tp_group(Builder(), TP4, steps=40, idle_before={1: 150}).trace()
     recs = run_windows(per_rank_batches(t, 2), windows=4)
-    groups = [g for r in recs for g in (r.get("stragglers") or {}).get("groups", [])]
-    assert sum(g["collectives"] for g in groups) == 40
-    assert all((g["straggler_pid"], g["cause"]) == (102, "host") for g in groups)
+    groups = [g for r in recs for g in (r.stragglers.groups if r.stragglers is not None else [])]
+    assert sum(g.collectives for g in groups) == 40
+    assert all((g.straggler_pid, g.cause) == (102, "host") for g in groups)
 
 
 def test_no_collectives_nothing_held_and_no_record():
@@ -83,7 +84,7 @@ def test_no_collectives_nothing_held_and_no_record():
     wb = WindowBuilder(host="h")
     wb.add_events(b.trace(), source="cupti:1")
     rec = wb.close(0, 10**9)
-    assert "stragglers" not in rec and wb.stragglers._held == 0
+    assert rec.stragglers is None and wb.stragglers._held == 0
 
 
 def test_held_kernels_are_bounded_and_the_drop_counted(monkeypatch):
@@ -102,7 +103,7 @@ def test_window_stragglers_travel_as_numbers():
     raw = wire.encode_window(rec)
     for key in ("straggler_last_share_ratio", "waiting_share_ratio", "late_by_p50_ns", "stragglers"):
         assert key.encode() not in raw
-    assert wire.decode_window(raw)["stragglers"] == rec["stragglers"]
+    assert window_of(wire.decode_window(raw)).stragglers == rec.stragglers
     for cls in (SW.WindowStragglers, SW.GroupStragglers, SW.RankStragglers):
         assert set(cls.__struct_fields__) <= set(wire.FIELDS), cls
 
@@ -121,8 +122,8 @@ def test_stragglers_on_metrics_bounded_and_promtool_clean():
     ws = []
     for r in recs:
         w = window([thread(8)])
-        if "stragglers" in r:
-            w["stragglers"] = r["stragglers"]
+        if r.stragglers is not None:
+            w["stragglers"] = msgspec.to_builtins(r.stragglers)
         ws.append(w)
     text = exposition(ws)
     val = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families(text).values() for s in f.samples}
@@ -162,7 +163,7 @@ def test_top_names_the_straggler():
     from rich.console import Console
 
     from ridgeline.agent.top import render
-    rec = next(r for r in _live_records() if (r.get("stragglers") or {}).get("groups"))
+    rec = next(r for r in _live_records() if r.stragglers is not None and r.stragglers.groups)
     c = Console(width=220, record=True)
     c.print(render(rec))
     text = c.export_text()
@@ -182,7 +183,7 @@ def test_a_real_single_rank_trace_is_held_but_no_group_is_claimed_live():
     wb.add_events(t, source="replay")
     rec = wb.close(0, 10**9)
     assert wb.stragglers._held == len(t.kernels)
-    assert rec["stragglers"]["groups"] == []
+    assert rec.stragglers.groups == []
 
 
 def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
@@ -198,11 +199,11 @@ def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
                                "on_cpu_ns": (1 - f) * 1e9, "runq_wait_ns": f * 0.8e9, "blocked_ns": f * 0.2e9}
                               for pid, f in off.items()]})
     rec = wb.close(0, 10**9)
-    (g,) = rec["stragglers"]["groups"]
-    assert (g["straggler_pid"], g["cause"]) == (102, "host")
-    assert g["straggler_launch_off_cpu_ratio"] == pytest.approx(0.6)
-    assert g["others_launch_off_cpu_ratio"] == pytest.approx(0.04)
-    assert wire.decode_window(wire.encode_window(rec))["stragglers"] == rec["stragglers"]
+    (g,) = rec.stragglers.groups
+    assert (g.straggler_pid, g.cause) == (102, "host")
+    assert g.straggler_launch_off_cpu_ratio == pytest.approx(0.6)
+    assert g.others_launch_off_cpu_ratio == pytest.approx(0.04)
+    assert window_of(wire.decode_window(wire.encode_window(rec))).stragglers == rec.stragglers
     from rich.console import Console
 
     from ridgeline.agent.top import render
@@ -211,7 +212,7 @@ def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
     text = c.export_text()
     assert "host-bound; ranks waiting" in text and "its launch thread off-CPU 60% (others 4%)" in text
     from support.metrics_windows import exposition, families
-    w = dict(rec, host="node-a")
+    w = msgspec.structs.replace(rec, host="node-a")
     val = {(s.name, tuple(sorted(s.labels.items()))): s.value
            for f in families(exposition([w])).values() for s in f.samples}
     assert val[("ridgeline_tp_launch_off_cpu_ratio", (("Hostname", "node-a"), ("group", "0,1,2,3"),
@@ -221,8 +222,8 @@ def test_a_host_bound_straggler_with_its_launch_thread_off_cpu():
 def test_no_scheduling_rows_leave_the_launch_figures_unknown():
     t = tp_group(Builder(), TP4, steps=10, slow={0: 50}).trace()
     rec = run_windows(per_rank_batches(t, 1), windows=1)[0]
-    (g,) = rec["stragglers"]["groups"]
-    assert g["straggler_launch_off_cpu_ratio"] == -1.0 and g["others_launch_off_cpu_ratio"] == -1.0
+    (g,) = rec.stragglers.groups
+    assert g.straggler_launch_off_cpu_ratio == -1.0 and g.others_launch_off_cpu_ratio == -1.0
 
 
 @pytest.mark.parametrize("groups,ranks,series", [(4, 2, 53), (4, 8, 77)])

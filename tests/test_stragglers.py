@@ -91,8 +91,8 @@ def test_the_analysis_and_its_report_name_the_straggler(capsys):
     from ridgeline.aggregator.analysis import analyze_trace
     from ridgeline.aggregator.report import render
     doc = analyze_trace(tp_group(Builder(), TP4, slow={2: 120}).trace())
-    (g,) = doc["stragglers"]
-    assert g["straggler"] == 2 and g["ranks"][2]["cause"] == "kernel"
+    (g,) = doc.stragglers
+    assert g.straggler == 2 and g.ranks[2].cause == "kernel"
     console = Console(width=160, record=True)
     render(doc, console)
     text = console.export_text()

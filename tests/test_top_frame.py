@@ -3,12 +3,14 @@ fixed window of tests/view_window.py: it fits 80x24 and 200x50, keeps the answer
 keys select, sort and quit as htop's do."""
 import copy
 
+import msgspec
 import pytest
 from view_window import view_window
 
 from ridgeline.agent.top import TopState
 from ridgeline.agent.top_frame import KEYS, frame, quantile_text, sparkline
 from ridgeline.agent.top_view import HISTORY, SORTS, ViewState, pressure_pct
+from ridgeline.probes.records import EngineFigures, VerdictRecord, window_of
 
 
 def rows(t):
@@ -56,20 +58,23 @@ def test_device_rows_name_xid_ecc_and_remapped_rows():
 
 
 def test_latency_percentiles_show_their_bucket_bound():
-    e = {"queue_time_p50_s": None, "queue_time_p50_kind": "first_bucket", "queue_time_p50_upper_s": 0.3,
-         "itl_p99_s": None, "itl_p99_kind": "above_last_bucket", "itl_p99_lower_s": 20.0, "ttft_p50_s": 0.0183}
-    assert quantile_text(e, "queue_time", "p50") == "<=300.0 ms"
-    assert quantile_text(e, "itl", "p99") == ">20.0 s"
-    assert quantile_text(e, "ttft", "p50") == "18.3 ms"
-    assert quantile_text(e, "e2e_latency", "p50") == "-"
+    e = msgspec.convert({"queue_time_p50_s": None, "queue_time_p50_kind": "first_bucket", "queue_time_p50_upper_s": 0.3,
+                         "itl_p99_s": None, "itl_p99_kind": "above_last_bucket", "itl_p99_lower_s": 20.0,
+                         "ttft_p50_s": 0.0183}, EngineFigures)
+    assert quantile_text(e.queue_time_p50_s, e.queue_time_p50_kind, e.queue_time_p50_lower_s,
+                         e.queue_time_p50_upper_s) == "<=300.0 ms"
+    assert quantile_text(e.itl_p99_s, e.itl_p99_kind, e.itl_p99_lower_s, e.itl_p99_upper_s) == ">20.0 s"
+    assert quantile_text(e.ttft_p50_s, e.ttft_p50_kind, e.ttft_p50_lower_s, e.ttft_p50_upper_s) == "18.3 ms"
+    assert quantile_text(None, None, None, None) == "-"          # no histogram: no figure
+    assert quantile_text(None, "first_bucket", None, None) == "-"    # a kind without its bound
 
 
 def test_sparkline_and_pressure():
     assert sparkline([0, 50, 100, None, 250, -3]) == "▁▅█ █▁"
-    rec = view_window()["verdict"][0]
-    assert rec["face"] == "bandwidth" and pressure_pct(rec) == pytest.approx(77.6)
-    assert pressure_pct({"face": "memory-capacity", "kv_usage_ratio": 0.9}) == pytest.approx(90.0)
-    assert pressure_pct({"face": "queue"}) is None
+    rec = msgspec.convert(view_window()["verdict"][0], VerdictRecord)
+    assert rec.face == "bandwidth" and pressure_pct(rec) == pytest.approx(77.6)
+    assert pressure_pct(VerdictRecord(face="memory-capacity", kv_usage_ratio=0.9)) == pytest.approx(90.0)
+    assert pressure_pct(VerdictRecord(face="queue")) is None
 
 
 def test_history_feeds_the_sparkline_and_is_bounded():
@@ -77,7 +82,7 @@ def test_history_feeds_the_sparkline_and_is_bounded():
     w = view_window()
     for i in range(HISTORY + 5):
         w["verdict"][0]["phase_pct_of_peak_bytes"] = float(i * 4 % 100)
-        view.observe(w)
+        view.observe(window_of(w))
     h = view.history[(0, 4242)]
     assert len(h) == HISTORY and h[-1] == ("bandwidth", float((HISTORY + 4) * 4 % 100))
     assert sparkline([p for _, p in h]) in frame(w, TopState(), view, 200, None).plain
@@ -86,7 +91,7 @@ def test_history_feeds_the_sparkline_and_is_bounded():
 def test_keys_quit_sort_and_pick():
     view = ViewState()
     w = view_window()
-    view.observe(w)
+    view.observe(window_of(w))
     assert [view.sort] + [view.key("s") and view.sort for _ in SORTS] == [*SORTS, SORTS[0]]
     assert view.key("x") is False and not view.quit
     assert view.key("g") and view.gpu == 0
@@ -105,8 +110,10 @@ def test_sort_by_pressure_puts_the_most_pressed_gpu_first():
     w = view_window()
     w["verdict"][1]["phase_pct_of_peak_bytes"] = 95.0
     view = ViewState(sort="pressure")
-    assert [g["device"] for g in view.pick(w["gpus"], {(r["device"], r["pid"]): r for r in w["verdict"]})] == [1, 0]
-    assert [g["device"] for g in ViewState().pick(w["gpus"], {})] == [0, 1]
+    typed = window_of(w)
+    verdicts = {(r.device, r.pid): r for r in (msgspec.convert(x, VerdictRecord) for x in w["verdict"])}
+    assert [g.device for g in view.pick(typed.gpus, verdicts)] == [1, 0]
+    assert [g.device for g in ViewState().pick(typed.gpus, {})] == [0, 1]
 
 
 def test_the_frame_keeps_the_straggler_lines():

@@ -188,16 +188,17 @@ def test_idle_gpu_is_not_bandwidth_bound_and_overcounts_are_flagged():
 
 def test_verdicts_on_recorded_traces(trace_path):
     """H2's phases and H3's roofline on two real traces, judged without engine or device data."""
-    from ridgeline.aggregator.analysis import analyze_trace
+    from ridgeline.aggregator.analysis import analyze_trace, document
     from ridgeline.probes.kineto import load_trace
 
-    h100 = analyze_trace(load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz")))
+    h100 = document(analyze_trace(load_trace(trace_path("nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"))))
     r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases=h100["phases"]))
     # One busy forward pass (GPU idle < 10%): a ceiling face of the prefill phase.
     assert r["phase"] == "prefill" and r["verdict"] in (v.BANDWIDTH, v.COMPUTE)
     assert r["figures"]["gpu_idle_ratio"] < 0.2
 
-    nano = analyze_trace(load_trace(trace_path("nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz")))
+    nano = document(analyze_trace(load_trace(trace_path(
+        "nvidia-inference/nanovllm_rtx4080laptop_decode_step100_fragment.json.gz"))))
     r = v.judge(v.VerdictInputs(window_ns=WINDOW_NS, phases=nano["phases"]))
     # A decode fragment where the GPU waits for the host most of the time.
     assert r["verdict"] in (v.HOST, v.LAUNCH) and r["figures"]["gpu_idle_ratio"] > 0.5

@@ -118,3 +118,14 @@ def test_tail_text_gives_the_same_answer_as_the_report(views):
                  "GPU memory (KV cache): ruled out: KV 55.0% of the pool (watermark 85%), 0 preemptions, 3 waiting",
                  "limit: clocks held back: sw_power_cap"):
         assert line in text and line in views["report"]
+
+
+def test_the_launch_call_is_one_measure_under_one_name(views):
+    """Issue 24.2: `top` said "launch p50 2.9 us" where the report said "Launch latency (API
+    call start -> kernel start): p50 2.61 ms": two measures under one word. `top` names the
+    launch call's own duration, in the unit the figure needs, and never calls it latency."""
+    p50_us = views["tail"]["gpus"][0]["launch"]["p50_ns"] / 1e3
+    for key in ("top80", "top200"):
+        text = " ".join(views[key].split())          # the 80-column frame wraps long lines
+        assert f"launch call p50 {p50_us:.1f} us" in text, views[key]
+        assert "launch latency" not in text.lower()

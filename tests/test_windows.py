@@ -48,22 +48,22 @@ def _trace():
 def test_gpu_figures_per_device_and_process():
     b = WindowBuilder()
     b.add_events(_trace())
-    figs = {(g["device"], g["pid"]): g for g in b.close(0, 1, final=True)["gpus"]}
+    figs = {(g.device, g.pid): g for g in b.close(0, 1, final=True).gpus}
     g0 = figs[(0, 42)]
-    assert g0["kernels"] == 3
-    assert g0["kernel_time_ns"] == 500 + 1000 + 500
-    assert g0["busy_ns"] == 2000                     # no overlap on GPU 0
-    assert g0["span_ns"] == 3700 - 100               # copies included in the span
-    assert g0["idle_ns"] == 3600 - 2000
-    assert g0["copy_bytes"] == {"HtoD": 4096, "DtoH": 128}
+    assert g0.kernels == 3
+    assert g0.kernel_time_ns == 500 + 1000 + 500
+    assert g0.busy_ns == 2000                     # no overlap on GPU 0
+    assert g0.span_ns == 3700 - 100               # copies included in the span
+    assert g0.idle_ns == 3600 - 2000
+    assert g0.copy_bytes == {"HtoD": 4096, "DtoH": 128}
     # Log2 histograms: the middle of the bin holding the percentile (5 ns and 10 ns calls; 900 ns).
-    assert g0["launch"]["count"] == 2 and 4 <= g0["launch"]["p50_ns"] < 8
-    assert g0["sync"]["count"] == 1 and 512 <= g0["sync"]["p50_ns"] < 1024
-    shares = sum(p["time_share_pct"] for p in g0["phases"].values())
+    assert g0.launch.count == 2 and 4 <= g0.launch.p50_ns < 8
+    assert g0.sync.count == 1 and 512 <= g0.sync.p50_ns < 1024
+    shares = sum(p.time_share_pct for p in g0.phases.values())
     assert abs(shares - 100.0) < 1e-6
-    assert sum(p["kernels"] for p in g0["phases"].values()) == 3
-    assert g0["ceilings"] is None or g0["ceilings"]["hbm_bytes_per_s"] > 1e12
-    assert figs[(1, 42)]["kernels"] == 1
+    assert sum(p.kernels for p in g0.phases.values()) == 3
+    assert g0.ceilings is None or g0.ceilings.hbm_bytes_per_s > 1e12
+    assert figs[(1, 42)].kernels == 1
 
 
 def test_builder_closes_and_starts_empty():
@@ -73,20 +73,20 @@ def test_builder_closes_and_starts_empty():
     b.add_device({"devices": [{"gpu_index": 0, "memory_used_bytes": 5}]}, "nvml")
     b.add_sched({"threads": [{"pid": 42, "tid": 43, "on_cpu_ns": 10}]}, "sched")
     w = b.close(0, 1_000_000_000, {"cpu_pct": 1.0})
-    assert w["duration_ns"] == 1_000_000_000 and w["host"] == "h"
-    assert w["sources"] == ["replay"]
+    assert w.duration_ns == 1_000_000_000 and w.host == "h"
+    assert w.sources == ["replay"]
     # Each device's only step may still be running at close: held, not mapped in pieces.
-    assert sum(g["kernels"] for g in w["gpus"]) == 0
-    assert "3 kernels of the open step held for the window where it ends" in w["gpus"][0]["phase_source"]
-    assert w["gpus"][0]["copy_bytes"] == {"HtoD": 4096, "DtoH": 128}
-    assert w["device"]["nvml"]["devices"][0]["memory_used_bytes"] == 5
-    assert w["agent"]["cpu_pct"] == 1.0 and w["agent"]["window_open_steps_cut"] == 0
+    assert sum(g.kernels for g in w.gpus) == 0
+    assert "3 kernels of the open step held for the window where it ends" in w.gpus[0].phase_source
+    assert w.gpus[0].copy_bytes == {"HtoD": 4096, "DtoH": 128}
+    assert w.device["nvml"]["devices"][0]["memory_used_bytes"] == 5
+    assert w.agent.cpu_pct == 1.0 and w.agent.window_open_steps_cut == 0
     # Nothing more came for a whole window: the held steps are over, mapped and counted now.
     w2 = b.close(1_000_000_000, 2_000_000_000)
-    assert sum(g["kernels"] for g in w2["gpus"]) == 4
-    assert b.close(2_000_000_000, 3_000_000_000)["gpus"] == []
+    assert sum(g.kernels for g in w2.gpus) == 4
+    assert b.close(2_000_000_000, 3_000_000_000).gpus == []
     # The latest device and sched samples carry over: a slow probe still shows its last value.
-    assert w2["device"]["nvml"]["devices"][0]["memory_used_bytes"] == 5
+    assert w2.device["nvml"]["devices"][0]["memory_used_bytes"] == 5
 
 
 def test_engine_scrapes_become_figures_from_deltas(tmp_path):
@@ -99,7 +99,7 @@ def test_engine_scrapes_become_figures_from_deltas(tmp_path):
         b.add_engine({"scrapes": [{"endpoint": "http://127.0.0.1:8000/metrics", "ts_ns": i * 1_000_000_000,
                                    "exposition": prom_text.parse(text.format(n=n))}]})
     w = b.close(0, 2_000_000_000)
-    e = w["engine"]["engine"]["endpoints"]["http://127.0.0.1:8000/metrics"]
+    e = w.engine["engine"]["endpoints"]["http://127.0.0.1:8000/metrics"]
     assert e["kv_usage_ratio"] == 0.9
     assert e["num_waiting_requests"] == 3
     assert e["preemption_rate_per_s"] == 4.0
@@ -117,22 +117,22 @@ def test_window_on_real_trace(shared_traces):
     b = WindowBuilder()
     b.add_events(t, "replay")
     w = b.close(0, 1, final=True)         # the agent's last window: the open step too
-    assert sum(g["kernels"] for g in w["gpus"]) == len(t.kernels)
-    for g in w["gpus"]:
-        assert g["busy_ns"] <= g["span_ns"]
-        assert g["gpu"].startswith("NVIDIA H100")
+    assert sum(g.kernels for g in w.gpus) == len(t.kernels)
+    for g in w.gpus:
+        assert g.busy_ns <= g.span_ns
+        assert g.gpu.startswith("NVIDIA H100")
 
 
 def test_full_window_drops_and_counts_batches():
     b = WindowBuilder(max_events=8)
     b.add_events(_trace())           # 4 kernels + 2 copies + 3 API calls = 9 > 8
-    assert b.drops == 9 and b.close(0, 1)["gpus"] == []
+    assert b.drops == 9 and b.close(0, 1).gpus == []
     b.max_events = 20
     b.add_events(_trace())
     b.add_events(_trace())           # 18 held
     b.add_events(_trace())           # would be 27: dropped
     assert b.drops == 18
-    assert sum(g["kernels"] for g in b.close(1, 2, final=True)["gpus"]) == 8
+    assert sum(g.kernels for g in b.close(1, 2, final=True).gpus) == 8
 
 
 # ------------------------------------------------------------------ incremental fold
@@ -167,12 +167,12 @@ def _fold_in(t: Trace, batches: int, model=None, gpu: str = "") -> dict:
     out: dict = {}
     f.flush()                        # the open step too: the stream ends here
     for g in f.figures():
-        for ph, v in g["phases"].items():
+        for ph, v in g.phases.items():
             x = out.setdefault(ph, [0, 0, 0.0, 0.0])
-            x[0] += v["kernels"]
-            x[1] += v["kernel_time_ns"]
-            x[2] += v["flops"] or 0.0
-            x[3] += v["bytes"] or 0.0
+            x[0] += v.kernels
+            x[1] += v.kernel_time_ns
+            x[2] += v.flops or 0.0
+            x[3] += v.bytes or 0.0
     return out
 
 
@@ -234,17 +234,18 @@ def test_window_verdicts_from_the_fold_on_simulated_regimes():
             b.add_events(Trace(kernels=kp, api=t.api[np.isin(t.api["correlation_id"], kp["correlation_id"])],
                                names=t.names, devices=t.devices, meta={"source": "simulated"}))
         w = b.close(0, 1, final=True)
-        (g,) = w["gpus"]
-        p = g["phases"][phase]
-        assert p["verdict"] == verdict, p["evidence"]
+        (g,) = w.gpus
+        p = g.phases[phase]
+        assert p.verdict == verdict, p.evidence
         from ridgeline.aggregator import analysis
-        whole = analysis.analyze_trace(t, gpu="h100-sxm", model=model, use_annotations=False)["phases"][phase]
-        assert p["kernel_time_ns"] == whole["kernel_time_ns"] and p["kernels"] == whole["kernels"]
+        whole = analysis.document(analysis.analyze_trace(t, gpu="h100-sxm", model=model,
+                                                         use_annotations=False))["phases"][phase]
+        assert p.kernel_time_ns == whole["kernel_time_ns"] and p.kernels == whole["kernels"]
         assert whole["verdict"] == verdict
         # Same model work per step: FLOPs and bytes agree with the whole-trace roofline.
-        assert p["flops"] == pytest.approx(whole["flops"], rel=1e-9)
-        assert p["bytes"] == pytest.approx(whole["bytes"], rel=1e-9)
-        assert g["busy_ns"] <= g["span_ns"] and g["launch"]["count"] > 0
+        assert p.flops == pytest.approx(whole["flops"], rel=1e-9)
+        assert p.bytes == pytest.approx(whole["bytes"], rel=1e-9)
+        assert g.busy_ns <= g.span_ns and g.launch.count > 0
 
 
 def test_log2_histogram_percentiles():
@@ -281,6 +282,7 @@ def test_big_batch_is_folded_in_slices_with_the_same_figures(monkeypatch):
 
 def test_decode_kv_read_filled_from_the_engine_estimate():
     from ridgeline.aggregator.windows import fill_decode_kv_read
+    from ridgeline.probes.records import window_of
     w = {"duration_ns": 2_000_000_000,
          "gpus": [{"pid": 7, "phases": {"decode": {"bytes": 3.0e12, "work_source": "model",
                                                    "achieved_bytes_per_s": 2.0e12},
@@ -288,12 +290,13 @@ def test_decode_kv_read_filled_from_the_engine_estimate():
                   {"pid": 8, "phases": {"decode": {"bytes": 1.0e12, "work_source": "shapes"}}}],
          "engine": {"engine": {"endpoints": {"u": {"pid": 7, "estimated_bytes_per_gpu_per_s": 2.5e12},
                                              "v": {"pid": 8, "estimated_bytes_per_gpu_per_s": 9e12}}}}}
+    w = window_of(w)
     fill_decode_kv_read(w)
-    dec = w["gpus"][0]["phases"]["decode"]
+    dec = w.gpus[0].phases["decode"]
     # 2.5 TB/s estimated by the engine - (3 + 1) TB / 2 s from the model = 0.5 TB/s of KV reads.
-    assert dec["kv_read_bytes_per_s"] == pytest.approx(0.5e12) and dec["kv_read_source"] == "engine_estimate"
-    assert dec["achieved_bytes_with_kv_per_s"] == pytest.approx(2.5e12)
-    assert "kv_read_bytes_per_s" not in w["gpus"][1]["phases"]["decode"]     # shapes already count KV reads
+    assert dec.kv_read_bytes_per_s == pytest.approx(0.5e12) and dec.kv_read_source == "engine_estimate"
+    assert dec.achieved_bytes_with_kv_per_s == pytest.approx(2.5e12)
+    assert w.gpus[1].phases["decode"].kv_read_bytes_per_s is None     # shapes already count KV reads
 
 
 def test_engine_endpoints_kept_until_stale_and_merged_across_windows():
@@ -311,21 +314,21 @@ def test_engine_endpoints_kept_until_stale_and_merged_across_windows():
         return {"endpoint": ep, "ts_ns": t, "exposition": prom_text.parse(text)}
     bld.add_engine({"scrapes": [scrape(a, 0)]})
     w = bld.close(0, S)
-    assert set(w["engine"]["engine"]["endpoints"]) == {a}
+    assert set(w.engine["engine"]["endpoints"]) == {a}
     bld.add_engine({"scrapes": [scrape(b, S)]})
     w = bld.close(S, 2 * S)
-    assert set(w["engine"]["engine"]["endpoints"]) == {a, b}
+    assert set(w.engine["engine"]["endpoints"]) == {a, b}
     # a's server is gone: only errors for it from now on, b goes on.
     last = None
     for i in range(2, 40):
         bld.add_engine({"scrapes": [scrape(b, i * S)], "errors": [{"endpoint": a, "error": "refused"}]})
         w = bld.close(i * S, (i + 1) * S)
-        if a in w["engine"]["engine"]["endpoints"]:
+        if a in w.engine["engine"]["endpoints"]:
             last = i
     assert last == int(windows.ENGINE_STALE_S)          # still there 30 s after its last scrape, then gone
-    assert set(w["engine"]["engine"]["endpoints"]) == {b}
-    assert w["engine"]["engine"]["errors"][0]["endpoint"] == a
+    assert set(w.engine["engine"]["endpoints"]) == {b}
+    assert w.engine["engine"]["errors"][0]["endpoint"] == a
     # Nothing at all from the probe (back-off): stale endpoints still go.
     for i in range(40, 80):
         w = bld.close(i * S, (i + 1) * S)
-    assert w["engine"]["engine"]["endpoints"] == {}
+    assert w.engine["engine"]["endpoints"] == {}

@@ -42,7 +42,7 @@ def test_window_size_does_not_change_the_labels_of_non_llm_traces(name, per_wind
     assert "prefill" not in whole and "decode" not in whole and "mixed" not in whole
     got, wins = windowed_phases(t, per_window)
     assert got == whole, (per_window, got, whole)
-    assert wins[-1]["agent"]["window_open_steps_cut"] == 0
+    assert wins[-1].agent.window_open_steps_cut == 0
 
 
 @pytest.mark.parametrize("name", [
@@ -104,7 +104,7 @@ def test_open_step_waits_for_the_window_where_it_ends():
     t = load_kernels(third_party("traces/" + OWLV2))
     got, wins = windowed_phases(t, 1000, trailing_empty=1, final=False)
     assert got == whole_phases(t)
-    shown = [sum(g["kernels"] for g in w["gpus"]) for w in wins]
+    shown = [sum(g.kernels for g in w.gpus) for w in wins]
     assert sum(shown) == len(t.kernels)
     # The last batch's step is still open when its window closes: it is counted in the
     # next window, which received no events.
@@ -117,10 +117,10 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", 200)
     t = load_kernels(third_party("traces/" + OWLV2))
     got, wins = windowed_phases(t, 300)
-    cut = wins[-1]["agent"]["window_open_steps_cut"]
+    cut = wins[-1].agent.window_open_steps_cut
     assert cut > 0
     assert sum(v[0] for v in got.values()) == len(t.kernels)     # nothing lost, only decided early
-    assert all(w["agent"]["window_open_steps_cut"] <= cut for w in wins)
+    assert all(w.agent.window_open_steps_cut <= cut for w in wins)
 
 
 def test_a_device_that_stops_releases_its_open_step_while_others_run():
@@ -142,6 +142,6 @@ def test_a_device_that_stops_releases_its_open_step_while_others_run():
         kp = k[part] if i else windows.concat_records([k[part], b])
         wb.add_events(Trace(kernels=kp, names=names, devices=owl.devices), source="cupti")
         w = wb.close(i, i + 1, {})
-        shown.append({(g["device"], ph): v["kernels"] for g in w["gpus"] for ph, v in g["phases"].items()})
+        shown.append({(g.device, ph): v.kernels for g in w.gpus for ph, v in g.phases.items()})
     gpu1 = [{ph: n for (d, ph), n in s.items() if d == 1} for s in shown]
     assert gpu1 == [{}, {"other": 60}, {}, {}], gpu1

@@ -112,7 +112,7 @@ def _live(t: Trace, window_ns: int = WINDOW_NS, trailing: int = 2):
             got += len(kb)
         win = wb.close(t0 + w * window_ns, t0 + (w + 1) * window_ns, {})
         arrived.append(got)
-        counted.append(sum(g["kernels"] for g in win["gpus"]))
+        counted.append(sum(g.kernels for g in win.gpus))
         wins.append(win)
     return np.array(arrived), np.array(counted), wins
 
@@ -143,9 +143,9 @@ def _assert_carried(arrived: np.ndarray, counted: np.ndarray) -> None:
 def _phase_kernels(wins) -> dict:
     out: dict = {}
     for w in wins:
-        for g in w["gpus"]:
-            for ph, v in g["phases"].items():
-                out[ph] = out.get(ph, 0) + v["kernels"]
+        for g in w.gpus:
+            for ph, v in g.phases.items():
+                out[ph] = out.get(ph, 0) + v.kernels
     return out
 
 
@@ -175,14 +175,14 @@ def test_a_long_step_is_cut_once_per_window_and_counted():
     forced decision is counted (window_open_steps_cut)."""
     t = _tile(10, 40.0, long_steps=True)
     arrived, counted, wins = _live(t)
-    cut = wins[-1]["agent"]["window_open_steps_cut"]
+    cut = wins[-1].agent.window_open_steps_cut
     assert 0 < cut <= len(wins)
 
 
 def test_short_steps_are_never_forced():
     t = _tile(5_000, 4.0, long_steps=False)
     _, _, wins = _live(t)
-    assert wins[-1]["agent"]["window_open_steps_cut"] == 0
+    assert wins[-1].agent.window_open_steps_cut == 0
 
 
 def _kernels_only(t: Trace) -> Trace:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import orjson
+from msgspec import UNSET
 
 from ridgeline.probes.errors import InputError
 
@@ -203,10 +204,11 @@ def run(args) -> int:
                             tensor_parallel=args.tensor_parallel, use_annotations=use_ann,
                             ceilings_path=args.ceilings, phase_map=pm)
         if trace.meta.get("rejected_events"):
-            doc["rejected_events"] = trace.meta["rejected_events"]
-        for key in ("rank", "world_size"):
-            if key in trace.meta:
-                doc[key] = trace.meta[key]
+            doc.rejected_events = trace.meta["rejected_events"]
+        if "rank" in trace.meta:
+            doc.rank = trace.meta["rank"]
+        if "world_size" in trace.meta:
+            doc.world_size = trace.meta["world_size"]
         if keep is not None:
             keep[:] = [trace, pm]
         return doc
@@ -232,7 +234,7 @@ def run(args) -> int:
                                         max_memory_bytes)
             except InputError as exc:
                 raise _named(path, exc) from None
-            if (doc.get("recording") or {}).get("truncated"):
+            if doc.recording is not UNSET and doc.recording.truncated:
                 print(f"ridgeline: warning: {path}: truncated recording (it ends inside a frame); "
                       "analysed its complete frames", file=sys.stderr)
             return doc, *(last or [None, None])
@@ -272,7 +274,7 @@ def run(args) -> int:
                 print(f"ridgeline: warning: skipped {f}: not a trace", file=sys.stderr)
                 i += 1
                 continue
-            doc["trace"] = str(f)
+            doc.trace = str(f)
             _outputs(args, doc, trace, pm, phase_names, i, n, str(f))
             group.append(doc)
             i += 1
@@ -283,7 +285,7 @@ def run(args) -> int:
         else:
             from ridgeline.agent.rank_report import together
             both = together(path, group)
-            for why in both["together"]["not_one_job"]:
+            for why in both.together.not_one_job:
                 print(f"ridgeline: warning: {path}: the traces are not one job ({why}); "
                       "no slowest rank named", file=sys.stderr)
             if not args.json:
@@ -294,17 +296,18 @@ def run(args) -> int:
             docs.append(both)
     if args.json:
         payload = docs[0] if len(docs) == 1 else docs
-        sys.stdout.buffer.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        from ridgeline.aggregator.analysis import document
+        sys.stdout.buffer.write(orjson.dumps(document(payload), option=orjson.OPT_INDENT_2))
         sys.stdout.buffer.write(b"\n")
         sys.stdout.flush()
     return 0
 
 
-def _requests_text(req: dict) -> str:
+def _requests_text(req) -> str:
     """The recording's served requests (the agent's request join): the slowest ones."""
     from ridgeline.agent import request_view
-    stories, bad = request_view.stories_of({"stories": req.get("slowest") or []})
-    head = f"requests told by the agent: {req.get('told', 0)}; the {min(len(stories), 10)} slowest:"
+    stories, bad = request_view.stories_of({"stories": req.slowest})
+    head = f"requests told by the agent: {req.told}; the {min(len(stories), 10)} slowest:"
     return head + "\n" + request_view.table(request_view.slowest(stories, 10)) + \
         (f"\n({bad} malformed request record(s) skipped)" if bad else "")
 
@@ -316,45 +319,46 @@ def _outputs(args, doc, trace, pm, phase_names, i, n, path) -> None:
         require("rich", "the text report (--json needs nothing more)")
         from ridgeline.aggregator.report import render
         render(doc)
-        rec = doc.get("recording")
-        if rec:
-            print(_recording_line(rec))
-        if doc.get("requests"):
-            print(_requests_text(doc["requests"]))
+        if doc.recording is not UNSET:
+            print(_recording_line(doc.recording))
+        if doc.requests is not UNSET:
+            print(_requests_text(doc.requests))
     if args.perfetto:
         if trace is None:
             raise InputError(f"{path}: no events to write to --perfetto")
         from ridgeline.aggregator.perfetto import write_perfetto
         stories = None
-        if doc.get("requests"):       # a recording's served requests: a track each
+        if doc.requests is not UNSET:       # a recording's served requests: a track each
             from ridgeline.agent import request_view
-            stories, _bad = request_view.stories_of({"stories": doc["requests"].get("slowest") or []})
+            stories, _bad = request_view.stories_of({"stories": doc.requests.slowest})
         out = write_perfetto(trace, pm, phase_names, _numbered(args.perfetto, i, n), requests=stories)
-        doc["perfetto"] = str(out)
+        doc.perfetto = str(out)
     if args.plot:
         from ridgeline.agent.extras import require
         require("matplotlib", "--plot")
         from ridgeline.aggregator.plot import plot_roofline
         out = plot_roofline(doc, _numbered(args.plot, i, n), title=f"{Path(path).name}")
-        doc["plot"] = str(out)
+        doc.plot = str(out)
     if not args.json:
-        for key in ("plot", "perfetto"):
-            if key in doc:
-                print(f"{key}: {doc[key]}")
+        if doc.plot is not UNSET:
+            print(f"plot: {doc.plot}")
+        if doc.perfetto is not UNSET:
+            print(f"perfetto: {doc.perfetto}")
         if i + 1 < n:
             print()
 
 
-def _recording_line(rec: dict) -> str:
-    """What the agent's own record says of the recording: restarts, lost messages and
-    the downtime kept out of every idle figure."""
-    gaps = sum(rec.get("gaps", {}).values())
-    by_topic = ", ".join(f"{k} {v}" for k, v in rec.get("gaps", {}).items())
-    parts = [f"recording: {rec['segments']} segment(s)",
-             f"{rec['restarts']} agent restart(s)",
+def _recording_line(rec) -> str:
+    """What the agent's own record says of the recording (an
+    :class:`aggregator.analysis.RecordingFacts`): restarts, lost messages and the downtime
+    kept out of every idle figure."""
+    gaps = sum(rec.gaps.values())
+    by_topic = ", ".join(f"{k} {v}" for k, v in rec.gaps.items())
+    parts = [f"recording: {rec.segments} segment(s)",
+             f"{rec.restarts} agent restart(s)",
              f"{gaps} message(s) lost" + (f" ({by_topic})" if gaps else "")]
-    if rec.get("downtime_ns"):
-        parts.append(f"{rec['downtime_ns'] / 1e9:.3f} s of agent downtime left out of GPU idle time")
-    if rec.get("truncated"):
+    if rec.downtime_ns:
+        parts.append(f"{rec.downtime_ns / 1e9:.3f} s of agent downtime left out of GPU idle time")
+    if rec.truncated:
         parts.append("last frame truncated")
     return "; ".join(parts)

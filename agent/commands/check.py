@@ -18,6 +18,12 @@ agent's stream (``publisher.endpoint`` of the configuration, or ``--endpoint``) 
 at most ``--agent-timeout`` seconds for one. An agent that is not running or not
 reachable is reported, not a failure; served processes whose CUPTI another tool
 (torch.profiler) took over are a failure (exit 1): their GPU records are paused.
+
+The object-storage sink (``[sink]``, agent/sink_supervisor.py): with it enabled, ``check``
+says whether this host can run it (pyarrow installed) and what the running agent's health
+record says of it (``"sink"`` in ``--json``: running or restarting, files uploaded, files
+and bytes in the spool, files dropped, failed uploads, the last error). A sink enabled that
+cannot run here is a failure (exit 1); one that runs but drops or retries is reported.
 """
 from __future__ import annotations
 
@@ -53,7 +59,7 @@ def agent_view(args, cfg) -> dict:
         timeout_s = min(2 * cfg.agent.window_s + 1.0, 30.0)
     args.endpoint = args.endpoint or cfg.publisher.endpoint
     out = {"reachable": False, "endpoint": args.endpoint, "reason": "", "cupti_processes_taken_over": 0,
-           "cupti_taken_over": []}
+           "cupti_taken_over": [], "sink": None}
     if timeout_s == 0:
         out["reason"] = "not asked (--agent-timeout 0)"
         return out
@@ -78,12 +84,58 @@ def agent_view(args, cfg) -> dict:
                 out["cupti_taken_over"] = [t for t in taken if isinstance(t, dict)] if isinstance(taken, list) else []
                 n = msg.payload.get("cupti_processes_taken_over")
                 out["cupti_processes_taken_over"] = n if isinstance(n, int) else len(out["cupti_taken_over"])
+                out["sink"] = _sink_record(msg.payload.get("sink"))
                 return out
             if time.monotonic() >= end:
                 out["reason"] = f"no health record within {timeout_s:g} s (is `ridgeline agent` running?)"
                 return out
     finally:
         sub.close()
+
+
+def _sink_record(raw) -> dict | None:
+    """The health record's sink part, typed (probes.records.SinkState), as plain values."""
+    import msgspec
+
+    from ridgeline.probes.records import SinkState
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return msgspec.to_builtins(msgspec.convert(raw, SinkState))
+    except msgspec.ValidationError:
+        return {"state": "unreadable"}
+
+
+def sink_view(cfg, agent: dict) -> dict:
+    """The sink as configured here and as the running agent reports it."""
+    import importlib.util
+    s = cfg.sink
+    out = {"enabled": s.enabled, "url": s.url, "ok": True, "reason": "", "agent": agent.get("sink")}
+    if not s.enabled:
+        out["reason"] = "off ([sink] enabled = false)"
+        return out
+    if importlib.util.find_spec("pyarrow") is None:
+        out["ok"], out["reason"] = False, "pyarrow is not installed (hint: pip install 'ridgeline[parquet]')"
+    return out
+
+
+def _sink_line(sink: dict) -> str:
+    if not sink["enabled"]:
+        return f"sink   {sink['reason']}"
+    if not sink["ok"]:
+        return f"sink   unavailable  {sink['url']}: {sink['reason']}"
+    a = sink["agent"]
+    if not a:
+        return f"sink   enabled  {sink['url']}: the running agent did not report it (not reached, or not enabled there)"
+    line = (f"sink   {a.get('state')}  {sink['url']}: {a.get('files_uploaded', 0)} files "
+            f"({a.get('bytes_uploaded', 0)} bytes) uploaded, {a.get('spool_files', 0)} waiting in the spool "
+            f"({a.get('spool_bytes', 0)} bytes), {a.get('dropped_files', 0)} dropped over the cap, "
+            f"{a.get('upload_errors', 0)} failed uploads retried, {a.get('restarts', 0)} restarts")
+    if a.get("missed_messages"):
+        line += f", {a['missed_messages']} messages published while it restarted"
+    if a.get("last_error"):
+        line += f"; last error: {a['last_error']}"
+    return line
 
 
 def _takeover_line(t: dict) -> str:
@@ -148,10 +200,12 @@ def run(args) -> int:
                 print(f"ridgeline check: probe {name}: stop() raised {type(exc).__name__}: {exc}", file=sys.stderr)
     failing = [r["name"] for r in rows if r["checked"] and not r["ok"]]
     agent = agent_view(args, cfg)
+    sink = sink_view(cfg, agent)
     taken = agent["cupti_taken_over"]
     n_taken = agent["cupti_processes_taken_over"]
     if args.json:
-        print(json.dumps({"ok": not failing and not n_taken, "probes": rows, "agent": agent}))
+        print(json.dumps({"ok": not failing and not n_taken and sink["ok"], "probes": rows, "agent": agent,
+                          "sink": sink}))
     else:
         width = max(len(n) for n in names)
         for r in rows:
@@ -172,10 +226,14 @@ def run(args) -> int:
                 print(f"  ... and {n_taken - len(taken)} more", flush=True)
         else:
             print(f"agent  not reached at {agent['endpoint']}: {agent['reason']}", flush=True)
+        if sink["enabled"]:
+            print(_sink_line(sink), flush=True)
     if failing:
         raise RuntimeFailure(f"check: {'probe' if len(failing) == 1 else 'probes'} {', '.join(failing)} "
                              f"cannot run here (see above)")
     if n_taken:
         raise RuntimeFailure(f"check: CUPTI of {n_taken} served process(es) is taken over by another tool; "
                              "their GPU records are paused (see above)")
+    if not sink["ok"]:
+        raise RuntimeFailure(f"check: the sink is enabled but cannot run here: {sink['reason']}")
     return 0

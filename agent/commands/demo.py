@@ -86,7 +86,8 @@ def demo_config(out: Path, endpoint: str, prom_port: int, sim_pid: int, sim_port
     return f"""# Written by `ridgeline demo`: the agent's configuration for this run.
 [agent]
 window_s = 1.0
-run_for_s = {args.duration + 20:.1f}
+# the demo stops the agent when it is done; this only ends one the demo left behind
+run_for_s = {args.duration + 300:.1f}
 
 [analysis]
 model = "{args.model}"
@@ -174,10 +175,13 @@ def run(args) -> int:
                                         "--timeout", "30"), env=env)
         if top.returncode != 0:
             print(f"ridgeline demo: top ended with {top.returncode}; see {out / 'agent.log'}", file=sys.stderr)
+        # /metrics first, while the agent surely runs (the requests view waits for windows)
+        _scrape(prom_port, out / "metrics.txt")
         if otlp_port:
             _requests(endpoint, out, env)
-        _scrape(prom_port, out / "metrics.txt")
-        _stop(procs["record"], signal.SIGTERM, 30)      # it keeps what it recorded
+        rc = _stop(procs["record"], signal.SIGTERM, 30)      # it keeps what it recorded
+        if rc not in (0, None):
+            print(f"ridgeline demo: record ended with {rc}; see {out / 'record.log'}", file=sys.stderr)
     finally:
         for name in ("record", "agent", "simulator"):
             _stop(procs.get(name), signal.SIGINT if name == "simulator" else signal.SIGTERM)
@@ -245,13 +249,16 @@ def _afterwards(out: Path, model_name: str) -> None:
     lines = [f"recording: {out / 'stream.rlrec'}: {sum(rec.messages.values())} messages "
              f"({', '.join(f'{t} {n}' for t, n in sorted(rec.messages.items()))}); "
              f"{len(trace.kernels)} SIMULATED kernels; sequence gaps {sum(rec.gaps.values())}"]
-    if rec.windows:
-        last = rec.windows[-1].get("agent", {})
-        cpu = [w.get("agent", {}).get("cpu_pct", 0) for w in rec.windows]
+    from ridgeline.aggregator.answer import verdict_records
+    from ridgeline.probes.records import window_of
+    windows = [window_of(w) for w in rec.windows]     # the demo's own agent wrote them
+    if windows:
+        last = windows[-1].agent
+        cpu = [w.agent.cpu_pct or 0 for w in windows]
         lines.append(f"agent cost while streaming: CPU median {sorted(cpu)[len(cpu) // 2]:.1f}% of one core, "
-                     f"RSS {last.get('rss_bytes', 0) / 2**20:.0f} MiB, dropped {last.get('dropped_records', 0)} "
-                     f"records, {last.get('dropped_batches', 0)} batches")
-        verdicts = [v.get("verdict") for w in rec.windows for v in (w.get("verdict") or []) if isinstance(v, dict)]
+                     f"RSS {(last.rss_bytes or 0) / 2**20:.0f} MiB, dropped {last.dropped_records or 0} "
+                     f"records, {last.dropped_batches or 0} batches")
+        verdicts = [v["verdict"] for w in windows for v in verdict_records(w.verdict)]
         if verdicts:
             from collections import Counter
             lines.append("window verdicts: " + ", ".join(f"{v} x{n}" for v, n in Counter(verdicts).most_common()))
@@ -268,14 +275,13 @@ def _afterwards(out: Path, model_name: str) -> None:
     pm = map_phases(trace)
     model = model_config.load(model_name)
     doc = analyze_trace(trace, model=model, phase_map=pm)
-    doc["trace"] = str(out / "stream.rlrec") + " (SIMULATED)"
-    from ridgeline.aggregator.answer import verdict_records
-    last_verdicts = verdict_records(rec.windows[-1].get("verdict")) if rec.windows else []
+    doc.trace = str(out / "stream.rlrec") + " (SIMULATED)"
+    last_verdicts = verdict_records(windows[-1].verdict) if windows else []
     if last_verdicts:
         # the same window top, tail and /metrics showed last: the agent's judgement with the
         # engine and scheduler figures (the trace alone has neither)
-        doc["answer"] = last_verdicts
-        doc["answer_title"] = "Answer (the last window, as top, tail and /metrics showed it)"
+        doc.answer = last_verdicts
+        doc.answer_title = "Answer (the last window, as top, tail and /metrics showed it)"
     plot_roofline(doc, out / "roofline.png", title="ridgeline demo (SIMULATED)")
     excerpt = last_seconds(trace, PERFETTO_LAST_S)
     write_perfetto(excerpt, map_phases(excerpt), PHASE_NAMES, out / "trace.perfetto.json")
@@ -288,7 +294,7 @@ def _afterwards(out: Path, model_name: str) -> None:
             print(f"  {p}  ({p.stat().st_size} bytes)")
 
 
-def _write_report(out: Path, lines: list[str], doc: dict | None) -> None:
+def _write_report(out: Path, lines: list[str], doc) -> None:
     from rich.console import Console
     with open(out / "report.txt", "w") as f:
         console = Console(file=f, width=120, force_terminal=False)

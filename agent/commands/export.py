@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError
 
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="convert a recording (.rlrec) to Parquet (Hive-style folders)",
-                       description=__doc__.split("\n\n")[1])
+                       description=description(__doc__) + " " + description(__doc__, 1))
     p.add_argument("recording", metavar="RECORDING", help="a recording written by `ridgeline record`")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder of the Parquet recording")
     p.add_argument("--recording-id", metavar="ID",

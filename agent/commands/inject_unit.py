@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from ridgeline.agent.commands import description
 from ridgeline.agent.commands.run import add_injection_options, injection_env_from_args
 from ridgeline.probes.errors import InputError
 
@@ -22,7 +23,8 @@ _SUFFIXES = (".service", ".socket", ".target", ".scope", ".slice", ".mount", ".t
 
 
 def register(sub) -> None:
-    p = sub.add_parser("inject-unit", help="write a systemd drop-in that injects Ridgeline into a service")
+    p = sub.add_parser("inject-unit", help="write a systemd drop-in that injects Ridgeline into a service",
+                       description=description(__doc__) + " " + description(__doc__, 1))
     p.add_argument("unit", metavar="UNIT", help="the service, e.g. vllm or vllm.service")
     add_injection_options(p)
     p.add_argument("--root", default="/", help="filesystem root to write under (default /)")

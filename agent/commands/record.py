@@ -7,6 +7,8 @@ Format: see :mod:`agent.recording`.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import signal
 import sys
 import time
@@ -33,6 +35,10 @@ def register(sub) -> None:
     p.add_argument("--roll-s", type=float, default=60.0, metavar="S", help="with --sink: a file set every S seconds")
     p.add_argument("--spool-max-bytes", type=int, default=2 << 30, metavar="N",
                    help="with --sink: the spool's cap; past it the oldest unsent files are dropped, counted")
+    p.add_argument("--min-free-bytes", type=int, default=1 << 30, metavar="N",
+                   help="with --sink: free disk space kept under the spool; below it files are dropped as past "
+                        "the cap")
+    p.add_argument("--stop-with-parent", type=int, default=0, metavar="PID", help=argparse.SUPPRESS)
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -48,8 +54,8 @@ def run(args) -> int:
     if args.sink is not None:
         if args.format != "parquet":
             raise InputError("--sink needs --format parquet")
-        if not (args.roll_s > 0 and args.spool_max_bytes > 0):
-            raise InputError("--roll-s and --spool-max-bytes must be > 0")
+        if not (args.roll_s > 0 and args.spool_max_bytes > 0 and args.min_free_bytes >= 0):
+            raise InputError("--roll-s and --spool-max-bytes must be > 0, --min-free-bytes >= 0")
         return _run_sink(args)
     if not args.duration >= 0:
         raise InputError("--duration must be >= 0")
@@ -109,11 +115,16 @@ def _run_sink(args) -> int:
         stop["now"] = True
     old = signal.signal(signal.SIGTERM, _stop)
     sink = ObjectSink(args.output, args.sink, endpoint=args.sink_endpoint, scheme=args.sink_scheme,
-                      region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes)
+                      region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes,
+                      min_free_bytes=args.min_free_bytes)
     sub = open_stream(args)
     t0 = time.monotonic()
     try:
         while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
+            if args.stop_with_parent and os.getppid() != args.stop_with_parent:
+                print(f"ridgeline record: the agent (pid {args.stop_with_parent}) is gone; stopping",
+                      file=sys.stderr)
+                break       # the agent that started this sink died: roll, upload, stop
             msg = sub.receive(0.2)
             if sub.refused:
                 raise RuntimeFailure(f"record: {sub.refused}")

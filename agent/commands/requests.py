@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("requests", help="slowest served requests: queue, prefill, decode, time dragged, culprits")
+    p = sub.add_parser("requests", help="slowest served requests: queue, prefill, decode, time dragged, culprits",
+                       description=description(__doc__))
     add_stream_arguments(p, topics=False)
     p.add_argument("--windows", type=int, default=5, metavar="N",
                    help="read the requests joined over N windows, then print (default: %(default)s)")

@@ -17,11 +17,13 @@ import shutil
 import stat
 import sys
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="run a command with Ridgeline's CUPTI injection (zero code changes)")
+    p = sub.add_parser("run", help="run a command with Ridgeline's CUPTI injection (zero code changes)",
+                       description=description(__doc__) + " " + description(__doc__, 1))
     add_injection_options(p)
     p.add_argument("--otlp-endpoint", default=None, metavar="URL",
                    help="where the command's OpenTelemetry traces go (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): "

@@ -4,12 +4,15 @@ from __future__ import annotations
 import sys
 import time
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("tail", help="print decoded records from the agent's stream")
+    p = sub.add_parser("tail", help="print decoded records from the agent's stream",
+                       description=description(__doc__) + " Windows are printed with their answer (the "
+                       "binding face, its reasons and the other faces' figures), as top and the report give it.")
     add_stream_arguments(p)
     p.add_argument("--json", action="store_true", help="one JSON object per line (NDJSON)")
     p.add_argument("--count", type=int, default=0, metavar="N", help="stop after N records (0: never)")

@@ -84,7 +84,7 @@ class _Screen:
         self.view = ViewState()
         self.keys = _Keys() if self.interactive else None
         self.live = None
-        self.window: dict | None = None
+        self.window = None               # the latest window (probes.records.Window)
         self.last_print = 0.0
 
     def _frame(self):
@@ -103,9 +103,17 @@ class _Screen:
 
     def show(self, window: dict) -> bool:
         """Show a new window; True when that was the one frame ``--once`` prints."""
+        import msgspec
         from rich.live import Live
-        self.window = window
-        self.view.observe(window)
+
+        from ridgeline.probes.records import window_of
+        try:
+            typed = window_of(window)
+        except msgspec.ValidationError as exc:      # a producer's bug, said in one line
+            self.console.print(f"window #{self.state.windows} not readable as a window record: {exc}")
+            return self.once
+        self.window = typed
+        self.view.observe(typed)
         shown = self._frame()
         if self.once:
             self.console.print(shown, soft_wrap=True)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 
+from ridgeline.agent.commands import description
 from ridgeline.probes.errors import InputError, RuntimeFailure
 
 
 def register(sub) -> None:
     from ridgeline.agent.subscriber import add_stream_arguments
-    p = sub.add_parser("why", help="one request's story: slow on its own, or dragged by others?")
+    p = sub.add_parser("why", help="one request's story: slow on its own, or dragged by others?",
+                       description=description(__doc__))
     p.add_argument("request_id", metavar="REQUEST_ID", help="the engine's request id (vLLM gen_ai.request.id, "
                                                             "SGLang rid)")
     add_stream_arguments(p, topics=False)

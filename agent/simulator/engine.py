@@ -67,6 +67,26 @@ POSTPROCESS_NS = 60_000     # detokenise / output processing after the sync
 DTOH_COPY_NS = 2_000
 
 
+def vllm_step_label(q_lens: np.ndarray, ctx_lens: np.ndarray) -> str:
+    """vLLM's detailed step annotation (PR #37524, the form aggregator.phases parses):
+    ``execute_{tokens}_context_{n}(sq..sk..sqsq..sqsk..)_generation_{m}(sq..sk..sqsq..sqsk..)``
+    where, over the step's context (prefill) or generation (decode) sequences, ``sq`` sums
+    the query tokens, ``sk`` the key tokens each attends over (its KV length after the step:
+    cached + new), ``sqsq`` the squared query lengths and ``sqsk`` query x key. The
+    generation ``sk`` is what decode reads from the KV cache, which the short form
+    (``execute_context_N(T_S)_generation_M(G)``) does not carry."""
+    q = q_lens.astype(np.int64)
+    k = q + ctx_lens.astype(np.int64)
+    dec = (q_lens == 1) & (ctx_lens > 0)
+
+    def sums(sel) -> str:
+        qs, ks = q[sel], k[sel]
+        return f"sq{int(qs.sum())}sk{int(ks.sum())}sqsq{int((qs * qs).sum())}sqsk{int((qs * ks).sum())}"
+
+    return (f"execute_{int(q.sum())}_context_{int((~dec).sum())}({sums(~dec)})"
+            f"_generation_{int(dec.sum())}({sums(dec)})")
+
+
 @dataclass
 class SimConfig:
     gpu: str = "h100"
@@ -421,14 +441,11 @@ class SimEngine:
         return end_cpu, int(start[0]), gpu_end
 
     def _annotation(self, shape: StepShape, batch, cpu0: int, cpu1: int, gpu0: int, gpu1: int) -> np.ndarray:
-        """The engine's step annotation (vLLM ``execute_context_..._generation_...``, or
-        ``ProfilerStep#N``) on the CPU thread and its GPU projection."""
+        """The engine's step annotation (vLLM's detailed ``execute_..._context_..._generation_...``,
+        see :func:`vllm_step_label`, or ``ProfilerStep#N``) on the CPU thread and its GPU projection."""
         base = self.cfg.time_base_ns
         if self.conv.annotation == "vllm":
-            dec = (shape.q_lens == 1) & (shape.ctx_lens > 0)
-            pq = shape.q_lens[~dec]
-            label = (f"execute_context_{int((~dec).sum())}({int(pq.sum())}_{int((pq * pq).sum())})"
-                     f"_generation_{int(dec.sum())}({int(shape.q_lens[dec].sum())})")
+            label = vllm_step_label(shape.q_lens, shape.ctx_lens)
             cpu_kind = RANGE_USER_ANNOTATION
         else:
             label = f"ProfilerStep#{self.step_index}"

@@ -83,9 +83,9 @@ def windowed_phases(t: Trace, per_window: int, trailing_empty: int = 0, final: b
         wins.append(wb.close(len(wins) * s, (len(wins) + 1) * s, {}, final=True))
     out: dict = {}
     for w in wins:
-        for g in w["gpus"]:
-            for ph, v in g["phases"].items():
+        for g in w.gpus:
+            for ph, v in g.phases.items():
                 x = out.setdefault(ph, [0, 0])
-                x[0] += v["kernels"]
-                x[1] += v["kernel_time_ns"]
+                x[0] += v.kernels
+                x[1] += v.kernel_time_ns
     return {ph: tuple(v) for ph, v in out.items()}, wins

@@ -1,0 +1,217 @@
+"""The native per-kernel pass of the per-phase fold: ``aggregator/native/libridgeline_fold.so``.
+
+Built from ``aggregator/native/ridgeline_fold.c`` by the package build (setup.py) and, in a
+source tree, by ``make -C aggregator/native`` (``scripts/setup.sh`` runs it), as the CUPTI
+injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.fold_kernels`
+calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
+compare it with, never a fallback: without the library the fold raises
+:class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
+start and exits).
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ridgeline.probes.errors import RuntimeFailure
+
+LIB_NAME = "libridgeline_fold.so"
+_P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_U = np.ctypeslib.ndpointer(dtype=np.uint64, flags="C_CONTIGUOUS")
+_B = np.ctypeslib.ndpointer(dtype=np.uint8, flags="C_CONTIGUOUS")
+_V = ct.c_void_p
+_I = ct.c_int64
+
+#: What ridgeline_fold.c is built for: phase_figures.py's SUB_BITS, FINE_BINS and the
+#: leading INT_FIELDS it writes, in this order (tests/test_fold_native.py checks they agree;
+#: rl_fold_abi() returns the two constants and the count). A row's width is passed per call.
+WRITTEN_FIELDS = ("kernels", "kernel_time_ns", "busy_ns", "steps", "window_ns", "window_busy_ns", "gaps",
+                  "gap_ns", "gap_launch_ns", "gap_sync_ns", "launch_kernels", "launch_latency_ns")
+LAYOUT = (3, 48 << 3, len(WRITTEN_FIELDS))
+
+#: The tests set this (monkeypatch) to run every per-kernel pass through its numpy
+#: reference instead (phase_figures.py, stream_phases.py), and compare the two.
+REFERENCE = False
+
+
+class FoldLibraryMissing(RuntimeFailure):
+    """The native fold library is not built or cannot be loaded (the message says what to do)."""
+
+
+def library_path() -> Path:
+    """The built library (``RIDGELINE_FOLD_LIB`` overrides)."""
+    env = os.environ.get("RIDGELINE_FOLD_LIB")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent / "native" / LIB_NAME
+
+
+def _hint() -> str:
+    mk = Path(__file__).resolve().parent / "native" / "Makefile"
+    if mk.is_file():
+        return f"run `make -C {mk.parent}` (needs a C compiler) or `bash scripts/setup.sh`"
+    return "reinstall from the source tree (`pip install .` builds it; needs a C compiler and make)"
+
+
+@lru_cache(maxsize=1)
+def library() -> ct.CDLL:
+    """The loaded library, its layout checked against :data:`LAYOUT`."""
+    path = library_path()
+    if not path.is_file():
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} is missing: {_hint()}")
+    try:
+        lib = ct.CDLL(str(path))
+    except OSError as exc:
+        raise FoldLibraryMissing(f"ridgeline: cannot load the native fold library {path}: {exc}; {_hint()}") from None
+    lib.rl_fold_abi.restype = _I
+    lib.rl_fold_abi.argtypes = ()
+    sub_bits, fine_bins, n_int = LAYOUT
+    want = (sub_bits << 32) | (fine_bins << 8) | n_int
+    if lib.rl_fold_abi() != want:
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
+                                 f"(layout {lib.rl_fold_abi():#x}, expected {want:#x}): {_hint()}")
+    lib.rl_fold_units.restype = _I
+    lib.rl_fold_units.argtypes = (_I, _P, _P, _P, _P, ct.c_void_p, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P,
+                                  ct.POINTER(_I))
+    lib.rl_fold_rows.restype = None
+    lib.rl_fold_rows.argtypes = (_I, _P, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _P, _P,
+                                 _I, _P, _P)
+    lib.rl_step_hashes.restype = None
+    lib.rl_step_hashes.argtypes = (_V, _I, _P, _U, _I, _V, _I, _P, _U)
+    lib.rl_in_step_order.restype = _I
+    lib.rl_in_step_order.argtypes = (_V, _I, _I, _I, _P)
+    lib.rl_launch_latency_aligned.restype = _I
+    lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _B, _I, _P)
+    lib.rl_gather_i64.restype = None
+    lib.rl_gather_i64.argtypes = (_V, _I, _I, _I, _V, _P)
+    lib.rl_api_launch_hist.restype = _I
+    lib.rl_api_launch_hist.argtypes = (_V, _I, _I, _I, _I, _I, _I, _B, _I, _P, _P)
+    lib.rl_range_i32.restype = None
+    lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
+    lib.rl_union_records.restype = _I
+    lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
+    return lib
+
+
+def _off(a: np.ndarray, field: str) -> int:
+    return a.dtype.fields[field][1]
+
+
+def check() -> None:
+    """Raise :class:`FoldLibraryMissing` now if the library cannot be used (for a caller that
+    wants to say so once, at start, rather than at the first fold)."""
+    library()
+
+
+def fold_units(s, e, ph, stp, gk, gk0: int):
+    """Units, merged runs and gaps of kernels in (group, step, start) order (see
+    ridgeline_fold.c, ``rl_fold_units``): (first, start, end, busy, kernel_time, ukey,
+    gap_start, gap_len, gap_unit)."""
+    lib = library()
+    n = len(s)
+    u = np.empty((6, n), np.int64)
+    g = np.empty((3, n), np.int64)
+    ngaps = _I(0)
+    nu = lib.rl_fold_units(n, s, e, ph, stp, gk.ctypes.data if gk is not None else None, int(gk0),
+                           u[0], u[1], u[2], u[3], u[4], u[5], g[0], g[1], g[2], ct.byref(ngaps))
+    m = ngaps.value
+    return (u[0, :nu], u[1, :nu], u[2, :nu], u[3, :nu], u[4, :nu], u[5, :nu], g[0, :m], g[1, :m], g[2, :m])
+
+
+def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_len, gap_unit, host) -> None:
+    """Add each row's integer sums and histograms into ``add`` (rows x INT_FIELDS, the first
+    :data:`WRITTEN_FIELDS` written) and
+    ``hist`` (rows x 3 x FINE_BINS), both int64 C-contiguous (``rl_fold_rows``)."""
+    lib = library()
+    e0 = np.empty(0, np.int64)
+    (hl_s, hl_e), (hs_s, hs_e) = host if host is not None else ((e0, e0), (e0, e0))
+    c = np.ascontiguousarray
+    lib.rl_fold_rows(len(s), s, e, lat, len(first), c(first), c(u_busy), c(u_kt), c(u_row, np.int64),
+                     len(gap_len), c(gap_start), c(gap_len), c(gap_unit),
+                     len(hl_s), c(hl_s, np.int64), c(hl_e, np.int64), len(hs_s), c(hs_s, np.int64), c(hs_e, np.int64),
+                     add.shape[1], add, hist)
+
+
+_HASH_FIELDS = ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y")
+
+
+def step_hashes(k: np.ndarray, order: np.ndarray | None, first: np.ndarray, n_order: int,
+                consts: np.ndarray) -> np.ndarray:
+    """Per step, the shape hash of its kernels ``k[order[first[j]:first[j + 1]]]``
+    (``order`` None: the kernels themselves, in batch order): ``rl_step_hashes``, the same
+    value as stream_phases.py's numpy reference. ``consts``: C0..C5 and MUL (uint64)."""
+    lib = library()
+    out = np.empty(len(first), np.uint64)
+    offs = np.array([_off(k, f) for f in _HASH_FIELDS], np.int64)
+    o = np.ascontiguousarray(order, np.int64) if order is not None else None
+    lib.rl_step_hashes(k.ctypes.data, k.strides[0], offs, consts, n_order, o.ctypes.data if o is not None else None,
+                       len(first), np.ascontiguousarray(first, np.int64), out)
+    return out
+
+
+def in_step_order(k: np.ndarray, step: np.ndarray) -> bool:
+    """Whether the kernels are in map_batch's (step, start) order already (``rl_in_step_order``)."""
+    return bool(library().rl_in_step_order(k.ctypes.data, k.strides[0], _off(k, "start_ns"), len(k),
+                                           np.ascontiguousarray(step, np.int64)))
+
+
+def launch_latency_aligned(k: np.ndarray, a: np.ndarray, launch: np.ndarray, lat: np.ndarray) -> bool:
+    """Launch latency when every record is a launch (``launch``: bool per category) and
+    record i is kernel i's (same correlation ids, in order), written into ``lat``; False
+    (``lat`` untouched) otherwise (``rl_launch_latency_aligned``)."""
+    if len(k) != len(a) or not len(k):
+        return False
+    return bool(library().rl_launch_latency_aligned(
+        k.ctypes.data, k.strides[0], _off(k, "start_ns"), _off(k, "correlation_id"),
+        a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "correlation_id"), _off(a, "category"),
+        launch.view(np.uint8), len(k), lat))
+
+
+def gather(records: np.ndarray, field: str, idx: np.ndarray | None = None) -> np.ndarray:
+    """``records[field][idx]`` (an int64 field; ``idx`` None: every record) as a new
+    contiguous array, in one pass (``rl_gather_i64``)."""
+    n = len(records) if idx is None else len(idx)
+    out = np.empty(n, np.int64)
+    if n:
+        i = np.ascontiguousarray(idx, np.int64) if idx is not None else None
+        library().rl_gather_i64(records.ctypes.data, records.strides[0], _off(records, field), n,
+                                i.ctypes.data if i is not None else None, out)
+    return out
+
+
+def field_range(records: np.ndarray, field: str) -> tuple[int, int]:
+    """(min, max) of an int32 field over the records (at least one), in one pass (``rl_range_i32``)."""
+    out = np.empty(2, np.int64)
+    library().rl_range_i32(records.ctypes.data, records.strides[0], _off(records, field), len(records), out)
+    return int(out[0]), int(out[1])
+
+
+def union_records(a: np.ndarray, want: np.ndarray):
+    """Sorted disjoint intervals covering the records whose category ``want`` selects (a
+    bool table of 256), or None when those records are not in start order
+    (``rl_union_records``)."""
+    n = len(a)
+    s, e = np.empty(n, np.int64), np.empty(n, np.int64)
+    m = library().rl_union_records(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                   _off(a, "category"), want.view(np.uint8), n, s, e)
+    if m < 0:
+        return None
+    return s[:m].copy(), e[:m].copy()
+
+
+def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
+    """(histogram, pid, tid) of the launch-call durations (log2 bins) when every record is
+    a launch (``what`` 0) of one process and thread, else None (``rl_api_launch_hist``)."""
+    if not len(a) or bins != 64:
+        return None
+    h = np.zeros(64, np.int64)
+    out = np.empty(2, np.int64)
+    if not library().rl_api_launch_hist(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                        _off(a, "category"), _off(a, "pid"), _off(a, "tid"), what.view(np.uint8),
+                                        len(a), h, out):
+        return None
+    return h, int(out[0]), int(out[1])

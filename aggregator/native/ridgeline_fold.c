@@ -1,0 +1,309 @@
+/* The per-kernel pass of the per-phase fold (aggregator/phase_figures.py, fold_kernels),
+ * in one pass over the kernels and one over the units, without a Python object per kernel.
+ *
+ * The Python function _fold_pass_reference in phase_figures.py is the reference: it computes
+ * the same arrays with numpy, and tests/test_fold_native.py checks that both give the same
+ * figures on the simulator's streams and on the shared traces replayed. The definitions
+ * (units, merged runs, gaps, fine histogram bins, host cover of the gaps) are those of
+ * phase_figures.py's module docstring.
+ *
+ * No allocation, no global state: the caller (numpy) owns every buffer; thread-safe.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Kept equal to phase_figures.py: SUB_BITS, FINE_BINS, the order of the first N_WRITTEN
+ * INT_FIELDS (the ones written here; a row holds nf of them, the caller's count), H_* planes.
+ * rl_fold_abi() returns them so that the loader refuses a library of another layout. */
+#define SUB_BITS 3
+#define FINE_BINS (48 << SUB_BITS)
+enum { I_KERNELS, I_KERNEL_TIME, I_BUSY, I_STEPS, I_WINDOW, I_WINDOW_BUSY, I_GAPS, I_GAP_NS,
+       I_GAP_LAUNCH, I_GAP_SYNC, I_LAUNCH_KERNELS, I_LAUNCH_LATENCY, N_WRITTEN };
+enum { H_KERNEL, H_GAP, H_LAUNCH };
+
+EXPORT int64_t rl_fold_abi(void) { return ((int64_t)SUB_BITS << 32) | ((int64_t)FINE_BINS << 8) | N_WRITTEN; }
+
+/* phase_figures.fine_bins: octave and the top SUB_BITS mantissa bits of the float64. */
+static inline int64_t fine_bin(int64_t x) {
+    double v = (double)x;
+    if (!(v >= 0.5)) v = 0.5;
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    int64_t r = (int64_t)(b >> (52 - SUB_BITS)) - ((int64_t)1022 << SUB_BITS);
+    return r < FINE_BINS - 1 ? r : FINE_BINS - 1;
+}
+
+/* Pass 1, over the kernels (in (group, step, start) order): units (a run of one group key,
+ * step and phase), their merged runs of kernels, busy time, and the idle gaps between the
+ * runs of a unit. gk == NULL: every kernel has group key gk0. Outputs have room for n.
+ * Returns the number of units; *n_gaps the number of gaps. */
+EXPORT int64_t rl_fold_units(int64_t n, const int64_t *s, const int64_t *e_in, const int64_t *ph,
+                             const int64_t *stp, const int64_t *gk, int64_t gk0,
+                             int64_t *u_first, int64_t *u_start, int64_t *u_end, int64_t *u_busy,
+                             int64_t *u_kt, int64_t *u_ukey,
+                             int64_t *gap_start, int64_t *gap_len, int64_t *gap_unit, int64_t *n_gaps) {
+    int64_t nu = -1, ng = 0;
+    int64_t prev_ukey = 0, prev_step = 0;
+    int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t si = s[i], ei = e_in[i] > si ? e_in[i] : si;
+        int64_t ukey = (int64_t)((uint64_t)(gk ? gk[i] : gk0) << 3) | ph[i];
+        if (nu < 0 || ukey != prev_ukey || stp[i] != prev_step) {
+            if (nu >= 0) {
+                busy += run_e - run_s;
+                u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend;
+            }
+            nu++;
+            u_first[nu] = i; u_start[nu] = si; u_ukey[nu] = ukey;
+            prev_ukey = ukey; prev_step = stp[i];
+            run_s = si; run_e = ei; busy = 0; kt = 0; uend = ei;
+        } else if (si > run_e) {            /* a new merged run: the gap before it */
+            busy += run_e - run_s;
+            gap_start[ng] = run_e; gap_len[ng] = si - run_e; gap_unit[ng] = nu; ng++;
+            run_s = si; run_e = ei;
+        } else if (ei > run_e) {
+            run_e = ei;
+        }
+        kt += ei - si;
+        if (ei > uend) uend = ei;
+    }
+    if (nu >= 0) {
+        busy += run_e - run_s;
+        u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend;
+    }
+    *n_gaps = ng;
+    return nu + 1;
+}
+
+/* Nanoseconds of [a, b) covered by sorted disjoint intervals [hs, he). *hint: where the
+ * previous search ended; gaps come nearly in time order, so the search gallops from there
+ * (a few steps) instead of bisecting the whole table (cache misses per gap). */
+static int64_t cover(int64_t a, int64_t b, int64_t nh, const int64_t *hs, const int64_t *he, int64_t *hint) {
+    int64_t lo, hi, p = *hint < nh ? *hint : nh - 1;
+    if (p > 0 && he[p - 1] > a) {       /* behind the hint: bisect [0, p) */
+        lo = 0; hi = p;
+    } else if (he[p] > a) {             /* the hint itself */
+        lo = hi = p;
+    } else {                            /* ahead: gallop, then bisect */
+        int64_t step = 1;
+        lo = p + 1; hi = lo;
+        while (hi < nh && he[hi] <= a) { lo = hi + 1; hi += step; step <<= 1; }
+        if (hi > nh) hi = nh;
+    }
+    while (lo < hi) {                   /* first interval ending after a */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (he[mid] <= a) lo = mid + 1; else hi = mid;
+    }
+    *hint = lo;
+    int64_t c = 0;
+    for (int64_t j = lo; j < nh && hs[j] < b; j++) {
+        int64_t x = hs[j] > a ? hs[j] : a, y = he[j] < b ? he[j] : b;
+        if (y > x) c += y - x;
+    }
+    return c;
+}
+
+/* Pass 2, over the units' kernels and the gaps: the integer sums and histograms of each
+ * row (u_row: the row of each unit) added into add[rows][nf] and
+ * hist[rows][3][FINE_BINS]. lat: launch latency per kernel (-1 unknown). Host intervals
+ * (launch calls, sync calls): sorted, disjoint; n 0 for none. */
+EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const int64_t *lat,
+                         int64_t nu, const int64_t *u_first, const int64_t *u_busy, const int64_t *u_kt,
+                         const int64_t *u_row,
+                         int64_t n_gaps, const int64_t *gap_start, const int64_t *gap_len, const int64_t *gap_unit,
+                         int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
+                         int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
+                         int64_t nf, int64_t *add, int64_t *hist) {
+    for (int64_t u = 0; u < nu; u++) {
+        int64_t r = u_row[u];
+        int64_t *a = add + r * nf;
+        int64_t *hk = hist + (r * 3 + H_KERNEL) * FINE_BINS, *hl = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
+        int64_t i0 = u_first[u], i1 = u + 1 < nu ? u_first[u + 1] : n;
+        int64_t nl = 0, ls = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            int64_t si = s[i], ei = e_in[i] > si ? e_in[i] : si;
+            hk[fine_bin(ei - si)]++;
+            if (lat[i] >= 0) { hl[fine_bin(lat[i])]++; nl++; ls += lat[i]; }
+        }
+        a[I_KERNELS] += i1 - i0;
+        a[I_KERNEL_TIME] += u_kt[u];
+        a[I_BUSY] += u_busy[u];
+        a[I_LAUNCH_KERNELS] += nl;
+        a[I_LAUNCH_LATENCY] += ls;
+    }
+    int64_t hint_l = 0, hint_s = 0;
+    for (int64_t g = 0; g < n_gaps; g++) {
+        int64_t r = u_row[gap_unit[g]];
+        int64_t *a = add + r * nf;
+        int64_t g0 = gap_start[g], g1 = g0 + gap_len[g];
+        a[I_GAPS]++;
+        a[I_GAP_NS] += gap_len[g];
+        hist[(r * 3 + H_GAP) * FINE_BINS + fine_bin(gap_len[g])]++;
+        if (nhl) a[I_GAP_LAUNCH] += cover(g0, g1, nhl, hl_s, hl_e, &hint_l);
+        if (nhs) a[I_GAP_SYNC] += cover(g0, g1, nhs, hs_s, hs_e, &hint_s);
+    }
+}
+
+/* --- Record readers: the batch's structured records (probes/events.py: packed, so an int64
+ * field of record i is aligned only for some i, and numpy's strided loops over it are
+ * several times slower than one pass here). base: the first record; stride: bytes between
+ * records; off: the field's byte offset. */
+static inline int64_t rd64(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int64_t v;
+    memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+static inline int32_t rd32(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int32_t v;
+    memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+
+/* The step-shape hash of aggregator/stream_phases.py (StreamPhaser.map_batch): per kernel
+ * v = (name_id + 1) * C0 + grid_x * C1 + grid_y * C2 + block_x * C3 + grid_z * C4 +
+ * block_y * C5 (uint64, wrapping; the int32 fields sign-extended), per step the sum of
+ * v * MUL**position over its kernels, xor its length * MUL. order: the kernels of the steps
+ * in step order (n_order of them; NULL: 0..n_order-1); first: where each of the n_steps
+ * steps starts in order. off[6]: offsets of name_id, grid_x, grid_y, block_x, grid_z,
+ * block_y; c[7]: C0..C5 and MUL. */
+EXPORT void rl_step_hashes(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
+                           int64_t n_order, const int64_t *order, int64_t n_steps, const int64_t *first,
+                           uint64_t *out) {
+    for (int64_t j = 0; j < n_steps; j++) {
+        int64_t a = first[j], b = j + 1 < n_steps ? first[j + 1] : n_order;
+        uint64_t h = 0, p = 1;
+        for (int64_t q = a; q < b; q++) {
+            int64_t i = order ? order[q] : q;
+            uint64_t v = (uint64_t)((int64_t)rd32(base, stride, i, off[0]) + 1) * c[0];
+            for (int f = 1; f < 6; f++)
+                v += (uint64_t)(int64_t)rd32(base, stride, i, off[f]) * c[f];
+            h += v * p;
+            p *= c[6];
+        }
+        out[j] = h ^ ((uint64_t)(b - a) * c[6]);
+    }
+}
+
+/* Whether the n kernels are in (step, start) order by map_batch's key, step << 40 |
+ * min(start - t0, 2**40 - 1) with t0 the earliest start (a batch already in that order needs
+ * no sort). step: int64 per kernel; the starts from the records. */
+EXPORT int64_t rl_in_step_order(const char *base, int64_t stride, int64_t off_start, int64_t n,
+                                const int64_t *step) {
+    const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (n < 2) return 1;
+    int64_t t0 = rd64(base, stride, 0, off_start);
+    for (int64_t i = 1; i < n; i++) {
+        int64_t v = rd64(base, stride, i, off_start);
+        if (v < t0) t0 = v;
+    }
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rel = rd64(base, stride, i, off_start) - t0;
+        int64_t key = (int64_t)((uint64_t)step[i] << 40) | (rel < cap ? rel : cap);
+        if (i && key < prev) return 0;
+        prev = key;
+    }
+    return 1;
+}
+
+/* phase_figures.launch_latency_ns when each kernel's launch record is the record at the
+ * same index (one launch record per kernel, in the same order: what CUPTI and the
+ * simulator deliver): returns 0, having written nothing, when a record is not a launch
+ * (launch[category] 0), any correlation id differs or the records' ids are not in order
+ * (the caller then joins as the reference does); else lat[i] = max(kernel start - launch start, 0),
+ * -1 where the correlation id is negative. Kernels and records: n each. */
+EXPORT int64_t rl_launch_latency_aligned(const char *kb, int64_t ks, int64_t k_start, int64_t k_corr,
+                                         const char *ab, int64_t as, int64_t a_start, int64_t a_corr,
+                                         int64_t a_cat, const uint8_t *launch, int64_t n, int64_t *lat) {
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, ab + i * as + a_cat, 1);
+        if (!launch[cat]) return 0;
+        int64_t c = rd64(ab, as, i, a_corr);
+        /* the records' ids in order too: out of order, the reference sorts them first */
+        if (rd64(kb, ks, i, k_corr) != c || (i && c < rd64(ab, as, i - 1, a_corr))) return 0;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t d = rd64(kb, ks, i, k_start) - rd64(ab, as, i, a_start);
+        lat[i] = rd64(kb, ks, i, k_corr) < 0 ? -1 : (d > 0 ? d : 0);
+    }
+    return 1;
+}
+
+/* phase_figures._union over records in start order: the sorted disjoint intervals covering
+ * [start, max(start, end)) of the records whose category (uint8) is selected by want[256].
+ * Returns the number of intervals written to out_s/out_e (room for n), or -1, having
+ * written nothing useful, when the selected records are not in start order (the caller
+ * sorts). */
+EXPORT int64_t rl_union_records(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
+                                int64_t off_cat, const uint8_t *want, int64_t n, int64_t *out_s, int64_t *out_e) {
+    int64_t m = -1, prev_s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        if (!want[cat]) continue;
+        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
+        if (e < s) e = s;
+        if (m >= 0 && s < prev_s) return -1;
+        prev_s = s;
+        if (m >= 0 && s <= out_e[m]) {
+            if (e > out_e[m]) out_e[m] = e;
+        } else {
+            m++;
+            out_s[m] = s; out_e[m] = e;
+        }
+    }
+    return m + 1;
+}
+
+/* out[q] = the int64 field of record idx[q] (idx NULL: record q): numpy's k[field][idx],
+ * in one pass, without the strided copy of the whole column first. */
+EXPORT void rl_gather_i64(const char *base, int64_t stride, int64_t off, int64_t n, const int64_t *idx,
+                          int64_t *out) {
+    for (int64_t q = 0; q < n; q++)
+        out[q] = rd64(base, stride, idx ? idx[q] : q, off);
+}
+
+/* Smallest and largest value of an int32 field over n records (n >= 1): out[0], out[1]. */
+EXPORT void rl_range_i32(const char *base, int64_t stride, int64_t off, int64_t n, int64_t *out) {
+    int32_t lo = rd32(base, stride, 0, off), hi = lo;
+    for (int64_t i = 1; i < n; i++) {
+        int32_t v = rd32(base, stride, i, off);
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    out[0] = lo;
+    out[1] = hi;
+}
+
+/* aggregator/windows.py (SourceFold._ingest): the launch-call duration histogram of a kernel
+ * stream's API records. When every record is a launch (what[category] == 0) of one process
+ * and one thread: hist[64] += log2 bins (windows.log2_bins) of max(end - start, 0), out[0]
+ * the pid, out[1] the tid; returns 1. Otherwise returns 0 with hist untouched (the caller's
+ * general numpy path). n >= 1. */
+#define HIST_BINS 64
+EXPORT int64_t rl_api_launch_hist(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
+                                  int64_t off_cat, int64_t off_pid, int64_t off_tid, const uint8_t *what,
+                                  int64_t n, int64_t *hist, int64_t *out) {
+    int64_t h[HIST_BINS] = {0};
+    int32_t pid = rd32(base, stride, 0, off_pid), tid = rd32(base, stride, 0, off_tid);
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        if (what[cat] != 0 || rd32(base, stride, i, off_pid) != pid || rd32(base, stride, i, off_tid) != tid)
+            return 0;
+        int64_t d = rd64(base, stride, i, off_end) - rd64(base, stride, i, off_start);
+        double v = d > 0 ? (double)d : 0.5;
+        if (v < 0.5) v = 0.5;
+        uint64_t b;
+        memcpy(&b, &v, sizeof b);
+        int64_t e = (int64_t)(b >> 52) - 1022;
+        h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
+    }
+    for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
+    out[0] = pid;
+    out[1] = tid;
+    return 1;
+}

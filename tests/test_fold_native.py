@@ -1,0 +1,279 @@
+"""aggregator/native/libridgeline_fold.so, the per-kernel passes of the per-phase fold and of
+the stream phaser, against their numpy references (``fold_native.REFERENCE``: phase_figures.py's
+fold pass, launch join and host intervals, stream_phases.py's step-shape hash and order test):
+the same sums, histograms, units, hashes and joins on adversarial records, on the simulator's
+streams through the live windows, and on the shared third-party traces analysed whole and
+replayed in batches."""
+
+import msgspec
+import numpy as np
+import pytest
+from support.kineto_traces import TRACES
+
+from ridgeline.aggregator import analysis, fold_native, phase_figures
+from ridgeline.aggregator.phase_figures import PhaseSums, fold_kernels, group_key, host_intervals
+from ridgeline.aggregator.windows import WindowBuilder
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, KERNEL_DTYPE, Trace, empty
+
+
+class _Step:
+    def __init__(self, phase, start_ns, end_ns):
+        self.phase, self.start_ns, self.end_ns = phase, start_ns, end_ns
+        self.evidence = [f"step of phase {phase}"]
+
+
+def _same_sums(a: PhaseSums, b: PhaseSums) -> None:
+    for f in ("keys", "ints", "floats", "hists", "dtype_flops"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.notes == b.notes and a.evidence == b.evidence
+
+
+def _same_units(a, b) -> None:
+    for f in phase_figures.Units.__slots__:
+        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+
+
+def _random_fold(seed: int, groups: int):
+    """Kernels that stress every rule of the pass: overlapping and nested kernels, zero and
+    negative durations (end before start), kernels in no step, steps of mixed phases,
+    unknown launch latencies, several groups, and launch and sync calls over the gaps."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    nsteps = int(rng.integers(1, 40))
+    step = np.sort(rng.integers(-1, nsteps, n))
+    start = np.empty(n, np.int64)
+    t = 1_000_000_000 + int(rng.integers(0, 10**6))
+    for i in range(n):                        # in (step, start) order, as the callers pass them
+        if i and step[i] != step[i - 1]:
+            t += int(rng.integers(0, 50_000))
+        t += int(rng.choice([0, 1, 5, 200, 3_000, 40_000]))
+        start[i] = t
+    end = start + rng.choice([-5, 0, 1, 10, 400, 9_000, 120_000], n)
+    phase = rng.integers(0, 5, n)
+    # runs of one phase inside a step (a unit breaks where the phase does)
+    phase = np.repeat(phase[::7], 7)[:n]
+    lat = np.where(rng.random(n) < 0.1, -1, rng.integers(0, 80_000, n))
+    steps = [_Step(int(rng.integers(0, 5)), int(start.min()) + 10 * j, int(start.min()) + 10 * j + 5_000_000)
+             for j in range(nsteps)]
+    gkey = int(group_key(0, 4242)) if groups == 1 else group_key(np.sort(rng.integers(0, groups, n)), 4242)
+    na = int(rng.integers(0, 2 * n))
+    a = empty(API_DTYPE, na)
+    a["start_ns"] = rng.integers(int(start.min()) - 10_000, int(end.max()) + 10_000, na)
+    a["end_ns"] = a["start_ns"] + rng.integers(0, 20_000, na)
+    a["category"] = rng.choice([API_LAUNCH, API_SYNC], na)
+    return dict(start_ns=start, end_ns=end, phase=phase, step=step, gkey=gkey, steps=steps, latency_ns=lat,
+                host=host_intervals(a))
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("seed", range(12))
+def test_native_pass_equals_reference(seed, groups):
+    kw = _random_fold(seed, groups)
+    a, b = PhaseSums(), PhaseSums()
+    _same_units(fold_kernels(a, **kw), fold_kernels(b, reference=True, **kw))
+    _same_sums(a, b)
+    assert a.ints[:, phase_figures.I["gap_launch_ns"]].any() or not len(kw["host"][0][0])
+
+
+def test_native_pass_counts_every_kernel_once():
+    """Not only equal to the reference: the kernels, their time and the busy union are the
+    plain sums (a pass that dropped or doubled kernels in both would still be 'equal')."""
+    kw = _random_fold(3, 1)
+    sums = PhaseSums()
+    fold_kernels(sums, **kw)
+    e = np.maximum(kw["end_ns"], kw["start_ns"])
+    assert sums.ints[:, phase_figures.I["kernels"]].sum() == len(e)
+    assert sums.ints[:, phase_figures.I["kernel_time_ns"]].sum() == int((e - kw["start_ns"]).sum())
+    assert sums.hists[:, phase_figures.H_KERNEL].sum() == len(e)
+    assert sums.hists[:, phase_figures.H_LAUNCH].sum() == int((kw["latency_ns"] >= 0).sum())
+
+
+def _cuts(lo: int, hi: int, n: int) -> list[int]:
+    """n + 1 integer cut points from lo to hi (float linspace rounds epoch nanoseconds)."""
+    return [lo + (hi - lo) * i // n for i in range(n + 1)]
+
+
+def _random_records(rng, n: int, dtype, sorted_starts: bool):
+    """Records on a 1 us grid with durations of whole microseconds (and some negative
+    ones), so that intervals touch, nest and overlap."""
+    r = empty(dtype, n)
+    st = rng.integers(1000, 1000 + 4 * n, n) * 1000
+    r["start_ns"] = np.sort(st) if sorted_starts else st
+    r["end_ns"] = r["start_ns"] + rng.choice([-3, 0, 1000, 2000, 7000], n)
+    return r
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_native_joins_and_hashes_equal_reference(seed, monkeypatch):
+    """Launch latency (records aligned with their kernels or not, ids out of order, negative
+    ids), the host's call intervals (in start order or not, launch and sync calls), the
+    step-shape hash and the (step, start) order test: native and reference answers are equal.
+    The seed's bits choose: 1 aligned ids, 2 launch records only, 4 starts in order, 8
+    negative ids."""
+    from ridgeline.aggregator.stream_phases import _HASH_CONSTS, StreamPhaser
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY, NameTable
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 500))
+    ordered = bool(seed & 4)
+    k = _random_records(rng, n, KERNEL_DTYPE, sorted_starts=ordered)
+    k["correlation_id"] = np.arange(n) + 7
+    if seed & 8:
+        k["correlation_id"][rng.random(n) < 0.05] = -1
+    for f in ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y"):
+        k[f] = rng.integers(-2, 3000, n)
+    a = _random_records(rng, n, API_DTYPE, sorted_starts=ordered)
+    a["correlation_id"] = k["correlation_id"] if seed & 1 else rng.permutation(k["correlation_id"])
+    a["category"] = API_LAUNCH if seed & 2 else rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, API_MEMCPY], n)
+    step = np.sort(rng.integers(-1, 9, n)) if ordered else rng.integers(-1, 9, n)
+    if ordered and seed & 1:
+        # one pair 1 ns out of order inside a step: not in (step, start) order
+        i = int(np.flatnonzero(np.r_[step[1:] == step[:-1], False])[0]) if (step[1:] == step[:-1]).any() else 0
+        k["start_ns"][i] = k["start_ns"][i + 1] + 1
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+    lens = np.diff(np.r_[first, n])
+    pos = np.arange(n) - np.repeat(first, lens)
+    order = rng.permutation(n)
+    native = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
+              fold_native.step_hashes(k, None, first, n, _HASH_CONSTS),
+              fold_native.step_hashes(k, order, first, n, _HASH_CONSTS), fold_native.in_step_order(k, step))
+    ph = StreamPhaser(NameTable())
+    st = k["start_ns"]
+    key = (step << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
+               ph._hashes_reference(k, np.arange(n), True, first, lens, pos),
+               ph._hashes_reference(k, order, False, first, lens, pos), bool((key[1:] >= key[:-1]).all()))
+    np.testing.assert_array_equal(native[0], ref[0])
+    for (xs, xe), (ys, ye) in zip(native[1], ref[1]):
+        np.testing.assert_array_equal(xs, ys)
+        np.testing.assert_array_equal(xe, ye)
+    np.testing.assert_array_equal(native[2], ref[2])
+    np.testing.assert_array_equal(native[3], ref[3])
+    assert native[4] == ref[4]
+    # the column readers of the packed records
+    np.testing.assert_array_equal(fold_native.gather(k, "start_ns", order), k["start_ns"][order])
+    np.testing.assert_array_equal(fold_native.gather(a, "end_ns"), a["end_ns"])
+    assert fold_native.field_range(k, "grid_x") == (int(k["grid_x"].min()), int(k["grid_x"].max()))
+    assert fold_native.field_range(a[1:], "pid") == (int(a["pid"][1:].min()), int(a["pid"][1:].max()))
+
+
+def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:
+    """The live windows of ``batches`` as builtins (close() gives typed Windows)."""
+    with monkeypatch.context() as m:
+        if reference:
+            m.setattr(fold_native, "REFERENCE", True)
+        b = WindowBuilder(host="test")
+        out = []
+        for i, (k, a) in enumerate(batches):
+            b.add_events(Trace(kernels=k, api=a, names=names, devices=devices, meta={"source": "simulated"}))
+            if i % 7 == 6:
+                out.append(b.close(i, i + 1))
+        out.append(b.close(len(batches), len(batches) + 1, final=True))
+    return [msgspec.to_builtins(w) for w in out]
+
+
+def _simulated_batches(gpus: int):
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.workload import Workload
+    from ridgeline.probes.events import Device
+    parts = []
+    for dev in range(gpus):
+        w = Workload(rate_per_s=30, duration_s=1, prompt_mean=300, prompt_max=900, output_mean=60, output_max=200)
+        e = SimEngine(SimConfig(model="llama-3-8b", workload=w, annotations=False, device=dev, pid=100 + dev,
+                                tid=100 + dev), seed=dev, metrics=False)
+        e.run_until(int(0.4e9))
+        parts.append(e.drain())
+    k = np.concatenate([p.kernels for p in parts])
+    a = np.concatenate([p.api for p in parts])
+    k = k[np.argsort(k["start_ns"], kind="stable")]
+    a = a[np.argsort(a["start_ns"], kind="stable")]
+    cuts = _cuts(int(k["start_ns"].min()), int(k["end_ns"].max()) + 1, 39)
+    batches = []
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        km = (k["start_ns"] >= lo) & (k["start_ns"] < hi)
+        am = (a["start_ns"] >= lo) & (a["start_ns"] < hi)
+        batches.append((k[km], a[am]))
+    return batches, parts[0].names, [Device(d, "NVIDIA H100 80GB HBM3") for d in range(gpus)]
+
+
+@pytest.mark.parametrize("gpus,records", [(1, "all"), (1, "launch"), (1, "launch+sync"), (4, "all")],
+                         ids=["1gpu", "1gpu-launch-records", "1gpu-launch-and-sync-records", "4gpus"])
+def test_live_windows_equal_on_simulated_streams(gpus, records, monkeypatch):
+    batches, names, devices = _simulated_batches(gpus)
+    if records != "all":
+        # a kernel stream's API records: launches of one thread (the native histogram's
+        # case), or launches and syncs (not its case)
+        cats = [API_LAUNCH] + ([API_SYNC] if records == "launch+sync" else [])
+        batches = [(k, a[np.isin(a["category"], cats)]) for k, a in batches]
+        assert records == "launch" or any((a["category"] == API_SYNC).any() for _, a in batches)
+    native = _windows(batches, names, devices, False, monkeypatch)
+    ref = _windows(batches, names, devices, True, monkeypatch)
+    assert sum(g["kernels"] for w in native for g in w.get("gpus", ())) == sum(len(k) for k, _ in batches)
+    assert native == ref
+
+
+@pytest.mark.parametrize("name", TRACES, ids=[t.split("/")[-1].split(".")[0] for t in TRACES])
+def test_shared_traces_equal_analysed_and_replayed(name, trace_path, monkeypatch):
+    from ridgeline.probes.kineto import load_trace
+    t = load_trace(trace_path(name))
+    if not len(t.kernels):
+        pytest.skip(f"{name}: no kernels")
+    whole = analysis.analyze_trace(t)
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        whole_ref = analysis.analyze_trace(t)
+    assert whole.phases and msgspec.to_builtins(whole.phases) == msgspec.to_builtins(whole_ref.phases)
+    # The accumulator itself (a figure read from a histogram can hide a changed bin):
+    # analyze's whole-trace fold, with the trace's operator shapes, native and reference.
+    from ridgeline.aggregator.phases import map_phases
+    from ridgeline.aggregator.roofline import phase_sums
+    from ridgeline.aggregator.work import kernel_work_from_shapes
+    pm = map_phases(t)
+    args = (t, np.asarray(pm.kernel_phase), list(pm.steps), kernel_work_from_shapes(t))
+    sums = phase_sums(*args, kernel_step=np.asarray(pm.kernel_step))
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        sums_ref = phase_sums(*args, kernel_step=np.asarray(pm.kernel_step))
+    assert len(sums)
+    _same_sums(sums, sums_ref)
+    # Replayed as a kernel stream (what CUPTI sends: kernels in start order with their
+    # launch records, in batches cut by time) through the live windows.
+    k = t.kernels[np.argsort(t.kernels["start_ns"], kind="stable")]
+    a = t.api[np.argsort(t.api["start_ns"], kind="stable")] if len(t.api) else t.api
+    cuts = _cuts(int(k["start_ns"].min()), int(k["end_ns"].max()) + 1, 11)
+    batches = [(k[(k["start_ns"] >= lo) & (k["start_ns"] < hi)],
+                a[(a["start_ns"] >= lo) & (a["start_ns"] < hi)] if len(a) else a) for lo, hi in zip(cuts[:-1], cuts[1:])]
+    native = _windows(batches, t.names, t.devices, False, monkeypatch)
+    assert sum(g["kernels"] for w in native for g in w.get("gpus", ())) == len(k)
+    assert native == _windows(batches, t.names, t.devices, True, monkeypatch)
+
+
+def test_library_layout_is_the_fold_s():
+    """The layout the loader checks the library against is phase_figures.py's."""
+    n = len(fold_native.WRITTEN_FIELDS)
+    assert fold_native.LAYOUT == (phase_figures.SUB_BITS, phase_figures.FINE_BINS, n)
+    assert phase_figures.INT_FIELDS[:n] == fold_native.WRITTEN_FIELDS
+    assert fold_native.library().rl_fold_abi() == (3 << 32) | (384 << 8) | n
+
+
+def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):
+    """No fallback: without the library the fold refuses, saying what to build, and the
+    agent refuses to start (the CLI prints RuntimeFailure's one line and exits 1)."""
+    from ridgeline.agent import config as config_mod
+    from ridgeline.agent.daemon import Agent
+    from ridgeline.probes.errors import RuntimeFailure
+    monkeypatch.setenv("RIDGELINE_FOLD_LIB", str(tmp_path / "libridgeline_fold.so"))
+    fold_native.library.cache_clear()
+    try:
+        with pytest.raises(RuntimeFailure) as exc:
+            fold_kernels(PhaseSums(), **_random_fold(0, 1))
+        msg = str(exc.value)
+        assert "native fold library" in msg and str(tmp_path) in msg and "make -C" in msg and "\n" not in msg
+        cfg = config_mod.defaults()
+        cfg.publisher.endpoint = f"ipc://{tmp_path}/pub"
+        cfg.prometheus.enabled = False
+        with pytest.raises(RuntimeFailure, match="native fold library"):
+            Agent(cfg, probes=[]).start()
+    finally:
+        fold_native.library.cache_clear()
