@@ -87,6 +87,25 @@ def test_no_collectives_nothing_held_and_no_record():
     assert rec.stragglers is None and wb.stragglers._held == 0
 
 
+def test_a_table_that_gains_a_collective_name_is_held_from_then_on():
+    # The early return for a table without collective names must see the table grow.
+    from support.tp_groups import ALLREDUCE
+
+    from ridgeline.probes.events import KERNEL_DTYPE, empty
+    names = NameTable(["sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"])
+    k = empty(KERNEL_DTYPE, 1)
+    k["name_id"], k["pid"], k["start_ns"], k["end_ns"] = 0, 7, 0, 1000
+    live = SW.LiveStragglers()
+    live.add(Trace(kernels=k, names=names), "cupti:7")
+    assert live._held == 0 and not live._with_collectives
+    k2 = k.copy()
+    k2["name_id"] = names.intern(ALLREDUCE)
+    live.add(Trace(kernels=k2, names=names), "cupti:7")
+    assert live._with_collectives == {"cupti:7"} and live._held == 1
+    live.add(Trace(kernels=k, names=names), "cupti:7")     # its other kernels are held too now
+    assert live._held == 2
+
+
 def test_held_kernels_are_bounded_and_the_drop_counted(monkeypatch):
     monkeypatch.setattr(SW, "MAX_HELD_KERNELS", 500)
     t = tp_group(Builder(), TP4, steps=200).trace()
