@@ -64,6 +64,13 @@ MARKER_MIN_SPAN = 3
 # ... and at most this many (a kernel that recurs once per forward of a benchmark loop is not
 # a layer marker: its spacing is the whole step; layers of real models span 10-60 kernels).
 MARKER_MAX_SPAN = 128
+# A training step ends with its optimizer: torch.optim's fused/foreach Adam launches one run
+# of multi_tensor_apply kernels per optimizer.step() (PyTorch aten/src/ATen/native/cuda/
+# fused_adam_impl.cu, MultiTensorApply.cuh), the last GPU work of an iteration. Kernels of one
+# run lie at most this many kernels apart (other streams interleave); a device with at least
+# OPTIMIZER_MIN_RUNS runs is a training loop whose steps end after each run.
+OPTIMIZER_RUN_GAP = 8
+OPTIMIZER_MIN_RUNS = 2
 # Nesting levels of CPU ranges a launch is looked up through (engine step annotation inside
 # a profiler's or a patch's own range).
 NEST_DEPTH = 4
@@ -351,6 +358,39 @@ def _launched_together(trace: Trace, before: np.ndarray, after: np.ndarray, laun
         (np.abs(b_["start_ns"] - a_["start_ns"]) <= HOST_TOGETHER_NS)
 
 
+def optimizer_kernels(classes: KernelClasses) -> np.ndarray:
+    """Per kernel: an optimizer kernel (signature ``optimizer`` of the data file)."""
+    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
+    return opt_of[np.where(classes.sig >= 0, classes.sig, len(classes.signatures))]
+
+
+def optimizer_run_ends(optimizer: np.ndarray) -> np.ndarray:
+    """Positions of the last kernel of each optimizer run (kernels flagged ``optimizer``, in
+    device order, at most OPTIMIZER_RUN_GAP apart), or empty when fewer than
+    OPTIMIZER_MIN_RUNS runs: one optimizer.step() is no loop."""
+    pos = np.flatnonzero(optimizer)
+    if not len(pos):
+        return pos
+    ends = np.r_[pos[:-1][np.diff(pos) > OPTIMIZER_RUN_GAP], pos[-1]]
+    return ends if len(ends) >= OPTIMIZER_MIN_RUNS else np.empty(0, dtype=np.int64)
+
+
+def _same_profiler_step(h: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Per optimizer-run end (positions into ``h``, the ProfilerStep hint of one device's
+    kernels in order): True when that optimizer kernel's ProfilerStep window also launched
+    every hinted kernel up to the next run end (or the device's last kernel). The profiler's
+    step is the engine's own count: kernels the loop launches after optimizer.step() inside
+    the same window (TorchRec's pipeline starting the next batch's input work: the A100 trace's
+    last 448 kernels, in ProfilerStep#554 after its Adam run) stay in that step."""
+    stops = np.r_[ends[1:], len(h) - 1]
+    out = np.zeros(len(ends), dtype=bool)
+    for i, (j, stop) in enumerate(zip(ends.tolist(), stops.tolist())):
+        nxt = h[j + 1:stop + 1]
+        nxt = nxt[nxt >= 0]
+        out[i] = h[j] >= 0 and len(nxt) > 0 and bool((nxt == h[j]).all())
+    return out
+
+
 def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | None = None,
                     hint: np.ndarray | None = None, hint_name: str = "profiler step",
                     launch: np.ndarray | None = None) -> Segmentation:
@@ -374,7 +414,11 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
       softmax) that holds clearly more kernels than the usual per-layer interval: cut at
       its largest idle gap;
     * a CUDA graph launched again (same graph id seen earlier in the current step);
-    * the hint changes.
+    * the hint changes;
+    * on a training device (at least OPTIMIZER_MIN_RUNS optimizer runs: :func:`optimizer_kernels`)
+      only the end of each optimizer run: a training iteration's forward, backward and
+      optimizer hold idle gaps and repeated layer patterns of their own (the A100 TorchRec
+      trace: 5 iterations were cut into 19), and its optimizer.step() ends it.
     """
     k = trace.kernels
     n = len(k)
@@ -385,6 +429,7 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         return Segmentation(kernel_step, segments)
     device = k["device"]
     devices = distinct(device if mask is None else device[sel])
+    optimizer = optimizer_kernels(classes)
     for dev in devices:
         idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
         s = k["start_ns"][idx]
@@ -486,6 +531,16 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                     c = np.flatnonzero(hv[1:] != hv[:-1])
                     _mark(cut, reason, _argmax_in_ranges(gaps, hk[c], hk[c + 1]),
                           [f"{hint_name} boundary"] * len(c))
+            all_ends = optimizer_run_ends(col(optimizer))
+            opt_ends = all_ends[all_ends < m - 1]
+            if len(all_ends):
+                cut[:] = False
+                reason = {}
+                if hint is not None and len(opt_ends):
+                    opt_ends = opt_ends[~_same_profiler_step(hint[idx], opt_ends)]
+                _mark(cut, reason, opt_ends, ["previous training step ended with its optimizer run "
+                                              f"({short_name(trace.names[int(col(k['name_id'])[j])], 40)})"
+                                              for j in opt_ends.tolist()])
         starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)

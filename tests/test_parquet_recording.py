@@ -282,3 +282,15 @@ def test_an_unknown_compression_is_refused(tmp_path):
     from ridgeline.probes.errors import InputError
     with pytest.raises(InputError, match="compression 'brotli9'"):
         pqr.ParquetRecordingWriter(tmp_path / "rec", compression="brotli9")
+
+
+def test_reserved_requests_table_holds_every_story_number():
+    """The reserved `requests` table is RequestStory's fields: a field added to the story
+    (paused_ns came with preemption pauses) must be appended here too. trace_id and the
+    pause list stay out: the trace id joins spans, not fleet queries, and the pauses are
+    summed in paused_ns."""
+    from ridgeline.aggregator.request_join import RequestStory
+    cols = {c for c, _ in pqr.RESERVED_TABLES["requests"]}
+    missing = [f for f in RequestStory.__struct_fields__ if f not in cols and f not in ("trace_id", "pauses")]
+    assert missing == []
+    assert "paused_ns" in cols

@@ -317,8 +317,8 @@ REAL = [
     ("gemm_rows", NANO0, 0, [(DECODE, WEAK, "gemm_rows")], "aten::mm [3, 1024]: at most 3 GEMM rows"),
     ("gemm_tiles", H100_QWEN, 1, [(PREFILL, WEAK, "gemm_tile")], "168 of 169 GEMMs use large tiles"),
     ("gemm_tiles", NANO0, 0, [(DECODE, WEAK, "gemm_tile")], "3 of 3 GEMMs use small tiles"),
-    ("training_kernels", TRAIN, 0, [(OTHER, STRONG, "training")], "3 training kernels (split_embedding_backward"),
-    ("training_launch", TRAIN, 7, [(OTHER, STRONG, "training")], "110 kernels launched from autograd/backward"),
+    ("training_kernels", TRAIN, 0, [(OTHER, STRONG, "training")], "21 training kernels (split_embedding_backward"),
+    ("training_launch", TRAIN, 1, [(OTHER, STRONG, "training")], "349 kernels launched from autograd/backward"),
     ("non_llm_kernels", ALEXNET, 1, [(OTHER, MEDIUM, "non_llm")], "1 non-LLM kernels (convolution/pooling; e.g. "
                                                                    "cudnn_ampere_scudnn_128x64_relu_xregs_large_nn_v1)"),
 ]

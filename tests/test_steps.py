@@ -110,3 +110,14 @@ def test_analysis_computes_the_cpu_op_join_once(monkeypatch):
     analyze_trace(tr, gpu="H100 SXM")
     assert len(calls) == 1
 
+
+
+def test_optimizer_run_ends_are_the_last_kernel_of_each_run_of_a_loop():
+    from ridgeline.aggregator.steps import OPTIMIZER_RUN_GAP, optimizer_run_ends
+
+    flags = np.zeros(40, dtype=bool)
+    flags[[3, 5, 6]] = True                                 # one run (other streams interleave)
+    assert optimizer_run_ends(flags).tolist() == []         # one optimizer.step() is no loop
+    flags[[20, 20 + OPTIMIZER_RUN_GAP, 39]] = True          # 20 and 20 + GAP: one run; 39: a third
+    assert optimizer_run_ends(flags).tolist() == [6, 20 + OPTIMIZER_RUN_GAP, 39]
+    assert optimizer_run_ends(np.zeros(5, dtype=bool)).tolist() == []
