@@ -45,8 +45,9 @@ are :func:`_choose`'s when none holds.
 busy" can use a few percent of its bandwidth. It appears in ``figures`` only beside
 GPM's DRAM-bandwidth utilisation, and no rule reads it.
 
-Inputs are plain: per-phase roofline dicts (``aggregator.roofline.phase_summary`` keys),
-engine figures (:func:`aggregator.engine_metrics.engine_record`), device figures
+Inputs are read typed (one conversion each: :func:`phase_figures_of`, ``_typed``): per-phase
+figures (:class:`probes.records.PhaseFigures`, or analyze's phases converted to them),
+engine figures (:class:`EngineFigures`, from :func:`aggregator.engine_metrics.engine_record`), device figures
 (:mod:`aggregator.device_metrics`), the launch thread's scheduling figures
 (``on_cpu_ns``, ``runq_wait_ns``, ``blocked_ns``) and the GPU's busy/idle time.
 """
@@ -57,7 +58,15 @@ from typing import Any, Callable
 
 import msgspec
 
-from ridgeline.probes.records import DeviceSamples, EngineFigures, EngineSource, GpuProcess, Window, window_of
+from ridgeline.probes.records import (
+    DeviceSamples,
+    EngineFigures,
+    EngineSource,
+    PhaseFigures,
+    SchedThread,
+    Window,
+    window_of,
+)
 
 KV_CAPACITY = "kv-capacity-bound"
 HOST = "host-bound"
@@ -125,55 +134,66 @@ class VerdictInputs:
     window_ns: int
     device: int | None = None
     pid: int | None = None
-    phases: dict[str, dict] = field(default_factory=dict)   # phase name -> phase_summary dict
+    # phase name -> PhaseFigures (a window's), or analyze's document phases (PhaseAnalysis
+    # or its decoded map): read as PhaseFigures by :func:`phase_figures_of`, the one conversion.
+    phases: dict[str, Any] = field(default_factory=dict)
     gpu_busy_ns: int | None = None
     gpu_idle_ns: int | None = None
-    engine: dict | None = None          # engine_metrics.engine_record keys
+    engine: EngineFigures | dict | None = None      # engine_metrics.engine_record, read as EngineFigures
     device_figures: dict | None = None  # device_metrics window figures for this GPU
-    launch_thread: dict | None = None   # on_cpu_ns, runq_wait_ns, blocked_ns (+ tid, comm)
+    launch_thread: SchedThread | dict | None = None  # on_cpu_ns, runq_wait_ns, blocked_ns (+ tid, comm)
 
 
-def _g(d: dict | None, k: str):
-    return None if d is None else d.get(k)
+def phase_figures_of(p: Any) -> PhaseFigures:
+    """One phase as the rules read it: a window's :class:`PhaseFigures` as it is, an
+    analyze document's phase (its decoded map, or the typed ``analysis.PhaseAnalysis``
+    through its builtins) converted; ``msgspec.ValidationError`` on a wrong type."""
+    if isinstance(p, PhaseFigures):
+        return p
+    return msgspec.convert(p if isinstance(p, dict) else msgspec.to_builtins(p), PhaseFigures)
 
 
-def _dominant_phase(phases: dict[str, dict]) -> tuple[str | None, dict | None]:
+def _typed(obj: Any, cls: type) -> Any:
+    """An engine record or launch-thread row as ``cls`` (None stays None)."""
+    return obj if obj is None or isinstance(obj, cls) else msgspec.convert(obj, cls)
+
+
+def _dominant_phase(phases: dict[str, PhaseFigures]) -> tuple[str | None, PhaseFigures | None]:
     best, best_t = None, -1
     for name, p in phases.items():
         if name not in ("prefill", "decode", "mixed"):
             continue
-        t = p.get("kernel_time_ns") or 0
+        t = p.kernel_time_ns or 0
         if t > best_t:
             best, best_t = name, t
     return (best, phases[best]) if best else (None, None)
 
 
-def _verdict_text(p: dict | None) -> str:
-    return str((p or {}).get("verdict") or "").lower()
+def _verdict_text(p: PhaseFigures | None) -> str:
+    return str((p.verdict if p is not None else None) or "").lower()
 
 
-def _at_ceiling(p: dict | None, pct_key: str, min_pct: float, verdict_word: str, th: Thresholds) -> bool:
-    """At a ceiling: by the achieved fraction when known (an implausible one counts as no),
-    else by the roofline verdict's wording."""
+def _at_ceiling(p: PhaseFigures | None, pct: float | None, min_pct: float, verdict_word: str, th: Thresholds) -> bool:
+    """At a ceiling: by the achieved fraction ``pct`` when known (an implausible one counts
+    as no), else by the roofline verdict's wording."""
     if p is None:
         return False
-    pct = p.get(pct_key)
     if pct is not None and pct > th.implausible_pct:
         return False
     return pct >= min_pct if pct is not None else verdict_word in _verdict_text(p)
 
 
-def _at_bandwidth(p: dict | None, th: Thresholds) -> bool:
+def _at_bandwidth(p: PhaseFigures | None, th: Thresholds) -> bool:
     """At the HBM ceiling."""
-    return _at_ceiling(p, "pct_of_peak_bytes", th.bandwidth_bound_min_pct, "memory", th)
+    return _at_ceiling(p, p.pct_of_peak_bytes if p is not None else None, th.bandwidth_bound_min_pct, "memory", th)
 
 
-def _at_compute(p: dict | None, th: Thresholds) -> bool:
+def _at_compute(p: PhaseFigures | None, th: Thresholds) -> bool:
     """At the compute ceiling."""
-    return _at_ceiling(p, "pct_of_peak_flops", th.compute_bound_min_pct, "compute", th)
+    return _at_ceiling(p, p.pct_of_peak_flops if p is not None else None, th.compute_bound_min_pct, "compute", th)
 
 
-def _roofline_fallback(p: dict) -> str | None:
+def _roofline_fallback(p: PhaseFigures) -> str | None:
     """The dominant phase's own roofline verdict, when no rule reached a threshold."""
     v = _verdict_text(p)
     if "memory" in v:
@@ -194,9 +214,9 @@ class Evidence:
     a ceiling; the GPU's idle share and its source; the launch thread). Built by
     :func:`evidence`, never changed by a rule."""
     window_ns: int
-    engine: dict | None
+    engine: EngineFigures | None
     phase_name: str | None
-    phase: dict | None
+    phase: PhaseFigures | None
     kv: float | None
     pre: float | None
     wchg: float | None
@@ -204,39 +224,46 @@ class Evidence:
     qmean: float | None
     idle_ratio: float | None
     idle_src: str | None
-    lt: dict | None
+    lt: SchedThread | None
     gpu_idles: bool
     ceilings_apply: bool
     at_bw: bool
     at_cp: bool
+
+    def __post_init__(self):
+        # Built from plain maps too (each rule is tested alone): read as typed here.
+        self.engine = _typed(self.engine, EngineFigures)
+        self.phase = None if self.phase is None else phase_figures_of(self.phase)
+        self.lt = _typed(self.lt, SchedThread)
 
 
 #: A rule: (evidence, thresholds) -> (verdict name, its reasons) when it holds, else None.
 Rule = Callable[[Evidence, Thresholds], "tuple[str, list[str]] | None"]
 
 
-def _idle(inp: VerdictInputs, phase_name: str | None, phase: dict | None) -> tuple[float | None, str | None]:
+def _idle(inp: VerdictInputs, phase_name: str | None, phase: PhaseFigures | None) -> tuple[float | None, str | None]:
     """The GPU's idle share and where it comes from: the window's busy/idle time, else the
     dominant phase's ``idle_ratio``."""
     if inp.gpu_idle_ns is not None and inp.gpu_busy_ns is not None and inp.gpu_busy_ns + inp.gpu_idle_ns > 0:
         return inp.gpu_idle_ns / (inp.gpu_busy_ns + inp.gpu_idle_ns), "its span"
-    if phase is not None and phase.get("idle_ratio") is not None:
-        return float(phase["idle_ratio"]), f"the {phase_name} phase's time"
+    if phase is not None and phase.idle_ratio is not None:
+        return float(phase.idle_ratio), f"the {phase_name} phase's time"
     return None, None
 
 
 def evidence(inp: VerdictInputs, th: Thresholds) -> Evidence:
     """The figures every rule reads, from one window's inputs."""
-    e = inp.engine
-    phase_name, phase = _dominant_phase(inp.phases)
-    kv = _g(e, "kv_usage_max_ratio")
-    kv = _g(e, "kv_usage_ratio") if kv is None else kv
+    e = _typed(inp.engine, EngineFigures)
+    f = e if e is not None else EngineFigures()    # no engine: every figure None
+    phase_name, phase = _dominant_phase({n: phase_figures_of(p) for n, p in inp.phases.items()})
+    kv = f.kv_usage_max_ratio
+    kv = f.kv_usage_ratio if kv is None else kv
     idle_ratio, idle_src = _idle(inp, phase_name, phase)
     ceilings_apply = idle_ratio is None or idle_ratio < th.gpu_idle_bound_ratio
     return Evidence(
         window_ns=inp.window_ns, engine=e, phase_name=phase_name, phase=phase, kv=kv,
-        pre=_g(e, "preemptions"), wchg=_g(e, "num_waiting_change"), waiting=_g(e, "num_waiting_requests"),
-        qmean=_g(e, "queue_time_mean_s"), idle_ratio=idle_ratio, idle_src=idle_src, lt=inp.launch_thread,
+        pre=f.preemptions, wchg=f.num_waiting_change, waiting=f.num_waiting_requests,
+        qmean=f.queue_time_mean_s, idle_ratio=idle_ratio, idle_src=idle_src, lt=_typed(inp.launch_thread, SchedThread),
         gpu_idles=idle_ratio is not None and idle_ratio >= th.gpu_idle_min_ratio,
         ceilings_apply=ceilings_apply,
         at_bw=ceilings_apply and _at_bandwidth(phase, th), at_cp=ceilings_apply and _at_compute(phase, th))
@@ -252,9 +279,9 @@ def kv_capacity_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | No
     if kv is not None and kv >= th.kv_watermark_ratio:
         why.append(f"KV usage {kv:.1%} >= watermark {th.kv_watermark_ratio:.0%}")
     if pre is not None and pre >= th.preemptions_min:
-        rate = _g(ev.engine, "preemption_rate_per_s")
+        rate = ev.engine.preemption_rate_per_s if ev.engine is not None else None
         why.append(f"{pre:.0f} preemptions in the window" + (f" ({rate:.2f}/s)" if rate is not None else ""))
-    retracted = _g(ev.engine, "retracted_requests_last_tick")
+    retracted = ev.engine.retracted_requests_last_tick if ev.engine is not None else None
     if pre is None and retracted:
         why.append(f"{retracted:.0f} requests retracted at the engine's last log tick")
     if wchg is not None and wchg >= th.waiting_growth_min and kv is not None and kv >= th.kv_full_ratio:
@@ -268,7 +295,7 @@ def _launch_thread_shares(ev: Evidence) -> tuple[int, int, int] | None:
     when the GPU does not idle or the thread's figures are missing."""
     if not ev.gpu_idles or ev.lt is None or ev.window_ns <= 0:
         return None
-    return (ev.lt.get("on_cpu_ns") or 0, ev.lt.get("runq_wait_ns") or 0, ev.lt.get("blocked_ns") or 0)
+    return (ev.lt.on_cpu_ns or 0, ev.lt.runq_wait_ns or 0, ev.lt.blocked_ns or 0)
 
 
 def host_wait_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
@@ -310,8 +337,8 @@ def idle_roofline_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | 
     if fb not in (HOST, LAUNCH):
         return None
     return fb, [f"GPU idle {ev.idle_ratio:.0%} of {ev.idle_src}",
-                f"roofline verdict {ev.phase.get('verdict')}: "
-                + "; ".join(str(x) for x in (ev.phase.get("evidence") or [])[:3])]
+                f"roofline verdict {ev.phase.verdict}: "
+                + "; ".join(str(x) for x in (ev.phase.evidence or [])[:3])]
 
 
 def queue_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
@@ -323,8 +350,8 @@ def queue_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
         return None
     ceil = ""
     if phase is not None:
-        ceil = (f"; {ev.phase_name} at {phase.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s and "
-                f"{phase.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s")
+        ceil = (f"; {ev.phase_name} at {phase.pct_of_peak_bytes or 0:.0f}% of peak bytes/s and "
+                f"{phase.pct_of_peak_flops or 0:.0f}% of peak FLOP/s")
     why = [f"{waiting:.0f} requests waiting, mean queue time {qmean:.2f} s"]
     cap_line = _batch_cap_line(ev.engine, th)
     if cap_line is not None and cap_line[1]:
@@ -339,9 +366,9 @@ def bandwidth_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None
     p = ev.phase
     if p is None or not ev.at_bw:
         return None
-    return BANDWIDTH, [f"{ev.phase_name}: {p.get('pct_of_peak_bytes') or 0:.0f}% of peak HBM bytes/s "
-                       f"({(p.get('achieved_bytes_per_s') or 0) / 1e12:.2f} TB/s), intensity "
-                       f"{p.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {p.get('verdict')}"]
+    return BANDWIDTH, [f"{ev.phase_name}: {p.pct_of_peak_bytes or 0:.0f}% of peak HBM bytes/s "
+                       f"({(p.achieved_bytes_per_s or 0) / 1e12:.2f} TB/s), intensity "
+                       f"{p.arithmetic_intensity or 0:.1f} FLOP/B, roofline verdict {p.verdict}"]
 
 
 def compute_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
@@ -350,9 +377,9 @@ def compute_rule(ev: Evidence, th: Thresholds) -> tuple[str, list[str]] | None:
     p = ev.phase
     if p is None or not ev.at_cp:
         return None
-    return COMPUTE, [f"{ev.phase_name}: {p.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s "
-                     f"({(p.get('achieved_flops_per_s') or 0) / 1e12:.1f} TFLOP/s), intensity "
-                     f"{p.get('arithmetic_intensity') or 0:.1f} FLOP/B, roofline verdict {p.get('verdict')}"]
+    return COMPUTE, [f"{ev.phase_name}: {p.pct_of_peak_flops or 0:.0f}% of peak FLOP/s "
+                     f"({(p.achieved_flops_per_s or 0) / 1e12:.1f} TFLOP/s), intensity "
+                     f"{p.arithmetic_intensity or 0:.1f} FLOP/B, roofline verdict {p.verdict}"]
 
 
 #: Every rule, in the order of the module docstring; each is named here and nowhere
@@ -366,31 +393,32 @@ RULES: tuple[Rule, ...] = (kv_capacity_rule, host_wait_rule, launch_busy_rule, i
 def _figures(inp: VerdictInputs, ev: Evidence, th: Thresholds) -> tuple[dict[str, Any], list[str]]:
     """The numbers behind the verdict (shown, and for /metrics) and the inputs that were missing."""
     e, p, d, lt = ev.engine, ev.phase, inp.device_figures, ev.lt
+    f = e if e is not None else EngineFigures()
     figures: dict[str, Any] = {"window_ns": inp.window_ns}
     missing: list[str] = []
     if e is None:
         missing.append("engine metrics")
-    figures.update({"kv_usage_ratio": ev.kv, "kv_pool_tokens": _g(e, "kv_pool_tokens"), "preemptions": ev.pre,
-                    "preemption_rate_per_s": _g(e, "preemption_rate_per_s"),
+    figures.update({"kv_usage_ratio": ev.kv, "kv_pool_tokens": f.kv_pool_tokens, "preemptions": ev.pre,
+                    "preemption_rate_per_s": f.preemption_rate_per_s,
                     "num_waiting_requests": ev.waiting, "num_waiting_change": ev.wchg,
-                    "queue_time_mean_s": ev.qmean, "prefix_cache_hit_ratio": _g(e, "prefix_cache_hit_ratio")})
+                    "queue_time_mean_s": ev.qmean, "prefix_cache_hit_ratio": f.prefix_cache_hit_ratio})
     if p is None:
         missing.append("per-phase roofline")
     else:
-        figures["phase"] = {k: p.get(k) for k in (
+        figures["phase"] = {k: getattr(p, k) for k in (
             "kernel_time_ns", "achieved_flops_per_s", "achieved_bytes_per_s", "arithmetic_intensity",
             "pct_of_peak_flops", "pct_of_peak_bytes", "idle_ratio", "verdict")}
         for k in ("pct_of_peak_bytes", "pct_of_peak_flops"):
-            if (p.get(k) or 0) > th.implausible_pct:
+            if (getattr(p, k) or 0) > th.implausible_pct:
                 figures.setdefault("implausible", []).append(
-                    f"{ev.phase_name} {k} = {p[k]:.0f}% exceeds the ceiling: work model overcounts; not used")
+                    f"{ev.phase_name} {k} = {getattr(p, k):.0f}% exceeds the ceiling: work model overcounts; not used")
     if ev.idle_ratio is None:
         missing.append("GPU busy/idle time")
     figures.update({"gpu_busy_ns": inp.gpu_busy_ns, "gpu_idle_ns": inp.gpu_idle_ns, "gpu_idle_ratio": ev.idle_ratio})
     if lt is None:
         missing.append("launch-thread scheduling")
     else:
-        figures["launch_thread"] = {k: lt.get(k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
+        figures["launch_thread"] = {k: getattr(lt, k) for k in ("tid", "comm", "on_cpu_ns", "runq_wait_ns", "blocked_ns")}
     # Busy-time beside bandwidth use: shown, never judged on.
     if d is not None:
         figures["gpu_busy_time_pct"] = d.get("gpu_busy_time_pct")
@@ -415,9 +443,9 @@ def _choose(held: list[tuple[str, list[str]]], ev: Evidence,
     if fallback in (BANDWIDTH, COMPUTE) and not ev.ceilings_apply:
         fallback = None
     if fallback is not None:
-        return fallback, [f"{ev.phase_name}: roofline verdict {p.get('verdict')} (below the thresholds: "
-                          f"{p.get('pct_of_peak_bytes') or 0:.0f}% of peak bytes/s, "
-                          f"{p.get('pct_of_peak_flops') or 0:.0f}% of peak FLOP/s)"], True
+        return fallback, [f"{ev.phase_name}: roofline verdict {p.verdict} (below the thresholds: "
+                          f"{p.pct_of_peak_bytes or 0:.0f}% of peak bytes/s, "
+                          f"{p.pct_of_peak_flops or 0:.0f}% of peak FLOP/s)"], True
     return UNDETERMINED, ["no rule held" + (f"; missing: {', '.join(missing)}" if missing else "")], False
 
 
@@ -461,23 +489,23 @@ class _FaceContext:
     name: str
     held: dict
     phase_name: str | None
-    phase: dict | None
+    phase: PhaseFigures | None
     kv: float | None
     pre: float | None
     waiting: float | None
     qmean: float | None
     idle_ratio: float | None
     idle_src: str | None
-    lt: dict | None
+    lt: SchedThread | None
     window_ns: int
     ceilings_apply: bool
-    engine: dict | None
+    engine: EngineFigures | None
     device: dict | None
     fallback: bool
 
 
-def _pct(p: dict | None, k: str) -> float | None:
-    v = None if p is None else p.get(k)
+def _pct(p: PhaseFigures | None, k: str) -> float | None:
+    v = None if p is None else getattr(p, k)
     return None if v is None else float(v)
 
 
@@ -528,8 +556,8 @@ def _host_figure(c: _FaceContext, th: Thresholds) -> str | None:
         return None
     txt = f"GPU idle {c.idle_ratio:.0%} of {c.idle_src} (binds at >= {th.gpu_idle_min_ratio:.0%})"
     if c.lt is not None and c.window_ns > 0:
-        on = (c.lt.get("on_cpu_ns") or 0) / c.window_ns
-        off = ((c.lt.get("runq_wait_ns") or 0) + (c.lt.get("blocked_ns") or 0)) / c.window_ns
+        on = (c.lt.on_cpu_ns or 0) / c.window_ns
+        off = ((c.lt.runq_wait_ns or 0) + (c.lt.blocked_ns or 0)) / c.window_ns
         txt += f"; launch thread on-CPU {on:.0%}, off-CPU {off:.0%} of the window"
     return txt
 
@@ -616,14 +644,14 @@ def _caveats(c: _FaceContext, th: Thresholds) -> list[str]:
     return out + _threshold_caveats(c, th)
 
 
-def _batch_cap_line(e: dict | None, th: Thresholds) -> tuple[str, bool] | None:
+def _batch_cap_line(e: EngineFigures | None, th: Thresholds) -> tuple[str, bool] | None:
     """(text, at the cap) for the running batch against the engine's batch cap, or None
     when the cap is unknown."""
-    cap = _g(e, "max_running_requests")
+    cap = e.max_running_requests if e is not None else None
     src = "the engine's max_running_requests"
     if cap is None and th.max_num_seqs is not None:
         cap, src = th.max_num_seqs, "max_num_seqs (configured)"
-    running = _g(e, "num_running_requests")
+    running = e.num_running_requests if e is not None else None
     if not cap or running is None:
         return None
     at = running >= cap * (1 - th.near_ratio / 2)
@@ -638,11 +666,11 @@ def _limits(c: _FaceContext, th: Thresholds) -> list[str]:
     if cap is not None and cap[1]:
         out.append(cap[0])
     if c.kv is not None and c.kv >= th.kv_watermark_ratio:
-        pool = _g(c.engine, "kv_pool_tokens")
+        pool = c.engine.kv_pool_tokens if c.engine is not None else None
         out.append(f"KV pool: {c.kv:.1%} used" + (f" of {pool:,.0f} tokens" if pool else ""))
     # gpu_idle, application clocks and the display clock do not cost throughput (the
     # same split as probes.nvml's clock_slowdown); the others are limits that bind.
-    reasons = [r for r in (_g(c.device, "clock_event_reasons") or [])
+    reasons = [r for r in ((c.device or {}).get("clock_event_reasons") or [])
                if r not in ("gpu_idle", "applications_clocks_setting", "display_clock_setting")]
     if reasons:
         out.append(f"clocks held back: {', '.join(str(r) for r in reasons)}")
@@ -774,20 +802,14 @@ def _engine_records(window: Window) -> list[tuple[dict, EngineFigures]]:
     return out
 
 
-def _engine_for(window: Window, pid: int | None = None) -> dict | None:
+def _engine_for(window: Window, pid: int | None = None) -> EngineFigures | None:
     """The engine record for ``pid``: the endpoint discovered from that process when there is
     one, else the binding one of the window (highest KV usage)."""
     recs = _engine_records(window)
     if not recs:
         return None
     mine = [r for r in recs if pid is not None and r[1].pid == pid]
-    return max(mine or recs, key=lambda r: (r[1].kv_usage_max_ratio or r[1].kv_usage_ratio or 0))[0]
-
-
-def _phase_inputs(g: GpuProcess) -> dict[str, dict]:
-    """The phases as :func:`judge` reads them: the records ``analyze`` and the windows share
-    (``aggregator.phase_figures``), as plain maps (judge also reads analyze's documents)."""
-    return {name: msgspec.to_builtins(f) for name, f in g.phases.items()}
+    return max(mine or recs, key=lambda r: (r[1].kv_usage_max_ratio or r[1].kv_usage_ratio or 0))[1]
 
 
 def window_verdict(window: dict | Window, th: Thresholds = DEFAULT_THRESHOLDS) -> list[dict]:
@@ -798,7 +820,7 @@ def window_verdict(window: dict | Window, th: Thresholds = DEFAULT_THRESHOLDS) -
     for g in w.gpus:
         inp = VerdictInputs(
             window_ns=int(w.duration_ns or g.span_ns or 0),
-            device=g.device, pid=g.pid, phases=_phase_inputs(g),
+            device=g.device, pid=g.pid, phases=dict(g.phases),
             gpu_busy_ns=g.busy_ns, gpu_idle_ns=g.idle_ns,
             engine=_engine_for(w, g.pid), device_figures=_device_for(w, g.device) if g.device is not None else None,
             launch_thread=launch_thread_figures(w.sched or None, g.pid),

@@ -268,6 +268,12 @@ class EngineFigures(msgspec.Struct, omit_defaults=True):
     alerts: dict[str, AlertState] = {}
     kv_usage_max_ratio: Num | None = None      # the window's highest KV usage (the verdict weighs it)
     max_running_requests: Num | None = None    # the engine's batch cap, where it says
+    # what the verdict reads besides (aggregator.verdict.evidence)
+    kv_pool_tokens: Num | None = None
+    preemptions: Num | None = None             # in the window
+    num_waiting_change: Num | None = None
+    queue_time_mean_s: Num | None = None
+    retracted_requests_last_tick: Num | None = None   # SGLang's gauge, where no counter
     # Where the window's histogram puts a percentile in its first bucket or past its last,
     # there is no interpolated value: the kind says which, and the bucket bound stands in
     # (aggregator.engine_metrics.engine_record).
