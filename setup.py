@@ -72,72 +72,48 @@ def cupti_include_dir() -> str:
     return ""   # the Makefile then looks for a CUDA toolkit itself
 
 
-def build_native(build_temp: Path) -> Path:
-    """Run probes/native/Makefile on a copy under ``build_temp``; return the built library."""
-    work = build_temp.resolve() / "native"
+def _make(build_temp: Path, src: Path, folder: str, lib_name: str, what: str, extra: list[str],
+          missing_hint: str, failed_hint: str) -> Path:
+    """Run ``src``'s Makefile on a copy under ``build_temp``/``folder`` (no stale objects or
+    libraries of a source tree's own build); return the built library ``lib_name``."""
+    work = build_temp.resolve() / folder
     if work.exists():
         shutil.rmtree(work)
-    shutil.copytree(NATIVE_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "build", "__pycache__"))
-    lib = work / LIB_NAME
-    cmd = ["make", "-C", str(work), f"VENV={work}/no-venv", str(lib)]
-    inc = cupti_include_dir()
-    if inc:
-        cmd.append(f"CUPTI_INCLUDE={inc}")
-    print("ridgeline: building the CUPTI injection library:", " ".join(cmd), flush=True)
+    shutil.copytree(src, work, ignore=shutil.ignore_patterns("*.so", "*.o", "build", "__pycache__"))
+    lib = work / lib_name
+    cmd = ["make", "-C", str(work), *[x.format(work=work) for x in extra], str(lib)]
+    print(f"ridgeline: building the {what}:", " ".join(cmd), flush=True)
     try:
         subprocess.run(cmd, check=True)
     except FileNotFoundError as exc:
-        raise SystemExit(f"ridgeline: cannot build {LIB_NAME}: {exc.filename} not found "
-                         "(install make and a C compiler, e.g. apt-get install gcc make libc6-dev)") from None
+        raise SystemExit(f"ridgeline: cannot build {lib_name}: {exc.filename} not found ({missing_hint})") from None
     except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"ridgeline: building {LIB_NAME} failed (exit {exc.returncode}, see above); "
-                         "set RIDGELINE_SKIP_NATIVE=1 to build without the CUPTI injection library") from None
+        raise SystemExit(f"ridgeline: building {lib_name} failed (exit {exc.returncode}, see above{failed_hint}") from None
     if not lib.is_file():
-        raise SystemExit(f"ridgeline: probes/native/Makefile did not produce {LIB_NAME}")
+        raise SystemExit(f"ridgeline: {src.relative_to(HERE)}/Makefile did not produce {lib_name}")
     return lib
+
+
+_C_HINT = "install make and a C compiler, e.g. apt-get install gcc make libc6-dev"
+
+
+def build_native(build_temp: Path) -> Path:
+    """The CUPTI injection library (probes/native)."""
+    inc = cupti_include_dir()
+    return _make(build_temp, NATIVE_SRC, "native", LIB_NAME, "CUPTI injection library",
+                 ["VENV={work}/no-venv"] + ([f"CUPTI_INCLUDE={inc}"] if inc else []), _C_HINT,
+                 "); set RIDGELINE_SKIP_NATIVE=1 to build without the CUPTI injection library")
 
 
 def build_fold(build_temp: Path) -> Path:
-    """Run aggregator/native/Makefile on a copy under ``build_temp``; return the built library."""
-    work = build_temp.resolve() / "fold"
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(FOLD_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
-    lib = work / FOLD_LIB
-    cmd = ["make", "-C", str(work), str(lib)]
-    print("ridgeline: building the native fold library:", " ".join(cmd), flush=True)
-    try:
-        subprocess.run(cmd, check=True)
-    except FileNotFoundError as exc:
-        raise SystemExit(f"ridgeline: cannot build {FOLD_LIB}: {exc.filename} not found "
-                         "(install make and a C compiler, e.g. apt-get install gcc make libc6-dev)") from None
-    except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"ridgeline: building {FOLD_LIB} failed (exit {exc.returncode}, see above)") from None
-    if not lib.is_file():
-        raise SystemExit(f"ridgeline: aggregator/native/Makefile did not produce {FOLD_LIB}")
-    return lib
+    """The per-kernel fold library (aggregator/native): the agent and analyze need it."""
+    return _make(build_temp, FOLD_SRC, "fold", FOLD_LIB, "native fold library", [], _C_HINT, ")")
 
 
 def build_trace_reader(build_temp: Path) -> Path:
-    """Run probes/native_json/Makefile on a copy under ``build_temp``; return the library."""
-    work = build_temp.resolve() / "native_json"
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(JSON_SRC, work, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
-    lib = work / JSON_LIB_NAME
-    cmd = ["make", "-C", str(work), str(lib)]
-    print("ridgeline: building the native trace reader:", " ".join(cmd), flush=True)
-    try:
-        subprocess.run(cmd, check=True)
-    except FileNotFoundError as exc:
-        raise SystemExit(f"ridgeline: cannot build {JSON_LIB_NAME}: {exc.filename} not found "
-                         "(install make, g++ and libsimdjson-dev)") from None
-    except subprocess.CalledProcessError as exc:
-        raise SystemExit(f"ridgeline: building {JSON_LIB_NAME} failed (exit {exc.returncode}, see above; "
-                         "it needs g++ and libsimdjson-dev)") from None
-    if not lib.is_file():
-        raise SystemExit(f"ridgeline: probes/native_json/Makefile did not produce {JSON_LIB_NAME}")
-    return lib
+    """The columnar Kineto reader (probes/native_json), against libsimdjson-dev."""
+    return _make(build_temp, JSON_SRC, "native_json", JSON_LIB_NAME, "native trace reader", [],
+                 "install make, g++ and libsimdjson-dev", "; it needs g++ and libsimdjson-dev)")
 
 
 class BuildPyWithNative(build_py):

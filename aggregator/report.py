@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .analysis import Analysis
+from .phase_figures import duration_text
 
 
 def _fmt(x, scale=1.0, digits=1, unit=""):
@@ -22,15 +23,8 @@ def _fmt(x, scale=1.0, digits=1, unit=""):
 
 
 def _ns(x):
-    if x is None:
-        return "-"
-    if x >= 1e9:
-        return f"{x / 1e9:.2f} s"
-    if x >= 1e6:
-        return f"{x / 1e6:.2f} ms"
-    if x >= 1e3:
-        return f"{x / 1e3:.1f} us"
-    return f"{x:.0f} ns"
+    # one duration format for the report's tables and the phases' evidence (issue 24.2)
+    return "-" if x is None else duration_text(x)
 
 
 def _rate(bps):
