@@ -169,6 +169,7 @@ class SinkSettings(_Section):
     spool_max_bytes: Annotated[int, _range(1 << 20, 1 << 50)]
     min_free_bytes: Annotated[int, _range(0, 1 << 50)]
     restart_max_s: Annotated[float, _range(1.0, 3600.0)]
+    handoff_max_bytes: Annotated[int, _range(0, 1 << 32)]
 
 
 class Config(_Section):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import time
@@ -109,6 +110,9 @@ class Agent:
         self.takeovers = TakeoverWatch(cfg.probes.cupti.reclaim_after_s)
         self.reclaim_requests_rejected = 0
         self.sink = None        # agent.sink_supervisor.SinkSupervisor while [sink] is enabled
+        # names this process's sequence numbering (kept across publisher rebinds, as the
+        # numbers are): a recorder tells from it whether its spool's last numbers are ours
+        self.stream_epoch = random.getrandbits(62)
 
     def _apply_requests(self, cfg: config_mod.Config) -> None:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
@@ -145,11 +149,17 @@ class Agent:
 
     # -- life cycle ------------------------------------------------------------------------
     def _make_publisher(self, p: config_mod.PublisherSettings) -> Publisher:
-        return self._publisher_factory(p.endpoint, host=self.host, sndhwm=p.sndhwm,
-                                       encode=self.codec.encode_envelope,
-                                       curve_secret_key_file=p.curve_secret_key_file,
-                                       curve_allowed_clients_dir=p.curve_allowed_clients_dir,
-                                       ipc_group=p.ipc_group)
+        pub = self._publisher_factory(p.endpoint, host=self.host, sndhwm=p.sndhwm,
+                                      encode=self.codec.encode_envelope,
+                                      curve_secret_key_file=p.curve_secret_key_file,
+                                      curve_allowed_clients_dir=p.curve_allowed_clients_dir,
+                                      ipc_group=p.ipc_group)
+        pub.tap = self._tap
+        return pub
+
+    def _tap(self, topic: str, seq: int, envelope: bytes) -> None:
+        if self.sink is not None:
+            self.sink.keep(topic, seq, envelope)
 
     def start(self) -> None:
         # The fold's native pass (aggregator/fold_native.py): without it no window can be
@@ -176,7 +186,7 @@ class Agent:
                                  f"{exc.strerror or exc}") from None
         if self.cfg.sink.enabled:
             from .sink_supervisor import SinkSupervisor
-            self.sink = SinkSupervisor(self.cfg.sink, self.cfg.publisher.endpoint)
+            self.sink = SinkSupervisor(self.cfg.sink, self.cfg.publisher.endpoint, epoch=self.stream_epoch)
             self.sink.start()
         self.notifier.status("starting probes")
         self.running = self._given_probes if self._given_probes is not None else registry.start_all(self.cfg, log)
@@ -501,7 +511,7 @@ class Agent:
                 self.sink = None
         elif new.sink.enabled:
             from .sink_supervisor import SinkSupervisor
-            self.sink = SinkSupervisor(new.sink, new.publisher.endpoint)
+            self.sink = SinkSupervisor(new.sink, new.publisher.endpoint, epoch=self.stream_epoch)
             self.sink.start()
 
     def _swap_prometheus(self, old: config_mod.PrometheusSettings, new: config_mod.PrometheusSettings):

@@ -25,10 +25,18 @@ process of its own: the daemon never imports pyarrow). What it keeps:
   (``dropped_files``, ``dropped_bytes``); the journal is never dropped (it holds what has no
   file yet). The host's disk is never filled: free space below ``min_free_bytes`` counts as
   over the cap too.
+* **Nothing missed across a restart of the recorder.** The agent that supervises the
+  recorder keeps what it published and hands the recorder it starts what it may have
+  missed (agent/sink_handoff.py: ``SPOOL/handoff.rjl``, with the agent's ``epoch``).
+  :meth:`ObjectSink.take_handoff` takes those messages after the journal's, in order;
+  from then on a message at or below the last number taken on its topic is a duplicate
+  (the hand-off and the live stream overlap) and is dropped (``duplicate_messages``).
 * **Gaps said.** The last sequence number of each topic is saved with the state at every
-  roll (and recovered from a replayed journal), so messages the agent published while no
-  sink ran (the recorder restarting) are counted on the next one (``missed_messages``), not
-  silently absent.
+  roll (and recovered from a replayed journal), with the epoch of the agent that numbered
+  them. Every forward jump of a topic's numbers is counted (``missed_messages``): messages
+  the agent published that no recorder took (a hand-off past its cap, a recorder run
+  without one, a full subscriber queue), never silently absent. A recorder taking the
+  hand-off of another epoch (the agent restarted) counts from that agent's 0.
 * **Status.** Once a second the upload thread writes its counters to ``SPOOL/status.json``
   (atomically; :class:`SinkCounters` with the spool's bytes and files): the agent that
   supervises the recorder (agent/sink_supervisor.py) reads them for /metrics and the health
@@ -79,6 +87,8 @@ class SinkCounters:
     dropped_bytes: int = 0
     replayed_messages: int = 0
     torn_frames: int = 0
+    handed_over_messages: int = 0      # taken from the agent's hand-off (agent/sink_handoff.py)
+    duplicate_messages: int = 0        # the hand-off and the live stream overlap: dropped once
     last_error: str = ""
     errors_by_kind: dict = field(default_factory=dict)
 
@@ -207,7 +217,11 @@ class ObjectSink:
         # topic -> the last sequence number taken (saved at each roll); topics this process
         # has not seen yet are checked against it once, for the gap a restart left
         self._last_seq: dict[str, int] = dict(self._state["last_seq"])
-        self._gap_checked: set[str] = set()
+        # after a hand-off: numbers at or below the last taken are duplicates, and a topic
+        # this spool took nothing of yet starts where the agent's hand-off began keeping it
+        # (its first number then: a first number above it is a gap)
+        self._dedupe = False
+        self._baseline: dict[str, int] = {}
         self._writer = self._new_writer()
         self._replay()
         self._open_journal()
@@ -240,11 +254,12 @@ class ObjectSink:
                 st = orjson.loads(p.read_bytes())
                 return {"recording": str(st["recording"]), "next_part": int(st["next_part"]),
                         "next_frame": int(st["next_frame"]), "journal": int(st["journal"]),
-                        "last_seq": {str(k): int(v) for k, v in dict(st.get("last_seq") or {}).items()}}
+                        "last_seq": {str(k): int(v) for k, v in dict(st.get("last_seq") or {}).items()},
+                        "epoch": int(st["epoch"]) if st.get("epoch") is not None else None}
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"{p}: unreadable sink state ({exc}); move the spool aside") from None
         rec = recording or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
-        st = {"recording": rec, "next_part": 0, "next_frame": 0, "journal": 0, "last_seq": {}}
+        st = {"recording": rec, "next_part": 0, "next_frame": 0, "journal": 0, "last_seq": {}, "epoch": None}
         self._save_state(st)
         return st
 
@@ -300,31 +315,59 @@ class ObjectSink:
         the subscriber decoded it already (an event batch's names are decoded once per
         stream, so it must not be decoded twice)."""
         with self._lock:
-            # the journal first: a message is durable before it is buffered (a process kill
-            # keeps what was written; fsync at each roll covers the machine's)
-            self._journal.write(JOURNAL_HEADER.pack(len(envelope), recv_ns, FRAME_ENVELOPE) + envelope)
-            self._journal.flush()
-            if decoded is None:
-                from ridgeline.aggregator import wire
-                e = wire.decode_envelope(envelope)
-                topic, seq = e.topic, int(e.seq)
-                self._writer.write(envelope, recv_ns)
-            else:
-                topic, seq, host, ts_ns, payload = decoded
-                self._writer.add_message(topic, seq, host, ts_ns, recv_ns, payload)
-            self._see_seq(topic, seq)
-            self.counters.messages += 1
-            if self.clock() - self._rolled_at >= self.roll_s or self._writer.pending_rows >= self.roll_rows:
-                self._roll_locked()
+            self._write_locked(envelope, recv_ns, decoded)
 
-    def _see_seq(self, topic: str, seq: int) -> None:
-        if topic not in self._gap_checked:
-            self._gap_checked.add(topic)
-            last = self._last_seq.get(topic)
-            # a lower number is the agent restarted (its numbers start again): no gap known
-            if last is not None and seq > last + 1:
-                self.counters.missed_messages += seq - last - 1
+    def _write_locked(self, envelope: bytes, recv_ns: int, decoded: tuple | None) -> bool:
+        if decoded is None:
+            from ridgeline.aggregator import wire
+            e = wire.decode_envelope(envelope)
+            topic, seq = e.topic, int(e.seq)
+        else:
+            topic, seq = decoded[0], int(decoded[1])
+        last = self._last_seq.get(topic)
+        if last is None:
+            last = self._baseline.get(topic)
+        if self._dedupe and last is not None and seq <= last:
+            self.counters.duplicate_messages += 1
+            return False
+        # the journal first: a message is durable before it is buffered (a process kill
+        # keeps what was written; fsync at each roll covers the machine's)
+        self._journal.write(JOURNAL_HEADER.pack(len(envelope), recv_ns, FRAME_ENVELOPE) + envelope)
+        self._journal.flush()
+        if decoded is None:
+            self._writer.write(envelope, recv_ns)
+        else:
+            _, _, host, ts_ns, payload = decoded
+            self._writer.add_message(topic, seq, host, ts_ns, recv_ns, payload)
+        # a lower number without a hand-off is the agent restarted (its numbers start
+        # again): no gap known
+        if last is not None and seq > last + 1:
+            self.counters.missed_messages += seq - last - 1
         self._last_seq[topic] = seq
+        self.counters.messages += 1
+        if self.clock() - self._rolled_at >= self.roll_s or self._writer.pending_rows >= self.roll_rows:
+            self._roll_locked()
+        return True
+
+    def take_handoff(self, handoff) -> int:
+        """The agent's hand-off (:class:`agent.sink_handoff.Handoff`): its messages after the
+        journal's, in order; duplicates dropped from then on. Returns the messages taken."""
+        with self._lock:
+            if handoff.epoch != self._state["epoch"]:
+                # another agent numbered what the spool saw last (the agent restarted): this
+                # agent's numbers all count from 0
+                self._last_seq = {}
+                self._state = dict(self._state, epoch=handoff.epoch, last_seq={})
+                self._save_state(self._state)      # before any of its messages: a kill keeps the epoch
+            self._dedupe = True
+            self._baseline = {t: s - 1 for t, s in handoff.since.items()}
+            self.counters.torn_frames += handoff.torn
+            taken = 0
+            for env, recv_ns in handoff.frames:
+                if self._write_locked(env, recv_ns, None):
+                    taken += 1
+            self.counters.handed_over_messages += taken
+            return taken
 
     def roll(self) -> None:
         with self._lock:
@@ -343,7 +386,7 @@ class ObjectSink:
             old_journals = [self.jdir / f"{self._journal_no:08d}.rjl"]
         self._journal_no += 1
         self._state = {"recording": self._state["recording"], "next_part": w.next_part, "next_frame": w.frames,
-                       "journal": self._journal_no, "last_seq": dict(self._last_seq)}
+                       "journal": self._journal_no, "last_seq": dict(self._last_seq), "epoch": self._state["epoch"]}
         self._save_state(self._state)         # the files are complete: now the journal may go
         for j in old_journals or []:
             j.unlink(missing_ok=True)
@@ -455,3 +498,4 @@ class ObjectSink:
         with self._lock:
             self._journal.close()
         self.write_status()
+        self._lockf.close()                    # the spool is free for the next sink

@@ -150,6 +150,9 @@ class Publisher:
         self.host = host or socket.gethostname()
         self._encode = encode or _default_encoder()
         self.seq = {t: 0 for t in TOPICS}
+        #: ``tap(topic, seq, envelope)`` sees every encoded message, sent or not (the sink's
+        #: hand-off, agent/sink_handoff.py); it must not raise or block
+        self.tap: Callable[[str, int, bytes], None] | None = None
         self.sent = {t: 0 for t in TOPICS}
         self.drops = {t: 0 for t in TOPICS}
         self.errors = 0
@@ -241,6 +244,8 @@ class Publisher:
             self.errors += 1
             self.drops[topic] += 1
             raise
+        if self.tap is not None:
+            self.tap(topic, seq, env)
         frames = (topic.encode(), env)
         copy = len(env) < 65536
         try:

@@ -35,7 +35,8 @@ def families(host: str, s: SinkState | None):
             ("ridgeline_sink_upload_retries", "Uploads to the store that failed (each retried with backoff)",
              s.upload_errors),
             ("ridgeline_sink_messages", "Stream messages the sink journaled", s.messages),
-            ("ridgeline_sink_missed_messages", "Stream messages published while no sink recorder ran",
+            ("ridgeline_sink_missed_messages", "Stream messages the sink never took (published while no recorder "
+             "ran, past the agent's hand-off bound)",
              s.missed_messages)):
         fam = CounterMetricFamily(name, doc, labels=["Hostname"])
         fam.add_metric([host], float(value))

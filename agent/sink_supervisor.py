@@ -21,6 +21,10 @@ Contract of :class:`SinkSupervisor` (``settings``: :class:`agent.config.SinkSett
   summed over the children this agent ran (each child counts from zero; what a child
   killed with -9 counted after its last status is not in the sums, its files and rows are
   in the store all the same).
+* :meth:`keep` (the publisher's tap: every message the agent publishes) feeds the
+  :class:`agent.sink_handoff.HandoffRing`: each child is started with the hand-off of
+  what it may have missed (``handoff_max_bytes``; 0: none), so a restart of the recorder
+  loses nothing within that bound. ``epoch`` names this agent's sequence numbering.
 * :meth:`stop` sends SIGTERM (the child rolls its files and uploads for at most its close
   timeout) and waits ``stop_timeout_s``, then SIGKILL: what it had journaled goes with the
   next start.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -42,12 +47,14 @@ import orjson
 from ridgeline.probes.records import SinkState
 
 from .config import SinkSettings
+from .sink_handoff import HandoffRing
 
 log = logging.getLogger("ridgeline.agent")
 
 #: The counters of agent.object_sink's status that add up over children.
 SUMMED = ("messages", "missed_messages", "files_written", "bytes_written", "files_uploaded", "bytes_uploaded",
-          "upload_errors", "dropped_files", "dropped_bytes", "replayed_messages", "torn_frames")
+          "upload_errors", "dropped_files", "dropped_bytes", "replayed_messages", "torn_frames",
+          "handed_over_messages", "duplicate_messages")
 #: A child that lived this long resets the restart backoff.
 HEALTHY_AFTER_S = 60.0
 #: The status file is at most this big (a few hundred bytes: bounded read).
@@ -67,12 +74,17 @@ def command(settings: SinkSettings, endpoint: str) -> list[str]:
         cmd += ["--sink-endpoint", settings.endpoint]
     if settings.region:
         cmd += ["--sink-region", settings.region]
+    if settings.handoff_max_bytes:
+        cmd += ["--handoff-bytes", str(settings.handoff_max_bytes)]
     return cmd
 
 
 class SinkSupervisor:
-    def __init__(self, settings: SinkSettings, endpoint: str, clock=time.monotonic, stop_timeout_s: float = 10.0):
+    def __init__(self, settings: SinkSettings, endpoint: str, clock=time.monotonic, stop_timeout_s: float = 10.0,
+                 epoch: int | None = None):
         self.settings, self.endpoint, self.clock = settings, endpoint, clock
+        self.epoch = epoch if epoch is not None else random.getrandbits(62)
+        self.handoff = HandoffRing(self.epoch, settings.handoff_max_bytes, clock=clock)
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -99,6 +111,8 @@ class SinkSupervisor:
         # the last child's status is folded into the sums already: a new child starts from zero
         self.status_path.unlink(missing_ok=True)
         self._last, self._restart_at = {}, None
+        if self.settings.handoff_max_bytes:
+            self.handoff.open(Path(self.settings.spool_dir))   # before the child: it waits for this file
         self.proc = subprocess.Popen(command(self.settings, self.endpoint), stdin=subprocess.DEVNULL)
         self._started_at = self.clock()
         log.info("sink: recording to %s through the spool %s (pid %d)", self.settings.url, self.settings.spool_dir,
@@ -118,7 +132,12 @@ class SinkSupervisor:
             self._last = st
             self._last_mono = self.clock()
 
+    def keep(self, topic: str, seq: int, envelope: bytes) -> None:
+        if self.settings.handoff_max_bytes:
+            self.handoff.keep(topic, seq, envelope)
+
     def poll(self) -> None:
+        self.handoff.poll()
         if self.proc is None:
             if self._restart_at is not None and self.clock() >= self._restart_at:
                 self._spawn()
@@ -131,6 +150,7 @@ class SinkSupervisor:
                 self._read_status()
             return
         self._fold()
+        self.handoff.close()                # a new file for the next child
         lived = now - self._started_at
         if lived >= HEALTHY_AFTER_S:
             self._backoff_s = 1.0
@@ -155,6 +175,7 @@ class SinkSupervisor:
         the sums go on."""
         self.stop()
         self.settings, self.unavailable = settings, ""
+        self.handoff.max_bytes = settings.handoff_max_bytes
         self.status_path = Path(settings.spool_dir) / "status.json"
         if settings.enabled:
             self.start()
@@ -170,7 +191,9 @@ class SinkSupervisor:
         return SinkState(state="running" if running else "restarting", url=self.settings.url,
                          restarts=self.restarts, spool_bytes=int(g.get("spool_bytes") or 0),
                          spool_files=int(g.get("spool_files") or 0),
-                         last_error=str(g.get("last_error") or "")[:300], status_age_s=round(age, 3), **sums)
+                         last_error=str(g.get("last_error") or "")[:300], status_age_s=round(age, 3),
+                         handoff_ring_bytes=self.handoff.ring_bytes, handoff_ring_dropped=self.handoff.ring_dropped,
+                         **sums)
 
     def state_record(self) -> dict:
         return msgspec.to_builtins(self.state())
@@ -194,4 +217,5 @@ class SinkSupervisor:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
         self._fold()
+        self.handoff.close()
         self.proc = None

@@ -6,9 +6,10 @@ Real parts: the agent as a process replaying a shared trace (tests/support/agent
 a real S3 API server on loopback (s3rver 3.7.1 from npm, tests/support/s3_server.py) killed
 and started again with its data, the sink child killed with -9 mid-file, and what reached
 the store read back through the AWS SDK (pyarrow's S3 filesystem) and the project's Parquet
-reader. Nothing lost (every message the dead child had journaled is in the store), nothing
-duplicated (each frame and each topic's sequence number once), and the gap the restart
-left is the one the sink counted (``ridgeline_sink_missed_messages_total``).
+reader. Nothing lost (every message the dead child had journaled is in the store, and what
+the agent published while no child ran reached the next one through the agent's hand-off:
+no sequence gap, ``ridgeline_sink_missed_messages_total`` 0), nothing duplicated (each frame
+and each topic's sequence number once).
 """
 from __future__ import annotations
 
@@ -151,8 +152,12 @@ min_free_bytes = 0
     for seqs in by_topic.values():
         assert seqs == sorted(seqs)
         gaps += sum(b - a - 1 for a, b in zip(seqs, seqs[1:]))
-    # what is absent is what was published while no child ran, and the sink said so
-    assert gaps == final["missed_messages"] and final["replayed_messages"] >= len(journaled)
+    # nothing the agent published is absent, from its first message on: the new child took
+    # the agent's hand-off of what it published while no child ran (agent/sink_handoff.py)
+    assert gaps == 0 and final["missed_messages"] == 0 and after["ridgeline_sink_missed_messages_total"] == 0, \
+        (gaps, final, (tmp_path / "agent.log").read_text()[-3000:])
+    assert {t: seqs[0] for t, seqs in by_topic.items()} == dict.fromkeys(by_topic, 0)
+    assert final["handed_over_messages"] >= 1 and final["replayed_messages"] >= len(journaled)
     assert final["dropped_files"] == 0 and after["ridgeline_sink_files_total[dropped]"] == 0
     assert final["spool_files"] == 0                          # everything left the spool on stop
     rows = _rows(got)
@@ -161,7 +166,8 @@ min_free_bytes = 0
           f"uploaded; during it {during['ridgeline_sink_spool_files']:.0f} held in the spool "
           f"({during['ridgeline_sink_spool_bytes']:.0f} bytes), {during['ridgeline_sink_upload_retries_total']:.0f} "
           f"failed uploads; child killed -9 with {len(journaled)} messages only in its journal, "
-          f"{final['replayed_messages']} replayed; {final['missed_messages']} published while no child ran; "
+          f"{final['replayed_messages']} replayed; {final['handed_over_messages']} handed over by the agent "
+          f"({final['duplicate_messages']} duplicates dropped), {final['missed_messages']} missed; "
           f"in the store: {len(msgs)} messages (frames 0..{len(msgs) - 1} once each), rows {rows}")
 
 

@@ -39,6 +39,9 @@ def register(sub) -> None:
                    help="with --sink: free disk space kept under the spool; below it files are dropped as past "
                         "the cap")
     p.add_argument("--stop-with-parent", type=int, default=0, metavar="PID", help=argparse.SUPPRESS)
+    # the supervising agent hands over what this recorder may have missed (agent/sink_handoff.py),
+    # at most N bytes: 0, no hand-off (a recorder run by hand)
+    p.add_argument("--handoff-bytes", type=int, default=0, metavar="N", help=argparse.SUPPRESS)
     add_stream_arguments(p)
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: until ^C)")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -118,6 +121,7 @@ def _run_sink(args) -> int:
                       region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes,
                       min_free_bytes=args.min_free_bytes)
     sub = open_stream(args)
+    handoff = _Handoff(sink, args.output, args.handoff_bytes) if args.handoff_bytes > 0 else None
     t0 = time.monotonic()
     try:
         while not stop["now"] and not (args.duration and time.monotonic() - t0 >= args.duration):
@@ -125,15 +129,22 @@ def _run_sink(args) -> int:
                 print(f"ridgeline record: the agent (pid {args.stop_with_parent}) is gone; stopping",
                       file=sys.stderr)
                 break       # the agent that started this sink died: roll, upload, stop
-            msg = sub.receive(0.2)
+            msg = sub.receive(0.05 if handoff is not None else 0.2)
             if sub.refused:
                 raise RuntimeFailure(f"record: {sub.refused}")
-            if msg is not None:
+            if handoff is not None:
+                if msg is not None:
+                    handoff.hold(msg)
+                if handoff.poll():
+                    handoff = None
+            elif msg is not None:
                 sink.write(msg.raw, time.time_ns(), (msg.topic, msg.seq, msg.host, msg.ts_ns, msg.payload))
     except KeyboardInterrupt:
         pass
     finally:
         sub.close()
+        if handoff is not None:
+            handoff.finish()   # stopped before the hand-off ended: what it and this recorder hold
         sink.close()
         signal.signal(signal.SIGTERM, old)
         c = sink.counters
@@ -143,3 +154,62 @@ def _run_sink(args) -> int:
               + (f"; {c.upload_errors} failed uploads (last: {c.last_error})" if c.upload_errors else ""),
               file=sys.stderr)
     return 0
+
+
+class _Handoff:
+    """The recorder's side of agent/sink_handoff.py: messages received directly are held
+    (bounded) from the first one on, which says the subscription is in effect (the LIVE
+    marker tells the agent); once the agent has ended the hand-off file (or
+    ``WAIT_S`` later), its messages go to the sink first, then the held ones, duplicates
+    dropped by sequence number."""
+    WAIT_S = 10.0
+
+    def __init__(self, sink, spool: str, max_bytes: int):
+        from pathlib import Path
+        self.sink, self.max_bytes = sink, max_bytes
+        self.spool = Path(spool)
+        self.held: list[tuple[bytes, int, tuple]] = []
+        self.held_bytes = 0
+        self.over_cap = 0               # received while held past the cap: gaps the sink counts
+        self.live_at: float | None = None
+
+    def hold(self, msg) -> None:
+        from ridgeline.agent.sink_handoff import LIVE
+        if self.live_at is None:
+            self.live_at = time.monotonic()
+            tmp = self.spool / f".{LIVE}.tmp"
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, self.spool / LIVE)
+        if self.held_bytes + len(msg.raw) > self.max_bytes:
+            self.over_cap += 1
+            return
+        self.held.append((msg.raw, time.time_ns(), (msg.topic, msg.seq, msg.host, msg.ts_ns, msg.payload)))
+        self.held_bytes += len(msg.raw)
+
+    def poll(self) -> bool:
+        """True once the hand-off is taken (the recorder then writes as it receives)."""
+        from ridgeline.agent.sink_handoff import HANDOFF, has_ended
+        if self.live_at is None:
+            return False
+        if not has_ended(self.spool / HANDOFF) and time.monotonic() - self.live_at < self.WAIT_S:
+            return False
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        from ridgeline.agent.sink_handoff import HANDOFF, LIVE, read_handoff
+        path = self.spool / HANDOFF
+        h = read_handoff(path, self.max_bytes)
+        if h is None:
+            print(f"ridgeline record: no hand-off from the agent in {path}; what it published before this "
+                  "recorder's first message is counted as missed", file=sys.stderr)
+        else:
+            n = self.sink.take_handoff(h)
+            print(f"ridgeline record: took {n} messages from the agent's hand-off ({len(h.frames)} in it"
+                  + ("" if h.ended else "; not ended: the agent never closed it") + ")", file=sys.stderr)
+            if h.ended:
+                path.unlink(missing_ok=True)
+                (self.spool / LIVE).unlink(missing_ok=True)
+        for raw, recv_ns, decoded in self.held:
+            self.sink.write(raw, recv_ns, decoded)
+        self.held, self.held_bytes = [], 0
