@@ -133,7 +133,7 @@ class SinkSupervisor:
             self._last_mono = self.clock()
 
     def keep(self, topic: str, seq: int, envelope: bytes) -> None:
-        if self.settings.handoff_max_bytes:
+        if self.settings.handoff_max_bytes and not self.unavailable:   # no recorder will ever take it
             self.handoff.keep(topic, seq, envelope)
 
     def poll(self) -> None:
