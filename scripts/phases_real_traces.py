@@ -64,7 +64,23 @@ def engine_steps(tr: Trace) -> str:
     if anns:
         return f"{len(anns)} " + "/".join(sorted({PHASE_NAMES[a.phase] for a in anns})) + " (annotation)"
     ps = sum(1 for n in names if n.startswith("ProfilerStep#"))
-    return f"{ps} ProfilerStep" if ps else "?"
+    tail = launched_before(tr)
+    return (f"{ps} ProfilerStep" if ps else "?") + (f" + a tail of {tail} kernels" if ps and tail else "")
+
+
+def launched_before(tr: Trace) -> int:
+    """Kernels that ran before the first kernel whose launch the trace holds, with no launch
+    of their own in it: the tail of an iteration launched before the recording began (the
+    GPU runs behind the CPU; Kineto records activity from the step it starts in), a step of
+    its own that no ProfilerStep range counts."""
+    k, a = tr.kernels, tr.api
+    if not len(k) or not len(a):
+        return 0
+    launched = np.isin(k["correlation_id"], a["correlation_id"])
+    if not launched.any():
+        return 0
+    first = k["start_ns"][launched].min()
+    return int((~launched & (k["start_ns"] < first)).sum())
 
 
 def summary(tr: Trace, pm) -> tuple[str, str]:
