@@ -92,6 +92,7 @@ class HandoffRing:
         self.ring_dropped = 0          # messages that left the ring before any hand-off needed them
         self.handed_off = 0            # messages written to hand-off files
         self.truncated = 0             # hand-offs closed at max_bytes (the rest a counted gap)
+        self.file_errors = 0           # the spool refused a write (full disk): that hand-off ends there
         self._f = None
         self._path: Path | None = None
         self._file_bytes = 0
@@ -128,9 +129,25 @@ class HandoffRing:
                         "it counts (missed_messages)", self.max_bytes)
             self.close()
             return
-        self._f.write(JOURNAL_HEADER.pack(len(envelope), time.time_ns(), FRAME_ENVELOPE) + envelope)
+        try:
+            self._f.write(JOURNAL_HEADER.pack(len(envelope), time.time_ns(), FRAME_ENVELOPE) + envelope)
+        except OSError as exc:
+            # called from the publisher's tap: a full spool must never cost the stream a message
+            self._failed(exc)
+            return
         self._file_bytes += len(envelope)
         self.handed_off += 1
+
+    def _failed(self, exc: OSError) -> None:
+        self.file_errors += 1
+        log.warning("sink: the hand-off file could not be written (%s); the recorder counts what it lacks as "
+                    "missed", exc.strerror or exc)
+        f, self._f, self._path = self._f, None, None
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass                    # its buffered tail is lost with the write that failed
 
     def open(self, spool: Path) -> None:
         """A recorder is being started on ``spool``: what it may have missed, into the file."""
@@ -139,19 +156,23 @@ class HandoffRing:
         (spool / LIVE).unlink(missing_ok=True)          # a dead recorder's word is not the new one's
         after = spool_last_seq(spool, self.epoch)
         tmp = spool / f".{HANDOFF}.tmp"
-        f = open(tmp, "wb")
-        head = msgpack.packb({"epoch": self.epoch, "since": self._first})
-        f.write(JOURNAL_HEADER.pack(len(head), 0, FRAME_HEAD) + head)
-        self._f, self._file_bytes, self._opened_at = f, 0, self.clock()
-        for topic, seq, env in list(self._ring):
-            if seq > after.get(topic, -1) and self._f is not None:
-                self._append(env)
-        if self._f is None:             # truncated while writing the ring: a closed, ended file
+        try:
+            f = open(tmp, "wb")
+            head = msgpack.packb({"epoch": self.epoch, "since": self._first})
+            f.write(JOURNAL_HEADER.pack(len(head), 0, FRAME_HEAD) + head)
+            self._f, self._file_bytes, self._opened_at = f, 0, self.clock()
+            for topic, seq, env in list(self._ring):
+                if seq > after.get(topic, -1) and self._f is not None:
+                    self._append(env)
+            if self._f is not None:
+                self._f.flush()
+            # the open file follows the rename (truncated while writing the ring: closed, ended)
             os.replace(tmp, spool / HANDOFF)
+        except OSError as exc:
+            self._failed(exc)
             return
-        self._f.flush()
-        os.replace(tmp, spool / HANDOFF)   # the open file follows the rename
-        self._path = spool
+        if self._f is not None:
+            self._path = spool
 
     def poll(self) -> None:
         """Close the file once the recorder is live, or after ``timeout_s``; flush otherwise."""
@@ -159,16 +180,22 @@ class HandoffRing:
             return
         if (self._path / LIVE).exists() or self.clock() - self._opened_at >= self.timeout_s:
             self.close()
-        else:
+            return
+        try:
             self._f.flush()
+        except OSError as exc:
+            self._failed(exc)
 
     def close(self) -> None:
         f, self._f = self._f, None
         if f is None:
             return
-        f.write(JOURNAL_HEADER.pack(0, END_MAGIC, FRAME_END))
-        f.close()
         self._path = None
+        try:
+            f.write(JOURNAL_HEADER.pack(0, END_MAGIC, FRAME_END))
+            f.close()
+        except OSError as exc:
+            self._failed(exc)
 
 
 def has_ended(path: Path) -> bool:

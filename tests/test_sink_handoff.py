@@ -234,3 +234,19 @@ def test_a_restarted_agent_numbers_from_zero_again(tmp_path, frames):
     again.close()
     assert again.counters.duplicate_messages == 0 and again.counters.missed_messages == 0
     assert _stored(tmp_path / "dest") == [(t, s) for _, _, t, s in frames] + [(t, s) for _, _, t, s in frames[:20]]
+
+
+def test_a_full_spool_costs_the_hand_off_never_the_stream(tmp_path):
+    """/dev/full refuses every write with ENOSPC: keep() (the publisher's tap) must not raise."""
+    import os
+    ring = H.HandoffRing(7)
+    ring.keep("health", 0, _env("health", 0))
+    ring.open(tmp_path)
+    ring._f.close()
+    ring._f = open("/dev/full", "wb", buffering=0)           # the disk fills while the file is open
+    for i in range(1, 5):
+        ring.keep("health", i, _env("health", i))             # never raises
+    assert ring.file_errors == 1 and not ring.is_open and ring.ring_bytes > 0
+    ring.poll()
+    ring.close()
+    assert os.path.exists(tmp_path / H.HANDOFF)               # what was written stays for the recorder
