@@ -450,7 +450,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
         if m > 1:
             role = col(classes.role)
-            layer_at, per_layer, marker_name = layer_marker(col(k["name_id"]), role == ROLE_ATTENTION)
+            name_id = col(k["name_id"])
+            layer_at, per_layer, marker_name = layer_marker(name_id, role == ROLE_ATTENTION)
             limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
             # Only gaps of at least GAP_MIN_NS can reach the threshold: the median and the
             # layer-interval test are computed when there are any (a serving stream's steps
@@ -539,8 +540,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 if hint is not None and len(opt_ends):
                     opt_ends = opt_ends[~_same_profiler_step(hint[idx], opt_ends)]
                 _mark(cut, reason, opt_ends, ["previous training step ended with its optimizer run "
-                                              f"({short_name(trace.names[int(col(k['name_id'])[j])], 40)})"
-                                              for j in opt_ends.tolist()])
+                                              f"({short_name(trace.names[int(j)], 40)})"
+                                              for j in name_id[opt_ends].tolist()])
         starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)
