@@ -94,6 +94,8 @@ def library() -> ct.CDLL:
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_union_records.restype = _I
     lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
+    lib.rl_segment_scan.restype = _I
+    lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
     return lib
 
 
@@ -215,3 +217,29 @@ def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
                                         len(a), h, out):
         return None
     return h, int(out[0]), int(out[1])
+
+
+_SEG_FIELDS = ("start_ns", "end_ns", "name_id", "grid_x", "graph_id", "correlation_id")
+
+
+def segment_scan(k: np.ndarray, idx: np.ndarray | None, flags: np.ndarray, by_name: bool):
+    """The per-kernel pass of one device's step cut (``rl_segment_scan``; reference:
+    aggregator/steps.py ``_scan_reference``) over ``k[idx]`` (``idx`` None: every record),
+    or None when their starts are not in order. ``flags``: uint8 SEG_* bits per name slot
+    (``by_name``) or per record. Returns (gaps, attention positions, their name ids,
+    strong per-token positions, their grid.x, layer positions, sampling positions,
+    optimizer positions, graph-launch positions, their graph ids)."""
+    m = len(k) if idx is None else len(idx)
+    gaps = np.empty(max(m, 1), np.int64)
+    pos = np.empty((6, max(m, 1)), np.int64)
+    val = np.empty((3, max(m, 1)), np.int64)
+    cnt = np.zeros(6, np.int64)
+    offs = np.array([_off(k, f) for f in _SEG_FIELDS], np.int64)
+    i = np.ascontiguousarray(idx, np.int64) if idx is not None else None
+    if not library().rl_segment_scan(k.ctypes.data, k.strides[0], offs, m, i.ctypes.data if i is not None else None,
+                                     np.ascontiguousarray(flags, np.uint8), len(flags), int(by_name),
+                                     gaps, pos, val, cnt):
+        return None
+    na, nt, nl, ne, no, ng = cnt.tolist()
+    return (gaps[:max(m - 1, 0)], pos[0, :na], val[0, :na], pos[1, :nt], val[1, :nt], pos[2, :nl], pos[3, :ne],
+            pos[4, :no], pos[5, :ng], val[2, :ng])
