@@ -24,7 +24,8 @@ from ridgeline.probes.events import KERNEL_DTYPE, NameTable, Trace, empty
 
 def _random_kernels(rng, n: int, ordered: bool):
     k = empty(KERNEL_DTYPE, n)
-    st = rng.integers(0, 3 * n, n) * 1000 + 10**12
+    # a 1 us grid with 0-2 ns of jitter: gaps of 1 and 2 ns, touching and overlapping kernels
+    st = rng.integers(0, 3 * n, n) * 1000 + rng.integers(0, 3, n) + 10**12
     k["start_ns"] = np.sort(st) if ordered else st
     k["end_ns"] = k["start_ns"] + rng.choice([-5, 0, 700, 2_000, 9_000_000], n)
     k["name_id"] = rng.integers(-2, 12, n)
