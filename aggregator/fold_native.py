@@ -74,6 +74,16 @@ def library() -> ct.CDLL:
     if lib.rl_fold_abi() != want:
         raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
                                  f"(layout {lib.rl_fold_abi():#x}, expected {want:#x}): {_hint()}")
+    try:
+        _declare(lib)
+    except AttributeError as exc:     # a symbol this version calls is not in the library
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
+                                 f"({exc}): {_hint()}") from None
+    return lib
+
+
+def _declare(lib: ct.CDLL) -> None:
+    """The argument and result types of each function the library exports."""
     lib.rl_fold_units.restype = _I
     lib.rl_fold_units.argtypes = (_I, _P, _P, _P, _P, ct.c_void_p, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P,
                                   ct.POINTER(_I))
@@ -96,7 +106,6 @@ def library() -> ct.CDLL:
     lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
-    return lib
 
 
 def _off(a: np.ndarray, field: str) -> int:

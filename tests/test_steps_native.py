@@ -162,3 +162,29 @@ def test_names_unused_by_the_scan_are_never_gathered():
     per = kc.per_name()
     assert len(per.role) == len(names) + 1 and kc._look is None
     np.testing.assert_array_equal(kc.role, per.role[[0, 1, 2, 2]])
+
+
+def test_a_library_without_the_scan_is_refused_in_one_line(monkeypatch, tmp_path):
+    """A library built from the previous source (every symbol but rl_segment_scan, the same
+    layout) is refused as built from another version, one line saying what to build, not an
+    AttributeError from ctypes at the first step cut."""
+    import subprocess
+    from pathlib import Path
+
+    from ridgeline.probes.errors import RuntimeFailure
+    src = (Path(fold_native.__file__).parent / "native" / "ridgeline_fold.c").read_text()
+    cut = src.index("EXPORT int64_t rl_segment_scan(")
+    body_end = src.index("\n}\n", cut) + 3
+    old = tmp_path / "old.c"
+    old.write_text(src[:cut] + src[body_end:])
+    lib = tmp_path / "libridgeline_fold.so"
+    subprocess.run(["cc", "-O1", "-std=c11", "-fPIC", "-shared", "-o", str(lib), str(old)], check=True)
+    monkeypatch.setenv("RIDGELINE_FOLD_LIB", str(lib))
+    fold_native.library.cache_clear()
+    try:
+        with pytest.raises(RuntimeFailure) as exc:
+            fold_native.library()
+        msg = str(exc.value)
+        assert "another version" in msg and "rl_segment_scan" in msg and "\n" not in msg
+    finally:
+        fold_native.library.cache_clear()
