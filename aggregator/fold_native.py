@@ -74,6 +74,16 @@ def library() -> ct.CDLL:
     if lib.rl_fold_abi() != want:
         raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
                                  f"(layout {lib.rl_fold_abi():#x}, expected {want:#x}): {_hint()}")
+    try:
+        _declare(lib)
+    except AttributeError as exc:     # a symbol this version calls is not in the library
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} was built from another version "
+                                 f"({exc}): {_hint()}") from None
+    return lib
+
+
+def _declare(lib: ct.CDLL) -> None:
+    """The argument and result types of each function the library exports."""
     lib.rl_fold_units.restype = _I
     lib.rl_fold_units.argtypes = (_I, _P, _P, _P, _P, ct.c_void_p, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P,
                                   ct.POINTER(_I))
@@ -94,7 +104,8 @@ def library() -> ct.CDLL:
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_union_records.restype = _I
     lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
-    return lib
+    lib.rl_segment_scan.restype = _I
+    lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
 
 
 def _off(a: np.ndarray, field: str) -> int:
@@ -215,3 +226,29 @@ def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
                                         len(a), h, out):
         return None
     return h, int(out[0]), int(out[1])
+
+
+_SEG_FIELDS = ("start_ns", "end_ns", "name_id", "grid_x", "graph_id", "correlation_id")
+
+
+def segment_scan(k: np.ndarray, idx: np.ndarray | None, flags: np.ndarray, by_name: bool):
+    """The per-kernel pass of one device's step cut (``rl_segment_scan``; reference:
+    aggregator/steps.py ``_scan_reference``) over ``k[idx]`` (``idx`` None: every record),
+    or None when their starts are not in order. ``flags``: uint8 SEG_* bits per name slot
+    (``by_name``) or per record. Returns (gaps, attention positions, their name ids,
+    strong per-token positions, their grid.x, layer positions, sampling positions,
+    optimizer positions, graph-launch positions, their graph ids)."""
+    m = len(k) if idx is None else len(idx)
+    gaps = np.empty(max(m, 1), np.int64)
+    pos = np.empty((6, max(m, 1)), np.int64)
+    val = np.empty((3, max(m, 1)), np.int64)
+    cnt = np.zeros(6, np.int64)
+    offs = np.array([_off(k, f) for f in _SEG_FIELDS], np.int64)
+    i = np.ascontiguousarray(idx, np.int64) if idx is not None else None
+    if not library().rl_segment_scan(k.ctypes.data, k.strides[0], offs, m, i.ctypes.data if i is not None else None,
+                                     np.ascontiguousarray(flags, np.uint8), len(flags), int(by_name),
+                                     gaps, pos, val, cnt):
+        return None
+    na, nt, nl, ne, no, ng = cnt.tolist()
+    return (gaps[:max(m - 1, 0)], pos[0, :na], val[0, :na], pos[1, :nt], val[1, :nt], pos[2, :nl], pos[3, :ne],
+            pos[4, :no], pos[5, :ng], val[2, :ng])

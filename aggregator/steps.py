@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ridgeline.aggregator import fold_native
 from ridgeline.aggregator.columns import distinct
 from ridgeline.aggregator.signatures import (
     GRID_TOKENS,
@@ -100,13 +101,18 @@ def attention_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.nd
     full layers) stay most regular with all launches together.
     """
     att = np.flatnonzero(attention)
+    return _attention_marker_at(att, name_ids[att])
+
+
+def _attention_marker_at(att: np.ndarray, att_names: np.ndarray) -> tuple[np.ndarray, int]:
+    """:func:`attention_marker` from the attention launches' positions and name ids."""
     if len(att) <= PATTERN_MIN_REPEATS:
         return np.empty(0, dtype=np.int64), 0
     best = None
     cands = [att]
-    names = np.unique(name_ids[att])
+    names = np.unique(att_names)
     if len(names) > 1:
-        cands += [att[name_ids[att] == nm] for nm in names.tolist()]
+        cands += [att[att_names == nm] for nm in names.tolist()]
     for pos in cands:
         period, hits, n = _spacing_mode(pos)
         if hits < PATTERN_MIN_REPEATS:
@@ -128,12 +134,20 @@ def layer_marker(name_ids: np.ndarray, attention: np.ndarray) -> tuple[np.ndarra
     [MARKER_MIN_SPAN, MARKER_MAX_SPAN]; ties: more launches). Empty positions when nothing repeats. Linear:
     one stable sort of the positions by name and one np.unique over (name, spacing).
     """
-    m = len(name_ids)
-    att, period = attention_marker(name_ids, attention)
+    att = np.flatnonzero(attention)
+    return _layer_marker_at(att, name_ids[att], len(name_ids), lambda: name_ids)
+
+
+def _layer_marker_at(att: np.ndarray, att_names: np.ndarray, m: int, name_ids_of) -> tuple[np.ndarray, int, int]:
+    """:func:`layer_marker` from the attention launches' positions and name ids among ``m``
+    kernels; ``name_ids_of()`` gives every kernel's name id, read only when attention does
+    not mark the layers (the common case reads no name column)."""
+    att, period = _attention_marker_at(att, att_names)
     if len(att):
         return att, period, -1
     if m < 2 * (PATTERN_MIN_REPEATS + 1):
         return np.empty(0, dtype=np.int64), 0, -1
+    name_ids = name_ids_of()
     order = np.argsort(name_ids, kind="stable")
     nid = name_ids[order].astype(np.int64)
     same = nid[1:] == nid[:-1]
@@ -368,7 +382,11 @@ def optimizer_run_ends(optimizer: np.ndarray) -> np.ndarray:
     """Positions of the last kernel of each optimizer run (kernels flagged ``optimizer``, in
     device order, at most OPTIMIZER_RUN_GAP apart), or empty when fewer than
     OPTIMIZER_MIN_RUNS runs: one optimizer.step() is no loop."""
-    pos = np.flatnonzero(optimizer)
+    return _run_ends(np.flatnonzero(optimizer))
+
+
+def _run_ends(pos: np.ndarray) -> np.ndarray:
+    """:func:`optimizer_run_ends` from the optimizer kernels' positions (sorted)."""
     if not len(pos):
         return pos
     ends = np.r_[pos[:-1][np.diff(pos) > OPTIMIZER_RUN_GAP], pos[-1]]
@@ -389,6 +407,58 @@ def _same_profiler_step(h: np.ndarray, ends: np.ndarray) -> np.ndarray:
         nxt = nxt[nxt >= 0]
         out[i] = h[j] >= 0 and len(nxt) > 0 and bool((nxt == h[j]).all())
     return out
+
+
+# Bits of the per-kernel flags of the step cut's scan (aggregator/native/ridgeline_fold.c,
+# rl_segment_scan: the same values).
+SEG_ATT, SEG_TOK, SEG_TOK_STRONG, SEG_END, SEG_OPT = 1, 2, 4, 8, 16
+
+
+def _flag_bits(c, opt_of: np.ndarray) -> np.ndarray:
+    """SEG_* bits from classes (per-name or per-kernel arrays alike)."""
+    role = c.role
+    f = np.where(role == ROLE_ATTENTION, SEG_ATT, 0).astype(np.uint8)
+    tok = role == ROLE_PER_TOKEN
+    f |= np.where(tok, SEG_TOK, 0).astype(np.uint8)
+    f |= np.where(tok & (c.grid_rule == GRID_TOKENS) & (c.strength == STRONG), SEG_TOK_STRONG, 0).astype(np.uint8)
+    f |= np.where(np.asarray(c.step_end, dtype=bool), SEG_END, 0).astype(np.uint8)
+    f |= np.where(opt_of[np.where(c.sig >= 0, c.sig, len(opt_of) - 1)], SEG_OPT, 0).astype(np.uint8)
+    return f
+
+
+def _scan_flags(classes) -> tuple[np.ndarray, bool]:
+    """(flags, by_name) for :func:`fold_native.segment_scan`: per name slot when the classes
+    are gathered from per-name arrays (the stream phaser's: no per-kernel array at all),
+    else per kernel."""
+    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
+    per_name = getattr(classes, "per_name", None)
+    if per_name is not None:
+        return _flag_bits(per_name(), opt_of), True
+    return _flag_bits(classes, opt_of), False
+
+
+def _scan_reference(k: np.ndarray, idx: np.ndarray, whole: bool, classes: KernelClasses, optimizer: np.ndarray):
+    """The numpy reference of ``rl_segment_scan`` (aggregator/native/ridgeline_fold.c) over
+    the kernels ``k[idx]`` in time order: the same tuple as :func:`fold_native.segment_scan`."""
+    def col(a):
+        return a if whole else a[idx]
+    gaps = _idle_gaps(col(k["start_ns"]), col(k["end_ns"]))
+    role = col(classes.role)
+    att = np.flatnonzero(role == ROLE_ATTENTION)
+    nid = col(k["name_id"])
+    grid_x = col(k["grid_x"])
+    tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (col(classes.grid_rule) == GRID_TOKENS)
+                         & (col(classes.strength) == STRONG) & (grid_x > 0))
+    layer = np.flatnonzero((role == ROLE_ATTENTION) | (role == ROLE_PER_TOKEN))
+    ends = np.flatnonzero(col(classes.step_end))
+    gid = col(k["graph_id"])
+    first = np.empty(0, dtype=np.int64)
+    if bool((gid >= 0).any()):
+        corr = col(k["correlation_id"])
+        first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1])
+                                                            | (gid[1:] != gid[:-1]))))
+    return (gaps, att, nid[att].astype(np.int64), tok, grid_x[tok].astype(np.int64), layer, ends,
+            np.flatnonzero(col(optimizer)), first, gid[first])
 
 
 def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | None = None,
@@ -428,30 +498,41 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     if not sel.any():
         return Segmentation(kernel_step, segments)
     device = k["device"]
-    devices = distinct(device if mask is None else device[sel])
-    optimizer = optimizer_kernels(classes)
+    ref = fold_native.REFERENCE
+    if mask is None and not ref:
+        d0, d1 = fold_native.field_range(k, "device")      # one pass over the packed records
+        devices = [d0] if d0 == d1 else distinct(device)
+    else:
+        devices = distinct(device if mask is None else device[sel])
+    # The per-kernel pass (gaps and the positions of the kernel kinds the rules read): one
+    # native pass over the records (fold_native.segment_scan), or its numpy reference.
+    optimizer = flags = None
+    by_name = False
+    if ref:
+        optimizer = optimizer_kernels(classes)
+    else:
+        flags, by_name = _scan_flags(classes)
     for dev in devices:
         idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
-        s = k["start_ns"][idx]
         whole = len(idx) == n           # every kernel, in batch order (so far)
-        if len(idx) > 1 and not bool((s[1:] >= s[:-1]).all()):
-            o = np.lexsort((idx, s))
-            idx, s = idx[o], s[o]
-            whole = False
+        scan = None if ref else fold_native.segment_scan(k, None if whole else idx, flags, by_name)
+        if scan is None:
+            s = k["start_ns"][idx]
+            if len(idx) > 1 and not bool((s[1:] >= s[:-1]).all()):
+                o = np.lexsort((idx, s))
+                idx = idx[o]
+                whole = False
+            scan = _scan_reference(k, idx, whole, classes, optimizer) if ref else \
+                fold_native.segment_scan(k, idx, flags, by_name)
+        gaps, att, att_nid, tok, gx, layer, ends, opt_at, graph_at, graph_ids = scan
         m = len(idx)
-        # Every kernel in batch order (one device, in time order: the common case): the
-        # columns are read as they are, not gathered through an identity index.
 
         def col(a, idx=idx, whole=whole):
             return a if whole else a[idx]
-        e = col(k["end_ns"])
-        gaps = _idle_gaps(s, e)
         cut = np.zeros(max(m - 1, 0), dtype=bool)
         reason: dict[int, str] = {}     # boundary after kernel j -> why (only where cut)
         if m > 1:
-            role = col(classes.role)
-            name_id = col(k["name_id"])
-            layer_at, per_layer, marker_name = layer_marker(name_id, role == ROLE_ATTENTION)
+            layer_at, per_layer, marker_name = _layer_marker_at(att, att_nid, m, lambda: col(k["name_id"]))
             limit = per_layer + max(PATTERN_MIN_EXTRA, per_layer // 4)
             # Only gaps of at least GAP_MIN_NS can reach the threshold: the median and the
             # layer-interval test are computed when there are any (a serving stream's steps
@@ -476,21 +557,15 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
             _mark(cut, reason, at, [f"GPU idle {g / 1e6:.1f} ms (>= {thr / 1e6:.1f} ms)" for g in gaps[at].tolist()])
             # Token count change of the KV-cache writes (strong per-token kernels only:
             # they run once per layer on exactly the step's tokens).
-            grid_x = col(k["grid_x"])
-            tok = np.flatnonzero((role == ROLE_PER_TOKEN) & (col(classes.grid_rule) == GRID_TOKENS)
-                                 & (col(classes.strength) == STRONG) & (grid_x > 0))
             if len(tok) > 1:
-                gx = grid_x[tok]
                 c = np.flatnonzero(gx[1:] != gx[:-1])
                 c = c[tok[c + 1] > tok[c]]
                 _mark(cut, reason, _argmax_in_ranges(gaps, tok[c], tok[c + 1]),
                       [f"tokens per step change ({a} -> {b}, KV-cache write grid.x)"
                        for a, b in zip(gx[c].tolist(), gx[c + 1].tolist())])
-            layer = np.flatnonzero((role == ROLE_ATTENTION) | (role == ROLE_PER_TOKEN))
             if not len(layer) and marker_name >= 0:
                 layer = layer_at
             # Sampling closes a step when layer kernels follow it.
-            ends = np.flatnonzero(col(classes.step_end))
             if len(ends) and len(layer):
                 nxt = np.searchsorted(layer, ends, side="right")
                 ok = nxt < len(layer)
@@ -507,14 +582,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                        for n in d[c].tolist()])
             # CUDA graph relaunch: a graph id already seen in the current step. Sequential
             # (each cut resets what was seen), so one pass over graph launches, not kernels.
-            gid = col(k["graph_id"])
-            first = np.empty(0, dtype=np.int64)
-            if bool((gid >= 0).any()):
-                corr = col(k["correlation_id"])
-                first = np.flatnonzero((gid >= 0) & np.concatenate(([True], (corr[1:] != corr[:-1])
-                                                                    | (gid[1:] != gid[:-1]))))
             seen: set[int] = set()
-            for j, g in zip(first.tolist(), gid[first].tolist()):
+            for j, g in zip(graph_at.tolist(), graph_ids.tolist()):
                 if j > 0 and cut[j - 1]:
                     seen = set()
                 if g in seen and j > 0:
@@ -532,7 +601,7 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                     c = np.flatnonzero(hv[1:] != hv[:-1])
                     _mark(cut, reason, _argmax_in_ranges(gaps, hk[c], hk[c + 1]),
                           [f"{hint_name} boundary"] * len(c))
-            all_ends = optimizer_run_ends(col(optimizer))
+            all_ends = _run_ends(opt_at)
             opt_ends = all_ends[all_ends < m - 1]
             if len(all_ends):
                 cut[:] = False
@@ -540,15 +609,16 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
                 if hint is not None and len(opt_ends):
                     opt_ends = opt_ends[~_same_profiler_step(hint[idx], opt_ends)]
                 _mark(cut, reason, opt_ends, ["previous training step ended with its optimizer run "
-                                              f"({short_name(trace.names[int(j)], 40)})"
-                                              for j in name_id[opt_ends].tolist()])
+                                              f"({short_name(trace.names[int(k['name_id'][idx[j]])], 40)})"
+                                              for j in opt_ends.tolist()])
         starts = np.concatenate(([0], np.flatnonzero(cut) + 1))
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)
         step_of = np.repeat(np.arange(len(starts), dtype=np.int32) + base, stops - starts)
         kernel_step[idx] = step_of
+        e = col(k["end_ns"]) if ref else fold_native.gather(k, "end_ns", None if whole else idx)
         seg_end = np.maximum.reduceat(e, starts)
-        for a0, s0, e0 in zip(starts.tolist(), s[starts].tolist(), seg_end.tolist()):
+        for a0, s0, e0 in zip(starts.tolist(), k["start_ns"][idx[starts]].tolist(), seg_end.tolist()):
             why = "first kernel on the device" if a0 == 0 else reason[a0 - 1]
             segments.append(Segment(device=int(dev), start_ns=s0, end_ns=e0, reasons=[why]))
     return Segmentation(kernel_step, segments)

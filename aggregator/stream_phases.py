@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -97,14 +98,30 @@ class _GatheredClasses:
     per-name arrays (``per_name[f][look]``) when first read: segmentation reads four of
     the fourteen, and gathering all of them was a pass over the kernels each."""
 
-    def __init__(self, signatures, per_name: dict, look: np.ndarray):
+    def __init__(self, signatures, per_name: dict, name_ids: np.ndarray, slots: int):
         self.signatures = signatures
-        self._per_name, self._look = per_name, look
+        self._per_name, self._name_ids, self._slots = per_name, name_ids, slots
+        self._look = None
+
+    def per_name(self) -> SimpleNamespace:
+        """The per-name arrays themselves, one row per name slot (the last: "no name"), for
+        a pass that looks names up itself (aggregator.steps.segment_kernels' native scan)."""
+        return SimpleNamespace(**{f: a[:self._slots] for f, a in self._per_name.items()})
+
+    def any_name(self, field: str, value) -> bool:
+        """Whether any name slot has ``field == value``: False answers for every kernel
+        without a pass over them."""
+        return bool((self._per_name[field][:self._slots] == value).any())
 
     def __getattr__(self, name: str) -> np.ndarray:
         per = self.__dict__.get("_per_name")
         if per is None or name not in per:
             raise AttributeError(name)
+        if self._look is None:
+            # The name slot of each kernel, computed when a per-kernel array is first read
+            # (the native step cut reads none).
+            nid = np.asarray(self._name_ids, dtype=np.int64)
+            self._look = np.where((nid >= 0) & (nid < self._slots - 1), nid, self._slots - 1)
         a = per[name][self._look]
         self.__dict__[name] = a
         return a
@@ -168,9 +185,7 @@ class StreamPhaser:
                     old = self._cls[f.name] = grown
                 old[first:n_names + 1] = a          # the new names, then "no name" at index n_names
             self._cls_n = n_names + 1
-        nid = np.asarray(name_ids, dtype=np.int64)
-        look = np.where((nid >= 0) & (nid < self._cls_n - 1), nid, self._cls_n - 1)
-        return _GatheredClasses(self._signatures, self._cls, look)
+        return _GatheredClasses(self._signatures, self._cls, name_ids, self._cls_n)
 
     # -- batches -----------------------------------------------------------------------
     @staticmethod
@@ -262,9 +277,11 @@ class StreamPhaser:
         # Device-wide training context, as map_phases has it over a whole trace: a device
         # seen running backward/optimizer kernels in this stream (so far) makes its steps
         # without an inference-only kernel "other".
-        train = kc.role == ROLE_TRAINING
-        if train.any():
-            self.training_devices.update(np.unique(k["device"][train]).tolist())
+        # (No name of the source is a training kernel, the serving case: no per-kernel pass.)
+        if kc.any_name("role", ROLE_TRAINING):
+            train = kc.role == ROLE_TRAINING
+            if train.any():
+                self.training_devices.update(np.unique(k["device"][train]).tolist())
         step_dev = k["device"][order[first]]
         ctx = np.zeros(len(first), dtype=bool)
         if self.training_devices:

@@ -307,3 +307,70 @@ EXPORT int64_t rl_api_launch_hist(const char *base, int64_t stride, int64_t off_
     out[1] = tid;
     return 1;
 }
+
+/* aggregator/steps.py (segment_kernels): the per-kernel pass of one device's step cut, over
+ * its m kernels in time order (idx: their record indices; NULL: records 0..m-1). The
+ * Python function _scan_reference in steps.py is the reference (the same arrays with numpy;
+ * tests/test_steps_native.py compares them). Per kernel a flag byte: flags[name slot] when
+ * by_name (slot = name_id when 0 <= name_id < n_flags - 1, else n_flags - 1: the "no name"
+ * row of the per-name classes), else flags[record index]. Bits: SEG_ATT attention, SEG_TOK
+ * per-token, SEG_TOK_STRONG per-token with the tokens grid rule and strong evidence,
+ * SEG_END sampling (closes a step), SEG_OPT optimizer. Writes gaps[m - 1] (steps.py
+ * _idle_gaps: idle time between kernel q and q + 1 after the running maximum of the ends)
+ * and the positions (0..m-1) of: pos[0] attention kernels (val[0]: their name ids),
+ * pos[1] strong per-token kernels with grid.x > 0 (val[1]: grid.x), pos[2] layer kernels
+ * (attention or per-token), pos[3] sampling kernels, pos[4] optimizer kernels, pos[5]
+ * the first kernel of each CUDA graph launch (graph id >= 0 and the first kernel, or a
+ * new correlation id or graph id; val[2]: the graph id); cnt[6] how many of each. Each
+ * plane has room for m. off[6]: offsets of start_ns, end_ns, name_id, grid_x, graph_id,
+ * correlation_id. Returns 0, with nothing useful written, when the starts are not in
+ * order (the caller sorts and calls again with idx), else 1. */
+enum { SEG_ATT = 1, SEG_TOK = 2, SEG_TOK_STRONG = 4, SEG_END = 8, SEG_OPT = 16 };
+EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *off, int64_t m, const int64_t *idx,
+                               const uint8_t *flags, int64_t n_flags, int64_t by_name,
+                               int64_t *gaps, int64_t *pos, int64_t *val, int64_t *cnt) {
+    int64_t prev_s = 0;
+    for (int64_t q = 0; q < m; q++) {
+        int64_t s = rd64(base, stride, idx ? idx[q] : q, off[0]);
+        if (q && s < prev_s) return 0;
+        prev_s = s;
+    }
+    int64_t *p_att = pos, *p_tok = pos + m, *p_lay = pos + 2 * m, *p_end = pos + 3 * m, *p_opt = pos + 4 * m,
+            *p_gr = pos + 5 * m;
+    int64_t *v_att = val, *v_tok = val + m, *v_gr = val + 2 * m;
+    int64_t na = 0, nt = 0, nl = 0, ne = 0, no = 0, ng = 0;
+    int64_t busy = 0, prev_corr = 0;
+    int64_t prev_gid = -1;
+    for (int64_t q = 0; q < m; q++) {
+        int64_t i = idx ? idx[q] : q;
+        int64_t s = rd64(base, stride, i, off[0]), e = rd64(base, stride, i, off[1]);
+        if (q) {
+            int64_t g = s - busy;
+            gaps[q - 1] = g > 0 ? g : 0;
+            if (e > busy) busy = e;
+        } else {
+            busy = e;
+        }
+        int32_t nid = rd32(base, stride, i, off[2]);
+        uint8_t f;
+        if (by_name)
+            f = flags[nid >= 0 && nid < n_flags - 1 ? nid : n_flags - 1];
+        else
+            f = flags[i];
+        if (f & SEG_ATT) { p_att[na] = q; v_att[na++] = nid; }
+        if (f & SEG_TOK_STRONG) {
+            int32_t gx = rd32(base, stride, i, off[3]);
+            if (gx > 0) { p_tok[nt] = q; v_tok[nt++] = gx; }
+        }
+        if (f & (SEG_ATT | SEG_TOK)) p_lay[nl++] = q;
+        if (f & SEG_END) p_end[ne++] = q;
+        if (f & SEG_OPT) p_opt[no++] = q;
+        int64_t gid = rd64(base, stride, i, off[4]);
+        int64_t corr = rd64(base, stride, i, off[5]);
+        if (gid >= 0 && (q == 0 || corr != prev_corr || gid != prev_gid)) { p_gr[ng] = q; v_gr[ng++] = gid; }
+        prev_corr = corr;
+        prev_gid = gid;
+    }
+    cnt[0] = na; cnt[1] = nt; cnt[2] = nl; cnt[3] = ne; cnt[4] = no; cnt[5] = ng;
+    return 1;
+}
