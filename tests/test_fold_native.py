@@ -174,16 +174,10 @@ def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:
 
 
 def _simulated_batches(gpus: int):
-    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
-    from ridgeline.agent.simulator.workload import Workload
+    from support.phase_traces import simulated_gpu_streams
+
     from ridgeline.probes.events import Device
-    parts = []
-    for dev in range(gpus):
-        w = Workload(rate_per_s=30, duration_s=1, prompt_mean=300, prompt_max=900, output_mean=60, output_max=200)
-        e = SimEngine(SimConfig(model="llama-3-8b", workload=w, annotations=False, device=dev, pid=100 + dev,
-                                tid=100 + dev), seed=dev, metrics=False)
-        e.run_until(int(0.4e9))
-        parts.append(e.drain())
+    parts = simulated_gpu_streams(gpus)
     k = np.concatenate([p.kernels for p in parts])
     a = np.concatenate([p.api for p in parts])
     k = k[np.argsort(k["start_ns"], kind="stable")]

@@ -30,12 +30,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import shared_trace, third_party
+from support.phase_traces import MODES, phases_in_mode
 
-from ridgeline.aggregator.phases import PREFILL, map_phases
-from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
+from ridgeline.aggregator.phases import PREFILL
+from ridgeline.probes.events import Trace
 from ridgeline.probes.kineto import load_trace
 
-MODES = ["annotations", "no_annotations", "no_cpu_ops"]
 _cache: dict[str, Trace] = {}
 
 
@@ -44,16 +44,6 @@ def _load(path) -> Trace:
     if key not in _cache:
         _cache[key] = load_trace(path)
     return _cache[key]
-
-
-def _phases(tr: Trace, mode: str):
-    if mode == "annotations":
-        return map_phases(tr)
-    if mode == "no_annotations":
-        return map_phases(tr, use_annotations=False)
-    bare = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
-                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
-    return map_phases(bare)
 
 
 def _launches(tr: Trace, mask: np.ndarray) -> np.ndarray:
@@ -77,7 +67,7 @@ QWEN = [("shared", "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16
 @pytest.mark.parametrize("where, rel", QWEN, ids=["h100", "mi300x"])
 def test_qwen_the_first_step_is_the_previous_forwards_tail(where, rel, mode):
     tr = _load(shared_trace(rel) if where == "shared" else third_party(rel))
-    pm = _phases(tr, mode)
+    pm = phases_in_mode(tr, mode)
     assert len(pm.steps) == 2
     launched = np.isin(tr.kernels["correlation_id"], tr.api["correlation_id"])
     tail = pm.kernel_step == 0
@@ -92,7 +82,7 @@ def test_qwen_the_first_step_is_the_previous_forwards_tail(where, rel, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_owlv2_one_step_per_pipeline_call(mode):
     tr = _load(third_party("traces/tracelens_h100_owlv2_zero_shot_detection.json.gz"))
-    pm = _phases(tr, mode)
+    pm = phases_in_mode(tr, mode)
     assert len(pm.steps) == 5 and {s.kernels for s in pm.steps} == {866}
     # each call ends by copying its outputs to the host: an aten::to that waits for the GPU
     copies = [(a, b) for a, b in _cpu_ops(tr, "aten::to") if b - a > 50_000_000]
@@ -108,7 +98,7 @@ def test_owlv2_one_step_per_pipeline_call(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_sd35_one_step_per_compiled_transformer_call(mode):
     tr = _load(third_party("traces/tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"))
-    pm = _phases(tr, mode)
+    pm = phases_in_mode(tr, mode)
     regions = _cpu_ops(tr, "Torch-Compiled Region: 0/0")
     assert len(regions) == 4
     inside = []

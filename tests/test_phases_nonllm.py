@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import third_party
+from support.phase_traces import MODES, phases_in_mode
 
 from ridgeline.aggregator.phases import DECODE, MIXED, OTHER, PREFILL, UNKNOWN, map_phases
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
@@ -33,7 +34,6 @@ MI300_SD35 = "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"
 ALL = [H100_BERT, H100_VIT, H100_TIMESFORMER, MI300_BERT, MI300_VIT, H100_OWLV2, MI300_SD35]
 MI300_QWEN = "tracelens_mi300_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"   # a decoder: tests/test_phases_sdpa.py
 TRACELENS = ALL + [MI300_QWEN]
-MODES = ["annotations", "no_annotations", "no_cpu_ops"]
 
 _cache: dict[str, Trace] = {}
 
@@ -45,14 +45,7 @@ def load(name: str) -> Trace:
 
 
 def phases(name: str, mode: str):
-    tr = load(name)
-    if mode == "annotations":
-        return map_phases(tr)
-    if mode == "no_annotations":
-        return map_phases(tr, use_annotations=False)
-    bare = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
-                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
-    return map_phases(bare)
+    return phases_in_mode(load(name), mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -101,16 +101,10 @@ def test_stream_segmentation_equals_reference_on_simulated_streams(gpus, monkeyp
     """The stream phaser's cut (per-name classes, the native scan's by-name flags) of the
     simulator's batches, one GPU and four interleaved, and of the batches shuffled (the
     sort path): the same steps, spans and reasons."""
-    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
-    from ridgeline.agent.simulator.workload import Workload
+    from support.phase_traces import simulated_gpu_streams
+
     from ridgeline.aggregator.stream_phases import StreamPhaser
-    parts = []
-    for dev in range(gpus):
-        w = Workload(rate_per_s=30, duration_s=1, prompt_mean=300, prompt_max=900, output_mean=60, output_max=200)
-        e = SimEngine(SimConfig(model="llama-3-8b", workload=w, annotations=False, device=dev, pid=100 + dev,
-                                tid=100 + dev), seed=dev, metrics=False)
-        e.run_until(int(0.4e9))
-        parts.append(e.drain())
+    parts = simulated_gpu_streams(gpus)
     names = parts[0].names
     k = np.concatenate([p.kernels for p in parts])
     a = np.concatenate([p.api for p in parts])

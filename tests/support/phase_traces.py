@@ -220,3 +220,33 @@ def lm_head(b: "TraceBuilder", t: float, rows: int, vocab: int = 151936, ext: in
     """A decoder's LM head (decoder-LLM evidence): aten::mm [rows, 1024] x [1024, vocab], once."""
     b.op("aten::mm", t, t + 8, ext=ext, dims=[[rows, 1024], [1024, vocab]])
     b.kernel(GEMM_SMALL if rows <= 16 else GEMM_LARGE, t + 1, ext=ext)
+
+
+#: The three ways the real-trace tests map phases: annotations kept, ignored, and every range
+#: and CPU operator removed (kernels only).
+MODES = ["annotations", "no_annotations", "no_cpu_ops"]
+
+
+def phases_in_mode(tr: Trace, mode: str):
+    from ridgeline.aggregator.phases import map_phases
+    if mode == "annotations":
+        return map_phases(tr)
+    if mode == "no_annotations":
+        return map_phases(tr, use_annotations=False)
+    bare = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
+                 cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
+    return map_phases(bare)
+
+
+def simulated_gpu_streams(gpus: int) -> list[Trace]:
+    """0.4 s of the simulator's llama-3-8b stream per GPU (no annotations), one Trace each."""
+    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
+    from ridgeline.agent.simulator.workload import Workload
+    parts = []
+    for dev in range(gpus):
+        w = Workload(rate_per_s=30, duration_s=1, prompt_mean=300, prompt_max=900, output_mean=60, output_max=200)
+        e = SimEngine(SimConfig(model="llama-3-8b", workload=w, annotations=False, device=dev, pid=100 + dev,
+                                tid=100 + dev), seed=dev, metrics=False)
+        e.run_until(int(0.4e9))
+        parts.append(e.drain())
+    return parts
