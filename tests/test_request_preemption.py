@@ -36,6 +36,7 @@ batched with it they are a prefill chunk of prompt + generated tokens.
 """
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -182,6 +183,28 @@ def literal_scenario(pause: bool = True, late_prefill: bool = False):
                                  queue_ns=0, ttft_ns=int(end[25] - start[24]), prompt_tokens=2000,
                                  completion_tokens=1, preemptions=0, recovery_ns=0))
     return steps, spans
+
+
+def test_why_and_requests_json_carry_the_recompute(tmp_path, capsys):
+    """``ridgeline requests --json`` output (agent.request_view.as_json) read back by
+    ``ridgeline why R --input``: the recompute in plain words beside the pause; the table's
+    recomp column."""
+    from ridgeline.agent import cli
+    from ridgeline.agent.request_view import as_json, table
+    steps, spans = literal_scenario()
+    stories = rj.join(spans, steps)
+    p = tmp_path / "requests.json"
+    p.write_text(as_json(stories, 1))
+    r = next(s for s in json.loads(p.read_text())["requests"] if s["request_id"] == "R")
+    assert (r["recompute_ns"], r["recompute_steps"]) == (80 * MS, 2)
+    assert cli.main(["why", "R", "--input", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "preempted 1 time(s): paused 75.0 ms by preemption" in out
+    assert "recompute: 80.0 ms in 2 GPU step(s) re-prefilling its prompt and the tokens it had generated" in out
+    assert cli.main(["why", "R", "--input", str(p), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recompute_steps"] == 2
+    row = next(line for line in table(stories).splitlines() if line.startswith("R "))
+    assert row.split()[5:7] == ["0.07", "0.08"]                    # paused s, recomp s
 
 
 def test_a_re_prefill_after_a_pause_is_recompute_not_decode():
