@@ -63,8 +63,9 @@ def table(stories: list[rj.RequestStory]) -> str:
     lines = [head]
     for s in stories:
         c = s.culprits[0] if s.culprits else None
+        size = "tokens prefilled" if c and "prefill_chunk" in c.kind else "prompt tokens"
         culprit = (f"{for_log(c.request_id)[:24]} +{c.added_ns / 1e9:.2f} s ({c.kind.replace('_', ' ')}, "
-                   f"{c.tokens} prompt tokens)") if c else "-"
+                   f"{c.tokens} {size})") if c else "-"
         est = "~" if s.dragged_source == rj.SOURCE_ESTIMATE else ""
         drag = "?" if s.dragged_source == rj.SOURCE_NONE else est + _s(s.dragged_ns)
         per = f"{s.ns_per_token / 1e6:.1f}" if s.ns_per_token > 0 else "-"

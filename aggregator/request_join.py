@@ -560,8 +560,10 @@ def story_text(s: RequestStory) -> str:
                      f"{sec(s.dragged_by_prefill_ns)} by prefill chunks, {sec(s.dragged_by_long_ns)} by long "
                      f"sequences. Alone it would have decoded in {sec(s.alone_decode_ns)}{alone_per}.")
         for c in s.culprits:
+            # A prefill chunk's size is what it prefilled (a re-prefill: prompt + generated).
+            size = "tokens prefilled" if "prefill_chunk" in c.kind else "prompt tokens"
             lines.append(f"  culprit {c.request_id}: +{sec(c.added_ns)} ({c.kind.replace('_', ' ')}, "
-                         f"{c.tokens} prompt tokens)")
+                         f"{c.tokens} {size})")
     else:
         lines.append("dragged: no; nothing co-batched with it added measurable time.")
     if s.preemptions > 0:

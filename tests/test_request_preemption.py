@@ -236,6 +236,7 @@ def test_a_re_prefill_after_a_pause_is_recompute_not_decode():
     text = rj.story_text(r)
     assert "recompute: 80.0 ms in 2 GPU step(s) re-prefilling its prompt" in text
     assert "its pauses and re-prefills left out" in text
+    assert "culprit R: +" in rj.story_text(b) and "3011 tokens prefilled)" in rj.story_text(b)
     # The window's share: R's 80 ms of re-prefill against the stories' decode + re-prefill.
     w = rj.window_figures(list(stories.values()))
     assert w.recompute_ns == 80 * MS
