@@ -165,7 +165,8 @@ RESERVED_TABLES: dict[str, list[tuple[str, str]]] = {"requests": _typed(_WINDOW_
     ("prefill_chunks", "i"), ("decode_ns", "i"), ("decode_steps", "i"), ("ns_per_token", "f"),
     ("dragged_ns", "i"), ("dragged_by_prefill_ns", "i"), ("dragged_by_long_ns", "i"), ("dragged_source", "s"),
     ("alone_decode_ns", "i"), ("preemptions", "i"), ("recovery_ns", "i"), ("prompt_tokens", "i"),
-    ("completion_tokens", "i"), ("culprits", "c"), ("paused_ns", "i")))}
+    ("completion_tokens", "i"), ("culprits", "c"), ("paused_ns", "i"), ("recompute_ns", "i"),
+    ("recompute_steps", "i")))}
 
 
 @functools.cache

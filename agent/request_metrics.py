@@ -6,7 +6,10 @@ labelled ``Hostname`` only (plus ``segment`` or ``source``, from fixed sets):
 
 * counters ``ridgeline_requests_joined_total``, ``ridgeline_requests_dropped_total``,
   ``ridgeline_request_decode_seconds_total`` and ``ridgeline_request_dragged_seconds_total``
-  (their ``rate()`` ratio is the dragged share over any interval);
+  (their ``rate()`` ratio is the dragged share over any interval), and
+  ``ridgeline_request_recompute_seconds_total`` (the requests' re-prefills after a
+  preemption, left out of their decode: its rate against decode + recompute is the
+  preemptions' recompute share);
 * gauges of the last window that joined a request (their time in
   ``ridgeline_request_figures_timestamp_seconds``): ``ridgeline_request_dragged_share_ratio``
   (``source``: measured, roofline_estimate or none), ``ridgeline_request_segment_p99_seconds``
@@ -39,7 +42,7 @@ def _n(v) -> float:
 
 class RequestMetrics:
     def __init__(self):
-        self.joined = self.dropped = self.decode_s = self.dragged_s = 0.0
+        self.joined = self.dropped = self.decode_s = self.dragged_s = self.recompute_s = 0.0
         self.last: WindowRequests | None = None    # the last window's "requests" with requests joined
         self.last_end_ns = 0
         self.seen = False                    # a window ever carried "requests" (the join runs)
@@ -56,6 +59,7 @@ class RequestMetrics:
         self.dropped += r.requests_dropped
         self.decode_s += r.decode_ns * 1e-9
         self.dragged_s += r.dragged_ns * 1e-9
+        self.recompute_s += r.recompute_ns * 1e-9
         if r.requests > 0:
             self.last, self.last_end_ns = r, window.end_ns
         counts = r.e2e_bucket_counts
@@ -81,7 +85,10 @@ class RequestMetrics:
                 ("ridgeline_request_decode_seconds", "Decode time of the joined requests", self.decode_s),
                 ("ridgeline_request_dragged_seconds",
                  "Decode time of the joined requests added by co-batched prefill chunks and long sequences",
-                 self.dragged_s)):
+                 self.dragged_s),
+                ("ridgeline_request_recompute_seconds",
+                 "GPU time of the joined requests re-prefilling their prompt and generated tokens after a "
+                 "preemption (left out of their decode)", self.recompute_s)):
             c = CounterMetricFamily(name, doc, labels=["Hostname"])
             c.add_metric([host], value)
             yield c

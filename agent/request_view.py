@@ -8,7 +8,8 @@ Contract:
   counted in the returned number, never raised.
 * :func:`slowest(stories, limit)`: the slowest first (end-to-end time), each request once.
 * :func:`table(stories)`: the ``ridgeline requests`` table (text, one line per request):
-  its segments in seconds and its top culprit; :func:`as_json` the same as plain data.
+  its segments in seconds (with its pauses and its re-prefills after them) and its top
+  culprit; :func:`as_json` the same as plain data.
 * :func:`load_json(path)` reads the output of ``ridgeline requests --json`` back (for
   ``ridgeline why --input``): one clear :class:`probes.errors.InputError` on bad input,
   bounded in size.
@@ -58,24 +59,29 @@ def _s(ns: int) -> str:
 
 def table(stories: list[rj.RequestStory]) -> str:
     head = (f"{'request':<24} {'e2e s':>7} {'queue s':>7} {'prefill s':>9} {'decode s':>8} {'paused s':>8} "
-            f"{'dragged s':>9} {'ms/token':>8}  top culprit")
+            f"{'recomp s':>8} {'dragged s':>9} {'ms/token':>8}  top culprit")
     lines = [head]
     for s in stories:
         c = s.culprits[0] if s.culprits else None
+        size = "tokens prefilled" if c and "prefill_chunk" in c.kind else "prompt tokens"
         culprit = (f"{for_log(c.request_id)[:24]} +{c.added_ns / 1e9:.2f} s ({c.kind.replace('_', ' ')}, "
-                   f"{c.tokens} prompt tokens)") if c else "-"
+                   f"{c.tokens} {size})") if c else "-"
         est = "~" if s.dragged_source == rj.SOURCE_ESTIMATE else ""
         drag = "?" if s.dragged_source == rj.SOURCE_NONE else est + _s(s.dragged_ns)
         per = f"{s.ns_per_token / 1e6:.1f}" if s.ns_per_token > 0 else "-"
         # paused: preempted (out of every step), left out of prefill and decode
         paused = _s(s.paused_ns) if s.paused_ns > 0 else "-"
+        # recomp: its re-prefills after those pauses, left out of decode
+        recomp = _s(s.recompute_ns) if s.recompute_steps > 0 else "-"
         lines.append(f"{for_log(s.request_id)[:24]:<24} {_s(s.e2e_ns):>7} {_s(s.queue_ns):>7} "
-                     f"{_s(s.prefill_ns):>9} {_s(s.decode_ns):>8} {paused:>8} {drag:>9} {per:>8}  {culprit}")
+                     f"{_s(s.prefill_ns):>9} {_s(s.decode_ns):>8} {paused:>8} {recomp:>8} {drag:>9} {per:>8}  "
+                     f"{culprit}")
     if len(lines) == 1:
         lines.append("(no request joined yet: is an engine sending its spans to the agent's OTLP receiver?)")
     else:
         lines.append("dragged: decode time added by co-batched prefill chunks and long sequences "
-                     "(~ roofline estimate, ? no baseline); paused: preempted, out of prefill and decode")
+                     "(~ roofline estimate, ? no baseline); paused: preempted, out of prefill and decode; "
+                     "recomp: re-prefilling its prompt and generated tokens after a preemption, out of decode")
     return "\n".join(lines)
 
 

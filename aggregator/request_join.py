@@ -25,6 +25,14 @@ nothing is attributed (``"none"``). R's dragged time in a step is the measured s
 minus that baseline (never below 0), shared among the culprits in proportion to their
 marginal cost in the model. Summed over R's decode steps, per culprit.
 
+Preemption (recompute): a request is a member of no step inside a pause (``pauses`` of its
+span). Resumed after a pause inside its decode, it first re-prefills its prompt and the
+tokens generated so far (its KV was freed): those steps (the PREFILL or MIXED steps from the
+resume, bounded as :meth:`_Batch._recompute` says) are its *recompute* (``recompute_ns``,
+``recompute_steps``), not its decode: its decode time, steps, ns per token and alone decode
+leave them out. In them it is a prefill chunk of ``prompt + generated`` tokens for the
+others batched with it (their culprit, of that size).
+
 All figures are ns, token counts, or ratios. Pure: no I/O, numpy only.
 """
 from __future__ import annotations
@@ -119,26 +127,34 @@ class _Batch:
         dc_hi = np.searchsorted(self.mid, iv[:, 3], "left")
         prompt = np.array([max(r.prompt_tokens, 0) for r in reqs], dtype=np.float64)
         gen = np.array([max(r.completion_tokens, 0) for r in reqs], dtype=np.float64)
-        # Pieces: [pf_lo, dc_hi) less the steps inside each pause.
-        owner, lo_l, hi_l = [], [], []
+        # Pieces: [pf_lo, dc_hi) less the steps inside each pause. ``resumed``: the piece
+        # starts where a pause inside the decode ended (its re-prefill comes first).
+        owner, lo_l, hi_l, resumed_l = [], [], [], []
         for i, r in enumerate(reqs):
             lo, hi = int(pf_lo[i]), int(dc_hi[i])
+            resumed = False
             if r.pauses and (with_pauses is None or with_pauses[i]):
                 cut = np.searchsorted(self.mid, np.asarray(r.pauses, dtype=np.int64).reshape(-1, 2), "left")
-                for a, b in cut.tolist():
-                    if b <= a:
-                        continue            # a pause between two steps' midpoints cuts nothing
+                for (a, b), (pre_ns, _res_ns) in zip(cut.tolist(), r.pauses):
+                    in_decode = pre_ns >= iv[i, 2]
+                    if b <= a and not (in_decode and lo < a < hi):
+                        # A pause between two steps' midpoints cuts nothing; one in the
+                        # decode still ends the piece there (its re-prefill follows).
+                        continue
                     if min(a, hi) > lo:
                         owner.append(i)
                         lo_l.append(lo)
                         hi_l.append(min(a, hi))
+                        resumed_l.append(resumed)
                     lo = max(lo, b)
+                    resumed = in_decode
                     if lo >= hi:
                         break
             if hi > lo or not owner or owner[-1] != i:
                 owner.append(i)
                 lo_l.append(lo)
                 hi_l.append(max(lo, hi))
+                resumed_l.append(resumed)
         self.owner = np.asarray(owner, dtype=np.int64)
         p_lo, p_hi = np.asarray(lo_l, dtype=np.int64), np.asarray(hi_l, dtype=np.int64)
         o = self.owner
@@ -148,19 +164,31 @@ class _Batch:
         self.dc_hi = np.maximum(p_hi, self.dc_lo)
         n_req = len(reqs)
         pf_steps = np.bincount(o, weights=self.pf_hi - self.pf_lo, minlength=n_req)
+        first_piece = np.searchsorted(o, np.arange(n_req), "left")
+        self.chunk = prompt[o] / np.maximum(pf_steps[o], 1)         # tokens per prefill chunk
+        #: Per piece: the tokens its prefill steps computed (the prompt, or prompt + the
+        #: tokens generated before the pause for a re-prefill), and its re-prefill steps.
+        self.pf_tokens = prompt[o].copy()
+        self.rc = self._recompute(reqs, steps, o, p_lo, p_hi, np.asarray(resumed_l, dtype=bool), pf_lo,
+                                  pf_hi, prompt, gen, pf_steps, first_piece)
+        # A re-prefill is a prefill member there: the decode starts after it.
+        self.pf_hi = self.pf_hi + self.rc
+        self.dc_lo = self.dc_lo + self.rc
         dc_steps_piece = self.dc_hi - self.dc_lo
         dc_steps = np.bincount(o, weights=dc_steps_piece, minlength=n_req)
         self.prompt, self.gen = prompt[o], gen[o]
-        self.chunk = prompt[o] / np.maximum(pf_steps[o], 1)         # tokens per prefill chunk
         self.slope = gen[o] / np.maximum(dc_steps[o], 1)            # context growth per decode step
         # Decode steps the owner ran before each piece (pieces are in step order per owner).
         before = np.cumsum(dc_steps_piece) - dc_steps_piece
-        first_piece = np.searchsorted(o, np.arange(n_req), "left")
         done = before - before[first_piece[o]]
         self.ctx0 = prompt[o] + self.slope * (done - self.dc_lo)   # context at step j: ctx0 + slope * j
-        #: Per request: its decode and prefill steps (pauses left out).
+        #: Per request: its decode and prefill steps (pauses and re-prefills left out), its
+        #: re-prefill steps and their GPU time.
         self.decode_steps = dc_steps.astype(np.int64)
         self.prefill_steps = pf_steps.astype(np.int64)
+        self.recompute_steps = np.bincount(o, weights=self.rc, minlength=n_req).astype(np.int64)
+        cum = np.concatenate([[0.0], np.cumsum(self.dur)])
+        self.recompute_ns = np.bincount(o, weights=cum[p_lo + self.rc] - cum[p_lo], minlength=n_req)
         ndec = np.zeros(n + 1)
         _diff_add(ndec, self.dc_lo, self.dc_hi, np.ones(len(o)))
         a = np.zeros(n + 1)
@@ -176,6 +204,51 @@ class _Batch:
         self.features = np.column_stack([np.ones(n), self.n_dec, self.ctx, self.pf])
         self.intervals = iv
         self._first_piece = np.append(first_piece, len(o))
+
+    def _recompute(self, reqs, steps, o, p_lo, p_hi, resumed, pf_lo, pf_hi, prompt, gen, pf_steps, first_piece):
+        """Per piece, the steps at its start in which its owner re-prefills after a pause
+        in its decode (0 for every other piece); sets the re-prefill's ``chunk`` and
+        ``pf_tokens``.
+
+        A recompute preemption forgets the request's KV (vLLM V1 ``_preempt_request``:
+        ``num_computed_tokens = 0``; SGLang ``retract_decode`` -> ``reset_for_retract``);
+        rescheduled, it computes its prompt and the tokens it generated so far again as a
+        prefill, cut into chunks by the step's token budget. Its re-prefill is the run of
+        PREFILL or MIXED steps from its resume, ending at the first DECODE step (it can be
+        decoding in no step of a pure prefill, nor re-prefilling in a decode-only one),
+        and at most as many steps as its refill needs in chunks as large as its first
+        prefill's: ``refill * (chunks - 1) / prompt`` rounded up, at least 1 (a prompt cut
+        into ``chunks`` steps had a chunk above ``prompt / chunks``; one prefilled in one
+        step is re-prefilled in one). The bound matters under load, where the steps stay
+        MIXED after its re-prefill because others prefill. The refill is its prompt + the
+        tokens generated before the pause: one with its prefill's last step, one per
+        decode step and one per earlier re-prefill (each re-prefill's last step samples
+        one, as a prefill's does), at most its completion tokens."""
+        rc = np.zeros(len(o), dtype=np.int64)
+        resumed = resumed & (p_lo >= pf_hi[o]) & (p_hi > p_lo)
+        if not resumed.any():
+            return rc
+        n = len(steps)
+        dec = np.flatnonzero(steps["phase"] == DECODE)
+        pos = np.searchsorted(dec, np.arange(n), "left")
+        # The first DECODE step at or after each step (n: none).
+        next_dec = np.where(pos < len(dec), dec[np.minimum(pos, len(dec) - 1)], n) if len(dec) else np.full(n, n)
+        dc_lo = np.minimum(np.maximum(p_lo, pf_hi[o]), p_hi)
+        dc_n = np.maximum(p_hi, dc_lo) - dc_lo
+        for k in np.flatnonzero(resumed).tolist():
+            i, f = int(o[k]), int(first_piece[o[k]])
+            made = 1 + int(dc_n[f:k].sum() - rc[f:k].sum()) + int((rc[f:k] > 0).sum())
+            if reqs[i].completion_tokens > 0:
+                made = min(made, int(gen[i]))
+            refill = float(prompt[i]) + made
+            chunks = int(pf_steps[i])
+            cap = max(1, -(-int(refill) * (chunks - 1) // int(prompt[i]))) if prompt[i] > 0 else 1
+            m = min(int(min(next_dec[p_lo[k]], p_hi[k]) - p_lo[k]), cap)
+            if m > 0:
+                rc[k] = m
+                self.pf_tokens[k] = refill
+                self.chunk[k] = refill / m
+        return rc
 
     def pieces_of(self, i: int) -> range:
         """Request i's pieces (indices into the per-piece arrays), in step order."""
@@ -368,20 +441,25 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
                         dragged_pf += float(pf_rows[j])
                         dragged_long += float(ns_rows[j] - pf_rows[j])
                         # A culprit's pieces (it was paused between them) add up.
-                        got = added.setdefault(int(batch.owner[c]), [0.0, set()])
+                        got = added.setdefault(int(batch.owner[c]), [0.0, set(), 0])
                         got[0] += float(ns_rows[j])
+                        if any_pf[j]:
+                            # Its size: what it prefilled here (a re-prefill: prompt + generated).
+                            got[2] = max(got[2], int(round(batch.pf_tokens[c])))
                         got[1].update(n for n, m in (("prefill_chunk", any_pf[j]), ("long_sequence", any_long[j]))
                                       if m)
         culprits = sorted((Culprit(reqs[c].request_id, "+".join(k for k in ("prefill_chunk", "long_sequence")
                                                                  if k in kinds),
-                                   int(round(ns)), max(reqs[c].prompt_tokens, 0))
-                           for c, (ns, kinds) in added.items() if ns >= 1.0),
+                                   int(round(ns)), tok or max(reqs[c].prompt_tokens, 0))
+                           for c, (ns, kinds, tok) in added.items() if ns >= 1.0),
                           key=lambda x: -x.added_ns)[:MAX_CULPRITS]
         dragged = int(round(dragged_pf + dragged_long))
         # Paused time is out of its prefill and decode (it was in no step then).
         paused_pf = _pause_overlap_ns(r.pauses, sched, first)
         paused_dc = _pause_overlap_ns(r.pauses, first, end)
-        decode_ns = max(0, end - first - paused_dc)
+        # Its re-prefills after preemption are the preemption's price, not its decode.
+        recompute_ns = int(round(batch.recompute_ns[i]))
+        decode_ns = max(0, end - first - paused_dc - recompute_ns)
         q = kv[(kv["ts_ns"] >= arrival) & (kv["ts_ns"] <= max(sched, arrival))] if len(kv) else kv
         if len(kv) and not len(q) and sched > arrival:
             # No sample inside the wait: the one just before it describes it.
@@ -404,7 +482,8 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
             prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
             trace_id=r.trace_id[:32], paused_ns=paused_pf + paused_dc,
-            pauses=[Pause(a, b) for a, b in r.pauses[:MAX_STORY_PAUSES]]))
+            pauses=[Pause(a, b) for a, b in r.pauses[:MAX_STORY_PAUSES]],
+            recompute_ns=recompute_ns, recompute_steps=int(batch.recompute_steps[i])))
     return out
 
 
@@ -413,11 +492,13 @@ def _p99(v: list[int]) -> int:
 
 
 def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowRequests:
-    """Per-window aggregates: dragged-time share, p99 per segment, the top culprit."""
+    """Per-window aggregates: dragged-time share, p99 per segment, the top culprit, the
+    re-prefill time after preemption and its share of the decode and re-prefill time."""
     if not stories:
         return WindowRequests(requests_dropped=dropped)
     dec = sum(s.decode_ns for s in stories)
     drg = sum(s.dragged_ns for s in stories)
+    rec = sum(s.recompute_ns for s in stories)
     by: dict[str, list] = {}
     tokens = {}
     for s in stories:
@@ -445,7 +526,7 @@ def window_figures(stories: list[RequestStory], dropped: int = 0) -> WindowReque
         e2e_p99_ns=_p99([s.e2e_ns for s in stories]), top_culprit_id=top[0], top_culprit_added_ns=int(top[1][0]),
         top_culprit_tokens=int(tokens.get(top[0], 0)), dragged_source=src, slowest=slowest,
         e2e_total_ns=int(sum(s.e2e_ns for s in stories)), e2e_bucket_counts=[int(c) for c in counts],
-        exemplars=exemplars)
+        exemplars=exemplars, recompute_ns=rec, recompute_share_ratio=rec / (dec + rec) if dec + rec else 0.0)
 
 
 def story_text(s: RequestStory) -> str:
@@ -463,7 +544,8 @@ def story_text(s: RequestStory) -> str:
                  + (" (chunked)." if s.prefill_chunks > 1 else "."))
     per = f" ({s.ns_per_token / 1e6:.1f} ms per token)" if s.ns_per_token > 0 else ""
     lines.append(f"decode: {sec(s.decode_ns)} over {s.decode_steps} GPU step(s){per}"
-                 + (", its pauses left out." if s.paused_ns > 0 else "."))
+                 + (", its pauses and re-prefills left out." if s.recompute_steps > 0
+                    else ", its pauses left out." if s.paused_ns > 0 else "."))
     if s.dragged_source == SOURCE_NO_CULPRITS:
         lines.append("dragged: no; no prefill chunk or long sequence was batched with it.")
     elif s.dragged_source == SOURCE_NONE:
@@ -478,8 +560,10 @@ def story_text(s: RequestStory) -> str:
                      f"{sec(s.dragged_by_prefill_ns)} by prefill chunks, {sec(s.dragged_by_long_ns)} by long "
                      f"sequences. Alone it would have decoded in {sec(s.alone_decode_ns)}{alone_per}.")
         for c in s.culprits:
+            # A prefill chunk's size is what it prefilled (a re-prefill: prompt + generated).
+            size = "tokens prefilled" if "prefill_chunk" in c.kind else "prompt tokens"
             lines.append(f"  culprit {c.request_id}: +{sec(c.added_ns)} ({c.kind.replace('_', ' ')}, "
-                         f"{c.tokens} prompt tokens)")
+                         f"{c.tokens} {size})")
     else:
         lines.append("dragged: no; nothing co-batched with it added measurable time.")
     if s.preemptions > 0:
@@ -492,8 +576,12 @@ def story_text(s: RequestStory) -> str:
         if s.paused_ns > max(s.recovery_ns, 0) + 1_000_000:
             parts.append(f"; {sec(s.paused_ns - max(s.recovery_ns, 0))} of it never resumed (it ended preempted)")
         lines.append("".join(parts) + ".")
-    elif s.preemptions == 0:
+    elif s.preemptions == 0 and s.recompute_steps == 0:
         lines.append("never preempted.")
+    if s.recompute_steps > 0:
+        lines.append(f"recompute: {sec(s.recompute_ns)} in {s.recompute_steps} GPU step(s) re-prefilling its prompt "
+                     f"and the tokens it had generated, after its preemption freed its KV cache (the preemption's "
+                     f"price, left out of its decode).")
     if s.dragged_source == SOURCE_NONE:
         verdict = "not judged (co-batched with culprits, no baseline)"
     elif s.dragged_ns > DRAGGED_VERDICT_SHARE * max(s.decode_ns, 1):

@@ -459,7 +459,10 @@ class Culprit(msgspec.Struct, frozen=True):
     request_id: Annotated[str, N(124)]
     kind: Annotated[str, N(141)]         # "prefill_chunk" | "long_sequence" | both, joined by "+"
     added_ns: Annotated[int, N(142)]
-    tokens: Annotated[int, N(40)]        # the culprit's prompt tokens
+    # The culprit's size: the tokens it prefilled in the steps it shared (its prompt, or
+    # its prompt + the tokens it had generated when it re-prefilled after a preemption),
+    # else (a long sequence only) its prompt tokens.
+    tokens: Annotated[int, N(40)]
 
 
 class Pause(msgspec.Struct, frozen=True):
@@ -498,6 +501,11 @@ class RequestStory(msgspec.Struct, frozen=True):
     # GPU step then), and the pauses themselves (the first MAX_STORY_PAUSES).
     paused_ns: Annotated[int, N(165)] = 0
     pauses: Annotated[list[Pause], N(166)] = []
+    # The steps in which it re-prefilled (prompt + tokens generated so far) after a pause
+    # in its decode, as recompute preemption makes it: their GPU time summed, and their
+    # count; left out of decode_ns, decode_steps, ns_per_token and alone_decode_ns.
+    recompute_ns: Annotated[int, N(167)] = 0
+    recompute_steps: Annotated[int, N(168)] = 0
 
 
 class Exemplar(msgspec.Struct, frozen=True):
@@ -528,6 +536,10 @@ class WindowRequests(msgspec.Struct):
     e2e_total_ns: Annotated[int, N(158)] = 0
     e2e_bucket_counts: Annotated[list[int], N(159)] = []    # per E2E_BOUNDS_S bucket and +Inf, not cumulative
     exemplars: Annotated[list[Exemplar], N(160)] = []
+    # The requests' re-prefill time after preemption (RequestStory.recompute_ns, summed),
+    # and its share of their decode and re-prefill time together.
+    recompute_ns: Annotated[int, N(167)] = 0
+    recompute_share_ratio: Annotated[float, N(169)] = 0.0
 
 
 class RequestsMessage(msgspec.Struct):

@@ -67,7 +67,7 @@ def test_schema_document_lists_every_column_and_type():
                 "input_types", "is_causal", "model", "gpu_name", "source", "kernels", "idle_gaps", "launches",
                 "syncs", "phase", "steps", "flops", "verdict", "work_source", "face", "record_json", "topic",
                 "seq", "meta_json", "sm_count", "compute_capability", "request_id", "engine", "prefill_chunks",
-                "decode_steps", "dragged_source", "preemptions", "prompt_tokens", "completion_tokens",
+                "decode_steps", "recompute_steps", "dragged_source", "preemptions", "prompt_tokens", "completion_tokens",
                 "culprits", "kv_full_while_queued", "arithmetic_intensity", "bytes", "events"}
     for cols in list(pqr.TABLES.values()) + list(pqr.RESERVED_TABLES.values()):
         for c, _ in cols:

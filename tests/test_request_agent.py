@@ -231,7 +231,7 @@ def test_requests_table_has_the_paused_column():
     steps, spans = sc.seed_preempted()
     text = request_view.table(request_view.slowest(rj.join(spans, steps), 10))
     head, *rows = text.splitlines()
-    assert "decode s paused s dragged s" in " ".join(head.split())
+    assert "decode s paused s recomp s dragged s" in " ".join(head.split())
     ans = next(r for r in rows if r.startswith("answer-500"))
     long_ = next(r for r in rows if r.startswith("long-4000"))
     # request e2e queue prefill decode paused: the sixth field of a row

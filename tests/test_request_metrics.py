@@ -105,3 +105,22 @@ def test_e2e_histogram_with_request_exemplars_in_openmetrics():
     assert all(len("".join(k + v for k, v in e.labels.items())) <= 128 for e in ex)
     text = exposition([with_requests(stories, OTLP)])
     assert "ridgeline_request_e2e_seconds_bucket" in text and "answer-500" not in text
+
+
+def test_recompute_seconds_count_the_windows_re_prefills():
+    """A preempted request that re-prefilled (the seed example with answer-500 paused, its
+    resume made a 2-step re-prefill): the counter sums the windows' recompute_ns, one
+    series per host."""
+    steps, spans = sc.seed_preempted()
+    # Its resume step and the next become MIXED re-prefill steps of answer-500.
+    a = next(s for s in spans if s.request_id == "answer-500")
+    j = int(((steps["start_ns"] + steps["end_ns"]) // 2 >= a.pauses[0][1]).argmax())
+    steps["phase"][j:j + 2] = rj.MIXED
+    stories = rj.join(spans, steps)
+    rec = {s.request_id: s.recompute_ns for s in stories}
+    assert rec["answer-500"] > 0 and rec["long-4000"] == rec["early-40"] == 0
+    text = exposition([with_requests(stories), with_requests(stories)])
+    val = {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in families(text).values() for s in fam.samples}
+    assert val[("ridgeline_request_recompute_seconds_total", (("Hostname", "node-a"),))] == \
+        pytest.approx(2 * rec["answer-500"] * 1e-9)
+    assert sum(1 for k in val if k[0] == "ridgeline_request_recompute_seconds_total") == 1

@@ -123,6 +123,10 @@ STORY_PAUSED = {**STORY, "end_ns": 1_700_000_019_615_000_000, "e2e_ns": 19_015_0
                 "paused_ns": 1_500_000_000,
                 "pauses": [{"start_ns": 1_700_000_014_975_000_000, "end_ns": 1_700_000_016_475_000_000}]}
 
+# A story with a re-prefill after its pause (wire fields 167-168): the literal scenario of
+# tests/test_request_preemption.py (R: 2 re-prefill steps of 40 ms), written out.
+STORY_RECOMPUTE = {**STORY_PAUSED, "recompute_ns": 80_000_000, "recompute_steps": 2}
+
 STRAGGLERS_WINDOW = {
     "start_ns": 1_700_000_030_000_000_000, "end_ns": 1_700_000_031_000_000_000, "duration_ns": 1_000_000_000,
     "sources": ["cupti"],
@@ -148,6 +152,9 @@ GOLDEN = {
     "wire_envelope_requests_paused_v1.bin": lambda: wire.encode_envelope(
         "requests", 3, {"end_ns": 1_700_000_021_000_000_000, "stories": [STORY_PAUSED]}, "gpu-host-1",
         1_700_000_021_000_000_789),
+    "wire_envelope_requests_recompute_v1.bin": lambda: wire.encode_envelope(
+        "requests", 4, {"end_ns": 1_700_000_021_000_000_000, "stories": [STORY_RECOMPUTE]}, "gpu-host-1",
+        1_700_000_021_000_000_999),
     "wire_envelope_engine_window_v1.bin": lambda: wire.encode_envelope(
         "window", 8, wire.encode_window(ENGINE_WINDOW), "gpu-host-1", 1_700_000_002_000_000_123),
     "wire_envelope_window_v1.bin": lambda: wire.encode_envelope(
@@ -211,6 +218,27 @@ def test_golden_paused_story_numbers_its_new_fields_and_reads_as_a_story():
     old = msgspec.convert(wire.decode_envelope((DATA / "wire_envelope_requests_v1.bin").read_bytes()).payload,
                           records.RequestsMessage)
     assert (old.stories[0].paused_ns, old.stories[0].pauses) == (0, [])
+
+
+def test_golden_recompute_story_numbers_its_new_fields_and_reads_as_a_story():
+    """The fields added for re-prefills after preemption (167, 168) travel as numbers; the
+    older golden stories (without them) read with the defaults (0, 0)."""
+    from ridgeline.probes import records
+    raw = (DATA / "wire_envelope_requests_recompute_v1.bin").read_bytes()
+    env = wire.decode_envelope(raw)
+    assert env.payload["stories"] == [STORY_RECOMPUTE]
+    assert (wire.FIELDS["recompute_ns"], wire.FIELDS["recompute_steps"], wire.FIELDS["recompute_share_ratio"]) == \
+        (167, 168, 169)
+    for key in ("recompute_ns", "recompute_steps"):
+        assert key.encode() not in raw
+    st = msgspec.convert(env.payload, records.RequestsMessage).stories[0]
+    assert (st.recompute_ns, st.recompute_steps, st.paused_ns) == (80_000_000, 2, 1_500_000_000)
+    old = msgspec.convert(wire.decode_envelope((DATA / "wire_envelope_requests_paused_v1.bin").read_bytes()).payload,
+                          records.RequestsMessage)
+    assert (old.stories[0].recompute_ns, old.stories[0].recompute_steps) == (0, 0)
+    w = records.window_of(wire.decode_window(wire.decode_envelope(
+        (DATA / "wire_envelope_requests_window_v1.bin").read_bytes()).payload))
+    assert (w.requests.recompute_ns, w.requests.recompute_share_ratio) == (0, 0.0)
 
 
 def test_golden_stragglers_window_numbers_the_issue23_fields():
