@@ -256,5 +256,5 @@ def requests_line(r: WindowRequests | None) -> Text | None:
             f"queue {r.queue_p99_ns / 1e9:.2f} s")
     if r.top_culprit_id:
         line += (f"; top culprit {for_log(r.top_culprit_id, 40)} +{r.top_culprit_added_ns / 1e9:.2f} s "
-                 f"({r.top_culprit_tokens} prompt tokens)")
+                 f"({r.top_culprit_tokens} tokens)")   # its prompt, or prompt + generated when re-prefilling
     return Text(line + "   (ridgeline requests / why ID)")

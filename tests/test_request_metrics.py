@@ -76,7 +76,7 @@ def test_top_shows_the_windows_requests():
     c.print(render(w))
     text = c.export_text()
     assert "requests: 3 joined; decode dragged 31% (measured)" in text
-    assert "top culprit long-4000 +12.50 s (4000 prompt tokens)" in text
+    assert "top culprit long-4000 +12.50 s (4000 tokens)" in text
 
 
 def test_e2e_histogram_with_request_exemplars_in_openmetrics():
