@@ -242,7 +242,9 @@ class FeedProbe:
         return {"records": self.records, "drops": 0, "errors": self.errors}
 
 
-def agent_main(feed: str, pub: str, duration_s: float):
+def agent_main(feed: str, pub: str, duration_s: float, profile: str = ""):
+    """The agent process; ``profile``: write a cProfile of its run loop (after the
+    warm-up: the profiler is enabled once the first window with kernels has closed) there."""
     import logging
 
     from ridgeline.agent import config as config_mod
@@ -261,9 +263,25 @@ def agent_main(feed: str, pub: str, duration_s: float):
     running = [registry.Running(step, probe, Availability(True))]
     a = Agent(cfg, probes=running)
     a.start()
+    prof = None
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+        close = a.close_window
+
+        def close_then_profile(*args, **kw):
+            w = close(*args, **kw)
+            if prof is not None and not getattr(prof, "on", False) and probe.records:
+                prof.on = True
+                prof.enable()
+            return w
+        a.close_window = close_then_profile
     try:
         a.run()
     finally:
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(profile)
         a.shutdown()
 
 
@@ -366,13 +384,15 @@ def carry_lag_windows(sends: list, window_end_ns: list, kernels: list, window_s:
     return float(lag.max()), float(np.percentile(lag, 99))
 
 
-def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str = "short") -> dict:
+def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str = "short",
+                 profile: str = "") -> dict:
     load0 = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     feed = f"ipc:///tmp/ridgeline-bench-feed-{os.getpid()}-{tag}"
     pub = f"ipc:///tmp/ridgeline-bench-pub-{os.getpid()}-{tag}"
     q_gen, q_sub = ctx.Queue(), ctx.Queue()
-    agent = ctx.Process(target=agent_main, args=(feed, pub, duration_s + WARMUP_S + 20), name="agent")
+    agent = ctx.Process(target=agent_main, args=(feed, pub, duration_s + WARMUP_S + 20, profile),
+                        name="agent")
     agent.start()
     time.sleep(3.0)                                   # agent binds and imports
     ready = ctx.Event()
@@ -521,6 +541,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario (default 1)")
     ap.add_argument("--baseline", type=Path, help="another checkout (with .venv) to run before each run, alternating")
+    ap.add_argument("--profile-agent", type=Path, metavar="FILE",
+                    help="write a cProfile of the agent's loop (after its first window with kernels) to FILE "
+                         "(the last run's; it costs the agent CPU, so its CPU figure is not comparable)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         print("bench_scale: --runs must be >= 1", file=sys.stderr)
@@ -541,7 +564,8 @@ def main(argv=None) -> int:
     for i, (sc, gpus, rate, steps) in enumerate(scen):
         for r in range(args.runs):
             before = run_baseline(args.baseline, sc, args.duration) if args.baseline is not None else None
-            rows.append(run_scenario(gpus, rate, args.duration, f"{i}-{r}", steps))
+            rows.append(run_scenario(gpus, rate, args.duration, f"{i}-{r}", steps,
+                                     str(args.profile_agent) if args.profile_agent else ""))
             p = pairs.setdefault(sc, {"name": rows[-1]["scenario"], "after": [], "before": []})
             p["after"].append(rows[-1])
             if before is not None:
