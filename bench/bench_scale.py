@@ -170,12 +170,31 @@ class CuptiFrames:
         return R.hello_frame(comm=b"bench-engine",
                              cbids=((1, R.CBID_CUDA_LAUNCH_KERNEL, 1, b"cudaLaunchKernel_v7000"),))
 
-    def batch(self, k: np.ndarray, a: np.ndarray) -> bytes:
+    def batch(self, k: np.ndarray, a: np.ndarray) -> bytes | memoryview:
+        """One BATCH frame of these kernels and their launch records. Written in place
+        into one buffer (frame header, batch header, two sections of records), since
+        copying 4 MiB frames piece by piece made the generator too slow for 8 GPUs at
+        100k kernels/s; the first frame, with the names, is built by
+        tests/support/cupti_records.batch_frame, the library's layout."""
+        from ridgeline.probes.cupti import protocol as P
         R = self.R
         n = len(k)
+        ksz, asz = R.KERNEL.itemsize, R.API.itemsize
+        fh, bh, sh = P.FRAME_DTYPE.itemsize, P.BATCH_DTYPE.itemsize, P.SECTION_DTYPE.itemsize
+        body_len = bh + 2 * sh + n * (ksz + asz)
+        buf = np.zeros(fh + body_len, np.uint8)
+        off = fh + bh
+        s1 = buf[off:off + sh].view(P.SECTION_DTYPE)
+        s1["kind"], s1["record_size"], s1["count"] = R.KIND_CONCURRENT_KERNEL, ksz, n
+        off += sh
+        raw = buf[off:off + n * ksz].view(R.KERNEL)
+        off += n * ksz
+        s2 = buf[off:off + sh].view(P.SECTION_DTYPE)
+        s2["kind"], s2["record_size"], s2["count"] = R.KIND_RUNTIME, asz, n
+        off += sh
+        api = buf[off:off + n * asz].view(R.API)
         corr = ((k["correlation_id"] >> 40) + (k["correlation_id"] & ((1 << 40) - 1)) * self.stream.gpus) \
             % 0xFFFF_FFFF + 1
-        raw = np.zeros(n, R.KERNEL)
         raw["kind"] = R.KIND_CONCURRENT_KERNEL
         raw["start"], raw["end"] = k["start_ns"], k["end_ns"]
         raw["completed"] = k["end_ns"]
@@ -188,20 +207,25 @@ class CuptiFrames:
         raw["name"] = self.ptrs[k["name_id"]]
         # CUPTI's "not in a graph" is 0 (the decoder's -1)
         raw["graph_id"], raw["graph_node_id"] = np.maximum(k["graph_id"], 0), np.maximum(k["graph_node_id"], 0)
-        api = np.zeros(n, R.API)
         api["kind"] = R.KIND_RUNTIME
         api["cbid"] = R.CBID_CUDA_LAUNCH_KERNEL
         api["start"], api["end"] = a["start_ns"], a["end_ns"]
         api["process_id"] = os.getpid()
         api["thread_id"] = 9000 + k["device"]
         api["correlation_id"] = corr
-        names = None
+        devices = tuple(range(self.stream.gpus))
         if not self.names_sent:
-            names = {int(p): nm for p, nm in zip(self.ptrs.tolist(), self.stream.names)}
             self.names_sent = True
-        return R.batch_frame([(R.KIND_CONCURRENT_KERNEL, R.KERNEL.itemsize, raw.tobytes()),
-                              (R.KIND_RUNTIME, R.API.itemsize, api.tobytes())],
-                             names=names, devices=tuple(range(self.stream.gpus)))
+            names = {int(p): nm for p, nm in zip(self.ptrs.tolist(), self.stream.names)}
+            return R.batch_frame([(R.KIND_CONCURRENT_KERNEL, ksz, raw.tobytes()), (R.KIND_RUNTIME, asz, api.tobytes())],
+                                 names=names, devices=devices)
+        b = buf[fh:fh + bh].view(P.BATCH_DTYPE)
+        b["pid"], b["cupti_version"], b["n_sections"], b["records"] = os.getpid(), 130500, 2, 2 * n
+        b["n_devices"] = len(devices)
+        b["device_ids"][0, :len(devices)] = devices
+        h = buf[:fh].view(P.FRAME_DTYPE)
+        h["magic"], h["type"], h["proto"], h["length"] = P.MAGIC, P.MSG_BATCH, P.PROTO_VERSION, body_len
+        return memoryview(buf)
 
 
 def generator_main(endpoint: str, gpus: int, rate: int, steps: str, duration_s: float, t_start: float,
@@ -251,16 +275,20 @@ def generator_main(endpoint: str, gpus: int, rate: int, steps: str, duration_s: 
 # buffer goes to the agent as one BATCH.
 CUPTI_BUFFER_BYTES = 4 << 20
 CUPTI_FLUSH_S = 0.5
+CUPTI_POOL_SLOTS = 8          # RIDGELINE_POOL_SLOTS: completed buffers waiting for the sender
 
 
 def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start: float, out: mp.Queue):
     """The generator as an injected process: connects to the agent's CUPTI socket and
     writes frames as the library does: a 4 MiB buffer's worth of records (kernel + launch
     record: 288 bytes a kernel, 14,563 kernels) as soon as it is full, and whatever the
-    buffer holds once its oldest record is 500 ms old (the periodic flush). A blocking
-    write: an agent that falls behind makes batches late (counted), as the library's send
-    thread would stall."""
+    buffer holds once its oldest record is 500 ms old (the periodic flush). As in the
+    library, a sender thread writes the completed buffers from a pool of 8: an agent that
+    falls behind fills the pool, and a buffer completed while it is full is dropped and
+    counted (the library's ``dropped_pool_full``), never waited for."""
+    import queue
     import socket
+    import threading
     frames = CuptiFrames(stream)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     for _ in range(200):                                   # the agent may still be binding
@@ -270,12 +298,29 @@ def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start:
         except (FileNotFoundError, ConnectionRefusedError):
             time.sleep(0.05)
     sock.sendall(frames.hello())
+    pool: queue.Queue = queue.Queue(CUPTI_POOL_SLOTS)
+    sends = []                                # (wall time sent, kernels sent so far)
+    sent = dropped = 0
+    broken: list[OSError] = []
+
+    def sender():
+        nonlocal sent
+        while (item := pool.get()) is not None:
+            frame, n = item
+            try:
+                sock.sendall(frame)
+            except OSError as exc:            # the agent went away: the rest is dropped
+                broken.append(exc)
+                return
+            sent += n
+            sends.append((time.time(), sent))
+    th = threading.Thread(target=sender, daemon=True)
+    th.start()
     periods = int(duration_s / BATCH_S)
     while time.time() < t_start:
         time.sleep(0.001)
     base_ns = int(t_start * 1e9)
-    sent = late = 0
-    sends = []
+    late = 0
     per_buffer = CUPTI_BUFFER_BYTES // (frames.R.KERNEL.itemsize + frames.R.API.itemsize)
     held_k, held_a, held_since = [], [], None
     cpu0 = time.process_time()
@@ -299,12 +344,16 @@ def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start:
         cut = len(ks) if flush else len(ks) - len(ks) % per_buffer
         for lo in range(0, cut, per_buffer):
             hi = min(lo + per_buffer, cut)
-            sock.sendall(frames.batch(ks[lo:hi], aps[lo:hi]))
-            sent += hi - lo
-            sends.append((time.time(), sent))
+            try:
+                pool.put_nowait((frames.batch(ks[lo:hi], aps[lo:hi]), hi - lo))
+            except queue.Full:
+                dropped += hi - lo
         held_k, held_a = ([ks[cut:]], [aps[cut:]]) if cut < len(ks) else ([], [])
         held_since = None if cut == len(ks) else deadline - BATCH_S
-    out.put({"sent": sent, "dropped": 0, "late_batches": late, "sends": sends,
+    pool.put(None)
+    th.join(10 * WINDOW_S)                                  # what the pool holds goes out first
+    dropped += sum(n for f, n in list(pool.queue) if f is not None) if th.is_alive() else 0
+    out.put({"sent": sent, "dropped": dropped, "late_batches": late, "sends": list(sends),
              "generator_cpu_s": time.process_time() - cpu0})
     time.sleep(2 * WINDOW_S)                                # the last frames read before the close
     sock.close()
