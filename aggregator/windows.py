@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -587,6 +588,8 @@ class SourceFold:
         # last figures(): the same step still open at the next close is decided then.
         self._held_at_close: dict[int, tuple[int, int]] = {}
         self._pending: list[Trace] = []
+        # The concatenations of the folds, each into a buffer reused from fold to fold.
+        self._buf = {f: RecordBuffer() for f in ("kernels", "api", "copies")}
         self._pending_n = 0
         # (start_ns, end_ns, phase, device, pid) of each step folded since the window last
         # closed: the request join's GPU side (bounded; past it counted in steps_unlogged).
@@ -646,21 +649,26 @@ class SourceFold:
         if len(parts) == 1:
             self._ingest(parts[0])
             return
-        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("copies", "api")}
-        # The held open step's kernels go first in the same copy: _ingest would otherwise
-        # copy the whole batch a second time to put them in front.
-        ck = self._carry[0] if self._carry is not None and not len(self._carry[4]) and not len(self._carry[5]) \
-            else None
+        # The held open step's kernels and launch records go first in the same copies:
+        # _ingest would otherwise copy the whole batch a second time to put them in front.
+        c = self._carry
+        ck, ca = (c[0], c[6]) if c is not None and not len(c[4]) and not len(c[5]) else (None, None)
         lead = [ck] if ck is not None else []
-        both = concat_records(lead + [p.kernels for p in parts])
+        both = self._buf["kernels"].concat(lead + [p.kernels for p in parts])
         n0 = len(ck) if ck is not None else 0
-        self._ingest(Trace(kernels=both[n0:], copies=cat["copies"], api=cat["api"], names=self.names,
-                           devices=list(self.devices.values()), meta=parts[-1].meta),
-                     with_carry=both if ck is not None else None)
+        lead_a = [ca] if ca is not None and len(ca) else []
+        api = self._buf["api"].concat(lead_a + [p.api for p in parts])
+        na0 = len(ca) if lead_a else 0
+        self._ingest(Trace(kernels=both[n0:], copies=self._buf["copies"].concat([p.copies for p in parts]),
+                           api=api[na0:], names=self.names, devices=list(self.devices.values()),
+                           meta=parts[-1].meta),
+                     with_carry=both if ck is not None else None, api_with_carry=api if lead_a else None)
 
-    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None) -> None:
+    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None,
+                api_with_carry: np.ndarray | None = None) -> None:
         """Fold one batch, after the held open steps. ``with_carry``: the held kernels
-        followed by ``trace.kernels`` in one array, when the caller has made it."""
+        followed by ``trace.kernels`` in one array, ``api_with_carry`` the held API records
+        followed by ``trace.api``, when the caller has made them."""
         a = trace.api
         fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
         if fast is not None:
@@ -735,14 +743,14 @@ class SourceFold:
                 cf, cb = (cf, cb) if cf is not None else (np.full((len(ck), 2), np.nan), np.full(len(ck), -1, np.int8))
                 shf, shb = (shf, shb) if shf is not None else (np.full((len(k), 2), np.nan), np.full(len(k), -1, np.int8))
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
-            k = with_carry if with_carry is not None else concat_records([ck, k])
+            k = with_carry if with_carry is not None else self._buf["kernels"].concat([ck, k])
             lat = np.concatenate([cl, lat])
             if len(cr):
                 ranges = concat_records([cr, ranges])
             if len(co):
                 cpu_ops = concat_records([co, cpu_ops])
             if len(ca):
-                api = concat_records([ca, api])
+                api = api_with_carry if api_with_carry is not None else self._buf["api"].concat([ca, api])
             self._carry = None
         self._fold(Trace(kernels=k, api=api, ranges=ranges, cpu_ops=cpu_ops, names=self.names,
                          devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
@@ -1047,6 +1055,41 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
     dt = parts[0].dtype
     raw = np.dtype((np.void, dt.itemsize))
     return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
+
+
+class RecordBuffer:
+    """:func:`concat_records` into one buffer kept from fold to fold (one per record kind of
+    a :class:`SourceFold`). A fresh concatenation of a window's batches (MBs) lands in
+    pages the allocator has just handed back to the kernel, and faulting them in again cost
+    more than the copy itself (bench_fold: about 1,200 minor faults per window, 1 GPU x 50k
+    kernels/s). The buffer is reused only when no array made from its last result is still
+    alive (a view holds its owner: ``sys.getrefcount``), so a result that something kept is
+    never overwritten; otherwise, and when the records do not fit, a new one is made.
+    ``fold_native.REFERENCE``: a fresh concatenation each time (the tests compare the two)."""
+    __slots__ = ("_raw", "reuses")
+
+    def __init__(self):
+        self._raw: np.ndarray | None = None
+        self.reuses = 0                 # concatenations written into the previous buffer
+
+    def concat(self, parts: list[np.ndarray]) -> np.ndarray:
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1 or fold_native.REFERENCE:
+            return concat_records(parts)
+        dt = parts[0].dtype
+        nbytes = sum(len(p) for p in parts) * dt.itemsize
+        raw = self._raw
+        # 3 references: the attribute, the local and getrefcount's argument: nothing made
+        # from the last result (a view, a field, a slice) is alive.
+        if raw is None or len(raw) < nbytes or len(raw) > 4 * nbytes or sys.getrefcount(raw) > 3:
+            # Room for a somewhat bigger fold; one 4x smaller gives its memory back.
+            raw = self._raw = np.empty(nbytes + nbytes // 4, np.uint8)
+        else:
+            self.reuses += 1
+        rec = np.dtype((np.void, dt.itemsize))
+        out = raw[:nbytes].view(rec)
+        np.concatenate([np.ascontiguousarray(p).view(rec) for p in parts], out=out)
+        return out.view(dt)
 
 
 
