@@ -104,6 +104,8 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_union_records.restype = _I
     lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
+    lib.rl_fold_batch.restype = _I
+    lib.rl_fold_batch.argtypes = (_V, _I, _V, _I, _V, _V, _V, _V, _I, _V, _V, _I, _V, _V, _I, _I, _V, _V, _V, _V, _V)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
 
@@ -252,3 +254,53 @@ def segment_scan(k: np.ndarray, idx: np.ndarray | None, flags: np.ndarray, by_na
     na, nt, nl, ne, no, ng = cnt.tolist()
     return (gaps[:max(m - 1, 0)], pos[0, :na], val[0, :na], pos[1, :nt], val[1, :nt], pos[2, :nl], pos[3, :ne],
             pos[4, :no], pos[5, :ng], val[2, :ng])
+
+
+_BATCH_FIELDS = ("start_ns", "end_ns", "device", "pid")
+#: Rows (distinct group key and phase) the one-pass fold takes first: one GPU and process
+#: has at most 8; a fold with more is passed again with room for BATCH_ROWS_MAX.
+BATCH_ROWS = 8
+BATCH_ROWS_MAX = 512
+_E0 = np.zeros(1, np.int64)
+
+
+@lru_cache(maxsize=16)
+def _batch_offsets(dtype: np.dtype) -> np.ndarray:
+    return np.array([dtype.fields[f][1] for f in _BATCH_FIELDS], np.int64)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def fold_batch(k: np.ndarray, order: np.ndarray | None, phase: np.ndarray, kstep: np.ndarray, lat: np.ndarray,
+               host, nf: int, fine_bins: int):
+    """``rl_fold_batch``: the units, gaps and per-row sums of the kernels ``k[order]`` (in
+    (step, start) order; ``phase`` uint8, ``kstep`` and ``lat`` int64 per record) in one pass
+    over the records, arguments passed as raw addresses (no per-argument conversion). Returns
+    (units: first, start, end, busy, kernel time, key, step, group key, kernels, row as 10
+    rows of one array; gap lengths; gap units; row keys; add (rows x nf); hist (rows x 3 x
+    fine_bins)), or None when the kernels hold more than BATCH_ROWS_MAX rows."""
+    lib = library()
+    n = len(order) if order is not None else len(k)
+    o = np.ascontiguousarray(order, np.int64) if order is not None else None
+    ph = np.ascontiguousarray(phase, np.uint8)
+    st = np.ascontiguousarray(kstep, np.int64)
+    la = np.ascontiguousarray(lat, np.int64)
+    (hl_s, hl_e), (hs_s, hs_e) = host if host is not None else ((_E0[:0], _E0[:0]), (_E0[:0], _E0[:0]))
+    hl_s, hl_e, hs_s, hs_e = (np.ascontiguousarray(x, np.int64) for x in (hl_s, hl_e, hs_s, hs_e))
+    ws = np.empty((12, max(n, 1)), np.int64)
+    out = np.zeros(3, np.int64)
+    offs = _batch_offsets(k.dtype)
+    for rows in (BATCH_ROWS, BATCH_ROWS_MAX):
+        row_key = np.empty(rows, np.int64)
+        add = np.zeros((rows, nf), np.int64)
+        hist = np.zeros((rows, 3, fine_bins), np.int64)
+        if lib.rl_fold_batch(k.ctypes.data, k.strides[0] if k.ndim else 0, offs.ctypes.data, n,
+                             o.ctypes.data if o is not None else None, ph.ctypes.data, st.ctypes.data, la.ctypes.data,
+                             len(hl_s), _addr(hl_s), _addr(hl_e), len(hs_s), _addr(hs_s), _addr(hs_e),
+                             nf, rows, row_key.ctypes.data, add.ctypes.data, hist.ctypes.data, ws.ctypes.data,
+                             out.ctypes.data):
+            nu, ng, nr = out.tolist()
+            return ws[:10, :nu], ws[10, :ng], ws[11, :ng], row_key[:nr], add[:nr], hist[:nr]
+    return None

@@ -95,6 +95,7 @@ from .phase_figures import (
     PhaseSums,
     figures_by_phase,
     fold_kernels,
+    fold_records,
     group_key,
     host_intervals,
     launch_latency_ns,
@@ -917,30 +918,32 @@ class SourceFold:
         trace), then the per-device figures from its units: a device's busy time is the
         sum over its steps (steps of one device follow each other), its idle gaps those
         between and inside its units."""
-        d0, d1 = fold_native.field_range(k, "device")
-        p0, p1 = fold_native.field_range(k, "pid")
-        if d0 == d1 and p0 == p1:
-            # One GPU and process (the common case): no per-kernel key to gather.
-            gkey = int(group_key(d0, p0))
+        def log_steps(sts, gks):
+            room = max(0, MAX_STEP_LOG - len(self.step_log))
+            if len(sts) > room:
+                self.steps_unlogged += len(sts) - room
+                sts, gks = sts[:room], gks[:room]
+            # split_group_key's (device, pid), the pid as the signed 32-bit value it was
+            dev = (gks >> 32).tolist()
+            pid = (gks & 0xFFFFFFFF).astype(np.uint32).view(np.int32).tolist()
+            self.step_log.extend((int(st.start_ns), int(st.end_ns), int(st.phase), d, p)
+                                 for st, d, p in zip(sts, dev, pid))
+        work = self._work if self.model is not None else None
+        if shf is None:
+            # No operator shapes (a kernel stream): one native pass over the records.
+            u = fold_records(self.sums, k, order, phase=phase, step=kstep, steps=steps, latency_ns=lat,
+                             step_work=work, host=host_intervals(api), on_steps=log_steps)
         else:
-            gkey = group_key(k["device"][order], k["pid"][order])
-
-        def log_step(st, gk):
-            if len(self.step_log) < MAX_STEP_LOG:
-                dev, pid = split_group_key(gk)
-                self.step_log.append((int(st.start_ns), int(st.end_ns), int(st.phase), dev, pid))
-            else:
-                self.steps_unlogged += 1
-        u = fold_kernels(
-            # the two time columns gathered straight from the packed records (fold_native.gather)
-            self.sums, start_ns=fold_native.gather(k, "start_ns", order), end_ns=fold_native.gather(k, "end_ns", order),
-            phase=phase[order],
-            step=kstep[order], gkey=gkey, steps=steps, latency_ns=lat[order],
-            shape_flops=shf[order, 0] if shf is not None else None,
-            shape_bytes=shf[order, 1] if shf is not None else None,
-            shape_dtype=shb[order] if shb is not None else None,
-            step_work=self._work if self.model is not None else None,
-            host=host_intervals(api), on_step=log_step)
+            d0, d1 = fold_native.field_range(k, "device")
+            p0, p1 = fold_native.field_range(k, "pid")
+            # One GPU and process (the common case): no per-kernel key to gather.
+            gkey = int(group_key(d0, p0)) if d0 == d1 and p0 == p1 else group_key(k["device"][order], k["pid"][order])
+            u = fold_kernels(
+                # the two time columns gathered straight from the packed records (fold_native.gather)
+                self.sums, start_ns=fold_native.gather(k, "start_ns", order),
+                end_ns=fold_native.gather(k, "end_ns", order), phase=phase[order], step=kstep[order], gkey=gkey,
+                steps=steps, latency_ns=lat[order], shape_flops=shf[order, 0], shape_bytes=shf[order, 1],
+                shape_dtype=shb[order], step_work=work, host=host_intervals(api), on_steps=log_steps)
         if u is None:
             return
         # Per (device, pid): busy = sum over its units; idle gaps between its units.

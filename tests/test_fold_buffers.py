@@ -28,14 +28,15 @@ def _batches(k: np.ndarray, a: np.ndarray, n: int):
              a[(a["start_ns"] >= lo) & (a["start_ns"] < hi)] if len(a) else a) for lo, hi in zip(cuts[:-1], cuts[1:])]
 
 
-def _wire_windows(batches, names, devices, reference: bool, monkeypatch, reused: list | None = None) -> list[bytes]:
+def _wire_windows(batches, names, devices, reference: bool, monkeypatch, reused: list | None = None,
+                  model=None) -> list[bytes]:
     """The encoded windows (a close every 5 batches) with the fold's batching threshold low,
     so that several batches wait and are concatenated with the held step's records."""
     with monkeypatch.context() as m:
         m.setattr(windows, "FOLD_MIN_EVENTS", 1_500)
         if reference:
             m.setattr(fold_native, "REFERENCE", True)
-        b = WindowBuilder(host="test")
+        b = WindowBuilder(host="test", model=model, gpu="h100-sxm" if model is not None else "")
         out = []
         for i, (k, a) in enumerate(batches):
             b.add_events(Trace(kernels=k, api=a, names=names, devices=devices, meta={"source": "simulated"}))
@@ -48,17 +49,23 @@ def _wire_windows(batches, names, devices, reference: bool, monkeypatch, reused:
     return out
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
-def test_wire_windows_equal_reference_on_simulated_stream(gpus, monkeypatch):
+@pytest.mark.parametrize("gpus,model", [(1, None), (2, None), (1, "llama-3-8b")])
+def test_wire_windows_equal_reference_on_simulated_stream(gpus, model, monkeypatch):
     from support.phase_traces import simulated_gpu_streams
+
+    from ridgeline.aggregator import model_config
     parts = simulated_gpu_streams(gpus)
     k = np.concatenate([p.kernels for p in parts])
     a = np.concatenate([p.api for p in parts])
     batches = _batches(k, a, 60)
     devices = [Device(d, "NVIDIA H100 80GB HBM3") for d in range(gpus)]
     reused: list = []
-    new = _wire_windows(batches, parts[0].names, devices, False, monkeypatch, reused)
-    ref = _wire_windows(batches, parts[0].names, devices, True, monkeypatch)
+    shape = model_config.load(model) if model else None
+    new = _wire_windows(batches, parts[0].names, devices, False, monkeypatch, reused, shape)
+    ref = _wire_windows(batches, parts[0].names, devices, True, monkeypatch, model=shape)
+    if shape is not None:            # the model's work was folded (per step, from the vectorised sums)
+        phases = [ph for w in new for g in wire.decode_window(w).get("gpus", ()) for ph in g["phases"].values()]
+        assert any(ph["work_by_source"].get("model", {}).get("steps") for ph in phases)
     # the buffers were reused (the path under test ran), and every kernel was published
     assert sum(reused) > 10
     got = sum(g["kernels"] for w in new for g in wire.decode_window(w).get("gpus", ()))
@@ -109,3 +116,52 @@ def test_buffer_reused_only_when_nothing_holds_its_last_result():
     np.testing.assert_array_equal(big, concat_records([a, b, a, b]))
     # one part (or one non-empty one) is returned as it is, no copy
     assert buf.concat([a[:0], b]) is b
+
+
+class _Work:
+    def __init__(self, j: int):
+        self.flops, self.bytes = 1e9 * (j + 0.1), 3e7 / (j + 1)
+        self.estimate = bool(j & 1)
+        self.notes = [f"note {j % 3}"] if j % 2 else []
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_step_sums_equal_reference_with_model_work(seed):
+    """fold_kernels' per-step sums (steps, windows, evidence, model work, the step log),
+    vectorised over the units, against the reference that takes one step at a time; steps
+    of two phases interleaved (several units per step), kernels in no step, several groups,
+    some steps without work, more evidence lines than a row keeps."""
+    from ridgeline.aggregator import phase_figures
+    from ridgeline.aggregator.phase_figures import PhaseSums, fold_kernels, group_key
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 3000))
+    nsteps = int(rng.integers(1, 60))
+    step = np.sort(rng.integers(-1, nsteps, n))
+    start = np.cumsum(rng.choice([0, 3, 700, 40_000], n)) + 10**9
+    end = start + rng.choice([-2, 0, 500, 9_000], n)
+    phase = rng.integers(0, 4, n)
+    steps = []
+    for j in range(nsteps):
+        st = type("S", (), {})()
+        st.phase, st.start_ns, st.end_ns = int(rng.integers(0, 4)), 10**9 + 7 * j, 10**9 + 7 * j + int(rng.integers(1, 10**7))
+        st.evidence = [f"line {j % 11}"]
+        steps.append(st)
+    # each step's kernels mostly of its own phase, some of another (interleaved units)
+    own = np.array([steps[i].phase for i in step.clip(0)])
+    phase = np.where((step >= 0) & (rng.random(n) < 0.8), own, phase)
+    gkey = group_key(np.sort(rng.integers(0, 1 + seed % 3, n)), 77) if seed % 2 else int(group_key(0, 77))
+    works = {id(st): (_Work(j) if j % 4 else None) for j, st in enumerate(steps)}
+    out = []
+    for ref in (False, True):
+        sums, log = PhaseSums(), []
+        fold_kernels(sums, start_ns=start, end_ns=end, phase=phase, step=step, gkey=gkey, steps=steps,
+                     latency_ns=np.full(n, 100), step_work=lambda st: works[id(st)],
+                     on_steps=lambda sts, gks: log.extend(zip([id(x) for x in sts], gks.tolist())), reference=ref)
+        out.append((sums, log))
+    (a, la), (b, lb) = out
+    for f in ("keys", "ints", "floats", "hists", "dtype_flops"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    assert a.notes == b.notes and a.evidence == b.evidence
+    assert [list(v) for v in a.evidence.values()] == [list(v) for v in b.evidence.values()]   # same order
+    assert la == lb and len(la) == a.ints[:, phase_figures.I["steps"]].sum()
+    assert a.ints[:, phase_figures.I["model_steps"]].sum() > 0 or nsteps < 2

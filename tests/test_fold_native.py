@@ -271,3 +271,45 @@ def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):
             Agent(cfg, probes=[]).start()
     finally:
         fold_native.library.cache_clear()
+
+
+@pytest.mark.parametrize("groups", [1, 3, 90])
+@pytest.mark.parametrize("seed", range(8))
+def test_one_pass_fold_of_records_equals_general_path_and_reference(seed, groups, monkeypatch):
+    """phase_figures.fold_records (rl_fold_batch: units, gaps and row sums in one pass read
+    from the packed records through the order) against the general native path (gathered
+    columns, rl_fold_units + rl_fold_rows) and the numpy reference: the same units, sums,
+    histograms, evidence and step log. Adversarial records as _random_fold's, shuffled in the
+    batch (read through ``order``), negative pids, and up to 90 groups x 5 phases (over the
+    pass's first 8 rows: passed again with more room)."""
+    kw = _random_fold(seed, 1)
+    n = len(kw["start_ns"])
+    rng = np.random.default_rng(100 + seed)
+    perm = rng.permutation(n)                  # record perm[q] holds the q-th kernel in order
+    k = empty(KERNEL_DTYPE, n)
+    k["start_ns"][perm], k["end_ns"][perm] = kw["start_ns"], kw["end_ns"]
+    dev = np.sort(rng.integers(0, groups, n)) if groups > 1 else np.zeros(n, np.int64)
+    k["device"][perm] = dev % 8
+    k["pid"][perm] = np.where(dev % 2, -4242 - dev, 4242 + dev)
+    phase = np.empty(n, np.uint8)
+    step = np.empty(n, np.int64)
+    lat = np.empty(n, np.int64)
+    phase[perm], step[perm], lat[perm] = kw["phase"], kw["step"], kw["latency_ns"]
+    out = []
+    for how in ("one-pass", "general", "reference"):
+        with monkeypatch.context() as m:
+            if how == "general":                   # every fold over the pass's rows
+                m.setattr(fold_native, "BATCH_ROWS", 0)
+                m.setattr(fold_native, "BATCH_ROWS_MAX", 0)
+            sums, log = PhaseSums(), []
+            u = phase_figures.fold_records(sums, k, perm, phase=phase, step=step, steps=kw["steps"], latency_ns=lat,
+                                           host=kw["host"], on_steps=lambda s, g: log.extend(zip(s, g.tolist())),
+                                           reference=how == "reference")
+            out.append((u, sums, log))
+    (u1, s1, l1), (u2, s2, l2), (u3, s3, l3) = out
+    for u, s, lg in ((u2, s2, l2), (u3, s3, l3)):
+        _same_units(u1, u)
+        _same_sums(s1, s)
+        assert l1 == lg
+    assert s1.ints[:, phase_figures.I["kernels"]].sum() == n
+    assert groups < 90 or len(s1) > fold_native.BATCH_ROWS     # the pass was run again with more rows

@@ -374,3 +374,95 @@ EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *
     cnt[0] = na; cnt[1] = nt; cnt[2] = nl; cnt[3] = ne; cnt[4] = no; cnt[5] = ng;
     return 1;
 }
+
+/* aggregator/windows.py (SourceFold._fold_kernels) -> phase_figures.fold_records: rl_fold_units
+ * and rl_fold_rows in one pass, read straight from the batch's packed records through the
+ * (step, start) order, without the gathered columns, the per-kernel group keys and the
+ * separate calls (each with its arrays and argument conversions) of the general path. The
+ * reference is the general path itself (fold_native.gather, group_key, rl_fold_units,
+ * rl_fold_rows: the same units, gaps and sums; tests/test_fold_native.py compares them).
+ *
+ * Kernels: record order[q] for q < n (order NULL: record q), koff[4] the byte offsets of
+ * start_ns, end_ns, device (int32), pid (int32); phase (uint8), kstep and lat (int64,
+ * -1 unknown) per record. A kernel's group key is device << 32 | (uint32)pid
+ * (phase_figures.group_key). Rows: one per distinct unit key, numbered in order of first
+ * appearance, at most max_rows; row_key[r] its key; add[max_rows][nf] and
+ * hist[max_rows][3][FINE_BINS] (zeroed by the caller) get each row's sums, as rl_fold_rows.
+ * Host intervals as rl_fold_rows'. ws: 10 planes of n int64 for the units (first, start,
+ * end, busy, kernel time, key, step, group key, kernels, row) then 2 for the gaps (length,
+ * unit). out[3]: units, gaps, rows. Returns 1, or 0 (nothing useful written) when the
+ * kernels hold more than max_rows distinct unit keys (the caller takes the general path). */
+EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, int64_t n, const int64_t *order,
+                             const uint8_t *phase, const int64_t *kstep, const int64_t *lat,
+                             int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
+                             int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
+                             int64_t nf, int64_t max_rows, int64_t *row_key, int64_t *add, int64_t *hist,
+                             int64_t *ws, int64_t *out) {
+    int64_t *u_first = ws, *u_start = ws + n, *u_end = ws + 2 * n, *u_busy = ws + 3 * n, *u_kt = ws + 4 * n,
+            *u_ukey = ws + 5 * n, *u_step = ws + 6 * n, *u_gk = ws + 7 * n, *u_cnt = ws + 8 * n,
+            *u_row = ws + 9 * n, *gap_len = ws + 10 * n, *gap_unit = ws + 11 * n;
+    int64_t nu = -1, ng = 0, nr = 0, r = -1;
+    int64_t prev_ukey = 0, prev_step = 0;
+    int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0, nl = 0, ls = 0;
+    int64_t hint_l = 0, hint_s = 0;
+    int64_t *a = add, *hk = hist, *hg = hist, *hlat = hist;
+    for (int64_t q = 0; q < n; q++) {
+        int64_t i = order ? order[q] : q;
+        int64_t si = rd64(kb, ks, i, koff[0]), ei = rd64(kb, ks, i, koff[1]);
+        if (ei < si) ei = si;
+        int64_t gk = (int64_t)(((uint64_t)(int64_t)rd32(kb, ks, i, koff[2]) << 32)
+                               | (uint32_t)rd32(kb, ks, i, koff[3]));
+        int64_t ukey = (int64_t)((uint64_t)gk << 3) | phase[i];
+        int64_t st = kstep[i];
+        if (nu < 0 || ukey != prev_ukey || st != prev_step) {
+            if (nu >= 0) {
+                busy += run_e - run_s;
+                u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend; u_cnt[nu] = q - u_first[nu];
+                a[I_KERNELS] += q - u_first[nu]; a[I_KERNEL_TIME] += kt; a[I_BUSY] += busy;
+                a[I_LAUNCH_KERNELS] += nl; a[I_LAUNCH_LATENCY] += ls;
+            }
+            if (nu < 0 || ukey != prev_ukey) {   /* the row of the new key: the last one, else a search */
+                int64_t j = 0;
+                while (j < nr && row_key[j] != ukey) j++;
+                if (j == nr) {
+                    if (nr == max_rows) return 0;
+                    row_key[nr++] = ukey;
+                }
+                r = j;
+                a = add + r * nf;
+                hk = hist + (r * 3 + H_KERNEL) * FINE_BINS;
+                hg = hist + (r * 3 + H_GAP) * FINE_BINS;
+                hlat = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
+            }
+            nu++;
+            u_first[nu] = q; u_start[nu] = si; u_ukey[nu] = ukey; u_step[nu] = st; u_gk[nu] = gk; u_row[nu] = r;
+            prev_ukey = ukey; prev_step = st;
+            run_s = si; run_e = ei; busy = 0; kt = 0; uend = ei; nl = 0; ls = 0;
+        } else if (si > run_e) {            /* a new merged run: the gap before it */
+            int64_t g = si - run_e;
+            busy += run_e - run_s;
+            gap_len[ng] = g; gap_unit[ng] = nu; ng++;
+            a[I_GAPS]++;
+            a[I_GAP_NS] += g;
+            hg[fine_bin(g)]++;
+            if (nhl) a[I_GAP_LAUNCH] += cover(run_e, si, nhl, hl_s, hl_e, &hint_l);
+            if (nhs) a[I_GAP_SYNC] += cover(run_e, si, nhs, hs_s, hs_e, &hint_s);
+            run_s = si; run_e = ei;
+        } else if (ei > run_e) {
+            run_e = ei;
+        }
+        kt += ei - si;
+        if (ei > uend) uend = ei;
+        hk[fine_bin(ei - si)]++;
+        int64_t li = lat[i];
+        if (li >= 0) { hlat[fine_bin(li)]++; nl++; ls += li; }
+    }
+    if (nu >= 0) {
+        busy += run_e - run_s;
+        u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend; u_cnt[nu] = n - u_first[nu];
+        a[I_KERNELS] += n - u_first[nu]; a[I_KERNEL_TIME] += kt; a[I_BUSY] += busy;
+        a[I_LAUNCH_KERNELS] += nl; a[I_LAUNCH_LATENCY] += ls;
+    }
+    out[0] = nu + 1; out[1] = ng; out[2] = nr;
+    return 1;
+}
