@@ -102,10 +102,10 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_api_launch_hist.argtypes = (_V, _I, _I, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_range_i32.restype = None
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
-    lib.rl_union_records.restype = _I
-    lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_fold_batch.restype = _I
     lib.rl_fold_batch.argtypes = (_V, _I, _V, _I, _V, _V, _V, _V, _I, _V, _V, _I, _V, _V, _I, _I, _V, _V, _V, _V, _V)
+    lib.rl_host_unions.restype = _I
+    lib.rl_host_unions.argtypes = (_V, _I, _I, _I, _I, _V, _I, _V, _V)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
 
@@ -203,17 +203,20 @@ def field_range(records: np.ndarray, field: str) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
-def union_records(a: np.ndarray, want: np.ndarray):
-    """Sorted disjoint intervals covering the records whose category ``want`` selects (a
-    bool table of 256), or None when those records are not in start order
-    (``rl_union_records``)."""
+def host_unions(a: np.ndarray, kind: np.ndarray):
+    """(launch (starts, ends), sync (starts, ends)): the sorted disjoint intervals of the
+    records whose category ``kind`` (uint8 per category: 1 launch, 2 sync) selects, in one
+    pass, or None when the records of a kind are not in start order (``rl_host_unions``).
+    The intervals are views of one array (a kernel stream's launches rarely merge, so a copy
+    of the part used would save little)."""
     n = len(a)
-    s, e = np.empty(n, np.int64), np.empty(n, np.int64)
-    m = library().rl_union_records(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
-                                   _off(a, "category"), want.view(np.uint8), n, s, e)
-    if m < 0:
+    ws = np.empty((4, n), np.int64)
+    out = np.zeros(2, np.int64)
+    if not library().rl_host_unions(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                    _off(a, "category"), kind.ctypes.data, n, ws.ctypes.data, out.ctypes.data):
         return None
-    return s[:m].copy(), e[:m].copy()
+    ml, ms = out.tolist()
+    return (ws[0, :ml], ws[1, :ml]), (ws[2, :ms], ws[3, :ms])
 
 
 def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):

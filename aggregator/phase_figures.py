@@ -64,6 +64,7 @@ _LAUNCHING = np.zeros(256, dtype=bool)
 _LAUNCHING[[API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_MEMSET]] = True
 _SYNCING = np.zeros(256, dtype=bool)
 _SYNCING[API_SYNC] = True
+_HOST_KIND = (_LAUNCHING + 2 * _SYNCING).astype(np.uint8)    # 1 launch, 2 sync call (fold_native.host_unions)
 _LAUNCH_RECORD = np.zeros(256, dtype=bool)     # the records launch_latency_ns joins to
 _LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
 
@@ -255,12 +256,11 @@ def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tupl
     if not len(api):
         return (e, e), (e, e)
     if not fold_native.REFERENCE:
-        # One native pass per kind over the records, when they come in start order (one
-        # thread's calls); otherwise the sort below.
-        lm = fold_native.union_records(api, _LAUNCHING)
-        sm = fold_native.union_records(api, _SYNCING) if lm is not None else None
-        if sm is not None:
-            return lm, sm
+        # One native pass over the records for both kinds, when they come in start order
+        # (one thread's calls); otherwise the sort below.
+        both = fold_native.host_unions(api, _HOST_KIND)
+        if both is not None:
+            return both
     cat = api["category"]
     lm, sm = _LAUNCHING[cat], _SYNCING[cat]
     # Contiguous copies first: the record's fields are unaligned (50-byte records), and

@@ -313,3 +313,26 @@ def test_one_pass_fold_of_records_equals_general_path_and_reference(seed, groups
         assert l1 == lg
     assert s1.ints[:, phase_figures.I["kernels"]].sum() == n
     assert groups < 90 or len(s1) > fold_native.BATCH_ROWS     # the pass was run again with more rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_intervals_one_pass_equals_reference_when_one_kind_is_out_of_order(seed, monkeypatch):
+    """rl_host_unions reads both kinds of host call in one pass: launches in start order
+    with sync calls in order (merged, touching, nested) or not (seed odd: one sync call
+    moved back), other calls interleaved anywhere; the answer is the reference's."""
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 400))
+    a = _random_records(rng, n, API_DTYPE, sorted_starts=True)
+    a["category"] = rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_SYNC, 0], n)
+    sync = np.flatnonzero(a["category"] == API_SYNC)
+    if seed & 1 and len(sync) > 2:
+        a["start_ns"][sync[-1]] = a["start_ns"][sync[0]] - 1
+    native = host_intervals(a)
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = host_intervals(a)
+    for (xs, xe), (ys, ye) in zip(native, ref):
+        np.testing.assert_array_equal(xs, ys)
+        np.testing.assert_array_equal(xe, ye)
+    assert len(ref[1][0]) and len(ref[0][0])

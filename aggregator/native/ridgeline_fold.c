@@ -232,32 +232,6 @@ EXPORT int64_t rl_launch_latency_aligned(const char *kb, int64_t ks, int64_t k_s
     return 1;
 }
 
-/* phase_figures._union over records in start order: the sorted disjoint intervals covering
- * [start, max(start, end)) of the records whose category (uint8) is selected by want[256].
- * Returns the number of intervals written to out_s/out_e (room for n), or -1, having
- * written nothing useful, when the selected records are not in start order (the caller
- * sorts). */
-EXPORT int64_t rl_union_records(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
-                                int64_t off_cat, const uint8_t *want, int64_t n, int64_t *out_s, int64_t *out_e) {
-    int64_t m = -1, prev_s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint8_t cat;
-        memcpy(&cat, base + i * stride + off_cat, 1);
-        if (!want[cat]) continue;
-        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
-        if (e < s) e = s;
-        if (m >= 0 && s < prev_s) return -1;
-        prev_s = s;
-        if (m >= 0 && s <= out_e[m]) {
-            if (e > out_e[m]) out_e[m] = e;
-        } else {
-            m++;
-            out_s[m] = s; out_e[m] = e;
-        }
-    }
-    return m + 1;
-}
-
 /* out[q] = the int64 field of record idx[q] (idx NULL: record q): numpy's k[field][idx],
  * in one pass, without the strided copy of the whole column first. */
 EXPORT void rl_gather_i64(const char *base, int64_t stride, int64_t off, int64_t n, const int64_t *idx,
@@ -464,5 +438,35 @@ EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, in
         a[I_LAUNCH_KERNELS] += nl; a[I_LAUNCH_LATENCY] += ls;
     }
     out[0] = nu + 1; out[1] = ng; out[2] = nr;
+    return 1;
+}
+
+/* phase_figures.host_intervals over records in start order: phase_figures._union for the
+ * two kinds of host call in one pass over the records. kind[category]: 1 launch, 2 sync, 0
+ * neither. Writes the launch intervals to ws[0..n), ws[n..2n) (start, end) and the sync
+ * intervals to ws[2n..3n), ws[3n..4n); out[0], out[1] their counts. Returns 0, having written
+ * nothing useful, when the records of a kind are not in start order (the caller sorts). */
+EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_start, int64_t off_end, int64_t off_cat,
+                              const uint8_t *kind, int64_t n, int64_t *ws, int64_t *out) {
+    int64_t *os[2] = {ws, ws + 2 * n}, *oe[2] = {ws + n, ws + 3 * n};
+    int64_t m[2] = {-1, -1}, prev[2] = {0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        int k = kind[cat] - 1;
+        if (k < 0 || k > 1) continue;
+        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
+        if (e < s) e = s;
+        if (m[k] >= 0 && s < prev[k]) return 0;
+        prev[k] = s;
+        if (m[k] >= 0 && s <= oe[k][m[k]]) {
+            if (e > oe[k][m[k]]) oe[k][m[k]] = e;
+        } else {
+            m[k]++;
+            os[k][m[k]] = s; oe[k][m[k]] = e;
+        }
+    }
+    out[0] = m[0] + 1;
+    out[1] = m[1] + 1;
     return 1;
 }
