@@ -103,7 +103,8 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_range_i32.restype = None
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_fold_batch.restype = _I
-    lib.rl_fold_batch.argtypes = (_V, _I, _V, _I, _V, _V, _V, _V, _I, _V, _V, _I, _V, _V, _I, _I, _V, _V, _V, _V, _V)
+    lib.rl_fold_batch.argtypes = (_V, _I, _V, _I, _V, _V, _V, _V, _I, _V, _V, _I, _V, _V, _I, _I, _V, _V, _V, _V, _V,
+                                  _V)
     lib.rl_host_unions.restype = _I
     lib.rl_host_unions.argtypes = (_V, _I, _I, _I, _I, _V, _I, _V, _V)
     lib.rl_segment_scan.restype = _I
@@ -283,7 +284,8 @@ def fold_batch(k: np.ndarray, order: np.ndarray | None, phase: np.ndarray, kstep
     over the records, arguments passed as raw addresses (no per-argument conversion). Returns
     (units: first, start, end, busy, kernel time, key, step, group key, kernels, row as 10
     rows of one array; gap lengths; gap units; row keys; add (rows x nf); hist (rows x 3 x
-    fine_bins)), or None when the kernels hold more than BATCH_ROWS_MAX rows."""
+    fine_bins); the gaps' log2 histogram per row (rows x 64)), or None when the kernels hold
+    more than BATCH_ROWS_MAX rows."""
     lib = library()
     n = len(order) if order is not None else len(k)
     o = np.ascontiguousarray(order, np.int64) if order is not None else None
@@ -299,11 +301,12 @@ def fold_batch(k: np.ndarray, order: np.ndarray | None, phase: np.ndarray, kstep
         row_key = np.empty(rows, np.int64)
         add = np.zeros((rows, nf), np.int64)
         hist = np.zeros((rows, 3, fine_bins), np.int64)
+        gap_log2 = np.zeros((rows, 64), np.int64)
         if lib.rl_fold_batch(k.ctypes.data, k.strides[0] if k.ndim else 0, offs.ctypes.data, n,
                              o.ctypes.data if o is not None else None, ph.ctypes.data, st.ctypes.data, la.ctypes.data,
                              len(hl_s), _addr(hl_s), _addr(hl_e), len(hs_s), _addr(hs_s), _addr(hs_e),
-                             nf, rows, row_key.ctypes.data, add.ctypes.data, hist.ctypes.data, ws.ctypes.data,
-                             out.ctypes.data):
+                             nf, rows, row_key.ctypes.data, add.ctypes.data, hist.ctypes.data, gap_log2.ctypes.data,
+                             ws.ctypes.data, out.ctypes.data):
             nu, ng, nr = out.tolist()
-            return ws[:10, :nu], ws[10, :ng], ws[11, :ng], row_key[:nr], add[:nr], hist[:nr]
+            return ws[:10, :nu], ws[10, :ng], ws[11, :ng], row_key[:nr], add[:nr], hist[:nr], gap_log2[:nr]
     return None

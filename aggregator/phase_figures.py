@@ -342,12 +342,17 @@ def _stream_line(ev: str) -> str:
 class Units:
     """Contiguous runs of one (device, pid, step, phase) of a fold, for the caller's
     per-device figures (extent, idle between units)."""
-    __slots__ = ("start_ns", "end_ns", "busy_ns", "kernels", "kernel_time_ns", "gkey", "gap_ns", "gap_unit")
+    __slots__ = ("start_ns", "end_ns", "busy_ns", "kernels", "kernel_time_ns", "gkey", "gap_ns", "gap_unit",
+                 "gap_log2_by_group")
 
-    def __init__(self, start_ns, end_ns, busy_ns, kernels, kernel_time_ns, gkey, gap_ns, gap_unit):
+    def __init__(self, start_ns, end_ns, busy_ns, kernels, kernel_time_ns, gkey, gap_ns, gap_unit,
+                 gap_log2_by_group=None):
         self.start_ns, self.end_ns, self.busy_ns = start_ns, end_ns, busy_ns
         self.kernels, self.kernel_time_ns, self.gkey = kernels, kernel_time_ns, gkey
         self.gap_ns, self.gap_unit = gap_ns, gap_unit
+        # {group key: log2 histogram (windows.log2_bins) of its gaps}, when the pass made it
+        # (fold_records' native pass); None: the caller bins gap_ns itself.
+        self.gap_log2_by_group = gap_log2_by_group
 
 
 def _units_reference(s, e_in, ph, stp, gk, gkey):
@@ -644,12 +649,17 @@ def fold_records(sums: PhaseSums, k: np.ndarray, order: np.ndarray, *, phase: np
     if not reference:
         r = fold_native.fold_batch(k, order, phase, step, latency_ns, host, len(INT_FIELDS), FINE_BINS)
         if r is not None:
-            u, gap_len, gap_unit, ugp, add, h = r
+            u, gap_len, gap_unit, ugp, add, h, gap_log2 = r
             u_first, u_start, u_end, u_busy, u_kt, u_ukey, u_step, u_gkey, u_cnt, row_of_unit = u
             rows = sums.rows(ugp)
             addf = np.zeros((len(ugp), len(FLOAT_FIELDS)), np.float64)
-            return _fold_units_in(sums, steps, u_start, u_end, u_busy, u_kt, u_cnt, u_step, u_ukey & 7, u_gkey, ugp,
-                                  row_of_unit, rows, add, addf, h, gap_len, gap_unit, step_work, on_steps, False)
+            units = _fold_units_in(sums, steps, u_start, u_end, u_busy, u_kt, u_cnt, u_step, u_ukey & 7, u_gkey, ugp,
+                                   row_of_unit, rows, add, addf, h, gap_len, gap_unit, step_work, on_steps, False)
+            by_group: dict[int, np.ndarray] = {}
+            for gk, hg in zip((ugp >> 3).tolist(), gap_log2):
+                by_group[gk] = by_group[gk] + hg if gk in by_group else hg
+            units.gap_log2_by_group = by_group
+            return units
     d0, d1 = fold_native.field_range(k, "device")
     p0, p1 = fold_native.field_range(k, "pid")
     # One GPU and process (the common case): no per-kernel key to gather.

@@ -969,7 +969,11 @@ class SourceFold:
                 g.idle_hist += np.bincount(log2_bins(gaps), minlength=HIST_BINS)
             g.last_end = max(int(ue[-1]), g.last_end if g.last_end is not None else int(ue[-1]))
         # Within-unit gaps are device idle too.
-        if len(u.gap_ns):
+        if u.gap_log2_by_group is not None:
+            # binned by the native pass (fold_records), per group
+            for gk, h in u.gap_log2_by_group.items():
+                self._group(*split_group_key(gk)).idle_hist += h
+        elif len(u.gap_ns):
             gg = g_of_unit[u.gap_unit]
             h = np.bincount(gg * HIST_BINS + log2_bins(u.gap_ns), minlength=len(ug) * HIST_BINS).reshape(-1, HIST_BINS)
             for gi, gk in enumerate(ug.tolist()):

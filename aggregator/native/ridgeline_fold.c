@@ -362,16 +362,28 @@ EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *
  * (phase_figures.group_key). Rows: one per distinct unit key, numbered in order of first
  * appearance, at most max_rows; row_key[r] its key; add[max_rows][nf] and
  * hist[max_rows][3][FINE_BINS] (zeroed by the caller) get each row's sums, as rl_fold_rows.
- * Host intervals as rl_fold_rows'. ws: 10 planes of n int64 for the units (first, start,
+ * gap_log2[max_rows][64] (zeroed): each row's gaps in windows.log2_bins (the device's idle
+ * histogram). Host intervals as rl_fold_rows'. ws: 10 planes of n int64 for the units (first, start,
  * end, busy, kernel time, key, step, group key, kernels, row) then 2 for the gaps (length,
  * unit). out[3]: units, gaps, rows. Returns 1, or 0 (nothing useful written) when the
  * kernels hold more than max_rows distinct unit keys (the caller takes the general path). */
+/* windows.log2_bins: 0 for <= 0, else the binary exponent (1 -> 1, 2..3 -> 2, ...), at most 63. */
+#define LOG2_BINS 64
+static inline int64_t log2_bin(int64_t x) {
+    double v = (double)x;
+    if (!(v >= 0.5)) v = 0.5;
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    int64_t e = (int64_t)(b >> 52) - 1022;
+    return e < LOG2_BINS - 1 ? e : LOG2_BINS - 1;
+}
+
 EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, int64_t n, const int64_t *order,
                              const uint8_t *phase, const int64_t *kstep, const int64_t *lat,
                              int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
                              int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
                              int64_t nf, int64_t max_rows, int64_t *row_key, int64_t *add, int64_t *hist,
-                             int64_t *ws, int64_t *out) {
+                             int64_t *gap_log2, int64_t *ws, int64_t *out) {
     int64_t *u_first = ws, *u_start = ws + n, *u_end = ws + 2 * n, *u_busy = ws + 3 * n, *u_kt = ws + 4 * n,
             *u_ukey = ws + 5 * n, *u_step = ws + 6 * n, *u_gk = ws + 7 * n, *u_cnt = ws + 8 * n,
             *u_row = ws + 9 * n, *gap_len = ws + 10 * n, *gap_unit = ws + 11 * n;
@@ -379,7 +391,7 @@ EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, in
     int64_t prev_ukey = 0, prev_step = 0;
     int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0, nl = 0, ls = 0;
     int64_t hint_l = 0, hint_s = 0;
-    int64_t *a = add, *hk = hist, *hg = hist, *hlat = hist;
+    int64_t *a = add, *hk = hist, *hg = hist, *hlat = hist, *h2 = gap_log2;
     for (int64_t q = 0; q < n; q++) {
         int64_t i = order ? order[q] : q;
         int64_t si = rd64(kb, ks, i, koff[0]), ei = rd64(kb, ks, i, koff[1]);
@@ -407,6 +419,7 @@ EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, in
                 hk = hist + (r * 3 + H_KERNEL) * FINE_BINS;
                 hg = hist + (r * 3 + H_GAP) * FINE_BINS;
                 hlat = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
+                h2 = gap_log2 + r * LOG2_BINS;
             }
             nu++;
             u_first[nu] = q; u_start[nu] = si; u_ukey[nu] = ukey; u_step[nu] = st; u_gk[nu] = gk; u_row[nu] = r;
@@ -419,6 +432,7 @@ EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, in
             a[I_GAPS]++;
             a[I_GAP_NS] += g;
             hg[fine_bin(g)]++;
+            h2[log2_bin(g)]++;
             if (nhl) a[I_GAP_LAUNCH] += cover(run_e, si, nhl, hl_s, hl_e, &hint_l);
             if (nhs) a[I_GAP_SYNC] += cover(run_e, si, nhs, hs_s, hs_e, &hint_s);
             run_s = si; run_e = ei;
