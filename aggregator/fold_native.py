@@ -107,6 +107,8 @@ def _declare(lib: ct.CDLL) -> None:
                                   _V)
     lib.rl_host_unions.restype = _I
     lib.rl_host_unions.argtypes = (_V, _I, _I, _I, _I, _V, _I, _V, _V)
+    lib.rl_ingest_pass.restype = _I
+    lib.rl_ingest_pass.argtypes = (_V, _I, _V, _I, _V, _I, _V, _I, _V, _V, _V, _V, _V)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
 
@@ -310,3 +312,30 @@ def fold_batch(k: np.ndarray, order: np.ndarray | None, phase: np.ndarray, kstep
             nu, ng, nr = out.tolist()
             return ws[:10, :nu], ws[10, :ng], ws[11, :ng], row_key[:nr], add[:nr], hist[:nr], gap_log2[:nr]
     return None
+
+
+_INGEST_K = ("start_ns", "correlation_id", "device")
+_INGEST_A = ("start_ns", "end_ns", "correlation_id", "category", "pid", "tid")
+
+
+@lru_cache(maxsize=16)
+def _offsets(dtype: np.dtype, fields: tuple) -> np.ndarray:
+    return np.array([dtype.fields[f][1] for f in fields], np.int64)
+
+
+def ingest_pass(k: np.ndarray, a: np.ndarray, what: np.ndarray, launch: np.ndarray):
+    """A batch's per-record passes in one (``rl_ingest_pass``): (the kernels' (min, max)
+    device or None when there are none; (log2 histogram of the launch-call durations, pid,
+    tid) as :func:`api_launch_hist` or None; the launch latency per kernel as
+    :func:`launch_latency_aligned` writes it, or None when the records are not aligned).
+    ``what``, ``launch``: uint8 per category (0 a launch for the histogram; non-zero a
+    kernel's launch record)."""
+    hist = np.zeros(64, np.int64)
+    lat = np.empty(len(k), np.int64)
+    out = np.zeros(4, np.int64)
+    bits = library().rl_ingest_pass(k.ctypes.data, k.strides[0], _offsets(k.dtype, _INGEST_K).ctypes.data, len(k),
+                                    a.ctypes.data, a.strides[0], _offsets(a.dtype, _INGEST_A).ctypes.data, len(a),
+                                    what.ctypes.data, launch.ctypes.data, hist.ctypes.data, lat.ctypes.data,
+                                    out.ctypes.data)
+    d0, d1, pid, tid = out.tolist()
+    return ((d0, d1) if bits & 1 else None, (hist, pid, tid) if bits & 2 else None, lat if bits & 4 else None)

@@ -69,6 +69,10 @@ _LAUNCH_RECORD = np.zeros(256, dtype=bool)     # the records launch_latency_ns j
 _LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
 
 
+#: uint8 per API category: the records launch_latency_ns joins to (fold_native.ingest_pass)
+LAUNCH_RECORD_U8 = _LAUNCH_RECORD.view(np.uint8)
+
+
 def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
     no launch record of that correlation id (same join as

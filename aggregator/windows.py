@@ -92,6 +92,7 @@ from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from . import fold_native
 from .columns import distinct, distinct_inverse
 from .phase_figures import (
+    LAUNCH_RECORD_U8,
     PhaseSums,
     figures_by_phase,
     fold_kernels,
@@ -506,6 +507,7 @@ MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and win
 _API_WHAT = np.full(256, 2, dtype=np.int8)
 _API_WHAT[[API_LAUNCH, API_GRAPH_LAUNCH]] = 0
 _API_WHAT[API_SYNC] = 1
+_API_WHAT_U8 = _API_WHAT.view(np.uint8)     # as fold_native reads it
 
 
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
@@ -671,7 +673,13 @@ class SourceFold:
         followed by ``trace.kernels`` in one array, ``api_with_carry`` the held API records
         followed by ``trace.api``, when the caller has made them."""
         a = trace.api
-        fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
+        k = trace.kernels
+        fast = dev_range = lat = None
+        if not fold_native.REFERENCE and (len(a) or len(k)):
+            # One native pass over the batch's records for the kernels' devices, a kernel
+            # stream's launch-call histogram and its kernels' launch latency (each None
+            # where the records are not that case: the general paths below).
+            dev_range, fast, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, LAUNCH_RECORD_U8)
         if fast is not None:
             # A kernel stream's records (launches of one thread): one native pass, the
             # figures of the general path below.
@@ -718,15 +726,15 @@ class SourceFold:
                 for d in np.unique(cm["direction"]).tolist():
                     name = COPY_DIRECTION_NAMES.get(d, str(d))
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
-        k = trace.kernels
         if len(k):
-            d0, d1 = fold_native.field_range(k, "device")
+            d0, d1 = dev_range if dev_range is not None else fold_native.field_range(k, "device")
             self._active.update([d0] if d0 == d1 else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
         # call start to kernel start, -1 unknown) and work from operator shapes.
-        lat = launch_latency_ns(k, a)
+        if lat is None:
+            lat = launch_latency_ns(k, a)
         shf = shb = None
         if len(k) and len(trace.cpu_ops):
             try:

@@ -346,3 +346,51 @@ def test_host_intervals_one_pass_equals_reference_when_one_kind_is_out_of_order(
         np.testing.assert_array_equal(xs, ys)
         np.testing.assert_array_equal(xe, ye)
     assert len(ref[1][0]) and len(ref[0][0])
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch):
+    """rl_ingest_pass (the batch's device range, launch-call histogram and aligned launch
+    latency in one pass) against each on its own: field_range, api_launch_hist and the
+    reference join of launch_latency_ns; records aligned or not, launches only or mixed
+    calls, one thread or two, as many API records as kernels or not, none of either. The
+    seed's bits choose: 1 aligned ids, 2 launch records only, 4 two threads, 8 fewer records."""
+    from ridgeline.aggregator.windows import _API_WHAT_U8
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400)) if seed != 5 else 0
+    k = _random_records(rng, n, KERNEL_DTYPE, sorted_starts=True)
+    k["correlation_id"] = np.arange(n) + 3
+    k["correlation_id"][:int(rng.integers(0, 3))] = -1        # unknown ids first: still in order
+    k["device"] = rng.integers(-1, 3, n) if seed % 3 else 2
+    na = n if not seed & 8 else max(0, n - int(rng.integers(1, 5)))
+    a = _random_records(rng, na, API_DTYPE, sorted_starts=True)
+    a["correlation_id"] = k["correlation_id"][:na] if seed & 1 else rng.permutation(k["correlation_id"][:na])
+    a["category"] = (rng.choice([API_LAUNCH, API_GRAPH_LAUNCH], na) if seed & 2
+                     else rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, API_MEMCPY], na))
+    a["pid"], a["tid"] = 77, np.where(rng.random(na) < 0.5, 8, 9) if seed & 4 else 8
+    if seed == 11:
+        # one record per kernel with the same ids, but not in id order: not the aligned case
+        a = _random_records(rng, n, API_DTYPE, sorted_starts=True)
+        a["category"], a["pid"], a["tid"] = API_LAUNCH, 77, 8
+        a["correlation_id"] = k["correlation_id"] = rng.permutation(k["correlation_id"])
+    dev, hist, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, phase_figures.LAUNCH_RECORD_U8)
+    assert dev == (fold_native.field_range(k, "device") if n else None)
+    want = fold_native.api_launch_hist(a, _API_WHAT_U8.view(np.int8), 64)
+    assert (hist is None) == (want is None)
+    if want is not None:
+        np.testing.assert_array_equal(hist[0], want[0])
+        assert hist[1:] == want[1:]
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = phase_figures.launch_latency_ns(k, a)
+    if lat is not None:
+        np.testing.assert_array_equal(lat, ref)
+    # aligned exactly when each kernel's launch record is the record at its index, in order
+    aligned = (n > 0 and na == n and bool(phase_figures.LAUNCH_RECORD_U8[a["category"]].all())
+               and np.array_equal(a["correlation_id"], k["correlation_id"])
+               and bool((np.diff(a["correlation_id"]) >= 0).all()))
+    assert (lat is not None) == aligned
+    assert seed not in (3, 7) or aligned or n < 2
+    assert seed not in (2, 3, 11) or hist is not None
+    assert seed != 11 or lat is None

@@ -484,3 +484,66 @@ EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_star
     out[1] = m[1] + 1;
     return 1;
 }
+
+/* aggregator/windows.py (SourceFold._ingest): a batch's per-record passes in one, over its
+ * nk kernels and na API records: rl_range_i32 of the kernels' device, rl_api_launch_hist and
+ * rl_launch_latency_aligned, with their rules. koff[3]: kernel start_ns, correlation_id,
+ * device; aoff[6]: API start_ns, end_ns, correlation_id, category, pid, tid. Returns bits:
+ * 1 the device range in out[0], out[1] (nk >= 1); 2 hist[64] added (every record a launch,
+ * what[category] == 0, of one process and thread: out[2], out[3]); 4 lat[nk] written (one
+ * launch record per kernel, launch[category], same correlation ids in order). Without bit 4,
+ * lat holds nothing useful. */
+EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, int64_t nk,
+                              const char *ab, int64_t as, const int64_t *aoff, int64_t na,
+                              const uint8_t *what, const uint8_t *launch, int64_t *hist, int64_t *lat,
+                              int64_t *out) {
+    int64_t h[HIST_BINS] = {0};
+    int ok_hist = na > 0, ok_lat = nk == na && nk > 0;
+    int32_t pid = na ? rd32(ab, as, 0, aoff[4]) : 0, tid = na ? rd32(ab, as, 0, aoff[5]) : 0;
+    int64_t prev = 0;
+    for (int64_t i = 0; i < na && (ok_hist || ok_lat); i++) {
+        uint8_t cat;
+        memcpy(&cat, ab + i * as + aoff[3], 1);
+        int64_t a_s = rd64(ab, as, i, aoff[0]);
+        if (ok_hist) {
+            if (what[cat] != 0 || rd32(ab, as, i, aoff[4]) != pid || rd32(ab, as, i, aoff[5]) != tid) {
+                ok_hist = 0;
+            } else {
+                int64_t d = rd64(ab, as, i, aoff[1]) - a_s;
+                double v = d > 0 ? (double)d : 0.5;
+                uint64_t b;
+                memcpy(&b, &v, sizeof b);
+                int64_t e = (int64_t)(b >> 52) - 1022;
+                h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
+            }
+        }
+        if (ok_lat) {
+            int64_t c = rd64(ab, as, i, aoff[2]), kc = rd64(kb, ks, i, koff[1]);
+            if (!launch[cat] || kc != c || (i && c < prev)) {
+                ok_lat = 0;
+            } else {
+                int64_t d = rd64(kb, ks, i, koff[0]) - a_s;
+                lat[i] = kc < 0 ? -1 : (d > 0 ? d : 0);
+            }
+            prev = c;
+        }
+    }
+    int64_t bits = 0;
+    if (nk > 0) {
+        int32_t lo = rd32(kb, ks, 0, koff[2]), hi = lo;
+        for (int64_t i = 1; i < nk; i++) {
+            int32_t v = rd32(kb, ks, i, koff[2]);
+            if (v < lo) lo = v;
+            if (v > hi) hi = v;
+        }
+        out[0] = lo; out[1] = hi;
+        bits |= 1;
+    }
+    if (ok_hist) {
+        for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
+        out[2] = pid; out[3] = tid;
+        bits |= 2;
+    }
+    if (ok_lat) bits |= 4;
+    return bits;
+}
