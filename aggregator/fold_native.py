@@ -4,7 +4,10 @@ Built from ``aggregator/native/ridgeline_fold.c`` by the package build (setup.py
 source tree, by ``make -C aggregator/native`` (``scripts/setup.sh`` runs it), as the CUPTI
 injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.fold_kernels`
 calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
-compare it with, never a fallback: without the library the fold raises
+compare it with, never a fallback. A live window's fold of a kernel stream takes the one-pass
+entry points (:func:`fold_batch` through ``phase_figures.fold_records``, :func:`host_unions`,
+:func:`ingest_pass`: one pass over the packed records each, arguments as raw addresses), whose
+references are the general native path and the numpy twins. Without the library the fold raises
 :class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
 start and exits).
 """

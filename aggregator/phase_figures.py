@@ -9,9 +9,10 @@ from :func:`phase_figures`: the two cannot disagree on the same kernels by const
 :class:`PhaseSums` is columnar: one row per (device, pid, phase) key, integer sums in one
 int64 matrix, FLOP/byte sums in one float64 matrix, three histograms (kernel duration,
 idle gap inside a phase's windows, launch latency) in one int64 cube, the shapes' FLOPs by
-data type in one float64 matrix. A fold adds a batch with a handful of ``np.bincount``
-calls over the batch's kernels (no Python object per kernel) and one small Python loop per
-step (model work, evidence). Rows add, so folding a trace in batches gives the sums of
+data type in one float64 matrix. A fold adds a batch with one native pass over its kernels
+(aggregator/fold_native.py; no Python object per kernel), sums over its units vectorised,
+and a small Python loop per step for what only a step object holds (its evidence line, the
+model's work). Rows add, so folding a trace in batches gives the sums of
 folding it at once, as long as each step is folded whole (the window's carry does that).
 
 Definitions (what both paths publish):
