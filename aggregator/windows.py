@@ -169,14 +169,23 @@ def concat_traces(parts: list[Trace]) -> Trace:
 
 
 def _ceilings(gpu_name: str) -> Ceilings | None:
-    from ridgeline.aggregator import ceilings
-    try:
-        c = ceilings.from_device_name(gpu_name) if gpu_name else None
-    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
-        return None
+    """The window record's ceilings of a GPU (a new record each time: the caller's own)."""
+    c = _device_entry(gpu_name)
     if c is None:
         return None
     return Ceilings(gpu=c.gpu, hbm_bytes_per_s=c.hbm_bytes_per_s, flops_per_s=plain(dict(c.flops_per_s)))
+
+
+@lru_cache(maxsize=64)
+def _device_entry(gpu_name: str):
+    """The ceilings table's entry for a device name, matched once per name (the match
+    tries every entry's patterns: it was redone for every GPU every window), as
+    :func:`_ceilings_obj` is."""
+    from ridgeline.aggregator import ceilings
+    try:
+        return ceilings.from_device_name(gpu_name) if gpu_name else None
+    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
+        return None
 
 
 @dataclass
