@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ridgeline.probes.cupti import decode_native as N
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.demangle import demangle_many
 from ridgeline.probes.cupti.protocol import MAX_CBID, MAX_DEVICE_ID, Batch, Hello
@@ -55,6 +56,9 @@ from ridgeline.probes.events import (
 
 _I8 = np.int64
 _I4 = np.int32
+#: kinds add_batch decodes with the native pass (decode_native), the rest with numpy
+_NATIVE_KINDS = frozenset((L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL, L.KIND_RUNTIME, L.KIND_DRIVER,
+                           L.KIND_INTERNAL_LAUNCH_API))
 
 #: Timestamps are int64 ns in the event model; larger values would turn negative.
 MAX_TIMESTAMP_NS = (1 << 63) - 1
@@ -176,8 +180,15 @@ class ProcessDecoder:
     """
 
     def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16,
-                 max_name_bytes: int = 8 << 20):
+                 max_name_bytes: int = 8 << 20, reference: bool | None = None):
         self.pid = pid
+        #: kernel and API sections and the joins through decode_native's one-pass C code;
+        #: False: the numpy reference (``reference=True``, or decode_native.REFERENCE set)
+        self.native = not (N.REFERENCE if reference is None else reference)
+        if self.native:
+            N.check()
+        self._scratch = N.Scratch()
+        self._counts = N.Counts()
         self.names = NameTable()
         #: local name id -> the mangled name CUPTI reported, for names that were demangled
         self.mangled: dict[int, str] = {}
@@ -348,6 +359,11 @@ class ProcessDecoder:
                 self.layout_sources[s.kind] = source
                 continue
             self.layout_sources[s.kind] = source
+            if self.native and s.kind in _NATIVE_KINDS:
+                done = self._add_native(s, dtype, received_ns)
+                if done is not None:
+                    n_done += done
+                    continue
             v = np.frombuffer(s.data, dtype, s.count)
             ok, rejected = valid_records(v)
             if ok is not None:
@@ -383,6 +399,40 @@ class ProcessDecoder:
                 self.counters["undecodable_records"] += len(v)
         self.counters["records"] += n_done
         return n_done
+
+    def _add_native(self, s, dtype: np.dtype, received_ns: int | None) -> int | None:
+        """A kernel or API section through the native pass (decode_native): the range checks,
+        the CPU clock check and the decode of add_batch's numpy path, in one pass, with the
+        same counters; None when the section's layout does not fit that pass (numpy then)."""
+        counts = self._counts
+        if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
+            offs = N.kernel_offsets(dtype)
+            if offs is None:
+                return None
+            out = self._kernels.reserve(s.count)
+            n = N.decode_kernels(s.data, s.count, s.record_size, offs, out, self._ptrs, self._ptr_ids, self.pid,
+                                 counts)
+            self._kernels.unreserve(s.count - n)
+            bad_ts, bad_dev, unresolved = counts.read()
+            self.counters["rejected_timestamps"] += bad_ts
+            self.counters["rejected_device"] += bad_dev
+            self.counters["unresolved_names"] += unresolved
+        else:
+            offs = N.api_offsets(dtype)
+            if offs is None:
+                return None
+            domain = API_DOMAIN_DRIVER if s.kind == L.KIND_DRIVER else API_DOMAIN_RUNTIME
+            out = self._api.reserve(s.count)
+            n = N.decode_api(s.data, s.count, s.record_size, offs, out, self.pid, domain,
+                             self._cbid_cat.get(domain), self._cbid_name.get(domain), received_ns,
+                             CPU_CLOCK_FLOOR_NS, 0 if received_ns is None else received_ns + CPU_CLOCK_AHEAD_NS,
+                             counts)
+            self._api.unreserve(s.count - n)
+            bad_ts, bad_clock, _ = counts.read()
+            self.counters["rejected_timestamps"] += bad_ts
+            self.counters["clock_disagreements"] += bad_clock
+        self.counters["rejected_records"] += s.count - n
+        return n
 
     def _decode_graph_launches(self, v: np.ndarray, out: np.ndarray) -> None:
         """Graph-level mode: each graph launch becomes one row of the kernel table, named
@@ -456,6 +506,18 @@ class ProcessDecoder:
         """
         kernels, copies, api_new, ext_new = (self._kernels.take(), self._copies.take(), self._api.take(),
                                              self._ext.take())
+        if self.native:
+            ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
+            api_all = np.concatenate([self._api_carry, api_new]) if len(self._api_carry) else api_new
+            latency, api_used, ext_used, graph, unjoined, n_graph = N.join(kernels, copies, api_new, api_all,
+                                                                           ext_all, self._scratch)
+            if api_all is not api_new and len(api_new):
+                # the reference joins api_new before concatenating: the carry keeps the same ids
+                api_all[len(self._api_carry):]["external_id"] = api_new["external_id"]
+            if n_graph > 1:
+                latency[_later_graph_nodes(kernels, None, graph)] = MISSING
+            self.counters["unjoined_kernels"] += unjoined
+            return self._finish(kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency)
 
         ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
         ext_used = np.zeros(len(ext_all), bool)
@@ -484,6 +546,10 @@ class ProcessDecoder:
                 api_used[pos[hit]] = True
         if len(kernels):
             self.counters["unjoined_kernels"] += int((kernels["tid"] == MISSING).sum())
+        return self._finish(kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency)
+
+    def _finish(self, kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency):
+        """The rest of take() once joined: the carries, markers, counters and the Trace."""
         # Only launch records still waiting for their kernel are worth keeping (a kernel
         # buffer may arrive after its thread's API buffer); the rest is done with.
         waiting = ~api_used & ((api_all["category"] == API_LAUNCH) | (api_all["category"] == API_GRAPH_LAUNCH))
@@ -552,8 +618,9 @@ def _later_graph_nodes(kernels: np.ndarray, api_category: np.ndarray, hit: np.nd
 
     Every node of a replay shares the cudaGraphLaunch's correlation id; only the first
     node's start minus the launch is a launch latency, the others are node offsets.
+    ``api_category`` None: ``hit`` already says which kernels joined a graph launch.
     """
-    graph = np.flatnonzero(hit & (api_category == API_GRAPH_LAUNCH))
+    graph = np.flatnonzero(hit if api_category is None else hit & (api_category == API_GRAPH_LAUNCH))
     out = np.zeros(len(kernels), bool)
     if len(graph) > 1:
         order = graph[np.lexsort((kernels["start_ns"][graph], kernels["correlation_id"][graph]))]
@@ -619,6 +686,10 @@ class _Grow:
         out = self.arr[self.n:self.n + k]
         self.n += k
         return out
+
+    def unreserve(self, k: int) -> None:
+        """Give back the last ``k`` rows of the latest :meth:`reserve` (records a pass rejected)."""
+        self.n -= k
 
     def take(self) -> np.ndarray:
         if self.arr is None:
