@@ -186,6 +186,10 @@ def main() -> int:
                   f"{max(t for t, _ in times) / n * 1e9:.0f}", flush=True)
         del bodies, keep
     if a.only_probe:
+        import ridgeline.probes.cupti.decode as D
+        print(f"# decoder: {D.__file__} (native passes: {'yes' if hasattr(D, 'N') and not D.N.REFERENCE else 'no'}), "
+              f"batch kernels {a.batch_kernels or 'a 4 MiB buffer'}, poll every {a.per_poll} batches, "
+              f"load average {os.getloadavg()[0]:.2f}")
         for label, n, med, rate, wall in rows:
             print(f"| {label} | {n:,} | {med:.3f} | {rate:,.0f} | {wall:.3f} |")
         return 0
@@ -204,6 +208,8 @@ def main() -> int:
           f"poll every {a.per_poll} buffers, load average {os.getloadavg()[0]:.1f}")
     print(f"# command: .venv/bin/python bench/bench_cupti_decode.py --kernels {a.kernels} --repeat {a.repeat} "
           f"--per-poll {a.per_poll} --batch-kernels {a.batch_kernels}")
+    import ridgeline.probes.cupti.decode as D
+    print(f"# decoder: {D.__file__} (native passes: {'yes' if hasattr(D, 'N') and not D.N.REFERENCE else 'no'})")
     print("| path | kernel records | median CPU s | kernel records/s (CPU) | median wall s | vs parse+decode |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, n, med, rate, wall in rows:

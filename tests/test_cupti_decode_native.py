@@ -316,3 +316,21 @@ def test_records_of_each_header_set_decode_the_same(header_set, tmp_path):
     one = _same([[_batch(sections, names, api_version)]], _hello(), int(start[-1]) + 10**9)
     t, lat = one[0]
     assert 300 < len(t.kernels) < n and (lat >= 0).sum() > 100
+
+
+def test_missing_library_is_one_clear_line_and_the_probe_says_so(monkeypatch, tmp_path):
+    """No fallback: without the library a decoder refuses to start, and CuptiProbe.check()
+    reports the probe unavailable with what to build."""
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    monkeypatch.setenv("RIDGELINE_CUPTI_DECODE_LIB", str(tmp_path / N.LIB_NAME))
+    N.library.cache_clear()
+    try:
+        with pytest.raises(N.DecodeLibraryMissing) as exc:
+            ProcessDecoder(1)
+        msg = str(exc.value)
+        assert "CUPTI decode library" in msg and str(tmp_path) in msg and "make -C" in msg and "\n" not in msg
+        ProcessDecoder(1, reference=True)                  # the reference needs no library
+        avail = CuptiProbe(str(tmp_path / "cupti.sock")).check()
+        assert not avail.ok and "CUPTI decode library" in avail.reason
+    finally:
+        N.library.cache_clear()

@@ -1,7 +1,12 @@
 """Decode raw CUPTI record sections into the columnar event model, one injected process at a time.
 
-Pure numpy, no CUPTI, no sockets: input is what :func:`probes.cupti.protocol.parse_batch`
-returns, output is :mod:`probes.events` arrays. Each section is decoded right when its
+No CUPTI, no sockets: input is what :func:`probes.cupti.protocol.parse_batch` returns,
+output is :mod:`probes.events` arrays. Kernel and API sections, and the joins of
+:meth:`ProcessDecoder.take`, go through one C pass each (:mod:`probes.cupti.decode_native`:
+the numpy passes cost about 250 ns per kernel with its API and external-correlation
+records, more than the agent's budget at 50k kernels/s); the numpy code here is their
+reference (``ProcessDecoder(reference=True)``), which tests/test_cupti_decode_native.py
+compares them with byte for byte. Other kinds (copies, markers, graph launches) are numpy. Each section is decoded right when its
 message arrives (a section is one CUPTI buffer, a few MiB, so the column copies stay
 in cache); joins across sections happen in :meth:`ProcessDecoder.take`.
 
