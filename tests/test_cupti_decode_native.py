@@ -87,7 +87,10 @@ def _first_diff(a, b):
 
 
 def test_the_library_is_built_and_its_constants_are_decode_pys():
-    N.check()
+    from ridgeline.probes.cupti.protocol import MAX_DEVICE_ID
+    assert N.constants() == (MAX_TIMESTAMP_NS, MAX_DURATION_NS, MAX_DEVICE_ID, -1, API_GRAPH_LAUNCH)
+    with pytest.raises(N.DecodeLibraryMissing, match="other limits"):
+        N.check((MAX_TIMESTAMP_NS, MAX_DURATION_NS + 1, MAX_DEVICE_ID, -1, API_GRAPH_LAUNCH))
     assert N.kernel_offsets(L.layout_for(10, R.KERNEL.itemsize)[0]) is not None
     assert N.api_offsets(L.layout_for(5, R.API.itemsize)[0]) is not None
 

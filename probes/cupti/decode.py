@@ -87,6 +87,12 @@ CPU_CLOCK_AHEAD_NS = 2_000_000_000       # a record is made before it is receive
 CPU_CLOCK_FLOOR_NS = 1_000_000_000_000_000_000
 
 
+def check_native() -> None:
+    """Raise decode_native.DecodeLibraryMissing unless the native passes can be used, built
+    with this module's limits."""
+    N.check((MAX_TIMESTAMP_NS, MAX_DURATION_NS, MAX_DEVICE_ID, MISSING, API_GRAPH_LAUNCH))
+
+
 def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
     """Which records of view ``v`` hold values in range.
 
@@ -191,7 +197,7 @@ class ProcessDecoder:
         #: False: the numpy reference (``reference=True``, or decode_native.REFERENCE set)
         self.native = not (N.REFERENCE if reference is None else reference)
         if self.native:
-            N.check()
+            check_native()
         self._scratch = N.Scratch()
         self._counts = N.Counts()
         self.names = NameTable()
@@ -210,6 +216,8 @@ class ProcessDecoder:
         self._ptr_ids = np.empty(0, _I4)
         self._cbid_cat: dict[int, np.ndarray] = {}
         self._cbid_name: dict[int, np.ndarray] = {}
+        self._cbid_tables: dict[int, N.Table] = {}  # the same, for the native pass
+        self._name_table = N.NO_TABLE               # _ptrs/_ptr_ids, for the native pass
         # decoded straight into growing arrays: one copy per record, not decode + concatenate
         self._kernels = _Grow(KERNEL_DTYPE)
         self._copies = _Grow(COPY_DTYPE)
@@ -253,6 +261,7 @@ class ProcessDecoder:
                 cat[cb] = c
                 nid[cb] = self._intern_bounded(nm)
             self._cbid_cat[domain], self._cbid_name[domain] = cat, nid
+            self._cbid_tables[domain] = N.Table(cat, nid)
 
     def _intern_bounded(self, s: str) -> int:
         """Intern ``s`` within the process's name budget (a HELLO is sent again on every
@@ -343,13 +352,14 @@ class ProcessDecoder:
         before the agent received them; one later than ``received_ns`` + CPU_CLOCK_AHEAD_NS
         or below CPU_CLOCK_FLOOR_NS is on another clock (a timestamp source such as
         Kineto's TSC ticks): rejected, counted in ``clock_disagreements``, never published."""
-        h = batch.header
-        self.cupti_version = int(h["cupti_version"]) or self.cupti_version
-        self.mode, self.flags = int(h["mode"]), int(h["flags"])
-        self.library_counters = {k: int(h[k]) for k in
+        # the header's fields as Python ints at once (field by field cost a microsecond each)
+        h = dict(zip(batch.header.dtype.names, batch.header.item()))
+        self.cupti_version = h["cupti_version"] or self.cupti_version
+        self.mode, self.flags = h["mode"], h["flags"]
+        self.library_counters = {k: h[k] for k in
                                  ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
                                   "sampled_out", "names_dropped", "walk_errors")}
-        self.devices.update(int(d) for d in h["device_ids"][:int(h["n_devices"])] if int(d) <= MAX_DEVICE_ID)
+        self.devices.update(d for d in h["device_ids"][:h["n_devices"]].tolist() if d <= MAX_DEVICE_ID)
         self.add_names(batch.names)
         n_done = 0
         for kind, count, reason in batch.rejected:
@@ -415,8 +425,9 @@ class ProcessDecoder:
             if offs is None:
                 return None
             out = self._kernels.reserve(s.count)
-            n = N.decode_kernels(s.data, s.count, s.record_size, offs, out, self._ptrs, self._ptr_ids, self.pid,
-                                 counts)
+            if self._name_table.keys is not self._ptrs:
+                self._name_table = N.Table(self._ptrs, self._ptr_ids)
+            n = N.decode_kernels(s.data, s.count, s.record_size, offs, out, self._name_table, self.pid, counts)
             self._kernels.unreserve(s.count - n)
             bad_ts, bad_dev, unresolved = counts.read()
             self.counters["rejected_timestamps"] += bad_ts
@@ -429,9 +440,8 @@ class ProcessDecoder:
             domain = API_DOMAIN_DRIVER if s.kind == L.KIND_DRIVER else API_DOMAIN_RUNTIME
             out = self._api.reserve(s.count)
             n = N.decode_api(s.data, s.count, s.record_size, offs, out, self.pid, domain,
-                             self._cbid_cat.get(domain), self._cbid_name.get(domain), received_ns,
-                             CPU_CLOCK_FLOOR_NS, 0 if received_ns is None else received_ns + CPU_CLOCK_AHEAD_NS,
-                             counts)
+                             self._cbid_tables.get(domain, N.NO_TABLE), received_ns, CPU_CLOCK_FLOOR_NS,
+                             0 if received_ns is None else received_ns + CPU_CLOCK_AHEAD_NS, counts)
             self._api.unreserve(s.count - n)
             bad_ts, bad_clock, _ = counts.read()
             self.counters["rejected_timestamps"] += bad_ts

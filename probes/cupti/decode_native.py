@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from ridgeline.probes.errors import RuntimeFailure
-from ridgeline.probes.events import API_DTYPE, API_GRAPH_LAUNCH, KERNEL_DTYPE, MISSING
+from ridgeline.probes.events import API_DTYPE, KERNEL_DTYPE
 
 LIB_NAME = "libridgeline_cupti_decode.so"
 
@@ -93,11 +93,8 @@ _A_OUT = _offsets(API_DTYPE, API_OUT)
 assert _K_OUT is not None and _A_OUT is not None, "events.py's columns changed: update decode_native"
 _K_OUT_ADDR, _A_OUT_ADDR = _K_OUT.ctypes.data, _A_OUT.ctypes.data
 
-#: the constants the C file is built with (rl_decode_abi), as decode.py and protocol.py define them
-def _expected_abi() -> tuple[int, ...]:
-    from ridgeline.probes.cupti.decode import MAX_DURATION_NS, MAX_TIMESTAMP_NS
-    from ridgeline.probes.cupti.protocol import MAX_DEVICE_ID
-    return (1, MAX_TIMESTAMP_NS, MAX_DURATION_NS, MAX_DEVICE_ID, MISSING, API_GRAPH_LAUNCH)
+#: rl_decode_abi()'s version: the argument lists this module passes
+ABI_VERSION = 1
 
 
 @lru_cache(maxsize=1)
@@ -127,29 +124,66 @@ def library() -> ct.CDLL:
     except AttributeError as exc:     # a symbol this version calls is not in the library
         raise DecodeLibraryMissing(f"ridgeline: the native CUPTI decode library {path} was built from another "
                                    f"version ({exc}): {_hint()}") from None
-    got = np.zeros(5, np.int64)
-    abi = (int(lib.rl_decode_abi(got)), *map(int, got))
-    if abi != _expected_abi():
+    if lib.rl_decode_abi(np.zeros(5, np.int64)) != ABI_VERSION:
         raise DecodeLibraryMissing(f"ridgeline: the native CUPTI decode library {path} was built from another "
-                                   f"version (constants {abi}, expected {_expected_abi()}): {_hint()}")
+                                   f"version: {_hint()}")
     return lib
 
 
-def check() -> None:
-    """Raise :class:`DecodeLibraryMissing` now if the library cannot be used."""
+def constants() -> tuple[int, ...]:
+    """The constants the C passes were built with: (MAX_TIMESTAMP_NS, MAX_DURATION_NS,
+    MAX_DEVICE_ID, MISSING, API_GRAPH_LAUNCH)."""
+    got = np.zeros(5, np.int64)
+    library().rl_decode_abi(got)
+    return tuple(int(x) for x in got)
+
+
+def check(expected: tuple[int, ...] | None = None) -> None:
+    """Raise :class:`DecodeLibraryMissing` now if the library cannot be used, or (``expected``:
+    decode.py's values, passed by it: this module does not import decode) was built with
+    other constants."""
     library()
+    if expected is not None and constants() != expected:
+        raise DecodeLibraryMissing(f"ridgeline: the native CUPTI decode library {library_path()} was built with "
+                                   f"other limits ({constants()}, expected {expected}): {_hint()}")
+
+
+class Offsets:
+    """A layout's input offsets for a C pass, with their address (taken once per layout:
+    each numpy-to-ctypes conversion costs one to three microseconds, per section)."""
+    __slots__ = ("arr", "addr")
+
+    def __init__(self, arr: np.ndarray):
+        self.arr, self.addr = arr, arr.ctypes.data
 
 
 @lru_cache(maxsize=256)
-def kernel_offsets(dtype: np.dtype) -> np.ndarray | None:
+def kernel_offsets(dtype: np.dtype) -> Offsets | None:
     """The C pass's input offsets for a kernel section's layout, None if it does not fit."""
-    return _offsets(dtype, KERNEL_IN)
+    o = _offsets(dtype, KERNEL_IN)
+    return None if o is None else Offsets(o)
 
 
 @lru_cache(maxsize=256)
-def api_offsets(dtype: np.dtype) -> np.ndarray | None:
+def api_offsets(dtype: np.dtype) -> Offsets | None:
     """The same for an API section's layout."""
-    return _offsets(dtype, API_IN)
+    o = _offsets(dtype, API_IN)
+    return None if o is None else Offsets(o)
+
+
+class Table:
+    """A lookup table the passes read (name pointers and their ids; callback categories and
+    names) and the addresses of its arrays, taken once when it changes."""
+    __slots__ = ("keys", "values", "n", "keys_addr", "values_addr")
+
+    def __init__(self, keys: np.ndarray | None, values: np.ndarray | None):
+        self.keys, self.values = keys, values
+        self.n = 0 if keys is None else len(keys)
+        self.keys_addr = keys.ctypes.data if self.n else None
+        self.values_addr = values.ctypes.data if self.n else None
+
+
+NO_TABLE = Table(None, None)
 
 
 class Counts:
@@ -177,32 +211,31 @@ def _rows(out: np.ndarray) -> int:
     return out.ctypes.data
 
 
-def decode_kernels(data, count: int, stride: int, offs: np.ndarray, out: np.ndarray, ptrs: np.ndarray,
-                   ptr_ids: np.ndarray, pid: int, counts: Counts) -> int:
+def decode_kernels(data, count: int, stride: int, offs: Offsets, out: np.ndarray, names: Table, pid: int,
+                   counts: Counts) -> int:
     """``count`` raw kernel records in ``data`` -> rows of ``out`` (KERNEL_DTYPE, room for
-    ``count``); returns the rows written. ``counts`` then holds the records failing the
-    timestamp and device checks and the unresolved names."""
+    ``count``); ``names``: sorted unique name pointers -> name ids. Returns the rows written;
+    ``counts`` then holds the records failing the timestamp and device checks and the
+    unresolved names."""
     if not count:
         counts.arr[:] = 0
         return 0
-    return library().rl_decode_kernels(_base(data), count, stride, offs.ctypes.data, _rows(out),
-                                       KERNEL_DTYPE.itemsize, _K_OUT_ADDR, ptrs.ctypes.data, ptr_ids.ctypes.data,
-                                       len(ptrs), pid, counts.addr)
+    return library().rl_decode_kernels(_base(data), count, stride, offs.addr, _rows(out), KERNEL_DTYPE.itemsize,
+                                       _K_OUT_ADDR, names.keys_addr, names.values_addr, names.n, pid, counts.addr)
 
 
-def decode_api(data, count: int, stride: int, offs: np.ndarray, out: np.ndarray, pid: int, domain: int,
-               cat: np.ndarray | None, cat_name: np.ndarray | None, received_ns: int | None, floor_ns: int,
-               ahead_ns: int, counts: Counts) -> int:
-    """``count`` raw API records -> rows of ``out`` (API_DTYPE); ``counts`` then holds the
-    timestamp failures and the clock disagreements."""
+def decode_api(data, count: int, stride: int, offs: Offsets, out: np.ndarray, pid: int, domain: int, cbids: Table,
+               received_ns: int | None, floor_ns: int, ahead_ns: int, counts: Counts) -> int:
+    """``count`` raw API records -> rows of ``out`` (API_DTYPE); ``cbids``: callback id ->
+    category (uint8) and name id (int32). ``counts`` then holds the timestamp failures and
+    the clock disagreements."""
     if not count:
         counts.arr[:] = 0
         return 0
-    n_cat = 0 if cat is None else len(cat)
     return library().rl_decode_api(
-        _base(data), count, stride, offs.ctypes.data, _rows(out), API_DTYPE.itemsize, _A_OUT_ADDR, pid, domain,
-        cat.ctypes.data if n_cat else None, cat_name.ctypes.data if n_cat else None, n_cat,
-        received_ns is not None, floor_ns, min(ahead_ns, (1 << 64) - 1), counts.addr)
+        _base(data), count, stride, offs.addr, _rows(out), API_DTYPE.itemsize, _A_OUT_ADDR, pid, domain,
+        cbids.keys_addr, cbids.values_addr, cbids.n, received_ns is not None, floor_ns,
+        min(ahead_ns, (1 << 64) - 1), counts.addr)
 
 
 def _field_offs(a: np.ndarray, names) -> np.ndarray:

@@ -20,7 +20,7 @@ from ridgeline.probes import targets
 from ridgeline.probes.cupti import decode_native
 from ridgeline.probes.cupti import peer_time_budget as budget
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
+from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder, check_native
 from ridgeline.probes.cupti.demangle import demangle_many, seccomp_kills
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.name_classes import CHUNK_NAMES, NameClassifier, ProcessRows
@@ -173,7 +173,7 @@ class CuptiProbe(Probe):
             return Availability(False, f"cannot create the CUPTI socket in {d} (not writable)",
                                 "run the agent as root, or set RIDGELINE_SOCKET to a writable path")
         try:
-            decode_native.check()
+            check_native()
         except decode_native.DecodeLibraryMissing as exc:
             return Availability(False, str(exc), "the CUPTI probe decodes with it; build it, then restart the agent")
         lib = library_path()
