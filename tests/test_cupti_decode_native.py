@@ -337,3 +337,32 @@ def test_missing_library_is_one_clear_line_and_the_probe_says_so(monkeypatch, tm
         assert not avail.ok and "CUPTI decode library" in avail.reason
     finally:
         N.library.cache_clear()
+
+
+def test_a_section_shorter_than_its_count_is_refused_as_numpy_refuses_it():
+    """Sections built by hand (parse_batch checks the lengths of those from the wire) whose
+    bytes fall short: never read past them."""
+    b = R.make_buffer(20, seed=4, with_markers=False)
+    for kind, arr in ((10, b.kernels), (5, b.api)):
+        data = arr.tobytes()[:-8]
+        h = np.zeros(1, BATCH_DTYPE)[0]
+        h["records"] = len(arr)
+        bad = Batch(h, {}, [Section(kind, arr.dtype.itemsize, len(arr), memoryview(data))])
+        for reference in (True, False):
+            with pytest.raises(ValueError):
+                ProcessDecoder(1, reference=reference).add_batch(bad)
+
+
+def test_join_index_memory_is_given_back_after_a_burst():
+    d = ProcessDecoder(1)
+    d.set_hello(_hello())
+    b = R.make_buffer(100_000, seed=1, with_markers=False)
+    k, a = b.kernels.copy(), b.api.copy()
+    k["correlation_id"] = a["correlation_id"] = np.arange(100_000, dtype=np.uint32) * 40_000   # sparse: hashed
+    d.add_batch(_batch([(10, k), (5, a)], b.names))
+    d.take()
+    assert len(d._scratch.arr) >= 400_000
+    small = R.make_buffer(10, seed=2, with_markers=False)
+    d.add_batch(_batch([(10, small.kernels), (5, small.api)], small.names))
+    d.take()
+    assert len(d._scratch.arr) < N.SCRATCH_KEPT

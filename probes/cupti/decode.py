@@ -374,7 +374,8 @@ class ProcessDecoder:
                 self.layout_sources[s.kind] = source
                 continue
             self.layout_sources[s.kind] = source
-            if self.native and s.kind in _NATIVE_KINDS:
+            # (a section whose bytes fall short of its count is left to numpy, which refuses it)
+            if self.native and s.kind in _NATIVE_KINDS and memoryview(s.data).nbytes >= s.count * s.record_size:
                 done = self._add_native(s, dtype, received_ns)
                 if done is not None:
                     n_done += done

@@ -246,6 +246,10 @@ def _stride(a: np.ndarray) -> int:
     return a.strides[0] if len(a) > 1 else a.dtype.itemsize
 
 
+#: int64s of join index memory a decoder keeps however little the last join used (4 MiB)
+SCRATCH_KEPT = 1 << 19
+
+
 class Scratch:
     """Index memory the joins reuse from one take() to the next (one per decoder)."""
     __slots__ = ("arr",)
@@ -275,12 +279,15 @@ def join(kernels: np.ndarray, copies: np.ndarray, api_new: np.ndarray, api_all: 
             ptr(ext_all), len(ext_all), _stride(ext_all), _field_offs(ext_all, ("correlation_id", "external_id")),
             latency.ctypes.data, api_used.ctypes.data, ext_used.ctypes.data, graph.ctypes.data, counts)
     lib = library()
-    rc = lib.rl_join(*args, scratch.arr.ctypes.data, len(scratch.arr))
-    if rc < 0:
-        # bounded: at most 8 entries per record of the two indexed arrays, plus 2048
-        scratch.arr = np.empty(-rc + (-rc >> 2), np.int64)
-        rc = lib.rl_join(*args, scratch.arr.ctypes.data, len(scratch.arr))
-        assert rc == 0, rc
+    used = lib.rl_join(*args, scratch.arr.ctypes.data, len(scratch.arr))
+    if used < 0:
+        # at most 8 entries per record of the two indexed arrays, plus 2048 (their id ranges)
+        scratch.arr = np.empty(-used + (-used >> 2), np.int64)
+        used = lib.rl_join(*args, scratch.arr.ctypes.data, len(scratch.arr))
+        assert used >= 0, used
+    elif len(scratch.arr) > max(4 * used, SCRATCH_KEPT):
+        # a burst (or a peer's sparse ids) does not keep its index memory for the decoder's life
+        scratch.arr = np.empty(0, np.int64)
     return latency, api_used, ext_used, graph, int(counts[0]), int(counts[1])
 
 

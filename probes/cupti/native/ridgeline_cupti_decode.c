@@ -236,7 +236,8 @@ static inline int64_t index_find(const index_t *ix, int64_t k) {
  * ``latency`` (MISSING when none), a_used marks the API records used. A kernel joined to a
  * graph launch gets graph[i] = 1 (decode._later_graph_nodes then keeps only the first node's
  * latency). counts[0] = kernels whose thread is MISSING afterwards, counts[1] = graph-joined
- * kernels. Returns 0, or -1 when an index cannot be allocated (nothing written). */
+ * kernels. ``scratch`` holds ``n_scratch`` int64s for the two indexes; when that is too few,
+ * nothing is written and the count needed is returned, negated; done, the count used. */
 EXPORT int64_t rl_join(uint8_t *kb, int64_t nk, int64_t ks, const int64_t *ko,
                        uint8_t *cb, int64_t nc, int64_t cs, const int64_t *co,
                        uint8_t *nb, int64_t nn, int64_t ns, const int64_t *no,
@@ -293,7 +294,7 @@ EXPORT int64_t rl_join(uint8_t *kb, int64_t nk, int64_t ks, const int64_t *ko,
     }
     counts[0] = unjoined;
     counts[1] = graphs;
-    return 0;
+    return (int64_t)(need_e + need_a);
 }
 
 /* probes/cupti/probe.py _to_shared_names: the int32 field at ``off`` of ``n`` rows becomes
