@@ -63,8 +63,11 @@ import selectors
 import socket
 import stat
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from ridgeline.probes.cupti import peer_process
 from ridgeline.probes.cupti import protocol as P
@@ -137,6 +140,34 @@ def escape(text: str, limit: int = 300) -> str:
     return out + ("..." if len(text) > limit else "")
 
 
+#: A frame body's first buffer; it doubles up to the frame's length as the bytes come.
+FIRST_BODY_BYTES = 1 << 20
+
+
+def _reused(c: "_Conn") -> np.ndarray | None:
+    """The connection's spare buffer for a body of ``c.need`` bytes, when it is large
+    enough and nothing made from the last body it held is still alive (the parsed batch's
+    sections are views of it until the decoder has copied them out): its reference count
+    is then the attribute's and the call's own."""
+    sp = c.spare
+    if sp is None or len(sp) < c.need or sys.getrefcount(sp) > 3:
+        return None
+    c.spare = None
+    return sp if len(sp) == c.need else sp[:c.need]
+
+
+def _grown(body: np.ndarray | None, got: int, need: int) -> np.ndarray:
+    """A buffer for a frame body of ``need`` bytes holding the ``got`` received so far:
+    twice the old one (FIRST_BODY_BYTES at first), at most ``need``. Receiving in place
+    copies nothing; growing copies under one byte per byte of a 4 MiB batch, where
+    recv() then appending copied each byte twice, and allocated twice."""
+    cap = min(need, max(FIRST_BODY_BYTES, 2 * (len(body) if body is not None else 0)))
+    new = np.empty(cap, np.uint8)
+    if got:
+        new[:got] = body[:got]
+    return new
+
+
 @dataclass
 class Message:
     """One validated message: ``kind`` is "hello", "batch" or "closed"."""
@@ -154,8 +185,16 @@ class _Conn:
     conn_id: int
     pid: int
     uid: int
-    buf: bytearray = field(default_factory=bytearray)
+    buf: bytearray = field(default_factory=bytearray)   # the frame header being read
     need: int = 0             # body length of the frame being read, 0 while reading a header
+    # The body being read, received in place (recv_into): its buffer doubles as the bytes
+    # come (``_grown``), so what a peer makes the agent hold follows what it sent (``got``),
+    # not what its header announced.
+    body: np.ndarray | None = None
+    got: int = 0
+    # The last body's buffer, reused for the next frame once nothing holds it (its pages
+    # are warm: fresh ones cost a page fault each, more than the copy they replace).
+    spare: np.ndarray | None = None
     msg_type: int = 0
     last_progress: float = 0.0
     opened: float = 0.0
@@ -400,28 +439,38 @@ class CuptiServer:
         got = 0
         frames0 = self.stats["messages"]
         while got < budget and self.stats["messages"] - frames0 < MAX_FRAMES_PER_ROUND:
-            want = (c.need - len(c.buf)) if c.need else (P.FRAME_DTYPE.itemsize - len(c.buf))
             try:
-                chunk = c.sock.recv(min(max(want, 1), _RECV_CHUNK))
+                if c.need:
+                    if c.body is None:
+                        c.body = _reused(c) if c.spare is not None else None
+                    if c.body is None or c.got == len(c.body):
+                        c.body = _grown(c.body, c.got, c.need)
+                    n = c.sock.recv_into(memoryview(c.body)[c.got:c.got + min(len(c.body) - c.got, _RECV_CHUNK)])
+                else:
+                    chunk = c.sock.recv(P.FRAME_DTYPE.itemsize - len(c.buf))
+                    n = len(chunk)
             except (BlockingIOError, InterruptedError):
                 return got
             except OSError:
                 self._drop(c, reason="reset")
                 return got
-            if not chunk:
+            if not n:
                 if c.buf or c.need:
                     self.stats["truncated_at_close"] += 1
                 self._drop(c, reason="closed")
                 return got
-            got += len(chunk)
+            got += n
             if not c.buf and not c.need:
                 c.frame_started = time.monotonic()
-            c.buf += chunk
-            self._partial_bytes += len(chunk)
+            if c.need:
+                c.got += n
+            else:
+                c.buf += chunk
+            self._partial_bytes += n
             c.last_progress = time.monotonic()
             while self._partial_bytes > self.max_partial_bytes:
                 # cut whoever holds the most: a peer parking a large frame, not the next sender
-                victim = max(self._conns.values(), key=lambda x: (len(x.buf), -x.frame_started))
+                victim = max(self._conns.values(), key=lambda x: (len(x.buf) + x.got, -x.frame_started))
                 self.stats["partial_cap_cut"] += 1
                 self._drop(victim, reason="too much half-received data")
                 if victim is c:
@@ -438,8 +487,9 @@ class CuptiServer:
                     if c.conn_id not in self._conns:     # cut for its identity
                         return got
                 continue
-            if len(c.buf) >= c.need:
-                body, c.buf, c.need = c.buf, bytearray(), 0
+            if c.got >= c.need:
+                body, c.body, c.need, c.got = c.body[:c.need], None, 0, 0
+                c.spare = body.base if body.base is not None else body
                 self._partial_bytes -= len(body)
                 self._frame_done(c, body)
                 if c.conn_id not in self._conns:
@@ -555,8 +605,8 @@ class CuptiServer:
             if c.conn_id not in self._conns:
                 return
         self._conns.pop(c.conn_id)
-        self._partial_bytes -= len(c.buf)
-        c.buf = bytearray()
+        self._partial_bytes -= len(c.buf) + c.got
+        c.buf, c.body, c.got = bytearray(), None, 0
         self._per_uid[c.uid] -= 1
         if self._per_uid[c.uid] <= 0:
             del self._per_uid[c.uid]

@@ -1,0 +1,88 @@
+"""The CUPTI socket server's frame bodies (probes.cupti.server): received in place into
+a buffer reused from frame to frame, which must never be overwritten while a batch made
+from it is alive, and which follows what a peer sent, not what its header announced."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+from support import cupti_records as R
+from support.cupti_server import cupti_server, pump_until
+
+from ridgeline.probes.cupti import protocol as P
+from ridgeline.probes.cupti import server as S
+
+
+def _send(c: socket.socket, data: bytes) -> threading.Thread:
+    """Write in a thread: a frame larger than the socket's buffer waits for the server,
+    which this thread pumps."""
+    t = threading.Thread(target=c.sendall, args=(data,), daemon=True)
+    t.start()
+    return t
+
+
+def _kernel_section(n: int, fill: int) -> tuple[int, int, bytes]:
+    k = np.zeros(n, R.KERNEL)
+    k["kind"] = R.KIND_CONCURRENT_KERNEL
+    k["correlation_id"] = fill
+    return (R.KIND_CONCURRENT_KERNEL, R.KERNEL.itemsize, k.tobytes())
+
+
+def test_a_reused_body_never_overwrites_a_batch_still_held(tmp_path):
+    path = tmp_path / "s.sock"
+    with cupti_server(path) as srv:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(str(path))
+        c.sendall(R.hello_frame())
+        n = 6000                                   # 1.5 MB: a body over FIRST_BODY_BYTES, grown
+        got = []
+
+        def batches():
+            got.extend(m for m in srv.drain() if m.kind == "batch")
+            return len(got)
+        _send(c, R.batch_frame([_kernel_section(n, 7)]))
+        assert pump_until(srv, lambda: batches() >= 1, 10)
+        first = got[0]                             # held: its sections are views of the body
+        _send(c, R.batch_frame([_kernel_section(n, 9)]))
+        assert pump_until(srv, lambda: batches() >= 2, 10)
+        v1 = np.frombuffer(first.body.sections[0].data, R.KERNEL)
+        v2 = np.frombuffer(got[1].body.sections[0].data, R.KERNEL)
+        assert (v1["correlation_id"] == 7).all() and (v2["correlation_id"] == 9).all()
+        # Both released: the next frame of that size goes into a buffer already used.
+        conn = next(iter(srv._conns.values()))
+        lo = conn.spare.__array_interface__["data"][0]       # (a reference here would block the reuse)
+        hi = lo + len(conn.spare)
+        del first, got[:], v1, v2
+        _send(c, R.batch_frame([_kernel_section(n, 11)]))
+        assert pump_until(srv, lambda: batches() >= 1, 10)
+        at = np.frombuffer(got[0].body.sections[0].data, np.uint8).__array_interface__["data"][0]
+        assert lo <= at < hi
+        assert (np.frombuffer(got[0].body.sections[0].data, R.KERNEL)["correlation_id"] == 11).all()
+        c.close()
+
+
+def test_a_header_announcing_a_large_body_allocates_what_was_sent(tmp_path):
+    path = tmp_path / "s.sock"
+    with cupti_server(path) as srv:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(str(path))
+        c.sendall(R.hello_frame())
+        pump_until(srv, lambda: any(x.hello is not None for x in srv._conns.values()), 5)
+        hdr = np.zeros(1, P.FRAME_DTYPE)
+        hdr["magic"], hdr["type"], hdr["proto"], hdr["length"] = P.MAGIC, P.MSG_BATCH, P.PROTO_VERSION, \
+            P.MAX_BODY_BYTES
+        c.sendall(hdr.tobytes() + b"\0" * 10)
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            srv.pump(0.01)
+        conn = next(iter(srv._conns.values()))
+        assert conn.need == P.MAX_BODY_BYTES and conn.got == 10
+        assert len(conn.body) == S.FIRST_BODY_BYTES           # not the 96 MiB announced
+        _send(c, b"\0" * S.FIRST_BODY_BYTES)                     # past the first buffer: it doubles
+        end = time.monotonic() + 2
+        while time.monotonic() < end and conn.got < S.FIRST_BODY_BYTES + 10:
+            srv.pump(0.01)
+        assert conn.got == S.FIRST_BODY_BYTES + 10 and len(conn.body) == 2 * S.FIRST_BODY_BYTES
+        c.close()
