@@ -81,7 +81,14 @@ def _spacing_mode(pos: np.ndarray) -> tuple[int, int, int]:
     """(most common spacing, its count, number of spacings) of sorted positions."""
     if len(pos) < 2:
         return 0, 0, 0
-    vals, counts = np.unique(np.diff(pos), return_counts=True)
+    d = np.diff(pos)
+    if int(d.min()) >= 0:
+        # Counts by value (sorted positions: spacings >= 0, at most the last position):
+        # argmax takes the smallest of the most common spacings, as np.unique's order does.
+        counts = np.bincount(d)
+        j = int(np.argmax(counts))
+        return j, int(counts[j]), len(pos) - 1
+    vals, counts = np.unique(d, return_counts=True)
     j = int(np.argmax(counts))
     return int(vals[j]), int(counts[j]), len(pos) - 1
 
@@ -110,9 +117,8 @@ def _attention_marker_at(att: np.ndarray, att_names: np.ndarray) -> tuple[np.nda
         return np.empty(0, dtype=np.int64), 0
     best = None
     cands = [att]
-    names = np.unique(att_names)
-    if len(names) > 1:
-        cands += [att[att_names == nm] for nm in names.tolist()]
+    if att_names.min() != att_names.max():      # one attention kernel name: no sort
+        cands += [att[att_names == nm] for nm in np.unique(att_names).tolist()]
     for pos in cands:
         period, hits, n = _spacing_mode(pos)
         if hits < PATTERN_MIN_REPEATS:
@@ -428,12 +434,19 @@ def _flag_bits(c, opt_of: np.ndarray) -> np.ndarray:
 
 def _scan_flags(classes) -> tuple[np.ndarray, bool]:
     """(flags, by_name) for :func:`fold_native.segment_scan`: per name slot when the classes
-    are gathered from per-name arrays (the stream phaser's: no per-kernel array at all),
-    else per kernel."""
-    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
+    are gathered from per-name arrays (the stream phaser's: no per-kernel array at all;
+    computed once per state of its name table, in the classes' ``memo``), else per kernel."""
     per_name = getattr(classes, "per_name", None)
+    memo = getattr(classes, "memo", None) if per_name is not None else None
+    if memo is not None and "scan_flags" in memo:
+        # The stream phaser's per-name flags, kept while its name table stays the same.
+        return memo["scan_flags"], True
+    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
     if per_name is not None:
-        return _flag_bits(per_name(), opt_of), True
+        flags = _flag_bits(per_name(), opt_of)
+        if memo is not None:
+            memo["scan_flags"] = flags
+        return flags, True
     return _flag_bits(classes, opt_of), False
 
 
@@ -494,8 +507,8 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     n = len(k)
     kernel_step = np.full(n, -1, dtype=np.int32)
     segments: list[Segment] = []
-    sel = np.ones(n, dtype=bool) if mask is None else mask
-    if not sel.any():
+    sel = mask                          # None: every kernel
+    if not n or (sel is not None and not sel.any()):
         return Segmentation(kernel_step, segments)
     device = k["device"]
     ref = fold_native.REFERENCE
@@ -513,7 +526,10 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     else:
         flags, by_name = _scan_flags(classes)
     for dev in devices:
-        idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
+        if sel is None:
+            idx = np.arange(n) if len(devices) == 1 else np.flatnonzero(device == dev)
+        else:
+            idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
         whole = len(idx) == n           # every kernel, in batch order (so far)
         scan = None if ref else fold_native.segment_scan(k, None if whole else idx, flags, by_name)
         if scan is None:
@@ -615,10 +631,13 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)
         step_of = np.repeat(np.arange(len(starts), dtype=np.int32) + base, stops - starts)
-        kernel_step[idx] = step_of
+        if whole:                       # idx is every kernel in batch order
+            kernel_step[:] = step_of
+        else:
+            kernel_step[idx] = step_of
         e = col(k["end_ns"]) if ref else fold_native.gather(k, "end_ns", None if whole else idx)
         seg_end = np.maximum.reduceat(e, starts)
+        dv = int(dev)
         for a0, s0, e0 in zip(starts.tolist(), k["start_ns"][idx[starts]].tolist(), seg_end.tolist()):
-            why = "first kernel on the device" if a0 == 0 else reason[a0 - 1]
-            segments.append(Segment(device=int(dev), start_ns=s0, end_ns=e0, reasons=[why]))
+            segments.append(Segment(dv, s0, e0, [reason[a0 - 1] if a0 else "first kernel on the device"]))
     return Segmentation(kernel_step, segments)
