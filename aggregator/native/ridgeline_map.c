@@ -10,6 +10,7 @@
  *
  * No allocation, no global state: the caller (numpy) owns every buffer; thread-safe.
  */
+#include <stddef.h>
 #include <stdint.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -41,23 +42,40 @@ static inline int32_t map_rd32(const char *base, int64_t stride, int64_t i, int6
  * per run r (consecutive kept kernels of one step): out_first[r] its first position in
  * out_order, out_step[r] its step, out_hash[r] the hash of rl_step_hashes over its kernels
  * (c: C0..C5 and MUL). out_n[0] = kept. Returns the number of runs. */
-EXPORT int64_t rl_map_runs(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
-                           int64_t n, const int32_t *step, const int64_t *order, const uint8_t *skip,
-                           int64_t n_skip, int64_t *out_order, int64_t *out_first, int64_t *out_step,
-                           uint64_t *out_hash, int64_t *out_n) {
+/* rl_in_step_order's test: the kernels in batch order are in key order. */
+static int key_order(const char *base, int64_t stride, int64_t off_start, int64_t n, const int32_t *step) {
     const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (n < 2) return 1;
+    int64_t t0 = map_rd64(base, stride, 0, off_start);
+    for (int64_t i = 1; i < n; i++) {
+        int64_t v = map_rd64(base, stride, i, off_start);
+        if (v < t0) t0 = v;
+    }
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rel = map_rd64(base, stride, i, off_start) - t0;
+        int64_t key = (int64_t)((uint64_t)(int64_t)step[i] << 40) | (rel < cap ? rel : cap);
+        if (i && key < prev) return 0;
+        prev = key;
+    }
+    return 1;
+}
+
+/* The runs and hashes in one pass; with check (batch order), also whether (step, start) is
+ * in lexicographic order: -2 as soon as it is not, and the span of the starts in span[]. */
+static int64_t runs_pass(const char *base, int64_t stride, const int64_t *off, const uint64_t *c, int64_t n,
+                         const int32_t *step, const int64_t *order, const uint8_t *skip, int64_t n_skip,
+                         int64_t *out_order, int64_t *out_first, int64_t *out_step, uint64_t *out_hash,
+                         int64_t *out_n, int check, int64_t *span) {
     int64_t kept = 0, runs = 0, cur = -1;
     int64_t prev_s = 0, prev_t = 0, t_min = 0, t_max = 0;
     uint64_t h = 0, p = 1;
-    /* One pass: the order test (batch order only), the runs and their hashes together. */
     for (int64_t q = 0; q < n; q++) {
         int64_t i = order ? order[q] : q;
         int64_t s = step[i];
-        if (!order) {
-            /* (step, start) in lexicographic order; equal to the key's order while every
-             * start lies less than 2**40 ns from the earliest (checked after the loop). */
+        if (check) {
             int64_t t = map_rd64(base, stride, i, off[0]);
-            if (q && (s < prev_s || (s == prev_s && t < prev_t))) return -1;
+            if (q && (s < prev_s || (s == prev_s && t < prev_t))) return -2;
             if (!q || t < t_min) t_min = t;
             if (!q || t > t_max) t_max = t;
             prev_s = s;
@@ -80,20 +98,30 @@ EXPORT int64_t rl_map_runs(const char *base, int64_t stride, const int64_t *off,
         p *= c[6];
         out_order[kept++] = i;
     }
-    if (!order && n >= 2 && (t_max - t_min >= cap || n >= ((int64_t)1 << 23))) {
-        /* Starts 2**40 ns apart (the key caps them) or steps past 2**23 (the key's shift
-         * wraps): the key's own test, as rl_in_step_order does it. */
-        int64_t prev = 0;
-        for (int64_t i = 0; i < n; i++) {
-            int64_t rel = map_rd64(base, stride, i, off[0]) - t_min;
-            int64_t key = (int64_t)((uint64_t)(int64_t)step[i] << 40) | (rel < cap ? rel : cap);
-            if (i && key < prev) return -1;
-            prev = key;
-        }
-    }
     if (runs) out_hash[runs - 1] = h ^ ((uint64_t)(kept - out_first[runs - 1]) * c[6]);
     out_n[0] = kept;
+    span[0] = t_max - t_min;
     return runs;
+}
+
+EXPORT int64_t rl_map_runs(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
+                           int64_t n, const int32_t *step, const int64_t *order, const uint8_t *skip,
+                           int64_t n_skip, int64_t *out_order, int64_t *out_first, int64_t *out_step,
+                           uint64_t *out_hash, int64_t *out_n) {
+    int64_t span = 0;
+    int64_t r = runs_pass(base, stride, off, c, n, step, order, skip, n_skip, out_order, out_first, out_step,
+                          out_hash, out_n, !order, &span);
+    /* (step, start) in lexicographic order is the key's order while every start lies less
+     * than 2**40 ns after the earliest (the key caps the rest) and steps stay below 2**23
+     * (past that the key's shift wraps): otherwise the key's own test decides. */
+    const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (!order && (r == -2 || span >= cap || n >= ((int64_t)1 << 23))) {
+        if (!key_order(base, stride, off[0], n, step)) return -1;
+        if (r == -2)
+            r = runs_pass(base, stride, off, c, n, step, NULL, skip, n_skip, out_order, out_first, out_step,
+                          out_hash, out_n, 0, &span);
+    }
+    return r;
 }
 
 /* Each kept kernel's phase: the remembered shape's phase at its position in its run.
