@@ -821,12 +821,12 @@ class SourceFold:
         n = len(k)
         if not n:
             return
-        held = None
+        held = seg = None
         if not flush and self.phaser.kernels_only(t):
             # The steps to hold back are chosen from the segmentation, before any step is
             # phase-mapped: the held ones are mapped whole in a later fold, not now.
             seg = self.phaser.segment(t)
-            held = self._held_steps(seg[1].segments, np.asarray(seg[1].kernel_step, dtype=np.int64))
+            held = self._held_steps(seg[1].segments, seg[1].kernel_step)
             bp = self.phaser.map_batch(t, seg=seg, skip=held)
         else:
             bp = self.phaser.map_batch(t)
@@ -859,8 +859,7 @@ class SourceFold:
                     # them when it is folded (aggregator.phase_figures); and the held kernels'
                     # own launches, which may end before the step's first kernel starts (the
                     # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
-                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
-                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+                    ca = t.api[self._held_api(t.api, int(k["start_ns"][hi].min()), k["correlation_id"][hi])]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
@@ -878,9 +877,24 @@ class SourceFold:
                 else:
                     self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
                                    shb[hi] if shb is not None else None, cr, co, ca)
-                    order = order[~hold[order]]
+                    if bp.order is None or seg is None:
+                        order = order[~hold[order]]
+                    # else map_batch skipped the held steps: none of their kernels is in order
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
+
+    @staticmethod
+    def _held_api(api: np.ndarray, t0: int, corr: np.ndarray) -> np.ndarray:
+        """Per host call: it ends at or after ``t0`` or launched one of the kernels whose
+        correlation ids are ``corr`` (at least one). The id test only where the ids can
+        match (between the least and the greatest of ``corr``): it was a sort of every
+        call of the batch."""
+        m = api["end_ns"] >= t0
+        c = api["correlation_id"]
+        cand = ~m & (c >= int(corr.min())) & (c <= int(corr.max()))
+        if cand.any():
+            m[cand] = np.isin(c[cand], corr)
+        return m
 
     def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
         """Per step (``device``, ``start_ns``), and one more slot for "no step": True for
@@ -890,7 +904,7 @@ class SourceFold:
         for i, s in enumerate(steps):
             if s.device not in last or s.start_ns >= steps[last[s.device]].start_ns:
                 last[s.device] = i
-        size = np.bincount(kstep[kstep >= 0], minlength=len(steps))
+        size = np.bincount(kstep + 1, minlength=len(steps) + 1)[1:]     # kstep >= -1
         held = np.zeros(len(steps) + 1, dtype=bool)
         room = MAX_CARRY_KERNELS
         for i in sorted(last.values(), key=lambda i: int(size[i])):
