@@ -272,6 +272,8 @@ def _map_library() -> ct.CDLL:
         lib.rl_map_runs.argtypes = (_V, _I, _V, _V, _I, _V, _V, _V, _I, _V, _V, _V, _V, _V)
         lib.rl_map_phases.restype = None
         lib.rl_map_phases.argtypes = (_I, _V, _I, _V, _V, _V, _V)
+        lib.rl_end_and_devices.restype = None
+        lib.rl_end_and_devices.argtypes = (_V, _I, _I, _I, _I, _V, _V)
     except AttributeError as exc:
         raise FoldLibraryMissing(f"ridgeline: the native fold library {library_path()} was built from another "
                                  f"version ({exc}): {_hint()}") from None
@@ -323,3 +325,14 @@ def map_phases(order: np.ndarray, first: np.ndarray, shape_at: np.ndarray, flat:
     order, first, shape_at, flat = c(order, np.int64), c(first, np.int64), c(shape_at, np.int64), c(flat, np.uint8)
     _map_library().rl_map_phases(len(order), order.ctypes.data, len(first), first.ctypes.data,
                                  shape_at.ctypes.data, flat.ctypes.data, phase.ctypes.data)
+
+
+def end_and_devices(k: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(every record's end_ns as a new contiguous array, least device, greatest device) in
+    one pass over the records (at least one; ``rl_end_and_devices``): the step cut's
+    device test and segment ends, which were a pass each."""
+    out = np.empty(len(k), np.int64)
+    rng = np.empty(2, np.int64)
+    _map_library().rl_end_and_devices(k.ctypes.data, k.strides[0], _off(k, "end_ns"), _off(k, "device"), len(k),
+                                      out.ctypes.data, rng.ctypes.data)
+    return out, int(rng[0]), int(rng[1])

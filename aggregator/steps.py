@@ -357,13 +357,18 @@ def _argmax_in_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.
 
 def _mark(cut: np.ndarray, reason: dict[int, str], at: np.ndarray, whys: list[str]) -> None:
     """Mark boundaries after kernels ``at`` (in order), each with its reason; a boundary
-    already marked gains the reason unless it already says it."""
+    already marked gains the reason unless it already says it. ``reason`` holds exactly the
+    marked boundaries (segment_kernels sets both together), so it alone says which are:
+    no numpy scalar read per boundary."""
+    if not len(at):
+        return
     for j, why in zip(at.tolist(), whys):
-        if not cut[j]:
-            cut[j] = True
+        r = reason.get(j)
+        if r is None:
             reason[j] = why
-        elif why not in reason[j]:
-            reason[j] += "; " + why
+        elif why not in r:
+            reason[j] = r + "; " + why
+    cut[at] = True
 
 
 def _launched_together(trace: Trace, before: np.ndarray, after: np.ndarray, launch: np.ndarray | None) -> np.ndarray:
@@ -512,8 +517,10 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         return Segmentation(kernel_step, segments)
     device = k["device"]
     ref = fold_native.REFERENCE
+    end = None
     if mask is None and not ref:
-        d0, d1 = fold_native.field_range(k, "device")      # one pass over the packed records
+        # One pass over the packed records: the devices, and the ends the segments' spans read.
+        end, d0, d1 = fold_native.end_and_devices(k)
         devices = [d0] if d0 == d1 else distinct(device)
     else:
         devices = distinct(device if mask is None else device[sel])
@@ -635,7 +642,12 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
             kernel_step[:] = step_of
         else:
             kernel_step[idx] = step_of
-        e = col(k["end_ns"]) if ref else fold_native.gather(k, "end_ns", None if whole else idx)
+        if ref:
+            e = col(k["end_ns"])
+        elif end is not None:
+            e = end if whole else end[idx]
+        else:
+            e = fold_native.gather(k, "end_ns", None if whole else idx)
         seg_end = np.maximum.reduceat(e, starts)
         dv = int(dev)
         for a0, s0, e0 in zip(starts.tolist(), k["start_ns"][idx[starts]].tolist(), seg_end.tolist()):

@@ -264,3 +264,15 @@ def test_held_host_calls_equal_the_whole_id_test(seed):
     t0 = int(rng.integers(0, 12_000))
     want = (a["end_ns"] >= t0) | np.isin(a["correlation_id"], corr)
     np.testing.assert_array_equal(SourceFold._held_api(a, t0, corr), want)
+
+
+def test_end_and_devices_reads_the_records():
+    """rl_end_and_devices on a strided view of records (every third, negative devices)."""
+    rng = np.random.default_rng(3)
+    k = empty(KERNEL_DTYPE, 301)
+    k["end_ns"] = rng.integers(-10**12, 10**15, len(k))
+    k["device"] = rng.integers(-2, 9, len(k))
+    v = k[1::3]
+    end, lo, hi = fold_native.end_and_devices(v)
+    np.testing.assert_array_equal(end, v["end_ns"])
+    assert (lo, hi) == (int(v["device"].min()), int(v["device"].max()))

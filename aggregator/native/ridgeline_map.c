@@ -137,3 +137,19 @@ EXPORT void rl_map_phases(int64_t kept, const int64_t *order, int64_t n_runs, co
         for (int64_t q = a; q < b; q++) phase[order[q]] = src[q];
     }
 }
+
+/* The step cut's columns of a batch in one pass (aggregator/steps.py, segment_kernels):
+ * end_ns (int64 at off_end) of every record into out_end, and the least and greatest
+ * device (int32 at off_device) into range[0], range[1]. n >= 1. */
+EXPORT void rl_end_and_devices(const char *base, int64_t stride, int64_t off_end, int64_t off_device, int64_t n,
+                               int64_t *out_end, int64_t *range) {
+    int32_t lo = map_rd32(base, stride, 0, off_device), hi = lo;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t d = map_rd32(base, stride, i, off_device);
+        if (d < lo) lo = d;
+        if (d > hi) hi = d;
+        out_end[i] = map_rd64(base, stride, i, off_end);
+    }
+    range[0] = lo;
+    range[1] = hi;
+}
