@@ -272,6 +272,8 @@ def _map_library() -> ct.CDLL:
         lib.rl_map_runs.argtypes = (_V, _I, _V, _V, _I, _V, _V, _V, _I, _V, _V, _V, _V, _V)
         lib.rl_map_phases.restype = None
         lib.rl_map_phases.argtypes = (_I, _V, _I, _V, _V, _V, _V)
+        lib.rl_argmax_ranges.restype = _I
+        lib.rl_argmax_ranges.argtypes = (_V, _I, _V, _V, _I, _V)
         lib.rl_end_and_devices.restype = None
         lib.rl_end_and_devices.argtypes = (_V, _I, _I, _I, _I, _V, _V)
     except AttributeError as exc:
@@ -336,3 +338,18 @@ def end_and_devices(k: np.ndarray) -> tuple[np.ndarray, int, int]:
     _map_library().rl_end_and_devices(k.ctypes.data, k.strides[0], _off(k, "end_ns"), _off(k, "device"), len(k),
                                       out.ctypes.data, rng.ctypes.data)
     return out, int(rng[0]), int(rng[1])
+
+
+def argmax_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """Per range, the first position of the greatest of ``values[lo:hi]`` (int64 arrays),
+    or None when a range is empty or out of bounds (``rl_argmax_ranges``; the numpy
+    reference: aggregator/steps.py ``_argmax_in_ranges``)."""
+    if values.dtype != np.int64 or not values.flags.c_contiguous:
+        return None
+    lo = np.ascontiguousarray(lo, np.int64)
+    hi = np.ascontiguousarray(hi, np.int64)
+    out = np.empty(len(lo), np.int64)
+    if not _map_library().rl_argmax_ranges(values.ctypes.data, len(values), lo.ctypes.data, hi.ctypes.data, len(lo),
+                                           out.ctypes.data):
+        return None
+    return out

@@ -276,3 +276,25 @@ def test_end_and_devices_reads_the_records():
     end, lo, hi = fold_native.end_and_devices(v)
     np.testing.assert_array_equal(end, v["end_ns"])
     assert (lo, hi) == (int(v["device"].min()), int(v["device"].max()))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_argmax_ranges_equal_reference(seed, monkeypatch):
+    """rl_argmax_ranges against steps._argmax_in_ranges' numpy (fold_native.REFERENCE): ties
+    (the first position wins), overlapping ranges, ranges long enough for its slice path;
+    an empty or out-of-bounds range is left to the numpy path."""
+    from ridgeline.aggregator import steps
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 300))
+    values = rng.integers(0, 4, n).astype(np.int64)        # many ties
+    m = int(rng.integers(1, 40)) * (20 if seed % 4 == 3 else 1)
+    lo = rng.integers(0, n - 1, m)
+    hi = np.minimum(lo + rng.integers(1, n, m), n)
+    got = steps._argmax_in_ranges(values, lo, hi)
+    assert fold_native.argmax_ranges(values, lo, hi) is not None
+    with monkeypatch.context() as mp:
+        mp.setattr(fold_native, "REFERENCE", True)
+        want = steps._argmax_in_ranges(values, lo, hi)
+    np.testing.assert_array_equal(got, want)
+    assert fold_native.argmax_ranges(values, np.array([3]), np.array([3])) is None
+    assert fold_native.argmax_ranges(values, np.array([0]), np.array([n + 1])) is None

@@ -153,3 +153,19 @@ EXPORT void rl_end_and_devices(const char *base, int64_t stride, int64_t off_end
     range[0] = lo;
     range[1] = hi;
 }
+
+/* aggregator/steps.py _argmax_in_ranges: per range r, the first position of the greatest
+ * of values[lo[r]:hi[r]] into out[r]. Returns 0, having written nothing reliable, when a
+ * range is empty or leaves [0, n) (the caller then takes its numpy path, which says so). */
+EXPORT int64_t rl_argmax_ranges(const int64_t *values, int64_t n, const int64_t *lo, const int64_t *hi,
+                                int64_t n_ranges, int64_t *out) {
+    for (int64_t r = 0; r < n_ranges; r++) {
+        int64_t a = lo[r], b = hi[r];
+        if (a < 0 || b > n || b <= a) return 0;
+        int64_t best = a;
+        for (int64_t q = a + 1; q < b; q++)
+            if (values[q] > values[best]) best = q;
+        out[r] = best;
+    }
+    return 1;
+}
