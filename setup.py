@@ -12,7 +12,9 @@ say there:
 * ``build_py`` likewise runs aggregator/native/Makefile and puts ``libridgeline_fold.so``
   (the per-kernel pass of the per-phase fold, ``ridgeline.aggregator.fold_native``) at
   ``ridgeline/aggregator/native/``. It needs only a C compiler and is always built: the
-  agent and ``analyze`` cannot fold without it.
+  agent and ``analyze`` cannot fold without it. probes/cupti/native/Makefile likewise
+  (``libridgeline_cupti_decode.so``, the CUPTI probe's per-record decode passes,
+  ``ridgeline.probes.cupti.decode_native``) goes to ``ridgeline/probes/cupti/native/``.
 * The CUPTI headers come from the ``nvidia-cuda-cupti`` wheel that pyproject.toml pins as
   a build requirement (``CUPTI_INCLUDE=DIR`` overrides: a CUDA toolkit's
   ``extras/CUPTI/include``). Nothing is linked against libcupti; the library dlopens it.
@@ -26,8 +28,8 @@ A failed native build fails the package build with the compiler's message: an in
 whose ``ridgeline run`` cannot inject is worse than no install. ``RIDGELINE_SKIP_NATIVE=1``
 builds without it on purpose (the CUPTI probe then says the library is missing).
 Editable installs (``pip install -e .``) build none of them: a source tree uses ``make -C
-probes/native``, ``make -C probes/native_json`` and ``make -C aggregator/native``
-(``scripts/setup.sh`` runs them), and the library_path() functions find those.
+probes/native``, ``make -C probes/native_json``, ``make -C probes/cupti/native`` and ``make -C
+aggregator/native`` (``scripts/setup.sh`` runs them), and the library_path() functions find those.
 """
 from __future__ import annotations
 
@@ -50,6 +52,10 @@ JSON_SRC = HERE / "probes" / "native_json"
 JSON_LIB_NAME = "libridgeline_json.so"
 # mirrors probes/kineto_native.py's library_path()
 JSON_LIB_DEST = Path("ridgeline") / "probes" / "native_json" / JSON_LIB_NAME
+DECODE_SRC = HERE / "probes" / "cupti" / "native"
+DECODE_LIB = "libridgeline_cupti_decode.so"
+# Mirrors probes/cupti/decode_native.py's library_path().
+DECODE_DEST = Path("ridgeline") / "probes" / "cupti" / "native" / DECODE_LIB
 FOLD_SRC = HERE / "aggregator" / "native"
 FOLD_LIB = "libridgeline_fold.so"
 # Mirrors aggregator/fold_native.py's library_path().
@@ -110,6 +116,11 @@ def build_fold(build_temp: Path) -> Path:
     return _make(build_temp, FOLD_SRC, "fold", FOLD_LIB, "native fold library", [], _C_HINT, ")")
 
 
+def build_decode(build_temp: Path) -> Path:
+    """The agent's native CUPTI decode passes (probes/cupti/native): a C compiler only."""
+    return _make(build_temp, DECODE_SRC, "cupti_decode", DECODE_LIB, "native CUPTI decoder", [], _C_HINT, ")")
+
+
 def build_trace_reader(build_temp: Path) -> Path:
     """The columnar Kineto reader (probes/native_json), against libsimdjson-dev."""
     return _make(build_temp, JSON_SRC, "native_json", JSON_LIB_NAME, "native trace reader", [],
@@ -124,9 +135,10 @@ class BuildPyWithNative(build_py):
         if self.editable_mode:
             return
         build_temp = Path(self.get_finalized_command("build").build_temp)
-        # The fold library always (the agent and analyze cannot fold without it); the CUPTI
+        # The fold library and the CUPTI decoder always (C only; the agent and analyze cannot
+        # fold without the first, the CUPTI probe decode without the second); the CUPTI
         # library and the trace reader unless RIDGELINE_SKIP_NATIVE=1.
-        built = [(build_fold(build_temp), FOLD_DEST)]
+        built = [(build_fold(build_temp), FOLD_DEST), (build_decode(build_temp), DECODE_DEST)]
         if os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
             built += [(build_native(build_temp), LIB_DEST), (build_trace_reader(build_temp), JSON_LIB_DEST)]
         for lib, rel in built:

@@ -14,7 +14,8 @@ labelled ``Hostname`` only (plus ``segment`` or ``source``, from fixed sets):
   ``ridgeline_request_figures_timestamp_seconds``): ``ridgeline_request_dragged_share_ratio``
   (``source``: measured, roofline_estimate or none), ``ridgeline_request_segment_p99_seconds``
   (``segment``: queue, prefill, decode, dragged, e2e), ``ridgeline_request_top_culprit_added_seconds``
-  and ``ridgeline_request_top_culprit_prompt_tokens`` (the top culprit's size);
+  and ``ridgeline_request_top_culprit_tokens`` (the top culprit's size: its prompt, or prompt +
+  generated for a re-prefill);
 * the histogram ``ridgeline_request_e2e_seconds`` of the joined requests' end-to-end time
   (``request_join.E2E_BOUNDS_S``, cumulative over windows); in OpenMetrics (``Accept:
   application/openmetrics-text``) each bucket carries an exemplar: the slowest request of
@@ -127,7 +128,8 @@ class RequestMetrics:
                 ("ridgeline_request_top_culprit_added_seconds",
                  "Decode time the window's top culprit added to the requests batched with it",
                  r.top_culprit_added_ns * 1e-9),
-                ("ridgeline_request_top_culprit_prompt_tokens", "Prompt tokens of the window's top culprit",
+                ("ridgeline_request_top_culprit_tokens",
+                 "Tokens of the window's top culprit: its prompt, or prompt + generated when re-prefilling",
                  float(r.top_culprit_tokens))):
             g = GaugeMetricFamily(name, doc, labels=["Hostname"])
             g.add_metric([host], value)

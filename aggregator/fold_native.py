@@ -4,7 +4,10 @@ Built from ``aggregator/native/ridgeline_fold.c`` by the package build (setup.py
 source tree, by ``make -C aggregator/native`` (``scripts/setup.sh`` runs it), as the CUPTI
 injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.fold_kernels`
 calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
-compare it with, never a fallback: without the library the fold raises
+compare it with, never a fallback. A live window's fold of a kernel stream takes the one-pass
+entry points (:func:`fold_batch` through ``phase_figures.fold_records``, :func:`host_unions`,
+:func:`ingest_pass`: one pass over the packed records each, arguments as raw addresses), whose
+references are the general native path and the numpy twins. Without the library the fold raises
 :class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
 start and exits).
 """
@@ -102,8 +105,13 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_api_launch_hist.argtypes = (_V, _I, _I, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_range_i32.restype = None
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
-    lib.rl_union_records.restype = _I
-    lib.rl_union_records.argtypes = (_V, _I, _I, _I, _I, _B, _I, _P, _P)
+    lib.rl_fold_batch.restype = _I
+    lib.rl_fold_batch.argtypes = (_V, _I, _V, _I, _V, _V, _V, _V, _I, _V, _V, _I, _V, _V, _I, _I, _V, _V, _V, _V, _V,
+                                  _V)
+    lib.rl_host_unions.restype = _I
+    lib.rl_host_unions.argtypes = (_V, _I, _I, _I, _I, _V, _I, _V, _V)
+    lib.rl_ingest_pass.restype = _I
+    lib.rl_ingest_pass.argtypes = (_V, _I, _V, _I, _V, _I, _V, _I, _V, _V, _V, _V, _V)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
 
@@ -201,17 +209,20 @@ def field_range(records: np.ndarray, field: str) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
-def union_records(a: np.ndarray, want: np.ndarray):
-    """Sorted disjoint intervals covering the records whose category ``want`` selects (a
-    bool table of 256), or None when those records are not in start order
-    (``rl_union_records``)."""
+def host_unions(a: np.ndarray, kind: np.ndarray):
+    """(launch (starts, ends), sync (starts, ends)): the sorted disjoint intervals of the
+    records whose category ``kind`` (uint8 per category: 1 launch, 2 sync) selects, in one
+    pass, or None when the records of a kind are not in start order (``rl_host_unions``).
+    The intervals are views of one array (a kernel stream's launches rarely merge, so a copy
+    of the part used would save little)."""
     n = len(a)
-    s, e = np.empty(n, np.int64), np.empty(n, np.int64)
-    m = library().rl_union_records(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
-                                   _off(a, "category"), want.view(np.uint8), n, s, e)
-    if m < 0:
+    ws = np.empty((4, n), np.int64)
+    out = np.zeros(2, np.int64)
+    if not library().rl_host_unions(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                    _off(a, "category"), kind.ctypes.data, n, ws.ctypes.data, out.ctypes.data):
         return None
-    return s[:m].copy(), e[:m].copy()
+    ml, ms = out.tolist()
+    return (ws[0, :ml], ws[1, :ml]), (ws[2, :ms], ws[3, :ms])
 
 
 def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
@@ -252,6 +263,85 @@ def segment_scan(k: np.ndarray, idx: np.ndarray | None, flags: np.ndarray, by_na
     na, nt, nl, ne, no, ng = cnt.tolist()
     return (gaps[:max(m - 1, 0)], pos[0, :na], val[0, :na], pos[1, :nt], val[1, :nt], pos[2, :nl], pos[3, :ne],
             pos[4, :no], pos[5, :ng], val[2, :ng])
+
+
+_BATCH_FIELDS = ("start_ns", "end_ns", "device", "pid")
+#: Rows (distinct group key and phase) the one-pass fold takes first: one GPU and process
+#: has at most 8; a fold with more is passed again with room for BATCH_ROWS_MAX.
+BATCH_ROWS = 8
+BATCH_ROWS_MAX = 512
+_E0 = np.zeros(1, np.int64)
+
+
+@lru_cache(maxsize=16)
+def _batch_offsets(dtype: np.dtype) -> np.ndarray:
+    return np.array([dtype.fields[f][1] for f in _BATCH_FIELDS], np.int64)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+def fold_batch(k: np.ndarray, order: np.ndarray | None, phase: np.ndarray, kstep: np.ndarray, lat: np.ndarray,
+               host, nf: int, fine_bins: int):
+    """``rl_fold_batch``: the units, gaps and per-row sums of the kernels ``k[order]`` (in
+    (step, start) order; ``phase`` uint8, ``kstep`` and ``lat`` int64 per record) in one pass
+    over the records, arguments passed as raw addresses (no per-argument conversion). Returns
+    (units: first, start, end, busy, kernel time, key, step, group key, kernels, row as 10
+    rows of one array; gap lengths; gap units; row keys; add (rows x nf); hist (rows x 3 x
+    fine_bins); the gaps' log2 histogram per row (rows x 64)), or None when the kernels hold
+    more than BATCH_ROWS_MAX rows."""
+    lib = library()
+    n = len(order) if order is not None else len(k)
+    o = np.ascontiguousarray(order, np.int64) if order is not None else None
+    ph = np.ascontiguousarray(phase, np.uint8)
+    st = np.ascontiguousarray(kstep, np.int64)
+    la = np.ascontiguousarray(lat, np.int64)
+    (hl_s, hl_e), (hs_s, hs_e) = host if host is not None else ((_E0[:0], _E0[:0]), (_E0[:0], _E0[:0]))
+    hl_s, hl_e, hs_s, hs_e = (np.ascontiguousarray(x, np.int64) for x in (hl_s, hl_e, hs_s, hs_e))
+    ws = np.empty((12, max(n, 1)), np.int64)
+    out = np.zeros(3, np.int64)
+    offs = _batch_offsets(k.dtype)
+    for rows in (BATCH_ROWS, BATCH_ROWS_MAX):
+        row_key = np.empty(rows, np.int64)
+        add = np.zeros((rows, nf), np.int64)
+        hist = np.zeros((rows, 3, fine_bins), np.int64)
+        gap_log2 = np.zeros((rows, 64), np.int64)
+        if lib.rl_fold_batch(k.ctypes.data, k.strides[0] if k.ndim else 0, offs.ctypes.data, n,
+                             o.ctypes.data if o is not None else None, ph.ctypes.data, st.ctypes.data, la.ctypes.data,
+                             len(hl_s), _addr(hl_s), _addr(hl_e), len(hs_s), _addr(hs_s), _addr(hs_e),
+                             nf, rows, row_key.ctypes.data, add.ctypes.data, hist.ctypes.data, gap_log2.ctypes.data,
+                             ws.ctypes.data, out.ctypes.data):
+            nu, ng, nr = out.tolist()
+            return ws[:10, :nu], ws[10, :ng], ws[11, :ng], row_key[:nr], add[:nr], hist[:nr], gap_log2[:nr]
+    return None
+
+
+_INGEST_K = ("start_ns", "correlation_id", "device")
+_INGEST_A = ("start_ns", "end_ns", "correlation_id", "category", "pid", "tid")
+
+
+@lru_cache(maxsize=16)
+def _offsets(dtype: np.dtype, fields: tuple) -> np.ndarray:
+    return np.array([dtype.fields[f][1] for f in fields], np.int64)
+
+
+def ingest_pass(k: np.ndarray, a: np.ndarray, what: np.ndarray, launch: np.ndarray):
+    """A batch's per-record passes in one (``rl_ingest_pass``): (the kernels' (min, max)
+    device or None when there are none; (log2 histogram of the launch-call durations, pid,
+    tid) as :func:`api_launch_hist` or None; the launch latency per kernel as
+    :func:`launch_latency_aligned` writes it, or None when the records are not aligned).
+    ``what``, ``launch``: uint8 per category (0 a launch for the histogram; non-zero a
+    kernel's launch record)."""
+    hist = np.zeros(64, np.int64)
+    lat = np.empty(len(k), np.int64)
+    out = np.zeros(4, np.int64)
+    bits = library().rl_ingest_pass(k.ctypes.data, k.strides[0], _offsets(k.dtype, _INGEST_K).ctypes.data, len(k),
+                                    a.ctypes.data, a.strides[0], _offsets(a.dtype, _INGEST_A).ctypes.data, len(a),
+                                    what.ctypes.data, launch.ctypes.data, hist.ctypes.data, lat.ctypes.data,
+                                    out.ctypes.data)
+    d0, d1, pid, tid = out.tolist()
+    return ((d0, d1) if bits & 1 else None, (hist, pid, tid) if bits & 2 else None, lat if bits & 4 else None)
 
 
 # -- the phase mapping's passes (aggregator/native/ridgeline_map.c) ----------------------

@@ -331,15 +331,21 @@ def _request_slices(tracks: _Tracks, requests: list, t0: int) -> list[dict]:
         # "preempted" slice inside each), so each segment spans its wall time.
         pauses = [(p.start_ns, p.end_ns) for p in s.pauses]
         first = _after_active(sched, s.prefill_ns, pauses)
-        end = _after_active(first, s.decode_ns, pauses)
+        # Its decode slice holds its re-prefills too (a "recompute" slice after each pause
+        # they followed): the request was in the engine's steps then, not decoding.
+        end = _after_active(first, s.decode_ns + s.recompute_ns, pauses)
         for name, a, b, args in (
                 ("queued", s.start_ns, sched, {"kv_full": s.kv_full_while_queued}),
                 ("prefill", sched, first, {"chunks": s.prefill_chunks, "prompt_tokens": s.prompt_tokens}),
                 *(("preempted", max(pa, sched), min(pb, s.end_ns), {"preemptions": s.preemptions}) for pa, pb in pauses),
+                *(("recompute", p.end_ns, min(p.recompute_end_ns, s.end_ns),
+                   {"gpu_ms": (p.recompute_ns or 0) / 1e6})
+                  for p in s.pauses if p.recompute_end_ns is not None),
                 ("decode", first, end,
                  {"steps": s.decode_steps, "completion_tokens": s.completion_tokens,
                   "dragged_ms": s.dragged_ns / 1e6, "dragged_source": s.dragged_source,
                   "alone_decode_ms": s.alone_decode_ns / 1e6,
+                  "recompute_ms": s.recompute_ns / 1e6, "recompute_steps": s.recompute_steps,
                   "culprits": [f"{c.request_id[:64]} +{c.added_ns / 1e6:.1f} ms ({c.kind})" for c in s.culprits]})):
             if b > a:
                 out.append({"ph": "X", "cat": "ridgeline_request", "name": name, "pid": REQUEST_PID, "tid": tid,

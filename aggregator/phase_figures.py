@@ -9,9 +9,10 @@ from :func:`phase_figures`: the two cannot disagree on the same kernels by const
 :class:`PhaseSums` is columnar: one row per (device, pid, phase) key, integer sums in one
 int64 matrix, FLOP/byte sums in one float64 matrix, three histograms (kernel duration,
 idle gap inside a phase's windows, launch latency) in one int64 cube, the shapes' FLOPs by
-data type in one float64 matrix. A fold adds a batch with a handful of ``np.bincount``
-calls over the batch's kernels (no Python object per kernel) and one small Python loop per
-step (model work, evidence). Rows add, so folding a trace in batches gives the sums of
+data type in one float64 matrix. A fold adds a batch with one native pass over its kernels
+(aggregator/fold_native.py; no Python object per kernel), sums over its units vectorised,
+and a small Python loop per step for what only a step object holds (its evidence line, the
+model's work). Rows add, so folding a trace in batches gives the sums of
 folding it at once, as long as each step is folded whole (the window's carry does that).
 
 Definitions (what both paths publish):
@@ -64,8 +65,13 @@ _LAUNCHING = np.zeros(256, dtype=bool)
 _LAUNCHING[[API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_MEMSET]] = True
 _SYNCING = np.zeros(256, dtype=bool)
 _SYNCING[API_SYNC] = True
+_HOST_KIND = (_LAUNCHING + 2 * _SYNCING).astype(np.uint8)    # 1 launch, 2 sync call (fold_native.host_unions)
 _LAUNCH_RECORD = np.zeros(256, dtype=bool)     # the records launch_latency_ns joins to
 _LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
+
+
+#: uint8 per API category: the records launch_latency_ns joins to (fold_native.ingest_pass)
+LAUNCH_RECORD_U8 = _LAUNCH_RECORD.view(np.uint8)
 
 
 def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -255,12 +261,11 @@ def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tupl
     if not len(api):
         return (e, e), (e, e)
     if not fold_native.REFERENCE:
-        # One native pass per kind over the records, when they come in start order (one
-        # thread's calls); otherwise the sort below.
-        lm = fold_native.union_records(api, _LAUNCHING)
-        sm = fold_native.union_records(api, _SYNCING) if lm is not None else None
-        if sm is not None:
-            return lm, sm
+        # One native pass over the records for both kinds, when they come in start order
+        # (one thread's calls); otherwise the sort below.
+        both = fold_native.host_unions(api, _HOST_KIND)
+        if both is not None:
+            return both
     cat = api["category"]
     lm, sm = _LAUNCHING[cat], _SYNCING[cat]
     # Contiguous copies first: the record's fields are unaligned (50-byte records), and
@@ -342,12 +347,17 @@ def _stream_line(ev: str) -> str:
 class Units:
     """Contiguous runs of one (device, pid, step, phase) of a fold, for the caller's
     per-device figures (extent, idle between units)."""
-    __slots__ = ("start_ns", "end_ns", "busy_ns", "kernels", "kernel_time_ns", "gkey", "gap_ns", "gap_unit")
+    __slots__ = ("start_ns", "end_ns", "busy_ns", "kernels", "kernel_time_ns", "gkey", "gap_ns", "gap_unit",
+                 "gap_log2_by_group")
 
-    def __init__(self, start_ns, end_ns, busy_ns, kernels, kernel_time_ns, gkey, gap_ns, gap_unit):
+    def __init__(self, start_ns, end_ns, busy_ns, kernels, kernel_time_ns, gkey, gap_ns, gap_unit,
+                 gap_log2_by_group=None):
         self.start_ns, self.end_ns, self.busy_ns = start_ns, end_ns, busy_ns
         self.kernels, self.kernel_time_ns, self.gkey = kernels, kernel_time_ns, gkey
         self.gap_ns, self.gap_unit = gap_ns, gap_unit
+        # {group key: log2 histogram (windows.log2_bins) of its gaps}, when the pass made it
+        # (fold_records' native pass); None: the caller bins gap_ns itself.
+        self.gap_log2_by_group = gap_log2_by_group
 
 
 def _units_reference(s, e_in, ph, stp, gk, gkey):
@@ -434,17 +444,58 @@ def _rows_reference(add, h, s, e_in, lat, first, u_cnt, u_busy, u_kt, row_of_uni
                 add[:, col] += np.rint(cs.sum() if ng == 1 else _bincount_rows(g_row, cs, ng)).astype(np.int64)
 
 
+def _steps_reference(sums, add, addf, ins, u_step, row_of_unit, u_busy, u_kt, u_cnt, u_gkey, ugp, steps, step_work,
+                     on_steps) -> None:
+    """The reference of fold_kernels' vectorised per-step sums: one step at a time, in unit
+    order (what fold_kernels did before)."""
+    seen: set[int] = set()
+    with_work: set[int] = set()
+    logged, logged_gk = [], []
+    for u in ins.tolist():
+        si = int(u_step[u])
+        r = int(row_of_unit[u])
+        add[r, I["window_busy_ns"]] += int(u_busy[u])
+        if si in seen:
+            # Another run of the same step and phase (kernels of two phases interleaved).
+            if si in with_work:
+                add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
+                add[r, I["model_busy_ns"]] += int(u_busy[u])
+            continue
+        seen.add(si)
+        st = steps[si]
+        add[r, I["steps"]] += 1
+        add[r, I["window_ns"]] += int(st.end_ns - st.start_ns)
+        row_key = int(ugp[r])
+        _evidence_add(sums.evidence.setdefault(row_key, {}), evidence_line(st), int(u_cnt[u]))
+        logged.append(st)
+        logged_gk.append(int(u_gkey[u]))
+        w = step_work(st) if step_work is not None else None
+        if w is not None:
+            with_work.add(si)
+            addf[r, F["model_flops"]] += w.flops
+            addf[r, F["model_bytes"]] += w.bytes
+            add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
+            add[r, I["model_busy_ns"]] += int(u_busy[u])
+            add[r, I["model_steps"]] += 1
+            add[r, I["model_estimated_steps"]] += int(w.estimate)
+            if w.notes:
+                sums.notes.setdefault(row_key, set()).update(w.notes)
+    if on_steps is not None and logged:
+        on_steps(logged, np.array(logged_gk, np.int64))
+
+
 def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, phase: np.ndarray,
                  step: np.ndarray, gkey: np.ndarray | int, steps: list, latency_ns: np.ndarray,
                  shape_flops: np.ndarray | None = None, shape_bytes: np.ndarray | None = None,
                  shape_dtype: np.ndarray | None = None, step_work=None, host=None,
-                 on_step=None, reference: bool | None = None) -> Units | None:
+                 on_steps=None, reference: bool | None = None) -> Units | None:
     """Fold kernels into ``sums``. Arrays are aligned, in (step, start) order: kernel
     start/end, phase code, step index into ``steps`` (-1: none), group key (one int when
     every kernel has the same), launch latency (-1: unknown), shapes work (NaN: unknown)
     and dtype code (-1: unknown). ``step_work(step)``: the model's work of a step or None;
-    ``host``: :func:`host_intervals` of the same fold's API records; ``on_step(step,
-    unit)``: called once per step folded (the window's step log); ``reference``: the
+    ``host``: :func:`host_intervals` of the same fold's API records; ``on_steps(steps,
+    gkeys)``: called once with the steps folded, in unit order, and the group key of each
+    (the window's step log); ``reference``: the
     per-kernel pass in numpy (:func:`_units_reference`, :func:`_rows_reference`) instead of
     the native library, for the tests that compare the two (None: ``fold_native.REFERENCE``).
     Returns the units."""
@@ -512,6 +563,17 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
                     df = np.bincount(kr[ok] * len(DTYPE_KEYS) + dc[ok], weights=shape_flops[known][ok],
                                      minlength=ng * len(DTYPE_KEYS)).reshape(ng, len(DTYPE_KEYS))
                     sums.dtype_flops[rows] += df
+    return _fold_units_in(sums, steps, u_start, u_end, u_busy, u_kt, u_cnt, u_step, u_ph, u_gkey, ugp, row_of_unit,
+                          rows, add, addf, h, gap_len, gap_unit, step_work, on_steps, reference)
+
+
+def _fold_units_in(sums, steps, u_start, u_end, u_busy, u_kt, u_cnt, u_step, u_ph, u_gkey, ugp, row_of_unit, rows,
+                   add, addf, h, gap_len, gap_unit, step_work, on_steps, reference) -> Units:
+    """What fold_kernels and fold_records do once the per-kernel pass has made the units and
+    each row's per-kernel sums (``add``, ``h``; ``addf`` the shapes' work): the windows, the
+    per-step sums, evidence and model work, then the rows added into ``sums``."""
+    ng = len(ugp)
+    nu = len(u_start)
     # Windows: a unit outside any step of its phase is its own window.
     u_in_step = np.zeros(nu, dtype=bool)
     sidx = np.flatnonzero(u_step >= 0)
@@ -524,43 +586,93 @@ def fold_kernels(sums: PhaseSums, *, start_ns: np.ndarray, end_ns: np.ndarray, p
                                               minlength=ng).astype(np.int64)
         add[:, I["window_busy_ns"]] += np.bincount(row_of_unit[loose], weights=u_busy[loose],
                                                    minlength=ng).astype(np.int64)
-    # Per step (a few per batch): the step's window once, its busy time, evidence and
-    # the model's work from its token counts.
-    seen: set[int] = set()
-    with_work: set[int] = set()
-    for u in np.flatnonzero(u_in_step).tolist():
-        si = int(u_step[u])
-        r = int(row_of_unit[u])
-        add[r, I["window_busy_ns"]] += int(u_busy[u])
-        if si in seen:
-            # Another run of the same step and phase (kernels of two phases interleaved).
-            if si in with_work:
-                add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
-                add[r, I["model_busy_ns"]] += int(u_busy[u])
-            continue
-        seen.add(si)
-        st = steps[si]
-        add[r, I["steps"]] += 1
-        add[r, I["window_ns"]] += int(st.end_ns - st.start_ns)
-        row_key = int(ugp[r])
-        _evidence_add(sums.evidence.setdefault(row_key, {}), evidence_line(st), int(u_cnt[u]))
-        if on_step is not None:
-            on_step(st, int(u_gkey[u]))
-        w = step_work(st) if step_work is not None else None
-        if w is not None:
-            with_work.add(si)
-            addf[r, F["model_flops"]] += w.flops
-            addf[r, F["model_bytes"]] += w.bytes
-            add[r, I["model_kernel_time_ns"]] += int(u_kt[u])
-            add[r, I["model_busy_ns"]] += int(u_busy[u])
-            add[r, I["model_steps"]] += 1
-            add[r, I["model_estimated_steps"]] += int(w.estimate)
-            if w.notes:
-                sums.notes.setdefault(row_key, set()).update(w.notes)
+    # Per step (a few per batch): the step's window once, its busy time, evidence and the
+    # model's work from its token counts. Vectorised over the units: each unit adds its busy
+    # time to its row, the first unit of each step (in unit order) counts the step, its
+    # window and its evidence; only the model's work and the evidence lines are per step.
+    ins = np.flatnonzero(u_in_step)
+    if reference:
+        _steps_reference(sums, add, addf, ins, u_step, row_of_unit, u_busy, u_kt, u_cnt, u_gkey, ugp, steps,
+                         step_work, on_steps)
+    elif len(ins):
+        i_row = row_of_unit[ins]
+        np.add.at(add[:, I["window_busy_ns"]], i_row, u_busy[ins])
+        i_step = u_step[ins]
+        _, fi = np.unique(i_step, return_index=True)
+        fi.sort()
+        fu = ins[fi]                       # the unit that opens each step, in unit order
+        f_row = row_of_unit[fu]
+        f_steps = [steps[i] for i in u_step[fu].tolist()]
+        np.add.at(add[:, I["steps"]], f_row, 1)
+        np.add.at(add[:, I["window_ns"]], f_row,
+                  np.fromiter((st.end_ns - st.start_ns for st in f_steps), np.int64, len(f_steps)))
+        f_key = ugp[f_row].tolist()
+        ev_of: dict[int, dict] = {}
+        for st, rk, c in zip(f_steps, f_key, u_cnt[fu].tolist()):
+            ev = ev_of.get(rk)
+            if ev is None:
+                ev = ev_of[rk] = sums.evidence.setdefault(rk, {})
+            _evidence_add(ev, evidence_line(st), c)
+        if on_steps is not None:
+            on_steps(f_steps, u_gkey[fu])
+        if step_work is not None:
+            has = np.zeros(len(steps), dtype=bool)
+            for j, (st, r, rk) in enumerate(zip(f_steps, f_row.tolist(), f_key)):
+                w = step_work(st)
+                if w is None:
+                    continue
+                has[int(u_step[fu[j]])] = True
+                addf[r, F["model_flops"]] += w.flops
+                addf[r, F["model_bytes"]] += w.bytes
+                add[r, I["model_steps"]] += 1
+                add[r, I["model_estimated_steps"]] += int(w.estimate)
+                if w.notes:
+                    sums.notes.setdefault(rk, set()).update(w.notes)
+            m = has[i_step]                # every unit of a step with work
+            if m.any():
+                np.add.at(add[:, I["model_kernel_time_ns"]], i_row[m], u_kt[ins[m]])
+                np.add.at(add[:, I["model_busy_ns"]], i_row[m], u_busy[ins[m]])
     sums.ints[rows] += add
     sums.floats[rows] += addf
     sums.hists[rows] += h
     return Units(u_start, u_end, u_busy, u_cnt, u_kt, u_gkey, gap_len, gap_unit)
+
+
+def fold_records(sums: PhaseSums, k: np.ndarray, order: np.ndarray, *, phase: np.ndarray, step: np.ndarray,
+                 steps: list, latency_ns: np.ndarray, step_work=None, host=None, on_steps=None,
+                 reference: bool | None = None) -> Units | None:
+    """:func:`fold_kernels` of the kernel records ``k[order]`` (``order``: in (step, start)
+    order), ``phase``, ``step`` and ``latency_ns`` per record, the group key of each read
+    from its device and pid (no operator shapes): one native pass over the records
+    (``fold_native.fold_batch``). Its reference (``reference``, None:
+    ``fold_native.REFERENCE``), and the path of a fold with more rows than that pass takes:
+    the columns gathered and :func:`fold_kernels` (the same units and sums)."""
+    if not len(order):
+        return None
+    if reference is None:
+        reference = fold_native.REFERENCE
+    if not reference:
+        r = fold_native.fold_batch(k, order, phase, step, latency_ns, host, len(INT_FIELDS), FINE_BINS)
+        if r is not None:
+            u, gap_len, gap_unit, ugp, add, h, gap_log2 = r
+            u_first, u_start, u_end, u_busy, u_kt, u_ukey, u_step, u_gkey, u_cnt, row_of_unit = u
+            rows = sums.rows(ugp)
+            addf = np.zeros((len(ugp), len(FLOAT_FIELDS)), np.float64)
+            units = _fold_units_in(sums, steps, u_start, u_end, u_busy, u_kt, u_cnt, u_step, u_ukey & 7, u_gkey, ugp,
+                                   row_of_unit, rows, add, addf, h, gap_len, gap_unit, step_work, on_steps, False)
+            by_group: dict[int, np.ndarray] = {}
+            for gk, hg in zip((ugp >> 3).tolist(), gap_log2):
+                by_group[gk] = by_group[gk] + hg if gk in by_group else hg
+            units.gap_log2_by_group = by_group
+            return units
+    d0, d1 = fold_native.field_range(k, "device")
+    p0, p1 = fold_native.field_range(k, "pid")
+    # One GPU and process (the common case): no per-kernel key to gather.
+    gkey = int(group_key(d0, p0)) if d0 == d1 and p0 == p1 else group_key(k["device"][order], k["pid"][order])
+    return fold_kernels(sums, start_ns=fold_native.gather(k, "start_ns", order),
+                        end_ns=fold_native.gather(k, "end_ns", order), phase=phase[order], step=step[order],
+                        gkey=gkey, steps=steps, latency_ns=latency_ns[order], step_work=step_work, host=host,
+                        on_steps=on_steps, reference=reference)
 
 
 def phase_figures(sums: PhaseSums, row: int, *, total_busy_ns: int, total_kernel_time_ns: int,

@@ -37,6 +37,8 @@ All figures are ns, token counts, or ratios. Pure: no I/O, numpy only.
 """
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from ridgeline.probes.records import Culprit, Exemplar, Pause, RequestStory, WindowRequests  # noqa: F401 (this module's records)
@@ -188,7 +190,11 @@ class _Batch:
         self.prefill_steps = pf_steps.astype(np.int64)
         self.recompute_steps = np.bincount(o, weights=self.rc, minlength=n_req).astype(np.int64)
         cum = np.concatenate([[0.0], np.cumsum(self.dur)])
-        self.recompute_ns = np.bincount(o, weights=cum[p_lo + self.rc] - cum[p_lo], minlength=n_req)
+        #: Per piece: its re-prefill's GPU time (0: none), and the step it starts at.
+        self.rc_ns = cum[p_lo + self.rc] - cum[p_lo]
+        self.p_lo = p_lo
+        self.step_start_ns, self.step_end_ns = steps["start_ns"], steps["end_ns"]
+        self.recompute_ns = np.bincount(o, weights=self.rc_ns, minlength=n_req)
         ndec = np.zeros(n + 1)
         _diff_add(ndec, self.dc_lo, self.dc_hi, np.ones(len(o)))
         a = np.zeros(n + 1)
@@ -249,6 +255,24 @@ class _Batch:
                 self.pf_tokens[k] = refill
                 self.chunk[k] = refill / m
         return rc
+
+    def pauses_with_recompute(self, i: int, pauses) -> list[Pause]:
+        """Request i's ``pauses`` ((start_ns, end_ns) pairs) as Pause records, each with
+        the re-prefill that followed it: a re-prefill belongs to the last pause that began
+        before its first step did."""
+        out = [[int(a), int(b), None, None] for a, b in pauses]
+        starts = [p[0] for p in out]
+        for k in self.pieces_of(i):
+            m = int(self.rc[k])
+            if not m:
+                continue
+            lo = int(self.p_lo[k])
+            j = bisect.bisect_right(starts, int(self.step_start_ns[lo])) - 1
+            if j >= 0:
+                got = out[j]
+                got[2] = (got[2] or 0) + int(round(self.rc_ns[k]))
+                got[3] = max(got[3] or 0, int(self.step_end_ns[lo + m - 1]))
+        return [Pause(a, b, rc, end) for a, b, rc, end in out]
 
     def pieces_of(self, i: int) -> range:
         """Request i's pieces (indices into the per-piece arrays), in step order."""
@@ -482,7 +506,7 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
             prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
             trace_id=r.trace_id[:32], paused_ns=paused_pf + paused_dc,
-            pauses=[Pause(a, b) for a, b in r.pauses[:MAX_STORY_PAUSES]],
+            pauses=batch.pauses_with_recompute(i, r.pauses[:MAX_STORY_PAUSES]),
             recompute_ns=recompute_ns, recompute_steps=int(batch.recompute_steps[i])))
     return out
 

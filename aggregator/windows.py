@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -91,9 +92,11 @@ from ridgeline.probes.trace_joins import kernel_cpu_op_index
 from . import fold_native
 from .columns import distinct, distinct_inverse
 from .phase_figures import (
+    LAUNCH_RECORD_U8,
     PhaseSums,
     figures_by_phase,
     fold_kernels,
+    fold_records,
     group_key,
     host_intervals,
     launch_latency_ns,
@@ -166,14 +169,23 @@ def concat_traces(parts: list[Trace]) -> Trace:
 
 
 def _ceilings(gpu_name: str) -> Ceilings | None:
-    from ridgeline.aggregator import ceilings
-    try:
-        c = ceilings.from_device_name(gpu_name) if gpu_name else None
-    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
-        return None
+    """The window record's ceilings of a GPU (a new record each time: the caller's own)."""
+    c = _device_entry(gpu_name)
     if c is None:
         return None
     return Ceilings(gpu=c.gpu, hbm_bytes_per_s=c.hbm_bytes_per_s, flops_per_s=plain(dict(c.flops_per_s)))
+
+
+@lru_cache(maxsize=64)
+def _device_entry(gpu_name: str):
+    """The ceilings table's entry for a device name, matched once per name (the match
+    tries every entry's patterns: it was redone for every GPU every window), as
+    :func:`_ceilings_obj` is."""
+    from ridgeline.aggregator import ceilings
+    try:
+        return ceilings.from_device_name(gpu_name) if gpu_name else None
+    except InputError:      # the ceilings table unreadable: no ceilings, the figures go on
+        return None
 
 
 @dataclass
@@ -504,6 +516,7 @@ MAX_LAUNCH_TIDS = 16             # launch threads remembered per process and win
 _API_WHAT = np.full(256, 2, dtype=np.int8)
 _API_WHAT[[API_LAUNCH, API_GRAPH_LAUNCH]] = 0
 _API_WHAT[API_SYNC] = 1
+_API_WHAT_U8 = _API_WHAT.view(np.uint8)     # as fold_native reads it
 
 
 def log2_bins(values_ns: np.ndarray) -> np.ndarray:
@@ -587,6 +600,8 @@ class SourceFold:
         # last figures(): the same step still open at the next close is decided then.
         self._held_at_close: dict[int, tuple[int, int]] = {}
         self._pending: list[Trace] = []
+        # The concatenations of the folds, each into a buffer reused from fold to fold.
+        self._buf = {f: RecordBuffer() for f in ("kernels", "api", "copies")}
         self._pending_n = 0
         # (start_ns, end_ns, phase, device, pid) of each step folded since the window last
         # closed: the request join's GPU side (bounded; past it counted in steps_unlogged).
@@ -646,23 +661,34 @@ class SourceFold:
         if len(parts) == 1:
             self._ingest(parts[0])
             return
-        cat = {f: concat_records([getattr(p, f) for p in parts]) for f in ("copies", "api")}
-        # The held open step's kernels go first in the same copy: _ingest would otherwise
-        # copy the whole batch a second time to put them in front.
-        ck = self._carry[0] if self._carry is not None and not len(self._carry[4]) and not len(self._carry[5]) \
-            else None
+        # The held open step's kernels and launch records go first in the same copies:
+        # _ingest would otherwise copy the whole batch a second time to put them in front.
+        c = self._carry
+        ck, ca = (c[0], c[6]) if c is not None and not len(c[4]) and not len(c[5]) else (None, None)
         lead = [ck] if ck is not None else []
-        both = concat_records(lead + [p.kernels for p in parts])
+        both = self._buf["kernels"].concat(lead + [p.kernels for p in parts])
         n0 = len(ck) if ck is not None else 0
-        self._ingest(Trace(kernels=both[n0:], copies=cat["copies"], api=cat["api"], names=self.names,
-                           devices=list(self.devices.values()), meta=parts[-1].meta),
-                     with_carry=both if ck is not None else None)
+        lead_a = [ca] if ca is not None and len(ca) else []
+        api = self._buf["api"].concat(lead_a + [p.api for p in parts])
+        na0 = len(ca) if lead_a else 0
+        self._ingest(Trace(kernels=both[n0:], copies=self._buf["copies"].concat([p.copies for p in parts]),
+                           api=api[na0:], names=self.names, devices=list(self.devices.values()),
+                           meta=parts[-1].meta),
+                     with_carry=both if ck is not None else None, api_with_carry=api if lead_a else None)
 
-    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None) -> None:
+    def _ingest(self, trace: Trace, with_carry: np.ndarray | None = None,
+                api_with_carry: np.ndarray | None = None) -> None:
         """Fold one batch, after the held open steps. ``with_carry``: the held kernels
-        followed by ``trace.kernels`` in one array, when the caller has made it."""
+        followed by ``trace.kernels`` in one array, ``api_with_carry`` the held API records
+        followed by ``trace.api``, when the caller has made them."""
         a = trace.api
-        fast = fold_native.api_launch_hist(a, _API_WHAT, HIST_BINS) if len(a) and not fold_native.REFERENCE else None
+        k = trace.kernels
+        fast = dev_range = lat = None
+        if not fold_native.REFERENCE and (len(a) or len(k)):
+            # One native pass over the batch's records for the kernels' devices, a kernel
+            # stream's launch-call histogram and its kernels' launch latency (each None
+            # where the records are not that case: the general paths below).
+            dev_range, fast, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, LAUNCH_RECORD_U8)
         if fast is not None:
             # A kernel stream's records (launches of one thread): one native pass, the
             # figures of the general path below.
@@ -709,15 +735,15 @@ class SourceFold:
                 for d in np.unique(cm["direction"]).tolist():
                     name = COPY_DIRECTION_NAMES.get(d, str(d))
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
-        k = trace.kernels
         if len(k):
-            d0, d1 = fold_native.field_range(k, "device")
+            d0, d1 = dev_range if dev_range is not None else fold_native.field_range(k, "device")
             self._active.update([d0] if d0 == d1 else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
         # call start to kernel start, -1 unknown) and work from operator shapes.
-        lat = launch_latency_ns(k, a)
+        if lat is None:
+            lat = launch_latency_ns(k, a)
         shf = shb = None
         if len(k) and len(trace.cpu_ops):
             try:
@@ -735,14 +761,14 @@ class SourceFold:
                 cf, cb = (cf, cb) if cf is not None else (np.full((len(ck), 2), np.nan), np.full(len(ck), -1, np.int8))
                 shf, shb = (shf, shb) if shf is not None else (np.full((len(k), 2), np.nan), np.full(len(k), -1, np.int8))
                 shf, shb = np.concatenate([cf, shf]), np.concatenate([cb, shb])
-            k = with_carry if with_carry is not None else concat_records([ck, k])
+            k = with_carry if with_carry is not None else self._buf["kernels"].concat([ck, k])
             lat = np.concatenate([cl, lat])
             if len(cr):
                 ranges = concat_records([cr, ranges])
             if len(co):
                 cpu_ops = concat_records([co, cpu_ops])
             if len(ca):
-                api = concat_records([ca, api])
+                api = api_with_carry if api_with_carry is not None else self._buf["api"].concat([ca, api])
             self._carry = None
         self._fold(Trace(kernels=k, api=api, ranges=ranges, cpu_ops=cpu_ops, names=self.names,
                          devices=list(self.devices.values()), meta=trace.meta), lat, shf, shb, flush=False)
@@ -923,30 +949,32 @@ class SourceFold:
         trace), then the per-device figures from its units: a device's busy time is the
         sum over its steps (steps of one device follow each other), its idle gaps those
         between and inside its units."""
-        d0, d1 = fold_native.field_range(k, "device")
-        p0, p1 = fold_native.field_range(k, "pid")
-        if d0 == d1 and p0 == p1:
-            # One GPU and process (the common case): no per-kernel key to gather.
-            gkey = int(group_key(d0, p0))
+        def log_steps(sts, gks):
+            room = max(0, MAX_STEP_LOG - len(self.step_log))
+            if len(sts) > room:
+                self.steps_unlogged += len(sts) - room
+                sts, gks = sts[:room], gks[:room]
+            # split_group_key's (device, pid), the pid as the signed 32-bit value it was
+            dev = (gks >> 32).tolist()
+            pid = (gks & 0xFFFFFFFF).astype(np.uint32).view(np.int32).tolist()
+            self.step_log.extend((int(st.start_ns), int(st.end_ns), int(st.phase), d, p)
+                                 for st, d, p in zip(sts, dev, pid))
+        work = self._work if self.model is not None else None
+        if shf is None:
+            # No operator shapes (a kernel stream): one native pass over the records.
+            u = fold_records(self.sums, k, order, phase=phase, step=kstep, steps=steps, latency_ns=lat,
+                             step_work=work, host=host_intervals(api), on_steps=log_steps)
         else:
-            gkey = group_key(k["device"][order], k["pid"][order])
-
-        def log_step(st, gk):
-            if len(self.step_log) < MAX_STEP_LOG:
-                dev, pid = split_group_key(gk)
-                self.step_log.append((int(st.start_ns), int(st.end_ns), int(st.phase), dev, pid))
-            else:
-                self.steps_unlogged += 1
-        u = fold_kernels(
-            # the two time columns gathered straight from the packed records (fold_native.gather)
-            self.sums, start_ns=fold_native.gather(k, "start_ns", order), end_ns=fold_native.gather(k, "end_ns", order),
-            phase=phase[order],
-            step=kstep[order], gkey=gkey, steps=steps, latency_ns=lat[order],
-            shape_flops=shf[order, 0] if shf is not None else None,
-            shape_bytes=shf[order, 1] if shf is not None else None,
-            shape_dtype=shb[order] if shb is not None else None,
-            step_work=self._work if self.model is not None else None,
-            host=host_intervals(api), on_step=log_step)
+            d0, d1 = fold_native.field_range(k, "device")
+            p0, p1 = fold_native.field_range(k, "pid")
+            # One GPU and process (the common case): no per-kernel key to gather.
+            gkey = int(group_key(d0, p0)) if d0 == d1 and p0 == p1 else group_key(k["device"][order], k["pid"][order])
+            u = fold_kernels(
+                # the two time columns gathered straight from the packed records (fold_native.gather)
+                self.sums, start_ns=fold_native.gather(k, "start_ns", order),
+                end_ns=fold_native.gather(k, "end_ns", order), phase=phase[order], step=kstep[order], gkey=gkey,
+                steps=steps, latency_ns=lat[order], shape_flops=shf[order, 0], shape_bytes=shf[order, 1],
+                shape_dtype=shb[order], step_work=work, host=host_intervals(api), on_steps=log_steps)
         if u is None:
             return
         # Per (device, pid): busy = sum over its units; idle gaps between its units.
@@ -972,7 +1000,11 @@ class SourceFold:
                 g.idle_hist += np.bincount(log2_bins(gaps), minlength=HIST_BINS)
             g.last_end = max(int(ue[-1]), g.last_end if g.last_end is not None else int(ue[-1]))
         # Within-unit gaps are device idle too.
-        if len(u.gap_ns):
+        if u.gap_log2_by_group is not None:
+            # binned by the native pass (fold_records), per group
+            for gk, h in u.gap_log2_by_group.items():
+                self._group(*split_group_key(gk)).idle_hist += h
+        elif len(u.gap_ns):
             gg = g_of_unit[u.gap_unit]
             h = np.bincount(gg * HIST_BINS + log2_bins(u.gap_ns), minlength=len(ug) * HIST_BINS).reshape(-1, HIST_BINS)
             for gi, gk in enumerate(ug.tolist()):
@@ -1061,6 +1093,41 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
     dt = parts[0].dtype
     raw = np.dtype((np.void, dt.itemsize))
     return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
+
+
+class RecordBuffer:
+    """:func:`concat_records` into one buffer kept from fold to fold (one per record kind of
+    a :class:`SourceFold`). A fresh concatenation of a window's batches (MBs) lands in
+    pages the allocator has just handed back to the kernel, and faulting them in again cost
+    more than the copy itself (bench_fold: about 1,200 minor faults per window, 1 GPU x 50k
+    kernels/s). The buffer is reused only when no array made from its last result is still
+    alive (a view holds its owner: ``sys.getrefcount``), so a result that something kept is
+    never overwritten; otherwise, and when the records do not fit, a new one is made.
+    ``fold_native.REFERENCE``: a fresh concatenation each time (the tests compare the two)."""
+    __slots__ = ("_raw", "reuses")
+
+    def __init__(self):
+        self._raw: np.ndarray | None = None
+        self.reuses = 0                 # concatenations written into the previous buffer
+
+    def concat(self, parts: list[np.ndarray]) -> np.ndarray:
+        parts = [p for p in parts if len(p)] or parts[:1]
+        if len(parts) == 1 or fold_native.REFERENCE:
+            return concat_records(parts)
+        dt = parts[0].dtype
+        nbytes = sum(len(p) for p in parts) * dt.itemsize
+        raw = self._raw
+        # 3 references: the attribute, the local and getrefcount's argument: nothing made
+        # from the last result (a view, a field, a slice) is alive.
+        if raw is None or len(raw) < nbytes or len(raw) > 4 * nbytes or sys.getrefcount(raw) > 3:
+            # Room for a somewhat bigger fold; one 4x smaller gives its memory back.
+            raw = self._raw = np.empty(nbytes + nbytes // 4, np.uint8)
+        else:
+            self.reuses += 1
+        rec = np.dtype((np.void, dt.itemsize))
+        out = raw[:nbytes].view(rec)
+        np.concatenate([np.ascontiguousarray(p).view(rec) for p in parts], out=out)
+        return out.view(dt)
 
 
 

@@ -42,8 +42,10 @@ from ridgeline.probes.cupti.decode import ProcessDecoder  # noqa: E402
 BUFFER_BYTES = 4 << 20
 
 
-def frames(n_kernels: int, with_api: bool) -> tuple[list[bytes], int, list]:
-    per = BUFFER_BYTES // (R.KERNEL.itemsize + (R.API.itemsize + R.EXTCORR.itemsize if with_api else 0))
+def frames(n_kernels: int, with_api: bool, batch_kernels: int = 0) -> tuple[list[bytes], int, list]:
+    """BATCH bodies of ``batch_kernels`` kernels each (0: as many as fill a 4 MiB buffer)."""
+    per = batch_kernels or BUFFER_BYTES // (R.KERNEL.itemsize + (R.API.itemsize + R.EXTCORR.itemsize if with_api
+                                                                 else 0))
     b = R.make_buffer(min(per, n_kernels), seed=1, with_markers=False, interleave=False)
     bodies, done, corr = [], 0, 1
     while done < n_kernels:
@@ -157,21 +159,40 @@ def main() -> int:
     ap.add_argument("--per-poll", type=int, default=8,
                     help="messages (4 MiB CUPTI buffers) decoded between two polls (8 = ~135k kernels)")
     ap.add_argument("--objects", type=int, default=50_000, help="records for the cupti-python object path")
+    ap.add_argument("--batch-kernels", type=int, default=0,
+                    help="kernels per BATCH message (0: a 4 MiB CUPTI buffer's worth; live, the library "
+                         "flushes every 50 ms: about 2,500 kernels at 50k kernels/s)")
+    ap.add_argument("--only-probe", action="store_true", help="time only the CuptiProbe ingest+collect row")
     a = ap.parse_args()
     import gc
     gc.disable()
     rows = []
     for label, with_api in (("parse+decode (kernels)", False), ("parse+decode+join (kernels+API+extcorr)", True)):
-        bodies, n, keep = frames(a.kernels, with_api)
-        times = [run_decode(bodies, with_api, a.per_poll) for _ in range(a.repeat)]
-        med = statistics.median(t for t, _ in times)
-        rows.append((label, n, med, n / med, statistics.median(w for _, w in times)))
+        if a.only_probe and not with_api:
+            continue
+        bodies, n, keep = frames(a.kernels, with_api, a.batch_kernels)
+        if not a.only_probe:
+            times = [run_decode(bodies, with_api, a.per_poll) for _ in range(a.repeat)]
+            med = statistics.median(t for t, _ in times)
+            rows.append((label, n, med, n / med, statistics.median(w for _, w in times)))
         if with_api:
             times = [run_probe(bodies, a.per_poll) for _ in range(a.repeat)]
             med = statistics.median(t for t, _ in times)
             rows.append(("CuptiProbe ingest+collect (= poll after the socket)", n, med, n / med,
                          statistics.median(w for _, w in times)))
+            print(f"# probe CPU s per run: min {min(t for t, _ in times):.4f} median {med:.4f} "
+                  f"max {max(t for t, _ in times):.4f}; ns per kernel (min/median/max): "
+                  f"{min(t for t, _ in times) / n * 1e9:.0f} / {med / n * 1e9:.0f} / "
+                  f"{max(t for t, _ in times) / n * 1e9:.0f}", flush=True)
         del bodies, keep
+    if a.only_probe:
+        import ridgeline.probes.cupti.decode as D
+        print(f"# decoder: {D.__file__} (native passes: {'yes' if hasattr(D, 'N') and not D.N.REFERENCE else 'no'}), "
+              f"batch kernels {a.batch_kernels or 'a 4 MiB buffer'}, poll every {a.per_poll} batches, "
+              f"load average {os.getloadavg()[0]:.2f}")
+        for label, n, med, rate, wall in rows:
+            print(f"| {label} | {n:,} | {med:.3f} | {rate:,.0f} | {wall:.3f} |")
+        return 0
     try:
         times = [run_objects(a.objects) for _ in range(max(1, a.repeat // 2))]
         med = statistics.median(t for t, _ in times)
@@ -186,7 +207,9 @@ def main() -> int:
           f"python {platform.python_version()}, numpy {np.__version__}, one thread, median of {a.repeat}, "
           f"poll every {a.per_poll} buffers, load average {os.getloadavg()[0]:.1f}")
     print(f"# command: .venv/bin/python bench/bench_cupti_decode.py --kernels {a.kernels} --repeat {a.repeat} "
-          f"--per-poll {a.per_poll}")
+          f"--per-poll {a.per_poll} --batch-kernels {a.batch_kernels}")
+    import ridgeline.probes.cupti.decode as D
+    print(f"# decoder: {D.__file__} (native passes: {'yes' if hasattr(D, 'N') and not D.N.REFERENCE else 'no'})")
     print("| path | kernel records | median CPU s | kernel records/s (CPU) | median wall s | vs parse+decode |")
     print("|---|---:|---:|---:|---:|---:|")
     for label, n, med, rate, wall in rows:

@@ -8,13 +8,22 @@ Three processes per scenario, launched side by side in one run:
 * generator (its own process, so its cost is not the agent's): builds one simulated
   decode step per GPU (``agent.simulator``, vLLM conventions, Llama-3-8B on H100, 324
   kernels), runs whole steps at the target kernel rate (:class:`StepStream`: short steps
-  with idle between them, or with ``xlong`` steps that never visibly end), cuts them into
-  50 ms batches and pushes each batch on its wall-clock deadline over ZeroMQ (PUSH,
-  non-blocking: a full queue drops the batch and counts it). Every kernel comes with its
-  launch API record.
+  with idle between them, or with ``xlong`` steps that never visibly end) and cuts them
+  into 50 ms batches on their wall-clock deadlines. Every kernel comes with its launch
+  API record. ``--feed cupti`` (the default): it is an injected process as the agent sees
+  one. It connects to the agent's CUPTI socket, says HELLO and writes BATCH frames of raw
+  ``CUpti_ActivityKernel`` and runtime API records (cupti-python's layouts) as
+  libridgeline_cupti.so does (:class:`CuptiFrames`): a 4 MiB buffer's worth as soon as
+  it is full, else every 500 ms (the library's defaults). ``--feed arrays``: it pushes the
+  decoded event arrays over ZeroMQ (PUSH, non-blocking: a full queue drops the batch and
+  counts it) to a bench probe, which measures the agent without its CUPTI intake.
 * agent: the real daemon (``agent.daemon.Agent``: window folding with phases and
-  roofline, wire encoding, XPUB publishing, health, Prometheus off) with one probe that
-  drains the feed socket (zero-copy ``np.frombuffer``); bounded input queue (RCVHWM).
+  roofline, wire encoding, XPUB publishing, health, Prometheus off). With the cupti feed,
+  its probe is the real CUPTI probe from the registry (socket server, pump thread,
+  parse, decode, launch join, name tables), the GPU named in ``analysis.gpu``; with the
+  arrays feed, one probe that drains the feed socket (zero-copy ``np.frombuffer``;
+  bounded input queue, RCVHWM). The arrays feed used to be the only one: it left out the
+  CUPTI intake, which is about a third of the agent's CPU at 50k kernels/s.
 * subscriber: SUB on the agent's ``window`` and ``health`` topics; per window the latency
   from window close (the record's ``end_ns``) to receipt, and the sequence gaps.
 
@@ -140,10 +149,91 @@ class StepStream:
         return (ks[0], aps[0]) if self.gpus == 1 else (np.concatenate(ks), np.concatenate(aps))
 
 
+class CuptiFrames:
+    """The stream's batches as libridgeline_cupti.so frames them for the agent's socket
+    (probes/cupti/protocol.py): a HELLO, then per batch one BATCH with a section of raw
+    ``CUpti_ActivityKernel`` records and one of runtime API records, laid out with
+    cupti-python's dtypes (tests/support/cupti_records.py), the kernel names sent once as
+    the library sends a name the first time it sees the pointer. One served process (this
+    one: the agent takes the pid from SO_PEERCRED) launching on every GPU, one launch
+    thread per GPU; correlation ids are CUPTI's uint32, unique in the process."""
+
+    def __init__(self, stream: "StepStream"):
+        sys.path.insert(0, str(ROOT / "tests"))
+        from support import cupti_records as R
+        self.R, self.stream = R, stream
+        self.ptrs = 0x7F00_0000_0000 + 64 * np.arange(len(stream.names), dtype=np.int64)   # name "pointers"
+        self.names_sent = False
+
+    def hello(self) -> bytes:
+        R = self.R
+        return R.hello_frame(comm=b"bench-engine",
+                             cbids=((1, R.CBID_CUDA_LAUNCH_KERNEL, 1, b"cudaLaunchKernel_v7000"),))
+
+    def batch(self, k: np.ndarray, a: np.ndarray) -> bytes | memoryview:
+        """One BATCH frame of these kernels and their launch records. Written in place
+        into one buffer (frame header, batch header, two sections of records), since
+        copying 4 MiB frames piece by piece made the generator too slow for 8 GPUs at
+        100k kernels/s; the first frame, with the names, is built by
+        tests/support/cupti_records.batch_frame, the library's layout."""
+        from ridgeline.probes.cupti import protocol as P
+        R = self.R
+        n = len(k)
+        ksz, asz = R.KERNEL.itemsize, R.API.itemsize
+        fh, bh, sh = P.FRAME_DTYPE.itemsize, P.BATCH_DTYPE.itemsize, P.SECTION_DTYPE.itemsize
+        body_len = bh + 2 * sh + n * (ksz + asz)
+        buf = np.zeros(fh + body_len, np.uint8)
+        off = fh + bh
+        s1 = buf[off:off + sh].view(P.SECTION_DTYPE)
+        s1["kind"], s1["record_size"], s1["count"] = R.KIND_CONCURRENT_KERNEL, ksz, n
+        off += sh
+        raw = buf[off:off + n * ksz].view(R.KERNEL)
+        off += n * ksz
+        s2 = buf[off:off + sh].view(P.SECTION_DTYPE)
+        s2["kind"], s2["record_size"], s2["count"] = R.KIND_RUNTIME, asz, n
+        off += sh
+        api = buf[off:off + n * asz].view(R.API)
+        corr = ((k["correlation_id"] >> 40) + (k["correlation_id"] & ((1 << 40) - 1)) * self.stream.gpus) \
+            % 0xFFFF_FFFF + 1
+        raw["kind"] = R.KIND_CONCURRENT_KERNEL
+        raw["start"], raw["end"] = k["start_ns"], k["end_ns"]
+        raw["completed"] = k["end_ns"]
+        raw["device_id"], raw["context_id"], raw["stream_id"] = k["device"], 1, k["stream"]
+        raw["correlation_id"] = corr
+        for f in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"):
+            raw[f] = k[f]
+        raw["registers_per_thread"] = k["registers"]
+        raw["dynamic_shared_memory"] = k["shared_mem_bytes"]
+        raw["name"] = self.ptrs[k["name_id"]]
+        # CUPTI's "not in a graph" is 0 (the decoder's -1)
+        raw["graph_id"], raw["graph_node_id"] = np.maximum(k["graph_id"], 0), np.maximum(k["graph_node_id"], 0)
+        api["kind"] = R.KIND_RUNTIME
+        api["cbid"] = R.CBID_CUDA_LAUNCH_KERNEL
+        api["start"], api["end"] = a["start_ns"], a["end_ns"]
+        api["process_id"] = os.getpid()
+        api["thread_id"] = 9000 + k["device"]
+        api["correlation_id"] = corr
+        devices = tuple(range(self.stream.gpus))
+        if not self.names_sent:
+            self.names_sent = True
+            names = {int(p): nm for p, nm in zip(self.ptrs.tolist(), self.stream.names)}
+            return R.batch_frame([(R.KIND_CONCURRENT_KERNEL, ksz, raw.tobytes()), (R.KIND_RUNTIME, asz, api.tobytes())],
+                                 names=names, devices=devices)
+        b = buf[fh:fh + bh].view(P.BATCH_DTYPE)
+        b["pid"], b["cupti_version"], b["n_sections"], b["records"] = os.getpid(), 130500, 2, 2 * n
+        b["n_devices"] = len(devices)
+        b["device_ids"][0, :len(devices)] = devices
+        h = buf[:fh].view(P.FRAME_DTYPE)
+        h["magic"], h["type"], h["proto"], h["length"] = P.MAGIC, P.MSG_BATCH, P.PROTO_VERSION, body_len
+        return memoryview(buf)
+
+
 def generator_main(endpoint: str, gpus: int, rate: int, steps: str, duration_s: float, t_start: float,
-                   out: mp.Queue):
-    import zmq
+                   out: mp.Queue, feed: str = "cupti"):
     stream = StepStream(gpus, rate, steps)
+    if feed == "cupti":
+        return _generate_cupti(endpoint, stream, duration_s, t_start, out)
+    import zmq
     periods = int(duration_s / BATCH_S)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
@@ -178,6 +268,95 @@ def generator_main(endpoint: str, gpus: int, rate: int, steps: str, duration_s: 
              "generator_cpu_s": time.process_time() - cpu0})
     sock.close()
     ctx.term()
+
+
+# libridgeline_cupti.so's defaults (probes/native/ridgeline_cupti_config.c): 4 MiB CUPTI
+# buffers (RIDGELINE_BUFFER_BYTES), flushed every 500 ms (RIDGELINE_FLUSH_MS); a completed
+# buffer goes to the agent as one BATCH.
+CUPTI_BUFFER_BYTES = 4 << 20
+CUPTI_FLUSH_S = 0.5
+CUPTI_POOL_SLOTS = 8          # RIDGELINE_POOL_SLOTS: completed buffers waiting for the sender
+
+
+def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start: float, out: mp.Queue):
+    """The generator as an injected process: connects to the agent's CUPTI socket and
+    writes frames as the library does: a 4 MiB buffer's worth of records (kernel + launch
+    record: 288 bytes a kernel, 14,563 kernels) as soon as it is full, and whatever the
+    buffer holds once its oldest record is 500 ms old (the periodic flush). As in the
+    library, a sender thread writes the completed buffers from a pool of 8: an agent that
+    falls behind fills the pool, and a buffer completed while it is full is dropped and
+    counted (the library's ``dropped_pool_full``), never waited for."""
+    import queue
+    import socket
+    import threading
+    frames = CuptiFrames(stream)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    for _ in range(200):                                   # the agent may still be binding
+        try:
+            sock.connect(path)
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            time.sleep(0.05)
+    sock.sendall(frames.hello())
+    pool: queue.Queue = queue.Queue(CUPTI_POOL_SLOTS)
+    sends = []                                # (wall time sent, kernels sent so far)
+    sent = dropped = 0
+    broken: list[OSError] = []
+
+    def sender():
+        nonlocal sent
+        while (item := pool.get()) is not None:
+            frame, n = item
+            try:
+                sock.sendall(frame)
+            except OSError as exc:            # the agent went away: the rest is dropped
+                broken.append(exc)
+                return
+            sent += n
+            sends.append((time.time(), sent))
+    th = threading.Thread(target=sender, daemon=True)
+    th.start()
+    periods = int(duration_s / BATCH_S)
+    while time.time() < t_start:
+        time.sleep(0.001)
+    base_ns = int(t_start * 1e9)
+    late = 0
+    per_buffer = CUPTI_BUFFER_BYTES // (frames.R.KERNEL.itemsize + frames.R.API.itemsize)
+    held_k, held_a, held_since = [], [], None
+    cpu0 = time.process_time()
+    for i in range(periods):
+        k, a = stream.batch(i, base_ns)
+        deadline = t_start + (i + 1) * BATCH_S
+        delay = deadline - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        elif delay < -BATCH_S:
+            late += 1
+        if len(k):
+            held_k.append(k)
+            held_a.append(a)
+            held_since = deadline - BATCH_S if held_since is None else held_since
+        n_held = sum(len(x) for x in held_k)
+        flush = held_since is not None and (deadline - held_since >= CUPTI_FLUSH_S or i == periods - 1)
+        if n_held < per_buffer and not flush:
+            continue
+        ks, aps = np.concatenate(held_k), np.concatenate(held_a)
+        cut = len(ks) if flush else len(ks) - len(ks) % per_buffer
+        for lo in range(0, cut, per_buffer):
+            hi = min(lo + per_buffer, cut)
+            try:
+                pool.put_nowait((frames.batch(ks[lo:hi], aps[lo:hi]), hi - lo))
+            except queue.Full:
+                dropped += hi - lo
+        held_k, held_a = ([ks[cut:]], [aps[cut:]]) if cut < len(ks) else ([], [])
+        held_since = None if cut == len(ks) else deadline - BATCH_S
+    pool.put(None)
+    th.join(10 * WINDOW_S)                                  # what the pool holds goes out first
+    dropped += sum(n for f, n in list(pool.queue) if f is not None) if th.is_alive() else 0
+    out.put({"sent": sent, "dropped": dropped, "late_batches": late, "sends": list(sends),
+             "generator_cpu_s": time.process_time() - cpu0})
+    time.sleep(2 * WINDOW_S)                                # the last frames read before the close
+    sock.close()
 
 
 # ---------------------------------------------------------------- agent
@@ -242,7 +421,8 @@ class FeedProbe:
         return {"records": self.records, "drops": 0, "errors": self.errors}
 
 
-def agent_main(feed: str, pub: str, duration_s: float, profile: str = ""):
+def agent_main(endpoint: str, pub: str, duration_s: float, profile: str = "", feed: str = "cupti",
+               gpu_name: str = ""):
     """The agent process; ``profile``: write a cProfile of its run loop (after the
     warm-up: the profiler is enabled once the first window with kernels has closed) there."""
     import logging
@@ -257,11 +437,20 @@ def agent_main(feed: str, pub: str, duration_s: float, profile: str = ""):
     cfg.agent.run_for_s = duration_s
     cfg.publisher.endpoint = pub
     cfg.prometheus.enabled = False
-    cfg.probes.enabled = []
-    probe = FeedProbe(feed)
-    step = registry.Step("feed", "events", lambda c: probe, "bench feed")
-    running = [registry.Running(step, probe, Availability(True))]
-    a = Agent(cfg, probes=running)
+    if feed == "cupti":
+        # The real CUPTI probe from the registry, as the daemon starts it, on its own socket;
+        # the GPU named in the configuration, as on a host whose NVML probe is off.
+        cfg.probes.enabled = ["cupti"]
+        cfg.probes.cupti.socket = endpoint
+        cfg.analysis.gpu = gpu_name
+        a = Agent(cfg)
+        probe = None
+    else:
+        cfg.probes.enabled = []
+        probe = FeedProbe(endpoint)
+        step = registry.Step("feed", "events", lambda c: probe, "bench feed")
+        running = [registry.Running(step, probe, Availability(True))]
+        a = Agent(cfg, probes=running)
     a.start()
     prof = None
     if profile:
@@ -271,7 +460,7 @@ def agent_main(feed: str, pub: str, duration_s: float, profile: str = ""):
 
         def close_then_profile(*args, **kw):
             w = close(*args, **kw)
-            if prof is not None and not getattr(prof, "on", False) and probe.records:
+            if prof is not None and not getattr(prof, "on", False) and a.records_total:
                 prof.on = True
                 prof.enable()
             return w
@@ -385,13 +574,15 @@ def carry_lag_windows(sends: list, window_end_ns: list, kernels: list, window_s:
 
 
 def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str = "short",
-                 profile: str = "") -> dict:
+                 profile: str = "", feed: str = "cupti") -> dict:
     load0 = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
-    feed = f"ipc:///tmp/ridgeline-bench-feed-{os.getpid()}-{tag}"
+    endpoint = (f"/tmp/ridgeline-bench-cupti-{os.getpid()}-{tag}.sock" if feed == "cupti"
+                else f"ipc:///tmp/ridgeline-bench-feed-{os.getpid()}-{tag}")
     pub = f"ipc:///tmp/ridgeline-bench-pub-{os.getpid()}-{tag}"
     q_gen, q_sub = ctx.Queue(), ctx.Queue()
-    agent = ctx.Process(target=agent_main, args=(feed, pub, duration_s + WARMUP_S + 20, profile),
+    agent = ctx.Process(target=agent_main, args=(endpoint, pub, duration_s + WARMUP_S + 20, profile, feed,
+                                                     step_template(0)[3]),
                         name="agent")
     agent.start()
     time.sleep(3.0)                                   # agent binds and imports
@@ -402,7 +593,7 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
     sub = ctx.Process(target=subscriber_main, args=(pub, until, q_sub, ready), name="subscriber")
     sub.start()
     ready.wait(20)
-    gen = ctx.Process(target=generator_main, args=(feed, gpus, rate, steps, WARMUP_S + duration_s, t_start, q_gen),
+    gen = ctx.Process(target=generator_main, args=(endpoint, gpus, rate, steps, WARMUP_S + duration_s, t_start, q_gen, feed),
                       name="generator")
     gen.start()
     while time.time() < t_start + WARMUP_S:
@@ -424,7 +615,8 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
     lag_max, lag_p99 = carry_lag_windows(g["sends"], s["window_end_ns"], s["kernels_per_window"], WINDOW_S)
     kpw = s["kernels_per_window"][1:] or [0]
     return {
-        "scenario": f"{gpus} GPU x {rate:,} kernels/s, {steps} steps", "gpus": gpus, "rate_per_gpu": rate,
+        "scenario": f"{gpus} GPU x {rate:,} kernels/s, {steps} steps, {feed} feed", "gpus": gpus,
+        "rate_per_gpu": rate, "feed": feed,
         "steps": steps, "kernels_in_windows": int(sum(s["kernels_per_window"])),
         "carry_lag_windows_max": lag_max, "carry_lag_windows_p99": lag_p99,
         "kernels_per_window_mean": float(np.mean(kpw)),
@@ -541,6 +733,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, help="write the rows as JSON here")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario (default 1)")
     ap.add_argument("--baseline", type=Path, help="another checkout (with .venv) to run before each run, alternating")
+    ap.add_argument("--feed", choices=("cupti", "arrays"), default="cupti",
+                    help="cupti (default): the generator writes libridgeline_cupti.so's frames of raw CUPTI records "
+                         "to the agent's real CUPTI probe; arrays: it pushes decoded event arrays over ZeroMQ to a "
+                         "bench probe (the agent's cost without the CUPTI intake)")
     ap.add_argument("--profile-agent", type=Path, metavar="FILE",
                     help="write a cProfile of the agent's loop (after its first window with kernels) to FILE "
                          "(the last run's; it costs the agent CPU, so its CPU figure is not comparable)")
@@ -565,7 +761,7 @@ def main(argv=None) -> int:
         for r in range(args.runs):
             before = run_baseline(args.baseline, sc, args.duration) if args.baseline is not None else None
             rows.append(run_scenario(gpus, rate, args.duration, f"{i}-{r}", steps,
-                                     str(args.profile_agent) if args.profile_agent else ""))
+                                     str(args.profile_agent) if args.profile_agent else "", args.feed))
             p = pairs.setdefault(sc, {"name": rows[-1]["scenario"], "after": [], "before": []})
             p["after"].append(rows[-1])
             if before is not None:

@@ -466,9 +466,13 @@ class Culprit(msgspec.Struct, frozen=True):
 
 
 class Pause(msgspec.Struct, frozen=True):
-    """A preemption of a request, until it was resumed (or until it ended)."""
+    """A preemption of a request, until it was resumed (or until it ended); and, where the
+    request re-prefilled after it (recompute preemption), that re-prefill's GPU time and
+    when its last step ended (None: no re-prefill joined, or an older producer)."""
     start_ns: Annotated[int, N(1)]
     end_ns: Annotated[int, N(2)]
+    recompute_ns: Annotated[int | None, N(167)] = None
+    recompute_end_ns: Annotated[int | None, N(170)] = None
 
 
 class RequestStory(msgspec.Struct, frozen=True):

@@ -101,6 +101,12 @@ fi
 if [ -f probes/native_json/Makefile ]; then
     make -s -C probes/native_json || echo "ridgeline setup: native trace reader build failed (see above); trace imports will say it is missing" >&2
 fi
+# The native CUPTI decode passes (probes/cupti/native, a C compiler only): the agent's
+# CUPTI probe decodes with them and says so when they are missing.
+if ! make -s -C probes/cupti/native; then
+    echo "ridgeline setup: building the native CUPTI decoder (probes/cupti/native) failed (see above)" >&2
+    exit 1
+fi
 # The native fold library (aggregator/native): the agent and analyze cannot fold without it.
 if ! make -s -C aggregator/native; then
     echo "ridgeline setup: building the native fold library (aggregator/native) failed (see above)" >&2

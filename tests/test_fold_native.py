@@ -30,7 +30,17 @@ def _same_sums(a: PhaseSums, b: PhaseSums) -> None:
 
 def _same_units(a, b) -> None:
     for f in phase_figures.Units.__slots__:
-        np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+        if f != "gap_log2_by_group":
+            np.testing.assert_array_equal(np.asarray(getattr(a, f)), np.asarray(getattr(b, f)), err_msg=f)
+    # The gaps' log2 histograms a native pass bins per group: those of the gaps themselves.
+    from ridgeline.aggregator.windows import HIST_BINS, log2_bins
+    for u in (a, b):
+        if u.gap_log2_by_group is None:
+            continue
+        g_of_gap = np.asarray(u.gkey)[u.gap_unit]
+        assert set(g_of_gap.tolist()) <= set(u.gap_log2_by_group)
+        for gk, h in u.gap_log2_by_group.items():
+            np.testing.assert_array_equal(h, np.bincount(log2_bins(u.gap_ns[g_of_gap == gk]), minlength=HIST_BINS))
 
 
 def _random_fold(seed: int, groups: int):
@@ -271,3 +281,116 @@ def test_missing_library_is_one_clear_line(monkeypatch, tmp_path):
             Agent(cfg, probes=[]).start()
     finally:
         fold_native.library.cache_clear()
+
+
+@pytest.mark.parametrize("groups", [1, 3, 90])
+@pytest.mark.parametrize("seed", range(8))
+def test_one_pass_fold_of_records_equals_general_path_and_reference(seed, groups, monkeypatch):
+    """phase_figures.fold_records (rl_fold_batch: units, gaps and row sums in one pass read
+    from the packed records through the order) against the general native path (gathered
+    columns, rl_fold_units + rl_fold_rows) and the numpy reference: the same units, sums,
+    histograms, evidence and step log. Adversarial records as _random_fold's, shuffled in the
+    batch (read through ``order``), negative pids, and up to 90 groups x 5 phases (over the
+    pass's first 8 rows: passed again with more room)."""
+    kw = _random_fold(seed, 1)
+    n = len(kw["start_ns"])
+    rng = np.random.default_rng(100 + seed)
+    perm = rng.permutation(n)                  # record perm[q] holds the q-th kernel in order
+    k = empty(KERNEL_DTYPE, n)
+    k["start_ns"][perm], k["end_ns"][perm] = kw["start_ns"], kw["end_ns"]
+    dev = np.sort(rng.integers(0, groups, n)) if groups > 1 else np.zeros(n, np.int64)
+    k["device"][perm] = dev % 8
+    k["pid"][perm] = np.where(dev % 2, -4242 - dev, 4242 + dev)
+    phase = np.empty(n, np.uint8)
+    step = np.empty(n, np.int64)
+    lat = np.empty(n, np.int64)
+    phase[perm], step[perm], lat[perm] = kw["phase"], kw["step"], kw["latency_ns"]
+    out = []
+    for how in ("one-pass", "general", "reference"):
+        with monkeypatch.context() as m:
+            if how == "general":                   # every fold over the pass's rows
+                m.setattr(fold_native, "BATCH_ROWS", 0)
+                m.setattr(fold_native, "BATCH_ROWS_MAX", 0)
+            sums, log = PhaseSums(), []
+            u = phase_figures.fold_records(sums, k, perm, phase=phase, step=step, steps=kw["steps"], latency_ns=lat,
+                                           host=kw["host"], on_steps=lambda s, g: log.extend(zip(s, g.tolist())),
+                                           reference=how == "reference")
+            out.append((u, sums, log))
+    (u1, s1, l1), (u2, s2, l2), (u3, s3, l3) = out
+    for u, s, lg in ((u2, s2, l2), (u3, s3, l3)):
+        _same_units(u1, u)
+        _same_sums(s1, s)
+        assert l1 == lg
+    assert s1.ints[:, phase_figures.I["kernels"]].sum() == n
+    assert groups < 90 or len(s1) > fold_native.BATCH_ROWS     # the pass was run again with more rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_host_intervals_one_pass_equals_reference_when_one_kind_is_out_of_order(seed, monkeypatch):
+    """rl_host_unions reads both kinds of host call in one pass: launches in start order
+    with sync calls in order (merged, touching, nested) or not (seed odd: one sync call
+    moved back), other calls interleaved anywhere; the answer is the reference's."""
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 400))
+    a = _random_records(rng, n, API_DTYPE, sorted_starts=True)
+    a["category"] = rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_MEMCPY, API_SYNC, 0], n)
+    sync = np.flatnonzero(a["category"] == API_SYNC)
+    if seed & 1 and len(sync) > 2:
+        a["start_ns"][sync[-1]] = a["start_ns"][sync[0]] - 1
+    native = host_intervals(a)
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = host_intervals(a)
+    for (xs, xe), (ys, ye) in zip(native, ref):
+        np.testing.assert_array_equal(xs, ys)
+        np.testing.assert_array_equal(xe, ye)
+    assert len(ref[1][0]) and len(ref[0][0])
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch):
+    """rl_ingest_pass (the batch's device range, launch-call histogram and aligned launch
+    latency in one pass) against each on its own: field_range, api_launch_hist and the
+    reference join of launch_latency_ns; records aligned or not, launches only or mixed
+    calls, one thread or two, as many API records as kernels or not, none of either. The
+    seed's bits choose: 1 aligned ids, 2 launch records only, 4 two threads, 8 fewer records."""
+    from ridgeline.aggregator.windows import _API_WHAT_U8
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 400)) if seed != 5 else 0
+    k = _random_records(rng, n, KERNEL_DTYPE, sorted_starts=True)
+    k["correlation_id"] = np.arange(n) + 3
+    k["correlation_id"][:int(rng.integers(0, 3))] = -1        # unknown ids first: still in order
+    k["device"] = rng.integers(-1, 3, n) if seed % 3 else 2
+    na = n if not seed & 8 else max(0, n - int(rng.integers(1, 5)))
+    a = _random_records(rng, na, API_DTYPE, sorted_starts=True)
+    a["correlation_id"] = k["correlation_id"][:na] if seed & 1 else rng.permutation(k["correlation_id"][:na])
+    a["category"] = (rng.choice([API_LAUNCH, API_GRAPH_LAUNCH], na) if seed & 2
+                     else rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, API_MEMCPY], na))
+    a["pid"], a["tid"] = 77, np.where(rng.random(na) < 0.5, 8, 9) if seed & 4 else 8
+    if seed == 11:
+        # one record per kernel with the same ids, but not in id order: not the aligned case
+        a = _random_records(rng, n, API_DTYPE, sorted_starts=True)
+        a["category"], a["pid"], a["tid"] = API_LAUNCH, 77, 8
+        a["correlation_id"] = k["correlation_id"] = rng.permutation(k["correlation_id"])
+    dev, hist, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, phase_figures.LAUNCH_RECORD_U8)
+    assert dev == (fold_native.field_range(k, "device") if n else None)
+    want = fold_native.api_launch_hist(a, _API_WHAT_U8.view(np.int8), 64)
+    assert (hist is None) == (want is None)
+    if want is not None:
+        np.testing.assert_array_equal(hist[0], want[0])
+        assert hist[1:] == want[1:]
+    with monkeypatch.context() as m:
+        m.setattr(fold_native, "REFERENCE", True)
+        ref = phase_figures.launch_latency_ns(k, a)
+    if lat is not None:
+        np.testing.assert_array_equal(lat, ref)
+    # aligned exactly when each kernel's launch record is the record at its index, in order
+    aligned = (n > 0 and na == n and bool(phase_figures.LAUNCH_RECORD_U8[a["category"]].all())
+               and np.array_equal(a["correlation_id"], k["correlation_id"])
+               and bool((np.diff(a["correlation_id"]) >= 0).all()))
+    assert (lat is not None) == aligned
+    assert seed not in (3, 7) or aligned or n < 2
+    assert seed not in (2, 3, 11) or hist is not None
+    assert seed != 11 or lat is None

@@ -108,6 +108,9 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
     # The native fold library (aggregator/native), where aggregator/fold_native.py looks for it.
     assert [n for n in names if n.startswith("ridgeline/aggregator/native/")] == \
         ["ridgeline/aggregator/native/libridgeline_fold.so"]
+    # The native CUPTI decoder (probes/cupti/native), where probes/cupti/decode_native.py looks for it.
+    assert [n for n in names if n.startswith("ridgeline/probes/cupti/native/")] == \
+        ["ridgeline/probes/cupti/native/libridgeline_cupti_decode.so"]
     # The shipped library is the one without the test entry points (ridgeline_cupti_test.c).
     table = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / LIB)], capture_output=True, text=True,
                            check=True).stdout

@@ -58,7 +58,7 @@ PINNED = {
     "cause": 156, "straggler_kernels_dropped": 157, "e2e_total_ns": 158, "e2e_bucket_counts": 159,
     "exemplars": 160, "bucket": 161, "trace_id": 162, "straggler_launch_off_cpu_ratio": 163,
     "others_launch_off_cpu_ratio": 164, "paused_ns": 165, "pauses": 166,
-    "recompute_ns": 167, "recompute_steps": 168, "recompute_share_ratio": 169,
+    "recompute_ns": 167, "recompute_steps": 168, "recompute_share_ratio": 169, "recompute_end_ns": 170,
 }
 
 

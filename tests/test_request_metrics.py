@@ -43,7 +43,7 @@ def test_request_families_carry_the_window_aggregates():
     assert share == pytest.approx(12.5 / 40.41, rel=0.1)
     # The gauges keep the last window that joined a request (the second joined none).
     assert val[("ridgeline_request_segment_p99_seconds", (h, ("segment", "decode")))] == pytest.approx(20.0, rel=0.01)
-    assert val[("ridgeline_request_top_culprit_prompt_tokens", (h,))] == 4000
+    assert val[("ridgeline_request_top_culprit_tokens", (h,))] == 4000
     assert val[("ridgeline_request_top_culprit_added_seconds", (h,))] == pytest.approx(12.5, rel=0.1)
     assert val[("ridgeline_request_figures_timestamp_seconds", (h,))] == pytest.approx(1_700_000_021.0)
     assert val[("ridgeline_otlp_refused_total", (h, ("reason", "connections")))] == 4

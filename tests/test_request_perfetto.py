@@ -73,3 +73,45 @@ def test_a_preempted_request_track_holds_its_pause(tmp_path):
     assert dec["ts"] + dec["dur"] - pf["ts"] == pytest.approx((ans.end_ns - ans.start_ns) / 1e3)
     assert sum(1 for s in imp.slices if s[3] == "ridgeline_request") == len(ev)
 
+
+
+def test_a_recompute_preempted_track_shows_its_re_prefill_after_the_pause(tmp_path):
+    """R (tests/support/request_scenarios.recompute_literal) is preempted for 5 steps,
+    then re-prefills its prompt and generated tokens in 2 steps of 40 ms (recompute,
+    vLLM V1 ``_preempt_request``): its track holds a "recompute" slice from the pause's
+    end to the re-prefill's last step, and its decode slice still ends with the request
+    (its decode time leaves the re-prefill out, the slice holds it)."""
+    steps, spans = sc.recompute_literal()
+    stories = {s.request_id: s for s in rj.join(spans, steps)}
+    r = stories["R"]
+    (p,) = r.pauses
+    assert p.recompute_ns == r.recompute_ns == 80 * sc.MS
+    assert p.recompute_end_ns == int(steps["end_ns"][23])          # the re-prefill's last step
+    assert stories["B"].pauses == []
+    shift = 500_000 - sc.T0
+    moved = [msgspec.structs.replace(
+        s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift,
+        pauses=[msgspec.structs.replace(q, start_ns=q.start_ns + shift, end_ns=q.end_ns + shift,
+                                        recompute_end_ns=q.recompute_end_ns + shift
+                                        if q.recompute_end_ns is not None else None) for q in s.pauses])
+        for s in stories.values()]
+    t = annotated_literal_trace()
+    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
+                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
+    out = write_perfetto(t, pm, NAMES, tmp_path / "r.json", requests=moved)
+    imp = import_json(out)
+    assert imp.errors() == {}
+    ev = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "ridgeline_request"]
+    dec = next(e for e in ev if e["name"] == "decode" and e["args"]["completion_tokens"] == r.completion_tokens)
+    (rc,) = [e for e in ev if e["name"] == "recompute"]
+    (pause,) = [e for e in ev if e["name"] == "preempted"]
+    assert rc["tid"] == pause["tid"] == dec["tid"]
+    assert rc["ts"] == pytest.approx(pause["ts"] + pause["dur"])       # right after the pause
+    assert rc["dur"] == pytest.approx((int(steps["end_ns"][23]) - p.end_ns) / 1e3)
+    assert rc["args"]["gpu_ms"] == pytest.approx(80.0)
+    assert dec["args"]["recompute_ms"] == pytest.approx(80.0) and dec["args"]["recompute_steps"] == 2
+    # nested inside the decode slice, which ends with the request
+    assert dec["ts"] < rc["ts"] and rc["ts"] + rc["dur"] <= dec["ts"] + dec["dur"] + 1e-6
+    pf = next(e for e in ev if e["name"] == "prefill" and e["tid"] == dec["tid"])
+    assert dec["ts"] + dec["dur"] - pf["ts"] == pytest.approx((r.end_ns - r.start_ns) / 1e3)
+    assert sum(1 for s in imp.slices if s[3] == "ridgeline_request") == len(ev)

@@ -44,6 +44,8 @@ import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
 
+from support import request_scenarios as sc  # noqa: E402
+
 from ridgeline.agent.simulator.engine import SimConfig, SimEngine  # noqa: E402
 from ridgeline.agent.simulator.spans import RequestSpanEmitter  # noqa: E402
 from ridgeline.agent.simulator.workload import Workload  # noqa: E402
@@ -142,47 +144,9 @@ def rj_sec(ns: int) -> str:
 
 # ----------------------------------------------------------------- recompute after a pause
 
-MS = 1_000_000
-T0 = 1_700_000_000_000_000_000
+MS = sc.MS
 
-
-def literal_scenario(pause: bool = True, late_prefill: bool = False):
-    """Steps and spans, written out. B decodes throughout; R (3,000 prompt tokens) prefills
-    in 2 chunks beside it, decodes 10 steps, is preempted for 5 steps (B alone), resumes
-    and re-prefills its 3,011 tokens (prompt + 11 generated) in 2 chunks, then decodes 10
-    more. Steps with a prefill in them take 40 ms, decode steps 15 ms. ``pause=False``: R
-    is never preempted (its decode runs on, no re-prefill). ``late_prefill``: a third
-    request, C, prefills in the 2 steps right after R's re-prefill (the batch stays MIXED)."""
-    plan = [("B prefill", PREFILL)] + [("B", DECODE)] * 4 + [("R prefill", MIXED)] * 2 + [("R B", DECODE)] * 10
-    if pause:
-        plan += [("B (R paused)", DECODE)] * 5 + [("R re-prefill", MIXED)] * 2
-    else:
-        plan += [("R B", DECODE)] * 7
-    plan += [("C prefill", MIXED) if late_prefill and k < 2 else ("R B", DECODE) for k in range(10)]
-    plan += [("B", DECODE)] * 2
-    steps = np.zeros(len(plan), rj.STEP_DTYPE)
-    t = T0
-    for j, (_what, phase) in enumerate(plan):
-        dur = 40 * MS if phase != DECODE else 15 * MS
-        steps[j] = (t, t + dur, phase)
-        t += dur
-    start, end = steps["start_ns"], steps["end_ns"]
-    r_last = len(plan) - 3                 # R's last step
-    spans = [
-        RequestSpan(request_id="B", engine="vllm", start_ns=int(start[0]), end_ns=int(end[-1]), queue_ns=0,
-                    ttft_ns=int(end[0] - start[0]), prompt_tokens=200, completion_tokens=len(plan),
-                    preemptions=0, recovery_ns=0),
-        RequestSpan(request_id="R", engine="vllm", start_ns=int(start[5]), end_ns=int(end[r_last]), queue_ns=0,
-                    ttft_ns=int(end[6] - start[5]), prompt_tokens=3000,
-                    completion_tokens=1 + 10 + (1 + 10 if pause else 7 + 10), preemptions=1 if pause else 0,
-                    recovery_ns=int(start[22] - start[17]) if pause else 0,
-                    pauses=((int(start[17]), int(start[22])),) if pause else ()),
-    ]
-    if late_prefill:
-        spans.append(RequestSpan(request_id="C", engine="vllm", start_ns=int(start[24]), end_ns=int(end[25]),
-                                 queue_ns=0, ttft_ns=int(end[25] - start[24]), prompt_tokens=2000,
-                                 completion_tokens=1, preemptions=0, recovery_ns=0))
-    return steps, spans
+literal_scenario = sc.recompute_literal
 
 
 def test_why_and_requests_json_carry_the_recompute(tmp_path, capsys):

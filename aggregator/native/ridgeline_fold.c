@@ -232,32 +232,6 @@ EXPORT int64_t rl_launch_latency_aligned(const char *kb, int64_t ks, int64_t k_s
     return 1;
 }
 
-/* phase_figures._union over records in start order: the sorted disjoint intervals covering
- * [start, max(start, end)) of the records whose category (uint8) is selected by want[256].
- * Returns the number of intervals written to out_s/out_e (room for n), or -1, having
- * written nothing useful, when the selected records are not in start order (the caller
- * sorts). */
-EXPORT int64_t rl_union_records(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
-                                int64_t off_cat, const uint8_t *want, int64_t n, int64_t *out_s, int64_t *out_e) {
-    int64_t m = -1, prev_s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        uint8_t cat;
-        memcpy(&cat, base + i * stride + off_cat, 1);
-        if (!want[cat]) continue;
-        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
-        if (e < s) e = s;
-        if (m >= 0 && s < prev_s) return -1;
-        prev_s = s;
-        if (m >= 0 && s <= out_e[m]) {
-            if (e > out_e[m]) out_e[m] = e;
-        } else {
-            m++;
-            out_s[m] = s; out_e[m] = e;
-        }
-    }
-    return m + 1;
-}
-
 /* out[q] = the int64 field of record idx[q] (idx NULL: record q): numpy's k[field][idx],
  * in one pass, without the strided copy of the whole column first. */
 EXPORT void rl_gather_i64(const char *base, int64_t stride, int64_t off, int64_t n, const int64_t *idx,
@@ -373,4 +347,203 @@ EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *
     }
     cnt[0] = na; cnt[1] = nt; cnt[2] = nl; cnt[3] = ne; cnt[4] = no; cnt[5] = ng;
     return 1;
+}
+
+/* aggregator/windows.py (SourceFold._fold_kernels) -> phase_figures.fold_records: rl_fold_units
+ * and rl_fold_rows in one pass, read straight from the batch's packed records through the
+ * (step, start) order, without the gathered columns, the per-kernel group keys and the
+ * separate calls (each with its arrays and argument conversions) of the general path. The
+ * reference is the general path itself (fold_native.gather, group_key, rl_fold_units,
+ * rl_fold_rows: the same units, gaps and sums; tests/test_fold_native.py compares them).
+ *
+ * Kernels: record order[q] for q < n (order NULL: record q), koff[4] the byte offsets of
+ * start_ns, end_ns, device (int32), pid (int32); phase (uint8), kstep and lat (int64,
+ * -1 unknown) per record. A kernel's group key is device << 32 | (uint32)pid
+ * (phase_figures.group_key). Rows: one per distinct unit key, numbered in order of first
+ * appearance, at most max_rows; row_key[r] its key; add[max_rows][nf] and
+ * hist[max_rows][3][FINE_BINS] (zeroed by the caller) get each row's sums, as rl_fold_rows.
+ * gap_log2[max_rows][64] (zeroed): each row's gaps in windows.log2_bins (the device's idle
+ * histogram). Host intervals as rl_fold_rows'. ws: 10 planes of n int64 for the units (first, start,
+ * end, busy, kernel time, key, step, group key, kernels, row) then 2 for the gaps (length,
+ * unit). out[3]: units, gaps, rows. Returns 1, or 0 (nothing useful written) when the
+ * kernels hold more than max_rows distinct unit keys (the caller takes the general path). */
+/* windows.log2_bins: 0 for <= 0, else the binary exponent (1 -> 1, 2..3 -> 2, ...), at most 63. */
+#define LOG2_BINS 64
+static inline int64_t log2_bin(int64_t x) {
+    double v = (double)x;
+    if (!(v >= 0.5)) v = 0.5;
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    int64_t e = (int64_t)(b >> 52) - 1022;
+    return e < LOG2_BINS - 1 ? e : LOG2_BINS - 1;
+}
+
+EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, int64_t n, const int64_t *order,
+                             const uint8_t *phase, const int64_t *kstep, const int64_t *lat,
+                             int64_t nhl, const int64_t *hl_s, const int64_t *hl_e,
+                             int64_t nhs, const int64_t *hs_s, const int64_t *hs_e,
+                             int64_t nf, int64_t max_rows, int64_t *row_key, int64_t *add, int64_t *hist,
+                             int64_t *gap_log2, int64_t *ws, int64_t *out) {
+    int64_t *u_first = ws, *u_start = ws + n, *u_end = ws + 2 * n, *u_busy = ws + 3 * n, *u_kt = ws + 4 * n,
+            *u_ukey = ws + 5 * n, *u_step = ws + 6 * n, *u_gk = ws + 7 * n, *u_cnt = ws + 8 * n,
+            *u_row = ws + 9 * n, *gap_len = ws + 10 * n, *gap_unit = ws + 11 * n;
+    int64_t nu = -1, ng = 0, nr = 0, r = -1;
+    int64_t prev_ukey = 0, prev_step = 0;
+    int64_t run_s = 0, run_e = 0, busy = 0, kt = 0, uend = 0, nl = 0, ls = 0;
+    int64_t hint_l = 0, hint_s = 0;
+    int64_t *a = add, *hk = hist, *hg = hist, *hlat = hist, *h2 = gap_log2;
+    for (int64_t q = 0; q < n; q++) {
+        int64_t i = order ? order[q] : q;
+        int64_t si = rd64(kb, ks, i, koff[0]), ei = rd64(kb, ks, i, koff[1]);
+        if (ei < si) ei = si;
+        int64_t gk = (int64_t)(((uint64_t)(int64_t)rd32(kb, ks, i, koff[2]) << 32)
+                               | (uint32_t)rd32(kb, ks, i, koff[3]));
+        int64_t ukey = (int64_t)((uint64_t)gk << 3) | phase[i];
+        int64_t st = kstep[i];
+        if (nu < 0 || ukey != prev_ukey || st != prev_step) {
+            if (nu >= 0) {
+                busy += run_e - run_s;
+                u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend; u_cnt[nu] = q - u_first[nu];
+                a[I_KERNELS] += q - u_first[nu]; a[I_KERNEL_TIME] += kt; a[I_BUSY] += busy;
+                a[I_LAUNCH_KERNELS] += nl; a[I_LAUNCH_LATENCY] += ls;
+            }
+            if (nu < 0 || ukey != prev_ukey) {   /* the row of the new key: the last one, else a search */
+                int64_t j = 0;
+                while (j < nr && row_key[j] != ukey) j++;
+                if (j == nr) {
+                    if (nr == max_rows) return 0;
+                    row_key[nr++] = ukey;
+                }
+                r = j;
+                a = add + r * nf;
+                hk = hist + (r * 3 + H_KERNEL) * FINE_BINS;
+                hg = hist + (r * 3 + H_GAP) * FINE_BINS;
+                hlat = hist + (r * 3 + H_LAUNCH) * FINE_BINS;
+                h2 = gap_log2 + r * LOG2_BINS;
+            }
+            nu++;
+            u_first[nu] = q; u_start[nu] = si; u_ukey[nu] = ukey; u_step[nu] = st; u_gk[nu] = gk; u_row[nu] = r;
+            prev_ukey = ukey; prev_step = st;
+            run_s = si; run_e = ei; busy = 0; kt = 0; uend = ei; nl = 0; ls = 0;
+        } else if (si > run_e) {            /* a new merged run: the gap before it */
+            int64_t g = si - run_e;
+            busy += run_e - run_s;
+            gap_len[ng] = g; gap_unit[ng] = nu; ng++;
+            a[I_GAPS]++;
+            a[I_GAP_NS] += g;
+            hg[fine_bin(g)]++;
+            h2[log2_bin(g)]++;
+            if (nhl) a[I_GAP_LAUNCH] += cover(run_e, si, nhl, hl_s, hl_e, &hint_l);
+            if (nhs) a[I_GAP_SYNC] += cover(run_e, si, nhs, hs_s, hs_e, &hint_s);
+            run_s = si; run_e = ei;
+        } else if (ei > run_e) {
+            run_e = ei;
+        }
+        kt += ei - si;
+        if (ei > uend) uend = ei;
+        hk[fine_bin(ei - si)]++;
+        int64_t li = lat[i];
+        if (li >= 0) { hlat[fine_bin(li)]++; nl++; ls += li; }
+    }
+    if (nu >= 0) {
+        busy += run_e - run_s;
+        u_busy[nu] = busy; u_kt[nu] = kt; u_end[nu] = uend; u_cnt[nu] = n - u_first[nu];
+        a[I_KERNELS] += n - u_first[nu]; a[I_KERNEL_TIME] += kt; a[I_BUSY] += busy;
+        a[I_LAUNCH_KERNELS] += nl; a[I_LAUNCH_LATENCY] += ls;
+    }
+    out[0] = nu + 1; out[1] = ng; out[2] = nr;
+    return 1;
+}
+
+/* phase_figures.host_intervals over records in start order: phase_figures._union for the
+ * two kinds of host call in one pass over the records. kind[category]: 1 launch, 2 sync, 0
+ * neither. Writes the launch intervals to ws[0..n), ws[n..2n) (start, end) and the sync
+ * intervals to ws[2n..3n), ws[3n..4n); out[0], out[1] their counts. Returns 0, having written
+ * nothing useful, when the records of a kind are not in start order (the caller sorts). */
+EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_start, int64_t off_end, int64_t off_cat,
+                              const uint8_t *kind, int64_t n, int64_t *ws, int64_t *out) {
+    int64_t *os[2] = {ws, ws + 2 * n}, *oe[2] = {ws + n, ws + 3 * n};
+    int64_t m[2] = {-1, -1}, prev[2] = {0, 0};
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t cat;
+        memcpy(&cat, base + i * stride + off_cat, 1);
+        int k = kind[cat] - 1;
+        if (k < 0 || k > 1) continue;
+        int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
+        if (e < s) e = s;
+        if (m[k] >= 0 && s < prev[k]) return 0;
+        prev[k] = s;
+        if (m[k] >= 0 && s <= oe[k][m[k]]) {
+            if (e > oe[k][m[k]]) oe[k][m[k]] = e;
+        } else {
+            m[k]++;
+            os[k][m[k]] = s; oe[k][m[k]] = e;
+        }
+    }
+    out[0] = m[0] + 1;
+    out[1] = m[1] + 1;
+    return 1;
+}
+
+/* aggregator/windows.py (SourceFold._ingest): a batch's per-record passes in one, over its
+ * nk kernels and na API records: rl_range_i32 of the kernels' device, rl_api_launch_hist and
+ * rl_launch_latency_aligned, with their rules. koff[3]: kernel start_ns, correlation_id,
+ * device; aoff[6]: API start_ns, end_ns, correlation_id, category, pid, tid. Returns bits:
+ * 1 the device range in out[0], out[1] (nk >= 1); 2 hist[64] added (every record a launch,
+ * what[category] == 0, of one process and thread: out[2], out[3]); 4 lat[nk] written (one
+ * launch record per kernel, launch[category], same correlation ids in order). Without bit 4,
+ * lat holds nothing useful. */
+EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, int64_t nk,
+                              const char *ab, int64_t as, const int64_t *aoff, int64_t na,
+                              const uint8_t *what, const uint8_t *launch, int64_t *hist, int64_t *lat,
+                              int64_t *out) {
+    int64_t h[HIST_BINS] = {0};
+    int ok_hist = na > 0, ok_lat = nk == na && nk > 0;
+    int32_t pid = na ? rd32(ab, as, 0, aoff[4]) : 0, tid = na ? rd32(ab, as, 0, aoff[5]) : 0;
+    int64_t prev = 0;
+    for (int64_t i = 0; i < na && (ok_hist || ok_lat); i++) {
+        uint8_t cat;
+        memcpy(&cat, ab + i * as + aoff[3], 1);
+        int64_t a_s = rd64(ab, as, i, aoff[0]);
+        if (ok_hist) {
+            if (what[cat] != 0 || rd32(ab, as, i, aoff[4]) != pid || rd32(ab, as, i, aoff[5]) != tid) {
+                ok_hist = 0;
+            } else {
+                int64_t d = rd64(ab, as, i, aoff[1]) - a_s;
+                double v = d > 0 ? (double)d : 0.5;
+                uint64_t b;
+                memcpy(&b, &v, sizeof b);
+                int64_t e = (int64_t)(b >> 52) - 1022;
+                h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
+            }
+        }
+        if (ok_lat) {
+            int64_t c = rd64(ab, as, i, aoff[2]), kc = rd64(kb, ks, i, koff[1]);
+            if (!launch[cat] || kc != c || (i && c < prev)) {
+                ok_lat = 0;
+            } else {
+                int64_t d = rd64(kb, ks, i, koff[0]) - a_s;
+                lat[i] = kc < 0 ? -1 : (d > 0 ? d : 0);
+            }
+            prev = c;
+        }
+    }
+    int64_t bits = 0;
+    if (nk > 0) {
+        int32_t lo = rd32(kb, ks, 0, koff[2]), hi = lo;
+        for (int64_t i = 1; i < nk; i++) {
+            int32_t v = rd32(kb, ks, i, koff[2]);
+            if (v < lo) lo = v;
+            if (v > hi) hi = v;
+        }
+        out[0] = lo; out[1] = hi;
+        bits |= 1;
+    }
+    if (ok_hist) {
+        for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
+        out[2] = pid; out[3] = tid;
+        bits |= 2;
+    }
+    if (ok_lat) bits |= 4;
+    return bits;
 }

@@ -1,7 +1,12 @@
 """Decode raw CUPTI record sections into the columnar event model, one injected process at a time.
 
-Pure numpy, no CUPTI, no sockets: input is what :func:`probes.cupti.protocol.parse_batch`
-returns, output is :mod:`probes.events` arrays. Each section is decoded right when its
+No CUPTI, no sockets: input is what :func:`probes.cupti.protocol.parse_batch` returns,
+output is :mod:`probes.events` arrays. Kernel and API sections, and the joins of
+:meth:`ProcessDecoder.take`, go through one C pass each (:mod:`probes.cupti.decode_native`:
+the numpy passes cost about 250 ns per kernel with its API and external-correlation
+records, more than the agent's budget at 50k kernels/s); the numpy code here is their
+reference (``ProcessDecoder(reference=True)``), which tests/test_cupti_decode_native.py
+compares them with byte for byte. Other kinds (copies, markers, graph launches) are numpy. Each section is decoded right when its
 message arrives (a section is one CUPTI buffer, a few MiB, so the column copies stay
 in cache); joins across sections happen in :meth:`ProcessDecoder.take`.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ridgeline.probes.cupti import decode_native as N
 from ridgeline.probes.cupti import layouts as L
 from ridgeline.probes.cupti.demangle import demangle_many
 from ridgeline.probes.cupti.protocol import MAX_CBID, MAX_DEVICE_ID, Batch, Hello
@@ -55,6 +61,9 @@ from ridgeline.probes.events import (
 
 _I8 = np.int64
 _I4 = np.int32
+#: kinds add_batch decodes with the native pass (decode_native), the rest with numpy
+_NATIVE_KINDS = frozenset((L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL, L.KIND_RUNTIME, L.KIND_DRIVER,
+                           L.KIND_INTERNAL_LAUNCH_API))
 
 #: Timestamps are int64 ns in the event model; larger values would turn negative.
 MAX_TIMESTAMP_NS = (1 << 63) - 1
@@ -76,6 +85,12 @@ CPU_CLOCK_AHEAD_NS = 2_000_000_000       # a record is made before it is receive
 #: below this no CLOCK_REALTIME ns can be (2001-09-09): ticks of another source (Kineto's TSC);
 #: older real timestamps are not judged (a buffer can be held back long, recordings replayed)
 CPU_CLOCK_FLOOR_NS = 1_000_000_000_000_000_000
+
+
+def check_native() -> None:
+    """Raise decode_native.DecodeLibraryMissing unless the native passes can be used, built
+    with this module's limits."""
+    N.check((MAX_TIMESTAMP_NS, MAX_DURATION_NS, MAX_DEVICE_ID, MISSING, API_GRAPH_LAUNCH))
 
 
 def valid_records(v: np.ndarray) -> tuple[np.ndarray | None, dict[str, int]]:
@@ -176,8 +191,15 @@ class ProcessDecoder:
     """
 
     def __init__(self, pid: int, max_carry: int = 1 << 18, max_open_markers: int = 1 << 16,
-                 max_name_bytes: int = 8 << 20):
+                 max_name_bytes: int = 8 << 20, reference: bool | None = None):
         self.pid = pid
+        #: kernel and API sections and the joins through decode_native's one-pass C code;
+        #: False: the numpy reference (``reference=True``, or decode_native.REFERENCE set)
+        self.native = not (N.REFERENCE if reference is None else reference)
+        if self.native:
+            check_native()
+        self._scratch = N.Scratch()
+        self._counts = N.Counts()
         self.names = NameTable()
         #: local name id -> the mangled name CUPTI reported, for names that were demangled
         self.mangled: dict[int, str] = {}
@@ -194,6 +216,8 @@ class ProcessDecoder:
         self._ptr_ids = np.empty(0, _I4)
         self._cbid_cat: dict[int, np.ndarray] = {}
         self._cbid_name: dict[int, np.ndarray] = {}
+        self._cbid_tables: dict[int, N.Table] = {}  # the same, for the native pass
+        self._name_table = N.NO_TABLE               # _ptrs/_ptr_ids, for the native pass
         # decoded straight into growing arrays: one copy per record, not decode + concatenate
         self._kernels = _Grow(KERNEL_DTYPE)
         self._copies = _Grow(COPY_DTYPE)
@@ -237,6 +261,7 @@ class ProcessDecoder:
                 cat[cb] = c
                 nid[cb] = self._intern_bounded(nm)
             self._cbid_cat[domain], self._cbid_name[domain] = cat, nid
+            self._cbid_tables[domain] = N.Table(cat, nid)
 
     def _intern_bounded(self, s: str) -> int:
         """Intern ``s`` within the process's name budget (a HELLO is sent again on every
@@ -327,13 +352,14 @@ class ProcessDecoder:
         before the agent received them; one later than ``received_ns`` + CPU_CLOCK_AHEAD_NS
         or below CPU_CLOCK_FLOOR_NS is on another clock (a timestamp source such as
         Kineto's TSC ticks): rejected, counted in ``clock_disagreements``, never published."""
-        h = batch.header
-        self.cupti_version = int(h["cupti_version"]) or self.cupti_version
-        self.mode, self.flags = int(h["mode"]), int(h["flags"])
-        self.library_counters = {k: int(h[k]) for k in
+        # the header's fields as Python ints at once (field by field cost a microsecond each)
+        h = dict(zip(batch.header.dtype.names, batch.header.item()))
+        self.cupti_version = h["cupti_version"] or self.cupti_version
+        self.mode, self.flags = h["mode"], h["flags"]
+        self.library_counters = {k: h[k] for k in
                                  ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
                                   "sampled_out", "names_dropped", "walk_errors")}
-        self.devices.update(int(d) for d in h["device_ids"][:int(h["n_devices"])] if int(d) <= MAX_DEVICE_ID)
+        self.devices.update(d for d in h["device_ids"][:h["n_devices"]].tolist() if d <= MAX_DEVICE_ID)
         self.add_names(batch.names)
         n_done = 0
         for kind, count, reason in batch.rejected:
@@ -348,6 +374,12 @@ class ProcessDecoder:
                 self.layout_sources[s.kind] = source
                 continue
             self.layout_sources[s.kind] = source
+            # (a section whose bytes fall short of its count is left to numpy, which refuses it)
+            if self.native and s.kind in _NATIVE_KINDS and memoryview(s.data).nbytes >= s.count * s.record_size:
+                done = self._add_native(s, dtype, received_ns)
+                if done is not None:
+                    n_done += done
+                    continue
             v = np.frombuffer(s.data, dtype, s.count)
             ok, rejected = valid_records(v)
             if ok is not None:
@@ -383,6 +415,40 @@ class ProcessDecoder:
                 self.counters["undecodable_records"] += len(v)
         self.counters["records"] += n_done
         return n_done
+
+    def _add_native(self, s, dtype: np.dtype, received_ns: int | None) -> int | None:
+        """A kernel or API section through the native pass (decode_native): the range checks,
+        the CPU clock check and the decode of add_batch's numpy path, in one pass, with the
+        same counters; None when the section's layout does not fit that pass (numpy then)."""
+        counts = self._counts
+        if s.kind in (L.KIND_CONCURRENT_KERNEL, L.KIND_KERNEL):
+            offs = N.kernel_offsets(dtype)
+            if offs is None:
+                return None
+            out = self._kernels.reserve(s.count)
+            if self._name_table.keys is not self._ptrs:
+                self._name_table = N.Table(self._ptrs, self._ptr_ids)
+            n = N.decode_kernels(s.data, s.count, s.record_size, offs, out, self._name_table, self.pid, counts)
+            self._kernels.unreserve(s.count - n)
+            bad_ts, bad_dev, unresolved = counts.read()
+            self.counters["rejected_timestamps"] += bad_ts
+            self.counters["rejected_device"] += bad_dev
+            self.counters["unresolved_names"] += unresolved
+        else:
+            offs = N.api_offsets(dtype)
+            if offs is None:
+                return None
+            domain = API_DOMAIN_DRIVER if s.kind == L.KIND_DRIVER else API_DOMAIN_RUNTIME
+            out = self._api.reserve(s.count)
+            n = N.decode_api(s.data, s.count, s.record_size, offs, out, self.pid, domain,
+                             self._cbid_tables.get(domain, N.NO_TABLE), received_ns, CPU_CLOCK_FLOOR_NS,
+                             0 if received_ns is None else received_ns + CPU_CLOCK_AHEAD_NS, counts)
+            self._api.unreserve(s.count - n)
+            bad_ts, bad_clock, _ = counts.read()
+            self.counters["rejected_timestamps"] += bad_ts
+            self.counters["clock_disagreements"] += bad_clock
+        self.counters["rejected_records"] += s.count - n
+        return n
 
     def _decode_graph_launches(self, v: np.ndarray, out: np.ndarray) -> None:
         """Graph-level mode: each graph launch becomes one row of the kernel table, named
@@ -456,6 +522,18 @@ class ProcessDecoder:
         """
         kernels, copies, api_new, ext_new = (self._kernels.take(), self._copies.take(), self._api.take(),
                                              self._ext.take())
+        if self.native:
+            ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
+            api_all = np.concatenate([self._api_carry, api_new]) if len(self._api_carry) else api_new
+            latency, api_used, ext_used, graph, unjoined, n_graph = N.join(kernels, copies, api_new, api_all,
+                                                                           ext_all, self._scratch)
+            if api_all is not api_new and len(api_new):
+                # the reference joins api_new before concatenating: the carry keeps the same ids
+                api_all[len(self._api_carry):]["external_id"] = api_new["external_id"]
+            if n_graph > 1:
+                latency[_later_graph_nodes(kernels, None, graph)] = MISSING
+            self.counters["unjoined_kernels"] += unjoined
+            return self._finish(kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency)
 
         ext_all = np.concatenate([self._ext_carry, ext_new]) if len(self._ext_carry) else ext_new
         ext_used = np.zeros(len(ext_all), bool)
@@ -484,6 +562,10 @@ class ProcessDecoder:
                 api_used[pos[hit]] = True
         if len(kernels):
             self.counters["unjoined_kernels"] += int((kernels["tid"] == MISSING).sum())
+        return self._finish(kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency)
+
+    def _finish(self, kernels, copies, api_new, api_all, api_used, ext_all, ext_used, latency):
+        """The rest of take() once joined: the carries, markers, counters and the Trace."""
         # Only launch records still waiting for their kernel are worth keeping (a kernel
         # buffer may arrive after its thread's API buffer); the rest is done with.
         waiting = ~api_used & ((api_all["category"] == API_LAUNCH) | (api_all["category"] == API_GRAPH_LAUNCH))
@@ -552,8 +634,9 @@ def _later_graph_nodes(kernels: np.ndarray, api_category: np.ndarray, hit: np.nd
 
     Every node of a replay shares the cudaGraphLaunch's correlation id; only the first
     node's start minus the launch is a launch latency, the others are node offsets.
+    ``api_category`` None: ``hit`` already says which kernels joined a graph launch.
     """
-    graph = np.flatnonzero(hit & (api_category == API_GRAPH_LAUNCH))
+    graph = np.flatnonzero(hit if api_category is None else hit & (api_category == API_GRAPH_LAUNCH))
     out = np.zeros(len(kernels), bool)
     if len(graph) > 1:
         order = graph[np.lexsort((kernels["start_ns"][graph], kernels["correlation_id"][graph]))]
@@ -619,6 +702,10 @@ class _Grow:
         out = self.arr[self.n:self.n + k]
         self.n += k
         return out
+
+    def unreserve(self, k: int) -> None:
+        """Give back the last ``k`` rows of the latest :meth:`reserve` (records a pass rejected)."""
+        self.n -= k
 
     def take(self) -> np.ndarray:
         if self.arr is None:

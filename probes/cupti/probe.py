@@ -17,9 +17,10 @@ from time import thread_time
 import numpy as np
 
 from ridgeline.probes import targets
+from ridgeline.probes.cupti import decode_native
 from ridgeline.probes.cupti import peer_time_budget as budget
 from ridgeline.probes.cupti import protocol as P
-from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder
+from ridgeline.probes.cupti.decode import NAME_OVERHEAD_BYTES, ProcessDecoder, check_native
 from ridgeline.probes.cupti.demangle import demangle_many, seccomp_kills
 from ridgeline.probes.cupti.library import build_hint, library_path
 from ridgeline.probes.cupti.name_classes import CHUNK_NAMES, NameClassifier, ProcessRows
@@ -171,6 +172,10 @@ class CuptiProbe(Probe):
         if not os.access(probe_dir, os.W_OK):
             return Availability(False, f"cannot create the CUPTI socket in {d} (not writable)",
                                 "run the agent as root, or set RIDGELINE_SOCKET to a writable path")
+        try:
+            check_native()
+        except decode_native.DecodeLibraryMissing as exc:
+            return Availability(False, str(exc), "the CUPTI probe decodes with it; build it, then restart the agent")
         lib = library_path()
         if not lib.exists():
             return Availability(True, f"listening is possible, but the injection library {lib} is not built",
@@ -449,7 +454,9 @@ class CuptiProbe(Probe):
         if len(remap) == 0:
             return
         for arr in (trace.kernels, trace.copies, trace.api, trace.ranges):
-            if len(arr):
+            if len(arr) and dec.native:
+                decode_native.remap(arr, "name_id", remap)       # one pass, in place
+            elif len(arr):
                 ids = arr["name_id"]
                 arr["name_id"] = np.where(ids >= 0, remap[np.maximum(ids, 0)], MISSING)
 

@@ -80,6 +80,8 @@ CONTROL_DTYPE = np.dtype([("mode", "<u4"), ("kernel_sample_every", "<u4"), ("fla
 LIBRARY_COUNTERS = ("dropped_cupti", "dropped_pool_full", "dropped_no_agent", "dropped_send",
                     "sampled_out", "names_dropped", "walk_errors")
 
+_BATCH_FIELDS = BATCH_DTYPE.names
+
 assert FRAME_DTYPE.itemsize == 16 and HELLO_DTYPE.itemsize == 40 and BATCH_DTYPE.itemsize == 168
 
 
@@ -194,14 +196,16 @@ def parse_hello(body) -> Hello:
 def parse_batch(body) -> Batch:
     r = _Reader(body)
     h = r.struct(BATCH_DTYPE, "batch header")[0]
-    n_names, n_sections = int(h["n_names"]), int(h["n_sections"])
+    # every field as a Python int at once: field by field cost a microsecond each, per batch
+    hv = dict(zip(_BATCH_FIELDS, h.item()))
+    n_names, n_sections = hv["n_names"], hv["n_sections"]
     if n_sections > MAX_SECTIONS:
         raise ProtocolError(f"batch: {n_sections} sections (at most {MAX_SECTIONS})")
-    if int(h["n_devices"]) > MAX_DEVICES:
+    if hv["n_devices"] > MAX_DEVICES:
         raise ProtocolError("batch: too many devices")
     for k in LIBRARY_COUNTERS:
-        if int(h[k]) >= MAX_COUNTER:
-            raise ProtocolError(f"batch: counter {k} = {int(h[k])} is out of range")
+        if hv[k] >= MAX_COUNTER:
+            raise ProtocolError(f"batch: counter {k} = {hv[k]} is out of range")
     # each name takes at least 16 bytes: a count larger than the body allows is a lie
     if n_names * NAME_DTYPE.itemsize > len(r.mv):
         raise ProtocolError(f"batch: {n_names} names cannot fit in {len(r.mv)} bytes")
@@ -214,8 +218,7 @@ def parse_batch(body) -> Batch:
     seen = set()
     total = 0
     for _ in range(n_sections):
-        s = r.struct(SECTION_DTYPE, "section header")[0]
-        kind, size, count = int(s["kind"]), int(s["record_size"]), int(s["count"])
+        kind, size, count, _ = r.struct(SECTION_DTYPE, "section header")[0].item()
         # the bytes must be there whatever the section says: that keeps the framing
         data = r.take(size * count, f"section of kind {kind}")
         total += count
@@ -229,8 +232,8 @@ def parse_batch(body) -> Batch:
         sections.append(Section(kind, size, count, data))
     if r.pos != len(r.mv):
         raise ProtocolError(f"batch: {len(r.mv) - r.pos} trailing bytes")
-    if total != int(h["records"]):
-        raise ProtocolError(f"batch: header says {int(h['records'])} records, sections hold {total}")
+    if total != hv["records"]:
+        raise ProtocolError(f"batch: header says {hv['records']} records, sections hold {total}")
     return Batch(h, names, sections, rejected)
 
 
