@@ -885,7 +885,8 @@ class SourceFold:
                     # them when it is folded (aggregator.phase_figures); and the held kernels'
                     # own launches, which may end before the step's first kernel starts (the
                     # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
-                    ca = t.api[self._held_api(t.api, int(k["start_ns"][hi].min()), k["correlation_id"][hi])]
+                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
+                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
                 if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
                     # The launch records of the held kernels (CPU ranges and older Kineto's
                     # operators map kernels through them).
@@ -908,19 +909,6 @@ class SourceFold:
                     # else map_batch skipped the held steps: none of their kernels is in order
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
-
-    @staticmethod
-    def _held_api(api: np.ndarray, t0: int, corr: np.ndarray) -> np.ndarray:
-        """Per host call: it ends at or after ``t0`` or launched one of the kernels whose
-        correlation ids are ``corr`` (at least one). The id test only where the ids can
-        match (between the least and the greatest of ``corr``): it was a sort of every
-        call of the batch."""
-        m = api["end_ns"] >= t0
-        c = api["correlation_id"]
-        cand = ~m & (c >= int(corr.min())) & (c <= int(corr.max()))
-        if cand.any():
-            m[cand] = np.isin(c[cand], corr)
-        return m
 
     def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
         """Per step (``device``, ``start_ns``), and one more slot for "no step": True for

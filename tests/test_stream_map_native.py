@@ -248,24 +248,6 @@ def test_a_library_without_the_map_passes_is_refused_in_one_line(monkeypatch, tm
         fold_native._map_library.cache_clear()
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_held_host_calls_equal_the_whole_id_test(seed):
-    """SourceFold._held_api (the id test only between the held ids' least and greatest)
-    selects what the whole-batch test did: calls ending at or after the held step's first
-    start, or launching a held kernel (ids shuffled, repeated, negative)."""
-    from ridgeline.aggregator.windows import SourceFold
-    from ridgeline.probes.events import API_DTYPE
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 400))
-    a = empty(API_DTYPE, n)
-    a["end_ns"] = rng.integers(0, 10_000, n)
-    a["correlation_id"] = rng.integers(-3, 300, n)
-    corr = rng.choice(a["correlation_id"], int(rng.integers(1, 20))) if seed % 2 else rng.integers(-3, 300, 5)
-    t0 = int(rng.integers(0, 12_000))
-    want = (a["end_ns"] >= t0) | np.isin(a["correlation_id"], corr)
-    np.testing.assert_array_equal(SourceFold._held_api(a, t0, corr), want)
-
-
 def test_end_and_devices_reads_the_records():
     """rl_end_and_devices on a strided view of records (every third, negative devices)."""
     rng = np.random.default_rng(3)
