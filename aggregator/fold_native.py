@@ -342,3 +342,104 @@ def ingest_pass(k: np.ndarray, a: np.ndarray, what: np.ndarray, launch: np.ndarr
                                     out.ctypes.data)
     d0, d1, pid, tid = out.tolist()
     return ((d0, d1) if bits & 1 else None, (hist, pid, tid) if bits & 2 else None, lat if bits & 4 else None)
+
+
+# -- the phase mapping's passes (aggregator/native/ridgeline_map.c) ----------------------
+# Declared apart from _declare (one block per source file). Every argument is a plain
+# address or integer (c_void_p / c_int64): map_batch calls these once per batch each, and
+# ndpointer's from_param checks cost more than the passes themselves on small batches.
+
+_MAP_FIELDS = ("start_ns", "name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y")
+
+
+@lru_cache(maxsize=1)
+def _map_library() -> ct.CDLL:
+    """:func:`library` with the ridgeline_map.c functions declared (a library built before
+    that file existed is refused in one line, as :func:`library` refuses another layout)."""
+    lib = library()
+    try:
+        lib.rl_map_runs.restype = _I
+        lib.rl_map_runs.argtypes = (_V, _I, _V, _V, _I, _V, _V, _V, _I, _V, _V, _V, _V, _V)
+        lib.rl_map_phases.restype = None
+        lib.rl_map_phases.argtypes = (_I, _V, _I, _V, _V, _V, _V)
+        lib.rl_argmax_ranges.restype = _I
+        lib.rl_argmax_ranges.argtypes = (_V, _I, _V, _V, _I, _V)
+        lib.rl_end_and_devices.restype = None
+        lib.rl_end_and_devices.argtypes = (_V, _I, _I, _I, _I, _V, _V)
+    except AttributeError as exc:
+        raise FoldLibraryMissing(f"ridgeline: the native fold library {library_path()} was built from another "
+                                 f"version ({exc}): {_hint()}") from None
+    return lib
+
+
+@lru_cache(maxsize=64)
+def _map_offsets(dtype: np.dtype) -> np.ndarray:
+    # One array per record dtype (the batches of a source share one): no per-call build.
+    return np.array([dtype.fields[f][1] for f in _MAP_FIELDS], np.int64)
+
+
+def map_runs(k: np.ndarray, step: np.ndarray, order: np.ndarray | None, skip: np.ndarray | None,
+             consts: np.ndarray):
+    """map_batch's step runs of a kernels-only batch in one pass (``rl_map_runs``):
+    (kept kernels' indices in (step, start) order, each run's first position in them, its
+    step, its shape hash), or None when ``order`` is None and the kernels are not in that
+    order already (the caller sorts them and calls again with ``order``). ``step``: int32
+    per kernel; ``skip``: bool per step (and one more slot) or None."""
+    lib = _map_library()
+    n = len(k)
+    step = np.ascontiguousarray(step, np.int32)
+    o = np.ascontiguousarray(order, np.int64) if order is not None else None
+    sk = skip.view(np.uint8) if skip is not None and skip.flags.c_contiguous else \
+        (np.ascontiguousarray(skip, np.uint8) if skip is not None else None)
+    out_order = np.empty(n, np.int64)
+    first = np.empty(n, np.int64)
+    stp = np.empty(n, np.int64)
+    h = np.empty(n, np.uint64)
+    kept = np.zeros(1, np.int64)
+    runs = lib.rl_map_runs(k.ctypes.data, k.strides[0], _map_offsets(k.dtype).ctypes.data, consts.ctypes.data, n,
+                           step.ctypes.data, o.ctypes.data if o is not None else None,
+                           sk.ctypes.data if sk is not None else None, len(sk) if sk is not None else 0,
+                           out_order.ctypes.data, first.ctypes.data, stp.ctypes.data, h.ctypes.data,
+                           kept.ctypes.data)
+    if runs < 0:
+        return None
+    return out_order[:int(kept[0])], first[:runs], stp[:runs], h[:runs]
+
+
+def map_phases(order: np.ndarray, first: np.ndarray, shape_at: np.ndarray, flat: np.ndarray,
+               phase: np.ndarray) -> None:
+    """Write into ``phase`` (uint8 per kernel) each kept kernel's remembered phase: run r,
+    the kernels ``order[first[r]:first[r + 1]]``, gets ``flat[shape_at[r]:]`` in order
+    (``rl_map_phases``). ``phase`` must be a C-contiguous uint8 array (written in place)."""
+    if phase.dtype != np.uint8 or not phase.flags.c_contiguous:
+        raise ValueError("map_phases writes a C-contiguous uint8 phase array")
+    c = np.ascontiguousarray
+    order, first, shape_at, flat = c(order, np.int64), c(first, np.int64), c(shape_at, np.int64), c(flat, np.uint8)
+    _map_library().rl_map_phases(len(order), order.ctypes.data, len(first), first.ctypes.data,
+                                 shape_at.ctypes.data, flat.ctypes.data, phase.ctypes.data)
+
+
+def end_and_devices(k: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(every record's end_ns as a new contiguous array, least device, greatest device) in
+    one pass over the records (at least one; ``rl_end_and_devices``): the step cut's
+    device test and segment ends, which were a pass each."""
+    out = np.empty(len(k), np.int64)
+    rng = np.empty(2, np.int64)
+    _map_library().rl_end_and_devices(k.ctypes.data, k.strides[0], _off(k, "end_ns"), _off(k, "device"), len(k),
+                                      out.ctypes.data, rng.ctypes.data)
+    return out, int(rng[0]), int(rng[1])
+
+
+def argmax_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
+    """Per range, the first position of the greatest of ``values[lo:hi]`` (int64 arrays),
+    or None when a range is empty or out of bounds (``rl_argmax_ranges``; the numpy
+    reference: aggregator/steps.py ``_argmax_in_ranges``)."""
+    if values.dtype != np.int64 or not values.flags.c_contiguous:
+        return None
+    lo = np.ascontiguousarray(lo, np.int64)
+    hi = np.ascontiguousarray(hi, np.int64)
+    out = np.empty(len(lo), np.int64)
+    if not _map_library().rl_argmax_ranges(values.ctypes.data, len(values), lo.ctypes.data, hi.ctypes.data, len(lo),
+                                           out.ctypes.data):
+        return None
+    return out

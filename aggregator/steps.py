@@ -81,7 +81,14 @@ def _spacing_mode(pos: np.ndarray) -> tuple[int, int, int]:
     """(most common spacing, its count, number of spacings) of sorted positions."""
     if len(pos) < 2:
         return 0, 0, 0
-    vals, counts = np.unique(np.diff(pos), return_counts=True)
+    d = np.diff(pos)
+    if int(d.min()) >= 0:
+        # Counts by value (sorted positions: spacings >= 0, at most the last position):
+        # argmax takes the smallest of the most common spacings, as np.unique's order does.
+        counts = np.bincount(d)
+        j = int(np.argmax(counts))
+        return j, int(counts[j]), len(pos) - 1
+    vals, counts = np.unique(d, return_counts=True)
     j = int(np.argmax(counts))
     return int(vals[j]), int(counts[j]), len(pos) - 1
 
@@ -110,9 +117,8 @@ def _attention_marker_at(att: np.ndarray, att_names: np.ndarray) -> tuple[np.nda
         return np.empty(0, dtype=np.int64), 0
     best = None
     cands = [att]
-    names = np.unique(att_names)
-    if len(names) > 1:
-        cands += [att[att_names == nm] for nm in names.tolist()]
+    if att_names.min() != att_names.max():      # one attention kernel name: no sort
+        cands += [att[att_names == nm] for nm in np.unique(att_names).tolist()]
     for pos in cands:
         period, hits, n = _spacing_mode(pos)
         if hits < PATTERN_MIN_REPEATS:
@@ -336,6 +342,12 @@ def _argmax_in_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.
     hi = np.asarray(hi, dtype=np.int64)
     if not len(lo):
         return lo
+    if not fold_native.REFERENCE:
+        # One native loop over the ranges (fold_native.argmax_ranges): the same positions,
+        # without the numpy calls of the layout below (each rule's few ranges paid ten).
+        out = fold_native.argmax_ranges(values, lo, hi)
+        if out is not None:
+            return out
     size = hi - lo
     total = int(size.sum())
     if total > 4 * len(values) + 1024:
@@ -351,13 +363,18 @@ def _argmax_in_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.
 
 def _mark(cut: np.ndarray, reason: dict[int, str], at: np.ndarray, whys: list[str]) -> None:
     """Mark boundaries after kernels ``at`` (in order), each with its reason; a boundary
-    already marked gains the reason unless it already says it."""
+    already marked gains the reason unless it already says it. ``reason`` holds exactly the
+    marked boundaries (segment_kernels sets both together), so it alone says which are:
+    no numpy scalar read per boundary."""
+    if not len(at):
+        return
     for j, why in zip(at.tolist(), whys):
-        if not cut[j]:
-            cut[j] = True
+        r = reason.get(j)
+        if r is None:
             reason[j] = why
-        elif why not in reason[j]:
-            reason[j] += "; " + why
+        elif why not in r:
+            reason[j] = r + "; " + why
+    cut[at] = True
 
 
 def _launched_together(trace: Trace, before: np.ndarray, after: np.ndarray, launch: np.ndarray | None) -> np.ndarray:
@@ -428,12 +445,19 @@ def _flag_bits(c, opt_of: np.ndarray) -> np.ndarray:
 
 def _scan_flags(classes) -> tuple[np.ndarray, bool]:
     """(flags, by_name) for :func:`fold_native.segment_scan`: per name slot when the classes
-    are gathered from per-name arrays (the stream phaser's: no per-kernel array at all),
-    else per kernel."""
-    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
+    are gathered from per-name arrays (the stream phaser's: no per-kernel array at all;
+    computed once per state of its name table, in the classes' ``memo``), else per kernel."""
     per_name = getattr(classes, "per_name", None)
+    memo = getattr(classes, "memo", None) if per_name is not None else None
+    if memo is not None and "scan_flags" in memo:
+        # The stream phaser's per-name flags, kept while its name table stays the same.
+        return memo["scan_flags"], True
+    opt_of = np.array([sg.id == "optimizer" for sg in classes.signatures] + [False], dtype=bool)
     if per_name is not None:
-        return _flag_bits(per_name(), opt_of), True
+        flags = _flag_bits(per_name(), opt_of)
+        if memo is not None:
+            memo["scan_flags"] = flags
+        return flags, True
     return _flag_bits(classes, opt_of), False
 
 
@@ -494,13 +518,15 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     n = len(k)
     kernel_step = np.full(n, -1, dtype=np.int32)
     segments: list[Segment] = []
-    sel = np.ones(n, dtype=bool) if mask is None else mask
-    if not sel.any():
+    sel = mask                          # None: every kernel
+    if not n or (sel is not None and not sel.any()):
         return Segmentation(kernel_step, segments)
     device = k["device"]
     ref = fold_native.REFERENCE
+    end = None
     if mask is None and not ref:
-        d0, d1 = fold_native.field_range(k, "device")      # one pass over the packed records
+        # One pass over the packed records: the devices, and the ends the segments' spans read.
+        end, d0, d1 = fold_native.end_and_devices(k)
         devices = [d0] if d0 == d1 else distinct(device)
     else:
         devices = distinct(device if mask is None else device[sel])
@@ -513,7 +539,10 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
     else:
         flags, by_name = _scan_flags(classes)
     for dev in devices:
-        idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
+        if sel is None:
+            idx = np.arange(n) if len(devices) == 1 else np.flatnonzero(device == dev)
+        else:
+            idx = np.flatnonzero(sel if len(devices) == 1 else sel & (device == dev))
         whole = len(idx) == n           # every kernel, in batch order (so far)
         scan = None if ref else fold_native.segment_scan(k, None if whole else idx, flags, by_name)
         if scan is None:
@@ -615,10 +644,18 @@ def segment_kernels(trace: Trace, classes: KernelClasses, mask: np.ndarray | Non
         stops = np.concatenate((starts[1:], [m]))
         base = len(segments)
         step_of = np.repeat(np.arange(len(starts), dtype=np.int32) + base, stops - starts)
-        kernel_step[idx] = step_of
-        e = col(k["end_ns"]) if ref else fold_native.gather(k, "end_ns", None if whole else idx)
+        if whole:                       # idx is every kernel in batch order
+            kernel_step[:] = step_of
+        else:
+            kernel_step[idx] = step_of
+        if ref:
+            e = col(k["end_ns"])
+        elif end is not None:
+            e = end if whole else end[idx]
+        else:
+            e = fold_native.gather(k, "end_ns", None if whole else idx)
         seg_end = np.maximum.reduceat(e, starts)
+        dv = int(dev)
         for a0, s0, e0 in zip(starts.tolist(), k["start_ns"][idx[starts]].tolist(), seg_end.tolist()):
-            why = "first kernel on the device" if a0 == 0 else reason[a0 - 1]
-            segments.append(Segment(device=int(dev), start_ns=s0, end_ns=e0, reasons=[why]))
+            segments.append(Segment(dv, s0, e0, [reason[a0 - 1] if a0 else "first kernel on the device"]))
     return Segmentation(kernel_step, segments)

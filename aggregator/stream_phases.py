@@ -98,10 +98,13 @@ class _GatheredClasses:
     per-name arrays (``per_name[f][look]``) when first read: segmentation reads four of
     the fourteen, and gathering all of them was a pass over the kernels each."""
 
-    def __init__(self, signatures, per_name: dict, name_ids: np.ndarray, slots: int):
+    def __init__(self, signatures, per_name: dict, name_ids: np.ndarray, slots: int, memo: dict | None = None):
         self.signatures = signatures
         self._per_name, self._name_ids, self._slots = per_name, name_ids, slots
         self._look = None
+        # Values derived from the per-name arrays alone (aggregator.steps._scan_flags),
+        # shared by every batch until the phaser's name table changes.
+        self.memo = memo if memo is not None else {}
 
     def per_name(self) -> SimpleNamespace:
         """The per-name arrays themselves, one row per name slot (the last: "no name"), for
@@ -139,6 +142,7 @@ class StreamPhaser:
         self._cls_gen = 0
         self._signatures = None
         self._pw = np.ones(1, dtype=np.uint64)
+        self._memo: dict = {}          # _GatheredClasses.memo of the current name table
         self.map_phases_calls = 0
         self.training_devices: set[int] = set()
         # device -> the last few (start_ns, end_ns, phase) mapped: a prefill launch that
@@ -185,7 +189,8 @@ class StreamPhaser:
                     old = self._cls[f.name] = grown
                 old[first:n_names + 1] = a          # the new names, then "no name" at index n_names
             self._cls_n = n_names + 1
-        return _GatheredClasses(self._signatures, self._cls, name_ids, self._cls_n)
+            self._memo = {}
+        return _GatheredClasses(self._signatures, self._cls, name_ids, self._cls_n, self._memo)
 
     # -- batches -----------------------------------------------------------------------
     @staticmethod
@@ -215,23 +220,38 @@ class StreamPhaser:
         if not self.kernels_only(trace):
             return self._full(trace)
         kc, seg = seg if seg is not None else self.segment(trace)
+        if fold_native.REFERENCE:
+            return self._map_reference(trace, kc, seg, skip)
+        # The kept kernels in (step, start) order, their step runs and shape hashes in one
+        # native pass (fold_native.map_runs; a batch already in that order, one device in
+        # time order, needs no sort), the same values as _map_reference's numpy.
+        ks = np.asarray(seg.kernel_step, dtype=np.int32)
+        sk = skip if skip is not None and skip.any() else None
+        runs = fold_native.map_runs(k, ks, None, sk, _HASH_CONSTS)
+        if runs is None:
+            st = k["start_ns"]
+            key = (ks.astype(np.int64) << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+            runs = fold_native.map_runs(k, ks, np.argsort(key, kind="stable"), sk, _HASH_CONSTS)
+        order, first, step_ids, h = runs
+        return self._map_steps(trace, kc, seg, skip, ks, order, first, step_ids, h)
+
+    def _map_reference(self, trace: Trace, kc, seg, skip) -> BatchPhases:
+        """map_batch's kernels-only path in numpy: the reference of fold_native.map_runs and
+        fold_native.map_phases (aggregator/native/ridgeline_map.c), which the tests compare
+        with (tests/test_stream_map_native.py)."""
+        k = trace.kernels
+        n = len(k)
         ks = np.asarray(seg.kernel_step, dtype=np.int64)
         # Kernels of each step in (step, start) order; a step's shape is the sequence
         # of its kernels' name ids and launch dimensions.
         # One stable sort of a composite key (steps, then start time relative to the
         # batch): the batch is mostly in order already, which a stable sort exploits.
-        ref = fold_native.REFERENCE
-        key = None
-        if ref:
-            st = k["start_ns"]
-            key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
-        if n < 2 or (bool((key[1:] >= key[:-1]).all()) if ref else fold_native.in_step_order(k, ks)):
+        st = k["start_ns"]
+        key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+        if n < 2 or bool((key[1:] >= key[:-1]).all()):
             # Already in (step, start) order (one device, in time order): no sort, no gather.
             order, sks = np.arange(n), ks
         else:
-            if key is None:
-                st = k["start_ns"]
-                key = (ks << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
             order = np.argsort(key, kind="stable")
             sks = ks[order]
         on = sks >= 0
@@ -239,19 +259,27 @@ class StreamPhaser:
             on &= ~skip[sks]                # sks -1 reads the extra slot
         if not on.all():
             order, sks = order[on], sks[on]
-        phase = np.full(n, UNKNOWN, dtype=np.uint8)
         if not len(order):
-            return BatchPhases(phase, ks.astype(np.int32), order=order)
+            return self._map_steps(trace, kc, seg, skip, ks, order, order, order, order)
         first = np.flatnonzero(np.r_[True, sks[1:] != sks[:-1]])
         lens = np.diff(np.r_[first, len(sks)])
         pos = np.arange(len(sks)) - np.repeat(first, lens)
         identity = len(order) == n and sks is ks
-        if not ref:
-            # The shape hash in one native pass over the records (fold_native.step_hashes),
-            # the same value as the numpy reference (_hashes_reference).
-            h = fold_native.step_hashes(k, None if identity else order, first, len(order), _HASH_CONSTS)
-        else:
-            h = self._hashes_reference(k, order, identity, first, lens, pos)
+        h = self._hashes_reference(k, order, identity, first, lens, pos)
+        return self._map_steps(trace, kc, seg, skip, ks, order, first, sks[first], h, pos)
+
+    def _map_steps(self, trace: Trace, kc, seg, skip, ks, order, first, step_ids, h, pos=None) -> BatchPhases:
+        """The rest of map_batch from the kept kernels in (step, start) order (``order``),
+        their step runs (``first`` positions in ``order``, ``step_ids``) and shape hashes
+        ``h``: each distinct shape decided once, each kernel's phase from its shape (numpy
+        when ``pos``, each kernel's position in its run, is given: the reference; else
+        fold_native.map_phases), the steps and their continuity relabel."""
+        k = trace.kernels
+        n = len(k)
+        phase = np.full(n, UNKNOWN, dtype=np.uint8)
+        if not len(order):
+            return BatchPhases(phase, ks.astype(np.int32), order=order)
+        lens = np.diff(np.r_[first, len(order)])
         ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
         shapes: list[_Shape] = []
@@ -272,8 +300,10 @@ class StreamPhaser:
         # Per-kernel phases: the remembered shape's phase at the kernel's position.
         offs = np.r_[0, np.cumsum([len(x.phase) for x in shapes])][:-1]
         flat = np.concatenate([x.phase for x in shapes])
-        step_of = np.repeat(inv, lens)
-        kph = flat[offs[step_of] + pos]
+        if pos is not None:
+            kph = flat[offs[np.repeat(inv, lens)] + pos]
+        else:
+            fold_native.map_phases(order, first, offs[inv], flat, phase)
         # Device-wide training context, as map_phases has it over a whole trace: a device
         # seen running backward/optimizer kernels in this stream (so far) makes its steps
         # without an inference-only kernel "other".
@@ -282,38 +312,46 @@ class StreamPhaser:
             train = kc.role == ROLE_TRAINING
             if train.any():
                 self.training_devices.update(np.unique(k["device"][train]).tolist())
-        step_dev = k["device"][order[first]]
         ctx = np.zeros(len(first), dtype=bool)
         if self.training_devices:
+            step_dev = k["device"][order[first]]
             inf_only = np.array([x.inference_only for x in shapes], dtype=bool)
             ctx = np.isin(step_dev, list(self.training_devices)) & ~inf_only[inv]
+        if pos is not None:
             if ctx.any():
                 kph = np.where(np.repeat(ctx, lens), np.uint8(OTHER), kph)
-        phase[order] = kph
-        # Step indices are the segmentation's (contiguous from 0 in this batch).
-        steps = [None] * len(seg.segments)
-        for j, u, c in zip(sks[first].tolist(), inv.tolist(), ctx.tolist()):
-            sg, x = seg.segments[j], shapes[u]
-            if c:
-                steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), OTHER, None, None,
-                                      f"other: device {int(sg.device)} runs a training loop (backward/optimizer "
-                                      "kernels in this stream) and this step has no inference-only kernel")
-                continue
-            steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), x.step_phase, x.prefill_tokens,
-                                  x.decode_tokens, x.evidence, x.mixed_slots, tokens=x.tokens)
-        for j, sg in enumerate(seg.segments):      # a segment without kernels (none expected), or skipped
-            if steps[j] is None:
-                steps[j] = StreamStep(int(sg.device), int(sg.start_ns), int(sg.end_ns), UNKNOWN, None, None, "")
+            phase[order] = kph
+        elif ctx.any():
+            phase[order[np.repeat(ctx, lens)]] = OTHER
+        # Step indices are the segmentation's (contiguous from 0 in this batch). Each
+        # shape's step fields are laid out once (segment_kernels' segments hold Python ints).
+        segs = seg.segments
+        steps = [None] * len(segs)
+        tails = [(x.step_phase, x.prefill_tokens, x.decode_tokens, x.evidence, x.mixed_slots, "kernels", x.tokens)
+                 for x in shapes]
+        if ctx.any():
+            other = (OTHER, None, None, "", 0, "kernels", None)
+            for j, u, c in zip(step_ids.tolist(), inv.tolist(), ctx.tolist()):
+                sg = segs[j]
+                steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, *(other if c else tails[u]))
+                if c:
+                    steps[j].evidence = (f"other: device {sg.device} runs a training loop (backward/optimizer "
+                                         "kernels in this stream) and this step has no inference-only kernel")
+        else:
+            for j, u in zip(step_ids.tolist(), inv.tolist()):
+                sg = segs[j]
+                steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, *tails[u])
+        if len(step_ids) != len(segs):
+            for j, sg in enumerate(segs):      # a segment without kernels (none expected), or skipped
+                if steps[j] is None:
+                    steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, UNKNOWN, None, None, "")
         # Steps in time order per device (segments are per device, in time order).
-        step_ids = sks[first]
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
             decided = [steps[j] for j in at]
-            relabel = [at[i] for i in mixed_by_continuity(decided, self.previous_step, self.first_step_ns)]
+            relabel = [at[i] for i in self._continuity(decided, shapes)]
         else:
-            decided = steps
-            relabel = mixed_by_continuity(steps, self.previous_step, self.first_step_ns)
-        self._saw(decided)
+            relabel = self._continuity(steps, shapes)
         for j in relabel:
             steps[j].prefill_tokens = steps[j].decode_tokens = None
             p = int(np.searchsorted(step_ids, j))
@@ -350,6 +388,39 @@ class StreamPhaser:
             h = np.add.reduceat((v if identity else v[order]) * self._pw[pos], first)
             h = h ^ (lens.astype(np.uint64) * _MUL)
         return h
+
+    def _continuity(self, decided: list, shapes: list) -> list[int]:
+        """``mixed_by_continuity(decided, self.previous_step, self.first_step_ns)``, then
+        :meth:`_saw` of ``decided``: the same relabel and the same history. When no shape of
+        the batch can be relabelled (no prefill shape with one-token slots: the steady
+        serving case), the relabel is empty and only the history moves on: per device, its
+        steps (one run of ``decided``, strictly increasing starts, as segment_kernels cuts
+        them) follow the remembered steps that started before the first of them, the last
+        four kept, which is what the step-by-step update leaves; else (and as the reference,
+        fold_native.REFERENCE) the step-by-step way."""
+        if fold_native.REFERENCE or not decided or any(x.step_phase == PREFILL and x.mixed_slots > 0 for x in shapes):
+            relabel = mixed_by_continuity(decided, self.previous_step, self.first_step_ns)
+            self._saw(decided)
+            return relabel
+        runs: list[tuple[int, list]] = []
+        for x in decided:
+            if runs and runs[-1][0] == x.device:
+                runs[-1][1].append((x.start_ns, x.end_ns, x.phase))
+            else:
+                runs.append((x.device, [(x.start_ns, x.end_ns, x.phase)]))
+        if len({d for d, _ in runs}) != len(runs) or not all(
+                a[0] < b[0] for _, ent in runs for a, b in zip(ent, ent[1:])):
+            # A device in two runs, or two steps starting together: step by step.
+            relabel = mixed_by_continuity(decided, self.previous_step, self.first_step_ns)
+            self._saw(decided)
+            return relabel
+        last, first_ns = self.previous_step, self.first_step_ns
+        for d, ent in runs:
+            t = ent[0][0]
+            last[d] = ([h for h in last.get(d, ()) if h[0] < t] + ent[-4:])[-4:]
+            if t < first_ns.get(d, t + 1):
+                first_ns[d] = t
+        return []
 
     def _saw(self, steps) -> None:
         for x in steps:

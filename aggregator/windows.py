@@ -847,12 +847,12 @@ class SourceFold:
         n = len(k)
         if not n:
             return
-        held = None
+        held = seg = None
         if not flush and self.phaser.kernels_only(t):
             # The steps to hold back are chosen from the segmentation, before any step is
             # phase-mapped: the held ones are mapped whole in a later fold, not now.
             seg = self.phaser.segment(t)
-            held = self._held_steps(seg[1].segments, np.asarray(seg[1].kernel_step, dtype=np.int64))
+            held = self._held_steps(seg[1].segments, seg[1].kernel_step)
             bp = self.phaser.map_batch(t, seg=seg, skip=held)
         else:
             bp = self.phaser.map_batch(t)
@@ -904,7 +904,9 @@ class SourceFold:
                 else:
                     self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
                                    shb[hi] if shb is not None else None, cr, co, ca)
-                    order = order[~hold[order]]
+                    if bp.order is None or seg is None:
+                        order = order[~hold[order]]
+                    # else map_batch skipped the held steps: none of their kernels is in order
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
 
@@ -916,7 +918,7 @@ class SourceFold:
         for i, s in enumerate(steps):
             if s.device not in last or s.start_ns >= steps[last[s.device]].start_ns:
                 last[s.device] = i
-        size = np.bincount(kstep[kstep >= 0], minlength=len(steps))
+        size = np.bincount(kstep + 1, minlength=len(steps) + 1)[1:]     # kstep >= -1
         held = np.zeros(len(steps) + 1, dtype=bool)
         room = MAX_CARRY_KERNELS
         for i in sorted(last.values(), key=lambda i: int(size[i])):

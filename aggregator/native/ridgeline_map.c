@@ -1,0 +1,171 @@
+/* The per-kernel passes of a batch's phase mapping (aggregator/stream_phases.py,
+ * StreamPhaser.map_batch), built into libridgeline_fold.so with ridgeline_fold.c.
+ *
+ * map_batch took about ten numpy passes over a batch's kernels (the (step, start) order
+ * check, the kept-kernel mask and its compaction, the step runs, each kernel's position in
+ * its run, the shape hash, the gather of the remembered phases and their scatter); these two
+ * functions do the same in two passes. Their numpy reference is map_batch itself with
+ * fold_native.REFERENCE set (tests/test_stream_map_native.py checks both give the same
+ * BatchPhases and the same wire-encoded windows).
+ *
+ * No allocation, no global state: the caller (numpy) owns every buffer; thread-safe.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+static inline int64_t map_rd64(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int64_t v;
+    __builtin_memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+
+static inline int32_t map_rd32(const char *base, int64_t stride, int64_t i, int64_t off) {
+    int32_t v;
+    __builtin_memcpy(&v, base + i * stride + off, sizeof v);
+    return v;
+}
+
+/* The steps map_batch decides, as runs of kernels, with each run's shape hash.
+ *
+ * Kernels: n records at base (stride bytes apart); off: byte offsets of start_ns (int64),
+ * then name_id, grid_x, grid_y, block_x, grid_z, block_y (int32), the hash's fields in the
+ * order of rl_step_hashes. step: int32 per kernel (segment_kernels' kernel_step, -1: none).
+ * order: NULL to take the kernels in batch order, which must then be map_batch's
+ * (step << 40 | min(start - earliest start, 2**40 - 1)) order (rl_in_step_order's test):
+ * returns -1, writing nothing, when it is not (the caller sorts and calls again with its
+ * order). Else n indices of the kernels in that order.
+ *
+ * A kernel is kept when its step is >= 0 and skip (NULL: none skipped; else one byte per
+ * step) is 0 for it. Written: out_order[0:kept] the kept kernels' indices in order;
+ * per run r (consecutive kept kernels of one step): out_first[r] its first position in
+ * out_order, out_step[r] its step, out_hash[r] the hash of rl_step_hashes over its kernels
+ * (c: C0..C5 and MUL). out_n[0] = kept. Returns the number of runs. */
+/* rl_in_step_order's test: the kernels in batch order are in key order. */
+static int key_order(const char *base, int64_t stride, int64_t off_start, int64_t n, const int32_t *step) {
+    const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (n < 2) return 1;
+    int64_t t0 = map_rd64(base, stride, 0, off_start);
+    for (int64_t i = 1; i < n; i++) {
+        int64_t v = map_rd64(base, stride, i, off_start);
+        if (v < t0) t0 = v;
+    }
+    int64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rel = map_rd64(base, stride, i, off_start) - t0;
+        int64_t key = (int64_t)((uint64_t)(int64_t)step[i] << 40) | (rel < cap ? rel : cap);
+        if (i && key < prev) return 0;
+        prev = key;
+    }
+    return 1;
+}
+
+/* The runs and hashes in one pass; with check (batch order), also whether (step, start) is
+ * in lexicographic order: -2 as soon as it is not, and the span of the starts in span[]. */
+static int64_t runs_pass(const char *base, int64_t stride, const int64_t *off, const uint64_t *c, int64_t n,
+                         const int32_t *step, const int64_t *order, const uint8_t *skip, int64_t n_skip,
+                         int64_t *out_order, int64_t *out_first, int64_t *out_step, uint64_t *out_hash,
+                         int64_t *out_n, int check, int64_t *span) {
+    int64_t kept = 0, runs = 0, cur = -1;
+    int64_t prev_s = 0, prev_t = 0, t_min = 0, t_max = 0;
+    uint64_t h = 0, p = 1;
+    for (int64_t q = 0; q < n; q++) {
+        int64_t i = order ? order[q] : q;
+        int64_t s = step[i];
+        if (check) {
+            int64_t t = map_rd64(base, stride, i, off[0]);
+            if (q && (s < prev_s || (s == prev_s && t < prev_t))) return -2;
+            if (!q || t < t_min) t_min = t;
+            if (!q || t > t_max) t_max = t;
+            prev_s = s;
+            prev_t = t;
+        }
+        if (s < 0 || (skip && s < n_skip && skip[s])) continue;
+        if (runs == 0 || s != cur) {
+            if (runs) out_hash[runs - 1] = h ^ ((uint64_t)(kept - out_first[runs - 1]) * c[6]);
+            out_first[runs] = kept;
+            out_step[runs] = s;
+            runs++;
+            cur = s;
+            h = 0;
+            p = 1;
+        }
+        uint64_t v = (uint64_t)((int64_t)map_rd32(base, stride, i, off[1]) + 1) * c[0];
+        for (int f = 1; f < 6; f++)
+            v += (uint64_t)(int64_t)map_rd32(base, stride, i, off[f + 1]) * c[f];
+        h += v * p;
+        p *= c[6];
+        out_order[kept++] = i;
+    }
+    if (runs) out_hash[runs - 1] = h ^ ((uint64_t)(kept - out_first[runs - 1]) * c[6]);
+    out_n[0] = kept;
+    span[0] = t_max - t_min;
+    return runs;
+}
+
+EXPORT int64_t rl_map_runs(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
+                           int64_t n, const int32_t *step, const int64_t *order, const uint8_t *skip,
+                           int64_t n_skip, int64_t *out_order, int64_t *out_first, int64_t *out_step,
+                           uint64_t *out_hash, int64_t *out_n) {
+    int64_t span = 0;
+    int64_t r = runs_pass(base, stride, off, c, n, step, order, skip, n_skip, out_order, out_first, out_step,
+                          out_hash, out_n, !order, &span);
+    /* (step, start) in lexicographic order is the key's order while every start lies less
+     * than 2**40 ns after the earliest (the key caps the rest) and steps stay below 2**23
+     * (past that the key's shift wraps): otherwise the key's own test decides. */
+    const int64_t cap = ((int64_t)1 << 40) - 1;
+    if (!order && (r == -2 || span >= cap || n >= ((int64_t)1 << 23))) {
+        if (!key_order(base, stride, off[0], n, step)) return -1;
+        if (r == -2)
+            r = runs_pass(base, stride, off, c, n, step, NULL, skip, n_skip, out_order, out_first, out_step,
+                          out_hash, out_n, 0, &span);
+    }
+    return r;
+}
+
+/* Each kept kernel's phase: the remembered shape's phase at its position in its run.
+ * order: kept indices (rl_map_runs' out_order); first: n_runs run starts in it; shape: per
+ * run, the shape's offset into flat (the shapes' per-kernel phases laid end to end); the run
+ * of kernels order[first[r]:first[r + 1]] gets flat[shape[r]:...] in order. phase: one byte
+ * per kernel of the batch (the others untouched). */
+EXPORT void rl_map_phases(int64_t kept, const int64_t *order, int64_t n_runs, const int64_t *first,
+                          const int64_t *shape, const uint8_t *flat, uint8_t *phase) {
+    for (int64_t r = 0; r < n_runs; r++) {
+        int64_t a = first[r], b = r + 1 < n_runs ? first[r + 1] : kept;
+        const uint8_t *src = flat + shape[r] - a;
+        for (int64_t q = a; q < b; q++) phase[order[q]] = src[q];
+    }
+}
+
+/* The step cut's columns of a batch in one pass (aggregator/steps.py, segment_kernels):
+ * end_ns (int64 at off_end) of every record into out_end, and the least and greatest
+ * device (int32 at off_device) into range[0], range[1]. n >= 1. */
+EXPORT void rl_end_and_devices(const char *base, int64_t stride, int64_t off_end, int64_t off_device, int64_t n,
+                               int64_t *out_end, int64_t *range) {
+    int32_t lo = map_rd32(base, stride, 0, off_device), hi = lo;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t d = map_rd32(base, stride, i, off_device);
+        if (d < lo) lo = d;
+        if (d > hi) hi = d;
+        out_end[i] = map_rd64(base, stride, i, off_end);
+    }
+    range[0] = lo;
+    range[1] = hi;
+}
+
+/* aggregator/steps.py _argmax_in_ranges: per range r, the first position of the greatest
+ * of values[lo[r]:hi[r]] into out[r]. Returns 0, having written nothing reliable, when a
+ * range is empty or leaves [0, n) (the caller then takes its numpy path, which says so). */
+EXPORT int64_t rl_argmax_ranges(const int64_t *values, int64_t n, const int64_t *lo, const int64_t *hi,
+                                int64_t n_ranges, int64_t *out) {
+    for (int64_t r = 0; r < n_ranges; r++) {
+        int64_t a = lo[r], b = hi[r];
+        if (a < 0 || b > n || b <= a) return 0;
+        int64_t best = a;
+        for (int64_t q = a + 1; q < b; q++)
+            if (values[q] > values[best]) best = q;
+        out[r] = best;
+    }
+    return 1;
+}
