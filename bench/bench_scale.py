@@ -672,15 +672,18 @@ def ns_per_kernel(row: dict) -> float:
     return row["agent_cpu_pct_of_core"] / 100.0 * 1e9 / (row["gpus"] * row["rate_per_gpu"])
 
 
-def run_baseline(tree: Path, sc: str, duration_s: float) -> dict:
-    """One run of another checkout's bench_scale.py for one scenario (its own venv)."""
+def run_baseline(tree: Path, sc: str, duration_s: float, feed: str = "cupti") -> dict:
+    """One run of another checkout's bench_scale.py for one scenario (its own venv), with
+    the same feed (a tree older than ``--feed``: copy this bench_scale.py into it, as the
+    tree's own code is what is measured)."""
     import subprocess
     import tempfile
     py = tree / ".venv" / "bin" / "python"
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "rows.json"
         r = subprocess.run([str(py), str(tree / "bench" / "bench_scale.py"), "--duration", str(duration_s),
-                            "--scenarios", sc, "--json", str(out)], capture_output=True, text=True, timeout=3600)
+                            "--scenarios", sc, "--feed", feed, "--json", str(out)],
+                           capture_output=True, text=True, timeout=3600)
         if r.returncode != 0 or not out.exists():
             raise SystemExit(f"bench_scale: the baseline run in {tree} failed: {r.stderr.strip()[-400:]}")
         return json.loads(out.read_text())[0]
@@ -759,7 +762,7 @@ def main(argv=None) -> int:
     pairs: dict = {}
     for i, (sc, gpus, rate, steps) in enumerate(scen):
         for r in range(args.runs):
-            before = run_baseline(args.baseline, sc, args.duration) if args.baseline is not None else None
+            before = run_baseline(args.baseline, sc, args.duration, args.feed) if args.baseline is not None else None
             rows.append(run_scenario(gpus, rate, args.duration, f"{i}-{r}", steps,
                                      str(args.profile_agent) if args.profile_agent else "", args.feed))
             p = pairs.setdefault(sc, {"name": rows[-1]["scenario"], "after": [], "before": []})
