@@ -14,12 +14,12 @@ start and exits).
 from __future__ import annotations
 
 import ctypes as ct
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from ridgeline.probes import native_library
 from ridgeline.probes.errors import RuntimeFailure
 
 LIB_NAME = "libridgeline_fold.so"
@@ -45,31 +45,23 @@ class FoldLibraryMissing(RuntimeFailure):
     """The native fold library is not built or cannot be loaded (the message says what to do)."""
 
 
+_NATIVE_DIR = Path(__file__).resolve().parent / "native"
+
+
 def library_path() -> Path:
     """The built library (``RIDGELINE_FOLD_LIB`` overrides)."""
-    env = os.environ.get("RIDGELINE_FOLD_LIB")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent / "native" / LIB_NAME
+    return native_library.path_of("RIDGELINE_FOLD_LIB", _NATIVE_DIR, LIB_NAME)
 
 
 def _hint() -> str:
-    mk = Path(__file__).resolve().parent / "native" / "Makefile"
-    if mk.is_file():
-        return f"run `make -C {mk.parent}` (needs a C compiler) or `bash scripts/setup.sh`"
-    return "reinstall from the source tree (`pip install .` builds it; needs a C compiler and make)"
+    return native_library.build_hint(_NATIVE_DIR)
 
 
 @lru_cache(maxsize=1)
 def library() -> ct.CDLL:
     """The loaded library, its layout checked against :data:`LAYOUT`."""
     path = library_path()
-    if not path.is_file():
-        raise FoldLibraryMissing(f"ridgeline: the native fold library {path} is missing: {_hint()}")
-    try:
-        lib = ct.CDLL(str(path))
-    except OSError as exc:
-        raise FoldLibraryMissing(f"ridgeline: cannot load the native fold library {path}: {exc}; {_hint()}") from None
+    lib = native_library.open_library(path, "fold", _hint(), FoldLibraryMissing)
     lib.rl_fold_abi.restype = _I
     lib.rl_fold_abi.argtypes = ()
     sub_bits, fine_bins, n_int = LAYOUT

@@ -21,12 +21,12 @@ differ (that section then goes through the numpy reference).
 from __future__ import annotations
 
 import ctypes as ct
-import os
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from ridgeline.probes import native_library
 from ridgeline.probes.errors import RuntimeFailure
 from ridgeline.probes.events import API_DTYPE, KERNEL_DTYPE
 
@@ -62,19 +62,16 @@ class DecodeLibraryMissing(RuntimeFailure):
     """The native CUPTI decode library is not built or cannot be loaded (the message says what to do)."""
 
 
+_NATIVE_DIR = Path(__file__).resolve().parent / "native"
+
+
 def library_path() -> Path:
     """The built library (``RIDGELINE_CUPTI_DECODE_LIB`` overrides)."""
-    env = os.environ.get("RIDGELINE_CUPTI_DECODE_LIB")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent / "native" / LIB_NAME
+    return native_library.path_of("RIDGELINE_CUPTI_DECODE_LIB", _NATIVE_DIR, LIB_NAME)
 
 
 def _hint() -> str:
-    mk = Path(__file__).resolve().parent / "native" / "Makefile"
-    if mk.is_file():
-        return f"run `make -C {mk.parent}` (needs a C compiler) or `bash scripts/setup.sh`"
-    return "reinstall from the source tree (`pip install .` builds it; needs a C compiler and make)"
+    return native_library.build_hint(_NATIVE_DIR)
 
 
 def _offsets(dtype: np.dtype, spec) -> np.ndarray | None:
@@ -101,13 +98,7 @@ ABI_VERSION = 1
 def library() -> ct.CDLL:
     """The loaded library, its constants checked against decode.py's."""
     path = library_path()
-    if not path.is_file():
-        raise DecodeLibraryMissing(f"ridgeline: the native CUPTI decode library {path} is missing: {_hint()}")
-    try:
-        lib = ct.CDLL(str(path))
-    except OSError as exc:
-        raise DecodeLibraryMissing(f"ridgeline: cannot load the native CUPTI decode library {path}: {exc}; "
-                                   f"{_hint()}") from None
+    lib = native_library.open_library(path, "CUPTI decode", _hint(), DecodeLibraryMissing)
     try:
         lib.rl_decode_abi.restype = _I
         lib.rl_decode_abi.argtypes = (_P,)
