@@ -61,6 +61,15 @@ def raw_layout_problem(types=None) -> str | None:
     return None
 
 
+def bpf_cflags(max_threads: int, rb_pages: int) -> list[str]:
+    """The -D flags ``sched_bpf.c`` is compiled with (see its header); also used by the bench to
+    load another revision of the program under the same conditions."""
+    return [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
+            f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
+            f"-DTARGET_WORDS={bpfmod.target_words()}", f"-DMAX_THREADS={max_threads}",
+            f"-DRB_PAGES={rb_pages}", "-w"]
+
+
 class SchedProbe(Probe):
     """Per-thread scheduling accounting for a run-time-changeable set of processes.
 
@@ -112,13 +121,9 @@ class SchedProbe(Probe):
         if self.bpf is not None:
             return
         bcc = bpfmod.import_bcc()
-        words = bpfmod.target_words()
-        flags = [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
-                 f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
-                 f"-DTARGET_WORDS={words}", f"-DMAX_THREADS={self.max_threads}",
-                 f"-DRB_PAGES={self.rb_pages}", "-w"]
         t0 = time.perf_counter()
-        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(), cflags=flags)  # RAW_TRACEPOINT_PROBE auto-attaches
+        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(),        # RAW_TRACEPOINT_PROBE auto-attaches
+                           cflags=bpf_cflags(self.max_threads, self.rb_pages))
         self.compile_s = time.perf_counter() - t0
         self._threads = self.bpf[b"threads"]
         self._bits = self.bpf[b"targets"]
