@@ -457,15 +457,18 @@ def main() -> int:
             noop_on(True)
             pingpong_run("empty BPF programs on the 2 hooks (floor)", noop)
             noop_on(False)
-            for label, prog in others:
+            # this revision and the --compare-source ones, in reversed order every other round
+            # (a load trend within a round then favours neither)
+            for label, prog in (others + [("", sched)])[::1 if r % 2 == 0 else -1]:
+                pre = f"{label}: " if label else ""
                 attach(prog)
-                pingpong_run(f"{label}: probe attached, not targeted", prog.bpf, prog)
-                pingpong_run(f"{label}: probe attached, targeted", prog.bpf, prog, target=True)
+                pingpong_run(f"{pre}probe attached, not targeted", prog.bpf, prog)
+                pingpong_run(f"{pre}probe attached, targeted", prog.bpf, prog, target=True)
+                if not label and "agent" in wl:   # a run of its own: the rows above compare like with like
+                    agent_runs.append(pingpong_run("probe attached, targeted, agent polling every 1 s", sched.bpf,
+                                                   sched, target=True, poll_every_s=1.0))
                 detach(prog)
             attach(sched)
-            pingpong_run("probe attached, not targeted", sched.bpf, sched)
-            agent_runs.append(pingpong_run("probe attached, targeted", sched.bpf, sched, target=True,
-                                           poll_every_s=1.0 if "agent" in wl else None))
     finally:
         if a.bpf_stats:
             stats_path.write_text(stats_old)
@@ -542,6 +545,21 @@ def render(res, agent_runs, pc, stats, a, have_perf, cudart, run_stats=None) -> 
         L.append("| messaging | skipped: `perf` is not installed | | | | | |")
     if not cudart and "launch" in a.workloads:
         L.append("| launch | skipped: no pip libcudart (`pip install -e '.[test]'`) | | | | | |")
+    pp = [k for k in res if k[0] == "pingpong"]
+    if pp:
+        L.append("")
+        L.append("Ping-pong workload CPU per round trip, each run against the no-probe run of the same round "
+                 "(paired, so that the machine's load drifting between rounds cancels): ratio min / median / max "
+                 "over rounds, and the CPU ns per round trip above the no-probe run (median).")
+        L.append("")
+        L.append("| configuration | paired CPU ratio (min / median / max) | CPU ns per round trip above no probe |")
+        L.append("|---|---|---|")
+        base = [x[1] for x in res[pp[0]]]
+        for k in pp[1:]:
+            cpus = [x[1] for x in res[k]]
+            r = [c / b for c, b in zip(cpus, base)]
+            d = [c - b for c, b in zip(cpus, base)]
+            L.append(f"| {k[1]} | x{min(r):.3f} / x{med(r):.3f} / x{max(r):.3f} | {med(d):.0f} |")
     L.append("")
     if agent_runs:
         cpu_s = sum(x["cpu_s"] for x in agent_runs)
