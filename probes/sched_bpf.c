@@ -3,7 +3,7 @@
  *                     (never from the kernel headers: on VM kernels they are another version)
  *   TARGET_WORDS      size of the target bitmap in u64 words (pid_max / 64, rounded up)
  *   MAX_THREADS       most threads tracked at once (beyond: C_THREADS_LOST)
- *   SLOT_BITS         log2 of the slot table size (at least 2 * MAX_THREADS slots)
+ *   SLOT_BITS         log2 of the slot table size (at least 4 * MAX_THREADS slots)
  *   RB_PAGES          ring-buffer pages (exit, fork and slow-run-queue events)
  *
  * Raw tracepoints: sched_switch(bool preempt, prev, next, unsigned prev_state),
