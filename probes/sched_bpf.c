@@ -394,6 +394,12 @@ RAW_TRACEPOINT_PROBE(sched_wakeup_new) {
             __sync_fetch_and_or(bits, 1ULL << (tgid & 63));
         emit_ev(EV_FORK, tid, tgid, now, ptgid);
     }
+    /* A slot still held for a dead task at this address (its exit unseen) goes first: the
+       hash map's update replaced such an entry, and two slots must never hold one task. */
+    int old = find(p);
+    struct thread_t *stale = threads.lookup(&old);
+    if (stale)
+        release(p, old, stale);
     struct thread_t *s = track(p, tid, tgid, S_RUNNABLE, now, 0);
     if (s)
         bpf_get_current_comm(&s->comm, sizeof(s->comm));   /* inherits the parent's name until it sets its own */

@@ -93,6 +93,10 @@ def test_exited_threads_free_their_slots(probe):
             win = probe.poll()
             exited += [int(r["tid"]) for r in win["threads"] if r["exited"]]
             peak = max(peak, _occupied(probe, pid))
+            # task_struct addresses are reused at once by the churn: never two slots for one task
+            held = probe._slot_task.copy()
+            held = held[held != 0]
+            assert len(np.unique(held)) == len(held)
         time.sleep(0.05)
         win = probe.poll()
         exited += [int(r["tid"]) for r in win["threads"] if r["exited"]]
