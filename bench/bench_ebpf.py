@@ -19,7 +19,17 @@ Workloads (built with gcc into bench/out/):
   window accounting) during the targeted ping-pong, polled every second (the agent's
   window), per 1,000 target switches and per 100k events.
 * kernel BPF run time per program invocation (``kernel.bpf_stats_enabled=1`` for one extra
-  targeted and one untargeted ping-pong, restored afterwards).
+  targeted and one untargeted ping-pong, restored afterwards; with ``--bpf-stats``, on for every
+  round instead, and reported per configuration: min/median/max over rounds).
+
+``--compare-source LABEL=FILE`` (repeatable) adds ping-pong configurations that load another
+revision of the program under the probe's flags, e.g. main's for a before/after in the same run::
+
+    git show main:probes/sched_bpf.c > /tmp/sched_main.c
+    sudo .venv/bin/python bench/bench_ebpf.py --workloads pingpong --bpf-stats --compare-source main=/tmp/sched_main.c
+
+Only its targets bitmap and attachment are driven (its config stays zero: no discovery, no forks,
+no slow-run-queue events, as in the probe's targeted ping-pong after its first poll).
 
 The sched probe stays loaded for the whole run; "no probe" detaches its raw tracepoints.
 """
@@ -43,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from ridgeline.probes import bpf as bpfmod  # noqa: E402
 from ridgeline.probes.cuda_uprobes import CudaUprobeProbe  # noqa: E402
-from ridgeline.probes.sched import SchedProbe  # noqa: E402
+from ridgeline.probes.sched import SchedProbe, bpf_cflags  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "ebpf"
 
@@ -131,15 +141,41 @@ TPS = ("sched_switch", "sched_wakeup", "sched_wakeup_new", "sched_process_exit")
 
 
 def detach(p: SchedProbe) -> None:
-    for tp in TPS:
+    for tp in getattr(p, "tps", TPS):
         if tp.encode() in p.bpf.raw_tracepoint_fds:
             p.bpf.detach_raw_tracepoint(tp=tp.encode())
 
 
 def attach(p: SchedProbe) -> None:
-    for tp in TPS:
+    for tp in getattr(p, "tps", TPS):
         if tp.encode() not in p.bpf.raw_tracepoint_fds:
             p.bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=f"raw_tracepoint__{tp}".encode())
+
+
+class SourceProgram:
+    """Another revision of ``sched_bpf.c`` loaded with the probe's flags (``--compare-source``).
+
+    Offers what the ping-pong runs call on a probe: targets go straight into its bitmap; no
+    window is read (``poll`` does nothing), so only the kernel side is compared.
+    """
+
+    def __init__(self, path: Path, max_threads: int = 16384, rb_pages: int = 64):
+        text = Path(path).read_bytes()
+        self.tps = [tp for tp in TPS if f"RAW_TRACEPOINT_PROBE({tp})".encode() in text]   # the hooks it has
+        self.bpf = bpfmod.import_bcc().BPF(text=text, cflags=bpf_cflags(max_threads, rb_pages))
+        self._bits = self.bpf[b"targets"]
+
+    def add_target(self, tgid: int) -> None:
+        bpfmod.set_target_bit(self._bits, tgid, True)
+
+    def remove_target(self, tgid: int) -> None:
+        bpfmod.set_target_bit(self._bits, tgid, False)
+
+    def poll(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self.bpf.cleanup()
 
 
 # ------------------------------------------------------------------ runs
@@ -311,6 +347,17 @@ def bpf_stats(probe, exe, loops, cpu):
     return out
 
 
+def stats_delta(before: dict, after: dict) -> dict[str, tuple[int, float]]:
+    """{program: (invocations, ns per invocation)} between two :func:`bpfmod.prog_stats` reads."""
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {"run_cnt": 0, "run_time_ns": 0})
+        cnt = a["run_cnt"] - b["run_cnt"]
+        if cnt:
+            out[name.replace("raw_tracepoint__", "")] = (cnt, (a["run_time_ns"] - b["run_time_ns"]) / cnt)
+    return out
+
+
 def med(xs):
     return st.median(xs)
 
@@ -321,7 +368,14 @@ def main() -> int:
     ap.add_argument("--loops", type=int, default=300000, help="ping-pong round trips per run")
     ap.add_argument("--launches", type=int, default=200000, help="cudaLaunchKernel calls per run")
     ap.add_argument("--write", metavar="MD", help="write the table into this markdown file (between bench markers)")
+    ap.add_argument("--workloads", default="pingpong,launch,messaging,agent",
+                    help="comma-separated subset of pingpong,launch,messaging,agent (default: all)")
+    ap.add_argument("--compare-source", action="append", default=[], metavar="LABEL=FILE",
+                    help="also run the ping-pong with this revision of sched_bpf.c loaded instead (repeatable)")
+    ap.add_argument("--bpf-stats", action="store_true",
+                    help="kernel.bpf_stats_enabled=1 during every round; per-configuration ns per program run")
     a = ap.parse_args()
+    wl = set(a.workloads.split(","))
     avail = bpfmod.availability()
     if not avail.ok:
         print(f"bench_ebpf: eBPF unavailable: {avail.reason} ({avail.hint})", file=sys.stderr)
@@ -333,8 +387,8 @@ def main() -> int:
     os.sched_setaffinity(0, {0} if cpu > 0 else {0})   # the agent side off the workload's CPU
     pingpong = build("pingpong", PINGPONG_C)
     launch = build("launchloop", LAUNCH_C, ["-ldl"])
-    have_perf = shutil.which("perf") is not None
-    cudart = find_cudart()
+    have_perf = shutil.which("perf") is not None and "messaging" in wl
+    cudart = find_cudart() if "launch" in wl else None
 
     sched = SchedProbe(discover=False, seed_s=0.0)
     sched.start()
@@ -353,6 +407,12 @@ def main() -> int:
             elif not on and have:
                 noop.detach_raw_tracepoint(tp=tp.encode())
     noop_on(False)
+    others = []
+    for spec in a.compare_source:
+        label, _, path = spec.partition("=")
+        prog = SourceProgram(Path(path))
+        detach(prog)
+        others.append((label, prog))
 
     libs = {}
     cuda = cuda_timed = None
@@ -374,22 +434,46 @@ def main() -> int:
     def add(key, val):
         res.setdefault(key, []).append(val)
 
+    stats_path = Path("/proc/sys/kernel/bpf_stats_enabled")
+    stats_old = stats_path.read_text().strip()
+    if a.bpf_stats:
+        stats_path.write_text("1")
+    run_stats: dict[str, list] = {}    # configuration -> per round {program: (invocations, ns)}
+
+    def pingpong_run(label, bpfobj, probe=None, target=False, poll_every_s=None):
+        before = bpfmod.prog_stats(bpfobj) if a.bpf_stats and bpfobj is not None else {}
+        w, c, ag = run_pingpong(pingpong, a.loops, cpu, probe, target=target, poll_every_s=poll_every_s)
+        if before:
+            run_stats.setdefault(label, []).append(stats_delta(before, bpfmod.prog_stats(bpfobj)))
+        add(("pingpong", label), (w, c))
+        return ag
+
     agent_runs = []
-    for r in range(a.rounds):
-        print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
-        detach(sched)
-        w, c, _ = run_pingpong(pingpong, a.loops, cpu)
-        add(("pingpong", "no probe"), (w, c))
-        noop_on(True)
-        w, c, _ = run_pingpong(pingpong, a.loops, cpu)
-        add(("pingpong", "empty BPF programs on the 2 hooks (floor)"), (w, c))
-        noop_on(False)
-        attach(sched)
-        w, c, _ = run_pingpong(pingpong, a.loops, cpu, sched, target=False)
-        add(("pingpong", "probe attached, not targeted"), (w, c))
-        w, c, ag = run_pingpong(pingpong, a.loops, cpu, sched, target=True, poll_every_s=1.0)
-        add(("pingpong", "probe attached, targeted"), (w, c))
-        agent_runs.append(ag)
+    try:
+        for r in range(a.rounds if "pingpong" in wl else 0):
+            print(f"round {r + 1}/{a.rounds}", file=sys.stderr)
+            detach(sched)
+            pingpong_run("no probe", None)
+            noop_on(True)
+            pingpong_run("empty BPF programs on the 2 hooks (floor)", noop)
+            noop_on(False)
+            # this revision and the --compare-source ones, in reversed order every other round
+            # (a load trend within a round then favours neither)
+            for label, prog in (others + [("", sched)])[::1 if r % 2 == 0 else -1]:
+                pre = f"{label}: " if label else ""
+                attach(prog)
+                pingpong_run(f"{pre}probe attached, not targeted", prog.bpf, prog)
+                pingpong_run(f"{pre}probe attached, targeted", prog.bpf, prog, target=True)
+                if not label and "agent" in wl:   # a run of its own: the rows above compare like with like
+                    agent_runs.append(pingpong_run("probe attached, targeted, agent polling every 1 s", sched.bpf,
+                                                   sched, target=True, poll_every_s=1.0))
+                detach(prog)
+            attach(sched)
+    finally:
+        if a.bpf_stats:
+            stats_path.write_text(stats_old)
+    for r in range(a.rounds if (cudart or have_perf) else 0):
+        print(f"round {r + 1}/{a.rounds} (launch, messaging)", file=sys.stderr)
         if cudart:
             add(("launch", "no uprobe"), (run_launch(launch, libs["base"], a.launches), None))
             add(("launch", "entry uprobes, not targeted"), (run_launch(launch, libs["entry"], a.launches), None))
@@ -411,15 +495,18 @@ def main() -> int:
             sched._set(1, 0)
             sched.follow_forks = False
     attach(sched)
-    pc = [poll_cost(sched, n) for n in (10, 200)]
-    stats = bpf_stats(sched, pingpong, a.loops, cpu)
+    pc = [poll_cost(sched, n) for n in (10, 200)] if "agent" in wl else []
+    stats = bpf_stats(sched, pingpong, a.loops, cpu) if not a.bpf_stats and "pingpong" in wl else {}
     sched.stop()
+    for _, prog in others:
+        prog.stop()
     noop.cleanup()
     for p in (cuda, cuda_timed):
         if p:
             p.stop()
 
-    lines = render(res, agent_runs, pc, stats, a, have_perf, cudart)
+    agent_runs = [x for x in agent_runs if x]
+    lines = render(res, agent_runs, pc, stats, a, have_perf, cudart, run_stats)
     text = "\n".join(lines)
     print(text)
     if a.write:
@@ -427,7 +514,7 @@ def main() -> int:
     return 0
 
 
-def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
+def render(res, agent_runs, pc, stats, a, have_perf, cudart, run_stats=None) -> list[str]:
     L = []
     L.append(f"Measured {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC on {platform.node()} "
              f"(kernel {platform.release()}, {os.cpu_count()} CPUs, load average at start "
@@ -454,10 +541,25 @@ def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
             fmt = (lambda v: f"{v:.3f}") if wl == "messaging" else (lambda v: f"{v:.0f}")
             L.append(f"| {wl} | {k[1]} | {fmt(med(walls))} {unit}{extra} | x{med(walls) / med(base):.3f} | "
                      f"x{min(walls) / min(base):.3f} | {cpu_ratio} | {', '.join(fmt(w) for w in walls)} |")
-    if not have_perf:
+    if not have_perf and "messaging" in a.workloads:
         L.append("| messaging | skipped: `perf` is not installed | | | | | |")
-    if not cudart:
+    if not cudart and "launch" in a.workloads:
         L.append("| launch | skipped: no pip libcudart (`pip install -e '.[test]'`) | | | | | |")
+    pp = [k for k in res if k[0] == "pingpong"]
+    if pp:
+        L.append("")
+        L.append("Ping-pong workload CPU per round trip, each run against the no-probe run of the same round "
+                 "(paired, so that the machine's load drifting between rounds cancels): ratio min / median / max "
+                 "over rounds, and the CPU ns per round trip above the no-probe run (median).")
+        L.append("")
+        L.append("| configuration | paired CPU ratio (min / median / max) | CPU ns per round trip above no probe |")
+        L.append("|---|---|---|")
+        base = [x[1] for x in res[pp[0]]]
+        for k in pp[1:]:
+            cpus = [x[1] for x in res[k]]
+            r = [c / b for c, b in zip(cpus, base)]
+            d = [c - b for c, b in zip(cpus, base)]
+            L.append(f"| {k[1]} | x{min(r):.3f} / x{med(r):.3f} / x{max(r):.3f} | {med(d):.0f} |")
     L.append("")
     if agent_runs:
         cpu_s = sum(x["cpu_s"] for x in agent_runs)
@@ -487,6 +589,19 @@ def render(res, agent_runs, pc, stats, a, have_perf, cudart) -> list[str]:
         L.append("|---|---|---|---|")
         for (name, label), (cnt, ns) in sorted(stats.items()):
             L.append(f"| {name} | {label} | {cnt} | {ns:.0f} |")
+    if run_stats:
+        L.append("")
+        L.append("Kernel BPF run time per invocation in every round (`kernel.bpf_stats_enabled=1` throughout, "
+                 "so every probe row above carries the stats' own clock reads too); min / median / max over "
+                 "rounds, and runs per ping-pong round trip:")
+        L.append("")
+        L.append("| configuration | program | ns per invocation (min / median / max) | runs per round trip |")
+        L.append("|---|---|---|---|")
+        for label, rounds in run_stats.items():
+            for name in sorted({n for r in rounds for n in r}):
+                ns = [r[name][1] for r in rounds if name in r]
+                per = med([r[name][0] for r in rounds if name in r]) / a.loops
+                L.append(f"| {label} | {name} | {min(ns):.0f} / {med(ns):.0f} / {max(ns):.0f} | {per:.2f} |")
     return L
 
 

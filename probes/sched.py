@@ -14,14 +14,16 @@ raw tracepoint arguments and task_struct offsets from the running kernel's BTF a
 event hidden from tracing, e.g. switches to and from threads of a VM agent that the
 sandbox kernel never traces) is reported as ``unattributed_ns`` and counted in ``gaps``.
 
-User side: :meth:`SchedProbe.poll` (non-blocking) reads the whole thread map with one
-batch lookup, drains the ring buffer, and returns one window of per-thread rows
+User side: :meth:`SchedProbe.poll` (non-blocking) reads the slot table (``slot_task``: the
+task pointer of each slot, 0 when free; ``threads``: its totals) straight from memory (both
+arrays are mmapped, no system call), drains the ring buffer, and returns one window of per-thread rows
 (:data:`probes.sched_accounting.WINDOW_DTYPE`) computed by the pure accounting in
 :mod:`probes.sched_accounting`.
 """
 from __future__ import annotations
 
 import ctypes as ct
+import mmap
 import os
 import time
 from pathlib import Path
@@ -44,6 +46,7 @@ RAW_LAYOUT = {
 }
 CFG_SLOW_RUNQ_NS, CFG_FOLLOW_FORKS, CFG_DISCOVER, CFG_RB_FLAGS = range(4)
 C_EVENTS_LOST, C_THREADS_LOST, C_GAPS, C_EVENTS = range(4)
+L_FREED_USER = 2          # `live` counter that user space alone writes (slots it freed)
 _MAX_PENDING_EVENTS = 65536   # ring-buffer records held between two polls; beyond: dropped, counted
 
 
@@ -59,6 +62,30 @@ def raw_layout_problem(types=None) -> str | None:
     except btf.BTFError as exc:
         return str(exc)
     return None
+
+
+def slot_bits(max_threads: int) -> int:
+    """log2 of the slot table size: at least 4 x ``max_threads``, 1024 or more. The table is then
+    at most a quarter full, where a thread finds the 2 x 4 slots of its two buckets all taken
+    about never (simulated with slab-spaced pointers: 0 of 3 x 4096 in 32768 slots; at half
+    full ~1 in 10,000, at the full cap of 2 x ``max_threads`` slots ~0.6 %)."""
+    return max(10, (4 * int(max_threads) - 1).bit_length())
+
+
+def bpf_cflags(max_threads: int, rb_pages: int) -> list[str]:
+    """The -D flags ``sched_bpf.c`` is compiled with (see its header); also used by the bench to
+    load another revision of the program under the same conditions."""
+    return [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
+            f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
+            f"-DTARGET_WORDS={bpfmod.target_words()}", f"-DMAX_THREADS={max_threads}",
+            f"-DSLOT_BITS={slot_bits(max_threads)}", f"-DRB_PAGES={rb_pages}", "-w"]
+
+
+def _map_array(table, dtype: np.dtype, n: int) -> tuple[mmap.mmap, np.ndarray]:
+    """A BPF_F_MMAPABLE array map as a writable numpy array of ``n`` elements (no copy)."""
+    size = -(-n * dtype.itemsize // mmap.PAGESIZE) * mmap.PAGESIZE
+    m = mmap.mmap(table.map_fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    return m, np.frombuffer(m, dtype=dtype, count=n)
 
 
 class SchedProbe(Probe):
@@ -89,6 +116,7 @@ class SchedProbe(Probe):
         self.rb_pages = rb_pages
         self.seed_s = seed_s
         self.bpf = None
+        self._maps: list[mmap.mmap] = []
         self.compile_s = 0.0
         self._targets: set[int] = set()
         self._acct = WindowAccountant()
@@ -112,15 +140,16 @@ class SchedProbe(Probe):
         if self.bpf is not None:
             return
         bcc = bpfmod.import_bcc()
-        words = bpfmod.target_words()
-        flags = [f"-DTS_PID={btf.member_offset('task_struct', 'pid')}",
-                 f"-DTS_TGID={btf.member_offset('task_struct', 'tgid')}",
-                 f"-DTARGET_WORDS={words}", f"-DMAX_THREADS={self.max_threads}",
-                 f"-DRB_PAGES={self.rb_pages}", "-w"]
         t0 = time.perf_counter()
-        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(), cflags=flags)  # RAW_TRACEPOINT_PROBE auto-attaches
+        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(),        # RAW_TRACEPOINT_PROBE auto-attaches
+                           cflags=bpf_cflags(self.max_threads, self.rb_pages))
         self.compile_s = time.perf_counter() - t0
-        self._threads = self.bpf[b"threads"]
+        nslots = 1 << slot_bits(self.max_threads)
+        (m1, self._slot_task), (m2, self._slots) = (_map_array(self.bpf[b"slot_task"], np.dtype("<u8"), nslots),
+                                                    _map_array(self.bpf[b"threads"], THREAD_DTYPE, nslots))
+        self._maps = [m1, m2]
+        self._live = self.bpf[b"live"]
+        self._freed_user = 0
         self._bits = self.bpf[b"targets"]
         self._config = self.bpf[b"config"]
         self._counters = self.bpf[b"counters"]
@@ -136,6 +165,14 @@ class SchedProbe(Probe):
         if self.bpf is None:
             return
         try:
+            self._slot_task = self._slots = None
+            for m in self._maps:
+                try:
+                    m.close()
+                except BufferError:
+                    # a view is still referenced (e.g. by a traceback): the mapping goes with it
+                    pass
+            self._maps = []
             self.bpf.cleanup()
         finally:
             self.bpf = None
@@ -191,12 +228,8 @@ class SchedProbe(Probe):
             self._tset.forget(tgid)
         self._targets.discard(tgid)
         self._set_bit(tgid, False)
-        keys, vals = self._read()
-        for k in keys[vals["tgid"] == tgid]:
-            try:
-                del self._threads[ct.c_uint64(int(k))]
-            except KeyError:
-                pass
+        slots, vals = self._read()
+        self._release(slots[vals["tgid"] == tgid])
         self._acct.forget_tgid(tgid)
 
     # ------------------------------------------------------------------ reading
@@ -207,8 +240,30 @@ class SchedProbe(Probe):
             return
         self._pending.append(ct.string_at(data, size))
 
-    def _read(self):
-        return bpfmod.read_map(self._threads, np.dtype("<u8"), THREAD_DTYPE, self.max_threads)
+    def _read(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slot numbers, THREAD_DTYPE rows) of the tracked threads, copied out of the mapped table.
+
+        A row is kept only if its slot still holds the same task after the copy and its tid is
+        set (tid is 0 while the BPF side fills or frees a slot)."""
+        keys = self._slot_task.copy()        # a snapshot: the BPF side changes it meanwhile
+        slots = np.flatnonzero(keys)
+        keys = keys[slots]
+        rows = self._slots[slots]            # fancy indexing: a copy
+        ok = (self._slot_task[slots] == keys) & (rows["tid"] != 0)
+        return slots[ok], rows[ok]
+
+    def _release(self, slots: np.ndarray) -> None:
+        """Free slots from user space (removed targets, threads gone unseen), in the BPF side's
+        order: tid first (the row is skipped from then on), then the slot's task pointer. The
+        other order could clear the tid of a thread the BPF side had just put in the freed slot.
+        A target's bit is cleared before its slots are freed, so the BPF side does not free them
+        at the same time (it does so only for threads of targets)."""
+        if not len(slots):
+            return
+        self._slots["tid"][slots] = 0
+        self._slot_task[slots] = 0
+        self._freed_user += len(slots)
+        self._live[ct.c_int(L_FREED_USER)] = ct.c_uint64(self._freed_user)
 
     def _counter(self, i: int) -> int:
         return int(sum(v for v in self._counters[ct.c_int(i)]))
@@ -242,11 +297,7 @@ class SchedProbe(Probe):
             for i in np.flatnonzero(stale):
                 gone[i] = not os.path.exists(f"/proc/{int(rows[i]['tgid'])}/task/{int(rows[i]['tid'])}")
             if gone.any():
-                for k in keys[gone]:
-                    try:
-                        del self._threads[ct.c_uint64(int(k))]
-                    except KeyError:
-                        pass
+                self._release(keys[gone])
                 exit_rows = np.concatenate([exit_rows, rows[gone]])
                 rows = rows[~gone]
         window = self._acct.window(rows, exit_rows, now_ns)

@@ -2,21 +2,32 @@
  *   TS_PID, TS_TGID   task_struct member offsets from the running kernel's BTF
  *                     (never from the kernel headers: on VM kernels they are another version)
  *   TARGET_WORDS      size of the target bitmap in u64 words (pid_max / 64, rounded up)
- *   MAX_THREADS       capacity of the per-thread map
+ *   MAX_THREADS       most threads tracked at once (beyond: C_THREADS_LOST)
+ *   SLOT_BITS         log2 of the slot table size (at least 4 * MAX_THREADS slots)
  *   RB_PAGES          ring-buffer pages (exit, fork and slow-run-queue events)
  *
  * Raw tracepoints: sched_switch(bool preempt, prev, next, unsigned prev_state),
  * sched_wakeup(p), sched_wakeup_new(p), sched_process_exit(p, group_dead); layouts are
- * checked against BTF before loading. The per-thread map is keyed by the task_struct
- * pointer, which the raw arguments carry, so an event for a task that is not tracked costs
- * one hash lookup and no kernel memory read. Targets are a bitmap indexed by tgid (an array
- * lookup). tid/tgid are read from task_struct (BTF offsets) only when a thread is first met
- * outside its own context (a new thread, or while `discover` is on after a target was added).
+ * checked against BTF before loading. Per-thread entries live in a slot table keyed by the
+ * task_struct pointer, which the raw arguments carry: slot i holds the pointer of its thread
+ * in `slot_task` (0: free) and its totals in `threads[i]`. Slots come in buckets of WAYS; a
+ * pointer may sit in either of two buckets (two multiplicative hashes), so a lookup compares
+ * at most 2 x WAYS words and a free slot is simply 0 again (no tombstones, no chains that
+ * grow with thread turnover). Both are arrays, whose lookups the verifier inlines: a BPF hash
+ * lookup costs a function call and jhash (~35 ns here against ~10 ns, docs/benchmarks-ebpf.md).
+ * So an event for a task that is not tracked costs one inlined array probe and no kernel
+ * memory read. Targets are a bitmap indexed by tgid (an array lookup). tid/tgid are read from
+ * task_struct (BTF offsets) only when a thread is first met outside its own context (a new
+ * thread, or while `discover` is on after a target was added).
  *
  * Per thread the value holds cumulative totals that are never cleared in the kernel: user
- * space reads the whole map with one batch lookup per window and takes differences (the
- * read-and-clear is done by differencing, which costs the hot path nothing). A thread's last
- * totals go to the ring buffer when it exits, then its entry is deleted.
+ * space reads both arrays through mmap (BPF_F_MMAPABLE) once per window and takes differences
+ * (the read-and-clear is done by differencing, which costs the hot path nothing). A slot's
+ * tid is 0 while it is free or being filled: it is written last when a thread is tracked and
+ * cleared first when it is freed, and user space skips rows with tid 0. A thread's last totals
+ * go to the ring buffer when it exits, then its slot is freed. `live` counts claims and
+ * frees (user space frees the slots of removed targets and of threads gone unseen, and
+ * alone writes L_FREED_USER), so that at most MAX_THREADS threads are tracked at once.
  */
 #include <uapi/linux/ptrace.h>
 
@@ -77,8 +88,20 @@ struct ev_t {            /* EV_FORK, EV_SLOW_RUNQ */
     u64 value;           /* EV_SLOW_RUNQ: wait ns; EV_FORK: parent tgid */
 };
 
+#define NSLOTS (1 << SLOT_BITS)
+#define WAYS 4
+#define BUCKET_BITS (SLOT_BITS - 2)
+#define HASH1 0x9E3779B97F4A7C15ULL
+#define HASH2 0xC2B2AE3D27D4EB4FULL
+#define L_CLAIMED    0
+#define L_FREED_BPF  1
+#define L_FREED_USER 2
+
 BPF_ARRAY(targets, u64, TARGET_WORDS);
-BPF_HASH(threads, u64, struct thread_t, MAX_THREADS);
+struct bucket_t { u64 task[WAYS]; };
+BPF_F_TABLE("array", int, struct bucket_t, slot_task, NSLOTS / WAYS, BPF_F_MMAPABLE);
+BPF_F_TABLE("array", int, struct thread_t, threads, NSLOTS, BPF_F_MMAPABLE);
+BPF_ARRAY(live, u64, 3);
 BPF_ARRAY(config, u64, 4);
 BPF_PERCPU_ARRAY(counters, u64, 4);
 BPF_RINGBUF_OUTPUT(events, RB_PAGES);
@@ -116,19 +139,103 @@ static __always_inline void emit_ev(u32 type, u32 tid, u32 tgid, u64 ts, u64 val
         bump(C_EVENTS_LOST);
 }
 
-/* Create the entry of a thread first met now; returns it or NULL (map full). */
+static __always_inline int bucket(u64 task, u64 mul) {
+    return (int)((task * mul) >> (64 - BUCKET_BITS));
+}
+
+/* The slot of a tracked task, or -1. */
+static __always_inline int find(u64 task) {
+    #pragma unroll
+    for (int c = 0; c < 2; c++) {
+        int b = bucket(task, c ? HASH2 : HASH1);
+        struct bucket_t *k = slot_task.lookup(&b);
+        if (!k)
+            return -1;
+        #pragma unroll
+        for (int w = 0; w < WAYS; w++)
+            if (k->task[w] == task)
+                return b * WAYS + w;
+    }
+    return -1;
+}
+
+static __always_inline void live_add(int i) {
+    u64 *c = live.lookup(&i);
+    if (c)
+        __sync_fetch_and_add(c, 1);
+}
+
+static __always_inline u64 live_count(void) {
+    int a = L_CLAIMED, b = L_FREED_BPF, c = L_FREED_USER;
+    u64 *claimed = live.lookup(&a), *freed = live.lookup(&b), *freed_user = live.lookup(&c);
+    if (!claimed || !freed || !freed_user)
+        return 0;
+    return *claimed - *freed - *freed_user;
+}
+
+/* Free the slot of a task (exited, or a dead task's entry at a reused address). */
+static __always_inline void release(u64 task, int idx, struct thread_t *s) {
+    s->tid = 0;                          /* first: user space skips the row from now on */
+    asm volatile("" ::: "memory");
+    int b = (u32)idx / WAYS;
+    struct bucket_t *k = slot_task.lookup(&b);
+    if (k && __sync_val_compare_and_swap(&k->task[idx & (WAYS - 1)], task, 0) == task)
+        live_add(L_FREED_BPF);
+}
+
+/* Create the entry of a thread first met now; returns it or NULL (MAX_THREADS tracked, or the
+   2 x WAYS slots of its two buckets all taken: C_THREADS_LOST). */
 static __always_inline struct thread_t *track(u64 task, u32 tid, u32 tgid, u8 state, u64 now, int current) {
-    struct thread_t t = {};
-    t.tid = tid; t.tgid = tgid; t.state = state; t.ts = now;
-    t.cpu = bpf_get_smp_processor_id();
-    if (current)
-        bpf_get_current_comm(&t.comm, sizeof(t.comm));
-    if (threads.update(&task, &t) != 0) {
+    if (live_count() >= MAX_THREADS) {
         bump(C_THREADS_LOST);
         return 0;
     }
-    return threads.lookup(&task);
+    int idx = -1;
+    #pragma unroll
+    for (int c = 0; c < 2; c++) {
+        int b = bucket(task, c ? HASH2 : HASH1);
+        struct bucket_t *k = slot_task.lookup(&b);
+        if (!k)
+            break;
+        #pragma unroll
+        for (int w = 0; w < WAYS; w++) {
+            if (idx < 0 && k->task[w] == 0 && __sync_val_compare_and_swap(&k->task[w], 0, task) == 0)
+                idx = b * WAYS + w;
+        }
+        if (idx >= 0)
+            break;
+    }
+    struct thread_t *s = threads.lookup(&idx);
+    if (!s) {
+        bump(C_THREADS_LOST);
+        return 0;
+    }
+    live_add(L_CLAIMED);
+    struct thread_t t = {};             /* tid stays 0 until the rest is written */
+    t.tgid = tgid; t.state = state; t.ts = now;
+    t.cpu = bpf_get_smp_processor_id();
+    if (current)
+        bpf_get_current_comm(&t.comm, sizeof(t.comm));
+    *s = t;
+    asm volatile("" ::: "memory");
+    s->tid = tid;
+    return s;
 }
+
+/* RQ_SLOT_BEGIN: the histogram slot of a run-queue wait of d ns, equal to bcc's
+   bpf_log2l(d / 1000) clamped to RQ_SLOTS - 1 (slot k >= 1 holds 1000 * 2^(k-1) <= d < 1000 * 2^k,
+   waits under 2 us in slot 1), by five compares instead of a 64-bit division (~10 ns per
+   switch-in here). tests/test_sched_slot.py checks it against bcc's own bpf_log2l. */
+static __always_inline unsigned int rq_slot(unsigned long long d) {
+    unsigned int s = 0;
+    if (d >= (1000ULL << (s + 15))) s += 16;
+    if (d >= (1000ULL << (s + 7))) s += 8;
+    if (d >= (1000ULL << (s + 3))) s += 4;
+    if (d >= (1000ULL << (s + 1))) s += 2;
+    if (d >= (1000ULL << s)) s += 1;
+    return s ? s : 1;
+}
+/* RQ_SLOT_END */
 
 static __always_inline void switch_in(struct thread_t *s, u64 now) {
     if (s->state == S_RUNNABLE) {
@@ -138,8 +245,8 @@ static __always_inline void switch_in(struct thread_t *s, u64 now) {
             s->runq_preempt_ns += d;
         if (d > s->runq_max_ns)
             s->runq_max_ns = d;
-        u32 slot = bpf_log2l(d / 1000);
-        if (slot >= RQ_SLOTS)
+        u32 slot = rq_slot(d);
+        if (slot >= RQ_SLOTS)            /* never (rq_slot <= 31); the verifier's bound */
             slot = RQ_SLOTS - 1;
         s->hist[slot]++;
         u64 thr = cfg(CFG_SLOW_RUNQ_NS);
@@ -164,24 +271,29 @@ RAW_TRACEPOINT_PROBE(sched_switch) {
     /* TP_PROTO(bool preempt, struct task_struct *prev, struct task_struct *next, unsigned int prev_state) */
     u64 prev = ctx->args[1], next = ctx->args[2];
     u64 now = 0;
-    u64 id = bpf_get_current_pid_tgid();     /* current == prev here */
-    u32 tgid = id >> 32;
+    /* current == prev here. Its tgid through the BTF task pointer: two loads, where
+       bpf_get_current_pid_tgid() is a helper call (about 15 ns here, docs/benchmarks-ebpf.md) */
+    char *cur = (char *)bpf_get_current_task_btf();
+    u32 tgid = *(u32 *)(cur + TS_TGID);
 
     /* ---- prev: switching out (always in its own context, so never hidden) ---- */
     if (tgid && is_target(tgid)) {
         now = bpf_ktime_get_ns();
-        u32 tid = (u32)id;
+        u32 tid = *(u32 *)(cur + TS_PID);
         unsigned int pstate = (unsigned int)ctx->args[3];
         /* The kernel's rule for nivcsw: preempted, or still TASK_RUNNING (yield, a wakeup
            that raced the block). Everything else is a voluntary switch. */
         int involuntary = ((int)ctx->args[0] & 1) || pstate == 0;
-        struct thread_t *s = threads.lookup(&prev);
+        int idx = find(prev);
+        struct thread_t *s = threads.lookup(&idx);
         if (s && s->tid != tid) {            /* stale entry of a dead task at a reused address */
-            threads.delete(&prev);
+            release(prev, idx, s);
             s = 0;
         }
-        if (!s)
+        if (!s) {
             s = track(prev, tid, tgid, S_UNKNOWN, now, 1);
+            idx = find(prev);
+        }
         if (s) {
             if (s->state == S_ONCPU) {
                 s->oncpu_ns += now - s->ts;
@@ -207,13 +319,14 @@ RAW_TRACEPOINT_PROBE(sched_switch) {
                     bump(C_EVENTS);
                 else
                     bump(C_EVENTS_LOST);
-                threads.delete(&prev);
+                release(prev, idx, s);
             }
         }
     }
 
     /* ---- next: switching in ---- */
-    struct thread_t *n = threads.lookup(&next);
+    int nidx = find(next);
+    struct thread_t *n = threads.lookup(&nidx);
     if (!n && cfg(CFG_DISCOVER)) {
         u32 ntgid = rd32(next, TS_TGID);
         if (ntgid && is_target(ntgid)) {
@@ -233,22 +346,28 @@ RAW_TRACEPOINT_PROBE(sched_switch) {
 
 RAW_TRACEPOINT_PROBE(sched_wakeup) {
     u64 p = ctx->args[0];
-    struct thread_t *s = threads.lookup(&p);
+    u64 now;
+    int idx = find(p);
+    struct thread_t *s = threads.lookup(&idx);
+    /* The clock is read only once the wakeup is known to be a transition of a tracked thread:
+       it is the most expensive step of the program (bpf_ktime_get_ns, ~65 ns here). */
     if (!s) {
         if (!cfg(CFG_DISCOVER))
             return 0;
         u32 tgid = rd32(p, TS_TGID);
         if (!tgid || !is_target(tgid))
             return 0;
-        s = track(p, rd32(p, TS_PID), tgid, S_UNKNOWN, bpf_ktime_get_ns(), 0);
+        now = bpf_ktime_get_ns();
+        s = track(p, rd32(p, TS_PID), tgid, S_UNKNOWN, now, 0);
         if (!s)
             return 0;
-    }
-    u64 now = bpf_ktime_get_ns();
-    if (s->state == S_BLOCKED) {
+    } else if (s->state == S_BLOCKED) {
+        now = bpf_ktime_get_ns();
         s->blocked_ns += now - s->ts;
         s->wakeups++;
-    } else if (s->state != S_UNKNOWN) {
+    } else if (s->state == S_UNKNOWN) {
+        now = bpf_ktime_get_ns();
+    } else {
         return 0;   /* on CPU or already queued (ttwu_runnable): not a transition */
     }
     s->state = S_RUNNABLE;
@@ -275,6 +394,12 @@ RAW_TRACEPOINT_PROBE(sched_wakeup_new) {
             __sync_fetch_and_or(bits, 1ULL << (tgid & 63));
         emit_ev(EV_FORK, tid, tgid, now, ptgid);
     }
+    /* A slot still held for a dead task at this address (its exit unseen) goes first: the
+       hash map's update replaced such an entry, and two slots must never hold one task. */
+    int old = find(p);
+    struct thread_t *stale = threads.lookup(&old);
+    if (stale)
+        release(p, old, stale);
     struct thread_t *s = track(p, tid, tgid, S_RUNNABLE, now, 0);
     if (s)
         bpf_get_current_comm(&s->comm, sizeof(s->comm));   /* inherits the parent's name until it sets its own */
@@ -284,7 +409,8 @@ RAW_TRACEPOINT_PROBE(sched_wakeup_new) {
 RAW_TRACEPOINT_PROBE(sched_process_exit) {
     /* TP_PROTO(struct task_struct *p, bool group_dead) (6.18; older kernels: (p)). Runs in p. */
     u64 p = ctx->args[0];
-    struct thread_t *s = threads.lookup(&p);
+    int idx = find(p);
+    struct thread_t *s = threads.lookup(&idx);
     if (s) {
         s->exiting = 1;
         bpf_get_current_comm(&s->comm, sizeof(s->comm));
