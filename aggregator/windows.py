@@ -1083,6 +1083,11 @@ def concat_records(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.ascontiguousarray(p).view(raw) for p in parts]).view(dt)
 
 
+#: The largest concatenation a RecordBuffer keeps for reuse (1 GPU x 50k kernels/s folds
+#: about 2.6 MB of kernel records at a time).
+MAX_KEPT_BYTES = 4 << 20
+
+
 class RecordBuffer:
     """:func:`concat_records` into one buffer kept from fold to fold (one per record kind of
     a :class:`SourceFold`). A fresh concatenation of a window's batches (MBs) lands in
@@ -1104,6 +1109,12 @@ class RecordBuffer:
             return concat_records(parts)
         dt = parts[0].dtype
         nbytes = sum(len(p) for p in parts) * dt.itemsize
+        if nbytes > MAX_KEPT_BYTES:
+            # A fold this large (a held step near MAX_CARRY_KERNELS, a backlog) is rare:
+            # kept, its buffer would hold tens of MB for the agent's life (a loaded CI
+            # host's 10-minute replay grew 66 MB); made fresh, it is given back.
+            self._raw = None
+            return concat_records(parts)
         raw = self._raw
         # 3 references: the attribute, the local and getrefcount's argument: nothing made
         # from the last result (a view, a field, a slice) is alive.
