@@ -226,7 +226,7 @@ class Agent:
             if self.cfg.publisher.publish_events:
                 self.publisher.publish("events", self.codec.encode_event_batch(res.trace))
         if res.requests is not None:
-            self.builder.add_requests(res.requests)
+            self.builder.add_requests(res.requests, arrived_ns=time.time_ns())
         # A source may carry side figures (a simulator's engine view) next to its events.
         for topic, payload in (("engine", res.engine), ("device", res.device), ("sched", res.sched)):
             if payload is not None:

@@ -12,8 +12,10 @@ seen over its whole life, many windows earlier, and so were the requests batched
   :data:`MAX_KV_SAMPLES`.
 
 :meth:`RequestHistory.close` (once per window) joins the requests that are *due*, those
-that ended at least ``join_delay_ns`` before the window's end, so that a request batched
-with them and ending a little later has sent its span too, against every request held
+that ended, and reached the agent, at least ``join_delay_ns`` before the window's end, so
+that a request batched with them and ending a little later has sent its span too (an
+exporter that sends late, a BatchSpanProcessor's 5 s schedule or a stalled host, sends
+the batch mates late as well: the wait counts from the arrival then), against every request held
 and the steps of the busiest (device, process) over their lives (and ``FIT_LOOKBACK_S``
 before, for the step-time fit). Each request is told
 once, at most :data:`MAX_JOIN_PER_WINDOW` a window (oldest first; the rest wait, counted
@@ -62,6 +64,7 @@ class RequestHistory:
         self._steps: list[np.ndarray] = []
         self._n_steps = 0
         self._requests: dict[str, RequestSpan] = {}
+        self._arrived: dict[str, int] = {}  # request id -> the agent's clock when its span came
         self._told: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._kv: collections.deque = collections.deque(maxlen=MAX_KV_SAMPLES)
         self.requests_dropped = 0       # cumulative: over the bound, or repeated after being told
@@ -92,7 +95,10 @@ class RequestHistory:
                 self._n_steps -= over
                 self.steps_dropped += over
 
-    def add_requests(self, spans: list[RequestSpan]) -> None:
+    def add_requests(self, spans: list[RequestSpan], arrived_ns: int | None = None) -> None:
+        """``arrived_ns``: the agent's wall clock when these spans came (None for a replay,
+        whose spans are all there at once): a request is not due before ``join_delay_ns``
+        after it."""
         for s in spans:
             if s.request_id in self._told:
                 self.requests_dropped += 1
@@ -101,10 +107,13 @@ class RequestHistory:
             # A second span of the same request (vLLM's journey events may come on their
             # own span): one record, the two merged.
             self._requests[s.request_id] = s if held is None else merge(held, s)
+            if arrived_ns is not None:
+                self._arrived[s.request_id] = int(arrived_ns)
         if len(self._requests) > rj.MAX_REQUESTS:
             old = sorted(self._requests.values(), key=lambda r: r.end_ns)[:len(self._requests) - rj.MAX_REQUESTS]
             for r in old:
                 del self._requests[r.request_id]
+                self._arrived.pop(r.request_id, None)
             self.requests_dropped += len(old)
 
     def add_kv(self, ts_ns: int, usage_ratio: float) -> None:
@@ -129,10 +138,13 @@ class RequestHistory:
                 self._n_steps = int(keep.sum())
         for rid in [rid for rid, r in self._requests.items() if r.end_ns < lo - self.join_delay_ns]:
             del self._requests[rid]
+            self._arrived.pop(rid, None)
 
     def close(self, end_ns: int) -> tuple[rj.WindowRequests, list[rj.RequestStory]]:
+        cut = end_ns - self.join_delay_ns
         due_list = sorted((r for rid, r in self._requests.items()
-                           if r.end_ns <= end_ns - self.join_delay_ns and rid not in self._told),
+                           if r.end_ns <= cut and self._arrived.get(rid, cut) <= cut
+                           and rid not in self._told),
                           key=lambda r: r.end_ns)
         # Bounded work per window: the oldest first, the rest wait for the next window (a
         # server ending more than this many requests a window for long loses the oldest

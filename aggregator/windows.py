@@ -288,13 +288,14 @@ class WindowBuilder:
         self.engine[source] = data
         self.records += 1
 
-    def add_requests(self, spans: list) -> None:
-        """Request spans (``probes.request_spans.RequestSpan``) the engines sent; joined
-        with the steps when they are due (see :mod:`aggregator.request_history`)."""
+    def add_requests(self, spans: list, arrived_ns: int | None = None) -> None:
+        """Request spans (``probes.request_spans.RequestSpan``) the engines sent, at the
+        agent's wall clock ``arrived_ns`` (None in a replay); joined with the steps when
+        they are due (see :mod:`aggregator.request_history`)."""
         if self.requests is None:
             from .request_history import RequestHistory
             self.requests = RequestHistory()
-        self.requests.add_requests(spans)
+        self.requests.add_requests(spans, arrived_ns)
         self.records += len(spans)
 
     def _request_estimate(self) -> None:

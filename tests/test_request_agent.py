@@ -96,10 +96,11 @@ def _subscribed(agent, n, timeout=30.0):
 
 def test_why_tells_the_seed_example_through_the_receiver(running_agent):
     agent, url, ep = running_agent
-    # The SDK exports each span on its own (batch=False). The join waits for the others: the
-    # spans ended 1 s ago and are joined 3 s after their end, so on a starved machine a span
-    # exported a window after another is still in the join (with no wait, CI once joined
-    # answer-500 before long-4000 arrived: "dragged: no").
+    # The SDK exports each span on its own (batch=False). The join waits for the others 3 s
+    # from a span's end and from its arrival: the spans ended seconds before they are sent
+    # (the subscriptions and the sleep below), so a wait counted from the end alone had
+    # passed, and CI once joined answer-500 a window before long-4000 arrived ("dragged:
+    # no"; tests/test_request_history.py has that case).
     held, spans = shifted_seed()
     agent.builder.requests.add_steps(held)
     p_why = _start_cli("why", "answer-500", "--endpoint", ep, "--timeout", "30")

@@ -33,6 +33,32 @@ def test_seed_example_told_once_after_the_delay():
     assert told == [] and w.requests_dropped == 1
 
 
+def test_a_late_exported_span_waits_the_delay_from_its_arrival_for_its_batch_mates():
+    """Spans exported late (a BatchSpanProcessor's schedule, a stalled host: CI once sent the
+    seed's spans 2 s after they ended, past a 3 s delay counted from their end) wait the
+    join delay from when they reached the agent, so the batch mate sent just after them is
+    joined: before, answer-500 was told at once, "dragged: no"."""
+    steps, spans = sc.seed_batched()
+    end = int(steps["end_ns"].max())
+    by_id = {s.request_id: s for s in spans}
+    h = rh.RequestHistory(history_s=120, join_delay_s=5)
+    h.add_steps(held(steps))
+    s_ = 1_000_000_000
+    h.add_requests([by_id["early-40"]], arrived_ns=end)
+    h.add_requests([by_id["answer-500"]], arrived_ns=end + 5 * s_)
+    _w, told = h.close(end + 6 * s_)            # answer-500 ended 6 s ago, but came 1 s ago
+    assert [s.request_id for s in told] == ["early-40"]
+    h.add_requests([by_id["long-4000"]], arrived_ns=end + 7 * s_)
+    _w, told = h.close(end + 9 * s_)            # 4 s after answer-500 came: still held
+    assert told == []
+    _w, told = h.close(end + 10 * s_)
+    assert [s.request_id for s in told] == ["answer-500"]
+    assert told[0].culprits and told[0].culprits[0].request_id == "long-4000"
+    assert abs(told[0].culprits[0].added_ns - 12.5e9) <= 0.1 * 12.5e9
+    _w, told = h.close(end + 12 * s_)
+    assert [s.request_id for s in told] == ["long-4000"]
+
+
 def test_join_work_per_window_is_bounded_and_the_backlog_waits():
     steps, spans = sc.run([sc.Req(f"r{i}", i % 7, 50, 20) for i in range(rh.MAX_JOIN_PER_WINDOW + 10)])
     end = int(steps["end_ns"].max())
