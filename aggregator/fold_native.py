@@ -85,16 +85,10 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_fold_rows.restype = None
     lib.rl_fold_rows.argtypes = (_I, _P, _P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _P, _I, _P, _P, _I, _P, _P,
                                  _I, _P, _P)
-    lib.rl_step_hashes.restype = None
-    lib.rl_step_hashes.argtypes = (_V, _I, _P, _U, _I, _V, _I, _P, _U)
-    lib.rl_in_step_order.restype = _I
-    lib.rl_in_step_order.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_launch_latency_aligned.restype = _I
     lib.rl_launch_latency_aligned.argtypes = (_V, _I, _I, _I, _V, _I, _I, _I, _I, _B, _I, _P)
     lib.rl_gather_i64.restype = None
     lib.rl_gather_i64.argtypes = (_V, _I, _I, _I, _V, _P)
-    lib.rl_api_launch_hist.restype = _I
-    lib.rl_api_launch_hist.argtypes = (_V, _I, _I, _I, _I, _I, _I, _B, _I, _P, _P)
     lib.rl_range_i32.restype = None
     lib.rl_range_i32.argtypes = (_V, _I, _I, _I, _P)
     lib.rl_fold_batch.restype = _I
@@ -147,29 +141,6 @@ def fold_rows(add, hist, s, e, lat, first, u_busy, u_kt, u_row, gap_start, gap_l
                      add.shape[1], add, hist)
 
 
-_HASH_FIELDS = ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y")
-
-
-def step_hashes(k: np.ndarray, order: np.ndarray | None, first: np.ndarray, n_order: int,
-                consts: np.ndarray) -> np.ndarray:
-    """Per step, the shape hash of its kernels ``k[order[first[j]:first[j + 1]]]``
-    (``order`` None: the kernels themselves, in batch order): ``rl_step_hashes``, the same
-    value as stream_phases.py's numpy reference. ``consts``: C0..C5 and MUL (uint64)."""
-    lib = library()
-    out = np.empty(len(first), np.uint64)
-    offs = np.array([_off(k, f) for f in _HASH_FIELDS], np.int64)
-    o = np.ascontiguousarray(order, np.int64) if order is not None else None
-    lib.rl_step_hashes(k.ctypes.data, k.strides[0], offs, consts, n_order, o.ctypes.data if o is not None else None,
-                       len(first), np.ascontiguousarray(first, np.int64), out)
-    return out
-
-
-def in_step_order(k: np.ndarray, step: np.ndarray) -> bool:
-    """Whether the kernels are in map_batch's (step, start) order already (``rl_in_step_order``)."""
-    return bool(library().rl_in_step_order(k.ctypes.data, k.strides[0], _off(k, "start_ns"), len(k),
-                                           np.ascontiguousarray(step, np.int64)))
-
-
 def launch_latency_aligned(k: np.ndarray, a: np.ndarray, launch: np.ndarray, lat: np.ndarray) -> bool:
     """Launch latency when every record is a launch (``launch``: bool per category) and
     record i is kernel i's (same correlation ids, in order), written into ``lat``; False
@@ -215,20 +186,6 @@ def host_unions(a: np.ndarray, kind: np.ndarray):
         return None
     ml, ms = out.tolist()
     return (ws[0, :ml], ws[1, :ml]), (ws[2, :ms], ws[3, :ms])
-
-
-def api_launch_hist(a: np.ndarray, what: np.ndarray, bins: int):
-    """(histogram, pid, tid) of the launch-call durations (log2 bins) when every record is
-    a launch (``what`` 0) of one process and thread, else None (``rl_api_launch_hist``)."""
-    if not len(a) or bins != 64:
-        return None
-    h = np.zeros(64, np.int64)
-    out = np.empty(2, np.int64)
-    if not library().rl_api_launch_hist(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
-                                        _off(a, "category"), _off(a, "pid"), _off(a, "tid"), what.view(np.uint8),
-                                        len(a), h, out):
-        return None
-    return h, int(out[0]), int(out[1])
 
 
 _SEG_FIELDS = ("start_ns", "end_ns", "name_id", "grid_x", "graph_id", "correlation_id")
@@ -321,7 +278,7 @@ def _offsets(dtype: np.dtype, fields: tuple) -> np.ndarray:
 def ingest_pass(k: np.ndarray, a: np.ndarray, what: np.ndarray, launch: np.ndarray):
     """A batch's per-record passes in one (``rl_ingest_pass``): (the kernels' (min, max)
     device or None when there are none; (log2 histogram of the launch-call durations, pid,
-    tid) as :func:`api_launch_hist` or None; the launch latency per kernel as
+    tid) when every record is a launch (``what`` 0) of one process and thread, else None; the launch latency per kernel as
     :func:`launch_latency_aligned` writes it, or None when the records are not aligned).
     ``what``, ``launch``: uint8 per category (0 a launch for the histogram; non-zero a
     kernel's launch record)."""

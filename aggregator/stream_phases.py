@@ -51,7 +51,7 @@ _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86
                               0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3)]
 # The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
 _CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
-_HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_step_hashes: C0..C5, MUL
+_HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_map_runs' hash: C0..C5, MUL
 
 
 @dataclass
@@ -361,7 +361,7 @@ class StreamPhaser:
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
 
     def _hashes_reference(self, k, order, identity: bool, first, lens, pos) -> np.ndarray:
-        """The numpy reference of ``rl_step_hashes`` (aggregator/native/ridgeline_fold.c):
+        """The numpy reference of ``rl_map_runs``' hash (aggregator/native/ridgeline_map.c):
         per step, the sum of its kernels' values times MUL**position, xor its length * MUL."""
         n = len(k)
         if len(self._pw) < int(lens.max()):

@@ -114,14 +114,14 @@ def _random_records(rng, n: int, dtype, sorted_starts: bool):
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_native_joins_and_hashes_equal_reference(seed, monkeypatch):
+def test_native_joins_equal_reference(seed, monkeypatch):
     """Launch latency (records aligned with their kernels or not, ids out of order, negative
-    ids), the host's call intervals (in start order or not, launch and sync calls), the
-    step-shape hash and the (step, start) order test: native and reference answers are equal.
+    ids) and the host's call intervals (in start order or not, launch and sync calls): native
+    and reference answers are equal (the step-shape hash and the (step, start) order test
+    are rl_map_runs', checked in tests/test_stream_map_native.py).
     The seed's bits choose: 1 aligned ids, 2 launch records only, 4 starts in order, 8
     negative ids."""
-    from ridgeline.aggregator.stream_phases import _HASH_CONSTS, StreamPhaser
-    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY, NameTable
+    from ridgeline.probes.events import API_GRAPH_LAUNCH, API_MEMCPY
     rng = np.random.default_rng(seed)
     n = int(rng.integers(2, 500))
     ordered = bool(seed & 4)
@@ -129,38 +129,19 @@ def test_native_joins_and_hashes_equal_reference(seed, monkeypatch):
     k["correlation_id"] = np.arange(n) + 7
     if seed & 8:
         k["correlation_id"][rng.random(n) < 0.05] = -1
-    for f in ("name_id", "grid_x", "grid_y", "block_x", "grid_z", "block_y"):
-        k[f] = rng.integers(-2, 3000, n)
+    k["grid_x"] = rng.integers(-2, 3000, n)
     a = _random_records(rng, n, API_DTYPE, sorted_starts=ordered)
     a["correlation_id"] = k["correlation_id"] if seed & 1 else rng.permutation(k["correlation_id"])
     a["category"] = API_LAUNCH if seed & 2 else rng.choice([API_LAUNCH, API_GRAPH_LAUNCH, API_SYNC, API_MEMCPY], n)
-    step = np.sort(rng.integers(-1, 9, n)) if ordered else rng.integers(-1, 9, n)
-    if ordered and seed & 1:
-        # one pair 1 ns out of order inside a step: not in (step, start) order
-        i = int(np.flatnonzero(np.r_[step[1:] == step[:-1], False])[0]) if (step[1:] == step[:-1]).any() else 0
-        k["start_ns"][i] = k["start_ns"][i + 1] + 1
-    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
-    lens = np.diff(np.r_[first, n])
-    pos = np.arange(n) - np.repeat(first, lens)
-    order = rng.permutation(n)
-    native = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
-              fold_native.step_hashes(k, None, first, n, _HASH_CONSTS),
-              fold_native.step_hashes(k, order, first, n, _HASH_CONSTS), fold_native.in_step_order(k, step))
-    ph = StreamPhaser(NameTable())
-    st = k["start_ns"]
-    key = (step << 40) | np.minimum(st - st.min(), (1 << 40) - 1)
+    native = (phase_figures.launch_latency_ns(k, a), host_intervals(a))
     with monkeypatch.context() as m:
         m.setattr(fold_native, "REFERENCE", True)
-        ref = (phase_figures.launch_latency_ns(k, a), host_intervals(a),
-               ph._hashes_reference(k, np.arange(n), True, first, lens, pos),
-               ph._hashes_reference(k, order, False, first, lens, pos), bool((key[1:] >= key[:-1]).all()))
+        ref = (phase_figures.launch_latency_ns(k, a), host_intervals(a))
     np.testing.assert_array_equal(native[0], ref[0])
     for (xs, xe), (ys, ye) in zip(native[1], ref[1]):
         np.testing.assert_array_equal(xs, ys)
         np.testing.assert_array_equal(xe, ye)
-    np.testing.assert_array_equal(native[2], ref[2])
-    np.testing.assert_array_equal(native[3], ref[3])
-    assert native[4] == ref[4]
+    order = rng.permutation(n)
     # the column readers of the packed records
     np.testing.assert_array_equal(fold_native.gather(k, "start_ns", order), k["start_ns"][order])
     np.testing.assert_array_equal(fold_native.gather(a, "end_ns"), a["end_ns"])
@@ -351,8 +332,8 @@ def test_host_intervals_one_pass_equals_reference_when_one_kind_is_out_of_order(
 @pytest.mark.parametrize("seed", range(16))
 def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch):
     """rl_ingest_pass (the batch's device range, launch-call histogram and aligned launch
-    latency in one pass) against each on its own: field_range, api_launch_hist and the
-    reference join of launch_latency_ns; records aligned or not, launches only or mixed
+    latency in one pass) against each on its own: field_range, the numpy histogram of
+    SourceFold._ingest's general path and the reference join of launch_latency_ns; records aligned or not, launches only or mixed
     calls, one thread or two, as many API records as kernels or not, none of either. The
     seed's bits choose: 1 aligned ids, 2 launch records only, 4 two threads, 8 fewer records."""
     from ridgeline.aggregator.windows import _API_WHAT_U8
@@ -376,7 +357,12 @@ def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch)
         a["correlation_id"] = k["correlation_id"] = rng.permutation(k["correlation_id"])
     dev, hist, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, phase_figures.LAUNCH_RECORD_U8)
     assert dev == (fold_native.field_range(k, "device") if n else None)
-    want = fold_native.api_launch_hist(a, _API_WHAT_U8.view(np.int8), 64)
+    # SourceFold._ingest's general path: one process and thread, every record a launch
+    from ridgeline.aggregator.windows import HIST_BINS, log2_bins
+    want = None
+    if na and not _API_WHAT_U8[a["category"]].any() and len(set(zip(a["pid"].tolist(), a["tid"].tolist()))) == 1:
+        want = (np.bincount(log2_bins(np.maximum(a["end_ns"] - a["start_ns"], 0)), minlength=HIST_BINS),
+                int(a["pid"][0]), int(a["tid"][0]))
     assert (hist is None) == (want is None)
     if want is not None:
         np.testing.assert_array_equal(hist[0], want[0])

@@ -166,13 +166,15 @@ def test_a_library_without_the_scan_is_refused_in_one_line(monkeypatch, tmp_path
     from pathlib import Path
 
     from ridgeline.probes.errors import RuntimeFailure
-    src = (Path(fold_native.__file__).parent / "native" / "ridgeline_fold.c").read_text()
+    native = Path(fold_native.__file__).parent / "native"
+    src = (native / "ridgeline_fold.c").read_text()
     cut = src.index("EXPORT int64_t rl_segment_scan(")
     body_end = src.index("\n}\n", cut) + 3
     old = tmp_path / "old.c"
     old.write_text(src[:cut] + src[body_end:])
     lib = tmp_path / "libridgeline_fold.so"
-    subprocess.run(["cc", "-O1", "-std=c11", "-fPIC", "-shared", "-o", str(lib), str(old)], check=True)
+    subprocess.run(["cc", "-O1", "-std=c11", "-fPIC", "-shared", "-I", str(native), "-o", str(lib), str(old)],
+                   check=True)
     monkeypatch.setenv("RIDGELINE_FOLD_LIB", str(lib))
     fold_native.library.cache_clear()
     try:

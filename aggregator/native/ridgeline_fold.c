@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "ridgeline_records.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 /* Kept equal to phase_figures.py: SUB_BITS, FINE_BINS, the order of the first N_WRITTEN
@@ -146,67 +148,6 @@ EXPORT void rl_fold_rows(int64_t n, const int64_t *s, const int64_t *e_in, const
     }
 }
 
-/* --- Record readers: the batch's structured records (probes/events.py: packed, so an int64
- * field of record i is aligned only for some i, and numpy's strided loops over it are
- * several times slower than one pass here). base: the first record; stride: bytes between
- * records; off: the field's byte offset. */
-static inline int64_t rd64(const char *base, int64_t stride, int64_t i, int64_t off) {
-    int64_t v;
-    memcpy(&v, base + i * stride + off, sizeof v);
-    return v;
-}
-static inline int32_t rd32(const char *base, int64_t stride, int64_t i, int64_t off) {
-    int32_t v;
-    memcpy(&v, base + i * stride + off, sizeof v);
-    return v;
-}
-
-/* The step-shape hash of aggregator/stream_phases.py (StreamPhaser.map_batch): per kernel
- * v = (name_id + 1) * C0 + grid_x * C1 + grid_y * C2 + block_x * C3 + grid_z * C4 +
- * block_y * C5 (uint64, wrapping; the int32 fields sign-extended), per step the sum of
- * v * MUL**position over its kernels, xor its length * MUL. order: the kernels of the steps
- * in step order (n_order of them; NULL: 0..n_order-1); first: where each of the n_steps
- * steps starts in order. off[6]: offsets of name_id, grid_x, grid_y, block_x, grid_z,
- * block_y; c[7]: C0..C5 and MUL. */
-EXPORT void rl_step_hashes(const char *base, int64_t stride, const int64_t *off, const uint64_t *c,
-                           int64_t n_order, const int64_t *order, int64_t n_steps, const int64_t *first,
-                           uint64_t *out) {
-    for (int64_t j = 0; j < n_steps; j++) {
-        int64_t a = first[j], b = j + 1 < n_steps ? first[j + 1] : n_order;
-        uint64_t h = 0, p = 1;
-        for (int64_t q = a; q < b; q++) {
-            int64_t i = order ? order[q] : q;
-            uint64_t v = (uint64_t)((int64_t)rd32(base, stride, i, off[0]) + 1) * c[0];
-            for (int f = 1; f < 6; f++)
-                v += (uint64_t)(int64_t)rd32(base, stride, i, off[f]) * c[f];
-            h += v * p;
-            p *= c[6];
-        }
-        out[j] = h ^ ((uint64_t)(b - a) * c[6]);
-    }
-}
-
-/* Whether the n kernels are in (step, start) order by map_batch's key, step << 40 |
- * min(start - t0, 2**40 - 1) with t0 the earliest start (a batch already in that order needs
- * no sort). step: int64 per kernel; the starts from the records. */
-EXPORT int64_t rl_in_step_order(const char *base, int64_t stride, int64_t off_start, int64_t n,
-                                const int64_t *step) {
-    const int64_t cap = ((int64_t)1 << 40) - 1;
-    if (n < 2) return 1;
-    int64_t t0 = rd64(base, stride, 0, off_start);
-    for (int64_t i = 1; i < n; i++) {
-        int64_t v = rd64(base, stride, i, off_start);
-        if (v < t0) t0 = v;
-    }
-    int64_t prev = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t rel = rd64(base, stride, i, off_start) - t0;
-        int64_t key = (int64_t)((uint64_t)step[i] << 40) | (rel < cap ? rel : cap);
-        if (i && key < prev) return 0;
-        prev = key;
-    }
-    return 1;
-}
 
 /* phase_figures.launch_latency_ns when each kernel's launch record is the record at the
  * same index (one launch record per kernel, in the same order: what CUPTI and the
@@ -250,36 +191,6 @@ EXPORT void rl_range_i32(const char *base, int64_t stride, int64_t off, int64_t 
     }
     out[0] = lo;
     out[1] = hi;
-}
-
-/* aggregator/windows.py (SourceFold._ingest): the launch-call duration histogram of a kernel
- * stream's API records. When every record is a launch (what[category] == 0) of one process
- * and one thread: hist[64] += log2 bins (windows.log2_bins) of max(end - start, 0), out[0]
- * the pid, out[1] the tid; returns 1. Otherwise returns 0 with hist untouched (the caller's
- * general numpy path). n >= 1. */
-#define HIST_BINS 64
-EXPORT int64_t rl_api_launch_hist(const char *base, int64_t stride, int64_t off_start, int64_t off_end,
-                                  int64_t off_cat, int64_t off_pid, int64_t off_tid, const uint8_t *what,
-                                  int64_t n, int64_t *hist, int64_t *out) {
-    int64_t h[HIST_BINS] = {0};
-    int32_t pid = rd32(base, stride, 0, off_pid), tid = rd32(base, stride, 0, off_tid);
-    for (int64_t i = 0; i < n; i++) {
-        uint8_t cat;
-        memcpy(&cat, base + i * stride + off_cat, 1);
-        if (what[cat] != 0 || rd32(base, stride, i, off_pid) != pid || rd32(base, stride, i, off_tid) != tid)
-            return 0;
-        int64_t d = rd64(base, stride, i, off_end) - rd64(base, stride, i, off_start);
-        double v = d > 0 ? (double)d : 0.5;
-        if (v < 0.5) v = 0.5;
-        uint64_t b;
-        memcpy(&b, &v, sizeof b);
-        int64_t e = (int64_t)(b >> 52) - 1022;
-        h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
-    }
-    for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
-    out[0] = pid;
-    out[1] = tid;
-    return 1;
 }
 
 /* aggregator/steps.py (segment_kernels): the per-kernel pass of one device's step cut, over
@@ -486,8 +397,9 @@ EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_star
 }
 
 /* aggregator/windows.py (SourceFold._ingest): a batch's per-record passes in one, over its
- * nk kernels and na API records: rl_range_i32 of the kernels' device, rl_api_launch_hist and
- * rl_launch_latency_aligned, with their rules. koff[3]: kernel start_ns, correlation_id,
+ * nk kernels and na API records: rl_range_i32 of the kernels' device, the launch-call
+ * duration histogram (windows.log2_bins of max(end - start, 0), 64 bins, as the general numpy
+ * path in _ingest) and rl_launch_latency_aligned, with their rules. koff[3]: kernel start_ns, correlation_id,
  * device; aoff[6]: API start_ns, end_ns, correlation_id, category, pid, tid. Returns bits:
  * 1 the device range in out[0], out[1] (nk >= 1); 2 hist[64] added (every record a launch,
  * what[category] == 0, of one process and thread: out[2], out[3]); 4 lat[nk] written (one
@@ -497,7 +409,7 @@ EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, i
                               const char *ab, int64_t as, const int64_t *aoff, int64_t na,
                               const uint8_t *what, const uint8_t *launch, int64_t *hist, int64_t *lat,
                               int64_t *out) {
-    int64_t h[HIST_BINS] = {0};
+    int64_t h[LOG2_BINS] = {0};
     int ok_hist = na > 0, ok_lat = nk == na && nk > 0;
     int32_t pid = na ? rd32(ab, as, 0, aoff[4]) : 0, tid = na ? rd32(ab, as, 0, aoff[5]) : 0;
     int64_t prev = 0;
@@ -510,11 +422,7 @@ EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, i
                 ok_hist = 0;
             } else {
                 int64_t d = rd64(ab, as, i, aoff[1]) - a_s;
-                double v = d > 0 ? (double)d : 0.5;
-                uint64_t b;
-                memcpy(&b, &v, sizeof b);
-                int64_t e = (int64_t)(b >> 52) - 1022;
-                h[e < HIST_BINS - 1 ? e : HIST_BINS - 1]++;
+                h[log2_bin(d > 0 ? d : 0)]++;
             }
         }
         if (ok_lat) {
@@ -540,7 +448,7 @@ EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, i
         bits |= 1;
     }
     if (ok_hist) {
-        for (int j = 0; j < HIST_BINS; j++) hist[j] += h[j];
+        for (int j = 0; j < LOG2_BINS; j++) hist[j] += h[j];
         out[2] = pid; out[3] = tid;
         bits |= 2;
     }

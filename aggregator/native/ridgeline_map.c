@@ -13,47 +13,40 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ridgeline_records.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
-static inline int64_t map_rd64(const char *base, int64_t stride, int64_t i, int64_t off) {
-    int64_t v;
-    __builtin_memcpy(&v, base + i * stride + off, sizeof v);
-    return v;
-}
-
-static inline int32_t map_rd32(const char *base, int64_t stride, int64_t i, int64_t off) {
-    int32_t v;
-    __builtin_memcpy(&v, base + i * stride + off, sizeof v);
-    return v;
-}
 
 /* The steps map_batch decides, as runs of kernels, with each run's shape hash.
  *
  * Kernels: n records at base (stride bytes apart); off: byte offsets of start_ns (int64),
- * then name_id, grid_x, grid_y, block_x, grid_z, block_y (int32), the hash's fields in the
- * order of rl_step_hashes. step: int32 per kernel (segment_kernels' kernel_step, -1: none).
+ * then name_id, grid_x, grid_y, block_x, grid_z, block_y (int32), the hash's fields. step: int32 per kernel (segment_kernels' kernel_step, -1: none).
  * order: NULL to take the kernels in batch order, which must then be map_batch's
- * (step << 40 | min(start - earliest start, 2**40 - 1)) order (rl_in_step_order's test):
+ * (step << 40 | min(start - earliest start, 2**40 - 1)) order (key_order's test):
  * returns -1, writing nothing, when it is not (the caller sorts and calls again with its
  * order). Else n indices of the kernels in that order.
  *
  * A kernel is kept when its step is >= 0 and skip (NULL: none skipped; else one byte per
  * step) is 0 for it. Written: out_order[0:kept] the kept kernels' indices in order;
  * per run r (consecutive kept kernels of one step): out_first[r] its first position in
- * out_order, out_step[r] its step, out_hash[r] the hash of rl_step_hashes over its kernels
- * (c: C0..C5 and MUL). out_n[0] = kept. Returns the number of runs. */
-/* rl_in_step_order's test: the kernels in batch order are in key order. */
+ * out_order, out_step[r] its step, out_hash[r] the step-shape hash over its kernels (c: C0..C5
+ * and MUL): per kernel v = (name_id + 1) * C0 + grid_x * C1 + grid_y * C2 + block_x * C3 +
+ * grid_z * C4 + block_y * C5 (uint64, wrapping; the int32 fields sign-extended), per run the
+ * sum of v * MUL**position, xor its length * MUL (StreamPhaser._hashes_reference in
+ * aggregator/stream_phases.py is the numpy reference). out_n[0] = kept. Returns the number of runs. */
+/* The kernels in batch order are in that key order. */
 static int key_order(const char *base, int64_t stride, int64_t off_start, int64_t n, const int32_t *step) {
     const int64_t cap = ((int64_t)1 << 40) - 1;
     if (n < 2) return 1;
-    int64_t t0 = map_rd64(base, stride, 0, off_start);
+    int64_t t0 = rd64(base, stride, 0, off_start);
     for (int64_t i = 1; i < n; i++) {
-        int64_t v = map_rd64(base, stride, i, off_start);
+        int64_t v = rd64(base, stride, i, off_start);
         if (v < t0) t0 = v;
     }
     int64_t prev = 0;
     for (int64_t i = 0; i < n; i++) {
-        int64_t rel = map_rd64(base, stride, i, off_start) - t0;
+        int64_t rel = rd64(base, stride, i, off_start) - t0;
         int64_t key = (int64_t)((uint64_t)(int64_t)step[i] << 40) | (rel < cap ? rel : cap);
         if (i && key < prev) return 0;
         prev = key;
@@ -74,7 +67,7 @@ static int64_t runs_pass(const char *base, int64_t stride, const int64_t *off, c
         int64_t i = order ? order[q] : q;
         int64_t s = step[i];
         if (check) {
-            int64_t t = map_rd64(base, stride, i, off[0]);
+            int64_t t = rd64(base, stride, i, off[0]);
             if (q && (s < prev_s || (s == prev_s && t < prev_t))) return -2;
             if (!q || t < t_min) t_min = t;
             if (!q || t > t_max) t_max = t;
@@ -91,9 +84,9 @@ static int64_t runs_pass(const char *base, int64_t stride, const int64_t *off, c
             h = 0;
             p = 1;
         }
-        uint64_t v = (uint64_t)((int64_t)map_rd32(base, stride, i, off[1]) + 1) * c[0];
+        uint64_t v = (uint64_t)((int64_t)rd32(base, stride, i, off[1]) + 1) * c[0];
         for (int f = 1; f < 6; f++)
-            v += (uint64_t)(int64_t)map_rd32(base, stride, i, off[f + 1]) * c[f];
+            v += (uint64_t)(int64_t)rd32(base, stride, i, off[f + 1]) * c[f];
         h += v * p;
         p *= c[6];
         out_order[kept++] = i;
@@ -143,12 +136,12 @@ EXPORT void rl_map_phases(int64_t kept, const int64_t *order, int64_t n_runs, co
  * device (int32 at off_device) into range[0], range[1]. n >= 1. */
 EXPORT void rl_end_and_devices(const char *base, int64_t stride, int64_t off_end, int64_t off_device, int64_t n,
                                int64_t *out_end, int64_t *range) {
-    int32_t lo = map_rd32(base, stride, 0, off_device), hi = lo;
+    int32_t lo = rd32(base, stride, 0, off_device), hi = lo;
     for (int64_t i = 0; i < n; i++) {
-        int32_t d = map_rd32(base, stride, i, off_device);
+        int32_t d = rd32(base, stride, i, off_device);
         if (d < lo) lo = d;
         if (d > hi) hi = d;
-        out_end[i] = map_rd64(base, stride, i, off_end);
+        out_end[i] = rd64(base, stride, i, off_end);
     }
     range[0] = lo;
     range[1] = hi;
