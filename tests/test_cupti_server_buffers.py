@@ -23,6 +23,14 @@ def _send(c: socket.socket, data: bytes) -> threading.Thread:
     return t
 
 
+def _said_hello(path) -> socket.socket:
+    """A client of the server at ``path`` that has sent the library's hello."""
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(str(path))
+    c.sendall(R.hello_frame())
+    return c
+
+
 def _kernel_section(n: int, fill: int) -> tuple[int, int, bytes]:
     k = np.zeros(n, R.KERNEL)
     k["kind"] = R.KIND_CONCURRENT_KERNEL
@@ -33,9 +41,7 @@ def _kernel_section(n: int, fill: int) -> tuple[int, int, bytes]:
 def test_a_reused_body_never_overwrites_a_batch_still_held(tmp_path):
     path = tmp_path / "s.sock"
     with cupti_server(path) as srv:
-        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        c.connect(str(path))
-        c.sendall(R.hello_frame())
+        c = _said_hello(path)
         n = 6000                                   # 1.5 MB: a body over FIRST_BODY_BYTES, grown
         got = []
 
@@ -66,9 +72,7 @@ def test_a_reused_body_never_overwrites_a_batch_still_held(tmp_path):
 def test_a_header_announcing_a_large_body_allocates_what_was_sent(tmp_path):
     path = tmp_path / "s.sock"
     with cupti_server(path) as srv:
-        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        c.connect(str(path))
-        c.sendall(R.hello_frame())
+        c = _said_hello(path)
         pump_until(srv, lambda: any(x.hello is not None for x in srv._conns.values()), 5)
         hdr = np.zeros(1, P.FRAME_DTYPE)
         hdr["magic"], hdr["type"], hdr["proto"], hdr["length"] = P.MAGIC, P.MSG_BATCH, P.PROTO_VERSION, \

@@ -8,14 +8,22 @@ bytes; and a buffer whose last result is still alive anywhere is never overwritt
 import numpy as np
 import pytest
 from support.kineto_traces import TRACES
+from support.window_replay import fold_windows
 
-from ridgeline.aggregator import fold_native, windows, wire
-from ridgeline.aggregator.windows import RecordBuffer, WindowBuilder, concat_records
-from ridgeline.probes.events import KERNEL_DTYPE, Device, Trace, empty
+from ridgeline.aggregator import wire
+from ridgeline.aggregator.windows import RecordBuffer, concat_records
+from ridgeline.probes.events import KERNEL_DTYPE, Device, empty
 
 
 def _cuts(lo: int, hi: int, n: int) -> list[int]:
     return [lo + (hi - lo) * i // n for i in range(n + 1)]
+
+
+def _wire_windows(batches, names, devices, reference: bool, monkeypatch, **kw) -> list[bytes]:
+    """The encoded windows (a close every 5 batches) with the fold's batching threshold low,
+    so that several batches wait and are concatenated with the held step's records."""
+    return fold_windows(batches, names, devices, reference=reference, monkeypatch=monkeypatch,
+                        tick_ns=10**9, fold_min_events=1_500, **kw)
 
 
 def _batches(k: np.ndarray, a: np.ndarray, n: int):
@@ -26,27 +34,6 @@ def _batches(k: np.ndarray, a: np.ndarray, n: int):
     cuts = _cuts(int(k["start_ns"].min()), int(k["end_ns"].max()) + 1, n)
     return [(k[(k["start_ns"] >= lo) & (k["start_ns"] < hi)],
              a[(a["start_ns"] >= lo) & (a["start_ns"] < hi)] if len(a) else a) for lo, hi in zip(cuts[:-1], cuts[1:])]
-
-
-def _wire_windows(batches, names, devices, reference: bool, monkeypatch, reused: list | None = None,
-                  model=None) -> list[bytes]:
-    """The encoded windows (a close every 5 batches) with the fold's batching threshold low,
-    so that several batches wait and are concatenated with the held step's records."""
-    with monkeypatch.context() as m:
-        m.setattr(windows, "FOLD_MIN_EVENTS", 1_500)
-        if reference:
-            m.setattr(fold_native, "REFERENCE", True)
-        b = WindowBuilder(host="test", model=model, gpu="h100-sxm" if model is not None else "")
-        out = []
-        for i, (k, a) in enumerate(batches):
-            b.add_events(Trace(kernels=k, api=a, names=names, devices=devices, meta={"source": "simulated"}))
-            if i % 5 == 4:
-                out.append(wire.encode_window(b.close(i * 10**9, (i + 1) * 10**9, {})))
-        if reused is not None:
-            # the concatenations that wrote into a buffer a previous fold had used
-            reused.extend(buf.reuses for fold in b._folds.values() for buf in fold._buf.values())
-        out.append(wire.encode_window(b.close(len(batches) * 10**9, (len(batches) + 1) * 10**9, {}, final=True)))
-    return out
 
 
 @pytest.mark.parametrize("gpus,model", [(1, None), (2, None), (1, "llama-3-8b")])
@@ -61,7 +48,7 @@ def test_wire_windows_equal_reference_on_simulated_stream(gpus, model, monkeypat
     devices = [Device(d, "NVIDIA H100 80GB HBM3") for d in range(gpus)]
     reused: list = []
     shape = model_config.load(model) if model else None
-    new = _wire_windows(batches, parts[0].names, devices, False, monkeypatch, reused, shape)
+    new = _wire_windows(batches, parts[0].names, devices, False, monkeypatch, reused=reused, model=shape)
     ref = _wire_windows(batches, parts[0].names, devices, True, monkeypatch, model=shape)
     if shape is not None:            # the model's work was folded (per step, from the vectorised sums)
         phases = [ph for w in new for g in wire.decode_window(w).get("gpus", ()) for ph in g["phases"].values()]

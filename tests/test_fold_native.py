@@ -9,11 +9,11 @@ import msgspec
 import numpy as np
 import pytest
 from support.kineto_traces import TRACES
+from support.window_replay import fold_windows
 
 from ridgeline.aggregator import analysis, fold_native, phase_figures
 from ridgeline.aggregator.phase_figures import PhaseSums, fold_kernels, group_key, host_intervals
-from ridgeline.aggregator.windows import WindowBuilder
-from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, KERNEL_DTYPE, Trace, empty
+from ridgeline.probes.events import API_DTYPE, API_LAUNCH, API_SYNC, KERNEL_DTYPE, empty
 
 
 class _Step:
@@ -151,17 +151,8 @@ def test_native_joins_equal_reference(seed, monkeypatch):
 
 def _windows(batches, names, devices, reference: bool, monkeypatch) -> list:
     """The live windows of ``batches`` as builtins (close() gives typed Windows)."""
-    with monkeypatch.context() as m:
-        if reference:
-            m.setattr(fold_native, "REFERENCE", True)
-        b = WindowBuilder(host="test")
-        out = []
-        for i, (k, a) in enumerate(batches):
-            b.add_events(Trace(kernels=k, api=a, names=names, devices=devices, meta={"source": "simulated"}))
-            if i % 7 == 6:
-                out.append(b.close(i, i + 1))
-        out.append(b.close(len(batches), len(batches) + 1, final=True))
-    return [msgspec.to_builtins(w) for w in out]
+    return fold_windows(batches, names, devices, reference=reference, monkeypatch=monkeypatch, every=7,
+                        encode=False)
 
 
 def _simulated_batches(gpus: int):

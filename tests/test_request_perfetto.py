@@ -16,6 +16,18 @@ from ridgeline.aggregator import request_join as rj
 from ridgeline.aggregator.perfetto import PHASE_PID, REQUEST_PID, write_perfetto
 
 
+def export_with_requests(path, stories):
+    """The literal annotated trace exported with request tracks; (the file, its import by
+    Perfetto's JSON importer, with no error)."""
+    t = annotated_literal_trace()
+    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
+                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
+    out = write_perfetto(t, pm, NAMES, path, requests=stories)
+    imp = import_json(out)
+    assert imp.errors() == {}
+    return out, imp
+
+
 def seed_stories_near_the_literal():
     steps, spans = sc.seed_batched()
     shift = 500_000 - sc.T0
@@ -24,13 +36,7 @@ def seed_stories_near_the_literal():
 
 
 def test_a_track_per_request_beside_the_steps(tmp_path):
-    t = annotated_literal_trace()
-    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
-                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
-    stories = seed_stories_near_the_literal()
-    out = write_perfetto(t, pm, NAMES, tmp_path / "t.json", requests=stories)
-    imp = import_json(out)
-    assert imp.errors() == {}
+    out, imp = export_with_requests(tmp_path / "t.json", seed_stories_near_the_literal())
     assert imp.process_names[REQUEST_PID] == "Ridgeline requests" and PHASE_PID in imp.process_names
     ev = json.loads(out.read_text())["traceEvents"]
     req = [e for e in ev if e.get("cat") == "ridgeline_request"]
@@ -55,12 +61,7 @@ def test_a_preempted_request_track_holds_its_pause(tmp_path):
     stories = [msgspec.structs.replace(s, start_ns=s.start_ns + shift, end_ns=s.end_ns + shift,
                                        pauses=[rj.Pause(p.start_ns + shift, p.end_ns + shift) for p in s.pauses])
                for s in rj.join(spans, steps)]
-    t = annotated_literal_trace()
-    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
-                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
-    out = write_perfetto(t, pm, NAMES, tmp_path / "p.json", requests=stories)
-    imp = import_json(out)
-    assert imp.errors() == {}
+    out, imp = export_with_requests(tmp_path / "p.json", stories)
     ev = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "ridgeline_request"]
     ans = next(s for s in stories if s.request_id == "answer-500")
     dec = next(e for e in ev if e["name"] == "decode" and e["args"]["completion_tokens"] == 501)
@@ -95,12 +96,7 @@ def test_a_recompute_preempted_track_shows_its_re_prefill_after_the_pause(tmp_pa
                                         recompute_end_ns=q.recompute_end_ns + shift
                                         if q.recompute_end_ns is not None else None) for q in s.pauses])
         for s in stories.values()]
-    t = annotated_literal_trace()
-    pm = phase_map([Step(0, 1_000_000, 1_004_000, 0, 1, 512, 0, ["annotation x"])],
-                   np.array([1, 1, 1], np.uint8), np.array([0, 0, 0], np.int32))
-    out = write_perfetto(t, pm, NAMES, tmp_path / "r.json", requests=moved)
-    imp = import_json(out)
-    assert imp.errors() == {}
+    out, imp = export_with_requests(tmp_path / "r.json", moved)
     ev = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "ridgeline_request"]
     dec = next(e for e in ev if e["name"] == "decode" and e["args"]["completion_tokens"] == r.completion_tokens)
     (rc,) = [e for e in ev if e["name"] == "recompute"]

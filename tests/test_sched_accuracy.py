@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.sched_probe import started_sched_probe
 
 from ridgeline.probes import proc
 
@@ -40,12 +41,8 @@ TOL_RATIO = 0.03
 
 @pytest.fixture(scope="module")
 def probe():
-    from ridgeline.probes.sched import SchedProbe
-    p = SchedProbe(discover=False, seed_s=30.0)
-    assert p.check().ok, p.check()
-    p.start()
-    yield p
-    p.stop()
+    with started_sched_probe() as p:
+        yield p
 
 
 @pytest.fixture(scope="module")

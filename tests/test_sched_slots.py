@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from support.sched_probe import started_sched_probe
 
 pytestmark = pytest.mark.ebpf
 
@@ -66,12 +67,8 @@ def _occupied(p, tgid=None) -> int:
 
 @pytest.fixture
 def probe():
-    from ridgeline.probes.sched import SchedProbe
-    p = SchedProbe(discover=False, seed_s=30.0)
-    assert p.check().ok, p.check()
-    p.start()
-    yield p
-    p.stop()
+    with started_sched_probe() as p:
+        yield p
 
 
 def test_exited_threads_free_their_slots(probe):

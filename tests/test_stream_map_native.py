@@ -14,15 +14,14 @@ prefills relabelled mixed and decode-only ones, so both continuity paths) and on
 shared third-party traces replayed as kernel streams; and the wire-encoded live windows of
 those streams."""
 
-import msgspec
 import numpy as np
 import pytest
 from support.kineto_traces import TRACES
+from support.window_replay import fold_windows
 
-from ridgeline.aggregator import fold_native, stream_phases, wire
+from ridgeline.aggregator import fold_native, stream_phases
 from ridgeline.aggregator.phases import MIXED, mixed_by_continuity
 from ridgeline.aggregator.stream_phases import _HASH_CONSTS, StreamPhaser
-from ridgeline.aggregator.windows import WindowBuilder
 from ridgeline.probes.events import KERNEL_DTYPE, Trace, empty
 
 
@@ -196,17 +195,7 @@ def test_batch_phases_equal_reference_on_shared_traces(name, trace_path, monkeyp
 
 def _encoded_windows(batches, names, reference: bool, monkeypatch) -> list[bytes]:
     """The live windows of a kernel stream (with its launch records), wire-encoded."""
-    with monkeypatch.context() as m:
-        if reference:
-            m.setattr(fold_native, "REFERENCE", True)
-        b = WindowBuilder(host="test")
-        out = []
-        for i, (kb, ab) in enumerate(batches):
-            b.add_events(Trace(kernels=kb, api=ab, names=names, meta={"source": "simulated"}))
-            if i % 5 == 4:
-                out.append(wire.encode_window(msgspec.to_builtins(b.close(i, i + 1))))
-        out.append(wire.encode_window(msgspec.to_builtins(b.close(len(batches), len(batches) + 1, final=True))))
-    return out
+    return fold_windows(batches, names, reference=reference, monkeypatch=monkeypatch)
 
 
 @pytest.mark.parametrize("gpus", [1, 4])

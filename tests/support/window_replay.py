@@ -89,3 +89,34 @@ def windowed_phases(t: Trace, per_window: int, trailing_empty: int = 0, final: b
                 x[0] += v.kernels
                 x[1] += v.kernel_time_ns
     return {ph: tuple(v) for ph, v in out.items()}, wins
+
+
+def fold_windows(batches, names, devices=None, *, reference: bool, monkeypatch, every: int = 5,
+                 tick_ns: int = 1, encode: bool = True, fold_min_events: int | None = None, model=None,
+                 reused: list | None = None) -> list:
+    """The live windows of ``batches`` ((kernels, api) pairs) through one WindowBuilder, a
+    close every ``every`` batches at ticks of ``tick_ns`` and a final close, on the native
+    fold or its numpy reference (``fold_native.REFERENCE``): wire-encoded bytes (``encode``)
+    or builtins. The tests of the native passes hold the two paths to each other
+    (tests/test_fold_native.py, tests/test_fold_buffers.py, tests/test_stream_map_native.py).
+    ``fold_min_events`` lowers the fold's batching threshold, so that several batches wait
+    and are concatenated with the held step's records; ``reused`` gets each buffer's reuse
+    count (the concatenations that wrote into a buffer a previous fold had used)."""
+    import msgspec
+
+    from ridgeline.aggregator import fold_native, windows, wire
+    with monkeypatch.context() as m:
+        if fold_min_events is not None:
+            m.setattr(windows, "FOLD_MIN_EVENTS", fold_min_events)
+        if reference:
+            m.setattr(fold_native, "REFERENCE", True)
+        b = WindowBuilder(host="test", model=model, gpu="h100-sxm" if model is not None else "")
+        out = []
+        for i, (k, a) in enumerate(batches):
+            b.add_events(Trace(kernels=k, api=a, names=names, devices=devices if devices is not None else [], meta={"source": "simulated"}))
+            if i % every == every - 1:
+                out.append(b.close(i * tick_ns, (i + 1) * tick_ns, {}))
+        if reused is not None:
+            reused.extend(buf.reuses for fold in b._folds.values() for buf in fold._buf.values())
+        out.append(b.close(len(batches) * tick_ns, (len(batches) + 1) * tick_ns, {}, final=True))
+    return [wire.encode_window(w) if encode else msgspec.to_builtins(w) for w in out]
