@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import msgspec
 import numpy as np
 import pytest
 from conftest import third_party
@@ -119,7 +120,7 @@ def test_the_live_path_reports_the_same_collectives_once(pair):
                 from ridgeline.probes.events import Trace
                 wb.add_events(Trace(kernels=k[sel], copies=c, names=t.names, meta={"source": "cupti"}),
                               source=f"cupti:{i}")
-        rec = wb.close(w * 10**9, (w + 1) * 10**9)
+        rec = msgspec.to_builtins(wb.close(w * 10**9, (w + 1) * 10**9))   # the typed Window as the wire has it
         groups += (rec.get("stragglers") or {}).get("groups", [])
     assert sum(g["collectives"] for g in groups) == len(inst) == 5       # each once
     for g in groups:
