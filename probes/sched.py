@@ -229,7 +229,8 @@ class SchedProbe(Probe):
         self._targets.discard(tgid)
         self._set_bit(tgid, False)
         slots, vals = self._read()
-        self._release(slots[vals["tgid"] == tgid])
+        mine = vals["tgid"] == tgid
+        self._release(slots[mine], self._read_tasks[mine])
         self._acct.forget_tgid(tgid)
 
     # ------------------------------------------------------------------ reading
@@ -250,16 +251,19 @@ class SchedProbe(Probe):
         keys = keys[slots]
         rows = self._slots[slots]            # fancy indexing: a copy
         ok = (self._slot_task[slots] == keys) & (rows["tid"] != 0)
+        self._read_tasks = keys[ok]          # each kept slot's task, for _release's check
         return slots[ok], rows[ok]
 
-    def _release(self, slots: np.ndarray) -> None:
+    def _release(self, slots: np.ndarray, tasks: np.ndarray) -> None:
         """Free slots from user space (removed targets, threads gone unseen), in the BPF side's
-        order: tid first (the row is skipped from then on), then the slot's task pointer. The
-        other order could clear the tid of a thread the BPF side had just put in the freed slot.
-        A target's bit is cleared before its slots are freed, so the BPF side does not free them
+        order: tid first (the row is skipped from then on), then the slot's task pointer, and
+        only where the slot still holds the task read (``tasks``): one the BPF side freed
+        meanwhile (and counted), perhaps claimed again by a new thread, is left alone. A
+        target's bit is cleared before its slots are freed, so the BPF side does not free them
         at the same time (it does so only for threads of targets)."""
         if not len(slots):
             return
+        slots = slots[self._slot_task[slots] == tasks]
         self._slots["tid"][slots] = 0
         self._slot_task[slots] = 0
         self._freed_user += len(slots)
@@ -283,6 +287,7 @@ class SchedProbe(Probe):
         self.bpf.ring_buffer_consume()
         pending, self._pending = self._pending, []
         keys, rows = self._read()
+        tasks = self._read_tasks
         now_ns = time.monotonic_ns()
         exits = [p for p in pending if len(p) == THREAD_DTYPE.itemsize]
         evs = [p for p in pending if len(p) == EVENT_DTYPE.itemsize]
@@ -290,14 +295,19 @@ class SchedProbe(Probe):
         exit_rows = exit_rows[exit_rows["ev_type"] == EV_EXIT]
         ev_rows = np.frombuffer(b"".join(evs), dtype=EVENT_DTYPE) if evs else np.zeros(0, EVENT_DTYPE)
         # Threads whose last switch was never seen (hidden) but that are gone: finalise them.
-        # Only threads marked exiting or without an event for 5 s are looked up in /proc.
+        # Only threads without an event for 5 s are looked up in /proc: an exiting thread's
+        # last switch comes microseconds after sched_process_exit marks it, and the BPF side
+        # then sends its row and frees its slot itself (freeing it here too counted one
+        # thread's exit twice, and its slot twice: live drifted below the slots held).
         if self._polls % 8 == 0 and len(rows):
-            stale = (rows["exiting"] != 0) | (rows["ts"].astype(np.int64) < now_ns - 5_000_000_000)
+            stale = rows["ts"].astype(np.int64) < now_ns - 5_000_000_000
             gone = np.zeros(len(rows), bool)
             for i in np.flatnonzero(stale):
                 gone[i] = not os.path.exists(f"/proc/{int(rows[i]['tgid'])}/task/{int(rows[i]['tid'])}")
+            if len(exit_rows):
+                gone &= ~np.isin(rows["tid"], exit_rows["tid"])    # its last row came already
             if gone.any():
-                self._release(keys[gone])
+                self._release(keys[gone], tasks[gone])
                 exit_rows = np.concatenate([exit_rows, rows[gone]])
                 rows = rows[~gone]
         window = self._acct.window(rows, exit_rows, now_ns)

@@ -27,7 +27,8 @@
  * cleared first when it is freed, and user space skips rows with tid 0. A thread's last totals
  * go to the ring buffer when it exits, then its slot is freed. `live` counts claims and
  * frees (user space frees the slots of removed targets and of threads gone unseen, and
- * alone writes L_FREED_USER), so that at most MAX_THREADS threads are tracked at once.
+ * alone writes L_FREED_USER, counting a slot only when it still held the task it read),
+ * so that at most MAX_THREADS threads are tracked at once.
  */
 #include <uapi/linux/ptrace.h>
 
@@ -170,7 +171,11 @@ static __always_inline u64 live_count(void) {
     u64 *claimed = live.lookup(&a), *freed = live.lookup(&b), *freed_user = live.lookup(&c);
     if (!claimed || !freed || !freed_user)
         return 0;
-    return *claimed - *freed - *freed_user;
+    /* signed, clamped: a slot freed by both sides in the same instant (user space saw the task
+       gone in /proc as its last switch freed it) would count twice; the count must then not
+       wrap to 2^64, which refuses every new thread */
+    s64 n = (s64)(*claimed - *freed - *freed_user);
+    return n > 0 ? (u64)n : 0;
 }
 
 /* Free the slot of a task (exited, or a dead task's entry at a reused address). */

@@ -117,6 +117,61 @@ def test_exited_threads_free_their_slots(probe):
     assert _occupied(probe) == 0 and _live(probe) == 0, "removing the target left slots behind"
 
 
+FAST_CHURN = r"""
+import os, sys, threading, time
+sys.stdout.write("READY %d\n" % os.getpid()); sys.stdout.flush(); sys.stdin.readline()
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    ts = [threading.Thread(target=lambda: None) for _ in range(64)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+sys.stdout.write("DONE\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_fast_churn_with_polls_never_wraps_the_live_count(probe):
+    """Threads that exit at once (an empty body), in four processes, polled as fast as the
+    agent can: the poll used to free the slots of threads marked exiting that /proc no longer
+    showed, which their last switch frees on the BPF side too; each such slot was counted
+    freed twice, the unsigned live count drifted below the slots held and wrapped within a
+    few thousand polls, and from then on every new thread was refused (threads_lost grew by
+    ~70k per 1,000 polls: found by review, reproduced before the fix)."""
+    ws = [subprocess.Popen([sys.executable, "-c", FAST_CHURN, "4"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    pids = []
+    try:
+        pids = [int(w.stdout.readline().split()[1]) for w in ws]
+        for pid in pids:
+            probe.add_target(pid)
+        probe.poll()
+        for w in ws:
+            w.stdin.write("go\n"); w.stdin.flush()
+        done, polls = 0, 0
+        while done < len(ws):
+            for w in ws:
+                if select.select([w.stdout], [], [], 0)[0]:
+                    w.stdout.readline()
+                    done += 1
+            probe.poll()
+            polls += 1
+        for _ in range(16):
+            probe.poll()
+        assert polls > 500
+        c = probe.counters()
+        # (live's three counters are read one by one: only a quiet table's count is exact)
+        assert c["threads_lost"] == 0, (c, polls)
+        assert _live(probe) == _occupied(probe)
+    finally:
+        for w in ws:
+            if w.poll() is None:
+                w.stdin.write("x\n"); w.stdin.flush()
+                w.wait(timeout=10)
+        for pid in pids:
+            probe.remove_target(pid)
+    assert _occupied(probe) == 0 and _live(probe) == 0
+
+
 def test_max_threads_bounds_the_table_and_counts_the_rest():
     from ridgeline.probes.sched import SchedProbe
     cap = 64
