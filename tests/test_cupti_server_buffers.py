@@ -90,3 +90,36 @@ def test_a_header_announcing_a_large_body_allocates_what_was_sent(tmp_path):
             srv.pump(0.01)
         assert conn.got == S.FIRST_BODY_BYTES + 10 and len(conn.body) == 2 * S.FIRST_BODY_BYTES
         c.close()
+
+
+def test_kept_body_buffers_are_bounded_per_connection_and_in_all(tmp_path):
+    """A peer that sends one large frame on each of its connections (garbage bodies, refused
+    as batches) must not make the agent keep every body buffer for the connections' lives:
+    each kept buffer is at most MAX_SPARE_BYTES and all together SPARE_TOTAL_BYTES (found by
+    review: 4 connections x 48 MiB kept 192 MiB outside the partial and queued bounds)."""
+    import threading
+
+    from ridgeline.probes.cupti import server as S
+    path = tmp_path / "s.sock"
+    sizes = [7 << 20] * 6 + [12 << 20]          # 42 MiB of small-enough ones, one too large
+    with cupti_server(path) as srv:
+        cs = [_said_hello(path) for _ in sizes]
+        assert pump_until(srv, lambda: sum(x.hello is not None for x in srv._conns.values()) == len(cs), 10)
+        srv.drain()
+        for c, size in zip(cs, sizes):
+            hdr = np.zeros(1, P.FRAME_DTYPE)
+            hdr["magic"], hdr["type"], hdr["proto"], hdr["length"] = P.MAGIC, P.MSG_BATCH, P.PROTO_VERSION, size
+            t = threading.Thread(target=c.sendall, args=(hdr.tobytes() + b"\0" * size,), daemon=True)
+            t.start()
+            assert pump_until(srv, lambda: not t.is_alive() and all(x.need == 0 for x in srv._conns.values()), 30)
+        srv.drain()
+        kept = [len(x.spare) for x in srv._conns.values() if x.spare is not None]
+        assert len(srv._conns) == len(cs) and srv.stats["rejected_batches"] == len(cs)
+        assert kept and max(kept) <= S.MAX_SPARE_BYTES
+        assert sum(kept) == srv._spare_bytes <= S.SPARE_TOTAL_BYTES
+        for c in cs[:3]:
+            c.close()
+        assert pump_until(srv, lambda: len(srv._conns) == len(cs) - 3, 10)
+        assert srv._spare_bytes == sum(len(x.spare) for x in srv._conns.values() if x.spare is not None)
+        for c in cs[3:]:
+            c.close()

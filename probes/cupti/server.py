@@ -19,8 +19,9 @@ connectable by local users whose processes we profile) can crash or stall the ag
   and counted; half-received frames of all peers together are bounded too: past the
   bound the peer holding the most half-received bytes is cut (``partial_cap_cut``), so a
   peer that parks a large frame cannot make the next legitimate frame the one cut. The
-  two bounds together (128 + 128 MiB by default) keep the agent inside the unit's
-  ``MemoryMax`` (384 MiB) whatever local peers send;
+  two bounds together (128 + 128 MiB by default), with the body buffers kept for reuse
+  (``SPARE_TOTAL_BYTES``, 32 MiB), keep the agent inside the unit's ``MemoryMax`` (384 MiB)
+  whatever local peers send;
 * a frame must be complete ``idle_timeout_s`` after its first byte arrived (the agent
   reads as fast as the peer writes, so only a stalling or trickling peer is slower;
   ``idle_cut``): one byte per second, which progress-based timeouts never cut, holds a
@@ -142,6 +143,13 @@ def escape(text: str, limit: int = 300) -> str:
 
 #: A frame body's first buffer; it doubles up to the frame's length as the bytes come.
 FIRST_BODY_BYTES = 1 << 20
+#: A body buffer kept for the connection's next frame at most this large (the library's
+#: frames carry its 4 MiB activity buffers; a larger frame's buffer is given back), and all
+#: connections' kept buffers together at most SPARE_TOTAL_BYTES: outside the two bounds
+#: below, a peer sending one large frame on each of its connections would make the agent
+#: keep them all for the connections' lives.
+MAX_SPARE_BYTES = 8 << 20
+SPARE_TOTAL_BYTES = 32 << 20
 
 
 def _reused(c: "_Conn") -> np.ndarray | None:
@@ -154,6 +162,10 @@ def _reused(c: "_Conn") -> np.ndarray | None:
         return None
     c.spare = None
     return sp if len(sp) == c.need else sp[:c.need]
+
+
+def _kept_len(c: "_Conn") -> int:
+    return len(c.spare) if c.spare is not None else 0
 
 
 def _grown(body: np.ndarray | None, got: int, need: int) -> np.ndarray:
@@ -232,6 +244,7 @@ class CuptiServer:
         self.max_partial_bytes = max_partial_bytes
         self.hello_timeout_s = hello_timeout_s
         self._partial_bytes = 0
+        self._spare_bytes = 0           # the connections' kept body buffers (MAX_SPARE_BYTES each)
         self.idle_timeout_s = idle_timeout_s
         self.idle_peer_s = float(idle_peer_s)
         self.identity_check_s = float(identity_check_s)
@@ -441,8 +454,10 @@ class CuptiServer:
         while got < budget and self.stats["messages"] - frames0 < MAX_FRAMES_PER_ROUND:
             try:
                 if c.need:
-                    if c.body is None:
-                        c.body = _reused(c) if c.spare is not None else None
+                    if c.body is None and c.spare is not None:
+                        kept = len(c.spare)
+                        c.body = _reused(c)
+                        self._spare_bytes -= kept - _kept_len(c)
                     if c.body is None or c.got == len(c.body):
                         c.body = _grown(c.body, c.got, c.need)
                     n = c.sock.recv_into(memoryview(c.body)[c.got:c.got + min(len(c.body) - c.got, _RECV_CHUNK)])
@@ -489,12 +504,21 @@ class CuptiServer:
                 continue
             if c.got >= c.need:
                 body, c.body, c.need, c.got = c.body[:c.need], None, 0, 0
-                c.spare = body.base if body.base is not None else body
+                self._keep_spare(c, body.base if body.base is not None else body)
                 self._partial_bytes -= len(body)
                 self._frame_done(c, body)
                 if c.conn_id not in self._conns:
                     return got
         return got
+
+    def _keep_spare(self, c: _Conn, buf: np.ndarray) -> None:
+        """Keep ``buf`` for the connection's next frame body, within MAX_SPARE_BYTES and the
+        connections' SPARE_TOTAL_BYTES (in place of the one it keeps, if any)."""
+        self._spare_bytes -= _kept_len(c)
+        c.spare = None
+        if len(buf) <= MAX_SPARE_BYTES and self._spare_bytes + len(buf) <= SPARE_TOTAL_BYTES:
+            c.spare = buf
+            self._spare_bytes += len(buf)
 
     def _frame_done(self, c: _Conn, body) -> None:
         self.stats["messages"] += 1
@@ -606,7 +630,8 @@ class CuptiServer:
                 return
         self._conns.pop(c.conn_id)
         self._partial_bytes -= len(c.buf) + c.got
-        c.buf, c.body, c.got = bytearray(), None, 0
+        self._spare_bytes -= _kept_len(c)
+        c.buf, c.body, c.got, c.spare = bytearray(), None, 0, None
         self._per_uid[c.uid] -= 1
         if self._per_uid[c.uid] <= 0:
             del self._per_uid[c.uid]
