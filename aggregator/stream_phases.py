@@ -296,6 +296,17 @@ class StreamPhaser:
             else:
                 self._shapes.move_to_end(key)
             shapes.append(sh)
+        # Runs whose hash is another length's (a collision: only the first run of each hash
+        # was checked above; the hash is linear in fields a peer chooses) are decided on
+        # their own, not remembered: a shape shorter than its run would have the native copy
+        # read past the shapes' phases.
+        short = np.fromiter((len(x.phase) for x in shapes), np.int64, len(shapes))[inv] != lens
+        if short.any():
+            inv = inv.copy()
+            for j in np.flatnonzero(short).tolist():
+                shapes.append(self._decide(trace, order[first[j]:first[j] + lens[j]]))
+                inv[j] = len(shapes) - 1
+                misses += 1
         hits = len(first) - misses
         # Per-kernel phases: the remembered shape's phase at the kernel's position.
         offs = np.r_[0, np.cumsum([len(x.phase) for x in shapes])][:-1]

@@ -269,3 +269,46 @@ def test_argmax_ranges_equal_reference(seed, monkeypatch):
     np.testing.assert_array_equal(got, want)
     assert fold_native.argmax_ranges(values, np.array([3]), np.array([3])) is None
     assert fold_native.argmax_ranges(values, np.array([0]), np.array([n + 1])) is None
+
+
+def test_runs_whose_hashes_collide_across_lengths_are_decided_on_their_own(monkeypatch):
+    """Runs of different lengths given one hash (pairs of the stream's shapes merged: what a
+    peer choosing grid fields could approach, the hash being linear in them): only the first
+    run of a hash was checked against the remembered shape's length, so a longer run with the
+    same hash had the native copy read past the shapes' phases, or took the next shape's
+    (found by review). Each run must get the phases of its own kernels: the same BatchPhases
+    as with the real hashes."""
+    from support.phase_traces import simulated_gpu_streams
+    part = simulated_gpu_streams(1)[0]
+    k = part.kernels[np.argsort(part.kernels["start_ns"], kind="stable")][:6000]
+    batch = Trace(kernels=k, names=part.names)
+    want = StreamPhaser(part.names).map_batch(batch)
+    real = fold_native.map_runs
+    merged = []
+
+    def colliding(*a, **kw):
+        runs = real(*a, **kw)
+        if runs is None:
+            return None
+        order, first, step_ids, h = runs
+        lens = np.diff(np.r_[first, len(order)])
+        # each hash paired with the next distinct hash of another length: one value for both
+        seen: dict[int, int] = {}
+        for x, n in zip(h.tolist(), lens.tolist()):
+            seen.setdefault(x, n)
+        keys, new, open_ = list(seen), {}, None
+        for x in keys:
+            if open_ is not None and seen[open_] != seen[x]:
+                new[x] = new[open_]
+                merged.append((open_, x))
+                open_ = None
+            else:
+                new[x] = x
+                open_ = x
+        return order, first, step_ids, np.array([new[x] for x in h.tolist()], np.uint64)
+
+    monkeypatch.setattr(fold_native, "map_runs", colliding)
+    got = StreamPhaser(part.names).map_batch(batch)
+    assert merged, "no two shapes of different lengths to merge"
+    np.testing.assert_array_equal(got.kernel_phase, want.kernel_phase)
+    assert [(s_.start_ns, s_.phase) for s_ in got.steps] == [(s_.start_ns, s_.phase) for s_ in want.steps]
