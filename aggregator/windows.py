@@ -848,7 +848,7 @@ class SourceFold:
         n = len(k)
         if not n:
             return
-        held = seg = None
+        held = seg = cut = None
         if not flush and self.phaser.kernels_only(t):
             # The steps to hold back are chosen from the segmentation, before any step is
             # phase-mapped: the held ones are mapped whole in a later fold, not now.
@@ -902,6 +902,14 @@ class SourceFold:
                 if len(hi) + len(cr) + len(co) + len(ca) > MAX_CARRY_KERNELS:
                     self.open_steps_cut += int(held.sum())
                     hold[:] = False
+                    if bp.order is not None and seg is not None:
+                        # map_batch skipped the held steps (none of their kernels is in
+                        # order, none mapped): they are folded now on their own, mapped whole
+                        # with the kernels they have, after the rest (each is its device's
+                        # last step). Dropping them lost their kernels (found by review).
+                        cut = (Trace(kernels=k[hi], api=ca, ranges=cr, cpu_ops=co, names=self.names,
+                                     devices=list(self.devices.values())),
+                               lat[hi], shf[hi] if shf is not None else None, shb[hi] if shb is not None else None)
                 else:
                     self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
                                    shb[hi] if shb is not None else None, cr, co, ca)
@@ -910,6 +918,8 @@ class SourceFold:
                     # else map_batch skipped the held steps: none of their kernels is in order
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
+        if cut is not None:
+            self._fold(*cut, flush=True)
 
     def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
         """Per step (``device``, ``start_ns``), and one more slot for "no step": True for

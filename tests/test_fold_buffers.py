@@ -10,7 +10,7 @@ import pytest
 from support.kineto_traces import TRACES
 from support.window_replay import fold_windows
 
-from ridgeline.aggregator import wire
+from ridgeline.aggregator import windows, wire
 from ridgeline.aggregator.windows import RecordBuffer, concat_records
 from ridgeline.probes.events import KERNEL_DTYPE, Device, empty
 
@@ -58,6 +58,26 @@ def test_wire_windows_equal_reference_on_simulated_stream(gpus, model, monkeypat
     got = sum(g["kernels"] for w in new for g in wire.decode_window(w).get("gpus", ()))
     assert got == len(k)
     assert new == ref
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["native", "reference"])
+def test_held_steps_over_the_carry_bound_are_folded_not_lost(reference, monkeypatch):
+    """A held step whose kernels and launch records together pass MAX_CARRY_KERNELS is cut:
+    map_batch had skipped it (it was to be mapped whole later), so it must be mapped and
+    folded now; before, its kernels were in no order and vanished (found by review: 14,223 of
+    16,556 kernels published with the bound at 400; at the real bound, a held step of 100k to
+    200k kernels with one launch each)."""
+    from support.phase_traces import simulated_gpu_streams
+    parts = simulated_gpu_streams(1)
+    k = np.concatenate([p.kernels for p in parts])
+    a = np.concatenate([p.api for p in parts])
+    batches = _batches(k, a, 60)
+    monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", 400)
+    assert max(len(kb) for kb, _ in batches) < 400 < max(len(kb) + len(ab) for kb, ab in batches)
+    out = fold_windows(batches, parts[0].names, [Device(0, "NVIDIA H100 80GB HBM3")], reference=reference,
+                       monkeypatch=monkeypatch, tick_ns=10**9)
+    assert sum(g["kernels"] for w in out for g in wire.decode_window(w).get("gpus", ())) == len(k)
+    assert sum(wire.decode_window(w)["agent"]["window_open_steps_cut"] for w in out) > 0
 
 
 @pytest.mark.parametrize("name", TRACES, ids=[t.split("/")[-1].split(".")[0] for t in TRACES])
