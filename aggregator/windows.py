@@ -67,13 +67,13 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import msgspec
 import numpy as np
 
+from ridgeline.probes.buffer_reuse import unshared
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.events import API_GRAPH_LAUNCH, API_LAUNCH, API_SYNC, COPY_DIRECTION_NAMES, Trace
 from ridgeline.probes.records import (
@@ -1105,7 +1105,7 @@ class RecordBuffer:
     pages the allocator has just handed back to the kernel, and faulting them in again cost
     more than the copy itself (bench_fold: about 1,200 minor faults per window, 1 GPU x 50k
     kernels/s). The buffer is reused only when no array made from its last result is still
-    alive (a view holds its owner: ``sys.getrefcount``), so a result that something kept is
+    alive (a view holds its owner: ``probes.buffer_reuse.unshared``), so a result that something kept is
     never overwritten; otherwise, and when the records do not fit, a new one is made.
     ``fold_native.REFERENCE``: a fresh concatenation each time (the tests compare the two)."""
     __slots__ = ("_raw", "reuses")
@@ -1127,9 +1127,8 @@ class RecordBuffer:
             self._raw = None
             return concat_records(parts)
         raw = self._raw
-        # 3 references: the attribute, the local and getrefcount's argument: nothing made
-        # from the last result (a view, a field, a slice) is alive.
-        if raw is None or len(raw) < nbytes or len(raw) > 4 * nbytes or sys.getrefcount(raw) > 3:
+        # Nothing made from the last result (a view, a field, a slice) may be alive.
+        if raw is None or len(raw) < nbytes or len(raw) > 4 * nbytes or not unshared(raw):
             # Room for a somewhat bigger fold; one 4x smaller gives its memory back.
             raw = self._raw = np.empty(nbytes + nbytes // 4, np.uint8)
         else:

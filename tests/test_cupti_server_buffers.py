@@ -123,3 +123,22 @@ def test_kept_body_buffers_are_bounded_per_connection_and_in_all(tmp_path):
         assert srv._spare_bytes == sum(len(x.spare) for x in srv._conns.values() if x.spare is not None)
         for c in cs[3:]:
             c.close()
+
+
+def test_the_unshared_test_follows_live_views():
+    """probes.buffer_reuse measures the count of an unshared buffer on this interpreter (3.14
+    counts a borrowed local no more): a buffer held as the reuse sites hold it is unshared,
+    and any view, field or slice of it alive makes it shared."""
+    from ridgeline.probes.buffer_reuse import unshared
+
+    class Holder:
+        __slots__ = ("raw",)
+    h = Holder()
+    h.raw = np.empty(64, np.uint8)
+    raw = h.raw
+    assert unshared(raw)
+    for make in (lambda b: b[:8], lambda b: b.view(np.uint16), lambda b: np.frombuffer(b, np.uint8)):
+        v = make(raw)
+        assert not unshared(raw)
+        del v
+        assert unshared(raw)

@@ -64,12 +64,12 @@ import selectors
 import socket
 import stat
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ridgeline.probes.buffer_reuse import unshared
 from ridgeline.probes.cupti import peer_process
 from ridgeline.probes.cupti import protocol as P
 
@@ -156,9 +156,9 @@ def _reused(c: "_Conn") -> np.ndarray | None:
     """The connection's spare buffer for a body of ``c.need`` bytes, when it is large
     enough and nothing made from the last body it held is still alive (the parsed batch's
     sections are views of it until the decoder has copied them out): its reference count
-    is then the attribute's and the call's own."""
+    is then the attribute's and this local's (``probes.buffer_reuse``)."""
     sp = c.spare
-    if sp is None or len(sp) < c.need or sys.getrefcount(sp) > 3:
+    if sp is None or len(sp) < c.need or not unshared(sp):
         return None
     c.spare = None
     return sp if len(sp) == c.need else sp[:c.need]
