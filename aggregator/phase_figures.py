@@ -74,15 +74,18 @@ _LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
 LAUNCH_RECORD_U8 = _LAUNCH_RECORD.view(np.uint8)
 
 
-def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
+def launch_latency_ns(k: np.ndarray, a: np.ndarray, aligned_tried: bool = False) -> np.ndarray:
     """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
     no launch record of that correlation id (same join as
     :func:`aggregator.roofline.launch_join`; the sort is skipped when the records come
-    in correlation order, as CUPTI and the simulator deliver them)."""
+    in correlation order, as CUPTI and the simulator deliver them). ``aligned_tried``: the
+    caller's native pass (fold_native.ingest_pass) found the records not aligned with the
+    kernels already, so the same test is not run again."""
     lat = np.full(len(k), -1, np.int64)
     if not len(k) or not len(a):
         return lat
-    if not fold_native.REFERENCE and fold_native.launch_latency_aligned(k, a, _LAUNCH_RECORD, lat):
+    if (not fold_native.REFERENCE and not aligned_tried
+            and fold_native.launch_latency_aligned(k, a, _LAUNCH_RECORD, lat)):
         # Only launch records, record i kernel i's (the common case): one native pass over
         # both, the answer of the reference below.
         return lat

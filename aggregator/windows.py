@@ -685,7 +685,8 @@ class SourceFold:
         a = trace.api
         k = trace.kernels
         fast = dev_range = lat = None
-        if not fold_native.REFERENCE and (len(a) or len(k)):
+        native = not fold_native.REFERENCE and bool(len(a) or len(k))
+        if native:
             # One native pass over the batch's records for the kernels' devices, a kernel
             # stream's launch-call histogram and its kernels' launch latency (each None
             # where the records are not that case: the general paths below).
@@ -744,7 +745,7 @@ class SourceFold:
         # Per kernel, while its API records are in the same batch: launch latency (API
         # call start to kernel start, -1 unknown) and work from operator shapes.
         if lat is None:
-            lat = launch_latency_ns(k, a)
+            lat = launch_latency_ns(k, a, aligned_tried=native)
         shf = shb = None
         if len(k) and len(trace.cpu_ops):
             try:
