@@ -259,7 +259,8 @@ class _Batch:
     def pauses_with_recompute(self, i: int, pauses) -> list[Pause]:
         """Request i's ``pauses`` ((start_ns, end_ns) pairs) as Pause records, each with
         the re-prefill that followed it: a re-prefill belongs to the last pause that began
-        before its first step did."""
+        before its first step did. One that began before every pause given (a span whose
+        pauses the engine did not all send) is in the request's recompute_ns, in no pause's."""
         out = [[int(a), int(b), None, None] for a, b in pauses]
         starts = [p[0] for p in out]
         for k in self.pieces_of(i):
@@ -506,7 +507,9 @@ def join(requests: list[RequestSpan], steps: np.ndarray, kv: np.ndarray | None =
             recovery_ns=r.recovery_ns if r.preemptions > 0 else (0 if r.preemptions == 0 else -1),
             prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens, culprits=culprits,
             trace_id=r.trace_id[:32], paused_ns=paused_pf + paused_dc,
-            pauses=batch.pauses_with_recompute(i, r.pauses[:MAX_STORY_PAUSES]),
+            # every pause takes its re-prefills, then the first MAX_STORY_PAUSES are told (cut
+            # first, the later pauses' re-prefills piled onto the last one told)
+            pauses=batch.pauses_with_recompute(i, r.pauses)[:MAX_STORY_PAUSES],
             recompute_ns=recompute_ns, recompute_steps=int(batch.recompute_steps[i])))
     return out
 

@@ -213,3 +213,25 @@ def test_pauses_cut_per_join_are_bounded_the_told_requests_first(monkeypatch):
     assert rj._pauses_applied(reqs, {"held-early"}).tolist() == [False, False, True]
     (s,) = rj.join(reqs, steps, report={"held-early"})
     assert s.paused_ns == 20 * ms and s.decode_steps == 7
+
+
+def test_re_prefills_of_pauses_not_told_stay_off_the_pauses_told(monkeypatch):
+    """Pauses past MAX_STORY_PAUSES are not told; their re-prefills must not be laid on the
+    last pause told (the pauses were cut before the re-prefills were given to them, so a
+    later pause's re-prefill stretched the last told pause's "recompute" slice across pauses
+    not drawn: found by review). R gets a 1 us pause during its decode before its real one;
+    with one pause told, that pause has no re-prefill, and the request's total keeps it."""
+    import msgspec
+    steps, spans = sc.recompute_literal()
+    start = steps["start_ns"]
+    r = next(s for s in spans if s.request_id == "R")
+    early = (int(start[10]), int(start[10]) + 1_000)
+    r2 = msgspec.structs.replace(r, pauses=(early, *r.pauses), preemptions=2)
+    spans = [r2 if s.request_id == "R" else s for s in spans]
+    full = {s.request_id: s for s in rj.join(spans, steps)}["R"]
+    assert full.pauses[0].recompute_ns is None and full.pauses[1].recompute_ns == 80 * sc.MS
+    monkeypatch.setattr(rj, "MAX_STORY_PAUSES", 1)
+    told = {s.request_id: s for s in rj.join(spans, steps)}["R"]
+    assert len(told.pauses) == 1 and told.pauses[0].start_ns == early[0]
+    assert told.pauses[0].recompute_ns is None and told.pauses[0].recompute_end_ns is None
+    assert told.recompute_ns == full.recompute_ns == 80 * sc.MS

@@ -15,8 +15,9 @@ at 50k kernels/s (issue 21); one pass per section and one for the joins cost a f
 
 Record layouts stay those of probes/cupti/layouts.py, per CUPTI release: the C code is
 handed each field's offset from the section's layout dtype, and reads each at the width
-listed in :data:`KERNEL_IN` / :data:`API_IN`; :func:`fits` refuses a layout whose widths
-differ (that section then goes through the numpy reference).
+listed in :data:`KERNEL_IN` / :data:`API_IN`; :func:`kernel_offsets` / :func:`api_offsets`
+give None for a layout whose widths differ (that section then goes through the numpy
+reference).
 """
 from __future__ import annotations
 
