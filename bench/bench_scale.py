@@ -301,17 +301,26 @@ def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start:
     pool: queue.Queue = queue.Queue(CUPTI_POOL_SLOTS)
     sends = []                                # (wall time sent, kernels sent so far)
     sent = dropped = 0
+    unsent = 0                                # frames' kernels the sender did not send
     broken: list[OSError] = []
+    stop = threading.Event()
 
     def sender():
-        nonlocal sent
+        # Every frame taken is sent or counted unsent, once: after a send fails (the agent
+        # went away) or the feed is stopped, the pool is still drained, so that the
+        # generator's last put never blocks and nothing is counted twice.
+        nonlocal sent, unsent
         while (item := pool.get()) is not None:
             frame, n = item
+            if broken or stop.is_set():
+                unsent += n
+                continue
             try:
                 sock.sendall(frame)
-            except OSError as exc:            # the agent went away: the rest is dropped
+            except OSError as exc:
                 broken.append(exc)
-                return
+                unsent += n
+                continue
             sent += n
             sends.append((time.time(), sent))
     th = threading.Thread(target=sender, daemon=True)
@@ -352,7 +361,10 @@ def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start:
         held_since = None if cut == len(ks) else deadline - BATCH_S
     pool.put(None)
     th.join(10 * WINDOW_S)                                  # what the pool holds goes out first
-    dropped += sum(n for f, n in list(pool.queue) if f is not None) if th.is_alive() else 0
+    if th.is_alive():                                       # an agent too slow to read: the rest unsent
+        stop.set()
+        th.join(30)
+    dropped += unsent
     out.put({"sent": sent, "dropped": dropped, "late_batches": late, "sends": list(sends),
              "generator_cpu_s": time.process_time() - cpu0})
     time.sleep(2 * WINDOW_S)                                # the last frames read before the close
