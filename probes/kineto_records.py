@@ -34,7 +34,7 @@ from .events import (
     NameTable,
     Trace,
 )
-from .trace_joins import join_launch_thread
+from .trace_joins import join_launch_threads
 
 __all__ = ["api_category", "copy_direction", "reject_invalid_times", "us_to_ns", "us_value_to_ns",
            "checked_times", "TIME_LIMIT_NS", "TIME_LIMIT_US", "BAD_TIME", "KINDS", "id32", "ids32",
@@ -248,8 +248,7 @@ def finished(trace: Trace, counts: dict) -> Trace:
     """The trace with unusable times dropped, launching threads joined and ``counts``
     (events per category) in its meta."""
     reject_invalid_times(trace)
-    join_launch_thread(trace.kernels, trace.api)
-    join_launch_thread(trace.copies, trace.api)
+    join_launch_threads(trace.api, trace.kernels, trace.copies)
     trace.meta["event_counts"] = dict(sorted(counts.items()))
     return trace
 
