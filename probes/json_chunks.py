@@ -145,8 +145,8 @@ class Unsplit(Exception):
 # JSON, which the consumer's decoder reports (it must treat that as Unsplit).
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*(?=\{)")
 PIECE_LIMIT = 32 << 20   # bytes without an element boundary before the scanner takes over (memory bound)
-# writable bytes kept after a padded piece (ArrayStream.pieces): its closing bracket and
-# simdjson's SIMDJSON_PADDING (64) readable bytes, with room to spare
+# bytes kept readable after a padded piece (ArrayStream.pieces): its closing bracket's byte
+# and simdjson's SIMDJSON_PADDING (64) readable bytes, with room to spare
 PIECE_PAD = 128
 
 
@@ -325,11 +325,11 @@ class ArrayStream:
 
         Each block read is copied once, behind the carried tail, into one reused buffer
         (not joined into a fresh one per block). While :attr:`padded` is True the piece
-        just yielded lies in that buffer with one writable byte before it and at least
-        :data:`PIECE_PAD` writable bytes after it (the tail's bytes, then padding): the
-        native reader writes its brackets there and parses the piece in place. Those
-        bytes are not the piece's: they change with the next piece. The last piece (the
-        array's end) is not padded."""
+        just yielded lies in that buffer with one writable byte before it and one after it
+        (the separator after its last ``}``), then at least :data:`PIECE_PAD` readable
+        bytes (the carried tail, then padding; the tail must not be written): the native
+        reader writes its brackets on those two bytes and parses the piece in place. The
+        last piece (the array's end) is not padded."""
         r = _Reader(self.path)
         self.padded = False
         try:

@@ -225,8 +225,9 @@ int32_t json_id(Reader &r, dom::element v) {
 // One piece: RJ_OK (rows, counts and names updated), RJ_REFERENCE (r.why: the caller
 // reads the piece with the reference builder; rows of this piece dropped).
 // ``text`` is the piece; with ``in_place`` its caller promises a writable byte before it
-// and at least 1 + SIMDJSON_PADDING writable bytes after it (json_chunks.PIECE_PAD), where
-// the brackets go: no copy of the piece. Otherwise it is copied into r.buf, bracketed.
+// and one after it, where the brackets go, then SIMDJSON_PADDING readable bytes
+// (json_chunks.PIECE_PAD; they are not written): no copy of the piece. Otherwise it is
+// copied into r.buf, bracketed.
 int piece(Reader &r, char *text, size_t len, bool in_place) {
     for (Kind &k : r.kinds) k.n = 0;
     r.specials.clear();
