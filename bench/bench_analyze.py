@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import os
 import platform
 import shlex
@@ -150,7 +151,12 @@ def run_child(argv: list[str], timeout_s: float, shell: bool = False) -> dict:
         p.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         out.seek(0)
+        whole = out.read()
+        out.seek(0)
         return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+                # the whole output's digest: with --baseline, each repetition's document
+                # must be byte-identical to the baseline's (a speed change changes no figure)
+                "stdout_sha256": hashlib.sha256(whole).hexdigest(), "stdout_bytes": len(whole),
                 "rss_bytes": max(ru.ru_maxrss * 1024, peak_tree),
                 "rc": p.returncode, "timed_out": timed_out, "stdout": out.read()[-2000:].decode(errors="replace"),
                 "stderr": err.read()[-2000:].decode(errors="replace")}
@@ -274,6 +280,7 @@ def main(argv=None) -> int:
         _progress(rows)
     htas = []
     # zcat and analyze alternate, --repeat times: each pair sees about the same load
+    differ = 0      # repetitions whose --json document is not the baseline's, byte for byte
     for rep in range(args.repeat):
         tag = f" #{rep + 1}" if args.repeat > 1 else ""
         if gz:
@@ -287,6 +294,11 @@ def main(argv=None) -> int:
         ours = run_child([PY, "-m", "ridgeline", "analyze", "--json", str(path)], args.timeout)
         rows.append((f"ridgeline analyze --json{tag}", ours))
         _progress(rows)
+        if args.baseline and base["rc"] == 0 and ours["rc"] == 0:
+            same = base["stdout_sha256"] == ours["stdout_sha256"]
+            differ += not same
+            print(f"analyze --json output{tag}: {ours['stdout_bytes']:,} bytes, "
+                  f"{'identical to' if same else 'DIFFERENT from'} the baseline's", file=sys.stderr)
         forced = {}
         for readers in (("1", "2") if args.forced_readers else ()):
             forced[readers] = run_child([PY, "-c", FORCED_READERS, str(path), readers], args.timeout)
@@ -404,7 +416,10 @@ def main(argv=None) -> int:
         "",
         "Reproduce: `.venv/bin/pip install -e .[bench] && .venv/bin/python " + cmd.strip() + "`",
         "",
-        *lines, "", *ratio_lines, "", *wire_lines, "",
+        *lines, "", *ratio_lines, "",
+        *([f"Output against the baseline: {'identical in every repetition' if not differ else f'DIFFERENT in {differ} repetition(s)'} "
+           "(SHA-256 of the whole `--json` document).", ""] if args.baseline else []),
+        *wire_lines, "",
         "Wall and CPU: the kernel's accounting of each child process (`os.wait4`, CPU including "
         "its waited-for children); peak RSS: the larger of wait4's and the 20 Hz sampled sum "
         "over the child's process tree.",
@@ -418,6 +433,10 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"written to {args.out}")
+    if differ:
+        print(f"bench_analyze: the --json document differs from the baseline's in {differ} repetition(s)",
+              file=sys.stderr)
+        return 1
     return 0
 
 

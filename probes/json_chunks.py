@@ -145,6 +145,9 @@ class Unsplit(Exception):
 # JSON, which the consumer's decoder reports (it must treat that as Unsplit).
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*(?=\{)")
 PIECE_LIMIT = 32 << 20   # bytes without an element boundary before the scanner takes over (memory bound)
+# bytes kept readable after a padded piece (ArrayStream.pieces): its closing bracket's byte
+# and simdjson's SIMDJSON_PADDING (64) readable bytes, with room to spare
+PIECE_PAD = 128
 
 
 @dataclass
@@ -190,14 +193,14 @@ class _Reader:
         self._f.close()
 
 
-def _last_boundary(buf: bytes) -> tuple[int, int] | None:
-    """(end of the element before, start of the next) of the last ``},{`` in ``buf``."""
-    i = len(buf)
+def _last_boundary(buf, lo: int = 0, hi: int | None = None) -> tuple[int, int] | None:
+    """(end of the element before, start of the next) of the last ``},{`` in ``buf[lo:hi]``."""
+    i = len(buf) if hi is None else hi
     while True:
-        i = buf.rfind(b"}", 0, i)
+        i = buf.rfind(b"}", lo, i)
         if i < 0:
             return None
-        m = _BOUNDARY.match(buf, i)
+        m = _BOUNDARY.match(buf, i, len(buf) if hi is None else hi)
         if m:
             return i + 1, m.end()
 
@@ -240,6 +243,7 @@ class ArrayStream:
         self.top: dict = {}
         self.elements = 0
         self.top_array = False    # the document is the array itself (Chrome's JSON Array Format)
+        self.padded = False       # the piece just yielded by pieces() is padded (see there)
 
     # -- errors ----------------------------------------------------------------------
     def _fail_whole(self, data: bytes) -> None:
@@ -317,23 +321,50 @@ class ArrayStream:
         structural scan except of the last block, where the array ends. Identical
         pieces for identical bytes, so that two readers can share the work by piece
         index. After the last piece, :attr:`top` holds the rest of the document.
-        Raises :class:`Unsplit` (see there) or InputError (unreadable file)."""
+        Raises :class:`Unsplit` (see there) or InputError (unreadable file).
+
+        Each block read is copied once, behind the carried tail, into one reused buffer
+        (not joined into a fresh one per block). While :attr:`padded` is True the piece
+        just yielded lies in that buffer with one writable byte before it and one after it
+        (the separator after its last ``}``), then at least :data:`PIECE_PAD` readable
+        bytes (the carried tail, then padding; the tail must not be written): the native
+        reader writes its brackets on those two bytes and parses the piece in place. The
+        last piece (the array's end) is not padded."""
         r = _Reader(self.path)
+        self.padded = False
         try:
             head, carry, offset = self._find_array(r)
+            area = bytearray(1 + len(carry) + self.chunk_bytes + PIECE_PAD)
+            area[1:1 + len(carry)] = carry
+            used = len(carry)               # the carried tail: area[1:1 + used]
+            del carry
             while True:
                 more = r.read(self.chunk_bytes)
-                buf = carry + more if carry else more
                 if not more:
                     break
-                cut = _last_boundary(buf)
+                n = used + len(more)
+                if 1 + n + PIECE_PAD > len(area):
+                    # a fresh buffer, not a resize: a piece's view may still be held
+                    grown = bytearray(1 + n + PIECE_PAD)
+                    grown[1:1 + used] = memoryview(area)[1:1 + used]
+                    area = grown
+                # ``more`` is kept until the next read returns (not freed here): freed at once, its
+                # pages went back and the next block faulted them in again (4x the CPU of the
+                # loop on the 1M-kernel trace)
+                area[1 + used:1 + n] = more
+                cut = _last_boundary(area, 1, 1 + n)
                 if cut is None:
-                    if len(buf) > PIECE_LIMIT:
-                        raise Unsplit(f"no element boundary in {len(buf)} bytes")
-                    carry = buf
+                    if n > PIECE_LIMIT:
+                        raise Unsplit(f"no element boundary in {n} bytes")
+                    used = n
                     continue
-                yield memoryview(buf)[:cut[0]]      # no copy: a reader skipping it pays nothing
-                carry = buf[cut[1]:]
+                self.padded = True
+                yield memoryview(area)[1:cut[0]]     # no copy: a reader skipping it pays nothing
+                self.padded = False
+                used = 1 + n - cut[1]
+                area[1:1 + used] = area[cut[1]:1 + n]    # a copy first: the ranges may overlap
+            buf = bytes(memoryview(area)[1:1 + used])
+            del area
             n = len(buf)
             self._check_density(buf + b" " * PAD, offset)
             s = scan(buf + b" " * PAD, n)
@@ -345,6 +376,7 @@ class ArrayStream:
                 yield memoryview(buf)[:array_end]
             self._parse_top(head + buf[array_end:], offset)
         finally:
+            self.padded = False
             r.close()
 
     def head(self) -> tuple[bytes, int, int, bool]:

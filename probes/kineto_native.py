@@ -104,7 +104,7 @@ def library() -> ctypes.CDLL:
     lib.rj_kind.argtypes, lib.rj_kind.restype = (vp, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, i32p), ctypes.c_int
     lib.rj_category.argtypes = (vp, ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
     lib.rj_special.argtypes = (vp, ctypes.c_char_p)
-    lib.rj_piece.argtypes, lib.rj_piece.restype = (vp, vp, sz), ctypes.c_int
+    lib.rj_piece.argtypes, lib.rj_piece.restype = (vp, vp, sz, ctypes.c_int), ctypes.c_int
     lib.rj_why.argtypes, lib.rj_why.restype = (vp,), ctypes.c_char_p
     lib.rj_rows.argtypes, lib.rj_rows.restype = (vp, ctypes.c_int, ctypes.POINTER(vp)), ctypes.c_long
     lib.rj_counts.argtypes = (vp, ctypes.POINTER(ctypes.c_long))
@@ -202,12 +202,13 @@ class _Reader:
             return empty(dt)
         return np.frombuffer((ctypes.c_char * (n * dt.itemsize)).from_address(ptr.value), dtype=dt)
 
-    def piece(self, piece: memoryview, b: EventBuilder, path: Path) -> dict[str, np.ndarray]:
+    def piece(self, piece: memoryview, b: EventBuilder, path: Path, padded: bool = False) -> dict[str, np.ndarray]:
         """The columns of one piece, per kind (views into the library's buffers, valid until
         the next piece); b.counts updated. A piece the library leaves to the reference is
-        read by it."""
+        read by it. ``padded``: the piece is one of :meth:`json_chunks.ArrayStream.pieces`
+        with writable bytes around it (``padded`` there), parsed in place."""
         addr = np.frombuffer(piece, dtype=np.uint8).ctypes.data if len(piece) else 0
-        rc = self.lib.rj_piece(self.h, addr, len(piece))
+        rc = self.lib.rj_piece(self.h, addr, len(piece), int(padded and len(piece) > 0))
         if rc == _RJ_REFERENCE:
             return typed.reference(piece, b)
         if rc != _RJ_OK:
@@ -280,7 +281,7 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, budget=None) -> Trace
         b = EventBuilder()
         out = typed.InOrder(budget.fresh() if budget is not None else None, b.names)
         for i, piece in enumerate(stream.pieces()):
-            out.add(i, reader.piece(piece, b, path))
+            out.add(i, reader.piece(piece, b, path, stream.padded))
         trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
         if stream.top_array:
             trace.meta["json_array_format"] = True

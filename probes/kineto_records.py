@@ -34,7 +34,7 @@ from .events import (
     NameTable,
     Trace,
 )
-from .trace_joins import join_launch_thread
+from .trace_joins import join_launch_threads
 
 __all__ = ["api_category", "copy_direction", "reject_invalid_times", "us_to_ns", "us_value_to_ns",
            "checked_times", "TIME_LIMIT_NS", "TIME_LIMIT_US", "BAD_TIME", "KINDS", "id32", "ids32",
@@ -132,9 +132,13 @@ def reject_invalid_times(trace: Trace) -> None:
         a = getattr(trace, kind)
         if not len(a):
             continue
-        s, e = a["start_ns"], a["end_ns"]
-        unreadable = (s == BAD_TIME) | (e == BAD_TIME)
-        unreadable |= (np.abs(s) > TIME_LIMIT_NS) | (np.abs(e) > TIME_LIMIT_NS)
+        s, e = np.ascontiguousarray(a["start_ns"]), np.ascontiguousarray(a["end_ns"])
+        # the usual case, nothing to drop, told by reductions without a mask per test
+        # (BAD_TIME is int64's minimum, below -TIME_LIMIT_NS)
+        if s.min() >= -TIME_LIMIT_NS and e.min() >= -TIME_LIMIT_NS and s.max() <= TIME_LIMIT_NS \
+                and e.max() <= TIME_LIMIT_NS and not (e < s).any():
+            continue
+        unreadable = (s < -TIME_LIMIT_NS) | (s > TIME_LIMIT_NS) | (e < -TIME_LIMIT_NS) | (e > TIME_LIMIT_NS)
         negative = ~unreadable & (e < s)
         drop = unreadable | negative
         if not drop.any():
@@ -248,8 +252,7 @@ def finished(trace: Trace, counts: dict) -> Trace:
     """The trace with unusable times dropped, launching threads joined and ``counts``
     (events per category) in its meta."""
     reject_invalid_times(trace)
-    join_launch_thread(trace.kernels, trace.api)
-    join_launch_thread(trace.copies, trace.api)
+    join_launch_threads(trace.api, trace.kernels, trace.copies)
     trace.meta["event_counts"] = dict(sorted(counts.items()))
     return trace
 

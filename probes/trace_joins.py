@@ -16,27 +16,42 @@ import numpy as np
 
 from .events import API_LAUNCH, MISSING, CpuOpJoin, Trace
 
-__all__ = ["join_launch_thread", "kernel_cpu_op_index", "JOIN_ROWS"]
+__all__ = ["join_launch_thread", "join_launch_threads", "kernel_cpu_op_index", "JOIN_ROWS"]
 
 
 
 def join_launch_thread(kernels_or_copies: np.ndarray, api: np.ndarray) -> None:
     """Fill pid/tid of GPU records from the API record with the same correlation id."""
-    if not len(kernels_or_copies) or not len(api):
-        kernels_or_copies["pid"] = MISSING
-        kernels_or_copies["tid"] = MISSING
+    join_launch_threads(api, kernels_or_copies)
+
+
+def join_launch_threads(api: np.ndarray, *targets: np.ndarray) -> None:
+    """:func:`join_launch_thread` for each of ``targets`` (kernels, copies) with one sort of
+    the API records' correlation ids, not one per target; none when they are already in
+    order (a stable argsort of sorted ids is the identity, so the result is the same)."""
+    if not len(api):
+        for t in targets:
+            t["pid"] = MISSING
+            t["tid"] = MISSING
         return
-    order = np.argsort(api["correlation_id"], kind="stable")
-    corr = api["correlation_id"][order]
-    want = kernels_or_copies["correlation_id"]
-    pos = np.searchsorted(corr, want)
-    pos_c = np.minimum(pos, len(corr) - 1)
-    hit = (corr[pos_c] == want) & (want >= 0)
-    src = order[pos_c]
-    kernels_or_copies["pid"] = np.where(hit, api["pid"][src], MISSING)
-    kernels_or_copies["tid"] = np.where(hit, api["tid"][src], MISSING)
-
-
+    corr = np.ascontiguousarray(api["correlation_id"])
+    if len(corr) > 1 and not (corr[1:] >= corr[:-1]).all():
+        order = np.argsort(corr, kind="stable")
+        corr = corr[order]
+    else:
+        order = None
+    for t in targets:
+        if not len(t):
+            t["pid"] = MISSING
+            t["tid"] = MISSING
+            continue
+        want = t["correlation_id"]
+        pos = np.searchsorted(corr, want)
+        np.minimum(pos, len(corr) - 1, out=pos)
+        hit = (corr[pos] == want) & (want >= 0)
+        src = pos if order is None else order[pos]
+        t["pid"] = np.where(hit, api["pid"][src], MISSING)
+        t["tid"] = np.where(hit, api["tid"][src], MISSING)
 
 
 # Rows of the API records or operators read at a time by the joins: bounds their transient

@@ -224,18 +224,28 @@ int32_t json_id(Reader &r, dom::element v) {
 
 // One piece: RJ_OK (rows, counts and names updated), RJ_REFERENCE (r.why: the caller
 // reads the piece with the reference builder; rows of this piece dropped).
-int piece(Reader &r, const char *text, size_t len) {
+// ``text`` is the piece; with ``in_place`` its caller promises a writable byte before it
+// and one after it, where the brackets go, then SIMDJSON_PADDING readable bytes
+// (json_chunks.PIECE_PAD; they are not written): no copy of the piece. Otherwise it is
+// copied into r.buf, bracketed.
+int piece(Reader &r, char *text, size_t len, bool in_place) {
     for (Kind &k : r.kinds) k.n = 0;
     r.specials.clear();
     std::fill(r.counts.begin(), r.counts.end(), 0);
     if (len + 2 > r.max_bytes) { r.why = "a piece larger than the reader's capacity"; return RJ_REFERENCE; }
-    r.buf.resize(len + 2 + SIMDJSON_PADDING);
-    r.buf[0] = '[';
-    std::memcpy(r.buf.data() + 1, text, len);
-    r.buf[len + 1] = ']';
-    std::memset(r.buf.data() + len + 2, 0, SIMDJSON_PADDING);
+    char *json;
+    if (in_place) {
+        json = text - 1;
+    } else {
+        r.buf.resize(len + 2 + SIMDJSON_PADDING);
+        json = r.buf.data();
+        std::memcpy(json + 1, text, len);
+        std::memset(json + len + 2, 0, SIMDJSON_PADDING);
+    }
+    json[0] = '[';
+    json[len + 1] = ']';
     dom::element doc;
-    error_code err = r.parser.parse(r.buf.data(), len + 2, false).get(doc);
+    error_code err = r.parser.parse(json, len + 2, false).get(doc);
     if (err) { r.why = std::string("simdjson: ") + error_message(err); return RJ_REFERENCE; }
     dom::array arr;
     if (doc.get_array().get(arr)) { r.why = "not an array"; return RJ_REFERENCE; }
@@ -448,11 +458,12 @@ __attribute__((visibility("default"))) int rj_special(void *h, const char *name)
     return RJ_OK;
 }
 
-__attribute__((visibility("default"))) int rj_piece(void *h, const char *text, size_t len) {
+// in_place != 0: see piece() (the caller's buffer is written to, around the piece)
+__attribute__((visibility("default"))) int rj_piece(void *h, char *text, size_t len, int in_place) {
     Reader &r = *static_cast<Reader *>(h);
     if (r.none_code < 0) { r.why = "categories not configured"; return RJ_ERROR; }
     try {
-        return piece(r, text, len);
+        return piece(r, text, len, in_place != 0);
     } catch (const std::bad_alloc &) {
         r.why = "out of memory";
         return RJ_ERROR;

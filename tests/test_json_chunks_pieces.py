@@ -1,0 +1,50 @@
+"""``json_chunks.ArrayStream.pieces``: the pieces of a real trace are its events, in order,
+whole, also when the consumer writes on the byte before and the byte after each padded
+piece (the native reader puts its brackets there and parses in place, ``probes/native_json``).
+
+Checked on shared third-party traces (``../shared/traces``, PROVENANCE.md there) against
+orjson's parse of the whole decompressed file, at block sizes that cut most events' neighbours.
+"""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import orjson
+import pytest
+from conftest import shared_trace
+
+from ridgeline.probes import json_chunks
+
+TRACES = ["nvidia-training/hta_a100_alexnet_benchmark.json.gz",
+          "nvidia-inference/tracelens_h100_hf_qwen1.5-0.5b_forward_bs16_seq559.json.gz"]
+
+
+def _pieces(path, chunk_bytes: int, scribble: bool) -> tuple[list[bytes], int]:
+    stream = json_chunks.ArrayStream(path, "traceEvents", chunk_bytes)
+    out, padded = [], 0
+    for piece in stream.pieces():
+        out.append(bytes(piece))
+        if stream.padded:
+            padded += 1
+            if scribble:
+                # what rj_piece does: brackets on the byte before the piece and the one after
+                # it; here bytes that break the JSON if they leak into the next piece
+                base = piece.obj
+                at = np.frombuffer(piece, np.uint8).ctypes.data - np.frombuffer(base, np.uint8).ctypes.data
+                end = at + len(piece)
+                assert at >= 1 and end + json_chunks.PIECE_PAD <= len(base)   # readable padding
+                base[at - 1] = base[end] = ord("#")
+    return out, padded
+
+
+@pytest.mark.parametrize("name", TRACES)
+@pytest.mark.parametrize("chunk_bytes", [4096, 100_000])
+def test_pieces_are_the_events_whole_even_when_the_padding_is_written(name, chunk_bytes):
+    path = shared_trace(name)
+    want = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    for scribble in (False, True):
+        pieces, padded = _pieces(path, chunk_bytes, scribble)
+        got = [e for p in pieces for e in orjson.loads(b"[" + p + b"]")]
+        assert got == want
+        assert padded == len(pieces) - 1 >= 3     # every piece but the array's last is padded
