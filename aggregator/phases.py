@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -636,6 +637,10 @@ class _StepFacts:
         from_grid = att & (causal == CAUSAL_UNKNOWN) & aotriton_causal_grid(trace, kc, idx)
         causal = np.where(from_grid, CAUSAL_YES, causal).astype(causal.dtype)
         self.causal_from_grid = np.bincount(st[from_grid], minlength=n_steps)
+        # aotriton's regular (query blocks, heads, batch) grid: a causal launch that is not
+        # varlen always runs persistent (a one-dimensional grid), so this one is not causal.
+        nc_grid = att & (causal == CAUSAL_UNKNOWN) & aotriton_regular_grid(trace, kc, idx)
+        causal = np.where(nc_grid, CAUSAL_NO, causal).astype(causal.dtype)
         self.causal = np.bincount(st[att & ((causal == CAUSAL_YES) | (causal == CAUSAL_LOCAL))], minlength=n_steps)
         # Fused attention that does not spell its causal flag (aotriton attn_fwd, CK, FA3,
         # xformers): an encoder's launch reads the same as a decoder's.
@@ -654,6 +659,9 @@ class _StepFacts:
         nc_op = np.zeros(len(k), dtype=bool)
         nc_op[idx[from_op]] = True
         self.noncausal_from_op = (self.noncausal_example >= 0) & nc_op[np.maximum(self.noncausal_example, 0)]
+        nc_g = np.zeros(len(k), dtype=bool)
+        nc_g[idx[nc_grid]] = True
+        self.noncausal_from_grid = (self.noncausal_example >= 0) & nc_g[np.maximum(self.noncausal_example, 0)]
         self.qb_example = self._example(st, qb & ~noncausal, gx_all, idx, n_steps)
         self.qb_count = np.bincount(st[qb & ~noncausal], minlength=n_steps)
         # LM head: the widest GEMM of the step, launched once, vocabulary-wide and at least
@@ -786,7 +794,7 @@ class _StepFacts:
         cols1 = [self.role_count[r] for r in sorted(self.role_count)]
         cols1 += [self.small_tile, self.large_tile, self.tiled, self.training_launch, self.inference_only > 0,
                   self.max_rows, self.max_seq, self.seq_known > 0, self.causal > 0, self.split > 0,
-                  self.noncausal, self.noncausal_from_op, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
+                  self.noncausal, self.noncausal_from_op, self.noncausal_from_grid, self.causal_from_op, self.causal_from_grid, self.qb_count, self.lm_width, self.lm_estimated, self.lm_rows, self.eager_heads,
                   self.eager_rows_lo, self.eager_rows_hi, self.norm_rows]
         for ex in (self.noncausal_example, self.qb_example, self.lm_head, self.eager_example,
                    self.causal_unknown_example, self.lm_rows_gather):
@@ -897,7 +905,8 @@ def rule_noncausal_attention(s: StepView) -> list[_Vote]:
         return []
     k = s.k
     flag = ("is_causal=False and no mask on its SDPA operator" if s.f.noncausal_from_op[s.j]
-            else "Is_causal false")
+            else "aotriton's regular grid: its causal launches run persistent, one-dimensional"
+            if s.f.noncausal_from_grid[s.j] else "Is_causal false")
     return [_Vote(OTHER, MEDIUM, f"{s.name(nc)} grid {_grid_text(k, nc)} x{int(s.f.noncausal[s.j])}: non-causal "
                   f"self-attention over {int(k['grid_x'][nc])} query blocks ({flag}) => other "
                   f"(encoder or vision transformer, not a decoder LLM)", "noncausal", int(s.kc.sig[nc]))]
@@ -1258,6 +1267,27 @@ def aotriton_causal_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> np
     return out
 
 
+def aotriton_regular_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> np.ndarray:
+    """Per kernel of ``idx``: an aotriton ``attn_fwd`` launch on its regular grid (query
+    blocks, heads, batch), which since aotriton 0.9b only a non-causal launch gets.
+
+    ROCm/aotriton 3f9310c9 ("Enable Persistent Dynamic for Causal if input is not varlen",
+    0.9b); at c951ffa1 ``v2python/rules/flash/attn_fwd.py`` L119 ``PERF_CHOICES``
+    ``PERSISTENT_TYPE: _IF_CAUSAL(2)`` (every causal kernel is persistent-dynamic, every
+    other one 0; at 30ae9671 ``modules/flash/aot/attn_fwd.py`` L159 ``derives('PERSISTENT_TYPE',
+    to=2, when=ne('CAUSAL_TYPE', 0))``), and ``v2src/flash/attn_fwd.cc`` L60-66: the regular
+    grid ``{nblocks, Q->size(1), Batch}`` only when ``PERSISTENT_TYPE == 0`` or the input is
+    varlen, else the one-dimensional ``{min(Num_CU * GRID_CU_MULTIP, ...), 1, 1}``. So a
+    launch with grid.y > 1 (heads) is not causal, except a varlen one (PyTorch's nested or
+    varlen attention, not its dense SDPA call) or one of aotriton before 0.9b (stated limits)."""
+    k = trace.kernels
+    if not len(idx):
+        return np.zeros(0, dtype=bool)
+    nid = k["name_id"][idx]
+    lut = _names_matching(trace, nid, _AOTRITON_ATTN_FWD)
+    return lut[nid] & (k["grid_x"][idx] > 0) & (k["grid_y"][idx] > 1) & (k["grid_z"][idx] > 0)
+
+
 def discount_empty_capable(att_votes: list[_Vote], sigs: list[Signature]) -> list[_Vote]:
     """Decode-attention votes of kernels that can run empty (``runs_empty`` signatures) are no
     evidence next to a prefill attention kernel: vLLM's chunked_prefill_paged_decode (ROCm
@@ -1494,6 +1524,7 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     kernel_step, steps, ann_of_step, boundary = _in_time_order(kernel_step, steps, ann_of_step, boundary)
     # 3. Each step's own evidence, its label and tokens; then mixed by continuity.
     decisive_sig = _label_steps(trace, kc, launch, kernel_step, steps, ann_of_step, boundary)
+    same_layers_by_continuity(trace, kc, kernel_step, steps)
     mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
     return _kernel_arrays(kc, kernel_step, steps, decisive_sig)
 
@@ -1847,6 +1878,95 @@ def _mixed_slots_taken(st, prev: tuple | None, first_step_ns: Mapping[int, int] 
                 f"({PHASE_NAMES[prev[2]]}, ended {(st.start_ns - prev[1]) / 1e3:.0f} us before) as one-token "
                 f"decodes => mixed")
     return None
+
+
+# A step repeats its neighbour's layers when at least this many of its layers are the
+# neighbour's layer kernel for kernel, and its GEMM and attention kernels take the
+# neighbour's time to within LAYER_TIME_RATIO (the same kernel on the same shapes).
+LAYER_MIN_REPEATS = 3
+LAYER_TIME_RATIO = 1.25
+
+
+def _layers(name_id: np.ndarray, att: np.ndarray) -> list[tuple]:
+    """The complete layers of one step's kernels (in start order): the name ids from one
+    attention launch up to the next."""
+    at = np.flatnonzero(att)
+    return [tuple(name_id[a:b].tolist()) for a, b in zip(at[:-1].tolist(), at[1:].tolist())]
+
+
+def same_layers_by_continuity(trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, steps: list[Step]) -> list[int]:
+    """Label an unknown kernel step with the phase of the step next to it on its device
+    (prefill or decode) when it runs that step's layers again: at least LAYER_MIN_REPEATS
+    complete layers (attention launch to attention launch), every one the neighbour's usual
+    layer name for name, and each GEMM and attention kernel of the layer within
+    LAYER_TIME_RATIO of the neighbour's median time at that position. A GEMM kernel of one
+    name over the same weights takes the same time only over about the same rows (a decode
+    layer's GEMMs on one token per sequence run in a fraction of a prefill layer's), so the
+    step ran the same model on the same tokens: the same phase. The MI300X HF Qwen forward's
+    first step (the previous forward's last 10 layers, launched before the recording, no
+    grids) repeats the profiled forward's 43-kernel layer with its 8 GEMM/attention times
+    within 2%. Returns the positions relabelled (in place; kernel-decided steps only)."""
+    if not steps:
+        return []
+    k = trace.kernels
+    order = np.lexsort((k["start_ns"], kernel_step))
+    ks = kernel_step[order]
+    bounds = np.searchsorted(ks, np.arange(len(steps) + 1))
+    att_all = kc.role == ROLE_ATTENTION
+    timed_all = att_all | (kc.role == ROLE_GEMM)
+    dur_all = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+
+    def parts(i: int):
+        sel = order[bounds[i]:bounds[i + 1]]
+        return k["name_id"][sel], att_all[sel], timed_all[sel], dur_all[sel]
+
+    out = []
+    by_device: dict[int, list[int]] = {}
+    for i, st in enumerate(steps):
+        by_device.setdefault(st.device, []).append(i)
+    for seq in by_device.values():
+        for p, i in enumerate(seq):
+            st = steps[i]
+            if st.phase != UNKNOWN or st.source != "kernels":
+                continue
+            nid, att, _, dur = parts(i)
+            mine = _layers(nid, att)
+            if len(mine) < LAYER_MIN_REPEATS:
+                continue
+            for q in (p - 1, p + 1):
+                if not 0 <= q < len(seq) or steps[seq[q]].phase not in (PREFILL, DECODE):
+                    continue
+                nb = steps[seq[q]]
+                n_nid, n_att, n_timed, n_dur = parts(seq[q])
+                theirs = _layers(n_nid, n_att)
+                if len(theirs) < LAYER_MIN_REPEATS:
+                    continue
+                usual = Counter(theirs).most_common(1)[0][0]
+                if any(t != usual for t in mine):
+                    continue
+                w = len(usual)
+                # Per position of the usual layer, the median time over the neighbour's
+                # layers of that shape and over this step's layers.
+                n_at = np.flatnonzero(n_att)[:-1][np.array([t == usual for t in theirs])]
+                timed = n_timed[n_at[0]:n_at[0] + w]
+                n_med = np.median(n_dur[n_at[:, None] + np.arange(w)[None, :]], axis=0)
+                m_at = np.flatnonzero(att)[:-1]
+                m_med = np.median(dur[m_at[:, None] + np.arange(w)[None, :]], axis=0)
+                if not timed.any() or (n_med[timed] <= 0).any() or (m_med[timed] <= 0).any():
+                    continue
+                ratio = np.maximum(m_med[timed] / n_med[timed], n_med[timed] / m_med[timed])
+                if float(ratio.max()) > LAYER_TIME_RATIO:
+                    continue
+                st.phase = nb.phase
+                if st.evidence:
+                    st.evidence[0] = f"its kernels alone: {st.evidence[0]}"
+                st.evidence.insert(0, f"repeats step {nb.index}'s layers ({PHASE_NAMES[nb.phase]}): {len(mine)} layers "
+                                      f"of the same {w} kernels, its {int(timed.sum())} GEMM and attention kernels "
+                                      f"within {100 * (float(ratio.max()) - 1):.0f}% of their time there (the same "
+                                      f"shapes) => {PHASE_NAMES[nb.phase]}")
+                out.append(i)
+                break
+    return out
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:

@@ -165,9 +165,11 @@ def test_lm_head_rule():
     b = TraceBuilder()
     lm_head(b, 0, rows=4, vocab=30522)
     assert RULES["lm_head"](step_views(b.build())[0]) == []
-    # Next to fused attention that does not spell its causal flag: only a note.
+    # Next to fused attention that does not spell its causal flag: only a note. (A
+    # one-dimensional aotriton grid that is no multiple of the device's CUs; the regular
+    # (blocks, heads, batch) grid says non-causal: aotriton_regular_grid.)
     b = TraceBuilder()
-    b.kernel("attn_fwd", 0, grid=(2, 8, 1))
+    b.kernel("attn_fwd", 0, grid=(24, 1, 1))
     lm_head(b, 20, rows=4)
     (vote,) = RULES["lm_head"](step_views(b.build())[0])
     assert (vote.strength, vote.cls) == (0, "note") and "encoder's MLM head is as wide" in vote.text

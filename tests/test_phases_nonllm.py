@@ -7,8 +7,10 @@ MLM head, a ViT image classifier, a TimeSformer video classifier and an OWLv2 de
 transformer on an H100, the BERT and the ViT on an MI300X, and an xDiT Stable Diffusion 3.5
 (diffusion transformer) on an MI300X. Each is checked with its annotations, with annotations ignored, and
 with the CPU operators stripped (kernels only): the layered rule gives the same answer in all
-three modes, except where only the SDPA operators' is_causal argument says the attention is
-not causal (aotriton attn_fwd on the MI300X: other with CPU operators, unknown without).
+three modes. aotriton's attn_fwd on the MI300X does not spell its causal flag: with CPU
+operators the SDPA calls' is_causal says it, without them the launch grid does (since
+aotriton 0.9b a causal launch runs persistent, one-dimensional; the regular grid (query
+blocks, heads, batch) is a non-causal one: ``aotriton_regular_grid``).
 Issue 13.1: before the decoder-LLM gate, all of them came out prefill.
 """
 from __future__ import annotations
@@ -76,7 +78,10 @@ def test_rocm_vit_is_other_by_its_sdpa_flag_with_cpu_ops_and_by_its_convolution_
     assert {s.phase for s in pm.steps} == {OTHER}
     ev = pm.steps[0].evidence
     if mode == "no_cpu_ops":
-        assert "1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16" in ev[0]
+        assert ev[0].startswith("attn_fwd grid [2,12,4] x12: non-causal self-attention over 2 query blocks "
+                                "(aotriton's regular grid: its causal launches run persistent, one-dimensional) "
+                                "=> other")
+        assert any("1 non-LLM kernels (convolution/pooling; e.g. igemm_fwd_gtcx3_nhwc_bf16" in e for e in ev)
     else:
         assert ev[0].startswith("attn_fwd grid [2,12,4] x12: non-causal self-attention over 2 query blocks "
                                 "(is_causal=False and no mask on its SDPA operator) => other")
@@ -84,16 +89,21 @@ def test_rocm_vit_is_other_by_its_sdpa_flag_with_cpu_ops_and_by_its_convolution_
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_rocm_bert_is_other_by_its_sdpa_flag_and_unknown_from_kernels_alone(mode):
+def test_rocm_bert_is_other_by_its_sdpa_flag_and_by_aotritons_regular_grid_from_kernels_alone(mode):
     """aotriton's attn_fwd does not spell its causal flag; the SDPA operators that launch it
     record is_causal=False with no mask in "Concrete Inputs" / "Input type": non-causal
-    self-attention => other. From kernels alone nothing says so: unknown (it was prefill
-    before the decoder-LLM gate, unknown in every mode before the flag was read)."""
+    self-attention => other. From kernels alone its grid says so: [2,8,1] is the regular
+    (query blocks, heads, batch) grid, which aotriton >= 0.9b gives only a non-causal
+    launch (ROCm/aotriton c951ffa1 v2python/rules/flash/attn_fwd.py L119 ``PERSISTENT_TYPE:
+    _IF_CAUSAL(2)``, v2src/flash/attn_fwd.cc L60-66; the MI300X Qwen decoder of the same
+    image runs [608,1,1]). It was prefill before the decoder-LLM gate, then unknown without
+    CPU operators until issue 20's fourth session."""
     pm = phases(MI300_BERT, mode)
     if mode == "no_cpu_ops":
-        assert [s.phase for s in pm.steps] == [UNKNOWN]
-        assert pm.steps[0].evidence[0].startswith("no decoder-LLM evidence (causal attention, KV-cache write, paged "
-                                                  "KV attention, sampler, LM head) for attn_fwd grid [2,8,1]")
+        assert [s.phase for s in pm.steps] == [OTHER]
+        assert pm.steps[0].evidence[0].startswith(
+            "attn_fwd grid [2,8,1] x4: non-causal self-attention over 2 query blocks (aotriton's regular grid: its "
+            "causal launches run persistent, one-dimensional) => other")
     else:
         assert [s.phase for s in pm.steps] == [OTHER]
         assert pm.steps[0].evidence[0].startswith(
@@ -114,40 +124,35 @@ def test_causal_flag_is_read_from_the_flash_kernel_template_arguments(trace_path
         assert set(kc.causal[flash].tolist()) == {want}
 
 
-# Where only the SDPA operators say whether the attention is causal (aotriton attn_fwd does
-# not spell it), kernels alone leave those steps unknown.
-SDPA_DECIDES = {MI300_BERT, MI300_SD35}
-
-
 @pytest.mark.parametrize("name", ALL)
 def test_modes_agree(name):
+    """Every mode gives the same labels (the MI300X BERT and SD3.5 did not before aotriton's
+    regular grid was read: unknown without CPU operators)."""
     got = {mode: [s.phase for s in phases(name, mode).steps] for mode in MODES}
-    assert got["annotations"] == got["no_annotations"], got
-    if name in SDPA_DECIDES:
-        assert got["no_cpu_ops"] != got["annotations"]
-        assert all(b == UNKNOWN for a, b in zip(got["annotations"], got["no_cpu_ops"]) if a != b), got
-    else:
-        assert got["no_cpu_ops"] == got["annotations"], got
+    assert got["annotations"] == got["no_annotations"] == got["no_cpu_ops"], got
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_rocm_diffusion_transformer_is_other_where_it_convolves_and_unknown_elsewhere(mode):
-    """xDiT SD3.5 on an MI300X. From kernels alone: the VAE step (MIOpen convolutions) is
-    other; the transformer and text-encoder steps (aotriton attention without a causal flag,
-    no LM head) are unknown. With CPU operators the four MMDiT steps are other (their SDPA
-    calls say is_causal=False, no mask) and the four CLIP text-encoder steps stay unknown:
-    their SDPA calls say is_causal=True, but without an LM head or a serving kernel, next to
+    """xDiT SD3.5 on an MI300X. The VAE step (MIOpen convolutions) is other; the four MMDiT
+    steps are other: with CPU operators their SDPA calls say is_causal=False, no mask; from
+    kernels alone their launch grid [35,38,2] is aotriton's regular one, which only a
+    non-causal launch gets (``aotriton_regular_grid``). The four text-encoder steps stay
+    unknown: with CPU operators their SDPA calls say is_causal=True (from kernels alone a
+    one-dimensional, persistent grid), but without an LM head or a serving kernel, next to
     non-LLM steps, a causal text tower is no decoder LLM."""
     pm = phases(MI300_SD35, mode)
+    assert [s.phase for s in pm.steps] == [UNKNOWN] * 4 + [OTHER] * 5
+    for s in pm.steps[4:8]:
+        assert s.evidence[0].startswith("attn_fwd grid [35,38,2] x38: non-causal self-attention"), s.evidence
     if mode == "no_cpu_ops":
-        assert sorted(s.phase for s in pm.steps) == [UNKNOWN] * 8 + [OTHER]
+        for s in pm.steps[4:8]:
+            assert "(aotriton's regular grid: its causal launches run persistent" in s.evidence[0], s.evidence
     else:
         assert [s.phase for s in pm.steps] == [UNKNOWN] * 4 + [OTHER] * 5
         for s in pm.steps[:4]:
             assert any("by is_causal=True on their SDPA operator) but no LM head or serving kernel, in a trace "
                        "with non-LLM steps" in e for e in s.evidence), s.evidence
-        for s in pm.steps[4:8]:
-            assert s.evidence[0].startswith("attn_fwd grid [35,38,2] x38: non-causal self-attention"), s.evidence
     assert all(s.evidence[0].startswith("no decoder-LLM evidence") for s in pm.steps if s.phase == UNKNOWN)
 
 
@@ -181,17 +186,16 @@ def test_vocabulary_wide_mlm_head_of_an_encoder_is_not_decoder_evidence(tmp_path
     """An encoder's MLM head is as wide as a decoder's LM head (RoBERTa 50265, XLM-R 250002 are
     above VOCAB_MIN_COLS). Where the attention kernel does not spell its causal flag (aotriton
     attn_fwd here), that width alone must not turn the encoder's forward into prefill: with
-    CPU operators the SDPA calls say the attention is not causal (other), without them the
-    step is unknown."""
+    CPU operators the SDPA calls say the attention is not causal (other), without them its
+    regular launch grid does (other; unknown before issue 20's fourth session)."""
     tr = load_trace(_widened_mlm_head(tmp_path, vocab))
     if mode == "no_cpu_ops":
         tr = Trace(kernels=tr.kernels, copies=tr.copies, api=tr.api, ranges=empty(RANGE_DTYPE),
                    cpu_ops=empty(CPU_OP_DTYPE), names=tr.names, devices=tr.devices, meta=tr.meta)
     pm = map_phases(tr, use_annotations=mode == "annotations")
     if mode == "no_cpu_ops":
-        assert [s.phase for s in pm.steps] == [UNKNOWN], pm.steps[0].evidence
-        assert any("LM-head wide" in e and "does not say whether it is causal" in e for e in pm.steps[0].evidence), \
-            pm.steps[0].evidence
+        assert [s.phase for s in pm.steps] == [OTHER], pm.steps[0].evidence
+        assert "(aotriton's regular grid: its causal launches run persistent" in pm.steps[0].evidence[0]
     else:
         assert [s.phase for s in pm.steps] == [OTHER], pm.steps[0].evidence
         assert "is_causal=False and no mask on its SDPA operator" in pm.steps[0].evidence[0]
