@@ -31,7 +31,10 @@ Contract:
   :class:`agent.recording.RecordingWriter` call), or ``add_events``/``add_window``;
   buffers at most ``flush_rows`` rows, then writes one file per table and partition;
   ``close()`` flushes. Event batches are held as the caller's arrays until the flush:
-  they must not be changed after they are given (the stream's batches never are).
+  they must not be changed after they are given (the stream's batches never are). A
+  batch is a :class:`Trace` (structured rows: each column copied out into reused buffers
+  at the flush) or :class:`probes.events.EventColumns` (the wire's columns, what
+  ``write`` and :data:`COLUMNS_CODEC`'s subscribers decode to: given to Arrow as they are).
 * :func:`is_parquet_recording(path)`: a folder with the manifest.
 * :func:`recordings_in(root) -> [(host, recording)]`.
 * :func:`iter_messages(root, host, recording)`: the messages in recorded order, in the
@@ -52,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from ridgeline.aggregator import wire
 from ridgeline.probes.errors import InputError, RuntimeFailure
 from ridgeline.probes.events import (
     API_CATEGORY_NAMES,
@@ -67,6 +71,7 @@ from ridgeline.probes.events import (
     RANGE_DTYPE,
     RANGE_KIND_NAMES,
     Device,
+    EventColumns,
     NameTable,
     Trace,
 )
@@ -127,6 +132,21 @@ def _pa():
     except ImportError:
         raise RuntimeFailure("Parquet recordings need pyarrow: pip install 'ridgeline[parquet]'") from None
     return pa, pq
+
+
+class _ColumnsCodec:
+    """The wire codec for a subscriber that writes Parquet (``record --format parquet``,
+    the sink): event batches decoded into columns (probes.events.EventColumns), which the
+    writer gives Arrow as they are. Decoding them into structured rows first, then copying
+    each column back out of the rows, was half of the sink's decode and a third of its
+    write (docs/parquet-schema.md, "Cost of writing")."""
+
+    decode_envelope = staticmethod(wire.decode_envelope)
+    decode_window = staticmethod(wire.decode_window)
+    decode_event_batch = staticmethod(wire.decode_event_columns)
+
+
+COLUMNS_CODEC = _ColumnsCodec()
 
 
 def _event_columns(kind: str) -> list[tuple[str, str]]:
@@ -242,7 +262,7 @@ def _const_dict(pa, value, n: int, zeros: np.ndarray | None = None):
     return pa.DictionaryArray.from_arrays(pa.array(idx), pa.array([str(value)]))
 
 
-ROW_GROUP_ROWS = 65_536   # rows per row group of the event files
+ROW_GROUP_ROWS = 262_144  # rows per row group of the event files: 64k cost 8% more CPU and 7% more bytes (bench_parquet)
 
 
 class _EventChunks:
@@ -253,13 +273,13 @@ class _EventChunks:
     __slots__ = ("arrs", "frames", "recv", "names", "rows")
 
     def __init__(self):
-        self.arrs: list[np.ndarray] = []
+        self.arrs: list = []            # structured arrays or probes.events.Columns
         self.frames: list[int] = []
         self.recv: list[int] = []
-        self.names: list[NameTable] = []
+        self.names: list = []           # NameTable or EventColumns' list of names
         self.rows = 0
 
-    def add(self, arr: np.ndarray, frame: int, recv_ns: int, names: NameTable) -> None:
+    def add(self, arr, frame: int, recv_ns: int, names) -> None:
         self.arrs.append(arr)
         self.frames.append(frame)
         self.recv.append(recv_ns)
@@ -323,9 +343,16 @@ class _ColumnPool:
         return buf
 
 
+def _strings(names) -> list[str]:
+    """The strings of a batch's name table (a NameTable, or EventColumns' list)."""
+    return names.strings if isinstance(names, NameTable) else names
+
+
 def _group_table(pa, kind: str, chunks: _EventChunks, group: list, recording: str, pool: _ColumnPool):
-    """The Arrow table of one row group: its columns copied into the pool's buffers (the
-    table refers to them: written before the next group fills them again)."""
+    """The Arrow table of one row group. A column the batches hold contiguous (the
+    wire's decoded columns, probes.events.Columns) goes to Arrow as it is, a chunk per
+    batch (no copy); one inside structured rows is copied into the pool's buffers first
+    (the table refers to them: written before the next group fills them again)."""
     m = sum(k for *_, k in group)
     frame, recv = pool.get("frame", np.int64)[:m], pool.get("recv_ns", np.int64)[:m]
     o = 0
@@ -340,36 +367,44 @@ def _group_table(pa, kind: str, chunks: _EventChunks, group: list, recording: st
     dtype = EVENT_DTYPES[kind]
     for name in dtype.names:
         if name in _NAME_COLUMNS:
-            ids, strings = _group_name_ids(chunks, spans, name, pool.get(name, np.int64)[:m])
+            ids, strings = _group_name_ids(chunks, spans, name, pool.get(name, np.int32)[:m])
             arrays.append(_dict_array(pa, ids, strings))
             continue
+        parts = [chunks.arrs[i][name][sel] for i, sel, _, _ in spans]
+        if all(p.flags.c_contiguous for p in parts):
+            if name in codes:
+                parts = [_code_array(pa, kind, name, p) for p in parts]
+            else:
+                parts = [pa.array(p) for p in parts]
+            arrays.append(parts[0] if len(parts) == 1 else pa.chunked_array(parts))
+            continue
         col = pool.get(name, dtype[name])[:m]
-        for i, sel, lo, hi in spans:
-            col[lo:hi] = chunks.arrs[i][name][sel]
+        for p, (_, _, lo, hi) in zip(parts, spans):
+            col[lo:hi] = p
         arrays.append(_code_array(pa, kind, name, col) if name in codes else pa.array(col))
     return pa.Table.from_arrays(arrays, schema=arrow_schema(kind))
 
 
 def _group_name_ids(chunks: _EventChunks, spans: list, name: str, out: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """The ids of a name column of one row group and the strings they index. Batches of
-    one stream share one append-only NameTable (the common case: its ids as they are);
-    those of several are mapped onto one table of this group."""
-    first = chunks.names[spans[0][0]]
-    if all(chunks.names[i] is first for i, *_ in spans):
+    one stream name their events from one append-only table (its ids as they are, against
+    the longest table of the group, of which every other is a prefix); those of several
+    sources are mapped onto one table of this group."""
+    tables = [_strings(chunks.names[i]) for i, *_ in spans]
+    longest = max(tables, key=len)
+    if all(t is longest or longest[:len(t)] == t for t in tables):
         for i, sel, lo, hi in spans:
             out[lo:hi] = chunks.arrs[i][name][sel]
-        return out, first.strings
+        return out, longest
     merged = NameTable()
-    for i, sel, lo, hi in spans:
-        # decoded batches carry a table each (the stream's names so far): only the names
-        # a batch uses are interned, O(rows + names) with no Python loop over the table
-        t = chunks.names[i]
-        n = len(t)
+    for (i, sel, lo, hi), strings in zip(spans, tables):
+        # only the names a batch uses are interned, O(rows + names) with no Python loop
+        # over the table
+        n = len(strings)
         ids = chunks.arrs[i][name][sel].astype(np.int64)
         ok = (ids >= 0) & (ids < n)
         used = np.flatnonzero(np.bincount(ids[ok], minlength=n))
         lut = np.full(n + 1, -1, dtype=np.int64)
-        strings = t.strings
         lut[used] = [merged.intern(strings[j]) for j in used.tolist()]
         out[lo:hi] = lut[np.where(ok, ids, n)]
     return out, merged.strings
@@ -515,12 +550,10 @@ class ParquetRecordingWriter:
     # -- input
     def write(self, envelope: bytes, recv_ns: int) -> None:
         """One message as published (the RecordingWriter call); its payload is decoded."""
-        from ridgeline.aggregator import wire
-
         from .subscriber import decode_payload
         env = wire.decode_envelope(envelope)
         topic, host = env.topic, env.host or ""
-        payload = decode_payload(wire, topic, env.payload)
+        payload = decode_payload(COLUMNS_CODEC, topic, env.payload)
         self.add_message(topic, int(env.seq), host, int(env.ts_ns), recv_ns, payload)
 
     def add_message(self, topic: str, seq: int, host: str, ts_ns: int, recv_ns: int, payload) -> None:
@@ -540,7 +573,7 @@ class ParquetRecordingWriter:
         if self._held >= self.flush_rows:
             self.flush()
 
-    def add_events(self, trace: Trace, frame: int, recv_ns: int, host: str) -> None:
+    def add_events(self, trace: Trace | EventColumns, frame: int, recv_ns: int, host: str) -> None:
         if isinstance(trace.meta.get("model"), str):
             self._model[host] = trace.meta["model"][:200]
         hour = _hour(recv_ns)

@@ -242,3 +242,45 @@ class Trace:
             return a[np.argsort(a["start_ns"], kind="stable")] if len(a) else a
         return Trace(s(self.kernels), s(self.copies), s(self.api), s(self.ranges), s(self.cpu_ops),
                      self.names, list(self.devices), dict(self.meta))
+
+
+class Columns:
+    """One kind's events as separate contiguous columns (a field name -> an array of the
+    field's type in ``dtype``, every field present, ``rows`` long), where a structured
+    array would interleave them: what the wire decodes to before any row is built, and
+    what a columnar writer (Parquet) takes without copying. Read like the structured
+    array: ``cols["start_ns"]``, ``len(cols)``, ``cols.dtype.names``. Columns may be
+    read-only views of the decoded bytes: never written."""
+
+    __slots__ = ("dtype", "rows", "fields")
+
+    def __init__(self, dtype: np.dtype, rows: int, fields: dict[str, np.ndarray]):
+        self.dtype, self.rows, self.fields = dtype, rows, fields
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.fields[name]
+
+    def to_rows(self) -> np.ndarray:
+        """The structured array of the same events."""
+        out = np.empty(self.rows, self.dtype)
+        for name, col in self.fields.items():
+            out[name] = col
+        return out
+
+
+@dataclass
+class EventColumns:
+    """An event batch as :class:`Columns` per kind (aggregator.wire.decode_event_columns),
+    with the batch's name table as a list (ids positional; "" for a name not known yet),
+    its devices and meta: a :class:`Trace` without the rows."""
+    kernels: Columns
+    copies: Columns
+    api: Columns
+    ranges: Columns
+    cpu_ops: Columns
+    names: list[str]
+    devices: list[Device] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)

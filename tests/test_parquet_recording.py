@@ -236,18 +236,28 @@ def _kernels(devices, names, name_ids, start_ns):
     return Trace(kernels=k, names=NameTable(names))
 
 
-def test_batches_of_several_gpus_and_name_tables_keep_their_rows_across_row_groups(tmp_path, monkeypatch):
-    """The writer holds batches and writes a row group at a time through reused column
-    buffers: with groups of 3 rows, batches of two GPUs interleaved and each batch with its
-    own name table (as decoded envelopes are), every GPU's file holds its rows in recorded
-    order, with their names, frames and receive times."""
+@pytest.mark.parametrize("via", ["rows", "columns"])
+def test_batches_of_several_gpus_and_name_tables_keep_their_rows_across_row_groups(tmp_path, monkeypatch, via):
+    """The writer holds batches and writes a row group at a time (structured rows through
+    reused column buffers; decoded envelopes' columns as they are): with groups of 3 rows,
+    batches of two GPUs interleaved and each batch with its own name table, every GPU's
+    file holds its rows in recorded order, with their names, frames and receive times."""
+    from ridgeline.aggregator import wire
+    from ridgeline.probes.events import Trace
     monkeypatch.setattr(pqr, "ROW_GROUP_ROWS", 3)
     batches = [_kernels([0, 1, 0, 1, 0], ["a", "b", "c"], [0, 1, 2, -1, 0], [10, 11, 12, 13, 14]),
                _kernels([1, 1, 0, 1], ["x", "c", "a"], [0, 1, 2, 0], [20, 21, 22, 23]),
                _kernels([0, 0], ["z"], [0, 5], [30, 31])]      # 5: a name the table lacks: null
     with pqr.ParquetRecordingWriter(tmp_path / "rec", recording="r") as w:
         for i, b in enumerate(batches):
-            w.add_message("events", i, "h", 100 + i, 1_796_119_200 * 10**9 + i, b)
+            if via == "rows":
+                w.add_message("events", i, "h", 100 + i, 1_796_119_200 * 10**9 + i, b)
+            else:
+                # the wire ships the names a batch uses: an id past its table goes as -1 (null)
+                k = b.kernels.copy()
+                k["name_id"][k["name_id"] >= len(b.names)] = -1
+                blob = wire.encode_event_batch(Trace(kernels=k, names=b.names))
+                w.write(wire.encode_envelope("events", i, blob, "h", 100 + i), 1_796_119_200 * 10**9 + i)
     want = {}
     for frame, b in enumerate(batches):
         for d, n, s in zip(b.kernels["device"], b.kernels["name_id"], b.kernels["start_ns"]):
@@ -294,3 +304,38 @@ def test_reserved_requests_table_holds_every_story_number():
     missing = [f for f in RequestStory.__struct_fields__ if f not in cols and f not in ("trace_id", "pauses")]
     assert missing == []
     assert "paused_ns" in cols
+
+
+def test_files_from_envelopes_hold_the_rows_of_files_from_the_agents_batches(tmp_path, sim_source, monkeypatch):
+    """The envelope path (decoded into columns, given to Arrow without a copy: the sink's
+    path) and the batch path (the agent's structured rows) write the same rows, column
+    by column, on 3 s of the simulator's stream in one stateful wire stream, with row
+    groups cut inside batches."""
+    from support.recording_synth import _KINDS, _slices
+
+    from ridgeline.aggregator import wire
+    from ridgeline.probes.events import Trace
+    monkeypatch.setattr(pqr, "ROW_GROUP_ROWS", 10_000)
+    t0 = min(int(getattr(sim_source, k)["start_ns"].min()) for k in _KINDS if len(getattr(sim_source, k)))
+    batches = [Trace(names=sim_source.names, devices=sim_source.devices, meta={"source": "simulated"}, **parts)
+               for _, parts in _slices(sim_source, t0)][:3]
+    enc = wire.EventBatchEncoder(full_every=2)
+    recv = [1_796_119_200 * 10**9 + i * 10**9 for i in range(len(batches))]
+    envs = [wire.encode_envelope("events", i, enc.encode(b), "h", recv[i]) for i, b in enumerate(batches)]
+    with pqr.ParquetRecordingWriter(tmp_path / "rows", recording="r") as w:
+        for i, b in enumerate(batches):
+            w.add_message("events", i, "h", recv[i], recv[i], b)
+    with pqr.ParquetRecordingWriter(tmp_path / "cols", recording="r") as w:
+        for i, e in enumerate(envs):
+            w.write(e, recv[i])
+    tables = 0
+    for f in sorted((tmp_path / "rows").rglob("*.parquet")):
+        rel = f.relative_to(tmp_path / "rows")
+        a, b = pq.read_table(f), pq.read_table(tmp_path / "cols" / rel)
+        assert a.schema == b.schema, rel
+        for c in a.column_names:
+            assert a.column(c).to_pylist() == b.column(c).to_pylist(), (rel, c)
+        tables += rel.parts[0] in pqr.EVENT_DTYPES and a.num_rows > 0
+    assert tables >= 3
+    assert sorted(p.relative_to(tmp_path / "rows") for p in (tmp_path / "rows").rglob("*.parquet")) == \
+        sorted(p.relative_to(tmp_path / "cols") for p in (tmp_path / "cols").rglob("*.parquet"))

@@ -70,6 +70,10 @@ def run(args) -> int:
         stop["now"] = True
     old = signal.signal(signal.SIGTERM, _stop)
     sub = open_stream(args)
+    if args.format == "parquet":
+        # event batches decoded into columns, which the Parquet writer takes as they are
+        from ridgeline.agent.parquet_recording import COLUMNS_CODEC
+        sub.codec = COLUMNS_CODEC
     t0 = last = time.monotonic()
     failure = None
     try:
@@ -121,6 +125,9 @@ def _run_sink(args) -> int:
                       region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes,
                       min_free_bytes=args.min_free_bytes)
     sub = open_stream(args)
+    # event batches decoded into columns, which the Parquet writer takes as they are
+    from ridgeline.agent.parquet_recording import COLUMNS_CODEC
+    sub.codec = COLUMNS_CODEC
     handoff = _Handoff(sink, args.output, args.handoff_bytes) if args.handoff_bytes > 0 else None
     t0 = time.monotonic()
     try:
