@@ -105,13 +105,12 @@ def test_an_idle_loop_wakes_for_its_deadlines_not_twenty_times_a_second(tmp_path
         wall = run_agent_for(a, 2.5)
     finally:
         a.shutdown()
-    assert wall < 2.5 + 2.0                       # (generous: CI's loaded hosts)
+    assert wall < 2.5 + 0.5
     # two windows' deadlines and the stop: the timer loop woke 50 times in 2.5 s
     assert a.loop_wakeups <= 8, a.loop_wakeups
     # a probe that never has data does not hold a window: both closed on time
     assert len(closes) >= 3                       # two deadlines, the shutdown's flush
-    # (within 0.9 s: a window held for a probe's data would close a whole window late or never)
-    assert abs(closes[0] - t0 - 1.0) < 0.9 and abs(closes[1] - t0 - 2.0) < 0.9, [c - t0 for c in closes]
+    assert abs(closes[0] - t0 - 1.0) < 0.3 and abs(closes[1] - t0 - 2.0) < 0.3, [c - t0 for c in closes]
     assert quiet.polls <= 4                       # at window ends only: it never said it had data
 
 
@@ -123,7 +122,7 @@ def test_a_probe_without_a_descriptor_is_still_polled_every_poll_s(tmp_path):
         wall = run_agent_for(a, 1.0)
     finally:
         a.shutdown()
-    assert timed.polls >= 0.25 * wall / POLL_S, timed.polls
+    assert timed.polls >= 0.5 * wall / POLL_S, timed.polls
     assert quiet.polls <= 2, quiet.polls          # not polled on the timer: no data said
 
 
@@ -152,7 +151,7 @@ def test_a_ready_descriptor_wakes_the_loop_at_once(tmp_path):
         th.join()
         a.shutdown()
     after = [t for t in polled_at if t >= poked[0]]
-    assert after and after[0] - poked[0] < 2.0, (poked, polled_at)   # not at the 10 s deadline
+    assert after and after[0] - poked[0] < 0.2, (poked, polled_at)
 
 
 def test_sigterm_ends_a_waiting_loop_at_once(tmp_path):
@@ -179,14 +178,14 @@ def test_sigterm_ends_a_waiting_loop_at_once(tmp_path):
         a.shutdown()
     # the loop waited on a 30 s window deadline: without the wake-up pipe select() would
     # have been retried after the handler with what was left of it
-    assert ended - sent[0] < 5.0, ended - sent[0]          # the timer-less wait took 29.5 s
+    assert ended - sent[0] < 0.3, ended - sent[0]
 
 
 # -- the CUPTI probe's pump thread -----------------------------------------------------------
 
 def test_an_idle_cupti_pump_thread_does_not_wake_on_a_timer(tmp_path):
     from ridgeline.probes.cupti.probe import CuptiProbe
-    probe = CuptiProbe(socket_path=str(tmp_path / "cupti.sock"), max_wait_s=30.0)
+    probe = CuptiProbe(socket_path=str(tmp_path / "cupti.sock"))
     probe.start()
     try:
         r0 = probe.pump_rounds
@@ -196,8 +195,8 @@ def test_an_idle_cupti_pump_thread_does_not_wake_on_a_timer(tmp_path):
         t0 = time.monotonic()
         probe.stop()
         stopped_s = time.monotonic() - t0
-    assert rounds <= 4, rounds                   # the 20 ms timer made 100
-    assert stopped_s < 5.0, stopped_s            # the waker ends its 30 s wait
+    assert rounds <= 4, rounds                   # max_wait_s = 1 s; the 20 ms timer made 100
+    assert stopped_s < 0.5, stopped_s            # the waker ends its wait
 
 
 def test_the_pump_thread_wakes_for_a_connections_deadline(tmp_path):
@@ -216,7 +215,7 @@ def test_the_pump_thread_wakes_for_a_connections_deadline(tmp_path):
     finally:
         c.close()
         probe.stop()
-    assert 0.35 <= cut_s < 5.0, cut_s            # not at the 30 s wait's end
+    assert 0.35 <= cut_s < 1.5, cut_s
 
 
 def test_cupti_data_reaches_the_loop_through_the_ready_descriptor(tmp_path):
