@@ -405,6 +405,9 @@ def _decode_columns(m, dtype: np.dtype, what: str, complete: bool = True) -> tup
         name = _COLUMN_NAMES.get(key, key) if isinstance(key, int) else key
         if type(base) is not int:
             raise _bad(f"{what} column {name!r} has a non-integer base")
+        if not -2**63 <= base < 2**63:
+            # msgpack carries uint64: a base past int64 would raise OverflowError in numpy
+            raise _bad(f"{what} column {name!r} has a base outside int64")
         want = dtype[name] if isinstance(name, str) and name in dtype.names else None
         if codec == CODEC_CONST:
             inner = c[4] if len(c) == 5 else CODEC_RAW
@@ -414,7 +417,7 @@ def _decode_columns(m, dtype: np.dtype, what: str, complete: bool = True) -> tup
                 if start is None:
                     raise _bad(f"{what} column {name!r} is a duration before start_ns")
                 x = start + base
-            elif name == "start_ns" or want is None or want.itemsize == 8 or not -2**63 <= base < 2**63:
+            elif name == "start_ns" or want is None or want.itemsize == 8:
                 x = np.full(n, base, dtype=np.int64)
             else:
                 # the value as the int64 column would have been cast to the field's type

@@ -500,6 +500,14 @@ def test_columns_decode_rejects_what_the_row_decode_rejects():
     m3[3] = m[3][:2]
     m3[4] = 2
     bad.append(msgpack.packb(m3))
+    for col, base in ((0, 2**63), (2, 2**64 - 1), (6, 2**63)):
+        # a raw delta column, a constant and a duration column: uint64 and beyond on the
+        # wire raised numpy's OverflowError, which no reader of the stream catches
+        m4 = dict(m)
+        m4[8] = dict(m[8])
+        m4[8][2] = [list(c) for c in m[8][2]]
+        m4[8][2][col][3] = base
+        bad.append(msgpack.packb(m4))
     for blob in bad:
         with pytest.raises(InputError) as rows_err:
             wire.EventBatchDecoder().decode(blob)
