@@ -64,7 +64,7 @@ from .events import (
     empty,
 )
 from .kineto_records import api_category, reject_invalid_times
-from .trace_joins import join_launch_thread
+from .trace_joins import join_launch_threads
 
 __all__ = ["load_trace", "is_nsys_export"]
 
@@ -411,7 +411,6 @@ def load_trace(path: str | Path, budget=None) -> Trace:
     finally:
         db.c.close()
     reject_invalid_times(trace)
-    join_launch_thread(trace.kernels, trace.api)
-    join_launch_thread(trace.copies, trace.api)
+    join_launch_threads(trace.api, trace.kernels, trace.copies)
     trace.meta["event_counts"] = {k: v for k, v in counts.items() if v}
     return trace.sorted()

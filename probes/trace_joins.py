@@ -1,6 +1,6 @@
 """Joins between the record kinds of a :class:`probes.events.Trace`.
 
-* :func:`join_launch_thread`: a kernel's or copy's launching process and thread, from the
+* :func:`join_launch_threads`: kernels' and copies' launching process and thread, from the
   runtime/driver API record with the same correlation id (the importers fill ``pid``/``tid``
   with it, which Kineto and Nsight Systems put elsewhere);
 * :func:`kernel_cpu_op_index`: for each kernel, the CPU operator (``trace.cpu_ops``) that
@@ -16,19 +16,13 @@ import numpy as np
 
 from .events import API_LAUNCH, MISSING, CpuOpJoin, Trace
 
-__all__ = ["join_launch_thread", "join_launch_threads", "kernel_cpu_op_index", "JOIN_ROWS"]
-
-
-
-def join_launch_thread(kernels_or_copies: np.ndarray, api: np.ndarray) -> None:
-    """Fill pid/tid of GPU records from the API record with the same correlation id."""
-    join_launch_threads(api, kernels_or_copies)
+__all__ = ["join_launch_threads", "kernel_cpu_op_index", "JOIN_ROWS"]
 
 
 def join_launch_threads(api: np.ndarray, *targets: np.ndarray) -> None:
-    """:func:`join_launch_thread` for each of ``targets`` (kernels, copies) with one sort of
-    the API records' correlation ids, not one per target; none when they are already in
-    order (a stable argsort of sorted ids is the identity, so the result is the same)."""
+    """Fill pid/tid of each of ``targets`` (kernels, copies) from the API record with the
+    same correlation id, with one sort of the API records' correlation ids, not one per
+    target; none when they are already in order (a stable argsort of sorted ids is the identity, so the result is the same)."""
     if not len(api):
         for t in targets:
             t["pid"] = MISSING
