@@ -228,9 +228,9 @@ class SchedProbe(Probe):
             self._tset.forget(tgid)
         self._targets.discard(tgid)
         self._set_bit(tgid, False)
-        slots, vals = self._read()
+        slots, tasks, vals = self._read()
         mine = vals["tgid"] == tgid
-        self._release(slots[mine], self._read_tasks[mine])
+        self._release(slots[mine], tasks[mine])
         self._acct.forget_tgid(tgid)
 
     # ------------------------------------------------------------------ reading
@@ -241,8 +241,9 @@ class SchedProbe(Probe):
             return
         self._pending.append(ct.string_at(data, size))
 
-    def _read(self) -> tuple[np.ndarray, np.ndarray]:
-        """(slot numbers, THREAD_DTYPE rows) of the tracked threads, copied out of the mapped table.
+    def _read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slot numbers, each slot's task, THREAD_DTYPE rows) of the tracked threads, copied
+        out of the mapped table (the tasks are for :meth:`_release`'s check).
 
         A row is kept only if its slot still holds the same task after the copy and its tid is
         set (tid is 0 while the BPF side fills or frees a slot)."""
@@ -251,8 +252,7 @@ class SchedProbe(Probe):
         keys = keys[slots]
         rows = self._slots[slots]            # fancy indexing: a copy
         ok = (self._slot_task[slots] == keys) & (rows["tid"] != 0)
-        self._read_tasks = keys[ok]          # each kept slot's task, for _release's check
-        return slots[ok], rows[ok]
+        return slots[ok], keys[ok], rows[ok]
 
     def _release(self, slots: np.ndarray, tasks: np.ndarray) -> None:
         """Free slots from user space (removed targets, threads gone unseen), in the BPF side's
@@ -286,8 +286,7 @@ class SchedProbe(Probe):
             removed = [t for t in self._targets if not proc.alive(t)]
         self.bpf.ring_buffer_consume()
         pending, self._pending = self._pending, []
-        keys, rows = self._read()
-        tasks = self._read_tasks
+        keys, tasks, rows = self._read()
         now_ns = time.monotonic_ns()
         exits = [p for p in pending if len(p) == THREAD_DTYPE.itemsize]
         evs = [p for p in pending if len(p) == EVENT_DTYPE.itemsize]

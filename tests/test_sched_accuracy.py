@@ -182,7 +182,7 @@ def test_remove_target_leaves_no_entries(probe):
     probe.poll()
     probe.remove_target(w.pid)
     w.wait(timeout=10)
-    keys, vals = probe._read()
+    keys, _, vals = probe._read()
     assert (vals["tgid"] == w.pid).sum() == 0
     assert w.pid not in probe.targets
 

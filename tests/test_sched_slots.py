@@ -61,7 +61,7 @@ def _live(p) -> int:
 def _occupied(p, tgid=None) -> int:
     if tgid is None:
         return int(np.count_nonzero(p._slot_task.copy()))
-    _, rows = p._read()
+    _, _, rows = p._read()
     return int((rows["tgid"] == tgid).sum())
 
 
