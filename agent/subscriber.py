@@ -90,13 +90,14 @@ def add_stream_arguments(p, topics: bool = True) -> None:
                        help=f"only this topic (repeatable): {', '.join(TOPICS)}")
 
 
-def open_stream(args, topics=None) -> "Subscriber":
-    """A :class:`Subscriber` for the parsed ``add_stream_arguments`` options."""
+def open_stream(args, topics=None, codec=None) -> "Subscriber":
+    """A :class:`Subscriber` for the parsed ``add_stream_arguments`` options (``codec``: see
+    :class:`Subscriber`)."""
     if not args.endpoint:
         args.endpoint = default_endpoint()
     _check_ipc_access(args.endpoint)
     return Subscriber(args.endpoint, topics=topics if topics is not None else (getattr(args, "topic", None) or ()),
-                      **curve_options(args))
+                      codec=codec, **curve_options(args))
 
 
 def _check_ipc_access(endpoint: str) -> None:

@@ -69,11 +69,7 @@ def run(args) -> int:
     def _stop(*_):
         stop["now"] = True
     old = signal.signal(signal.SIGTERM, _stop)
-    sub = open_stream(args)
-    if args.format == "parquet":
-        # event batches decoded into columns, which the Parquet writer takes as they are
-        from ridgeline.agent.parquet_recording import COLUMNS_CODEC
-        sub.codec = COLUMNS_CODEC
+    sub = open_stream(args, codec=_columns_codec() if args.format == "parquet" else None)
     t0 = last = time.monotonic()
     failure = None
     try:
@@ -124,10 +120,7 @@ def _run_sink(args) -> int:
     sink = ObjectSink(args.output, args.sink, endpoint=args.sink_endpoint, scheme=args.sink_scheme,
                       region=args.sink_region, roll_s=args.roll_s, spool_max_bytes=args.spool_max_bytes,
                       min_free_bytes=args.min_free_bytes)
-    sub = open_stream(args)
-    # event batches decoded into columns, which the Parquet writer takes as they are
-    from ridgeline.agent.parquet_recording import COLUMNS_CODEC
-    sub.codec = COLUMNS_CODEC
+    sub = open_stream(args, codec=_columns_codec())
     handoff = _Handoff(sink, args.output, args.handoff_bytes) if args.handoff_bytes > 0 else None
     t0 = time.monotonic()
     try:
@@ -220,3 +213,9 @@ class _Handoff:
         for raw, recv_ns, decoded in self.held:
             self.sink.write(raw, recv_ns, decoded)
         self.held, self.held_bytes = [], 0
+
+
+def _columns_codec():
+    """Event batches decoded into columns, which the Parquet writer takes as they are."""
+    from ridgeline.agent.parquet_recording import COLUMNS_CODEC
+    return COLUMNS_CODEC
