@@ -263,13 +263,6 @@ class Columns:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.fields[name]
 
-    def to_rows(self) -> np.ndarray:
-        """The structured array of the same events."""
-        out = np.empty(self.rows, self.dtype)
-        for name, col in self.fields.items():
-            out[name] = col
-        return out
-
 
 @dataclass
 class EventColumns:
