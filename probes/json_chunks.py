@@ -344,7 +344,8 @@ class ArrayStream:
                     break
                 n = used + len(more)
                 if 1 + n + PIECE_PAD > len(area):
-                    # a fresh buffer, not a resize: a piece's view may still be held
+                    # a fresh buffer, not a resize: a bytearray with a view exported (the last
+                    # piece yielded, until its reader lets go) cannot be resized (BufferError)
                     grown = bytearray(1 + n + PIECE_PAD)
                     grown[1:1 + used] = memoryview(area)[1:1 + used]
                     area = grown
