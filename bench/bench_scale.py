@@ -364,6 +364,19 @@ def _generate_cupti(path: str, stream: "StepStream", duration_s: float, t_start:
     if th.is_alive():                                       # an agent too slow to read: the rest unsent
         stop.set()
         th.join(30)
+    if th.is_alive():
+        # still blocked in sendall on an agent that reads nothing: the shutdown fails that
+        # send (counted unsent) and the sender drains the pool
+        sock.shutdown(socket.SHUT_RDWR)
+        th.join(30)
+    if th.is_alive():                                       # never: but then counted, not lost
+        while True:
+            try:
+                item = pool.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                dropped += item[1]
     dropped += unsent
     out.put({"sent": sent, "dropped": dropped, "late_batches": late, "sends": list(sends),
              "generator_cpu_s": time.process_time() - cpu0})
