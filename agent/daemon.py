@@ -38,6 +38,7 @@ import msgspec
 
 from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
+from ridgeline.probes.heap_trim import trim_heap
 from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
 from ridgeline.probes.records import Window
 from ridgeline.probes.untrusted_text import for_log
@@ -45,7 +46,7 @@ from ridgeline.probes.untrusted_text import for_log
 from . import config as config_mod
 from . import reclaim_request, registry
 from .cupti_takeover import TakeoverWatch
-from .health import HealthMeter
+from .health import HealthMeter, rss_bytes
 from .publisher import Publisher
 from .sdnotify import Notifier
 
@@ -110,6 +111,7 @@ class Agent:
         self.takeovers = TakeoverWatch(cfg.probes.cupti.reclaim_after_s)
         self.reclaim_requests_rejected = 0
         self.sink = None        # agent.sink_supervisor.SinkSupervisor while [sink] is enabled
+        self.heap = None        # agent.allocator.SpikeTrim where glibc keeps freed memory
         # names this process's sequence numbering (kept across publisher rebinds, as the
         # numbers are): a recorder tells from it whether its spool's last numbers are ours
         self.stream_epoch = random.getrandbits(62)
@@ -167,8 +169,9 @@ class Agent:
         from ridgeline.aggregator import fold_native
         fold_native.check()
         # Freed fold temporaries stay in the heap for the next fold (agent/allocator.py).
-        from .allocator import keep_freed_memory
-        keep_freed_memory()
+        from .allocator import SpikeTrim, keep_freed_memory
+        if keep_freed_memory():
+            self.heap = SpikeTrim()
         if self.codec is None:
             from ridgeline.aggregator import wire
             self.codec = wire
@@ -383,6 +386,15 @@ class Agent:
                                                 "stories": msgspec.to_builtins(self.builder.stories)})
         self.publisher.publish("health", agent)
         self.windows_published += 1
+        if self.heap is not None:
+            # A spike's leftover (agent/allocator.py), read after the window's temporaries are freed.
+            rss = rss_bytes()
+            if self.heap.observe(rss):
+                trim_heap()
+                (log.info if self.heap.trims <= 2 else log.debug)(
+                    "heap: freed fold memory given back (RSS %d -> %d MiB; trim %d: the first after start-up, "
+                    "then after spikes, those from the third on at debug level)",
+                    rss >> 20, rss_bytes() >> 20, self.heap.trims)
         if self.publisher.errors == errors_before:
             # Taken by the socket (a slow subscriber's drop still counts as published:
             # the agent works; the loss is counted and shows as a gap).

@@ -66,6 +66,7 @@ from .events import (
     Trace,
     empty,
 )
+from .heap_trim import trim_heap
 from .kineto_dicts import EventBuilder
 
 CHUNK_BYTES = 8 << 20
@@ -674,17 +675,6 @@ def _load_two(path: Path, chunk_bytes: int, budget=None) -> Trace | None:
     return trace
 
 
-def _trim_heap() -> None:
-    """Hand the heap pages freed while decoding back to the system (glibc malloc_trim):
-    the millions of short-lived structs leave free but resident heap behind, which would
-    otherwise stay in the process's RSS next to the columns. Elsewhere a no-op."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = False, budget=None) -> Trace:
     """The trace at ``path`` (same contract as :func:`probes.kineto.load_trace`).
 
@@ -710,4 +700,4 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, parallel: bool = Fals
     finally:
         if enabled:
             gc.enable()
-        _trim_heap()
+        trim_heap()
