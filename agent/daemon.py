@@ -5,9 +5,13 @@ Contract of :class:`Agent`:
 * :meth:`start` binds the publisher (refusing a clear-text non-loopback bind), starts the
   Prometheus endpoint, starts the probes through :mod:`agent.registry`, then tells systemd
   ``READY=1``.
-* :meth:`run` loops on a monotonic deadline until :meth:`request_stop` (SIGTERM/SIGINT):
-  every ``POLL_S`` it polls each probe (a probe raising in ``poll()`` is counted and the
-  loop goes on), routes the data (events into the window, sched/device/engine into the
+* :meth:`run` loops on a monotonic deadline until :meth:`request_stop` (SIGTERM/SIGINT).
+  It sleeps until something is due: a probe with a readiness descriptor
+  (:class:`probes.probe.Readiness`, the CUPTI probe) is polled when that descriptor says
+  it has data, every other probe every ``POLL_S`` (the loop then wakes at that rate; with
+  only readiness probes it wakes for data, the window deadline, the watchdog, a deferred
+  reload or a signal, which writes a wake-up pipe, so SIGTERM is seen at once). A probe
+  raising in ``poll()`` is counted and the loop goes on. It routes the data (events into the window, sched/device/engine into the
   window and onto their topics), and every ``window_s`` closes the window and publishes
   ``window`` and ``health``. Missed deadlines are skipped, not queued. ``WATCHDOG=1`` is
   sent at half of ``WATCHDOG_USEC``, and only while windows are really published (the
@@ -30,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import selectors
 import signal
 import socket
 import time
@@ -39,7 +44,17 @@ import msgspec
 from ridgeline.aggregator.windows import WindowBuilder, plain
 from ridgeline.probes.errors import InputError
 from ridgeline.probes.heap_trim import trim_heap
-from ridgeline.probes.probe import CuptiControl, PollResult, ProcessNews, Targeted, poll_result
+from ridgeline.probes.probe import (
+    CuptiControl,
+    PollResult,
+    ProcessNews,
+    Readiness,
+    Targeted,
+    drain_fd,
+    poke,
+    poll_result,
+    wake_pipe,
+)
 from ridgeline.probes.records import Window
 from ridgeline.probes.untrusted_text import for_log
 
@@ -115,6 +130,15 @@ class Agent:
         # names this process's sequence numbering (kept across publisher rebinds, as the
         # numbers are): a recorder tells from it whether its spool's last numbers are ours
         self.stream_epoch = random.getrandbits(62)
+        # The loop's wait (see run): a selector over a wake-up pipe (written by the signal
+        # handlers) and the running probes' readiness descriptors, rebuilt when the probe
+        # set changes; built by run, closed by shutdown.
+        self._sel: selectors.BaseSelector | None = None
+        self._wake: tuple[int, int] | None = None
+        self._sel_for: tuple | None = None       # (id of self.running, its length, the fds)
+        self._on_timer = True                    # some probe is polled every POLL_S
+        self._fd_probes: set[int] = set()        # ids of the Running polled on readiness
+        self.loop_wakeups = 0                    # the loop's waits ended (tests: an idle loop's rate)
 
     def _apply_requests(self, cfg: config_mod.Config) -> None:
         """With the OTLP probe enabled, the window builder keeps the steps and requests the
@@ -140,9 +164,18 @@ class Agent:
     # -- signals ---------------------------------------------------------------------------
     def request_stop(self, *_):
         self._stop = True
+        self._wake_loop()
 
     def request_reload(self, *_):
         self._reload = True
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        # A signal's handler runs between the loop's bytecodes, and select() is retried
+        # after it (PEP 475) with what is left of its timeout: only a byte in a descriptor
+        # it waits on ends the wait now.
+        if self._wake is not None:
+            poke(self._wake[1])
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)
@@ -198,10 +231,16 @@ class Agent:
         self.last_published_mono = time.monotonic()
         self.notifier.ready(f"publishing on {self.cfg.publisher.endpoint}; probes: {names}")
 
-    def _poll_once(self, window_end: bool = False) -> None:
+    def _poll_once(self, window_end: bool = False, ready: set | None = None) -> None:
+        """Poll the probes: per-window ones only at ``window_end`` (then every probe);
+        between windows, with ``ready`` (ids of the Running whose readiness descriptor
+        woke the loop), a readiness probe only when it is in it."""
         for r in self.running:
-            if r.step.per_window and not window_end:
-                continue
+            if not window_end:
+                if r.step.per_window:
+                    continue
+                if ready is not None and id(r) in self._fd_probes and id(r) not in ready:
+                    continue
             try:
                 data = r.probe.poll()
             except Exception as exc:  # noqa: BLE001  (one probe's failure must not stop the others; counted, logged)
@@ -572,6 +611,9 @@ class Agent:
         next_wd = time.monotonic()
         win_start_wall = time.time_ns()
         win_deadline = time.monotonic_ns() + window_ns
+        ready = None      # ids of the probes whose descriptor ended the last wait; None: poll all
+        if self._wake is None:
+            self._wake = wake_pipe()     # before the first check of _stop: a signal from now on wakes the wait
         while not self._stop:
             now = time.monotonic()
             if run_for and now - t0 >= run_for:
@@ -580,7 +622,7 @@ class Agent:
                 if self._reload and now >= self._reload_not_before:
                     self.reload()
                     window_ns = int(self.cfg.agent.window_s * 1e9)
-                self._poll_once()
+                self._poll_once(ready=ready)
                 if self.sink is not None:
                     self.sink.poll()
                 if self.publisher is not None:
@@ -613,10 +655,62 @@ class Agent:
                 else:
                     self.watchdog_skipped += 1
                 next_wd = time.monotonic() + wd
-            sleep_s = min(POLL_S, max(0.0, (win_deadline - time.monotonic_ns()) / 1e9))
-            if sleep_s > 0:
-                time.sleep(sleep_s)
+            if self._stop:
+                break
+            now = time.monotonic()
+            wait_s = (win_deadline - time.monotonic_ns()) / 1e9
+            if wd is not None:
+                wait_s = min(wait_s, next_wd - now)
+            if run_for:
+                wait_s = min(wait_s, t0 + run_for - now)
+            if self._reload:
+                wait_s = min(wait_s, self._reload_not_before - now)
+            ready = self._wait(max(0.0, wait_s))
         return 0
+
+    def _wait_set(self) -> selectors.BaseSelector:
+        """The selector the loop waits on, for the probes running now."""
+        fds = []
+        for r in self.running:
+            fd = r.probe.ready_fd() if not r.step.per_window and isinstance(r.probe, Readiness) else None
+            fds.append(fd)
+        key = (id(self.running), len(self.running), tuple(fds))
+        if self._sel is not None and key == self._sel_for:
+            return self._sel
+        if self._sel is not None:
+            self._sel.close()
+        if self._wake is None:
+            self._wake = wake_pipe()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake[0], selectors.EVENT_READ, None)
+        self._fd_probes = set()
+        self._on_timer = False
+        for r, fd in zip(self.running, fds):
+            if r.step.per_window:
+                continue
+            if fd is None:
+                self._on_timer = True
+                continue
+            self._sel.register(fd, selectors.EVENT_READ, r)
+            self._fd_probes.add(id(r))
+        self._sel_for = key
+        return self._sel
+
+    def _wait(self, timeout_s: float) -> set[int]:
+        """Sleep until a readiness descriptor or the wake-up pipe is readable, or
+        ``timeout_s`` (at most POLL_S while a probe or the sink is polled on the timer);
+        returns the ids of the Running whose descriptor was ready."""
+        sel = self._wait_set()
+        if self._on_timer or self.sink is not None:
+            timeout_s = min(timeout_s, POLL_S)
+        ready: set[int] = set()
+        self.loop_wakeups += 1
+        for key, _ in sel.select(timeout_s):
+            if key.data is None:
+                drain_fd(key.fd)
+            else:
+                ready.add(id(key.data))
+        return ready
 
     def publishing_healthy(self, now: float | None = None) -> bool:
         """True while windows are really published: the last one within two window
@@ -683,6 +777,13 @@ class Agent:
             except zmq.ZMQError:
                 pass        # a socket already closed lingers no more
             self.publisher.close()
+        if self._sel is not None:
+            self._sel.close()
+            self._sel = self._sel_for = None
+        if self._wake is not None:
+            os.close(self._wake[0])
+            os.close(self._wake[1])
+            self._wake = None
         self.notifier.close()
 
 

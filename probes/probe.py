@@ -21,11 +21,14 @@ trace). The agent's registry calls, in order:
 ``check``, ``start``, ``poll`` and ``stop``. Duck-typed classes that provide the same
 attributes work too (:class:`ProbeLike` is the structural type). What a probe can do
 beyond that is a capability, a :class:`typing.Protocol` the daemon tests with
-``isinstance``: :class:`Targeted` (the scheduling probes follow served processes) and
-:class:`CuptiControl` (the CUPTI probe's takeover and reclaim).
+``isinstance``: :class:`Targeted` (the scheduling probes follow served processes),
+:class:`CuptiControl` (the CUPTI probe's takeover and reclaim) and :class:`Readiness` (a
+descriptor that says when ``poll()`` has something: the agent waits on it instead of
+polling the probe on a timer).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -112,6 +115,46 @@ class CuptiControl(Protocol):
     def taken_over_pids(self) -> set[int]: ...
     def taken_over_owners(self) -> dict[int, tuple[int, str]]: ...
     def reclaim(self, pid: int | None = None) -> int: ...
+
+
+@runtime_checkable
+class Readiness(Protocol):
+    """A probe that says when it has data: ``ready_fd()`` is a descriptor (or None, then
+    the probe is polled on the agent's timer) that becomes readable when ``poll()`` has
+    something to hand on, and that ``poll()`` itself reads empty. The agent's loop sleeps
+    on these descriptors and its deadlines while every probe it polls between windows has
+    one (issue 21.1: an idle agent woke 20 times a second to poll a quiet socket)."""
+
+    def ready_fd(self) -> int | None: ...
+
+
+def wake_pipe() -> tuple[int, int]:
+    """(read end, write end) of a non-blocking pipe whose bytes only mean "look again"."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def poke(fd: int) -> None:
+    """One byte into a wake-up pipe's write end; never blocks (a full pipe already says it)."""
+    try:
+        os.write(fd, b"\0")
+    except (BlockingIOError, InterruptedError):
+        pass
+    except OSError:
+        pass          # closed by a stop meanwhile: nobody waits on it any more
+
+
+def drain_fd(fd: int) -> None:
+    """Read a wake-up pipe's read end empty."""
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+    except OSError:
+        pass          # closed by a stop meanwhile: nothing left to wake
 
 
 @dataclass

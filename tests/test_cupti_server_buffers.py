@@ -3,6 +3,7 @@ a buffer reused from frame to frame, which must never be overwritten while a bat
 from it is alive, and which follows what a peer sent, not what its header announced."""
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -142,3 +143,45 @@ def test_the_unshared_test_follows_live_views():
         assert not unshared(raw)
         del v
         assert unshared(raw)
+
+
+def test_the_probes_pump_thread_reuses_the_body_buffer_from_frame_to_frame(tmp_path, monkeypatch):
+    """The started probe (its own pump thread, as the agent runs it): once a frame's
+    batch is decoded and handed on, the next frame of that size is received into the same
+    buffer. The thread used to hold the last round's messages through its wait, so every
+    4 MiB frame of the bench's CUPTI feed grew a fresh buffer (1 -> 2 -> 4 MiB, fresh
+    pages each time)."""
+    from ridgeline.probes.cupti.probe import CuptiProbe
+    grown = []
+    real = S._grown
+
+    def counting(body, got, need):
+        grown.append(need)
+        return real(body, got, need)
+    monkeypatch.setattr(S, "_grown", counting)
+    path = str(tmp_path / "cupti.sock")
+    probe = CuptiProbe(socket_path=path)
+    probe.start()
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        c.connect(path)
+        c.sendall(R.hello_frame())
+        fd = probe.ready_fd()
+        assert select.select([fd], [], [], 10)[0] == [fd]
+        probe.poll()
+        n = 6000                                   # 1.5 MB: a body over FIRST_BODY_BYTES
+        frame = R.batch_frame([_kernel_section(n, 7)])
+        per_frame = []
+        for i in range(4):
+            before = len(grown)
+            c.sendall(frame)
+            # decoded (its all-zero records rejected and counted) and handed on
+            assert select.select([fd], [], [], 10)[0] == [fd]
+            probe.poll()
+            assert probe.server.stats["messages"] == 2 + i
+            per_frame.append(len(grown) - before)
+            time.sleep(0.1)                        # the thread back in its wait
+    finally:
+        c.close()
+        probe.stop()
+    assert per_frame[0] >= 1 and per_frame[1:] == [0, 0, 0], per_frame

@@ -58,6 +58,7 @@ import collections
 import errno
 import grp
 import logging
+import math
 import os
 import resource
 import selectors
@@ -72,6 +73,7 @@ import numpy as np
 from ridgeline.probes.buffer_reuse import unshared
 from ridgeline.probes.cupti import peer_process
 from ridgeline.probes.cupti import protocol as P
+from ridgeline.probes.probe import drain_fd
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +141,14 @@ def escape(text: str, limit: int = 300) -> str:
     at ``limit`` characters (a peer must not be able to write lines into the agent's log)."""
     out = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
     return out + ("..." if len(text) > limit else "")
+
+
+#: What a waiting round sleeps past its next deadline, so that the deadlines of many
+#: connections falling close together are met in one round, not one round each (the
+#: timeouts' comparisons are strict: a round exactly at a deadline would act on nothing).
+DEADLINE_SLACK_S = 0.01
+#: Selector data of a descriptor that only wakes :meth:`CuptiServer.wait` (``add_waker``).
+_WAKER = object()
 
 
 #: A frame body's first buffer; it doubles up to the frame's length as the bytes come.
@@ -338,6 +348,49 @@ class CuptiServer:
     def connections(self) -> int:
         return len(self._conns)
 
+    def add_waker(self, fd: int) -> None:
+        """Let a write to ``fd`` (a non-blocking pipe's read end) end :meth:`wait`: the
+        probe's thread waits on the sockets and is woken for its stop or a drained queue."""
+        if self._sel is not None:
+            self._sel.register(fd, selectors.EVENT_READ, _WAKER)
+
+    def queued(self) -> int:
+        """Validated messages waiting for :meth:`drain`."""
+        return len(self._queue)
+
+    def next_deadline_s(self, now: float | None = None) -> float | None:
+        """Seconds until the first timeout or identity check that :meth:`pump`'s sweep acts
+        on (the same conditions, in the same order), plus ``DEADLINE_SLACK_S``; None while
+        no connection has one (only data or a new peer can then make work)."""
+        now = time.monotonic() if now is None else now
+        t = math.inf
+        for c in self._conns.values():
+            if c.buf or c.need:
+                t = min(t, c.frame_started + self.idle_timeout_s)
+            if c.hello is None:
+                t = min(t, c.opened + self.hello_timeout_s)
+            else:
+                t = min(t, c.last_progress + self.idle_peer_s,
+                        c.checked + (self.identity_check_s if c.held else self.identity_sweep_s))
+        return None if t == math.inf else max(0.0, t - now) + DEADLINE_SLACK_S
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until a socket is readable, a connection waits to be accepted, a waker was
+        written, or ``timeout`` s passed; reads nothing from a peer (that is :meth:`pump`'s,
+        under the caller's lock: waiting needs none, so set_mode() and reclaim() never wait
+        for a peer). True when something was ready."""
+        sel = self._sel
+        if sel is None:
+            return False
+        try:
+            ready = sel.select(timeout)
+        except (OSError, ValueError):
+            return False        # closed by a stop meanwhile
+        for key, _ in ready:
+            if key.data is _WAKER:
+                drain_fd(key.fd)
+        return bool(ready)
+
     # -- I/O -------------------------------------------------------------------------------
     def pump(self, timeout: float = 0.0, budget_bytes: int = 64 << 20) -> int:
         """One round of accept/read, waiting at most ``timeout`` s; returns bytes read.
@@ -352,6 +405,8 @@ class CuptiServer:
             if key.data is None:
                 self._accept()
                 continue
+            if key.data is _WAKER:
+                continue        # wait() reads it
             c: _Conn = key.data
             try:
                 total += self._read(c, budget_bytes - total)
