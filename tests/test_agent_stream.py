@@ -2,6 +2,7 @@
 malformed input on every socket it reads, and bounded memory (slow)."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -236,29 +237,45 @@ def _rss_bytes(pid):
     return 0
 
 
+_TRIM = re.compile(rb"heap: freed fold memory given back \(RSS (\d+) -> (\d+) MiB; trim (\d+)")
+
+
 @pytest.mark.slow
 def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path):
+    """RSS under the design's 256 MB throughout, and no leak: what is live after the agent
+    gives its freed heap back (agent/allocator.SpikeTrim, logged at each trim) is no more in
+    the last trims than in the first ones. RSS itself is no leak measure: it holds the
+    largest recent fold's temporaries, and those grow with the backlog a loaded host leaves
+    (capped at 30% of a core, the agent's RSS stood at 130-163 MiB between trims and 46-52
+    MiB after them; CI's loaded hosts failed a first-minute-against-last-minute RSS bound,
+    80 -> 130 MiB)."""
     cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=3.0, events=True)
-    a = start_agent(cfg)
-    sub = subscriber(ep, topics=("health",))
-    samples = []
-    try:
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            time.sleep(10)
-            assert a.poll() is None, "agent died"
-            samples.append(_rss_bytes(a.pid))
-            while sub.receive(0) is not None:
-                pass
-    finally:
-        sub.close()
-        assert stop(a) == 0
-    warm = max(samples[3:9])          # after the first minute
-    late = max(samples[-6:])          # the last minute
-    print(f"RSS after 1 min {warm / 2**20:.0f} MiB, last minute {late / 2**20:.0f} MiB, "
-          f"peak {max(samples) / 2**20:.0f} MiB")
+    cfg.write_text(cfg.read_text().replace("window_s = 0.5", 'window_s = 0.5\nlog_level = "debug"', 1))
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        a = start_agent(cfg, log=log)
+        sub = subscriber(ep, topics=("health",))
+        samples = []
+        try:
+            end = time.monotonic() + 600
+            while time.monotonic() < end:
+                time.sleep(10)
+                assert a.poll() is None, "agent died"
+                samples.append(_rss_bytes(a.pid))
+                while sub.receive(0) is not None:
+                    pass
+        finally:
+            sub.close()
+            assert stop(a) == 0
+    trims = [(int(m[1]), int(m[2]), int(m[3])) for m in _TRIM.finditer(log_path.read_bytes())]
+    after = [t[1] for t in trims[1:]]        # the start-up trim's is before the first folds settle
+    print(f"RSS peak {max(samples) / 2**20:.0f} MiB, last minute {max(samples[-6:]) / 2**20:.0f} MiB; "
+          f"{len(trims)} trims, RSS before / after (MiB): {[t[:2] for t in trims]}")
     assert max(samples) < 256 * 2**20
-    assert late <= warm * 1.15 + 16 * 2**20
+    # one trim per 120 windows at least (60 s of 0.5-s windows; a loaded host's are longer)
+    assert [t[2] for t in trims] == list(range(1, len(trims) + 1)) and len(after) >= 4, trims
+    early, late = max(after[:3]), max(after[-3:])
+    assert late <= early * 1.15 + 16, (early, late, trims)
 
 
 def test_top_once_and_a_recording_that_loads_back(tmp_path, trace_path):
