@@ -359,7 +359,9 @@ def map_phases(order: np.ndarray, first: np.ndarray, shape_at: np.ndarray, flat:
                phase: np.ndarray) -> None:
     """Write into ``phase`` (uint8 per kernel) each kept kernel's remembered phase: run r,
     the kernels ``order[first[r]:first[r + 1]]``, gets ``flat[shape_at[r]:]`` in order
-    (``rl_map_phases``). ``phase`` must be a C-contiguous uint8 array (written in place)."""
+    (``rl_map_phases``). ``phase`` must be a C-contiguous uint8 array (written in place).
+    ``flat[shape_at[r]:]`` must hold at least run r's length of phases (nothing checks it:
+    StreamPhaser keys its shapes by (hash, length), each shape as long as its runs)."""
     if phase.dtype != np.uint8 or not phase.flags.c_contiguous:
         raise ValueError("map_phases writes a C-contiguous uint8 phase array")
     c = np.ascontiguousarray

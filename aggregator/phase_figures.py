@@ -74,20 +74,28 @@ _LAUNCH_RECORD[[API_LAUNCH, API_GRAPH_LAUNCH]] = True
 LAUNCH_RECORD_U8 = _LAUNCH_RECORD.view(np.uint8)
 
 
-def launch_latency_ns(k: np.ndarray, a: np.ndarray, aligned_tried: bool = False) -> np.ndarray:
+def launch_latency_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
     """Per kernel: launch API call start to kernel start (ns), -1 where the batch holds
     no launch record of that correlation id (same join as
-    :func:`aggregator.roofline.launch_join`; the sort is skipped when the records come
-    in correlation order, as CUPTI and the simulator deliver them). ``aligned_tried``: the
-    caller's native pass (fold_native.ingest_pass) found the records not aligned with the
-    kernels already, so the same test is not run again."""
+    :func:`aggregator.roofline.launch_join`). One native pass when the records are
+    aligned with the kernels (fold_native.launch_latency_aligned), else
+    :func:`launch_latency_join_ns`, its reference."""
+    if not fold_native.REFERENCE and len(k) and len(k) == len(a):
+        lat = np.empty(len(k), np.int64)
+        if fold_native.launch_latency_aligned(k, a, _LAUNCH_RECORD, lat):
+            # Only launch records, record i kernel i's (the common case): one native pass
+            # over both, the answer of the reference join.
+            return lat
+    return launch_latency_join_ns(k, a)
+
+
+def launch_latency_join_ns(k: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """:func:`launch_latency_ns` by the numpy join (the reference of its native passes:
+    fold_native.launch_latency_aligned and ingest_pass), for a caller whose native pass
+    found the records not aligned already. The sort is skipped when the records come in
+    correlation order, as CUPTI and the simulator deliver them."""
     lat = np.full(len(k), -1, np.int64)
     if not len(k) or not len(a):
-        return lat
-    if (not fold_native.REFERENCE and not aligned_tried
-            and fold_native.launch_latency_aligned(k, a, _LAUNCH_RECORD, lat)):
-        # Only launch records, record i kernel i's (the common case): one native pass over
-        # both, the answer of the reference below.
         return lat
     cat = a["category"]
     launch = np.flatnonzero((cat == API_LAUNCH) | (cat == API_GRAPH_LAUNCH))

@@ -13,7 +13,8 @@ Contract of :class:`StreamPhaser` (one per event source, i.e. per append-only
 * Kernel-only batches (no ranges, no CPU operators: what CUPTI and the simulator stream)
   are cut into steps by :func:`aggregator.steps.segment_kernels`; each step's *shape* (the
   sequence of name ids, grid x/y/z and block x/y of its kernels) is hashed, and the phase
-  of each distinct shape is decided once by :func:`aggregator.phases.map_phases` run on
+  of each distinct shape (its hash and its length: runs of two lengths whose hashes
+  collide are two shapes) is decided once by :func:`aggregator.phases.map_phases` run on
   that one step's kernels (``use_annotations=False``), then reused for every step of the
   same shape in this and later batches (a serving engine repeats a few step shapes).
   Bounded: at most ``max_shapes`` shapes are remembered (least recently used dropped).
@@ -136,7 +137,7 @@ class StreamPhaser:
     def __init__(self, names, max_shapes: int = 4096):
         self.names = names
         self.max_shapes = max_shapes
-        self._shapes: OrderedDict[int, _Shape] = OrderedDict()
+        self._shapes: OrderedDict[tuple[int, int], _Shape] = OrderedDict()   # (hash, length) -> shape
         self._cls: dict[str, np.ndarray] = {}
         self._cls_n = 0
         self._cls_gen = 0
@@ -280,14 +281,27 @@ class StreamPhaser:
         if not len(order):
             return BatchPhases(phase, ks.astype(np.int32), order=order)
         lens = np.diff(np.r_[first, len(order)])
-        ukeys, rep, inv = np.unique(h, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
+        # Distinct shapes by (hash, length), the cache's key: runs of different lengths
+        # whose hashes collide (the hash is linear in fields a peer chooses) are two shapes,
+        # each decided once and remembered, and every run's shape has exactly its length,
+        # which the native copy (rl_map_phases) relies on. np.unique's (first occurrence,
+        # inverse) by one stable sort of both keys, hash first: the shapes come in hash
+        # order, as np.unique of the hashes alone gave them.
+        by = np.lexsort((lens, h))
+        hs, ls = h[by], lens[by]
+        new = np.empty(len(by), dtype=bool)
+        new[0] = True
+        np.not_equal(hs[1:], hs[:-1], out=new[1:])
+        new[1:] |= ls[1:] != ls[:-1]
+        rep = by[new]
+        inv = np.empty(len(by), dtype=np.int64)
+        inv[by] = np.cumsum(new) - 1
         shapes: list[_Shape] = []
         misses = 0
-        for u, key in enumerate(ukeys.tolist()):
+        for key in zip(hs[new].tolist(), ls[new].tolist()):
             sh = self._shapes.get(key)
-            if sh is None or len(sh.phase) != int(lens[rep[u]]):
-                j = int(rep[u])
+            if sh is None:
+                j = int(rep[len(shapes)])          # the shape's first run
                 sh = self._decide(trace, order[first[j]:first[j] + lens[j]])
                 self._shapes[key] = sh
                 if len(self._shapes) > self.max_shapes:
@@ -296,17 +310,6 @@ class StreamPhaser:
             else:
                 self._shapes.move_to_end(key)
             shapes.append(sh)
-        # Runs whose hash is another length's (a collision: only the first run of each hash
-        # was checked above; the hash is linear in fields a peer chooses) are decided on
-        # their own, not remembered: a shape shorter than its run would have the native copy
-        # read past the shapes' phases.
-        short = np.fromiter((len(x.phase) for x in shapes), np.int64, len(shapes))[inv] != lens
-        if short.any():
-            inv = inv.copy()
-            for j in np.flatnonzero(short).tolist():
-                shapes.append(self._decide(trace, order[first[j]:first[j] + lens[j]]))
-                inv[j] = len(shapes) - 1
-                misses += 1
         hits = len(first) - misses
         # Per-kernel phases: the remembered shape's phase at the kernel's position.
         offs = np.r_[0, np.cumsum([len(x.phase) for x in shapes])][:-1]

@@ -99,7 +99,7 @@ from .phase_figures import (
     fold_records,
     group_key,
     host_intervals,
-    launch_latency_ns,
+    launch_latency_join_ns,
     split_group_key,
 )
 
@@ -531,6 +531,53 @@ def log2_bins(values_ns: np.ndarray) -> np.ndarray:
     return np.minimum(e, HIST_BINS - 1, out=e)
 
 
+@dataclass
+class ApiCallFigures:
+    """One batch's host calls as the window keeps them (:func:`api_call_figures`)."""
+    # (pid, "launch" | "sync") -> log2 histogram (HIST_BINS) of the call durations, pids
+    # ascending, launch before sync; histograms without a call are left out.
+    hist: dict[tuple[int, str], np.ndarray]
+    # (pid, tid) of the threads that made launch calls, ascending by (pid, tid as uint32),
+    # the first 256 at most (the window keeps MAX_LAUNCH_TIDS per process).
+    launch_threads: list[tuple[int, int]]
+
+
+def api_call_figures(a: np.ndarray) -> ApiCallFigures:
+    """:class:`SourceFold`'s figures of a batch's API records by numpy, its general path:
+    the launch (kernel and graph launches) and synchronisation call histograms per process
+    and the launching threads; other calls count in neither. ``fold_native.ingest_pass``
+    gives the histogram of a kernel stream (launches of one thread) in its pass instead,
+    which tests/test_fold_native.py compares with this."""
+    out = ApiCallFigures({}, [])
+    if not len(a):
+        return out
+    dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
+    what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
+    launches_only = int(what.max()) == 0
+    m = slice(None) if launches_only else what < 2
+    if not (launches_only or m.any()):
+        return out
+    upid, pinv = distinct_inverse(a["pid"][m])
+    if launches_only and len(upid) == 1:
+        # One process, only launch records (a kernel stream): the histogram of the
+        # durations alone, no per-record index.
+        h = np.zeros((1, 2, HIST_BINS), dtype=np.int64)
+        h[0, 0] = np.bincount(log2_bins(dur), minlength=HIST_BINS)
+    else:
+        idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
+        h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
+    lm = slice(None) if launches_only else what == 0
+    if launches_only or lm.any():
+        pairs = distinct((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
+        out.launch_threads = [(int(pt >> 32), int(np.int64(pt & 0xFFFFFFFF).astype(np.int32)))
+                              for pt in pairs[:256].tolist()]
+    for i, pid in enumerate(upid.tolist()):
+        for w, name in ((0, "launch"), (1, "sync")):
+            if h[i, w].any():
+                out.hist[(int(pid), name)] = h[i, w]
+    return out
+
+
 def hist_percentile_ns(hist: np.ndarray, q: float) -> float | None:
     """The q-th percentile of a log2 histogram, as the geometric middle of its bin."""
     total = int(hist.sum())
@@ -700,32 +747,13 @@ class SourceFold:
                 tids.add(tid)
             self.api_hist[(pid, "launch")] = self.api_hist.get((pid, "launch"), 0) + hist
         elif len(a):
-            dur = np.maximum(a["end_ns"] - a["start_ns"], 0)
-            what = _API_WHAT[a["category"]]      # 0 launch, 1 sync, 2 other: one table lookup
-            launches_only = int(what.max()) == 0
-            m = slice(None) if launches_only else what < 2
-            if launches_only or m.any():
-                upid, pinv = distinct_inverse(a["pid"][m])
-                if launches_only and len(upid) == 1:
-                    # One process, only launch records (a kernel stream): the histogram of
-                    # the durations alone, no per-record index.
-                    h = np.zeros((1, 2, HIST_BINS), dtype=np.int64)
-                    h[0, 0] = np.bincount(log2_bins(dur), minlength=HIST_BINS)
-                else:
-                    idx = (pinv * 2 + what[m]) * HIST_BINS + log2_bins(dur[m])
-                    h = np.bincount(idx, minlength=len(upid) * 2 * HIST_BINS).reshape(len(upid), 2, HIST_BINS)
-                lm = slice(None) if launches_only else what == 0
-                if launches_only or lm.any():   # the launch threads: /metrics keeps their scheduling series
-                    pairs = distinct((a["pid"][lm].astype(np.int64) << 32) | (a["tid"][lm].astype(np.int64) & 0xFFFFFFFF))
-                    for pt in pairs[:256].tolist():
-                        tids = self.launch_tids.setdefault(int(pt >> 32), set())
-                        if len(tids) < MAX_LAUNCH_TIDS:
-                            tids.add(int(np.int64(pt & 0xFFFFFFFF).astype(np.int32)))
-                for i, pid in enumerate(upid.tolist()):
-                    for w, name in ((0, "launch"), (1, "sync")):
-                        if h[i, w].any():
-                            key = (int(pid), name)
-                            self.api_hist[key] = self.api_hist.get(key, 0) + h[i, w]
+            calls = api_call_figures(a)
+            for pid, tid in calls.launch_threads:    # /metrics keeps their scheduling series
+                tids = self.launch_tids.setdefault(pid, set())
+                if len(tids) < MAX_LAUNCH_TIDS:
+                    tids.add(tid)
+            for key, h in calls.hist.items():
+                self.api_hist[key] = self.api_hist.get(key, 0) + h
         c = trace.copies
         if len(c):
             key = (c["device"].astype(np.int64) << 32) | (c["pid"].astype(np.int64) & 0xFFFFFFFF)
@@ -745,7 +773,10 @@ class SourceFold:
         # Per kernel, while its API records are in the same batch: launch latency (API
         # call start to kernel start, -1 unknown) and work from operator shapes.
         if lat is None:
-            lat = launch_latency_ns(k, a, aligned_tried=native)
+            # The join itself: the native pass (when it ran) found the records not aligned
+            # with the kernels, its one other case; under fold_native.REFERENCE the join is
+            # the reference; without records it answers -1 per kernel.
+            lat = launch_latency_join_ns(k, a)
         shf = shb = None
         if len(k) and len(trace.cpu_ops):
             try:

@@ -138,6 +138,8 @@ def test_native_joins_equal_reference(seed, monkeypatch):
         m.setattr(fold_native, "REFERENCE", True)
         ref = (phase_figures.launch_latency_ns(k, a), host_intervals(a))
     np.testing.assert_array_equal(native[0], ref[0])
+    # the join alone (what SourceFold._ingest calls after its native pass) is that reference
+    np.testing.assert_array_equal(phase_figures.launch_latency_join_ns(k, a), ref[0])
     for (xs, xe), (ys, ye) in zip(native[1], ref[1]):
         np.testing.assert_array_equal(xs, ys)
         np.testing.assert_array_equal(xe, ye)
@@ -321,10 +323,10 @@ def test_host_intervals_one_pass_equals_reference_when_one_kind_is_out_of_order(
 
 
 @pytest.mark.parametrize("seed", range(16))
-def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch):
+def test_ingest_pass_equals_the_separate_passes_and_reference(seed):
     """rl_ingest_pass (the batch's device range, launch-call histogram and aligned launch
-    latency in one pass) against each on its own: field_range, the numpy histogram of
-    SourceFold._ingest's general path and the reference join of launch_latency_ns; records aligned or not, launches only or mixed
+    latency in one pass) against each on its own: field_range, SourceFold._ingest's general
+    path (windows.api_call_figures) and the reference join (launch_latency_join_ns); records aligned or not, launches only or mixed
     calls, one thread or two, as many API records as kernels or not, none of either. The
     seed's bits choose: 1 aligned ids, 2 launch records only, 4 two threads, 8 fewer records."""
     from ridgeline.aggregator.windows import _API_WHAT_U8
@@ -348,19 +350,20 @@ def test_ingest_pass_equals_the_separate_passes_and_reference(seed, monkeypatch)
         a["correlation_id"] = k["correlation_id"] = rng.permutation(k["correlation_id"])
     dev, hist, lat = fold_native.ingest_pass(k, a, _API_WHAT_U8, phase_figures.LAUNCH_RECORD_U8)
     assert dev == (fold_native.field_range(k, "device") if n else None)
-    # SourceFold._ingest's general path: one process and thread, every record a launch
-    from ridgeline.aggregator.windows import HIST_BINS, log2_bins
-    want = None
-    if na and not _API_WHAT_U8[a["category"]].any() and len(set(zip(a["pid"].tolist(), a["tid"].tolist()))) == 1:
-        want = (np.bincount(log2_bins(np.maximum(a["end_ns"] - a["start_ns"], 0)), minlength=HIST_BINS),
-                int(a["pid"][0]), int(a["tid"][0]))
-    assert (hist is None) == (want is None)
-    if want is not None:
-        np.testing.assert_array_equal(hist[0], want[0])
-        assert hist[1:] == want[1:]
-    with monkeypatch.context() as m:
-        m.setattr(fold_native, "REFERENCE", True)
-        ref = phase_figures.launch_latency_ns(k, a)
+    # The fast case: one process and thread, every record a launch. There the native
+    # histogram, process and thread are all SourceFold._ingest's general path gives
+    # (windows.api_call_figures, the function _ingest calls): one launch histogram, one thread.
+    from ridgeline.aggregator.windows import api_call_figures
+    fast = bool(na and not _API_WHAT_U8[a["category"]].any()
+                and len(set(zip(a["pid"].tolist(), a["tid"].tolist()))) == 1)
+    assert (hist is None) == (not fast)
+    if fast:
+        general = api_call_figures(a)
+        pid, tid = int(a["pid"][0]), int(a["tid"][0])
+        assert list(general.hist) == [(pid, "launch")] and general.launch_threads == [(pid, tid)]
+        np.testing.assert_array_equal(hist[0], general.hist[(pid, "launch")])
+        assert hist[1:] == (pid, tid)
+    ref = phase_figures.launch_latency_join_ns(k, a)
     if lat is not None:
         np.testing.assert_array_equal(lat, ref)
     # aligned exactly when each kernel's launch record is the record at its index, in order

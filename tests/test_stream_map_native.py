@@ -271,44 +271,88 @@ def test_argmax_ranges_equal_reference(seed, monkeypatch):
     assert fold_native.argmax_ranges(values, np.array([0]), np.array([n + 1])) is None
 
 
-def test_runs_whose_hashes_collide_across_lengths_are_decided_on_their_own(monkeypatch):
-    """Runs of different lengths given one hash (pairs of the stream's shapes merged: what a
-    peer choosing grid fields could approach, the hash being linear in them): only the first
-    run of a hash was checked against the remembered shape's length, so a longer run with the
-    same hash had the native copy read past the shapes' phases, or took the next shape's
-    (found by review). Each run must get the phases of its own kernels: the same BatchPhases
-    as with the real hashes."""
+def _merge_across_lengths(h: np.ndarray, lens: np.ndarray, merged: list) -> np.ndarray:
+    """Each hash paired with the next distinct hash of another length, one value for both
+    (``merged`` gets the pairs): what a peer choosing grid fields could approach, the hash
+    being linear in them."""
+    seen: dict[int, int] = {}
+    for x, n in zip(h.tolist(), lens.tolist()):
+        seen.setdefault(x, n)
+    new, open_ = {}, None
+    for x in seen:
+        if open_ is not None and seen[open_] != seen[x]:
+            new[x] = new[open_]
+            merged.append((open_, x))
+            open_ = None
+        else:
+            new[x] = x
+            open_ = x
+    return np.array([new[x] for x in h.tolist()], np.uint64)
+
+
+def _colliding_hashes(monkeypatch, merged: list) -> None:
+    """Both hash paths of map_batch (fold_native.map_runs and the reference's
+    StreamPhaser._hashes_reference) answer with :func:`_merge_across_lengths`' hashes."""
+    real_runs, real_ref = fold_native.map_runs, StreamPhaser._hashes_reference
+
+    def runs(*a, **kw):
+        r = real_runs(*a, **kw)
+        if r is None:
+            return None
+        order, first, step_ids, h = r
+        return order, first, step_ids, _merge_across_lengths(h, np.diff(np.r_[first, len(order)]), merged)
+
+    def ref(self, k, order, identity, first, lens, pos):
+        return _merge_across_lengths(real_ref(self, k, order, identity, first, lens, pos), lens, merged)
+
+    monkeypatch.setattr(fold_native, "map_runs", runs)
+    monkeypatch.setattr(StreamPhaser, "_hashes_reference", ref)
+
+
+def _simulated_batch(kernels: int = 6000):
     from support.phase_traces import simulated_gpu_streams
     part = simulated_gpu_streams(1)[0]
-    k = part.kernels[np.argsort(part.kernels["start_ns"], kind="stable")][:6000]
-    batch = Trace(kernels=k, names=part.names)
-    want = StreamPhaser(part.names).map_batch(batch)
-    real = fold_native.map_runs
-    merged = []
+    k = part.kernels[np.argsort(part.kernels["start_ns"], kind="stable")][:kernels]
+    return Trace(kernels=k, names=part.names)
 
-    def colliding(*a, **kw):
-        runs = real(*a, **kw)
-        if runs is None:
-            return None
-        order, first, step_ids, h = runs
-        lens = np.diff(np.r_[first, len(order)])
-        # each hash paired with the next distinct hash of another length: one value for both
-        seen: dict[int, int] = {}
-        for x, n in zip(h.tolist(), lens.tolist()):
-            seen.setdefault(x, n)
-        keys, new, open_ = list(seen), {}, None
-        for x in keys:
-            if open_ is not None and seen[open_] != seen[x]:
-                new[x] = new[open_]
-                merged.append((open_, x))
-                open_ = None
-            else:
-                new[x] = x
-                open_ = x
-        return order, first, step_ids, np.array([new[x] for x in h.tolist()], np.uint64)
 
-    monkeypatch.setattr(fold_native, "map_runs", colliding)
-    got = StreamPhaser(part.names).map_batch(batch)
+def test_runs_whose_hashes_collide_across_lengths_are_decided_on_their_own(monkeypatch):
+    """Runs of different lengths given one hash (pairs of the stream's shapes merged): only
+    the first run of a hash was checked against the remembered shape's length, so a longer
+    run with the same hash had the native copy read past the shapes' phases, or took the
+    next shape's (found by review). Each run must get the phases of its own kernels: the
+    same BatchPhases as with the real hashes."""
+    batch = _simulated_batch()
+    want = StreamPhaser(batch.names).map_batch(batch)
+    merged: list = []
+    _colliding_hashes(monkeypatch, merged)
+    got = StreamPhaser(batch.names).map_batch(batch)
     assert merged, "no two shapes of different lengths to merge"
     np.testing.assert_array_equal(got.kernel_phase, want.kernel_phase)
     assert [(s_.start_ns, s_.phase) for s_ in got.steps] == [(s_.start_ns, s_.phase) for s_ in want.steps]
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["native", "reference"])
+def test_runs_whose_hashes_collide_across_lengths_are_remembered(reference, monkeypatch):
+    """Shapes are remembered by (hash, length): a run whose hash another length's shape has
+    is decided once, like any new shape, and found again in the next batch. They were
+    decided on their own and not remembered (found by review): a peer's colliding shapes
+    cost a full phase mapping per run per batch. The same batch twice through one phaser:
+    the second decides nothing and maps every kernel as the first did; the first decides
+    as many shapes as there are distinct (hash, length) pairs."""
+    batch = _simulated_batch()
+    shapes = len(np.unique(fold_native.map_runs(batch.kernels, StreamPhaser(batch.names).segment(batch)[1]
+                                                .kernel_step, None, None, _HASH_CONSTS)[3]))
+    merged: list = []
+    _colliding_hashes(monkeypatch, merged)
+    monkeypatch.setattr(fold_native, "REFERENCE", reference)
+    ph = StreamPhaser(batch.names)
+    first = ph.map_batch(batch)
+    assert merged, "no two shapes of different lengths to merge"
+    # one decision per distinct shape of the batch, each remembered
+    assert first.shape_misses == ph.map_phases_calls == len(ph._shapes) == shapes
+    second = ph.map_batch(batch)
+    assert ph.map_phases_calls == shapes, "a colliding run was decided again"
+    assert (second.shape_hits, second.shape_misses) == (len(second.steps), 0)
+    np.testing.assert_array_equal(second.kernel_phase, first.kernel_phase)
+    assert _step_fields(second) == _step_fields(first)

@@ -121,7 +121,9 @@ EXPORT int64_t rl_map_runs(const char *base, int64_t stride, const int64_t *off,
  * order: kept indices (rl_map_runs' out_order); first: n_runs run starts in it; shape: per
  * run, the shape's offset into flat (the shapes' per-kernel phases laid end to end); the run
  * of kernels order[first[r]:first[r + 1]] gets flat[shape[r]:...] in order. phase: one byte
- * per kernel of the batch (the others untouched). */
+ * per kernel of the batch (the others untouched). Nothing here reads the hashes: the caller
+ * keys its shapes by (hash, length), so each run's shape holds exactly as many phases as the
+ * run has kernels and the copy stays inside flat. */
 EXPORT void rl_map_phases(int64_t kept, const int64_t *order, int64_t n_runs, const int64_t *first,
                           const int64_t *shape, const uint8_t *flat, uint8_t *phase) {
     for (int64_t r = 0; r < n_runs; r++) {
