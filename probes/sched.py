@@ -174,7 +174,7 @@ class SchedProbe(Probe):
         try:
             slot_library()
         except SlotLibraryMissing as exc:
-            return Availability(False, str(exc), native_library.build_hint(_NATIVE_DIR))
+            return Availability(False, str(exc), "the scheduling probe frees the slots of gone threads with it")
         return Availability(True)
 
     def start(self) -> None:

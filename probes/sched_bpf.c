@@ -193,7 +193,8 @@ static __always_inline u64 live_count(void) {
    then its own), and keeps its tid. Readers lose nothing by the later clear: a row copied
    after the free is dropped by _read's second look at `slot_task` (0 now, or the new owner),
    unless a new task at the same address took the same slot before that look; the copy is then
-   the exited thread's last row, the one sent with its exit, which the window merges. */
+   the freed thread's last row (for an exit, the one its exit record carries: the window takes
+   the exit record's instead). */
 static __always_inline void release(u64 task, int idx, struct thread_t *s) {
     int b = (u32)idx / WAYS;
     struct bucket_t *k = slot_task.lookup(&b);
