@@ -329,6 +329,8 @@ def test_user_and_bpf_frees_racing_on_two_cpus_count_each_slot_once(table):
                 words[2] = 2 * r + 1
                 if not wait(1, r):
                     break
+                for _ in range(r % 32):    # 0 to ~3 us later: each side wins some rounds
+                    pass
                 table.switch_out(task(100 + r), dead=True)
                 words[2] = 2 * r + 2
             else:
@@ -354,6 +356,7 @@ def test_user_and_bpf_frees_racing_on_two_cpus_count_each_slot_once(table):
         # the race was run, not avoided: user space won some rounds (the last switch then
         # found no slot, or lost its own compare-and-swap), the BPF side the others
         assert 0 < freed_user < rounds and freed_bpf > 0, table.counts()
+        print("claimed, freed by BPF, freed by user space:", table.counts())
     finally:
         words[3] = 1
         _, status = os.waitpid(pid, 0)
