@@ -173,7 +173,7 @@ static __always_inline u64 live_count(void) {
     u64 *claimed = live.lookup(&a), *freed = live.lookup(&b), *freed_user = live.lookup(&c);
     if (!claimed || !freed || !freed_user)
         return 0;
-    /* Signed, clamped. Every claim and every free is now counted exactly once (each side
+    /* Signed, clamped. Every claim and every free is counted exactly once (each side
        counts only the frees its own compare-and-swap made), so the counters no longer drift;
        the clamp stays for the read itself: the three counters are loaded one after the other
        while other CPUs claim and free, so `claimed` can be loaded before a claim whose free
@@ -183,7 +183,7 @@ static __always_inline u64 live_count(void) {
     return n > 0 ? (u64)n : 0;
 }
 
-/* Free the slot of a task (exited, or a dead task's entry at a reused address). RELEASE_BEGIN
+/* Free the slot of a task (exited, or a dead task's entry at a reused address).
    The slot is freed, and counted, only by a compare-and-swap of its task pointer, as user space
    frees it (probes/sched_native): where that fails, user space freed it first (and counted it),
    and the slot may already hold a new thread, whose row this is now: nothing of it is touched.
@@ -201,14 +201,13 @@ static __always_inline void release(u64 task, int idx, struct thread_t *s) {
     if (!k)
         return;
     u64 *head = (u64 *)s;                /* ev_type | tid << 32 */
-    u64 w = *head;                       /* the row is still this task's: it holds the slot */
+    u64 w = *head;                       /* this task's row if the swap below succeeds */
     asm volatile("" ::: "memory");
     if (__sync_val_compare_and_swap(&k->task[idx & (WAYS - 1)], task, 0) != task)
         return;
     live_add(L_FREED_BPF);
     __sync_val_compare_and_swap(head, w, w & 0xffffffffULL);
 }
-/* RELEASE_END */
 
 /* Create the entry of a thread first met now; returns it or NULL (MAX_THREADS tracked, or the
    2 x WAYS slots of its two buckets all taken: C_THREADS_LOST). */
