@@ -15,6 +15,9 @@ say there:
   agent and ``analyze`` cannot fold without it. probes/cupti/native/Makefile likewise
   (``libridgeline_cupti_decode.so``, the CUPTI probe's per-record decode passes,
   ``ridgeline.probes.cupti.decode_native``) goes to ``ridgeline/probes/cupti/native/``.
+  probes/sched_native/Makefile likewise (``libridgeline_sched.so``, the scheduling probe's
+  compare-and-swap slot free, ``ridgeline.probes.sched.slot_library``) goes to
+  ``ridgeline/probes/sched_native/``.
 * The CUPTI headers come from the ``nvidia-cuda-cupti`` wheel that pyproject.toml pins as
   a build requirement (``CUPTI_INCLUDE=DIR`` overrides: a CUDA toolkit's
   ``extras/CUPTI/include``). Nothing is linked against libcupti; the library dlopens it.
@@ -28,8 +31,9 @@ A failed native build fails the package build with the compiler's message: an in
 whose ``ridgeline run`` cannot inject is worse than no install. ``RIDGELINE_SKIP_NATIVE=1``
 builds without it on purpose (the CUPTI probe then says the library is missing).
 Editable installs (``pip install -e .``) build none of them: a source tree uses ``make -C
-probes/native``, ``make -C probes/native_json``, ``make -C probes/cupti/native`` and ``make -C
-aggregator/native`` (``scripts/setup.sh`` runs them), and the library_path() functions find those.
+probes/native``, ``make -C probes/native_json``, ``make -C probes/cupti/native``, ``make -C
+probes/sched_native`` and ``make -C aggregator/native`` (``scripts/setup.sh`` runs them), and the
+library_path() functions find those.
 """
 from __future__ import annotations
 
@@ -56,6 +60,10 @@ DECODE_SRC = HERE / "probes" / "cupti" / "native"
 DECODE_LIB = "libridgeline_cupti_decode.so"
 # Mirrors probes/cupti/decode_native.py's library_path().
 DECODE_DEST = Path("ridgeline") / "probes" / "cupti" / "native" / DECODE_LIB
+SCHED_SRC = HERE / "probes" / "sched_native"
+SCHED_LIB = "libridgeline_sched.so"
+# Mirrors probes/sched.py's slot_library_path().
+SCHED_DEST = Path("ridgeline") / "probes" / "sched_native" / SCHED_LIB
 FOLD_SRC = HERE / "aggregator" / "native"
 FOLD_LIB = "libridgeline_fold.so"
 # Mirrors aggregator/fold_native.py's library_path().
@@ -121,6 +129,11 @@ def build_decode(build_temp: Path) -> Path:
     return _make(build_temp, DECODE_SRC, "cupti_decode", DECODE_LIB, "native CUPTI decoder", [], _C_HINT, ")")
 
 
+def build_sched(build_temp: Path) -> Path:
+    """The scheduling probe's slot free (probes/sched_native): a C compiler only."""
+    return _make(build_temp, SCHED_SRC, "sched_native", SCHED_LIB, "scheduling slot library", [], _C_HINT, ")")
+
+
 def build_trace_reader(build_temp: Path) -> Path:
     """The columnar Kineto reader (probes/native_json), against libsimdjson-dev."""
     return _make(build_temp, JSON_SRC, "native_json", JSON_LIB_NAME, "native trace reader", [],
@@ -138,7 +151,8 @@ class BuildPyWithNative(build_py):
         # The fold library and the CUPTI decoder always (C only; the agent and analyze cannot
         # fold without the first, the CUPTI probe decode without the second); the CUPTI
         # library and the trace reader unless RIDGELINE_SKIP_NATIVE=1.
-        built = [(build_fold(build_temp), FOLD_DEST), (build_decode(build_temp), DECODE_DEST)]
+        built = [(build_fold(build_temp), FOLD_DEST), (build_decode(build_temp), DECODE_DEST),
+                 (build_sched(build_temp), SCHED_DEST)]
         if os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
             built += [(build_native(build_temp), LIB_DEST), (build_trace_reader(build_temp), JSON_LIB_DEST)]
         for lib, rel in built:
@@ -150,7 +164,7 @@ class BuildPyWithNative(build_py):
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         out = super().get_outputs(include_bytecode)
         if not self.editable_mode:
-            out.append(str(Path(self.build_lib) / FOLD_DEST))
+            out += [str(Path(self.build_lib) / FOLD_DEST), str(Path(self.build_lib) / SCHED_DEST)]
         if not self.editable_mode and os.environ.get("RIDGELINE_SKIP_NATIVE") != "1":
             out += [str(Path(self.build_lib) / LIB_DEST), str(Path(self.build_lib) / JSON_LIB_DEST)]
         return out

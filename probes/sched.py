@@ -18,7 +18,10 @@ User side: :meth:`SchedProbe.poll` (non-blocking) reads the slot table (``slot_t
 task pointer of each slot, 0 when free; ``threads``: its totals) straight from memory (both
 arrays are mmapped, no system call), drains the ring buffer, and returns one window of per-thread rows
 (:data:`probes.sched_accounting.WINDOW_DTYPE`) computed by the pure accounting in
-:mod:`probes.sched_accounting`.
+:mod:`probes.sched_accounting`. The slots user space frees itself (removed targets, threads
+gone unseen) are freed by a compare-and-swap on the mapped words, the one the BPF side frees
+with, in ``probes/sched_native/libridgeline_sched.so`` (Python cannot compare-and-swap a
+mapped word; :func:`slot_library`).
 """
 from __future__ import annotations
 
@@ -26,12 +29,14 @@ import ctypes as ct
 import mmap
 import os
 import time
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from . import bpf as bpfmod
-from . import btf, proc
+from . import btf, native_library, proc
+from .errors import RuntimeFailure
 from .probe import Availability, Probe
 from .sched_accounting import EV_EXIT, EV_FORK, EV_SLOW_RUNQ, EVENT_DTYPE, THREAD_DTYPE, WindowAccountant, hist_by_tgid
 from .targets import TargetSet
@@ -48,6 +53,38 @@ CFG_SLOW_RUNQ_NS, CFG_FOLLOW_FORKS, CFG_DISCOVER, CFG_RB_FLAGS = range(4)
 C_EVENTS_LOST, C_THREADS_LOST, C_GAPS, C_EVENTS = range(4)
 L_FREED_USER = 2          # `live` counter that user space alone writes (slots it freed)
 _MAX_PENDING_EVENTS = 65536   # ring-buffer records held between two polls; beyond: dropped, counted
+SLOT_LIB_NAME = "libridgeline_sched.so"
+_NATIVE_DIR = Path(__file__).resolve().parent / "sched_native"
+SLOT_LIB_ABI = 1                 # rl_sched_abi(): the argument list of rl_sched_free passed below
+# rl_sched_free compares and clears the tid within the row's first 64-bit word (ev_type, tid)
+assert THREAD_DTYPE.fields["ev_type"][1] == 0 and THREAD_DTYPE.fields["tid"][1] == 4
+assert THREAD_DTYPE.itemsize % 8 == 0
+
+
+class SlotLibraryMissing(RuntimeFailure):
+    """The native slot-free library is not built or cannot be loaded (the message says what to do)."""
+
+
+def slot_library_path() -> Path:
+    """The built library (``RIDGELINE_SCHED_LIB`` overrides)."""
+    return native_library.path_of("RIDGELINE_SCHED_LIB", _NATIVE_DIR, SLOT_LIB_NAME)
+
+
+@lru_cache(maxsize=1)
+def slot_library() -> ct.CDLL:
+    """``libridgeline_sched.so`` (probes/sched_native), its ABI checked; :class:`SlotLibraryMissing`
+    when it is not there (no fallback: a plain check-then-store free races the BPF side)."""
+    lib = native_library.open_library(slot_library_path(), "scheduling slot", native_library.build_hint(_NATIVE_DIR),
+                                      SlotLibraryMissing)
+    lib.rl_sched_abi.restype = ct.c_int64
+    lib.rl_sched_abi.argtypes = ()
+    if lib.rl_sched_abi() != SLOT_LIB_ABI:
+        raise SlotLibraryMissing(f"ridgeline: {slot_library_path()} has ABI {lib.rl_sched_abi()}, this code "
+                                 f"passes {SLOT_LIB_ABI}: {native_library.build_hint(_NATIVE_DIR)}")
+    v, i64 = ct.c_void_p, ct.c_int64
+    lib.rl_sched_free.restype = i64
+    lib.rl_sched_free.argtypes = (v, v, i64, i64, v, v, v, i64, v)
+    return lib
 
 
 def raw_layout_problem(types=None) -> str | None:
@@ -134,16 +171,30 @@ class SchedProbe(Probe):
         problem = raw_layout_problem()
         if problem:
             return Availability(False, problem, "this kernel's scheduler tracepoints differ; please report it")
+        try:
+            slot_library()
+        except SlotLibraryMissing as exc:
+            return Availability(False, str(exc), "the scheduling probe frees the slots of gone threads with it")
         return Availability(True)
 
     def start(self) -> None:
         if self.bpf is not None:
             return
         bcc = bpfmod.import_bcc()
+        lib = slot_library()           # before loading: without it the probe must not run
         t0 = time.perf_counter()
-        self.bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(),        # RAW_TRACEPOINT_PROBE auto-attaches
-                           cflags=bpf_cflags(self.max_threads, self.rb_pages))
+        bpf = bcc.BPF(text=BPF_SOURCE.read_bytes(),        # RAW_TRACEPOINT_PROBE auto-attaches
+                      cflags=bpf_cflags(self.max_threads, self.rb_pages))
         self.compile_s = time.perf_counter() - t0
+        self._open(bpf, lib)
+
+    def _open(self, bpf, lib: ct.CDLL) -> None:
+        """Take over a loaded program ``bpf`` (compiled with :func:`bpf_cflags` of this probe's
+        ``max_threads``): map its tables, open its ring buffer, set its configuration, add the
+        initial targets. The tests hand it an instance whose programs are not attached and
+        that they run themselves (BPF_PROG_TEST_RUN), to drive interleavings one step at a time."""
+        self.bpf = bpf
+        self._lib = lib
         nslots = 1 << slot_bits(self.max_threads)
         (m1, self._slot_task), (m2, self._slots) = (_map_array(self.bpf[b"slot_task"], np.dtype("<u8"), nslots),
                                                     _map_array(self.bpf[b"threads"], THREAD_DTYPE, nslots))
@@ -230,7 +281,7 @@ class SchedProbe(Probe):
         self._set_bit(tgid, False)
         slots, tasks, vals = self._read()
         mine = vals["tgid"] == tgid
-        self._release(slots[mine], tasks[mine])
+        self._release(slots[mine], tasks[mine], vals["tid"][mine])
         self._acct.forget_tgid(tgid)
 
     # ------------------------------------------------------------------ reading
@@ -243,10 +294,11 @@ class SchedProbe(Probe):
 
     def _read(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slot numbers, each slot's task, THREAD_DTYPE rows) of the tracked threads, copied
-        out of the mapped table (the tasks are for :meth:`_release`'s check).
+        out of the mapped table (the tasks and tids are what :meth:`_release` frees against).
 
         A row is kept only if its slot still holds the same task after the copy and its tid is
-        set (tid is 0 while the BPF side fills or frees a slot)."""
+        set (tid is 0 while the BPF side fills a slot, and cleared right after a slot is freed:
+        a row copied after a free fails the second look at ``slot_task`` instead)."""
         keys = self._slot_task.copy()        # a snapshot: the BPF side changes it meanwhile
         slots = np.flatnonzero(keys)
         keys = keys[slots]
@@ -254,20 +306,33 @@ class SchedProbe(Probe):
         ok = (self._slot_task[slots] == keys) & (rows["tid"] != 0)
         return slots[ok], keys[ok], rows[ok]
 
-    def _release(self, slots: np.ndarray, tasks: np.ndarray) -> None:
-        """Free slots from user space (removed targets, threads gone unseen), in the BPF side's
-        order: tid first (the row is skipped from then on), then the slot's task pointer, and
-        only where the slot still holds the task read (``tasks``): one the BPF side freed
-        meanwhile (and counted), perhaps claimed again by a new thread, is left alone. A
-        target's bit is cleared before its slots are freed, so the BPF side does not free them
-        at the same time (it does so only for threads of targets)."""
-        if not len(slots):
-            return
-        slots = slots[self._slot_task[slots] == tasks]
-        self._slots["tid"][slots] = 0
-        self._slot_task[slots] = 0
-        self._freed_user += len(slots)
-        self._live[ct.c_int(L_FREED_USER)] = ct.c_uint64(self._freed_user)
+    def _release(self, slots: np.ndarray, tasks: np.ndarray, tids: np.ndarray) -> np.ndarray:
+        """Free slots from user space (removed targets, threads gone unseen); returns which of
+        them this call freed (bool, aligned with ``slots``).
+
+        Each slot is freed by a compare-and-swap of its task pointer, ``tasks[i]`` -> 0, and
+        only while its row still carries ``tids[i]`` (rl_sched_free, probes/sched_native): one
+        the BPF side freed meanwhile (and counted), perhaps claimed again by a new thread, even
+        one at the same task address, is left alone, and only the frees made here are counted
+        in L_FREED_USER, so each claim is counted freed once. A check followed by a store
+        could not be: the BPF side's free fell between the two, both counted it, and ``live``
+        drifted below the slots held (the MAX_THREADS cap loosened); a slot claimed again in
+        that gap lost its new owner. A target's bit is cleared before its slots are freed, so
+        the BPF side frees them at the same time only in its stale-entry paths."""
+        n = len(slots)
+        freed = np.zeros(n, np.uint8)
+        if not n:
+            return freed.view(bool)
+        slots = np.ascontiguousarray(slots, np.int64)
+        tasks = np.ascontiguousarray(tasks, np.uint64)
+        tids = np.ascontiguousarray(tids, np.uint32)
+        count = self._lib.rl_sched_free(self._slot_task.ctypes.data, self._slots.ctypes.data, THREAD_DTYPE.itemsize,
+                                        len(self._slot_task), slots.ctypes.data, tasks.ctypes.data, tids.ctypes.data,
+                                        n, freed.ctypes.data)
+        if count:
+            self._freed_user += int(count)
+            self._live[ct.c_int(L_FREED_USER)] = ct.c_uint64(self._freed_user)
+        return freed.view(bool)
 
     def _counter(self, i: int) -> int:
         return int(sum(v for v in self._counters[ct.c_int(i)]))
@@ -306,9 +371,14 @@ class SchedProbe(Probe):
             if len(exit_rows):
                 gone &= ~np.isin(rows["tid"], exit_rows["tid"])    # its last row came already
             if gone.any():
-                self._release(keys[gone], tasks[gone])
-                exit_rows = np.concatenate([exit_rows, rows[gone]])
-                rows = rows[~gone]
+                # Only the threads whose slot this free took end here. Where the BPF side
+                # freed it first (at the thread's last switch, whose exit record may come with
+                # the next poll, or as a dead task's stale entry) the row stays a live one this
+                # window: a later exit record is differenced against it, not counted again.
+                idx = np.flatnonzero(gone)
+                ended = idx[self._release(keys[idx], tasks[idx], rows["tid"][idx])]
+                exit_rows = np.concatenate([exit_rows, rows[ended]])
+                rows = np.delete(rows, ended)
         window = self._acct.window(rows, exit_rows, now_ns)
         forks = ev_rows[ev_rows["ev_type"] == EV_FORK]
         for f in forks:   # children of targets (follow_forks): the BPF side already set their bit

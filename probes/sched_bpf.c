@@ -23,12 +23,14 @@
  * Per thread the value holds cumulative totals that are never cleared in the kernel: user
  * space reads both arrays through mmap (BPF_F_MMAPABLE) once per window and takes differences
  * (the read-and-clear is done by differencing, which costs the hot path nothing). A slot's
- * tid is 0 while it is free or being filled: it is written last when a thread is tracked and
- * cleared first when it is freed, and user space skips rows with tid 0. A thread's last totals
- * go to the ring buffer when it exits, then its slot is freed. `live` counts claims and
- * frees (user space frees the slots of removed targets and of threads gone unseen, and
- * alone writes L_FREED_USER, counting a slot only when it still held the task it read),
- * so that at most MAX_THREADS threads are tracked at once.
+ * tid is 0 while it is being filled (written last when a thread is tracked; user space skips
+ * rows with tid 0) and is cleared once it is freed, by the side whose compare-and-swap of
+ * `slot_task` freed it (release()). A thread's last totals go to the ring buffer when it
+ * exits, then its slot is freed. `live` counts claims and frees: user space frees the slots
+ * of removed targets and of threads gone unseen with the same compare-and-swap
+ * (probes/sched_native), and alone writes L_FREED_USER, counting only the frees its swap
+ * made; so each claim is freed and counted once, and at most MAX_THREADS threads are
+ * tracked at once.
  */
 #include <uapi/linux/ptrace.h>
 
@@ -171,21 +173,40 @@ static __always_inline u64 live_count(void) {
     u64 *claimed = live.lookup(&a), *freed = live.lookup(&b), *freed_user = live.lookup(&c);
     if (!claimed || !freed || !freed_user)
         return 0;
-    /* signed, clamped: a slot freed by both sides in the same instant (user space saw the task
-       gone in /proc as its last switch freed it) would count twice; the count must then not
-       wrap to 2^64, which refuses every new thread */
+    /* Signed, clamped. Every claim and every free is counted exactly once (each side
+       counts only the frees its own compare-and-swap made), so the counters no longer drift;
+       the clamp stays for the read itself: the three counters are loaded one after the other
+       while other CPUs claim and free, so `claimed` can be loaded before a claim whose free
+       is in the `freed` loaded next (an empty table that one thread enters and leaves
+       meanwhile reads -1). Unclamped, that transient -1 is 2^64 - 1 and refuses this thread. */
     s64 n = (s64)(*claimed - *freed - *freed_user);
     return n > 0 ? (u64)n : 0;
 }
 
-/* Free the slot of a task (exited, or a dead task's entry at a reused address). */
+/* Free the slot of a task (exited, or a dead task's entry at a reused address).
+   The slot is freed, and counted, only by a compare-and-swap of its task pointer, as user space
+   frees it (probes/sched_native): where that fails, user space freed it first (and counted it),
+   and the slot may already hold a new thread, whose row this is now: nothing of it is touched.
+   The tid is cleared only after the swap succeeded, and by a compare-and-swap of the row's
+   first word (ev_type, tid: bcc's BPF target has no 32-bit atomics) against the word read
+   before the free: a thread that claims the slot between the two rewrites that word (tid 0,
+   then its own), and keeps its tid. Readers lose nothing by the later clear: a row copied
+   after the free is dropped by _read's second look at `slot_task` (0 now, or the new owner),
+   unless a new task at the same address took the same slot before that look; the copy is then
+   the freed thread's last row (for an exit, the one its exit record carries: the window takes
+   the exit record's instead). */
 static __always_inline void release(u64 task, int idx, struct thread_t *s) {
-    s->tid = 0;                          /* first: user space skips the row from now on */
-    asm volatile("" ::: "memory");
     int b = (u32)idx / WAYS;
     struct bucket_t *k = slot_task.lookup(&b);
-    if (k && __sync_val_compare_and_swap(&k->task[idx & (WAYS - 1)], task, 0) == task)
-        live_add(L_FREED_BPF);
+    if (!k)
+        return;
+    u64 *head = (u64 *)s;                /* ev_type | tid << 32 */
+    u64 w = *head;                       /* this task's row if the swap below succeeds */
+    asm volatile("" ::: "memory");
+    if (__sync_val_compare_and_swap(&k->task[idx & (WAYS - 1)], task, 0) != task)
+        return;
+    live_add(L_FREED_BPF);
+    __sync_val_compare_and_swap(head, w, w & 0xffffffffULL);
 }
 
 /* Create the entry of a thread first met now; returns it or NULL (MAX_THREADS tracked, or the

@@ -107,6 +107,12 @@ if ! make -s -C probes/cupti/native; then
     echo "ridgeline setup: building the native CUPTI decoder (probes/cupti/native) failed (see above)" >&2
     exit 1
 fi
+# The scheduling probe's slot free (probes/sched_native, a C compiler only): a compare-and-swap
+# on the mmapped slot table; the eBPF scheduling probe says so and does not start without it.
+if ! make -s -C probes/sched_native; then
+    echo "ridgeline setup: building the scheduling slot library (probes/sched_native) failed (see above)" >&2
+    exit 1
+fi
 # The native fold library (aggregator/native): the agent and analyze cannot fold without it.
 if ! make -s -C aggregator/native; then
     echo "ridgeline setup: building the native fold library (aggregator/native) failed (see above)" >&2

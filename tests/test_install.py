@@ -111,6 +111,9 @@ def test_wheel_from_a_clean_clone_carries_the_library_under_one_import_name(clea
     # The native CUPTI decoder (probes/cupti/native), where probes/cupti/decode_native.py looks for it.
     assert [n for n in names if n.startswith("ridgeline/probes/cupti/native/")] == \
         ["ridgeline/probes/cupti/native/libridgeline_cupti_decode.so"]
+    # The scheduling probe's slot free (probes/sched_native), where probes/sched.py looks for it.
+    assert [n for n in names if n.startswith("ridgeline/probes/sched_native/")] == \
+        ["ridgeline/probes/sched_native/libridgeline_sched.so"]
     # The shipped library is the one without the test entry points (ridgeline_cupti_test.c).
     table = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / LIB)], capture_output=True, text=True,
                            check=True).stdout

@@ -12,6 +12,7 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -196,3 +197,167 @@ def test_max_threads_bounds_the_table_and_counts_the_rest():
         p.remove_target(pid) if "pid" in locals() else None
         assert _occupied(p) == 0 and _live(p) == 0
         p.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# The two sides' frees of one slot, interleaved step by step: the real program, run with
+# BPF_PROG_TEST_RUN on an unattached instance (tests/support/sched_table.py), against the real
+# mmapped table and SchedProbe._release. Found by review: user space freed with a check of
+# `slot_task` and then a store, the BPF side cleared a slot's tid before its compare-and-swap.
+
+@pytest.fixture
+def table():
+    from support.sched_table import UnattachedSched
+    t = UnattachedSched()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def test_user_free_leaves_a_slot_the_bpf_side_freed_and_a_new_thread_took(table):
+    """User space read thread X's slot; X then exits (the BPF side frees the slot) and a new
+    thread Y, at X's task address (task_structs are reused at once: see the churn test),
+    claims the same slot before user space frees what it read. The free must leave Y's slot
+    and tid alone and count nothing. (Before: the check `slot_task[slot] == task` passed,
+    Y's slot was emptied and its tid cleared, and Y's totals so far were lost.)"""
+    from support.sched_table import task
+    p, a = table.probe, task(1)
+    table.switch_out(a)                                  # X (this thread) is tracked
+    slots, tasks, rows = p._read()
+    s = table.slot_of(a)
+    assert list(slots) == [s] and int(rows["tid"][0]) == threading.get_native_id()
+    table.switch_out(a, dead=True)                       # X's last switch: the BPF side frees it
+    assert table.held() == 0 and table.counts() == (1, 1, 0)
+    tid_y = table.in_new_thread(table.switch_out, a)     # Y, same address: the same slot
+    assert table.slot_of(a) == s and table.tid_at(s) == tid_y != int(rows["tid"][0])
+
+    freed = p._release(slots, tasks, rows["tid"])        # user space, from what it read
+    assert not freed.any()
+    assert table.slot_of(a) == s and table.tid_at(s) == tid_y, "the new owner lost its slot or tid"
+    assert table.counts() == (2, 1, 0) and table.live() == table.held() == 1
+    (_, _, now) = p._read()
+    assert [int(t) for t in now["tid"]] == [tid_y]
+
+
+def test_bpf_free_after_user_free_keeps_the_new_owners_tid(table):
+    """User space freed thread X's slot (X gone from /proc, or its target removed) and a new
+    thread Y claimed that slot; then the BPF side frees X's slot too (release() of X's task,
+    as at a stale entry). Its compare-and-swap fails: Y keeps its slot and its tid, and the
+    free is not counted. (Before: release() cleared the tid first, Y's row read as a slot
+    being filled from then on and Y's next switch-out took its own slot for a stale one.)"""
+    from support.sched_table import task
+    p, a = table.probe, task(2)
+    table.switch_out(a)
+    slots, tasks, rows = p._read()
+    s = table.slot_of(a)
+    assert list(p._release(slots, tasks, rows["tid"])) == [True]
+    assert table.held() == 0 and table.counts() == (1, 0, 1)
+    # Y: another task address whose first bucket is X's, so it takes the slot X left
+    b = next(task(2) + 64 * k for k in range(1, 1 << 16) if table.bucket(task(2) + 64 * k) == table.bucket(a))
+    tid_y = table.in_new_thread(table.switch_out, b)
+    assert table.slot_of(b) == s and table.tid_at(s) == tid_y
+
+    table.release(a, s)                                  # the BPF side frees X's slot, late
+    assert table.slot_of(b) == s and table.tid_at(s) == tid_y, "the new owner's tid was cleared"
+    assert table.counts() == (2, 0, 1) and table.live() == table.held() == 1
+    (_, _, now) = p._read()
+    assert [int(t) for t in now["tid"]] == [tid_y]
+
+
+def test_each_side_frees_a_slot_the_other_freed_first_once(table):
+    """Both orders of an exit seen by both sides: user space first (then the last switch
+    finds no slot, tracks the thread again and frees it: a claim and a free), the BPF side
+    first (then the user-space free finds the slot empty and does nothing). The counts stay
+    those of the table, and the slot ends free, its tid cleared by whichever side freed it."""
+    from support.sched_table import task
+    p = table.probe
+    for k, user_first in ((3, True), (4, False)):
+        a = task(k)
+        table.switch_out(a)
+        slots, tasks, rows = p._read()
+        s = table.slot_of(a)
+        if user_first:
+            assert list(p._release(slots, tasks, rows["tid"])) == [True]
+            assert table.tid_at(s) == 0
+            table.switch_out(a, dead=True)
+        else:
+            table.switch_out(a, dead=True)
+            assert table.tid_at(s) == 0
+            assert list(p._release(slots, tasks, rows["tid"])) == [False]
+        assert table.held() == 0 and table.live() == 0, (user_first, table.counts())
+    assert table.counts() == (3, 2, 1)
+
+
+def test_user_and_bpf_frees_racing_on_two_cpus_count_each_slot_once(table):
+    """The race itself, on two CPUs: a forked process (a target) claims a slot with the real
+    program, user space reads it, then at one signal the process's last switch frees the slot
+    on its CPU while user space frees it here. Each slot must be counted freed once: after
+    every round the table's count equals the slots it holds (none). (Before: the BPF side's
+    free fell between user space's check and store in some rounds, both counted it, and
+    `live` went below the slots held: -1 per such round.)"""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("the race needs two CPUs")
+    import mmap as mmap_mod
+
+    from support.sched_table import task
+    p = table.probe
+    rounds = 3000
+    # shared words: [0] the round the child is to claim, [1] the round to free, [2] the round
+    # the child finished (claimed: 2 * r + 1, freed: 2 * r + 2)
+    shm = mmap_mod.mmap(-1, mmap_mod.PAGESIZE)
+    # shared words: [0] the round the child is to claim in, [1] the round it is to free in,
+    # [2] how far it got (claimed in round r: 2r + 1, freed: 2r + 2), [3] 1: stop
+    words = np.frombuffer(shm, dtype=np.int64, count=4)
+    words[:3], words[3] = -1, 0
+
+    def wait(i: int, value: int) -> bool:      # a spin: the two sides start within a microsecond
+        deadline = time.monotonic() + 10
+        while words[i] != value:
+            if words[3] or time.monotonic() > deadline:
+                return False
+        return True
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:              # the child never returns into pytest: os._exit, whatever happens
+            for r in range(rounds):
+                if not wait(0, r):
+                    break
+                table.switch_out(task(100 + r))
+                words[2] = 2 * r + 1
+                if not wait(1, r):
+                    break
+                for _ in range(r % 32):    # 0 to ~3 us later: each side wins some rounds
+                    pass
+                table.switch_out(task(100 + r), dead=True)
+                words[2] = 2 * r + 2
+            else:
+                code = 0
+        finally:
+            os._exit(code)
+    try:
+        p.add_target(pid)
+        drift = []
+        for r in range(rounds):
+            words[0] = r
+            assert wait(2, 2 * r + 1), "the child stopped"
+            slots, tasks, rows = p._read()
+            words[1] = r
+            p._release(slots, tasks, rows["tid"])
+            assert wait(2, 2 * r + 2), "the child stopped"
+            off = table.live() - table.held()
+            if off != (drift[-1][1] if drift else 0):
+                drift.append((r, off))
+        claimed, freed_bpf, freed_user = table.counts()
+        assert not drift, f"{len(drift)} of {rounds} rounds changed live - held, to {drift[-1][1]}: {drift[:5]}"
+        assert table.held() == 0 and claimed == freed_bpf + freed_user
+        # the race was run, not avoided: user space won some rounds (the last switch then
+        # found no slot, or lost its own compare-and-swap), the BPF side the others
+        assert 0 < freed_user < rounds and freed_bpf > 0, table.counts()
+        print("claimed, freed by BPF, freed by user space:", table.counts())
+    finally:
+        words[3] = 1
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
