@@ -89,17 +89,23 @@ def run_agent_for(agent: Agent, seconds: float) -> float:
     return time.monotonic() - t0
 
 
+def call_times(obj, name: str) -> list[float]:
+    """The monotonic times of each call of ``obj.name`` from now on (the method wrapped)."""
+    times: list[float] = []
+    method = getattr(obj, name)
+
+    def timed(*args, **kw):
+        times.append(time.monotonic())
+        return method(*args, **kw)
+    setattr(obj, name, timed)
+    return times
+
+
 def test_an_idle_loop_wakes_for_its_deadlines_not_twenty_times_a_second(tmp_path):
     quiet = Quiet()
     a = Agent(cfg_for(tmp_path, window_s=1.0), probes=[running(quiet)])
     a.start()
-    closes = []
-    close = a.close_window
-
-    def timed_close(*args, **kw):
-        closes.append(time.monotonic())
-        return close(*args, **kw)
-    a.close_window = timed_close
+    closes = call_times(a, "close_window")
     try:
         t0 = time.monotonic()
         wall = run_agent_for(a, 2.5)
@@ -131,13 +137,7 @@ def test_a_ready_descriptor_wakes_the_loop_at_once(tmp_path):
     quiet = Quiet()
     a = Agent(cfg_for(tmp_path, window_s=10.0), probes=[running(quiet)])
     a.start()
-    polled_at = []
-    poll = quiet.poll
-
-    def timed_poll():
-        polled_at.append(time.monotonic())
-        return poll()
-    quiet.poll = timed_poll
+    polled_at = call_times(quiet, "poll")
     poked = []
 
     def poke_later():
