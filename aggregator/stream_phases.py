@@ -42,7 +42,17 @@ import numpy as np
 from ridgeline.probes.events import Trace
 
 from . import fold_native
-from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
+from .phases import (
+    MIXED,
+    OTHER,
+    PHASE_NAMES,
+    PREFILL,
+    UNKNOWN,
+    LayerStep,
+    layers_repeated,
+    map_phases,
+    mixed_by_continuity,
+)
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels, name_classes_generation
 from .steps import segment_kernels
 
@@ -79,6 +89,10 @@ class StreamStep:
     mixed_slots: int = 0
     source: str = "kernels"          # "annotation" where an engine's step annotation decided it
     tokens: int | None = None        # all tokens as the kernels show them (aggregator.phases.Step)
+    # Unknown, and its layers could take its next step's phase (aggregator.phases
+    # same_layers_by_continuity), which this batch has not decided: the caller holds it
+    # with the device's open step (aggregator.windows.SourceFold).
+    layers_wait: bool = False
 
 
 @dataclass
@@ -110,6 +124,11 @@ class _GatheredClasses:
         """The per-name arrays themselves, one row per name slot (the last: "no name"), for
         a pass that looks names up itself (aggregator.steps.segment_kernels' native scan)."""
         return SimpleNamespace(**{f: a[:self._slots] for f, a in self._per_name.items()})
+
+    def of(self, field: str, name_ids: np.ndarray) -> np.ndarray:
+        """``field`` of the kernels with these name ids (a few: no pass over the batch)."""
+        nid = np.asarray(name_ids, dtype=np.int64)
+        return self._per_name[field][np.where((nid >= 0) & (nid < self._slots - 1), nid, self._slots - 1)]
 
     def any_name(self, field: str, value) -> bool:
         """Whether any name slot has ``field == value``: False answers for every kernel
@@ -151,6 +170,9 @@ class StreamPhaser:
         # device -> start of the earliest step mapped so far (by either path): a later step
         # of a later batch is not the first of the recording (mixed_by_continuity).
         self.first_step_ns: dict[int, int] = {}
+        # device -> its last steps mapped (by either path), as the layer-continuity rule
+        # reads them: the neighbour before a batch's first step (same_layers_by_continuity).
+        self.previous_layers: dict[int, list[LayerStep]] = {}
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
@@ -356,6 +378,8 @@ class StreamPhaser:
             for j, sg in enumerate(segs):      # a segment without kernels (none expected), or skipped
                 if steps[j] is None:
                     steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, UNKNOWN, None, None, "")
+        self._layer_continuity(k, kc, steps, step_ids, order, first, lens, phase,
+                               any(x.step_phase == UNKNOWN for x in shapes))
         # Steps in time order per device (segments are per device, in time order).
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
@@ -370,6 +394,54 @@ class StreamPhaser:
                 at = order[first[p]:first[p] + lens[p]]
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
+
+    def _layer_continuity(self, k, kc, steps: list, step_ids, order, first, lens, phase, any_unknown: bool) -> None:
+        """:func:`aggregator.phases.same_layers_by_continuity` over the decided steps of a
+        kernels-only batch (``step_ids``: those holding kernels in ``order``; the skipped
+        ones, held by the caller, are not decided): the neighbour before a device's first
+        step is the last one of an earlier batch (``previous_layers``). An unknown step
+        whose next step is not decided here gets ``layers_wait``. The relabelled steps' kernels
+        all take the step's new phase, as the whole-trace mapper's do. Without an unknown
+        step (the steady serving case) only ``previous_layers`` moves on."""
+        run_of = dict(zip(step_ids.tolist(), range(len(step_ids))))
+        seen: dict[int, LayerStep] = {}
+
+        def at(j: int) -> LayerStep:
+            if j not in seen:
+                p = run_of[j]
+                idx = order[first[p]:first[p] + lens[p]]
+                nid = k["name_id"][idx]
+                seen[j] = LayerStep(int(steps[j].start_ns), int(steps[j].phase), j, nid, kc.of("role", nid),
+                                    (k["end_ns"][idx] - k["start_ns"][idx]).astype(np.int64))
+            return seen[j]
+
+        by_device: dict[int, list[int]] = {}
+        for j, st in enumerate(steps):          # per device in time order (segment_kernels)
+            by_device.setdefault(st.device, []).append(j)
+        found = []
+        for dev, seq in by_device.items():
+            done = [j for j in seq if j in run_of]
+            if not done:
+                continue
+            hist = [h for h in self.previous_layers.get(dev, []) if h.start_ns < steps[done[0]].start_ns]
+            for p, j in enumerate(seq):
+                if not any_unknown or j not in run_of or steps[j].phase != UNKNOWN or not at(j).candidate:
+                    continue
+                # A held step (skipped) is each device's last: it never comes before a decided one.
+                before = at(seq[p - 1]) if p else (hist[-1] if hist else None)
+                after = at(seq[p + 1]) if p + 1 < len(seq) and seq[p + 1] in run_of else None
+                steps[j].layers_wait = after is None
+                hit = layers_repeated(at(j), before, after)
+                if hit is not None:
+                    found.append((j, *hit))
+            # The last three kept, as same_layers_by_continuity keeps them.
+            self.previous_layers[dev] = (hist + [at(j) for j in done[-3:]])[-3:]
+        for j, nb, text in found:
+            st = steps[j]
+            st.evidence = f"{PHASE_NAMES[nb.phase]}: {text}; its kernels alone: {st.evidence}"
+            st.phase = nb.phase
+            p = run_of[j]
+            phase[order[first[p]:first[p] + lens[p]]] = nb.phase
 
     def _hashes_reference(self, k, order, identity: bool, first, lens, pos) -> np.ndarray:
         """The numpy reference of ``rl_map_runs``' hash (aggregator/native/ridgeline_map.c):
@@ -465,11 +537,19 @@ class StreamPhaser:
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
         self.map_phases_calls += 1
-        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns)
+        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns,
+                        previous_layers=self.previous_layers)
         self._saw(pm.steps)
+        # The caller holds each device's last step (its open one): a layer candidate just
+        # before it, or that step itself, waits for it to be decided whole.
+        last_two: dict[int, list[int]] = {}
+        for i, s in enumerate(pm.steps):
+            last_two[int(s.device)] = (last_two.get(int(s.device), []) + [i])[-2:]
+        wait = {i for seq in last_two.values() for i in seq if pm.steps[i].layer_candidate}
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
-                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens)
-                 for s in pm.steps]
+                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens,
+                            layers_wait=i in wait)
+                 for i, s in enumerate(pm.steps)]
         return BatchPhases(np.asarray(pm.kernel_phase, dtype=np.uint8), np.asarray(pm.kernel_step, dtype=np.int32),
                            steps, 0, len(steps))
