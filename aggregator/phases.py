@@ -1283,7 +1283,10 @@ def aotriton_regular_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> n
     grid ``{nblocks, Q->size(1), Batch}`` only when ``PERSISTENT_TYPE == 0`` or the input is
     varlen, else the one-dimensional ``{min(Num_CU * GRID_CU_MULTIP, ...), 1, 1}``. So a
     launch with grid.y > 1 (heads) is not causal, except a varlen one (PyTorch's nested or
-    varlen attention, not its dense SDPA call) or one of aotriton before 0.9b (stated limits)."""
+    varlen attention, not its dense SDPA call), one of aotriton before 0.9b, or vLLM's own
+    Triton kernel of the same name (vllm-project/vllm @ bed874fa
+    ``vllm/attention/ops/triton_flash_attention.py`` ``_attention.forward``: the grid
+    (query blocks, heads, batch) causal or not) (stated limits, docs/phases.md)."""
     k = trace.kernels
     if not len(idx):
         return np.zeros(0, dtype=bool)

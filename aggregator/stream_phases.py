@@ -25,6 +25,11 @@ decodes is relabelled mixed when the previous step of its device (remembered acr
 ``previous_step``) was LLM inference that ended less than 5 ms before, as
 :func:`aggregator.phases.mixed_by_continuity` does over a whole trace.
 
+Layer continuity: an unknown step that repeats a neighbour's layers takes its label
+(:func:`aggregator.phases.same_layers_by_continuity`, the whole-trace rule): the neighbour
+before a batch's first step is kept per device (``previous_layers``); one whose next step is
+not decided in the batch is marked ``layers_wait`` and held by the caller with that step.
+
 Approximations (stated in docs/benchmarks.md): a step is decided from its own kernels, so
 device-wide context of a whole trace (e.g. "this device runs a training loop" seen in
 another step) only counts within the step; a step cut by a batch edge is decided in two
@@ -43,6 +48,7 @@ from ridgeline.probes.events import Trace
 
 from . import fold_native
 from .phases import (
+    DECODE,
     MIXED,
     OTHER,
     PHASE_NAMES,
@@ -62,6 +68,7 @@ _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86
 # The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
 _CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
 _HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_map_runs' hash: C0..C5, MUL
+_NONE = np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -105,6 +112,7 @@ class _Shape:
     inference_only: bool = False      # holds a kernel only serving engines launch
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
     tokens: int | None = None         # all its tokens as its kernels show them
+    layer_candidate: bool = False     # unknown, with layers a neighbour's could label (LayerStep.candidate)
 
 
 class _GatheredClasses:
@@ -378,8 +386,9 @@ class StreamPhaser:
             for j, sg in enumerate(segs):      # a segment without kernels (none expected), or skipped
                 if steps[j] is None:
                     steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, UNKNOWN, None, None, "")
+        cand = np.fromiter((x.layer_candidate for x in shapes), bool, len(shapes))
         self._layer_continuity(k, kc, steps, step_ids, order, first, lens, phase,
-                               any(x.step_phase == UNKNOWN for x in shapes))
+                               cand[inv] if cand.any() else None)
         # Steps in time order per device (segments are per device, in time order).
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
@@ -395,26 +404,54 @@ class StreamPhaser:
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
 
-    def _layer_continuity(self, k, kc, steps: list, step_ids, order, first, lens, phase, any_unknown: bool) -> None:
+    def _layer_continuity(self, k, kc, steps: list, step_ids, order, first, lens, phase, cand) -> None:
         """:func:`aggregator.phases.same_layers_by_continuity` over the decided steps of a
-        kernels-only batch (``step_ids``: those holding kernels in ``order``; the skipped
-        ones, held by the caller, are not decided): the neighbour before a device's first
-        step is the last one of an earlier batch (``previous_layers``). An unknown step
-        whose next step is not decided here gets ``layers_wait``. The relabelled steps' kernels
-        all take the step's new phase, as the whole-trace mapper's do. Without an unknown
-        step (the steady serving case) only ``previous_layers`` moves on."""
-        run_of = dict(zip(step_ids.tolist(), range(len(step_ids))))
+        kernels-only batch (``step_ids``: those holding kernels in ``order``, one run each;
+        the skipped ones, held by the caller, are not decided): the neighbour before a
+        device's first step is the last one of an earlier batch (``previous_layers``). An
+        unknown step whose next step is not decided here gets ``layers_wait``. The relabelled
+        steps' kernels all take the step's new phase, as the whole-trace mapper's do.
+        ``cand``: per run, whether its shape is a layer candidate (None: none is, the steady
+        serving case: only ``previous_layers`` moves on, one step per device)."""
+        if not len(step_ids):
+            return
+        run_of: dict[int, int] = {}
         seen: dict[int, LayerStep] = {}
 
         def at(j: int) -> LayerStep:
             if j not in seen:
-                p = run_of[j]
-                idx = order[first[p]:first[p] + lens[p]]
-                nid = k["name_id"][idx]
-                seen[j] = LayerStep(int(steps[j].start_ns), int(steps[j].phase), j, nid, kc.of("role", nid),
-                                    (k["end_ns"][idx] - k["start_ns"][idx]).astype(np.int64))
+                st = steps[j]
+                if st.phase in (PREFILL, DECODE, UNKNOWN):
+                    p = run_of[j]
+                    idx = order[first[p]:first[p] + lens[p]]
+                    nid = k["name_id"][idx]
+                    seen[j] = LayerStep(int(st.start_ns), int(st.phase), j, nid, kc.of("role", nid),
+                                        k["end_ns"][idx] - k["start_ns"][idx])
+                else:
+                    # No neighbour and no candidate: its kernels are never read.
+                    seen[j] = LayerStep(int(st.start_ns), int(st.phase), j, _NONE, _NONE, _NONE)
             return seen[j]
 
+        def remember(dev: int, first_ns: int, keep: list[int]) -> None:
+            # Entries of steps mapped again here (held ones) give way to their new mapping.
+            hist = [h for h in self.previous_layers.get(dev, []) if h.start_ns < first_ns]
+            self.previous_layers[dev] = (hist + [at(j) for j in keep])[-3:]
+
+        if cand is None:
+            # Runs are per device in time order: each device's first and last run.
+            dev_of = k["device"][order[first]]
+            if len(dev_of) == 1 or dev_of[0] == dev_of[-1] and (dev_of == dev_of[0]).all():
+                spans = [(int(dev_of[0]), 0, len(dev_of) - 1)]
+            else:
+                devs, lo = np.unique(dev_of, return_index=True)
+                hi = len(dev_of) - 1 - np.unique(dev_of[::-1], return_index=True)[1]
+                spans = list(zip(devs.tolist(), lo.tolist(), hi.tolist()))
+            for d, a, b in spans:
+                j = int(step_ids[b])
+                run_of[j] = b
+                remember(d, int(steps[int(step_ids[a])].start_ns), [j])
+            return
+        run_of.update(zip(step_ids.tolist(), range(len(step_ids))))
         by_device: dict[int, list[int]] = {}
         for j, st in enumerate(steps):          # per device in time order (segment_kernels)
             by_device.setdefault(st.device, []).append(j)
@@ -425,17 +462,22 @@ class StreamPhaser:
                 continue
             hist = [h for h in self.previous_layers.get(dev, []) if h.start_ns < steps[done[0]].start_ns]
             for p, j in enumerate(seq):
-                if not any_unknown or j not in run_of or steps[j].phase != UNKNOWN or not at(j).candidate:
+                if j not in run_of or not cand[run_of[j]] or steps[j].phase != UNKNOWN:
                     continue
                 # A held step (skipped) is each device's last: it never comes before a decided one.
-                before = at(seq[p - 1]) if p else (hist[-1] if hist else None)
-                after = at(seq[p + 1]) if p + 1 < len(seq) and seq[p + 1] in run_of else None
+                before = seq[p - 1] if p else None
+                after = seq[p + 1] if p + 1 < len(seq) and seq[p + 1] in run_of else None
                 steps[j].layers_wait = after is None
-                hit = layers_repeated(at(j), before, after)
+                nb_before = at(before) if before is not None else (hist[-1] if hist else None)
+                nb_after = at(after) if after is not None else None
+                if not any(nb is not None and nb.phase in (PREFILL, DECODE) for nb in (nb_before, nb_after)):
+                    continue
+                hit = layers_repeated(at(j), nb_before, nb_after)
                 if hit is not None:
                     found.append((j, *hit))
-            # The last three kept, as same_layers_by_continuity keeps them.
-            self.previous_layers[dev] = (hist + [at(j) for j in done[-3:]])[-3:]
+            # The last step kept, and the one before it when the last waits (the caller
+            # maps the last again with the next batch, after the one before it).
+            remember(dev, int(steps[done[0]].start_ns), done[-2:] if steps[done[-1]].layers_wait else done[-1:])
         for j, nb, text in found:
             st = steps[j]
             st.evidence = f"{PHASE_NAMES[nb.phase]}: {text}; its kernels alone: {st.evidence}"
@@ -530,9 +572,13 @@ class StreamPhaser:
         ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
         slots = max((s.mixed_slots for s in pm.steps if s.phase == PREFILL), default=0)
         tok = [s.tokens for s in pm.steps if s.tokens is not None]
+        # Whether its layers could take a neighbour's phase: its names and roles alone decide.
+        nid = sub.kernels["name_id"]
+        cand = main == UNKNOWN and LayerStep(0, main, 0, nid, self.classes(nid).role,
+                                                    np.ones(len(nid), np.int64)).candidate
         return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
                       f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
-                      inf_only, slots, sum(tok) if tok else None)
+                      inf_only, slots, sum(tok) if tok else None, cand)
 
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
