@@ -464,11 +464,11 @@ class StreamPhaser:
             for p, j in enumerate(seq):
                 if j not in run_of or not cand[run_of[j]] or steps[j].phase != UNKNOWN:
                     continue
-                # A held step (skipped) is each device's last: it never comes before a decided one.
-                before = seq[p - 1] if p else None
+                # A held step (skipped) is each device's last, so it never comes before a
+                # decided one; were one there, it would be no neighbour (not decided).
                 after = seq[p + 1] if p + 1 < len(seq) and seq[p + 1] in run_of else None
                 steps[j].layers_wait = after is None
-                nb_before = at(before) if before is not None else (hist[-1] if hist else None)
+                nb_before = (at(seq[p - 1]) if seq[p - 1] in run_of else None) if p else (hist[-1] if hist else None)
                 nb_after = at(after) if after is not None else None
                 if not any(nb is not None and nb.phase in (PREFILL, DECODE) for nb in (nb_before, nb_after)):
                     continue

@@ -147,6 +147,20 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     assert all(w.agent.window_open_steps_cut <= cut for w in wins)
 
 
+@pytest.mark.parametrize("bound", [600, 1200])
+def test_a_waiting_step_over_the_carry_bound_is_folded_once(bound, monkeypatch):
+    """The MI300X forward's tail waits in the carry for the forward; with the forward's
+    pieces and their launch records it passes these bounds, so the tail is folded as it was
+    decided (unknown, 463 kernels) and the forward goes on alone: every kernel counted once
+    (folding the waiting tail again with the cut open step counted 1979 of 1516)."""
+    monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", bound)
+    t = load_kernels(third_party("traces/" + MI300_QWEN))
+    got, wins = windowed_phases(t, 300)
+    assert sum(v[0] for v in got.values()) == len(t.kernels) == 1516, got
+    assert sum(v[1] for v in got.values()) == sum(v[1] for v in whole_phases(t).values())
+    assert got["unknown"][0] == 463, got
+
+
 def test_a_device_that_stops_releases_its_open_step_while_others_run():
     """Two GPUs of one source: GPU 1 runs one short forward (BERT, 60 kernels) in the first
     window only, GPU 0 keeps running (OWLv2). GPU 1's open step is released by the first
