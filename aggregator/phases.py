@@ -111,7 +111,10 @@ class Step:
     decided from kernels, all its tokens as its kernels show them (KV-cache write grid.x,
     else GEMM rows), also where the split is unknown (a mixed step); None unknown.
     ``sequences``: the per-step sums over sequences when its annotation carries them
-    (:class:`SequenceSums`), else None.
+    (:class:`SequenceSums`), else None. ``layer_candidate``: unknown from its own kernels,
+    with LAYER_MIN_REPEATS complete layers all alike, so that a neighbour's layers could
+    label it (:func:`same_layers_by_continuity`, whether they did or not): a stream holds
+    such a step until its next step is decided.
     """
     index: int
     start_ns: int
@@ -126,6 +129,7 @@ class Step:
     mixed_slots: int = 0
     tokens: int | None = None
     sequences: SequenceSums | None = None
+    layer_candidate: bool = False
 
     @property
     def phase_name(self) -> str:
@@ -1279,7 +1283,10 @@ def aotriton_regular_grid(trace: Trace, kc: KernelClasses, idx: np.ndarray) -> n
     grid ``{nblocks, Q->size(1), Batch}`` only when ``PERSISTENT_TYPE == 0`` or the input is
     varlen, else the one-dimensional ``{min(Num_CU * GRID_CU_MULTIP, ...), 1, 1}``. So a
     launch with grid.y > 1 (heads) is not causal, except a varlen one (PyTorch's nested or
-    varlen attention, not its dense SDPA call) or one of aotriton before 0.9b (stated limits)."""
+    varlen attention, not its dense SDPA call), one of aotriton before 0.9b, or vLLM's own
+    Triton kernel of the same name (vllm-project/vllm @ bed874fa
+    ``vllm/attention/ops/triton_flash_attention.py`` ``_attention.forward``: the grid
+    (query blocks, heads, batch) causal or not) (stated limits, docs/phases.md)."""
     k = trace.kernels
     if not len(idx):
         return np.zeros(0, dtype=bool)
@@ -1503,7 +1510,8 @@ def _merge_gpu_copies(trace: Trace, sel: np.ndarray):
 
 
 def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Mapping[int, int] | None = None,
-               first_step_unknown_history: bool = True) -> PhaseMap:
+               first_step_unknown_history: bool = True,
+               previous_layers: dict[int, list[LayerStep]] | None = None) -> PhaseMap:
     """Label every step and kernel of ``trace`` (see the module docstring for the method).
 
     ``use_annotations=False`` ignores every range (engine annotations, NVTX, ProfilerStep)
@@ -1511,6 +1519,8 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     the start of the earliest step seen elsewhere (a stream's previous batches): a step here
     that starts after it is not the first of the recording; ``first_step_unknown_history=False``:
     no step here is (a piece of a stream mapped alone). See :func:`mixed_by_continuity`.
+    ``previous_layers``: per device, the last steps of a stream's earlier batches (read and
+    updated, :func:`same_layers_by_continuity`).
     """
     kc = classify_kernels(trace)
     launch = launch_index(trace)
@@ -1524,7 +1534,7 @@ def map_phases(trace: Trace, use_annotations: bool = True, *, first_step_ns: Map
     kernel_step, steps, ann_of_step, boundary = _in_time_order(kernel_step, steps, ann_of_step, boundary)
     # 3. Each step's own evidence, its label and tokens; then mixed by continuity.
     decisive_sig = _label_steps(trace, kc, launch, kernel_step, steps, ann_of_step, boundary)
-    same_layers_by_continuity(trace, kc, kernel_step, steps)
+    same_layers_by_continuity(trace, kc, kernel_step, steps, previous_layers)
     mixed_by_continuity(steps, first_step_ns=first_step_ns, first_step_unknown_history=first_step_unknown_history)
     return _kernel_arrays(kc, kernel_step, steps, decisive_sig)
 
@@ -1887,14 +1897,97 @@ LAYER_MIN_REPEATS = 3
 LAYER_TIME_RATIO = 1.25
 
 
-def _layers(name_id: np.ndarray, att: np.ndarray) -> list[tuple]:
-    """The complete layers of one step's kernels (in start order): the name ids from one
-    attention launch up to the next."""
-    at = np.flatnonzero(att)
-    return [tuple(name_id[a:b].tolist()) for a, b in zip(at[:-1].tolist(), at[1:].tolist())]
+@dataclass(frozen=True)
+class _Layers:
+    """A step's complete layers as :func:`layers_repeated` compares them."""
+    count: int                # complete layers (attention launch to attention launch)
+    usual: tuple              # the most common layer's name ids
+    uniform: bool             # every layer is the usual one
+    timed: np.ndarray         # per position of the usual layer: a GEMM or attention kernel
+    median_ns: np.ndarray     # per position, the median duration over the usual layers
 
 
-def same_layers_by_continuity(trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, steps: list[Step]) -> list[int]:
+@dataclass
+class LayerStep:
+    """One step's kernels as the layer-continuity rule reads them (in start order): name
+    ids, roles (:mod:`aggregator.signatures` ``ROLE_*``) and durations, with the step's
+    label before the rule ran (``phase``) and its index (-1: a step of an earlier batch).
+    Its layers are computed when first read (most steps are never compared)."""
+    start_ns: int
+    phase: int
+    index: int
+    name_id: np.ndarray
+    role: np.ndarray
+    dur_ns: np.ndarray
+    _layers: _Layers | None = field(default=None, init=False, repr=False)
+    _read: bool = field(default=False, init=False, repr=False)
+
+    @property
+    def layers(self) -> _Layers | None:
+        """Its complete layers (None: fewer than LAYER_MIN_REPEATS)."""
+        if not self._read:
+            self._read = True
+            at = np.flatnonzero(self.role == ROLE_ATTENTION)
+            layers = [tuple(self.name_id[a:b].tolist()) for a, b in zip(at[:-1].tolist(), at[1:].tolist())]
+            if len(layers) >= LAYER_MIN_REPEATS:
+                usual = Counter(layers).most_common(1)[0][0]
+                is_usual = np.array([t == usual for t in layers])
+                starts = at[:-1][is_usual]
+                w = len(usual)
+                timed = (self.role == ROLE_ATTENTION) | (self.role == ROLE_GEMM)
+                self._layers = _Layers(len(layers), usual, bool(is_usual.all()), timed[starts[0]:starts[0] + w],
+                                       np.median(self.dur_ns[starts[:, None] + np.arange(w)[None, :]], axis=0))
+        return self._layers
+
+    @property
+    def candidate(self) -> bool:
+        """Unknown with LAYER_MIN_REPEATS complete layers all alike: a neighbour's layers
+        may give it that neighbour's phase."""
+        lay = self.layers if self.phase == UNKNOWN else None
+        return lay is not None and lay.uniform
+
+
+def _repeat_ratio(mine: _Layers, theirs: _Layers) -> float | None:
+    """The largest time ratio of ``mine``'s GEMM and attention kernels to ``theirs`` when
+    every layer of ``mine`` is ``theirs``' usual layer and each ratio is within
+    LAYER_TIME_RATIO, else None."""
+    if not mine.uniform or mine.usual != theirs.usual:
+        return None
+    t = theirs.timed
+    a, b = mine.median_ns[t], theirs.median_ns[t]
+    if not t.any() or (a <= 0).any() or (b <= 0).any():
+        return None
+    ratio = float(np.maximum(a / b, b / a).max())
+    return ratio if ratio <= LAYER_TIME_RATIO else None
+
+
+def layers_repeated(mine: LayerStep, before: LayerStep | None, after: LayerStep | None) -> tuple[LayerStep, str] | None:
+    """The neighbour (the device's step ``before`` or ``after`` ``mine``) whose phase the
+    unknown step ``mine`` takes because it runs that neighbour's layers again, with the
+    evidence; None when neither does, or when both do with different phases (a conflict:
+    it stays unknown). Only a neighbour's own label (``phase``, prefill or decode, as it was
+    before the rule ran) counts, never one the rule gave it."""
+    if not mine.candidate:
+        return None
+    hits = []
+    for nb in (before, after):
+        if nb is None or nb.phase not in (PREFILL, DECODE) or nb.layers is None:
+            continue
+        ratio = _repeat_ratio(mine.layers, nb.layers)
+        if ratio is not None:
+            hits.append((nb, ratio))
+    if not hits or len({nb.phase for nb, _ in hits}) > 1:
+        return None
+    nb, ratio = hits[0]
+    lay = mine.layers
+    who = f"step {nb.index}'s" if nb.index >= 0 else "the device's previous step's"
+    return nb, (f"repeats {who} layers ({PHASE_NAMES[nb.phase]}): {lay.count} layers of the same {len(lay.usual)} "
+                f"kernels, its {int(nb.layers.timed.sum())} GEMM and attention kernels within "
+                f"{100 * (ratio - 1):.0f}% of their time there (the same shapes) => {PHASE_NAMES[nb.phase]}")
+
+
+def same_layers_by_continuity(trace: Trace, kc: KernelClasses, kernel_step: np.ndarray, steps: list[Step],
+                              previous: dict[int, list[LayerStep]] | None = None) -> None:
     """Label an unknown kernel step with the phase of the step next to it on its device
     (prefill or decode) when it runs that step's layers again: at least LAYER_MIN_REPEATS
     complete layers (attention launch to attention launch), every one the neighbour's usual
@@ -1905,68 +1998,66 @@ def same_layers_by_continuity(trace: Trace, kc: KernelClasses, kernel_step: np.n
     step ran the same model on the same tokens: the same phase. The MI300X HF Qwen forward's
     first step (the previous forward's last 10 layers, launched before the recording, no
     grids) repeats the profiled forward's 43-kernel layer with its 8 GEMM/attention times
-    within 2%. Returns the positions relabelled (in place; kernel-decided steps only)."""
+    within 2%.
+
+    Every step is decided against its neighbours' labels as they were before the pass (a
+    step the rule labels is no neighbour for another), so the result does not depend on the
+    order the steps are visited in: of a run of unknown steps that repeat one another's
+    layers, only the two ends, next to a labelled step, can take its phase; the inner ones
+    stay unknown. A step both of whose neighbours match with different phases stays
+    unknown. In place (``steps`` in time order per device; kernel-decided steps only);
+    each relabelled step's evidence says so, and ``layer_candidate`` marks every unknown
+    step the rule could have labelled.
+
+    ``previous`` (a stream, :class:`aggregator.stream_phases.StreamPhaser`): device -> the
+    last steps seen before ``steps`` (:class:`LayerStep`), the neighbour before a device's
+    first step here; updated in place with the last step of each device."""
     if not steps:
-        return []
+        return
     k = trace.kernels
     order = np.lexsort((k["start_ns"], kernel_step))
     ks = kernel_step[order]
     bounds = np.searchsorted(ks, np.arange(len(steps) + 1))
-    att_all = kc.role == ROLE_ATTENTION
-    timed_all = att_all | (kc.role == ROLE_GEMM)
     dur_all = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+    seen: dict[int, LayerStep] = {}
 
-    def parts(i: int):
-        sel = order[bounds[i]:bounds[i + 1]]
-        return k["name_id"][sel], att_all[sel], timed_all[sel], dur_all[sel]
+    def at(i: int) -> LayerStep:
+        # The step's label as it was before the pass: each is read before any relabel.
+        if i not in seen:
+            sel = order[bounds[i]:bounds[i + 1]]
+            seen[i] = LayerStep(int(steps[i].start_ns), int(steps[i].phase), int(steps[i].index), k["name_id"][sel],
+                                kc.role[sel], dur_all[sel])
+        return seen[i]
 
-    out = []
     by_device: dict[int, list[int]] = {}
     for i, st in enumerate(steps):
         by_device.setdefault(st.device, []).append(i)
-    for seq in by_device.values():
+    found: list[tuple[int, LayerStep, str]] = []
+    for dev, seq in by_device.items():
+        hist = [h for h in (previous or {}).get(dev, []) if h.start_ns < steps[seq[0]].start_ns]
         for p, i in enumerate(seq):
-            st = steps[i]
-            if st.phase != UNKNOWN or st.source != "kernels":
+            if steps[i].phase != UNKNOWN or steps[i].source != "kernels":
                 continue
-            nid, att, _, dur = parts(i)
-            mine = _layers(nid, att)
-            if len(mine) < LAYER_MIN_REPEATS:
+            mine = at(i)
+            if not mine.candidate:
                 continue
-            for q in (p - 1, p + 1):
-                if not 0 <= q < len(seq) or steps[seq[q]].phase not in (PREFILL, DECODE):
-                    continue
-                nb = steps[seq[q]]
-                n_nid, n_att, n_timed, n_dur = parts(seq[q])
-                theirs = _layers(n_nid, n_att)
-                if len(theirs) < LAYER_MIN_REPEATS:
-                    continue
-                usual = Counter(theirs).most_common(1)[0][0]
-                if any(t != usual for t in mine):
-                    continue
-                w = len(usual)
-                # Per position of the usual layer, the median time over the neighbour's
-                # layers of that shape and over this step's layers.
-                n_at = np.flatnonzero(n_att)[:-1][np.array([t == usual for t in theirs])]
-                timed = n_timed[n_at[0]:n_at[0] + w]
-                n_med = np.median(n_dur[n_at[:, None] + np.arange(w)[None, :]], axis=0)
-                m_at = np.flatnonzero(att)[:-1]
-                m_med = np.median(dur[m_at[:, None] + np.arange(w)[None, :]], axis=0)
-                if not timed.any() or (n_med[timed] <= 0).any() or (m_med[timed] <= 0).any():
-                    continue
-                ratio = np.maximum(m_med[timed] / n_med[timed], n_med[timed] / m_med[timed])
-                if float(ratio.max()) > LAYER_TIME_RATIO:
-                    continue
-                st.phase = nb.phase
-                if st.evidence:
-                    st.evidence[0] = f"its kernels alone: {st.evidence[0]}"
-                st.evidence.insert(0, f"repeats step {nb.index}'s layers ({PHASE_NAMES[nb.phase]}): {len(mine)} layers "
-                                      f"of the same {w} kernels, its {int(timed.sum())} GEMM and attention kernels "
-                                      f"within {100 * (float(ratio.max()) - 1):.0f}% of their time there (the same "
-                                      f"shapes) => {PHASE_NAMES[nb.phase]}")
-                out.append(i)
-                break
-    return out
+            steps[i].layer_candidate = True
+            before = at(seq[p - 1]) if p else (hist[-1] if hist else None)
+            after = at(seq[p + 1]) if p + 1 < len(seq) else None
+            hit = layers_repeated(mine, before, after)
+            if hit is not None:
+                found.append((i, *hit))
+        if previous is not None:
+            # Three kept: a stream holds up to two steps of a device (its open step and an
+            # unknown one waiting for it) and maps them again in the next batch, after the
+            # one before them.
+            previous[dev] = (hist + [at(i) for i in seq[-3:]])[-3:]
+    for i, nb, text in found:
+        st = steps[i]
+        st.phase = nb.phase
+        if st.evidence:
+            st.evidence[0] = f"its kernels alone: {st.evidence[0]}"
+        st.evidence.insert(0, text)
 
 
 def _training_context(trace: Trace, kc: KernelClasses, trained: np.ndarray) -> dict[int, str]:

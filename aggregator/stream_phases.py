@@ -26,6 +26,11 @@ decodes is relabelled mixed when the previous step of its device (remembered acr
 ``previous_step``) was LLM inference that ended less than 5 ms before, as
 :func:`aggregator.phases.mixed_by_continuity` does over a whole trace.
 
+Layer continuity: an unknown step that repeats a neighbour's layers takes its label
+(:func:`aggregator.phases.same_layers_by_continuity`, the whole-trace rule): the neighbour
+before a batch's first step is kept per device (``previous_layers``); one whose next step is
+not decided in the batch is marked ``layers_wait`` and held by the caller with that step.
+
 Approximations (stated in docs/benchmarks.md): a step is decided from its own kernels, so
 device-wide context of a whole trace (e.g. "this device runs a training loop" seen in
 another step) only counts within the step; a step cut by a batch edge is decided in two
@@ -43,7 +48,18 @@ import numpy as np
 from ridgeline.probes.events import Trace
 
 from . import fold_native
-from .phases import MIXED, OTHER, PHASE_NAMES, PREFILL, UNKNOWN, map_phases, mixed_by_continuity
+from .phases import (
+    DECODE,
+    MIXED,
+    OTHER,
+    PHASE_NAMES,
+    PREFILL,
+    UNKNOWN,
+    LayerStep,
+    layers_repeated,
+    map_phases,
+    mixed_by_continuity,
+)
 from .signatures import ROLE_TRAINING, KernelClasses, classify_kernels, name_classes_generation
 from .steps import segment_kernels
 
@@ -53,6 +69,7 @@ _C = [np.uint64(c) for c in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0xD6E8FEB86
 # The same constants as int64 scalars (their bits): the per-kernel products wrap alike.
 _CI = [np.array(c, dtype=np.uint64).view(np.int64)[()] for c in _C]
 _HASH_CONSTS = np.array(_C + [_MUL], dtype=np.uint64)     # rl_map_runs' hash: C0..C5, MUL
+_NONE = np.empty(0, dtype=np.int64)
 
 
 @dataclass
@@ -80,6 +97,10 @@ class StreamStep:
     mixed_slots: int = 0
     source: str = "kernels"          # "annotation" where an engine's step annotation decided it
     tokens: int | None = None        # all tokens as the kernels show them (aggregator.phases.Step)
+    # Unknown, and its layers could take its next step's phase (aggregator.phases
+    # same_layers_by_continuity), which this batch has not decided: the caller holds it
+    # with the device's open step (aggregator.windows.SourceFold).
+    layers_wait: bool = False
 
 
 @dataclass
@@ -92,6 +113,7 @@ class _Shape:
     inference_only: bool = False      # holds a kernel only serving engines launch
     mixed_slots: int = 0              # one-token sequences possible in its varlen prefill launch
     tokens: int | None = None         # all its tokens as its kernels show them
+    layer_candidate: bool = False     # unknown, with layers a neighbour's could label (LayerStep.candidate)
 
 
 class _GatheredClasses:
@@ -111,6 +133,11 @@ class _GatheredClasses:
         """The per-name arrays themselves, one row per name slot (the last: "no name"), for
         a pass that looks names up itself (aggregator.steps.segment_kernels' native scan)."""
         return SimpleNamespace(**{f: a[:self._slots] for f, a in self._per_name.items()})
+
+    def of(self, field: str, name_ids: np.ndarray) -> np.ndarray:
+        """``field`` of the kernels with these name ids (a few: no pass over the batch)."""
+        nid = np.asarray(name_ids, dtype=np.int64)
+        return self._per_name[field][np.where((nid >= 0) & (nid < self._slots - 1), nid, self._slots - 1)]
 
     def any_name(self, field: str, value) -> bool:
         """Whether any name slot has ``field == value``: False answers for every kernel
@@ -152,6 +179,9 @@ class StreamPhaser:
         # device -> start of the earliest step mapped so far (by either path): a later step
         # of a later batch is not the first of the recording (mixed_by_continuity).
         self.first_step_ns: dict[int, int] = {}
+        # device -> its last steps mapped (by either path), as the layer-continuity rule
+        # reads them: the neighbour before a batch's first step (same_layers_by_continuity).
+        self.previous_layers: dict[int, list[LayerStep]] = {}
 
     # -- kernel classes per name id, cached --------------------------------------------
     def classes(self, name_ids: np.ndarray) -> KernelClasses:
@@ -359,6 +389,9 @@ class StreamPhaser:
             for j, sg in enumerate(segs):      # a segment without kernels (none expected), or skipped
                 if steps[j] is None:
                     steps[j] = StreamStep(sg.device, sg.start_ns, sg.end_ns, UNKNOWN, None, None, "")
+        cand = np.fromiter((x.layer_candidate for x in shapes), bool, len(shapes))
+        self._layer_continuity(k, kc, steps, step_ids, order, first, lens, phase,
+                               cand[inv] if cand.any() else None)
         # Steps in time order per device (segments are per device, in time order).
         if skip is not None and skip[:len(steps)].any():
             at = np.flatnonzero(~skip[:len(steps)]).tolist()
@@ -373,6 +406,87 @@ class StreamPhaser:
                 at = order[first[p]:first[p] + lens[p]]
                 phase[at] = np.where(phase[at] == PREFILL, np.uint8(MIXED), phase[at])
         return BatchPhases(phase, ks.astype(np.int32), steps, hits, misses, order=order)
+
+    def _layer_continuity(self, k, kc, steps: list, step_ids, order, first, lens, phase, cand) -> None:
+        """:func:`aggregator.phases.same_layers_by_continuity` over the decided steps of a
+        kernels-only batch (``step_ids``: those holding kernels in ``order``, one run each;
+        the skipped ones, held by the caller, are not decided): the neighbour before a
+        device's first step is the last one of an earlier batch (``previous_layers``). An
+        unknown step whose next step is not decided here gets ``layers_wait``. The relabelled
+        steps' kernels all take the step's new phase, as the whole-trace mapper's do.
+        ``cand``: per run, whether its shape is a layer candidate (None: none is, the steady
+        serving case: only ``previous_layers`` moves on, one step per device)."""
+        if not len(step_ids):
+            return
+        run_of: dict[int, int] = {}
+        seen: dict[int, LayerStep] = {}
+
+        def at(j: int) -> LayerStep:
+            if j not in seen:
+                st = steps[j]
+                if st.phase in (PREFILL, DECODE, UNKNOWN):
+                    p = run_of[j]
+                    idx = order[first[p]:first[p] + lens[p]]
+                    nid = k["name_id"][idx]
+                    seen[j] = LayerStep(int(st.start_ns), int(st.phase), j, nid, kc.of("role", nid),
+                                        k["end_ns"][idx] - k["start_ns"][idx])
+                else:
+                    # No neighbour and no candidate: its kernels are never read.
+                    seen[j] = LayerStep(int(st.start_ns), int(st.phase), j, _NONE, _NONE, _NONE)
+            return seen[j]
+
+        def remember(dev: int, first_ns: int, keep: list[int]) -> None:
+            # Entries of steps mapped again here (held ones) give way to their new mapping.
+            hist = [h for h in self.previous_layers.get(dev, []) if h.start_ns < first_ns]
+            self.previous_layers[dev] = (hist + [at(j) for j in keep])[-3:]
+
+        if cand is None:
+            # Runs are per device in time order: each device's first and last run.
+            dev_of = k["device"][order[first]]
+            if len(dev_of) == 1 or dev_of[0] == dev_of[-1] and (dev_of == dev_of[0]).all():
+                spans = [(int(dev_of[0]), 0, len(dev_of) - 1)]
+            else:
+                devs, lo = np.unique(dev_of, return_index=True)
+                hi = len(dev_of) - 1 - np.unique(dev_of[::-1], return_index=True)[1]
+                spans = list(zip(devs.tolist(), lo.tolist(), hi.tolist()))
+            for d, a, b in spans:
+                j = int(step_ids[b])
+                run_of[j] = b
+                remember(d, int(steps[int(step_ids[a])].start_ns), [j])
+            return
+        run_of.update(zip(step_ids.tolist(), range(len(step_ids))))
+        by_device: dict[int, list[int]] = {}
+        for j, st in enumerate(steps):          # per device in time order (segment_kernels)
+            by_device.setdefault(st.device, []).append(j)
+        found = []
+        for dev, seq in by_device.items():
+            done = [j for j in seq if j in run_of]
+            if not done:
+                continue
+            hist = [h for h in self.previous_layers.get(dev, []) if h.start_ns < steps[done[0]].start_ns]
+            for p, j in enumerate(seq):
+                if j not in run_of or not cand[run_of[j]] or steps[j].phase != UNKNOWN:
+                    continue
+                # A held step (skipped) is each device's last, so it never comes before a
+                # decided one; were one there, it would be no neighbour (not decided).
+                after = seq[p + 1] if p + 1 < len(seq) and seq[p + 1] in run_of else None
+                steps[j].layers_wait = after is None
+                nb_before = (at(seq[p - 1]) if seq[p - 1] in run_of else None) if p else (hist[-1] if hist else None)
+                nb_after = at(after) if after is not None else None
+                if not any(nb is not None and nb.phase in (PREFILL, DECODE) for nb in (nb_before, nb_after)):
+                    continue
+                hit = layers_repeated(at(j), nb_before, nb_after)
+                if hit is not None:
+                    found.append((j, *hit))
+            # The last step kept, and the one before it when the last waits (the caller
+            # maps the last again with the next batch, after the one before it).
+            remember(dev, int(steps[done[0]].start_ns), done[-2:] if steps[done[-1]].layers_wait else done[-1:])
+        for j, nb, text in found:
+            st = steps[j]
+            st.evidence = f"{PHASE_NAMES[nb.phase]}: {text}; its kernels alone: {st.evidence}"
+            st.phase = nb.phase
+            p = run_of[j]
+            phase[order[first[p]:first[p] + lens[p]]] = nb.phase
 
     def _hashes_reference(self, k, order, identity: bool, first, lens, pos) -> np.ndarray:
         """The numpy reference of ``rl_map_runs``' hash (aggregator/native/ridgeline_map.c):
@@ -461,18 +575,30 @@ class StreamPhaser:
         ev = next((s.evidence[0] for s in pm.steps if s.phase == main and s.evidence), "")
         slots = max((s.mixed_slots for s in pm.steps if s.phase == PREFILL), default=0)
         tok = [s.tokens for s in pm.steps if s.tokens is not None]
+        # Whether its layers could take a neighbour's phase: its names and roles alone decide.
+        nid = sub.kernels["name_id"]
+        cand = main == UNKNOWN and LayerStep(0, main, 0, nid, self.classes(nid).role,
+                                                    np.ones(len(nid), np.int64)).candidate
         return _Shape(ph, sum(pre) if pre else None, sum(dec) if dec else None, main,
                       f"{PHASE_NAMES.get(main, str(main))}: {ev}" if ev else PHASE_NAMES.get(main, str(main)),
-                      inf_only, slots, sum(tok) if tok else None)
+                      inf_only, slots, sum(tok) if tok else None, cand)
 
     def _full(self, trace: Trace) -> BatchPhases:
         """Annotated batches: the whole layered method on the batch."""
         self.map_phases_calls += 1
-        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns)
+        pm = map_phases(trace, use_annotations=True, first_step_ns=self.first_step_ns,
+                        previous_layers=self.previous_layers)
         self._saw(pm.steps)
+        # The caller holds each device's last step (its open one): a layer candidate just
+        # before it, or that step itself, waits for it to be decided whole.
+        last_two: dict[int, list[int]] = {}
+        for i, s in enumerate(pm.steps):
+            last_two[int(s.device)] = (last_two.get(int(s.device), []) + [i])[-2:]
+        wait = {i for seq in last_two.values() for i in seq if pm.steps[i].layer_candidate}
         steps = [StreamStep(int(s.device), int(s.start_ns), int(s.end_ns), int(s.phase), s.prefill_tokens,
                             s.decode_tokens, f"{PHASE_NAMES.get(int(s.phase), str(s.phase))}: "
-                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens)
-                 for s in pm.steps]
+                            + (s.evidence[0] if s.evidence else ""), source=s.source, tokens=s.tokens,
+                            layers_wait=i in wait)
+                 for i, s in enumerate(pm.steps)]
         return BatchPhases(np.asarray(pm.kernel_phase, dtype=np.uint8), np.asarray(pm.kernel_step, dtype=np.int32),
                            steps, 0, len(steps))

@@ -647,6 +647,9 @@ class SourceFold:
         # device -> (start_ns, correlation_id) of the first kernel of its open step at the
         # last figures(): the same step still open at the next close is decided then.
         self._held_at_close: dict[int, tuple[int, int]] = {}
+        # device -> where its open step starts when an earlier step waits with it in the
+        # carry (_waiting_steps): the end of that step; the open step's age counts from there.
+        self._open_from: dict[int, int] = {}
         self._pending: list[Trace] = []
         # The concatenations of the folds, each into a buffer reused from fold to fold.
         self._buf = {f: RecordBuffer() for f in ("kernels", "api", "copies")}
@@ -851,9 +854,14 @@ class SourceFold:
         rel = np.zeros(len(k), dtype=bool)
         for d in devs:
             m = dev == d if len(devs) > 1 else np.ones(len(k), dtype=bool)
-            i = int(np.flatnonzero(m)[np.argmin(k["start_ns"][m])])
+            # The open step alone, without a step that waits for it (its age is the open
+            # step's, not the idle gap between the two).
+            mo = m & (k["start_ns"] >= self._open_from[d]) if d in self._open_from else m
+            if not mo.any():
+                mo = m
+            i = int(np.flatnonzero(mo)[np.argmin(k["start_ns"][mo])])
             first = (int(k["start_ns"][i]), int(k["correlation_id"][i]))
-            age = int(k["end_ns"][m].max()) - first[0]
+            age = int(k["end_ns"][mo].max()) - first[0]
             if held.get(d) == first and age >= hold_ns:
                 rel |= m
                 self.open_steps_cut += 1
@@ -909,28 +917,21 @@ class SourceFold:
             # operator that launched a held kernel on (the ranges and parents enclosing it).
             if held is None:
                 held = self._held_steps(bp.steps, kstep)
+            waiting = self._waiting_steps(bp.steps, held)
+            if waiting is not None:
+                held = held.copy()
+                held[waiting] = True
             hold = held[kstep]              # kstep -1 -> the last slot (False)
-            if hold.any():
+            hi = np.flatnonzero(hold)
+            cr, co, ca = self._carry_records(t, hi, annotated=bp.order is None)
+            if waiting is not None and len(hi) + len(cr) + len(co) + len(ca) > MAX_CARRY_KERNELS:
+                # Over the bound, the waiting steps (decided, in order) are folded as they are.
+                held[waiting] = False
+                waiting = None
+                hold = held[kstep]
                 hi = np.flatnonzero(hold)
-                cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
-                if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
-                    # The host calls from the held step on: its idle gaps are covered by
-                    # them when it is folded (aggregator.phase_figures); and the held kernels'
-                    # own launches, which may end before the step's first kernel starts (the
-                    # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
-                    ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
-                               | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
-                if bp.order is None and (len(t.ranges) or len(t.cpu_ops)):
-                    # The launch records of the held kernels (CPU ranges and older Kineto's
-                    # operators map kernels through them).
-                    ca = t.api[np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
-                    t0 = int(k["start_ns"][hi].min())
-                    if len(t.cpu_ops):
-                        op = kernel_cpu_op_index(t)[hi]
-                        if (op >= 0).any():
-                            t0 = min(t0, int(t.cpu_ops["start_ns"][op[op >= 0]].min()))
-                    cr = t.ranges[t.ranges["end_ns"] >= t0]
-                    co = t.cpu_ops[t.cpu_ops["end_ns"] >= t0]
+                cr, co, ca = self._carry_records(t, hi, annotated=bp.order is None)
+            if len(hi):
                 if len(hi) + len(cr) + len(co) + len(ca) > MAX_CARRY_KERNELS:
                     self.open_steps_cut += int(held.sum())
                     hold[:] = False
@@ -945,13 +946,60 @@ class SourceFold:
                 else:
                     self._carry = (k[hi], lat[hi], shf[hi] if shf is not None else None,
                                    shb[hi] if shb is not None else None, cr, co, ca)
-                    if bp.order is None or seg is None:
+                    self._open_from = {int(bp.steps[i].device): int(bp.steps[i].end_ns) for i in waiting or ()}
+                    if bp.order is None or seg is None or waiting is not None:
+                        # (waiting steps were decided: their kernels are in order)
                         order = order[~hold[order]]
                     # else map_batch skipped the held steps: none of their kernels is in order
         if len(order):
             self._fold_kernels(k, order, bp.kernel_phase, kstep, bp.steps, lat, shf, shb, t.api)
         if cut is not None:
             self._fold(*cut, flush=True)
+
+    @staticmethod
+    def _carry_records(t: Trace, hi: np.ndarray, annotated: bool):
+        """The ranges, CPU operators and API records held with the held kernels ``hi`` of
+        ``t`` (``annotated``: the batch went through the full mapper)."""
+        k = t.kernels
+        cr, co, ca = t.ranges[:0], t.cpu_ops[:0], t.api[:0]
+        if not len(hi):
+            return cr, co, ca
+        if len(t.api) and not (len(t.ranges) or len(t.cpu_ops)):
+            # The host calls from the held step on: its idle gaps are covered by
+            # them when it is folded (aggregator.phase_figures); and the held kernels'
+            # own launches, which may end before the step's first kernel starts (the
+            # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
+            ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
+                       | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+        if annotated and (len(t.ranges) or len(t.cpu_ops)):
+            # The launch records of the held kernels (CPU ranges and older Kineto's
+            # operators map kernels through them).
+            ca = t.api[np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+            t0 = int(k["start_ns"][hi].min())
+            if len(t.cpu_ops):
+                op = kernel_cpu_op_index(t)[hi]
+                if (op >= 0).any():
+                    t0 = min(t0, int(t.cpu_ops["start_ns"][op[op >= 0]].min()))
+            cr = t.ranges[t.ranges["end_ns"] >= t0]
+            co = t.cpu_ops[t.cpu_ops["end_ns"] >= t0]
+        return cr, co, ca
+
+    @staticmethod
+    def _waiting_steps(steps, held: np.ndarray) -> list[int] | None:
+        """The steps to hold with the open ones (None: none): per device, its latest step
+        not held already when it is an unknown step whose layers could take its next step's
+        phase (``layers_wait``, aggregator.phases.same_layers_by_continuity), mapped again
+        with that step once it is decided. The MI300X HF Qwen forward's first step repeats
+        the layers of the next, which every window fold held open while the first was
+        decided (unknown there, prefill over the whole trace)."""
+        if not any(s.layers_wait for s in steps):
+            return None
+        latest: dict[int, int] = {}
+        for i, s in enumerate(steps):
+            if not held[i] and (s.device not in latest or s.start_ns >= steps[latest[s.device]].start_ns):
+                latest[s.device] = i
+        out = [i for i in latest.values() if steps[i].layers_wait]
+        return out or None
 
     def _held_steps(self, steps, kstep: np.ndarray) -> np.ndarray:
         """Per step (``device``, ``start_ns``), and one more slot for "no step": True for

@@ -12,10 +12,13 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 from conftest import third_party
+from support.window_replay import kernel_stream, steps_in_order
 
-from ridgeline.aggregator.phases import OTHER, PREFILL, UNKNOWN, map_phases
+from ridgeline.aggregator.phases import DECODE, OTHER, PREFILL, UNKNOWN, LayerStep, layers_repeated, map_phases
+from ridgeline.aggregator.signatures import classify_kernels
 from ridgeline.probes.events import CPU_OP_DTYPE, RANGE_DTYPE, Trace, empty
 from ridgeline.probes.kineto import load_trace
 
@@ -87,3 +90,57 @@ def test_h100_decoder_answer_is_unchanged_where_the_kernel_name_decides(trace_pa
         pm = map_phases(t)
         assert [s.phase for s in pm.steps] == [PREFILL, PREFILL]
         assert "24 causal attention launches (decoder-LLM evidence)" in pm.steps[1].evidence
+
+
+def _forward_and_tail():
+    """The MI300X forward kernels-only (what CUPTI streams), with its two steps: 0 the tail
+    (unknown alone), 1 the forward (prefill by aotriton's causal grid)."""
+    t = kernel_stream(load_trace(third_party(MI300_QWEN)))
+    pm = map_phases(t, use_annotations=False)
+    assert [s.phase for s in pm.steps] == [PREFILL, PREFILL]
+    return t, pm.kernel_step
+
+
+@pytest.mark.parametrize("order, phases", [
+    # P U U: the first tail copy repeats the forward before it; the second only a tail copy,
+    # which the rule labelled (no neighbour for another step): unknown. Before, a forward
+    # scan chained the first relabel into the second (prefill x3), a backward scan did not.
+    ([1, 0, 0], [PREFILL, PREFILL, UNKNOWN]),
+    # U U P, the mirror image: the same answer mirrored.
+    ([0, 0, 1], [UNKNOWN, PREFILL, PREFILL]),
+    ([1, 0, 1], [PREFILL, PREFILL, PREFILL]),
+    ([1, 0], [PREFILL, PREFILL]),
+])
+def test_layer_continuity_reads_the_labels_before_the_pass(order, phases):
+    """``same_layers_by_continuity`` decides every unknown step against its neighbours' own
+    labels (before the pass), so its answer does not depend on the scan direction: real
+    steps of the recorded forward, re-ordered 1 s apart."""
+    t, ks = _forward_and_tail()
+    pm = map_phases(steps_in_order(t, ks, order), use_annotations=False)
+    assert [s.phase for s in pm.steps] == phases, [s.evidence[:1] for s in pm.steps]
+    tails = [i for i, j in enumerate(order) if j == 0]
+    assert all(pm.steps[i].layer_candidate for i in tails)
+    assert not any(pm.steps[i].layer_candidate for i, j in enumerate(order) if j == 1)
+
+
+def test_layer_continuity_conflicting_neighbours_leave_the_step_unknown():
+    """A step whose layers repeat both neighbours' with different labels stays unknown. The
+    tail between two copies of the forward, one of them labelled decode here (no recorded
+    decode runs these layers in these times; the label is the only thing changed)."""
+    t, ks = _forward_and_tail()
+    k = t.kernels
+    dur = (k["end_ns"] - k["start_ns"]).astype(np.int64)
+    kc = classify_kernels(t)
+
+    def step(j: int, phase: int) -> LayerStep:
+        sel = np.flatnonzero(ks == j)
+        return LayerStep(int(k["start_ns"][sel[0]]), phase, j, k["name_id"][sel], kc.role[sel], dur[sel])
+
+    tail, fwd = step(0, UNKNOWN), step(1, PREFILL)
+    assert tail.candidate and not fwd.candidate
+    nb, text = layers_repeated(tail, fwd, None)
+    assert nb is fwd and text.startswith("repeats step 1's layers (prefill): 10 layers of the same 43 kernels")
+    assert layers_repeated(tail, None, fwd)[0] is fwd
+    assert layers_repeated(tail, fwd, step(1, PREFILL))[0] is fwd
+    assert layers_repeated(tail, fwd, step(1, DECODE)) is None
+    assert layers_repeated(tail, step(1, UNKNOWN), None) is None

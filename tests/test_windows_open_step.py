@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import third_party
-from support.window_replay import load_kernels, whole_phases, windowed_phases
+from support.window_replay import load_kernels, steps_in_order, whole_phases, windowed_phases
 
 from ridgeline.aggregator import windows
 from ridgeline.aggregator.windows import WindowBuilder
@@ -64,22 +64,40 @@ def test_window_size_does_not_change_the_labels_of_shared_traces(trace_path, nam
 # transformer's non-causal steps come after SD3.5's CLIP towers, so those steps read as
 # prefill there. Kernels-only streams (what CUPTI sends) carry no SDPA flag and agree.
 SD35 = "tracelens_mi300_xdit_sd35_diffusion_transformer.json.gz"
-# Likewise the layer-continuity rule (aggregator/phases.py ``same_layers_by_continuity``: the
-# MI300X Qwen forward's first step repeats the next step's layers, so it is prefill) runs in
-# the whole-trace mapper only; the window fold maps each step alone and leaves it unknown
-# (left for the streaming mapper, issue 20).
-CONTINUITY = "layer continuity runs in the whole-trace mapper only"
 REPLAY_CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="CLIP rule needs the whole trace"))
                 if n == SD35 else n for n in NON_LLM + [MI300_QWEN]]
 
 
-@pytest.mark.xfail(strict=True, reason=CONTINUITY)
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
 def test_window_size_does_not_change_the_labels_of_the_rocm_decoder_forward(per_window):
+    """The MI300X Qwen forward's first step repeats the next step's layers, so it is prefill
+    (aggregator/phases.py ``same_layers_by_continuity``); the window fold holds it, unknown,
+    with the open step it repeats until that step is decided (a strict xfail, unknown in
+    every window size, before the live path applied the rule)."""
     t = load_kernels(third_party("traces/" + MI300_QWEN))
     whole = whole_phases(t)
-    assert "prefill" in whole
+    assert whole == {"prefill": (1516, 43062042)}, whole
     assert windowed_phases(t, per_window)[0] == whole, per_window
+
+
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("order", [[0, 1], [1, 0], [0, 0, 1], [1, 0, 0], [1, 0, 1], [0, 1, 0, 1]])
+def test_windowed_layer_continuity_agrees_with_the_whole_trace(order, reference, monkeypatch):
+    """The forward (1) and its tail (0) re-ordered 1 s apart: a tail after the forward takes
+    its label from the step of an earlier batch (StreamPhaser.previous_layers), one before it
+    waits in the carry with the forward's open step, whose own age still counts from its own
+    start (no open step cut by the idle second between them). The numpy reference of the
+    stream mapper (fold_native.REFERENCE) agrees too."""
+    from ridgeline.aggregator import fold_native
+    from ridgeline.aggregator.phases import map_phases
+    monkeypatch.setattr(fold_native, "REFERENCE", reference)
+    t0 = load_kernels(third_party("traces/" + MI300_QWEN))
+    t = steps_in_order(t0, map_phases(t0, use_annotations=False).kernel_step, order)
+    whole = whole_phases(t)
+    for per_window in (300, 1000):
+        got, wins = windowed_phases(t, per_window)
+        assert got == whole, (per_window, got, whole)
+        assert wins[-1].agent.window_open_steps_cut == 0
 
 
 @pytest.mark.parametrize("per_window", [300, 1000, 3000])
@@ -88,13 +106,7 @@ def test_window_size_does_not_change_the_labels_of_a_replayed_annotated_trace(na
     """The replay probe streams CPU operators and ranges too (the full mapper per batch): the
     open step is held with the operators, ranges and launch records that describe it."""
     t = load_trace(third_party("traces/" + name))
-    got, whole = windowed_phases(t, per_window, replay=True)[0], whole_phases(t, annotations=True)
-    if name == MI300_QWEN and per_window == 300:
-        # Windows of 300 cut the tail step from the forward it repeats (CONTINUITY): a known
-        # gap, checked so that this fails once the window fold applies the rule.
-        assert got != whole and "unknown" in got
-    else:
-        assert got == whole
+    assert windowed_phases(t, per_window, replay=True)[0] == whole_phases(t, annotations=True)
 
 
 @pytest.mark.parametrize("name", [
@@ -133,6 +145,20 @@ def test_the_carry_is_bounded_and_every_forced_decision_counted(monkeypatch):
     assert cut > 0
     assert sum(v[0] for v in got.values()) == len(t.kernels)     # nothing lost, only decided early
     assert all(w.agent.window_open_steps_cut <= cut for w in wins)
+
+
+@pytest.mark.parametrize("bound", [600, 1200])
+def test_a_waiting_step_over_the_carry_bound_is_folded_once(bound, monkeypatch):
+    """The MI300X forward's tail waits in the carry for the forward; with the forward's
+    pieces and their launch records it passes these bounds, so the tail is folded as it was
+    decided (unknown, 463 kernels) and the forward goes on alone: every kernel counted once
+    (folding the waiting tail again with the cut open step counted 1979 of 1516)."""
+    monkeypatch.setattr(windows, "MAX_CARRY_KERNELS", bound)
+    t = load_kernels(third_party("traces/" + MI300_QWEN))
+    got, wins = windowed_phases(t, 300)
+    assert sum(v[0] for v in got.values()) == len(t.kernels) == 1516, got
+    assert sum(v[1] for v in got.values()) == sum(v[1] for v in whole_phases(t).values())
+    assert got["unknown"][0] == 463, got
 
 
 def test_a_device_that_stops_releases_its_open_step_while_others_run():

@@ -120,3 +120,26 @@ def fold_windows(batches, names, devices=None, *, reference: bool, monkeypatch, 
             reused.extend(buf.reuses for fold in b._folds.values() for buf in fold._buf.values())
         out.append(b.close(len(batches) * tick_ns, (len(batches) + 1) * tick_ns, {}, final=True))
     return [wire.encode_window(w) if encode else msgspec.to_builtins(w) for w in out]
+
+
+def steps_in_order(t: Trace, kernel_step: np.ndarray, order: list[int], gap_ns: int = 1_000_000_000) -> Trace:
+    """The kernels (and their launch records) of ``t``'s steps ``order`` (indices into
+    ``kernel_step``'s steps, repeats allowed) one after another, ``gap_ns`` of idle between
+    them, each copy with its own correlation ids: real steps in an order the recording did
+    not have (the layer-continuity tests, tests/test_phases_sdpa.py)."""
+    ks, aps = [], []
+    t0 = int(t.kernels["start_ns"].min())
+    for n, j in enumerate(order):
+        x = t.kernels[kernel_step == j].copy()
+        a = t.api[np.isin(t.api["correlation_id"], x["correlation_id"])].copy()
+        shift = t0 - int(x["start_ns"].min())
+        for r in (x, a):
+            r["start_ns"] += shift
+            r["end_ns"] += shift
+            r["correlation_id"] += n * 10_000_000
+        ks.append(x)
+        aps.append(a)
+        t0 = int(x["end_ns"].max()) + gap_ns
+    k = np.concatenate(ks)
+    return Trace(kernels=k[np.argsort(k["start_ns"], kind="stable")], api=np.concatenate(aps), names=t.names,
+                 devices=t.devices, meta=t.meta)
