@@ -11,9 +11,10 @@ anyway); the agent's steady RSS stays at that peak instead of dipping between fo
 
 What a spike leaves is given back (:class:`SpikeTrim`): a fold far larger than the usual
 ones (a starved agent's backlog, a held step cut near its bound) would otherwise keep its
-tens of MB for the agent's life. A CPU-capped agent (30% of a core, 10-minute replay at 3x)
-kept 133-164 MiB this way, of which 46-52 MiB were live (what a trim leaves); CI's loaded
-hosts failed the bounded-RSS test on it (tests/test_agent_stream.py). After a spike, and now and then in
+tens of MB for the agent's life. A CPU-capped agent (30% of a core, 10-minute replay at 3x,
+when the replay still handed over a whole second's catch-up per poll) kept 133-164 MiB this
+way, of which 46-52 MiB were live (what a trim leaves); CI's loaded hosts failed the
+bounded-RSS test on it (tests/test_agent_stream.py). After a spike, and now and then in
 any case, ``malloc_trim`` hands the free pages back; the usual folds' pages are faulted in
 again once.
 """

@@ -12,10 +12,15 @@ per wall-second). ``trace.meta["source"]`` is ``"replay"`` and ``meta["replay_of
 file, so every record derived from it can say where it came from.
 
 Slices are numpy views of the loaded arrays (copied only when shifted), so a poll costs
-two binary searches per event kind. A poll never returns more than ``max_catchup_s``
-seconds of trace time: when the caller fell further behind (a stalled agent), the older
-part is skipped and its events counted in ``drops``, so a slow consumer cannot make the
-replay's batches (and its own work) grow without bound.
+two binary searches per event kind. A poll returns at most ``max_batch_s`` seconds (of
+wall time, times ``speed``) from where the previous one ended, the rest at the next
+polls; and when the caller fell more than ``max_catchup_s`` behind (a stalled agent), the
+older part is skipped and its events counted in ``drops``. So a slow consumer can make
+neither the replay's batches nor its own work grow without bound: without the batch
+bound a starved agent (30% of a core, 3x replay of an annotated trace) took a whole
+second's catch-up in one poll, 24 MiB of records, and folded its CPU operators unsliced
+(annotated batches are not cut: ``aggregator.windows``), which kept its heap 100 MiB
+over what it needed.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ class ReplayProbe(Probe):
 
     def __init__(self, path: str | Path | None = None, speed: float = 1.0, loop: bool = True,
                  trace: Trace | None = None, name: str = "replay", clock=time.monotonic_ns,
-                 wall_clock=time.time_ns, max_catchup_s: float = 1.0):
+                 wall_clock=time.time_ns, max_catchup_s: float = 1.0, max_batch_s: float = 0.1):
         super().__init__(name=name)
         if speed <= 0:
             raise ValueError("speed must be > 0")
@@ -52,6 +57,8 @@ class ReplayProbe(Probe):
         self.finished = False
         self._running = False
         self.max_catchup_ns = int(max_catchup_s * 1e9 * self.speed)
+        # twice the agent's 50 ms poll: a consumer that keeps up catches up at twice real time
+        self.max_batch_ns = max(1, int(max_batch_s * 1e9 * self.speed))
 
     def check(self) -> Availability:
         if self._given is not None:
@@ -122,6 +129,7 @@ class ReplayProbe(Probe):
             skip_to = now - self.max_catchup_ns
             self.drops += self._events_between(self._cursor_ns, skip_to)
             self._cursor_ns = skip_to
+        now = min(now, self._cursor_ns + self.max_batch_ns)
         parts = []
         lo = self._cursor_ns
         while lo < now:

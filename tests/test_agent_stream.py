@@ -245,10 +245,11 @@ def test_rss_stays_bounded_over_ten_minutes_of_fast_replay(tmp_path, trace_path)
     """RSS under the design's 256 MB throughout, and no leak: what is live after the agent
     gives its freed heap back (agent/allocator.SpikeTrim, logged at each trim) is no more in
     the last trims than in the first ones. RSS itself is no leak measure: it holds the
-    largest recent fold's temporaries, and those grow with the backlog a loaded host leaves
-    (capped at 30% of a core, the agent's RSS stood at 130-163 MiB between trims and 46-52
-    MiB after them; CI's loaded hosts failed a first-minute-against-last-minute RSS bound,
-    80 -> 130 MiB)."""
+    largest recent fold's temporaries, which grow with the batches a loaded host leaves
+    (CI's loaded hosts failed a first-minute-against-last-minute RSS bound, 80 -> 130 MiB:
+    the replay probe then handed a starved agent a whole second's catch-up per poll; capped
+    at 30% of a core the agent stood at 130-163 MiB, 59-63 MiB since its batches are
+    bounded, probes/replay.py)."""
     cfg, ep = write_config(tmp_path, trace_path(TRACE), speed=3.0, events=True)
     cfg.write_text(cfg.read_text().replace("window_s = 0.5", 'window_s = 0.5\nlog_level = "debug"', 1))
     log_path = tmp_path / "agent.log"

@@ -94,3 +94,24 @@ def test_a_stalled_caller_gets_bounded_batches_and_counted_drops():
     assert len(d["trace"].kernels) == 1 + 3 + 2
     assert p.drops == 98 * 3 + 2
     assert p.counters()["records"] + p.drops == 100 * 3 + 2
+
+
+def test_a_late_caller_gets_the_backlog_in_bounded_batches_and_loses_nothing():
+    # max_batch_s of one lap (1.9 ms): a caller 3 laps and 0.5 ms late gets a lap per poll
+    mono = Clock()
+    p = ReplayProbe(trace=_trace(), speed=1.0, clock=mono, wall_clock=lambda: 0, max_catchup_s=1.0,
+                    max_batch_s=0.0019)
+    p.start()
+    mono.t = 3 * 1_900_000 + 500_000
+    got = []
+    while (d := p.poll()) is not None:
+        got.append(len(d["trace"].kernels))
+    # laps 0, 1, 2 whole, then lap 3 up to 0.5 ms (its first two kernels); a batch bound of
+    # its own does not make a poll return everything due (24 MiB at once from a starved
+    # agent's 3x replay)
+    assert got == [3, 3, 3, 2] and p.drops == 0
+    starts = []
+    mono.t += 1_900_000
+    while (d := p.poll()) is not None:
+        starts.extend(d["trace"].kernels["start_ns"].tolist())
+    assert starts == sorted(starts) and len(starts) == 3
