@@ -113,6 +113,13 @@ def library() -> ctypes.CDLL:
     lib.rj_count.argtypes, lib.rj_count.restype = (vp, ctypes.c_int), ctypes.c_long
     lib.rj_text.argtypes = (vp, ctypes.c_int, ctypes.c_long, ctypes.POINTER(sz))
     lib.rj_text.restype = ctypes.POINTER(ctypes.c_char)
+    lib.rj_padding.argtypes, lib.rj_padding.restype = (), sz
+    if lib.rj_padding() > json_chunks.PIECE_PAD:
+        # pieces are parsed in place with PIECE_PAD readable bytes after them: a simdjson
+        # that reads further would read past the buffer
+        raise MissingReader(f"the native trace reader {path} was built with a simdjson that reads "
+                            f"{lib.rj_padding()} bytes past a piece, more than json_chunks.PIECE_PAD "
+                            f"({json_chunks.PIECE_PAD}): raise PIECE_PAD or rebuild against that simdjson")
     _lib = lib
     return lib
 

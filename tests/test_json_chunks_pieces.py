@@ -48,3 +48,15 @@ def test_pieces_are_the_events_whole_even_when_the_padding_is_written(name, chun
         got = [e for p in pieces for e in orjson.loads(b"[" + p + b"]")]
         assert got == want
         assert padded == len(pieces) - 1 >= 3     # every piece but the array's last is padded
+
+
+def test_the_native_reader_refuses_to_load_when_simdjson_reads_past_the_pad(monkeypatch):
+    # pieces are parsed in place with PIECE_PAD readable bytes after them; the library says
+    # how many its simdjson reads (SIMDJSON_PADDING), and a larger figure refuses the reader
+    from ridgeline.probes import json_chunks, kineto_native
+    lib = kineto_native.library()
+    assert 0 < lib.rj_padding() <= json_chunks.PIECE_PAD
+    monkeypatch.setattr(kineto_native, "_lib", None)
+    monkeypatch.setattr(json_chunks, "PIECE_PAD", lib.rj_padding() - 1)
+    with pytest.raises(kineto_native.MissingReader, match="PIECE_PAD"):
+        kineto_native.library()

@@ -394,6 +394,10 @@ thread_local std::string last_error;
 
 extern "C" {
 
+// The readable bytes a piece parsed in place needs after its closing bracket: checked
+// against json_chunks.PIECE_PAD when the library is loaded (probes/kineto_native.py).
+__attribute__((visibility("default"))) size_t rj_padding(void) { return SIMDJSON_PADDING; }
+
 __attribute__((visibility("default"))) void *rj_new(size_t max_bytes) {
     try {
         Reader *r = new Reader(max_bytes);
