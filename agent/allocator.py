@@ -21,8 +21,9 @@ again once.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
+
+from ridgeline.probes.heap_trim import libc
 
 log = logging.getLogger("ridgeline.allocator")
 
@@ -38,11 +39,9 @@ PERIOD_WINDOWS = 120         # and one per this many windows whatever RSS shows
 def keep_freed_memory() -> bool:
     """Set glibc's mmap and trim thresholds for this process; False (logged once) where the
     C library has no ``mallopt`` (musl) or refuses the values."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError) as exc:
-        log.info("allocator: no glibc mallopt here (%s); freed memory goes back to the kernel", exc)
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:
+        log.info("allocator: no glibc mallopt here; freed memory goes back to the kernel")
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
