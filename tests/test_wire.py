@@ -408,6 +408,48 @@ def test_stateful_stream_ships_names_once_and_resyncs(trace_path):
     assert got3.names.names_of(got3.kernels["name_id"]) == t.names.names_of(parts[3].kernels["name_id"])
 
 
+def test_a_streams_batches_share_its_name_table_rather_than_copy_it():
+    """Decoding a batch of a stream costs its new names, not the stream's whole table: the
+    batches of one stream share one growing table (before, each batch copied the table and
+    interned it again: 36 ms a batch at 100k names, against 2.4 ms now with 2,500 new names
+    a batch, 0.25 ms with none). What an earlier batch holds never changes: a different
+    full table, or a late subscriber's gap, replaces the table instead of editing it."""
+    nt = NameTable([f"k{i}" for i in range(40)])
+
+    def part(lo, hi):
+        k = np.zeros(hi - lo, dtype=ev.KERNEL_DTYPE)
+        k["name_id"] = np.arange(lo, hi)
+        return Trace(kernels=k, names=nt)
+
+    enc = wire.EventBatchEncoder(full_every=4, stream=79)
+    blobs = [enc.encode(part(10 * i, 10 * i + 10)) for i in range(4)] + [enc.encode(part(0, 40))]
+    dec, cols = wire.EventBatchDecoder(), wire.EventBatchDecoder()
+    got = [dec.decode(b) for b in blobs]
+    got_cols = [cols.decode_columns(b) for b in blobs]
+    # batches 0-3 grow one table; batch 4 is a full table equal to it: kept, not rebuilt
+    assert all(g.names is got[0].names for g in got), [id(g.names) for g in got]
+    assert all(c.names is got_cols[0].names for c in got_cols)
+    for g, c, lo in zip(got, got_cols, (0, 10, 20, 30, 0)):
+        want = [f"k{i}" for i in range(lo, lo + (40 if lo == 0 and g is got[4] else 10))]
+        assert g.names.names_of(g.kernels["name_id"]) == want
+        assert [c.names[i] for i in c.kernels["name_id"].tolist()] == want
+    assert got[0].names.lookup("k25") == 25
+    # a full table that differs (another numbering) replaces it: batch 0 still reads its names
+    other = wire.EventBatchEncoder(full_every=4, stream=79)
+    renamed = NameTable([f"r{i}" for i in range(40)])
+    k = np.zeros(3, dtype=ev.KERNEL_DTYPE)
+    k["name_id"] = [2, 1, 0]
+    g5 = dec.decode(other.encode(Trace(kernels=k, names=renamed)))
+    assert g5.names is not got[0].names and g5.names.names_of(g5.kernels["name_id"]) == ["r2", "r1", "r0"]
+    assert got[0].names.names_of(got[0].kernels["name_id"]) == [f"k{i}" for i in range(10)]
+    # a subscriber that joined late fills the gap with unknown names in a new table
+    late = wire.EventBatchDecoder()
+    g1 = late.decode(blobs[1])
+    assert g1.meta["names_missing"] == 10 and g1.names.names_of(g1.kernels["name_id"]) == [f"k{i}" for i in range(10, 20)]
+    g2 = late.decode(blobs[2])
+    assert g2.names is not g1.names and g1.names.names_of(g1.kernels["name_id"]) == [f"k{i}" for i in range(10, 20)]
+
+
 def test_cpu_op_causal_flag_column_travels_and_is_unknown_from_an_older_encoder():
     """cpu_ops.is_causal is column 29 (appended to schema 1): it round-trips, and a batch
     written before it (no column 29) decodes with the flag unknown (-1)."""
