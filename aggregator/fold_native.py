@@ -96,6 +96,8 @@ def _declare(lib: ct.CDLL) -> None:
                                   _V)
     lib.rl_host_unions.restype = _I
     lib.rl_host_unions.argtypes = (_V, _I, _I, _I, _I, _V, _I, _V, _V)
+    lib.rl_union_sorted.restype = _I
+    lib.rl_union_sorted.argtypes = (_P, _P, _I)
     lib.rl_ingest_pass.restype = _I
     lib.rl_ingest_pass.argtypes = (_V, _I, _V, _I, _V, _I, _V, _I, _V, _V, _V, _V, _V)
     lib.rl_segment_scan.restype = _I
@@ -175,17 +177,27 @@ def field_range(records: np.ndarray, field: str) -> tuple[int, int]:
 def host_unions(a: np.ndarray, kind: np.ndarray):
     """(launch (starts, ends), sync (starts, ends)): the sorted disjoint intervals of the
     records whose category ``kind`` (uint8 per category: 1 launch, 2 sync) selects, in one
-    pass, or None when the records of a kind are not in start order (``rl_host_unions``).
-    The intervals are views of one array (a kernel stream's launches rarely merge, so a copy
-    of the part used would save little)."""
+    pass (``rl_host_unions``). A kind whose records are not in start order (calls of several
+    threads, or runs of them one after another) comes back as its pairs, partly merged; they
+    are sorted once (a stable sort, which finds the runs already in order) and merged
+    (``rl_union_sorted``). The intervals of a kind in order are views of one array (a
+    kernel stream's launches rarely merge, so a copy of the part used would save little)."""
+    lib = library()
     n = len(a)
     ws = np.empty((4, n), np.int64)
     out = np.zeros(2, np.int64)
-    if not library().rl_host_unions(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
-                                    _off(a, "category"), kind.ctypes.data, n, ws.ctypes.data, out.ctypes.data):
-        return None
-    ml, ms = out.tolist()
-    return (ws[0, :ml], ws[1, :ml]), (ws[2, :ms], ws[3, :ms])
+    ordered = lib.rl_host_unions(a.ctypes.data, a.strides[0], _off(a, "start_ns"), _off(a, "end_ns"),
+                                 _off(a, "category"), kind.ctypes.data, n, ws.ctypes.data, out.ctypes.data)
+    both = []
+    for k, m in enumerate(out.tolist()):
+        s, e = ws[2 * k, :m], ws[2 * k + 1, :m]
+        if not ordered >> k & 1:
+            o = np.argsort(s, kind="stable")
+            s, e = s[o], e[o]
+            m = lib.rl_union_sorted(s, e, m)
+            s, e = s[:m], e[:m]
+        both.append((s, e))
+    return both[0], both[1]
 
 
 _SEG_FIELDS = ("start_ns", "end_ns", "name_id", "grid_x", "graph_id", "correlation_id")

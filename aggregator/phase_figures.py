@@ -272,11 +272,9 @@ def host_intervals(api: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], tupl
     if not len(api):
         return (e, e), (e, e)
     if not fold_native.REFERENCE:
-        # One native pass over the records for both kinds, when they come in start order
-        # (one thread's calls); otherwise the sort below.
-        both = fold_native.host_unions(api, _HOST_KIND)
-        if both is not None:
-            return both
+        # One native pass over the records for both kinds; a kind not in start order
+        # (several threads' calls) sorted once there, not masked and copied field by field.
+        return fold_native.host_unions(api, _HOST_KIND)
     cat = api["category"]
     lm, sm = _LAUNCHING[cat], _SYNCING[cat]
     # Contiguous copies first: the record's fields are unaligned (50-byte records), and

@@ -246,10 +246,12 @@ def top_kernels(trace: Trace, mask: np.ndarray, kernel_work: KernelWork | None, 
 
 
 def phase_sums(trace: Trace, kernel_phase: np.ndarray, steps: list, kernel_work: KernelWork | None = None,
-               step_work: dict[int, StepWork] | None = None, kernel_step: np.ndarray | None = None):
+               step_work: dict[int, StepWork] | None = None, kernel_step: np.ndarray | None = None,
+               join=None):
     """The whole trace folded at once into a :class:`aggregator.phase_figures.PhaseSums`
-    (the accumulator the live windows fill batch by batch)."""
-    from .phase_figures import PhaseSums, fold_kernels, group_key, host_intervals, launch_latency_ns
+    (the accumulator the live windows fill batch by batch). ``join``: :func:`launch_join`
+    of the trace, when the caller has it (the launch latencies are read from it)."""
+    from .phase_figures import PhaseSums, fold_kernels, group_key, host_intervals
     k = trace.kernels
     sums = PhaseSums()
     if not len(k):
@@ -264,7 +266,7 @@ def phase_sums(trace: Trace, kernel_phase: np.ndarray, steps: list, kernel_work:
     dcol, pcol = k["device"], k["pid"]
     one = dcol.min() == dcol.max() and pcol.min() == pcol.max()
     gk = int(group_key(dcol[0], pcol[0])) if one else group_key(dcol, pcol)[order]
-    lat = launch_latency_ns(k, trace.api)
+    lat = _kernel_launch_latency_ns(trace, join)
     host = host_intervals(trace.api)
     flops = np.where(kernel_work.known, kernel_work.flops, np.nan) if kernel_work is not None else None
     kp = np.asarray(kernel_phase)
@@ -290,6 +292,24 @@ def phase_sums(trace: Trace, kernel_phase: np.ndarray, steps: list, kernel_work:
     return sums
 
 
+def _kernel_launch_latency_ns(trace: Trace, join) -> np.ndarray:
+    """phase_figures.launch_latency_ns of the trace's kernels, read from ``join`` (its
+    :func:`launch_join`) where that is the same join: whenever the launch records do not
+    number one per kernel. With one per kernel launch_latency_ns pairs kernel i with the
+    i-th launch record in correlation order (a native pass, or its numpy fast path), not the
+    first record of a repeated correlation id as the join does, so it runs itself."""
+    from .phase_figures import LAUNCH_RECORD_U8, launch_latency_ns
+    k, api = trace.kernels, trace.api
+    if join is None or not len(k) or not len(api) or len(k) == len(api) \
+            or np.count_nonzero(LAUNCH_RECORD_U8[api["category"]]) == len(k):
+        return launch_latency_ns(k, api)
+    idx, hit = join
+    lat = k["start_ns"] - api["start_ns"][idx]
+    np.maximum(lat, 0, out=lat)
+    lat[~hit] = -1
+    return lat
+
+
 def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_names: dict[int, str],
                   ceilings: Ceilings | None, kernel_work: KernelWork | None = None,
                   step_work: dict[int, StepWork] | None = None,
@@ -303,11 +323,11 @@ def phase_summary(trace: Trace, kernel_phase: np.ndarray, steps: list, phase_nam
     ``kernel_phase``: phase code per kernel; ``steps``: objects with ``index, start_ns,
     end_ns, device, phase`` (and token counts, evidence); ``kernel_work``: per-kernel
     shapes work (or None); ``step_work``: model work per step index; ``kernel_step``: step
-    index per kernel. ``gaps`` and ``join`` are accepted for callers that computed them
-    (the figures no longer need them).
+    index per kernel. ``gaps`` is accepted for callers that computed it (the figures no
+    longer need it); ``join``, :func:`launch_join` of the trace, saves the fold its own join.
     """
     from .phase_figures import figures_by_phase
-    sums = phase_sums(trace, kernel_phase, steps, kernel_work, step_work, kernel_step)
+    sums = phase_sums(trace, kernel_phase, steps, kernel_work, step_work, kernel_step, join=join)
     out = figures_by_phase(sums.by_phase(), phase_names, ceilings=ceilings, model_dtype=model_dtype)
     codes = {v: c for c, v in phase_names.items()}
     kp = np.asarray(kernel_phase)

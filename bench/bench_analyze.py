@@ -373,7 +373,15 @@ def main(argv=None) -> int:
         if xs:
             ratio_lines.append(f"| analyze wall / ISA-L inflate wall | {spread(xs)} | <= 4 |")
             cs = [r[2]["cpu_s"] / isal["cpu_s"] for r in reps if r[2]["rc"] == 0]
-            ratio_lines.append(f"| analyze CPU / ISA-L inflate CPU | {spread(cs)} | |")
+            ratio_lines.append(f"| analyze CPU / ISA-L inflate CPU | {spread(cs)} (ISA-L {isal['cpu_s']:.3f} CPU s) | |")
+            base = [r for r in reps if r[1] is not None and r[1]["rc"] == 0 and r[2]["rc"] == 0]
+            if base:
+                ratio_lines += [
+                    f"| baseline analyze CPU / ISA-L inflate CPU | "
+                    f"{spread([r[1]['cpu_s'] / isal['cpu_s'] for r in base])} | |",
+                    f"| analyze CPU / baseline analyze CPU, same repetition | "
+                    f"{spread([r[2]['cpu_s'] / r[1]['cpu_s'] for r in base])} | |",
+                ]
             olds = [r for r in reps if r[6] is not None and r[6]["rc"] == 0]
             if olds:
                 ratio_lines += [

@@ -23,6 +23,7 @@ kept as text and parsed once with the array replaced by ``[]``.
 from __future__ import annotations
 
 import gzip
+import io
 import re
 import zlib
 from dataclasses import dataclass
@@ -179,10 +180,24 @@ class _Reader:
         self.gz = self._f.read(2) == b"\x1f\x8b"
         self._f.seek(0)
         self._s: BinaryIO = igzip.GzipFile(fileobj=self._f) if self.gz else self._f
+        # readinto: the buffered reader under the gzip file (both igzip's and the standard
+        # library's GzipFile read through one), which inflates a large request straight into
+        # the caller's buffer; GzipFile's own readinto reads a fresh bytes and copies it.
+        inner = getattr(self._s, "_buffer", None) if self.gz else self._s
+        self._into = inner.readinto if isinstance(inner, io.BufferedReader) else self._s.readinto
 
     def read(self, n: int) -> bytes:
         try:
             return self._s.read(n)
+        except EOFError:
+            raise InputError(f"{self.path}: truncated gzip file (compressed stream ends early)") from None
+        except (gzip.BadGzipFile, zlib.error, *_INFLATE_ERRORS, OSError) as exc:
+            raise InputError(f"{self.path}: corrupt gzip file ({exc})") from None
+
+    def readinto(self, view: memoryview) -> int:
+        """Up to ``len(view)`` bytes into ``view`` (fewer only at the end); errors as :meth:`read`."""
+        try:
+            return self._into(view)
         except EOFError:
             raise InputError(f"{self.path}: truncated gzip file (compressed stream ends early)") from None
         except (gzip.BadGzipFile, zlib.error, *_INFLATE_ERRORS, OSError) as exc:
@@ -323,9 +338,10 @@ class ArrayStream:
         index. After the last piece, :attr:`top` holds the rest of the document.
         Raises :class:`Unsplit` (see there) or InputError (unreadable file).
 
-        Each block read is copied once, behind the carried tail, into one reused buffer
-        (not joined into a fresh one per block). While :attr:`padded` is True the piece
-        just yielded lies in that buffer with one writable byte before it and one after it
+        Each block is inflated straight into one reused buffer, behind the carried tail
+        (not read into a fresh ``bytes`` and copied, nor joined into a fresh one per
+        block). While :attr:`padded` is True the piece just yielded lies in that buffer
+        with one writable byte before it and one after it
         (the separator after its last ``}``), then at least :data:`PIECE_PAD` readable
         bytes (the carried tail, then padding; the tail must not be written): the native
         reader writes its brackets on those two bytes and parses the piece in place. The
@@ -339,20 +355,16 @@ class ArrayStream:
             used = len(carry)               # the carried tail: area[1:1 + used]
             del carry
             while True:
-                more = r.read(self.chunk_bytes)
-                if not more:
-                    break
-                n = used + len(more)
-                if 1 + n + PIECE_PAD > len(area):
+                if 1 + used + self.chunk_bytes + PIECE_PAD > len(area):
                     # a fresh buffer, not a resize: a bytearray with a view exported (the last
                     # piece yielded, until its reader lets go) cannot be resized (BufferError)
-                    grown = bytearray(1 + n + PIECE_PAD)
+                    grown = bytearray(1 + used + self.chunk_bytes + PIECE_PAD)
                     grown[1:1 + used] = memoryview(area)[1:1 + used]
                     area = grown
-                # ``more`` is kept until the next read returns (not freed here): freed at once, its
-                # pages went back and the next block faulted them in again (4x the CPU of the
-                # loop on the 1M-kernel trace)
-                area[1 + used:1 + n] = more
+                got = r.readinto(memoryview(area)[1 + used:1 + used + self.chunk_bytes])
+                if not got:
+                    break
+                n = used + got
                 cut = _last_boundary(area, 1, 1 + n)
                 if cut is None:
                     if n > PIECE_LIMIT:

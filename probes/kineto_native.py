@@ -114,6 +114,11 @@ def library() -> ctypes.CDLL:
     lib.rj_text.argtypes = (vp, ctypes.c_int, ctypes.c_long, ctypes.POINTER(sz))
     lib.rj_text.restype = ctypes.POINTER(ctypes.c_char)
     lib.rj_padding.argtypes, lib.rj_padding.restype = (), sz
+    try:
+        lib.rj_bad_times.argtypes, lib.rj_bad_times.restype = (vp,), ctypes.c_long
+    except AttributeError:
+        raise MissingReader(f"the native trace reader {path} was built from another version of "
+                            f"probes/native_json: rebuild it with `make -C {path.parent}`") from None
     if lib.rj_padding() > json_chunks.PIECE_PAD:
         # pieces are parsed in place with PIECE_PAD readable bytes after them: a simdjson
         # that reads further would read past the buffer
@@ -195,6 +200,9 @@ class _Reader:
             lib.rj_special(self.h, op.encode())
         self.names = _Ids(self, 0, bytes.decode)
         self.jsons = _Ids(self, 1, _compact_json)
+        # False while every row read has times reject_invalid_times keeps (the library
+        # counts the others per piece; a piece the reference reads is not looked at)
+        self.dirty_times = False
 
     def close(self) -> None:
         if self.h:
@@ -217,9 +225,12 @@ class _Reader:
         addr = np.frombuffer(piece, dtype=np.uint8).ctypes.data if len(piece) else 0
         rc = self.lib.rj_piece(self.h, addr, len(piece), int(padded and len(piece) > 0))
         if rc == _RJ_REFERENCE:
+            self.dirty_times = True
             return typed.reference(piece, b)
         if rc != _RJ_OK:
             raise InputError(f"{path}: the native trace reader failed ({self.lib.rj_why(self.h).decode()})")
+        if self.lib.rj_bad_times(self.h):
+            self.dirty_times = True
         names = b.names
         cols = {kind: self._view(k, kind) for k, kind in enumerate(typed.KINDS)}
         for kind in typed.KINDS:
@@ -289,7 +300,8 @@ def load(path: str | Path, chunk_bytes: int = CHUNK_BYTES, budget=None) -> Trace
         out = typed.InOrder(budget.fresh() if budget is not None else None, b.names)
         for i, piece in enumerate(stream.pieces()):
             out.add(i, reader.piece(piece, b, path, stream.padded))
-        trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns())
+        trace = rec.assembled(path, stream.top, b.names, b.counts, out.columns(),
+                              times_checked=not reader.dirty_times)
         if stream.top_array:
             trace.meta["json_array_format"] = True
         return trace

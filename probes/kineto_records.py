@@ -248,21 +248,26 @@ def document_meta(path: Path, doc: dict) -> dict:
     return meta
 
 
-def finished(trace: Trace, counts: dict) -> Trace:
+def finished(trace: Trace, counts: dict, times_checked: bool = False) -> Trace:
     """The trace with unusable times dropped, launching threads joined and ``counts``
-    (events per category) in its meta."""
-    reject_invalid_times(trace)
+    (events per category) in its meta. ``times_checked``: the reader saw every row's times
+    and none that :func:`reject_invalid_times` drops (the native reader counts them as it
+    writes the rows), so that pass over the columns is skipped."""
+    if not times_checked:
+        reject_invalid_times(trace)
     join_launch_threads(trace.api, trace.kernels, trace.copies)
     trace.meta["event_counts"] = dict(sorted(counts.items()))
     return trace
 
 
-def assembled(path: Path, doc: dict, names: NameTable, counts: dict, cols: dict) -> Trace:
+def assembled(path: Path, doc: dict, names: NameTable, counts: dict, cols: dict,
+              times_checked: bool = False) -> Trace:
     """A finished trace from columns read without names classified (the scanner's and
-    the typed reader's): copy direction and API category set per name."""
+    the typed reader's): copy direction and API category set per name. ``times_checked``:
+    as :func:`finished`."""
     c, a = cols["copies"], cols["api"]
     c["direction"] = per_name(names, c["name_id"], copy_direction, np.uint8)
     c["direction"][c["kind"] == COPY_KIND_MEMSET] = COPY_UNKNOWN
     a["category"] = per_name(names, a["name_id"], api_category, np.uint8)
     trace = Trace(names=names, devices=document_devices(doc), meta=document_meta(path, doc), **cols)
-    return finished(trace, counts)
+    return finished(trace, counts, times_checked)

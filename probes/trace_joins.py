@@ -19,10 +19,25 @@ from .events import API_LAUNCH, MISSING, CpuOpJoin, Trace
 __all__ = ["join_launch_threads", "kernel_cpu_op_index", "JOIN_ROWS"]
 
 
+_MISSING_PAIR = int(np.array([MISSING, MISSING], np.int32).view(np.int64)[0])
+
+
+def _pid_tid(a: np.ndarray) -> np.ndarray | None:
+    """The adjacent pid and tid fields of each row as one 8-byte view (a strided int64), so
+    that the join gathers and writes both at once; None when they are not adjacent."""
+    f = a.dtype.fields
+    o = f["pid"][1]
+    if f["tid"][1] != o + 4 or f["pid"][0].itemsize != 4 or f["tid"][0].itemsize != 4:
+        return None
+    return a.view(np.dtype({"names": ["pt"], "formats": [np.int64], "offsets": [o],
+                            "itemsize": a.dtype.itemsize}))["pt"]
+
+
 def join_launch_threads(api: np.ndarray, *targets: np.ndarray) -> None:
     """Fill pid/tid of each of ``targets`` (kernels, copies) from the API record with the
     same correlation id, with one sort of the API records' correlation ids, not one per
-    target; none when they are already in order (a stable argsort of sorted ids is the identity, so the result is the same)."""
+    target; none when they are already in order (a stable argsort of sorted ids is the identity, so the result is the same).
+    pid and tid travel as one 8-byte value where both layouts put them side by side."""
     if not len(api):
         for t in targets:
             t["pid"] = MISSING
@@ -34,16 +49,24 @@ def join_launch_threads(api: np.ndarray, *targets: np.ndarray) -> None:
         corr = corr[order]
     else:
         order = None
+    both = _pid_tid(api)
     for t in targets:
         if not len(t):
             t["pid"] = MISSING
             t["tid"] = MISSING
             continue
-        want = t["correlation_id"]
+        want = np.ascontiguousarray(t["correlation_id"])
         pos = np.searchsorted(corr, want)
         np.minimum(pos, len(corr) - 1, out=pos)
-        hit = (corr[pos] == want) & (want >= 0)
+        hit = corr[pos] == want
+        hit &= want >= 0
         src = pos if order is None else order[pos]
+        into = _pid_tid(t) if both is not None else None
+        if into is not None:
+            v = both[src]
+            v[~hit] = _MISSING_PAIR
+            into[...] = v
+            continue
         t["pid"] = np.where(hit, api["pid"][src], MISSING)
         t["tid"] = np.where(hit, api["tid"][src], MISSING)
 

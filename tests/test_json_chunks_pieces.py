@@ -60,3 +60,32 @@ def test_the_native_reader_refuses_to_load_when_simdjson_reads_past_the_pad(monk
     monkeypatch.setattr(json_chunks, "PIECE_PAD", lib.rj_padding() - 1)
     with pytest.raises(kineto_native.MissingReader, match="PIECE_PAD"):
         kineto_native.library()
+
+
+@pytest.mark.parametrize("form", ["plain", "two_members"])
+def test_pieces_of_a_plain_file_and_of_a_two_member_gzip_are_the_events(form, tmp_path):
+    """Blocks are inflated straight into the piece buffer (readinto): the same events from
+    an uncompressed file and from a gzip of two members cut inside an event (the inflate
+    crosses the member boundary within one block)."""
+    src = shared_trace(TRACES[1])
+    raw = gzip.decompress(src.read_bytes())
+    want = orjson.loads(raw)["traceEvents"]
+    path = tmp_path / ("t.json" if form == "plain" else "t.json.gz")
+    if form == "plain":
+        path.write_bytes(raw)
+    else:
+        half = len(raw) // 2 + 7
+        path.write_bytes(gzip.compress(raw[:half]) + gzip.compress(raw[half:]))
+    for chunk_bytes in (4096, 1 << 20):
+        pieces, padded = _pieces(path, chunk_bytes, scribble=True)
+        assert [e for p in pieces for e in orjson.loads(b"[" + p + b"]")] == want
+        assert padded == len(pieces) - 1 >= 1
+
+
+def test_truncated_gzip_is_one_input_error(tmp_path):
+    data = shared_trace(TRACES[1]).read_bytes()
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(json_chunks.InputError, match="truncated gzip file"):
+        for _ in json_chunks.ArrayStream(path, "traceEvents", 4096).pieces():
+            pass

@@ -110,6 +110,11 @@ ODD = {
     "null-cat": (_with(_KERNEL, cat=None), False),
     "ignored-cat": (_with(_KERNEL, cat="python_function", ts="not a number"), False),
     "op-floats-in-dims": (_with(_OP, a_Input_Dims=[[1.5, 2e3]]), False),
+    # read natively, then dropped by reject_invalid_times: the library counts such rows
+    # (rj_bad_times), or finishing the trace would skip that check
+    "negative-dur": (_with(_KERNEL, dur=-5), False),
+    "negative-dur-op": (_with(_OP, dur=-0.5), False),
+    "end-past-limit": (_with(_KERNEL, ts=(1 << 62) // 1000 - 10, dur=100), False),
     "no-ts": ({k: v for k, v in _KERNEL.items() if k != "ts"}, True),
     "string-ts": (_with(_KERNEL, ts="100"), True),
     "null-ts": (_with(_KERNEL, ts=None), True),

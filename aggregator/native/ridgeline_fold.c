@@ -366,15 +366,19 @@ EXPORT int64_t rl_fold_batch(const char *kb, int64_t ks, const int64_t *koff, in
     return 1;
 }
 
-/* phase_figures.host_intervals over records in start order: phase_figures._union for the
- * two kinds of host call in one pass over the records. kind[category]: 1 launch, 2 sync, 0
- * neither. Writes the launch intervals to ws[0..n), ws[n..2n) (start, end) and the sync
- * intervals to ws[2n..3n), ws[3n..4n); out[0], out[1] their counts. Returns 0, having written
- * nothing useful, when the records of a kind are not in start order (the caller sorts). */
+/* phase_figures.host_intervals: phase_figures._union for the two kinds of host call in one
+ * pass over the records. kind[category]: 1 launch, 2 sync, 0 neither. Writes the launch
+ * intervals to ws[0..n), ws[n..2n) (start, end) and the sync intervals to ws[2n..3n),
+ * ws[3n..4n); out[0], out[1] their counts. Returns bits: 1 the launch intervals, 2 the sync
+ * intervals are the finished union (that kind's records came in start order). A kind whose
+ * records are not in start order (several threads' calls, a trace of concatenated runs) keeps
+ * what it merged while they were, then the rest of its (start, max(end, start)) pairs as they
+ * come: the same union, which the caller sorts by start and finishes with rl_union_sorted. */
 EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_start, int64_t off_end, int64_t off_cat,
                               const uint8_t *kind, int64_t n, int64_t *ws, int64_t *out) {
     int64_t *os[2] = {ws, ws + 2 * n}, *oe[2] = {ws + n, ws + 3 * n};
     int64_t m[2] = {-1, -1}, prev[2] = {0, 0};
+    int ordered[2] = {1, 1};
     for (int64_t i = 0; i < n; i++) {
         uint8_t cat;
         memcpy(&cat, base + i * stride + off_cat, 1);
@@ -382,9 +386,9 @@ EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_star
         if (k < 0 || k > 1) continue;
         int64_t s = rd64(base, stride, i, off_start), e = rd64(base, stride, i, off_end);
         if (e < s) e = s;
-        if (m[k] >= 0 && s < prev[k]) return 0;
+        if (m[k] >= 0 && s < prev[k]) ordered[k] = 0;
         prev[k] = s;
-        if (m[k] >= 0 && s <= oe[k][m[k]]) {
+        if (ordered[k] && m[k] >= 0 && s <= oe[k][m[k]]) {
             if (e > oe[k][m[k]]) oe[k][m[k]] = e;
         } else {
             m[k]++;
@@ -393,7 +397,22 @@ EXPORT int64_t rl_host_unions(const char *base, int64_t stride, int64_t off_star
     }
     out[0] = m[0] + 1;
     out[1] = m[1] + 1;
-    return 1;
+    return ordered[0] | (ordered[1] << 1);
+}
+
+/* phase_figures._union of n intervals sorted by start (end >= start each), in place: the
+ * sorted disjoint intervals (touching ones merged) in s[0..m), e[0..m); returns m. */
+EXPORT int64_t rl_union_sorted(int64_t *s, int64_t *e, int64_t n) {
+    int64_t m = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (m >= 0 && s[i] <= e[m]) {
+            if (e[i] > e[m]) e[m] = e[i];
+        } else {
+            m++;
+            s[m] = s[i]; e[m] = e[i];
+        }
+    }
+    return m + 1;
 }
 
 /* aggregator/windows.py (SourceFold._ingest): a batch's per-record passes in one, over its

@@ -46,6 +46,7 @@ constexpr int64_t INT32_MAX_ = 0x7fffffff;
 // exactly, and the reference's float rule (integer part * 1000 + rounded fraction) and
 // int rule agree
 constexpr int64_t TIME_LIMIT_US = (int64_t(1) << 62) / 1000;
+constexpr int64_t TIME_LIMIT_NS = int64_t(1) << 62;   // kineto_records.TIME_LIMIT_NS
 constexpr size_t MAX_DEPTH = 64;   // Kineto events nest 4 deep; deeper pieces go to the reference
 
 // The fields a row may get; the caller says where each one lies in its dtype (rj_kind).
@@ -63,6 +64,9 @@ struct Kind {
     Slot slot[NFIELDS] = {};
     std::vector<char> rows;
     size_t n = 0;
+    // rows kineto_records.reject_invalid_times would look at: a negative duration or an end
+    // past +-TIME_LIMIT_NS (none: the caller skips that pass over the columns)
+    size_t bad_times = 0;
 };
 
 struct Table {                         // strings -> dense ids, in the order first met
@@ -229,7 +233,7 @@ int32_t json_id(Reader &r, dom::element v) {
 // (json_chunks.PIECE_PAD; they are not written): no copy of the piece. Otherwise it is
 // copied into r.buf, bracketed.
 int piece(Reader &r, char *text, size_t len, bool in_place) {
-    for (Kind &k : r.kinds) k.n = 0;
+    for (Kind &k : r.kinds) k.n = 0, k.bad_times = 0;
     r.specials.clear();
     std::fill(r.counts.begin(), r.counts.end(), 0);
     if (len + 2 > r.max_bytes) { r.why = "a piece larger than the reader's capacity"; return RJ_REFERENCE; }
@@ -323,7 +327,10 @@ int piece(Reader &r, char *text, size_t len, bool in_place) {
         std::memcpy(row, K.tmpl.data(), K.itemsize);
         const Slot *s = K.slot;
         put(row, s[F_START], start);
-        put(row, s[F_END], start + d);
+        put(row, s[F_END], start + d);     // no overflow: |start|, |d| <= TIME_LIMIT_US * 1000 < 2^62
+        if (d < 0 || start < -TIME_LIMIT_NS || start > TIME_LIMIT_NS || start + d < -TIME_LIMIT_NS ||
+            start + d > TIME_LIMIT_NS)
+            K.bad_times++;
         put(row, s[F_NAME], nid);
         put(row, s[F_CAT], code);
         put(row, s[F_EXT], a.ext);
@@ -486,6 +493,15 @@ __attribute__((visibility("default"))) long rj_rows(void *h, int k, char **rows)
     if (k < 0 || k >= NKINDS) return -1;
     *rows = r.kinds[k].rows.data();
     return (long)r.kinds[k].n;
+}
+
+// Rows of the last piece, all kinds, that kineto_records.reject_invalid_times would drop
+// (0: it has nothing to do for them).
+__attribute__((visibility("default"))) long rj_bad_times(void *h) {
+    const Reader &r = *static_cast<Reader *>(h);
+    long n = 0;
+    for (const Kind &k : r.kinds) n += (long)k.bad_times;
+    return n;
 }
 
 __attribute__((visibility("default"))) const int64_t *rj_counts(void *h, long *n) {
