@@ -422,6 +422,20 @@ def device_groups(k: np.ndarray, lo: int, hi: int) -> tuple[list[int], list[np.n
     return devs, [idx[b[d - lo]:b[d - lo + 1]] for d in devs]
 
 
+def distinct_devices(k: np.ndarray, lo: int, hi: int) -> list[int] | None:
+    """The distinct devices of records whose devices lie in [``lo``, ``hi``], ascending
+    (``np.unique(k["device"])``), in one counting pass (``rl_device_groups`` without its
+    placing pass); None as :func:`device_groups`."""
+    span = hi - lo
+    if span < 0 or span >= MAX_DEVICE_SPAN:
+        return None
+    bounds = np.zeros(span + 2, np.int64)
+    if not _map_library().rl_device_groups(k.ctypes.data, k.strides[0], _off(k, "device"), len(k), lo, hi,
+                                           bounds.ctypes.data, None):
+        return None
+    return [lo + v for v, c in enumerate(bounds[1:].tolist()) if c]
+
+
 def argmax_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:
     """Per range, the first position of the greatest of ``values[lo:hi]`` (int64 arrays),
     or None when a range is empty or out of bounds (``rl_argmax_ranges``; the numpy

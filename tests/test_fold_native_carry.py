@@ -73,6 +73,7 @@ def test_device_groups_equal_reference(seed):
     devs, groups = fold_native.device_groups(k, lo, hi)
     want_devs, want = _reference_groups(k)
     assert devs == want_devs
+    assert fold_native.distinct_devices(k, lo, hi) == want_devs
     assert len(groups) == len(want)
     for g, w in zip(groups, want):
         np.testing.assert_array_equal(g, w)
@@ -82,6 +83,8 @@ def test_device_groups_refuse_what_they_cannot_hold():
     k = empty(KERNEL_DTYPE, 3)
     k["device"] = [0, 5, 2]
     assert fold_native.device_groups(k, 0, 4) is None          # a device outside the range
+    assert fold_native.distinct_devices(k, 0, 4) is None
+    assert fold_native.distinct_devices(k, 0, 5) == [0, 2, 5]
     assert fold_native.device_groups(k, 0, fold_native.MAX_DEVICE_SPAN) is None   # too wide
     devs, groups = fold_native.device_groups(k, 0, 5)
     assert devs == [0, 2, 5] and [g.tolist() for g in groups] == [[0], [2], [1]]
@@ -158,4 +161,5 @@ def test_carry_records_of_shared_traces_equal_reference(name, trace_path, monkey
     assert calls, "the native carry pass did not run"
     assert native == fold_windows(batches, t.names, t.devices, reference=True, monkeypatch=monkeypatch, every=3,
                                   encode=True)
+
 

@@ -171,7 +171,8 @@ EXPORT int64_t rl_argmax_ranges(const int64_t *values, int64_t n, const int64_t 
  * records whose device is v, ascending (numpy's np.flatnonzero(device == v) for each v,
  * which was a pass over every record per device, after np.unique's sort for the devices).
  * lo, hi: the least and greatest device (rl_end_and_devices); bounds has hi - lo + 2 slots,
- * zeroed by the caller. Returns 0, writing nothing, when a device lies outside [lo, hi]. */
+ * zeroed by the caller; out_idx NULL: the counts only (bounds[v - lo + 1] the records of
+ * device v, no placing pass). Returns 0 when a device lies outside [lo, hi]. */
 EXPORT int64_t rl_device_groups(const char *base, int64_t stride, int64_t off_device, int64_t n, int64_t lo,
                                 int64_t hi, int64_t *bounds, int64_t *out_idx) {
     for (int64_t i = 0; i < n; i++) {
@@ -179,6 +180,7 @@ EXPORT int64_t rl_device_groups(const char *base, int64_t stride, int64_t off_de
         if (d < lo || d > hi) return 0;
         bounds[d - lo + 1]++;
     }
+    if (!out_idx) return 1;
     for (int64_t v = 0; v <= hi - lo; v++) bounds[v + 1] += bounds[v];
     for (int64_t i = 0; i < n; i++) {
         int64_t d = rd32(base, stride, i, off_device) - lo;
