@@ -6,8 +6,9 @@ injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.f
 calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
 compare it with, never a fallback. A live window's fold of a kernel stream takes the one-pass
 entry points (:func:`fold_batch` through ``phase_figures.fold_records``, :func:`host_unions`,
-:func:`ingest_pass`: one pass over the packed records each, arguments as raw addresses), whose
-references are the general native path and the numpy twins. Without the library the fold raises
+:func:`ingest_pass`, :func:`carry_api_mask`, :func:`device_groups`: one pass over the packed
+records each, arguments as raw addresses), whose references are the general native path and
+the numpy twins. Without the library the fold raises
 :class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
 start and exits).
 """
