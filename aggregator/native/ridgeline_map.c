@@ -184,6 +184,8 @@ EXPORT int64_t rl_device_groups(const char *base, int64_t stride, int64_t off_de
     for (int64_t v = 0; v <= hi - lo; v++) bounds[v + 1] += bounds[v];
     for (int64_t i = 0; i < n; i++) {
         int64_t d = rd32(base, stride, i, off_device) - lo;
+        /* checked again: the slots are sized by the first pass's counts */
+        if (d < 0 || d > hi - lo || bounds[d] >= n) return 0;
         out_idx[bounds[d]++] = i;
     }
     /* each bounds[v] now holds the end of group v: shift back to the starts */
