@@ -6,8 +6,9 @@ injection library is. Loaded once with ctypes. :func:`aggregator.phase_figures.f
 calls it; its numpy twin in phase_figures.py (``reference=True``) is the reference the tests
 compare it with, never a fallback. A live window's fold of a kernel stream takes the one-pass
 entry points (:func:`fold_batch` through ``phase_figures.fold_records``, :func:`host_unions`,
-:func:`ingest_pass`: one pass over the packed records each, arguments as raw addresses), whose
-references are the general native path and the numpy twins. Without the library the fold raises
+:func:`ingest_pass`, :func:`carry_api_mask`, :func:`device_groups`: one pass over the packed
+records each, arguments as raw addresses), whose references are the general native path and
+the numpy twins. Without the library the fold raises
 :class:`FoldLibraryMissing`, one line that says what to build (the agent says it once at
 start and exits).
 """
@@ -102,6 +103,8 @@ def _declare(lib: ct.CDLL) -> None:
     lib.rl_ingest_pass.argtypes = (_V, _I, _V, _I, _V, _I, _V, _I, _V, _V, _V, _V, _V)
     lib.rl_segment_scan.restype = _I
     lib.rl_segment_scan.argtypes = (_V, _I, _P, _I, _V, _B, _I, _I, _P, _P, _P, _P)
+    lib.rl_carry_api_mask.restype = _I
+    lib.rl_carry_api_mask.argtypes = (_V, _I, _I, _I, _I, _I, _V, _I, _V)
 
 
 def _off(a: np.ndarray, field: str) -> int:
@@ -198,6 +201,20 @@ def host_unions(a: np.ndarray, kind: np.ndarray):
             s, e = s[:m], e[:m]
         both.append((s, e))
     return both[0], both[1]
+
+
+def carry_api_mask(a: np.ndarray, t0: int, held_corr: np.ndarray) -> np.ndarray:
+    """Per API record: it ends at or after ``t0`` or its correlation id is one of
+    ``held_corr`` (any order, repeats allowed), in one pass over the records
+    (``rl_carry_api_mask``); the reference, ``(a["end_ns"] >= t0) | np.isin(a["correlation_id"],
+    held_corr)``, is what SourceFold._carry_records computes under :data:`REFERENCE`."""
+    n = len(a)
+    mask = np.empty(n, np.bool_)
+    if n:
+        held = np.sort(np.asarray(held_corr, np.int64))      # the few held kernels' ids
+        library().rl_carry_api_mask(a.ctypes.data, a.strides[0], _off(a, "end_ns"), _off(a, "correlation_id"), n,
+                                    int(t0), held.ctypes.data, len(held), mask.ctypes.data)
+    return mask
 
 
 _SEG_FIELDS = ("start_ns", "end_ns", "name_id", "grid_x", "graph_id", "correlation_id")
@@ -327,6 +344,8 @@ def _map_library() -> ct.CDLL:
         lib.rl_argmax_ranges.argtypes = (_V, _I, _V, _V, _I, _V)
         lib.rl_end_and_devices.restype = None
         lib.rl_end_and_devices.argtypes = (_V, _I, _I, _I, _I, _V, _V)
+        lib.rl_device_groups.restype = _I
+        lib.rl_device_groups.argtypes = (_V, _I, _I, _I, _I, _I, _V, _V)
     except AttributeError as exc:
         raise FoldLibraryMissing(f"ridgeline: the native fold library {library_path()} was built from another "
                                  f"version ({exc}): {_hint()}") from None
@@ -391,6 +410,43 @@ def end_and_devices(k: np.ndarray) -> tuple[np.ndarray, int, int]:
     _map_library().rl_end_and_devices(k.ctypes.data, k.strides[0], _off(k, "end_ns"), _off(k, "device"), len(k),
                                       out.ctypes.data, rng.ctypes.data)
     return out, int(rng[0]), int(rng[1])
+
+
+#: The widest device range :func:`device_groups` takes (its bounds are one slot per value).
+MAX_DEVICE_SPAN = 4096
+
+
+def device_groups(k: np.ndarray, lo: int, hi: int) -> tuple[list[int], list[np.ndarray]] | None:
+    """(the distinct devices ascending, per device the ascending indices of its records) of
+    records whose devices lie in [``lo``, ``hi``] (:func:`end_and_devices`), in two passes
+    over the device field (``rl_device_groups``): ``np.unique(k["device"])`` and
+    ``np.flatnonzero(k["device"] == d)`` for each. None when the range is wider than
+    :data:`MAX_DEVICE_SPAN` or a device lies outside it."""
+    span = hi - lo
+    if span < 0 or span >= MAX_DEVICE_SPAN:
+        return None
+    bounds = np.zeros(span + 2, np.int64)
+    idx = np.empty(len(k), np.int64)
+    if not _map_library().rl_device_groups(k.ctypes.data, k.strides[0], _off(k, "device"), len(k), lo, hi,
+                                           bounds.ctypes.data, idx.ctypes.data):
+        return None
+    b = bounds.tolist()
+    devs = [lo + v for v in range(span + 1) if b[v + 1] > b[v]]
+    return devs, [idx[b[d - lo]:b[d - lo + 1]] for d in devs]
+
+
+def distinct_devices(k: np.ndarray, lo: int, hi: int) -> list[int] | None:
+    """The distinct devices of records whose devices lie in [``lo``, ``hi``], ascending
+    (``np.unique(k["device"])``), in one counting pass (``rl_device_groups`` without its
+    placing pass); None as :func:`device_groups`."""
+    span = hi - lo
+    if span < 0 or span >= MAX_DEVICE_SPAN:
+        return None
+    bounds = np.zeros(span + 2, np.int64)
+    if not _map_library().rl_device_groups(k.ctypes.data, k.strides[0], _off(k, "device"), len(k), lo, hi,
+                                           bounds.ctypes.data, None):
+        return None
+    return [lo + v for v, c in enumerate(bounds[1:].tolist()) if c]
 
 
 def argmax_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

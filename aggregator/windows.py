@@ -770,7 +770,9 @@ class SourceFold:
                     g.copy_bytes[name] = g.copy_bytes.get(name, 0) + int(cm["bytes"][cm["direction"] == d].sum())
         if len(k):
             d0, d1 = dev_range if dev_range is not None else fold_native.field_range(k, "device")
-            self._active.update([d0] if d0 == d1 else distinct(k["device"]).tolist())
+            # Several devices: one counting pass (np.unique sorted the batch's device column).
+            devs = None if d0 == d1 or fold_native.REFERENCE else fold_native.distinct_devices(k, d0, d1)
+            self._active.update([d0] if d0 == d1 else devs if devs is not None else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
@@ -969,8 +971,13 @@ class SourceFold:
             # them when it is folded (aggregator.phase_figures); and the held kernels'
             # own launches, which may end before the step's first kernel starts (the
             # step cut reads them: aggregator.steps HOST_TOGETHER_NS).
-            ca = t.api[(t.api["end_ns"] >= int(k["start_ns"][hi].min()))
-                       | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+            t0 = int(k["start_ns"][hi].min())
+            if fold_native.REFERENCE:
+                ca = t.api[(t.api["end_ns"] >= t0) | np.isin(t.api["correlation_id"], k["correlation_id"][hi])]
+            else:
+                # One native pass over the records (np.isin sorted the records' ids with the
+                # held ones: a fifth of the fold at 8 GPUs x 100k kernels/s).
+                ca = t.api[fold_native.carry_api_mask(t.api, t0, k["correlation_id"][hi])]
         if annotated and (len(t.ranges) or len(t.cpu_ops)):
             # The launch records of the held kernels (CPU ranges and older Kineto's
             # operators map kernels through them).

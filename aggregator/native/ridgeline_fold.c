@@ -214,29 +214,31 @@ enum { SEG_ATT = 1, SEG_TOK = 2, SEG_TOK_STRONG = 4, SEG_END = 8, SEG_OPT = 16 }
 EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *off, int64_t m, const int64_t *idx,
                                const uint8_t *flags, int64_t n_flags, int64_t by_name,
                                int64_t *gaps, int64_t *pos, int64_t *val, int64_t *cnt) {
-    int64_t prev_s = 0;
-    for (int64_t q = 0; q < m; q++) {
-        int64_t s = rd64(base, stride, idx ? idx[q] : q, off[0]);
-        if (q && s < prev_s) return 0;
-        prev_s = s;
-    }
+    /* The offsets in locals (the int64 stores below may alias off for the compiler), and
+     * the order check in the one pass over the records (it was a pass of its own: at 50k
+     * kernels a second a fold's records do not stay in the core's cache between passes);
+     * what the loop wrote before finding starts out of order is "nothing useful". */
+    const int64_t o_start = off[0], o_end = off[1], o_name = off[2], o_gx = off[3], o_gid = off[4],
+                  o_corr = off[5];
     int64_t *p_att = pos, *p_tok = pos + m, *p_lay = pos + 2 * m, *p_end = pos + 3 * m, *p_opt = pos + 4 * m,
             *p_gr = pos + 5 * m;
     int64_t *v_att = val, *v_tok = val + m, *v_gr = val + 2 * m;
     int64_t na = 0, nt = 0, nl = 0, ne = 0, no = 0, ng = 0;
-    int64_t busy = 0, prev_corr = 0;
+    int64_t busy = 0, prev_corr = 0, prev_s = 0;
     int64_t prev_gid = -1;
     for (int64_t q = 0; q < m; q++) {
         int64_t i = idx ? idx[q] : q;
-        int64_t s = rd64(base, stride, i, off[0]), e = rd64(base, stride, i, off[1]);
+        int64_t s = rd64(base, stride, i, o_start), e = rd64(base, stride, i, o_end);
         if (q) {
+            if (s < prev_s) return 0;
             int64_t g = s - busy;
             gaps[q - 1] = g > 0 ? g : 0;
             if (e > busy) busy = e;
         } else {
             busy = e;
         }
-        int32_t nid = rd32(base, stride, i, off[2]);
+        prev_s = s;
+        int32_t nid = rd32(base, stride, i, o_name);
         uint8_t f;
         if (by_name)
             f = flags[nid >= 0 && nid < n_flags - 1 ? nid : n_flags - 1];
@@ -244,14 +246,14 @@ EXPORT int64_t rl_segment_scan(const char *base, int64_t stride, const int64_t *
             f = flags[i];
         if (f & SEG_ATT) { p_att[na] = q; v_att[na++] = nid; }
         if (f & SEG_TOK_STRONG) {
-            int32_t gx = rd32(base, stride, i, off[3]);
+            int32_t gx = rd32(base, stride, i, o_gx);
             if (gx > 0) { p_tok[nt] = q; v_tok[nt++] = gx; }
         }
         if (f & (SEG_ATT | SEG_TOK)) p_lay[nl++] = q;
         if (f & SEG_END) p_end[ne++] = q;
         if (f & SEG_OPT) p_opt[no++] = q;
-        int64_t gid = rd64(base, stride, i, off[4]);
-        int64_t corr = rd64(base, stride, i, off[5]);
+        int64_t gid = rd64(base, stride, i, o_gid);
+        int64_t corr = rd64(base, stride, i, o_corr);
         if (gid >= 0 && (q == 0 || corr != prev_corr || gid != prev_gid)) { p_gr[ng] = q; v_gr[ng++] = gid; }
         prev_corr = corr;
         prev_gid = gid;
@@ -428,38 +430,52 @@ EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, i
                               const char *ab, int64_t as, const int64_t *aoff, int64_t na,
                               const uint8_t *what, const uint8_t *launch, int64_t *hist, int64_t *lat,
                               int64_t *out) {
+    /* The offsets in locals: the int64 stores into lat may alias koff and aoff for the
+     * compiler, which would reload all nine for every record. */
+    const int64_t k_start = koff[0], k_corr = koff[1], k_dev = koff[2];
+    const int64_t a_start = aoff[0], a_end = aoff[1], a_corr = aoff[2], a_cat = aoff[3], a_pid = aoff[4],
+                  a_tid = aoff[5];
     int64_t h[LOG2_BINS] = {0};
     int ok_hist = na > 0, ok_lat = nk == na && nk > 0;
-    int32_t pid = na ? rd32(ab, as, 0, aoff[4]) : 0, tid = na ? rd32(ab, as, 0, aoff[5]) : 0;
+    int32_t pid = na ? rd32(ab, as, 0, a_pid) : 0, tid = na ? rd32(ab, as, 0, a_tid) : 0;
     int64_t prev = 0;
+    /* The kernels' device range is taken in the same loop while the records are aligned
+     * (kernel i read there anyway): a second pass over the kernel records only for the
+     * kernels this loop did not read. The records do not fit in the core's cache at 50k
+     * kernels a second (2.7 MB per fold), so each pass over them costs their reading. */
+    int32_t lo = nk ? rd32(kb, ks, 0, k_dev) : 0, hi = lo;
+    int64_t ranged = 0;
     for (int64_t i = 0; i < na && (ok_hist || ok_lat); i++) {
         uint8_t cat;
-        memcpy(&cat, ab + i * as + aoff[3], 1);
-        int64_t a_s = rd64(ab, as, i, aoff[0]);
+        memcpy(&cat, ab + i * as + a_cat, 1);
+        int64_t a_s = rd64(ab, as, i, a_start);
         if (ok_hist) {
-            if (what[cat] != 0 || rd32(ab, as, i, aoff[4]) != pid || rd32(ab, as, i, aoff[5]) != tid) {
+            if (what[cat] != 0 || rd32(ab, as, i, a_pid) != pid || rd32(ab, as, i, a_tid) != tid) {
                 ok_hist = 0;
             } else {
-                int64_t d = rd64(ab, as, i, aoff[1]) - a_s;
+                int64_t d = rd64(ab, as, i, a_end) - a_s;
                 h[log2_bin(d > 0 ? d : 0)]++;
             }
         }
         if (ok_lat) {
-            int64_t c = rd64(ab, as, i, aoff[2]), kc = rd64(kb, ks, i, koff[1]);
+            int64_t c = rd64(ab, as, i, a_corr), kc = rd64(kb, ks, i, k_corr);
             if (!launch[cat] || kc != c || (i && c < prev)) {
                 ok_lat = 0;
             } else {
-                int64_t d = rd64(kb, ks, i, koff[0]) - a_s;
+                int64_t d = rd64(kb, ks, i, k_start) - a_s;
                 lat[i] = kc < 0 ? -1 : (d > 0 ? d : 0);
+                int32_t v = rd32(kb, ks, i, k_dev);
+                if (v < lo) lo = v;
+                if (v > hi) hi = v;
+                ranged = i + 1;
             }
             prev = c;
         }
     }
     int64_t bits = 0;
     if (nk > 0) {
-        int32_t lo = rd32(kb, ks, 0, koff[2]), hi = lo;
-        for (int64_t i = 1; i < nk; i++) {
-            int32_t v = rd32(kb, ks, i, koff[2]);
+        for (int64_t i = ranged; i < nk; i++) {
+            int32_t v = rd32(kb, ks, i, k_dev);
             if (v < lo) lo = v;
             if (v > hi) hi = v;
         }
@@ -473,4 +489,36 @@ EXPORT int64_t rl_ingest_pass(const char *kb, int64_t ks, const int64_t *koff, i
     }
     if (ok_lat) bits |= 4;
     return bits;
+}
+
+/* aggregator/windows.py (SourceFold._carry_records, a kernel stream's held steps): the API
+ * records kept with the held kernels, mask[i] = 1 when record i ends at or after t0 (the
+ * held steps' first start) or its correlation id is one of the held kernels' (held: m ids
+ * sorted ascending), else 0, in one pass over the records. The numpy reference (the
+ * expression it replaces, np.isin over every record: a sort of records and ids together,
+ * 20% of the fold at 8 GPUs x 100k kernels/s) is in _carry_records under
+ * fold_native.REFERENCE; tests/test_fold_native_carry.py compares them. The binary search
+ * runs only for records ending before t0 whose id lies within the held ids' range.
+ * off: byte offsets of end_ns and correlation_id (int64). Returns the number of records kept. */
+EXPORT int64_t rl_carry_api_mask(const char *base, int64_t stride, int64_t off_end, int64_t off_corr, int64_t n,
+                                 int64_t t0, const int64_t *held, int64_t m, uint8_t *mask) {
+    int64_t kept = 0;
+    const int64_t lo_id = m ? held[0] : 0, hi_id = m ? held[m - 1] : -1;
+    for (int64_t i = 0; i < n; i++) {
+        uint8_t keep = rd64(base, stride, i, off_end) >= t0;
+        if (!keep && m) {
+            int64_t c = rd64(base, stride, i, off_corr);
+            if (c >= lo_id && c <= hi_id) {
+                int64_t a = 0, b = m;          /* first held id >= c, in [a, b) */
+                while (a < b) {
+                    int64_t h = a + (b - a) / 2;
+                    if (held[h] < c) a = h + 1; else b = h;
+                }
+                keep = a < m && held[a] == c;
+            }
+        }
+        mask[i] = keep;
+        kept += keep;
+    }
+    return kept;
 }

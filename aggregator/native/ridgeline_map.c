@@ -164,3 +164,32 @@ EXPORT int64_t rl_argmax_ranges(const int64_t *values, int64_t n, const int64_t 
     }
     return 1;
 }
+
+/* aggregator/steps.py (segment_kernels, a batch of several devices): the records of each
+ * device, in one counting pass and one placing pass over the device field (int32 at
+ * off_device): bounds[v - lo] .. bounds[v - lo + 1] delimit in out_idx the indices of the
+ * records whose device is v, ascending (numpy's np.flatnonzero(device == v) for each v,
+ * which was a pass over every record per device, after np.unique's sort for the devices).
+ * lo, hi: the least and greatest device (rl_end_and_devices); bounds has hi - lo + 2 slots,
+ * zeroed by the caller; out_idx NULL: the counts only (bounds[v - lo + 1] the records of
+ * device v, no placing pass). Returns 0 when a device lies outside [lo, hi]. */
+EXPORT int64_t rl_device_groups(const char *base, int64_t stride, int64_t off_device, int64_t n, int64_t lo,
+                                int64_t hi, int64_t *bounds, int64_t *out_idx) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t d = rd32(base, stride, i, off_device);
+        if (d < lo || d > hi) return 0;
+        bounds[d - lo + 1]++;
+    }
+    if (!out_idx) return 1;
+    for (int64_t v = 0; v <= hi - lo; v++) bounds[v + 1] += bounds[v];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t d = rd32(base, stride, i, off_device) - lo;
+        /* checked again: the slots are sized by the first pass's counts */
+        if (d < 0 || d > hi - lo || bounds[d] >= n) return 0;
+        out_idx[bounds[d]++] = i;
+    }
+    /* each bounds[v] now holds the end of group v: shift back to the starts */
+    for (int64_t v = hi - lo + 1; v > 0; v--) bounds[v] = bounds[v - 1];
+    bounds[0] = 0;
+    return 1;
+}
