@@ -136,6 +136,8 @@ class Agent:
         self._sel: selectors.BaseSelector | None = None
         self._wake: tuple[int, int] | None = None
         self._sel_for: tuple | None = None       # (id of self.running, its length, the fds)
+        # id(probe) -> (probe, is Readiness, is CuptiControl): see _protocols
+        self._probe_protocols: dict[int, tuple] = {}
         self._on_timer = True                    # some probe is polled every POLL_S
         self._fd_probes: set[int] = set()        # ids of the Running polled on readiness
         self.loop_wakeups = 0                    # the loop's waits ended (tests: an idle loop's rate)
@@ -355,7 +357,7 @@ class Agent:
         """Once a window: take the operator's reclaim request, note which served
         processes' CUPTI is taken over, send the reclaims the policy asks for
         (:mod:`agent.cupti_takeover`); returns the health record's part."""
-        cupti = next((r.probe for r in self.running if isinstance(r.probe, CuptiControl)), None)
+        cupti = next((r.probe for r in self.running if self._protocols(r.probe)[1]), None)
         if cupti is None:
             return {}
         sock = cupti.socket_path or self.cfg.probes.cupti.socket
@@ -668,11 +670,25 @@ class Agent:
             ready = self._wait(max(0.0, wait_s))
         return 0
 
+    def _protocols(self, probe) -> tuple[bool, bool]:
+        """Whether a running probe is a :class:`Readiness` and a :class:`CuptiControl`,
+        checked once per probe object: a runtime Protocol check walks the protocol's members
+        through typing (about 20 us warm), and the loop made one per probe at every wake-up
+        and once a window. A probe's kind does not change while it runs; the probe is held
+        with its answer so that its id is not reused meanwhile."""
+        got = self._probe_protocols.get(id(probe))
+        if got is None or got[0] is not probe:
+            if len(self._probe_protocols) >= 64:     # probes replaced by reloads: start afresh
+                self._probe_protocols.clear()
+            got = self._probe_protocols[id(probe)] = (probe, isinstance(probe, Readiness),
+                                                      isinstance(probe, CuptiControl))
+        return got[1], got[2]
+
     def _wait_set(self) -> selectors.BaseSelector:
         """The selector the loop waits on, for the probes running now."""
         fds = []
         for r in self.running:
-            fd = r.probe.ready_fd() if not r.step.per_window and isinstance(r.probe, Readiness) else None
+            fd = r.probe.ready_fd() if not r.step.per_window and self._protocols(r.probe)[0] else None
             fds.append(fd)
         key = (id(self.running), len(self.running), tuple(fds))
         if self._sel is not None and key == self._sel_for:

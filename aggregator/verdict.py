@@ -54,6 +54,7 @@ engine figures (:class:`EngineFigures`, from :func:`aggregator.engine_metrics.en
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import msgspec
@@ -126,6 +127,14 @@ class Thresholds:
 
 
 DEFAULT_THRESHOLDS = Thresholds()
+
+
+@lru_cache(maxsize=16)
+def _thresholds_record(th: Thresholds) -> tuple[tuple[str, object], ...]:
+    """``asdict(th)``'s items, made once per thresholds (frozen, so hashable): every
+    judgement carries them, and asdict's recursive copy was redone for every GPU every
+    window."""
+    return tuple(asdict(th).items())
 
 
 @dataclass
@@ -468,7 +477,7 @@ def judge(inp: VerdictInputs, th: Thresholds = DEFAULT_THRESHOLDS, rules: tuple[
     return {"device": inp.device, "pid": inp.pid, "verdict": name, "face": FACES[name], "phase": phase_of,
             "reasons": reasons, "also": [h[0] for h in held[1:]], "figures": figures, "missing": missing,
             "faces": _faces(ctx, th), "caveats": _caveats(ctx, th), "limits": _limits(ctx, th),
-            "thresholds": asdict(th)}
+            "thresholds": dict(_thresholds_record(th))}
 
 
 # --------------------------------------------------------------------------- the other faces

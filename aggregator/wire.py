@@ -191,25 +191,71 @@ def _check_version(v, what: str) -> None:
         raise _bad(f"{what} has schema version {v!r}; this build reads version {SCHEMA_VERSION} only")
 
 
+# Types _plain passes through unchanged, tested by exact type (a subclass, e.g. numpy's
+# float64, which is a float, takes the general path and is converted there).
+_AS_IS = frozenset((int, float, str, bool, bytes, type(None)))
+# Struct class -> its (attribute, wire key) pairs in declaration order, made on first use:
+# a window holds a few hundred records of a dozen classes, every window.
+_STRUCT_KEYS: dict[type, tuple[tuple[str, object], ...]] = {}
+
+
+def _struct_keys(t: type) -> tuple[tuple[str, object], ...]:
+    keys = _STRUCT_KEYS.get(t)
+    if keys is None:
+        keys = _STRUCT_KEYS[t] = tuple((k, FIELDS.get(k, k)) for k in t.__struct_fields__)
+    return keys
+
+
 def _plain(obj):
+    """A record as the wire carries it: string keys numbered by FIELDS at any depth, a
+    Struct's fields in declaration order without its None ones, numpy values as Python's.
+    :func:`_plain_reference` defines it; this is the same walk with the common types
+    found by exact type first (a window close walked about 1,700 isinstance checks;
+    tests/test_wire_plain.py compares the two)."""
+    t = type(obj)
+    if t in _AS_IS:
+        return obj
+    if t is dict:
+        out = {}
+        for k, v in obj.items():
+            if type(k) is not str and not isinstance(k, str):
+                k = str(k)    # data keys (a tid, a device index) travel as text
+            out[FIELDS.get(k, k)] = v if type(v) in _AS_IS else _plain(v)
+        return out
+    if t is list or t is tuple:
+        return [v if type(v) in _AS_IS else _plain(v) for v in obj]
+    if isinstance(obj, msgspec.Struct):
+        out = {}
+        for k, key in _struct_keys(t):
+            v = getattr(obj, k)
+            if v is not None:
+                out[key] = v if type(v) in _AS_IS else _plain(v)
+        return out
+    return _plain_reference(obj, _plain)
+
+
+def _plain_reference(obj, walk=None):
+    """The wire form of a record, by isinstance (the definition :func:`_plain` follows);
+    ``walk``: what converts the parts (itself when None)."""
+    walk = walk or _plain_reference
     if isinstance(obj, msgspec.Struct):
         out = {}
         for k in obj.__struct_fields__:
             v = getattr(obj, k)
             if v is not None:
-                out[FIELDS.get(k, k)] = _plain(v)
+                out[FIELDS.get(k, k)] = walk(v)
         return out
     if isinstance(obj, dict):
         out = {}
         for k, v in obj.items():
             if not isinstance(k, str):
                 k = str(k)    # data keys (a tid, a device index) travel as text
-            out[FIELDS.get(k, k)] = _plain(v)
+            out[FIELDS.get(k, k)] = walk(v)
         return out
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [walk(v) for v in obj]
     if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
+        return walk(obj.tolist())
     if isinstance(obj, np.generic):
         return obj.item()
     return obj

@@ -447,10 +447,16 @@ class FeedProbe:
 
 
 def agent_main(endpoint: str, pub: str, duration_s: float, profile: str = "", feed: str = "cupti",
-               gpu_name: str = ""):
+               gpu_name: str = "", timers: str = ""):
     """The agent process; ``profile``: write a cProfile of its run loop (after the
-    warm-up: the profiler is enabled once the first window with kernels has closed) there."""
+    warm-up: the profiler is enabled once the first window with kernels has closed) there;
+    ``timers``: the CPU time of named functions per thread (bench/agent_timers.py), from
+    the same point on, there."""
     import logging
+    if timers:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import agent_timers
+        agent_timers.install()
 
     from ridgeline.agent import config as config_mod
     from ridgeline.agent import registry
@@ -478,6 +484,15 @@ def agent_main(endpoint: str, pub: str, duration_s: float, profile: str = "", fe
         a = Agent(cfg, probes=running)
     a.start()
     prof = None
+    if timers:
+        close_t = a.close_window
+
+        def close_then_time(*args, **kw):
+            w = close_t(*args, **kw)
+            if not agent_timers._on and a.records_total:
+                agent_timers.start()
+            return w
+        a.close_window = close_then_time
     if profile:
         import cProfile
         prof = cProfile.Profile()
@@ -496,6 +511,8 @@ def agent_main(endpoint: str, pub: str, duration_s: float, profile: str = "", fe
         if prof is not None:
             prof.disable()
             prof.dump_stats(profile)
+        if timers:
+            agent_timers.dump(timers)
         a.shutdown()
 
 
@@ -549,6 +566,22 @@ def proc_stat(pid: int) -> tuple[float, int]:
     return (int(parts[11]) + int(parts[12])) / CLK_TCK, int(parts[7])
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of a process so far, by thread name
+    (``comm``; threads of one name summed)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                head, tail = f.read().rsplit(")", 1)
+        except FileNotFoundError:       # the thread ended meanwhile
+            continue
+        name = "main" if tid == str(pid) else head.split("(", 1)[1]
+        parts = tail.split()
+        out[name] = out.get(name, 0.0) + (int(parts[11]) + int(parts[12])) / CLK_TCK
+    return out
+
+
 def proc_cpu_s(pid: int) -> float:
     return proc_stat(pid)[0]
 
@@ -599,7 +632,7 @@ def carry_lag_windows(sends: list, window_end_ns: list, kernels: list, window_s:
 
 
 def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str = "short",
-                 profile: str = "", feed: str = "cupti") -> dict:
+                 profile: str = "", feed: str = "cupti", timers: str = "") -> dict:
     load0 = os.getloadavg()[0]
     ctx = mp.get_context("spawn")
     endpoint = (f"/tmp/ridgeline-bench-cupti-{os.getpid()}-{tag}.sock" if feed == "cupti"
@@ -607,7 +640,7 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
     pub = f"ipc:///tmp/ridgeline-bench-pub-{os.getpid()}-{tag}"
     q_gen, q_sub = ctx.Queue(), ctx.Queue()
     agent = ctx.Process(target=agent_main, args=(endpoint, pub, duration_s + WARMUP_S + 20, profile, feed,
-                                                     step_template(0)[3]),
+                                                     step_template(0)[3], timers),
                         name="agent")
     agent.start()
     time.sleep(3.0)                                   # agent binds and imports
@@ -623,10 +656,10 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
     gen.start()
     while time.time() < t_start + WARMUP_S:
         time.sleep(0.05)
-    (c0, f0), w0 = proc_stat(agent.pid), time.monotonic()
+    (c0, f0), th0, w0 = proc_stat(agent.pid), thread_cpu_s(agent.pid), time.monotonic()
     while time.time() < t_start + WARMUP_S + duration_s:
         time.sleep(0.2)
-    (c1, f1), w1 = proc_stat(agent.pid), time.monotonic()
+    (c1, f1), th1, w1 = proc_stat(agent.pid), thread_cpu_s(agent.pid), time.monotonic()
     hwm_kb = proc_status_kb(agent.pid, "VmHWM")
     g = q_gen.get(timeout=120)
     gen.join(30)
@@ -648,6 +681,7 @@ def run_scenario(gpus: int, rate: int, duration_s: float, tag: str, steps: str =
         "duration_s": round(w1 - w0, 1),
         "kernels_sent": g["sent"], "agent_cpu_pct_of_core": 100.0 * (c1 - c0) / (w1 - w0),
         "agent_minor_faults_per_s": (f1 - f0) / (w1 - w0),
+        "agent_thread_cpu_pct_of_core": {k: 100.0 * (v - th0.get(k, 0.0)) / (w1 - w0) for k, v in th1.items()},
         "agent_peak_rss_mb": hwm_kb / 1024.0, "dropped_records": drops, "generator_drops": g["dropped"],
         "agent_drops": s["agent_drops"], "late_batches": g["late_batches"],
         "generator_cpu_pct": 100.0 * g["generator_cpu_s"] / (WARMUP_S + duration_s),
@@ -768,6 +802,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-agent", type=Path, metavar="FILE",
                     help="write a cProfile of the agent's loop (after its first window with kernels) to FILE "
                          "(the last run's; it costs the agent CPU, so its CPU figure is not comparable)")
+    ap.add_argument("--time-agent", type=Path, metavar="FILE",
+                    help="write the CPU time per thread of the functions bench/agent_timers.py names (after the "
+                         "agent's first window with kernels) to FILE as JSON (the last run's)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         print("bench_scale: --runs must be >= 1", file=sys.stderr)
@@ -789,7 +826,8 @@ def main(argv=None) -> int:
         for r in range(args.runs):
             before = run_baseline(args.baseline, sc, args.duration, args.feed) if args.baseline is not None else None
             rows.append(run_scenario(gpus, rate, args.duration, f"{i}-{r}", steps,
-                                     str(args.profile_agent) if args.profile_agent else "", args.feed))
+                                     str(args.profile_agent) if args.profile_agent else "", args.feed,
+                                     str(args.time_agent) if args.time_agent else ""))
             p = pairs.setdefault(sc, {"name": rows[-1]["scenario"], "after": [], "before": []})
             p["after"].append(rows[-1])
             if before is not None:
