@@ -14,22 +14,15 @@ import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 def main() -> int:
+    from support.sim_window import simulated_builder
+
     from ridgeline.agent.health import HealthMeter
-    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
     from ridgeline.aggregator import windows, wire
-    from ridgeline.aggregator.windows import WindowBuilder
-    from ridgeline.probes.events import Trace
-    e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", device=0, pid=4242, tid=4242, annotations=False),
-                  seed=0, metrics=False)
-    wb = WindowBuilder(host="h")
-    for _ in range(3):
-        e.forward([1] * 32, [1000] * 32)
-        t = e.drain()
-        wb.add_events(Trace(kernels=t.kernels, api=t.api, names=t.names, devices=t.devices,
-                            meta={"source": "simulated"}))
+    wb = simulated_builder()
     h = HealthMeter().sample({"cupti": {f"c{i}": i for i in range(60)}}, 10,
                              extra={f"x{i}": i for i in range(25)})
     w = wb.close(0, 10**9, h)

@@ -15,10 +15,9 @@ from collections import OrderedDict
 import msgpack
 import numpy as np
 import pytest
+from support.sim_window import simulated_builder
 
 from ridgeline.aggregator import windows, wire
-from ridgeline.aggregator.windows import WindowBuilder
-from ridgeline.probes.events import Trace
 from ridgeline.probes.records import Health, Latency
 
 
@@ -30,15 +29,7 @@ def _packed(x) -> bytes:
 def _simulated_window(final: bool = False):
     """A window of the simulator's llama-3-8b decode steps on an H100, closed by the builder."""
     from ridgeline.agent.health import HealthMeter
-    from ridgeline.agent.simulator.engine import SimConfig, SimEngine
-    e = SimEngine(SimConfig(model="llama-3-8b", gpu="h100", device=0, pid=4242, tid=4242, annotations=False),
-                  seed=0, metrics=False)
-    wb = WindowBuilder(host="h")
-    for _ in range(3):
-        e.forward([1] * 32, [1000] * 32)
-        t = e.drain()
-        wb.add_events(Trace(kernels=t.kernels, api=t.api, names=t.names, devices=t.devices,
-                            meta={"source": "simulated"}))
+    wb = simulated_builder()
     health = HealthMeter().sample({"simulated": {"records": 10, "drops": 0, "errors": 0,
                                                  "rate": np.float64(1.5), "nan": float("nan")}}, 10,
                                   extra={"publisher_drops_by_topic": {"window": 0}, "by_pid": {4242: 1}})
