@@ -598,17 +598,8 @@ class _StreamState:
         if t is None:
             t = self.table = NameTable()
         if len(t) < total:
-            _append_positional(t, self.names[len(t):total])
+            t.append_positional(self.names[len(t):total])
         return t
-
-
-def _append_positional(t: NameTable, strings: list[str]) -> None:
-    """Append ``strings`` keeping ids positional: a repeated string (an unknown "" placeholder,
-    or a peer's duplicate) still takes its own id, and a lookup finds its first."""
-    base = len(t._strings)
-    t._strings.extend(strings)
-    for i, s in enumerate(strings, base):
-        t._index.setdefault(s, i)
 
 
 class EventBatchDecoder:

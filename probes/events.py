@@ -164,6 +164,15 @@ class NameTable:
             self._index[s] = i
         return i
 
+    def append_positional(self, strings: list[str]) -> None:
+        """Append ``strings`` as the next ids whatever they hold: a repeated string (an
+        unknown "" placeholder, or a peer's duplicate) still takes its own id, and
+        :meth:`lookup` finds its first (a table whose ids another side numbered)."""
+        base = len(self._strings)
+        self._strings.extend(strings)
+        for i, s in enumerate(strings, base):
+            self._index.setdefault(s, i)
+
     def lookup(self, s: str) -> int:
         """Id of ``s``, or ``MISSING`` when it was never interned."""
         return self._index.get(s, MISSING)
