@@ -422,16 +422,12 @@ def device_groups(k: np.ndarray, lo: int, hi: int) -> tuple[list[int], list[np.n
     over the device field (``rl_device_groups``): ``np.unique(k["device"])`` and
     ``np.flatnonzero(k["device"] == d)`` for each. None when the range is wider than
     :data:`MAX_DEVICE_SPAN` or a device lies outside it."""
-    span = hi - lo
-    if span < 0 or span >= MAX_DEVICE_SPAN:
-        return None
-    bounds = np.zeros(span + 2, np.int64)
     idx = np.empty(len(k), np.int64)
-    if not _map_library().rl_device_groups(k.ctypes.data, k.strides[0], _off(k, "device"), len(k), lo, hi,
-                                           bounds.ctypes.data, idx.ctypes.data):
+    bounds = _device_pass(k, lo, hi, idx)
+    if bounds is None:
         return None
     b = bounds.tolist()
-    devs = [lo + v for v in range(span + 1) if b[v + 1] > b[v]]
+    devs = [lo + v for v in range(hi - lo + 1) if b[v + 1] > b[v]]
     return devs, [idx[b[d - lo]:b[d - lo + 1]] for d in devs]
 
 
@@ -439,14 +435,24 @@ def distinct_devices(k: np.ndarray, lo: int, hi: int) -> list[int] | None:
     """The distinct devices of records whose devices lie in [``lo``, ``hi``], ascending
     (``np.unique(k["device"])``), in one counting pass (``rl_device_groups`` without its
     placing pass); None as :func:`device_groups`."""
+    bounds = _device_pass(k, lo, hi, None)
+    if bounds is None:
+        return None
+    return [lo + v for v, c in enumerate(bounds[1:].tolist()) if c]
+
+
+def _device_pass(k: np.ndarray, lo: int, hi: int, idx: np.ndarray | None) -> np.ndarray | None:
+    """``rl_device_groups`` over the records' device field: the bounds array it fills (per
+    device the counts, or with ``idx`` to place into, the group starts), None as
+    :func:`device_groups`."""
     span = hi - lo
     if span < 0 or span >= MAX_DEVICE_SPAN:
         return None
     bounds = np.zeros(span + 2, np.int64)
     if not _map_library().rl_device_groups(k.ctypes.data, k.strides[0], _off(k, "device"), len(k), lo, hi,
-                                           bounds.ctypes.data, None):
+                                           bounds.ctypes.data, None if idx is None else idx.ctypes.data):
         return None
-    return [lo + v for v, c in enumerate(bounds[1:].tolist()) if c]
+    return bounds
 
 
 def argmax_ranges(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray | None:

@@ -796,8 +796,11 @@ class SourceFold:
         if len(k):
             d0, d1 = dev_range if dev_range is not None else fold_native.field_range(k, "device")
             # Several devices: one counting pass (np.unique sorted the batch's device column).
-            devs = None if d0 == d1 or fold_native.REFERENCE else fold_native.distinct_devices(k, d0, d1)
-            self._active.update([d0] if d0 == d1 else devs if devs is not None else distinct(k["device"]).tolist())
+            if d0 == d1:
+                self._active.add(d0)
+            else:
+                devs = None if fold_native.REFERENCE else fold_native.distinct_devices(k, d0, d1)
+                self._active.update(devs if devs is not None else distinct(k["device"]).tolist())
         if not len(k) and self._carry is None:
             return
         # Per kernel, while its API records are in the same batch: launch latency (API
