@@ -53,7 +53,7 @@ engine figures (:class:`EngineFigures`, from :func:`aggregator.engine_metrics.en
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
@@ -132,9 +132,9 @@ DEFAULT_THRESHOLDS = Thresholds()
 @lru_cache(maxsize=16)
 def _thresholds_record(th: Thresholds) -> tuple[tuple[str, object], ...]:
     """``asdict(th)``'s items, made once per thresholds (frozen, so hashable): every
-    judgement carries them, and asdict's recursive copy was redone for every GPU every
-    window."""
-    return tuple(asdict(th).items())
+    judgement carries them. Its fields are plain numbers, so the instance's own ``vars``
+    are asdict's answer without its recursive copy."""
+    return tuple(vars(th).items())
 
 
 @dataclass

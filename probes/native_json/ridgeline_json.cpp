@@ -328,8 +328,9 @@ int piece(Reader &r, char *text, size_t len, bool in_place) {
         const Slot *s = K.slot;
         put(row, s[F_START], start);
         put(row, s[F_END], start + d);     // no overflow: |start|, |d| <= TIME_LIMIT_US * 1000 < 2^62
-        if (d < 0 || start < -TIME_LIMIT_NS || start > TIME_LIMIT_NS || start + d < -TIME_LIMIT_NS ||
-            start + d > TIME_LIMIT_NS)
+        // ns_of has bounded |start| by TIME_LIMIT_US * 1000 <= TIME_LIMIT_NS already, so with
+        // d >= 0 only the end can pass the limit (kineto_records.reject_invalid_times' rule)
+        if (d < 0 || start + d > TIME_LIMIT_NS)
             K.bad_times++;
         put(row, s[F_NAME], nid);
         put(row, s[F_CAT], code);
